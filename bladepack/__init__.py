@@ -1,0 +1,45 @@
+"""bladepack: ahead-of-time packaging of dynamic-shape models.
+
+    art = bladepack.optimize(model, sample_inputs)   # compile side (imports torch)
+    art.save("model.bpk")
+    m = bladepack.load("model.bpk")                  # deploy side (numpy + msgpack only)
+    y = m(x)
+
+Importing this package never imports torch or sympy.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from bladepack.dims import Dim
+from bladepack.errors import (
+    BladepackError,
+    BpkFormatError,
+    ExportError,
+    InputError,
+    ShapeGuardError,
+    UnsupportedOpsError,
+)
+from bladepack.loader import LoadedModule, load
+from bladepack.version import __version__
+
+if TYPE_CHECKING:
+    from bladepack.api import Artifact
+
+
+def optimize(model: Any, sample_inputs: Any, dynamic_shapes: Any = None, targets: Any = ("cpu",)) -> Artifact:
+    """See `bladepack.api.optimize` (imported lazily so that loading never needs torch)."""
+    from bladepack.api import optimize as _optimize
+
+    return _optimize(model, sample_inputs, dynamic_shapes=dynamic_shapes, targets=targets)
+
+
+def save(artifact: Artifact, path: Any) -> None:
+    artifact.save(path)
+
+
+__all__ = [
+    "BladepackError", "BpkFormatError", "Dim", "ExportError", "InputError", "LoadedModule", "ShapeGuardError",
+    "UnsupportedOpsError", "__version__", "load", "optimize", "save",
+]

@@ -1,0 +1,101 @@
+"""The compile-side public API: `optimize` and the in-memory `Artifact`.
+
+In: a torch model and sample inputs. Out: an `Artifact` holding the execution plan and weights, which
+`save` writes as a .bpk. Imports torch (through the export front end) only when `optimize` is called.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bladepack.artifact import format as bpk_format
+from bladepack.artifact.plan import ExecPlan
+from bladepack.artifact.writer import assemble
+from bladepack.options import Options
+from bladepack.version import __version__
+
+log = logging.getLogger("bladepack")
+
+SUPPORTED_TARGETS = ("cpu",)
+
+
+@dataclass
+class Artifact:
+    """A compiled model in memory. `save(path)` writes the .bpk; `to_bytes()` returns its bytes."""
+
+    plan: ExecPlan
+    weights: Mapping[str, np.ndarray]
+    producer: Mapping[str, str]
+    ir_text: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def _parts(self) -> tuple[dict[str, Any], list[bpk_format.Section]]:
+        return assemble(self.plan, self.weights, self.producer)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        manifest, sections = self._parts()
+        bpk_format.write(path, manifest, sections)
+
+    def to_bytes(self) -> bytes:
+        manifest, sections = self._parts()
+        return b"".join(bytes(c) for c in bpk_format.encode(manifest, sections))
+
+
+def save(artifact: Artifact, path: str | os.PathLike[str]) -> None:
+    artifact.save(path)
+
+
+def _producer() -> dict[str, str]:
+    import torch
+
+    return {
+        "bladepack": __version__,
+        "torch": torch.__version__.split("+")[0],
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def _check_targets(targets: Sequence[str]) -> None:
+    if isinstance(targets, str):
+        raise TypeError(f"targets must be a sequence such as ('cpu',), not the string {targets!r}")
+    bad = [t for t in targets if t not in SUPPORTED_TARGETS]
+    if bad or not targets:
+        raise ValueError(f"unsupported targets {bad or list(targets)}; this version supports {list(SUPPORTED_TARGETS)}")
+
+
+def optimize(model: Any, sample_inputs: Any, dynamic_shapes: Any = None,
+             targets: Sequence[str] = ("cpu",)) -> Artifact:
+    """Export `model` with symbolic shapes, optimize it and return an `Artifact`.
+
+    `sample_inputs` is one tuple of arguments or a list of tuples; every dim whose size differs
+    between samples becomes dynamic. `dynamic_shapes` follows torch.export's structure, with
+    `torch.export.Dim` or `bladepack.Dim(name, min, max)` leaves.
+    """
+    from bladepack.export import capture, to_program
+    from bladepack.ir import print_graph
+    from bladepack.optimize.build_plan import build_plan
+    from bladepack.optimize.pipeline import run_pipeline
+
+    _check_targets(targets)
+    options = Options.from_env()
+    captured = capture(model, sample_inputs, dynamic_shapes)
+    for note in captured.notes:
+        log.warning("bladepack: %s", note)
+    program = run_pipeline(to_program(captured), options)
+    plan = build_plan(program)
+    art = Artifact(plan, dict(program.weight_data), _producer(), print_graph(program.graph, program.shape_env),
+                   list(captured.notes))
+    if options.dump_dir is not None:
+        from bladepack.inspect import inspect_text, manifest_summary
+
+        manifest, _ = art._parts()
+        (options.dump_dir / "plan.txt").write_text(inspect_text(manifest_summary(manifest)))
+    return art

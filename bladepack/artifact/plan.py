@@ -1,0 +1,89 @@
+"""The execution plan: the declarative program both loaders interpret.
+
+In: produced by `bladepack.optimize.build_plan` from an IR program. Out: plain data (no sympy, no
+torch) that the artifact writer packs into the manifest and the loaders read back.
+
+Note [SymInt encoding]: wherever a size or an attribute may be symbolic, the plan stores either a
+plain int or a one-key map {"r": k} meaning "register k of the shape program's result".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+SymIntEnc = Union[int, dict[str, int]]
+
+
+@dataclass(frozen=True)
+class TensorDecl:
+    """A named tensor of the signature. `shape` entries are ints or symbolic dim text ("batch")."""
+
+    name: str
+    id: int
+    dtype: str
+    shape: tuple[int | str, ...]
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {"name": self.name, "id": self.id, "dtype": self.dtype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True)
+class WeightDecl:
+    name: str
+    id: int
+    dtype: str
+    shape: tuple[int, ...]
+    section: int
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {"name": self.name, "id": self.id, "dtype": self.dtype, "shape": list(self.shape), "section": self.section}
+
+
+@dataclass(frozen=True)
+class ValueDecl:
+    id: int
+    dtype: str
+    shape: tuple[SymIntEnc, ...]
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {"id": self.id, "dtype": self.dtype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True)
+class Step:
+    op: str
+    out: int
+    inputs: tuple[int, ...]
+    attrs: dict[str, Any]
+    loc: str = ""
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {"op": self.op, "out": self.out, "in": list(self.inputs), "attrs": self.attrs, "loc": self.loc}
+
+
+@dataclass(frozen=True)
+class SymbolDecl:
+    name: str
+    min: int
+    max: int | None
+    register: int
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {"name": self.name, "min": self.min, "max": self.max, "r": self.register}
+
+
+@dataclass(frozen=True)
+class ExecPlan:
+    symbols: tuple[SymbolDecl, ...]
+    inputs: tuple[TensorDecl, ...]
+    outputs: tuple[TensorDecl, ...]
+    weights: tuple[WeightDecl, ...]
+    values: tuple[ValueDecl, ...]
+    steps: tuple[Step, ...]
+    shape_program: dict[str, Any]
+    arena_bytes_expr: str
+    arena_bytes: SymIntEnc
+    output_structure: str = "single"
+    kernels: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    gemm_configs: tuple[dict[str, Any], ...] = field(default_factory=tuple)

@@ -1,0 +1,131 @@
+"""The shape-symbol program: a flat int64 register bytecode and its evaluator.
+
+In: input dims (one tuple per input). Out: a register file holding every symbol, every dim of every
+value, every symbolic attribute and the arena size — or `ShapeGuardError` from a failed ASSERT.
+Loader-safe (standard library only); the compiler from sympy lives in `bladepack.optimize`.
+
+Encoding (see docs/format.md): `code` is little-endian int64, five words per instruction
+`[opcode, d, a, b, c]`. Python's integer semantics are the reference: FLOORDIV and MOD round toward
+negative infinity, CEILDIV is -((-a) // b); comparisons give 1 or 0.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+
+from bladepack.errors import ShapeGuardError
+
+
+class Op(IntEnum):
+    CONST = 0  # r[d] = a
+    DIM = 1  # r[d] = dims of input a, axis b
+    ADD = 2  # r[d] = r[a] + r[b]
+    SUB = 3
+    MUL = 4
+    FLOORDIV = 5
+    CEILDIV = 6
+    MOD = 7
+    MIN = 8
+    MAX = 9
+    LT = 10  # r[d] = 1 if r[a] < r[b] else 0
+    LE = 11
+    EQ = 12
+    NE = 13
+    SELECT = 14  # r[d] = r[b] if r[a] != 0 else r[c]
+    ASSERT = 15  # if r[a] == 0: raise messages[c] with {value} = r[b], {other} = r[d]
+
+
+WORDS = 5
+_BINARY = {
+    Op.ADD: lambda x, y: x + y,
+    Op.SUB: lambda x, y: x - y,
+    Op.MUL: lambda x, y: x * y,
+    Op.MIN: min,
+    Op.MAX: max,
+    Op.LT: lambda x, y: int(x < y),
+    Op.LE: lambda x, y: int(x <= y),
+    Op.EQ: lambda x, y: int(x == y),
+    Op.NE: lambda x, y: int(x != y),
+}
+
+
+@dataclass(frozen=True)
+class ShapeProgram:
+    code: tuple[tuple[int, int, int, int, int], ...]
+    num_registers: int
+    messages: tuple[str, ...]
+
+    # -- serialization
+    def to_manifest(self) -> dict[str, object]:
+        flat = [w for ins in self.code for w in ins]
+        return {
+            "num_registers": self.num_registers,
+            "code": struct.pack(f"<{len(flat)}q", *flat),
+            "messages": list(self.messages),
+        }
+
+    @staticmethod
+    def from_manifest(m: dict[str, object]) -> ShapeProgram:
+        raw = m["code"]
+        if not isinstance(raw, bytes) or len(raw) % (8 * WORDS):
+            raise ValueError("shape program code must be a multiple of 40 bytes")
+        flat = struct.unpack(f"<{len(raw) // 8}q", raw)
+        code = tuple(tuple(flat[i : i + WORDS]) for i in range(0, len(flat), WORDS))
+        prog = ShapeProgram(code, int(m["num_registers"]), tuple(m["messages"]))  # type: ignore[arg-type, call-overload]
+        prog.validate()
+        return prog  # type: ignore[arg-type]
+
+    def validate(self) -> None:
+        """Reject programs that would index outside the register file or message table."""
+        n = self.num_registers
+        for pc, (op, d, a, b, c) in enumerate(self.code):
+            try:
+                kind = Op(op)
+            except ValueError:
+                raise ValueError(f"shape program: unknown opcode {op} at {pc}") from None
+            regs: tuple[int, ...]
+            if kind is Op.CONST or kind is Op.DIM:
+                regs = (d,)
+            elif kind is Op.SELECT:
+                regs = (d, a, b, c)
+            elif kind is Op.ASSERT:
+                regs = (d, a, b)
+                if not 0 <= c < len(self.messages):
+                    raise ValueError(f"shape program: message {c} out of range at {pc}")
+            else:
+                regs = (d, a, b)
+            if any(not 0 <= r < n for r in regs):
+                raise ValueError(f"shape program: register out of range at {pc}")
+
+    # -- evaluation
+    def evaluate(self, dims: Sequence[Sequence[int]]) -> list[int]:
+        r = [0] * self.num_registers
+        for op, d, a, b, c in self.code:
+            if op == Op.CONST:
+                r[d] = a
+            elif op == Op.DIM:
+                r[d] = dims[a][b]
+            elif op == Op.FLOORDIV:
+                r[d] = r[a] // _nonzero(r[b])
+            elif op == Op.CEILDIV:
+                r[d] = -((-r[a]) // _nonzero(r[b]))
+            elif op == Op.MOD:
+                r[d] = r[a] % _nonzero(r[b])
+            elif op == Op.SELECT:
+                r[d] = r[b] if r[a] else r[c]
+            elif op == Op.ASSERT:
+                if not r[a]:
+                    msg = self.messages[c].replace("{value}", str(r[b])).replace("{other}", str(r[d]))
+                    raise ShapeGuardError(msg)
+            else:
+                r[d] = _BINARY[Op(op)](r[a], r[b])
+        return r
+
+
+def _nonzero(x: int) -> int:
+    if x == 0:
+        raise ShapeGuardError("shape program divided by zero: an input dimension makes a derived size undefined")
+    return x

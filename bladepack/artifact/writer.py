@@ -1,0 +1,47 @@
+"""Assemble the manifest and sections of a .bpk from an `ExecPlan` and weight arrays.
+
+In: the plan, the weight arrays (by name) and producer versions. Out: `(manifest, sections)` ready for
+`format.write` / `format.encode`. Deterministic: the same inputs give the same bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from bladepack.artifact.format import FORMAT_MAJOR, FORMAT_MINOR, Section
+from bladepack.artifact.plan import ExecPlan
+
+
+def weight_section_name(name: str) -> str:
+    return f"weight/{name}"
+
+
+def assemble(plan: ExecPlan, weights: Mapping[str, np.ndarray], producer: Mapping[str, str]
+             ) -> tuple[dict[str, Any], list[Section]]:
+    sections = []
+    for w in plan.weights:
+        arr = np.ascontiguousarray(weights[w.name])
+        if arr.dtype.name != w.dtype or tuple(arr.shape) != w.shape:
+            raise ValueError(f"weight {w.name}: array {arr.dtype}{arr.shape} does not match {w.dtype}{w.shape}")
+        if arr.dtype.byteorder == ">":
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        sections.append(Section(weight_section_name(w.name), memoryview(arr).cast("B")))
+    manifest: dict[str, Any] = {
+        "format_version": [FORMAT_MAJOR, FORMAT_MINOR],
+        "producer": dict(sorted(producer.items())),
+        "output_structure": plan.output_structure,
+        "symbols": [s.to_manifest() for s in plan.symbols],
+        "inputs": [t.to_manifest() for t in plan.inputs],
+        "outputs": [t.to_manifest() for t in plan.outputs],
+        "weights": [w.to_manifest() for w in plan.weights],
+        "shape_program": plan.shape_program,
+        "values": [v.to_manifest() for v in plan.values],
+        "plan": {"steps": [s.to_manifest() for s in plan.steps]},
+        "arena_bytes": {"expr": plan.arena_bytes_expr, "value": plan.arena_bytes},
+        "kernels": list(plan.kernels),
+        "gemm_configs": list(plan.gemm_configs),
+    }
+    return manifest, sections

@@ -1,0 +1,160 @@
+"""torch.export program → bladepack IR `Program`.
+
+In: a `Captured` export (inference IR with symbolic dims). Out: an IR `Program`: graph, shape
+environment (one bladepack symbol per torch symbol, with ranges), weight arrays and the runtime
+assertions torch recorded. Every unsupported op is collected with its source location and reported
+at once in `UnsupportedOpsError`.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from typing import Any
+
+import numpy as np
+import sympy
+import torch
+from torch.export.graph_signature import InputKind
+
+from bladepack.errors import UnsupportedOpsError
+from bladepack.export import ops_elementwise, ops_layout, ops_nn  # noqa: F401  (registers converters)
+from bladepack.export.capture import Captured
+from bladepack.export.context import TABLE, Ctx, Unsupported, dtype_of
+from bladepack.ir import GraphBuilder, Program, ShapeEnv, TensorType
+
+# Nodes that carry no tensor computation at inference time.
+_IGNORED = {
+    "aten._assert_tensor_metadata.default",
+    "aten.sym_constrain_range_for_size.default",
+    "aten.sym_constrain_range.default",
+    "aten._assert_async.msg",
+}
+
+
+def source_location(node: torch.fx.Node) -> str:
+    """`file.py:LINE in fn` of the user code that produced the node, plus the op name."""
+    trace = node.meta.get("stack_trace") or ""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\w+)\n\s*(.*)', trace)
+    target = str(node.target)
+    if frames:
+        path, line, fn, code = frames[-1]
+        return f"{path.split('/')[-1]}:{line} in {fn}: {code.strip()} [{target}]"
+    stack = node.meta.get("nn_module_stack")
+    if stack:
+        return f"{list(stack.values())[-1][0] or 'model'} [{target}]"
+    return f"node {node.name} [{target}]"
+
+
+def _to_numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        raise Unsupported("bfloat16 weights (not supported by the CPU artifact yet)")
+    return t.numpy().copy()
+
+
+def to_program(cap: Captured) -> Program:
+    ep = cap.program
+    env = ShapeEnv()
+    symbols: dict[str, sympy.Symbol] = {}
+    for torch_sym, info in sorted(cap.symbols.items(), key=lambda kv: kv[1].name):
+        if info.name in [s.name for s in env.symbols]:
+            symbols[torch_sym] = env.symbol(info.name)
+        else:
+            symbols[torch_sym] = env.create_symbol(info.name, info.min, info.max)
+    ctx = Ctx(GraphBuilder(), env, symbols)
+    problems: list[tuple[str, str]] = []
+    poisoned: set[torch.fx.Node] = set()
+    state = {**ep.state_dict, **ep.constants}
+    specs = {s.arg.name: s for s in ep.graph_signature.input_specs}
+    user_index = 0
+
+    for node in ep.graph.nodes:
+        ctx.node, ctx.loc = node, source_location(node)
+        val = node.meta.get("val")
+        if node.op == "placeholder":
+            spec = specs[node.name]
+            if spec.kind == InputKind.USER_INPUT:
+                if not isinstance(val, torch.Tensor):
+                    problems.append((f"non-tensor input {node.name}", "model signature"))
+                    continue
+                ctx.values[node] = ctx.b.add_input(cap.input_names[user_index], ctx.type_of_val(val))
+                user_index += 1
+            elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+                name = spec.target or node.name
+                try:
+                    ctx.weight_data[name] = _to_numpy(state[name])
+                    t = TensorType(dtype_of(state[name].dtype), tuple(state[name].shape))
+                except Unsupported as e:
+                    problems.append((str(e), name))
+                    poisoned.add(node)
+                    continue
+                ctx.values[node] = ctx.b.add_weight(name, t)
+            else:
+                problems.append((f"input kind {spec.kind.name}", node.name))
+            continue
+        if node.op == "output":
+            continue
+        if node.op != "call_function":
+            problems.append((f"{node.op} {node.target}", ctx.loc))
+            continue
+        if any(a in poisoned for a in node.all_input_nodes):
+            poisoned.add(node)
+            continue
+        target = str(node.target)
+        try:
+            _convert_node(ctx, node, target, val)
+        except Unsupported as e:
+            name = target if target in TABLE else f"{target} (no converter)"
+            detail = str(e)
+            problems.append((name if not detail else f"{name}: {detail}", ctx.loc))
+            poisoned.add(node)
+    if problems:
+        raise UnsupportedOpsError(problems)
+    outputs, names = _outputs(ctx, ep)
+    graph = ctx.b.finish(tuple(outputs), tuple(names))
+    structure = "tuple" if not ep.call_spec.out_spec.is_leaf() else "single"
+    return Program(graph, env, dict(ctx.weight_data), structure, tuple(ctx.assertions))
+
+
+def _convert_node(ctx: Ctx, node: torch.fx.Node, target: str, val: Any) -> None:
+    if target in _IGNORED:
+        return
+    if node.target is torch.ops.aten._assert_scalar.default:
+        cond = node.args[0]
+        expr = ctx.syms.get(cond) if isinstance(cond, torch.fx.Node) else sympy.sympify(bool(cond))
+        if expr is None:
+            raise Unsupported("runtime assertion on a data-dependent value")
+        ctx.assertions.append((expr, str(node.args[1]) if len(node.args) > 1 else "runtime assertion"))
+        return
+    if node.target is operator.getitem:
+        src = ctx.values.get(node.args[0])  # type: ignore[arg-type]
+        if isinstance(src, tuple):
+            item = src[node.args[1]]  # type: ignore[index]
+            if item is None:
+                raise Unsupported(f"result {node.args[1]} of {node.args[0]} (only the primary result is supported)")
+            ctx.values[node] = item
+            return
+    if isinstance(val, (torch.SymInt, torch.SymBool, int, bool)) and not isinstance(val, torch.Tensor):
+        ctx.syms[node] = ctx.expr(val.node.expr if isinstance(val, (torch.SymInt, torch.SymBool)) else val)
+        return
+    if isinstance(val, torch.SymFloat):
+        raise Unsupported("symbolic float values")
+    conv = TABLE.get(target)
+    if conv is None:
+        raise Unsupported("")
+    ctx.values[node] = conv(ctx, tuple(node.args), dict(node.kwargs))
+
+
+def _outputs(ctx: Ctx, ep: torch.export.ExportedProgram) -> tuple[list[int], list[str]]:
+    out_node = next(n for n in ep.graph.nodes if n.op == "output")
+    specs = ep.graph_signature.output_specs
+    outputs, names = [], []
+    for i, (a, spec) in enumerate(zip(out_node.args[0], specs)):
+        if spec.kind != torch.export.graph_signature.OutputKind.USER_OUTPUT:
+            continue
+        if not isinstance(a, torch.fx.Node) or not isinstance(ctx.values.get(a), int):
+            raise UnsupportedOpsError([(f"output {i} is not a tensor", "model outputs")])
+        outputs.append(ctx.values[a])
+        names.append(f"output{len(names)}")
+    return outputs, names

@@ -1,0 +1,292 @@
+"""aten → IR: elementwise, comparison, logical and generator ops.
+
+In: an FX node's args. Out: IR values, with explicit CASTs so that every IR arithmetic op computes
+in its result dtype and every comparison compares operands of one dtype (torch's type promotion is
+resolved here, once, from the exported graph's metadata).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from bladepack.dtypes import DType
+from bladepack.export.context import (
+    DTYPE_TO_TORCH,
+    Ctx,
+    Unsupported,
+    Value,
+    arg,
+    converts,
+    dtype_of,
+)
+from bladepack.ir import OpKind, TensorType
+from bladepack.ir.ops import ArangeAttrs, ClampAttrs, ConstantAttrs, GeluAttrs, LeakyReluAttrs
+
+K = OpKind
+
+_UNARY = {
+    "neg": K.NEG, "abs": K.ABS, "exp": K.EXP, "log": K.LOG, "sqrt": K.SQRT, "rsqrt": K.RSQRT,
+    "reciprocal": K.RECIPROCAL, "tanh": K.TANH, "sigmoid": K.SIGMOID, "relu": K.RELU, "silu": K.SILU,
+    "erf": K.ERF, "sin": K.SIN, "cos": K.COS, "floor": K.FLOOR, "bitwise_not": K.BITWISE_NOT,
+}
+
+
+def _unary(op: OpKind) -> Any:
+    def convert(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+        out = ctx.out_type()
+        return ctx.emit(op, (ctx.cast(ctx.v(args[0]), out.dtype),), out)
+
+    return convert
+
+
+for _name, _op in _UNARY.items():
+    converts(f"aten.{_name}.default")(_unary(_op))
+
+
+@converts("aten.logical_not.default")
+def _logical_not(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    return ctx.emit(K.LOGICAL_NOT, (ctx.cast(ctx.v(args[0]), DType.BOOL),))
+
+
+@converts("aten.gelu.default")
+def _gelu(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    approx = arg(args, kwargs, 1, "approximate", "none")
+    if approx not in ("none", "tanh"):
+        raise Unsupported(f"gelu approximate={approx!r}")
+    return ctx.emit(K.GELU, (ctx.v(args[0]),), attrs=GeluAttrs(approx))
+
+
+@converts("aten.leaky_relu.default")
+def _leaky_relu(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    return ctx.emit(K.LEAKY_RELU, (ctx.v(args[0]),), attrs=LeakyReluAttrs(float(arg(args, kwargs, 1, "negative_slope", 0.01))))
+
+
+def _clamp_attrs(lo: Any, hi: Any) -> ClampAttrs:
+    for b in (lo, hi):
+        if b is not None and not isinstance(b, (int, float)):
+            raise Unsupported("clamp with tensor bounds given as scalars")
+    return ClampAttrs(None if lo is None else float(lo), None if hi is None else float(hi))
+
+
+@converts("aten.clamp.default", "aten.hardtanh.default", "aten.clamp_min.default", "aten.clamp_max.default")
+def _clamp(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    assert ctx.node is not None
+    target = str(ctx.node.target)
+    if target == "aten.clamp_min.default":
+        lo, hi = args[1], None
+    elif target == "aten.clamp_max.default":
+        lo, hi = None, args[1]
+    elif target == "aten.hardtanh.default":
+        lo, hi = arg(args, kwargs, 1, "min_val", -1.0), arg(args, kwargs, 2, "max_val", 1.0)
+    else:
+        lo, hi = arg(args, kwargs, 1, "min"), arg(args, kwargs, 2, "max")
+    out = ctx.out_type()
+    return ctx.emit(K.CLAMP, (ctx.cast(ctx.v(args[0]), out.dtype),), out, _clamp_attrs(lo, hi))
+
+
+@converts("aten.clamp.Tensor")
+def _clamp_tensor(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    out = ctx.out_type()
+    x = ctx.cast(ctx.v(args[0]), out.dtype)
+    lo, hi = arg(args, kwargs, 1, "min"), arg(args, kwargs, 2, "max")
+    if lo is not None:
+        x = _binary_value(ctx, K.MAXIMUM, x, ctx.operand(lo, out.dtype), out)
+    if hi is not None:
+        x = _binary_value(ctx, K.MINIMUM, x, ctx.operand(hi, out.dtype), out)
+    return x
+
+
+# --------------------------------------------------------------------------- binary
+
+
+def _probe(ctx: Ctx, a: Any) -> Any:
+    """A stand-in for torch.result_type: a tiny tensor of the operand's dtype and rank, or the scalar."""
+    if isinstance(a, torch.fx.Node):
+        t = ctx.t(ctx.v(a))
+        return torch.empty([1] * t.rank, dtype=DTYPE_TO_TORCH[t.dtype])
+    return a
+
+
+def compute_dtype(ctx: Ctx, a: Any, b: Any) -> DType:
+    return dtype_of(torch.result_type(_probe(ctx, a), _probe(ctx, b)))
+
+
+def _binary_value(ctx: Ctx, op: OpKind, x: Value, y: Value, out: TensorType) -> Value:
+    return ctx.emit(op, (x, y), out)
+
+
+_ARITH = {"add": K.ADD, "sub": K.SUB, "mul": K.MUL, "div": K.DIV, "maximum": K.MAXIMUM, "minimum": K.MINIMUM}
+
+
+def _arith(op: OpKind) -> Any:
+    def convert(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+        out = ctx.out_type()
+        a, b = args[0], args[1]
+        alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
+        y = ctx.operand(b, out.dtype)
+        if alpha != 1:
+            y = ctx.emit(K.MUL, (y, ctx.const(alpha, out.dtype)), TensorType(out.dtype, ctx.t(y).shape))
+        return ctx.emit(op, (ctx.operand(a, out.dtype), y), out)
+
+    return convert
+
+
+for _name, _op in _ARITH.items():
+    for _ov in ("Tensor", "Scalar", "default"):
+        if _name in ("maximum", "minimum") and _ov != "default":
+            continue
+        if _name not in ("maximum", "minimum") and _ov == "default":
+            continue
+        converts(f"aten.{_name}.{_ov}")(_arith(_op))
+
+
+@converts("aten.rsub.Scalar", "aten.rsub.Tensor")
+def _rsub(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    return _arith(K.SUB)(ctx, (args[1], args[0], *args[2:]), kwargs)
+
+
+@converts("aten.div.Tensor_mode", "aten.div.Scalar_mode", "aten.floor_divide.default")
+def _div_mode(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    assert ctx.node is not None
+    mode = "floor" if "floor_divide" in str(ctx.node.target) else arg(args, kwargs, 2, "rounding_mode")
+    out = ctx.out_type()
+    if mode is None:
+        return ctx.emit(K.DIV, (ctx.operand(args[0], out.dtype), ctx.operand(args[1], out.dtype)), out)
+    if mode != "floor" or not out.dtype.is_floating:
+        raise Unsupported(f"div with rounding_mode={mode!r} on {out.dtype.value}")
+    q = ctx.emit(K.DIV, (ctx.operand(args[0], out.dtype), ctx.operand(args[1], out.dtype)), out)
+    return ctx.emit(K.FLOOR, (q,), out)
+
+
+@converts("aten.pow.Tensor_Scalar", "aten.pow.Tensor_Tensor", "aten.pow.Scalar")
+def _pow(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    out = ctx.out_type()
+    base, exponent = args[0], args[1]
+    if isinstance(exponent, (int, float)) and not isinstance(exponent, bool):
+        x = ctx.operand(base, out.dtype)
+        if exponent == 1:
+            return x
+        if exponent == 2:
+            return ctx.emit(K.MUL, (x, x), out)
+        if exponent == 0.5:
+            return ctx.emit(K.SQRT, (x,), out)
+        if exponent == -0.5:
+            return ctx.emit(K.RSQRT, (x,), out)
+        if exponent == -1:
+            return ctx.emit(K.RECIPROCAL, (x,), out)
+    return ctx.emit(K.POW, (ctx.operand(base, out.dtype), ctx.operand(exponent, out.dtype)), out)
+
+
+_CMP = {"eq": K.EQ, "ne": K.NE, "lt": K.LT, "le": K.LE, "gt": K.GT, "ge": K.GE}
+
+
+def _compare(op: OpKind) -> Any:
+    def convert(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+        dt = compute_dtype(ctx, args[0], args[1])
+        return ctx.emit(op, (ctx.operand(args[0], dt), ctx.operand(args[1], dt)))
+
+    return convert
+
+
+for _name, _op in _CMP.items():
+    converts(f"aten.{_name}.Tensor", f"aten.{_name}.Scalar")(_compare(_op))
+
+
+def _logical(op: OpKind) -> Any:
+    def convert(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+        return ctx.emit(op, (ctx.operand(args[0], DType.BOOL), ctx.operand(args[1], DType.BOOL)))
+
+    return convert
+
+
+converts("aten.logical_and.default")(_logical(K.LOGICAL_AND))
+converts("aten.logical_or.default")(_logical(K.LOGICAL_OR))
+
+_BITWISE = {"bitwise_and": K.BITWISE_AND, "bitwise_or": K.BITWISE_OR, "bitwise_xor": K.BITWISE_XOR,
+            "__and__": K.BITWISE_AND, "__or__": K.BITWISE_OR, "__xor__": K.BITWISE_XOR}
+
+
+def _bitwise(op: OpKind) -> Any:
+    def convert(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+        out = ctx.out_type()
+        if out.dtype.is_floating:
+            raise Unsupported("bitwise ops on floating tensors")
+        return ctx.emit(op, (ctx.operand(args[0], out.dtype), ctx.operand(args[1], out.dtype)), out)
+
+    return convert
+
+
+for _name, _op in _BITWISE.items():
+    converts(f"aten.{_name}.Tensor", f"aten.{_name}.Scalar")(_bitwise(_op))
+
+
+@converts("aten.where.self", "aten.where.ScalarSelf", "aten.where.ScalarOther", "aten.where.Scalar")
+def _where(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    out = ctx.out_type()
+    cond = ctx.cast(ctx.v(args[0]), DType.BOOL)
+    return ctx.emit(K.WHERE, (cond, ctx.operand(args[1], out.dtype), ctx.operand(args[2], out.dtype)), out)
+
+
+@converts("aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
+def _masked_fill(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    out = ctx.out_type()
+    mask = ctx.cast(ctx.v(args[1]), DType.BOOL)
+    return ctx.emit(K.WHERE, (mask, ctx.operand(args[2], out.dtype), ctx.v(args[0])), out)
+
+
+# --------------------------------------------------------------------------- generators and copies
+
+
+@converts(
+    "aten.full.default", "aten.zeros.default", "aten.ones.default", "aten.new_ones.default",
+    "aten.new_zeros.default", "aten.new_full.default", "aten.zeros_like.default", "aten.ones_like.default",
+    "aten.full_like.default", "aten.scalar_tensor.default", "aten.empty.memory_format",
+    "aten.new_empty.default", "aten.empty_like.default",
+)
+def _full(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    assert ctx.node is not None
+    name = str(ctx.node.target).split(".")[1]
+    value: Any
+    if name in ("ones", "new_ones", "ones_like"):
+        value = 1
+    elif name in ("zeros", "new_zeros", "zeros_like", "empty", "new_empty", "empty_like"):
+        value = 0
+    elif name == "scalar_tensor":
+        value = args[0]
+    elif name == "full":
+        value = arg(args, kwargs, 1, "fill_value")
+    else:  # new_full, full_like
+        value = arg(args, kwargs, 2 if name == "new_full" else 1, "fill_value")
+    if not isinstance(value, (bool, int, float)):
+        raise Unsupported(f"{name} with a non-constant fill value")
+    out = ctx.out_type()
+    value = bool(value) if out.dtype is DType.BOOL else (float(value) if out.dtype.is_floating else int(value))
+    return ctx.emit(K.FULL, (), out, ConstantAttrs(value))
+
+
+@converts("aten.arange.default", "aten.arange.start", "aten.arange.start_step")
+def _arange(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    assert ctx.node is not None
+    overload = str(ctx.node.target).split(".")[-1]
+    start: Any = 0 if overload == "default" else args[0]
+    step: Any = arg(args, kwargs, 2, "step", 1) if overload == "start_step" else 1
+
+    def num(a: Any) -> Any:
+        return a if isinstance(a, float) else ctx.s(a)
+
+    return ctx.emit(K.ARANGE, (), attrs=ArangeAttrs(num(start), num(step)))
+
+
+@converts(
+    "aten._to_copy.default", "aten.to.dtype", "aten.to.dtype_layout", "aten.to.device", "aten.to.other",
+    "aten.type_as.default", "aten.clone.default", "aten.contiguous.default", "aten.alias.default",
+    "aten.detach.default", "aten.lift_fresh_copy.default", "aten.dropout.default",
+    "aten.feature_dropout.default", "aten.alpha_dropout.default",
+)
+def _copy_or_cast(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    assert ctx.node is not None
+    if "dropout" in str(ctx.node.target) and arg(args, kwargs, 2, "train", False):
+        raise Unsupported("dropout in training mode (call model.eval())")
+    return ctx.cast(ctx.v(args[0]), ctx.out_type().dtype)

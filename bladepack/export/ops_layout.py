@@ -1,0 +1,271 @@
+"""aten → IR: reshapes, permutations, slicing, concatenation and indexing.
+
+In: an FX node's args. Out: IR values. Views become RESHAPE / PERMUTE / SLICE / EXPAND whose result
+shapes come from the exported graph's symbolic metadata (Note [Shapes come from types]).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+
+from bladepack.dtypes import DType
+from bladepack.export.context import Ctx, Unsupported, Value, arg, converts, norm_axis
+from bladepack.ir import OpKind, TensorType
+from bladepack.ir.ops import ArangeAttrs, AxisAttrs, IndexAttrs, PadAttrs, PermuteAttrs, SliceAttrs, SymInt
+from bladepack.ir.types import IRDim
+
+K = OpKind
+
+
+@converts(
+    "aten.view.default", "aten.reshape.default", "aten._unsafe_view.default", "aten.flatten.using_ints",
+    "aten.unflatten.int", "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default",
+    "aten.unsqueeze.default", "aten.view_as.default", "aten.reshape_as.default",
+)
+def _reshape(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    x = ctx.v(args[0])
+    out = ctx.out_type()
+    if out.shape == ctx.t(x).shape:
+        return x
+    return ctx.emit(K.RESHAPE, (x,), out)
+
+
+def reshape(ctx: Ctx, x: Value, shape: tuple[IRDim, ...]) -> Value:
+    t = ctx.t(x)
+    if t.shape == tuple(shape):
+        return x
+    return ctx.emit(K.RESHAPE, (x,), TensorType(t.dtype, shape))
+
+
+@converts("aten.expand.default", "aten.expand_as.default", "aten.broadcast_to.default")
+def _expand(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    x = ctx.v(args[0])
+    out = ctx.out_type()
+    if out.shape == ctx.t(x).shape:
+        return x
+    return ctx.emit(K.EXPAND, (x,), out)
+
+
+def permute(ctx: Ctx, x: Value, perm: tuple[int, ...]) -> Value:
+    if perm == tuple(range(len(perm))):
+        return x
+    t = ctx.t(x)
+    return ctx.emit(K.PERMUTE, (x,), TensorType(t.dtype, tuple(t.shape[p] for p in perm)), PermuteAttrs(perm))
+
+
+@converts("aten.permute.default")
+def _permute(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    x = ctx.v(args[0])
+    rank = ctx.t(x).rank
+    return permute(ctx, x, tuple(norm_axis(int(p), rank) for p in args[1]))
+
+
+@converts("aten.transpose.int", "aten.t.default", "aten.numpy_T.default")
+def _transpose(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    x = ctx.v(args[0])
+    rank = ctx.t(x).rank
+    perm = list(range(rank))
+    if len(args) >= 3:
+        a, b = norm_axis(args[1], rank), norm_axis(args[2], rank)
+    else:
+        a, b = 0, rank - 1
+    if rank >= 2:
+        perm[a], perm[b] = perm[b], perm[a]
+    return permute(ctx, x, tuple(perm))
+
+
+def _norm_start(start: SymInt, size: IRDim) -> SymInt:
+    if isinstance(start, int) and start < 0:
+        s = size + start
+        return int(s) if isinstance(s, int) or getattr(s, "is_Integer", False) else s  # type: ignore[return-value, call-overload]
+    return start
+
+
+def slice_axis(ctx: Ctx, x: Value, axis: int, start: SymInt, step: int, length: IRDim) -> Value:
+    t = ctx.t(x)
+    if start == 0 and step == 1 and length == t.shape[axis]:
+        return x
+    shape = list(t.shape)
+    shape[axis] = length
+    return ctx.emit(K.SLICE, (x,), TensorType(t.dtype, tuple(shape)), SliceAttrs(axis, start, step))
+
+
+@converts("aten.slice.Tensor")
+def _slice(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    x = ctx.v(args[0])
+    t = ctx.t(x)
+    axis = norm_axis(arg(args, kwargs, 1, "dim", 0), t.rank)
+    start = arg(args, kwargs, 2, "start", None)
+    step = arg(args, kwargs, 4, "step", 1)
+    if not isinstance(step, int) or step < 1:
+        raise Unsupported(f"slice step {step!r}")
+    length = ctx.out_type().shape[axis]
+    if start is None:
+        s: SymInt = 0
+    else:
+        s = _norm_start(ctx.s(start), t.shape[axis])
+        # Clamp the start as Python slicing does, so an over-long start yields an empty slice safely.
+        if not isinstance(s, int):
+            s = sympy.Max(0, sympy.Min(s, t.shape[axis]))
+    return slice_axis(ctx, x, axis, s, step, length)
+
+
+@converts("aten.narrow.default")
+def _narrow(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    x = ctx.v(args[0])
+    t = ctx.t(x)
+    axis = norm_axis(args[1], t.rank)
+    return slice_axis(ctx, x, axis, _norm_start(ctx.s(args[2]), t.shape[axis]), 1, ctx.s(args[3]))
+
+
+@converts("aten.select.int")
+def _select(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    x = ctx.v(args[0])
+    t = ctx.t(x)
+    axis = norm_axis(args[1], t.rank)
+    start = _norm_start(ctx.s(args[2]), t.shape[axis])
+    y = slice_axis(ctx, x, axis, start, 1, 1)
+    return reshape(ctx, y, ctx.out_type().shape)
+
+
+def _split_sizes(ctx: Ctx, size: IRDim, chunk: Any, n: int) -> list[SymInt]:
+    sizes: list[SymInt] = []
+    for i in range(n):
+        rest = size - i * chunk
+        sizes.append(sympy.Min(chunk, rest) if isinstance(rest, sympy.Expr) else min(chunk, rest))
+    return sizes
+
+
+@converts("aten.split.Tensor", "aten.split_with_sizes.default", "aten.chunk.default", "aten.unbind.int")
+def _split(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Value, ...]:
+    assert ctx.node is not None
+    x = ctx.v(args[0])
+    t = ctx.t(x)
+    name = str(ctx.node.target)
+    default_axis = 0
+    axis = norm_axis(arg(args, kwargs, 1 if "unbind" in name else 2, "dim", default_axis), t.rank)
+    outs = [ctx.type_of_val(v) for v in ctx.node.meta["val"]]
+    results, start = [], sympy.Integer(0)
+    for o in outs:
+        length = 1 if "unbind" in name else o.shape[axis]
+        s = int(start) if getattr(start, "is_Integer", False) else start
+        y = slice_axis(ctx, x, axis, s, 1, length)
+        results.append(reshape(ctx, y, o.shape))
+        start = start + length
+    return tuple(results)
+
+
+@converts("aten.cat.default", "aten.concat.default")
+def _cat(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    out = ctx.out_type()
+    axis = norm_axis(arg(args, kwargs, 1, "dim", 0), out.rank)
+    parts = [ctx.cast(ctx.v(a), out.dtype) for a in args[0]]
+    parts = [p for p in parts if not (ctx.t(p).rank == 1 and ctx.t(p).shape[0] == 0 and out.rank > 1)]
+    if len(parts) == 1:
+        return parts[0]
+    return ctx.emit(K.CONCAT, parts, out, AxisAttrs(axis))
+
+
+@converts("aten.stack.default")
+def _stack(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    out = ctx.out_type()
+    axis = norm_axis(arg(args, kwargs, 1, "dim", 0), out.rank)
+    parts = []
+    for a in args[0]:
+        v = ctx.cast(ctx.v(a), out.dtype)
+        s = list(ctx.t(v).shape)
+        s.insert(axis, 1)
+        parts.append(reshape(ctx, v, tuple(s)))
+    return parts[0] if len(parts) == 1 else ctx.emit(K.CONCAT, parts, out, AxisAttrs(axis))
+
+
+@converts("aten.repeat.default")
+def _repeat(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    x = ctx.v(args[0])
+    reps = ctx.dims(args[1])
+    t = ctx.t(x)
+    shape = (1,) * (len(reps) - t.rank) + t.shape
+    inter = tuple(d for s in shape for d in (1, s))
+    expanded = tuple(d for r, s in zip(reps, shape) for d in (r, s))
+    y = reshape(ctx, x, inter)
+    y = ctx.emit(K.EXPAND, (y,), TensorType(t.dtype, expanded))
+    return reshape(ctx, y, ctx.out_type().shape)
+
+
+@converts("aten.index_select.default")
+def _index_select(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    x = ctx.v(args[0])
+    axis = norm_axis(args[1], ctx.t(x).rank)
+    return ctx.emit(K.TAKE, (x, ctx.cast(ctx.v(args[2]), DType.INT64)), attrs=AxisAttrs(axis))
+
+
+@converts("aten.embedding.default")
+def _embedding(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    return ctx.emit(K.TAKE, (ctx.v(args[0]), ctx.cast(ctx.v(args[1]), DType.INT64)), attrs=AxisAttrs(0))
+
+
+@converts("aten.gather.default")
+def _gather(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    x = ctx.v(args[0])
+    axis = norm_axis(args[1], ctx.t(x).rank)
+    return ctx.emit(K.GATHER, (x, ctx.cast(ctx.v(args[2]), DType.INT64)), attrs=AxisAttrs(axis))
+
+
+@converts("aten.index.Tensor")
+def _index(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    x = ctx.v(args[0])
+    axes, idx = [], []
+    for axis, a in enumerate(args[1]):
+        if a is None:
+            continue
+        v = ctx.v(a)
+        if ctx.t(v).dtype is DType.BOOL:
+            raise Unsupported("boolean-mask indexing (data-dependent output shape)")
+        axes.append(axis)
+        idx.append(ctx.cast(v, DType.INT64))
+    if not axes:
+        return x
+    return ctx.emit(K.INDEX, (x, *idx), attrs=IndexAttrs(tuple(axes)))
+
+
+@converts("aten.constant_pad_nd.default", "aten.pad.default")
+def _pad(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    assert ctx.node is not None
+    mode = arg(args, kwargs, 2, "mode", "constant") if "aten.pad" in str(ctx.node.target) else "constant"
+    if mode != "constant":
+        raise Unsupported(f"pad mode {mode!r}")
+    x = ctx.v(args[0])
+    rank = ctx.t(x).rank
+    flat = ctx.dims(args[1])
+    value = arg(args, kwargs, 3 if "aten.pad" in str(ctx.node.target) else 2, "value", 0.0) or 0.0
+    pads: list[tuple[SymInt, SymInt]] = [(0, 0)] * rank
+    for i in range(len(flat) // 2):
+        pads[rank - 1 - i] = (flat[2 * i], flat[2 * i + 1])
+    for lo, hi in pads:
+        for p in (lo, hi):
+            if isinstance(p, int) and p < 0:
+                raise Unsupported("negative padding (cropping)")
+    return ctx.emit(K.PAD, (x,), attrs=PadAttrs(tuple(pads), float(value)))
+
+
+def _tri(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any], upper: bool) -> Value:
+    """triu / tril as where(j - i >= k, x, 0) (or <= k), built from ARANGE and comparisons."""
+    x = ctx.v(args[0])
+    t = ctx.t(x)
+    k = ctx.s(arg(args, kwargs, 1, "diagonal", 0))
+    rows, cols = t.shape[-2], t.shape[-1]
+    i = ctx.emit(K.ARANGE, (), TensorType(DType.INT64, (rows,)), ArangeAttrs(0, 1))
+    i = reshape(ctx, i, (rows, 1))
+    j = ctx.emit(K.ARANGE, (), TensorType(DType.INT64, (cols,)), ArangeAttrs(0, 1))
+    diff = ctx.emit(K.SUB, (j, i), TensorType(DType.INT64, (rows, cols)))
+    if not isinstance(k, int):
+        raise Unsupported("triu/tril with a symbolic diagonal")
+    kk = ctx.const(k, DType.INT64)
+    keep = ctx.emit(K.GE if upper else K.LE, (diff, kk), TensorType(DType.BOOL, (rows, cols)))
+    return ctx.emit(K.WHERE, (keep, x, ctx.const(0, t.dtype)), ctx.out_type())
+
+
+converts("aten.triu.default")(lambda ctx, a, kw: _tri(ctx, a, kw, True))
+converts("aten.tril.default")(lambda ctx, a, kw: _tri(ctx, a, kw, False))

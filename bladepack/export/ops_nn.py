@@ -1,0 +1,411 @@
+"""aten → IR: reductions, normalizations, matmul, convolution, pooling and attention.
+
+In: an FX node's args. Out: IR values. Composite ops that the IR does not keep whole are decomposed
+here: scaled_dot_product_attention into matmul / softmax / masking, inference batch norm into a
+per-channel scale and shift (folded into new weights when its statistics are weights).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import sympy
+
+from bladepack.dtypes import DType
+from bladepack.export.context import Ctx, Unsupported, Value, arg, converts, norm_axis
+from bladepack.export.ops_layout import permute, reshape
+from bladepack.ir import OpKind, TensorType
+from bladepack.ir.ops import (
+    ArangeAttrs,
+    ArgReduceAttrs,
+    AxisAttrs,
+    Conv2dAttrs,
+    MatmulAttrs,
+    NormAttrs,
+    Pool2dAttrs,
+    ReduceAttrs,
+)
+from bladepack.ir.types import IRDim
+
+K = OpKind
+
+
+# --------------------------------------------------------------------------- reductions
+
+
+def _axes(dims: Any, rank: int) -> tuple[int, ...]:
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return tuple(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    return tuple(sorted({norm_axis(int(d), rank) for d in dims}))
+
+
+def _reduce(op: OpKind, dims_index: int | None) -> Any:
+    def convert(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+        out = ctx.out_type()
+        x = ctx.cast(ctx.v(args[0]), out.dtype)
+        rank = ctx.t(x).rank
+        dims = None if dims_index is None else arg(args, kwargs, dims_index, "dim")
+        keepdim = bool(arg(args, kwargs, 2, "keepdim", False)) if dims_index is not None else False
+        if rank == 0:
+            return x
+        return ctx.emit(op, (x,), out, ReduceAttrs(_axes(dims, rank), keepdim))
+
+    return convert
+
+
+for _name, _op in (("sum", K.SUM), ("mean", K.MEAN), ("prod", K.PROD)):
+    converts(f"aten.{_name}.default")(_reduce(_op, None))
+converts("aten.sum.dim_IntList", "aten.mean.dim")(lambda c, a, k: _reduce(K.SUM if "sum" in str(c.node.target) else K.MEAN, 1)(c, a, k))  # type: ignore[union-attr]
+converts("aten.prod.dim_int")(_reduce(K.PROD, 1))
+converts("aten.amax.default")(_reduce(K.AMAX, 1))
+converts("aten.amin.default")(_reduce(K.AMIN, 1))
+converts("aten.max.default")(_reduce(K.AMAX, None))
+converts("aten.min.default")(_reduce(K.AMIN, None))
+
+
+def _arg_reduce(ctx: Ctx, op: OpKind, x: Value, dim: Any, keepdim: bool, out: TensorType) -> Value:
+    t = ctx.t(x)
+    if dim is None:
+        flat = reshape(ctx, x, (t.numel(),))
+        return ctx.emit(op, (flat,), out, ArgReduceAttrs(0, keepdim and False))
+    return ctx.emit(op, (x,), out, ArgReduceAttrs(norm_axis(dim, t.rank), keepdim))
+
+
+@converts("aten.argmax.default", "aten.argmin.default")
+def _argmax(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    assert ctx.node is not None
+    op = K.ARGMAX if "argmax" in str(ctx.node.target) else K.ARGMIN
+    dim, keepdim = arg(args, kwargs, 1, "dim"), bool(arg(args, kwargs, 2, "keepdim", False))
+    if dim is None and keepdim:
+        raise Unsupported("argmax/argmin over all dims with keepdim=True")
+    return _arg_reduce(ctx, op, ctx.v(args[0]), dim, keepdim, ctx.out_type())
+
+
+@converts("aten.max.dim", "aten.min.dim")
+def _max_dim(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Value, Value]:
+    assert ctx.node is not None
+    is_max = "max" in str(ctx.node.target)
+    x = ctx.v(args[0])
+    axis = norm_axis(args[1], ctx.t(x).rank)
+    keepdim = bool(arg(args, kwargs, 2, "keepdim", False))
+    values = ctx.emit(K.AMAX if is_max else K.AMIN, (x,), ctx.out_type(0), ReduceAttrs((axis,), keepdim))
+    idx = ctx.emit(K.ARGMAX if is_max else K.ARGMIN, (x,), ctx.out_type(1), ArgReduceAttrs(axis, keepdim))
+    return values, idx
+
+
+@converts("aten.cumsum.default")
+def _cumsum(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    out = ctx.out_type()
+    x = ctx.cast(ctx.v(args[0]), out.dtype)
+    return ctx.emit(K.CUMSUM, (x,), out, AxisAttrs(norm_axis(args[1], max(out.rank, 1))))
+
+
+@converts("aten._softmax.default", "aten.softmax.int", "aten._log_softmax.default", "aten.log_softmax.int")
+def _softmax(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    assert ctx.node is not None
+    op = K.LOG_SOFTMAX if "log_softmax" in str(ctx.node.target) else K.SOFTMAX
+    out = ctx.out_type()
+    x = ctx.cast(ctx.v(args[0]), out.dtype)
+    return ctx.emit(op, (x,), out, AxisAttrs(norm_axis(args[1], max(out.rank, 1))))
+
+
+def _norm(ctx: Ctx, op: OpKind, x: Any, shape: Any, w: Any, b: Any, eps: float, out: TensorType) -> Value:
+    inputs = [ctx.v(x)]
+    if w is not None:
+        inputs.append(ctx.v(w))
+    if b is not None:
+        inputs.append(ctx.v(b))
+    attrs = NormAttrs(len(shape), float(eps), w is not None, b is not None)
+    return ctx.emit(op, inputs, out, attrs)
+
+
+@converts("aten.layer_norm.default")
+def _layer_norm(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    w, b = arg(args, kwargs, 2, "weight"), arg(args, kwargs, 3, "bias")
+    eps = arg(args, kwargs, 4, "eps", 1e-5)
+    return _norm(ctx, K.LAYER_NORM, args[0], args[1], w, b, eps, ctx.out_type())
+
+
+@converts("aten.native_layer_norm.default")
+def _native_layer_norm(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Value, None, None]:
+    y = _norm(ctx, K.LAYER_NORM, args[0], args[1], args[2], args[3], args[4], ctx.out_type(0))
+    return y, None, None
+
+
+@converts("aten.rms_norm.default")
+def _rms_norm(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    out = ctx.out_type()
+    eps = arg(args, kwargs, 3, "eps")
+    if eps is None:
+        eps = float(np.finfo(out.dtype.to_numpy() if out.dtype is not DType.BFLOAT16 else np.float32).eps)
+    return _norm(ctx, K.RMS_NORM, args[0], args[1], arg(args, kwargs, 2, "weight"), None, eps, out)
+
+
+# --------------------------------------------------------------------------- matmul
+
+
+def broadcast_shape(a: tuple[IRDim, ...], b: tuple[IRDim, ...]) -> tuple[IRDim, ...]:
+    n = max(len(a), len(b))
+    a = (1,) * (n - len(a)) + a
+    b = (1,) * (n - len(b)) + b
+    out: list[IRDim] = []
+    for x, y in zip(a, b):
+        if x == 1:
+            out.append(y)
+        elif y == 1 or x == y:
+            out.append(x)
+        else:
+            out.append(sympy.Max(x, y))
+    return tuple(out)
+
+
+def matmul(ctx: Ctx, a: Value, b: Value, transpose_b: bool = False) -> Value:
+    ta, tb = ctx.t(a), ctx.t(b)
+    n = tb.shape[-2] if transpose_b else tb.shape[-1]
+    shape = broadcast_shape(ta.shape[:-2], tb.shape[:-2]) + (ta.shape[-2], n)
+    return ctx.emit(K.MATMUL, (a, b), TensorType(ta.dtype, shape), MatmulAttrs(transpose_b))
+
+
+@converts("aten.matmul.default", "aten.mm.default", "aten.bmm.default")
+def _matmul(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    out = ctx.out_type()
+    a, b = ctx.cast(ctx.v(args[0]), out.dtype), ctx.cast(ctx.v(args[1]), out.dtype)
+    ta, tb = ctx.t(a), ctx.t(b)
+    if ta.rank == 1:
+        a = reshape(ctx, a, (1, ta.shape[0]))
+    if tb.rank == 1:
+        b = reshape(ctx, b, (tb.shape[0], 1))
+    return reshape(ctx, matmul(ctx, a, b), out.shape)
+
+
+def _scaled(ctx: Ctx, v: Value, factor: Any) -> Value:
+    if factor == 1:
+        return v
+    t = ctx.t(v)
+    return ctx.emit(K.MUL, (v, ctx.const(factor, t.dtype)), t)
+
+
+@converts("aten.linear.default")
+def _linear(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    out = ctx.out_type()
+    x, w = ctx.v(args[0]), ctx.v(args[1])
+    bias = arg(args, kwargs, 2, "bias")
+    if ctx.t(w).rank != 2:
+        raise Unsupported("linear with a weight that is not 2-D")
+    tx = ctx.t(x)
+    x2 = x if tx.rank >= 2 else reshape(ctx, x, (1, tx.shape[0]))
+    y = matmul(ctx, x2, w, transpose_b=True)
+    if bias is not None:
+        y = ctx.emit(K.ADD, (y, ctx.v(bias)), ctx.t(y))
+    return reshape(ctx, y, out.shape)
+
+
+@converts("aten.addmm.default", "aten.baddbmm.default")
+def _addmm(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    out = ctx.out_type()
+    beta, alpha = arg(args, kwargs, 3, "beta", 1), arg(args, kwargs, 4, "alpha", 1)
+    y = _scaled(ctx, matmul(ctx, ctx.v(args[1]), ctx.v(args[2])), alpha)
+    if beta == 0:
+        return y
+    return ctx.emit(K.ADD, (y, _scaled(ctx, ctx.v(args[0]), beta)), out)
+
+
+# --------------------------------------------------------------------------- convolution and pooling
+
+
+def _pair(v: Any, name: str) -> tuple[int, int]:
+    if isinstance(v, int):
+        return (v, v)
+    v = list(v)
+    if len(v) == 1:
+        return (int(v[0]), int(v[0]))
+    if len(v) != 2 or not all(isinstance(x, int) for x in v):
+        raise Unsupported(f"{name}={v!r} (2-D convolution and pooling take one or two ints)")
+    return (v[0], v[1])
+
+
+def _conv(ctx: Ctx, x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation: Any, groups: int) -> Value:
+    out = ctx.out_type()
+    xv, wv = ctx.v(x), ctx.v(w)
+    if ctx.t(xv).rank != 4:
+        raise Unsupported(f"convolution of rank {ctx.t(xv).rank} input (only conv2d is supported)")
+    kh, kw = ctx.t(wv).shape[2], ctx.t(wv).shape[3]
+    dil = _pair(dilation, "dilation")
+    if padding == "valid":
+        pad = (0, 0)
+    elif padding == "same":
+        if not (isinstance(kh, int) and isinstance(kw, int)):
+            raise Unsupported("padding='same' with a symbolic kernel")
+        total = (dil[0] * (kh - 1), dil[1] * (kw - 1))
+        if total[0] % 2 or total[1] % 2:
+            raise Unsupported("padding='same' with an even kernel extent (asymmetric padding)")
+        pad = (total[0] // 2, total[1] // 2)
+    else:
+        pad = _pair(padding, "padding")
+    inputs = [xv, wv] + ([ctx.v(b)] if b is not None else [])
+    attrs = Conv2dAttrs(_pair(stride, "stride"), pad, dil, int(groups), b is not None)
+    return ctx.emit(K.CONV2D, inputs, out, attrs)
+
+
+@converts("aten.conv2d.default", "aten.conv2d.padding")
+def _conv2d(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    a = [arg(args, kwargs, i, n, d) for i, (n, d) in enumerate(
+        [("input", None), ("weight", None), ("bias", None), ("stride", 1), ("padding", 0), ("dilation", 1), ("groups", 1)])]
+    return _conv(ctx, *a)
+
+
+@converts("aten.convolution.default")
+def _convolution(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    x, w, b, stride, padding, dilation, transposed, _, groups = args[:9]
+    if transposed:
+        raise Unsupported("transposed convolution")
+    return _conv(ctx, x, w, b, stride, padding, dilation, groups)
+
+
+def _weight_name(ctx: Ctx, v: Value) -> str | None:
+    for p in ctx.b.weights:
+        if p.id == v:
+            return p.name
+    return None
+
+
+def _batch_norm(ctx: Ctx, x: Any, w: Any, b: Any, mean: Any, var: Any, eps: float, out: TensorType) -> Value:
+    xv = ctx.v(x)
+    c = ctx.t(xv).shape[1]
+    if not isinstance(c, int):
+        raise Unsupported("batch norm over a dynamic channel dim")
+    names = [None if a is None else _weight_name(ctx, ctx.v(a)) for a in (w, b, mean, var)]
+    if mean is None or var is None or any(n is None for n, a in zip(names, (w, b, mean, var)) if a is not None):
+        raise Unsupported("batch norm whose statistics are not weights (training mode?)")
+    data = [None if n is None else ctx.weight_data[n].astype(np.float64) for n in names]
+    wd = data[0] if data[0] is not None else np.ones(c)
+    bd = data[1] if data[1] is not None else np.zeros(c)
+    scale = wd / np.sqrt(data[3] + eps)  # type: ignore[operator]
+    shift = bd - data[2] * scale  # type: ignore[operator]
+    bshape = (c,) + (1,) * (ctx.t(xv).rank - 2)
+    base = names[2]
+    vals = []
+    for suffix, arr in (("scale", scale), ("shift", shift)):
+        name = f"{base}:{suffix}"
+        ctx.weight_data[name] = arr.astype(out.dtype.to_numpy()).reshape(bshape)
+        vals.append(ctx.b.add_weight(name, TensorType(out.dtype, bshape)))
+    y = ctx.emit(K.MUL, (ctx.cast(xv, out.dtype), vals[0]), out)
+    return ctx.emit(K.ADD, (y, vals[1]), out)
+
+
+@converts("aten._native_batch_norm_legit_no_training.default")
+def _bn_no_training(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Value, None, None]:
+    x, w, b, mean, var, _momentum, eps = args[:7]
+    return _batch_norm(ctx, x, w, b, mean, var, eps, ctx.out_type(0)), None, None
+
+
+@converts("aten.batch_norm.default")
+def _bn(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    x, w, b, mean, var, training, _momentum, eps = args[:8]
+    if training:
+        raise Unsupported("batch norm in training mode (call model.eval())")
+    return _batch_norm(ctx, x, w, b, mean, var, eps, ctx.out_type())
+
+
+def _pool_attrs(args: tuple[Any, ...], kwargs: dict[str, Any], with_dilation: bool) -> Pool2dAttrs:
+    kernel = _pair(args[1], "kernel_size")
+    stride_arg = arg(args, kwargs, 2, "stride", [])
+    stride = kernel if not stride_arg else _pair(stride_arg, "stride")
+    padding = _pair(arg(args, kwargs, 3, "padding", 0), "padding")
+    if with_dilation:
+        dilation = _pair(arg(args, kwargs, 4, "dilation", 1), "dilation")
+        ceil_mode = bool(arg(args, kwargs, 5, "ceil_mode", False))
+        return Pool2dAttrs(kernel, stride, padding, dilation, ceil_mode)
+    ceil_mode = bool(arg(args, kwargs, 4, "ceil_mode", False))
+    include = bool(arg(args, kwargs, 5, "count_include_pad", True))
+    if arg(args, kwargs, 6, "divisor_override") is not None:
+        raise Unsupported("avg_pool2d with divisor_override")
+    return Pool2dAttrs(kernel, stride, padding, (1, 1), ceil_mode, include)
+
+
+@converts("aten.max_pool2d.default")
+def _max_pool(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    return ctx.emit(K.MAX_POOL2D, (ctx.v(args[0]),), attrs=_pool_attrs(args, kwargs, True))
+
+
+@converts("aten.max_pool2d_with_indices.default")
+def _max_pool_idx(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Value, None]:
+    return ctx.emit(K.MAX_POOL2D, (ctx.v(args[0]),), ctx.out_type(0), _pool_attrs(args, kwargs, True)), None
+
+
+@converts("aten.avg_pool2d.default")
+def _avg_pool(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    return ctx.emit(K.AVG_POOL2D, (ctx.v(args[0]),), attrs=_pool_attrs(args, kwargs, False))
+
+
+@converts("aten.adaptive_avg_pool2d.default", "aten._adaptive_avg_pool2d.default")
+def _adaptive_avg_pool(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    x = ctx.v(args[0])
+    size = tuple(args[1]) if not isinstance(args[1], int) else (args[1], args[1])
+    out = ctx.out_type()
+    if size == (1, 1):
+        return ctx.emit(K.MEAN, (x,), out, ReduceAttrs((ctx.t(x).rank - 2, ctx.t(x).rank - 1), True))
+    if ctx.t(x).shape[-2:] == out.shape[-2:]:
+        return x
+    raise Unsupported(f"adaptive_avg_pool2d to {size} (only (1, 1) or the identity)")
+
+
+# --------------------------------------------------------------------------- attention
+
+
+@converts("aten.scaled_dot_product_attention.default")
+def _sdpa(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    out = ctx.out_type()
+    q, k, v = (ctx.cast(ctx.v(a), out.dtype) for a in args[:3])
+    mask = arg(args, kwargs, 3, "attn_mask")
+    if arg(args, kwargs, 4, "dropout_p", 0.0):
+        raise Unsupported("scaled_dot_product_attention with dropout_p > 0")
+    causal = bool(arg(args, kwargs, 5, "is_causal", False))
+    scale = arg(args, kwargs, 6, "scale")
+    if arg(args, kwargs, 7, "enable_gqa", False):
+        k, v = (_repeat_heads(ctx, t, ctx.t(q).shape[-3]) for t in (k, v))
+    tq = ctx.t(q)
+    if scale is None:
+        e = tq.shape[-1]
+        if not isinstance(e, int):
+            raise Unsupported("attention with a symbolic head dim and no explicit scale")
+        scale = 1.0 / math.sqrt(e)
+    scores = _scaled(ctx, matmul(ctx, q, k, transpose_b=True), scale)
+    st = ctx.t(scores)
+    if causal:
+        rows, cols = st.shape[-2], st.shape[-1]
+        i = reshape(ctx, ctx.emit(K.ARANGE, (), TensorType(DType.INT64, (rows,)), ArangeAttrs(0, 1)), (rows, 1))
+        j = ctx.emit(K.ARANGE, (), TensorType(DType.INT64, (cols,)), ArangeAttrs(0, 1))
+        keep = ctx.emit(K.LE, (j, i), TensorType(DType.BOOL, (rows, cols)))
+        scores = ctx.emit(K.WHERE, (keep, scores, ctx.const(-math.inf, st.dtype)), st)
+    if mask is not None:
+        m = ctx.v(mask)
+        shape = broadcast_shape(ctx.t(m).shape, st.shape)
+        st = TensorType(st.dtype, shape)
+        if ctx.t(m).dtype is DType.BOOL:
+            scores = ctx.emit(K.WHERE, (m, scores, ctx.const(-math.inf, st.dtype)), st)
+        else:
+            scores = ctx.emit(K.ADD, (scores, ctx.cast(m, st.dtype)), st)
+    probs = ctx.emit(K.SOFTMAX, (scores,), st, AxisAttrs(st.rank - 1))
+    return reshape(ctx, matmul(ctx, probs, v), out.shape)
+
+
+def _repeat_heads(ctx: Ctx, x: Value, heads: IRDim) -> Value:
+    t = ctx.t(x)
+    kv = t.shape[-3]
+    if kv == heads:
+        return x
+    rep = sympy.simplify(sympy.sympify(heads) / kv)
+    if not rep.is_Integer:
+        raise Unsupported("grouped-query attention whose head counts do not divide")
+    lead, s, e = t.shape[:-3], t.shape[-2], t.shape[-1]
+    y = reshape(ctx, x, (*lead, kv, 1, s, e))
+    y = ctx.emit(K.EXPAND, (y,), TensorType(t.dtype, (*lead, kv, int(rep), s, e)))
+    return reshape(ctx, y, (*lead, heads, s, e))
+
+
+__all__ = ["broadcast_shape", "matmul", "permute"]

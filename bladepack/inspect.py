@@ -1,0 +1,76 @@
+"""`bladepack inspect`: a stable JSON summary of an artifact and a readable text form. Loader-safe.
+
+In: a manifest (from `bladepack.artifact.read`). Out: a dict with the keys documented in
+docs/format.md (format_version, producer, inputs, outputs, symbols, plan, kernels, gemm_configs,
+weights_bytes, arena_bytes), and its text rendering.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from bladepack.dtypes import DType
+
+
+def manifest_summary(m: dict[str, Any]) -> dict[str, Any]:
+    steps = m["plan"]["steps"]
+    weights_bytes = sum(DType(w["dtype"]).itemsize * _prod(w["shape"]) for w in m["weights"])
+    return {
+        "format_version": ".".join(str(v) for v in m["format_version"]),
+        "producer": dict(m["producer"]),
+        "inputs": [{"name": t["name"], "dtype": t["dtype"], "shape": list(t["shape"])} for t in m["inputs"]],
+        "outputs": [{"name": t["name"], "dtype": t["dtype"], "shape": list(t["shape"])} for t in m["outputs"]],
+        "symbols": {s["name"]: {"min": s["min"], "max": s["max"]} for s in m["symbols"]},
+        "plan": {"steps": len(steps), "by_kind": dict(sorted(Counter(s["op"] for s in steps).items()))},
+        "kernels": [{"name": k["name"], "target": k["target"], "arch": k.get("arch"), "variants": k.get("variants", [])}
+                    for k in m["kernels"]],
+        "gemm_configs": list(m["gemm_configs"]),
+        "weights_bytes": weights_bytes,
+        "weights": len(m["weights"]),
+        "arena_bytes": m["arena_bytes"]["expr"],
+        "shape_program": {"instructions": len(m["shape_program"]["code"]) // 40,
+                          "registers": m["shape_program"]["num_registers"],
+                          "guards": len(m["shape_program"]["messages"])},
+    }
+
+
+def _prod(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _human(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(n)
+
+
+def inspect_text(s: dict[str, Any]) -> str:
+    def tensor(t: dict[str, Any]) -> str:
+        return f"{t['name']}: {t['dtype']}[{', '.join(str(d) for d in t['shape'])}]"
+
+    lines = [f"bladepack artifact, format {s['format_version']}",
+             "producer: " + ", ".join(f"{k} {v}" for k, v in s["producer"].items()), "inputs:"]
+    lines += [f"  {tensor(t)}" for t in s["inputs"]]
+    lines.append("outputs:")
+    lines += [f"  {tensor(t)}" for t in s["outputs"]]
+    lines.append("symbols:" if s["symbols"] else "symbols: none (all shapes static)")
+    for name, r in s["symbols"].items():
+        lines.append(f"  {name} in [{r['min']}, {'inf' if r['max'] is None else r['max']}]")
+    by_kind = ", ".join(f"{k} {v}" for k, v in s["plan"]["by_kind"].items())
+    lines.append(f"plan: {s['plan']['steps']} steps ({by_kind})")
+    sp = s["shape_program"]
+    lines.append(f"shape program: {sp['instructions']} instructions, {sp['registers']} registers, {sp['guards']} guard messages")
+    lines.append(f"kernels: {len(s['kernels']) or 'none (reference executor)'}")
+    for k in s["kernels"]:
+        lines.append(f"  {k['name']} [{k['target']}{'/' + k['arch'] if k['arch'] else ''}] variants: {len(k['variants'])}")
+    lines.append(f"gemm configs: {len(s['gemm_configs']) or 'none'}")
+    lines.append(f"weights: {s['weights']} tensors, {_human(s['weights_bytes'])}")
+    lines.append(f"arena bytes (peak live intermediates): {s['arena_bytes']}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,13 @@
+"""bladepack IR: a closed op set over tensors with symbolic (sympy) dimensions."""
+
+from bladepack.ir.graph import Graph, GraphBuilder, Node, Param, Program
+from bladepack.ir.ops import OP_INFO, OpClass, OpKind
+from bladepack.ir.printer import print_graph
+from bladepack.ir.shape_env import ShapeEnv, SymbolRange, Tri
+from bladepack.ir.types import IRDim, TensorType
+from bladepack.ir.verifier import IRVerificationError, verify
+
+__all__ = [
+    "OP_INFO", "Graph", "GraphBuilder", "IRDim", "IRVerificationError", "Node", "OpClass", "OpKind",
+    "Param", "Program", "ShapeEnv", "SymbolRange", "TensorType", "Tri", "print_graph", "verify",
+]

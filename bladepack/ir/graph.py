@@ -1,0 +1,115 @@
+"""The IR graph: immutable SSA nodes, named inputs, weights and outputs.
+
+In: nodes built by a front end through `GraphBuilder`. Out: a `Graph` (plain frozen data that passes
+read and rebuild) and a `Program` (graph + shape environment + weight arrays), the unit that flows
+from export through optimize to the artifact writer.
+
+Note [One value per node]: every node defines exactly one value, named by the node's id. Front-end ops
+with several results (split, max.dim) become several nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bladepack.ir.ops import OP_INFO, Attrs, NoAttrs, OpKind
+from bladepack.ir.shape_env import ShapeEnv
+from bladepack.ir.types import TensorType
+
+
+@dataclass(frozen=True)
+class Node:
+    id: int
+    op: OpKind
+    inputs: tuple[int, ...]
+    attrs: Attrs
+    type: TensorType
+    loc: str = ""  # provenance: the source line and front-end op this node came from
+
+
+@dataclass(frozen=True)
+class Param:
+    """A graph input or a weight: a named value defined outside the node list."""
+
+    name: str
+    id: int
+    type: TensorType
+
+
+@dataclass(frozen=True)
+class Graph:
+    inputs: tuple[Param, ...]
+    weights: tuple[Param, ...]
+    nodes: tuple[Node, ...]
+    outputs: tuple[int, ...]
+    output_names: tuple[str, ...]
+
+    def value_types(self) -> dict[int, TensorType]:
+        types = {p.id: p.type for p in self.inputs + self.weights}
+        types.update((n.id, n.type) for n in self.nodes)
+        return types
+
+    def users(self) -> dict[int, list[int]]:
+        """value id -> ids of the nodes that read it (in node order)."""
+        out: dict[int, list[int]] = {}
+        for n in self.nodes:
+            for i in n.inputs:
+                out.setdefault(i, []).append(n.id)
+        return out
+
+
+@dataclass(frozen=True)
+class Program:
+    graph: Graph
+    shape_env: ShapeEnv
+    weight_data: Mapping[str, np.ndarray] = field(default_factory=dict)
+    # How the model's result was structured: "single" value or a "tuple" of values.
+    output_structure: str = "single"
+    # Conditions on the symbols that torch recorded at export (sympy booleans) with their messages.
+    assertions: tuple[tuple[Any, str], ...] = ()
+
+
+class GraphBuilder:
+    """Appends nodes in topological order and hands out fresh value ids."""
+
+    def __init__(self) -> None:
+        self._next = 0
+        self.inputs: list[Param] = []
+        self.weights: list[Param] = []
+        self.nodes: list[Node] = []
+        self.types: dict[int, TensorType] = {}
+
+    def _fresh(self) -> int:
+        self._next += 1
+        return self._next - 1
+
+    def add_input(self, name: str, t: TensorType) -> int:
+        p = Param(name, self._fresh(), t)
+        self.inputs.append(p)
+        self.types[p.id] = t
+        return p.id
+
+    def add_weight(self, name: str, t: TensorType) -> int:
+        p = Param(name, self._fresh(), t)
+        self.weights.append(p)
+        self.types[p.id] = t
+        return p.id
+
+    def add(
+        self, op: OpKind, inputs: tuple[int, ...], t: TensorType, attrs: Attrs | None = None, loc: str = ""
+    ) -> int:
+        a = attrs if attrs is not None else NoAttrs()
+        expected = OP_INFO[op].attrs
+        if not isinstance(a, expected):
+            raise TypeError(f"{op.value} takes {expected.__name__}, got {type(a).__name__}")
+        n = Node(self._fresh(), op, tuple(inputs), a, t, loc)
+        self.nodes.append(n)
+        self.types[n.id] = t
+        return n.id
+
+    def finish(self, outputs: tuple[int, ...], output_names: tuple[str, ...]) -> Graph:
+        return Graph(tuple(self.inputs), tuple(self.weights), tuple(self.nodes), outputs, output_names)

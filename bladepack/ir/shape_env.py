@@ -1,0 +1,151 @@
+"""Shape symbols, their ranges, and proofs about symbolic dims.
+
+In: symbols created by a front end with inclusive ranges. Out: answers to "provably equal / <= /
+divisible" as `Tri` (YES, NO, UNKNOWN) — never a guess from sample values — and value bounds of any
+dim expression by interval arithmetic over the symbol ranges.
+
+Note [Symbol assumptions]: every symbol is created `integer=True, nonnegative=True`, so sympy may
+simplify `floor`, `Mod` and `Max` with that knowledge; ranges beyond that live here, not in sympy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import sympy
+
+from bladepack.ir.types import IRDim
+
+
+class Tri(Enum):
+    YES = "yes"
+    NO = "no"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class SymbolRange:
+    min: int
+    max: int | None  # None: unbounded
+
+    def __str__(self) -> str:
+        return f"[{self.min}, {'inf' if self.max is None else self.max}]"
+
+
+Bound = tuple[sympy.Expr, sympy.Expr]  # (lo, hi) with sympy.oo for unbounded
+
+
+class ShapeEnv:
+    """The symbols of one program with their ranges. One per program; never global."""
+
+    def __init__(self) -> None:
+        self._ranges: dict[str, SymbolRange] = {}
+        self._symbols: dict[str, sympy.Symbol] = {}
+
+    # -- building
+    def create_symbol(self, name: str, min: int, max: int | None) -> sympy.Symbol:
+        if name in self._symbols:
+            raise ValueError(f"symbol {name!r} already exists")
+        if max is not None and max < min:
+            raise ValueError(f"symbol {name!r}: empty range [{min}, {max}]")
+        sym = sympy.Symbol(name, integer=True, nonnegative=True)
+        self._symbols[name] = sym
+        self._ranges[name] = SymbolRange(min, max)
+        return sym
+
+    # -- queries
+    @property
+    def symbols(self) -> list[sympy.Symbol]:
+        return list(self._symbols.values())
+
+    def symbol(self, name: str) -> sympy.Symbol:
+        return self._symbols[name]
+
+    def range_of(self, sym: sympy.Symbol | str) -> SymbolRange:
+        return self._ranges[sym if isinstance(sym, str) else sym.name]
+
+    def bounds(self, e: IRDim) -> Bound:
+        """Inclusive lower and upper bounds of `e` over every binding in range."""
+        return _bounds(sympy.sympify(e), self._ranges)
+
+    def prove_le(self, a: IRDim, b: IRDim) -> Tri:
+        lo, hi = self.bounds(sympy.expand(sympy.sympify(b) - a))
+        if lo >= 0:
+            return Tri.YES
+        if hi < 0:
+            return Tri.NO
+        return Tri.UNKNOWN
+
+    def prove_eq(self, a: IRDim, b: IRDim) -> Tri:
+        diff = sympy.simplify(sympy.sympify(a) - sympy.sympify(b))
+        if diff == 0:
+            return Tri.YES
+        lo, hi = self.bounds(diff)
+        if lo > 0 or hi < 0:
+            return Tri.NO
+        return Tri.UNKNOWN
+
+    def prove_divisible(self, a: IRDim, k: int) -> Tri:
+        if sympy.simplify(sympy.Mod(a, k)) == 0:
+            return Tri.YES
+        if isinstance(a, int) or sympy.sympify(a).is_Integer:
+            return Tri.NO
+        return Tri.UNKNOWN
+
+
+def _mul_bounds(x: Bound, y: Bound) -> Bound:
+    cands = []
+    for p in x:
+        for q in y:
+            if (p == 0 and q in (sympy.oo, -sympy.oo)) or (q == 0 and p in (sympy.oo, -sympy.oo)):
+                cands.append(sympy.Integer(0))
+            else:
+                cands.append(p * q)
+    return min(cands), max(cands)  # type: ignore[type-var]
+
+
+def _bounds(e: sympy.Expr, ranges: dict[str, SymbolRange]) -> Bound:
+    if e.is_Number:
+        return e, e
+    if isinstance(e, sympy.Symbol):
+        r = ranges.get(e.name)
+        if r is None:
+            return -sympy.oo, sympy.oo
+        return sympy.Integer(r.min), (sympy.oo if r.max is None else sympy.Integer(r.max))
+    if isinstance(e, sympy.Add):
+        lo, hi = sympy.Integer(0), sympy.Integer(0)
+        for t in e.args:
+            a, b = _bounds(t, ranges)
+            lo, hi = lo + a, hi + b
+        return lo, hi
+    if isinstance(e, sympy.Mul):
+        acc: Bound = (sympy.Integer(1), sympy.Integer(1))
+        for t in e.args:
+            acc = _mul_bounds(acc, _bounds(t, ranges))
+        return acc
+    if isinstance(e, sympy.Pow) and e.exp.is_Integer and e.exp > 0:
+        acc = (sympy.Integer(1), sympy.Integer(1))
+        for _ in range(int(e.exp)):
+            acc = _mul_bounds(acc, _bounds(e.base, ranges))
+        base_lo = _bounds(e.base, ranges)[0]
+        if int(e.exp) % 2 == 0 and base_lo < 0:
+            acc = (sympy.Integer(0), acc[1])
+        return acc
+    if isinstance(e, sympy.Pow) and e.exp == -1:
+        lo, hi = _bounds(e.base, ranges)
+        if lo > 0:
+            return 1 / hi if hi != sympy.oo else sympy.Integer(0), 1 / lo
+        return -sympy.oo, sympy.oo
+    if isinstance(e, (sympy.floor, sympy.ceiling)):
+        lo, hi = _bounds(e.args[0], ranges)
+        f = type(e)
+        return (lo if lo.is_infinite else f(lo)), (hi if hi.is_infinite else f(hi))
+    if isinstance(e, (sympy.Max, sympy.Min)):
+        bs = [_bounds(a, ranges) for a in e.args]
+        pick = max if isinstance(e, sympy.Max) else min
+        return pick(b[0] for b in bs), pick(b[1] for b in bs)  # type: ignore[type-var]
+    if isinstance(e, sympy.Mod):
+        _, m_hi = _bounds(e.args[1], ranges)
+        return sympy.Integer(0), (m_hi - 1 if not m_hi.is_infinite else sympy.oo)
+    return -sympy.oo, sympy.oo

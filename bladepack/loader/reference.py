@@ -1,0 +1,351 @@
+"""The reference executor: every IR op implemented with numpy, one step at a time.
+
+In: an op name, its input arrays, its attributes (symbolic ones already resolved to ints) and the
+result's shape and dtype. Out: the result array. This is the oracle that generated kernels are
+checked against, so clarity and accuracy beat speed: transcendental functions that numpy lacks
+(erf) are computed in float64.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+Impl = Callable[[Sequence[np.ndarray], dict[str, Any], tuple[int, ...], np.dtype], np.ndarray]
+OPS: dict[str, Impl] = {}
+
+
+def op(*names: str) -> Callable[[Impl], Impl]:
+    def register(fn: Impl) -> Impl:
+        for n in names:
+            OPS[n] = fn
+        return fn
+
+    return register
+
+
+# --------------------------------------------------------------------------- special functions
+
+_ERFC_COEF = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806,
+              0.27886807, -1.13520398, 1.48851587, -0.82215223, 0.17087277)
+
+
+def erfc(x: np.ndarray) -> np.ndarray:
+    """Complementary error function in float64, relative error < 1.2e-7 everywhere (Chebyshev fit)
+    and a series near zero so that erf keeps its relative accuracy for tiny arguments."""
+    z = np.abs(x.astype(np.float64))
+    t = 1.0 / (1.0 + 0.5 * z)
+    poly = np.zeros_like(t)
+    for c in reversed(_ERFC_COEF):
+        poly = poly * t + c
+    ans = t * np.exp(-z * z + poly)
+    out = np.where(x >= 0, ans, 2.0 - ans)
+    small = z < 0.5
+    if np.any(small):
+        out = np.where(small, 1.0 - _erf_series(x.astype(np.float64)), out)
+    return out
+
+
+def _erf_series(x: np.ndarray) -> np.ndarray:
+    term, total, x2 = x.copy(), x.copy(), x * x
+    for n in range(1, 14):
+        term = term * (-x2) / n
+        total = total + term / (2 * n + 1)
+    return total * (2.0 / math.sqrt(math.pi))
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    x64 = x.astype(np.float64)
+    return np.where(np.abs(x64) < 0.5, _erf_series(x64), 1.0 - erfc(x64))
+
+
+# --------------------------------------------------------------------------- elementwise
+
+
+def _unary(fn: Callable[[np.ndarray], np.ndarray]) -> Impl:
+    def impl(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return np.asarray(fn(xs[0])).astype(dt, copy=False)
+
+    return impl
+
+
+for _name, _fn in {
+    "neg": np.negative, "abs": np.abs, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
+    "rsqrt": lambda x: 1.0 / np.sqrt(x), "reciprocal": lambda x: 1.0 / x, "tanh": np.tanh,
+    "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)), "relu": lambda x: np.maximum(x, 0).astype(x.dtype),
+    "silu": lambda x: x / (1.0 + np.exp(-x)), "erf": erf, "sin": np.sin, "cos": np.cos, "floor": np.floor,
+    "logical_not": np.logical_not, "bitwise_not": np.invert, "cast": lambda x: x,
+}.items():
+    OPS[_name] = _unary(_fn)
+
+
+@op("gelu")
+def _gelu(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    x = xs[0].astype(np.float64)
+    if attrs["approximate"] == "tanh":
+        y = 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+    else:
+        y = 0.5 * x * erfc(-x / math.sqrt(2.0))
+    return y.astype(dt)
+
+
+@op("leaky_relu")
+def _leaky_relu(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    x = xs[0]
+    return np.where(x > 0, x, x * np.asarray(attrs["slope"], dtype=x.dtype)).astype(dt)
+
+
+@op("clamp")
+def _clamp(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    x = xs[0]
+    if attrs["min"] is not None:
+        x = np.maximum(x, np.asarray(attrs["min"]).astype(dt))
+    if attrs["max"] is not None:
+        x = np.minimum(x, np.asarray(attrs["max"]).astype(dt))
+    return np.asarray(x, dtype=dt)
+
+
+_BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide, "pow": np.power,
+    "maximum": np.maximum, "minimum": np.minimum, "eq": np.equal, "ne": np.not_equal, "lt": np.less,
+    "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal, "logical_and": np.logical_and,
+    "logical_or": np.logical_or, "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
+    "bitwise_xor": np.bitwise_xor,
+}
+
+
+def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Impl:
+    def impl(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return np.asarray(fn(xs[0], xs[1])).astype(dt, copy=False)
+
+    return impl
+
+
+for _name, _fn2 in _BINARY.items():
+    OPS[_name] = _binary(_fn2)
+
+
+@op("where")
+def _where(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    return np.where(xs[0], xs[1], xs[2]).astype(dt, copy=False)
+
+
+# --------------------------------------------------------------------------- generators
+
+
+@op("constant", "full")
+def _full(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    return np.full(shape, attrs["value"], dtype=dt)
+
+
+@op("arange")
+def _arange(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    start, step = attrs["start"], attrs["step"]
+    if isinstance(start, int) and isinstance(step, int):
+        return (start + step * np.arange(shape[0], dtype=np.int64)).astype(dt)
+    return (start + step * np.arange(shape[0], dtype=np.float64)).astype(dt)
+
+
+# --------------------------------------------------------------------------- layout and indexing
+
+
+@op("reshape")
+def _reshape(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    return xs[0].reshape(shape)
+
+
+@op("expand")
+def _expand(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    return np.broadcast_to(xs[0], shape)
+
+
+@op("permute")
+def _permute(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    return np.transpose(xs[0], attrs["perm"])
+
+
+@op("slice")
+def _slice(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    axis, start, step = attrs["axis"], attrs["start"], attrs["step"]
+    n = shape[axis]
+    key = [slice(None)] * xs[0].ndim
+    key[axis] = slice(start, start + (n - 1) * step + 1, step) if n > 0 else slice(0, 0)
+    return xs[0][tuple(key)]
+
+
+@op("concat")
+def _concat(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    return np.concatenate(list(xs), axis=attrs["axis"]).astype(dt, copy=False)
+
+
+@op("take")
+def _take(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    x, idx, axis = xs[0], xs[1], attrs["axis"]
+    size = x.shape[axis]
+    if idx.size and (idx.min() < -size or idx.max() >= size):
+        raise IndexError(f"index out of range: indices must lie in [-{size}, {size - 1}]")
+    return np.take(x, idx, axis=axis)
+
+
+@op("gather")
+def _gather(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    x, idx, axis = xs[0], xs[1], attrs["axis"]
+    key = tuple(slice(None) if d == axis else slice(0, idx.shape[d]) for d in range(x.ndim))
+    size = x.shape[axis]
+    if idx.size and (idx.min() < -size or idx.max() >= size):
+        raise IndexError(f"gather index out of range: indices must lie in [-{size}, {size - 1}]")
+    return np.take_along_axis(x[key], idx, axis=axis)
+
+
+@op("index")
+def _index(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    key: list[Any] = [slice(None)] * xs[0].ndim
+    for axis, idx in zip(attrs["axes"], xs[1:]):
+        key[axis] = idx
+    return xs[0][tuple(key)]
+
+
+@op("pad")
+def _pad(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    return np.pad(xs[0], [tuple(p) for p in attrs["pads"]], constant_values=attrs["value"])
+
+
+# --------------------------------------------------------------------------- reductions
+
+
+def _reduce(fn: Callable[..., np.ndarray]) -> Impl:
+    def impl(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+        return np.asarray(fn(xs[0], axis=tuple(attrs["axes"]), keepdims=attrs["keepdim"])).astype(dt, copy=False)
+
+    return impl
+
+
+OPS.update(sum=_reduce(np.sum), mean=_reduce(np.mean), amax=_reduce(np.max), amin=_reduce(np.min),
+           prod=_reduce(np.prod))
+
+
+def _arg(fn: Callable[..., np.ndarray]) -> Impl:
+    def impl(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+        return np.asarray(fn(xs[0], axis=attrs["axis"], keepdims=attrs["keepdim"])).astype(dt)
+
+    return impl
+
+
+OPS.update(argmax=_arg(np.argmax), argmin=_arg(np.argmin))
+
+
+@op("cumsum")
+def _cumsum(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    return np.cumsum(xs[0], axis=attrs["axis"] if xs[0].ndim else None, dtype=dt).reshape(shape)
+
+
+def _softmax_impl(log: bool) -> Impl:
+    def impl(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+        x = xs[0].astype(np.float64)
+        axis = attrs["axis"] if x.ndim else None
+        with np.errstate(invalid="ignore"):
+            z = x - np.max(x, axis=axis, keepdims=True)
+            s = np.sum(np.exp(z), axis=axis, keepdims=True)
+            return (z - np.log(s) if log else np.exp(z) / s).astype(dt)
+
+    return impl
+
+
+OPS.update(softmax=_softmax_impl(False), log_softmax=_softmax_impl(True))
+
+
+def _norm_impl(rms: bool) -> Impl:
+    def impl(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+        x = xs[0].astype(np.float64)
+        axes = tuple(range(x.ndim - attrs["num_axes"], x.ndim))
+        if rms:
+            y = x / np.sqrt(np.mean(x * x, axis=axes, keepdims=True) + attrs["eps"])
+        else:
+            mu = np.mean(x, axis=axes, keepdims=True)
+            var = np.mean((x - mu) ** 2, axis=axes, keepdims=True)
+            y = (x - mu) / np.sqrt(var + attrs["eps"])
+        rest = list(xs[1:])
+        if attrs["has_weight"]:
+            y = y * rest.pop(0)
+        if attrs["has_bias"]:
+            y = y + rest.pop(0)
+        return y.astype(dt)
+
+    return impl
+
+
+OPS.update(layer_norm=_norm_impl(False), rms_norm=_norm_impl(True))
+
+
+# --------------------------------------------------------------------------- library ops
+
+
+@op("matmul")
+def _matmul(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    b = np.swapaxes(xs[1], -1, -2) if attrs["transpose_b"] else xs[1]
+    return np.matmul(xs[0], b).astype(dt, copy=False)
+
+
+def _windows(x: np.ndarray, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
+             out_hw: Sequence[int]) -> np.ndarray:
+    """[N, C, Ho, Wo, kh, kw] windows of an already padded x."""
+    kh, kw = ((k - 1) * d + 1 for k, d in zip(kernel, dilation))
+    w = sliding_window_view(x, (kh, kw), axis=(2, 3))
+    w = w[:, :, :: stride[0], :: stride[1], :: dilation[0], :: dilation[1]]
+    return w[:, :, : out_hw[0], : out_hw[1]]
+
+
+def _pad_hw(x: np.ndarray, pad: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
+            dilation: Sequence[int], out_hw: Sequence[int], value: float) -> np.ndarray:
+    extra = []
+    for i in range(2):
+        need = (out_hw[i] - 1) * stride[i] + (kernel[i] - 1) * dilation[i] + 1
+        extra.append(max(0, need - (x.shape[2 + i] + 2 * pad[i])))
+    widths = [(0, 0), (0, 0), (pad[0], pad[0] + extra[0]), (pad[1], pad[1] + extra[1])]
+    return np.pad(x, widths, constant_values=value)
+
+
+@op("conv2d")
+def _conv2d(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    x, w = xs[0], xs[1]
+    n, c = x.shape[:2]
+    o, cg, kh, kw = w.shape
+    g = attrs["groups"]
+    out_hw = shape[2:]
+    xp = _pad_hw(x, attrs["padding"], (kh, kw), attrs["stride"], attrs["dilation"], out_hw, 0.0)
+    win = _windows(xp, (kh, kw), attrs["stride"], attrs["dilation"], out_hw)  # N C Ho Wo kh kw
+    win = win.reshape(n, g, cg, *win.shape[2:])
+    wg = w.reshape(g, o // g, cg, kh, kw)
+    y = np.einsum("ngchwij,gocij->ngohw", win, wg, optimize=True).reshape(n, o, *out_hw)
+    if attrs["has_bias"]:
+        y = y + xs[2].reshape(1, o, 1, 1)
+    return y.astype(dt, copy=False)
+
+
+@op("max_pool2d")
+def _max_pool(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    x = xs[0]
+    lowest = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+    xp = _pad_hw(x, attrs["padding"], attrs["kernel"], attrs["stride"], attrs["dilation"], shape[2:], lowest)
+    win = _windows(xp, attrs["kernel"], attrs["stride"], attrs["dilation"], shape[2:])
+    return win.max(axis=(-2, -1)).astype(dt, copy=False)
+
+
+@op("avg_pool2d")
+def _avg_pool(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    x = xs[0]
+    k, s, p = attrs["kernel"], attrs["stride"], attrs["padding"]
+    xp = _pad_hw(x, p, k, s, (1, 1), shape[2:], 0.0)
+    total = _windows(xp, k, s, (1, 1), shape[2:]).sum(axis=(-2, -1))
+    # The divisor counts window cells inside the padded input (count_include_pad) or the real input.
+    ones = np.ones((1, 1, x.shape[2] + (2 * p[0] if attrs["count_include_pad"] else 0),
+                    x.shape[3] + (2 * p[1] if attrs["count_include_pad"] else 0)))
+    mask = _pad_hw(ones, (0, 0) if attrs["count_include_pad"] else p, k, s, (1, 1), shape[2:], 0.0)
+    count = _windows(mask, k, s, (1, 1), shape[2:]).sum(axis=(-2, -1))
+    return (total / count).astype(dt)

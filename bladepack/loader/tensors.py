@@ -1,0 +1,55 @@
+"""Tensors in and out of the loader without importing torch.
+
+In: numpy arrays or any object with `__dlpack__` (torch tensors). Out: numpy views of the same
+memory, and, for callers who passed torch tensors, torch tensors made with the `torch` module the
+caller already imported (found in `sys.modules`; never imported here).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+
+from bladepack.errors import InputError
+
+
+def is_torch_tensor(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "__dlpack__")
+
+
+def to_numpy(x: Any, name: str) -> np.ndarray:
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "__dlpack__"):
+        if hasattr(x, "__dlpack_device__"):
+            dev_type, _ = x.__dlpack_device__()
+            if int(dev_type) != 1:  # kDLCPU
+                raise InputError(f"input '{name}' lives on a device (DLPack device type {int(dev_type)}); "
+                                 "this module runs on the CPU: pass CPU tensors or load with device='cuda'")
+        if getattr(x, "requires_grad", False):
+            x = x.detach()
+        if is_torch_tensor(x) and str(getattr(x, "dtype", "")) == "torch.bfloat16":
+            raise InputError(f"input '{name}' is bfloat16, which the CPU loader cannot take through numpy")
+        try:
+            return np.from_dlpack(x)
+        except (BufferError, TypeError, RuntimeError) as e:
+            raise InputError(f"input '{name}' could not be read through DLPack: {e}") from None
+    if isinstance(x, (list, tuple, int, float, bool)):
+        return np.asarray(x)
+    raise InputError(f"input '{name}' is a {type(x).__name__}; pass a numpy array or a tensor supporting DLPack")
+
+
+def export_array(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous, writable, owned array (safe to hand out and to export through DLPack)."""
+    if a.flags.c_contiguous and a.flags.writeable and a.flags.owndata:
+        return a
+    return np.array(a, order="C", copy=True)
+
+
+def to_torch(a: np.ndarray) -> Any:
+    torch = sys.modules.get("torch")
+    if torch is None:  # the caller passed torch tensors, so torch is loaded; be defensive anyway
+        return a
+    return torch.from_dlpack(a)

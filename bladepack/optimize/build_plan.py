@@ -1,0 +1,183 @@
+"""Lower an optimized IR program to an `ExecPlan`: steps, value table and the shape program.
+
+In: an IR `Program`. Out: an `ExecPlan` in which every symbolic size or attribute is a register of
+the shape program (Note [SymInt encoding]), plus the guards that bind symbols from input dims:
+a symbol's first occurrence binds it and checks its range; later occurrences must agree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import sympy
+
+from bladepack.artifact.plan import (
+    ExecPlan,
+    Step,
+    SymbolDecl,
+    SymIntEnc,
+    TensorDecl,
+    ValueDecl,
+    WeightDecl,
+)
+from bladepack.artifact.shape_program import Op
+from bladepack.ir import Graph, Program, ShapeEnv, Tri
+from bladepack.ir.types import IRDim, dim_str
+from bladepack.optimize.shape_compiler import ShapeCompileError, ShapeProgramBuilder
+
+
+def _range_text(lo: int, hi: int | None) -> str:
+    return f"[{lo}, {'inf' if hi is None else hi}]"
+
+
+class _Binder:
+    """Emits the guard code that binds every symbol from the input dims."""
+
+    def __init__(self, b: ShapeProgramBuilder, env: ShapeEnv) -> None:
+        self.b, self.env = b, env
+        self.origin: dict[sympy.Symbol, str] = {}
+
+    def _check_range(self, sym: sympy.Symbol, reg: int, where: str) -> None:
+        r = self.env.range_of(sym)
+        conds = [self.b.binary(Op.LE, self.b.const(r.min), reg)] if r.min > 0 else []
+        if r.max is not None:
+            conds.append(self.b.binary(Op.LE, reg, self.b.const(r.max)))
+        if conds:
+            cond = conds[0] if len(conds) == 1 else self.b.binary(Op.MIN, conds[0], conds[1])
+            self.b.check(cond, reg, f"{where} (symbol '{sym.name}') is {{value}}; the allowed range is {_range_text(r.min, r.max)}")
+
+    def bind_inputs(self, g: Graph) -> None:
+        deferred: list[tuple[int, str, int, sympy.Expr]] = []
+        for i, p in enumerate(g.inputs):
+            for axis, d in enumerate(p.type.shape):
+                if isinstance(d, int):
+                    continue
+                where = f"input '{p.name}' dimension {axis}"
+                reg = self.b.dim(i, axis)
+                if isinstance(d, sympy.Symbol) and not self.b.is_bound(d):
+                    self.b.bind(d, reg)
+                    self.origin[d] = where
+                    self._check_range(d, reg, where)
+                elif isinstance(d, sympy.Symbol):
+                    self.b.check(
+                        self.b.binary(Op.EQ, reg, self.b.expr(d)), reg,
+                        f"{where} is {{value}}, but it must equal {self.origin[d]} (symbol '{d.name}'), which is {{other}}",
+                        other=self.b.expr(d),
+                    )
+                else:
+                    deferred.append((reg, where, axis, d))
+        self._solve(deferred)
+
+    def _solve(self, deferred: list[tuple[int, str, int, sympy.Expr]]) -> None:
+        while deferred:
+            progress, rest = False, []
+            for reg, where, axis, e in deferred:
+                free = [s for s in e.free_symbols if not self.b.is_bound(s)]  # type: ignore[arg-type]
+                if not free:
+                    self.b.check(self.b.binary(Op.EQ, reg, self.b.expr(e)), reg,
+                                 f"{where} is {{value}}, but it must be {dim_str(e)} = {{other}}", other=self.b.expr(e))
+                    progress = True
+                elif len(free) == 1 and sympy.Poly(e, free[0]).degree() == 1:
+                    s = free[0]
+                    a, c = sympy.Poly(e, s).all_coeffs()
+                    if not a.is_Integer or a <= 0:
+                        rest.append((reg, where, axis, e))
+                        continue
+                    num = self.b.binary(Op.SUB, reg, self.b.expr(c))
+                    ok = self.b.binary(Op.EQ, self.b.binary(Op.MOD, num, self.b.const(int(a))), self.b.const(0))
+                    self.b.check(ok, reg, f"{where} is {{value}}, but it must have the form {dim_str(e)}")
+                    val = self.b.binary(Op.FLOORDIV, num, self.b.const(int(a)))
+                    self.b.bind(s, val)  # type: ignore[arg-type]
+                    self.origin[s] = where  # type: ignore[index]
+                    self._check_range(s, val, f"{where} = {dim_str(e)}")  # type: ignore[arg-type]
+                    progress = True
+                else:
+                    rest.append((reg, where, axis, e))
+            if not progress:
+                raise ShapeCompileError(f"cannot determine the symbols of {rest[0][1]} = {rest[0][3]} from the inputs")
+            deferred = rest
+
+
+def _enc(b: ShapeProgramBuilder, d: IRDim) -> SymIntEnc:
+    if isinstance(d, int):
+        return d
+    if isinstance(d, sympy.Expr) and d.is_Integer:
+        return int(d)
+    return {"r": b.expr(d)}
+
+
+def _encode_attr(b: ShapeProgramBuilder, v: Any) -> Any:
+    if isinstance(v, tuple):
+        return [_encode_attr(b, x) for x in v]
+    if isinstance(v, sympy.Basic):
+        return _enc(b, v)  # type: ignore[arg-type]
+    return v
+
+
+def _arena_expr(p: Program) -> sympy.Expr:
+    """Peak bytes of live intermediate values when steps run in order and each value is freed after
+    its last use (what a liveness-based arena needs, before fragmentation)."""
+    g = p.graph
+    last: dict[int, int] = {}
+    for k, n in enumerate(g.nodes):
+        for i in n.inputs:
+            last[i] = k
+    for o in g.outputs:
+        last[o] = len(g.nodes)
+    live: dict[int, sympy.Expr] = {}
+    terms: list[sympy.Expr] = [sympy.Integer(0)]
+    for k, n in enumerate(g.nodes):
+        live[n.id] = sympy.sympify(n.type.nbytes())
+        terms.append(sympy.expand(sum(live.values(), sympy.Integer(0))))
+        for vid in [v for v in live if last.get(v, k) <= k]:
+            del live[vid]
+    return _max_of(p.shape_env, terms)
+
+
+def _max_of(env: ShapeEnv, terms: list[sympy.Expr]) -> sympy.Expr:
+    uniq = list(dict.fromkeys(terms))
+    if len(uniq) <= 48:
+        uniq = [t for t in uniq if not any(u is not t and env.prove_le(t, u) is Tri.YES and
+                                           (env.prove_le(u, t) is not Tri.YES or uniq.index(u) < uniq.index(t))
+                                           for u in uniq)]
+    return uniq[0] if len(uniq) == 1 else sympy.Max(*uniq)
+
+
+def build_plan(p: Program) -> ExecPlan:
+    g, env = p.graph, p.shape_env
+    b = ShapeProgramBuilder()
+    binder = _Binder(b, env)
+    binder.bind_inputs(g)
+    for cond, msg in p.assertions:
+        b.check(b.expr(cond), b.const(0), f"shape constraint recorded at export failed: {msg}")
+    symbols = tuple(SymbolDecl(s.name, env.range_of(s).min, env.range_of(s).max, b.expr(s)) for s in env.symbols
+                    if b.is_bound(s))
+    values = tuple(ValueDecl(n.id, n.type.dtype.value, tuple(_enc(b, d) for d in n.type.shape)) for n in g.nodes)
+    steps = tuple(
+        Step(n.op.value, n.id, n.inputs,
+             {f.name: _encode_attr(b, getattr(n.attrs, f.name)) for f in dataclasses.fields(n.attrs)}, n.loc)
+        for n in g.nodes
+    )
+
+    def decl(name: str, vid: int) -> TensorDecl:
+        t = types[vid]
+        return TensorDecl(name, vid, t.dtype.value, tuple(d if isinstance(d, int) else dim_str(d) for d in t.shape))
+
+    types = g.value_types()
+    arena = _arena_expr(p)
+    arena_enc = _enc(b, arena)
+    program = b.finish().to_manifest()
+    return ExecPlan(
+        symbols=symbols,
+        inputs=tuple(decl(i.name, i.id) for i in g.inputs),
+        outputs=tuple(decl(n, o) for n, o in zip(g.output_names, g.outputs)),
+        weights=tuple(WeightDecl(w.name, w.id, w.type.dtype.value, tuple(int(d) for d in w.type.shape), k)  # type: ignore[call-overload]
+                      for k, w in enumerate(g.weights)),
+        values=values,
+        steps=steps,
+        shape_program=program,
+        arena_bytes_expr=dim_str(arena),
+        arena_bytes=arena_enc,
+        output_structure=p.output_structure,
+    )

@@ -1,0 +1,35 @@
+"""The optimization pipeline: one visible list of passes, each with the reason it runs.
+
+In: an IR `Program` from a front end. Out: the optimized `Program` (then `build_plan` lowers it to an
+`ExecPlan`). With BLADEPACK_DUMP=dir, the IR after every pass is written to dir/NN-<pass>.ir.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from bladepack.ir import Program, print_graph, verify
+from bladepack.optimize.dce import dead_code_elimination
+from bladepack.options import Options
+
+Pass = Callable[[Program], Program]
+
+PIPELINE: list[tuple[Pass, str]] = [
+    (dead_code_elimination, "drop nodes no output needs (front ends emit unused multi-result pieces)"),
+]
+
+
+def run_pipeline(p: Program, options: Options) -> Program:
+    dump = options.dump_dir
+    if dump is not None:
+        dump.mkdir(parents=True, exist_ok=True)
+        (dump / "00-export.ir").write_text(print_graph(p.graph, p.shape_env, with_loc=True))
+    if options.verify:
+        verify(p.graph, p.shape_env)
+    for i, (fn, _reason) in enumerate(PIPELINE, start=1):
+        p = fn(p)
+        if options.verify:
+            verify(p.graph, p.shape_env)
+        if dump is not None:
+            (dump / f"{i:02d}-{fn.__name__}.ir").write_text(print_graph(p.graph, p.shape_env, with_loc=True))
+    return p

@@ -1,0 +1,32 @@
+"""Environment knobs, read in one place. Loader-safe.
+
+BLADEPACK_DUMP=dir      write the IR after each pass, the plan and the manifest (text) into dir
+BLADEPACK_VERIFY=0      skip the IR verifier between passes (on by default)
+BLADEPACK_CACHE_DIR     compiled-kernel cache (default ~/.cache/bladepack)
+BLADEPACK_LOG=level     logging level for the `bladepack` logger (default WARNING)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Options:
+    dump_dir: Path | None
+    verify: bool
+    cache_dir: Path
+    log_level: str
+
+    @staticmethod
+    def from_env() -> Options:
+        dump = os.environ.get("BLADEPACK_DUMP")
+        cache = os.environ.get("BLADEPACK_CACHE_DIR") or str(Path.home() / ".cache" / "bladepack")
+        return Options(
+            dump_dir=Path(dump) if dump else None,
+            verify=os.environ.get("BLADEPACK_VERIFY", "1") not in ("0", "false", "no"),
+            cache_dir=Path(cache),
+            log_level=os.environ.get("BLADEPACK_LOG", "WARNING").upper(),
+        )

@@ -1,0 +1,3 @@
+"""The package version. Loader-safe."""
+
+__version__ = "0.1.0"
