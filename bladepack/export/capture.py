@@ -141,8 +141,11 @@ def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
         model.train(was)
 
 
-def _export(model: torch.nn.Module, args: tuple[Any, ...], shapes: Any) -> torch.export.ExportedProgram:
-    with warnings.catch_warnings():
+def _export(model: torch.nn.Module, args: tuple[Any, ...], shapes: Any, oblivious: bool = False
+            ) -> torch.export.ExportedProgram:
+    import torch.fx.experimental._config as fx_config
+
+    with warnings.catch_warnings(), fx_config.patch(backed_size_oblivious=oblivious):
         warnings.simplefilter("ignore")
         return torch.export.export(model, args, dynamic_shapes=shapes, strict=False)
 
@@ -162,17 +165,17 @@ def capture(model: torch.nn.Module, sample_inputs: Any, dynamic_shapes: Any = No
     with _eval_mode(model), torch.no_grad():
         if not any(dynamic):
             return Captured(_finish(_run(model, args, None)), names, {}, notes)
-        auto = [
-            {a: (_to_torch_dim(user[i][a]) if a in user[i] else TorchDim.AUTO) for a in sorted(dynamic[i])} or None
-            for i in range(len(names))
-        ]
+        auto = [{a: TorchDim.AUTO for a in sorted(dynamic[i])} or None for i in range(len(names))]
         first = _run(model, args, tuple(auto))
         groups, bounds = _symbol_groups(first, names, dynamic)
-        specs, infos = _named_dims(groups, bounds, user, names)
-        ep, retried = _export_min1(model, args, specs, infos, names, groups)
-        if retried:
-            notes.append("the model specializes size 1 for " + ", ".join(sorted(retried)) + "; their ranges start at 2")
-        return Captured(_finish(ep), names, _symbol_map(ep, groups, infos), notes)
+        infos = _named_dims(groups, bounds, user, names, notes)
+        ep, fallbacks = _export_min1(model, args, infos, names, groups)
+        symbols = _symbol_map(ep, groups, infos)
+        for name, reason in sorted(fallbacks.items()):
+            lo = min((i.min for i in symbols.values() if i.name == name), default=2)
+            notes.append(f"torch.export could not prove the model valid over the declared range of {name} "
+                         f"({reason}); its range starts at {lo}")
+        return Captured(_finish(ep), names, symbols, notes)
 
 
 def _run(model: torch.nn.Module, args: tuple[Any, ...], shapes: Any) -> torch.export.ExportedProgram:
@@ -188,13 +191,6 @@ def _finite(v: Any) -> int | None:
         n = int(v)
         return n if abs(n) < 2**62 else None
     return None
-
-
-def _to_torch_dim(d: Any) -> Any:
-    name, lo, hi = _spec_range(d)
-    if name is None:
-        return d
-    return TorchDim(name, min=lo or 0, max=hi if hi is not None else 2**62)
 
 
 def _placeholder_dims(ep: torch.export.ExportedProgram, names: list[str]) -> list[list[Any]]:
@@ -220,59 +216,77 @@ def _symbol_groups(ep: torch.export.ExportedProgram, names: list[str], dynamic: 
 
 
 def _named_dims(groups: dict[str, list[tuple[int, int]]], bounds: dict[str, tuple[int, int | None]],
-                user: list[AxisSpec], names: list[str]) -> tuple[dict[str, Any], dict[str, SymbolInfo]]:
-    specs, infos, used = {}, {}, set()
+                user: list[AxisSpec], names: list[str], notes: list[str]) -> dict[str, SymbolInfo]:
+    infos, used = {}, set()
     for sym, places in groups.items():
-        lo_model, hi_model = bounds.get(sym, (2, None))
-        name, lo, hi = None, 1, hi_model
+        name, lo, hi = None, 1, bounds.get(sym, (2, None))[1]
         for i, a in places:
             if a in user[i]:
                 uname, ulo, uhi = _spec_range(user[i][a])
                 if uname is not None:
                     name, lo = uname, ulo if ulo is not None else 1
                     if uhi is not None:
+                        if hi is not None and uhi > hi:
+                            notes.append(f"{uname}: the declared max {uhi} exceeds what the model allows; using {hi}")
                         hi = uhi if hi is None else min(hi, uhi)
         if name is None:
             i, a = places[0]
             name = f"{names[i]}_dim{a}"
-        while name in used:
-            name += "_"
+            while name in used:
+                name += "_"
+        # A user name given to several groups declares them equal (as one torch Dim object does).
+        prev = next((info for info in infos.values() if info.name == name), None)
+        if prev is not None:
+            lo = max(lo, prev.min)
+            hi = prev.max if hi is None else (hi if prev.max is None else min(hi, prev.max))
+            for s, info in infos.items():
+                if info.name == name:
+                    infos[s] = SymbolInfo(name, lo, hi)
         used.add(name)
         infos[sym] = SymbolInfo(name, lo, hi)
-        specs[sym] = (lo_model, hi_model)
-    return specs, infos
+    return infos
 
 
 def _build_shapes(groups: dict[str, list[tuple[int, int]]], infos: dict[str, SymbolInfo], n: int,
-                  min_override: dict[str, int]) -> tuple[Any, ...]:
+                  hinted: set[str]) -> tuple[Any, ...]:
     shapes: list[dict[int, Any]] = [{} for _ in range(n)]
+    dims: dict[str, Any] = {}
     for sym, places in groups.items():
         info = infos[sym]
-        lo = max(info.min, min_override.get(sym, 0))
-        d = TorchDim(info.name, min=lo, max=info.max if info.max is not None else 2**62)
+        hi = info.max if info.max is not None else 2**62
+        if sym in hinted:
+            d = TorchDim.AUTO(min=info.min, max=hi)
+        else:
+            d = dims.setdefault(info.name, TorchDim(info.name, min=info.min, max=hi))
         for i, a in places:
             shapes[i][a] = d
     return tuple(s or None for s in shapes)
 
 
-def _export_min1(model: torch.nn.Module, args: tuple[Any, ...], specs: dict[str, Any], infos: dict[str, SymbolInfo],
-                 names: list[str], groups: dict[str, list[tuple[int, int]]]) -> tuple[torch.export.ExportedProgram, set[str]]:
-    override: dict[str, int] = {}
-    for _attempt in range(3):
+def _export_min1(model: torch.nn.Module, args: tuple[Any, ...], infos: dict[str, SymbolInfo],
+                 names: list[str], groups: dict[str, list[tuple[int, int]]]
+                 ) -> tuple[torch.export.ExportedProgram, dict[str, str]]:
+    """Export with one named Dim per symbol (ranges from the user and the discovery export).
+
+    torch's guard solver sometimes cannot prove a true guard (e.g. `min(8+8*s, 32+32*s) == 8+8*s`
+    from strides after a cat); size-oblivious tracing (torch's own mode for sizes it must not
+    specialize) then usually succeeds, with our ranges put back explicitly. Where even that fails, the
+    symbols torch names fall back to an AUTO hint and the range torch infers.
+    Returns the program and, per fallen-back symbol name, torch's reason."""
+    shapes = _build_shapes(groups, infos, len(names), set())
+    text = ""
+    for oblivious in (False, True):
         try:
-            return _export(model, args, _build_shapes(groups, infos, len(names), override)), {
-                infos[s].name for s in override
-            }
+            return _export(model, args, shapes, oblivious), {}
         except Exception as e:
             text = str(e)
-            culprits = {s for s, info in infos.items() if re.search(rf"\b{re.escape(info.name)}\b", text) and s not in override}
-            if not culprits:
-                culprits = {s for s in infos if s not in override}
-            if not culprits:
-                raise ExportError(f"torch.export could not capture the model: {type(e).__name__}: {e}") from e
-            for s in culprits:
-                override[s] = 2
-    raise ExportError("torch.export kept rejecting the dynamic dims even with min=2")
+    culprits = {s for s, info in infos.items() if re.search(rf"\b{re.escape(info.name)}\b", text)} or set(infos)
+    reason = text.strip().splitlines()[1].strip() if len(text.strip().splitlines()) > 1 else text.strip()
+    try:
+        ep = _export(model, args, _build_shapes(groups, infos, len(names), culprits))
+    except Exception as e:
+        raise ExportError(f"torch.export could not capture the model: {type(e).__name__}: {e}") from e
+    return ep, {infos[s].name: reason for s in culprits}
 
 
 def _symbol_map(ep: torch.export.ExportedProgram, groups: dict[str, list[tuple[int, int]]],
@@ -302,7 +316,3 @@ def _finish(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return ep.run_decompositions({})
-
-
-def describe_samples(samples: Sequence[tuple[Any, ...]]) -> str:
-    return "; ".join(", ".join(str(tuple(t.shape)) for t in s) for s in samples)
