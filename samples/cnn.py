@@ -59,7 +59,7 @@ SAMPLE = Sample(
     build=lambda: _randomize_bn(CNN()),
     make_inputs=make_inputs,
     export_dims=[{"batch": 2, "height": 32, "width": 40}, {"batch": 3, "height": 48, "width": 36}],
-    test_dims={"batch": [1, 2, 5], "height": [1, 7, 31, 64, 97], "width": [1, 9, 33, 50, 128]},
+    test_dims={"batch": [1, 2, 5, 6, 11], "height": [1, 7, 31, 64, 97], "width": [1, 9, 33, 50, 128]},
     base_dims={"batch": 2, "height": 24, "width": 30},
     dynamic_shapes={"x": {0: Dim("batch"), 2: Dim("height"), 3: Dim("width")}},
 )

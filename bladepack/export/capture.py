@@ -147,7 +147,22 @@ def _export(model: torch.nn.Module, args: tuple[Any, ...], shapes: Any, obliviou
 
     with warnings.catch_warnings(), fx_config.patch(backed_size_oblivious=oblivious):
         warnings.simplefilter("ignore")
-        return torch.export.export(model, args, dynamic_shapes=shapes, strict=False)
+        return torch.export.export(model, args, dynamic_shapes=_fit_signature(model, shapes), strict=False)
+
+
+def _fit_signature(model: torch.nn.Module, shapes: Any) -> Any:
+    """torch.export matches dynamic_shapes to forward's parameters: arguments caught by *args form
+    one tuple entry."""
+    if shapes is None:
+        return None
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return shapes
+    named = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if not any(p.kind == p.VAR_POSITIONAL for p in params):
+        return shapes
+    return (*shapes[: len(named)], tuple(shapes[len(named):]))
 
 
 def capture(model: torch.nn.Module, sample_inputs: Any, dynamic_shapes: Any = None) -> Captured:

@@ -138,7 +138,7 @@ class Ctx:
     def operand(self, a: Any, dtype: DType) -> Value:
         """A tensor argument cast to `dtype`, or a scalar argument as a 0-d constant of `dtype`."""
         if isinstance(a, torch.fx.Node) and a in self.syms:
-            raise Unsupported("symbolic scalars used as tensor operands")
+            return self.emit(OpKind.CONSTANT, (), TensorType(dtype, ()), ConstantAttrs(self.syms[a]))  # type: ignore[arg-type]
         if isinstance(a, torch.fx.Node):
             return self.cast(self.v(a), dtype)
         if isinstance(a, (bool, int, float)):

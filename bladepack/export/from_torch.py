@@ -141,9 +141,25 @@ def _convert_node(ctx: Ctx, node: torch.fx.Node, target: str, val: Any) -> None:
     if isinstance(val, torch.SymFloat):
         raise Unsupported("symbolic float values")
     conv = TABLE.get(target)
+    if conv is None and isinstance(val, torch.Tensor) and not node.all_input_nodes:
+        ctx.values[node] = _fold_constant(ctx, node)
+        return
     if conv is None:
         raise Unsupported("")
     ctx.values[node] = conv(ctx, tuple(node.args), dict(node.kwargs))
+
+
+def _fold_constant(ctx: Ctx, node: torch.fx.Node) -> int:
+    """A tensor factory with only constant arguments (linspace, eye, ...) runs now; its value becomes a
+    weight. Its shape must be static: a factory sized by a symbol needs a converter."""
+    val = node.meta["val"]
+    if not all(isinstance(d, int) for d in val.shape):
+        raise Unsupported("a tensor factory with a symbolic size")
+    with torch.no_grad():
+        data = node.target(*node.args, **node.kwargs)  # type: ignore[operator]
+    name = f"constant:{node.name}"
+    ctx.weight_data[name] = _to_numpy(data)
+    return ctx.b.add_weight(name, TensorType(dtype_of(data.dtype), tuple(data.shape)))
 
 
 def _outputs(ctx: Ctx, ep: torch.export.ExportedProgram) -> tuple[list[int], list[str]]:

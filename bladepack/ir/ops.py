@@ -136,7 +136,7 @@ class ClampAttrs:
 
 @dataclass(frozen=True)
 class ConstantAttrs:
-    value: Scalar
+    value: Scalar | sympy.Expr  # a symbolic value is computed by the shape program
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,54 @@
+"""Shared test helpers: compile with bladepack, compare with torch eager."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+import bladepack
+
+TOL = 1e-5
+
+
+def rel_err(out: Any, ref: Any) -> float:
+    """max |out - ref| / max |ref| (normwise relative error); exact match required for non-floats."""
+    o = np.asarray(out.detach() if isinstance(out, torch.Tensor) else out)
+    r = np.asarray(ref.detach() if isinstance(ref, torch.Tensor) else ref)
+    assert o.shape == r.shape, f"shape {o.shape} != reference {r.shape}"
+    assert o.dtype == r.dtype, f"dtype {o.dtype} != reference {r.dtype}"
+    if o.dtype.kind not in "fc":
+        return 0.0 if np.array_equal(o, r) else float("inf")
+    if not np.array_equal(np.isnan(o), np.isnan(r)) or not np.array_equal(np.isinf(o), np.isinf(r)):
+        return float("inf")
+    fin = np.isfinite(r)
+    if not fin.any():
+        return 0.0
+    diff = np.abs(o[fin].astype(np.float64) - r[fin].astype(np.float64)).max(initial=0.0)
+    scale = np.abs(r[fin].astype(np.float64)).max(initial=0.0)
+    return float(diff / scale) if scale > 0 else float(diff)
+
+
+def as_tuple(x: Any) -> tuple[Any, ...]:
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def compile_model(model: torch.nn.Module, samples: Any, dynamic_shapes: Any = None) -> bladepack.LoadedModule:
+    art = bladepack.optimize(model, samples, dynamic_shapes)
+    return bladepack.load(art.to_bytes())
+
+
+def check_against_eager(model: torch.nn.Module, loaded: bladepack.LoadedModule, args: tuple[Any, ...],
+                        tol: float = TOL) -> float:
+    with torch.no_grad():
+        ref = as_tuple(model(*args))
+    out = as_tuple(loaded(*args))
+    assert len(out) == len(ref)
+    worst = 0.0
+    for o, r in zip(out, ref):
+        assert isinstance(o, torch.Tensor), "torch in must give torch out"
+        e = rel_err(o, r)
+        assert e <= tol, f"relative error {e:.3g} > {tol} at input shapes {[tuple(a.shape) for a in args]}"
+        worst = max(worst, e)
+    return worst
