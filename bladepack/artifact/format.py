@@ -61,9 +61,11 @@ def encode(manifest: dict[str, Any], sections: Sequence[Section]) -> list[bytes 
     body = msgpack.packb({**manifest, "sections": table}, use_bin_type=True)
     header = _HEADER.pack(MAGIC, FORMAT_MAJOR, FORMAT_MINOR, HEADER_SIZE, HEADER_SIZE, len(body), hashlib.sha256(body).digest())
     chunks: list[bytes | memoryview] = [header, body, b"\0" * (_align(HEADER_SIZE + len(body)) - HEADER_SIZE - len(body))]
-    for s, entry in zip(sections, table):
+    for k, (s, entry) in enumerate(zip(sections, table)):
         n = entry["length"]
-        chunks += [memoryview(s.data).cast("B"), b"\0" * (_align(n) - n)]
+        chunks.append(memoryview(s.data).cast("B"))
+        if k + 1 < len(sections):  # no padding after the last section: any truncation cuts data
+            chunks.append(b"\0" * (_align(n) - n))
     return chunks
 
 

@@ -76,6 +76,8 @@ class LoadedModule:
             self._tuple = m.get("output_structure") == "tuple"
             self._weights = {w["id"]: self._weight(w) for w in m["weights"]}
             unknown = sorted({s["op"] for s in self._steps} - set(reference.OPS))
+        except BpkFormatError:
+            raise
         except (KeyError, TypeError, ValueError) as e:
             raise BpkFormatError(f"{bpk.source}: malformed manifest ({type(e).__name__}: {e})") from None
         if unknown:

@@ -1,0 +1,25 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+import bladepack
+from samples.mlp import MLP
+
+
+@pytest.fixture(scope="session")
+def mlp_artifact() -> bladepack.api.Artifact:
+    torch.manual_seed(0)
+    model = MLP().eval()
+    return bladepack.optimize(model, [(torch.randn(2, 64),), (torch.randn(4, 64),)],
+                              dynamic_shapes={"x": {0: bladepack.Dim("batch", 1, 64)}})
+
+
+@pytest.fixture(scope="session")
+def two_input_artifact() -> bladepack.api.Artifact:
+    class M(torch.nn.Module):
+        def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return (x * mask[..., None]).sum(1)
+
+    samples = [(torch.randn(2, 5, 3), torch.ones(2, 5)), (torch.randn(3, 7, 3), torch.ones(3, 7))]
+    return bladepack.optimize(M(), samples)

@@ -1,0 +1,145 @@
+"""The torch.export front end: dynamic-dim inference, ranges, unsupported ops, model families."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import bladepack
+from tests.helpers import check_against_eager, compile_model
+
+
+class TwoLayer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_batch_one_after_samples_two_and_four() -> None:
+    m = TwoLayer().eval()
+    loaded = compile_model(m, [(torch.randn(2, 8),), (torch.randn(4, 8),)])
+    (sym,) = loaded.signature.symbols
+    assert (sym.min, sym.max) == (1, None)
+    for b in (1, 3, 100):
+        check_against_eager(m, loaded, (torch.randn(b, 8),))
+
+
+def test_sample_with_dim_one_is_enlarged_not_specialized() -> None:
+    m = TwoLayer().eval()
+    loaded = compile_model(m, [(torch.randn(1, 8),), (torch.randn(3, 8),)])
+    assert loaded.signature.inputs[0].shape == ("x_dim0", 8)
+    check_against_eager(m, loaded, (torch.randn(1, 8),))
+
+
+def test_single_sample_is_static() -> None:
+    m = TwoLayer().eval()
+    loaded = compile_model(m, (torch.randn(3, 8),))
+    assert loaded.signature.inputs[0].shape == (3, 8) and not loaded.signature.symbols
+    with pytest.raises(bladepack.InputError, match="static and must be 3"):
+        loaded(torch.randn(4, 8))
+
+
+def test_torch_export_dim_accepted() -> None:
+    m = TwoLayer().eval()
+    loaded = compile_model(m, (torch.randn(3, 8),), dynamic_shapes=({0: torch.export.Dim("rows", min=1, max=32)},))
+    assert [(s.name, s.min, s.max) for s in loaded.signature.symbols] == [("rows", 1, 32)]
+
+
+def test_model_bound_discovered_and_user_max_narrowed(caplog: pytest.LogCaptureFixture) -> None:
+    class Pos(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = nn.Parameter(torch.randn(512, 4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.table[: x.shape[1]]
+
+    m = Pos().eval()
+    with caplog.at_level(logging.WARNING, logger="bladepack"):
+        loaded = compile_model(m, (torch.randn(2, 9, 4),), dynamic_shapes=({1: bladepack.Dim("seq", 1, 4096)},))
+    assert [(s.name, s.min, s.max) for s in loaded.signature.symbols] == [("seq", 1, 512)]
+    assert "exceeds what the model allows" in caplog.text
+    check_against_eager(m, loaded, (torch.randn(2, 512, 4),))
+    with pytest.raises(bladepack.ShapeGuardError, match=r"is 513; the allowed range is \[1, 512\]"):
+        loaded(torch.randn(2, 513, 4))
+
+
+def test_unsupported_ops_listed_all_at_once_with_locations() -> None:
+    class Bad(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = torch.sort(x, dim=-1).values
+            z = torch.fft.fft(x).real
+            return y + z + torch.flip(x, [0])
+
+    with pytest.raises(bladepack.UnsupportedOpsError) as info:
+        bladepack.optimize(Bad(), [(torch.randn(2, 4),), (torch.randn(3, 4),)])
+    text = str(info.value)
+    assert "aten.sort" in text and "aten.flip" in text and ("fft" in text)
+    assert "test_export.py:" in text  # the user's source line
+    assert len(info.value.problems) >= 3
+
+
+def test_bad_targets_and_inputs() -> None:
+    with pytest.raises(ValueError, match="unsupported targets"):
+        bladepack.optimize(TwoLayer(), (torch.randn(2, 8),), targets=("tpu",))
+    with pytest.raises(ValueError, match="rank"):
+        bladepack.optimize(TwoLayer(), [(torch.randn(2, 8),), (torch.randn(2, 8, 1),)])
+
+
+def test_transformer_encoder_layer() -> None:
+    for norm_first in (False, True):
+        m = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1, batch_first=True, norm_first=norm_first).eval()
+        loaded = compile_model(m, [(torch.randn(2, 5, 32),), (torch.randn(3, 8, 32),)])
+        for b, s in [(1, 1), (2, 7), (5, 3), (1, 33)]:
+            check_against_eager(m, loaded, (torch.randn(b, s, 32),))
+
+
+class HFStyle(nn.Module):
+    """Written the way Hugging Face writes GPT-2: Conv1D (addmm), arange / expand position ids,
+    a padding mask combined with a causal mask (bitwise and, comparisons, new_ones, casts),
+    scaled_dot_product_attention with a boolean mask, gather-based pooling of the last token."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(50, 16), nn.Embedding(64, 16)
+        self.c_attn_w, self.c_attn_b = nn.Parameter(torch.randn(16, 48) * 0.2), nn.Parameter(torch.zeros(48))
+        self.ln = nn.LayerNorm(16)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, s = input_ids.shape
+        pos = torch.arange(s, dtype=torch.long).unsqueeze(0).expand(b, s)
+        h = self.drop(self.wte(input_ids) + self.wpe(pos))
+        qkv = torch.addmm(self.c_attn_b, h.view(-1, 16), self.c_attn_w).view(b, s, 48)
+        q, k, v = (t.view(b, s, 2, 8).transpose(1, 2) for t in qkv.split(16, dim=2))
+        causal = torch.ones(s, s, dtype=torch.bool).tril()
+        pad = attention_mask.to(torch.bool)[:, None, None, :]
+        mask = causal[None, None] & pad & (attention_mask.new_ones(b, s)[:, None, None, :] > 0)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        h = self.ln(h + a.transpose(1, 2).reshape(b, s, 16))
+        last = (attention_mask.sum(-1) - 1).clamp(min=0)
+        pooled = h[torch.arange(b), last]
+        gathered = torch.gather(h, 1, last[:, None, None].expand(b, 1, 16)).squeeze(1)
+        return h.float(), pooled + gathered
+
+
+def test_hugging_face_style_model() -> None:
+    m = HFStyle().eval()
+    g = torch.Generator().manual_seed(0)
+
+    def inputs(b: int, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.randint(0, 50, (b, s), generator=g)
+        mask = torch.ones(b, s, dtype=torch.long)
+        mask[0, s // 2 + 1 :] = 0
+        return ids, mask
+
+    loaded = compile_model(m, [inputs(2, 6), inputs(3, 10)])
+    for b, s in [(1, 1), (1, 5), (4, 13), (2, 64)]:
+        check_against_eager(m, loaded, inputs(b, s))
