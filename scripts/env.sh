@@ -14,7 +14,12 @@ if ! "$py" -c "import torch" >/dev/null 2>&1; then
 fi
 stamp="$venv/.bladepack-installed"
 if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
-  "$py" -m pip install -q -e "$root[export,dev]"
+  log="$(mktemp)"
+  if ! "$py" -m pip install -q -e "$root[export,dev]" >"$log" 2>&1; then
+    cat "$log" >&2
+    exit 1
+  fi
+  rm -f "$log"
   touch "$stamp"
 fi
 export BLADEPACK_PY="$py"
