@@ -45,6 +45,16 @@ def save(artifact: Artifact, path: Any) -> None:
 
 
 __all__ = [
-    "BladepackError", "BpkFormatError", "Dim", "ExportError", "InputError", "LoadedModule", "ShapeGuardError",
-    "UnsupportedOpsError", "__version__", "load", "optimize", "save",
+    "BladepackError",
+    "BpkFormatError",
+    "Dim",
+    "ExportError",
+    "InputError",
+    "LoadedModule",
+    "ShapeGuardError",
+    "UnsupportedOpsError",
+    "__version__",
+    "load",
+    "optimize",
+    "save",
 ]

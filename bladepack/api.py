@@ -71,8 +71,7 @@ def _check_targets(targets: Sequence[str]) -> None:
         raise ValueError(f"unsupported targets {bad or list(targets)}; this version supports {list(SUPPORTED_TARGETS)}")
 
 
-def optimize(model: Any, sample_inputs: Any, dynamic_shapes: Any = None,
-             targets: Sequence[str] = ("cpu",)) -> Artifact:
+def optimize(model: Any, sample_inputs: Any, dynamic_shapes: Any = None, targets: Sequence[str] = ("cpu",)) -> Artifact:
     """Export `model` with symbolic shapes, optimize it and return an `Artifact`.
 
     `sample_inputs` is one tuple of arguments or a list of tuples; every dim whose size differs
@@ -91,8 +90,13 @@ def optimize(model: Any, sample_inputs: Any, dynamic_shapes: Any = None,
         log.warning("bladepack: %s", note)
     program = run_pipeline(to_program(captured), options)
     plan = build_plan(program)
-    art = Artifact(plan, dict(program.weight_data), _producer(), print_graph(program.graph, program.shape_env),
-                   list(captured.notes))
+    art = Artifact(
+        plan,
+        dict(program.weight_data),
+        _producer(),
+        print_graph(program.graph, program.shape_env),
+        list(captured.notes),
+    )
     if options.dump_dir is not None:
         from bladepack.inspect import inspect_text, manifest_summary
 

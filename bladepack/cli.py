@@ -1,7 +1,7 @@
 """The `bladepack` command line. `inspect` is loader-safe; `optimize` needs the export extra.
 
-    bladepack inspect FILE [--json]
-    bladepack run FILE --input NAME=FILE.npy ... [--output-dir DIR]
+bladepack inspect FILE [--json]
+bladepack run FILE --input NAME=FILE.npy ... [--output-dir DIR]
 """
 
 from __future__ import annotations

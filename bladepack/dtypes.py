@@ -40,7 +40,8 @@ class DType(str, Enum):
         """The numpy dtype; bfloat16 has none and raises a clear error."""
         if self is DType.BFLOAT16:
             raise TypeError("bfloat16 tensors cannot be represented in numpy; pass torch tensors")
-        return np.dtype(self.value)
+        dt: np.dtype = np.dtype(self.value)
+        return dt
 
 
 _ITEMSIZE = {

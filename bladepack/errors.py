@@ -30,8 +30,7 @@ class UnsupportedOpsError(BladepackError):
         lines = [f"  - {op}  (at {loc})" for op, loc in problems]
         kinds = sorted({op for op, _ in problems})
         super().__init__(
-            f"the model uses {len(kinds)} unsupported operator(s) at {len(problems)} place(s):\n"
-            + "\n".join(lines)
+            f"the model uses {len(kinds)} unsupported operator(s) at {len(problems)} place(s):\n" + "\n".join(lines)
         )
 
 

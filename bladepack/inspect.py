@@ -23,15 +23,19 @@ def manifest_summary(m: dict[str, Any]) -> dict[str, Any]:
         "outputs": [{"name": t["name"], "dtype": t["dtype"], "shape": list(t["shape"])} for t in m["outputs"]],
         "symbols": {s["name"]: {"min": s["min"], "max": s["max"]} for s in m["symbols"]},
         "plan": {"steps": len(steps), "by_kind": dict(sorted(Counter(s["op"] for s in steps).items()))},
-        "kernels": [{"name": k["name"], "target": k["target"], "arch": k.get("arch"), "variants": k.get("variants", [])}
-                    for k in m["kernels"]],
+        "kernels": [
+            {"name": k["name"], "target": k["target"], "arch": k.get("arch"), "variants": k.get("variants", [])}
+            for k in m["kernels"]
+        ],
         "gemm_configs": list(m["gemm_configs"]),
         "weights_bytes": weights_bytes,
         "weights": len(m["weights"]),
         "arena_bytes": m["arena_bytes"]["expr"],
-        "shape_program": {"instructions": len(m["shape_program"]["code"]) // 40,
-                          "registers": m["shape_program"]["num_registers"],
-                          "guards": len(m["shape_program"]["messages"])},
+        "shape_program": {
+            "instructions": len(m["shape_program"]["code"]) // 40,
+            "registers": m["shape_program"]["num_registers"],
+            "guards": len(m["shape_program"]["messages"]),
+        },
     }
 
 
@@ -55,8 +59,11 @@ def inspect_text(s: dict[str, Any]) -> str:
     def tensor(t: dict[str, Any]) -> str:
         return f"{t['name']}: {t['dtype']}[{', '.join(str(d) for d in t['shape'])}]"
 
-    lines = [f"bladepack artifact, format {s['format_version']}",
-             "producer: " + ", ".join(f"{k} {v}" for k, v in s["producer"].items()), "inputs:"]
+    lines = [
+        f"bladepack artifact, format {s['format_version']}",
+        "producer: " + ", ".join(f"{k} {v}" for k, v in s["producer"].items()),
+        "inputs:",
+    ]
     lines += [f"  {tensor(t)}" for t in s["inputs"]]
     lines.append("outputs:")
     lines += [f"  {tensor(t)}" for t in s["outputs"]]
@@ -66,10 +73,14 @@ def inspect_text(s: dict[str, Any]) -> str:
     by_kind = ", ".join(f"{k} {v}" for k, v in s["plan"]["by_kind"].items())
     lines.append(f"plan: {s['plan']['steps']} steps ({by_kind})")
     sp = s["shape_program"]
-    lines.append(f"shape program: {sp['instructions']} instructions, {sp['registers']} registers, {sp['guards']} guard messages")
+    lines.append(
+        f"shape program: {sp['instructions']} instructions, {sp['registers']} registers, {sp['guards']} guard messages"
+    )
     lines.append(f"kernels: {len(s['kernels']) or 'none (reference executor)'}")
     for k in s["kernels"]:
-        lines.append(f"  {k['name']} [{k['target']}{'/' + k['arch'] if k['arch'] else ''}] variants: {len(k['variants'])}")
+        lines.append(
+            f"  {k['name']} [{k['target']}{'/' + k['arch'] if k['arch'] else ''}] variants: {len(k['variants'])}"
+        )
     lines.append(f"gemm configs: {len(s['gemm_configs']) or 'none'}")
     lines.append(f"weights: {s['weights']} tensors, {_human(s['weights_bytes'])}")
     lines.append(f"arena bytes (peak live intermediates): {s['arena_bytes']}")

@@ -79,7 +79,9 @@ def main() -> int:
     np.savez(out / f"{s.name}_cases.npz", **arrays)
     print(f"[3/4] run in a fresh process without torch at {len(cases)} unseen shapes")
     res_path = out / f"{s.name}_results.npz"
-    subprocess.run([sys.executable, "-c", CHILD, str(path), str(out / f"{s.name}_cases.npz"), str(res_path)], check=True)
+    subprocess.run(
+        [sys.executable, "-c", CHILD, str(path), str(out / f"{s.name}_cases.npz"), str(res_path)], check=True
+    )
     print("[4/4] compare with PyTorch eager (max |out - ref| / max |ref| per output)")
     res = np.load(res_path)
     worst = 0.0

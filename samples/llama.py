@@ -56,8 +56,9 @@ class DecoderStep(nn.Module):
         self.register_buffer("cos", emb.cos())
         self.register_buffer("sin", emb.sin())
 
-    def forward(self, x: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, t, _ = x.shape
         past = past_k.shape[2]
         h = self.norm1(x)
@@ -69,7 +70,9 @@ class DecoderStep(nn.Module):
         k = k * cos + rotate_half(k) * sin
         k_all = torch.cat([past_k, k], dim=2)
         v_all = torch.cat([past_v, v], dim=2)
-        attn = F.scaled_dot_product_attention(q, repeat_kv(k_all, HEADS // KV_HEADS), repeat_kv(v_all, HEADS // KV_HEADS))
+        attn = F.scaled_dot_product_attention(
+            q, repeat_kv(k_all, HEADS // KV_HEADS), repeat_kv(v_all, HEADS // KV_HEADS)
+        )
         x = x + self.o(attn.transpose(1, 2).reshape(b, t, HEADS * HEAD_DIM))
         h = self.norm2(x)
         x = x + self.down(F.silu(self.gate(h)) * self.up(h))
@@ -90,5 +93,9 @@ SAMPLE = Sample(
     export_dims=[{"batch": 2, "past": 5}, {"batch": 3, "past": 12}],
     test_dims={"batch": [1, 2, 5, 9, 16], "past": [1, 2, 31, 200, 1023]},
     base_dims={"batch": 2, "past": 7},
-    dynamic_shapes={"x": {0: Dim("batch")}, "past_k": {0: Dim("batch"), 2: Dim("past")}, "past_v": {0: Dim("batch"), 2: Dim("past")}},
+    dynamic_shapes={
+        "x": {0: Dim("batch")},
+        "past_k": {0: Dim("batch"), 2: Dim("past")},
+        "past_v": {0: Dim("batch"), 2: Dim("past")},
+    },
 )

@@ -11,8 +11,9 @@ from samples.mlp import MLP
 def mlp_artifact() -> bladepack.api.Artifact:
     torch.manual_seed(0)
     model = MLP().eval()
-    return bladepack.optimize(model, [(torch.randn(2, 64),), (torch.randn(4, 64),)],
-                              dynamic_shapes={"x": {0: bladepack.Dim("batch", 1, 64)}})
+    return bladepack.optimize(
+        model, [(torch.randn(2, 64),), (torch.randn(4, 64),)], dynamic_shapes={"x": {0: bladepack.Dim("batch", 1, 64)}}
+    )
 
 
 @pytest.fixture(scope="session")

@@ -39,8 +39,9 @@ def compile_model(model: torch.nn.Module, samples: Any, dynamic_shapes: Any = No
     return bladepack.load(art.to_bytes())
 
 
-def check_against_eager(model: torch.nn.Module, loaded: bladepack.LoadedModule, args: tuple[Any, ...],
-                        tol: float = TOL) -> float:
+def check_against_eager(
+    model: torch.nn.Module, loaded: bladepack.LoadedModule, args: tuple[Any, ...], tol: float = TOL
+) -> float:
     with torch.no_grad():
         ref = as_tuple(model(*args))
     out = as_tuple(loaded(*args))

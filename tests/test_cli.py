@@ -12,8 +12,18 @@ import numpy as np
 import bladepack
 from bladepack.cli import main
 
-KEYS = {"format_version", "producer", "inputs", "outputs", "symbols", "plan", "kernels", "gemm_configs",
-        "weights_bytes", "arena_bytes"}
+KEYS = {
+    "format_version",
+    "producer",
+    "inputs",
+    "outputs",
+    "symbols",
+    "plan",
+    "kernels",
+    "gemm_configs",
+    "weights_bytes",
+    "arena_bytes",
+}
 
 
 def test_inspect_json_contract(mlp_artifact, tmp_path: Path, capsys) -> None:

@@ -41,7 +41,9 @@ def test_identical_inputs_give_identical_bytes() -> None:
         torch.manual_seed(3)
         model = MLP().eval()
         g = torch.Generator().manual_seed(1)
-        return bladepack.optimize(model, [(torch.randn(2, 64, generator=g),), (torch.randn(5, 64, generator=g),)]).to_bytes()
+        return bladepack.optimize(
+            model, [(torch.randn(2, 64, generator=g),), (torch.randn(5, 64, generator=g),)]
+        ).to_bytes()
 
     assert build() == build()
 

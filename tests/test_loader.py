@@ -63,7 +63,9 @@ def test_range_ends_accepted(mlp) -> None:
 
 def test_symbols_must_agree(two_input_artifact) -> None:
     m = bladepack.load(two_input_artifact.to_bytes())
-    with pytest.raises(ShapeGuardError, match=r"input 'mask' dimension 1 is 6, but it must equal input 'x' dimension 1 .* which is 5"):
+    with pytest.raises(
+        ShapeGuardError, match=r"input 'mask' dimension 1 is 6, but it must equal input 'x' dimension 1 .* which is 5"
+    ):
         m(np.zeros((2, 5, 3), np.float32), np.zeros((2, 6), np.float32))
 
 
@@ -136,9 +138,9 @@ def test_loader_runs_without_torch_or_sympy(mlp_artifact, tmp_path: Path) -> Non
         sys.modules["sympy"] = None
         import numpy as np
         import bladepack
-        m = bladepack.load({str(tmp_path / 'm.bpk')!r})
-        y = m(np.load({str(tmp_path / 'x.npy')!r}))
-        assert np.array_equal(y, np.load({str(tmp_path / 'expected.npy')!r}))
+        m = bladepack.load({str(tmp_path / "m.bpk")!r})
+        y = m(np.load({str(tmp_path / "x.npy")!r}))
+        assert np.array_equal(y, np.load({str(tmp_path / "expected.npy")!r}))
         assert "torch" not in [k for k, v in sys.modules.items() if v is not None]
         print("ok", m.signature)
     """)

@@ -67,16 +67,39 @@ IMG = In(("B", 4, "S", "S"))
 
 CASES = [
     # elementwise, unary
-    *[Case(n, f, (X,)) for n, f in [
-        ("neg", torch.neg), ("abs", torch.abs), ("exp", torch.exp), ("tanh", torch.tanh),
-        ("sigmoid", torch.sigmoid), ("relu", torch.relu), ("gelu", F.gelu),
-        ("gelu_tanh", lambda x: F.gelu(x, approximate="tanh")), ("silu", F.silu), ("erf", torch.erf),
-        ("sin", torch.sin), ("cos", torch.cos), ("floor", torch.floor), ("leaky_relu", lambda x: F.leaky_relu(x, 0.2)),
-        ("clamp", lambda x: torch.clamp(x, -0.5, 0.7)), ("clamp_min", lambda x: torch.clamp(x, min=0.1)),
-        ("hardtanh", F.hardtanh), ("dropout_eval", lambda x: F.dropout(x, 0.5, training=False)),
-    ]],
-    *[Case(n, f, (POS,)) for n, f in [("log", torch.log), ("sqrt", torch.sqrt), ("rsqrt", torch.rsqrt),
-                                      ("reciprocal", torch.reciprocal), ("pow_tensor_scalar", lambda x: x ** 1.7)]],
+    *[
+        Case(n, f, (X,))
+        for n, f in [
+            ("neg", torch.neg),
+            ("abs", torch.abs),
+            ("exp", torch.exp),
+            ("tanh", torch.tanh),
+            ("sigmoid", torch.sigmoid),
+            ("relu", torch.relu),
+            ("gelu", F.gelu),
+            ("gelu_tanh", lambda x: F.gelu(x, approximate="tanh")),
+            ("silu", F.silu),
+            ("erf", torch.erf),
+            ("sin", torch.sin),
+            ("cos", torch.cos),
+            ("floor", torch.floor),
+            ("leaky_relu", lambda x: F.leaky_relu(x, 0.2)),
+            ("clamp", lambda x: torch.clamp(x, -0.5, 0.7)),
+            ("clamp_min", lambda x: torch.clamp(x, min=0.1)),
+            ("hardtanh", F.hardtanh),
+            ("dropout_eval", lambda x: F.dropout(x, 0.5, training=False)),
+        ]
+    ],
+    *[
+        Case(n, f, (POS,))
+        for n, f in [
+            ("log", torch.log),
+            ("sqrt", torch.sqrt),
+            ("rsqrt", torch.rsqrt),
+            ("reciprocal", torch.reciprocal),
+            ("pow_tensor_scalar", lambda x: x**1.7),
+        ]
+    ],
     Case("logical_not", torch.logical_not, (In(("B", "S"), "bool"),)),
     Case("bitwise_not", torch.bitwise_not, (In(("B", "S"), "int:-5:5"),)),
     # elementwise, binary
@@ -88,13 +111,16 @@ CASES = [
     Case("div_floor", lambda x, y: torch.div(x, y, rounding_mode="floor"), (X, POS)),
     Case("pow_square", lambda x: x.pow(2), (X,)),
     Case("pow_tensor", lambda x, y: torch.pow(x, y), (POS, X)),
-    Case("maximum", torch.maximum, (X, X)), Case("minimum", torch.minimum, (X, X)),
+    Case("maximum", torch.maximum, (X, X)),
+    Case("minimum", torch.minimum, (X, X)),
     Case("compare", lambda x, y: ((x < y) | (x >= 0.5)) & (x != 0.25), (X, X)),
     Case("eq_scalar", lambda x: x.long() == 0, (X,)),
     Case("int_plus_float", lambda i: i + 0.5, (In(("B", "S"), "int:0:10"),)),
     Case("int_true_div", lambda i, j: i / j, (In(("B", "S"), "int:0:10"), In(("B", "S"), "int:1:10"))),
     Case("bitwise_and", lambda a, b: a & b, (In(("B", "S"), "bool"), In(("B", "S"), "bool"))),
-    Case("logical_and_or", lambda a, b: torch.logical_and(a, b) ^ torch.logical_or(a, b), (In(("B", "S"), "bool"),) * 2),
+    Case(
+        "logical_and_or", lambda a, b: torch.logical_and(a, b) ^ torch.logical_or(a, b), (In(("B", "S"), "bool"),) * 2
+    ),
     Case("bitwise_xor_int", lambda a, b: a ^ b, (In(("B", "S"), "int:0:64"),) * 2),
     Case("where", lambda c, x, y: torch.where(c, x, y), (In(("B", "S", 8), "bool"), X, X)),
     Case("where_scalar", lambda x: torch.where(x > 0, x, 0.0), (X,)),
@@ -154,14 +180,31 @@ CASES = [
     Case("conv2d_dilated", None, (In(("B", 4, "S", 9)),), lambda: nn.Conv2d(4, 5, (3, 2), padding=(2, 1), dilation=2)),  # type: ignore[arg-type]
     Case("batch_norm", None, (IMG,), lambda: _bn()),  # type: ignore[arg-type]
     Case("max_pool_ceil", lambda x: F.max_pool2d(x, 3, 2, padding=1, ceil_mode=True), (IMG,)),
-    Case("avg_pool", lambda x: (F.avg_pool2d(x, 3, 2, padding=1, count_include_pad=False), F.avg_pool2d(x, 2, 1, padding=1), F.avg_pool2d(x, 3, 2, 1)), (IMG,)),
+    Case(
+        "avg_pool",
+        lambda x: (
+            F.avg_pool2d(x, 3, 2, padding=1, count_include_pad=False),
+            F.avg_pool2d(x, 2, 1, padding=1),
+            F.avg_pool2d(x, 3, 2, 1),
+        ),
+        (IMG,),
+    ),
     Case("adaptive_avg_pool", lambda x: F.adaptive_avg_pool2d(x, 1).flatten(1), (IMG,)),
-    Case("sdpa_causal", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-         (In(("B", 2, "S", 8)),) * 3),
-    Case("sdpa_float_mask", lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
-         (In(("B", 2, "S", 8)), In(("B", 2, "S", 8)), In(("B", 2, "S", 8)), In(("B", 1, "S", "S")))),
-    Case("sdpa_gqa", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True, scale=0.3),
-         (In(("B", 4, "S", 8)), In(("B", 2, "S", 8)), In(("B", 2, "S", 8)))),
+    Case(
+        "sdpa_causal",
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        (In(("B", 2, "S", 8)),) * 3,
+    ),
+    Case(
+        "sdpa_float_mask",
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+        (In(("B", 2, "S", 8)), In(("B", 2, "S", 8)), In(("B", 2, "S", 8)), In(("B", 1, "S", "S"))),
+    ),
+    Case(
+        "sdpa_gqa",
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True, scale=0.3),
+        (In(("B", 4, "S", 8)), In(("B", 2, "S", 8)), In(("B", 2, "S", 8))),
+    ),
 ]
 
 
@@ -208,8 +251,8 @@ def _axis_suffix(case: Case, sym: str) -> str:
 
 def test_table_covers_every_op_kind() -> None:
     """Every IR op kind is exercised by some case here or by a sample (checked through the plans)."""
-    from bladepack.ir import OpKind
     import bladepack
+    from bladepack.ir import OpKind
 
     seen: set[str] = set()
     for case in CASES:

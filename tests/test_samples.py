@@ -31,5 +31,7 @@ def test_sample_ranges() -> None:
     ranges = {s.name: (s.min, s.max) for s in sig.symbols}
     assert ranges == {"batch": (1, None), "seq": (1, 512)}
     llama = SAMPLES["llama"]
-    sig = bladepack.load(bladepack.optimize(llama.build(), llama.export_samples(), llama.dynamic_shapes).to_bytes()).signature
+    sig = bladepack.load(
+        bladepack.optimize(llama.build(), llama.export_samples(), llama.dynamic_shapes).to_bytes()
+    ).signature
     assert {s.name: (s.min, s.max) for s in sig.symbols} == {"batch": (1, None), "past": (1, 1023)}

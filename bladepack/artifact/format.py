@@ -53,16 +53,25 @@ class Section:
 
 def encode(manifest: dict[str, Any], sections: Sequence[Section]) -> list[bytes | memoryview]:
     """The file's bytes as a list of chunks (avoids copying large weights)."""
-    table, offset = [], 0
+    table: list[dict[str, Any]] = []
+    offset = 0
     for s in sections:
         view = memoryview(s.data).cast("B")
-        table.append({"name": s.name, "offset": offset, "length": view.nbytes, "sha256": hashlib.sha256(view).hexdigest()})
+        table.append(
+            {"name": s.name, "offset": offset, "length": view.nbytes, "sha256": hashlib.sha256(view).hexdigest()}
+        )
         offset = _align(offset + view.nbytes)
     body = msgpack.packb({**manifest, "sections": table}, use_bin_type=True)
-    header = _HEADER.pack(MAGIC, FORMAT_MAJOR, FORMAT_MINOR, HEADER_SIZE, HEADER_SIZE, len(body), hashlib.sha256(body).digest())
-    chunks: list[bytes | memoryview] = [header, body, b"\0" * (_align(HEADER_SIZE + len(body)) - HEADER_SIZE - len(body))]
+    header = _HEADER.pack(
+        MAGIC, FORMAT_MAJOR, FORMAT_MINOR, HEADER_SIZE, HEADER_SIZE, len(body), hashlib.sha256(body).digest()
+    )
+    chunks: list[bytes | memoryview] = [
+        header,
+        body,
+        b"\0" * (_align(HEADER_SIZE + len(body)) - HEADER_SIZE - len(body)),
+    ]
     for k, (s, entry) in enumerate(zip(sections, table)):
-        n = entry["length"]
+        n = int(entry["length"])
         chunks.append(memoryview(s.data).cast("B"))
         if k + 1 < len(sections):  # no padding after the last section: any truncation cuts data
             chunks.append(b"\0" * (_align(n) - n))
@@ -140,7 +149,9 @@ class BpkFile:
             if off < 0 or n < 0 or off % ALIGN:
                 raise self._fail(f"section {name!r} has an invalid offset {off} / length {n}")
             if start + n > len(self._buf):
-                raise self._fail(f"truncated: section {name!r} needs bytes up to {start + n}, the file has {len(self._buf)}")
+                raise self._fail(
+                    f"truncated: section {name!r} needs bytes up to {start + n}, the file has {len(self._buf)}"
+                )
             view = self._buf[start : start + n]
             if verify and hashlib.sha256(view).hexdigest() != digest:
                 raise self._fail(f"checksum mismatch in section {name!r}: the file is corrupt")

@@ -37,7 +37,13 @@ class WeightDecl:
     section: int
 
     def to_manifest(self) -> dict[str, Any]:
-        return {"name": self.name, "id": self.id, "dtype": self.dtype, "shape": list(self.shape), "section": self.section}
+        return {
+            "name": self.name,
+            "id": self.id,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "section": self.section,
+        }
 
 
 @dataclass(frozen=True)

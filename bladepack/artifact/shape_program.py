@@ -12,7 +12,7 @@ negative infinity, CEILDIV is -((-a) // b); comparisons give 1 or 0.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -39,7 +39,7 @@ class Op(IntEnum):
 
 
 WORDS = 5
-_BINARY = {
+_BINARY: dict[Op, Callable[[int, int], int]] = {
     Op.ADD: lambda x, y: x + y,
     Op.SUB: lambda x, y: x - y,
     Op.MUL: lambda x, y: x * y,
@@ -76,7 +76,7 @@ class ShapeProgram:
         code = tuple(tuple(flat[i : i + WORDS]) for i in range(0, len(flat), WORDS))
         prog = ShapeProgram(code, int(m["num_registers"]), tuple(m["messages"]))  # type: ignore[arg-type, call-overload]
         prog.validate()
-        return prog  # type: ignore[arg-type]
+        return prog
 
     def validate(self) -> None:
         """Reject programs that would index outside the register file or message table."""

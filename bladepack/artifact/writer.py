@@ -19,8 +19,9 @@ def weight_section_name(name: str) -> str:
     return f"weight/{name}"
 
 
-def assemble(plan: ExecPlan, weights: Mapping[str, np.ndarray], producer: Mapping[str, str]
-             ) -> tuple[dict[str, Any], list[Section]]:
+def assemble(
+    plan: ExecPlan, weights: Mapping[str, np.ndarray], producer: Mapping[str, str]
+) -> tuple[dict[str, Any], list[Section]]:
     sections = []
     for w in plan.weights:
         arr = np.ascontiguousarray(weights[w.name])
@@ -28,7 +29,7 @@ def assemble(plan: ExecPlan, weights: Mapping[str, np.ndarray], producer: Mappin
             raise ValueError(f"weight {w.name}: array {arr.dtype}{arr.shape} does not match {w.dtype}{w.shape}")
         if arr.dtype.byteorder == ">":
             arr = arr.astype(arr.dtype.newbyteorder("<"))
-        sections.append(Section(weight_section_name(w.name), memoryview(arr).cast("B")))
+        sections.append(Section(weight_section_name(w.name), memoryview(arr.data).cast("B")))
     manifest: dict[str, Any] = {
         "format_version": [FORMAT_MAJOR, FORMAT_MINOR],
         "producer": dict(sorted(producer.items())),
@@ -37,7 +38,7 @@ def assemble(plan: ExecPlan, weights: Mapping[str, np.ndarray], producer: Mappin
         "inputs": [t.to_manifest() for t in plan.inputs],
         "outputs": [t.to_manifest() for t in plan.outputs],
         "weights": [w.to_manifest() for w in plan.weights],
-        "shape_program": plan.shape_program,
+        "shape_program": dict(plan.shape_program),
         "values": [v.to_manifest() for v in plan.values],
         "plan": {"steps": [s.to_manifest() for s in plan.steps]},
         "arena_bytes": {"expr": plan.arena_bytes_expr, "value": plan.arena_bytes},

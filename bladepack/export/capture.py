@@ -17,7 +17,7 @@ import contextlib
 import inspect
 import re
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,8 +70,11 @@ def normalize_samples(sample_inputs: Any) -> list[tuple[Any, ...]]:
 
 def input_names(model: torch.nn.Module, n: int) -> list[str]:
     try:
-        params = [p for p in inspect.signature(model.forward).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        params = [
+            p
+            for p in inspect.signature(model.forward).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
     except (TypeError, ValueError):
         params = []
     names = [p.name for p in params[:n]]
@@ -117,6 +120,7 @@ def _spec_range(d: Any) -> tuple[str | None, int | None, int | None]:
 def _export_sample(samples: list[tuple[Any, ...]], dynamic: list[set[int]]) -> tuple[Any, ...]:
     """The sample with the largest dynamic dims, with every dynamic dim of size 1 doubled (by repetition,
     which keeps index and mask values valid)."""
+
     def key(s: tuple[Any, ...]) -> tuple[int, int]:
         sizes = [t.shape[a] for t, axes in zip(s, dynamic) for a in axes]
         return (min(sizes, default=0), sum(t.numel() for t in s))
@@ -141,11 +145,13 @@ def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
         model.train(was)
 
 
-def _export(model: torch.nn.Module, args: tuple[Any, ...], shapes: Any, oblivious: bool = False
-            ) -> torch.export.ExportedProgram:
+def _export(
+    model: torch.nn.Module, args: tuple[Any, ...], shapes: Any, oblivious: bool = False
+) -> torch.export.ExportedProgram:
     import torch.fx.experimental._config as fx_config
 
-    with warnings.catch_warnings(), fx_config.patch(backed_size_oblivious=oblivious):
+    patch = fx_config.patch(backed_size_oblivious=oblivious)  # type: ignore[attr-defined]
+    with warnings.catch_warnings(), patch:
         warnings.simplefilter("ignore")
         return torch.export.export(model, args, dynamic_shapes=_fit_signature(model, shapes), strict=False)
 
@@ -162,7 +168,7 @@ def _fit_signature(model: torch.nn.Module, shapes: Any) -> Any:
     named = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if not any(p.kind == p.VAR_POSITIONAL for p in params):
         return shapes
-    return (*shapes[: len(named)], tuple(shapes[len(named):]))
+    return (*shapes[: len(named)], tuple(shapes[len(named) :]))
 
 
 def capture(model: torch.nn.Module, sample_inputs: Any, dynamic_shapes: Any = None) -> Captured:
@@ -188,8 +194,10 @@ def capture(model: torch.nn.Module, sample_inputs: Any, dynamic_shapes: Any = No
         symbols = _symbol_map(ep, groups, infos)
         for name, reason in sorted(fallbacks.items()):
             lo = min((i.min for i in symbols.values() if i.name == name), default=2)
-            notes.append(f"torch.export could not prove the model valid over the declared range of {name} "
-                         f"({reason}); its range starts at {lo}")
+            notes.append(
+                f"torch.export could not prove the model valid over the declared range of {name} "
+                f"({reason}); its range starts at {lo}"
+            )
         return Captured(_finish(ep), names, symbols, notes)
 
 
@@ -209,13 +217,18 @@ def _finite(v: Any) -> int | None:
 
 
 def _placeholder_dims(ep: torch.export.ExportedProgram, names: list[str]) -> list[list[Any]]:
-    user = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == torch.export.graph_signature.InputKind.USER_INPUT]
+    user = [
+        s.arg.name
+        for s in ep.graph_signature.input_specs
+        if s.kind == torch.export.graph_signature.InputKind.USER_INPUT
+    ]
     nodes = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
     return [list(nodes[u].meta["val"].shape) for u in user]
 
 
-def _symbol_groups(ep: torch.export.ExportedProgram, names: list[str], dynamic: list[set[int]]
-                   ) -> tuple[dict[str, list[tuple[int, int]]], dict[str, tuple[int, int | None]]]:
+def _symbol_groups(
+    ep: torch.export.ExportedProgram, names: list[str], dynamic: list[set[int]]
+) -> tuple[dict[str, list[tuple[int, int]]], dict[str, tuple[int, int | None]]]:
     """torch symbol name -> the (input, axis) pairs that carry it, and the symbol's discovered range."""
     groups: dict[str, list[tuple[int, int]]] = {}
     for i, dims in enumerate(_placeholder_dims(ep, names)):
@@ -230,9 +243,15 @@ def _symbol_groups(ep: torch.export.ExportedProgram, names: list[str], dynamic: 
     return groups, bounds
 
 
-def _named_dims(groups: dict[str, list[tuple[int, int]]], bounds: dict[str, tuple[int, int | None]],
-                user: list[AxisSpec], names: list[str], notes: list[str]) -> dict[str, SymbolInfo]:
-    infos, used = {}, set()
+def _named_dims(
+    groups: dict[str, list[tuple[int, int]]],
+    bounds: dict[str, tuple[int, int | None]],
+    user: list[AxisSpec],
+    names: list[str],
+    notes: list[str],
+) -> dict[str, SymbolInfo]:
+    infos: dict[str, SymbolInfo] = {}
+    used: set[str] = set()
     for sym, places in groups.items():
         name, lo, hi = None, 1, bounds.get(sym, (2, None))[1]
         for i, a in places:
@@ -262,8 +281,9 @@ def _named_dims(groups: dict[str, list[tuple[int, int]]], bounds: dict[str, tupl
     return infos
 
 
-def _build_shapes(groups: dict[str, list[tuple[int, int]]], infos: dict[str, SymbolInfo], n: int,
-                  hinted: set[str]) -> tuple[Any, ...]:
+def _build_shapes(
+    groups: dict[str, list[tuple[int, int]]], infos: dict[str, SymbolInfo], n: int, hinted: set[str]
+) -> tuple[Any, ...]:
     shapes: list[dict[int, Any]] = [{} for _ in range(n)]
     dims: dict[str, Any] = {}
     for sym, places in groups.items():
@@ -278,9 +298,13 @@ def _build_shapes(groups: dict[str, list[tuple[int, int]]], infos: dict[str, Sym
     return tuple(s or None for s in shapes)
 
 
-def _export_min1(model: torch.nn.Module, args: tuple[Any, ...], infos: dict[str, SymbolInfo],
-                 names: list[str], groups: dict[str, list[tuple[int, int]]]
-                 ) -> tuple[torch.export.ExportedProgram, dict[str, str]]:
+def _export_min1(
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    infos: dict[str, SymbolInfo],
+    names: list[str],
+    groups: dict[str, list[tuple[int, int]]],
+) -> tuple[torch.export.ExportedProgram, dict[str, str]]:
     """Export with one named Dim per symbol (ranges from the user and the discovery export).
 
     torch's guard solver sometimes cannot prove a true guard (e.g. `min(8+8*s, 32+32*s) == 8+8*s`
@@ -304,12 +328,17 @@ def _export_min1(model: torch.nn.Module, args: tuple[Any, ...], infos: dict[str,
     return ep, {infos[s].name: reason for s in culprits}
 
 
-def _symbol_map(ep: torch.export.ExportedProgram, groups: dict[str, list[tuple[int, int]]],
-                infos: dict[str, SymbolInfo]) -> dict[str, SymbolInfo]:
+def _symbol_map(
+    ep: torch.export.ExportedProgram, groups: dict[str, list[tuple[int, int]]], infos: dict[str, SymbolInfo]
+) -> dict[str, SymbolInfo]:
     """Map the final program's torch symbols (they are renamed between exports) to bladepack symbols."""
     place_to_info = {p: infos[s] for s, places in groups.items() for p in places}
     out: dict[str, SymbolInfo] = {}
-    user = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == torch.export.graph_signature.InputKind.USER_INPUT]
+    user = [
+        s.arg.name
+        for s in ep.graph_signature.input_specs
+        if s.kind == torch.export.graph_signature.InputKind.USER_INPUT
+    ]
     nodes = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
     ranges = {str(k): v for k, v in ep.range_constraints.items()}
     for i, u in enumerate(user):
@@ -330,4 +359,5 @@ def _finish(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """Inference IR: drops dropout and autograd wrappers, keeps high-level ops (no decomposition)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return ep.run_decompositions({})
+        out: torch.export.ExportedProgram = ep.run_decompositions({})
+        return out

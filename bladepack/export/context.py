@@ -80,9 +80,9 @@ class Ctx:
             if a not in self.syms:
                 raise Unsupported(f"argument {a.name} is not a known symbolic int")
             e = self.syms[a]
-            return int(e) if getattr(e, "is_Integer", False) else e  # type: ignore[return-value, call-overload]
+            return int(e) if getattr(e, "is_Integer", False) else e
         if isinstance(a, torch.SymInt):
-            return self.expr(a.node.expr)  # type: ignore[return-value]
+            return self.expr(a.node.expr)
         if isinstance(a, bool) or not isinstance(a, int):
             raise Unsupported(f"expected an int, got {a!r}")
         return a
@@ -104,18 +104,20 @@ class Ctx:
 
     def _dim(self, d: Any) -> IRDim:
         if isinstance(d, torch.SymInt):
-            return self.expr(d.node.expr)  # type: ignore[return-value]
+            return self.expr(d.node.expr)
         return int(d)
 
     def out_type(self, index: int | None = None) -> TensorType:
         assert self.node is not None
-        val = self.node.meta.get("val")
+        val: Any = self.node.meta.get("val")
         if index is not None:
             val = val[index]
         return self.type_of_val(val)
 
     # -- emitting
-    def emit(self, op: OpKind, inputs: Sequence[Value], t: TensorType | None = None, attrs: Attrs | None = None) -> Value:
+    def emit(
+        self, op: OpKind, inputs: Sequence[Value], t: TensorType | None = None, attrs: Attrs | None = None
+    ) -> Value:
         return self.b.add(op, tuple(inputs), t if t is not None else self.out_type(), attrs, self.loc)
 
     def const(self, value: bool | int | float, dtype: DType) -> Value:
@@ -138,14 +140,16 @@ class Ctx:
     def operand(self, a: Any, dtype: DType) -> Value:
         """A tensor argument cast to `dtype`, or a scalar argument as a 0-d constant of `dtype`."""
         if isinstance(a, torch.fx.Node) and a in self.syms:
-            return self.emit(OpKind.CONSTANT, (), TensorType(dtype, ()), ConstantAttrs(self.syms[a]))  # type: ignore[arg-type]
+            return self.emit(OpKind.CONSTANT, (), TensorType(dtype, ()), ConstantAttrs(self.syms[a]))
         if isinstance(a, torch.fx.Node):
             return self.cast(self.v(a), dtype)
         if isinstance(a, (bool, int, float)):
             return self.const(a, dtype)
         raise Unsupported(f"operand {a!r}")
 
-    def with_type(self, t: TensorType, dtype: DType | None = None, shape: tuple[IRDim, ...] | None = None) -> TensorType:
+    def with_type(
+        self, t: TensorType, dtype: DType | None = None, shape: tuple[IRDim, ...] | None = None
+    ) -> TensorType:
         return TensorType(dtype if dtype is not None else t.dtype, shape if shape is not None else t.shape)
 
 

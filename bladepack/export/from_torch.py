@@ -165,7 +165,8 @@ def _fold_constant(ctx: Ctx, node: torch.fx.Node) -> int:
 def _outputs(ctx: Ctx, ep: torch.export.ExportedProgram) -> tuple[list[int], list[str]]:
     out_node = next(n for n in ep.graph.nodes if n.op == "output")
     specs = ep.graph_signature.output_specs
-    outputs, names = [], []
+    outputs: list[int] = []
+    names: list[str] = []
     for i, (a, spec) in enumerate(zip(out_node.args[0], specs)):
         if spec.kind != torch.export.graph_signature.OutputKind.USER_OUTPUT:
             continue

@@ -27,9 +27,22 @@ from bladepack.ir.ops import ArangeAttrs, ClampAttrs, ConstantAttrs, GeluAttrs, 
 K = OpKind
 
 _UNARY = {
-    "neg": K.NEG, "abs": K.ABS, "exp": K.EXP, "log": K.LOG, "sqrt": K.SQRT, "rsqrt": K.RSQRT,
-    "reciprocal": K.RECIPROCAL, "tanh": K.TANH, "sigmoid": K.SIGMOID, "relu": K.RELU, "silu": K.SILU,
-    "erf": K.ERF, "sin": K.SIN, "cos": K.COS, "floor": K.FLOOR, "bitwise_not": K.BITWISE_NOT,
+    "neg": K.NEG,
+    "abs": K.ABS,
+    "exp": K.EXP,
+    "log": K.LOG,
+    "sqrt": K.SQRT,
+    "rsqrt": K.RSQRT,
+    "reciprocal": K.RECIPROCAL,
+    "tanh": K.TANH,
+    "sigmoid": K.SIGMOID,
+    "relu": K.RELU,
+    "silu": K.SILU,
+    "erf": K.ERF,
+    "sin": K.SIN,
+    "cos": K.COS,
+    "floor": K.FLOOR,
+    "bitwise_not": K.BITWISE_NOT,
 }
 
 
@@ -60,7 +73,9 @@ def _gelu(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
 
 @converts("aten.leaky_relu.default")
 def _leaky_relu(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
-    return ctx.emit(K.LEAKY_RELU, (ctx.v(args[0]),), attrs=LeakyReluAttrs(float(arg(args, kwargs, 1, "negative_slope", 0.01))))
+    return ctx.emit(
+        K.LEAKY_RELU, (ctx.v(args[0]),), attrs=LeakyReluAttrs(float(arg(args, kwargs, 1, "negative_slope", 0.01)))
+    )
 
 
 def _clamp_attrs(lo: Any, hi: Any) -> ClampAttrs:
@@ -144,7 +159,8 @@ for _name, _op in _ARITH.items():
 
 @converts("aten.rsub.Scalar", "aten.rsub.Tensor")
 def _rsub(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
-    return _arith(K.SUB)(ctx, (args[1], args[0], *args[2:]), kwargs)
+    result: Value = _arith(K.SUB)(ctx, (args[1], args[0], *args[2:]), kwargs)
+    return result
 
 
 @converts("aten.div.Tensor_mode", "aten.div.Scalar_mode", "aten.floor_divide.default")
@@ -204,8 +220,14 @@ def _logical(op: OpKind) -> Any:
 converts("aten.logical_and.default")(_logical(K.LOGICAL_AND))
 converts("aten.logical_or.default")(_logical(K.LOGICAL_OR))
 
-_BITWISE = {"bitwise_and": K.BITWISE_AND, "bitwise_or": K.BITWISE_OR, "bitwise_xor": K.BITWISE_XOR,
-            "__and__": K.BITWISE_AND, "__or__": K.BITWISE_OR, "__xor__": K.BITWISE_XOR}
+_BITWISE = {
+    "bitwise_and": K.BITWISE_AND,
+    "bitwise_or": K.BITWISE_OR,
+    "bitwise_xor": K.BITWISE_XOR,
+    "__and__": K.BITWISE_AND,
+    "__or__": K.BITWISE_OR,
+    "__xor__": K.BITWISE_XOR,
+}
 
 
 def _bitwise(op: OpKind) -> Any:
@@ -240,10 +262,19 @@ def _masked_fill(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Val
 
 
 @converts(
-    "aten.full.default", "aten.zeros.default", "aten.ones.default", "aten.new_ones.default",
-    "aten.new_zeros.default", "aten.new_full.default", "aten.zeros_like.default", "aten.ones_like.default",
-    "aten.full_like.default", "aten.scalar_tensor.default", "aten.empty.memory_format",
-    "aten.new_empty.default", "aten.empty_like.default",
+    "aten.full.default",
+    "aten.zeros.default",
+    "aten.ones.default",
+    "aten.new_ones.default",
+    "aten.new_zeros.default",
+    "aten.new_full.default",
+    "aten.zeros_like.default",
+    "aten.ones_like.default",
+    "aten.full_like.default",
+    "aten.scalar_tensor.default",
+    "aten.empty.memory_format",
+    "aten.new_empty.default",
+    "aten.empty_like.default",
 )
 def _full(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
     assert ctx.node is not None
@@ -280,10 +311,20 @@ def _arange(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
 
 
 @converts(
-    "aten._to_copy.default", "aten.to.dtype", "aten.to.dtype_layout", "aten.to.device", "aten.to.other",
-    "aten.type_as.default", "aten.clone.default", "aten.contiguous.default", "aten.alias.default",
-    "aten.detach.default", "aten.lift_fresh_copy.default", "aten.dropout.default",
-    "aten.feature_dropout.default", "aten.alpha_dropout.default",
+    "aten._to_copy.default",
+    "aten.to.dtype",
+    "aten.to.dtype_layout",
+    "aten.to.device",
+    "aten.to.other",
+    "aten.type_as.default",
+    "aten.clone.default",
+    "aten.contiguous.default",
+    "aten.alias.default",
+    "aten.detach.default",
+    "aten.lift_fresh_copy.default",
+    "aten.dropout.default",
+    "aten.feature_dropout.default",
+    "aten.alpha_dropout.default",
 )
 def _copy_or_cast(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
     assert ctx.node is not None

@@ -20,9 +20,17 @@ K = OpKind
 
 
 @converts(
-    "aten.view.default", "aten.reshape.default", "aten._unsafe_view.default", "aten.flatten.using_ints",
-    "aten.unflatten.int", "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default",
-    "aten.unsqueeze.default", "aten.view_as.default", "aten.reshape_as.default",
+    "aten.view.default",
+    "aten.reshape.default",
+    "aten._unsafe_view.default",
+    "aten.flatten.using_ints",
+    "aten.unflatten.int",
+    "aten.squeeze.dim",
+    "aten.squeeze.dims",
+    "aten.squeeze.default",
+    "aten.unsqueeze.default",
+    "aten.view_as.default",
+    "aten.reshape_as.default",
 )
 def _reshape(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
     x = ctx.v(args[0])
@@ -79,7 +87,7 @@ def _transpose(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value
 def _norm_start(start: SymInt, size: IRDim) -> SymInt:
     if isinstance(start, int) and start < 0:
         s = size + start
-        return int(s) if isinstance(s, int) or getattr(s, "is_Integer", False) else s  # type: ignore[return-value, call-overload]
+        return int(s) if isinstance(s, int) or getattr(s, "is_Integer", False) else s
     return start
 
 

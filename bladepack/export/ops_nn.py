@@ -59,7 +59,8 @@ def _reduce(op: OpKind, dims_index: int | None) -> Any:
 
 for _name, _op in (("sum", K.SUM), ("mean", K.MEAN), ("prod", K.PROD)):
     converts(f"aten.{_name}.default")(_reduce(_op, None))
-converts("aten.sum.dim_IntList", "aten.mean.dim")(lambda c, a, k: _reduce(K.SUM if "sum" in str(c.node.target) else K.MEAN, 1)(c, a, k))  # type: ignore[union-attr]
+converts("aten.sum.dim_IntList")(_reduce(K.SUM, 1))
+converts("aten.mean.dim")(_reduce(K.MEAN, 1))
 converts("aten.prod.dim_int")(_reduce(K.PROD, 1))
 converts("aten.amax.default")(_reduce(K.AMAX, 1))
 converts("aten.amin.default")(_reduce(K.AMIN, 1))
@@ -253,8 +254,20 @@ def _conv(ctx: Ctx, x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation:
 
 @converts("aten.conv2d.default", "aten.conv2d.padding")
 def _conv2d(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
-    a = [arg(args, kwargs, i, n, d) for i, (n, d) in enumerate(
-        [("input", None), ("weight", None), ("bias", None), ("stride", 1), ("padding", 0), ("dilation", 1), ("groups", 1)])]
+    a = [
+        arg(args, kwargs, i, n, d)
+        for i, (n, d) in enumerate(
+            [
+                ("input", None),
+                ("weight", None),
+                ("bias", None),
+                ("stride", 1),
+                ("padding", 0),
+                ("dilation", 1),
+                ("groups", 1),
+            ]
+        )
+    ]
     return _conv(ctx, *a)
 
 

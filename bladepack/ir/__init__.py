@@ -8,6 +8,20 @@ from bladepack.ir.types import IRDim, TensorType
 from bladepack.ir.verifier import IRVerificationError, verify
 
 __all__ = [
-    "OP_INFO", "Graph", "GraphBuilder", "IRDim", "IRVerificationError", "Node", "OpClass", "OpKind",
-    "Param", "Program", "ShapeEnv", "SymbolRange", "TensorType", "Tri", "print_graph", "verify",
+    "OP_INFO",
+    "Graph",
+    "GraphBuilder",
+    "IRDim",
+    "IRVerificationError",
+    "Node",
+    "OpClass",
+    "OpKind",
+    "Param",
+    "Program",
+    "ShapeEnv",
+    "SymbolRange",
+    "TensorType",
+    "Tri",
+    "print_graph",
+    "verify",
 ]

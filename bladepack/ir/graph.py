@@ -99,9 +99,7 @@ class GraphBuilder:
         self.types[p.id] = t
         return p.id
 
-    def add(
-        self, op: OpKind, inputs: tuple[int, ...], t: TensorType, attrs: Attrs | None = None, loc: str = ""
-    ) -> int:
+    def add(self, op: OpKind, inputs: tuple[int, ...], t: TensorType, attrs: Attrs | None = None, loc: str = "") -> int:
         a = attrs if attrs is not None else NoAttrs()
         expected = OP_INFO[op].attrs
         if not isinstance(a, expected):

@@ -273,8 +273,24 @@ OP_INFO: dict[OpKind, OpInfo] = {
     **{
         k: _info(_E, NoAttrs, 1)
         for k in (
-            K.NEG, K.ABS, K.EXP, K.LOG, K.SQRT, K.RSQRT, K.RECIPROCAL, K.TANH, K.SIGMOID, K.RELU,
-            K.SILU, K.ERF, K.SIN, K.COS, K.FLOOR, K.CAST, K.LOGICAL_NOT, K.BITWISE_NOT,
+            K.NEG,
+            K.ABS,
+            K.EXP,
+            K.LOG,
+            K.SQRT,
+            K.RSQRT,
+            K.RECIPROCAL,
+            K.TANH,
+            K.SIGMOID,
+            K.RELU,
+            K.SILU,
+            K.ERF,
+            K.SIN,
+            K.COS,
+            K.FLOOR,
+            K.CAST,
+            K.LOGICAL_NOT,
+            K.BITWISE_NOT,
         )
     },
     K.GELU: _info(_E, GeluAttrs, 1),
@@ -283,8 +299,24 @@ OP_INFO: dict[OpKind, OpInfo] = {
     **{
         k: _info(_B, NoAttrs, 2)
         for k in (
-            K.ADD, K.SUB, K.MUL, K.DIV, K.POW, K.MAXIMUM, K.MINIMUM, K.EQ, K.NE, K.LT, K.LE, K.GT,
-            K.GE, K.LOGICAL_AND, K.LOGICAL_OR, K.BITWISE_AND, K.BITWISE_OR, K.BITWISE_XOR,
+            K.ADD,
+            K.SUB,
+            K.MUL,
+            K.DIV,
+            K.POW,
+            K.MAXIMUM,
+            K.MINIMUM,
+            K.EQ,
+            K.NE,
+            K.LT,
+            K.LE,
+            K.GT,
+            K.GE,
+            K.LOGICAL_AND,
+            K.LOGICAL_OR,
+            K.BITWISE_AND,
+            K.BITWISE_OR,
+            K.BITWISE_XOR,
         )
     },
     K.WHERE: _info(_B, NoAttrs, 3),

@@ -25,7 +25,7 @@ def _attr_text(v: object) -> str:
         return repr(v)
     if isinstance(v, (bool, int, str)) or v is None:
         return repr(v) if isinstance(v, str) else str(v)
-    return dim_str(v)  # type: ignore[arg-type]
+    return dim_str(v)
 
 
 def node_text(n: Node, with_loc: bool = False) -> str:

@@ -102,7 +102,7 @@ def _mul_bounds(x: Bound, y: Bound) -> Bound:
                 cands.append(sympy.Integer(0))
             else:
                 cands.append(p * q)
-    return min(cands), max(cands)  # type: ignore[type-var]
+    return min(cands), max(cands)
 
 
 def _bounds(e: sympy.Expr, ranges: dict[str, SymbolRange]) -> Bound:
@@ -144,7 +144,7 @@ def _bounds(e: sympy.Expr, ranges: dict[str, SymbolRange]) -> Bound:
     if isinstance(e, (sympy.Max, sympy.Min)):
         bs = [_bounds(a, ranges) for a in e.args]
         pick = max if isinstance(e, sympy.Max) else min
-        return pick(b[0] for b in bs), pick(b[1] for b in bs)  # type: ignore[type-var]
+        return pick(b[0] for b in bs), pick(b[1] for b in bs)
     if isinstance(e, sympy.Mod):
         _, m_hi = _bounds(e.args[1], ranges)
         return sympy.Integer(0), (m_hi - 1 if not m_hi.is_infinite else sympy.oo)

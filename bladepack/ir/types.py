@@ -55,7 +55,11 @@ class TensorType:
 
     def nbytes(self) -> IRDim:
         n = self.numel()
-        return canonical_dim(sympy.expand(n * self.dtype.itemsize)) if isinstance(n, sympy.Expr) else n * self.dtype.itemsize
+        return (
+            canonical_dim(sympy.expand(n * self.dtype.itemsize))
+            if isinstance(n, sympy.Expr)
+            else n * self.dtype.itemsize
+        )
 
     def __str__(self) -> str:
         return f"{self.dtype.short}[{', '.join(dim_str(d) for d in self.shape)}]"

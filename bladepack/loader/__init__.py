@@ -9,8 +9,9 @@ from bladepack.loader.module import ExecutionError, LoadedModule
 from bladepack.loader.signature import Signature, TensorSpec
 
 
-def load(source: str | os.PathLike[str] | bytes | bytearray | memoryview, device: str = "cpu",
-         verify: bool = True) -> LoadedModule:
+def load(
+    source: str | os.PathLike[str] | bytes | bytearray | memoryview, device: str = "cpu", verify: bool = True
+) -> LoadedModule:
     """Load an artifact from a path (memory-mapped) or from bytes.
 
     `verify=False` skips the per-section sha256 check (the manifest is always verified).

@@ -81,7 +81,9 @@ class LoadedModule:
         except (KeyError, TypeError, ValueError) as e:
             raise BpkFormatError(f"{bpk.source}: malformed manifest ({type(e).__name__}: {e})") from None
         if unknown:
-            raise BpkFormatError(f"{bpk.source}: the plan uses ops this loader does not know: {unknown}; upgrade bladepack")
+            raise BpkFormatError(
+                f"{bpk.source}: the plan uses ops this loader does not know: {unknown}; upgrade bladepack"
+            )
         self._cache: dict[tuple[tuple[int, ...], ...], _Prepared] = {}
         self._lock = threading.Lock()
 
@@ -90,8 +92,9 @@ class LoadedModule:
         view = self._bpk.section(weight_section_name(w["name"]))
         count = int(np.prod(w["shape"], dtype=np.int64))
         if view.nbytes != count * dt.itemsize:
-            raise BpkFormatError(f"{self._bpk.source}: weight {w['name']!r} has {view.nbytes} bytes, expected "
-                                 f"{count * dt.itemsize}")
+            raise BpkFormatError(
+                f"{self._bpk.source}: weight {w['name']!r} has {view.nbytes} bytes, expected {count * dt.itemsize}"
+            )
         return np.frombuffer(view, dtype=dt.newbyteorder("<"), count=count).reshape(w["shape"])
 
     # -- public API
@@ -103,8 +106,8 @@ class LoadedModule:
                 raise InputError(f"unknown input name(s) {unknown}; inputs are {names}")
             if len(args) + len(kwargs) != len(names):
                 raise InputError(f"expected {len(names)} inputs ({', '.join(names)}), got {len(args) + len(kwargs)}")
-            args = args + tuple(kwargs[n] for n in names[len(args):] if n in kwargs)
-            missing = [n for n in names[len(args):]]
+            args = args + tuple(kwargs[n] for n in names[len(args) :] if n in kwargs)
+            missing = [n for n in names[len(args) :]]
             if missing:
                 raise InputError(f"missing input(s) {missing}")
         outs = self.run(list(args))
@@ -125,8 +128,10 @@ class LoadedModule:
             for spec, buf, r in zip(self.signature.outputs, outputs, results):
                 view = to_numpy(buf, spec.name)
                 if view.shape != r.shape or view.dtype != r.dtype:
-                    raise InputError(f"output buffer '{spec.name}' is {view.dtype.name}{list(view.shape)}; "
-                                     f"the result is {r.dtype.name}{list(r.shape)}")
+                    raise InputError(
+                        f"output buffer '{spec.name}' is {view.dtype.name}{list(view.shape)}; "
+                        f"the result is {r.dtype.name}{list(r.shape)}"
+                    )
                 np.copyto(view, r)
             return list(outputs)
         return [to_torch(r) for r in results] if as_torch else results
@@ -156,8 +161,19 @@ class LoadedModule:
             v = self._values[s["out"]]
             free = tuple(i for i in dict.fromkeys(s["in"]) if last.get(i) == k and i not in keep)
             attrs = {name: _resolve(a, regs) for name, a in s["attrs"].items()}
-            steps.append(_Step(reference.OPS[s["op"]], s["op"], s["out"], tuple(s["in"]), attrs,
-                               self._shape(v["shape"], regs), DType(v["dtype"]).to_numpy(), free, s.get("loc", "")))
+            steps.append(
+                _Step(
+                    reference.OPS[s["op"]],
+                    s["op"],
+                    s["out"],
+                    tuple(s["in"]),
+                    attrs,
+                    self._shape(v["shape"], regs),
+                    DType(v["dtype"]).to_numpy(),
+                    free,
+                    s.get("loc", ""),
+                )
+            )
         prep = _Prepared(regs, tuple(steps))
         with self._lock:
             return self._cache.setdefault(key, prep)
@@ -170,10 +186,14 @@ class LoadedModule:
             try:
                 y = st.impl([env[i] for i in st.inputs], st.attrs, st.shape, st.dtype)
             except (IndexError, ValueError, FloatingPointError) as e:
-                raise ExecutionError(f"step {st.op} -> %{st.out} failed: {e} (from {st.loc or 'unknown source'})") from None
+                raise ExecutionError(
+                    f"step {st.op} -> %{st.out} failed: {e} (from {st.loc or 'unknown source'})"
+                ) from None
             if y.shape != st.shape:
-                raise ExecutionError(f"step {st.op} -> %{st.out} produced shape {y.shape}, the plan says {st.shape} "
-                                     f"(from {st.loc or 'unknown source'})")
+                raise ExecutionError(
+                    f"step {st.op} -> %{st.out} produced shape {y.shape}, the plan says {st.shape} "
+                    f"(from {st.loc or 'unknown source'})"
+                )
             env[st.out] = y
             for i in st.free:
                 del env[i]

@@ -30,8 +30,18 @@ def op(*names: str) -> Callable[[Impl], Impl]:
 
 # --------------------------------------------------------------------------- special functions
 
-_ERFC_COEF = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806,
-              0.27886807, -1.13520398, 1.48851587, -0.82215223, 0.17087277)
+_ERFC_COEF = (
+    -1.26551223,
+    1.00002368,
+    0.37409196,
+    0.09678418,
+    -0.18628806,
+    0.27886807,
+    -1.13520398,
+    1.48851587,
+    -0.82215223,
+    0.17087277,
+)
 
 
 def erfc(x: np.ndarray) -> np.ndarray:
@@ -74,13 +84,27 @@ def _unary(fn: Callable[[np.ndarray], np.ndarray]) -> Impl:
     return impl
 
 
-for _name, _fn in {
-    "neg": np.negative, "abs": np.abs, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
-    "rsqrt": lambda x: 1.0 / np.sqrt(x), "reciprocal": lambda x: 1.0 / x, "tanh": np.tanh,
-    "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)), "relu": lambda x: np.maximum(x, 0).astype(x.dtype),
-    "silu": lambda x: x / (1.0 + np.exp(-x)), "erf": erf, "sin": np.sin, "cos": np.cos, "floor": np.floor,
-    "logical_not": np.logical_not, "bitwise_not": np.invert, "cast": lambda x: x,
-}.items():
+_UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "neg": np.negative,
+    "abs": np.abs,
+    "exp": np.exp,
+    "log": np.log,
+    "sqrt": np.sqrt,
+    "rsqrt": lambda x: 1.0 / np.sqrt(x),
+    "reciprocal": lambda x: 1.0 / x,
+    "tanh": np.tanh,
+    "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
+    "relu": lambda x: np.maximum(x, 0).astype(x.dtype),
+    "silu": lambda x: x / (1.0 + np.exp(-x)),
+    "erf": erf,
+    "sin": np.sin,
+    "cos": np.cos,
+    "floor": np.floor,
+    "logical_not": np.logical_not,
+    "bitwise_not": np.invert,
+    "cast": lambda x: x,
+}
+for _name, _fn in _UNARY.items():
     OPS[_name] = _unary(_fn)
 
 
@@ -111,10 +135,23 @@ def _clamp(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ..
 
 
 _BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
-    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide, "pow": np.power,
-    "maximum": np.maximum, "minimum": np.minimum, "eq": np.equal, "ne": np.not_equal, "lt": np.less,
-    "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal, "logical_and": np.logical_and,
-    "logical_or": np.logical_or, "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": np.true_divide,
+    "pow": np.power,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "eq": np.equal,
+    "ne": np.not_equal,
+    "lt": np.less,
+    "le": np.less_equal,
+    "gt": np.greater,
+    "ge": np.greater_equal,
+    "logical_and": np.logical_and,
+    "logical_or": np.logical_or,
+    "bitwise_and": np.bitwise_and,
+    "bitwise_or": np.bitwise_or,
     "bitwise_xor": np.bitwise_xor,
 }
 
@@ -226,8 +263,9 @@ def _reduce(fn: Callable[..., np.ndarray]) -> Impl:
     return impl
 
 
-OPS.update(sum=_reduce(np.sum), mean=_reduce(np.mean), amax=_reduce(np.max), amin=_reduce(np.min),
-           prod=_reduce(np.prod))
+OPS.update(
+    sum=_reduce(np.sum), mean=_reduce(np.mean), amax=_reduce(np.max), amin=_reduce(np.min), prod=_reduce(np.prod)
+)
 
 
 def _arg(fn: Callable[..., np.ndarray]) -> Impl:
@@ -292,8 +330,9 @@ def _matmul(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, .
     return np.matmul(xs[0], b).astype(dt, copy=False)
 
 
-def _windows(x: np.ndarray, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
-             out_hw: Sequence[int]) -> np.ndarray:
+def _windows(
+    x: np.ndarray, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int], out_hw: Sequence[int]
+) -> np.ndarray:
     """[N, C, Ho, Wo, kh, kw] windows of an already padded x."""
     kh, kw = ((k - 1) * d + 1 for k, d in zip(kernel, dilation))
     w = sliding_window_view(x, (kh, kw), axis=(2, 3))
@@ -301,8 +340,15 @@ def _windows(x: np.ndarray, kernel: Sequence[int], stride: Sequence[int], dilati
     return w[:, :, : out_hw[0], : out_hw[1]]
 
 
-def _pad_hw(x: np.ndarray, pad: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
-            dilation: Sequence[int], out_hw: Sequence[int], value: float) -> np.ndarray:
+def _pad_hw(
+    x: np.ndarray,
+    pad: Sequence[int],
+    kernel: Sequence[int],
+    stride: Sequence[int],
+    dilation: Sequence[int],
+    out_hw: Sequence[int],
+    value: float,
+) -> np.ndarray:
     extra = []
     for i in range(2):
         need = (out_hw[i] - 1) * stride[i] + (kernel[i] - 1) * dilation[i] + 1
@@ -314,7 +360,7 @@ def _pad_hw(x: np.ndarray, pad: Sequence[int], kernel: Sequence[int], stride: Se
 @op("conv2d")
 def _conv2d(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
     x, w = xs[0], xs[1]
-    n, c = x.shape[:2]
+    n = x.shape[0]
     o, cg, kh, kw = w.shape
     g = attrs["groups"]
     out_hw = shape[2:]
@@ -344,8 +390,14 @@ def _avg_pool(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int,
     xp = _pad_hw(x, p, k, s, (1, 1), shape[2:], 0.0)
     total = _windows(xp, k, s, (1, 1), shape[2:]).sum(axis=(-2, -1))
     # The divisor counts window cells inside the padded input (count_include_pad) or the real input.
-    ones = np.ones((1, 1, x.shape[2] + (2 * p[0] if attrs["count_include_pad"] else 0),
-                    x.shape[3] + (2 * p[1] if attrs["count_include_pad"] else 0)))
+    ones = np.ones(
+        (
+            1,
+            1,
+            x.shape[2] + (2 * p[0] if attrs["count_include_pad"] else 0),
+            x.shape[3] + (2 * p[1] if attrs["count_include_pad"] else 0),
+        )
+    )
     mask = _pad_hw(ones, (0, 0) if attrs["count_include_pad"] else p, k, s, (1, 1), shape[2:], 0.0)
     count = _windows(mask, k, s, (1, 1), shape[2:]).sum(axis=(-2, -1))
     return (total / count).astype(dt)

@@ -67,11 +67,14 @@ def check_inputs(sig: Signature, arrays: Sequence[np.ndarray]) -> None:
         raise InputError(f"expected {len(sig.inputs)} inputs ({names}), got {len(arrays)}")
     for spec, a in zip(sig.inputs, arrays):
         if a.ndim != len(spec.shape):
-            raise InputError(f"input '{spec.name}' has rank {a.ndim} (shape {tuple(a.shape)}); expected rank "
-                             f"{len(spec.shape)}: {spec}")
+            raise InputError(
+                f"input '{spec.name}' has rank {a.ndim} (shape {tuple(a.shape)}); expected rank "
+                f"{len(spec.shape)}: {spec}"
+            )
         if a.dtype.name != spec.dtype:
             raise InputError(f"input '{spec.name}' has dtype {a.dtype.name}; expected {spec.dtype}")
         for axis, (want, got) in enumerate(zip(spec.shape, a.shape)):
             if isinstance(want, int) and want != got:
-                raise InputError(f"input '{spec.name}' dimension {axis} is {got}; it is static and must be {want} "
-                                 f"({spec})")
+                raise InputError(
+                    f"input '{spec.name}' dimension {axis} is {got}; it is static and must be {want} ({spec})"
+                )

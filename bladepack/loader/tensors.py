@@ -26,8 +26,10 @@ def to_numpy(x: Any, name: str) -> np.ndarray:
         if hasattr(x, "__dlpack_device__"):
             dev_type, _ = x.__dlpack_device__()
             if int(dev_type) != 1:  # kDLCPU
-                raise InputError(f"input '{name}' lives on a device (DLPack device type {int(dev_type)}); "
-                                 "this module runs on the CPU: pass CPU tensors or load with device='cuda'")
+                raise InputError(
+                    f"input '{name}' lives on a device (DLPack device type {int(dev_type)}); "
+                    "this module runs on the CPU: pass CPU tensors or load with device='cuda'"
+                )
         if getattr(x, "requires_grad", False):
             x = x.detach()
         if is_torch_tensor(x) and str(getattr(x, "dtype", "")) == "torch.bfloat16":

@@ -45,7 +45,11 @@ class _Binder:
             conds.append(self.b.binary(Op.LE, reg, self.b.const(r.max)))
         if conds:
             cond = conds[0] if len(conds) == 1 else self.b.binary(Op.MIN, conds[0], conds[1])
-            self.b.check(cond, reg, f"{where} (symbol '{sym.name}') is {{value}}; the allowed range is {_range_text(r.min, r.max)}")
+            self.b.check(
+                cond,
+                reg,
+                f"{where} (symbol '{sym.name}') is {{value}}; the allowed range is {_range_text(r.min, r.max)}",
+            )
 
     def bind_inputs(self, g: Graph) -> None:
         deferred: list[tuple[int, str, int, sympy.Expr]] = []
@@ -61,7 +65,8 @@ class _Binder:
                     self._check_range(d, reg, where)
                 elif isinstance(d, sympy.Symbol):
                     self.b.check(
-                        self.b.binary(Op.EQ, reg, self.b.expr(d)), reg,
+                        self.b.binary(Op.EQ, reg, self.b.expr(d)),
+                        reg,
                         f"{where} is {{value}}, but it must equal {self.origin[d]} (symbol '{d.name}'), which is {{other}}",
                         other=self.b.expr(d),
                     )
@@ -73,10 +78,14 @@ class _Binder:
         while deferred:
             progress, rest = False, []
             for reg, where, axis, e in deferred:
-                free = [s for s in e.free_symbols if not self.b.is_bound(s)]  # type: ignore[arg-type]
+                free = [s for s in e.free_symbols if not self.b.is_bound(s)]
                 if not free:
-                    self.b.check(self.b.binary(Op.EQ, reg, self.b.expr(e)), reg,
-                                 f"{where} is {{value}}, but it must be {dim_str(e)} = {{other}}", other=self.b.expr(e))
+                    self.b.check(
+                        self.b.binary(Op.EQ, reg, self.b.expr(e)),
+                        reg,
+                        f"{where} is {{value}}, but it must be {dim_str(e)} = {{other}}",
+                        other=self.b.expr(e),
+                    )
                     progress = True
                 elif len(free) == 1 and sympy.Poly(e, free[0]).degree() == 1:
                     s = free[0]
@@ -88,9 +97,9 @@ class _Binder:
                     ok = self.b.binary(Op.EQ, self.b.binary(Op.MOD, num, self.b.const(int(a))), self.b.const(0))
                     self.b.check(ok, reg, f"{where} is {{value}}, but it must have the form {dim_str(e)}")
                     val = self.b.binary(Op.FLOORDIV, num, self.b.const(int(a)))
-                    self.b.bind(s, val)  # type: ignore[arg-type]
-                    self.origin[s] = where  # type: ignore[index]
-                    self._check_range(s, val, f"{where} = {dim_str(e)}")  # type: ignore[arg-type]
+                    self.b.bind(s, val)
+                    self.origin[s] = where
+                    self._check_range(s, val, f"{where} = {dim_str(e)}")
                     progress = True
                 else:
                     rest.append((reg, where, axis, e))
@@ -111,7 +120,7 @@ def _encode_attr(b: ShapeProgramBuilder, v: Any) -> Any:
     if isinstance(v, tuple):
         return [_encode_attr(b, x) for x in v]
     if isinstance(v, sympy.Basic):
-        return _enc(b, v)  # type: ignore[arg-type]
+        return _enc(b, v)
     return v
 
 
@@ -138,9 +147,16 @@ def _arena_expr(p: Program) -> sympy.Expr:
 def _max_of(env: ShapeEnv, terms: list[sympy.Expr]) -> sympy.Expr:
     uniq = list(dict.fromkeys(terms))
     if len(uniq) <= 48:
-        uniq = [t for t in uniq if not any(u is not t and env.prove_le(t, u) is Tri.YES and
-                                           (env.prove_le(u, t) is not Tri.YES or uniq.index(u) < uniq.index(t))
-                                           for u in uniq)]
+        uniq = [
+            t
+            for t in uniq
+            if not any(
+                u is not t
+                and env.prove_le(t, u) is Tri.YES
+                and (env.prove_le(u, t) is not Tri.YES or uniq.index(u) < uniq.index(t))
+                for u in uniq
+            )
+        ]
     return uniq[0] if len(uniq) == 1 else sympy.Max(*uniq)
 
 
@@ -151,12 +167,18 @@ def build_plan(p: Program) -> ExecPlan:
     binder.bind_inputs(g)
     for cond, msg in p.assertions:
         b.check(b.expr(cond), b.const(0), f"shape constraint recorded at export failed: {msg}")
-    symbols = tuple(SymbolDecl(s.name, env.range_of(s).min, env.range_of(s).max, b.expr(s)) for s in env.symbols
-                    if b.is_bound(s))
+    symbols = tuple(
+        SymbolDecl(s.name, env.range_of(s).min, env.range_of(s).max, b.expr(s)) for s in env.symbols if b.is_bound(s)
+    )
     values = tuple(ValueDecl(n.id, n.type.dtype.value, tuple(_enc(b, d) for d in n.type.shape)) for n in g.nodes)
     steps = tuple(
-        Step(n.op.value, n.id, n.inputs,
-             {f.name: _encode_attr(b, getattr(n.attrs, f.name)) for f in dataclasses.fields(n.attrs)}, n.loc)
+        Step(
+            n.op.value,
+            n.id,
+            n.inputs,
+            {f.name: _encode_attr(b, getattr(n.attrs, f.name)) for f in dataclasses.fields(n.attrs)},
+            n.loc,
+        )
         for n in g.nodes
     )
 
@@ -172,8 +194,10 @@ def build_plan(p: Program) -> ExecPlan:
         symbols=symbols,
         inputs=tuple(decl(i.name, i.id) for i in g.inputs),
         outputs=tuple(decl(n, o) for n, o in zip(g.output_names, g.outputs)),
-        weights=tuple(WeightDecl(w.name, w.id, w.type.dtype.value, tuple(int(d) for d in w.type.shape), k)  # type: ignore[call-overload]
-                      for k, w in enumerate(g.weights)),
+        weights=tuple(
+            WeightDecl(w.name, w.id, w.type.dtype.value, tuple(int(d) for d in w.type.shape), k)
+            for k, w in enumerate(g.weights)
+        ),
         values=values,
         steps=steps,
         shape_program=program,

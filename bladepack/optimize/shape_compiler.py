@@ -93,7 +93,7 @@ class ShapeProgramBuilder:
         if e is sympy.false:
             return self.const(0)
         if e.is_Integer:
-            return self.const(int(e))  # type: ignore[call-overload]
+            return self.const(int(e))
         if isinstance(e, sympy.Symbol):
             raise ShapeCompileError(f"symbol {e} is not bound to any input dimension")
         if isinstance(e, (sympy.Add, sympy.Mul)) or e.is_Rational:
@@ -105,7 +105,7 @@ class ShapeProgramBuilder:
                 regs = [self.expr(t) for t in terms]
                 acc = self._fold(Op.ADD, regs)
                 return acc if coeff == 0 else self._emit(Op.ADD, acc, self.const(int(coeff)))
-            coeff, factors = e.as_coeff_mul()  # type: ignore[union-attr]
+            coeff, factors = e.as_coeff_mul()
             regs = [self.expr(f) for f in factors]
             acc = self._fold(Op.MUL, regs)
             return acc if coeff == 1 else self._emit(Op.MUL, self.const(int(coeff)), acc)
@@ -128,7 +128,7 @@ class ShapeProgramBuilder:
             return self._piecewise(list(e.args))
         rel = {sympy.StrictLessThan: Op.LT, sympy.LessThan: Op.LE, sympy.Equality: Op.EQ, sympy.Unequality: Op.NE}
         if type(e) in rel:
-            return self._emit(rel[type(e)], self.expr(e.lhs), self.expr(e.rhs))  # type: ignore[attr-defined]
+            return self._emit(rel[type(e)], self.expr(e.lhs), self.expr(e.rhs))
         if isinstance(e, sympy.StrictGreaterThan):
             return self._emit(Op.LT, self.expr(e.rhs), self.expr(e.lhs))
         if isinstance(e, sympy.GreaterThan):
