@@ -143,3 +143,13 @@ def test_hugging_face_style_model() -> None:
     loaded = compile_model(m, [inputs(2, 6), inputs(3, 10)])
     for b, s in [(1, 1), (1, 5), (4, 13), (2, 64)]:
         check_against_eager(m, loaded, inputs(b, s))
+
+
+def test_dump_writes_every_stage(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BLADEPACK_DUMP", str(tmp_path))
+    bladepack.optimize(TwoLayer().eval(), [(torch.randn(2, 8),), (torch.randn(3, 8),)])
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["00-export.ir", "01-dead_code_elimination.ir", "plan.txt"]
+    ir = (tmp_path / "00-export.ir").read_text()
+    assert "symbols { x_dim0: [1, inf] }" in ir and "matmul" in ir and "test_export.py:" in ir
+    assert "plan:" in (tmp_path / "plan.txt").read_text()

@@ -150,6 +150,8 @@ def _export(
 ) -> torch.export.ExportedProgram:
     import torch.fx.experimental._config as fx_config
 
+    if oblivious and not hasattr(fx_config, "backed_size_oblivious"):
+        raise ExportError("this torch has no size-oblivious tracing mode")
     patch = fx_config.patch(backed_size_oblivious=oblivious)  # type: ignore[attr-defined]
     with warnings.catch_warnings(), patch:
         warnings.simplefilter("ignore")

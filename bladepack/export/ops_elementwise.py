@@ -148,13 +148,10 @@ def _arith(op: OpKind) -> Any:
     return convert
 
 
-for _name, _op in _ARITH.items():
-    for _ov in ("Tensor", "Scalar", "default"):
-        if _name in ("maximum", "minimum") and _ov != "default":
-            continue
-        if _name not in ("maximum", "minimum") and _ov == "default":
-            continue
-        converts(f"aten.{_name}.{_ov}")(_arith(_op))
+for _name in ("add", "sub", "mul", "div"):
+    converts(f"aten.{_name}.Tensor", f"aten.{_name}.Scalar")(_arith(_ARITH[_name]))
+for _name in ("maximum", "minimum"):
+    converts(f"aten.{_name}.default")(_arith(_ARITH[_name]))
 
 
 @converts("aten.rsub.Scalar", "aten.rsub.Tensor")

@@ -138,22 +138,13 @@ def _select(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
     return reshape(ctx, y, ctx.out_type().shape)
 
 
-def _split_sizes(ctx: Ctx, size: IRDim, chunk: Any, n: int) -> list[SymInt]:
-    sizes: list[SymInt] = []
-    for i in range(n):
-        rest = size - i * chunk
-        sizes.append(sympy.Min(chunk, rest) if isinstance(rest, sympy.Expr) else min(chunk, rest))
-    return sizes
-
-
 @converts("aten.split.Tensor", "aten.split_with_sizes.default", "aten.chunk.default", "aten.unbind.int")
 def _split(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Value, ...]:
     assert ctx.node is not None
     x = ctx.v(args[0])
     t = ctx.t(x)
     name = str(ctx.node.target)
-    default_axis = 0
-    axis = norm_axis(arg(args, kwargs, 1 if "unbind" in name else 2, "dim", default_axis), t.rank)
+    axis = norm_axis(arg(args, kwargs, 1 if "unbind" in name else 2, "dim", 0), t.rank)
     outs = [ctx.type_of_val(v) for v in ctx.node.meta["val"]]
     results, start = [], sympy.Integer(0)
     for o in outs:

@@ -72,7 +72,7 @@ def _arg_reduce(ctx: Ctx, op: OpKind, x: Value, dim: Any, keepdim: bool, out: Te
     t = ctx.t(x)
     if dim is None:
         flat = reshape(ctx, x, (t.numel(),))
-        return ctx.emit(op, (flat,), out, ArgReduceAttrs(0, keepdim and False))
+        return ctx.emit(op, (flat,), out, ArgReduceAttrs(0, False))
     return ctx.emit(op, (x,), out, ArgReduceAttrs(norm_axis(dim, t.rank), keepdim))
 
 
