@@ -156,3 +156,12 @@ def test_index_out_of_table_is_a_clear_error() -> None:
     with pytest.raises(bladepack.loader.ExecutionError, match=r"index out of range.*\[-10, 9\]"):
         m(np.array([[1, 11]]))
     assert rel_err(m(torch.tensor([[3, 4, 5]])), emb(torch.tensor([[3, 4, 5]]))) == 0.0
+
+
+def test_too_small_for_a_window_is_an_error_not_an_empty_result() -> None:
+    pool = torch.nn.AvgPool2d(2)
+    art = bladepack.optimize(pool, [(torch.randn(1, 2, 6, 6),), (torch.randn(1, 2, 9, 7),)])
+    m = bladepack.load(art.to_bytes())
+    assert m(np.ones((1, 2, 3, 2), np.float32)).shape == (1, 2, 1, 1)
+    with pytest.raises(ShapeGuardError, match=r"too small for avg_pool2d .* output size along dimension 3 would be 0"):
+        m(np.ones((1, 2, 4, 1), np.float32))

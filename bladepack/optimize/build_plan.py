@@ -22,7 +22,7 @@ from bladepack.artifact.plan import (
     WeightDecl,
 )
 from bladepack.artifact.shape_program import Op
-from bladepack.ir import Graph, Program, ShapeEnv, Tri
+from bladepack.ir import Graph, OpKind, Program, ShapeEnv, Tri
 from bladepack.ir.types import IRDim, dim_str
 from bladepack.optimize.shape_compiler import ShapeCompileError, ShapeProgramBuilder
 
@@ -108,6 +108,29 @@ class _Binder:
             deferred = rest
 
 
+_WINDOWED = (OpKind.CONV2D, OpKind.MAX_POOL2D, OpKind.AVG_POOL2D)
+
+
+def _size_guards(b: ShapeProgramBuilder, g: Graph) -> None:
+    """Note [Sizes are checked]: a derived dim must never be negative, and a convolution or pooling
+    window must fit at least once (torch raises "output size is too small" there): the inputs that
+    break either are rejected with the op's source instead of producing an empty or invalid result."""
+    zero, one = b.const(0), b.const(1)
+    for n in g.nodes:
+        for axis, d in enumerate(n.type.shape):
+            if isinstance(d, (int, sympy.Symbol)):
+                continue
+            reg = b.expr(d)
+            lowest = one if n.op in _WINDOWED and axis >= 2 else zero
+            what = "output size" if lowest is one else "size"
+            b.check(
+                b.binary(Op.LE, lowest, reg),
+                reg,
+                f"the input is too small for {n.op.value} at {n.loc or f'%{n.id}'}: its {what} along "
+                f"dimension {axis} would be {{value}}",
+            )
+
+
 def _enc(b: ShapeProgramBuilder, d: IRDim) -> SymIntEnc:
     if isinstance(d, int):
         return d
@@ -167,6 +190,7 @@ def build_plan(p: Program) -> ExecPlan:
     binder.bind_inputs(g)
     for cond, msg in p.assertions:
         b.check(b.expr(cond), b.const(0), f"shape constraint recorded at export failed: {msg}")
+    _size_guards(b, g)
     symbols = tuple(
         SymbolDecl(s.name, env.range_of(s).min, env.range_of(s).max, b.expr(s)) for s in env.symbols if b.is_bound(s)
     )
