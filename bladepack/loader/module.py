@@ -84,8 +84,21 @@ class LoadedModule:
             raise BpkFormatError(
                 f"{bpk.source}: the plan uses ops this loader does not know: {unknown}; upgrade bladepack"
             )
+        self._free = self._free_lists()
         self._cache: dict[tuple[tuple[int, ...], ...], _Prepared] = {}
         self._lock = threading.Lock()
+
+    def _free_lists(self) -> list[tuple[int, ...]]:
+        """Per step, the values whose last reader it is (shape-independent, so computed once)."""
+        last: dict[int, int] = {}
+        for k, s in enumerate(self._steps):
+            for i in s["in"]:
+                last[i] = k
+        keep = set(self._outputs) | set(self._weights) | set(self._input_ids)
+        return [
+            tuple(i for i in dict.fromkeys(s["in"]) if last.get(i) == k and i not in keep)
+            for k, s in enumerate(self._steps)
+        ]
 
     def _weight(self, w: dict[str, Any]) -> np.ndarray:
         dt = DType(w["dtype"]).to_numpy()
@@ -151,15 +164,9 @@ class LoadedModule:
         if prep is not None:
             return prep
         regs = tuple(self._program.evaluate(key))
-        last: dict[int, int] = {}
-        for k, s in enumerate(self._steps):
-            for i in s["in"]:
-                last[i] = k
-        keep = set(self._outputs) | set(self._weights) | set(self._input_ids)
         steps = []
-        for k, s in enumerate(self._steps):
+        for s, free in zip(self._steps, self._free):
             v = self._values[s["out"]]
-            free = tuple(i for i in dict.fromkeys(s["in"]) if last.get(i) == k and i not in keep)
             attrs = {name: _resolve(a, regs) for name, a in s["attrs"].items()}
             steps.append(
                 _Step(
