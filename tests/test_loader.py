@@ -165,3 +165,13 @@ def test_too_small_for_a_window_is_an_error_not_an_empty_result() -> None:
     assert m(np.ones((1, 2, 3, 2), np.float32)).shape == (1, 2, 1, 1)
     with pytest.raises(ShapeGuardError, match=r"too small for avg_pool2d .* output size along dimension 3 would be 0"):
         m(np.ones((1, 2, 4, 1), np.float32))
+
+
+def test_inputs_by_name_in_any_order_and_clear_mistakes(two_input_artifact) -> None:
+    m = bladepack.load(two_input_artifact.to_bytes())
+    x, mask = np.ones((2, 5, 3), np.float32), np.ones((2, 5), np.float32)
+    assert np.array_equal(m(mask=mask, x=x), m(x, mask))
+    with pytest.raises(InputError, match=r"missing input\(s\) \['x'\]"):
+        m(mask=mask)
+    with pytest.raises(InputError, match=r"\['x'\] given both by position and by name"):
+        m(x, x=x)

@@ -218,7 +218,8 @@ def _finite(v: Any) -> int | None:
     return None
 
 
-def _placeholder_dims(ep: torch.export.ExportedProgram, names: list[str]) -> list[list[Any]]:
+def _placeholder_dims(ep: torch.export.ExportedProgram) -> list[list[Any]]:
+    """The dims of the user inputs' placeholders, in argument order."""
     user = [
         s.arg.name
         for s in ep.graph_signature.input_specs
@@ -233,7 +234,7 @@ def _symbol_groups(
 ) -> tuple[dict[str, list[tuple[int, int]]], dict[str, tuple[int, int | None]]]:
     """torch symbol name -> the (input, axis) pairs that carry it, and the symbol's discovered range."""
     groups: dict[str, list[tuple[int, int]]] = {}
-    for i, dims in enumerate(_placeholder_dims(ep, names)):
+    for i, dims in enumerate(_placeholder_dims(ep)):
         for axis, d in enumerate(dims):
             if isinstance(d, torch.SymInt) and d.node.expr.is_Symbol:
                 groups.setdefault(str(d.node.expr), []).append((i, axis))
@@ -336,15 +337,9 @@ def _symbol_map(
     """Map the final program's torch symbols (they are renamed between exports) to bladepack symbols."""
     place_to_info = {p: infos[s] for s, places in groups.items() for p in places}
     out: dict[str, SymbolInfo] = {}
-    user = [
-        s.arg.name
-        for s in ep.graph_signature.input_specs
-        if s.kind == torch.export.graph_signature.InputKind.USER_INPUT
-    ]
-    nodes = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
     ranges = {str(k): v for k, v in ep.range_constraints.items()}
-    for i, u in enumerate(user):
-        for a, d in enumerate(nodes[u].meta["val"].shape):
+    for i, dims in enumerate(_placeholder_dims(ep)):
+        for a, d in enumerate(dims):
             if isinstance(d, torch.SymInt) and d.node.expr.is_Symbol and (i, a) in place_to_info:
                 info = place_to_info[(i, a)]
                 sym = str(d.node.expr)

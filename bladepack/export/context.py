@@ -147,11 +147,6 @@ class Ctx:
             return self.const(a, dtype)
         raise Unsupported(f"operand {a!r}")
 
-    def with_type(
-        self, t: TensorType, dtype: DType | None = None, shape: tuple[IRDim, ...] | None = None
-    ) -> TensorType:
-        return TensorType(dtype if dtype is not None else t.dtype, shape if shape is not None else t.shape)
-
 
 Converter = Callable[[Ctx, tuple[Any, ...], dict[str, Any]], Result]
 TABLE: dict[str, Converter] = {}

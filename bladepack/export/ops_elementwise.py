@@ -107,9 +107,9 @@ def _clamp_tensor(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Va
     x = ctx.cast(ctx.v(args[0]), out.dtype)
     lo, hi = arg(args, kwargs, 1, "min"), arg(args, kwargs, 2, "max")
     if lo is not None:
-        x = _binary_value(ctx, K.MAXIMUM, x, ctx.operand(lo, out.dtype), out)
+        x = ctx.emit(K.MAXIMUM, (x, ctx.operand(lo, out.dtype)), out)
     if hi is not None:
-        x = _binary_value(ctx, K.MINIMUM, x, ctx.operand(hi, out.dtype), out)
+        x = ctx.emit(K.MINIMUM, (x, ctx.operand(hi, out.dtype)), out)
     return x
 
 
@@ -126,10 +126,6 @@ def _probe(ctx: Ctx, a: Any) -> Any:
 
 def compute_dtype(ctx: Ctx, a: Any, b: Any) -> DType:
     return dtype_of(torch.result_type(_probe(ctx, a), _probe(ctx, b)))
-
-
-def _binary_value(ctx: Ctx, op: OpKind, x: Value, y: Value, out: TensorType) -> Value:
-    return ctx.emit(op, (x, y), out)
 
 
 _ARITH = {"add": K.ADD, "sub": K.SUB, "mul": K.MUL, "div": K.DIV, "maximum": K.MAXIMUM, "minimum": K.MINIMUM}

@@ -53,14 +53,6 @@ class Graph:
         types.update((n.id, n.type) for n in self.nodes)
         return types
 
-    def users(self) -> dict[int, list[int]]:
-        """value id -> ids of the nodes that read it (in node order)."""
-        out: dict[int, list[int]] = {}
-        for n in self.nodes:
-            for i in n.inputs:
-                out.setdefault(i, []).append(n.id)
-        return out
-
 
 @dataclass(frozen=True)
 class Program:

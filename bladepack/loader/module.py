@@ -117,12 +117,13 @@ class LoadedModule:
             unknown = sorted(set(kwargs) - set(names))
             if unknown:
                 raise InputError(f"unknown input name(s) {unknown}; inputs are {names}")
-            if len(args) + len(kwargs) != len(names):
-                raise InputError(f"expected {len(names)} inputs ({', '.join(names)}), got {len(args) + len(kwargs)}")
-            args = args + tuple(kwargs[n] for n in names[len(args) :] if n in kwargs)
-            missing = [n for n in names[len(args) :]]
+            twice = [n for n in names[: len(args)] if n in kwargs]
+            if twice:
+                raise InputError(f"input(s) {twice} given both by position and by name")
+            missing = [n for n in names[len(args) :] if n not in kwargs]
             if missing:
-                raise InputError(f"missing input(s) {missing}")
+                raise InputError(f"missing input(s) {missing}; inputs are {names}")
+            args = args + tuple(kwargs[n] for n in names[len(args) :])
         outs = self.run(list(args))
         return tuple(outs) if self._tuple or len(outs) != 1 else outs[0]
 

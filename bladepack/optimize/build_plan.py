@@ -168,19 +168,16 @@ def _arena_expr(p: Program) -> sympy.Expr:
 
 
 def _max_of(env: ShapeEnv, terms: list[sympy.Expr]) -> sympy.Expr:
+    """Max of the terms, dropping each term proven <= another (pairwise proofs only for a few terms)."""
     uniq = list(dict.fromkeys(terms))
-    if len(uniq) <= 48:
-        uniq = [
-            t
-            for t in uniq
-            if not any(
-                u is not t
-                and env.prove_le(t, u) is Tri.YES
-                and (env.prove_le(u, t) is not Tri.YES or uniq.index(u) < uniq.index(t))
-                for u in uniq
-            )
-        ]
-    return uniq[0] if len(uniq) == 1 else sympy.Max(*uniq)
+    if len(uniq) > 48:
+        return sympy.Max(*uniq)
+    kept: list[sympy.Expr] = []
+    for t in uniq:
+        if any(env.prove_le(t, k) is Tri.YES for k in kept):
+            continue
+        kept = [k for k in kept if env.prove_le(k, t) is not Tri.YES] + [t]
+    return kept[0] if len(kept) == 1 else sympy.Max(*kept)
 
 
 def build_plan(p: Program) -> ExecPlan:
