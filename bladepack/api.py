@@ -35,9 +35,11 @@ class Artifact:
     producer: Mapping[str, str]
     ir_text: str = ""
     notes: list[str] = field(default_factory=list)
+    # (ISA level, CPU flags it needs, shared-object bytes) of the compiled CPU kernel library
+    cpu_libraries: list[tuple[str, tuple[str, ...], bytes]] = field(default_factory=list)
 
     def _parts(self) -> tuple[dict[str, Any], list[bpk_format.Section]]:
-        return assemble(self.plan, self.weights, self.producer)
+        return assemble(self.plan, self.weights, self.producer, self.cpu_libraries)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         manifest, sections = self._parts()
@@ -71,6 +73,23 @@ def _check_targets(targets: Sequence[str]) -> None:
         raise ValueError(f"unsupported targets {bad or list(targets)}; this version supports {list(SUPPORTED_TARGETS)}")
 
 
+def _build_cpu(plan: ExecPlan, options: Options, notes: list[str]) -> list[tuple[str, tuple[str, ...], bytes]]:
+    """Compile the CPU kernel library for each ISA level; without a compiler, warn and keep the
+    reference executor (the artifact still runs everywhere, only slower)."""
+    from bladepack.codegen.toolchain import build_libraries, find_compiler
+
+    if plan.native_cpu is None:
+        return []
+    cxx = find_compiler()
+    if cxx is None:
+        msg = "no C++ compiler found (set CXX or install g++): the artifact runs on the reference executor"
+        log.warning("bladepack: %s", msg)
+        notes.append(msg)
+        return []
+    libs = build_libraries(plan.cpu_source, options.cache_dir, cxx)
+    return [(lib.isa.name, lib.isa.requires, lib.data) for lib in libs]
+
+
 def optimize(model: Any, sample_inputs: Any, dynamic_shapes: Any = None, targets: Sequence[str] = ("cpu",)) -> Artifact:
     """Export `model` with symbolic shapes, optimize it and return an `Artifact`.
 
@@ -90,14 +109,23 @@ def optimize(model: Any, sample_inputs: Any, dynamic_shapes: Any = None, targets
         log.warning("bladepack: %s", note)
     program = run_pipeline(to_program(captured), options)
     plan = build_plan(program)
+    notes = list(captured.notes)
+    libraries, producer = _build_cpu(plan, options, notes), _producer()
+    if libraries:
+        from bladepack.codegen.toolchain import compiler_version, find_compiler
+
+        producer["cxx"] = compiler_version(find_compiler() or "")
     art = Artifact(
         plan,
         dict(program.weight_data),
-        _producer(),
+        producer,
         print_graph(program.graph, program.shape_env),
-        list(captured.notes),
+        notes,
+        libraries,
     )
     if options.dump_dir is not None:
+        (options.dump_dir / "fusion_plan.txt").write_text(plan.fusion_text)
+        (options.dump_dir / "kernels_cpu.cc").write_text(plan.cpu_source)
         from bladepack.inspect import inspect_text, manifest_summary
 
         manifest, _ = art._parts()

@@ -2,7 +2,7 @@
 
 In: a manifest (from `bladepack.artifact.read`). Out: a dict with the keys documented in
 docs/format.md (format_version, producer, inputs, outputs, symbols, plan, kernels, gemm_configs,
-weights_bytes, arena_bytes), and its text rendering.
+cpu_libraries, weights_bytes, arena_bytes), and its text rendering.
 """
 
 from __future__ import annotations
@@ -24,10 +24,19 @@ def manifest_summary(m: dict[str, Any]) -> dict[str, Any]:
         "symbols": {s["name"]: {"min": s["min"], "max": s["max"]} for s in m["symbols"]},
         "plan": {"steps": len(steps), "by_kind": dict(sorted(Counter(s["op"] for s in steps).items()))},
         "kernels": [
-            {"name": k["name"], "target": k["target"], "arch": k.get("arch"), "variants": k.get("variants", [])}
+            {
+                "name": k["name"],
+                "target": k["target"],
+                "arch": k.get("arch"),
+                "kind": k.get("kind"),
+                "ops": len(k.get("nodes", ())),
+                "variants": [v["name"] for v in k.get("variants", [])],
+                "loc": k.get("loc", ""),
+            }
             for k in m["kernels"]
         ],
         "gemm_configs": list(m["gemm_configs"]),
+        "cpu_libraries": [lib["isa"] for lib in m.get("native_cpu", {}).get("libraries", [])],
         "weights_bytes": weights_bytes,
         "weights": len(m["weights"]),
         "arena_bytes": m["arena_bytes"]["expr"],
@@ -76,12 +85,18 @@ def inspect_text(s: dict[str, Any]) -> str:
     lines.append(
         f"shape program: {sp['instructions']} instructions, {sp['registers']} registers, {sp['guards']} guard messages"
     )
-    lines.append(f"kernels: {len(s['kernels']) or 'none (reference executor)'}")
+    libs = ", ".join(s["cpu_libraries"]) or "none (runs on the reference executor)"
+    lines.append(f"cpu kernel libraries: {libs}")
+    lines.append(f"kernels: {len(s['kernels']) or 'none'}")
     for k in s["kernels"]:
-        lines.append(
-            f"  {k['name']} [{k['target']}{'/' + k['arch'] if k['arch'] else ''}] variants: {len(k['variants'])}"
-        )
+        target = f"{k['target']}{'/' + k['arch'] if k['arch'] else ''}"
+        lines.append(f"  {k['name']} [{target}] {k['kind']}, {k['ops']} ops, variants: {', '.join(k['variants'])}")
     lines.append(f"gemm configs: {len(s['gemm_configs']) or 'none'}")
+    for gc in s["gemm_configs"]:
+        batch = f" x batch [{', '.join(gc['batch'])}]" if gc.get("batch") else ""
+        lines.append(
+            f"  %{gc['node']} {gc['op']} via {gc['library']} {gc['dtype']}: M={gc['m']} N={gc['n']} K={gc['k']}{batch}"
+        )
     lines.append(f"weights: {s['weights']} tensors, {_human(s['weights_bytes'])}")
-    lines.append(f"arena bytes (peak live intermediates): {s['arena_bytes']}")
+    lines.append(f"arena bytes (planned peak, all intermediates): {s['arena_bytes']}")
     return "\n".join(lines) + "\n"

@@ -23,6 +23,7 @@ KEYS = {
     "gemm_configs",
     "weights_bytes",
     "arena_bytes",
+    "cpu_libraries",
 }
 
 
@@ -37,7 +38,11 @@ def test_inspect_json_contract(mlp_artifact, tmp_path: Path, capsys) -> None:
     assert data["inputs"] == [{"name": "x", "dtype": "float32", "shape": ["batch", 64]}]
     assert data["symbols"] == {"batch": {"min": 1, "max": 64}}
     assert data["plan"]["steps"] == sum(data["plan"]["by_kind"].values()) and data["plan"]["by_kind"]["matmul"] == 3
-    assert data["kernels"] == [] and data["gemm_configs"] == []
+    # three GEMMs through BLAS; their epilogues (bias, ReLU, GELU, residual, log-softmax) in generated kernels
+    assert [g["library"] for g in data["gemm_configs"]] == ["blas"] * 3
+    assert [g["m"] for g in data["gemm_configs"]] == ["batch"] * 3
+    assert [(k["target"], k["kind"]) for k in data["kernels"]] == [("cpu", "loop"), ("cpu", "loop"), ("cpu", "row")]
+    assert len(data["cpu_libraries"]) == 1
     assert data["weights_bytes"] == 4 * (64 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10)
     assert "batch" in data["arena_bytes"]
 

@@ -149,7 +149,16 @@ def test_dump_writes_every_stage(tmp_path, monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("BLADEPACK_DUMP", str(tmp_path))
     bladepack.optimize(TwoLayer().eval(), [(torch.randn(2, 8),), (torch.randn(3, 8),)])
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["00-export.ir", "01-dead_code_elimination.ir", "plan.txt"]
+    assert names == [
+        "00-export.ir",
+        "01-dead_code_elimination.ir",
+        "02-decompose.ir",
+        "fusion_plan.txt",
+        "kernels_cpu.cc",
+        "plan.txt",
+    ]
+    assert "fusion plan: 2 kernels, 2 library calls" in (tmp_path / "fusion_plan.txt").read_text()
+    assert "bpk_run" in (tmp_path / "kernels_cpu.cc").read_text()
     ir = (tmp_path / "00-export.ir").read_text()
     assert "symbols { x_dim0: [1, inf] }" in ir and "matmul" in ir and "test_export.py:" in ir
     assert "plan:" in (tmp_path / "plan.txt").read_text()

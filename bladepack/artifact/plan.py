@@ -93,3 +93,8 @@ class ExecPlan:
     output_structure: str = "single"
     kernels: tuple[dict[str, Any], ...] = field(default_factory=tuple)
     gemm_configs: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    # the native CPU plan (launch records, arena buffers; docs/format.md "Native CPU plan"), or None
+    native_cpu: dict[str, Any] | None = None
+    # C++ source of the CPU kernel library (compiled by the api, never written to the manifest)
+    cpu_source: str = ""
+    fusion_text: str = ""

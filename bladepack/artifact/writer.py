@@ -6,7 +6,7 @@ In: the plan, the weight arrays (by name) and producer versions. Out: `(manifest
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,9 +19,17 @@ def weight_section_name(name: str) -> str:
     return f"weight/{name}"
 
 
+def library_section_name(isa: str) -> str:
+    return f"cpu/{isa}.so"
+
+
 def assemble(
-    plan: ExecPlan, weights: Mapping[str, np.ndarray], producer: Mapping[str, str]
+    plan: ExecPlan,
+    weights: Mapping[str, np.ndarray],
+    producer: Mapping[str, str],
+    cpu_libraries: Sequence[tuple[str, Sequence[str], bytes]] = (),
 ) -> tuple[dict[str, Any], list[Section]]:
+    """`cpu_libraries`: (ISA level, CPU flags it needs, shared-object bytes) per built level."""
     sections = []
     for w in plan.weights:
         arr = np.ascontiguousarray(weights[w.name])
@@ -45,4 +53,10 @@ def assemble(
         "kernels": list(plan.kernels),
         "gemm_configs": list(plan.gemm_configs),
     }
+    if plan.native_cpu is not None and cpu_libraries:
+        libs = []
+        for isa, requires, data in cpu_libraries:
+            sections.append(Section(library_section_name(isa), memoryview(data)))
+            libs.append({"isa": isa, "requires": list(requires), "section": library_section_name(isa)})
+        manifest["native_cpu"] = {**plan.native_cpu, "libraries": libs}
     return manifest, sections

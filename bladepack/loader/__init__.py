@@ -10,13 +10,17 @@ from bladepack.loader.signature import Signature, TensorSpec
 
 
 def load(
-    source: str | os.PathLike[str] | bytes | bytearray | memoryview, device: str = "cpu", verify: bool = True
+    source: str | os.PathLike[str] | bytes | bytearray | memoryview,
+    device: str = "cpu",
+    verify: bool = True,
+    executor: str = "auto",
 ) -> LoadedModule:
     """Load an artifact from a path (memory-mapped) or from bytes.
 
     `verify=False` skips the per-section sha256 check (the manifest is always verified).
+    `executor`: "auto" (generated kernels when they run on this CPU), "native" or "reference".
     """
-    return LoadedModule(read(source, verify=verify), device)
+    return LoadedModule(read(source, verify=verify), device, executor)
 
 
 __all__ = ["ExecutionError", "LoadedModule", "Signature", "TensorSpec", "load"]

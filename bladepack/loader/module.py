@@ -12,6 +12,7 @@ the kernels.
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from bladepack.artifact.writer import weight_section_name
 from bladepack.dtypes import DType
 from bladepack.errors import BladepackError, BpkFormatError, InputError
 from bladepack.loader import reference
+from bladepack.loader.native_cpu import NativeCpu, NativeUnavailable, Prepared
 from bladepack.loader.signature import Signature, check_inputs
 from bladepack.loader.tensors import export_array, is_torch_tensor, to_numpy, to_torch
 
@@ -49,6 +51,11 @@ class _Step:
 class _Prepared:
     registers: tuple[int, ...]
     steps: tuple[_Step, ...]
+    native: Prepared | None = None
+    outputs: tuple[tuple[tuple[int, ...], np.dtype], ...] = ()  # shape and dtype of each output
+
+
+EXECUTORS = ("auto", "native", "reference")
 
 
 def _resolve(v: Any, regs: Sequence[int]) -> Any:
@@ -60,7 +67,13 @@ def _resolve(v: Any, regs: Sequence[int]) -> Any:
 
 
 class LoadedModule:
-    def __init__(self, bpk: BpkFile, device: str = "cpu") -> None:
+    """A loaded artifact. `executor`: "auto" runs the generated CPU kernels when the artifact has a
+    library for this CPU (else warns and uses the reference executor), "native" insists on them,
+    "reference" runs the numpy reference executor (the oracle)."""
+
+    def __init__(self, bpk: BpkFile, device: str = "cpu", executor: str = "auto") -> None:
+        if executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
         if device != "cpu":
             raise ValueError(f"device {device!r} is not available in this build; the artifact runs on 'cpu'")
         m = bpk.manifest
@@ -87,6 +100,28 @@ class LoadedModule:
         self._free = self._free_lists()
         self._cache: dict[tuple[tuple[int, ...], ...], _Prepared] = {}
         self._lock = threading.Lock()
+        self._native: NativeCpu | None = None
+        self._kernels: list[dict[str, Any]] = list(m.get("kernels", ()))
+        native = m.get("native_cpu")
+        if executor != "reference" and native is not None:
+            try:
+                self._native = NativeCpu(bpk, native, [self._weights[w["id"]] for w in m["weights"]])
+            except NativeUnavailable as e:
+                if executor == "native":
+                    raise
+                warnings.warn(f"bladepack: {e}; running on the reference executor", RuntimeWarning, stacklevel=3)
+        elif executor == "native":
+            raise NativeUnavailable(f"{bpk.source} has no CPU kernel library (it was built without a C++ compiler)")
+        if self._native is not None and native is not None:
+            self._input_pos = {vid: k for k, vid in enumerate(self._input_ids)}
+            self._out_slot = list(native["outputs"])
+            self._n_slots = 1 + len(self._input_ids) + len(self._outputs) + len(m["weights"])
+            self._launches = native["launches"]
+
+    @property
+    def executor(self) -> str:
+        """ "native (<isa>)" or "reference": what runs this module's steps."""
+        return f"native ({self._native.isa})" if self._native is not None else "reference"
 
     def _free_lists(self) -> list[tuple[int, ...]]:
         """Per step, the values whose last reader it is (shape-independent, so computed once)."""
@@ -182,12 +217,21 @@ class LoadedModule:
                     s.get("loc", ""),
                 )
             )
-        prep = _Prepared(regs, tuple(steps))
+        out_specs = tuple(
+            (self._shape(self._values[o]["shape"], regs), DType(self._values[o]["dtype"]).to_numpy())
+            if o in self._values
+            else ((), np.dtype(np.float32))
+            for o in self._outputs
+        )
+        native = self._native.prepare(regs, self._kernels) if self._native is not None else None
+        prep = _Prepared(regs, tuple(steps), native, out_specs)
         with self._lock:
             return self._cache.setdefault(key, prep)
 
     def _execute(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         prep = self._prepare(tuple(a.shape for a in arrays))
+        if prep.native is not None:
+            return self._execute_native(prep, prep.native, arrays)
         env: dict[int, np.ndarray] = dict(self._weights)
         env.update(zip(self._input_ids, arrays))
         for st in prep.steps:
@@ -212,3 +256,91 @@ class LoadedModule:
             outs.append(np.array(a, order="C") if o in seen or o not in self._values else export_array(a))
             seen.add(o)
         return outs
+
+    # -- native execution
+    def _execute_native(self, prep: _Prepared, nat: Prepared, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        native = self._native
+        assert native is not None
+        arrays = [
+            a if a.flags.c_contiguous and a.dtype.isnative else np.ascontiguousarray(a, a.dtype.newbyteorder("="))
+            for a in arrays
+        ]
+        n_in = len(arrays)
+        outs: list[np.ndarray | None] = [None] * len(self._outputs)
+        slots = np.empty(self._n_slots, dtype=np.uint64)
+        arena = native.arena(nat.arena_bytes)
+        base = arena.__array_interface__["data"][0]
+        skew = (-base) % 64
+        slots[0] = base + skew
+        for k, a in enumerate(arrays):
+            slots[1 + k] = a.__array_interface__["data"][0]
+        for k, (spec, slot) in enumerate(zip(prep.outputs, self._out_slot)):
+            if slot == 1 + n_in + k:
+                o = np.empty(spec[0], dtype=spec[1])
+                outs[k] = o
+                slots[slot] = o.__array_interface__["data"][0]
+            else:
+                slots[1 + n_in + k] = 0
+        slots[1 + n_in + len(self._outputs) :] = native.weight_slots
+        status = np.zeros(4, dtype=np.int64)
+        for seg in nat.segments:
+            if seg.ref is None:
+                rc = native.run_segment(seg, slots, status)
+                if rc:
+                    raise self._native_error(seg.first_launch + int(status[0]), rc, status)
+            else:
+                self._run_ref(prep, nat, seg.ref, arrays, outs, arena[skew:])
+        for k, o in enumerate(self._outputs):
+            if outs[k] is None:  # an input, a weight or a repeated output: copy, never alias
+                outs[k] = np.array(self._locate(o, prep, nat, arrays, outs, arena[skew:]), order="C", copy=True)
+        return outs  # type: ignore[return-value]
+
+    def _locate(
+        self,
+        vid: int,
+        prep: _Prepared,
+        nat: Prepared,
+        arrays: Sequence[np.ndarray],
+        outs: list[np.ndarray | None],
+        arena: np.ndarray,
+    ) -> np.ndarray:
+        if vid in self._input_pos:
+            return arrays[self._input_pos[vid]]
+        if vid in self._weights:
+            return self._weights[vid]
+        for k, o in enumerate(self._outputs):
+            if o == vid and outs[k] is not None:
+                return outs[k]  # type: ignore[return-value]
+        off, shape, dt = nat.buffers[vid]
+        count = int(np.prod(shape, dtype=np.int64))
+        return np.frombuffer(arena, dtype=dt, count=count, offset=off).reshape(shape)
+
+    def _run_ref(
+        self,
+        prep: _Prepared,
+        nat: Prepared,
+        launch: dict[str, Any],
+        arrays: Sequence[np.ndarray],
+        outs: list[np.ndarray | None],
+        arena: np.ndarray,
+    ) -> None:
+        st = next(s for s in prep.steps if s.out == launch["node"])
+        xs = [self._locate(i, prep, nat, arrays, outs, arena) for i in st.inputs]
+        try:
+            y = st.impl(xs, st.attrs, st.shape, st.dtype)
+        except (IndexError, ValueError, FloatingPointError) as e:
+            raise ExecutionError(f"step {st.op} -> %{st.out} failed: {e} (from {st.loc or 'unknown source'})") from None
+        np.copyto(self._locate(st.out, prep, nat, arrays, outs, arena), y)
+
+    def _native_error(self, launch: int, rc: int, status: np.ndarray) -> ExecutionError:
+        code, value, size = int(status[1]), int(status[2]), int(status[3])
+        lr = self._launches[launch] if 0 <= launch < len(self._launches) else {}
+        if rc != 1 or lr.get("op") != "kernel":
+            return ExecutionError(f"native launch {launch} failed (code {rc}); the artifact may be corrupt")
+        k = self._kernels[lr["k"]]
+        site = (code - 1) // 16
+        what = k["errors"][site] if 0 <= site < len(k["errors"]) else "an index"
+        return ExecutionError(
+            f"index out of range in {what}: {value} is not in [-{size}, {size - 1}] "
+            f"(kernel {k['name']}, from {k.get('loc') or 'unknown source'})"
+        )

@@ -22,8 +22,11 @@ from bladepack.artifact.plan import (
     WeightDecl,
 )
 from bladepack.artifact.shape_program import Op
+from bladepack.codegen.cpu_emitter import KernelEmitError
+from bladepack.codegen.cpu_library import library_source
 from bladepack.ir import Graph, OpKind, Program, ShapeEnv, Tri
 from bladepack.ir.types import IRDim, dim_str
+from bladepack.optimize.lower_native import NativeLowering, lower_native
 from bladepack.optimize.shape_compiler import ShapeCompileError, ShapeProgramBuilder
 
 
@@ -180,7 +183,19 @@ def _max_of(env: ShapeEnv, terms: list[sympy.Expr]) -> sympy.Expr:
     return kept[0] if len(kept) == 1 else sympy.Max(*kept)
 
 
-def build_plan(p: Program) -> ExecPlan:
+def _lower(p: Program, b: ShapeProgramBuilder) -> NativeLowering | None:
+    """The native CPU lowering; nodes whose kernels cannot be generated run on the reference executor."""
+    forced: set[int] = set()
+    while True:
+        try:
+            return lower_native(p, lambda e: _enc(b, e), b.expr, frozenset(forced))
+        except KernelEmitError as e:
+            if not e.nodes or e.nodes <= forced:
+                raise
+            forced |= e.nodes
+
+
+def build_plan(p: Program, native: bool = True) -> ExecPlan:
     g, env = p.graph, p.shape_env
     b = ShapeProgramBuilder()
     binder = _Binder(b, env)
@@ -208,8 +223,12 @@ def build_plan(p: Program) -> ExecPlan:
         return TensorDecl(name, vid, t.dtype.value, tuple(d if isinstance(d, int) else dim_str(d) for d in t.shape))
 
     types = g.value_types()
-    arena = _arena_expr(p)
-    arena_enc = _enc(b, arena)
+    low = _lower(p, b) if native else None
+    if low is not None:
+        arena_text, arena_enc = low.manifest["arena_bytes_expr"], low.manifest["arena_bytes"]
+    else:
+        arena = _arena_expr(p)
+        arena_text, arena_enc = dim_str(arena), _enc(b, arena)
     program = b.finish().to_manifest()
     return ExecPlan(
         symbols=symbols,
@@ -222,7 +241,12 @@ def build_plan(p: Program) -> ExecPlan:
         values=values,
         steps=steps,
         shape_program=program,
-        arena_bytes_expr=dim_str(arena),
+        arena_bytes_expr=arena_text,
         arena_bytes=arena_enc,
         output_structure=p.output_structure,
+        kernels=tuple(low.kernel_rows) if low else (),
+        gemm_configs=tuple(low.gemm_rows) if low else (),
+        native_cpu=low.manifest if low else None,
+        cpu_source=library_source(low.kernels) if low else "",
+        fusion_text=low.fusion.text(g) if low else "",
     )

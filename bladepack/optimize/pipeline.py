@@ -10,12 +10,14 @@ from collections.abc import Callable
 
 from bladepack.ir import Program, print_graph, verify
 from bladepack.optimize.dce import dead_code_elimination
+from bladepack.optimize.decompose import decompose
 from bladepack.options import Options
 
 Pass = Callable[[Program], Program]
 
 PIPELINE: list[tuple[Pass, str]] = [
     (dead_code_elimination, "drop nodes no output needs (front ends emit unused multi-result pieces)"),
+    (decompose, "split convolution biases into adds, which fuse as GEMM epilogues"),
 ]
 
 

@@ -1,0 +1,208 @@
+"""The C-like rendering shared by the CPU and CUDA emitters.
+
+In: IR dtypes, scalar attributes, and index expressions (sympy, over loop symbols and shape symbols).
+Out: C type names, literals, the kernel's int-argument table (`Args`: every shape expression a kernel
+needs becomes one int64 argument, computed by the shape program) and C text for index expressions
+and scalar ops.
+
+Note [Index expressions]: an index is a sympy expression over loop symbols (`Loop`), runtime symbols
+(a gathered index held in a C variable) and shape symbols. Every maximal sub-expression free of loop
+and runtime symbols is one kernel argument, so the generated C only adds and multiplies loop indices
+by arguments; static sizes print as literals, which lets the C compiler unroll and vectorize.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import sympy
+
+from bladepack.dtypes import DType
+from bladepack.ir import OpKind
+
+CTYPE = {
+    DType.FLOAT32: "float",
+    DType.FLOAT64: "double",
+    DType.INT64: "int64_t",
+    DType.INT32: "int32_t",
+    DType.INT16: "int16_t",
+    DType.INT8: "int8_t",
+    DType.UINT8: "uint8_t",
+    DType.BOOL: "bool",
+}
+
+
+class Loop(sympy.Symbol):  # type: ignore[misc]
+    """A loop or runtime index symbol: always a non-negative integer."""
+
+    def __new__(cls, name: str) -> Loop:
+        obj: Loop = super().__new__(cls, name, integer=True, nonnegative=True)
+        return obj
+
+
+def literal(v: Any, dt: DType) -> str:
+    t = CTYPE[dt]
+    if dt is DType.BOOL:
+        return "true" if bool(v) else "false"
+    if dt in (DType.FLOAT32, DType.FLOAT64):
+        f = float(v)
+        if math.isnan(f):
+            return f"std::numeric_limits<{t}>::quiet_NaN()"
+        if math.isinf(f):
+            return f"{'-' if f < 0 else ''}std::numeric_limits<{t}>::infinity()"
+        return f"{t}({f!r})" if dt is DType.FLOAT64 else f"{f!r}f"
+    i = int(v)
+    if i == -(2**63):
+        return "std::numeric_limits<int64_t>::min()"
+    return f"{t}({i}LL)" if dt is DType.INT64 else f"{t}({i})"
+
+
+def is_loop_free(e: sympy.Basic) -> bool:
+    return not any(isinstance(s, Loop) for s in e.free_symbols)
+
+
+class Args:
+    """The int64 arguments of one kernel: shape expressions in first-use order, shared by its variants."""
+
+    def __init__(self) -> None:
+        self.exprs: list[sympy.Expr] = []
+        self._index: dict[sympy.Expr, int] = {}
+
+    def ref(self, e: Any) -> str:
+        e = sympy.sympify(e)
+        if e.is_Integer:
+            return f"{int(e)}LL" if abs(int(e)) > 2**31 - 1 else str(int(e))
+        e = sympy.expand(e)
+        if e.is_Integer:
+            return str(int(e))
+        k = self._index.get(e)
+        if k is None:
+            k = self._index[e] = len(self.exprs)
+            self.exprs.append(e)
+        return f"a{k}"
+
+    def index(self, e: Any) -> str:
+        """C text of an integer index expression (Note [Index expressions])."""
+        e = sympy.sympify(e)
+        if is_loop_free(e):
+            return self.ref(e)
+        if isinstance(e, Loop):
+            return str(e.name)
+        if isinstance(e, sympy.Add):
+            fixed = [t for t in e.args if is_loop_free(t)]
+            moving = [t for t in e.args if not is_loop_free(t)]
+            parts = [self.index(t) for t in moving]
+            if fixed:
+                parts.append(self.ref(sympy.Add(*fixed)))
+            return "(" + " + ".join(parts) + ")"
+        if isinstance(e, sympy.Mul):
+            fixed = [t for t in e.args if is_loop_free(t)]
+            moving = [t for t in e.args if not is_loop_free(t)]
+            coef = sympy.Mul(*fixed)
+            num, den = sympy.fraction(coef)
+            parts = [self.index(t) for t in moving]
+            if num != 1:
+                parts.insert(0, self.ref(num))
+            text = "*".join(parts)
+            return f"({text} / {self.ref(den)})" if den != 1 else (text if len(parts) == 1 else f"({text})")
+        if isinstance(e, sympy.floor):
+            num, den = sympy.fraction(sympy.together(e.args[0]))
+            return f"({self.index(sympy.expand(num))} / {self.index(den)})"
+        if isinstance(e, sympy.Mod):
+            return f"({self.index(e.args[0])} % {self.index(e.args[1])})"
+        raise ValueError(f"cannot render index expression {e}")
+
+
+def _f(dt: DType) -> bool:
+    return dt in (DType.FLOAT32, DType.FLOAT64)
+
+
+def unary(op: OpKind, x: str, dt: DType, attrs: Any) -> str:
+    """C text of a unary elementwise op on a value already converted to the result type `dt`."""
+    t = CTYPE[dt]
+    if op is OpKind.NEG:
+        return f"{t}(-{x})" if dt is not DType.BOOL else f"(!{x})"
+    if op is OpKind.ABS:
+        return f"std::abs({x})" if dt is not DType.BOOL else x
+    if op in (OpKind.LOGICAL_NOT,):
+        return f"(!{x})"
+    if op is OpKind.BITWISE_NOT:
+        return f"(!{x})" if dt is DType.BOOL else f"{t}(~{x})"
+    if op is OpKind.RELU:
+        return f"({x} > {t}(0) ? {x} : {t}(0))" if _f(dt) else f"{t}({x} > 0 ? {x} : 0)"
+    if op is OpKind.FLOOR:
+        return f"std::floor({x})" if _f(dt) else x
+    if op is OpKind.CAST:
+        return x
+    fn = {
+        OpKind.EXP: "std::exp({x})",
+        OpKind.LOG: "std::log({x})",
+        OpKind.SQRT: "std::sqrt({x})",
+        OpKind.RSQRT: "({t}(1) / std::sqrt({x}))",
+        OpKind.RECIPROCAL: "({t}(1) / {x})",
+        OpKind.TANH: "std::tanh({x})",
+        OpKind.SIGMOID: "bpk::sigmoid({x})",
+        OpKind.SILU: "({x} * bpk::sigmoid({x}))",
+        OpKind.ERF: "std::erf({x})",
+        OpKind.SIN: "std::sin({x})",
+        OpKind.COS: "std::cos({x})",
+    }.get(op)
+    if fn is not None:
+        return fn.format(x=x, t=t)
+    if op is OpKind.GELU:
+        return f"bpk::gelu_{'tanh' if attrs.approximate == 'tanh' else 'erf'}({x})"
+    if op is OpKind.LEAKY_RELU:
+        return f"({x} > {t}(0) ? {x} : {t}({x} * {literal(attrs.slope, dt)}))"
+    if op is OpKind.CLAMP:
+        out = x
+        if attrs.min is not None:
+            lo = literal(attrs.min, dt)
+            out = f"({out} < {lo} ? {lo} : {out})" if not _f(dt) else f"bpk::fmax_nan<{t}>({out}, {lo})"
+        if attrs.max is not None:
+            hi = literal(attrs.max, dt)
+            out = f"({out} > {hi} ? {hi} : {out})" if not _f(dt) else f"bpk::fmin_nan<{t}>({out}, {hi})"
+        return out
+    raise ValueError(f"no C rendering for unary {op.value}")
+
+
+COMPARE = {OpKind.EQ: "==", OpKind.NE: "!=", OpKind.LT: "<", OpKind.LE: "<=", OpKind.GT: ">", OpKind.GE: ">="}
+
+
+def binary(op: OpKind, a: str, b: str, dt: DType) -> str:
+    """C text of a binary op; operands are already in the computation type (`dt` for arithmetic)."""
+    t = CTYPE[dt]
+    if op in COMPARE:
+        return f"({a} {COMPARE[op]} {b})"
+    if op is OpKind.LOGICAL_AND:
+        return f"(bool({a}) && bool({b}))"
+    if op is OpKind.LOGICAL_OR:
+        return f"(bool({a}) || bool({b}))"
+    if op in (OpKind.BITWISE_AND, OpKind.BITWISE_OR, OpKind.BITWISE_XOR):
+        sym = {OpKind.BITWISE_AND: "&", OpKind.BITWISE_OR: "|", OpKind.BITWISE_XOR: "^"}[op]
+        return f"{t}({a} {sym} {b})"
+    if op is OpKind.ADD:
+        return f"{t}({a} + {b})" if dt is not DType.BOOL else f"({a} || {b})"
+    if op is OpKind.SUB:
+        return f"{t}({a} - {b})"
+    if op is OpKind.MUL:
+        return f"{t}({a} * {b})" if dt is not DType.BOOL else f"({a} && {b})"
+    if op is OpKind.DIV:
+        return f"({a} / {b})"
+    if op is OpKind.POW:
+        return f"{t}(std::pow({a}, {b}))" if _f(dt) else f"bpk::ipow<{t}>({a}, {b})"
+    if op is OpKind.MAXIMUM:
+        return f"bpk::fmax_nan<{t}>({a}, {b})" if _f(dt) else f"({a} > {b} ? {a} : {b})"
+    if op is OpKind.MINIMUM:
+        return f"bpk::fmin_nan<{t}>({a}, {b})" if _f(dt) else f"({a} < {b} ? {a} : {b})"
+    raise ValueError(f"no C rendering for binary {op.value}")
+
+
+def promote(dts: Sequence[DType]) -> DType:
+    """The type a comparison computes in (numpy-style promotion over the closed dtype set)."""
+    order = [DType.BOOL, DType.UINT8, DType.INT8, DType.INT16, DType.INT32, DType.INT64, DType.FLOAT32, DType.FLOAT64]
+    best = max(dts, key=order.index)
+    if (best is DType.FLOAT32 and DType.INT64 in dts) or (best is DType.FLOAT32 and DType.INT32 in dts):
+        return DType.FLOAT64
+    return best

@@ -1,0 +1,1027 @@
+"""The CPU emitter: one C++ function per kernel variant, from a `KernelSpec`.
+
+In: a kernel spec of the fusion plan, the graph, and a function giving the strided view of each
+materialized value. Out: `EmittedKernel` — the C++ source of every variant, the predicate (sympy) that
+selects each variant at run time, and the argument list all variants share: pointers (stored values
+first, then the buffers read), then int64 arguments (shape expressions; see c_render.Args).
+
+How a kernel reads: a value is evaluated at an index (a tuple of sympy expressions over the loop
+symbols). Materialized values and layout chains over them are strided loads; elementwise ops evaluate
+their operands at the broadcast-adjusted index; permute / slice / expand / reshape transform the index
+(Note [Reshape of a strided view] in optimize/views.py says when that stays affine); concat and pad
+branch; take / gather load an index and check it. Every (value, index) pair is computed once and placed
+in the outermost loop where all its symbols are defined (loop-invariant code motion by construction).
+
+Schedules: loop kernels run rows (all dims but the last) in parallel and the last dim as the inner,
+vectorizable loop. Row kernels run one row per iteration: each reduction is a pass over the row with
+lane-wise partial accumulators (vectorizable without -ffast-math), then one pass writes the results.
+
+Variants (chosen per input shape by the shape program, first true predicate wins):
+- loop kernels: inner extent divisible by 8 -> 8-wide blocked inner loop without a tail; else a plain
+  loop (vector width from the innermost extent);
+- row kernels: rows of 16 or more elements -> 8 lanes of partial sums with a scalar tail; shorter rows
+  -> one accumulator (reduction schedule from the row length).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+
+from bladepack.codegen.c_render import COMPARE, CTYPE, Args, Loop, binary, literal, promote, unary
+from bladepack.dtypes import DType
+from bladepack.ir import Node, OpKind
+from bladepack.ir.ops import (
+    OP_INFO,
+    ArangeAttrs,
+    ArgReduceAttrs,
+    AxisAttrs,
+    ConstantAttrs,
+    IndexAttrs,
+    NormAttrs,
+    OpClass,
+    PadAttrs,
+    PermuteAttrs,
+    Pool2dAttrs,
+    ReduceAttrs,
+    SliceAttrs,
+)
+from bladepack.ir.types import IRDim, TensorType
+from bladepack.optimize.fusion import KernelSpec
+from bladepack.optimize.views import LAYOUT_OPS, View, contiguous_strides, reshape_groups, simplify
+
+# error codes a kernel reports through RunState::fail (the loader turns them into messages)
+ERR_INDEX = 1
+
+_FLOATS = (DType.FLOAT32, DType.FLOAT64)
+_VAR = re.compile(r"\b[a-z]+\d+\b")
+
+
+class KernelEmitError(ValueError):
+    """A kernel could not be generated; `nodes` are the IR nodes it covered."""
+
+    def __init__(self, message: str, nodes: frozenset[int]) -> None:
+        super().__init__(message)
+        self.nodes = nodes
+
+
+@dataclass
+class EmittedKernel:
+    name: str
+    spec: KernelSpec
+    variants: list[tuple[str, Any]]  # (C function name, sympy predicate)
+    stores: list[int]  # value ids written, in pointer order
+    loads: list[View]  # buffers read (base value ids), in pointer order after the stores
+    args: Args
+    source: str
+    error_sites: list[str] = field(default_factory=list)  # per error site: what failed, for messages
+
+
+class _Scope:
+    def __init__(self, syms: Sequence[sympy.Symbol] = (), barrier: bool = False) -> None:
+        self.syms = set(syms)
+        self.barrier = barrier
+        self.lines: list[str] = []
+        self.memo: dict[Any, str] = {}
+
+
+@dataclass(frozen=True)
+class KernelContext:
+    nodes: dict[int, Node]
+    types: dict[int, TensorType]
+    view: Callable[[int], View | None]  # strided view of a value over a materialized buffer, if any
+
+
+def _cost(nodes: Sequence[Node]) -> int:
+    heavy = {OpKind.EXP, OpKind.LOG, OpKind.TANH, OpKind.ERF, OpKind.GELU, OpKind.SIGMOID, OpKind.SILU, OpKind.POW}
+    return 1 + sum(8 if n.op in heavy else 1 for n in nodes)
+
+
+class _Emitter:
+    def __init__(self, spec: KernelSpec, ctx: KernelContext, args: Args, stores: list[int], loads: list[View]) -> None:
+        self.spec, self.ctx, self.args = spec, ctx, args
+        self.stores, self.loads = stores, loads
+        self.inside = set(spec.nodes)
+        self.scopes: list[_Scope] = [_Scope()]
+        self.tmp = 0
+        self.row_stats: dict[int, dict[str, str]] = {}
+        self.outer: tuple[sympy.Expr, ...] = ()
+        self.lanes = 1
+        self.error_sites: list[str] = []
+        self.row_ops: set[int] = set()
+        self.depth: dict[str, int] = {}  # scope depth of each C variable defined so far
+
+    # -- scopes and statements
+    def fresh(self, prefix: str = "v") -> str:
+        self.tmp += 1
+        return f"{prefix}{self.tmp}"
+
+    def _target(self, syms: set[sympy.Symbol]) -> int:
+        """Index of the outermost scope where `syms` are all defined, not crossing a barrier."""
+        k = len(self.scopes) - 1
+        while k > 0 and not self.scopes[k].barrier:
+            defined = set().union(*(s.syms for s in self.scopes[:k]))
+            if not syms <= defined:
+                break
+            k -= 1
+        return k
+
+    def define(self, ctype: str, expr: str, syms: set[sympy.Symbol], key: Any = None) -> str:
+        k = self._target(syms)
+        # never above a variable the expression reads
+        k = max([k, *(self.depth.get(tok, 0) for tok in _VAR.findall(expr))])
+        name = self.fresh()
+        self.scopes[k].lines.append(f"const {ctype} {name} = {expr};")
+        self.depth[name] = k
+        if key is not None:
+            self.scopes[k].memo[key] = name
+        return name
+
+    def declare(self, text: str, name: str) -> None:
+        """A statement in the current scope that defines the C variable `name`."""
+        self.line(text)
+        self.depth[name] = len(self.scopes) - 1
+
+    def loop(
+        self,
+        header: Sequence[str],
+        syms: Sequence[sympy.Symbol],
+        gen: Callable[[], None],
+        footer: Sequence[str] = ("}",),
+        prologue: Sequence[str] = (),
+    ) -> None:
+        """Emit a loop: its body is generated first, so statements hoisted out of it land before it."""
+        s = self.push(syms)
+        s.lines.extend(prologue)
+        gen()
+        self.pop()
+        pad = "  " * max(1, len(header))
+        self.scopes[-1].lines.extend(header)
+        self.scopes[-1].lines.extend(pad + ln for ln in s.lines)
+        self.scopes[-1].lines.extend(footer)
+
+    def lookup(self, key: Any) -> str | None:
+        for s in reversed(self.scopes):
+            if key in s.memo:
+                return s.memo[key]
+        return None
+
+    def line(self, text: str) -> None:
+        self.scopes[-1].lines.append(text)
+
+    def push(self, syms: Sequence[sympy.Symbol] = (), barrier: bool = False) -> _Scope:
+        s = _Scope(syms, barrier)
+        self.scopes.append(s)
+        return s
+
+    def pop(self) -> _Scope:
+        return self.scopes.pop()
+
+    # -- pointers
+    def ptr_load(self, base: int) -> str:
+        for k, v in enumerate(self.loads):
+            if v.base == base:
+                return f"p{len(self.stores) + k}"
+        self.loads.append(View.whole(base, self.ctx.types[base].shape))
+        return f"p{len(self.stores) + len(self.loads) - 1}"
+
+    def ptr_store(self, vid: int) -> str:
+        return f"p{self.stores.index(vid)}"
+
+    # -- evaluation
+    def eval(self, vid: int, idx: tuple[sympy.Expr, ...]) -> str:
+        idx = tuple(sympy.sympify(i) for i in idx)
+        key = (vid, idx)
+        hit = self.lookup(key)
+        if hit is not None:
+            return hit
+        syms: set[sympy.Symbol] = set()
+        for e in idx:
+            syms |= {s for s in e.free_symbols if isinstance(s, Loop)}
+        t = self.ctx.types[vid]
+        in_memory = vid not in self.inside or (
+            self.ctx.nodes[vid].op in LAYOUT_OPS and self.ctx.view(vid) is not None and vid not in self.stores
+        )
+        if in_memory:
+            view = self.ctx.view(vid)
+            assert view is not None, f"value %{vid} is neither computed in {self.spec.name} nor in memory"
+            off = view.offset + sum((i * s for i, s in zip(idx, view.strides)), sympy.Integer(0))
+            p = self.ptr_load(view.base)
+            return self.define(CTYPE[t.dtype], f"{p}[{self.args.index(sympy.expand(off))}]", syms, key)
+        n = self.ctx.nodes[vid]
+        expr = self._node(n, idx)
+        return self.define(CTYPE[t.dtype], expr, syms, key)
+
+    def _bcast(self, operand: int, out_shape: Sequence[IRDim], idx: tuple[sympy.Expr, ...]) -> tuple[sympy.Expr, ...]:
+        shape = self.ctx.types[operand].shape
+        lead = len(out_shape) - len(shape)
+        return tuple(
+            sympy.Integer(0) if (d == 1 and out_shape[k + lead] != 1) else idx[k + lead] for k, d in enumerate(shape)
+        )
+
+    def _as(self, x: str, src: DType, dst: DType) -> str:
+        if src is dst:
+            return x
+        if dst is DType.BOOL:
+            return f"({x} != 0)"
+        return f"{CTYPE[dst]}({x})"
+
+    def operand(self, n: Node, k: int, idx: tuple[sympy.Expr, ...], as_type: DType | None = None) -> str:
+        v = n.inputs[k]
+        x = self.eval(v, self._bcast(v, n.type.shape, idx))
+        return self._as(x, self.ctx.types[v].dtype, as_type) if as_type is not None else x
+
+    def _node(self, n: Node, idx: tuple[sympy.Expr, ...]) -> str:
+        dt = n.type.dtype
+        op = n.op
+        cls = OP_INFO[op].op_class
+        if op in (OpKind.CONSTANT, OpKind.FULL):
+            assert isinstance(n.attrs, ConstantAttrs)
+            v = n.attrs.value
+            if isinstance(v, sympy.Basic):
+                return self._as(self.args.ref(v), DType.INT64, dt)
+            return literal(v, dt)
+        if op is OpKind.ARANGE:
+            assert isinstance(n.attrs, ArangeAttrs)
+            i = self.args.index(idx[0])
+            start, step = n.attrs.start, n.attrs.step
+            if isinstance(start, float) or isinstance(step, float):
+                return self._as(f"(double({start!r}) + double({step!r}) * double({i}))", DType.FLOAT64, dt)
+            return self._as(f"({self.args.ref(start)} + {self.args.ref(step)} * {i})", DType.INT64, dt)
+        if op is OpKind.WHERE:
+            c = self.operand(n, 0, idx, DType.BOOL)
+            a = self.operand(n, 1, idx, dt)
+            b = self.operand(n, 2, idx, dt)
+            return f"({c} ? {a} : {b})"
+        if op in COMPARE:
+            ct = promote([self.ctx.types[i].dtype for i in n.inputs])
+            return binary(op, self.operand(n, 0, idx, ct), self.operand(n, 1, idx, ct), dt)
+        if cls is OpClass.BROADCAST and len(n.inputs) == 2:
+            ct = dt
+            if op is OpKind.DIV and dt not in _FLOATS:
+                raise ValueError("integer true division has a float result type")
+            return binary(op, self.operand(n, 0, idx, ct), self.operand(n, 1, idx, ct), dt)
+        if cls is OpClass.ELEMENTWISE and len(n.inputs) == 1:
+            src = self.ctx.types[n.inputs[0]].dtype
+            x = self.operand(n, 0, idx)
+            if op is OpKind.CAST:
+                return self._as(x, src, dt)
+            if op in (OpKind.LOGICAL_NOT,):
+                return f"(!{self._as(x, src, DType.BOOL)})"
+            return unary(op, self._as(x, src, dt), dt, n.attrs)
+        if op is OpKind.RESHAPE:
+            return self.eval(n.inputs[0], self._reshape_index(n, idx))
+        if op is OpKind.EXPAND:
+            return self.eval(n.inputs[0], self._bcast(n.inputs[0], n.type.shape, idx))
+        if op is OpKind.PERMUTE:
+            assert isinstance(n.attrs, PermuteAttrs)
+            src_idx: list[sympy.Expr] = [sympy.Integer(0)] * len(idx)
+            for k, p in enumerate(n.attrs.perm):
+                src_idx[p] = idx[k]
+            return self.eval(n.inputs[0], tuple(src_idx))
+        if op is OpKind.SLICE:
+            assert isinstance(n.attrs, SliceAttrs)
+            ax = n.attrs.axis
+            sl = list(idx)
+            sl[ax] = sympy.sympify(n.attrs.start) + n.attrs.step * idx[ax]
+            return self.eval(n.inputs[0], tuple(sl))
+        if op is OpKind.CONCAT:
+            return self._concat(n, idx)
+        if op is OpKind.PAD:
+            return self._pad(n, idx)
+        if op in (OpKind.TAKE, OpKind.GATHER, OpKind.INDEX):
+            return self._gather(n, idx)
+        if n.id in self.row_ops:
+            return self._row_value(n, idx)
+        raise ValueError(f"the CPU emitter cannot compute {op.value} inside a {self.spec.kind} kernel")
+
+    def _reshape_index(self, n: Node, idx: tuple[sympy.Expr, ...]) -> tuple[sympy.Expr, ...]:
+        src = self.ctx.types[n.inputs[0]].shape
+        dst = n.type.shape
+        groups = reshape_groups(src, dst)
+        out: list[sympy.Expr] = [sympy.Integer(0)] * len(src)
+        if groups is None:  # one group: linearize fully
+            groups = [(list(range(len(src))), list(range(len(dst))))]
+        for ins, outs in groups:
+            lin = sympy.Integer(0)
+            for k in outs:
+                lin = lin * dst[k] + idx[k]
+            lin = sympy.expand(lin)
+            inner: IRDim = 1
+            for pos, k in enumerate(reversed(ins)):
+                q = lin if inner == 1 else sympy.floor(lin / inner)
+                out[k] = q if pos == len(ins) - 1 else sympy.Mod(q, src[k])
+                inner = simplify(inner * src[k])
+        return tuple(out)
+
+    def _branch(self, ctype: str, cases: list[tuple[str, Callable[[], str]]], default: Callable[[], str]) -> str:
+        """if / else-if chain; each branch computes its value inside a barrier scope."""
+        name = self.fresh()
+        self.declare(f"{ctype} {name};", name)
+        first = True
+        for cond, fn in cases:
+            self.line(f"{'if' if first else 'else if'} ({cond}) {{")
+            first = False
+            s = self.push(barrier=True)
+            val = fn()
+            self.pop()
+            self.scopes[-1].lines.extend("  " + ln for ln in s.lines)
+            self.line(f"  {name} = {val};")
+            self.line("}")
+        self.line("else {")
+        s = self.push(barrier=True)
+        val = default()
+        self.pop()
+        self.scopes[-1].lines.extend("  " + ln for ln in s.lines)
+        self.line(f"  {name} = {val};")
+        self.line("}")
+        return name
+
+    def _concat(self, n: Node, idx: tuple[sympy.Expr, ...]) -> str:
+        assert isinstance(n.attrs, AxisAttrs)
+        a = n.attrs.axis % len(idx)
+        dt = n.type.dtype
+        bounds: list[IRDim] = []
+        acc: IRDim = 0
+        for v in n.inputs:
+            acc = simplify(acc + self.ctx.types[v].shape[a])
+            bounds.append(acc)
+        ia = self.args.index(idx[a])
+        cases: list[tuple[str, Callable[[], str]]] = []
+        start: IRDim = 0
+        for k, v in enumerate(n.inputs[:-1]):
+            j = list(idx)
+            j[a] = sympy.expand(idx[a] - start)
+            cases.append((f"{ia} < {self.args.ref(bounds[k])}", self._thunk(v, tuple(j), dt)))
+            start = bounds[k]
+        j = list(idx)
+        j[a] = sympy.expand(idx[a] - start)
+        return self._branch(CTYPE[dt], cases, self._thunk(n.inputs[-1], tuple(j), dt))
+
+    def _thunk(self, v: int, idx: tuple[sympy.Expr, ...], dt: DType) -> Callable[[], str]:
+        return lambda: self._as(self.eval(v, idx), self.ctx.types[v].dtype, dt)
+
+    def _pad(self, n: Node, idx: tuple[sympy.Expr, ...]) -> str:
+        assert isinstance(n.attrs, PadAttrs)
+        src = self.ctx.types[n.inputs[0]].shape
+        conds = []
+        j = list(idx)
+        for k, (before, _after) in enumerate(n.attrs.pads):
+            if before == 0 and _after == 0:
+                continue
+            shifted = sympy.expand(idx[k] - before)
+            i = self.args.index(idx[k])
+            conds.append(f"{i} >= {self.args.ref(before)} && {i} < {self.args.ref(simplify(src[k] + before))}")
+            j[k] = shifted
+        dt = n.type.dtype
+        if not conds:
+            return self.eval(n.inputs[0], tuple(j))
+        fill = literal(n.attrs.value, dt)
+        return self._branch(CTYPE[dt], [(" && ".join(conds), self._thunk(n.inputs[0], tuple(j), dt))], lambda: fill)
+
+    def _checked_index(self, raw: str, size: IRDim, what: str) -> Loop:
+        """A runtime index symbol holding `raw` wrapped (negative from the end) and bounds-checked."""
+        sz = self.args.ref(size)
+        self.error_sites.append(what)
+        site = len(self.error_sites) - 1
+        sym = Loop(self.fresh("g"))
+        self.declare(f"int64_t {sym.name} = int64_t({raw});", sym.name)
+        self.line(f"if ({sym.name} < 0) {sym.name} += {sz};")
+        self.line(
+            f"if ({sym.name} < 0 || {sym.name} >= {sz}) {{ st->fail({ERR_INDEX} + 16 * {site}, int64_t({raw}), {sz}); {sym.name} = 0; }}"
+        )
+        self.scopes[-1].syms.add(sym)
+        return sym
+
+    def _gather(self, n: Node, idx: tuple[sympy.Expr, ...]) -> str:
+        x = n.inputs[0]
+        xshape = self.ctx.types[x].shape
+        if n.op is OpKind.TAKE:
+            assert isinstance(n.attrs, AxisAttrs)
+            a = n.attrs.axis % len(xshape)
+            r = self.ctx.types[n.inputs[1]].rank
+            raw = self.eval(n.inputs[1], idx[a : a + r])
+            g = self._checked_index(raw, xshape[a], f"take along dimension {a}")
+            return self.eval(x, (*idx[:a], g, *idx[a + r :]))
+        if n.op is OpKind.GATHER:
+            assert isinstance(n.attrs, AxisAttrs)
+            a = n.attrs.axis % len(xshape)
+            raw = self.eval(n.inputs[1], idx)
+            g = self._checked_index(raw, xshape[a], f"gather along dimension {a}")
+            j = list(idx)
+            j[a] = g
+            return self.eval(x, tuple(j))
+        assert isinstance(n.attrs, IndexAttrs)
+        axes = list(n.attrs.axes)
+        b_rank = n.type.rank - (len(xshape) - len(axes))
+        lead = idx[axes[0] : axes[0] + b_rank]
+        bshape = n.type.shape[axes[0] : axes[0] + b_rank]
+        src: list[sympy.Expr] = list(idx[: axes[0]])
+        for k, t in enumerate(n.inputs[1:]):
+            tshape = self.ctx.types[t].shape
+            off = len(bshape) - len(tshape)
+            ti = tuple(
+                sympy.Integer(0) if d == 1 and bshape[off + m] != 1 else lead[off + m] for m, d in enumerate(tshape)
+            )
+            raw = self.eval(t, ti)
+            if self.ctx.types[t].dtype is DType.BOOL:
+                raise ValueError("boolean mask indexing has a data-dependent shape")
+            src.append(self._checked_index(raw, xshape[axes[k]], f"indexing along dimension {axes[k]}"))
+        src.extend(idx[axes[0] + b_rank :])
+        return self.eval(x, tuple(src))
+
+    # -- row ops
+    def _row_len(self) -> IRDim:
+        k = self.spec.reduced
+        length: IRDim = 1
+        for d in self.spec.domain[len(self.spec.domain) - k :]:
+            length = simplify(length * d)
+        return length
+
+    def reduce_pass(
+        self, dt: DType, init: str, combine: Callable[[str, str], str], body: Callable[[tuple[sympy.Expr, ...]], str]
+    ) -> str:
+        """One pass over the current row; returns the C variable holding the combined value."""
+        t = CTYPE[dt]
+        dom = self.spec.domain
+        k = self.spec.reduced
+        inner = [Loop(f"r{len(dom) - k + m}") for m in range(k)]
+        saved = self.scopes
+        self.scopes = saved[:2]  # passes are emitted at row scope, whatever scope asked for them
+        acc = self.fresh("acc")
+        lanes = self.lanes
+        self.declare(f"{t} {acc}_l[{lanes}];", acc)
+        self.line(f"for (int w = 0; w < {lanes}; ++w) {acc}_l[w] = {init};")
+        full = (*self.outer, *inner)
+        last = inner[-1]
+        n_last = self.args.ref(dom[-1])
+
+        def innermost() -> None:
+            if lanes > 1:
+                jb = self.fresh("jb")
+                self.declare(f"int64_t {jb} = 0;", jb)
+
+                def lane() -> None:
+                    v = body(full)
+                    self.line(f"{acc}_l[w] = {combine(f'{acc}_l[w]', v)};")
+
+                self.loop(
+                    [
+                        f"for (; {jb} + {lanes} <= {n_last}; {jb} += {lanes}) {{",
+                        f"  for (int w = 0; w < {lanes}; ++w) {{",
+                    ],
+                    [last],
+                    lane,
+                    ["  }", "}"],
+                    [f"const int64_t {last.name} = {jb} + w;"],
+                )
+                start = jb
+            else:
+                start = "0"
+
+            def tail() -> None:
+                v = body(full)
+                self.line(f"{acc}_l[0] = {combine(f'{acc}_l[0]', v)};")
+
+            self.loop([f"for (int64_t {last.name} = {start}; {last.name} < {n_last}; ++{last.name}) {{"], [last], tail)
+
+        def nest(m: int) -> None:
+            if m == k - 1:
+                innermost()
+                return
+            sym = inner[m]
+            self.loop(
+                [f"for (int64_t {sym.name} = 0; {sym.name} < {self.args.ref(dom[len(dom) - k + m])}; ++{sym.name}) {{"],
+                [sym],
+                lambda: nest(m + 1),
+            )
+
+        nest(0)
+        self.line(f"{t} {acc} = {acc}_l[0];")
+        if lanes > 1:
+            self.line(f"for (int w = 1; w < {lanes}; ++w) {acc} = {combine(acc, f'{acc}_l[w]')};")
+        self.depth[acc] = 1
+        self.scopes = saved
+        return acc
+
+    def _stats(self, n: Node) -> dict[str, str]:
+        got = self.row_stats.get(n.id)
+        if got is not None:
+            return got
+        x = n.inputs[0]
+        xt = self.ctx.types[x].dtype
+        acc_t = n.type.dtype if n.op not in (OpKind.SUM, OpKind.PROD) or n.type.dtype in _FLOATS else DType.INT64
+        t = CTYPE[acc_t]
+        length = self.args.ref(self._row_len())
+
+        def load(idx: tuple[sympy.Expr, ...]) -> str:
+            return self._as(self.eval(x, idx), xt, acc_t)
+
+        add = lambda a, b: f"({a} + {b})"  # noqa: E731
+        stats: dict[str, str] = {}
+        if n.op in (OpKind.SUM, OpKind.MEAN):
+            stats["acc"] = self.reduce_pass(acc_t, f"{t}(0)", add, load)
+        elif n.op is OpKind.PROD:
+            stats["acc"] = self.reduce_pass(acc_t, f"{t}(1)", lambda a, b: f"({a} * {b})", load)
+        elif n.op in (OpKind.AMAX, OpKind.AMIN):
+            big = n.op is OpKind.AMAX
+            if acc_t in _FLOATS:
+                init = f"{'-' if big else ''}std::numeric_limits<{t}>::infinity()"
+                fn = "bpk::fmax_nan" if big else "bpk::fmin_nan"
+                comb = lambda a, b: f"{fn}<{t}>({a}, {b})"  # noqa: E731
+            else:
+                init = f"std::numeric_limits<{t}>::{'lowest' if big else 'max'}()"
+                comb = (lambda a, b: f"({a} > {b} ? {a} : {b})") if big else (lambda a, b: f"({a} < {b} ? {a} : {b})")
+            stats["acc"] = self.reduce_pass(acc_t, init, comb, load)
+        elif n.op in (OpKind.SOFTMAX, OpKind.LOG_SOFTMAX):
+            ninf = f"-std::numeric_limits<{t}>::infinity()"
+            m = self.reduce_pass(acc_t, ninf, lambda a, b: f"bpk::fmax_nan<{t}>({a}, {b})", load)
+            s = self.reduce_pass(acc_t, f"{t}(0)", add, lambda idx: f"std::exp({load(idx)} - {m})")
+            stats["max"] = m
+            if n.op is OpKind.SOFTMAX:
+                inv = self.fresh("inv")
+                self.scopes[1].lines.append(f"const {t} {inv} = {t}(1) / {s};")
+                stats["inv"] = inv
+            else:
+                lse = self.fresh("lse")
+                self.scopes[1].lines.append(f"const {t} {lse} = {m} + std::log({s});")
+                stats["lse"] = lse
+        elif n.op in (OpKind.LAYER_NORM, OpKind.RMS_NORM):
+            assert isinstance(n.attrs, NormAttrs)
+            eps = literal(n.attrs.eps, acc_t)
+            rstd = self.fresh("rstd")
+            if n.op is OpKind.LAYER_NORM:
+                s = self.reduce_pass(acc_t, f"{t}(0)", add, load)
+                mean = self.fresh("mean")
+                self.scopes[1].lines.append(f"const {t} {mean} = {s} / {t}({length});")
+                v = self.reduce_pass(
+                    acc_t, f"{t}(0)", add, lambda idx: f"(({load(idx)} - {mean}) * ({load(idx)} - {mean}))"
+                )
+                self.scopes[1].lines.append(f"const {t} {rstd} = {t}(1) / std::sqrt({v} / {t}({length}) + {eps});")
+                stats["mean"] = mean
+            else:
+                s = self.reduce_pass(acc_t, f"{t}(0)", add, lambda idx: f"({load(idx)} * {load(idx)})")
+                self.scopes[1].lines.append(f"const {t} {rstd} = {t}(1) / std::sqrt({s} / {t}({length}) + {eps});")
+            stats["rstd"] = rstd
+        else:
+            raise ValueError(f"{n.op.value} is not a row op")
+        self.row_stats[n.id] = stats
+        return stats
+
+    def _row_value(self, n: Node, idx: tuple[sympy.Expr, ...]) -> str:
+        st = self._stats(n)
+        dt = n.type.dtype
+        t = CTYPE[dt]
+        if n.op in (OpKind.SUM, OpKind.PROD, OpKind.AMAX, OpKind.AMIN):
+            return self._as(
+                st["acc"],
+                n.type.dtype if n.type.dtype in _FLOATS or n.op in (OpKind.AMAX, OpKind.AMIN) else DType.INT64,
+                dt,
+            )
+        if n.op is OpKind.MEAN:
+            return f"{t}({st['acc']} / {t}({self.args.ref(self._row_len())}))"
+        x = self._as(self.eval(n.inputs[0], idx), self.ctx.types[n.inputs[0]].dtype, dt)
+        if n.op is OpKind.SOFTMAX:
+            return f"(std::exp({x} - {st['max']}) * {st['inv']})"
+        if n.op is OpKind.LOG_SOFTMAX:
+            return f"({x} - {st['lse']})"
+        assert isinstance(n.attrs, NormAttrs)
+        y = f"(({x} - {st['mean']}) * {st['rstd']})" if n.op is OpKind.LAYER_NORM else f"({x} * {st['rstd']})"
+        k = n.attrs.num_axes
+        trail = idx[len(idx) - k :]
+        rest = list(n.inputs[1:])
+        if n.attrs.has_weight:
+            y = f"({y} * {self._as(self.eval(rest.pop(0), trail), self.ctx.types[n.inputs[1]].dtype, dt)})"
+        if n.attrs.has_bias:
+            b = rest.pop(0)
+            y = f"({y} + {self._as(self.eval(b, trail), self.ctx.types[b].dtype, dt)})"
+        return y
+
+
+# --------------------------------------------------------------------------- kernel bodies
+
+
+def _decompose(em: _Emitter, dims: Sequence[IRDim], syms: Sequence[Loop], flat: str) -> None:
+    """Split the flat row index into the loop symbols (innermost last)."""
+    if not syms:
+        return
+    if len(syms) == 1:
+        em.line(f"const int64_t {syms[0].name} = {flat};")
+        return
+    em.line(f"int64_t t_ = {flat};")
+    for k in range(len(syms) - 1, 0, -1):
+        d = em.args.ref(dims[k])
+        em.line(f"const int64_t {syms[k].name} = t_ % {d}; t_ /= {d};")
+    em.line(f"const int64_t {syms[0].name} = t_;")
+
+
+def _store_offset(shape: Sequence[IRDim], idx: Sequence[sympy.Expr]) -> sympy.Expr:
+    return sympy.expand(sum((i * s for i, s in zip(idx, contiguous_strides(shape))), sympy.Integer(0)))
+
+
+def _rows_loop(em: _Emitter, outer_dims: Sequence[IRDim], cost: str, body: Callable[[tuple[Loop, ...]], None]) -> None:
+    """parallel_for over the flattened outer dims; `body` runs once per row with the row's symbols."""
+    syms = tuple(Loop(f"i{k}") for k in range(len(outer_dims)))
+    rows: IRDim = 1
+    for d in outer_dims:
+        rows = simplify(rows * d)
+
+    def gen() -> None:
+        _decompose(em, outer_dims, syms, "row_")
+        body(syms)
+
+    em.loop(
+        [
+            f"bpk::parallel_for(st, {em.args.ref(rows)}, {cost}, [&](int64_t lo_, int64_t hi_) {{",
+            "  for (int64_t row_ = lo_; row_ < hi_; ++row_) {",
+        ],
+        syms,
+        gen,
+        ["  }", "});"],
+    )
+
+
+def _for(em: _Emitter, sym: Loop, extent: IRDim, gen: Callable[[], None]) -> None:
+    em.loop([f"for (int64_t {sym.name} = 0; {sym.name} < {em.args.ref(extent)}; ++{sym.name}) {{"], [sym], gen)
+
+
+def _loop_kernel(em: _Emitter, width: int) -> None:
+    dom = em.spec.domain
+    nodes = [em.ctx.nodes[v] for v in em.spec.nodes]
+    if not dom:
+        for r in em.spec.roots:
+            em.line(f"{em.ptr_store(r)}[0] = {em.eval(r, ())};")
+        return
+    n_last = em.args.ref(dom[-1])
+
+    def body(outer: tuple[Loop, ...]) -> None:
+        j = Loop(f"i{len(dom) - 1}")
+        idx = (*outer, j)
+
+        def store() -> None:
+            for r in em.spec.roots:
+                val = em.eval(r, idx)
+                em.line(f"{em.ptr_store(r)}[{em.args.index(_store_offset(dom, idx))}] = {val};")
+
+        if width > 1:
+            em.loop(
+                [
+                    f"for (int64_t jb_ = 0; jb_ < {n_last}; jb_ += {width}) {{",
+                    f"  for (int w_ = 0; w_ < {width}; ++w_) {{",
+                ],
+                [j],
+                store,
+                ["  }", "}"],
+                [f"const int64_t {j.name} = jb_ + w_;"],
+            )
+        else:
+            _for(em, j, dom[-1], store)
+
+    _rows_loop(em, dom[:-1], f"{em.args.ref(dom[-1])} * {_cost(nodes)}", body)
+
+
+def _same_shape(a: Sequence[IRDim], b: Sequence[IRDim]) -> bool:
+    from bladepack.optimize.views import sym_eq
+
+    return len(a) == len(b) and all(sym_eq(x, y) for x, y in zip(a, b))
+
+
+def _row_kernel(em: _Emitter, lanes: int) -> None:
+    dom = em.spec.domain
+    k = em.spec.reduced
+    r = len(dom) - k
+    nodes = [em.ctx.nodes[v] for v in em.spec.nodes]
+    em.lanes = lanes
+    em.row_ops = {v for v in em.spec.nodes if em.ctx.nodes[v].op in _ROW_OPS}
+    full_roots = [v for v in em.spec.roots if _same_shape(em.ctx.types[v].shape, dom)]
+    row_roots = [v for v in em.spec.roots if v not in full_roots]
+
+    def body(outer: tuple[Loop, ...]) -> None:
+        em.outer = outer
+        em.row_stats = {}
+        for v in row_roots:
+            shape = em.ctx.types[v].shape
+            idx = tuple(outer) + (sympy.Integer(0),) * (len(shape) - len(outer))
+            val = em.eval(v, idx)
+            em.line(f"{em.ptr_store(v)}[{em.args.index(_store_offset(shape, idx))}] = {val};")
+        if not full_roots:
+            return
+        inner = [Loop(f"r{r + m}") for m in range(k)]
+        idx = (*outer, *inner)
+
+        def store() -> None:
+            for v in full_roots:
+                val = em.eval(v, idx)
+                em.line(f"{em.ptr_store(v)}[{em.args.index(_store_offset(dom, idx))}] = {val};")
+
+        def nest(m: int) -> None:
+            if m == k:
+                store()
+            else:
+                _for(em, inner[m], dom[r + m], lambda: nest(m + 1))
+
+        nest(0)
+
+    length: IRDim = 1
+    for d in dom[r:]:
+        length = simplify(length * d)
+    _rows_loop(em, dom[:r], f"{em.args.ref(length)} * {_cost(nodes) * 3}", body)
+
+
+_ROW_OPS = (
+    OpKind.SUM,
+    OpKind.MEAN,
+    OpKind.AMAX,
+    OpKind.AMIN,
+    OpKind.PROD,
+    OpKind.SOFTMAX,
+    OpKind.LOG_SOFTMAX,
+    OpKind.LAYER_NORM,
+    OpKind.RMS_NORM,
+)
+
+
+def _reduce_kernel(em: _Emitter) -> None:
+    """An anchor reduction over arbitrary axes (or an arg-reduction): one output element per iteration."""
+    n = em.ctx.nodes[em.spec.roots[0]]
+    x = n.inputs[0]
+    xt = em.ctx.types[x]
+    rank = xt.rank
+    if isinstance(n.attrs, ArgReduceAttrs):
+        axes, keep = ([n.attrs.axis % rank] if rank else []), n.attrs.keepdim
+    else:
+        assert isinstance(n.attrs, ReduceAttrs)
+        axes, keep = (sorted(a % rank for a in n.attrs.axes) if rank else []), n.attrs.keepdim
+    kept = [d for d in range(rank) if d not in axes]
+    dt = n.type.dtype
+    arg = n.op in (OpKind.ARGMAX, OpKind.ARGMIN)
+    acc_t = xt.dtype if arg else (dt if dt in _FLOATS or n.op in (OpKind.AMAX, OpKind.AMIN) else DType.INT64)
+    t = CTYPE[acc_t]
+    big = n.op in (OpKind.ARGMAX, OpKind.AMAX)
+    if n.op in (OpKind.ARGMAX, OpKind.ARGMIN, OpKind.AMAX, OpKind.AMIN):
+        init = (
+            f"{'-' if big else ''}std::numeric_limits<{t}>::infinity()"
+            if acc_t in _FLOATS
+            else f"std::numeric_limits<{t}>::{'lowest' if big else 'max'}()"
+        )
+    else:
+        init = f"{t}({1 if n.op is OpKind.PROD else 0})"
+
+    def body(outer: tuple[Loop, ...]) -> None:
+        red = [Loop(f"r{a}") for a in axes]
+        full: list[sympy.Expr] = [sympy.Integer(0)] * rank
+        for d, s in zip(kept, outer):
+            full[d] = s
+        for a, s in zip(axes, red):
+            full[a] = s
+        acc = em.fresh("acc")
+        em.declare(
+            f"{t} {acc} = {init}; int64_t {acc}_i = 0; bool {acc}_nan = false; (void){acc}_i; (void){acc}_nan;", acc
+        )
+
+        def step() -> None:
+            v = em._as(em.eval(x, tuple(full)), xt.dtype, acc_t)
+            isnan = f"({v} != {v})" if acc_t in _FLOATS else "false"
+            if arg:
+                pos = red[-1].name if red else "0"
+                better = ">" if big else "<"
+                em.line(
+                    f"if (!{acc}_nan && ({isnan} || {v} {better} {acc})) {{ {acc} = {v}; {acc}_i = {pos}; {acc}_nan = {isnan}; }}"
+                )
+            elif n.op is OpKind.PROD:
+                em.line(f"{acc} = {acc} * {v};")
+            elif n.op in (OpKind.AMAX, OpKind.AMIN):
+                if acc_t in _FLOATS:
+                    em.line(f"{acc} = bpk::{'fmax' if big else 'fmin'}_nan<{t}>({acc}, {v});")
+                else:
+                    em.line(f"{acc} = ({v} {'>' if big else '<'} {acc} ? {v} : {acc});")
+            else:
+                em.line(f"{acc} = {acc} + {v};")
+
+        def nest(m: int) -> None:
+            if m == len(axes):
+                step()
+            else:
+                _for(em, red[m], xt.shape[axes[m]], lambda: nest(m + 1))
+
+        nest(0)
+        count: IRDim = 1
+        for a in axes:
+            count = simplify(count * xt.shape[a])
+        if arg:
+            val = f"int64_t({acc}_i)"
+        elif n.op is OpKind.MEAN:
+            val = f"{CTYPE[dt]}({acc} / {t}({em.args.ref(count)}))"
+        else:
+            val = em._as(acc, acc_t, dt)
+        out_idx = [sympy.Integer(0) if d in axes else full[d] for d in range(rank)] if keep else [full[d] for d in kept]
+        em.line(f"{em.ptr_store(n.id)}[{em.args.index(_store_offset(n.type.shape, out_idx))}] = {val};")
+
+    _rows_loop(em, [xt.shape[d] for d in kept], "16", body)
+
+
+def _scan_kernel(em: _Emitter) -> None:
+    n = em.ctx.nodes[em.spec.roots[0]]
+    assert isinstance(n.attrs, AxisAttrs)
+    x = n.inputs[0]
+    shape = n.type.shape
+    rank = len(shape)
+    if rank == 0:
+        em.line(f"{em.ptr_store(n.id)}[0] = {em._as(em.eval(x, ()), em.ctx.types[x].dtype, n.type.dtype)};")
+        return
+    a = n.attrs.axis % rank
+    kept = [d for d in range(rank) if d != a]
+    t = CTYPE[n.type.dtype]
+
+    def body(outer: tuple[Loop, ...]) -> None:
+        s = Loop(f"r{a}")
+        full: list[sympy.Expr] = [sympy.Integer(0)] * rank
+        for d, o in zip(kept, outer):
+            full[d] = o
+        full[a] = s
+        acc = em.fresh("acc")
+        em.declare(f"{t} {acc} = {t}(0);", acc)
+
+        def step() -> None:
+            v = em._as(em.eval(x, tuple(full)), em.ctx.types[x].dtype, n.type.dtype)
+            em.line(f"{acc} = {t}({acc} + {v});")
+            em.line(f"{em.ptr_store(n.id)}[{em.args.index(_store_offset(shape, full))}] = {acc};")
+
+        _for(em, s, shape[a], step)
+
+    _rows_loop(em, [shape[d] for d in kept], "4", body)
+
+
+def _pool_kernel(em: _Emitter) -> None:
+    n = em.ctx.nodes[em.spec.roots[0]]
+    a = n.attrs
+    assert isinstance(a, Pool2dAttrs)
+    x = n.inputs[0]
+    xt = em.ctx.types[x]
+    view = em.ctx.view(x)
+    assert view is not None
+    p = em.ptr_load(view.base)
+    nb, c, oh, ow = n.type.shape
+    h, w = xt.shape[2], xt.shape[3]
+    t = CTYPE[n.type.dtype]
+    is_max = n.op is OpKind.MAX_POOL2D
+    kh, kw = a.kernel
+    sh, sw = a.stride
+    ph, pw = a.padding
+    dh, dw = a.dilation
+
+    def body(outer: tuple[Loop, ...]) -> None:
+        i_n, i_c, i_h = outer
+        j = Loop("i3")
+        off = em.args.index(sympy.expand(view.offset + i_n * view.strides[0] + i_c * view.strides[1]))
+
+        def cell() -> None:
+            if is_max:
+                init = (
+                    f"-std::numeric_limits<{t}>::infinity()"
+                    if n.type.dtype in _FLOATS
+                    else f"std::numeric_limits<{t}>::lowest()"
+                )
+            else:
+                init = f"{t}(0)"
+            em.line(f"{t} acc_ = {init};")
+            em.line(f"for (int64_t ki = 0; ki < {kh}; ++ki) {{")
+            em.line(f"  const int64_t hh = {i_h.name} * {sh} - {ph} + ki * {dh};")
+            em.line(f"  if (hh < 0 || hh >= {em.args.ref(h)}) continue;")
+            em.line(f"  for (int64_t kj = 0; kj < {kw}; ++kj) {{")
+            em.line(f"    const int64_t ww = {j.name} * {sw} - {pw} + kj * {dw};")
+            em.line(f"    if (ww < 0 || ww >= {em.args.ref(w)}) continue;")
+            load = f"{p}[{off} + hh * {em.args.ref(view.strides[2])} + ww * {em.args.ref(view.strides[3])}]"
+            if is_max:
+                comb = (
+                    f"bpk::fmax_nan<{t}>(acc_, {load})"
+                    if n.type.dtype in _FLOATS
+                    else f"({load} > acc_ ? {load} : acc_)"
+                )
+                em.line(f"    acc_ = {comb};")
+            else:
+                em.line(f"    acc_ += {load};")
+            em.line("  }")
+            em.line("}")
+            if not is_max:
+                # the divisor counts window cells inside the padded input (count_include_pad) or the input
+                hi_h, hi_w = em.args.ref(h), em.args.ref(w)
+                lo_h, lo_w = (f"-{ph}", f"-{pw}") if a.count_include_pad else ("0", "0")
+                if a.count_include_pad:
+                    hi_h, hi_w = f"{hi_h} + {ph}", f"{hi_w} + {pw}"
+                em.line("int64_t cnt_ = 0;")
+                em.line(f"for (int64_t ki = 0; ki < {kh}; ++ki) {{ const int64_t hh = {i_h.name} * {sh} - {ph} + ki;")
+                em.line(f"  for (int64_t kj = 0; kj < {kw}; ++kj) {{ const int64_t ww = {j.name} * {sw} - {pw} + kj;")
+                em.line(f"    cnt_ += (hh >= {lo_h} && hh < {hi_h} && ww >= {lo_w} && ww < {hi_w}); }} }}")
+                em.line(f"acc_ = acc_ / {t}(cnt_);")
+            idx = (i_n, i_c, i_h, j)
+            em.line(f"{em.ptr_store(n.id)}[{em.args.index(_store_offset(n.type.shape, idx))}] = acc_;")
+
+        _for(em, j, ow, cell)
+
+    _rows_loop(em, [nb, c, oh], f"{em.args.ref(ow)} * {kh * kw}", body)
+
+
+def _im2col_kernel(em: _Emitter, conv: Node, x_view: View, cols: int) -> None:
+    """cols[n, c*KH*KW + ki*KW + kj, oh*OW + ow] = x[n, c, oh*s - p + ki*d, ...], 0 outside."""
+    from bladepack.ir.ops import Conv2dAttrs
+
+    a = conv.attrs
+    assert isinstance(a, Conv2dAttrs)
+    p = em.ptr_load(x_view.base)
+    _nb, c, h, w = em.ctx.types[conv.inputs[0]].shape
+    _oc, _cg, kh, kw = em.ctx.types[conv.inputs[1]].shape
+    nb, oh, ow = conv.type.shape[0], conv.type.shape[2], conv.type.shape[3]
+    t = CTYPE[conv.type.dtype]
+    ckk = simplify(c * kh * kw)
+    out = em.ptr_store(cols)
+
+    def body(outer: tuple[Loop, ...]) -> None:
+        i_n, i_k, i_h = outer
+        em.line(f"const int64_t ci = {i_k.name} / {kh * kw}, ki = ({i_k.name} / {kw}) % {kh}, kj = {i_k.name} % {kw};")
+        em.line(f"const int64_t hh = {i_h.name} * {a.stride[0]} - {a.padding[0]} + ki * {a.dilation[0]};")
+        base = em.args.index(sympy.expand(x_view.offset + i_n * x_view.strides[0]))
+        dst = em.args.index(sympy.expand((i_n * ckk + i_k) * oh * ow + i_h * ow))
+        em.line(f"{t}* BPK_RESTRICT dst_ = {out} + {dst};")
+        em.line(
+            f"if (hh < 0 || hh >= {em.args.ref(h)}) {{ for (int64_t j = 0; j < {em.args.ref(ow)}; ++j) dst_[j] = {t}(0); continue; }}"
+        )
+        em.line(
+            f"const {t}* src_ = {p} + {base} + ci * {em.args.ref(x_view.strides[1])} + hh * {em.args.ref(x_view.strides[2])};"
+        )
+        em.line(f"for (int64_t j = 0; j < {em.args.ref(ow)}; ++j) {{")
+        em.line(f"  const int64_t ww = j * {a.stride[1]} - {a.padding[1]} + kj * {a.dilation[1]};")
+        em.line(
+            f"  dst_[j] = (ww >= 0 && ww < {em.args.ref(w)}) ? src_[ww * {em.args.ref(x_view.strides[3])}] : {t}(0);"
+        )
+        em.line("}")
+
+    _rows_loop(em, [nb, ckk, oh], f"{em.args.ref(ow)} * 2", body)
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def _function(name: str, em: _Emitter, ptr_types: list[tuple[str, bool]], nints: int) -> str:
+    head = [f"static void {name}(bpk::RunState* st, void* const* P, const int64_t* I) {{", "  (void)st; (void)I;"]
+    for k, (ct, writable) in enumerate(ptr_types):
+        q = "" if writable else "const "
+        head.append(f"  {q}{ct}* BPK_RESTRICT p{k} = static_cast<{q}{ct}*>(P[{k}]); (void)p{k};")
+    head.extend(f"  const int64_t a{k} = I[{k}]; (void)a{k};" for k in range(nints))
+    return "\n".join(head + ["  " + ln for ln in em.scopes[0].lines] + ["}", ""])
+
+
+def emit_kernel(spec: KernelSpec, ctx: KernelContext, conv: tuple[Node, View] | None = None) -> EmittedKernel:
+    """All variants of one kernel. `conv` (the convolution and its input view) makes an im2col kernel."""
+    args = Args()
+    stores = list(spec.roots)
+    loads: list[View] = []
+    plans: list[tuple[str, Any, Callable[[_Emitter], None]]]
+    if conv is not None:
+        plans = [("", sympy.true, lambda em: _im2col_kernel(em, conv[0], conv[1], spec.roots[0]))]
+    elif spec.kind == "loop":
+        last = spec.domain[-1] if spec.domain else 1
+        plans = []
+        if isinstance(last, int):
+            width = 8 if last % 8 == 0 and last >= 8 else 1
+            plans.append(("", sympy.true, lambda em: _loop_kernel(em, width)))
+        else:
+            plans.append(("_w8", sympy.Eq(sympy.Mod(last, 8), 0), lambda em: _loop_kernel(em, 8)))
+            plans.append(("_w1", sympy.true, lambda em: _loop_kernel(em, 1)))
+    elif spec.kind == "row":
+        length: IRDim = 1
+        for d in spec.domain[len(spec.domain) - spec.reduced :]:
+            length = simplify(length * d)
+        if isinstance(length, int):
+            lanes = 8 if length >= 16 else 1
+            plans = [("", sympy.true, lambda em: _row_kernel(em, lanes))]
+        else:
+            plans = [
+                ("_lanes8", sympy.Ge(length, 16), lambda em: _row_kernel(em, 8)),
+                ("_lanes1", sympy.true, lambda em: _row_kernel(em, 1)),
+            ]
+    elif spec.kind == "reduce":
+        plans = [("", sympy.true, _reduce_kernel)]
+    elif spec.kind == "scan":
+        plans = [("", sympy.true, _scan_kernel)]
+    elif spec.kind == "pool":
+        plans = [("", sympy.true, _pool_kernel)]
+    else:
+        raise ValueError(f"unknown kernel kind {spec.kind}")
+    bodies: list[tuple[str, Any, _Emitter]] = []
+    errors: list[str] = []
+    for suffix, pred, fn in plans:
+        em = _Emitter(spec, ctx, args, stores, loads)
+        fn(em)
+        bodies.append((f"{spec.name}{suffix}", pred, em))
+        errors = em.error_sites
+    ptr_types = [(CTYPE[ctx.types[v].dtype] if v in ctx.types else "float", True) for v in stores]
+    ptr_types += [(CTYPE[ctx.types[v.base].dtype], False) for v in loads]
+    lines = [f"// {spec.name}: {spec.kind} kernel{' from ' + spec.loc if spec.loc else ''}"]
+    for name, _pred, em in bodies:
+        lines.append(_function(name, em, ptr_types, len(args.exprs)))
+    return EmittedKernel(spec.name, spec, [(n, p) for n, p, _ in bodies], stores, loads, args, "\n".join(lines), errors)

@@ -1,0 +1,101 @@
+"""Assemble a model's CPU kernel library: the runtime prelude, every kernel, the C entry points.
+
+In: the emitted kernels of a model (in launch order). Out: one C++ translation unit whose exported C
+API the loaders call (Note [Launch words] in cpu_runtime.h):
+
+    int     bpk_abi_version(void)
+    int64_t bpk_num_functions(void)
+    void*   bpk_ctx_create(int nthreads)        void bpk_ctx_destroy(void*)
+    void    bpk_ctx_set_blas(void*, void* sgemm, void* dgemm, int ilp64)
+    int64_t bpk_run(void* ctx, const int64_t* words, int64_t nwords, void* const* slots, int64_t* status)
+
+`bpk_run` returns 0, or 1 with status = (launch index, error code, value) when a kernel reported an
+error (an index out of range; status[3] is the dimension size), or 2 when a launch has more pointer arguments than the executor holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from bladepack.codegen.cpu_emitter import EmittedKernel
+
+MAX_PTRS = 256
+
+_FOOTER = """
+namespace {
+struct Ctx {
+  bpk::Pool pool;
+  bpk::Blas blas;
+  explicit Ctx(int n) : pool(n) {}
+};
+const bpk::KernelFn kTable[] = {%(table)s};
+}  // namespace
+
+extern "C" {
+__attribute__((visibility("default"))) int bpk_abi_version() { return BPK_ABI_VERSION; }
+__attribute__((visibility("default"))) int64_t bpk_num_functions() { return %(nfn)d; }
+__attribute__((visibility("default"))) void* bpk_ctx_create(int nthreads) {
+  try {
+    return new Ctx(nthreads);
+  } catch (...) {
+    return nullptr;
+  }
+}
+__attribute__((visibility("default"))) void bpk_ctx_destroy(void* c) { delete static_cast<Ctx*>(c); }
+__attribute__((visibility("default"))) void bpk_ctx_set_blas(void* c, void* sgemm, void* dgemm, int ilp64) {
+  auto* ctx = static_cast<Ctx*>(c);
+  ctx->blas.sgemm = sgemm;
+  ctx->blas.dgemm = dgemm;
+  ctx->blas.ilp64 = ilp64;
+}
+__attribute__((visibility("default"))) int64_t bpk_run(void* c, const int64_t* w, int64_t nwords, void* const* slots,
+                                                       int64_t* status) {
+  auto* ctx = static_cast<Ctx*>(c);
+  bpk::RunState st;
+  st.pool = &ctx->pool;
+  void* ptrs[%(maxp)d];
+  int64_t pos = 0, launch = 0;
+  while (pos < nwords) {
+    const int64_t op = w[pos], a = w[pos + 1], np = w[pos + 2], ni = w[pos + 3];
+    const int64_t* pw = w + pos + 4;
+    if (np > %(maxp)d) {
+      status[0] = launch;
+      return 2;
+    }
+    for (int64_t k = 0; k < np; ++k) ptrs[k] = static_cast<char*>(slots[pw[2 * k]]) + pw[2 * k + 1];
+    const int64_t* ints = pw + 2 * np;
+    if (op == BPK_OP_KERNEL) {
+      kTable[a](&st, ptrs, ints);
+    } else if (op == BPK_OP_GEMM) {
+      if (a == 0)
+        bpk::gemm_batched<float>(&st, ctx->blas, (const float*)ptrs[0], (const float*)ptrs[1], (float*)ptrs[2], ints);
+      else
+        bpk::gemm_batched<double>(&st, ctx->blas, (const double*)ptrs[0], (const double*)ptrs[1], (double*)ptrs[2],
+                                  ints);
+    }
+    if (st.err_code.load() != 0) {
+      status[0] = launch;
+      status[1] = st.err_code.load();
+      status[2] = st.err_value.load();
+      status[3] = st.err_extra.load();
+      return 1;
+    }
+    pos += 4 + 2 * np + ni;
+    ++launch;
+  }
+  return 0;
+}
+}
+"""
+
+
+def prelude() -> str:
+    return (Path(__file__).with_name("cpu_runtime.h")).read_text()
+
+
+def library_source(kernels: Sequence[EmittedKernel]) -> str:
+    names = [name for k in kernels for name, _ in k.variants]
+    table = ", ".join(names) if names else "nullptr"
+    body = "\n".join(k.source for k in kernels)
+    return prelude() + "\n" + body + _FOOTER % {"table": table, "nfn": len(names), "maxp": MAX_PTRS}

@@ -1,0 +1,267 @@
+// bladepack CPU runtime prelude: pasted at the top of every generated kernel library.
+//
+// In: nothing (only the C++17 standard library). Out: the executor that runs a prepared launch list in
+// one native call (Note [Launch words]), a small persistent thread pool (no OpenMP: a process that has
+// torch already holds one OpenMP runtime), the GEMM dispatcher over a host-supplied cblas_?gemm with a
+// portable blocked fallback, and the helpers generated kernels use.
+//
+// Note [Launch words]: the loader resolves the plan for one input-shape signature into a flat int64
+// array of records  [op, a, nptr, nint, (slot, byte offset) x nptr, int x nint]; a pointer argument is
+// slots[slot] + offset, where slot 0 is the arena and the others are inputs, outputs and weights. The
+// record ops are BPK_OP_KERNEL (a = index into the kernel table: kernel base + variant) and BPK_OP_GEMM
+// (a = 0 for float32, 1 for float64; ints in the order of bpk_gemm below).
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#define BPK_ABI_VERSION 1
+#define BPK_OP_KERNEL 1
+#define BPK_OP_GEMM 2
+#define BPK_RESTRICT __restrict__
+
+namespace bpk {
+
+struct Pool;
+
+// One run: the failure a kernel reports (the first one wins) and the pool it may use.
+struct RunState {
+  Pool* pool;
+  std::atomic<int64_t> err_code{0};
+  std::atomic<int64_t> err_value{0};
+  std::atomic<int64_t> err_extra{0};
+  void fail(int64_t code, int64_t value, int64_t extra = 0) {
+    int64_t expected = 0;
+    if (err_code.compare_exchange_strong(expected, code)) {
+      err_value.store(value);
+      err_extra.store(extra);
+    }
+  }
+};
+
+typedef void (*KernelFn)(RunState*, void* const*, const int64_t*);
+typedef void (*RangeFn)(void*, int64_t, int64_t);
+
+// A persistent pool: workers spin briefly after a job, then sleep, so back-to-back kernels do not pay
+// a wake-up each while an idle process does not burn a core. parallel_for splits [0, n) statically.
+struct Pool {
+  int nthreads = 1;
+  std::vector<std::thread> workers;
+  std::mutex mu, run_mu;
+  std::condition_variable cv;
+  std::atomic<uint64_t> generation{0};
+  std::atomic<int> pending{0};
+  std::atomic<bool> stop{false};
+  RangeFn fn = nullptr;
+  void* closure = nullptr;
+  int64_t n = 0;
+
+  explicit Pool(int threads) : nthreads(threads < 1 ? 1 : threads) {
+    for (int t = 1; t < nthreads; ++t) workers.emplace_back([this, t] { loop(t); });
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> g(mu);
+      stop.store(true);
+      generation.fetch_add(1);
+    }
+    cv.notify_all();
+    for (auto& w : workers) w.join();
+  }
+  void chunk(int t) {
+    int64_t lo = n * t / nthreads, hi = n * (t + 1) / nthreads;
+    if (lo < hi) fn(closure, lo, hi);
+  }
+  void loop(int t) {
+    uint64_t seen = 0;
+    for (;;) {
+      uint64_t g = generation.load(std::memory_order_acquire);
+      int spins = 0;
+      while (g == seen && spins < 20000) {
+        ++spins;
+#if defined(__x86_64__)
+        __builtin_ia32_pause();
+#endif
+        g = generation.load(std::memory_order_acquire);
+      }
+      if (g == seen) {
+        std::unique_lock<std::mutex> lk(mu);
+        cv.wait(lk, [&] { return generation.load() != seen; });
+        g = generation.load();
+      }
+      seen = g;
+      if (stop.load()) return;
+      chunk(t);
+      pending.fetch_sub(1, std::memory_order_acq_rel);
+    }
+  }
+  void run(int64_t count, RangeFn f, void* c) {
+    std::unique_lock<std::mutex> busy(run_mu, std::try_to_lock);
+    if (!busy.owns_lock() || nthreads == 1) {  // another thread's run holds the pool: run inline
+      f(c, 0, count);
+      return;
+    }
+    fn = f;
+    closure = c;
+    n = count;
+    pending.store(nthreads - 1);
+    {
+      std::lock_guard<std::mutex> g(mu);
+      generation.fetch_add(1, std::memory_order_acq_rel);
+    }
+    cv.notify_all();
+    chunk(0);
+    while (pending.load(std::memory_order_acquire) != 0) {
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+    }
+  }
+};
+
+// Runs body(lo, hi) over [0, n) on the pool when the work (n * cost, in rough element-operations) is
+// large enough to pay for the hand-off, else inline.
+template <class F>
+inline void parallel_for(RunState* st, int64_t n, int64_t cost, F&& body) {
+  if (n <= 0) return;
+  if (st->pool == nullptr || st->pool->nthreads == 1 || n < 2 || n * cost < 32768) {
+    body(int64_t(0), n);
+    return;
+  }
+  struct Closure {
+    F* f;
+  } c{&body};
+  st->pool->run(
+      n, [](void* p, int64_t lo, int64_t hi) { (*static_cast<Closure*>(p)->f)(lo, hi); }, &c);
+}
+
+// -------------------------------------------------------------------------- math helpers
+
+template <class T>
+inline T sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
+template <class T>
+inline T gelu_erf(T x) { return T(0.5) * x * (T(1) + std::erf(x * T(0.7071067811865476))); }
+template <class T>
+inline T gelu_tanh(T x) {
+  return T(0.5) * x * (T(1) + std::tanh(T(0.7978845608028654) * (x + T(0.044715) * x * x * x)));
+}
+template <class T>
+inline T floordiv_i(T a, T b) {
+  T q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+template <class T>
+inline T mod_py(T a, T b) {
+  T r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+template <class T>
+inline T ipow(T base, T exp) {
+  if (exp < 0) return base == 1 ? T(1) : (base == -1 ? ((exp % 2) ? T(-1) : T(1)) : T(0));
+  T out = 1;
+  while (exp) {
+    if (exp & 1) out = T(out * base);
+    base = T(base * base);
+    exp >>= 1;
+  }
+  return out;
+}
+template <class T>
+inline T fmax_nan(T a, T b) { return (a != a || b != b) ? std::numeric_limits<T>::quiet_NaN() : (a > b ? a : b); }
+template <class T>
+inline T fmin_nan(T a, T b) { return (a != a || b != b) ? std::numeric_limits<T>::quiet_NaN() : (a < b ? a : b); }
+
+// -------------------------------------------------------------------------- GEMM
+
+// cblas_?gemm with 32-bit (LP64) or 64-bit (ILP64) integers; the host says which it passed.
+typedef void (*SgemmLP64)(int, int, int, int, int, int, float, const float*, int, const float*, int, float,
+                          float*, int);
+typedef void (*SgemmILP64)(int, int, int, int64_t, int64_t, int64_t, float, const float*, int64_t,
+                           const float*, int64_t, float, float*, int64_t);
+typedef void (*DgemmLP64)(int, int, int, int, int, int, double, const double*, int, const double*, int,
+                          double, double*, int);
+typedef void (*DgemmILP64)(int, int, int, int64_t, int64_t, int64_t, double, const double*, int64_t,
+                           const double*, int64_t, double, double*, int64_t);
+
+struct Blas {
+  void* sgemm = nullptr;
+  void* dgemm = nullptr;
+  int ilp64 = 0;
+};
+
+// C[m, n] = op(A)[m, k] @ op(B)[k, n]; row-major; used when the host supplied no BLAS.
+template <class T>
+static void gemm_fallback(RunState* st, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A,
+                          int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc) {
+  parallel_for(st, M, N * K, [&](int64_t lo, int64_t hi) {
+    std::vector<T> brow(N);
+    for (int64_t i = lo; i < hi; ++i) {
+      T* c = C + i * ldc;
+      for (int64_t j = 0; j < N; ++j) c[j] = T(0);
+      for (int64_t p = 0; p < K; ++p) {
+        T a = ta ? A[p * lda + i] : A[i * lda + p];
+        if (tb) {
+          for (int64_t j = 0; j < N; ++j) brow[j] = B[j * ldb + p];
+          for (int64_t j = 0; j < N; ++j) c[j] += a * brow[j];
+        } else {
+          const T* b = B + p * ldb;
+          for (int64_t j = 0; j < N; ++j) c[j] += a * b[j];
+        }
+      }
+    }
+  });
+}
+
+template <class T>
+static void gemm_one(RunState* st, const Blas& blas, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A,
+                     int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = T(0);
+    return;
+  }
+  const int row_major = 101, no_trans = 111, trans = 112;
+  void* fn = sizeof(T) == 4 ? blas.sgemm : blas.dgemm;
+  if (fn == nullptr) {
+    gemm_fallback<T>(st, ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
+    return;
+  }
+  int a_t = ta ? trans : no_trans, b_t = tb ? trans : no_trans;
+  if constexpr (sizeof(T) == 4) {
+    if (blas.ilp64)
+      reinterpret_cast<SgemmILP64>(fn)(row_major, a_t, b_t, M, N, K, 1.0f, (const float*)A, lda, (const float*)B,
+                                        ldb, 0.0f, (float*)C, ldc);
+    else
+      reinterpret_cast<SgemmLP64>(fn)(row_major, a_t, b_t, int(M), int(N), int(K), 1.0f, (const float*)A, int(lda),
+                                       (const float*)B, int(ldb), 0.0f, (float*)C, int(ldc));
+  } else {
+    if (blas.ilp64)
+      reinterpret_cast<DgemmILP64>(fn)(row_major, a_t, b_t, M, N, K, 1.0, (const double*)A, lda, (const double*)B,
+                                        ldb, 0.0, (double*)C, ldc);
+    else
+      reinterpret_cast<DgemmLP64>(fn)(row_major, a_t, b_t, int(M), int(N), int(K), 1.0, (const double*)A, int(lda),
+                                       (const double*)B, int(ldb), 0.0, (double*)C, int(ldc));
+  }
+}
+
+// ints: b0 b1 b2 (batch extents), sa0 sa1 sa2, sb0 sb1 sb2, sc0 sc1 sc2 (element strides per batch
+// dim), M N K ta tb lda ldb ldc.
+template <class T>
+static void gemm_batched(RunState* st, const Blas& blas, const T* A, const T* B, T* C, const int64_t* I) {
+  for (int64_t i0 = 0; i0 < I[0]; ++i0)
+    for (int64_t i1 = 0; i1 < I[1]; ++i1)
+      for (int64_t i2 = 0; i2 < I[2]; ++i2)
+        gemm_one<T>(st, blas, I[15] != 0, I[16] != 0, I[12], I[13], I[14], A + i0 * I[3] + i1 * I[4] + i2 * I[5],
+                    I[17], B + i0 * I[6] + i1 * I[7] + i2 * I[8], I[18], C + i0 * I[9] + i1 * I[10] + i2 * I[11],
+                    I[19]);
+}
+
+}  // namespace bpk

@@ -1,0 +1,162 @@
+"""The host C++ toolchain: find a compiler, build one kernel library per ISA level, cache by content.
+
+In: the full C++ source of a model's CPU library. Out: `CompiledLibrary` per ISA level (name, the CPU
+features it needs, the shared-object bytes). Compiles run in parallel (bounded by the core count) and
+are cached under BLADEPACK_CACHE_DIR/cpu/<sha256 of source, flags and compiler version>.so.
+
+ISA levels (x86-64 psABI names): "x86-64" (baseline SSE2), "x86-64-v3" (AVX2, FMA, BMI2) and
+"x86-64-v4" (AVX-512 F/BW/CD/DQ/VL), each built when the compiler accepts its -march. Other hosts build
+one "generic" level. BLADEPACK_CPU_ISAS=a,b limits the levels built (the tests build the host's best).
+
+Note [Self-contained libraries]: libraries link libstdc++ and libgcc statically, use no OpenMP (their
+own small thread pool) and call BLAS only through a function pointer the loader hands in, so one
+library runs in any process, with or without torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+BASE_FLAGS = [
+    "-std=c++17",
+    "-O3",
+    "-shared",
+    "-fPIC",
+    "-pthread",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-ffp-contract=fast",
+    "-fvisibility=hidden",
+    "-static-libstdc++",
+    "-static-libgcc",
+    "-Wno-unused-variable",
+    "-Wno-unused-but-set-variable",
+]
+
+
+@dataclass(frozen=True)
+class IsaLevel:
+    name: str
+    flags: tuple[str, ...]
+    requires: tuple[str, ...]  # /proc/cpuinfo flags the loader checks
+
+
+X86_LEVELS = (
+    IsaLevel("x86-64", ("-march=x86-64", "-mtune=generic"), ()),
+    IsaLevel("x86-64-v3", ("-march=x86-64-v3", "-mtune=haswell"), ("avx2", "fma", "bmi2")),
+    IsaLevel(
+        "x86-64-v4",
+        ("-march=x86-64-v4", "-mtune=skylake-avx512", "-mprefer-vector-width=512"),
+        ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"),
+    ),
+)
+GENERIC = IsaLevel("generic", (), ())
+
+
+class ToolchainError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class CompiledLibrary:
+    isa: IsaLevel
+    data: bytes
+    cached: bool
+
+
+def find_compiler() -> str | None:
+    for cand in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if cand and shutil.which(cand):
+            return shutil.which(cand)
+    return None
+
+
+def compiler_version(cxx: str) -> str:
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.splitlines()[0] if out else "unknown"
+
+
+def _accepts(cxx: str, flags: tuple[str, ...]) -> bool:
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / "probe.cc"
+        src.write_text("int bpk_probe(int x) { return x + 1; }\n")
+        r = subprocess.run(
+            [cxx, *flags, "-c", str(src), "-o", str(Path(d) / "probe.o")], capture_output=True, timeout=60
+        )
+        return r.returncode == 0
+
+
+def isa_levels(cxx: str) -> list[IsaLevel]:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return [GENERIC]
+    levels = [lv for lv in X86_LEVELS if _accepts(cxx, lv.flags)]
+    wanted = os.environ.get("BLADEPACK_CPU_ISAS")
+    if wanted:
+        names = {w.strip() for w in wanted.split(",") if w.strip()}
+        if "host" in names:
+            host = host_level(levels)
+            names = (names - {"host"}) | ({host.name} if host else set())
+        unknown = names - {lv.name for lv in levels}
+        if unknown:
+            raise ToolchainError(
+                f"BLADEPACK_CPU_ISAS names {sorted(unknown)}; this compiler builds {[lv.name for lv in levels]}"
+            )
+        levels = [lv for lv in levels if lv.name in names]
+    return levels or [GENERIC]
+
+
+def cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def host_level(levels: list[IsaLevel]) -> IsaLevel | None:
+    have = cpu_flags()
+    ok = [lv for lv in levels if set(lv.requires) <= have]
+    return ok[-1] if ok else None
+
+
+def _compile_one(cxx: str, version: str, isa: IsaLevel, source: str, cache: Path) -> CompiledLibrary:
+    flags = [*BASE_FLAGS, *isa.flags]
+    key = hashlib.sha256("\0".join([version, *flags, source]).encode()).hexdigest()
+    path = cache / "cpu" / f"{key}.so"
+    if path.exists():
+        return CompiledLibrary(isa, path.read_bytes(), True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / "kernels.cc"
+        src.write_text(source)
+        out = Path(d) / "kernels.so"
+        r = subprocess.run([cxx, *flags, str(src), "-o", str(out)], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise ToolchainError(f"{cxx} failed building the {isa.name} kernel library:\n{r.stderr[-4000:]}")
+        data = out.read_bytes()
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    return CompiledLibrary(isa, data, False)
+
+
+def build_libraries(source: str, cache: Path, cxx: str) -> list[CompiledLibrary]:
+    version = compiler_version(cxx)
+    levels = isa_levels(cxx)
+    workers = max(1, min(len(levels), os.cpu_count() or 1))
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(lambda lv: _compile_one(cxx, version, lv, source, cache), levels))

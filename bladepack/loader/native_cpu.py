@@ -1,0 +1,270 @@
+"""The native CPU executor: runs an artifact's generated kernel library in one call per input.
+
+In: the manifest's `native_cpu` plan, the artifact (for the library sections) and the weight arrays.
+Out: `NativeCpu`, which picks the library built for the best ISA level this CPU supports, loads it
+from memory (memfd; no file is left behind), hands it a BLAS `cblas_?gemm`, and per distinct input
+shape signature resolves every launch record into one flat int64 array (`Prepared`). A call then
+fills a small pointer table (arena, inputs, outputs, weights) and makes one foreign call; reference
+steps (ops without generated kernels) split the launch list into native segments around them.
+
+BLAS: BLADEPACK_BLAS=path (a library exporting cblas_sgemm / cblas_dgemm) wins; else numpy's own
+OpenBLAS (scipy_cblas_sgemm64_, ILP64); else a system libopenblas / libcblas / libblas; else the
+library's portable blocked GEMM. BLADEPACK_NUM_THREADS sets the kernel thread count (default: the
+CPUs this process may run on).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import hashlib
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bladepack.artifact.format import BpkFile
+from bladepack.dtypes import DType
+from bladepack.errors import BladepackError, BpkFormatError
+
+ABI_VERSION = 1
+OP_KERNEL, OP_GEMM = 1, 2
+_ERR_INDEX = 1
+
+
+class NativeUnavailable(BladepackError, RuntimeError):
+    """The artifact's CPU library cannot run here (no matching ISA level, or it fails to load)."""
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def _machine_is_x86() -> bool:
+    import platform
+
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
+def choose_library(libraries: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The highest ISA level whose CPU features this machine has."""
+    have = _cpu_flags()
+    x86 = _machine_is_x86()
+    fits = [
+        lib
+        for lib in libraries
+        if (lib["isa"] == "generic" and not x86) or (lib["isa"] != "generic" and x86 and set(lib["requires"]) <= have)
+    ]
+    if not fits:
+        built = ", ".join(lib["isa"] for lib in libraries) or "none"
+        raise NativeUnavailable(f"the artifact's CPU kernels were built for {built}; none runs on this CPU")
+    return fits[-1]
+
+
+def _open_library(data: memoryview) -> ctypes.CDLL:
+    """dlopen the library bytes. Note [Library paths]: the dynamic loader reuses an already loaded
+    object whose path matches, so every library gets a path named by its content hash (in
+    BLADEPACK_CACHE_DIR/lib, else a fresh temporary file): equal paths then mean equal code."""
+    digest = hashlib.sha256(data).hexdigest()
+    cache = Path(os.environ.get("BLADEPACK_CACHE_DIR") or Path.home() / ".cache" / "bladepack") / "lib"
+    path = cache / f"{digest}.so"
+    try:
+        if not path.exists():
+            cache.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        return ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
+    except OSError:
+        pass
+    with tempfile.NamedTemporaryFile(prefix=f"bladepack-{digest[:16]}-", suffix=".so", delete=False) as f:
+        f.write(data)
+        name = f.name
+    try:
+        return ctypes.CDLL(name, mode=ctypes.RTLD_LOCAL)
+    finally:
+        os.unlink(name)
+
+
+@dataclass(frozen=True)
+class Blas:
+    sgemm: int
+    dgemm: int
+    ilp64: bool
+    source: str
+
+
+def find_blas() -> Blas | None:
+    """Function pointers of a cblas_sgemm / cblas_dgemm (see the module docstring for the order)."""
+    candidates: list[tuple[str, str, str, bool]] = []  # (path, sgemm symbol, dgemm symbol, ilp64)
+    env = os.environ.get("BLADEPACK_BLAS")
+    if env:
+        candidates.append((env, "cblas_sgemm", "cblas_dgemm", False))
+    libs_dir = Path(np.__file__).resolve().parent.parent / "numpy.libs"
+    for path in sorted(glob.glob(str(libs_dir / "libscipy_openblas64_*.so*"))):
+        candidates.append((path, "scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_", True))
+    for path in sorted(glob.glob(str(libs_dir / "libscipy_openblas_*.so*"))):
+        candidates.append((path, "scipy_cblas_sgemm", "scipy_cblas_dgemm", False))
+    for lib in ("openblas", "cblas", "blas"):
+        found = ctypes.util.find_library(lib)
+        if found:
+            candidates.append((found, "cblas_sgemm", "cblas_dgemm", False))
+    for path, s, d, ilp64 in candidates:
+        try:
+            handle = ctypes.CDLL(path)
+            sg = ctypes.cast(getattr(handle, s), ctypes.c_void_p).value
+            dg = ctypes.cast(getattr(handle, d), ctypes.c_void_p).value
+        except (OSError, AttributeError):
+            continue
+        if sg and dg:
+            _KEEP.append(handle)
+            return Blas(sg, dg, ilp64, path)
+    return None
+
+
+_KEEP: list[ctypes.CDLL] = []  # BLAS handles stay loaded for the process (their pointers are shared)
+
+
+def _resolve(v: Any, regs: Sequence[int]) -> int:
+    if isinstance(v, dict):
+        return int(regs[v["r"]])
+    return int(v)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of native launches (`words`), or one reference step (`ref` = launch record)."""
+
+    words: np.ndarray | None
+    first_launch: int
+    ref: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    segments: tuple[Segment, ...]
+    arena_bytes: int
+    buffers: dict[int, tuple[int, tuple[int, ...], np.dtype]]  # arena value -> (byte offset, shape, dtype)
+
+
+class NativeCpu:
+    def __init__(self, bpk: BpkFile, native: dict[str, Any], weights: Sequence[np.ndarray]) -> None:
+        """`weights`: the weight arrays in manifest order (their slots follow the outputs')."""
+        self.plan = native
+        if native.get("abi") != ABI_VERSION:
+            raise BpkFormatError(f"{bpk.source}: native CPU plan ABI {native.get('abi')} is not {ABI_VERSION}")
+        lib_row = choose_library(native["libraries"])
+        self.isa = lib_row["isa"]
+        try:
+            self.lib = _open_library(bpk.section(lib_row["section"]))
+        except OSError as e:
+            raise NativeUnavailable(f"the {self.isa} CPU kernel library failed to load: {e}") from None
+        lib = self.lib
+        lib.bpk_abi_version.restype = ctypes.c_int
+        if lib.bpk_abi_version() != ABI_VERSION:
+            raise NativeUnavailable("the CPU kernel library has a different ABI version")
+        lib.bpk_ctx_create.restype = ctypes.c_void_p
+        lib.bpk_ctx_create.argtypes = [ctypes.c_int]
+        lib.bpk_ctx_destroy.argtypes = [ctypes.c_void_p]
+        lib.bpk_ctx_set_blas.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        lib.bpk_num_functions.restype = ctypes.c_int64
+        lib.bpk_run.restype = ctypes.c_int64
+        lib.bpk_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+        nfn = lib.bpk_num_functions()
+        threads = int(os.environ.get("BLADEPACK_NUM_THREADS", "0") or 0) or len(os.sched_getaffinity(0))
+        self.threads = threads
+        ctx = lib.bpk_ctx_create(threads)
+        if not ctx:
+            raise NativeUnavailable("the CPU kernel library could not start its thread pool")
+        self._ctx = ctypes.c_void_p(ctx)
+        self._destroy: Callable[[Any], None] = lib.bpk_ctx_destroy
+        self.blas = find_blas()
+        if self.blas is not None:
+            lib.bpk_ctx_set_blas(self._ctx, self.blas.sgemm, self.blas.dgemm, int(self.blas.ilp64))
+        self._run = lib.bpk_run
+        self.nfn = int(nfn)
+        self.weight_slots = np.array([w.__array_interface__["data"][0] for w in weights], dtype=np.uint64)
+        self._local = threading.local()
+
+    def __del__(self) -> None:
+        ctx = getattr(self, "_ctx", None)
+        if ctx is not None and ctx.value:
+            self._destroy(ctx)
+
+    # -- per shape signature
+    def prepare(self, regs: Sequence[int], kernels: Sequence[dict[str, Any]]) -> Prepared:
+        segments: list[Segment] = []
+        words: list[int] = []
+        first = 0
+        for k, lr in enumerate(self.plan["launches"]):
+            op = lr["op"]
+            if op == "ref":
+                if words:
+                    segments.append(Segment(np.array(words, dtype=np.int64), first))
+                segments.append(Segment(None, k, lr))
+                words, first = [], k + 1
+                continue
+            ptrs = lr["ptrs"]
+            ints = [_resolve(v, regs) for v in lr["ints"]]
+            if op == "kernel":
+                fn = None
+                for var in kernels[lr["k"]]["variants"]:
+                    if regs[var["pred"]]:
+                        fn = int(var["fn"])
+                        break
+                if fn is None or not 0 <= fn < self.nfn:
+                    raise BpkFormatError(f"kernel {kernels[lr['k']]['name']}: no variant applies (corrupt plan)")
+                head = [OP_KERNEL, fn]
+            elif op == "gemm":
+                head = [OP_GEMM, 0 if lr["dtype"] == "float32" else 1]
+            else:
+                raise BpkFormatError(f"unknown launch op {op!r}")
+            words += [*head, len(ptrs), len(ints)]
+            for slot, off in ptrs:
+                words += [int(slot), _resolve(off, regs)]
+            words += ints
+        if words or not segments:
+            segments.append(Segment(np.array(words, dtype=np.int64), first))
+        buffers = {
+            b["id"]: (
+                _resolve(b["offset"], regs),
+                tuple(_resolve(d, regs) for d in b["shape"]),
+                DType(b["dtype"]).to_numpy(),
+            )
+            for b in self.plan["buffers"]
+        }
+        return Prepared(tuple(segments), _resolve(self.plan["arena_bytes"], regs), buffers)
+
+    # -- per call
+    def arena(self, nbytes: int) -> np.ndarray:
+        buf = getattr(self._local, "arena", None)
+        if buf is None or buf.nbytes < nbytes + 64:
+            buf = np.empty(max(nbytes, 1) + 64, dtype=np.uint8)
+            self._local.arena = buf
+        return buf
+
+    def run_segment(self, seg: Segment, slots: np.ndarray, status: np.ndarray) -> int:
+        words = seg.words
+        assert words is not None
+        return int(
+            self._run(
+                self._ctx,
+                words.__array_interface__["data"][0],
+                words.size,
+                slots.__array_interface__["data"][0],
+                status.__array_interface__["data"][0],
+            )
+        )

@@ -1,0 +1,376 @@
+"""Fusion planning: which values live in memory, and which generated kernel computes each of them.
+
+In: an optimized IR `Program`. Out: a `FusionPlan` — the materialized values and, in execution order,
+one step per materialized value: a generated kernel (`KernelSpec`), a library call (GEMM, convolution)
+or a reference step (an op the code generator does not cover, run by the loader's numpy executor).
+
+How it decides (BladeDISC's kinds, decided from shape facts only, so every shape in range is legal):
+- kLoop: a materialized value and the cone of non-materialized producers it inlines (elementwise,
+  broadcast, injective). Layout ops (reshape / permute / slice / expand) never copy: they become index
+  maps of the reads (views.py proves when a chain is a plain strided view).
+- kInput / kStitch ("row" kernels): reductions over trailing axes (sum, mean, max, min, prod) and the
+  composite row ops (softmax, log-softmax, layer norm, RMS norm) with their producers and consumers in
+  one kernel, one row per iteration; several reductions over the same rows share the kernel (e.g.
+  residual add + layer norm, or the attention mask + scale + softmax).
+- Anchors: reductions over other axes, arg-reductions, cumsum and pooling get a kernel of their own
+  (their producers are still inlined).
+- GEMM epilogues: bias, activation and residual adds after a GEMM fuse into the kernel that consumes
+  the GEMM output, since BLAS cannot take them (issue text: "epilogues fused into the following
+  generated kernel when the library cannot take them").
+
+Note [Materialize or recompute]: a non-materialized value used by several kernels is recomputed in
+each when it is cheap (a few arithmetic ops over loads); an expensive one (transcendental, gather,
+row op, or a long cone) is materialized once instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Union
+
+from bladepack.dtypes import DType
+from bladepack.ir import Graph, Node, OpKind, Program
+from bladepack.ir.ops import OP_INFO, AxisAttrs, IndexAttrs, NormAttrs, OpClass, ReduceAttrs
+from bladepack.ir.types import IRDim, TensorType, dim_str
+from bladepack.optimize.views import LAYOUT_OPS, View, sym_eq, view_of
+
+
+class Role(Enum):
+    FUSIBLE = "fusible"
+    ROW = "row"  # a reduction over trailing axes or a row op: fuses into a row kernel
+    ANCHOR = "anchor"  # gets its own kernel; producers inline
+    LIBRARY = "library"
+    REFERENCE = "reference"
+
+
+NATIVE_DTYPES = frozenset(
+    {DType.FLOAT32, DType.FLOAT64, DType.INT64, DType.INT32, DType.INT16, DType.INT8, DType.UINT8, DType.BOOL}
+)
+_EXPENSIVE = frozenset(
+    {
+        OpKind.EXP,
+        OpKind.LOG,
+        OpKind.TANH,
+        OpKind.SIGMOID,
+        OpKind.GELU,
+        OpKind.SILU,
+        OpKind.ERF,
+        OpKind.SIN,
+        OpKind.COS,
+        OpKind.POW,
+        OpKind.TAKE,
+        OpKind.GATHER,
+        OpKind.INDEX,
+    }
+)
+_CHEAP_CONE = 6  # a shared cone up to this many nodes (none expensive) is recomputed per use
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """A generated kernel: it stores `roots` and computes every node of `nodes` inline."""
+
+    name: str
+    kind: str  # "loop" | "row" | "reduce" | "scan" | "pool"
+    roots: tuple[int, ...]
+    nodes: tuple[int, ...]  # topological; includes the roots that are nodes
+    domain: tuple[IRDim, ...]  # loop / row: the iteration space; anchors: their output shape
+    reduced: int = 0  # row kernels: how many trailing axes of the domain each row spans
+    loc: str = ""
+
+
+@dataclass(frozen=True)
+class LibraryStep:
+    node: int
+    op: str  # "matmul" | "conv2d"
+    loc: str = ""
+
+
+@dataclass(frozen=True)
+class ReferenceStep:
+    node: int
+    reason: str
+    loc: str = ""
+
+
+PlanStep = Union[KernelSpec, LibraryStep, ReferenceStep]
+
+
+@dataclass(frozen=True)
+class FusionPlan:
+    steps: tuple[PlanStep, ...]
+    materialized: frozenset[int]
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def kernels(self) -> tuple[KernelSpec, ...]:
+        return tuple(s for s in self.steps if isinstance(s, KernelSpec))
+
+    def text(self, graph: Graph) -> str:
+        """Deterministic text (BLADEPACK_DUMP's fusion_plan.txt and golden tests)."""
+        nodes = {n.id: n for n in graph.nodes}
+        lines = [
+            f"fusion plan: {len(self.kernels)} kernels, "
+            f"{sum(isinstance(s, LibraryStep) for s in self.steps)} library calls, "
+            f"{sum(isinstance(s, ReferenceStep) for s in self.steps)} reference steps"
+        ]
+        for s in self.steps:
+            if isinstance(s, KernelSpec):
+                ops = " ".join(f"{nodes[i].op.value}%{i}" for i in s.nodes)
+                dom = ", ".join(dim_str(d) for d in s.domain)
+                red = f" rows of {s.reduced}" if s.kind == "row" else ""
+                roots = ", ".join(f"%{r}" for r in s.roots)
+                lines.append(f"  {s.name}: {s.kind}[{dom}]{red} -> {roots} = {{{ops}}}")
+            elif isinstance(s, LibraryStep):
+                lines.append(f"  {s.op} -> %{s.node}")
+            else:
+                lines.append(f"  reference {nodes[s.node].op.value} -> %{s.node} ({s.reason})")
+        for note in self.notes:
+            lines.append(f"  note: {note}")
+        return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- classification
+
+
+def row_reduced_axes(n: Node, in_type: TensorType) -> int | None:
+    """How many trailing axes a row op spans, or None when it is not a trailing-axes reduction."""
+    rank = in_type.rank
+    if n.op in (OpKind.SUM, OpKind.MEAN, OpKind.AMAX, OpKind.AMIN, OpKind.PROD):
+        assert isinstance(n.attrs, ReduceAttrs)
+        axes = sorted(a % rank for a in n.attrs.axes) if rank else []
+        if rank == 0 or not axes or axes != list(range(rank - len(axes), rank)):
+            return None
+        return len(axes)
+    if n.op in (OpKind.SOFTMAX, OpKind.LOG_SOFTMAX):
+        assert isinstance(n.attrs, AxisAttrs)
+        return 1 if rank and n.attrs.axis % rank == rank - 1 else None
+    if n.op in (OpKind.LAYER_NORM, OpKind.RMS_NORM):
+        assert isinstance(n.attrs, NormAttrs)
+        return n.attrs.num_axes if 0 < n.attrs.num_axes <= rank else None
+    return None
+
+
+def classify(n: Node, types: dict[int, TensorType]) -> tuple[Role, str]:
+    dts = [types[i].dtype for i in n.inputs] + [n.type.dtype]
+    bad = sorted({d.value for d in dts if d not in NATIVE_DTYPES})
+    if bad:
+        return Role.REFERENCE, f"dtype {', '.join(bad)} has no CPU kernels yet"
+    if n.op in (OpKind.MATMUL, OpKind.CONV2D):
+        if n.type.dtype not in (DType.FLOAT32, DType.FLOAT64) or any(types[i].dtype != n.type.dtype for i in n.inputs):
+            return Role.REFERENCE, f"{n.op.value} on {n.type.dtype.value} has no BLAS routine"
+        return Role.LIBRARY, ""
+    if n.op in (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D, OpKind.CUMSUM, OpKind.ARGMAX, OpKind.ARGMIN):
+        return Role.ANCHOR, ""
+    if OP_INFO[n.op].op_class is OpClass.REDUCTION:
+        if row_reduced_axes(n, types[n.inputs[0]]) is not None:
+            return Role.ROW, ""
+        if n.op in (OpKind.SUM, OpKind.MEAN, OpKind.AMAX, OpKind.AMIN, OpKind.PROD):
+            return Role.ANCHOR, ""
+        return Role.REFERENCE, f"{n.op.value} over a leading axis has no CPU kernel yet"
+    if n.op is OpKind.INDEX:
+        assert isinstance(n.attrs, IndexAttrs)
+        axes = list(n.attrs.axes)
+        if axes != list(range(axes[0], axes[0] + len(axes))):
+            return Role.REFERENCE, "advanced indexing on non-adjacent axes has no CPU kernel yet"
+    return Role.FUSIBLE, ""
+
+
+# --------------------------------------------------------------------------- planning
+
+
+class _Planner:
+    def __init__(self, p: Program, gemm_operand_ok: Callable[[Node, int, View], bool], forced: frozenset[int]) -> None:
+        self.g = p.graph
+        self.env = p.shape_env
+        self.nodes = {n.id: n for n in self.g.nodes}
+        self.order = {n.id: k for k, n in enumerate(self.g.nodes)}
+        self.types = self.g.value_types()
+        self.roles: dict[int, Role] = {}
+        self.reasons: dict[int, str] = {}
+        for n in self.g.nodes:
+            self.roles[n.id], self.reasons[n.id] = classify(n, self.types)
+            if n.id in forced:
+                self.roles[n.id], self.reasons[n.id] = Role.REFERENCE, "no CPU kernel could be generated"
+        self.params = {p_.id for p_ in self.g.inputs + self.g.weights}
+        self.users: dict[int, list[int]] = {}
+        for n in self.g.nodes:
+            for i in dict.fromkeys(n.inputs):
+                self.users.setdefault(i, []).append(n.id)
+        self.mat: set[int] = set(self.params) | set(self.g.outputs)
+        self.gemm_operand_ok = gemm_operand_ok
+
+    def is_mat(self, v: int) -> bool:
+        return v in self.mat
+
+    def view(self, v: int) -> View | None:
+        return view_of(self.nodes, self.types, v, self.is_mat)
+
+    def _layout_root(self, v: int) -> int:
+        while v in self.nodes and v not in self.mat and self.nodes[v].op in LAYOUT_OPS:
+            v = self.nodes[v].inputs[0]
+        return v
+
+    def seed(self) -> None:
+        for n in self.g.nodes:
+            role = self.roles[n.id]
+            if role in (Role.LIBRARY, Role.ANCHOR, Role.REFERENCE):
+                self.mat.add(n.id)
+            if role is Role.REFERENCE:
+                self.mat.update(n.inputs)
+            if n.op in (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D, OpKind.CUMSUM):
+                self.mat.add(n.inputs[0])
+            if role is Role.LIBRARY and n.op is OpKind.CONV2D:
+                self.mat.update(n.inputs)
+            if role is Role.LIBRARY and n.op is OpKind.MATMUL:
+                for k, v in enumerate(n.inputs):
+                    self.mat.add(self._layout_root(v))
+                    view = self.view(v)
+                    if view is None or not self.gemm_operand_ok(n, k, view):
+                        self.mat.add(v)
+
+    def cone(self, root: int) -> list[int]:
+        """Nodes computed inline by the kernel that stores `root` (root first excluded from stops)."""
+        seen: set[int] = set()
+        stack = [root]
+        while stack:
+            v = stack.pop()
+            if v in seen or v not in self.nodes:
+                continue
+            seen.add(v)
+            n = self.nodes[v]
+            if v != root and v in self.mat:
+                seen.discard(v)
+                continue
+            if v != root and self.roles[v] is not Role.FUSIBLE and self.roles[v] is not Role.ROW:
+                continue
+            stack.extend(n.inputs)
+        return sorted((v for v in seen if v == root or v not in self.mat), key=self.order.__getitem__)
+
+    def kernel_roots(self) -> list[int]:
+        return [
+            v
+            for v in sorted(self.mat & set(self.nodes), key=self.order.__getitem__)
+            if self.roles[v] in (Role.FUSIBLE, Role.ROW, Role.ANCHOR)
+        ]
+
+    def _expensive(self, v: int) -> bool:
+        c = self.cone(v)
+        return len(c) > _CHEAP_CONE or any(self.nodes[u].op in _EXPENSIVE or self.roles[u] is Role.ROW for u in c)
+
+    def _row_problem(self, root: int, cone: list[int]) -> int | None:
+        """A row op whose output must be materialized for this kernel to be one legal row kernel."""
+        rows = [v for v in cone if self.roles[v] is Role.ROW]
+        if self.roles[root] is Role.ANCHOR:
+            return rows[-1] if rows else None
+        if not rows:
+            return None
+        last = self.nodes[rows[-1]]
+        dom = self.types[last.inputs[0]].shape
+        k = row_reduced_axes(last, self.types[last.inputs[0]])
+        assert k is not None
+        outer = dom[: len(dom) - k]
+        row_shapes = (tuple(outer) + (1,) * k, tuple(outer))
+
+        def same(a: Sequence[IRDim], b: Sequence[IRDim]) -> bool:
+            return len(a) == len(b) and all(sym_eq(x, y) for x, y in zip(a, b))
+
+        for v in rows[:-1]:
+            n = self.nodes[v]
+            kv = row_reduced_axes(n, self.types[n.inputs[0]])
+            if kv != k or not same(self.types[n.inputs[0]].shape, dom):
+                return v
+        # every node downstream of a row op must sit on the rows (full or per-row shape), elementwise
+        cone_set = set(cone)
+        depends: dict[int, int] = {}  # node -> the latest row op it depends on inside the kernel
+        for v in cone:
+            n = self.nodes[v]
+            deps = [depends[i] for i in n.inputs if i in cone_set and i in depends]
+            if deps:
+                latest = max(deps, key=self.order.__getitem__)
+                if self.roles[v] is Role.ROW:
+                    if not same(self.types[n.inputs[0]].shape, dom):
+                        return latest
+                else:
+                    shape = n.type.shape
+                    on_rows = (
+                        same(shape, dom) or same(shape, row_shapes[0]) or (v == root and same(shape, row_shapes[1]))
+                    )
+                    op_ok = (
+                        OP_INFO[n.op].op_class in (OpClass.ELEMENTWISE, OpClass.BROADCAST) and n.op is not OpKind.EXPAND
+                    )
+                    if n.op is OpKind.RESHAPE and (same(shape, row_shapes[0]) or same(shape, row_shapes[1])):
+                        op_ok = True
+                    if not (on_rows and op_ok):
+                        return latest
+                depends[v] = latest
+            if self.roles[v] is Role.ROW:
+                depends[v] = v
+        rshape = self.types[root].shape
+        if root in depends and not (same(rshape, dom) or same(rshape, row_shapes[0]) or same(rshape, row_shapes[1])):
+            return depends[root]
+        return None
+
+    def solve(self) -> None:
+        self.seed()
+        changed = True
+        while changed:
+            changed = False
+            uses: dict[int, set[int]] = {}
+            for r in self.kernel_roots():
+                c = self.cone(r)
+                bad = self._row_problem(r, c)
+                if bad is not None:
+                    self.mat.add(bad)
+                    changed = True
+                    break
+                for v in c:
+                    if v != r:
+                        uses.setdefault(v, set()).add(r)
+            if changed:
+                continue
+            for v, rs in sorted(uses.items()):
+                if len(rs) > 1 and self._expensive(v):
+                    self.mat.add(v)
+                    changed = True
+
+    def plan(self) -> FusionPlan:
+        self.solve()
+        steps: list[PlanStep] = []
+        count = 0
+        for v in sorted(self.mat & set(self.nodes), key=self.order.__getitem__):
+            n = self.nodes[v]
+            role = self.roles[v]
+            if role is Role.LIBRARY:
+                steps.append(LibraryStep(v, n.op.value, n.loc))
+            elif role is Role.REFERENCE:
+                steps.append(ReferenceStep(v, self.reasons[v], n.loc))
+            else:
+                c = self.cone(v)
+                rows = [u for u in c if self.roles[u] is Role.ROW]
+                if role is Role.ANCHOR:
+                    kind = {OpKind.MAX_POOL2D: "pool", OpKind.AVG_POOL2D: "pool", OpKind.CUMSUM: "scan"}.get(
+                        n.op, "reduce"
+                    )
+                    domain = n.type.shape
+                    reduced = 0
+                elif rows:
+                    last = self.nodes[rows[-1]]
+                    kind = "row"
+                    domain = self.types[last.inputs[0]].shape
+                    reduced = row_reduced_axes(last, self.types[last.inputs[0]]) or 0
+                else:
+                    kind, domain, reduced = "loop", n.type.shape, 0
+                steps.append(KernelSpec(f"k{count}", kind, (v,), tuple(c), tuple(domain), reduced, n.loc))
+                count += 1
+        return FusionPlan(tuple(steps), frozenset(self.mat))
+
+
+def plan_fusion(
+    p: Program, gemm_operand_ok: Callable[[Node, int, View], bool], forced: frozenset[int] = frozenset()
+) -> FusionPlan:
+    """`gemm_operand_ok(node, k, view)`: can the library read operand k of `node` as this view;
+    `forced` nodes run as reference steps."""
+    return _Planner(p, gemm_operand_ok, forced).plan()

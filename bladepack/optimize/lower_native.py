@@ -1,0 +1,233 @@
+"""Lower a fusion plan to the native CPU plan: kernel sources, launch records and the arena layout.
+
+In: the optimized `Program`, its `FusionPlan` and the shape-program builder of `build_plan`. Out:
+`NativeLowering` — the C++ source of every kernel (variants included), and the manifest part the
+loaders read: the kernel table (variant functions with their predicates), one launch record per step
+(pointer arguments as (slot, byte offset), int arguments), the arena buffers and the arena size. Every
+size, offset, stride and predicate is a shape-program register (Note [SymInt encoding] in
+artifact/plan.py), so a loader resolves the whole launch list once per input-shape signature.
+
+Note [Slots]: pointer arguments name a slot — 0 the arena, then the inputs, the outputs and the weights
+in signature order — plus a byte offset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bladepack.artifact.plan import SymIntEnc
+from bladepack.codegen.cpu_emitter import EmittedKernel, KernelContext, KernelEmitError, emit_kernel
+from bladepack.ir import OpKind, Program
+from bladepack.ir.ops import Conv2dAttrs
+from bladepack.ir.types import IRDim, TensorType, dim_str
+from bladepack.library_ops.cpu_gemm import GemmCall, lower_conv, lower_matmul, operand_ok
+from bladepack.optimize.fusion import FusionPlan, KernelSpec, LibraryStep, ReferenceStep, plan_fusion
+from bladepack.optimize.memory_plan import Buffer, plan_memory
+from bladepack.optimize.views import View, simplify, view_of
+
+Enc = Callable[[Any], SymIntEnc]
+
+
+@dataclass
+class NativeLowering:
+    fusion: FusionPlan
+    kernels: list[EmittedKernel]
+    manifest: dict[str, Any]
+    arena_expr: str
+    kernel_rows: list[dict[str, Any]] = field(default_factory=list)
+    gemm_rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def source_body(self) -> str:
+        return "\n".join(k.source for k in self.kernels)
+
+    def function_names(self) -> list[str]:
+        return [name for k in self.kernels for name, _ in k.variants]
+
+
+def fusion_for(p: Program, forced: frozenset[int] = frozenset()) -> FusionPlan:
+    return plan_fusion(p, lambda node, k, view: operand_ok(p.shape_env, node, k, view), forced)
+
+
+class _Lowerer:
+    def __init__(self, p: Program, plan: FusionPlan, enc: Enc, pred: Callable[[Any], int]) -> None:
+        self.p, self.plan, self.enc, self.pred = p, plan, enc, pred
+        g = p.graph
+        self.nodes = {n.id: n for n in g.nodes}
+        self.types: dict[int, TensorType] = g.value_types()
+        self.mat = set(plan.materialized)
+        self.slot: dict[int, int] = {}
+        for k, prm in enumerate(g.inputs):
+            self.slot[prm.id] = 1 + k
+        self.n_in = len(g.inputs)
+        self.output_slot: dict[int, int] = {}
+        for k, o in enumerate(g.outputs):
+            if o in self.nodes and o not in self.output_slot:
+                self.output_slot[o] = 1 + self.n_in + k
+        for k, w in enumerate(g.weights):
+            self.slot[w.id] = 1 + self.n_in + len(g.outputs) + k
+        self.slot.update(self.output_slot)
+        self.temp_id = max(self.types) + 1
+        self.launches: list[dict[str, Any]] = []
+        self.kernels: list[EmittedKernel] = []
+        self.kernel_rows: list[dict[str, Any]] = []
+        self.touch: dict[int, list[int]] = {}  # arena value -> launch indices that touch it
+        self.sizes: dict[int, IRDim] = {}
+        self.fn_count = 0
+        self.gemm_rows: list[dict[str, Any]] = []
+
+    def view(self, v: int) -> View | None:
+        return view_of(self.nodes, self.types, v, self.mat.__contains__)
+
+    def _use(self, v: int) -> None:
+        if v not in self.slot:
+            self.touch.setdefault(v, []).append(len(self.launches))
+
+    def _ptr(self, base: int, elem_offset: IRDim = 0) -> tuple[int, int, IRDim]:
+        """(slot, value id, element offset); arena values get their byte offset added later."""
+        self._use(base)
+        return (self.slot.get(base, 0), base, elem_offset)
+
+    def _kernel(self, spec: KernelSpec, conv: tuple[Any, View] | None = None) -> None:
+        ctx = KernelContext(self.nodes, self.types, self.view)
+        try:
+            ek = emit_kernel(spec, ctx, conv)
+        except (ValueError, AssertionError, KeyError) as e:
+            culprits = frozenset(v for v in spec.nodes if v in self.nodes) or frozenset(spec.roots)
+            raise KernelEmitError(f"{spec.name}: {e}", culprits) from e
+        fns = []
+        for _name, pred in ek.variants:
+            fns.append({"fn": self.fn_count, "pred": self.pred(pred)})
+            self.fn_count += 1
+        ptrs = [self._ptr(v) for v in ek.stores] + [self._ptr(v.base) for v in ek.loads]
+        self.kernel_rows.append(
+            {
+                "name": spec.name,
+                "target": "cpu",
+                "arch": None,
+                "kind": spec.kind,
+                "loc": spec.loc,
+                "nodes": list(spec.nodes),
+                "variants": [{"name": n, **f} for (n, _), f in zip(ek.variants, fns)],
+                "errors": ek.error_sites,
+            }
+        )
+        self.launches.append(
+            {"op": "kernel", "k": len(self.kernels), "ptrs": ptrs, "ints": [self.enc(e) for e in ek.args.exprs]}
+        )
+        self.kernels.append(ek)
+
+    def _gemm(self, call: GemmCall) -> None:
+        n = self.nodes[call.out]
+        self.gemm_rows.append(
+            {
+                "node": call.out,
+                "op": n.op.value,
+                "library": "blas",
+                "dtype": call.dtype.value,
+                "m": dim_str(call.m),
+                "n": dim_str(call.n),
+                "k": dim_str(call.k),
+                "batch": [dim_str(d) for d in call.batch if d != 1],
+                "loc": n.loc,
+            }
+        )
+        ptrs = [self._ptr(call.a.base, call.a.offset), self._ptr(call.b.base, call.b.offset), self._ptr(call.out)]
+        self.launches.append(
+            {"op": "gemm", "dtype": call.dtype.value, "ptrs": ptrs, "ints": [self.enc(e) for e in call.ints()]}
+        )
+
+    def _conv(self, step: LibraryStep) -> None:
+        n = self.nodes[step.node]
+        a = n.attrs
+        assert isinstance(a, Conv2dAttrs)
+        x = self.view(n.inputs[0])
+        w = self.view(n.inputs[1])
+        assert x is not None and w is not None
+        kh, kw = self.types[n.inputs[1]].shape[2:]
+        if a.stride == (1, 1) and a.padding == (0, 0) and a.groups == 1 and (kh, kw) == (1, 1) and x.is_contiguous():
+            self._gemm(lower_conv(n, x, w, None))
+            return
+        cols = self.temp_id
+        self.temp_id += 1
+        nb, c = self.types[n.inputs[0]].shape[:2]
+        oh, ow = n.type.shape[2:]
+        shape = (nb, simplify(c * kh * kw), simplify(oh * ow))
+        self.types[cols] = TensorType(n.type.dtype, shape)
+        spec = KernelSpec(f"k{len(self.kernels)}_im2col", "im2col", (cols,), (), shape, 0, n.loc)
+        self._kernel(spec, (n, x))
+        self._gemm(lower_conv(n, x, w, cols))
+
+    def run(self) -> dict[str, Any]:
+        g = self.p.graph
+        for step in self.plan.steps:
+            if isinstance(step, KernelSpec):
+                self._kernel(KernelSpec(f"k{len(self.kernels)}", *_spec_rest(step)))
+            elif isinstance(step, LibraryStep):
+                n = self.nodes[step.node]
+                if n.op is OpKind.CONV2D:
+                    self._conv(step)
+                else:
+                    va, vb = self.view(n.inputs[0]), self.view(n.inputs[1])
+                    assert va is not None and vb is not None
+                    call = lower_matmul(self.p.shape_env, n, va, vb)
+                    assert call is not None, f"matmul %{n.id}: operands were planned as BLAS views"
+                    self._gemm(call)
+            else:
+                assert isinstance(step, ReferenceStep)
+                n = self.nodes[step.node]
+                for i in n.inputs:
+                    self._ptr(i)
+                self._ptr(n.id)
+                self.launches.append({"op": "ref", "node": n.id, "reason": step.reason})
+        # arena buffers: every materialized value that is neither a parameter nor an output
+        buffers = []
+        for v, uses in sorted(self.touch.items()):
+            t = self.types[v]
+            buffers.append(Buffer(v, t.nbytes(), min(uses), max(uses)))
+        mem = plan_memory(self.p.shape_env, buffers)
+        for lr in self.launches:
+            if "ptrs" in lr:
+                lr["ptrs"] = [self._resolve_ptr(slot, v, off, mem.offsets) for slot, v, off in lr["ptrs"]]
+        values = {v: self.types[v] for v in mem.offsets}
+        return {
+            "abi": 1,
+            "kernels": self.kernel_rows,
+            "launches": self.launches,
+            "buffers": [
+                {
+                    "id": v,
+                    "dtype": values[v].dtype.value,
+                    "shape": [self.enc(d) for d in values[v].shape],
+                    "offset": self.enc(mem.offsets[v]),
+                }
+                for v in sorted(mem.offsets)
+            ],
+            "arena_bytes": self.enc(mem.total),
+            "arena_bytes_expr": dim_str(mem.total),
+            "arena_slots": len(mem.slots),
+            "outputs": [self.output_slot.get(o, -1) for o in g.outputs],
+        }
+
+    def _resolve_ptr(self, slot: int, v: int, elem_off: IRDim, arena: dict[int, IRDim]) -> list[SymIntEnc]:
+        item = self.types[v].dtype.itemsize
+        off = simplify(elem_off * item)
+        if slot == 0:
+            off = simplify(arena[v] + off)
+        return [slot, self.enc(off)]
+
+
+def _spec_rest(s: KernelSpec) -> tuple[Any, ...]:
+    return (s.kind, s.roots, s.nodes, s.domain, s.reduced, s.loc)
+
+
+def lower_native(
+    p: Program, enc: Enc, pred: Callable[[Any], int], forced: frozenset[int] = frozenset()
+) -> NativeLowering:
+    """`enc` encodes a size for the manifest; `pred` compiles a sympy boolean to a register; `forced`
+    nodes run on the reference executor. Raises KernelEmitError naming the nodes a kernel failed on."""
+    plan = fusion_for(p, forced)
+    low = _Lowerer(p, plan, enc, pred)
+    manifest = low.run()
+    return NativeLowering(plan, low.kernels, manifest, manifest["arena_bytes_expr"], low.kernel_rows, low.gemm_rows)
