@@ -137,7 +137,7 @@ def unary(op: OpKind, x: str, dt: DType, attrs: Any) -> str:
     if op is OpKind.CAST:
         return x
     fn = {
-        OpKind.EXP: "std::exp({x})",
+        OpKind.EXP: "bpk::vexp({x})",
         OpKind.LOG: "std::log({x})",
         OpKind.SQRT: "std::sqrt({x})",
         OpKind.RSQRT: "({t}(1) / std::sqrt({x}))",
@@ -145,7 +145,7 @@ def unary(op: OpKind, x: str, dt: DType, attrs: Any) -> str:
         OpKind.TANH: "std::tanh({x})",
         OpKind.SIGMOID: "bpk::sigmoid({x})",
         OpKind.SILU: "({x} * bpk::sigmoid({x}))",
-        OpKind.ERF: "std::erf({x})",
+        OpKind.ERF: "bpk::verf({x})",
         OpKind.SIN: "std::sin({x})",
         OpKind.COS: "std::cos({x})",
     }.get(op)

@@ -13,14 +13,15 @@ branch; take / gather load an index and check it. Every (value, index) pair is c
 in the outermost loop where all its symbols are defined (loop-invariant code motion by construction).
 
 Schedules: loop kernels run rows (all dims but the last) in parallel and the last dim as the inner,
-vectorizable loop. Row kernels run one row per iteration: each reduction is a pass over the row with
-lane-wise partial accumulators (vectorizable without -ffast-math), then one pass writes the results.
+vectorizable loop. Row kernels run one row per iteration: each reduction is a pass over the row
+(`#pragma omp simd reduction`, honoured through -fopenmp-simd with no OpenMP runtime, so the compiler
+may reassociate just these sums), then one pass writes the results.
 
 Variants (chosen per input shape by the shape program, first true predicate wins):
-- loop kernels: inner extent divisible by 8 -> 8-wide blocked inner loop without a tail; else a plain
-  loop (vector width from the innermost extent);
-- row kernels: rows of 16 or more elements -> 8 lanes of partial sums with a scalar tail; shorter rows
-  -> one accumulator (reduction schedule from the row length).
+- loop kernels: inner extent >= 8 -> SIMD inner loop; shorter -> scalar loop without vector prologue
+  and epilogue (vector width from the innermost extent);
+- row kernels: rows of >= 16 elements -> SIMD reduction passes; shorter rows -> scalar passes
+  (reduction schedule from the row length).
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ class _Emitter:
         self.tmp = 0
         self.row_stats: dict[int, dict[str, str]] = {}
         self.outer: tuple[sympy.Expr, ...] = ()
-        self.lanes = 1
+        self.simd = False
         self.error_sites: list[str] = []
         self.row_ops: set[int] = set()
         self.depth: dict[str, int] = {}  # scope depth of each C variable defined so far
@@ -123,7 +124,9 @@ class _Emitter:
     def _target(self, syms: set[sympy.Symbol]) -> int:
         """Index of the outermost scope where `syms` are all defined, not crossing a barrier."""
         k = len(self.scopes) - 1
-        while k > 0 and not self.scopes[k].barrier:
+        # never above the row loop: values defined outside the parallel body would reach it only
+        # through the lambda's by-reference captures (Note [Restrict inside the parallel body])
+        while k > 1 and not self.scopes[k].barrier:
             defined = set().union(*(s.syms for s in self.scopes[:k]))
             if not syms <= defined:
                 break
@@ -442,10 +445,10 @@ class _Emitter:
             length = simplify(length * d)
         return length
 
-    def reduce_pass(
-        self, dt: DType, init: str, combine: Callable[[str, str], str], body: Callable[[tuple[sympy.Expr, ...]], str]
-    ) -> str:
-        """One pass over the current row; returns the C variable holding the combined value."""
+    def reduce_pass(self, dt: DType, kind: str, body: Callable[[tuple[sympy.Expr, ...]], str]) -> str:
+        """One pass over the current row, combining `body` with `kind` ("sum", "prod", "max", "min");
+        returns the C variable holding the result. With `self.simd` the innermost loop carries
+        `#pragma omp simd reduction(...)` (max / min track NaN in a separate flag, like torch)."""
         t = CTYPE[dt]
         dom = self.spec.domain
         k = self.spec.reduced
@@ -453,57 +456,51 @@ class _Emitter:
         saved = self.scopes
         self.scopes = saved[:2]  # passes are emitted at row scope, whatever scope asked for them
         acc = self.fresh("acc")
-        lanes = self.lanes
-        self.declare(f"{t} {acc}_l[{lanes}];", acc)
-        self.line(f"for (int w = 0; w < {lanes}; ++w) {acc}_l[w] = {init};")
+        floats = dt in _FLOATS
+        if kind in ("max", "min"):
+            big = kind == "max"
+            init = (
+                f"{'-' if big else ''}std::numeric_limits<{t}>::infinity()"
+                if floats
+                else f"std::numeric_limits<{t}>::{'lowest' if big else 'max'}()"
+            )
+        else:
+            init = f"{t}({1 if kind == 'prod' else 0})"
+        self.declare(f"{t} {acc} = {init};", acc)
+        track_nan = kind in ("max", "min") and floats
+        if track_nan:
+            self.declare(f"int {acc}_nan = 0;", acc + "_nan")
         full = (*self.outer, *inner)
-        last = inner[-1]
-        n_last = self.args.ref(dom[-1])
+        op = {"sum": "+", "prod": "*", "max": "max", "min": "min"}[kind]
 
         def innermost() -> None:
-            if lanes > 1:
-                jb = self.fresh("jb")
-                self.declare(f"int64_t {jb} = 0;", jb)
-
-                def lane() -> None:
-                    v = body(full)
-                    self.line(f"{acc}_l[w] = {combine(f'{acc}_l[w]', v)};")
-
-                self.loop(
-                    [
-                        f"for (; {jb} + {lanes} <= {n_last}; {jb} += {lanes}) {{",
-                        f"  for (int w = 0; w < {lanes}; ++w) {{",
-                    ],
-                    [last],
-                    lane,
-                    ["  }", "}"],
-                    [f"const int64_t {last.name} = {jb} + w;"],
-                )
-                start = jb
+            v = body(full)
+            if kind == "sum":
+                self.line(f"{acc} = {acc} + {v};")
+            elif kind == "prod":
+                self.line(f"{acc} = {acc} * {v};")
             else:
-                start = "0"
-
-            def tail() -> None:
-                v = body(full)
-                self.line(f"{acc}_l[0] = {combine(f'{acc}_l[0]', v)};")
-
-            self.loop([f"for (int64_t {last.name} = {start}; {last.name} < {n_last}; ++{last.name}) {{"], [last], tail)
+                cmp = ">" if kind == "max" else "<"
+                self.line(f"{acc} = {v} {cmp} {acc} ? {v} : {acc};")
+                if track_nan:
+                    self.line(f"{acc}_nan = {acc}_nan | int({v} != {v});")
 
         def nest(m: int) -> None:
-            if m == k - 1:
-                innermost()
-                return
             sym = inner[m]
-            self.loop(
-                [f"for (int64_t {sym.name} = 0; {sym.name} < {self.args.ref(dom[len(dom) - k + m])}; ++{sym.name}) {{"],
-                [sym],
-                lambda: nest(m + 1),
-            )
+            header = [
+                f"for (int64_t {sym.name} = 0; {sym.name} < {self.args.ref(dom[len(dom) - k + m])}; ++{sym.name}) {{"
+            ]
+            if m == k - 1:
+                if self.simd:
+                    red = f"reduction({op}:{acc})" + (f" reduction(|:{acc}_nan)" if track_nan else "")
+                    header.insert(0, f"#pragma omp simd {red}")
+                self.loop(header, [sym], innermost)
+            else:
+                self.loop(header, [sym], lambda: nest(m + 1))
 
         nest(0)
-        self.line(f"{t} {acc} = {acc}_l[0];")
-        if lanes > 1:
-            self.line(f"for (int w = 1; w < {lanes}; ++w) {acc} = {combine(acc, f'{acc}_l[w]')};")
+        if track_nan:
+            self.line(f"if ({acc}_nan) {acc} = std::numeric_limits<{t}>::quiet_NaN();")
         self.depth[acc] = 1
         self.scopes = saved
         return acc
@@ -514,33 +511,23 @@ class _Emitter:
             return got
         x = n.inputs[0]
         xt = self.ctx.types[x].dtype
-        acc_t = n.type.dtype if n.op not in (OpKind.SUM, OpKind.PROD) or n.type.dtype in _FLOATS else DType.INT64
+        acc_t = _accumulator(n)
         t = CTYPE[acc_t]
         length = self.args.ref(self._row_len())
 
         def load(idx: tuple[sympy.Expr, ...]) -> str:
             return self._as(self.eval(x, idx), xt, acc_t)
 
-        add = lambda a, b: f"({a} + {b})"  # noqa: E731
         stats: dict[str, str] = {}
         if n.op in (OpKind.SUM, OpKind.MEAN):
-            stats["acc"] = self.reduce_pass(acc_t, f"{t}(0)", add, load)
+            stats["acc"] = self.reduce_pass(acc_t, "sum", load)
         elif n.op is OpKind.PROD:
-            stats["acc"] = self.reduce_pass(acc_t, f"{t}(1)", lambda a, b: f"({a} * {b})", load)
+            stats["acc"] = self.reduce_pass(acc_t, "prod", load)
         elif n.op in (OpKind.AMAX, OpKind.AMIN):
-            big = n.op is OpKind.AMAX
-            if acc_t in _FLOATS:
-                init = f"{'-' if big else ''}std::numeric_limits<{t}>::infinity()"
-                fn = "bpk::fmax_nan" if big else "bpk::fmin_nan"
-                comb = lambda a, b: f"{fn}<{t}>({a}, {b})"  # noqa: E731
-            else:
-                init = f"std::numeric_limits<{t}>::{'lowest' if big else 'max'}()"
-                comb = (lambda a, b: f"({a} > {b} ? {a} : {b})") if big else (lambda a, b: f"({a} < {b} ? {a} : {b})")
-            stats["acc"] = self.reduce_pass(acc_t, init, comb, load)
+            stats["acc"] = self.reduce_pass(acc_t, "max" if n.op is OpKind.AMAX else "min", load)
         elif n.op in (OpKind.SOFTMAX, OpKind.LOG_SOFTMAX):
-            ninf = f"-std::numeric_limits<{t}>::infinity()"
-            m = self.reduce_pass(acc_t, ninf, lambda a, b: f"bpk::fmax_nan<{t}>({a}, {b})", load)
-            s = self.reduce_pass(acc_t, f"{t}(0)", add, lambda idx: f"std::exp({load(idx)} - {m})")
+            m = self.reduce_pass(acc_t, "max", load)
+            s = self.reduce_pass(acc_t, "sum", lambda idx: f"bpk::vexp({load(idx)} - {m})")
             stats["max"] = m
             if n.op is OpKind.SOFTMAX:
                 inv = self.fresh("inv")
@@ -555,16 +542,14 @@ class _Emitter:
             eps = literal(n.attrs.eps, acc_t)
             rstd = self.fresh("rstd")
             if n.op is OpKind.LAYER_NORM:
-                s = self.reduce_pass(acc_t, f"{t}(0)", add, load)
+                s = self.reduce_pass(acc_t, "sum", load)
                 mean = self.fresh("mean")
                 self.scopes[1].lines.append(f"const {t} {mean} = {s} / {t}({length});")
-                v = self.reduce_pass(
-                    acc_t, f"{t}(0)", add, lambda idx: f"(({load(idx)} - {mean}) * ({load(idx)} - {mean}))"
-                )
+                v = self.reduce_pass(acc_t, "sum", lambda idx: f"(({load(idx)} - {mean}) * ({load(idx)} - {mean}))")
                 self.scopes[1].lines.append(f"const {t} {rstd} = {t}(1) / std::sqrt({v} / {t}({length}) + {eps});")
                 stats["mean"] = mean
             else:
-                s = self.reduce_pass(acc_t, f"{t}(0)", add, lambda idx: f"({load(idx)} * {load(idx)})")
+                s = self.reduce_pass(acc_t, "sum", lambda idx: f"({load(idx)} * {load(idx)})")
                 self.scopes[1].lines.append(f"const {t} {rstd} = {t}(1) / std::sqrt({s} / {t}({length}) + {eps});")
             stats["rstd"] = rstd
         else:
@@ -577,16 +562,12 @@ class _Emitter:
         dt = n.type.dtype
         t = CTYPE[dt]
         if n.op in (OpKind.SUM, OpKind.PROD, OpKind.AMAX, OpKind.AMIN):
-            return self._as(
-                st["acc"],
-                n.type.dtype if n.type.dtype in _FLOATS or n.op in (OpKind.AMAX, OpKind.AMIN) else DType.INT64,
-                dt,
-            )
+            return self._as(st["acc"], _accumulator(n), dt)
         if n.op is OpKind.MEAN:
-            return f"{t}({st['acc']} / {t}({self.args.ref(self._row_len())}))"
+            return f"{t}({st['acc']} / double({self.args.ref(self._row_len())}))"
         x = self._as(self.eval(n.inputs[0], idx), self.ctx.types[n.inputs[0]].dtype, dt)
         if n.op is OpKind.SOFTMAX:
-            return f"(std::exp({x} - {st['max']}) * {st['inv']})"
+            return f"(bpk::vexp({x} - {st['max']}) * {st['inv']})"
         if n.op is OpKind.LOG_SOFTMAX:
             return f"({x} - {st['lse']})"
         assert isinstance(n.attrs, NormAttrs)
@@ -637,6 +618,7 @@ def _rows_loop(em: _Emitter, outer_dims: Sequence[IRDim], cost: str, body: Calla
     em.loop(
         [
             f"bpk::parallel_for(st, {em.args.ref(rows)}, {cost}, [&](int64_t lo_, int64_t hi_) {{",
+            _DECLS,
             "  for (int64_t row_ = lo_; row_ < hi_; ++row_) {",
         ],
         syms,
@@ -645,11 +627,17 @@ def _rows_loop(em: _Emitter, outer_dims: Sequence[IRDim], cost: str, body: Calla
     )
 
 
+# Note [Restrict inside the parallel body]: a lambda reading the kernel's pointers through its
+# by-reference captures loses __restrict__ and must reload every argument after each store, which
+# blocks vectorization; the parallel body therefore declares its own restrict pointers and int args.
+_DECLS = "/*bpk-decls*/"
+
+
 def _for(em: _Emitter, sym: Loop, extent: IRDim, gen: Callable[[], None]) -> None:
     em.loop([f"for (int64_t {sym.name} = 0; {sym.name} < {em.args.ref(extent)}; ++{sym.name}) {{"], [sym], gen)
 
 
-def _loop_kernel(em: _Emitter, width: int) -> None:
+def _loop_kernel(em: _Emitter, simd: bool) -> None:
     dom = em.spec.domain
     nodes = [em.ctx.nodes[v] for v in em.spec.nodes]
     if not dom:
@@ -667,19 +655,10 @@ def _loop_kernel(em: _Emitter, width: int) -> None:
                 val = em.eval(r, idx)
                 em.line(f"{em.ptr_store(r)}[{em.args.index(_store_offset(dom, idx))}] = {val};")
 
-        if width > 1:
-            em.loop(
-                [
-                    f"for (int64_t jb_ = 0; jb_ < {n_last}; jb_ += {width}) {{",
-                    f"  for (int w_ = 0; w_ < {width}; ++w_) {{",
-                ],
-                [j],
-                store,
-                ["  }", "}"],
-                [f"const int64_t {j.name} = jb_ + w_;"],
-            )
-        else:
-            _for(em, j, dom[-1], store)
+        header = [f"for (int64_t {j.name} = 0; {j.name} < {n_last}; ++{j.name}) {{"]
+        if simd:
+            header.insert(0, "#pragma omp simd")
+        em.loop(header, [j], store)
 
     _rows_loop(em, dom[:-1], f"{em.args.ref(dom[-1])} * {_cost(nodes)}", body)
 
@@ -690,12 +669,12 @@ def _same_shape(a: Sequence[IRDim], b: Sequence[IRDim]) -> bool:
     return len(a) == len(b) and all(sym_eq(x, y) for x, y in zip(a, b))
 
 
-def _row_kernel(em: _Emitter, lanes: int) -> None:
+def _row_kernel(em: _Emitter, simd: bool) -> None:
     dom = em.spec.domain
     k = em.spec.reduced
     r = len(dom) - k
     nodes = [em.ctx.nodes[v] for v in em.spec.nodes]
-    em.lanes = lanes
+    em.simd = simd
     em.row_ops = {v for v in em.spec.nodes if em.ctx.nodes[v].op in _ROW_OPS}
     full_roots = [v for v in em.spec.roots if _same_shape(em.ctx.types[v].shape, dom)]
     row_roots = [v for v in em.spec.roots if v not in full_roots]
@@ -719,10 +698,11 @@ def _row_kernel(em: _Emitter, lanes: int) -> None:
                 em.line(f"{em.ptr_store(v)}[{em.args.index(_store_offset(dom, idx))}] = {val};")
 
         def nest(m: int) -> None:
-            if m == k:
-                store()
-            else:
-                _for(em, inner[m], dom[r + m], lambda: nest(m + 1))
+            sym = inner[m]
+            header = [f"for (int64_t {sym.name} = 0; {sym.name} < {em.args.ref(dom[r + m])}; ++{sym.name}) {{"]
+            if m == k - 1 and simd:
+                header.insert(0, "#pragma omp simd")
+            em.loop(header, [sym], store if m == k - 1 else (lambda: nest(m + 1)))
 
         nest(0)
 
@@ -730,6 +710,17 @@ def _row_kernel(em: _Emitter, lanes: int) -> None:
     for d in dom[r:]:
         length = simplify(length * d)
     _rows_loop(em, dom[:r], f"{em.args.ref(length)} * {_cost(nodes) * 3}", body)
+
+
+def _accumulator(n: Node) -> DType:
+    """Sums and means of float32 accumulate in float64 (a user-visible reduction may cancel); integer
+    sums and products in int64 (torch's result type); max / min and the row ops in their own type."""
+    dt = n.type.dtype
+    if n.op in (OpKind.SUM, OpKind.MEAN):
+        return DType.FLOAT64 if dt in _FLOATS else DType.INT64
+    if n.op is OpKind.PROD:
+        return dt if dt in _FLOATS else DType.INT64
+    return dt
 
 
 _ROW_OPS = (
@@ -759,7 +750,7 @@ def _reduce_kernel(em: _Emitter) -> None:
     kept = [d for d in range(rank) if d not in axes]
     dt = n.type.dtype
     arg = n.op in (OpKind.ARGMAX, OpKind.ARGMIN)
-    acc_t = xt.dtype if arg else (dt if dt in _FLOATS or n.op in (OpKind.AMAX, OpKind.AMIN) else DType.INT64)
+    acc_t = xt.dtype if arg else _accumulator(n)
     t = CTYPE[acc_t]
     big = n.op in (OpKind.ARGMAX, OpKind.AMAX)
     if n.op in (OpKind.ARGMAX, OpKind.ARGMIN, OpKind.AMAX, OpKind.AMIN):
@@ -967,12 +958,21 @@ def _im2col_kernel(em: _Emitter, conv: Node, x_view: View, cols: int) -> None:
 
 
 def _function(name: str, em: _Emitter, ptr_types: list[tuple[str, bool]], nints: int) -> str:
-    head = [f"static void {name}(bpk::RunState* st, void* const* P, const int64_t* I) {{", "  (void)st; (void)I;"]
+    decls = []
     for k, (ct, writable) in enumerate(ptr_types):
         q = "" if writable else "const "
-        head.append(f"  {q}{ct}* BPK_RESTRICT p{k} = static_cast<{q}{ct}*>(P[{k}]); (void)p{k};")
-    head.extend(f"  const int64_t a{k} = I[{k}]; (void)a{k};" for k in range(nints))
-    return "\n".join(head + ["  " + ln for ln in em.scopes[0].lines] + ["}", ""])
+        decls.append(f"{q}{ct}* BPK_RESTRICT p{k} = static_cast<{q}{ct}*>(P[{k}]); (void)p{k};")
+    decls.extend(f"const int64_t a{k} = I[{k}]; (void)a{k};" for k in range(nints))
+    head = [f"static void {name}(bpk::RunState* st, void* const* P, const int64_t* I) {{", "  (void)st; (void)I;"]
+    head.extend("  " + d for d in decls)
+    body: list[str] = []
+    for ln in em.scopes[0].lines:
+        if ln.strip() == _DECLS:
+            pad = ln[: len(ln) - len(ln.lstrip())]
+            body.extend("  " + pad + d for d in decls)
+        else:
+            body.append("  " + ln)
+    return "\n".join(head + body + ["}", ""])
 
 
 def emit_kernel(spec: KernelSpec, ctx: KernelContext, conv: tuple[Node, View] | None = None) -> EmittedKernel:
@@ -987,22 +987,20 @@ def emit_kernel(spec: KernelSpec, ctx: KernelContext, conv: tuple[Node, View] | 
         last = spec.domain[-1] if spec.domain else 1
         plans = []
         if isinstance(last, int):
-            width = 8 if last % 8 == 0 and last >= 8 else 1
-            plans.append(("", sympy.true, lambda em: _loop_kernel(em, width)))
+            plans.append(("", sympy.true, lambda em: _loop_kernel(em, last >= 8)))
         else:
-            plans.append(("_w8", sympy.Eq(sympy.Mod(last, 8), 0), lambda em: _loop_kernel(em, 8)))
-            plans.append(("_w1", sympy.true, lambda em: _loop_kernel(em, 1)))
+            plans.append(("_simd", sympy.Ge(last, 8), lambda em: _loop_kernel(em, True)))
+            plans.append(("_scalar", sympy.true, lambda em: _loop_kernel(em, False)))
     elif spec.kind == "row":
         length: IRDim = 1
         for d in spec.domain[len(spec.domain) - spec.reduced :]:
             length = simplify(length * d)
         if isinstance(length, int):
-            lanes = 8 if length >= 16 else 1
-            plans = [("", sympy.true, lambda em: _row_kernel(em, lanes))]
+            plans = [("", sympy.true, lambda em: _row_kernel(em, length >= 16))]
         else:
             plans = [
-                ("_lanes8", sympy.Ge(length, 16), lambda em: _row_kernel(em, 8)),
-                ("_lanes1", sympy.true, lambda em: _row_kernel(em, 1)),
+                ("_simd", sympy.Ge(length, 16), lambda em: _row_kernel(em, True)),
+                ("_scalar", sympy.true, lambda em: _row_kernel(em, False)),
             ]
     elif spec.kind == "reduce":
         plans = [("", sympy.true, _reduce_kernel)]

@@ -6,8 +6,9 @@ API the loaders call (Note [Launch words] in cpu_runtime.h):
     int     bpk_abi_version(void)
     int64_t bpk_num_functions(void)
     void*   bpk_ctx_create(int nthreads)        void bpk_ctx_destroy(void*)
-    void    bpk_ctx_set_blas(void*, void* sgemm, void* dgemm, int ilp64)
-    int64_t bpk_run(void* ctx, const int64_t* words, int64_t nwords, void* const* slots, int64_t* status)
+    void    bpk_ctx_set_blas(void*, void* sgemm, void* dgemm, int ilp64, void* set_threads_local)
+    int64_t bpk_run(void* ctx, const int64_t* words, int64_t nwords, void* const* slots, int64_t* status,
+                    int64_t* times_ns /* nullable: per-launch wall time */)
 
 `bpk_run` returns 0, or 1 with status = (launch index, error code, value) when a kernel reported an
 error (an index out of range; status[3] is the dimension size), or 2 when a launch has more pointer arguments than the executor holds.
@@ -43,17 +44,29 @@ __attribute__((visibility("default"))) void* bpk_ctx_create(int nthreads) {
   }
 }
 __attribute__((visibility("default"))) void bpk_ctx_destroy(void* c) { delete static_cast<Ctx*>(c); }
-__attribute__((visibility("default"))) void bpk_ctx_set_blas(void* c, void* sgemm, void* dgemm, int ilp64) {
+__attribute__((visibility("default"))) void bpk_ctx_set_blas(void* c, void* sgemm, void* dgemm, int ilp64,
+                                                               void* set_threads_local) {
   auto* ctx = static_cast<Ctx*>(c);
   ctx->blas.sgemm = sgemm;
   ctx->blas.dgemm = dgemm;
   ctx->blas.ilp64 = ilp64;
+  ctx->blas.set_threads_local = reinterpret_cast<int (*)(int)>(set_threads_local);
 }
 __attribute__((visibility("default"))) int64_t bpk_run(void* c, const int64_t* w, int64_t nwords, void* const* slots,
-                                                       int64_t* status) {
+                                                       int64_t* status, int64_t* times_ns) {
   auto* ctx = static_cast<Ctx*>(c);
   bpk::RunState st;
   st.pool = &ctx->pool;
+  // BLAS single-threaded on every thread that calls it during this run (restored on the caller's)
+  struct BlasThreads {
+    int (*set)(int);
+    int old;
+    explicit BlasThreads(int (*s)(int)) : set(s), old(s ? s(1) : 0) {}
+    ~BlasThreads() {
+      if (set) set(old);
+    }
+  } blas_threads(ctx->blas.set_threads_local);
+
   void* ptrs[%(maxp)d];
   int64_t pos = 0, launch = 0;
   while (pos < nwords) {
@@ -65,6 +78,7 @@ __attribute__((visibility("default"))) int64_t bpk_run(void* c, const int64_t* w
     }
     for (int64_t k = 0; k < np; ++k) ptrs[k] = static_cast<char*>(slots[pw[2 * k]]) + pw[2 * k + 1];
     const int64_t* ints = pw + 2 * np;
+    const auto t0 = times_ns ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
     if (op == BPK_OP_KERNEL) {
       kTable[a](&st, ptrs, ints);
     } else if (op == BPK_OP_GEMM) {
@@ -74,6 +88,9 @@ __attribute__((visibility("default"))) int64_t bpk_run(void* c, const int64_t* w
         bpk::gemm_batched<double>(&st, ctx->blas, (const double*)ptrs[0], (const double*)ptrs[1], (double*)ptrs[2],
                                   ints);
     }
+    if (times_ns)
+      times_ns[launch] =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
     if (st.err_code.load() != 0) {
       status[0] = launch;
       status[1] = st.err_code.load();

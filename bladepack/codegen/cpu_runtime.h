@@ -84,7 +84,7 @@ struct Pool {
     for (;;) {
       uint64_t g = generation.load(std::memory_order_acquire);
       int spins = 0;
-      while (g == seen && spins < 20000) {
+      while (g == seen && spins < 4000) {
         ++spins;
 #if defined(__x86_64__)
         __builtin_ia32_pause();
@@ -144,10 +144,58 @@ inline void parallel_for(RunState* st, int64_t n, int64_t cost, F&& body) {
 
 // -------------------------------------------------------------------------- math helpers
 
+// Branch-free float exp and erf that the compiler vectorizes (the libm calls stay scalar without
+// -ffast-math). exp: Cephes-style range reduction and a degree-6 polynomial, ~1 ulp, 0 below -87.3,
+// inf above 88.7, NaN stays NaN. erf: a rational approximation on [-4, 4] (odd degree-13 numerator,
+// even degree-8 denominator), a few ulp; erf(+-4) rounds to +-1 in float. Doubles use libm.
+inline float vexp(float x) {
+  const float hi = 88.72283935546875f, lo = -87.33654022216797f;
+  float xc = x < lo ? lo : x;
+  xc = xc > hi ? hi : xc;
+  // n = round(x / ln 2) by the 1.5 * 2^23 trick: float-to-int conversions and floor() keep GCC from
+  // vectorizing this loop body on AVX2 / AVX-512 targets ("control flow in loop")
+  const float fn = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float r = xc - fn * 0.693359375f + fn * 2.12194440e-4f;
+  float y = 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r * r + r + 1.0f;
+  const int32_t bits = (int32_t(fn) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  float out = y * scale;
+  out = x < lo ? 0.0f : out;
+  out = x > hi ? std::numeric_limits<float>::infinity() : out;
+  return x != x ? x : out;
+}
+inline double vexp(double x) { return std::exp(x); }
+inline float verf(float a) {
+  const float x = a < -4.0f ? -4.0f : (a > 4.0f ? 4.0f : a);
+  const float x2 = x * x;
+  float p = -2.72614225801306e-10f;
+  p = p * x2 + 2.77068142495902e-08f;
+  p = p * x2 + -2.10102402082508e-06f;
+  p = p * x2 + -5.69250639462346e-05f;
+  p = p * x2 + -7.34990630326855e-04f;
+  p = p * x2 + -2.95459980854025e-03f;
+  p = p * x2 + -1.60960333262415e-02f;
+  p = p * x;
+  float q = -1.45660718464996e-05f;
+  q = q * x2 + -2.13374055278905e-04f;
+  q = q * x2 + -1.68282697438203e-03f;
+  q = q * x2 + -7.37332916720468e-03f;
+  q = q * x2 + -1.42647390514189e-02f;
+  return a != a ? a : p / q;
+}
+inline double verf(double x) { return std::erf(x); }
+
 template <class T>
-inline T sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
+inline T sigmoid(T x) { return T(1) / (T(1) + vexp(-x)); }
 template <class T>
-inline T gelu_erf(T x) { return T(0.5) * x * (T(1) + std::erf(x * T(0.7071067811865476))); }
+inline T gelu_erf(T x) { return T(0.5) * x * (T(1) + verf(x * T(0.7071067811865476))); }
 template <class T>
 inline T gelu_tanh(T x) {
   return T(0.5) * x * (T(1) + std::tanh(T(0.7978845608028654) * (x + T(0.044715) * x * x * x)));
@@ -173,10 +221,19 @@ inline T ipow(T base, T exp) {
   }
   return out;
 }
+// max / min that propagate NaN like torch, written without short-circuit control flow so loops vectorize
 template <class T>
-inline T fmax_nan(T a, T b) { return (a != a || b != b) ? std::numeric_limits<T>::quiet_NaN() : (a > b ? a : b); }
+inline T fmax_nan(T a, T b) {
+  T m = a > b ? a : b;
+  m = b != b ? b : m;
+  return a != a ? a : m;
+}
 template <class T>
-inline T fmin_nan(T a, T b) { return (a != a || b != b) ? std::numeric_limits<T>::quiet_NaN() : (a < b ? a : b); }
+inline T fmin_nan(T a, T b) {
+  T m = a < b ? a : b;
+  m = b != b ? b : m;
+  return a != a ? a : m;
+}
 
 // -------------------------------------------------------------------------- GEMM
 
@@ -194,6 +251,9 @@ struct Blas {
   void* sgemm = nullptr;
   void* dgemm = nullptr;
   int ilp64 = 0;
+  // openblas_set_num_threads_local, when the BLAS has it: the executor runs BLAS single-threaded and
+  // splits large GEMMs over its own pool, so two thread pools never spin against each other
+  int (*set_threads_local)(int) = nullptr;
 };
 
 // C[m, n] = op(A)[m, k] @ op(B)[k, n]; row-major; used when the host supplied no BLAS.
@@ -220,8 +280,31 @@ static void gemm_fallback(RunState* st, bool ta, bool tb, int64_t M, int64_t N, 
 }
 
 template <class T>
+static void gemm_call(RunState* st, const Blas& blas, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A,
+                      int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc);
+
+// Splits M over the pool when the GEMM is large enough; each piece is one single-threaded BLAS call.
+template <class T>
 static void gemm_one(RunState* st, const Blas& blas, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A,
                      int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc) {
+  const int threads = st->pool ? st->pool->nthreads : 1;
+  if (threads > 1 && M >= 2 * threads && M * N * K >= (int64_t(1) << 18) && blas.sgemm != nullptr) {
+    const int64_t parts = threads;
+    parallel_for(st, parts, int64_t(1) << 20, [&](int64_t lo, int64_t hi) {
+      for (int64_t p = lo; p < hi; ++p) {
+        const int64_t m0 = M * p / parts, m1 = M * (p + 1) / parts;
+        const T* a = ta ? A + m0 : A + m0 * lda;
+        gemm_call<T>(st, blas, ta, tb, m1 - m0, N, K, a, lda, B, ldb, C + m0 * ldc, ldc);
+      }
+    });
+    return;
+  }
+  gemm_call<T>(st, blas, ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
+}
+
+template <class T>
+static void gemm_call(RunState* st, const Blas& blas, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A,
+                      int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   if (K == 0) {
     for (int64_t i = 0; i < M; ++i)
@@ -235,6 +318,7 @@ static void gemm_one(RunState* st, const Blas& blas, bool ta, bool tb, int64_t M
     return;
   }
   int a_t = ta ? trans : no_trans, b_t = tb ? trans : no_trans;
+  if (blas.set_threads_local) blas.set_threads_local(1);  // pool threads too (thread-local setting)
   if constexpr (sizeof(T) == 4) {
     if (blas.ilp64)
       reinterpret_cast<SgemmILP64>(fn)(row_major, a_t, b_t, M, N, K, 1.0f, (const float*)A, lda, (const float*)B,

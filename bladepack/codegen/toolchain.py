@@ -34,6 +34,7 @@ BASE_FLAGS = [
     "-fno-math-errno",
     "-fno-trapping-math",
     "-ffp-contract=fast",
+    "-fopenmp-simd",  # honours `#pragma omp simd` (vector reductions) without any OpenMP runtime
     "-fvisibility=hidden",
     "-static-libstdc++",
     "-static-libgcc",

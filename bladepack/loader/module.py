@@ -258,7 +258,33 @@ class LoadedModule:
         return outs
 
     # -- native execution
-    def _execute_native(self, prep: _Prepared, nat: Prepared, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    def profile(self, *args: Any, repeat: int = 10) -> list[dict[str, Any]]:
+        """Per-launch median wall time (µs) at these inputs: one row per kernel, GEMM or reference step,
+        with what it computes and where it came from. Native executor only."""
+        if self._native is None:
+            raise ValueError("profile() needs the native executor; this module runs on the reference executor")
+        arrays = [to_numpy(x, t.name) for x, t in zip(args, self.signature.inputs)]
+        check_inputs(self.signature, arrays)
+        times = np.zeros((repeat, len(self._launches)), dtype=np.int64)
+        for r in range(repeat):
+            prep = self._prepare(tuple(a.shape for a in arrays))
+            assert prep.native is not None
+            self._execute_native(prep, prep.native, arrays, times[r])
+        med = np.median(times, axis=0) / 1e3
+        rows = []
+        for k, lr in enumerate(self._launches):
+            if lr["op"] == "kernel":
+                kr = self._kernels[lr["k"]]
+                rows.append(
+                    {"launch": k, "what": f"{kr['name']} {kr['kind']}", "us": float(med[k]), "loc": kr.get("loc", "")}
+                )
+            else:
+                rows.append({"launch": k, "what": lr["op"], "us": float(med[k]), "loc": ""})
+        return rows
+
+    def _execute_native(
+        self, prep: _Prepared, nat: Prepared, arrays: Sequence[np.ndarray], times: np.ndarray | None = None
+    ) -> list[np.ndarray]:
         native = self._native
         assert native is not None
         arrays = [
@@ -285,7 +311,7 @@ class LoadedModule:
         status = np.zeros(4, dtype=np.int64)
         for seg in nat.segments:
             if seg.ref is None:
-                rc = native.run_segment(seg, slots, status)
+                rc = native.run_segment(seg, slots, status, times)
                 if rc:
                     raise self._native_error(seg.first_launch + int(status[0]), rc, status)
             else:

@@ -105,6 +105,7 @@ class Blas:
     dgemm: int
     ilp64: bool
     source: str
+    set_threads_local: int | None  # openblas_set_num_threads_local, when the library has it
 
 
 def find_blas() -> Blas | None:
@@ -131,7 +132,12 @@ def find_blas() -> Blas | None:
             continue
         if sg and dg:
             _KEEP.append(handle)
-            return Blas(sg, dg, ilp64, path)
+            local = None
+            for name in ("openblas_set_num_threads_local", "scipy_openblas_set_num_threads_local64_"):
+                if hasattr(handle, name):
+                    local = ctypes.cast(getattr(handle, name), ctypes.c_void_p).value
+                    break
+            return Blas(sg, dg, ilp64, path, local)
     return None
 
 
@@ -179,10 +185,23 @@ class NativeCpu:
         lib.bpk_ctx_create.restype = ctypes.c_void_p
         lib.bpk_ctx_create.argtypes = [ctypes.c_int]
         lib.bpk_ctx_destroy.argtypes = [ctypes.c_void_p]
-        lib.bpk_ctx_set_blas.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        lib.bpk_ctx_set_blas.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_int,
+            ctypes.c_void_p,
+        ]
         lib.bpk_num_functions.restype = ctypes.c_int64
         lib.bpk_run.restype = ctypes.c_int64
-        lib.bpk_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+        lib.bpk_run.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+        ]
         nfn = lib.bpk_num_functions()
         threads = int(os.environ.get("BLADEPACK_NUM_THREADS", "0") or 0) or len(os.sched_getaffinity(0))
         self.threads = threads
@@ -193,7 +212,9 @@ class NativeCpu:
         self._destroy: Callable[[Any], None] = lib.bpk_ctx_destroy
         self.blas = find_blas()
         if self.blas is not None:
-            lib.bpk_ctx_set_blas(self._ctx, self.blas.sgemm, self.blas.dgemm, int(self.blas.ilp64))
+            lib.bpk_ctx_set_blas(
+                self._ctx, self.blas.sgemm, self.blas.dgemm, int(self.blas.ilp64), self.blas.set_threads_local
+            )
         self._run = lib.bpk_run
         self.nfn = int(nfn)
         self.weight_slots = np.array([w.__array_interface__["data"][0] for w in weights], dtype=np.uint64)
@@ -256,7 +277,8 @@ class NativeCpu:
             self._local.arena = buf
         return buf
 
-    def run_segment(self, seg: Segment, slots: np.ndarray, status: np.ndarray) -> int:
+    def run_segment(self, seg: Segment, slots: np.ndarray, status: np.ndarray, times: np.ndarray | None = None) -> int:
+        """Run one native segment; with `times`, each launch's wall time (ns) lands at its index."""
         words = seg.words
         assert words is not None
         return int(
@@ -266,5 +288,6 @@ class NativeCpu:
                 words.size,
                 slots.__array_interface__["data"][0],
                 status.__array_interface__["data"][0],
+                None if times is None else times[seg.first_launch :].__array_interface__["data"][0],
             )
         )
