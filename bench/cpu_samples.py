@@ -1,0 +1,229 @@
+"""CPU benchmark: bladepack against PyTorch eager, torch.compile(dynamic=True), AOTInductor and ONNX Runtime.
+
+In: the samples (samples/registry.py) at a spread of shapes. Out: a markdown table of median latencies
+and speedups (printed), bench/results/cpu_samples.json and bench/results/cpu_samples.png. Every
+runner measures in this one process, interleaved per shape, so machine noise hits all alike.
+
+    python -m bench.cpu_samples [--samples encoder,llama,cnn] [--repeat 30] [--peers eager,compile,aoti,ort]
+
+A peer that cannot build a sample (an exporter or compiler failure) is reported with its error, not
+silently dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import bladepack
+from samples.registry import SAMPLES
+
+RESULTS = Path(__file__).resolve().parent / "results"
+Runner = Callable[[tuple[torch.Tensor, ...]], Any]
+
+
+def _median_us(fn: Callable[[], Any], repeat: int) -> float:
+    for _ in range(3):
+        fn()
+    ts = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts) * 1e6
+
+
+def build_peers(
+    name: str, peers: list[str], model: torch.nn.Module, samples: list[tuple[torch.Tensor, ...]]
+) -> tuple[dict[str, Runner], dict[str, str]]:
+    runners: dict[str, Runner] = {}
+    errors: dict[str, str] = {}
+    sample = SAMPLES[name]
+    art = bladepack.optimize(model, samples, sample.dynamic_shapes)
+    loaded = bladepack.load(art.to_bytes())
+    runners["bladepack"] = lambda x: loaded(*x)
+    if "eager" in peers:
+        runners["eager"] = lambda x: model(*x)
+    if "compile" in peers:
+        try:
+            compiled = torch.compile(model, dynamic=True)
+            for s in samples:
+                compiled(*s)
+            runners["torch.compile"] = lambda x: compiled(*x)
+        except Exception as e:
+            errors["torch.compile"] = f"{type(e).__name__}: {e}"[:300]
+    if "aoti" in peers:
+        try:
+            ep = torch.export.export(model, samples[-1], dynamic_shapes=_aoti_dims(sample, samples[-1]))
+            pkg = Path(tempfile.mkdtemp()) / f"{name}.pt2"
+            torch._inductor.aoti_compile_and_package(ep, package_path=str(pkg))
+            aoti = torch._inductor.aoti_load_package(str(pkg))
+            runners["aoti"] = lambda x: aoti(*x)
+        except Exception as e:
+            errors["aoti"] = f"{type(e).__name__}: {e}"[:300]
+    if "ort" in peers:
+        try:
+            import onnxruntime as ort
+
+            path = Path(tempfile.mkdtemp()) / f"{name}.onnx"
+            names = [f"in{k}" for k in range(len(samples[-1]))]
+            axes = {n: {d: f"{n}_d{d}" for d in range(t.dim())} for n, t in zip(names, samples[-1])}
+            torch.onnx.export(model, samples[-1], str(path), input_names=names, dynamic_axes=axes, dynamo=False)
+            so = ort.SessionOptions()
+            so.intra_op_num_threads = torch.get_num_threads()
+            sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+            ort_names = [i.name for i in sess.get_inputs()]
+            runners["onnxruntime"] = lambda x: sess.run(None, {n: t.numpy() for n, t in zip(ort_names, x)})
+        except Exception as e:
+            errors["onnxruntime"] = f"{type(e).__name__}: {e}"[:300]
+    return runners, errors
+
+
+def _aoti_dims(sample: Any, args: tuple[torch.Tensor, ...]) -> Any:
+    """torch.export Dims for the sample's dynamic dims (bounded as the sample declares)."""
+    from torch.export import Dim
+
+    spec = sample.dynamic_shapes
+    if spec is None:
+        return None
+    made: dict[str, Any] = {}
+
+    def conv(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: conv(d) for k, d in v.items()}
+        if isinstance(v, (list, tuple)):
+            return type(v)(conv(d) for d in v)
+        if isinstance(v, bladepack.Dim):
+            if v.name not in made:
+                made[v.name] = Dim(v.name, min=max(v.min, 2), max=v.max if v.max is not None else 1 << 20)
+            return made[v.name]
+        return v
+
+    del args
+    return conv(spec)
+
+
+def run(names: list[str], peers: list[str], repeat: int) -> dict[str, Any]:
+    torch.manual_seed(0)
+    report: dict[str, Any] = {
+        "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads()},
+        "torch": torch.__version__,
+        "samples": {},
+    }
+    for name in names:
+        s = SAMPLES[name]
+        model = s.build()
+        samples = s.export_samples()
+        with torch.no_grad():
+            runners, errors = build_peers(name, peers, model, samples)
+            g = torch.Generator().manual_seed(1)
+            rows = []
+            for dims in s.test_cases():
+                x = s.make_inputs(g, **dims)
+                row = {"dims": dims}
+                for peer, fn in runners.items():
+                    try:
+                        row[peer] = _median_us(lambda fn=fn: fn(x), repeat)
+                    except Exception as e:
+                        row[peer] = None
+                        errors.setdefault(peer, f"at {dims}: {type(e).__name__}: {str(e)[:200]}")
+                rows.append(row)
+        report["samples"][name] = {"rows": rows, "errors": errors, "peers": list(runners)}
+    return report
+
+
+def geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def markdown(report: dict[str, Any]) -> str:
+    out = []
+    for name, data in report["samples"].items():
+        peers = [p for p in data["peers"] if p != "bladepack"]
+        out.append(f"\n### {name}\n")
+        out.append("| dims | bladepack µs | " + " | ".join(f"{p} µs (x)" for p in peers) + " |")
+        out.append("|---|---|" + "---|" * len(peers))
+        for r in data["rows"]:
+            b = r["bladepack"]
+            cells = []
+            for p in peers:
+                v = r.get(p)
+                cells.append("n/a" if v is None else f"{v:.0f} ({v / b:.2f}x)")
+            out.append(f"| {r['dims']} | {b:.0f} | " + " | ".join(cells) + " |")
+        gm = {p: geomean([r[p] / r["bladepack"] for r in data["rows"] if r.get(p)]) for p in peers}
+        best = [
+            min(r[p] for p in peers if r.get(p)) / r["bladepack"] for r in data["rows"] if any(r.get(p) for p in peers)
+        ]
+        out.append("")
+        out.append(
+            "geomean speedup: "
+            + ", ".join(f"vs {p} {v:.2f}x" for p, v in gm.items())
+            + f"; vs best peer per shape {geomean(best):.2f}x"
+        )
+        data["geomean"] = gm
+        data["geomean_vs_best"] = geomean(best)
+        for p, e in data["errors"].items():
+            out.append(f"\n{p} unavailable: {e}")
+    return "\n".join(out) + "\n"
+
+
+def chart(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(report["samples"])
+    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        data = report["samples"][name]
+        labels = [",".join(str(v) for v in r["dims"].values()) for r in data["rows"]]
+        for p in data["peers"]:
+            if p == "bladepack":
+                continue
+            ys = [(r[p] / r["bladepack"]) if r.get(p) else np.nan for r in data["rows"]]
+            ax.plot(range(len(ys)), ys, marker="o", label=p)
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set_title(f"{name}: peer time / bladepack time")
+        ax.set_xticks(range(len(labels)), labels, rotation=60, fontsize=7)
+        ax.set_yscale("log")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--samples", default="encoder,llama,cnn")
+    ap.add_argument("--peers", default="eager,compile,aoti,ort")
+    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--out", default=str(RESULTS / "cpu_samples"))
+    a = ap.parse_args()
+    try:
+        report = run(a.samples.split(","), a.peers.split(","), a.repeat)
+    except Exception:
+        traceback.print_exc()
+        raise
+    text = markdown(report)
+    print(text)
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=1, default=str))
+    out.with_suffix(".md").write_text(text)
+    chart(report, out.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()
