@@ -25,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from bladepack.cpu_features import cpu_flags
+
 BASE_FLAGS = [
     "-std=c++17",
     "-O3",
@@ -115,17 +117,6 @@ def isa_levels(cxx: str) -> list[IsaLevel]:
             )
         levels = [lv for lv in levels if lv.name in names]
     return levels or [GENERIC]
-
-
-def cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
 
 
 def host_level(levels: list[IsaLevel]) -> IsaLevel | None:

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from bladepack.artifact.format import BpkFile
+from bladepack.cpu_features import cpu_flags
 from bladepack.dtypes import DType
 from bladepack.errors import BladepackError, BpkFormatError
 
@@ -42,17 +43,6 @@ class NativeUnavailable(BladepackError, RuntimeError):
     """The artifact's CPU library cannot run here (no matching ISA level, or it fails to load)."""
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
 def _machine_is_x86() -> bool:
     import platform
 
@@ -61,7 +51,7 @@ def _machine_is_x86() -> bool:
 
 def choose_library(libraries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The highest ISA level whose CPU features this machine has."""
-    have = _cpu_flags()
+    have = cpu_flags()
     x86 = _machine_is_x86()
     fits = [
         lib
