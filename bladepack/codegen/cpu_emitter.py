@@ -53,7 +53,7 @@ from bladepack.ir.ops import (
 )
 from bladepack.ir.types import IRDim, TensorType
 from bladepack.optimize.fusion import KernelSpec
-from bladepack.optimize.views import LAYOUT_OPS, View, contiguous_strides, reshape_groups, simplify
+from bladepack.optimize.views import LAYOUT_OPS, View, contiguous_strides, reshape_groups, simplify, sym_eq
 
 # error codes a kernel reports through RunState::fail (the loader turns them into messages)
 ERR_INDEX = 1
@@ -664,8 +664,6 @@ def _loop_kernel(em: _Emitter, simd: bool) -> None:
 
 
 def _same_shape(a: Sequence[IRDim], b: Sequence[IRDim]) -> bool:
-    from bladepack.optimize.views import sym_eq
-
     return len(a) == len(b) and all(sym_eq(x, y) for x, y in zip(a, b))
 
 

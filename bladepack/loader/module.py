@@ -117,6 +117,7 @@ class LoadedModule:
             self._out_slot = list(native["outputs"])
             self._n_slots = 1 + len(self._input_ids) + len(self._outputs) + len(m["weights"])
             self._launches = native["launches"]
+            self._step_of = {s["out"]: k for k, s in enumerate(self._steps)}  # reference step per value
 
     @property
     def executor(self) -> str:
@@ -350,7 +351,7 @@ class LoadedModule:
         outs: list[np.ndarray | None],
         arena: np.ndarray,
     ) -> None:
-        st = next(s for s in prep.steps if s.out == launch["node"])
+        st = prep.steps[self._step_of[launch["node"]]]
         xs = [self._locate(i, prep, nat, arrays, outs, arena) for i in st.inputs]
         try:
             y = st.impl(xs, st.attrs, st.shape, st.dtype)

@@ -20,6 +20,7 @@ import ctypes.util
 import glob
 import hashlib
 import os
+import platform
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
@@ -44,8 +45,6 @@ class NativeUnavailable(BladepackError, RuntimeError):
 
 
 def _machine_is_x86() -> bool:
-    import platform
-
     return platform.machine().lower() in ("x86_64", "amd64")
 
 

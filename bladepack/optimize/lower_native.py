@@ -13,6 +13,7 @@ in signature order — plus a byte offset.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -163,7 +164,7 @@ class _Lowerer:
         g = self.p.graph
         for step in self.plan.steps:
             if isinstance(step, KernelSpec):
-                self._kernel(KernelSpec(f"k{len(self.kernels)}", *_spec_rest(step)))
+                self._kernel(dataclasses.replace(step, name=f"k{len(self.kernels)}"))
             elif isinstance(step, LibraryStep):
                 n = self.nodes[step.node]
                 if n.op is OpKind.CONV2D:
@@ -216,10 +217,6 @@ class _Lowerer:
         if slot == 0:
             off = simplify(arena[v] + off)
         return [slot, self.enc(off)]
-
-
-def _spec_rest(s: KernelSpec) -> tuple[Any, ...]:
-    return (s.kind, s.roots, s.nodes, s.domain, s.reduced, s.loc)
 
 
 def lower_native(
