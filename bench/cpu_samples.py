@@ -35,6 +35,7 @@ Runner = Callable[[tuple[torch.Tensor, ...]], Any]
 
 
 def _median_us(fn: Callable[[], Any], repeat: int) -> float:
+    time.sleep(0.05)  # let the previous runner's spinning worker threads go to sleep
     for _ in range(3):
         fn()
     ts = []

@@ -11,7 +11,7 @@ import os
 import platform
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,6 +20,9 @@ from bladepack.artifact.plan import ExecPlan
 from bladepack.artifact.writer import assemble
 from bladepack.options import Options
 from bladepack.version import __version__
+
+if TYPE_CHECKING:
+    from bladepack.ir import Program
 
 log = logging.getLogger("bladepack")
 
@@ -98,18 +101,24 @@ def optimize(model: Any, sample_inputs: Any, dynamic_shapes: Any = None, targets
     `torch.export.Dim` or `bladepack.Dim(name, min, max)` leaves.
     """
     from bladepack.export import capture, to_program
+
+    _check_targets(targets)
+    captured = capture(model, sample_inputs, dynamic_shapes)
+    for note in captured.notes:
+        log.warning("bladepack: %s", note)
+    return optimize_program(to_program(captured), captured.notes)
+
+
+def optimize_program(program: Program, notes: Sequence[str] = ()) -> Artifact:
+    """Optimize an IR `Program` from any front end into an `Artifact` (the half of `optimize` after export)."""
     from bladepack.ir import print_graph
     from bladepack.optimize.build_plan import build_plan
     from bladepack.optimize.pipeline import run_pipeline
 
-    _check_targets(targets)
     options = Options.from_env()
-    captured = capture(model, sample_inputs, dynamic_shapes)
-    for note in captured.notes:
-        log.warning("bladepack: %s", note)
-    program = run_pipeline(to_program(captured), options)
+    program = run_pipeline(program, options)
     plan = build_plan(program)
-    notes = list(captured.notes)
+    notes = list(notes)
     libraries, producer = _build_cpu(plan, options, notes), _producer()
     if libraries:
         from bladepack.codegen.toolchain import compiler_version, find_compiler

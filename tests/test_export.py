@@ -151,8 +151,9 @@ def test_dump_writes_every_stage(tmp_path, monkeypatch: pytest.MonkeyPatch) -> N
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == [
         "00-export.ir",
-        "01-dead_code_elimination.ir",
-        "02-decompose.ir",
+        "01-canonicalize_shapes.ir",
+        "02-dead_code_elimination.ir",
+        "03-decompose.ir",
         "fusion_plan.txt",
         "kernels_cpu.cc",
         "plan.txt",

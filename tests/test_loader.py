@@ -95,11 +95,19 @@ def test_outputs_into_caller_buffers(mlp) -> None:
         mlp.run([x], outputs=[np.empty((4, 10), np.float32)])
 
 
-def test_shape_program_cached_per_signature(mlp) -> None:
+def test_shape_program_cached_per_signature(mlp, monkeypatch) -> None:
     mlp._cache.clear()
+    if mlp._fast is not None:
+        mlp._fast._plans.clear()
+    evaluated = []
+    real = type(mlp._program).evaluate
+    monkeypatch.setattr(
+        type(mlp._program), "evaluate", lambda self, shapes: evaluated.append(shapes) or real(self, shapes)
+    )
     for b in (2, 3, 2, 3, 2):
         mlp(np.zeros((b, 64), np.float32))
     assert sorted(k[0][0] for k in mlp._cache) == [2, 3]
+    assert [s[0][0] for s in evaluated] == [2, 3]
     assert mlp.output_shapes((7, 64)) == [(7, 10)]
 
 

@@ -49,57 +49,77 @@ struct RunState {
 typedef void (*KernelFn)(RunState*, void* const*, const int64_t*);
 typedef void (*RangeFn)(void*, int64_t, int64_t);
 
-// A persistent pool: workers spin briefly after a job, then sleep, so back-to-back kernels do not pay
-// a wake-up each while an idle process does not burn a core. parallel_for splits [0, n) statically.
+// A persistent pool. Note [Pool jobs]: a job is [0, n) cut into up to 4 chunks per thread that the
+// caller and the workers claim from one counter, so the caller never waits for a worker that has not
+// started: a worker that the OS has not scheduled (the machine busy with another runtime's threads)
+// simply finds no chunk left. A worker takes part only by joining the job (a CAS on `job` while it is
+// open); the caller closes the job when the chunks run out and waits only for the workers that joined,
+// which are running. Workers spin briefly between jobs, then sleep on a condition variable, so
+// back-to-back kernels pay no wake-up while an idle process does not burn a core.
 struct Pool {
+  static constexpr uint64_t kClosed = uint64_t(1) << 16, kJoinMask = kClosed - 1;
   int nthreads = 1;
   std::vector<std::thread> workers;
   std::mutex mu, run_mu;
   std::condition_variable cv;
-  std::atomic<uint64_t> generation{0};
-  std::atomic<int> pending{0};
+  std::atomic<uint64_t> job{kClosed};  // (id << 17) | closed bit | joined workers
+  std::atomic<int64_t> next{0};        // next chunk to claim
+  std::atomic<int> left{0};            // joined workers that have finished
+  std::atomic<int> sleepers{0};
   std::atomic<bool> stop{false};
   RangeFn fn = nullptr;
   void* closure = nullptr;
-  int64_t n = 0;
+  int64_t n = 0, chunks = 0;
 
   explicit Pool(int threads) : nthreads(threads < 1 ? 1 : threads) {
-    for (int t = 1; t < nthreads; ++t) workers.emplace_back([this, t] { loop(t); });
+    for (int t = 1; t < nthreads; ++t) workers.emplace_back([this] { loop(); });
   }
   ~Pool() {
     {
       std::lock_guard<std::mutex> g(mu);
       stop.store(true);
-      generation.fetch_add(1);
+      job.fetch_add(uint64_t(1) << 17);
     }
     cv.notify_all();
     for (auto& w : workers) w.join();
   }
-  void chunk(int t) {
-    int64_t lo = n * t / nthreads, hi = n * (t + 1) / nthreads;
-    if (lo < hi) fn(closure, lo, hi);
-  }
-  void loop(int t) {
-    uint64_t seen = 0;
-    for (;;) {
-      uint64_t g = generation.load(std::memory_order_acquire);
-      int spins = 0;
-      while (g == seen && spins < 4000) {
-        ++spins;
+  static void relax() {
 #if defined(__x86_64__)
-        __builtin_ia32_pause();
+    __builtin_ia32_pause();
 #endif
-        g = generation.load(std::memory_order_acquire);
+  }
+  void work() {
+    for (;;) {
+      int64_t c = next.fetch_add(1, std::memory_order_relaxed);
+      if (c >= chunks) return;
+      int64_t lo = n * c / chunks, hi = n * (c + 1) / chunks;
+      fn(closure, lo, hi);
+    }
+  }
+  void loop() {
+    uint64_t seen = job.load() >> 17;
+    for (;;) {
+      uint64_t j = job.load(std::memory_order_acquire);
+      for (int spins = 0; (j >> 17) == seen && spins < 4000; ++spins) {
+        relax();
+        j = job.load(std::memory_order_acquire);
       }
-      if (g == seen) {
+      if ((j >> 17) == seen) {
         std::unique_lock<std::mutex> lk(mu);
-        cv.wait(lk, [&] { return generation.load() != seen; });
-        g = generation.load();
+        sleepers.fetch_add(1);
+        cv.wait(lk, [&] { return (job.load() >> 17) != seen; });
+        sleepers.fetch_sub(1);
+        j = job.load(std::memory_order_acquire);
       }
-      seen = g;
       if (stop.load()) return;
-      chunk(t);
-      pending.fetch_sub(1, std::memory_order_acq_rel);
+      seen = j >> 17;
+      while (!(j & kClosed) && (j >> 17) == seen) {  // join while the job is open
+        if (job.compare_exchange_weak(j, j + 1, std::memory_order_acq_rel)) {
+          work();
+          left.fetch_add(1, std::memory_order_release);
+          break;
+        }
+      }
     }
   }
   void run(int64_t count, RangeFn f, void* c) {
@@ -111,17 +131,23 @@ struct Pool {
     fn = f;
     closure = c;
     n = count;
-    pending.store(nthreads - 1);
-    {
+    chunks = count < 4 * nthreads ? count : 4 * nthreads;
+    next.store(0, std::memory_order_relaxed);
+    left.store(0, std::memory_order_relaxed);
+    uint64_t id = (job.load() >> 17) + 1;
+    job.store(id << 17, std::memory_order_release);  // open, nobody joined
+    if (sleepers.load() > 0) {
       std::lock_guard<std::mutex> g(mu);
-      generation.fetch_add(1, std::memory_order_acq_rel);
+      cv.notify_all();
     }
-    cv.notify_all();
-    chunk(0);
-    while (pending.load(std::memory_order_acquire) != 0) {
-#if defined(__x86_64__)
-      __builtin_ia32_pause();
-#endif
+    work();
+    int joined = int(job.fetch_or(kClosed, std::memory_order_acq_rel) & kJoinMask);
+    for (int spins = 0; left.load(std::memory_order_acquire) != joined; ++spins) {
+      if (spins < 2000) {
+        relax();
+      } else {
+        std::this_thread::yield();  // a joined worker was preempted: let it have this core
+      }
     }
   }
 };

@@ -67,7 +67,7 @@ class ShapeEnv:
 
     def bounds(self, e: IRDim) -> Bound:
         """Inclusive lower and upper bounds of `e` over every binding in range."""
-        return _bounds(sympy.sympify(e), self._ranges)
+        return interval(sympy.sympify(e), self._ranges)
 
     def prove_le(self, a: IRDim, b: IRDim) -> Tri:
         lo, hi = self.bounds(sympy.expand(sympy.sympify(b) - a))
@@ -105,7 +105,8 @@ def _mul_bounds(x: Bound, y: Bound) -> Bound:
     return min(cands), max(cands)
 
 
-def _bounds(e: sympy.Expr, ranges: dict[str, SymbolRange]) -> Bound:
+def interval(e: sympy.Expr, ranges: dict[str, SymbolRange]) -> Bound:
+    """Inclusive (lo, hi) of `e` by interval arithmetic over the symbol ranges (sympy.oo where unbounded)."""
     if e.is_Number:
         return e, e
     if isinstance(e, sympy.Symbol):
@@ -116,36 +117,36 @@ def _bounds(e: sympy.Expr, ranges: dict[str, SymbolRange]) -> Bound:
     if isinstance(e, sympy.Add):
         lo, hi = sympy.Integer(0), sympy.Integer(0)
         for t in e.args:
-            a, b = _bounds(t, ranges)
+            a, b = interval(t, ranges)
             lo, hi = lo + a, hi + b
         return lo, hi
     if isinstance(e, sympy.Mul):
         acc: Bound = (sympy.Integer(1), sympy.Integer(1))
         for t in e.args:
-            acc = _mul_bounds(acc, _bounds(t, ranges))
+            acc = _mul_bounds(acc, interval(t, ranges))
         return acc
     if isinstance(e, sympy.Pow) and e.exp.is_Integer and e.exp > 0:
         acc = (sympy.Integer(1), sympy.Integer(1))
         for _ in range(int(e.exp)):
-            acc = _mul_bounds(acc, _bounds(e.base, ranges))
-        base_lo = _bounds(e.base, ranges)[0]
+            acc = _mul_bounds(acc, interval(e.base, ranges))
+        base_lo = interval(e.base, ranges)[0]
         if int(e.exp) % 2 == 0 and base_lo < 0:
             acc = (sympy.Integer(0), acc[1])
         return acc
     if isinstance(e, sympy.Pow) and e.exp == -1:
-        lo, hi = _bounds(e.base, ranges)
+        lo, hi = interval(e.base, ranges)
         if lo > 0:
             return 1 / hi if hi != sympy.oo else sympy.Integer(0), 1 / lo
         return -sympy.oo, sympy.oo
     if isinstance(e, (sympy.floor, sympy.ceiling)):
-        lo, hi = _bounds(e.args[0], ranges)
+        lo, hi = interval(e.args[0], ranges)
         f = type(e)
         return (lo if lo.is_infinite else f(lo)), (hi if hi.is_infinite else f(hi))
     if isinstance(e, (sympy.Max, sympy.Min)):
-        bs = [_bounds(a, ranges) for a in e.args]
+        bs = [interval(a, ranges) for a in e.args]
         pick = max if isinstance(e, sympy.Max) else min
         return pick(b[0] for b in bs), pick(b[1] for b in bs)
     if isinstance(e, sympy.Mod):
-        _, m_hi = _bounds(e.args[1], ranges)
+        _, m_hi = interval(e.args[1], ranges)
         return sympy.Integer(0), (m_hi - 1 if not m_hi.is_infinite else sympy.oo)
     return -sympy.oo, sympy.oo

@@ -25,6 +25,7 @@ from bladepack.artifact.writer import weight_section_name
 from bladepack.dtypes import DType
 from bladepack.errors import BladepackError, BpkFormatError, InputError
 from bladepack.loader import reference
+from bladepack.loader.fast_call import FastCalls
 from bladepack.loader.native_cpu import NativeCpu, NativeUnavailable, Prepared
 from bladepack.loader.signature import Signature, check_inputs
 from bladepack.loader.tensors import export_array, is_torch_tensor, to_numpy, to_torch
@@ -101,6 +102,7 @@ class LoadedModule:
         self._cache: dict[tuple[tuple[int, ...], ...], _Prepared] = {}
         self._lock = threading.Lock()
         self._native: NativeCpu | None = None
+        self._fast: FastCalls | None = None  # Note [Fast path] in fast_call.py
         self._kernels: list[dict[str, Any]] = list(m.get("kernels", ()))
         native = m.get("native_cpu")
         if executor != "reference" and native is not None:
@@ -118,6 +120,17 @@ class LoadedModule:
             self._n_slots = 1 + len(self._input_ids) + len(self._outputs) + len(m["weights"])
             self._launches = native["launches"]
             self._step_of = {s["out"]: k for k, s in enumerate(self._steps)}  # reference step per value
+            in_place = all(slot == 1 + len(self._input_ids) + k for k, slot in enumerate(self._out_slot))
+            try:
+                if in_place:
+                    self._fast = FastCalls(
+                        self._native,
+                        [DType(t.dtype).to_numpy() for t in self.signature.inputs],
+                        [DType(self._values[o]["dtype"]).to_numpy() for o in self._outputs],
+                        self._n_slots,
+                    )
+            except TypeError:  # a bfloat16 input or output: no numpy dtype, so the full path only
+                self._fast = None
 
     @property
     def executor(self) -> str:
@@ -160,11 +173,15 @@ class LoadedModule:
             if missing:
                 raise InputError(f"missing input(s) {missing}; inputs are {names}")
             args = args + tuple(kwargs[n] for n in names[len(args) :])
-        outs = self.run(list(args))
+        outs = self.run(args)
         return tuple(outs) if self._tuple or len(outs) != 1 else outs[0]
 
     def run(self, inputs: Sequence[Any], outputs: Sequence[Any] | None = None) -> list[Any]:
         """Run on a list of inputs; with `outputs`, results are also copied into those arrays."""
+        if outputs is None and self._fast is not None:
+            fast = self._fast(inputs)
+            if fast is not None:
+                return fast
         names = [t.name for t in self.signature.inputs]
         if len(inputs) != len(names):
             raise InputError(f"expected {len(names)} inputs ({', '.join(names)}), got {len(inputs)}")
@@ -172,6 +189,11 @@ class LoadedModule:
         arrays = [to_numpy(x, n) for x, n in zip(inputs, names)]
         check_inputs(self.signature, arrays)
         results = self._execute(arrays)
+        if self._fast is not None:
+            key = tuple(a.shape for a in arrays)
+            prep = self._cache[key]
+            if prep.native is not None:
+                self._fast.add(key, prep.native, [s for s, _ in prep.outputs])
         if outputs is not None:
             if len(outputs) != len(results):
                 raise InputError(f"expected {len(results)} output buffers, got {len(outputs)}")
@@ -295,10 +317,10 @@ class LoadedModule:
         n_in = len(arrays)
         outs: list[np.ndarray | None] = [None] * len(self._outputs)
         slots = np.empty(self._n_slots, dtype=np.uint64)
-        arena = native.arena(nat.arena_bytes)
-        base = arena.__array_interface__["data"][0]
-        skew = (-base) % 64
-        slots[0] = base + skew
+        buf, base = native.arena(nat.arena_bytes)
+        skew = base - int(buf.ctypes.data)
+        arena = buf
+        slots[0] = base
         for k, a in enumerate(arrays):
             slots[1 + k] = a.__array_interface__["data"][0]
         for k, (spec, slot) in enumerate(zip(prep.outputs, self._out_slot)):

@@ -8,8 +8,8 @@ fills a small pointer table (arena, inputs, outputs, weights) and makes one fore
 steps (ops without generated kernels) split the launch list into native segments around them.
 
 BLAS: BLADEPACK_BLAS=path (a library exporting cblas_sgemm / cblas_dgemm) wins; else numpy's own
-OpenBLAS (scipy_cblas_sgemm64_, ILP64); else a system libopenblas / libcblas / libblas; else the
-library's portable blocked GEMM. BLADEPACK_NUM_THREADS sets the kernel thread count (default: the
+OpenBLAS (scipy_cblas_sgemm64_, ILP64); else a system libopenblas / libcblas / libblas; else (or with
+BLADEPACK_BLAS=none) the library's portable blocked GEMM. BLADEPACK_NUM_THREADS sets the kernel thread count (default: the
 CPUs this process may run on).
 """
 
@@ -101,6 +101,8 @@ def find_blas() -> Blas | None:
     """Function pointers of a cblas_sgemm / cblas_dgemm (see the module docstring for the order)."""
     candidates: list[tuple[str, str, str, bool]] = []  # (path, sgemm symbol, dgemm symbol, ilp64)
     env = os.environ.get("BLADEPACK_BLAS")
+    if env == "none":
+        return None
     if env:
         candidates.append((env, "cblas_sgemm", "cblas_dgemm", False))
     libs_dir = Path(np.__file__).resolve().parent.parent / "numpy.libs"
@@ -259,12 +261,19 @@ class NativeCpu:
         return Prepared(tuple(segments), _resolve(self.plan["arena_bytes"], regs), buffers)
 
     # -- per call
-    def arena(self, nbytes: int) -> np.ndarray:
-        buf = getattr(self._local, "arena", None)
-        if buf is None or buf.nbytes < nbytes + 64:
+    def arena(self, nbytes: int) -> tuple[np.ndarray, int]:
+        """This thread's arena (grown to at least `nbytes`) and its 64-byte aligned base address."""
+        got = getattr(self._local, "arena", None)
+        if got is None or got[0].nbytes < nbytes + 64:
             buf = np.empty(max(nbytes, 1) + 64, dtype=np.uint8)
-            self._local.arena = buf
-        return buf
+            addr = int(buf.ctypes.data)
+            got = (buf, addr + (-addr) % 64)
+            self._local.arena = got
+        return got
+
+    def run_words(self, words: int, n_words: int, slots: int, status: int) -> int:
+        """One foreign call over a prepared launch list (addresses of the words, slots and status)."""
+        return int(self._run(self._ctx, words, n_words, slots, status, None))
 
     def run_segment(self, seg: Segment, slots: np.ndarray, status: np.ndarray, times: np.ndarray | None = None) -> int:
         """Run one native segment; with `times`, each launch's wall time (ns) lands at its index."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from bladepack.ir import Program, print_graph, verify
+from bladepack.optimize.canonicalize_shapes import canonicalize_shapes
 from bladepack.optimize.dce import dead_code_elimination
 from bladepack.optimize.decompose import decompose
 from bladepack.options import Options
@@ -16,6 +17,7 @@ from bladepack.options import Options
 Pass = Callable[[Program], Program]
 
 PIPELINE: list[tuple[Pass, str]] = [
+    (canonicalize_shapes, "give equal dims one form (shape-constraint analysis), so fusion sees them as equal"),
     (dead_code_elimination, "drop nodes no output needs (front ends emit unused multi-result pieces)"),
     (decompose, "split convolution biases into adds, which fuse as GEMM epilogues"),
 ]

@@ -1,0 +1,105 @@
+"""Host overhead of a call at a repeated input shape: the whole Python call minus the native run.
+
+In: a 50-kernel chain (alternating cumsum and softmax rows, so nothing fuses) and the samples at
+small shapes. Out: a markdown table (printed) and bench/results/host_overhead.{json,md}.
+
+    python -m bench.host_overhead [--repeat 2000]
+
+`call` is `m(*inputs)` (torch tensors in and out, through the fast path); `native` is the library's
+run of the same prepared launch list with no Python around it but the one foreign call; both are
+measured interleaved, call by call, and the medians are compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import bladepack
+from samples.registry import SAMPLES
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+class Chain(torch.nn.Module):
+    """`n` kernels that cannot fuse: a scan, then a row softmax, alternating."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for k in range(self.n):
+            x = torch.cumsum(x, -1) * 0.5 if k % 2 == 0 else torch.softmax(x, -1)
+        return x
+
+
+def measure(m: bladepack.LoadedModule, inputs: tuple[torch.Tensor, ...], repeat: int) -> dict[str, Any]:
+    for _ in range(20):
+        m(*inputs)
+    fast = m._fast
+    native = m._native
+    assert fast is not None and native is not None, "the module must run natively with a fast path"
+    plan = fast._plans[tuple(tuple(t.shape) for t in inputs)]
+    st = fast._state(plan.arena_bytes)
+    calls, runs = [], []
+    for _ in range(repeat):
+        t0 = time.perf_counter_ns()
+        out = m(*inputs)  # held: the native run below writes into the same output memory
+        t1 = time.perf_counter_ns()
+        native.run_words(plan.words_ptr, plan.words.size, st.slots_ptr, st.status_ptr)
+        t2 = time.perf_counter_ns()
+        del out
+        calls.append(t1 - t0)
+        runs.append(t2 - t1)
+    call, run = statistics.median(calls) / 1e3, statistics.median(runs) / 1e3
+    launches = int(sum(1 for lr in native.plan["launches"] if lr["op"] != "ref"))
+    return {"launches": launches, "call_us": call, "native_us": run, "overhead_us": call - run}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=2000)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    rows: list[dict[str, Any]] = []
+    with torch.no_grad():
+        chain = Chain(50)
+        art = bladepack.optimize(chain, [(torch.randn(2, 5),), (torch.randn(3, 9),)])
+        m = bladepack.load(art.to_bytes())
+        rows.append(
+            {"model": "chain of 50 kernels", "dims": "x: 1 x 8", **measure(m, (torch.randn(1, 8),), args.repeat)}
+        )
+        for name, dims in (("encoder", {"batch": 1, "seq": 1}), ("llama", {"batch": 1, "past": 7})):
+            s = SAMPLES[name]
+            art = bladepack.optimize(s.build(), s.export_samples(), s.dynamic_shapes)
+            m = bladepack.load(art.to_bytes())
+            x = s.make_inputs(torch.Generator().manual_seed(1), **dims)
+            rows.append({"model": name, "dims": str(dims), **measure(m, x, args.repeat)})
+    lines = [
+        "| model | shape | launches | call µs | native run µs | host overhead µs |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['dims']} | {r['launches']} | {r['call_us']:.1f} | {r['native_us']:.1f} "
+            f"| {r['overhead_us']:.1f} |"
+        )
+    md = "\n".join(lines) + "\n"
+    print(md)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "host_overhead.md").write_text(md)
+    report = {"machine": platform.processor() or platform.machine(), "numpy": np.__version__, "rows": rows}
+    (RESULTS / "host_overhead.json").write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""The repeated-shape fast path of the native CPU executor.
+
+In: the prepared launch list of an input-shape signature that a full call has already checked and run.
+Out: `FastCalls`, a callable that, for later calls with the same shapes, writes the input and output
+pointers into this thread's slot table and makes one foreign call — nothing else.
+
+Note [Fast path]: the full path (`LoadedModule.run`) checks ranks, dtypes and every shape guard, then
+prepares the signature. A signature whose plan is one native segment with every output written in
+place is then registered here under its input shapes. A later call takes the fast path only when
+each input is exactly the type the first one was (a C-contiguous numpy array of the declared dtype,
+or a contiguous CPU torch tensor of it) and its shapes were registered; anything else returns None
+and goes the full path, which checks and explains. A native failure also returns None: the full path
+runs the same inputs again and raises its detailed error.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bladepack.loader.native_cpu import NativeCpu, Prepared
+
+
+@dataclass(frozen=True)
+class _Plan:
+    words: np.ndarray  # kept alive: the library reads it through words_ptr
+    words_ptr: int
+    arena_bytes: int
+    out_shapes: tuple[tuple[int, ...], ...]
+
+
+class _ThreadState:
+    """This thread's slot table (arena, inputs, outputs, weights) and status words, with their addresses."""
+
+    def __init__(self, native: NativeCpu, n_slots: int, n_io: int) -> None:
+        self.slots = np.zeros(n_slots, dtype=np.uint64)
+        self.slots[1 + n_io :] = native.weight_slots
+        self.slots_ptr = int(self.slots.ctypes.data)
+        self.status = np.zeros(4, dtype=np.int64)
+        self.status_ptr = int(self.status.ctypes.data)
+
+
+class FastCalls:
+    def __init__(
+        self,
+        native: NativeCpu,
+        in_dtypes: Sequence[np.dtype],
+        out_dtypes: Sequence[np.dtype],
+        n_slots: int,
+    ) -> None:
+        self._native = native
+        self._in_dtypes = tuple(in_dtypes)
+        self._out_dtypes = tuple(out_dtypes)
+        self._n_in = len(in_dtypes)
+        self._n_slots = n_slots
+        self._plans: dict[tuple[tuple[int, ...], ...], _Plan] = {}
+        self._local = threading.local()
+        self._torch: tuple[Any, tuple[Any, ...], tuple[Any, ...]] | None = None  # (Tensor, in, out dtypes)
+
+    def add(self, shapes: tuple[tuple[int, ...], ...], prep: Prepared, out_shapes: Sequence[tuple[int, ...]]) -> None:
+        """Register a checked signature whose plan is a single native segment writing every output."""
+        if len(prep.segments) != 1 or prep.segments[0].words is None:
+            return
+        words = prep.segments[0].words
+        self._plans.setdefault(
+            shapes, _Plan(words, int(words.ctypes.data), prep.arena_bytes, tuple(tuple(s) for s in out_shapes))
+        )
+
+    def _torch_types(self, tensor_type: type) -> tuple[Any, tuple[Any, ...], tuple[Any, ...]] | None:
+        if self._torch is None:
+            torch = sys.modules.get("torch")
+            if torch is None or tensor_type is not torch.Tensor:
+                return None
+            try:
+                ins = tuple(getattr(torch, dt.name) for dt in self._in_dtypes)
+                outs = tuple(getattr(torch, dt.name) for dt in self._out_dtypes)
+            except AttributeError:
+                return None
+            self._torch = (torch.Tensor, ins, outs)
+        return self._torch
+
+    def _state(self, arena_bytes: int) -> _ThreadState:
+        st: _ThreadState | None = getattr(self._local, "state", None)
+        if st is None:
+            st = _ThreadState(self._native, self._n_slots, self._n_in + len(self._out_dtypes))
+            self._local.state = st
+        # Asked every call: the full path may have grown (replaced) this thread's arena meanwhile.
+        st.slots[0] = self._native.arena(arena_bytes)[1]
+        return st
+
+    def __call__(self, inputs: Sequence[Any]) -> list[Any] | None:
+        if len(inputs) != self._n_in or not inputs:
+            return None
+        ptrs = []
+        first = type(inputs[0])
+        if first is np.ndarray:
+            shapes = []
+            for a, dt in zip(inputs, self._in_dtypes):
+                if type(a) is not np.ndarray or a.dtype is not dt or not a.flags.c_contiguous:
+                    return None
+                shapes.append(a.shape)
+                ptrs.append(a.ctypes.data)
+            key = tuple(shapes)
+            torch = None
+        else:
+            tt = self._torch_types(first)
+            if tt is None:
+                return None
+            tensor, in_dt, out_dt = tt
+            shapes = []
+            for t, dt in zip(inputs, in_dt):
+                if type(t) is not tensor or t.dtype is not dt or not t.is_cpu or not t.is_contiguous():
+                    return None
+                shapes.append(tuple(t.shape))
+                ptrs.append(t.data_ptr())
+            key = tuple(shapes)
+            torch = sys.modules["torch"]
+        plan = self._plans.get(key)
+        if plan is None:
+            return None
+        st = self._state(plan.arena_bytes)
+        slots = st.slots
+        for k, p in enumerate(ptrs):
+            slots[1 + k] = p
+        outs: list[Any] = []
+        base = 1 + self._n_in
+        if torch is None:
+            for k, (shape, dt) in enumerate(zip(plan.out_shapes, self._out_dtypes)):
+                o = np.empty(shape, dtype=dt)
+                slots[base + k] = o.ctypes.data
+                outs.append(o)
+        else:
+            for k, (shape, tdt) in enumerate(zip(plan.out_shapes, out_dt)):
+                o = torch.empty(shape, dtype=tdt)
+                slots[base + k] = o.data_ptr()
+                outs.append(o)
+        rc = self._native.run_words(plan.words_ptr, plan.words.size, st.slots_ptr, st.status_ptr)
+        if rc:
+            st.status[:] = 0
+            return None
+        return outs

@@ -1,0 +1,276 @@
+"""Shape-constraint analysis: what a program's ops imply about its symbolic dims.
+
+In: a `Program` (graph and `ShapeEnv`), or facts added one by one. Out: `ShapeConstraints`, which holds
+- equality classes of symbols (elementwise operands, matmul contracting and batch dims, concat's
+  other dims, permutes, norms): every symbol is rewritten to its class representative (the symbol
+  created first), whose range is the intersection of the members' ranges;
+- definitions: a symbol proven equal to an expression of others (a reshape's product equality, a
+  concat's summed axis) is replaced by that expression;
+- residual equalities that no symbol can be solved from (`s0*s1 == s2*s3`), used by `eq`;
+- broadcast facts: dim pairs of which, for every binding, one is 1 or both are equal.
+
+Queries (`eq`, `le`, `is_one`, `same_shape`) answer `Tri.YES / NO / UNKNOWN`, proven over every
+binding in range that satisfies the facts — never from sample values. A fact no binding in range can
+satisfy raises `ShapeConflict`, naming the op that implied it.
+
+Note [Sound simplification]: `canonical(e)` substitutes equals for equals only (class representatives
+and definitions derived from facts), so `e` and `canonical(e)` agree on every binding that satisfies
+the facts; the hypothesis tests check exactly this against exhaustive enumeration. Interval bounds
+use the refined class ranges and ignore the ranges of eliminated symbols, which only widens them:
+a YES or NO stays a proof.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import sympy
+
+from bladepack.errors import BladepackError
+from bladepack.ir import Graph, OpKind, Program, ShapeEnv, Tri
+from bladepack.ir.ops import OP_INFO, AxisAttrs, MatmulAttrs, NormAttrs, OpClass, PermuteAttrs
+from bladepack.ir.shape_env import SymbolRange, interval
+from bladepack.ir.types import IRDim, canonical_dim
+
+
+class ShapeConflict(BladepackError, ValueError):
+    """The program's ops imply a fact about its dims that no input shape in range satisfies."""
+
+
+@dataclass(frozen=True)
+class Fact:
+    kind: str  # "eq" or "broadcast"
+    lhs: IRDim
+    rhs: IRDim
+    why: str
+
+    def __str__(self) -> str:
+        rel = "==" if self.kind == "eq" else "== or one is 1:"
+        return f"{self.lhs} {rel} {self.rhs}  ({self.why})"
+
+
+def _expr(e: IRDim | sympy.Expr) -> sympy.Expr:
+    return sympy.expand(sympy.sympify(e))
+
+
+class ShapeConstraints:
+    """Facts about the symbols of one program (see the module docstring). One per program."""
+
+    def __init__(self, env: ShapeEnv) -> None:
+        self._order = {s.name: k for k, s in enumerate(env.symbols)}
+        self._ranges: dict[str, SymbolRange] = {s.name: env.range_of(s) for s in env.symbols}
+        self._subst: dict[sympy.Symbol, sympy.Expr] = {}  # eliminated symbol -> expression of the rest
+        self._residual: list[tuple[sympy.Expr, str]] = []  # expressions proven zero
+        self.facts: list[Fact] = []  # every fact added, for dumps and error messages
+
+    # -- building
+    def equate(self, a: IRDim, b: IRDim, why: str) -> None:
+        """Record a == b for every valid binding."""
+        d = _expr(self.canonical(a) - self.canonical(b))
+        if d == 0:
+            return
+        self.facts.append(Fact("eq", a, b, why))
+        if self._tri_zero(d) is Tri.NO:
+            raise ShapeConflict(f"{why}: {a} == {b} cannot hold for any input shape in range ({self._range_text(d)})")
+        for s in sorted(d.free_symbols, key=lambda s: -self._order.get(s.name, -1)):
+            c = d.coeff(s)
+            if c in (1, -1) and s not in _expr(d - c * s).free_symbols:
+                self._eliminate(s, _expr(-(d - c * s) / c), why)
+                return
+        self._residual.append((d, why))
+
+    def equate_shapes(self, a: Sequence[IRDim], b: Sequence[IRDim], why: str) -> None:
+        for x, y in zip(a, b, strict=True):
+            self.equate(x, y, why)
+
+    def broadcast(self, a: IRDim, b: IRDim, why: str) -> None:
+        """Record that a and b broadcast together (a == b, or one of them is 1). When neither can be 1,
+        that is an equality."""
+        if self.eq(a, b) is Tri.YES or self.is_one(a) is Tri.YES or self.is_one(b) is Tri.YES:
+            return
+        if self.is_one(a) is Tri.NO and self.is_one(b) is Tri.NO:
+            self.equate(a, b, why)
+            return
+        self.facts.append(Fact("broadcast", a, b, why))
+
+    def _eliminate(self, s: sympy.Symbol, value: sympy.Expr, why: str) -> None:
+        gone = self._ranges.get(s.name)
+        if gone is not None:
+            self._narrow(value, gone, f"{why}: {s} in {gone} cannot equal {value}")
+        self._subst = {k: _expr(v.xreplace({s: value})) for k, v in self._subst.items()}
+        self._subst[s] = value
+        self._residual = [(_expr(r.xreplace({s: value})), w) for r, w in self._residual]
+        self._residual = [(r, w) for r, w in self._residual if r != 0]
+
+    def _narrow(self, value: sympy.Expr, rng: SymbolRange, conflict: str) -> None:
+        """`value` lies in `rng` on every valid binding: where `value` is c*t + d in one symbol t, narrow
+        t's range to match (other forms keep their symbols' ranges, which only widens bounds)."""
+        syms = value.free_symbols
+        if len(syms) != 1:
+            return
+        (t,) = syms
+        c, d = value.coeff(t), _expr(value - value.coeff(t) * t)
+        if t.name not in self._ranges or not (c.is_Integer and d.is_Integer) or c == 0 or t in c.free_symbols:
+            return
+        cur = self._ranges[t.name]
+        ends = [sympy.Integer(rng.min) - d, (sympy.oo if rng.max is None else sympy.Integer(rng.max) - d)]
+        lo_v, hi_v = (ends[0] / c, ends[1] / c) if c > 0 else (ends[1] / c, ends[0] / c)
+        lo = max(cur.min, int(sympy.ceiling(lo_v)) if lo_v.is_finite else cur.min)
+        hi_b = None if not hi_v.is_finite else int(sympy.floor(hi_v))
+        hi = cur.max if hi_b is None else hi_b if cur.max is None else min(cur.max, hi_b)
+        if hi is not None and hi < lo:
+            raise ShapeConflict(conflict)
+        self._ranges[t.name] = SymbolRange(lo, hi)
+
+    # -- queries
+    def canonical(self, e: IRDim | sympy.Expr) -> IRDim:
+        """`e` with every symbol replaced by its representative or definition (equal on every valid binding)."""
+        if isinstance(e, int):
+            return e
+        return canonical_dim(_expr(sympy.sympify(e).xreplace(self._subst)))
+
+    def substitution(self) -> dict[sympy.Symbol, sympy.Expr]:
+        return dict(self._subst)
+
+    def eliminated(self) -> dict[sympy.Symbol, sympy.Expr]:
+        """Each symbol rewritten away, with the expression of representatives that replaces it."""
+        return dict(self._subst)
+
+    def residual(self) -> list[tuple[sympy.Expr, str]]:
+        """Equalities no symbol could be solved from, as expressions proven zero (with their reasons)."""
+        return list(self._residual)
+
+    def broadcasts(self) -> list[tuple[IRDim, IRDim, str]]:
+        """Broadcast pairs not settled by the other facts (canonical dims)."""
+        out = []
+        for f in self.facts:
+            if f.kind == "broadcast":
+                a, b = self.canonical(f.lhs), self.canonical(f.rhs)
+                if Tri.YES not in (self.eq(a, b), self.is_one(a), self.is_one(b)):
+                    out.append((a, b, f.why))
+        return out
+
+    def range_of(self, name: str) -> SymbolRange:
+        """The refined range of a representative symbol (the intersection over its class)."""
+        return self._ranges[name]
+
+    def bounds(self, e: IRDim | sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:
+        return interval(_expr(self.canonical(e)), self._ranges)
+
+    def eq(self, a: IRDim, b: IRDim) -> Tri:
+        d = _expr(self.canonical(a) - self.canonical(b))
+        if d == 0:
+            return Tri.YES
+        for r, _ in self._residual:
+            c = sympy.cancel(d / r)
+            if c.is_polynomial(*r.free_symbols, *d.free_symbols) and sympy.fraction(c)[1] == 1:
+                return Tri.YES  # d == c * r and r == 0
+        return self._tri_zero(d)
+
+    def le(self, a: IRDim, b: IRDim) -> Tri:
+        if self.eq(a, b) is Tri.YES:
+            return Tri.YES
+        lo, hi = self.bounds(_expr(sympy.sympify(b) - sympy.sympify(a)))
+        if lo >= 0:
+            return Tri.YES
+        if hi < 0:
+            return Tri.NO
+        return Tri.UNKNOWN
+
+    def is_one(self, a: IRDim) -> Tri:
+        return self.eq(a, 1)
+
+    def same_shape(self, a: Sequence[IRDim], b: Sequence[IRDim]) -> Tri:
+        if len(a) != len(b):
+            return Tri.NO
+        answers = [self.eq(x, y) for x, y in zip(a, b)]
+        if all(t is Tri.YES for t in answers):
+            return Tri.YES
+        return Tri.NO if Tri.NO in answers else Tri.UNKNOWN
+
+    def text(self) -> str:
+        """The classes, definitions, residual and broadcast facts, one per line (for BLADEPACK_DUMP)."""
+        lines = [f"{s} := {v}" for s, v in sorted(self._subst.items(), key=lambda kv: kv[0].name)]
+        lines += [f"{r} == 0  ({w})" for r, w in self._residual]
+        lines += [f"broadcast {f.lhs} with {f.rhs}  ({f.why})" for f in self.facts if f.kind == "broadcast"]
+        gone = {s.name for s in self._subst}
+        lines += [f"{n} in {r}" for n, r in self._ranges.items() if n not in gone]
+        return "\n".join(lines) + "\n"
+
+    def _tri_zero(self, d: sympy.Expr) -> Tri:
+        lo, hi = interval(d, self._ranges)
+        if lo > 0 or hi < 0:
+            return Tri.NO
+        return Tri.UNKNOWN
+
+    def _range_text(self, d: sympy.Expr) -> str:
+        return ", ".join(
+            f"{s} in {self._ranges[s.name]}" for s in sorted(d.free_symbols, key=str) if s.name in self._ranges
+        )
+
+
+# ------------------------------------------------------------------------------------------ analysis
+
+
+def _where(n_op: str, loc: str) -> str:
+    return f"{n_op} at {loc}" if loc else n_op
+
+
+def analyze(p: Program) -> ShapeConstraints:
+    """Every fact the program's ops imply about its dims (see the module docstring)."""
+    cons = ShapeConstraints(p.shape_env)
+    add_graph_facts(cons, p.graph)
+    return cons
+
+
+def add_graph_facts(cons: ShapeConstraints, g: Graph) -> None:
+    types = g.value_types()
+    for n in g.nodes:
+        why = _where(n.op.value, n.loc)
+        out = n.type.shape
+        ins = [types[i].shape for i in n.inputs]
+        cls = OP_INFO[n.op].op_class
+        if cls in (OpClass.ELEMENTWISE, OpClass.BROADCAST) and n.op not in (OpKind.FULL, OpKind.CONSTANT):
+            for s in ins:  # numpy broadcasting: align from the right
+                for d, r in zip(reversed(s), reversed(out)):
+                    cons.broadcast(d, r, why)
+        elif n.op is OpKind.RESHAPE:
+            cons.equate(_product(ins[0]), _product(out), why)
+        elif n.op is OpKind.PERMUTE:
+            assert isinstance(n.attrs, PermuteAttrs)
+            cons.equate_shapes([ins[0][k] for k in n.attrs.perm], out, why)
+        elif n.op is OpKind.CONCAT:
+            assert isinstance(n.attrs, AxisAttrs)
+            axis = n.attrs.axis % len(out)
+            for s in ins:
+                cons.equate_shapes(
+                    [d for k, d in enumerate(s) if k != axis], [d for k, d in enumerate(out) if k != axis], why
+                )
+            cons.equate(sympy.Add(*[sympy.sympify(s[axis]) for s in ins]), out[axis], why)
+        elif n.op in (OpKind.SOFTMAX, OpKind.LOG_SOFTMAX, OpKind.CUMSUM):
+            cons.equate_shapes(ins[0], out, why)
+        elif n.op in (OpKind.LAYER_NORM, OpKind.RMS_NORM):
+            assert isinstance(n.attrs, NormAttrs)
+            cons.equate_shapes(ins[0], out, why)
+            for s in ins[1:]:  # weight and bias cover the normalized trailing axes
+                cons.equate_shapes(s, out[len(out) - n.attrs.num_axes :], why)
+        elif n.op is OpKind.MATMUL:
+            assert isinstance(n.attrs, MatmulAttrs)
+            a, b = ins
+            kb = b[-1] if n.attrs.transpose_b else b[-2]
+            nb = b[-2] if n.attrs.transpose_b else b[-1]
+            cons.equate(a[-1], kb, f"{why} (contracting dims)")
+            cons.equate(a[-2], out[-2], why)
+            cons.equate(nb, out[-1], why)
+            for s in (a[:-2], b[:-2]):  # batch dims broadcast
+                for d, r in zip(reversed(s), reversed(out[:-2])):
+                    cons.broadcast(d, r, f"{why} (batch dims)")
+        elif n.op is OpKind.CONV2D:
+            x, w = ins[0], ins[1]
+            cons.equate(x[0], out[0], why)
+            cons.equate(w[0], out[1], why)
+
+
+def _product(dims: Sequence[IRDim]) -> sympy.Expr:
+    return sympy.Mul(*[sympy.sympify(d) for d in dims])

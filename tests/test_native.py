@@ -1,0 +1,142 @@
+"""The native CPU executor: agreement with the reference executor, runtime variants, the repeated-shape
+fast path, fallbacks (no compiler, no BLAS) and libraries for every ISA level."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import bladepack
+from bladepack import InputError
+from bladepack.cpu_features import cpu_flags
+from bladepack.loader import ExecutionError
+from bladepack.loader.native_cpu import NativeUnavailable
+from tests.helpers import rel_err
+
+
+class _Softmax(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x * 2.0, -1) + x.sum(-1, keepdim=True)
+
+
+@pytest.fixture(scope="module")
+def softmax_art() -> bladepack.api.Artifact:
+    return bladepack.optimize(_Softmax(), [(torch.randn(2, 5),), (torch.randn(3, 9),)])
+
+
+def _native_and_reference(art: bladepack.api.Artifact) -> tuple[bladepack.LoadedModule, bladepack.LoadedModule]:
+    return bladepack.load(art.to_bytes(), executor="native"), bladepack.load(art.to_bytes(), executor="reference")
+
+
+@pytest.mark.parametrize("rows,n", [(1, 1), (2, 3), (5, 15), (3, 16), (2, 17), (7, 64), (1, 1023)])
+def test_native_agrees_with_reference(softmax_art, rows: int, n: int) -> None:
+    nat, ref = _native_and_reference(softmax_art)
+    x = np.random.default_rng(n).standard_normal((rows, n), dtype=np.float32)
+    assert rel_err(nat(x), ref(x)) <= 1e-6
+    assert rel_err(nat(x), _Softmax()(torch.from_numpy(x))) <= 1e-5
+
+
+def test_variant_chosen_by_row_length(softmax_art) -> None:
+    nat = bladepack.load(softmax_art.to_bytes(), executor="native")
+    (kernel,) = nat._kernels
+    assert [v["name"] for v in kernel["variants"]] == ["k0_simd", "k0_scalar"]
+    chosen = {}
+    for n in (1, 3, 8, 17, 64):
+        nat(np.ones((2, n), np.float32))
+        words = nat._cache[((2, n),)].native.segments[0].words
+        chosen[n] = kernel["variants"][[v["fn"] for v in kernel["variants"]].index(int(words[1]))]["name"]
+    assert chosen == {1: "k0_scalar", 3: "k0_scalar", 8: "k0_scalar", 17: "k0_simd", 64: "k0_simd"}
+
+
+def test_fast_path_matches_full_path(mlp_artifact) -> None:
+    nat = bladepack.load(mlp_artifact.to_bytes(), executor="native")
+    ref = bladepack.load(mlp_artifact.to_bytes(), executor="reference")
+    assert nat._fast is not None
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((b, 64), dtype=np.float32) for b in (3, 3, 7, 3)]
+    first = nat(xs[0])
+    assert ((3, 64),) in nat._fast._plans  # registered by the full path
+    again = [nat(x) for x in xs]  # numpy through the fast path
+    assert rel_err(again[0], first) == 0.0
+    for x, y in zip(xs, again):
+        assert rel_err(y, ref(x)) <= 1e-6
+    assert again[0] is not again[3] and rel_err(again[0], first) == 0.0  # fresh outputs, never reused
+    t = torch.from_numpy(xs[2])
+    yt = nat(t)
+    assert isinstance(yt, torch.Tensor) and rel_err(yt, ref(xs[2])) <= 1e-6
+    yt2 = nat(t.clone().requires_grad_(True))
+    assert isinstance(yt2, torch.Tensor) and not yt2.requires_grad and rel_err(yt2, yt) == 0.0
+
+
+def test_fast_path_leaves_unusual_inputs_to_the_full_path(mlp_artifact) -> None:
+    nat = bladepack.load(mlp_artifact.to_bytes(), executor="native")
+    ref = bladepack.load(mlp_artifact.to_bytes(), executor="reference")
+    x = np.random.default_rng(1).standard_normal((64, 5), dtype=np.float32)
+    nat(np.ascontiguousarray(x.T))
+    assert rel_err(nat(x.T), ref(np.ascontiguousarray(x.T))) <= 1e-6  # strided numpy
+    assert rel_err(nat(torch.from_numpy(x).T), ref(np.ascontiguousarray(x.T))) <= 1e-6  # strided torch
+    with pytest.raises(InputError, match="dtype float64"):
+        nat(np.ascontiguousarray(x.T, dtype=np.float64))
+    with pytest.raises(InputError, match="dtype"):
+        nat(torch.zeros(5, 64, dtype=torch.float16))
+    with pytest.raises(InputError, match="rank"):
+        nat(np.zeros((5, 64, 1), np.float32))
+
+
+def test_native_index_error_after_the_shape_is_prepared() -> None:
+    emb = torch.nn.Embedding(10, 4)
+    art = bladepack.optimize(emb, [(torch.tensor([[1, 2]]),), (torch.tensor([[1, 2, 3]]),)])
+    m = bladepack.load(art.to_bytes(), executor="native")
+    ok = np.array([[1, 9, 0]])
+    assert rel_err(m(ok), emb(torch.from_numpy(ok))) == 0.0
+    assert m(ok).shape == (1, 3, 4)  # now on the fast path
+    with pytest.raises(ExecutionError, match=r"index out of range.*12 is not in \[-10, 9\]"):
+        m(np.array([[1, 12, 0]]))
+    assert rel_err(m(np.array([[-1, 2, 3]])), emb.weight[[9, 2, 3]][None]) == 0.0  # negative index wraps
+
+
+def test_portable_gemm_without_blas(mlp_artifact, monkeypatch) -> None:
+    monkeypatch.setenv("BLADEPACK_BLAS", "none")
+    nat = bladepack.load(mlp_artifact.to_bytes(), executor="native")
+    assert nat._native is not None and nat._native.blas is None
+    ref = bladepack.load(mlp_artifact.to_bytes(), executor="reference")
+    for b in (1, 5, 64):
+        x = np.random.default_rng(b).standard_normal((b, 64), dtype=np.float32)
+        assert rel_err(nat(x), ref(x)) <= 1e-5
+
+
+def test_no_compiler_warns_and_runs_on_the_reference_executor(monkeypatch, caplog) -> None:
+    monkeypatch.setattr("bladepack.codegen.toolchain.find_compiler", lambda: None)
+    art = bladepack.optimize(_Softmax(), [(torch.randn(2, 5),), (torch.randn(3, 9),)])
+    assert "no C++ compiler found (set CXX or install g++)" in caplog.text
+    assert art.cpu_libraries == []
+    m = bladepack.load(art.to_bytes())
+    assert m.executor == "reference"
+    x = torch.randn(4, 6)
+    assert rel_err(m(x), _Softmax()(x)) <= 1e-5
+    with pytest.raises(NativeUnavailable, match="no CPU kernel library"):
+        bladepack.load(art.to_bytes(), executor="native")
+
+
+def _pick(libs: list[dict], isa: str) -> dict:
+    return next(li for li in libs if li["isa"] == isa)
+
+
+@pytest.mark.slow
+def test_every_isa_level_builds_and_the_ones_this_cpu_has_run(monkeypatch) -> None:
+    monkeypatch.setenv("BLADEPACK_CPU_ISAS", "x86-64,x86-64-v3,x86-64-v4")
+    art = bladepack.optimize(_Softmax(), [(torch.randn(2, 5),), (torch.randn(3, 9),)])
+    levels = [isa for isa, _, _ in art.cpu_libraries]
+    assert levels == ["x86-64", "x86-64-v3", "x86-64-v4"]
+    x = np.random.default_rng(0).standard_normal((3, 37), dtype=np.float32)
+    want = _Softmax()(torch.from_numpy(x))
+    have = cpu_flags()
+    for lib in art.cpu_libraries:
+        if not set(lib[1]) <= have:
+            continue
+        # load each level by offering only it and the ones below
+        monkeypatch.setattr("bladepack.loader.native_cpu.choose_library", lambda libs, isa=lib[0]: _pick(libs, isa))
+        m = bladepack.load(art.to_bytes(), executor="native")
+        assert m.executor == f"native ({lib[0]})"
+        assert rel_err(m(x), want) <= 1e-5
