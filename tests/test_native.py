@@ -140,3 +140,48 @@ def test_every_isa_level_builds_and_the_ones_this_cpu_has_run(monkeypatch) -> No
         m = bladepack.load(art.to_bytes(), executor="native")
         assert m.executor == f"native ({lib[0]})"
         assert rel_err(m(x), want) <= 1e-5
+
+
+class _NanOps(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            torch.relu(x),
+            torch.clamp(x, -0.5, 0.5),
+            torch.nn.functional.max_pool2d(x, 3, 2, 1),
+            x.amax(-1),
+            torch.maximum(x, x[..., :1]),
+            torch.softmax(x, -1),
+        )
+
+
+def test_nan_and_inf_propagate_like_torch() -> None:
+    art = bladepack.optimize(_NanOps(), [(torch.randn(1, 2, 5, 6),), (torch.randn(2, 2, 7, 9),)])
+    m = bladepack.load(art.to_bytes(), executor="native")
+    x = torch.randn(2, 2, 7, 9)
+    x[0, 0, 1, 2] = float("nan")
+    x[1, 1, 3, 4] = float("inf")
+    x[1, 0, 0, 0] = float("-inf")
+    for got, want in zip(m(x), _NanOps()(x)):
+        assert torch.equal(torch.isnan(got), torch.isnan(want))
+        fin = ~torch.isnan(want)
+        assert torch.allclose(got[fin], want[fin], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "pool",
+    [
+        torch.nn.MaxPool2d(3, 2, 1),
+        torch.nn.MaxPool2d(2, 2),
+        torch.nn.MaxPool2d(3, 1, 1, dilation=2),
+        torch.nn.AvgPool2d(3, 2, 1),
+        torch.nn.AvgPool2d(3, 2, 1, count_include_pad=False),
+        torch.nn.AvgPool2d((3, 2), (1, 2), (1, 1)),
+    ],
+    ids=repr,
+)
+def test_pooling_windows_at_borders(pool: torch.nn.Module) -> None:
+    art = bladepack.optimize(pool, [(torch.randn(1, 3, 8, 9),), (torch.randn(2, 3, 11, 7),)])
+    m = bladepack.load(art.to_bytes(), executor="native")
+    for shape in [(1, 3, 5, 5), (2, 3, 6, 7), (3, 3, 13, 4), (1, 3, 31, 17)]:
+        x = torch.randn(*shape)
+        assert rel_err(m(x), pool(x)) <= 1e-6, shape

@@ -131,7 +131,7 @@ def unary(op: OpKind, x: str, dt: DType, attrs: Any) -> str:
     if op is OpKind.BITWISE_NOT:
         return f"(!{x})" if dt is DType.BOOL else f"{t}(~{x})"
     if op is OpKind.RELU:
-        return f"({x} > {t}(0) ? {x} : {t}(0))" if _f(dt) else f"{t}({x} > 0 ? {x} : 0)"
+        return f"({x} < {t}(0) ? {t}(0) : {x})" if _f(dt) else f"{t}({x} > 0 ? {x} : 0)"  # NaN stays NaN
     if op is OpKind.FLOOR:
         return f"std::floor({x})" if _f(dt) else x
     if op is OpKind.CAST:

@@ -114,6 +114,7 @@ class _Emitter:
         self.simd = False
         self.error_sites: list[str] = []
         self.row_ops: set[int] = set()
+        self.softmax_in_place: int | None = None  # Note [Softmax in place]
         self.depth: dict[str, int] = {}  # scope depth of each C variable defined so far
 
     # -- scopes and statements
@@ -445,10 +446,17 @@ class _Emitter:
             length = simplify(length * d)
         return length
 
-    def reduce_pass(self, dt: DType, kind: str, body: Callable[[tuple[sympy.Expr, ...]], str]) -> str:
+    def reduce_pass(
+        self,
+        dt: DType,
+        kind: str,
+        body: Callable[[tuple[sympy.Expr, ...]], str],
+        store: Callable[[tuple[sympy.Expr, ...], str], None] | None = None,
+    ) -> str:
         """One pass over the current row, combining `body` with `kind` ("sum", "prod", "max", "min");
         returns the C variable holding the result. With `self.simd` the innermost loop carries
-        `#pragma omp simd reduction(...)` (max / min track NaN in a separate flag, like torch)."""
+        `#pragma omp simd reduction(...)` (max / min track NaN in a separate flag, like torch).
+        `store(idx, var)` may also write each element's value (`var`) in the same pass."""
         t = CTYPE[dt]
         dom = self.spec.domain
         k = self.spec.reduced
@@ -475,6 +483,11 @@ class _Emitter:
 
         def innermost() -> None:
             v = body(full)
+            if store is not None:
+                named = self.fresh("e")
+                self.line(f"const {t} {named} = {v};")
+                store(full, named)
+                v = named
             if kind == "sum":
                 self.line(f"{acc} = {acc} + {v};")
             elif kind == "prod":
@@ -527,7 +540,10 @@ class _Emitter:
             stats["acc"] = self.reduce_pass(acc_t, "max" if n.op is OpKind.AMAX else "min", load)
         elif n.op in (OpKind.SOFTMAX, OpKind.LOG_SOFTMAX):
             m = self.reduce_pass(acc_t, "max", load)
-            s = self.reduce_pass(acc_t, "sum", lambda idx: f"bpk::vexp({load(idx)} - {m})")
+            keep = self.softmax_in_place == n.id  # Note [Softmax in place]
+            s = self.reduce_pass(
+                acc_t, "sum", lambda idx: f"bpk::vexp({load(idx)} - {m})", self._store_root(n.id) if keep else None
+            )
             stats["max"] = m
             if n.op is OpKind.SOFTMAX:
                 inv = self.fresh("inv")
@@ -556,6 +572,14 @@ class _Emitter:
             raise ValueError(f"{n.op.value} is not a row op")
         self.row_stats[n.id] = stats
         return stats
+
+    def _store_root(self, v: int) -> Callable[[tuple[sympy.Expr, ...], str], None]:
+        dom = self.spec.domain
+
+        def store(idx: tuple[sympy.Expr, ...], var: str) -> None:
+            self.line(f"{self.ptr_store(v)}[{self.args.index(_store_offset(dom, idx))}] = {var};")
+
+        return store
 
     def _row_value(self, n: Node, idx: tuple[sympy.Expr, ...]) -> str:
         st = self._stats(n)
@@ -676,10 +700,17 @@ def _row_kernel(em: _Emitter, simd: bool) -> None:
     em.row_ops = {v for v in em.spec.nodes if em.ctx.nodes[v].op in _ROW_OPS}
     full_roots = [v for v in em.spec.roots if _same_shape(em.ctx.types[v].shape, dom)]
     row_roots = [v for v in em.spec.roots if v not in full_roots]
+    # Note [Softmax in place]: when the kernel's one full-size result is a softmax, its sum pass stores
+    # exp(x - max) into the result and a last pass scales it: two passes over the inputs and one exp
+    # per element instead of three passes and two exps.
+    soft = full_roots[0] if len(full_roots) == 1 and em.ctx.nodes[full_roots[0]].op is OpKind.SOFTMAX else None
+    em.softmax_in_place = soft
 
     def body(outer: tuple[Loop, ...]) -> None:
         em.outer = outer
         em.row_stats = {}
+        if soft is not None:
+            em._stats(em.ctx.nodes[soft])
         for v in row_roots:
             shape = em.ctx.types[v].shape
             idx = tuple(outer) + (sympy.Integer(0),) * (len(shape) - len(outer))
@@ -692,8 +723,12 @@ def _row_kernel(em: _Emitter, simd: bool) -> None:
 
         def store() -> None:
             for v in full_roots:
+                at = f"{em.ptr_store(v)}[{em.args.index(_store_offset(dom, idx))}]"
+                if v == soft:
+                    em.line(f"{at} = {at} * {em.row_stats[v]['inv']};")
+                    continue
                 val = em.eval(v, idx)
-                em.line(f"{em.ptr_store(v)}[{em.args.index(_store_offset(dom, idx))}] = {val};")
+                em.line(f"{at} = {val};")
 
         def nest(m: int) -> None:
             sym = inner[m]
@@ -846,6 +881,12 @@ def _scan_kernel(em: _Emitter) -> None:
 
 
 def _pool_kernel(em: _Emitter) -> None:
+    """Max / average pooling, one parallel row per (image, channel, output row).
+
+    Note [Separable pooling]: the window is a box, so each output row first combines its input rows
+    (max or sum over the valid kernel rows: contiguous, vectorized) into a scratch row, then combines
+    columns from that row per output column (constant-trip tap loops for interior columns). Valid
+    kernel rows and columns are computed once per row / column: no bounds tests in the inner loops."""
     n = em.ctx.nodes[em.spec.roots[0]]
     a = n.attrs
     assert isinstance(a, Pool2dAttrs)
@@ -856,67 +897,97 @@ def _pool_kernel(em: _Emitter) -> None:
     p = em.ptr_load(view.base)
     nb, c, oh, ow = n.type.shape
     h, w = xt.shape[2], xt.shape[3]
-    t = CTYPE[n.type.dtype]
+    dt = n.type.dtype
+    t = CTYPE[dt]
     is_max = n.op is OpKind.MAX_POOL2D
+    floats = dt in _FLOATS
     kh, kw = a.kernel
     sh, sw = a.stride
     ph, pw = a.padding
     dh, dw = a.dilation
+    r = em.args.ref
+    if is_max:
+        init = f"-std::numeric_limits<{t}>::infinity()" if floats else f"std::numeric_limits<{t}>::lowest()"
+    else:
+        init = f"{t}(0)"
+
+    def comb(acc: str, v: str) -> str:
+        if not is_max:
+            return f"{acc} + {v}"
+        return f"bpk::fmax_nan<{t}>({acc}, {v})" if floats else f"({v} > {acc} ? {v} : {acc})"
 
     def body(outer: tuple[Loop, ...]) -> None:
         i_n, i_c, i_h = outer
-        j = Loop("i3")
         off = em.args.index(sympy.expand(view.offset + i_n * view.strides[0] + i_c * view.strides[1]))
+        s2, s3 = r(view.strides[2]), r(view.strides[3])
+        em.line(f"const {t}* BPK_RESTRICT plane_ = {p} + {off};")
+        store_row = em.args.index(_store_offset(n.type.shape, (i_n, i_c, i_h, sympy.Integer(0))))
+        em.line(f"{t}* BPK_RESTRICT out_ = {em.ptr_store(n.id)} + {store_row};")
+        em.line(f"const int64_t hh0 = {i_h.name} * {sh} - {ph};")
+        em.line(f"const int64_t ki0 = hh0 < 0 ? std::min<int64_t>({kh}, (-hh0 + {dh} - 1) / {dh}) : 0;")
+        em.line(
+            f"const int64_t ki1 = std::max<int64_t>(ki0, std::min<int64_t>({kh}, ({r(h)} - hh0 + {dh} - 1) / {dh}));"
+        )
+        em.line(f"static thread_local std::vector<{t}> vrow_;")
+        em.line(f"if (int64_t(vrow_.size()) < {r(w)}) vrow_.resize({r(w)});")
+        em.line(f"{t}* BPK_RESTRICT vm_ = vrow_.data();")
+        em.line("#pragma omp simd")
+        em.line(f"for (int64_t x = 0; x < {r(w)}; ++x) vm_[x] = {init};")
+        em.line("for (int64_t ki = ki0; ki < ki1; ++ki) {")
+        em.line(f"  const {t}* BPK_RESTRICT src_ = plane_ + (hh0 + ki * {dh}) * {s2};")
+        em.line("  #pragma omp simd")
+        em.line(f"  for (int64_t x = 0; x < {r(w)}; ++x) vm_[x] = {comb('vm_[x]', f'src_[x * {s3}]')};")
+        em.line("}")
+        j = "j"
 
-        def cell() -> None:
-            if is_max:
-                init = (
-                    f"-std::numeric_limits<{t}>::infinity()"
-                    if n.type.dtype in _FLOATS
-                    else f"std::numeric_limits<{t}>::lowest()"
-                )
+        def cell(interior: bool) -> None:
+            em.line(f"  const int64_t ww0 = {j} * {sw} - {pw};")
+            if interior:
+                em.line(f"  constexpr int64_t kj0 = 0, kj1 = {kw};")
             else:
-                init = f"{t}(0)"
-            em.line(f"{t} acc_ = {init};")
-            em.line(f"for (int64_t ki = 0; ki < {kh}; ++ki) {{")
-            em.line(f"  const int64_t hh = {i_h.name} * {sh} - {ph} + ki * {dh};")
-            em.line(f"  if (hh < 0 || hh >= {em.args.ref(h)}) continue;")
-            em.line(f"  for (int64_t kj = 0; kj < {kw}; ++kj) {{")
-            em.line(f"    const int64_t ww = {j.name} * {sw} - {pw} + kj * {dw};")
-            em.line(f"    if (ww < 0 || ww >= {em.args.ref(w)}) continue;")
-            load = f"{p}[{off} + hh * {em.args.ref(view.strides[2])} + ww * {em.args.ref(view.strides[3])}]"
-            if is_max:
-                comb = (
-                    f"bpk::fmax_nan<{t}>(acc_, {load})"
-                    if n.type.dtype in _FLOATS
-                    else f"({load} > acc_ ? {load} : acc_)"
+                em.line(f"  const int64_t kj0 = ww0 < 0 ? std::min<int64_t>({kw}, (-ww0 + {dw} - 1) / {dw}) : 0;")
+                em.line(
+                    f"  const int64_t kj1 = std::max<int64_t>(kj0, std::min<int64_t>({kw}, ({r(w)} - ww0 + {dw} - 1) / {dw}));"
                 )
-                em.line(f"    acc_ = {comb};")
-            else:
-                em.line(f"    acc_ += {load};")
-            em.line("  }")
-            em.line("}")
+            em.line(f"  {t} acc_ = {init};")
+            em.line(f"  for (int64_t kj = kj0; kj < kj1; ++kj) acc_ = {comb('acc_', f'vm_[ww0 + kj * {dw}]')};")
             if not is_max:
-                # the divisor counts window cells inside the padded input (count_include_pad) or the input
-                hi_h, hi_w = em.args.ref(h), em.args.ref(w)
-                lo_h, lo_w = (f"-{ph}", f"-{pw}") if a.count_include_pad else ("0", "0")
-                if a.count_include_pad:
-                    hi_h, hi_w = f"{hi_h} + {ph}", f"{hi_w} + {pw}"
-                em.line("int64_t cnt_ = 0;")
-                em.line(f"for (int64_t ki = 0; ki < {kh}; ++ki) {{ const int64_t hh = {i_h.name} * {sh} - {ph} + ki;")
-                em.line(f"  for (int64_t kj = 0; kj < {kw}; ++kj) {{ const int64_t ww = {j.name} * {sw} - {pw} + kj;")
-                em.line(f"    cnt_ += (hh >= {lo_h} && hh < {hi_h} && ww >= {lo_w} && ww < {hi_w}); }} }}")
-                em.line(f"acc_ = acc_ / {t}(cnt_);")
-            idx = (i_n, i_c, i_h, j)
-            em.line(f"{em.ptr_store(n.id)}[{em.args.index(_store_offset(n.type.shape, idx))}] = acc_;")
+                if a.count_include_pad and (dh, dw) == (1, 1):  # window cells inside the padded input
+                    em.line(
+                        f"  const int64_t cnt_ = (std::min<int64_t>(hh0 + {kh}, {r(h)} + {ph}) - std::max<int64_t>(hh0, -{ph}))"
+                        f" * (std::min<int64_t>(ww0 + {kw}, {r(w)} + {pw}) - std::max<int64_t>(ww0, -{pw}));"
+                    )
+                elif a.count_include_pad:
+                    hi_h, hi_w = f"{r(h)} + {ph}", f"{r(w)} + {pw}"
+                    em.line("  int64_t cnt_ = 0;")
+                    em.line(f"  for (int64_t ki = 0; ki < {kh}; ++ki) {{ const int64_t hh = hh0 + ki;")
+                    em.line(f"    for (int64_t kj = 0; kj < {kw}; ++kj) {{ const int64_t ww = ww0 + kj;")
+                    em.line(f"      cnt_ += (hh >= -{ph} && hh < {hi_h} && ww >= -{pw} && ww < {hi_w}); }} }}")
+                else:  # window cells inside the input
+                    em.line("  const int64_t cnt_ = (ki1 - ki0) * (kj1 - kj0);")
+                em.line(f"  acc_ = acc_ / {t}(cnt_);")
+            em.line(f"  out_[{j}] = acc_;")
 
-        _for(em, j, ow, cell)
+        # columns whose whole window lies inside the input get a constant-trip (unrolled) tap loop
+        em.line(f"const int64_t ja_ = std::min<int64_t>({r(ow)}, ({pw} + {sw} - 1) / {sw});")
+        em.line(f"const int64_t jb_num_ = {r(w)} - 1 + {pw} - {(kw - 1) * dw};")
+        em.line(
+            f"const int64_t jb_ = std::max<int64_t>(ja_, jb_num_ < 0 ? 0 : std::min<int64_t>({r(ow)}, jb_num_ / {sw} + 1));"
+        )
+        for lo, hi, interior in (("0", "ja_", False), ("ja_", "jb_", True), ("jb_", r(ow), False)):
+            em.line(f"for (int64_t {j} = {lo}; {j} < {hi}; ++{j}) {{")
+            cell(interior)
+            em.line("}")
 
-    _rows_loop(em, [nb, c, oh], f"{em.args.ref(ow)} * {kh * kw}", body)
+    _rows_loop(em, [nb, c, oh], f"{em.args.ref(w)} * {kh + kw}", body)
 
 
 def _im2col_kernel(em: _Emitter, conv: Node, x_view: View, cols: int) -> None:
-    """cols[n, c*KH*KW + ki*KW + kj, oh*OW + ow] = x[n, c, oh*s - p + ki*d, ...], 0 outside."""
+    """cols[n, c*KH*KW + ki*KW + kj, oh*OW + ow] = x[n, c, oh*s - p + ki*d, ...], 0 outside.
+
+    One parallel row per (image, channel); per tap (ki, kj) the valid output columns [j_lo, j_hi) are
+    computed once, so the copy loop has no bounds tests (contiguous and vectorized at stride 1) and
+    the padding columns are plain zero fills."""
     from bladepack.ir.ops import Conv2dAttrs
 
     a = conv.attrs
@@ -926,30 +997,80 @@ def _im2col_kernel(em: _Emitter, conv: Node, x_view: View, cols: int) -> None:
     _oc, _cg, kh, kw = em.ctx.types[conv.inputs[1]].shape
     nb, oh, ow = conv.type.shape[0], conv.type.shape[2], conv.type.shape[3]
     t = CTYPE[conv.type.dtype]
-    ckk = simplify(c * kh * kw)
     out = em.ptr_store(cols)
+    (sh, sw), (ph, pw), (dh, dw) = a.stride, a.padding, a.dilation
+    r = em.args.ref
 
-    def body(outer: tuple[Loop, ...]) -> None:
-        i_n, i_k, i_h = outer
-        em.line(f"const int64_t ci = {i_k.name} / {kh * kw}, ki = ({i_k.name} / {kw}) % {kh}, kj = {i_k.name} % {kw};")
-        em.line(f"const int64_t hh = {i_h.name} * {a.stride[0]} - {a.padding[0]} + ki * {a.dilation[0]};")
-        base = em.args.index(sympy.expand(x_view.offset + i_n * x_view.strides[0]))
-        dst = em.args.index(sympy.expand((i_n * ckk + i_k) * oh * ow + i_h * ow))
-        em.line(f"{t}* BPK_RESTRICT dst_ = {out} + {dst};")
-        em.line(
-            f"if (hh < 0 || hh >= {em.args.ref(h)}) {{ for (int64_t j = 0; j < {em.args.ref(ow)}; ++j) dst_[j] = {t}(0); continue; }}"
-        )
-        em.line(
-            f"const {t}* src_ = {p} + {base} + ci * {em.args.ref(x_view.strides[1])} + hh * {em.args.ref(x_view.strides[2])};"
-        )
-        em.line(f"for (int64_t j = 0; j < {em.args.ref(ow)}; ++j) {{")
-        em.line(f"  const int64_t ww = j * {a.stride[1]} - {a.padding[1]} + kj * {a.dilation[1]};")
-        em.line(
-            f"  dst_[j] = (ww >= 0 && ww < {em.args.ref(w)}) ? src_[ww * {em.args.ref(x_view.strides[3])}] : {t}(0);"
-        )
+    # Note [Plane copies]: at stride 1 with "same" output size and a dense input plane, a tap's columns
+    # are the input plane shifted by (ki - ph, kj - pw): one contiguous copy of the flattened plane,
+    # then the few wrapped-around border columns and the padding rows are zeroed.
+    plane = (
+        (sh, sw, dh, dw) == (1, 1, 1, 1)
+        and sym_eq(oh, h)
+        and sym_eq(ow, w)
+        and sym_eq(x_view.strides[3], 1)
+        and sym_eq(x_view.strides[2], w)
+    )
+
+    def plane_taps() -> None:
+        em.line(f"const int64_t hw = {r(oh)} * {r(ow)};")
+        em.line(f"for (int64_t ki = 0; ki < {kh}; ++ki) {{")
+        em.line(f"  for (int64_t kj = 0; kj < {kw}; ++kj) {{")
+        em.line(f"    {t}* BPK_RESTRICT d = dst_c + (ki * {kw} + kj) * hw;")
+        em.line(f"    const int64_t dy = ki - {ph}, dx = kj - {pw};")
+        em.line(f"    const int64_t y0 = std::min<int64_t>({r(oh)}, std::max<int64_t>(0, -dy));")
+        em.line(f"    const int64_t y1 = std::max<int64_t>(y0, std::min<int64_t>({r(oh)}, {r(h)} - dy));")
+        em.line(f"    const int64_t j0 = std::min<int64_t>({r(ow)}, std::max<int64_t>(0, -dx));")
+        em.line(f"    const int64_t j1 = std::max<int64_t>(j0, std::min<int64_t>({r(ow)}, {r(w)} - dx));")
+        em.line(f"    for (int64_t f = 0; f < y0 * {r(ow)}; ++f) d[f] = {t}(0);")
+        em.line("    if (y1 > y0 && j1 > j0) {")
+        em.line(f"      const int64_t f0 = y0 * {r(ow)} + j0, f1 = (y1 - 1) * {r(ow)} + j1, shift = dy * {r(w)} + dx;")
+        em.line("      #pragma omp simd")
+        em.line("      for (int64_t f = f0; f < f1; ++f) d[f] = src_c[f + shift];")
+        em.line("      for (int64_t y = y0; y < y1; ++y) {")
+        em.line(f"        for (int64_t j = 0; j < j0; ++j) d[y * {r(ow)} + j] = {t}(0);")
+        em.line(f"        for (int64_t j = j1; j < {r(ow)}; ++j) d[y * {r(ow)} + j] = {t}(0);")
+        em.line("      }")
+        em.line(f"    }} else {{ for (int64_t f = y0 * {r(ow)}; f < y1 * {r(ow)}; ++f) d[f] = {t}(0); }}")
+        em.line(f"    for (int64_t f = y1 * {r(ow)}; f < hw; ++f) d[f] = {t}(0);")
+        em.line("  }")
         em.line("}")
 
-    _rows_loop(em, [nb, ckk, oh], f"{em.args.ref(ow)} * 2", body)
+    def body(outer: tuple[Loop, ...]) -> None:
+        i_n, i_c = outer
+        base = em.args.index(sympy.expand(x_view.offset + i_n * x_view.strides[0] + i_c * x_view.strides[1]))
+        dst = em.args.index(sympy.expand((i_n * c + i_c) * kh * kw * oh * ow))
+        sx = r(x_view.strides[3])
+        em.line(f"const {t}* src_c = {p} + {base};")
+        em.line(f"{t}* BPK_RESTRICT dst_c = {out} + {dst};")
+        if plane:
+            plane_taps()
+            return
+        em.line(f"for (int64_t ki = 0; ki < {kh}; ++ki) {{")
+        em.line(f"  for (int64_t kj = 0; kj < {kw}; ++kj) {{")
+        em.line(f"    {t}* BPK_RESTRICT dst_k = dst_c + (ki * {kw} + kj) * {r(oh)} * {r(ow)};")
+        em.line(f"    const int64_t lo_n = {pw} - kj * {dw}, hi_n = {r(w)} - 1 + {pw} - kj * {dw};")
+        em.line(f"    const int64_t j_lo = std::min<int64_t>({r(ow)}, lo_n <= 0 ? 0 : (lo_n + {sw} - 1) / {sw});")
+        em.line(
+            f"    const int64_t j_hi = std::max<int64_t>(j_lo, hi_n < 0 ? 0 : std::min<int64_t>({r(ow)}, hi_n / {sw} + 1));"
+        )
+        em.line(f"    for (int64_t y = 0; y < {r(oh)}; ++y) {{")
+        em.line(f"      {t}* BPK_RESTRICT d = dst_k + y * {r(ow)};")
+        em.line(f"      const int64_t hh = y * {sh} - {ph} + ki * {dh};")
+        em.line(
+            f"      if (hh < 0 || hh >= {r(h)}) {{ for (int64_t j = 0; j < {r(ow)}; ++j) d[j] = {t}(0); continue; }}"
+        )
+        em.line(f"      const {t}* s = src_c + hh * {r(x_view.strides[2])};")
+        em.line(f"      const int64_t w0 = kj * {dw} - {pw};")
+        em.line(f"      for (int64_t j = 0; j < j_lo; ++j) d[j] = {t}(0);")
+        em.line("      #pragma omp simd")
+        em.line(f"      for (int64_t j = j_lo; j < j_hi; ++j) d[j] = s[(j * {sw} + w0) * {sx}];")
+        em.line(f"      for (int64_t j = j_hi; j < {r(ow)}; ++j) d[j] = {t}(0);")
+        em.line("    }")
+        em.line("  }")
+        em.line("}")
+
+    _rows_loop(em, [nb, c], f"{kh * kw} * {r(oh)} * {r(ow)}", body)
 
 
 # --------------------------------------------------------------------------- entry points
