@@ -154,6 +154,7 @@ def test_dump_writes_every_stage(tmp_path, monkeypatch: pytest.MonkeyPatch) -> N
         "01-canonicalize_shapes.ir",
         "02-dead_code_elimination.ir",
         "03-decompose.ir",
+        "04-conv_layout.ir",
         "fusion_plan.txt",
         "kernels_cpu.cc",
         "plan.txt",

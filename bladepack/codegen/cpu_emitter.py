@@ -610,45 +610,55 @@ class _Emitter:
 # --------------------------------------------------------------------------- kernel bodies
 
 
-def _decompose(em: _Emitter, dims: Sequence[IRDim], syms: Sequence[Loop], flat: str) -> None:
-    """Split the flat row index into the loop symbols (innermost last)."""
-    if not syms:
-        return
-    if len(syms) == 1:
-        em.line(f"const int64_t {syms[0].name} = {flat};")
-        return
-    em.line(f"int64_t t_ = {flat};")
-    for k in range(len(syms) - 1, 0, -1):
-        d = em.args.ref(dims[k])
-        em.line(f"const int64_t {syms[k].name} = t_ % {d}; t_ /= {d};")
-    em.line(f"const int64_t {syms[0].name} = t_;")
-
-
 def _store_offset(shape: Sequence[IRDim], idx: Sequence[sympy.Expr]) -> sympy.Expr:
     return sympy.expand(sum((i * s for i, s in zip(idx, contiguous_strides(shape))), sympy.Integer(0)))
 
 
 def _rows_loop(em: _Emitter, outer_dims: Sequence[IRDim], cost: str, body: Callable[[tuple[Loop, ...]], None]) -> None:
-    """parallel_for over the flattened outer dims; `body` runs once per row with the row's symbols."""
+    """parallel_for over the flattened outer dims; `body` runs once per row with the row's symbols.
+
+    The row symbols are split from the chunk's first row once (divisions) and then advanced like an
+    odometer in the loop increment, so a short row costs no division (a `continue` in the body is safe)."""
     syms = tuple(Loop(f"i{k}") for k in range(len(outer_dims)))
     rows: IRDim = 1
     for d in outer_dims:
         rows = simplify(rows * d)
-
-    def gen() -> None:
-        _decompose(em, outer_dims, syms, "row_")
-        body(syms)
+    refs = [em.args.ref(d) for d in outer_dims]
+    split, advance = [], ""
+    if syms:
+        names = [s.name for s in syms]
+        split.append(f"  int64_t {', '.join(names)};")
+        if len(syms) == 1:
+            split.append(f"  {names[0]} = lo_;")
+        else:
+            parts = ["int64_t t_ = lo_;"]
+            for k in range(len(syms) - 1, 0, -1):
+                parts.append(f"{names[k]} = t_ % {refs[k]}; t_ /= {refs[k]};")
+            parts.append(f"{names[0]} = t_;")
+            split.append("  { " + " ".join(parts) + " }")
+        advance = ", " + _odometer(names, refs)
 
     em.loop(
         [
             f"bpk::parallel_for(st, {em.args.ref(rows)}, {cost}, [&](int64_t lo_, int64_t hi_) {{",
             _DECLS,
-            "  for (int64_t row_ = lo_; row_ < hi_; ++row_) {",
+            *split,
+            f"  for (int64_t row_ = lo_; row_ < hi_; ++row_{advance}) {{",
         ],
         syms,
-        gen,
+        lambda: body(syms),
         ["  }", "});"],
     )
+
+
+def _odometer(names: Sequence[str], refs: Sequence[str]) -> str:
+    """C expression advancing the row symbols (innermost last) by one row."""
+    if len(names) == 1:
+        return f"++{names[0]}"
+    expr = f"++{names[0]}"
+    for k in range(1, len(names)):
+        expr = f"(++{names[k]} == {refs[k]} && ({names[k]} = 0, {expr}, true))"
+    return f"(void){expr}"
 
 
 # Note [Restrict inside the parallel body]: a lambda reading the kernel's pointers through its
@@ -995,9 +1005,13 @@ def _im2col_kernel(em: _Emitter, conv: Node, x_view: View, cols: int) -> None:
     p = em.ptr_load(x_view.base)
     _nb, c, h, w = em.ctx.types[conv.inputs[0]].shape
     _oc, _cg, kh, kw = em.ctx.types[conv.inputs[1]].shape
-    nb, oh, ow = conv.type.shape[0], conv.type.shape[2], conv.type.shape[3]
+    cnhw = a.out_layout == "cnhw"  # Note [Batch-folded convolution]: columns [C*KH*KW, N, OH*OW]
+    nb = conv.type.shape[1] if cnhw else conv.type.shape[0]
+    oh, ow = conv.type.shape[2], conv.type.shape[3]
     t = CTYPE[conv.type.dtype]
     out = em.ptr_store(cols)
+    # element offset of (image, channel, tap 0)'s column plane, and the distance between taps' planes
+    tap_stride = simplify(nb * oh * ow) if cnhw else simplify(oh * ow)
     (sh, sw), (ph, pw), (dh, dw) = a.stride, a.padding, a.dilation
     r = em.args.ref
 
@@ -1016,7 +1030,7 @@ def _im2col_kernel(em: _Emitter, conv: Node, x_view: View, cols: int) -> None:
         em.line(f"const int64_t hw = {r(oh)} * {r(ow)};")
         em.line(f"for (int64_t ki = 0; ki < {kh}; ++ki) {{")
         em.line(f"  for (int64_t kj = 0; kj < {kw}; ++kj) {{")
-        em.line(f"    {t}* BPK_RESTRICT d = dst_c + (ki * {kw} + kj) * hw;")
+        em.line(f"    {t}* BPK_RESTRICT d = dst_c + (ki * {kw} + kj) * {r(tap_stride)};")
         em.line(f"    const int64_t dy = ki - {ph}, dx = kj - {pw};")
         em.line(f"    const int64_t y0 = std::min<int64_t>({r(oh)}, std::max<int64_t>(0, -dy));")
         em.line(f"    const int64_t y1 = std::max<int64_t>(y0, std::min<int64_t>({r(oh)}, {r(h)} - dy));")
@@ -1039,7 +1053,8 @@ def _im2col_kernel(em: _Emitter, conv: Node, x_view: View, cols: int) -> None:
     def body(outer: tuple[Loop, ...]) -> None:
         i_n, i_c = outer
         base = em.args.index(sympy.expand(x_view.offset + i_n * x_view.strides[0] + i_c * x_view.strides[1]))
-        dst = em.args.index(sympy.expand((i_n * c + i_c) * kh * kw * oh * ow))
+        first = (i_c * kh * kw * nb + i_n) * oh * ow if cnhw else (i_n * c + i_c) * kh * kw * oh * ow
+        dst = em.args.index(sympy.expand(first))
         sx = r(x_view.strides[3])
         em.line(f"const {t}* src_c = {p} + {base};")
         em.line(f"{t}* BPK_RESTRICT dst_c = {out} + {dst};")
@@ -1048,7 +1063,7 @@ def _im2col_kernel(em: _Emitter, conv: Node, x_view: View, cols: int) -> None:
             return
         em.line(f"for (int64_t ki = 0; ki < {kh}; ++ki) {{")
         em.line(f"  for (int64_t kj = 0; kj < {kw}; ++kj) {{")
-        em.line(f"    {t}* BPK_RESTRICT dst_k = dst_c + (ki * {kw} + kj) * {r(oh)} * {r(ow)};")
+        em.line(f"    {t}* BPK_RESTRICT dst_k = dst_c + (ki * {kw} + kj) * {r(tap_stride)};")
         em.line(f"    const int64_t lo_n = {pw} - kj * {dw}, hi_n = {r(w)} - 1 + {pw} - kj * {dw};")
         em.line(f"    const int64_t j_lo = std::min<int64_t>({r(ow)}, lo_n <= 0 ? 0 : (lo_n + {sw} - 1) / {sw});")
         em.line(

@@ -210,11 +210,15 @@ class MatmulAttrs:
 
 @dataclass(frozen=True)
 class Conv2dAttrs:
+    """`out_layout` "nchw" (torch's), or "cnhw": the result's dims are [C_out, N, OH, OW], so one GEMM
+    covers the whole batch (see optimize/conv_layout.py); the input is always NCHW."""
+
     stride: tuple[int, int]
     padding: tuple[int, int]
     dilation: tuple[int, int]
     groups: int
     has_bias: bool
+    out_layout: str = "nchw"
 
 
 @dataclass(frozen=True)

@@ -154,6 +154,8 @@ def lower_conv(node: Node, x: View, w: View, cols: int | None) -> GemmCall:
     convolution, which reads x directly as [N, C, H*W]."""
     a = node.attrs
     assert isinstance(a, Conv2dAttrs)
+    if a.out_layout == "cnhw":
+        return _lower_conv_cnhw(node, w, cols)
     nb, oc, oh, ow = node.type.shape
     _, cg, kh, kw = w.shape
     g = a.groups
@@ -184,4 +186,33 @@ def lower_conv(node: Node, x: View, w: View, cols: int | None) -> GemmCall:
         kk,
         p,
         p,
+    )
+
+
+def _lower_conv_cnhw(node: Node, w: View, cols: int | None) -> GemmCall:
+    """Note [Batch-folded convolution]: W [OC, C*KH*KW] @ cols [C*KH*KW, N*OH*OW] -> [OC, N*OH*OW], one GEMM."""
+    assert cols is not None, "a channel-major convolution always goes through im2col"
+    oc, nb, oh, ow = node.type.shape
+    _, cg, kh, kw = w.shape
+    kk = simplify(cg * kh * kw)
+    cols_n = simplify(nb * oh * ow)
+    wa = View(w.base, w.offset, (1, oc, kk), (0, kk, 1))
+    b_view = View(cols, 0, (1, kk, cols_n), (0, cols_n, 1))
+    return GemmCall(
+        node.type.dtype,
+        wa,
+        b_view,
+        node.id,
+        (1, 1, 1),
+        (0, 0, 0),
+        (0, 0, 0),
+        (0, 0, 0),
+        oc,
+        cols_n,
+        kk,
+        False,
+        False,
+        kk,
+        cols_n,
+        cols_n,
     )

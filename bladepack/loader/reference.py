@@ -364,6 +364,7 @@ def _conv2d(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, .
     o, cg, kh, kw = w.shape
     g = attrs["groups"]
     out_hw = shape[2:]
+    cnhw = attrs.get("out_layout", "nchw") == "cnhw"  # result dims [C_out, N, OH, OW]
     xp = _pad_hw(x, attrs["padding"], (kh, kw), attrs["stride"], attrs["dilation"], out_hw, 0.0)
     win = _windows(xp, (kh, kw), attrs["stride"], attrs["dilation"], out_hw)  # N C Ho Wo kh kw
     win = win.reshape(n, g, cg, *win.shape[2:])
@@ -371,6 +372,8 @@ def _conv2d(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, .
     y = np.einsum("ngchwij,gocij->ngohw", win, wg, optimize=True).reshape(n, o, *out_hw)
     if attrs["has_bias"]:
         y = y + xs[2].reshape(1, o, 1, 1)
+    if cnhw:
+        y = np.ascontiguousarray(y.transpose(1, 0, 2, 3))
     return y.astype(dt, copy=False)
 
 

@@ -154,7 +154,10 @@ class _Lowerer:
         self.temp_id += 1
         nb, c = self.types[n.inputs[0]].shape[:2]
         oh, ow = n.type.shape[2:]
-        shape = (nb, simplify(c * kh * kw), simplify(oh * ow))
+        if a.out_layout == "cnhw":  # Note [Batch-folded convolution]: columns [C*KH*KW, N, OH*OW]
+            shape = (simplify(c * kh * kw), nb, simplify(oh * ow))
+        else:
+            shape = (nb, simplify(c * kh * kw), simplify(oh * ow))
         self.types[cols] = TensorType(n.type.dtype, shape)
         spec = KernelSpec(f"k{len(self.kernels)}_im2col", "im2col", (cols,), (), shape, 0, n.loc)
         self._kernel(spec, (n, x))

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from bladepack.ir import Program, print_graph, verify
 from bladepack.optimize.canonicalize_shapes import canonicalize_shapes
+from bladepack.optimize.conv_layout import conv_layout
 from bladepack.optimize.dce import dead_code_elimination
 from bladepack.optimize.decompose import decompose
 from bladepack.options import Options
@@ -20,6 +21,7 @@ PIPELINE: list[tuple[Pass, str]] = [
     (canonicalize_shapes, "give equal dims one form (shape-constraint analysis), so fusion sees them as equal"),
     (dead_code_elimination, "drop nodes no output needs (front ends emit unused multi-result pieces)"),
     (decompose, "split convolution biases into adds, which fuse as GEMM epilogues"),
+    (conv_layout, "channel-major convolution results, so one GEMM covers the whole batch"),
 ]
 
 

@@ -29,7 +29,7 @@ import sympy
 
 from bladepack.errors import BladepackError
 from bladepack.ir import Graph, OpKind, Program, ShapeEnv, Tri
-from bladepack.ir.ops import OP_INFO, AxisAttrs, MatmulAttrs, NormAttrs, OpClass, PermuteAttrs
+from bladepack.ir.ops import OP_INFO, AxisAttrs, Conv2dAttrs, MatmulAttrs, NormAttrs, OpClass, PermuteAttrs
 from bladepack.ir.shape_env import SymbolRange, interval
 from bladepack.ir.types import IRDim, canonical_dim
 
@@ -267,9 +267,11 @@ def add_graph_facts(cons: ShapeConstraints, g: Graph) -> None:
                 for d, r in zip(reversed(s), reversed(out[:-2])):
                     cons.broadcast(d, r, f"{why} (batch dims)")
         elif n.op is OpKind.CONV2D:
+            assert isinstance(n.attrs, Conv2dAttrs)
             x, w = ins[0], ins[1]
-            cons.equate(x[0], out[0], why)
-            cons.equate(w[0], out[1], why)
+            nb, oc = (out[1], out[0]) if n.attrs.out_layout == "cnhw" else (out[0], out[1])
+            cons.equate(x[0], nb, why)
+            cons.equate(w[0], oc, why)
 
 
 def _product(dims: Sequence[IRDim]) -> sympy.Expr:
