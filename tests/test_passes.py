@@ -47,3 +47,17 @@ def test_canonicalize_shapes_is_the_identity_on_torch_programs() -> None:
     m = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
     p = _program(m, [(torch.randn(2, 5, 16),), (torch.randn(3, 7, 16),)])
     assert canonicalize_shapes(p) is p
+
+
+def test_encoder_layer_is_at_most_eight_kernels_plus_gemms() -> None:
+    from bladepack.optimize.build_plan import build_plan
+    from bladepack.optimize.pipeline import run_pipeline
+    from bladepack.options import Options
+
+    layer = torch.nn.TransformerEncoderLayer(64, 4, 256, dropout=0.0, batch_first=True)
+    p = _program(layer, [(torch.randn(2, 5, 64),), (torch.randn(3, 7, 64),)])
+    plan = build_plan(run_pipeline(p, Options.from_env()))
+    head = plan.fusion_text.splitlines()[0]
+    kernels, gemms = (int(w) for w in head.split(":")[1].replace(",", "").split()[0:4:2])
+    assert head.endswith("0 reference steps"), plan.fusion_text
+    assert kernels <= 8 and gemms == 6, plan.fusion_text

@@ -104,8 +104,11 @@ def lower_matmul(env: ShapeEnv, node: Node, view_a: View, view_b: View) -> GemmC
     lb = matrix_layout(env, k, n, b.strides[-2], b.strides[-1])
     if la is None or lb is None:
         return None
-    sa = list(a.broadcast_to((*batch, m, k)).strides[: len(batch)])
-    sb = list(b.broadcast_to((*batch, k, n)).strides[: len(batch)])
+    wide_a, wide_b = a.broadcast_to((*batch, m, k)), b.broadcast_to((*batch, k, n))
+    if wide_a is None or wide_b is None:
+        return None
+    sa = list(wide_a.strides[: len(batch)])
+    sb = list(wide_b.strides[: len(batch)])
     sc = list(contiguous_strides(out_shape)[: len(batch)])
     dims = list(batch)
     ta, lda = la

@@ -4,16 +4,19 @@ In: the IR graph and a predicate saying which values live in memory. Out: `View`
 offset, shape, per-dim element strides, all int-or-sympy) for a value reached from a materialized value
 through reshape / permute / slice / expand only, or None where some shape in range would need a copy.
 
-Note [Reshape of a strided view]: a reshape is free when the input and output dims fall into groups
-with equal products (proven symbolically) and, inside each group, the input dims are contiguous among
-themselves (stride_k == stride_{k+1} * size_{k+1}, proven). Size-1 dims whose size is the constant 1
-place no constraint. A symbolic size that may be 1 still counts as a real dim, so the decision holds for
-every binding, never just for the samples.
+Note [Reshape of a strided view]: a view is a list of (size, stride) modes; a reshape regroups the
+modes into the new dims, splitting a mode where a new dim boundary falls inside it (proven divisible)
+and merging adjacent modes that are contiguous (stride_k == stride_{k+1} * size_{k+1}, proven). A new
+dim whose modes do not merge is kept as several sub-modes (a hierarchical dim, as in CuTe layouts):
+such an intermediate cannot be indexed with one stride, but a later reshape or permute may make every
+dim flat again — torch's attention splits heads as [L, N, E] -> [L, N*H, hd] -> [N*H, L, hd] ->
+[N, H, L, hd], whose middle step is not strided while the end is. `view_of` answers only with flat
+views. Size-1 dims whose size is the constant 1 place no constraint; a symbolic size that may be 1 is a
+real mode, so the decision holds for every binding, never just for the samples.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -44,12 +47,25 @@ def contiguous_strides(shape: Sequence[IRDim]) -> tuple[IRDim, ...]:
     return tuple(reversed(out))
 
 
+Mode = tuple[IRDim, IRDim]  # (size, stride)
+
+
 @dataclass(frozen=True)
 class View:
     base: int
     offset: IRDim
     shape: tuple[IRDim, ...]
-    strides: tuple[IRDim, ...]
+    strides: tuple[IRDim, ...]  # meaningless (0) for a hierarchical dim
+    sub: tuple[tuple[Mode, ...] | None, ...] | None = None  # per dim: its sub-modes, outer first, when not flat
+
+    @property
+    def flat(self) -> bool:
+        return self.sub is None
+
+    def _modes(self, d: int) -> tuple[Mode, ...]:
+        if self.sub is not None and self.sub[d] is not None:
+            return self.sub[d]  # type: ignore[return-value]
+        return ((self.shape[d], self.strides[d]),)
 
     @staticmethod
     def whole(base: int, shape: Sequence[IRDim]) -> View:
@@ -60,41 +76,85 @@ class View:
         return all(d == 1 or sym_eq(s, w) for d, s, w in zip(self.shape, self.strides, want))
 
     def permute(self, perm: Sequence[int]) -> View:
-        return View(self.base, self.offset, tuple(self.shape[p] for p in perm), tuple(self.strides[p] for p in perm))
+        sub = None if self.sub is None else tuple(self.sub[p] for p in perm)
+        return View(
+            self.base, self.offset, tuple(self.shape[p] for p in perm), tuple(self.strides[p] for p in perm), sub
+        )
 
-    def slice(self, axis: int, start: IRDim, step: int, length: IRDim) -> View:
+    def slice(self, axis: int, start: IRDim, step: int, length: IRDim) -> View | None:
+        if self.sub is not None and self.sub[axis] is not None:
+            return None
         shape = list(self.shape)
         strides = list(self.strides)
         offset = simplify(self.offset + start * strides[axis])
         shape[axis] = length
         strides[axis] = simplify(strides[axis] * step)
-        return View(self.base, offset, tuple(shape), tuple(strides))
+        return View(self.base, offset, tuple(shape), tuple(strides), self.sub)
 
-    def broadcast_to(self, shape: Sequence[IRDim]) -> View:
+    def broadcast_to(self, shape: Sequence[IRDim]) -> View | None:
         """numpy broadcasting: new leading dims and size-1 dims that grow get stride 0."""
         lead = len(shape) - len(self.shape)
         strides: list[IRDim] = [0] * lead
-        for d_in, d_out, s in zip(self.shape, shape[lead:], self.strides):
-            strides.append(s if sym_eq(d_in, d_out) else 0)
-        return View(self.base, self.offset, tuple(shape), tuple(strides))
+        sub: list[tuple[Mode, ...] | None] = [None] * lead
+        for k, (d_in, d_out, s) in enumerate(zip(self.shape, shape[lead:], self.strides)):
+            same = sym_eq(d_in, d_out)
+            if not same and self.sub is not None and self.sub[k] is not None:
+                return None
+            strides.append(s if same else 0)
+            sub.append(self.sub[k] if same and self.sub is not None else None)
+        return View(self.base, self.offset, tuple(shape), tuple(strides), _sub_or_none(sub))
 
     def reshape(self, shape: Sequence[IRDim]) -> View | None:
-        groups = reshape_groups(self.shape, shape)
-        if groups is None:
-            return None
+        """Note [Reshape of a strided view]; None when no proof exists for every binding."""
+        atoms = _merge([m for d in range(len(self.shape)) for m in self._modes(d) if m[0] != 1])
         strides: list[IRDim] = []
-        for ins, outs in groups:
-            real = [k for k in ins if self.shape[k] != 1]
-            for a, b in itertools.pairwise(real):
-                if not sym_eq(self.strides[a], simplify(self.strides[b] * self.shape[b])):
+        sub: list[tuple[Mode, ...] | None] = []
+        for want in shape:
+            taken: list[Mode] = []
+            have: sympy.Expr = sympy.Integer(1)
+            while not sym_eq(have, want):
+                if not atoms:
                     return None
-            inner: IRDim = self.strides[real[-1]] if real else 0
-            group_strides: list[IRDim] = []
-            for k in reversed(outs):
-                group_strides.append(inner)
-                inner = simplify(inner * shape[k])
-            strides.extend(reversed(group_strides))
-        return View(self.base, self.offset, tuple(shape), tuple(strides))
+                size, stride = atoms[0]
+                need = sympy.cancel(sympy.sympify(want) / have)
+                if _divides(size, need):  # the whole mode fits in this dim
+                    taken.append(atoms.pop(0))
+                    have = sympy.expand(have * size)
+                elif _divides(need, size):  # the dim ends inside this mode: split it
+                    rest = simplify(sympy.cancel(sympy.sympify(size) / need))
+                    taken.append((simplify(need), simplify(stride * rest)))
+                    atoms[0] = (rest, stride)
+                    have = sympy.expand(have * need)
+                else:
+                    return None
+            merged = _merge(taken)
+            if len(merged) == 1:
+                strides.append(merged[0][1])
+                sub.append(None)
+            elif not merged:
+                strides.append(0)
+                sub.append(None)
+            else:
+                strides.append(0)
+                sub.append(tuple(merged))
+        if atoms:
+            return None
+        return View(self.base, self.offset, tuple(shape), tuple(strides), _sub_or_none(sub))
+
+
+def _merge(modes: list[Mode]) -> list[Mode]:
+    """Adjacent modes that are contiguous (outer stride == inner stride * inner size) become one."""
+    out: list[Mode] = []
+    for size, stride in modes:
+        if out and sym_eq(out[-1][1], simplify(stride * size)):
+            out[-1] = (simplify(out[-1][0] * size), stride)
+        else:
+            out.append((size, stride))
+    return out
+
+
+def _sub_or_none(sub: Sequence[tuple[Mode, ...] | None]) -> tuple[tuple[Mode, ...] | None, ...] | None:
+    return tuple(sub) if any(m is not None for m in sub) else None
 
 
 def _divides(small: sympy.Expr, big: sympy.Expr) -> bool:
@@ -144,13 +204,21 @@ LAYOUT_OPS = (OpKind.RESHAPE, OpKind.PERMUTE, OpKind.SLICE, OpKind.EXPAND)
 def view_of(
     g_nodes: dict[int, Node], types: dict[int, TensorType], vid: int, materialized: Callable[[int], bool]
 ) -> View | None:
-    """The strided view `vid` is, when it is a layout chain over a materialized value."""
+    """The strided view `vid` is, when it is a layout chain over a materialized value and every dim of
+    the result has one stride (intermediate values of the chain may be hierarchical)."""
+    v = _view_of(g_nodes, types, vid, materialized)
+    return v if v is not None and v.flat else None
+
+
+def _view_of(
+    g_nodes: dict[int, Node], types: dict[int, TensorType], vid: int, materialized: Callable[[int], bool]
+) -> View | None:
     if materialized(vid):
         return View.whole(vid, types[vid].shape)
     n = g_nodes.get(vid)
     if n is None or n.op not in LAYOUT_OPS:
         return None
-    src = view_of(g_nodes, types, n.inputs[0], materialized)
+    src = _view_of(g_nodes, types, n.inputs[0], materialized)
     if src is None:
         return None
     if n.op is OpKind.RESHAPE:
