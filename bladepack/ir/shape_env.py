@@ -107,8 +107,9 @@ def _mul_bounds(x: Bound, y: Bound) -> Bound:
 
 def interval(e: sympy.Expr, ranges: dict[str, SymbolRange]) -> Bound:
     """Inclusive (lo, hi) of `e` by interval arithmetic over the symbol ranges (sympy.oo where unbounded)."""
-    if e.is_Number:
-        return e, e
+    if not e.free_symbols:  # a constant, possibly unevaluated (Max(1, 2)): evaluate it
+        v = e.doit()
+        return v, v
     if isinstance(e, sympy.Symbol):
         r = ranges.get(e.name)
         if r is None:
