@@ -23,7 +23,7 @@ def test_conv_layout_golden() -> None:
     assert print_graph(p.graph, p.shape_env) == textwrap.dedent("""\
         symbols { input_dim0: [1, inf], input_dim2: [1, inf] }
         graph(%0 input: f32[input_dim0, 3, input_dim2, 6]) weights(%1 0.weight: f32[4, 3, 3, 3], %2 0.bias: f32[4]) {
-          %3: f32[4, input_dim0, input_dim2, 6] = conv2d(%0, %1) {stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1, has_bias=False, out_layout='cnhw'}
+          %3: f32[4, input_dim0, input_dim2, 6] = conv2d(%0, %1) {stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1, has_bias=False, out_layout='cnhw', weight_layout='oihw'}
           %4: f32[input_dim0, 4, input_dim2, 6] = permute(%3) {perm=(1, 0, 2, 3)}
           %5: f32[4, 1, 1] = reshape(%2)
           %6: f32[input_dim0, 4, input_dim2, 6] = add(%4, %5)
@@ -61,3 +61,23 @@ def test_encoder_layer_is_at_most_eight_kernels_plus_gemms() -> None:
     kernels, gemms = (int(w) for w in head.split(":")[1].replace(",", "").split()[0:4:2])
     assert head.endswith("0 reference steps"), plan.fusion_text
     assert kernels <= 8 and gemms == 6, plan.fusion_text
+
+
+def test_direct_conv_packs_weights_golden() -> None:
+    from bladepack.optimize.direct_conv import direct_conv
+
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1, bias=False), torch.nn.ReLU())
+    p = _program(m, [(torch.randn(2, 3, 5, 6),), (torch.randn(3, 3, 7, 6),)])
+    q = direct_conv(decompose(p))
+    assert print_graph(q.graph, q.shape_env) == textwrap.dedent("""\
+        symbols { input_dim0: [1, inf], input_dim2: [1, inf] }
+        graph(%0 input: f32[input_dim0, 3, input_dim2, 6]) weights(%1 0.weight.ihwo: f32[3, 3, 3, 4]) {
+          %2: f32[input_dim0, 4, input_dim2, 6] = conv2d(%0, %1) {stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1, has_bias=False, out_layout='nchw', weight_layout='ihwo'}
+          %3: f32[input_dim0, 4, input_dim2, 6] = relu(%2)
+          return %3
+        }
+        """)
+    w = p.weight_data["0.weight"]
+    assert list(q.weight_data) == ["0.weight.ihwo"]
+    assert (q.weight_data["0.weight.ihwo"] == w.transpose(1, 2, 3, 0)).all()
+    assert conv_layout(q) is q  # a direct convolution is never batch-folded

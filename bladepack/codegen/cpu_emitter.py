@@ -992,6 +992,70 @@ def _pool_kernel(em: _Emitter) -> None:
     _rows_loop(em, [nb, c, oh], f"{em.args.ref(w)} * {kh + kw}", body)
 
 
+_CONV_PIXELS = 4  # output pixels per register tile of the direct convolution
+
+
+def _direct_conv_kernel(em: _Emitter) -> None:
+    """Note [Direct convolution] (optimize/direct_conv.py): one parallel row per (image, output row);
+    per tile of _CONV_PIXELS output pixels, acc[pixel][C_out] stays in registers while the taps
+    (c_in, ky, kx) are walked, each tap's C_out packed weights read as one contiguous vector. Taps outside
+    the input contribute zero (rows skipped, columns masked)."""
+    from bladepack.ir.ops import Conv2dAttrs
+
+    n = em.ctx.nodes[em.spec.roots[0]]
+    a = n.attrs
+    assert isinstance(a, Conv2dAttrs) and a.weight_layout == "ihwo" and a.out_layout == "nchw"
+    xv, wv = em.ctx.view(n.inputs[0]), em.ctx.view(n.inputs[1])
+    assert xv is not None and wv is not None and wv.is_contiguous()
+    px, pw_ = em.ptr_load(xv.base), em.ptr_load(wv.base)
+    nb, oc, oh, ow = n.type.shape
+    cin, kh, kw, _ = em.ctx.types[n.inputs[1]].shape
+    h, w = em.ctx.types[n.inputs[0]].shape[2:]
+    (sh, sw), (ph, pwd), (dh, dw) = a.stride, a.padding, a.dilation
+    t = CTYPE[n.type.dtype]
+    r = em.args.ref
+    tile = _CONV_PIXELS
+    out = em.ptr_store(n.id)
+
+    def body(outer: tuple[Loop, ...]) -> None:
+        i_n, i_y = outer
+        base = em.args.index(sympy.expand(xv.offset + i_n * xv.strides[0]))
+        store = em.args.index(_store_offset(n.type.shape, (i_n, sympy.Integer(0), i_y, sympy.Integer(0))))
+        s1, s2, s3 = r(xv.strides[1]), r(xv.strides[2]), r(xv.strides[3])
+        plane = r(simplify(oh * ow))
+        em.line(f"const {t}* BPK_RESTRICT xn_ = {px} + {base};")
+        em.line(f"const {t}* BPK_RESTRICT wp_ = {pw_} + {r(wv.offset)};")
+        em.line(f"{t}* BPK_RESTRICT orow_ = {out} + {store};")
+        em.line(f"const int64_t iy0 = {i_y.name} * {sh} - {ph};")
+        em.line(f"for (int64_t x0 = 0; x0 < {r(ow)}; x0 += {tile}) {{")
+        em.line(f"  const int64_t np_ = std::min<int64_t>({tile}, {r(ow)} - x0);")
+        em.line(f"  {t} acc[{tile}][{oc}] = {{}};")
+        em.line(f"  for (int64_t ci = 0; ci < {cin}; ++ci) {{")
+        em.line(f"    for (int64_t ky = 0; ky < {kh}; ++ky) {{")
+        em.line(f"      const int64_t iy = iy0 + ky * {dh};")
+        em.line(f"      if (iy < 0 || iy >= {r(h)}) continue;")
+        em.line(f"      const {t}* BPK_RESTRICT xr = xn_ + ci * {s1} + iy * {s2};")
+        em.line(f"      for (int64_t kx = 0; kx < {kw}; ++kx) {{")
+        em.line(f"        const {t}* BPK_RESTRICT wt = wp_ + ((ci * {kh} + ky) * {kw} + kx) * {oc};")
+        em.line(f"        {t} xv_[{tile}];")
+        em.line(f"        for (int p = 0; p < {tile}; ++p) {{")
+        em.line(f"          const int64_t ix = (x0 + p) * {sw} - {pwd} + kx * {dw};")
+        em.line(f"          xv_[p] = (p < np_ && ix >= 0 && ix < {r(w)}) ? xr[ix * {s3}] : {t}(0);")
+        em.line("        }")
+        em.line(f"        for (int p = 0; p < {tile}; ++p) {{")
+        em.line("          #pragma omp simd")
+        em.line(f"          for (int64_t co = 0; co < {oc}; ++co) acc[p][co] += xv_[p] * wt[co];")
+        em.line("        }")
+        em.line("      }")
+        em.line("    }")
+        em.line("  }")
+        em.line(f"  for (int64_t co = 0; co < {oc}; ++co)")
+        em.line(f"    for (int64_t p = 0; p < np_; ++p) orow_[co * {plane} + x0 + p] = acc[p][co];")
+        em.line("}")
+
+    _rows_loop(em, [nb, oh], f"{r(ow)} * {cin * kh * kw * oc // 8 + 1}", body)
+
+
 def _im2col_kernel(em: _Emitter, conv: Node, x_view: View, cols: int) -> None:
     """cols[n, c*KH*KW + ki*KW + kj, oh*OW + ow] = x[n, c, oh*s - p + ki*d, ...], 0 outside.
 
@@ -1142,6 +1206,8 @@ def emit_kernel(spec: KernelSpec, ctx: KernelContext, conv: tuple[Node, View] | 
         plans = [("", sympy.true, _scan_kernel)]
     elif spec.kind == "pool":
         plans = [("", sympy.true, _pool_kernel)]
+    elif spec.kind == "conv":
+        plans = [("", sympy.true, _direct_conv_kernel)]
     else:
         raise ValueError(f"unknown kernel kind {spec.kind}")
     bodies: list[tuple[str, Any, _Emitter]] = []

@@ -211,7 +211,9 @@ class MatmulAttrs:
 @dataclass(frozen=True)
 class Conv2dAttrs:
     """`out_layout` "nchw" (torch's), or "cnhw": the result's dims are [C_out, N, OH, OW], so one GEMM
-    covers the whole batch (see optimize/conv_layout.py); the input is always NCHW."""
+    covers the whole batch (see optimize/conv_layout.py); the input is always NCHW. `weight_layout`
+    "oihw" (torch's), or "ihwo": the weight is stored [C_in, KH, KW, C_out], packed at optimize time
+    for the direct convolution kernel (see optimize/direct_conv.py)."""
 
     stride: tuple[int, int]
     padding: tuple[int, int]
@@ -219,6 +221,7 @@ class Conv2dAttrs:
     groups: int
     has_bias: bool
     out_layout: str = "nchw"
+    weight_layout: str = "oihw"
 
 
 @dataclass(frozen=True)

@@ -360,6 +360,8 @@ def _pad_hw(
 @op("conv2d")
 def _conv2d(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
     x, w = xs[0], xs[1]
+    if attrs.get("weight_layout", "oihw") == "ihwo":  # packed [C_in, KH, KW, C_out]
+        w = np.ascontiguousarray(w.transpose(3, 0, 1, 2))
     n = x.shape[0]
     o, cg, kh, kw = w.shape
     g = attrs["groups"]

@@ -32,7 +32,7 @@ from typing import Union
 
 from bladepack.dtypes import DType
 from bladepack.ir import Graph, Node, OpKind, Program
-from bladepack.ir.ops import OP_INFO, AxisAttrs, IndexAttrs, NormAttrs, OpClass, ReduceAttrs
+from bladepack.ir.ops import OP_INFO, AxisAttrs, Conv2dAttrs, IndexAttrs, NormAttrs, OpClass, ReduceAttrs
 from bladepack.ir.types import IRDim, TensorType, dim_str
 from bladepack.optimize.views import LAYOUT_OPS, View, sym_eq, view_of
 
@@ -111,10 +111,17 @@ class FusionPlan:
     def text(self, graph: Graph) -> str:
         """Deterministic text (BLADEPACK_DUMP's fusion_plan.txt and golden tests)."""
         nodes = {n.id: n for n in graph.nodes}
+
+        def direct(s: PlanStep) -> bool:  # a convolution run by a generated kernel (optimize/direct_conv.py)
+            a = nodes[s.node].attrs if isinstance(s, LibraryStep) else None
+            return isinstance(a, Conv2dAttrs) and a.weight_layout == "ihwo"
+
+        n_direct = sum(direct(s) for s in self.steps)
         lines = [
             f"fusion plan: {len(self.kernels)} kernels, "
-            f"{sum(isinstance(s, LibraryStep) for s in self.steps)} library calls, "
-            f"{sum(isinstance(s, ReferenceStep) for s in self.steps)} reference steps"
+            f"{sum(isinstance(s, LibraryStep) and not direct(s) for s in self.steps)} library calls, "
+            + (f"{n_direct} direct convolutions, " if n_direct else "")
+            + f"{sum(isinstance(s, ReferenceStep) for s in self.steps)} reference steps"
         ]
         for s in self.steps:
             if isinstance(s, KernelSpec):
@@ -124,7 +131,7 @@ class FusionPlan:
                 roots = ", ".join(f"%{r}" for r in s.roots)
                 lines.append(f"  {s.name}: {s.kind}[{dom}]{red} -> {roots} = {{{ops}}}")
             elif isinstance(s, LibraryStep):
-                lines.append(f"  {s.op} -> %{s.node}")
+                lines.append(f"  {s.op}{' (direct kernel)' if direct(s) else ''} -> %{s.node}")
             else:
                 lines.append(f"  reference {nodes[s.node].op.value} -> %{s.node} ({s.reason})")
         for note in self.notes:

@@ -146,6 +146,10 @@ class _Lowerer:
         x = self.view(n.inputs[0])
         w = self.view(n.inputs[1])
         assert x is not None and w is not None
+        if a.weight_layout == "ihwo":  # Note [Direct convolution] in optimize/direct_conv.py
+            spec = KernelSpec(f"k{len(self.kernels)}", "conv", (n.id,), (n.id,), n.type.shape, 0, n.loc)
+            self._kernel(spec)
+            return
         kh, kw = self.types[n.inputs[1]].shape[2:]
         if a.stride == (1, 1) and a.padding == (0, 0) and a.groups == 1 and (kh, kw) == (1, 1) and x.is_contiguous():
             self._gemm(lower_conv(n, x, w, None))

@@ -13,6 +13,7 @@ from bladepack.optimize.canonicalize_shapes import canonicalize_shapes
 from bladepack.optimize.conv_layout import conv_layout
 from bladepack.optimize.dce import dead_code_elimination
 from bladepack.optimize.decompose import decompose
+from bladepack.optimize.direct_conv import direct_conv
 from bladepack.options import Options
 
 Pass = Callable[[Program], Program]
@@ -21,6 +22,7 @@ PIPELINE: list[tuple[Pass, str]] = [
     (canonicalize_shapes, "give equal dims one form (shape-constraint analysis), so fusion sees them as equal"),
     (dead_code_elimination, "drop nodes no output needs (front ends emit unused multi-result pieces)"),
     (decompose, "split convolution biases into adds, which fuse as GEMM epilogues"),
+    (direct_conv, "small convolutions as direct kernels on weights packed at optimize time"),
     (conv_layout, "channel-major convolution results, so one GEMM covers the whole batch"),
 ]
 

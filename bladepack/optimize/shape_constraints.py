@@ -271,7 +271,7 @@ def add_graph_facts(cons: ShapeConstraints, g: Graph) -> None:
             x, w = ins[0], ins[1]
             nb, oc = (out[1], out[0]) if n.attrs.out_layout == "cnhw" else (out[0], out[1])
             cons.equate(x[0], nb, why)
-            cons.equate(w[0], oc, why)
+            cons.equate(w[-1] if n.attrs.weight_layout == "ihwo" else w[0], oc, why)
 
 
 def _product(dims: Sequence[IRDim]) -> sympy.Expr:
