@@ -26,7 +26,14 @@ def _folds(n: Node, types: dict[int, TensorType]) -> bool:
     if n.op is not OpKind.CONV2D or not isinstance(a, Conv2dAttrs):
         return False
     direct = a.stride == (1, 1) and a.padding == (0, 0) and tuple(types[n.inputs[1]].shape[2:]) == (1, 1)
-    return a.out_layout == "nchw" and a.weight_layout == "oihw" and a.groups == 1 and not a.has_bias and not direct and n.type.shape[0] != 1
+    return (
+        a.out_layout == "nchw"
+        and a.weight_layout == "oihw"
+        and a.groups == 1
+        and not a.has_bias
+        and not direct
+        and n.type.shape[0] != 1
+    )
 
 
 def conv_layout(p: Program) -> Program:
