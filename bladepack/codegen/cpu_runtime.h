@@ -363,15 +363,36 @@ static void gemm_call(RunState* st, const Blas& blas, bool ta, bool tb, int64_t 
 }
 
 // ints: b0 b1 b2 (batch extents), sa0 sa1 sa2, sb0 sb1 sb2, sc0 sc1 sc2 (element strides per batch
-// dim), M N K ta tb lda ldb ldc.
+// dim), M N K ta tb lda ldb ldc. Note [Batched GEMMs]: a batch of GEMMs each too small to split runs
+// its batch entries in parallel, one single-threaded BLAS call each (attention's per-head products at
+// moderate sequence lengths);
+// a large GEMM splits its rows over the pool inside gemm_one. (Plain loops instead of BLAS for the
+// tiniest products were measured slower: short runtime-length vector loops cost more than OpenBLAS's
+// small-matrix path.)
 template <class T>
 static void gemm_batched(RunState* st, const Blas& blas, const T* A, const T* B, T* C, const int64_t* I) {
+  const int64_t nb = I[0] * I[1] * I[2], M = I[12], N = I[13], K = I[14];
+  const bool ta = I[15] != 0, tb = I[16] != 0;
+  const int64_t work = M * N * K;
+  // below ~16K multiply-adds per product, concurrent BLAS calls contend inside OpenBLAS (its buffer
+  // pool) and the batch runs faster serially; measured on the encoder's per-head products
+  if (nb >= 2 && work >= (int64_t(1) << 14) && work < (int64_t(1) << 18)) {
+    parallel_for(st, nb, work + 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t b = lo; b < hi; ++b) {
+        const int64_t i2 = b % I[2], i1 = (b / I[2]) % I[1], i0 = b / (I[2] * I[1]);
+        const T* a = A + i0 * I[3] + i1 * I[4] + i2 * I[5];
+        const T* bb = B + i0 * I[6] + i1 * I[7] + i2 * I[8];
+        T* c = C + i0 * I[9] + i1 * I[10] + i2 * I[11];
+        gemm_call<T>(st, blas, ta, tb, M, N, K, a, I[17], bb, I[18], c, I[19]);
+      }
+    });
+    return;
+  }
   for (int64_t i0 = 0; i0 < I[0]; ++i0)
     for (int64_t i1 = 0; i1 < I[1]; ++i1)
       for (int64_t i2 = 0; i2 < I[2]; ++i2)
-        gemm_one<T>(st, blas, I[15] != 0, I[16] != 0, I[12], I[13], I[14], A + i0 * I[3] + i1 * I[4] + i2 * I[5],
-                    I[17], B + i0 * I[6] + i1 * I[7] + i2 * I[8], I[18], C + i0 * I[9] + i1 * I[10] + i2 * I[11],
-                    I[19]);
+        gemm_one<T>(st, blas, ta, tb, M, N, K, A + i0 * I[3] + i1 * I[4] + i2 * I[5], I[17],
+                    B + i0 * I[6] + i1 * I[7] + i2 * I[8], I[18], C + i0 * I[9] + i1 * I[10] + i2 * I[11], I[19]);
 }
 
 }  // namespace bpk
