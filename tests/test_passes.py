@@ -71,10 +71,10 @@ def test_direct_conv_packs_weights_golden() -> None:
     q = direct_conv(decompose(p))
     assert print_graph(q.graph, q.shape_env) == textwrap.dedent("""\
         symbols { input_dim0: [1, inf], input_dim2: [1, inf] }
-        graph(%0 input: f32[input_dim0, 3, input_dim2, 6]) weights(%1 0.weight.ihwo: f32[3, 3, 3, 4]) {
-          %2: f32[input_dim0, 4, input_dim2, 6] = conv2d(%0, %1) {stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1, has_bias=False, out_layout='nchw', weight_layout='ihwo'}
-          %3: f32[input_dim0, 4, input_dim2, 6] = relu(%2)
-          return %3
+        graph(%0 input: f32[input_dim0, 3, input_dim2, 6]) weights(%2 0.weight.ihwo: f32[3, 3, 3, 4]) {
+          %3: f32[input_dim0, 4, input_dim2, 6] = conv2d(%0, %2) {stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1, has_bias=False, out_layout='nchw', weight_layout='ihwo'}
+          %4: f32[input_dim0, 4, input_dim2, 6] = relu(%3)
+          return %4
         }
         """)
     w = p.weight_data["0.weight"]

@@ -324,25 +324,19 @@ class _Emitter:
 
     def _branch(self, ctype: str, cases: list[tuple[str, Callable[[], str]]], default: Callable[[], str]) -> str:
         """if / else-if chain; each branch computes its value inside a barrier scope."""
+        if not cases:
+            return default()
         name = self.fresh()
         self.declare(f"{ctype} {name};", name)
-        first = True
-        for cond, fn in cases:
-            self.line(f"{'if' if first else 'else if'} ({cond}) {{")
-            first = False
+        heads = [f"if ({cases[0][0]})" if k == 0 else f"else if ({c})" for k, (c, _) in enumerate(cases)]
+        for head, fn in zip([*heads, "else"], [*(f for _, f in cases), default]):
+            self.line(f"{head} {{")
             s = self.push(barrier=True)
             val = fn()
             self.pop()
             self.scopes[-1].lines.extend("  " + ln for ln in s.lines)
             self.line(f"  {name} = {val};")
             self.line("}")
-        self.line("else {")
-        s = self.push(barrier=True)
-        val = default()
-        self.pop()
-        self.scopes[-1].lines.extend("  " + ln for ln in s.lines)
-        self.line(f"  {name} = {val};")
-        self.line("}")
         return name
 
     def _concat(self, n: Node, idx: tuple[sympy.Expr, ...]) -> str:

@@ -263,15 +263,18 @@ inline T fmin_nan(T a, T b) {
 
 // -------------------------------------------------------------------------- GEMM
 
-// cblas_?gemm with 32-bit (LP64) or 64-bit (ILP64) integers; the host says which it passed.
-typedef void (*SgemmLP64)(int, int, int, int, int, int, float, const float*, int, const float*, int, float,
-                          float*, int);
-typedef void (*SgemmILP64)(int, int, int, int64_t, int64_t, int64_t, float, const float*, int64_t,
-                           const float*, int64_t, float, float*, int64_t);
-typedef void (*DgemmLP64)(int, int, int, int, int, int, double, const double*, int, const double*, int,
-                          double, double*, int);
-typedef void (*DgemmILP64)(int, int, int, int64_t, int64_t, int64_t, double, const double*, int64_t,
-                           const double*, int64_t, double, double*, int64_t);
+// cblas_?gemm with 32-bit (LP64, I = int) or 64-bit (ILP64, I = int64_t) integers; the host says which
+// it passed. Arguments: order, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc.
+template <class I, class T>
+using CblasGemm = void (*)(int, int, int, I, I, I, T, const T*, I, const T*, I, T, T*, I);
+
+template <class I, class T>
+static void cblas_gemm(void* fn, int a_t, int b_t, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda,
+                       const T* B, int64_t ldb, T* C, int64_t ldc) {
+  const int row_major = 101;
+  reinterpret_cast<CblasGemm<I, T>>(fn)(row_major, a_t, b_t, I(M), I(N), I(K), T(1), A, I(lda), B, I(ldb), T(0), C,
+                                        I(ldc));
+}
 
 struct Blas {
   void* sgemm = nullptr;
@@ -337,7 +340,7 @@ static void gemm_call(RunState* st, const Blas& blas, bool ta, bool tb, int64_t 
       for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = T(0);
     return;
   }
-  const int row_major = 101, no_trans = 111, trans = 112;
+  const int no_trans = 111, trans = 112;
   void* fn = sizeof(T) == 4 ? blas.sgemm : blas.dgemm;
   if (fn == nullptr) {
     gemm_fallback<T>(st, ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
@@ -345,21 +348,10 @@ static void gemm_call(RunState* st, const Blas& blas, bool ta, bool tb, int64_t 
   }
   int a_t = ta ? trans : no_trans, b_t = tb ? trans : no_trans;
   if (blas.set_threads_local) blas.set_threads_local(1);  // pool threads too (thread-local setting)
-  if constexpr (sizeof(T) == 4) {
-    if (blas.ilp64)
-      reinterpret_cast<SgemmILP64>(fn)(row_major, a_t, b_t, M, N, K, 1.0f, (const float*)A, lda, (const float*)B,
-                                        ldb, 0.0f, (float*)C, ldc);
-    else
-      reinterpret_cast<SgemmLP64>(fn)(row_major, a_t, b_t, int(M), int(N), int(K), 1.0f, (const float*)A, int(lda),
-                                       (const float*)B, int(ldb), 0.0f, (float*)C, int(ldc));
-  } else {
-    if (blas.ilp64)
-      reinterpret_cast<DgemmILP64>(fn)(row_major, a_t, b_t, M, N, K, 1.0, (const double*)A, lda, (const double*)B,
-                                        ldb, 0.0, (double*)C, ldc);
-    else
-      reinterpret_cast<DgemmLP64>(fn)(row_major, a_t, b_t, int(M), int(N), int(K), 1.0, (const double*)A, int(lda),
-                                       (const double*)B, int(ldb), 0.0, (double*)C, int(ldc));
-  }
+  if (blas.ilp64)
+    cblas_gemm<int64_t, T>(fn, a_t, b_t, M, N, K, A, lda, B, ldb, C, ldc);
+  else
+    cblas_gemm<int, T>(fn, a_t, b_t, M, N, K, A, lda, B, ldb, C, ldc);
 }
 
 // ints: b0 b1 b2 (batch extents), sa0 sa1 sa2, sb0 sb1 sb2, sc0 sc1 sc2 (element strides per batch

@@ -1,6 +1,6 @@
 """bladepack IR: a closed op set over tensors with symbolic (sympy) dimensions."""
 
-from bladepack.ir.graph import Graph, GraphBuilder, Node, Param, Program
+from bladepack.ir.graph import Graph, GraphBuilder, Node, Param, Program, rebuild_graph
 from bladepack.ir.ops import OP_INFO, OpClass, OpKind
 from bladepack.ir.printer import print_graph
 from bladepack.ir.shape_env import ShapeEnv, SymbolRange, Tri
@@ -23,5 +23,6 @@ __all__ = [
     "TensorType",
     "Tri",
     "print_graph",
+    "rebuild_graph",
     "verify",
 ]

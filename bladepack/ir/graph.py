@@ -10,7 +10,7 @@ with several results (split, max.dim) become several nodes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,3 +103,23 @@ class GraphBuilder:
 
     def finish(self, outputs: tuple[int, ...], output_names: tuple[str, ...]) -> Graph:
         return Graph(tuple(self.inputs), tuple(self.weights), tuple(self.nodes), outputs, output_names)
+
+
+# rewrite(builder, node, remapped inputs) -> the value replacing the node, or None to copy it unchanged
+NodeRewrite = Callable[[GraphBuilder, Node, tuple[int, ...]], int | None]
+
+
+def rebuild_graph(g: Graph, rewrite: NodeRewrite) -> Graph:
+    """A copy of `g` in which `rewrite` may replace each node by any nodes it adds to the builder
+    (it may add weights too); the passes that change a few nodes share this."""
+    b = GraphBuilder()
+    remap: dict[int, int] = {}
+    for prm in g.inputs:
+        remap[prm.id] = b.add_input(prm.name, prm.type)
+    for prm in g.weights:
+        remap[prm.id] = b.add_weight(prm.name, prm.type)
+    for n in g.nodes:
+        ins = tuple(remap[i] for i in n.inputs)
+        new = rewrite(b, n, ins)
+        remap[n.id] = new if new is not None else b.add(n.op, ins, n.type, n.attrs, n.loc)
+    return b.finish(tuple(remap[o] for o in g.outputs), g.output_names)

@@ -271,21 +271,19 @@ class NativeCpu:
             self._local.arena = got
         return got
 
-    def run_words(self, words: int, n_words: int, slots: int, status: int) -> int:
-        """One foreign call over a prepared launch list (addresses of the words, slots and status)."""
-        return int(self._run(self._ctx, words, n_words, slots, status, None))
+    def run_words(self, words: int, n_words: int, slots: int, status: int, times: int | None = None) -> int:
+        """One foreign call over a prepared launch list (addresses of the words, slots, status and, when
+        profiling, the per-launch time array)."""
+        return int(self._run(self._ctx, words, n_words, slots, status, times))
 
     def run_segment(self, seg: Segment, slots: np.ndarray, status: np.ndarray, times: np.ndarray | None = None) -> int:
         """Run one native segment; with `times`, each launch's wall time (ns) lands at its index."""
         words = seg.words
         assert words is not None
-        return int(
-            self._run(
-                self._ctx,
-                words.__array_interface__["data"][0],
-                words.size,
-                slots.__array_interface__["data"][0],
-                status.__array_interface__["data"][0],
-                None if times is None else times[seg.first_launch :].__array_interface__["data"][0],
-            )
+        return self.run_words(
+            words.ctypes.data,
+            words.size,
+            slots.ctypes.data,
+            status.ctypes.data,
+            None if times is None else times[seg.first_launch :].ctypes.data,
         )

@@ -66,7 +66,7 @@ def _runtime_facts(
 
 def _canon(cons: ShapeConstraints, v: Any) -> Any:
     if isinstance(v, sympy.Basic):
-        return v.xreplace(cons.substitution()) if isinstance(v, sympy.logic.boolalg.Boolean) else cons.canonical(v)
+        return v.xreplace(cons.eliminated()) if isinstance(v, sympy.logic.boolalg.Boolean) else cons.canonical(v)
     if isinstance(v, tuple):
         return tuple(_canon(cons, x) for x in v)
     return v

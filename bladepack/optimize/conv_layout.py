@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from bladepack.ir import GraphBuilder, Node, OpKind, Program
+from bladepack.ir import GraphBuilder, Node, OpKind, Program, rebuild_graph
 from bladepack.ir.ops import Conv2dAttrs, PermuteAttrs
 from bladepack.ir.types import TensorType
 
@@ -41,26 +41,14 @@ def conv_layout(p: Program) -> Program:
     types = g.value_types()
     if not any(_folds(n, types) for n in g.nodes):
         return p
-    b = GraphBuilder()
-    remap: dict[int, int] = {}
-    for prm in g.inputs:
-        remap[prm.id] = b.add_input(prm.name, prm.type)
-    for prm in g.weights:
-        remap[prm.id] = b.add_weight(prm.name, prm.type)
-    for n in g.nodes:
-        ins = tuple(remap[i] for i in n.inputs)
-        if _folds(n, types):
-            assert isinstance(n.attrs, Conv2dAttrs)
-            nb, oc, oh, ow = n.type.shape
-            cm = b.add(
-                n.op,
-                ins,
-                TensorType(n.type.dtype, (oc, nb, oh, ow)),
-                dataclasses.replace(n.attrs, out_layout="cnhw"),
-                n.loc,
-            )
-            remap[n.id] = b.add(OpKind.PERMUTE, (cm,), n.type, PermuteAttrs((1, 0, 2, 3)), n.loc)
-        else:
-            remap[n.id] = b.add(n.op, ins, n.type, n.attrs, n.loc)
-    graph = b.finish(tuple(remap[o] for o in g.outputs), g.output_names)
-    return dataclasses.replace(p, graph=graph)
+
+    def fold(b: GraphBuilder, n: Node, ins: tuple[int, ...]) -> int | None:
+        if not _folds(n, types):
+            return None
+        assert isinstance(n.attrs, Conv2dAttrs)
+        nb, oc, oh, ow = n.type.shape
+        cm_type = TensorType(n.type.dtype, (oc, nb, oh, ow))
+        cm = b.add(n.op, ins, cm_type, dataclasses.replace(n.attrs, out_layout="cnhw"), n.loc)
+        return b.add(OpKind.PERMUTE, (cm,), n.type, PermuteAttrs((1, 0, 2, 3)), n.loc)
+
+    return dataclasses.replace(p, graph=rebuild_graph(g, fold))

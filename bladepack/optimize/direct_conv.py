@@ -18,9 +18,10 @@ import dataclasses
 
 import numpy as np
 
-from bladepack.ir import GraphBuilder, Node, OpKind, Program
+from bladepack.ir import GraphBuilder, Node, OpKind, Program, rebuild_graph
 from bladepack.ir.ops import Conv2dAttrs
 from bladepack.ir.types import TensorType
+from bladepack.optimize.dce import dead_code_elimination
 
 MAX_OUT_CHANNELS = 64
 MAX_TAPS = 1152
@@ -42,36 +43,27 @@ def _packs(n: Node, types: dict[int, TensorType], weights: set[int]) -> bool:
 def direct_conv(p: Program) -> Program:
     g = p.graph
     types = g.value_types()
-    weight_ids = {w.id for w in g.weights}
+    weights = {w.id: w for w in g.weights}
+    weight_ids = set(weights)
     chosen = {n.id for n in g.nodes if _packs(n, types, weight_ids)}
     if not chosen:
         return p
-    by_id = {w.id: w for w in g.weights}
-    packed_of = {n.inputs[1] for n in g.nodes if n.id in chosen}
-    still_read = {i for n in g.nodes if n.id not in chosen for i in n.inputs} | set(g.outputs)
-    b = GraphBuilder()
-    remap: dict[int, int] = {}
     data = dict(p.weight_data)
-    for prm in g.inputs:
-        remap[prm.id] = b.add_input(prm.name, prm.type)
-    for prm in g.weights:
-        if prm.id not in packed_of or prm.id in still_read:
-            remap[prm.id] = b.add_weight(prm.name, prm.type)
-    packed: dict[int, int] = {}
-    for wid in sorted(packed_of):
-        w = by_id[wid]
-        name = f"{w.name}.ihwo"
-        data[name] = np.ascontiguousarray(np.asarray(p.weight_data[w.name]).transpose(1, 2, 3, 0))
-        oc, cin, kh, kw = w.type.shape
-        packed[wid] = b.add_weight(name, TensorType(w.type.dtype, (cin, kh, kw, oc)))
-        if wid not in still_read:
-            del data[w.name]
-    for n in g.nodes:
-        if n.id in chosen:
-            assert isinstance(n.attrs, Conv2dAttrs)
-            ins = (remap[n.inputs[0]], packed[n.inputs[1]])
-            remap[n.id] = b.add(n.op, ins, n.type, dataclasses.replace(n.attrs, weight_layout="ihwo"), n.loc)
-        else:
-            remap[n.id] = b.add(n.op, tuple(remap[i] for i in n.inputs), n.type, n.attrs, n.loc)
-    graph = b.finish(tuple(remap[o] for o in g.outputs), g.output_names)
-    return dataclasses.replace(p, graph=graph, weight_data=data)
+    packed: dict[int, int] = {}  # original weight -> its packed copy (convolutions may share one)
+
+    def pack(b: GraphBuilder, n: Node, ins: tuple[int, ...]) -> int | None:
+        if n.id not in chosen:
+            return None
+        assert isinstance(n.attrs, Conv2dAttrs)
+        w = weights[n.inputs[1]]
+        if w.id not in packed:
+            name = f"{w.name}.ihwo"
+            data[name] = np.ascontiguousarray(np.asarray(p.weight_data[w.name]).transpose(1, 2, 3, 0))
+            oc, cin, kh, kw = w.type.shape
+            packed[w.id] = b.add_weight(name, TensorType(w.type.dtype, (cin, kh, kw, oc)))
+        attrs = dataclasses.replace(n.attrs, weight_layout="ihwo")
+        return b.add(n.op, (ins[0], packed[w.id]), n.type, attrs, n.loc)
+
+    graph = rebuild_graph(g, pack)
+    # the original weights nothing reads any more go, with their data
+    return dead_code_elimination(dataclasses.replace(p, graph=graph, weight_data=data))

@@ -130,9 +130,6 @@ class ShapeConstraints:
             return e
         return canonical_dim(_expr(sympy.sympify(e).xreplace(self._subst)))
 
-    def substitution(self) -> dict[sympy.Symbol, sympy.Expr]:
-        return dict(self._subst)
-
     def eliminated(self) -> dict[sympy.Symbol, sympy.Expr]:
         """Each symbol rewritten away, with the expression of representatives that replaces it."""
         return dict(self._subst)
