@@ -20,7 +20,8 @@ from bladepack.optimize.shape_constraints import ShapeConflict, ShapeConstraints
 N_SYMS, TOP = 4, 5  # symbols s0..s3, each with a range inside [1, TOP]: every binding can be enumerated
 
 # A fact: ("eq", i, j) s_i == s_j; ("mul", i, j, k) s_i == s_j * s_k; ("add", i, j, c) s_i == s_j + c;
-# ("prod", i, j, k, l) s_i * s_j == s_k * s_l; ("bcast", i, j) s_i, s_j broadcast together.
+# ("prod", i, j, k, l) s_i * s_j == s_k * s_l; ("bcast", i, j) s_i broadcasts to s_j: nothing when s_i is
+# provably 1, else s_i == s_j ("bcast-free" / "bcast-eq" once applied, see _apply).
 _i = st.integers(0, N_SYMS - 1)
 facts_st = st.lists(
     st.one_of(
@@ -72,7 +73,9 @@ def _holds(fact: tuple, v: tuple[int, ...]) -> bool:
         return v[fact[1]] == v[fact[2]] + fact[3]
     if kind == "prod":
         return v[fact[1]] * v[fact[2]] == v[fact[3]] * v[fact[4]]
-    return v[fact[1]] == v[fact[2]] or v[fact[1]] == 1 or v[fact[2]] == 1
+    if kind == "bcast-eq":
+        return v[fact[1]] == v[fact[2]]
+    return True  # bcast-free: s_i is 1 on every binding that satisfies the earlier facts
 
 
 def _apply(cons: ShapeConstraints, fact: tuple, s: list[sympy.Symbol]) -> None:
@@ -102,6 +105,8 @@ def test_simplification_and_answers_are_sound(ranges, facts, es) -> None:
     everything = list(itertools.product(*[range(lo, hi + 1) for lo, hi in ranges]))
     applied: list[tuple] = []
     for f in facts:
+        if f[0] == "bcast":
+            f = ("bcast-free" if cons.is_one(syms[f[1]]) is Tri.YES else "bcast-eq", f[1], f[2])
         applied.append(f)
         try:
             _apply(cons, f, syms)
@@ -160,7 +165,7 @@ def test_ops_imply_equalities_products_and_broadcasts() -> None:
     g = gb.finish((u, v, w), ("u", "v", "w"))
     cons = analyze(Program(g, env))
     assert cons.eq(a, b) is Tri.YES  # neither can be 1, so add's broadcast is an equality
-    assert cons.eq(a, c) is Tri.UNKNOWN  # c may be 1: a broadcast fact, not an equality
+    assert cons.eq(a, c) is Tri.YES  # c may be 1, but kernels broadcast only dims that are 1 in the program
     assert cons.eq(k1, k2) is Tri.YES  # matmul contracting dims
     assert cons.eq(r, 8 * a) is Tri.YES  # reshape keeps the element count
     assert cons.eq(q, 2 * b) is Tri.YES  # concat sums its axis
@@ -170,7 +175,7 @@ def test_ops_imply_equalities_products_and_broadcasts() -> None:
     assert cons.eq(a * k1, b * k2) is Tri.YES
     assert cons.same_shape((a, k1), (b, k2)) is Tri.YES and cons.same_shape((a,), (a, 1)) is Tri.NO
     text = cons.text()
-    assert "broadcast c with a" in text and "model.py:4" in text
+    assert "only a dim that is 1 at compile time broadcasts" in text and "model.py:4" in text
 
 
 def test_range_intersection_and_residual_products() -> None:
@@ -247,3 +252,17 @@ def test_canonicalize_shapes_unifies_and_guards_at_run_time() -> None:
         bladepack.ShapeGuardError, match=r"input 'x' dimension 0 \(symbol 'a'\) is 1; the allowed range is \[2, 64\]"
     ):
         m(np.ones((1, 3), np.float32), np.ones((1, 3), np.float32))
+
+
+def test_atom_value_from_residual() -> None:
+    """A clamped slice length the program equates with 1 rewrites to 1 everywhere (Note [Atom
+    values]); the fact stays a residual, so it is still checked at run time."""
+    env = ShapeEnv()
+    s = env.create_symbol("past", 1, None)
+    length = sympy.Max(0, sympy.Min(1024, s + 1) - sympy.Min(1024, s))
+    cons = ShapeConstraints(env)
+    cons.equate(s + length, s + 1, "matmul contracting dims")
+    assert cons.canonical(s + length) == s + 1
+    assert cons.canonical(2 * length * s) == 2 * s
+    assert cons.eq(length, 1) is Tri.YES
+    assert [str(r) for r, _ in cons.residual()] == [str(sympy.expand(length - 1))]

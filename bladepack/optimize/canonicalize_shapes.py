@@ -4,8 +4,8 @@ In: a `Program` whose front end may have given equal dims different symbols (an 
 input's dims on its own; a reshape's result may carry a fresh symbol). Out: the same program with
 every type and symbolic attribute rewritten by `ShapeConstraints.canonical`, a `ShapeEnv` holding only
 the class representatives with their intersected ranges, and runtime assertions for what the rewrite
-no longer shows: the declared range of each symbol replaced by an expression, every residual product
-equality and every unresolved broadcast pair. Equal dims are then syntactically equal, so fusion and
+no longer shows: the declared range of each symbol replaced by an expression and every residual product
+equality. Equal dims are then syntactically equal, so fusion and
 code generation see them as one (DISC's shape canonicalization).
 
 A program with no such facts (torch.export unifies dims itself) is returned unchanged.
@@ -59,8 +59,6 @@ def _runtime_facts(
             out.append((sympy.And(*conds), f"{s.name} = {v} must stay in its declared range {r}"))
     for r, why in cons.residual():
         out.append((sympy.Eq(r, 0), f"{r} == 0, implied by {why}"))
-    for a, b, why in cons.broadcasts():
-        out.append((sympy.Or(sympy.Eq(a, b), sympy.Eq(a, 1), sympy.Eq(b, 1)), f"{a} and {b} must broadcast ({why})"))
     return out
 
 

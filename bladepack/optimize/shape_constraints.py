@@ -7,7 +7,8 @@ In: a `Program` (graph and `ShapeEnv`), or facts added one by one. Out: `ShapeCo
 - definitions: a symbol proven equal to an expression of others (a reshape's product equality, a
   concat's summed axis) is replaced by that expression;
 - residual equalities that no symbol can be solved from (`s0*s1 == s2*s3`), used by `eq`;
-- broadcast facts: dim pairs of which, for every binding, one is 1 or both are equal.
+- broadcasts: an operand dim read at a result dim's index. Generated kernels broadcast only a dim
+  that is 1 in the program (stride 0), so any other operand dim must equal the result dim: an equality.
 
 Queries (`eq`, `le`, `is_one`, `same_shape`) answer `Tri.YES / NO / UNKNOWN`, proven over every
 binding in range that satisfies the facts — never from sample values. A fact no binding in range can
@@ -40,14 +41,13 @@ class ShapeConflict(BladepackError, ValueError):
 
 @dataclass(frozen=True)
 class Fact:
-    kind: str  # "eq" or "broadcast"
+    kind: str  # "eq"
     lhs: IRDim
     rhs: IRDim
     why: str
 
     def __str__(self) -> str:
-        rel = "==" if self.kind == "eq" else "== or one is 1:"
-        return f"{self.lhs} {rel} {self.rhs}  ({self.why})"
+        return f"{self.lhs} == {self.rhs}  ({self.why})"
 
 
 def _expr(e: IRDim | sympy.Expr) -> sympy.Expr:
@@ -62,6 +62,7 @@ class ShapeConstraints:
         self._ranges: dict[str, SymbolRange] = {s.name: env.range_of(s) for s in env.symbols}
         self._subst: dict[sympy.Symbol, sympy.Expr] = {}  # eliminated symbol -> expression of the rest
         self._residual: list[tuple[sympy.Expr, str]] = []  # expressions proven zero
+        self._atoms: dict[sympy.Expr, sympy.Expr] = {}  # Note [Atom values]
         self.facts: list[Fact] = []  # every fact added, for dumps and error messages
 
     # -- building
@@ -79,20 +80,35 @@ class ShapeConstraints:
                 self._eliminate(s, _expr(-(d - c * s) / c), why)
                 return
         self._residual.append((d, why))
+        self._learn_atom(d)
+
+    def _learn_atom(self, d: sympy.Expr) -> None:
+        """Note [Atom values]: a residual fact `F + c == 0` whose only non-constant term is one
+        non-polynomial atom F (Max, Min, floor, ceiling, Mod) gives F's value; `canonical` rewrites F to
+        it (sound: equal on every binding that satisfies the facts, and the fact stays a run-time guard).
+        A clamped slice length `Max(0, Min(n, s + 1) - Min(n, s))` that the program equates with 1 so
+        becomes 1 everywhere."""
+        terms = sympy.Add.make_args(d)
+        rest = [t for t in terms if not t.is_Integer]
+        if len(rest) != 1:
+            return
+        coeff, atom = rest[0].as_coeff_Mul()
+        if coeff in (1, -1) and isinstance(atom, (sympy.Max, sympy.Min, sympy.floor, sympy.ceiling, sympy.Mod)):
+            const = sum((t for t in terms if t.is_Integer), sympy.Integer(0))
+            self._atoms[atom] = _expr(-const / coeff)
 
     def equate_shapes(self, a: Sequence[IRDim], b: Sequence[IRDim], why: str) -> None:
         for x, y in zip(a, b, strict=True):
             self.equate(x, y, why)
 
-    def broadcast(self, a: IRDim, b: IRDim, why: str) -> None:
-        """Record that a and b broadcast together (a == b, or one of them is 1). When neither can be 1,
-        that is an equality."""
-        if self.eq(a, b) is Tri.YES or self.is_one(a) is Tri.YES or self.is_one(b) is Tri.YES:
+    def broadcast(self, operand: IRDim, result: IRDim, why: str) -> None:
+        """Record that an operand dim is broadcast to a result dim. A dim that is 1 in the program
+        broadcasts (stride 0); any other is read at the result's index, so it must equal the result dim
+        (a front end that cannot tell, such as ONNX's `N` against `M`, gets that equality, guarded at run
+        time like every other)."""
+        if self.is_one(operand) is Tri.YES or self.eq(operand, result) is Tri.YES:
             return
-        if self.is_one(a) is Tri.NO and self.is_one(b) is Tri.NO:
-            self.equate(a, b, why)
-            return
-        self.facts.append(Fact("broadcast", a, b, why))
+        self.equate(operand, result, f"{why} (only a dim that is 1 at compile time broadcasts)")
 
     def _eliminate(self, s: sympy.Symbol, value: sympy.Expr, why: str) -> None:
         gone = self._ranges.get(s.name)
@@ -102,6 +118,7 @@ class ShapeConstraints:
         self._subst[s] = value
         self._residual = [(_expr(r.xreplace({s: value})), w) for r, w in self._residual]
         self._residual = [(r, w) for r, w in self._residual if r != 0]
+        self._atoms = {_expr(k.xreplace({s: value})): v for k, v in self._atoms.items()}
 
     def _narrow(self, value: sympy.Expr, rng: SymbolRange, conflict: str) -> None:
         """`value` lies in `rng` on every valid binding: where `value` is c*t + d in one symbol t, narrow
@@ -128,7 +145,8 @@ class ShapeConstraints:
         """`e` with every symbol replaced by its representative or definition (equal on every valid binding)."""
         if isinstance(e, int):
             return e
-        return canonical_dim(_expr(sympy.sympify(e).xreplace(self._subst)))
+        c = _expr(sympy.sympify(e).xreplace(self._subst))
+        return canonical_dim(_expr(c.xreplace(self._atoms)) if self._atoms else c)
 
     def eliminated(self) -> dict[sympy.Symbol, sympy.Expr]:
         """Each symbol rewritten away, with the expression of representatives that replaces it."""
@@ -137,16 +155,6 @@ class ShapeConstraints:
     def residual(self) -> list[tuple[sympy.Expr, str]]:
         """Equalities no symbol could be solved from, as expressions proven zero (with their reasons)."""
         return list(self._residual)
-
-    def broadcasts(self) -> list[tuple[IRDim, IRDim, str]]:
-        """Broadcast pairs not settled by the other facts (canonical dims)."""
-        out = []
-        for f in self.facts:
-            if f.kind == "broadcast":
-                a, b = self.canonical(f.lhs), self.canonical(f.rhs)
-                if Tri.YES not in (self.eq(a, b), self.is_one(a), self.is_one(b)):
-                    out.append((a, b, f.why))
-        return out
 
     def range_of(self, name: str) -> SymbolRange:
         """The refined range of a representative symbol (the intersection over its class)."""
@@ -187,10 +195,11 @@ class ShapeConstraints:
         return Tri.NO if Tri.NO in answers else Tri.UNKNOWN
 
     def text(self) -> str:
-        """The classes, definitions, residual and broadcast facts, one per line (for BLADEPACK_DUMP)."""
-        lines = [f"{s} := {v}" for s, v in sorted(self._subst.items(), key=lambda kv: kv[0].name)]
+        """The facts with their reasons, then the definitions, residual facts and ranges they imply, one
+        per line (for BLADEPACK_DUMP)."""
+        lines = [f"fact {f}" for f in self.facts]
+        lines += [f"{s} := {v}" for s, v in sorted(self._subst.items(), key=lambda kv: kv[0].name)]
         lines += [f"{r} == 0  ({w})" for r, w in self._residual]
-        lines += [f"broadcast {f.lhs} with {f.rhs}  ({f.why})" for f in self.facts if f.kind == "broadcast"]
         gone = {s.name for s in self._subst}
         lines += [f"{n} in {r}" for n, r in self._ranges.items() if n not in gone]
         return "\n".join(lines) + "\n"
