@@ -109,6 +109,7 @@ CASES = [
     Case("rsub", lambda x: 1.0 - x, (X,)),
     Case("div", lambda x, y: x / y, (X, POS)),
     Case("div_floor", lambda x, y: torch.div(x, y, rounding_mode="floor"), (X, POS)),
+    Case("fmod", lambda x, y: torch.fmod(x * 7, y), (X, POS)),
     Case("pow_square", lambda x: x.pow(2), (X,)),
     Case("pow_tensor", lambda x, y: torch.pow(x, y), (POS, X)),
     Case("maximum", torch.maximum, (X, X)),

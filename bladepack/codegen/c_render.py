@@ -189,11 +189,13 @@ def binary(op: OpKind, a: str, b: str, dt: DType) -> str:
     if op is OpKind.MUL:
         return f"{t}({a} * {b})" if dt is not DType.BOOL else f"({a} && {b})"
     if op is OpKind.DIV:
-        return f"({a} / {b})"
+        return f"({a} / {b})" if _f(dt) else f"bpk::div_trunc<{t}>({a}, {b})"
     if op is OpKind.POW:
         return f"{t}(std::pow({a}, {b}))" if _f(dt) else f"bpk::ipow<{t}>({a}, {b})"
     if op is OpKind.MAXIMUM:
         return f"bpk::fmax_nan<{t}>({a}, {b})" if _f(dt) else f"({a} > {b} ? {a} : {b})"
+    if op is OpKind.FMOD:
+        return f"{t}(std::fmod({a}, {b}))" if _f(dt) else f"bpk::fmod_i<{t}>({a}, {b})"
     if op is OpKind.MINIMUM:
         return f"bpk::fmin_nan<{t}>({a}, {b})" if _f(dt) else f"({a} < {b} ? {a} : {b})"
     raise ValueError(f"no C rendering for binary {op.value}")

@@ -266,8 +266,6 @@ class _Emitter:
             return binary(op, self.operand(n, 0, idx, ct), self.operand(n, 1, idx, ct), dt)
         if cls is OpClass.BROADCAST and len(n.inputs) == 2:
             ct = dt
-            if op is OpKind.DIV and dt not in _FLOATS:
-                raise ValueError("integer true division has a float result type")
             return binary(op, self.operand(n, 0, idx, ct), self.operand(n, 1, idx, ct), dt)
         if cls is OpClass.ELEMENTWISE and len(n.inputs) == 1:
             src = self.ctx.types[n.inputs[0]].dtype

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <type_traits>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
@@ -230,6 +231,23 @@ template <class T>
 inline T floordiv_i(T a, T b) {
   T q = a / b;
   return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+// Integer division truncating toward zero (C's, and ONNX's); x / 0 gives 0 and MIN / -1 wraps, so
+// no input traps.
+template <class T>
+inline T div_trunc(T a, T b) {
+  if (b == 0) return T(0);
+  if (std::is_signed<T>::value && b == T(-1)) {
+    using U = typename std::make_unsigned<T>::type;
+    return T(U(0) - U(a));
+  }
+  return T(a / b);
+}
+// C's integer remainder (sign of the dividend, like fmod); x % 0 gives 0 and MIN % -1 gives 0.
+template <class T>
+inline T fmod_i(T a, T b) {
+  if (b == 0 || (std::is_signed<T>::value && b == T(-1))) return T(0);
+  return T(a % b);
 }
 template <class T>
 inline T mod_py(T a, T b) {

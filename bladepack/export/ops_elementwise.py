@@ -128,7 +128,15 @@ def compute_dtype(ctx: Ctx, a: Any, b: Any) -> DType:
     return dtype_of(torch.result_type(_probe(ctx, a), _probe(ctx, b)))
 
 
-_ARITH = {"add": K.ADD, "sub": K.SUB, "mul": K.MUL, "div": K.DIV, "maximum": K.MAXIMUM, "minimum": K.MINIMUM}
+_ARITH = {
+    "add": K.ADD,
+    "sub": K.SUB,
+    "mul": K.MUL,
+    "div": K.DIV,
+    "fmod": K.FMOD,
+    "maximum": K.MAXIMUM,
+    "minimum": K.MINIMUM,
+}
 
 
 def _arith(op: OpKind) -> Any:
@@ -144,7 +152,7 @@ def _arith(op: OpKind) -> Any:
     return convert
 
 
-for _name in ("add", "sub", "mul", "div"):
+for _name in ("add", "sub", "mul", "div", "fmod"):
     converts(f"aten.{_name}.Tensor", f"aten.{_name}.Scalar")(_arith(_ARITH[_name]))
 for _name in ("maximum", "minimum"):
     converts(f"aten.{_name}.default")(_arith(_ARITH[_name]))

@@ -64,6 +64,7 @@ class OpKind(str, Enum):
     POW = "pow"
     MAXIMUM = "maximum"
     MINIMUM = "minimum"
+    FMOD = "fmod"
     EQ = "eq"
     NE = "ne"
     LT = "lt"
@@ -313,6 +314,7 @@ OP_INFO: dict[OpKind, OpInfo] = {
             K.POW,
             K.MAXIMUM,
             K.MINIMUM,
+            K.FMOD,
             K.EQ,
             K.NE,
             K.LT,

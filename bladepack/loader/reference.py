@@ -134,14 +134,33 @@ def _clamp(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ..
     return np.asarray(x, dtype=dt)
 
 
+def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """True division; on integers, truncation toward zero with x / 0 = 0 (as the kernels do)."""
+    if a.dtype.kind in "iub" and b.dtype.kind in "iub":
+        a64, b64 = np.broadcast_arrays(a.astype(np.int64), b.astype(np.int64))
+        safe = np.where(b64 == 0, 1, b64)
+        q = np.abs(a64) // np.abs(safe)
+        return np.where(b64 == 0, 0, np.where((a64 < 0) != (safe < 0), -q, q))
+    return np.true_divide(a, b)
+
+
+def _fmod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """C's fmod: the remainder has the dividend's sign; on integers x % 0 is 0 (as the kernels do)."""
+    if a.dtype.kind in "iub" and b.dtype.kind in "iub":
+        a64, b64 = np.broadcast_arrays(a.astype(np.int64), b.astype(np.int64))
+        return np.where(b64 == 0, 0, np.fmod(a64, np.where(b64 == 0, 1, b64)))
+    return np.fmod(a, b)
+
+
 _BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "add": np.add,
     "sub": np.subtract,
     "mul": np.multiply,
-    "div": np.true_divide,
+    "div": lambda a, b: _div(a, b),
     "pow": np.power,
     "maximum": np.maximum,
     "minimum": np.minimum,
+    "fmod": lambda a, b: _fmod(a, b),
     "eq": np.equal,
     "ne": np.not_equal,
     "lt": np.less,
@@ -210,10 +229,7 @@ def _permute(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, 
 @op("slice")
 def _slice(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
     axis, start, step = attrs["axis"], attrs["start"], attrs["step"]
-    n = shape[axis]
-    key = [slice(None)] * xs[0].ndim
-    key[axis] = slice(start, start + (n - 1) * step + 1, step) if n > 0 else slice(0, 0)
-    return xs[0][tuple(key)]
+    return np.take(xs[0], start + step * np.arange(shape[axis], dtype=np.int64), axis=axis)
 
 
 @op("concat")
