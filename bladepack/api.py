@@ -57,15 +57,17 @@ def save(artifact: Artifact, path: str | os.PathLike[str]) -> None:
     artifact.save(path)
 
 
-def _producer() -> dict[str, str]:
-    import torch
+def _producer(frontend: str) -> dict[str, str]:
+    """Versions of what produced the artifact: bladepack, the front end's framework, numpy, Python."""
+    if frontend == "onnx":
+        import onnx
 
-    return {
-        "bladepack": __version__,
-        "torch": torch.__version__.split("+")[0],
-        "numpy": np.__version__,
-        "python": platform.python_version(),
-    }
+        framework = {"onnx": onnx.__version__}
+    else:
+        import torch
+
+        framework = {"torch": torch.__version__.split("+")[0]}
+    return {"bladepack": __version__, **framework, "numpy": np.__version__, "python": platform.python_version()}
 
 
 def _check_targets(targets: Sequence[str]) -> None:
@@ -81,7 +83,7 @@ def _build_cpu(plan: ExecPlan, options: Options, notes: list[str]) -> list[tuple
     reference executor (the artifact still runs everywhere, only slower)."""
     from bladepack.codegen.toolchain import build_libraries, find_compiler
 
-    if plan.native_cpu is None:
+    if plan.native_cpu is None or not options.native:
         return []
     cxx = find_compiler()
     if cxx is None:
@@ -93,24 +95,38 @@ def _build_cpu(plan: ExecPlan, options: Options, notes: list[str]) -> list[tuple
     return [(lib.isa.name, lib.isa.requires, lib.data) for lib in libs]
 
 
-def optimize(model: Any, sample_inputs: Any, dynamic_shapes: Any = None, targets: Sequence[str] = ("cpu",)) -> Artifact:
+def optimize(
+    model: Any, sample_inputs: Any = None, dynamic_shapes: Any = None, targets: Sequence[str] = ("cpu",)
+) -> Artifact:
     """Export `model` with symbolic shapes, optimize it and return an `Artifact`.
 
-    `sample_inputs` is one tuple of arguments or a list of tuples; every dim whose size differs
-    between samples becomes dynamic. `dynamic_shapes` follows torch.export's structure, with
-    `torch.export.Dim` or `bladepack.Dim(name, min, max)` leaves.
+    `model` is a torch `nn.Module`, or an ONNX model (a path to a .onnx file or an `onnx.ModelProto`).
+    For torch, `sample_inputs` is one tuple of arguments or a list of tuples; every dim whose size
+    differs between samples becomes dynamic. `dynamic_shapes` follows torch.export's structure, with
+    `torch.export.Dim` or `bladepack.Dim(name, min, max)` leaves. For ONNX, the model's dims are its
+    own (`dim_param` names become symbols); `dynamic_shapes` ({input name: {axis: bladepack.Dim}})
+    names and bounds them, and `sample_inputs` are optional (checked against the declared ranges).
     """
+    _check_targets(targets)
+    from bladepack.onnx_import.model import is_onnx_model
+
+    if is_onnx_model(model):
+        from bladepack.onnx_import import import_onnx
+
+        return optimize_program(import_onnx(model, sample_inputs, dynamic_shapes), frontend="onnx")
+    if sample_inputs is None:
+        raise TypeError("optimize(model, sample_inputs): a torch model needs sample inputs to export")
     from bladepack.export import capture, to_program
 
-    _check_targets(targets)
     captured = capture(model, sample_inputs, dynamic_shapes)
     for note in captured.notes:
         log.warning("bladepack: %s", note)
     return optimize_program(to_program(captured), captured.notes)
 
 
-def optimize_program(program: Program, notes: Sequence[str] = ()) -> Artifact:
-    """Optimize an IR `Program` from any front end into an `Artifact` (the half of `optimize` after export)."""
+def optimize_program(program: Program, notes: Sequence[str] = (), frontend: str = "torch") -> Artifact:
+    """Optimize an IR `Program` from any front end ("torch" or "onnx", recorded in the producer
+    versions) into an `Artifact` (the half of `optimize` after export)."""
     from bladepack.ir import print_graph
     from bladepack.optimize.build_plan import build_plan
     from bladepack.optimize.pipeline import run_pipeline
@@ -119,7 +135,7 @@ def optimize_program(program: Program, notes: Sequence[str] = ()) -> Artifact:
     program = run_pipeline(program, options)
     plan = build_plan(program)
     notes = list(notes)
-    libraries, producer = _build_cpu(plan, options, notes), _producer()
+    libraries, producer = _build_cpu(plan, options, notes), _producer(frontend)
     if libraries:
         from bladepack.codegen.toolchain import compiler_version, find_compiler
 

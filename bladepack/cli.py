@@ -1,5 +1,6 @@
 """The `bladepack` command line. `inspect` is loader-safe; `optimize` needs the export extra.
 
+bladepack optimize MODEL.onnx -o MODEL.bpk [--dim INPUT:AXIS=NAME[:MIN:MAX]] ...
 bladepack inspect FILE [--json]
 bladepack run FILE --input NAME=FILE.npy ... [--output-dir DIR]
 """
@@ -10,6 +11,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -46,6 +48,36 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parse_dims(items: list[str]) -> dict[str, dict[int, Any]]:
+    """--dim INPUT:AXIS=NAME[:MIN:MAX] → {input: {axis: Dim}}; MIN / MAX may be empty."""
+    from bladepack.dims import Dim
+
+    out: dict[str, dict[int, Any]] = {}
+    for item in items:
+        where, _, spec = item.rpartition("=")
+        name_, _, axis = where.rpartition(":")
+        parts = spec.split(":")
+        if not name_ or not axis.lstrip("-").isdigit() or len(parts) not in (1, 3):
+            raise SystemExit(f"--dim takes INPUT:AXIS=NAME or INPUT:AXIS=NAME:MIN:MAX, got {item!r}")
+        lo = int(parts[1]) if len(parts) == 3 and parts[1] else 1
+        hi = int(parts[2]) if len(parts) == 3 and parts[2] else None
+        out.setdefault(name_, {})[int(axis)] = Dim(parts[0], lo, hi)
+    return out
+
+
+def _optimize(args: argparse.Namespace) -> int:
+    from bladepack.api import optimize
+
+    if not str(args.model).lower().endswith(".onnx"):
+        raise SystemExit(f"bladepack optimize takes an .onnx file (torch models go through the Python API), got {args.model}")
+    art = optimize(args.model, dynamic_shapes=_parse_dims(args.dim) or None)
+    art.save(args.output)
+    summary = manifest_summary(read(args.output).manifest)
+    print(inspect_text(summary), end="")
+    print(f"wrote {args.output}")
+    return 0
+
+
 def _missing(name: str) -> np.ndarray:
     raise SystemExit(f"missing --input {name}=FILE.npy")
 
@@ -53,6 +85,17 @@ def _missing(name: str) -> np.ndarray:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bladepack", description="Ahead-of-time packaging of dynamic-shape models.")
     sub = p.add_subparsers(dest="command", required=True)
+    po = sub.add_parser("optimize", help="optimize an ONNX model into a .bpk artifact")
+    po.add_argument("model", help="a .onnx file (external-data files beside it are read)")
+    po.add_argument("-o", "--output", required=True, help="the .bpk file to write")
+    po.add_argument(
+        "--dim",
+        action="append",
+        default=[],
+        metavar="INPUT:AXIS=NAME[:MIN:MAX]",
+        help="name a dynamic axis and bound it (default: the model's dim_param, range [1, unbounded))",
+    )
+    po.set_defaults(fn=_optimize)
     pi = sub.add_parser("inspect", help="summarize a .bpk artifact")
     pi.add_argument("file")
     pi.add_argument("--json", action="store_true", help="machine-readable output (a stable contract)")

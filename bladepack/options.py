@@ -4,6 +4,7 @@ BLADEPACK_DUMP=dir      write the IR after each pass, the plan and the manifest 
 BLADEPACK_VERIFY=0      skip the IR verifier between passes (on by default)
 BLADEPACK_CACHE_DIR     compiled-kernel cache (default ~/.cache/bladepack)
 BLADEPACK_LOG=level     logging level for the `bladepack` logger (default WARNING)
+BLADEPACK_NATIVE=0      build no CPU kernel library (the artifact runs on the reference executor)
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ class Options:
     verify: bool
     cache_dir: Path
     log_level: str
+    native: bool
 
     @staticmethod
     def from_env() -> Options:
@@ -29,4 +31,5 @@ class Options:
             verify=os.environ.get("BLADEPACK_VERIFY", "1") not in ("0", "false", "no"),
             cache_dir=Path(cache),
             log_level=os.environ.get("BLADEPACK_LOG", "WARNING").upper(),
+            native=os.environ.get("BLADEPACK_NATIVE", "1") not in ("0", "false", "no"),
         )

@@ -1,6 +1,9 @@
 """The main demo: optimize a sample, save it, load it in a fresh process without torch, check it.
 
-    python -m samples.demo [--sample encoder|llama|cnn|mlp] [--out out/]
+    python -m samples.demo [--sample encoder|llama|cnn|mlp] [--onnx] [--out out/]
+
+With --onnx the sample is first exported to ONNX (dynamic axes, TorchScript exporter) and bladepack
+optimizes the .onnx file instead of the module.
 
 The child process blocks `import torch` and `import sympy`, loads the .bpk with the numpy loader and
 runs it at shapes the optimizer never saw; the parent compares with PyTorch eager and exits non-zero
@@ -46,6 +49,7 @@ np.savez(sys.argv[3], **outs)
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sample", default="encoder", choices=sorted(SAMPLES))
+    p.add_argument("--onnx", action="store_true", help="go through an ONNX export of the sample")
     p.add_argument("--out", default="out")
     args = p.parse_args()
     s = SAMPLES[args.sample]
@@ -53,9 +57,17 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     model = s.build()
     samples = s.export_samples()
-    print(f"[1/4] optimize {s.name}: samples {[tuple(tuple(t.shape) for t in a) for a in samples]}")
     t0 = time.perf_counter()
-    art = bladepack.optimize(model, samples, s.dynamic_shapes)
+    if args.onnx:
+        from samples.onnx_export import export_onnx, sample_axes
+
+        onnx_path = out / f"{s.name}.onnx"
+        onnx_path.write_bytes(export_onnx(model, samples[0], sample_axes(s.dynamic_shapes), "torchscript"))
+        print(f"[1/4] optimize {onnx_path} (exported with dynamic axes {sample_axes(s.dynamic_shapes)})")
+        art = bladepack.optimize(onnx_path, dynamic_shapes=s.dynamic_shapes)
+    else:
+        print(f"[1/4] optimize {s.name}: samples {[tuple(tuple(t.shape) for t in a) for a in samples]}")
+        art = bladepack.optimize(model, samples, s.dynamic_shapes)
     path = out / f"{s.name}.bpk"
     art.save(path)
     print(f"      {time.perf_counter() - t0:.1f} s -> {path} ({path.stat().st_size / 1024:.0f} KiB)")

@@ -7,4 +7,4 @@ cd "$root"
 bin="$(dirname "$BLADEPACK_PY")"
 "$bin/ruff" check bladepack tests samples bench
 "$bin/mypy" bladepack
-exec "$BLADEPACK_PY" -m pytest -n 2 -q "$@"
+exec "$BLADEPACK_PY" -m pytest -n 2 -q -m "not exhaustive" "$@"

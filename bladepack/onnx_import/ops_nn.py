@@ -1,0 +1,458 @@
+"""ONNX → IR: matrix products, convolution, pooling, normalizations, softmax, reductions and scans.
+
+In: an ONNX node's operands. Out: IR values. 1-D convolutions and pools run as 2-D ones over a unit
+height; asymmetric or SAME padding becomes an explicit PAD (with symbolic amounts when the input is
+dynamic); inference BatchNormalization with constant statistics folds into one scale and shift.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import sympy
+
+from bladepack.dtypes import DType
+from bladepack.ir import OpKind, TensorType, Tri
+from bladepack.ir.ops import (
+    ArgReduceAttrs,
+    AxisAttrs,
+    Conv2dAttrs,
+    MatmulAttrs,
+    NormAttrs,
+    PadAttrs,
+    Pool2dAttrs,
+    ReduceAttrs,
+    SliceAttrs,
+)
+from bladepack.ir.types import IRDim
+from bladepack.onnx_import.context import (
+    OnnxCtx,
+    OVal,
+    Unsupported,
+    arg,
+    converts,
+    known,
+    need,
+    norm_axis,
+    simplify_dim,
+)
+from bladepack.onnx_import.ops_elementwise import binary, scalar
+from bladepack.onnx_import.ops_shape import permute
+
+K = OpKind
+
+
+def _float_input(x: OVal, op: str) -> None:
+    if not x.type.dtype.is_floating:
+        raise Unsupported(f"{op} of {x.type.dtype.value}")
+
+
+# --------------------------------------------------------------------------- matrix products
+
+
+def _matmul_ir(ctx: OnnxCtx, a: OVal, b: OVal, transpose_b: bool = False) -> OVal:
+    ta, tb = a.type, b.type
+    k_b = tb.shape[-1] if transpose_b else tb.shape[-2]
+    n = tb.shape[-2] if transpose_b else tb.shape[-1]
+    if ctx.eq(ta.shape[-1], k_b) is Tri.NO:
+        raise Unsupported(f"matrix product of {list(ta.shape)} and {list(tb.shape)} (contracting dims differ)")
+    batch = ctx.broadcast_shapes(ta.shape[:-2], tb.shape[:-2])
+    t = TensorType(ta.dtype, (*batch, ta.shape[-2], n))
+    return ctx.out(K.MATMUL, (ctx.tensor(a), ctx.tensor(b)), t, MatmulAttrs(transpose_b))
+
+
+def _reshaped(ctx: OnnxCtx, x: OVal, shape: tuple[IRDim, ...]) -> OVal:
+    if x.numeric is not None:
+        return known(x.numeric.reshape([int(d) for d in shape]), x.type.dtype)
+    return OVal(TensorType(x.type.dtype, shape), ctx.reshape(ctx.tensor(x), shape))
+
+
+@converts("MatMul")
+def _matmul(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    a, b = need(ins, 0), need(ins, 1)
+    if a.type.dtype is not b.type.dtype or not a.type.dtype.is_floating:
+        raise Unsupported(f"MatMul of {a.type.dtype.value} and {b.type.dtype.value} (floating types of one kind)")
+    a2 = _reshaped(ctx, a, (1, a.type.shape[0])) if a.type.rank == 1 else a
+    b2 = _reshaped(ctx, b, (b.type.shape[0], 1)) if b.type.rank == 1 else b
+    y = _matmul_ir(ctx, a2, b2)
+    shape = list(y.type.shape)
+    if b.type.rank == 1:
+        shape.pop(-1)
+    if a.type.rank == 1:
+        shape.pop(-2 if b.type.rank != 1 else -1)
+    return [_reshaped(ctx, y, tuple(shape)) if len(shape) != y.type.rank else y]
+
+
+@converts("Gemm")
+def _gemm(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    a, b, c = need(ins, 0), need(ins, 1), arg(ins, 2)
+    _float_input(a, "Gemm")
+    if a.type.rank != 2 or b.type.rank != 2:
+        raise Unsupported("Gemm of operands that are not 2-D")
+    alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
+    if int(ctx.attr("transA", 0)):
+        a = permute(ctx, a, (1, 0))
+    y = _matmul_ir(ctx, a, b, transpose_b=bool(int(ctx.attr("transB", 0))))
+    dt = y.type.dtype
+    if alpha != 1.0:
+        y = binary(ctx, K.MUL, y, scalar(ctx, alpha, dt), dt, dt)
+    if c is not None and beta != 0.0:
+        if beta != 1.0:
+            c = binary(ctx, K.MUL, c, scalar(ctx, beta, dt), dt, dt)
+        out = binary(ctx, K.ADD, y, c, dt, dt)
+        if out.type.shape != y.type.shape:
+            raise Unsupported(f"Gemm bias of shape {list(c.type.shape)} for a result {list(y.type.shape)}")
+        y = out
+    return [y]
+
+
+# --------------------------------------------------------------------------- convolution and pooling
+
+
+def _spatial(ctx: OnnxCtx, x: OVal, op: str) -> int:
+    n = x.type.rank - 2
+    if n not in (1, 2):
+        raise Unsupported(f"{op} over {n} spatial dims (1-D and 2-D are supported)")
+    return n
+
+
+def _to_2d(ctx: OnnxCtx, x: OVal) -> OVal:
+    """[N, C, L] → [N, C, 1, L]."""
+    s = x.type.shape
+    return _reshaped(ctx, x, (s[0], s[1], 1, s[2]))
+
+
+def _window_params(ctx: OnnxCtx, n: int, kernel: list[int]) -> tuple[list[int], list[int], list[IRDim]]:
+    strides = ctx.ints("strides") or [1] * n
+    dil = ctx.ints("dilations") or [1] * n
+    pads: list[IRDim] = list(ctx.ints("pads") or [0] * (2 * n))
+    if len(strides) != n or len(dil) != n or len(pads) != 2 * n or len(kernel) != n:
+        raise Unsupported("strides, dilations, pads or kernel_shape of the wrong length")
+    return strides, dil, pads
+
+
+def _auto_pads(
+    ctx: OnnxCtx, sizes: tuple[IRDim, ...], kernel: list[int], strides: list[int], dil: list[int], pads: list[IRDim]
+) -> list[IRDim]:
+    mode = ctx.attr("auto_pad", b"NOTSET")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    n = len(kernel)
+    if mode in ("NOTSET", ""):
+        return pads
+    if mode == "VALID":
+        return [0] * (2 * n)
+    if mode not in ("SAME_UPPER", "SAME_LOWER"):
+        raise Unsupported(f"auto_pad={mode}")
+    lo: list[IRDim] = []
+    hi: list[IRDim] = []
+    for d, k, s, dl in zip(sizes, kernel, strides, dil):
+        out = sympy.ceiling(sympy.sympify(d) / s)
+        total = sympy.Max((out - 1) * s + (k - 1) * dl + 1 - d, 0)
+        if isinstance(d, int):
+            total_i = int(total)
+            small, big = total_i // 2, total_i - total_i // 2
+        else:
+            small = simplify_dim(sympy.floor(total / 2))
+            big = simplify_dim(total - sympy.floor(total / 2))
+        lo.append(small if mode == "SAME_UPPER" else big)
+        hi.append(big if mode == "SAME_UPPER" else small)
+    return lo + hi
+
+
+def _out_size(d: IRDim, k: int, s: int, dl: int, lo: IRDim, hi: IRDim, ceil: bool = False) -> IRDim:
+    span = sympy.sympify(d) + lo + hi - dl * (k - 1) - 1
+    if not ceil:
+        return simplify_dim(sympy.floor(span / s) + 1)
+    out = sympy.ceiling(span / s) + 1
+    if all(isinstance(v, int) for v in (d, lo)):  # the last window must start inside the input or left padding
+        out_i = int(out)
+        return out_i - 1 if (out_i - 1) * s >= int(d) + int(lo) else out_i
+    raise Unsupported("ceil_mode on a dynamic spatial size")
+
+
+def _explicit_pad(ctx: OnnxCtx, x: OVal, lo: list[IRDim], hi: list[IRDim], value: float) -> OVal:
+    rank = x.type.rank
+    n = len(lo)
+    pads = tuple([(0, 0)] * (rank - n) + list(zip(lo, hi)))
+    shape = tuple(simplify_dim(sympy.sympify(d) + p[0] + p[1]) for d, p in zip(x.type.shape, pads))
+    return ctx.out(K.PAD, (ctx.tensor(x),), TensorType(x.type.dtype, shape), PadAttrs(pads, value))
+
+
+@converts("Conv")
+def _conv(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    x, w, b = need(ins, 0), need(ins, 1), arg(ins, 2)
+    _float_input(x, "Conv")
+    n = _spatial(ctx, x, "Conv")
+    kernel = ctx.ints("kernel_shape") or [int(d) for d in w.type.shape[2:]]
+    if not all(isinstance(d, int) for d in w.type.shape):
+        raise Unsupported("a convolution weight with dynamic dims")
+    strides, dil, pads = _window_params(ctx, n, kernel)
+    pads = _auto_pads(ctx, x.type.shape[2:], kernel, strides, dil, pads)
+    lo, hi = pads[:n], pads[n:]
+    if n == 1:
+        x, w = _to_2d(ctx, x), _to_2d(ctx, w)
+        kernel, strides, dil, lo, hi = [1, *kernel], [1, *strides], [1, *dil], [0, *lo], [0, *hi]
+    if lo != hi:
+        x = _explicit_pad(ctx, x, lo, hi, 0.0)
+        lo = hi = [0, 0]
+    group = int(ctx.attr("group", 1))
+    if not all(isinstance(p, int) for p in lo):
+        x = _explicit_pad(ctx, x, lo, hi, 0.0)
+        lo = hi = [0, 0]
+    c_in = x.type.shape[1]
+    if isinstance(c_in, int) and c_in != w.type.shape[1] * group:
+        raise Unsupported(f"{c_in} input channels for a weight of {w.type.shape[1]} per group x {group} groups")
+    sizes = [_out_size(d, k, s, dl, p, p) for d, k, s, dl, p in zip(x.type.shape[2:], kernel, strides, dil, lo)]
+    t = TensorType(x.type.dtype, (x.type.shape[0], w.type.shape[0], *sizes))
+    inputs = [ctx.tensor(x), ctx.tensor(w)] + ([ctx.tensor(b)] if b is not None else [])
+    attrs = Conv2dAttrs((strides[0], strides[1]), (int(lo[0]), int(lo[1])), (dil[0], dil[1]), group, b is not None)
+    y = ctx.out(K.CONV2D, inputs, t, attrs)
+    if n == 1:
+        y = _reshaped(ctx, y, (t.shape[0], t.shape[1], t.shape[3]))
+    return [y]
+
+
+def _pool(ctx: OnnxCtx, ins: list[OVal | None], op: OpKind) -> OVal:
+    x = need(ins, 0)
+    _float_input(x, op.value)
+    n = _spatial(ctx, x, op.value)
+    kernel = ctx.ints("kernel_shape")
+    if kernel is None:
+        raise Unsupported("a pool without kernel_shape")
+    strides, dil, pads = _window_params(ctx, n, kernel)
+    pads = _auto_pads(ctx, x.type.shape[2:], kernel, strides, dil, pads)
+    ceil = bool(int(ctx.attr("ceil_mode", 0)))
+    include = bool(int(ctx.attr("count_include_pad", 0)))
+    lo, hi = pads[:n], pads[n:]
+    if n == 1:
+        x = _to_2d(ctx, x)
+        kernel, strides, dil, lo, hi = [1, *kernel], [1, *strides], [1, *dil], [0, *lo], [0, *hi]
+    if op is K.AVG_POOL2D and dil != [1, 1]:
+        raise Unsupported("AveragePool with dilations")
+    if lo != hi or not all(isinstance(p, int) for p in lo):
+        if op is K.AVG_POOL2D and not include:
+            raise Unsupported("AveragePool with asymmetric padding and count_include_pad=0")
+        if ceil:
+            raise Unsupported("ceil_mode with asymmetric padding")
+        x = _explicit_pad(ctx, x, lo, hi, float("-inf") if op is K.MAX_POOL2D else 0.0)
+        lo = hi = [0, 0]
+    if op is K.MAX_POOL2D and any(int(p) * 2 > k for p, k in zip(lo, kernel)):  # pads over half a window: explicit
+        x = _explicit_pad(ctx, x, lo, hi, float("-inf"))
+        lo = hi = [0, 0]
+    sizes = [_out_size(d, k, s, dl, p, p, ceil) for d, k, s, dl, p in zip(x.type.shape[2:], kernel, strides, dil, lo)]
+    t = TensorType(x.type.dtype, (x.type.shape[0], x.type.shape[1], *sizes))
+    attrs = Pool2dAttrs(
+        (kernel[0], kernel[1]), (strides[0], strides[1]), (int(lo[0]), int(lo[1])), (dil[0], dil[1]), ceil, include
+    )
+    y = ctx.out(op, (ctx.tensor(x),), t, attrs)
+    if n == 1:
+        y = _reshaped(ctx, y, (t.shape[0], t.shape[1], t.shape[3]))
+    return y
+
+
+@converts("MaxPool")
+def _max_pool(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    if int(ctx.attr("storage_order", 0)):
+        raise Unsupported("storage_order=1")
+    return [_pool(ctx, ins, K.MAX_POOL2D), None]
+
+
+@converts("AveragePool")
+def _avg_pool(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    return [_pool(ctx, ins, K.AVG_POOL2D)]
+
+
+def _reduce_ir(ctx: OnnxCtx, op: OpKind, x: OVal, axes: tuple[int, ...], keepdims: bool) -> OVal:
+    shape = tuple((1 if keepdims else None) if k in axes else d for k, d in enumerate(x.type.shape))
+    t = TensorType(x.type.dtype, tuple(d for d in shape if d is not None))
+    return ctx.out(op, (ctx.tensor(x),), t, ReduceAttrs(axes, keepdims))
+
+
+@converts("GlobalAveragePool", "GlobalMaxPool")
+def _global_pool(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    assert ctx.node is not None
+    x = need(ins, 0)
+    op = K.MEAN if ctx.node.op_type == "GlobalAveragePool" else K.AMAX
+    return [_reduce_ir(ctx, op, x, tuple(range(2, x.type.rank)), True)]
+
+
+# --------------------------------------------------------------------------- normalizations, softmax
+
+
+def _channel_param(ctx: OnnxCtx, v: OVal, rank: int) -> OVal:
+    c = v.type.shape[0]
+    return _reshaped(ctx, v, (c,) + (1,) * (rank - 2))
+
+
+@converts("BatchNormalization")
+def _batch_norm(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    x, scale, bias, mean, var = (need(ins, k) for k in range(5))
+    _float_input(x, "BatchNormalization")
+    if int(ctx.attr("training_mode", 0)):
+        raise Unsupported("training_mode=1")
+    eps = float(ctx.attr("epsilon", 1e-5))
+    dt, rank = x.type.dtype, x.type.rank
+    stats = [scale.numeric, bias.numeric, mean.numeric, var.numeric]
+    if all(s is not None for s in stats):
+        sc, bs, mu, vr = (np.asarray(s, dtype=np.float64) for s in stats)
+        mul = sc / np.sqrt(vr + eps)
+        add = bs - mu * mul
+        m = _channel_param(ctx, known(mul.astype(dt.to_numpy()), dt), rank)
+        a = _channel_param(ctx, known(add.astype(dt.to_numpy()), dt), rank)
+        return [binary(ctx, K.ADD, binary(ctx, K.MUL, x, m, dt, dt), a, dt, dt)]
+    p = [_channel_param(ctx, v, rank) for v in (scale, bias, mean, var)]
+    inv = binary(ctx, K.ADD, p[3], scalar(ctx, eps, dt), dt, dt)
+    inv = OVal(inv.type, ctx.emit(K.RSQRT, (ctx.tensor(inv),), inv.type))
+    y = binary(ctx, K.MUL, binary(ctx, K.SUB, x, p[2], dt, dt), binary(ctx, K.MUL, inv, p[0], dt, dt), dt, dt)
+    return [binary(ctx, K.ADD, y, p[1], dt, dt)]
+
+
+@converts("LayerNormalization")
+def _layer_norm(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    assert ctx.node is not None
+    x, w, b = need(ins, 0), arg(ins, 1), arg(ins, 2)
+    _float_input(x, "LayerNormalization")
+    rank, dt = x.type.rank, x.type.dtype
+    axis = norm_axis(int(ctx.attr("axis", -1)), rank)
+    eps = float(ctx.attr("epsilon", 1e-5))
+    tail = x.type.shape[axis:]
+    params = [v for v in (w, b) if v is not None]
+    fits = all(v.type.shape == tail for v in params)
+    inputs = [ctx.tensor(x)] + ([ctx.tensor(v) for v in params] if fits else [])
+    attrs = NormAttrs(rank - axis, eps, w is not None and fits, b is not None and fits)
+    y = ctx.out(K.LAYER_NORM, inputs, x.type, attrs)
+    if not fits:
+        if w is not None:
+            y = binary(ctx, K.MUL, y, w, dt, dt)
+        if b is not None:
+            y = binary(ctx, K.ADD, y, b, dt, dt)
+    outs: list[OVal | None] = [y]
+    if any(o for o in ctx.node.output[1:]):
+        axes = tuple(range(axis, rank))
+        mean = _reduce_ir(ctx, K.MEAN, x, axes, True)
+        centered = binary(ctx, K.SUB, x, mean, dt, dt)
+        sq = binary(ctx, K.MUL, centered, centered, dt, dt)
+        var = _reduce_ir(ctx, K.MEAN, sq, axes, True)
+        v = binary(ctx, K.ADD, var, scalar(ctx, eps, dt), dt, dt)
+        outs += [mean, OVal(v.type, ctx.emit(K.RSQRT, (ctx.tensor(v),), v.type))]
+    return outs
+
+
+@converts("Softmax", "LogSoftmax")
+def _softmax(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    assert ctx.node is not None
+    x = need(ins, 0)
+    _float_input(x, ctx.node.op_type)
+    op = K.SOFTMAX if ctx.node.op_type == "Softmax" else K.LOG_SOFTMAX
+    axis = norm_axis(int(ctx.attr("axis", -1)), x.type.rank)
+    return [ctx.out(op, (ctx.tensor(x),), x.type, AxisAttrs(axis))]
+
+
+# --------------------------------------------------------------------------- reductions
+
+
+def _reduce_axes(ctx: OnnxCtx, ins: list[OVal | None], rank: int) -> tuple[int, ...] | None:
+    """The reduced axes (sorted), or None for "reduce nothing" (noop_with_empty_axes)."""
+    assert ctx.node is not None
+    v = arg(ins, 1)
+    axes = ctx.const_int_list(v, "axes") if v is not None else ctx.ints("axes")
+    if not axes:
+        if int(ctx.attr("noop_with_empty_axes", 0)):
+            return None
+        return tuple(range(rank))
+    return tuple(sorted({norm_axis(a, rank) for a in axes}))
+
+
+_REDUCE = {
+    "ReduceSum": K.SUM,
+    "ReduceMean": K.MEAN,
+    "ReduceMax": K.AMAX,
+    "ReduceMin": K.AMIN,
+    "ReduceProd": K.PROD,
+}
+
+
+def _reduction(op_type: str) -> Any:
+    def convert(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+        x = need(ins, 0)
+        axes = _reduce_axes(ctx, ins, x.type.rank)
+        keep = bool(int(ctx.attr("keepdims", 1)))
+        if axes is None or x.type.rank == 0:
+            return [x]
+        if any(isinstance(x.type.shape[a], int) and x.type.shape[a] == 0 for a in axes):
+            raise Unsupported("a reduction over an empty axis")
+        dt = x.type.dtype
+        if op_type in _REDUCE:
+            if op_type == "ReduceMean" and not dt.is_floating:
+                raise Unsupported(f"ReduceMean of {dt.value}")
+            return [_reduce_ir(ctx, _REDUCE[op_type], x, axes, keep)]
+        _float_input(x, op_type)
+        v = ctx.tensor(x)
+        if op_type in ("ReduceSumSquare", "ReduceL2"):
+            src = ctx.out(K.MUL, (v, v), x.type)
+        elif op_type == "ReduceL1":
+            src = ctx.out(K.ABS, (v,), x.type)
+        elif op_type == "ReduceLogSumExp":
+            m = _reduce_ir(ctx, K.AMAX, x, axes, True)
+            e = binary(ctx, K.SUB, x, m, dt, dt)
+            s = _reduce_ir(ctx, K.SUM, OVal(e.type, ctx.emit(K.EXP, (ctx.tensor(e),), e.type)), axes, True)
+            y = binary(ctx, K.ADD, OVal(s.type, ctx.emit(K.LOG, (ctx.tensor(s),), s.type)), m, dt, dt)
+            return [y if keep else _reshaped(ctx, y, tuple(d for k, d in enumerate(y.type.shape) if k not in axes))]
+        else:
+            src = x
+        r = _reduce_ir(ctx, K.SUM, src, axes, keep)
+        if op_type == "ReduceL2":
+            r = ctx.out(K.SQRT, (ctx.tensor(r),), r.type)
+        elif op_type == "ReduceLogSum":
+            r = ctx.out(K.LOG, (ctx.tensor(r),), r.type)
+        return [r]
+
+    return convert
+
+
+for _name in [*_REDUCE, "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp"]:
+    converts(_name)(_reduction(_name))
+
+
+def _reverse(ctx: OnnxCtx, x: OVal, axis: int) -> OVal:
+    d = x.type.shape[axis]
+    return ctx.out(K.SLICE, (ctx.tensor(x),), x.type, SliceAttrs(axis, simplify_dim(sympy.sympify(d) - 1), -1))
+
+
+@converts("ArgMax", "ArgMin")
+def _arg_reduce(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    assert ctx.node is not None
+    x = need(ins, 0)
+    rank = x.type.rank
+    axis = norm_axis(int(ctx.attr("axis", 0)), rank)
+    keep = bool(int(ctx.attr("keepdims", 1)))
+    last = bool(int(ctx.attr("select_last_index", 0)))
+    op = K.ARGMAX if ctx.node.op_type == "ArgMax" else K.ARGMIN
+    src = _reverse(ctx, x, axis) if last else x
+    shape = tuple((1 if keep else None) if k == axis else d for k, d in enumerate(x.type.shape))
+    t = TensorType(DType.INT64, tuple(d for d in shape if d is not None))
+    y = ctx.out(op, (ctx.tensor(src),), t, ArgReduceAttrs(axis, keep))
+    if last:  # index in the reversed axis → index in the original
+        last_index = simplify_dim(sympy.sympify(x.type.shape[axis]) - 1)
+        top = OVal(TensorType(DType.INT64, ()), ctx.const(last_index, DType.INT64))
+        y = binary(ctx, K.SUB, top, y, DType.INT64, DType.INT64)
+    return [y]
+
+
+@converts("CumSum")
+def _cumsum(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    x = need(ins, 0)
+    rank = x.type.rank
+    axis = norm_axis(int(ctx.const_int_list(need(ins, 1), "axis")[0]), rank)
+    exclusive, reverse = int(ctx.attr("exclusive", 0)), int(ctx.attr("reverse", 0))
+    y = _reverse(ctx, x, axis) if reverse else x
+    if exclusive:  # shift by one along the axis: pad a zero in front, drop the last element
+        d = x.type.shape[axis]
+        pads = tuple((1, 0) if k == axis else (0, 0) for k in range(rank))
+        grown = list(x.type.shape)
+        grown[axis] = simplify_dim(sympy.sympify(d) + 1)
+        p = ctx.emit(K.PAD, (ctx.tensor(y),), TensorType(x.type.dtype, tuple(grown)), PadAttrs(pads, 0.0))
+        y = ctx.out(K.SLICE, (p,), x.type, SliceAttrs(axis, 0, 1))
+    y = ctx.out(K.CUMSUM, (ctx.tensor(y),), x.type, AxisAttrs(axis))
+    return [_reverse(ctx, y, axis) if reverse else y]

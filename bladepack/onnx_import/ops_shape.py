@@ -1,0 +1,554 @@
+"""ONNX → IR: shape computations, layout and indexing.
+
+In: an ONNX node's operands. Out: IR values or known values. Shape and Size produce shape values
+(object arrays of symbolic dims); Gather, Concat, Slice, Squeeze, Unsqueeze, Reshape, Expand and
+Tile on shape values compute new shape values; Reshape, Expand, Slice, ConstantOfShape and Range
+read them as their result dims, so a dynamic export's Shape → Gather → Concat → Reshape chain ends
+as one RESHAPE whose result type holds sympy dims (Note [Known values] in context.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+import sympy
+from onnx import numpy_helper
+
+from bladepack.dtypes import DType
+from bladepack.ir import OpKind, TensorType, Tri
+from bladepack.ir.ops import ArangeAttrs, AxisAttrs, ConstantAttrs, PadAttrs, PermuteAttrs, SliceAttrs
+from bladepack.ir.types import IRDim
+from bladepack.onnx_import.context import (
+    OnnxCtx,
+    OVal,
+    Unsupported,
+    arg,
+    converts,
+    dtype_of,
+    known,
+    need,
+    norm_axis,
+    simplify_dim,
+)
+
+K = OpKind
+
+
+def _prod(dims: Any) -> IRDim:
+    p: Any = 1
+    for d in dims:
+        p = p * d
+    return simplify_dim(p)
+
+
+def _dims_array(dims: Any) -> np.ndarray:
+    out = np.empty(len(dims), dtype=object)
+    out[:] = [simplify_dim(d) for d in dims]
+    return out
+
+
+# --------------------------------------------------------------------------- constants and shapes
+
+
+@converts("Constant", foldable=False)
+def _constant(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    a = ctx.attrs
+    if "value" in a:
+        return [known(numpy_helper.to_array(a["value"]), dtype_of(a["value"].data_type))]
+    if "value_float" in a:
+        return [known(np.array(a["value_float"], dtype=np.float32))]
+    if "value_floats" in a:
+        return [known(np.array(a["value_floats"], dtype=np.float32))]
+    if "value_int" in a:
+        return [known(np.array(a["value_int"], dtype=np.int64))]
+    if "value_ints" in a:
+        return [known(np.array(a["value_ints"], dtype=np.int64))]
+    raise Unsupported(f"a constant given as {sorted(a)}")
+
+
+@converts("Shape", foldable=False)
+def _shape(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    x = need(ins, 0)
+    rank = x.type.rank
+    start, end = int(ctx.attr("start", 0)), ctx.attr("end")
+    start = min(max(start + rank if start < 0 else start, 0), rank)
+    stop = rank if end is None else min(max(int(end) + rank if int(end) < 0 else int(end), 0), rank)
+    return [known(_dims_array(x.type.shape[start:stop]), DType.INT64)]
+
+
+@converts("Size", foldable=False)
+def _size(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    x = need(ins, 0)
+    return [known(np.array(_prod(x.type.shape), dtype=object), DType.INT64)]
+
+
+@converts("ConstantOfShape")
+def _constant_of_shape(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    dims = ctx.const_ints(need(ins, 0), "shape")
+    value = ctx.attr("value")
+    arr = numpy_helper.to_array(value) if value is not None else np.zeros(1, dtype=np.float32)
+    dt = dtype_of(value.data_type) if value is not None else DType.FLOAT32
+    v = arr.ravel()[0].item()
+    t = TensorType(dt, tuple(dims))
+    return [ctx.out(K.FULL, (), t, ConstantAttrs(bool(v) if dt is DType.BOOL else v))]
+
+
+@converts("Range")
+def _range(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    start, limit, delta = need(ins, 0), need(ins, 1), need(ins, 2)
+    dt = start.type.dtype
+    if dt.is_floating:
+        raise Unsupported(
+            "floating-point Range bounds computed from tensor data at run time (its length must be known at optimize time)"
+        )
+    s, lim = ctx.const_ints(start, "start")[0], ctx.const_ints(limit, "limit")[0]
+    d = ctx.const_ints(delta, "delta")[0]
+    if not isinstance(d, int) or d == 0:
+        raise Unsupported(f"Range with delta {d} (a non-zero constant is required)")
+    n = sympy.ceiling(sympy.sympify(lim - s) / d)
+    length = simplify_dim(n if ctx.env.prove_le(0, n) is Tri.YES else sympy.Max(n, 0))
+    return [ctx.out(K.ARANGE, (), TensorType(dt, (length,)), ArangeAttrs(s, d))]
+
+
+# --------------------------------------------------------------------------- reshapes
+
+
+def _reshape_to(ctx: OnnxCtx, x: OVal, dims: list[IRDim]) -> OVal:
+    dims = [simplify_dim(d) for d in dims]
+    if x.data is not None and all(isinstance(d, int) for d in dims):
+        return known(np.reshape(x.data, [int(d) for d in dims]), x.type.dtype)
+    if tuple(dims) == x.type.shape:
+        return x
+    return OVal(TensorType(x.type.dtype, tuple(dims)), ctx.reshape(ctx.tensor(x), dims))
+
+
+@converts("Reshape")
+def _reshape(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    x = need(ins, 0)
+    want = ctx.const_ints(need(ins, 1), "shape")
+    allowzero = int(ctx.attr("allowzero", 0))
+    dims: list[Any] = []
+    infer = None
+    for k, d in enumerate(want):
+        if isinstance(d, int) and d == 0 and not allowzero:
+            if k >= x.type.rank:
+                raise Unsupported(f"shape entry {k} copies a dim the rank-{x.type.rank} input does not have")
+            dims.append(x.type.shape[k])
+        elif isinstance(d, int) and d == -1:
+            if infer is not None:
+                raise Unsupported("a shape with two -1 entries")
+            infer = k
+            dims.append(None)
+        elif isinstance(d, int) and d < 0:
+            raise Unsupported(f"shape entry {d}")
+        else:
+            dims.append(d)
+    if infer is not None:
+        dims[infer] = _infer_dim(ctx, _prod(x.type.shape), _prod(d for d in dims if d is not None))
+    return [_reshape_to(ctx, x, dims)]
+
+
+def _infer_dim(ctx: OnnxCtx, total: IRDim, known_part: IRDim) -> IRDim:
+    """total / known_part, exact: a quotient that is not a polynomial is floored and checked at run time."""
+    if isinstance(total, int) and isinstance(known_part, int):
+        if known_part == 0 or total % known_part:
+            raise Unsupported(f"cannot reshape {total} elements into groups of {known_part}")
+        return total // known_part
+    q = sympy.cancel(sympy.sympify(total) / known_part)
+    _, den = sympy.fraction(q)
+    if den == 1 and q.is_polynomial() and all(c.is_Integer for c in sympy.Poly(q).coeffs()):
+        return simplify_dim(q)
+    ctx.assertions.append(
+        (sympy.Eq(sympy.Mod(total, known_part), 0), f"{ctx.loc}: {total} elements must split into rows of {known_part}")
+    )
+    return simplify_dim(sympy.floor(sympy.sympify(total) / known_part))
+
+
+@converts("Flatten")
+def _flatten(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    x = need(ins, 0)
+    rank = x.type.rank
+    axis = int(ctx.attr("axis", 1))
+    axis = axis + rank if axis < 0 else axis
+    if not 0 <= axis <= rank:
+        raise Unsupported(f"axis {ctx.attr('axis')} for rank {rank}")
+    return [_reshape_to(ctx, x, [_prod(x.type.shape[:axis]), _prod(x.type.shape[axis:])])]
+
+
+def _axes_operand(ctx: OnnxCtx, ins: list[OVal | None], index: int) -> list[int] | None:
+    if ctx.opset >= 13 and ctx.node is not None and ctx.node.op_type in ("Squeeze", "Unsqueeze"):
+        v = arg(ins, index)
+        return None if v is None else ctx.const_int_list(v, "axes")
+    return ctx.ints("axes")
+
+
+@converts("Squeeze")
+def _squeeze(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    x = need(ins, 0)
+    rank = x.type.rank
+    axes = _axes_operand(ctx, ins, 1)
+    if axes is None:
+        drop = {k for k, d in enumerate(x.type.shape) if isinstance(d, int) and d == 1}
+    else:
+        drop = {norm_axis(a, rank) for a in axes}
+        for a in drop:
+            d = x.type.shape[a]
+            if ctx.eq(d, 1) is Tri.NO:
+                raise Unsupported(f"squeeze of axis {a}, whose size {d} is not 1")
+            if not isinstance(d, int):
+                ctx.assertions.append((sympy.Eq(d, 1), f"{ctx.loc}: squeezed dim {d} must be 1"))
+    return [_reshape_to(ctx, x, [d for k, d in enumerate(x.type.shape) if k not in drop])]
+
+
+@converts("Unsqueeze")
+def _unsqueeze(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    x = need(ins, 0)
+    axes = _axes_operand(ctx, ins, 1)
+    if axes is None:
+        raise Unsupported("Unsqueeze without axes")
+    rank = x.type.rank + len(axes)
+    where = sorted(norm_axis(a, rank) for a in axes)
+    if len(set(where)) != len(where):
+        raise Unsupported(f"repeated axes {axes}")
+    dims = list(x.type.shape)
+    for a in where:
+        dims.insert(a, 1)
+    return [_reshape_to(ctx, x, dims)]
+
+
+@converts("Transpose")
+def _transpose(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    x = need(ins, 0)
+    rank = x.type.rank
+    perm = tuple(norm_axis(p, rank) for p in (ctx.ints("perm") or list(range(rank))[::-1]))
+    if sorted(perm) != list(range(rank)):
+        raise Unsupported(f"perm {list(perm)} is not a permutation of {rank} axes")
+    if x.data is not None:
+        return [known(np.transpose(x.data, perm), x.type.dtype)]
+    return [permute(ctx, x, perm)]
+
+
+def permute(ctx: OnnxCtx, x: OVal, perm: tuple[int, ...]) -> OVal:
+    if perm == tuple(range(len(perm))):
+        return x
+    t = TensorType(x.type.dtype, tuple(x.type.shape[p] for p in perm))
+    return ctx.out(K.PERMUTE, (ctx.tensor(x),), t, PermuteAttrs(perm))
+
+
+# --------------------------------------------------------------------------- concat, split, slice
+
+
+@converts("Concat")
+def _concat(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    vals = [v for v in ins if v is not None]
+    rank = vals[0].type.rank
+    axis = norm_axis(int(ctx.attr("axis")), rank)
+    dt = vals[0].type.dtype
+    if any(v.type.dtype is not dt or v.type.rank != rank for v in vals):
+        raise Unsupported("inputs of different types or ranks")
+    if all(v.data is not None for v in vals):
+        return [known(np.concatenate([np.asarray(v.data, dtype=object) for v in vals], axis=axis), dt)]
+    parts = [v for v in vals if not (isinstance(v.type.shape[axis], int) and v.type.shape[axis] == 0)]
+    if len(parts) == 1:
+        return [parts[0]]
+    shape = list(parts[0].type.shape)
+    shape[axis] = simplify_dim(sympy.Add(*[sympy.sympify(v.type.shape[axis]) for v in parts]))
+    for k in range(rank):  # the other dims agree; keep a static one when an input has it
+        if k != axis:
+            statics = [v.type.shape[k] for v in parts if isinstance(v.type.shape[k], int)]
+            if statics:
+                shape[k] = statics[0]
+    return [ctx.out(K.CONCAT, [ctx.tensor(v) for v in parts], TensorType(dt, tuple(shape)), AxisAttrs(axis))]
+
+
+def slice_axis(ctx: OnnxCtx, x: OVal, axis: int, start: IRDim, step: int, length: IRDim) -> OVal:
+    if start == 0 and step == 1 and ctx.eq(length, x.type.shape[axis]) is Tri.YES:
+        return x
+    shape = list(x.type.shape)
+    shape[axis] = simplify_dim(length)
+    t = TensorType(x.type.dtype, tuple(shape))
+    return ctx.out(K.SLICE, (ctx.tensor(x),), t, SliceAttrs(axis, simplify_dim(start), step))
+
+
+@converts("Split")
+def _split(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    assert ctx.node is not None
+    x = need(ins, 0)
+    axis = norm_axis(int(ctx.attr("axis", 0)), x.type.rank)
+    d = x.type.shape[axis]
+    n_out = len(ctx.node.output)
+    given = arg(ins, 1)
+    if given is not None:
+        sizes: list[IRDim] = list(ctx.const_ints(given, "split"))
+    elif ctx.attr("split") is not None:
+        sizes = list(ctx.ints("split") or [])
+    else:
+        n = int(ctx.attr("num_outputs", n_out))
+        if isinstance(d, int):
+            chunk = -(-d // n)
+            sizes = [min(chunk, max(d - k * chunk, 0)) for k in range(n)]
+            if ctx.opset < 18 and d % n:
+                raise Unsupported(f"an even split of {d} into {n} parts")
+        else:
+            if ctx.opset >= 18:
+                raise Unsupported(f"an even split of dynamic dim {d} (the part sizes would depend on it)")
+            sizes = [simplify_dim(sympy.floor(sympy.sympify(d) / n))] * n
+            ctx.assertions.append((sympy.Eq(sympy.Mod(d, n), 0), f"{ctx.loc}: dim {d} must split into {n} equal parts"))
+    if len(sizes) != n_out:
+        raise Unsupported(f"{len(sizes)} split sizes for {n_out} outputs")
+    outs: list[OVal | None] = []
+    start: Any = 0
+    for size in sizes:
+        if x.data is not None and isinstance(start, int) and isinstance(size, int):
+            outs.append(known(np.take(x.data, np.arange(start, start + size), axis=axis), x.type.dtype))
+        else:
+            outs.append(slice_axis(ctx, x, axis, start, 1, size))
+        start = simplify_dim(sympy.sympify(start) + size)
+    return outs
+
+
+def _nonneg(ctx: OnnxCtx, v: IRDim) -> bool | None:
+    if isinstance(v, int):
+        return v >= 0
+    lo, hi = ctx.env.bounds(v)
+    return True if lo >= 0 else False if hi < 0 else None
+
+
+def _clamp(ctx: OnnxCtx, v: IRDim, lo: IRDim, hi: IRDim) -> IRDim:
+    if ctx.env.prove_le(v, lo) is Tri.YES:
+        return lo
+    if ctx.env.prove_le(hi, v) is Tri.YES:
+        return hi
+    if ctx.env.prove_le(lo, v) is Tri.YES and ctx.env.prove_le(v, hi) is Tri.YES:
+        return v
+    return simplify_dim(sympy.Min(sympy.Max(v, lo), hi))
+
+
+def _wrap(ctx: OnnxCtx, v: IRDim, d: IRDim) -> IRDim:
+    sign = _nonneg(ctx, v)
+    if sign is None:
+        raise Unsupported(f"a slice bound {v} that may be negative or not")
+    return v if sign else simplify_dim(sympy.sympify(v) + d)
+
+
+def slice_bounds(ctx: OnnxCtx, d: IRDim, start: IRDim, end: IRDim, step: int) -> tuple[IRDim, IRDim]:
+    """ONNX Slice's first index and length along one axis of size d: negative bounds count from the
+    end, then clamp to [0, d] (step > 0) or [-1, d - 1] (step < 0)."""
+    start, end = _wrap(ctx, start, d), _wrap(ctx, end, d)
+    if step > 0:
+        s, e = _clamp(ctx, start, 0, d), _clamp(ctx, end, 0, d)
+        n = sympy.ceiling(sympy.sympify(e - s) / step)
+    else:
+        last = simplify_dim(sympy.sympify(d) - 1)
+        s, e = _clamp(ctx, start, 0, last), _clamp(ctx, end, -1, last)
+        n = sympy.ceiling(sympy.sympify(s - e) / (-step))
+    length = simplify_dim(n) if ctx.env.prove_le(0, n) is Tri.YES else simplify_dim(sympy.Max(n, 0))
+    return s, length
+
+
+@converts("Slice")
+def _slice(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    x = need(ins, 0)
+    rank = x.type.rank
+    starts, ends = ctx.const_ints(need(ins, 1), "starts"), ctx.const_ints(need(ins, 2), "ends")
+    axes_v = arg(ins, 3)
+    axes = ctx.const_int_list(axes_v, "axes") if axes_v is not None else list(range(len(starts)))
+    steps_v = arg(ins, 4)
+    steps = ctx.const_int_list(steps_v, "steps") if steps_v is not None else [1] * len(starts)
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise Unsupported("starts, ends, axes and steps of different lengths")
+    y = x
+    for st, en, ax, sp in zip(starts, ends, axes, steps):
+        if sp == 0:
+            raise Unsupported("a slice step of 0")
+        a = norm_axis(ax, rank)
+        d = y.type.shape[a]
+        s, n = slice_bounds(ctx, d, st, en, sp)
+        if y.data is not None and isinstance(s, int) and isinstance(n, int):
+            y = known(np.take(y.data, s + sp * np.arange(n, dtype=np.int64), axis=a), y.type.dtype)
+        else:
+            y = slice_axis(ctx, y, a, s, sp, n)
+    return [y]
+
+
+# --------------------------------------------------------------------------- gather
+
+
+def _indices(ctx: OnnxCtx, idx: OVal, size: IRDim) -> int:
+    """The index tensor as int64. Known indices are wrapped now; the kernels wrap negative run-time
+    indices themselves and report out-of-range ones."""
+    if idx.numeric is not None and isinstance(size, int):
+        if idx.numeric.size and (idx.numeric.min() < -size or idx.numeric.max() >= size):
+            raise Unsupported(f"indices {idx.numeric.ravel().tolist()[:8]} out of range for a dim of {size}")
+        return ctx.tensor(known(np.where(idx.numeric < 0, idx.numeric + size, idx.numeric).astype(np.int64)))
+    return ctx.cast(ctx.tensor(idx), DType.INT64)
+
+
+def _arithmetic_run(ctx: OnnxCtx, idx: OVal, d: IRDim) -> tuple[IRDim, int, int] | None:
+    """(start, step, count) when the known indices are start, start + step, ... inside [0, d); indices
+    that need a run-time bound (d symbolic) add a guard."""
+    assert idx.numeric is not None
+    raw = [int(k) for k in idx.numeric.ravel()]
+    if not raw:
+        return None
+    if not (all(k >= 0 for k in raw) or all(k < 0 for k in raw)):
+        return None
+    step = raw[1] - raw[0] if len(raw) > 1 else 1
+    if step == 0 or any(b - a != step for a, b in itertools.pairwise(raw)):
+        return None
+    lo, hi = min(raw), max(raw)
+    if not isinstance(d, int):
+        need_ok = sympy.Le(hi + 1, d) if lo >= 0 else sympy.Le(-lo, d)
+        if ctx.env.prove_le(hi + 1 if lo >= 0 else -lo, d) is not Tri.YES:
+            ctx.assertions.append((need_ok, f"{ctx.loc}: indices {raw[:8]} must lie inside dim {d}"))
+    start = raw[0] if raw[0] >= 0 else simplify_dim(sympy.sympify(d) + raw[0])
+    return start, step, len(raw)
+
+
+@converts("Gather")
+def _gather(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    x, idx = need(ins, 0), need(ins, 1)
+    axis = norm_axis(int(ctx.attr("axis", 0)), x.type.rank)
+    d = x.type.shape[axis]
+    if idx.numeric is not None and isinstance(d, int):
+        if idx.numeric.size and (idx.numeric.min() < -d or idx.numeric.max() >= d):
+            raise Unsupported(f"indices {idx.numeric.ravel().tolist()[:8]} out of range for a dim of {d}")
+        if x.data is not None:
+            flat = np.where(idx.numeric < 0, idx.numeric + d, idx.numeric).astype(np.int64)
+            return [known(np.take(x.data, flat, axis=axis), x.type.dtype)]
+    run = _arithmetic_run(ctx, idx, d) if idx.numeric is not None and idx.type.rank <= 1 else None
+    if run is not None:  # an arithmetic run of known indices is a slice (a select when the index is a scalar)
+        start, step, count = run
+        y = slice_axis(ctx, x, axis, start, step, count)
+        if idx.type.rank == 0:
+            shape0 = x.type.shape[:axis] + x.type.shape[axis + 1 :]
+            y = OVal(TensorType(x.type.dtype, shape0), ctx.reshape(ctx.tensor(y), shape0))
+        return [y]
+    shape = x.type.shape[:axis] + idx.type.shape + x.type.shape[axis + 1 :]
+    i = _indices(ctx, idx, d)
+    return [ctx.out(K.TAKE, (ctx.tensor(x), i), TensorType(x.type.dtype, shape), AxisAttrs(axis))]
+
+
+@converts("GatherElements")
+def _gather_elements(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    x, idx = need(ins, 0), need(ins, 1)
+    axis = norm_axis(int(ctx.attr("axis", 0)), x.type.rank)
+    i = _indices(ctx, idx, x.type.shape[axis])
+    return [ctx.out(K.GATHER, (ctx.tensor(x), i), TensorType(x.type.dtype, idx.type.shape), AxisAttrs(axis))]
+
+
+# --------------------------------------------------------------------------- expand, tile, pad
+
+
+@converts("Expand")
+def _expand(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    x = need(ins, 0)
+    want = ctx.const_ints(need(ins, 1), "shape")
+    shape = ctx.broadcast_shapes(x.type.shape, want)
+    if x.data is not None and all(isinstance(d, int) for d in shape):
+        return [known(np.broadcast_to(x.data, [int(d) for d in shape]).copy(), x.type.dtype)]
+    if shape == x.type.shape:
+        return [x]
+    return [ctx.out(K.EXPAND, (ctx.tensor(x),), TensorType(x.type.dtype, shape))]
+
+
+@converts("Tile")
+def _tile(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    x = need(ins, 0)
+    reps = ctx.const_ints(need(ins, 1), "repeats")
+    if len(reps) != x.type.rank:
+        raise Unsupported(f"{len(reps)} repeats for rank {x.type.rank}")
+    if all(r == 1 for r in reps):
+        return [x]
+    inter = tuple(d for s in x.type.shape for d in (1, s))
+    expanded = tuple(d for r, s in zip(reps, x.type.shape) for d in (r, s))
+    y = ctx.reshape(ctx.tensor(x), inter)
+    y = ctx.emit(K.EXPAND, (y,), TensorType(x.type.dtype, expanded))
+    out = tuple(simplify_dim(sympy.sympify(r) * s) for r, s in zip(reps, x.type.shape))
+    return [OVal(TensorType(x.type.dtype, out), ctx.reshape(y, out))]
+
+
+def _positive(p: IRDim) -> IRDim:
+    return 0 if isinstance(p, int) and p < 0 else p
+
+
+@converts("Pad")
+def _pad(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    x = need(ins, 0)
+    rank = x.type.rank
+    pads = ctx.const_ints(need(ins, 1), "pads")
+    axes_v = arg(ins, 3)
+    axes = [norm_axis(a, rank) for a in ctx.const_int_list(axes_v, "axes")] if axes_v is not None else list(range(rank))
+    if len(pads) != 2 * len(axes):
+        raise Unsupported(f"{len(pads)} pads for {len(axes)} axes")
+    mode = ctx.attr("mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    value_v = arg(ins, 2)
+    value = 0.0 if value_v is None else float(ctx.const_scalar(value_v, "constant_value"))
+    per_axis: dict[int, tuple[IRDim, IRDim]] = {a: (pads[k], pads[k + len(axes)]) for k, a in enumerate(axes)}
+    y = x
+    # negative pads crop the axis first
+    for a, (lo, hi) in per_axis.items():
+        lo_c = -lo if isinstance(lo, int) and lo < 0 else 0
+        hi_c = -hi if isinstance(hi, int) and hi < 0 else 0
+        if lo_c or hi_c:
+            d = y.type.shape[a]
+            y = slice_axis(ctx, y, a, lo_c, 1, simplify_dim(sympy.sympify(d) - lo_c - hi_c))
+    grow = {a: (_positive(lo), _positive(hi)) for a, (lo, hi) in per_axis.items()}
+    grow = {a: p for a, p in grow.items() if p != (0, 0)}
+    if not grow:
+        return [y]
+    if mode == "constant":
+        full = tuple(grow.get(a, (0, 0)) for a in range(rank))
+        shape = tuple(simplify_dim(sympy.sympify(d) + full[a][0] + full[a][1]) for a, d in enumerate(y.type.shape))
+        return [ctx.out(K.PAD, (ctx.tensor(y),), TensorType(y.type.dtype, shape), PadAttrs(full, value))]
+    if mode not in ("edge", "reflect", "wrap"):
+        raise Unsupported(f"mode {mode!r}")
+    for a, (lo, hi) in grow.items():
+        d = y.type.shape[a]
+        if not (isinstance(d, int) and isinstance(lo, int) and isinstance(hi, int)):
+            raise Unsupported(f"{mode} padding of a dynamic axis")
+        src = np.arange(-lo, d + hi)
+        if mode == "edge":
+            idx = np.clip(src, 0, d - 1)
+        elif mode == "wrap":
+            idx = np.mod(src, d)
+        else:
+            if lo >= d or hi >= d:
+                raise Unsupported(f"reflect padding by {max(lo, hi)} on an axis of size {d}")
+            idx = (d - 1) - np.abs((d - 1) - np.abs(src))
+        grown = list(y.type.shape)
+        grown[a] = len(idx)
+        y = ctx.out(
+            K.TAKE,
+            (ctx.tensor(y), ctx.tensor(known(idx.astype(np.int64)))),
+            TensorType(y.type.dtype, tuple(grown)),
+            AxisAttrs(a),
+        )
+    return [y]
+
+
+@converts("Trilu")
+def _trilu(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    x = need(ins, 0)
+    if x.type.rank < 2:
+        raise Unsupported("Trilu of a tensor with rank < 2")
+    kv = arg(ins, 1)
+    upper = int(ctx.attr("upper", 1))
+    rows, cols = x.type.shape[-2], x.type.shape[-1]
+    i = ctx.emit(K.ARANGE, (), TensorType(DType.INT64, (rows,)), ArangeAttrs(0, 1))
+    i = ctx.reshape(i, (rows, 1))
+    j = ctx.emit(K.ARANGE, (), TensorType(DType.INT64, (cols,)), ArangeAttrs(0, 1))
+    diff = ctx.emit(K.SUB, (j, i), TensorType(DType.INT64, (rows, cols)))
+    if kv is None:
+        kk = ctx.const(0, DType.INT64)
+    elif kv.data is not None:
+        k = ctx.const_ints(kv, "k")[0]
+        kk = ctx.const(k if isinstance(k, int) else sympy.sympify(k), DType.INT64)
+    else:  # a run-time diagonal only moves the mask
+        kk = ctx.reshape(ctx.cast(ctx.tensor(kv), DType.INT64), ())
+    keep = ctx.emit(K.GE if upper else K.LE, (diff, kk), TensorType(DType.BOOL, (rows, cols)))
+    zero = ctx.const(0, x.type.dtype)
+    return [ctx.out(K.WHERE, (keep, ctx.tensor(x), zero), x.type)]

@@ -1,0 +1,352 @@
+"""The ONNX front end: samples exported both ways against torch eager and the torch path, symbolic
+shape chains, dims and ranges, external data, errors, the CLI, and the ONNX backend node tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+import bladepack
+from bladepack import Dim
+from bladepack.errors import ShapeGuardError, UnsupportedOpsError
+from bladepack.ir import OpKind
+from bladepack.onnx_import import import_onnx
+from samples.onnx_export import EXPORTERS, export_onnx
+from samples.registry import SAMPLES
+from tests import onnx_node_suite
+from tests.helpers import as_tuple, rel_err
+
+TOL = 1e-5
+
+
+# ------------------------------------------------------------------------------------------ samples
+
+
+def _kernels(art: bladepack.api.Artifact) -> int:
+    return len(art.plan.kernels)
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_sample_onnx_matches_torch(name: str, exporter: str, tmp_path: Path) -> None:
+    """The ONNX export (dynamic axes) gives torch's outputs at every test shape, and with the ranges the
+    torch path found, an artifact with the same number of fused kernels."""
+    s = SAMPLES[name]
+    torch.manual_seed(0)
+    model = s.build()
+    torch_art = bladepack.optimize(model, s.export_samples(), s.dynamic_shapes)
+    sig = bladepack.load(torch_art.to_bytes()).signature
+    ranges = {x.name: (x.min, x.max) for x in sig.symbols}
+    axes = {t.name: {k: d for k, d in enumerate(t.shape) if isinstance(d, str) and d in ranges} for t in sig.inputs}
+    path = tmp_path / f"{name}.onnx"
+    path.write_bytes(export_onnx(model, s.export_samples()[0], axes, exporter))
+    dyn = {i: {k: Dim(d, *ranges[d]) for k, d in a.items()} for i, a in axes.items() if a}
+    art = bladepack.optimize(str(path), dynamic_shapes=dyn)
+    assert _kernels(art) == _kernels(torch_art), (art.plan.fusion_text, torch_art.plan.fusion_text)
+    loaded = bladepack.load(art.to_bytes())
+    g = torch.Generator().manual_seed(3)
+    for case in s.test_cases():
+        args = s.make_inputs(g, **case)
+        with torch.no_grad():
+            ref = as_tuple(model(*args))
+        out = as_tuple(loaded(*[a.numpy() for a in args]))
+        assert len(out) == len(ref)
+        for o, r in zip(out, ref):
+            assert rel_err(o, r.numpy()) <= TOL, (name, exporter, case)
+
+
+def test_llama_dynamo_export_with_default_ranges(tmp_path: Path) -> None:
+    """No dynamic_shapes: the exporter's own symbols (past_k and past_v get different ones) with ranges
+    [1, unbounded). The model unifies the two cache lengths (checked at run time); the rotary table's
+    slice keeps its clamped length as an expression; the outputs still match at every test shape."""
+    s = SAMPLES["llama"]
+    torch.manual_seed(0)
+    model = s.build()
+    axes = {"x": {0: "batch"}, "past_k": {0: "batch", 2: "past"}, "past_v": {0: "batch", 2: "past"}}
+    path = tmp_path / "llama.onnx"
+    path.write_bytes(export_onnx(model, s.export_samples()[0], axes, "dynamo"))
+    loaded = bladepack.load(bladepack.optimize(str(path)).to_bytes())
+    assert all(x.max is None for x in loaded.signature.symbols)
+    g = torch.Generator().manual_seed(5)
+    for case in s.test_cases():
+        args = s.make_inputs(g, **case)
+        with torch.no_grad():
+            ref = as_tuple(model(*args))
+        for o, r in zip(as_tuple(loaded(*[a.numpy() for a in args])), ref):
+            assert rel_err(o, r.numpy()) <= TOL, case
+    x, pk, pv = (a.numpy() for a in s.make_inputs(g, batch=2, past=5))
+    with pytest.raises(ShapeGuardError):
+        loaded(x, pk, pv[:, :, :4])
+
+
+# ------------------------------------------------------------------------------------------ model building
+
+
+def _vi(name: str, elem: int, shape: list[Any]) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def _model(
+    nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto], outputs: list[str], inits: Any = (), opset: int = 17
+) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", inputs, [_vi(o, TensorProto.UNDEFINED, None) for o in outputs], list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _const(name: str, values: Any) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(values, dtype=np.int64), name)
+
+
+def test_shape_chain_folds_to_one_reshape() -> None:
+    """x[b, s, 64] → Shape → Gather(0), Gather(1) → Unsqueeze → Concat(b, s, 4, 16) → Reshape → Transpose:
+    the chain leaves no tensor op behind; the reshape's type holds the input symbols."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shp"]),
+        helper.make_node("Gather", ["shp", "i0"], ["b"], axis=0),
+        helper.make_node("Gather", ["shp", "i1"], ["s"], axis=0),
+        helper.make_node("Unsqueeze", ["b", "ax0"], ["bu"]),
+        helper.make_node("Unsqueeze", ["s", "ax0"], ["su"]),
+        helper.make_node("Div", ["c64", "c4"], ["per_head"]),
+        helper.make_node("Unsqueeze", ["per_head", "ax0"], ["pu"]),
+        helper.make_node("Concat", ["bu", "su", "c4u", "pu"], ["new_shape"], axis=0),
+        helper.make_node("Reshape", ["x", "new_shape"], ["r"]),
+        helper.make_node("Transpose", ["r"], ["y"], perm=[0, 2, 1, 3]),
+    ]
+    inits = [
+        _const("i0", 0),
+        _const("i1", 1),
+        _const("ax0", [0]),
+        _const("c64", 64),
+        _const("c4", 4),
+        _const("c4u", [4]),
+    ]
+    m = _model(nodes, [_vi("x", TensorProto.FLOAT, ["batch", "seq", 64])], ["y"], inits)
+    p = import_onnx(m)
+    ops = [n.op for n in p.graph.nodes]
+    assert ops == [OpKind.RESHAPE, OpKind.PERMUTE], ops
+    assert str(p.graph.nodes[0].type) == "f32[batch, seq, 4, 16]"
+    loaded = bladepack.load(bladepack.optimize(m).to_bytes())
+    for b, s in [(1, 1), (3, 7), (2, 33)]:
+        x = np.random.default_rng(0).standard_normal((b, s, 64), dtype=np.float32)
+        np.testing.assert_array_equal(loaded(x), x.reshape(b, s, 4, 16).transpose(0, 2, 1, 3))
+
+
+def test_expand_range_constant_of_shape_from_symbols() -> None:
+    """ConstantOfShape(Shape(x)), Range(0, Size) and Expand to a computed shape, all sized by symbols."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shp"]),
+        helper.make_node(
+            "ConstantOfShape", ["shp"], ["ones"], value=numpy_helper.from_array(np.array([1.0], np.float32))
+        ),
+        helper.make_node("Gather", ["shp", "i1"], ["n"], axis=0),
+        helper.make_node("Range", ["zero", "n", "one"], ["pos"]),
+        helper.make_node("Cast", ["pos"], ["posf"], to=TensorProto.FLOAT),
+        helper.make_node("Expand", ["posf", "shp"], ["grid"]),
+        helper.make_node("Add", ["grid", "ones"], ["g1"]),
+        helper.make_node("Mul", ["g1", "x"], ["y"]),
+    ]
+    inits = [_const("i1", 1), _const("zero", 0), _const("one", 1)]
+    m = _model(nodes, [_vi("x", TensorProto.FLOAT, ["b", "n"])], ["y"], inits)
+    loaded = bladepack.load(bladepack.optimize(m).to_bytes())
+    for b, n in [(1, 1), (2, 5), (4, 31)]:
+        x = np.random.default_rng(1).standard_normal((b, n), dtype=np.float32)
+        np.testing.assert_allclose(loaded(x), (np.arange(n, dtype=np.float32) + 1) * x, rtol=1e-6)
+
+
+@pytest.mark.parametrize("executor", ["native", "reference"])
+def test_integer_division_truncates_and_never_traps(executor: str) -> None:
+    """ONNX integer Div truncates toward zero; x / 0 gives 0 and INT_MIN / -1 wraps (no SIGFPE)."""
+    m = _model(
+        [helper.make_node("Div", ["a", "b"], ["y"])],
+        [_vi("a", TensorProto.INT32, ["n"]), _vi("b", TensorProto.INT32, ["n"])],
+        ["y"],
+    )
+    loaded = bladepack.load(bladepack.optimize(m).to_bytes(), executor=executor)
+    lo = np.iinfo(np.int32).min
+    a = np.array([7, -7, 7, -7, 5, lo, 0], np.int32)
+    b = np.array([2, 2, -2, -2, 0, -1, 3], np.int32)
+    np.testing.assert_array_equal(loaded(a, b), np.array([3, -3, -3, 3, 0, lo, 0], np.int32))
+
+
+def test_unsupported_ops_listed_at_once() -> None:
+    nodes = [
+        helper.make_node("NonZero", ["x"], ["nz"], name="find"),
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("TopK", ["r", "k"], ["v", "i"], name="top"),
+        helper.make_node("FusedMatMul", ["x", "x"], ["f"], name="ms", domain="com.microsoft"),
+    ]
+    m = _model(nodes, [_vi("x", TensorProto.FLOAT, [4, 4])], ["nz", "v", "f"], [_const("k", [2])])
+    m.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    with pytest.raises(UnsupportedOpsError) as info:
+        bladepack.optimize(m)
+    text = str(info.value)
+    for part in (
+        "NonZero (opset 17)",
+        "node 'find'",
+        "TopK (opset 17)",
+        "node 'top'",
+        "com.microsoft.FusedMatMul",
+        "node 'ms'",
+    ):
+        assert part in text, text
+
+
+def test_bad_attribute_and_dtype_are_named() -> None:
+    m = _model(
+        [helper.make_node("Gelu", ["x"], ["y"], approximate="cubic", name="g")],
+        [_vi("x", TensorProto.FLOAT, ["n"])],
+        ["y"],
+        opset=20,
+    )
+    with pytest.raises(UnsupportedOpsError, match=r"Gelu \(opset 20\): approximate='cubic'.*node 'g'"):
+        bladepack.optimize(m)
+    m16 = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", TensorProto.FLOAT16, ["n"])], ["y"])
+    with pytest.raises(UnsupportedOpsError, match="input 'x': element type FLOAT16"):
+        bladepack.optimize(m16)
+
+
+def test_dims_ranges_and_guards() -> None:
+    """dim_param names are symbols; unnamed dims get fresh ones; Dim names and bounds them; the same
+    name is one symbol; dims the model equates are unified and checked at run time."""
+    nodes = [helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    a = _vi("a", TensorProto.FLOAT, ["N", 8])
+    b = helper.make_tensor_value_info("b", TensorProto.FLOAT, [None, 8])  # an unnamed dynamic dim
+    m = _model(nodes, [a, b], ["y"])
+    p = import_onnx(m)
+    assert [str(x.type) for x in p.graph.inputs] == ["f32[N, 8]", "f32[b_0, 8]"]
+    art = bladepack.optimize(m, dynamic_shapes={"a": {0: Dim("rows", 1, 16)}})
+    loaded = bladepack.load(art.to_bytes())
+    assert {(s.name, s.min, s.max) for s in loaded.signature.symbols} == {("rows", 1, 16)}
+    x = np.ones((5, 8), np.float32)
+    np.testing.assert_array_equal(loaded(x, x), 2 * x)
+    with pytest.raises(ShapeGuardError, match="rows"):
+        loaded(np.ones((17, 8), np.float32), np.ones((17, 8), np.float32))
+    with pytest.raises(ShapeGuardError):
+        loaded(np.ones((5, 8), np.float32), np.ones((1, 8), np.float32))
+    with pytest.raises(ValueError, match="static"):
+        bladepack.optimize(m, dynamic_shapes={"a": {1: Dim("k")}})
+    with pytest.raises(ValueError, match="not inputs of the model"):
+        bladepack.optimize(m, dynamic_shapes={"z": {0: Dim("k")}})
+    with pytest.raises(ValueError, match="outside"):
+        bladepack.optimize(
+            m, sample_inputs=(np.ones((20, 8), np.float32),) * 2, dynamic_shapes={"a": {0: Dim("rows", 1, 16)}}
+        )
+    bladepack.optimize(m, sample_inputs=[(np.ones((3, 8), np.float32),) * 2])
+
+
+def test_external_data_and_in_memory_model(tmp_path: Path) -> None:
+    w = np.random.default_rng(2).standard_normal((64, 32), dtype=np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+    m = _model(nodes, [_vi("x", TensorProto.FLOAT, ["n", 64])], ["y"], [numpy_helper.from_array(w, "w")])
+    path = tmp_path / "ext.onnx"
+    onnx.save(
+        m, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location="ext.data", size_threshold=0
+    )
+    assert (tmp_path / "ext.data").stat().st_size == w.nbytes
+    loaded = bladepack.load(bladepack.optimize(path).to_bytes())
+    x = np.random.default_rng(3).standard_normal((3, 64), dtype=np.float32)
+    np.testing.assert_allclose(loaded(x), x @ w, rtol=1e-5, atol=1e-5)
+    unloaded = onnx.load(str(path), load_external_data=False)
+    with pytest.raises(UnsupportedOpsError, match="external file; pass the model's path"):
+        bladepack.optimize(unloaded)
+    with pytest.raises(FileNotFoundError):
+        bladepack.optimize(tmp_path / "missing.onnx")
+
+
+def test_old_opset_is_upgraded() -> None:
+    m = _model(
+        [helper.make_node("Unsqueeze", ["x"], ["y"], axes=[0])], [_vi("x", TensorProto.FLOAT, ["n"])], ["y"], opset=11
+    )
+    loaded = bladepack.load(bladepack.optimize(m).to_bytes())
+    assert loaded(np.arange(3, dtype=np.float32)).shape == (1, 3)
+
+
+def test_cli_optimize(tmp_path: Path) -> None:
+    from bladepack.cli import main
+
+    nodes = [helper.make_node("Softmax", ["x"], ["y"], axis=-1)]
+    path = tmp_path / "m.onnx"
+    onnx.save(_model(nodes, [_vi("x", TensorProto.FLOAT, ["rows", "cols"])], ["y"]), str(path))
+    out = tmp_path / "m.bpk"
+    assert main(["optimize", str(path), "-o", str(out), "--dim", "x:0=batch:1:64"]) == 0
+    loaded = bladepack.load(out)
+    assert {s.name: (s.min, s.max) for s in loaded.signature.symbols} == {"batch": (1, 64), "cols": (1, None)}
+    x = np.random.default_rng(4).standard_normal((3, 5), dtype=np.float32)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(loaded(x), e / e.sum(-1, keepdims=True), rtol=1e-6)
+    assert main(["optimize", str(tmp_path / "missing.onnx"), "-o", str(out)]) == 1
+
+
+# ------------------------------------------------------------------------------------------ node tests
+
+
+def test_onnx_node_tests_reference_executor() -> None:
+    """Every in-scope node test (and the constant-operand variant of those whose shape operands are
+    graph inputs) through the front end, the pipeline and the plan, on the reference executor so that
+    no kernel library is compiled: none may fail; unsupported ones name their reason."""
+    import os
+
+    old = os.environ.get("BLADEPACK_NATIVE")
+    os.environ["BLADEPACK_NATIVE"] = "0"
+    try:
+        cases = [c for c in onnx_node_suite.node_cases() if onnx_node_suite.in_scope(c)]
+        outcomes, variants = onnx_node_suite.run_all(cases, "reference")
+    finally:
+        if old is None:
+            del os.environ["BLADEPACK_NATIVE"]
+        else:
+            os.environ["BLADEPACK_NATIVE"] = old
+    fails = [f"{o.name}: {o.detail}" for o in [*outcomes, *variants] if o.status == "fail"]
+    assert not fails, "\n".join(fails)
+    assert sum(o.status == "pass" for o in outcomes) >= 690
+    assert sum(o.status == "pass" for o in variants) >= 180
+    assert all(o.detail for o in [*outcomes, *variants] if o.status == "unsupported")
+
+
+# A spread of node tests run on the generated kernels in CI (the whole set: tests.onnx_node_suite, slow).
+NATIVE_SAMPLE = (
+    "test_add_bcast",
+    "test_argmax_negative_axis_keepdims_random_select_last_index",
+    "test_averagepool_2d_pads_count_include_pad",
+    "test_batchnorm_epsilon",
+    "test_clip_default_inbounds",
+    "test_conv_with_autopad_same",
+    "test_cumsum_1d_reverse_exclusive",
+    "test_div_int8",
+    "test_edge_pad",
+    "test_gather_elements_negative_indices",
+    "test_gemm_all_attributes",
+    "test_layer_normalization_4d_axis_negative_2",
+    "test_matmul_1d_3d",
+    "test_maxpool_2d_ceil_output_size_reduce_by_one",
+    "test_mod_mixed_sign_int32",
+    "test_reflect_pad",
+    "test_slice_neg_steps",
+    "test_softmax_axis_1",
+    "test_triu_neg",
+    "test_div_int32_trunc",
+    "test_where_long_example",
+)
+
+
+@pytest.mark.parametrize("name", NATIVE_SAMPLE)
+def test_onnx_node_tests_native_sample(name: str) -> None:
+    case = next(c for c in onnx_node_suite.node_cases() if c.name == name)
+    o = onnx_node_suite.run_case(case, "native")
+    if o.status == "unsupported" and onnx_node_suite.DATA_DEPENDENT in o.detail:
+        o = onnx_node_suite.run_case(onnx_node_suite.frozen(case), "native")
+    assert o.status == "pass", o.detail
+
+
+@pytest.mark.exhaustive
+def test_onnx_node_tests_native_all() -> None:
+    cases = [c for c in onnx_node_suite.node_cases() if onnx_node_suite.in_scope(c)]
+    outcomes, variants = onnx_node_suite.run_all(cases, "native")
+    fails = [o for o in [*outcomes, *variants] if o.status == "fail"]
+    assert not fails, "\n".join(f"{o.name}: {o.detail}" for o in fails)
