@@ -96,6 +96,15 @@ def frozen(case: Any) -> Any | None:
     return dataclasses.replace(case, name=f"{case.name} (constant operands)", model=model, data_sets=data)
 
 
+def _array(x: Any) -> Any:
+    """Test data as numpy: arrays and scalars as they are, TensorProtos decoded; others unchanged."""
+    from onnx import TensorProto, numpy_helper
+
+    if isinstance(x, TensorProto):
+        return numpy_helper.to_array(x)
+    return np.asarray(x) if isinstance(x, (np.ndarray, np.generic)) else x
+
+
 def run_case(case: Any, executor: str) -> Outcome:
     from onnx.backend.test.runner import Runner
 
@@ -110,9 +119,9 @@ def run_case(case: Any, executor: str) -> Outcome:
     except Exception as e:
         return Outcome(case.name, ops, "fail", f"prepare: {type(e).__name__}: {e}"[:400])
     for inputs, expected in case.data_sets:
-        if not all(isinstance(x, (np.ndarray, np.generic)) for x in inputs):
+        inputs, expected = [_array(x) for x in inputs], [_array(x) for x in expected]
+        if not all(isinstance(x, np.ndarray) for x in inputs):
             return Outcome(case.name, ops, "unsupported", "non-tensor inputs")
-        inputs = [np.asarray(x) for x in inputs]
         try:
             outputs = rep.run(inputs)
             Runner.assert_similar_outputs(expected, outputs, case.rtol, case.atol, case.name)

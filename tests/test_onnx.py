@@ -304,8 +304,8 @@ def test_onnx_node_tests_reference_executor() -> None:
             os.environ["BLADEPACK_NATIVE"] = old
     fails = [f"{o.name}: {o.detail}" for o in [*outcomes, *variants] if o.status == "fail"]
     assert not fails, "\n".join(fails)
-    assert sum(o.status == "pass" for o in outcomes) >= 690
-    assert sum(o.status == "pass" for o in variants) >= 180
+    assert sum(o.status == "pass" for o in outcomes) >= 698
+    assert sum(o.status == "pass" for o in variants) >= 181
     assert all(o.detail for o in [*outcomes, *variants] if o.status == "unsupported")
 
 

@@ -3,7 +3,7 @@
 In: an op name, its input arrays, its attributes (symbolic ones already resolved to ints) and the
 result's shape and dtype. Out: the result array. This is the oracle that generated kernels are
 checked against, so clarity and accuracy beat speed: transcendental functions that numpy lacks
-(erf) are computed in float64.
+(erf) are computed in float64, and float16 values in float32.
 """
 
 from __future__ import annotations
@@ -422,3 +422,23 @@ def _avg_pool(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int,
     mask = _pad_hw(ones, (0, 0) if attrs["count_include_pad"] else p, k, s, (1, 1), shape[2:], 0.0)
     count = _windows(mask, k, s, (1, 1), shape[2:]).sum(axis=(-2, -1))
     return (total / count).astype(dt)
+
+
+# --------------------------------------------------------------------------- float16
+
+
+def _in_float32(impl: Impl) -> Impl:
+    """float16 operands and results are computed in float32 and rounded once at the end (what real
+    backends do: a float16 matmul or sum accumulates in float32)."""
+
+    def wrapped(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+        if dt != np.float16 and all(x.dtype != np.float16 for x in xs):
+            return impl(xs, attrs, shape, dt)
+        up = [x.astype(np.float32) if x.dtype == np.float16 else x for x in xs]
+        out = impl(up, attrs, shape, np.dtype(np.float32) if dt == np.float16 else dt)
+        return np.asarray(out).astype(dt, copy=False)
+
+    return wrapped
+
+
+OPS.update({_name: _in_float32(_impl) for _name, _impl in OPS.items()})
