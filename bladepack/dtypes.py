@@ -36,6 +36,16 @@ class DType(str, Enum):
         """Short name used by the IR printer (f32, i64, ...)."""
         return _SHORT[self]
 
+    def scalar(self, value: bool | int | float) -> bool | int | float:
+        """`value` as the Python scalar of this dtype; ValueError for a fractional value of an integer dtype."""
+        if self is DType.BOOL:
+            return bool(value)
+        if self.is_floating:
+            return float(value)
+        if isinstance(value, float) and not value.is_integer():
+            raise ValueError(f"non-integer constant {value} for {self.value}")
+        return int(value)
+
     def to_numpy(self) -> np.dtype:
         """The numpy dtype; bfloat16 has none and raises a clear error."""
         if self is DType.BFLOAT16:

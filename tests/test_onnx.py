@@ -174,6 +174,65 @@ def test_integer_division_truncates_and_never_traps(executor: str) -> None:
     np.testing.assert_array_equal(loaded(a, b), np.array([3, -3, -3, 3, 0, lo, 0], np.int32))
 
 
+def _check_dynamic(m: onnx.ModelProto, shapes: list[list[tuple[int, ...]]]) -> None:
+    """bladepack (generated kernels) against onnx's reference implementation at each input-shape set."""
+    from onnx.reference import ReferenceEvaluator
+
+    loaded = bladepack.load(bladepack.optimize(m).to_bytes(), executor="native")
+    ref = ReferenceEvaluator(m)
+    rng = np.random.default_rng(6)
+    names = [i.name for i in m.graph.input]
+    for shape_set in shapes:
+        xs = [rng.standard_normal(sh).astype(np.float32) for sh in shape_set]
+        want = ref.run(None, dict(zip(names, xs)))
+        got = as_tuple(loaded(*xs))
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape, (shape_set, g.shape, w.shape)
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg=str(shape_set))
+
+
+def test_dynamic_windows_and_splits() -> None:
+    """Ceil-mode pools, SAME convolution padding and opset-18 even splits on dynamic sizes: their
+    result sizes are expressions the shape program evaluates, right at odd, even and tiny sizes."""
+    w = numpy_helper.from_array(np.random.default_rng(7).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    nodes = [
+        helper.make_node("MaxPool", ["x"], ["mp"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1),
+        helper.make_node("AveragePool", ["x"], ["ap"], kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1),
+        helper.make_node("Conv", ["x", "w"], ["cv"], strides=[2, 2], auto_pad="SAME_UPPER"),
+        helper.make_node("Split", ["x"], ["s0", "s1", "s2"], axis=3, num_outputs=3),
+    ]
+    m = _model(
+        nodes, [_vi("x", TensorProto.FLOAT, ["n", 3, "h", "w"])], ["mp", "ap", "cv", "s0", "s1", "s2"], [w], opset=18
+    )
+    _check_dynamic(m, [[(1, 3, h, w_)] for h, w_ in [(1, 1), (2, 3), (5, 4), (7, 8), (9, 10)]] + [[(2, 3, 6, 7)]])
+
+
+def test_symbolic_slices() -> None:
+    """Slice bounds computed from Shape (x[:, : s - 1], x[:, ::-1], x[:, -3:]) on a dynamic axis."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shp"]),
+        helper.make_node("Gather", ["shp", "one"], ["s"], axis=0),
+        helper.make_node("Sub", ["s", "one"], ["s1"]),
+        helper.make_node("Unsqueeze", ["s1", "zero_ax"], ["end"]),
+        helper.make_node("Slice", ["x", "zero1", "end", "one1"], ["a"]),
+        helper.make_node("Slice", ["x", "minus1", "big_neg", "one1", "minus1"], ["b"]),
+        helper.make_node("Slice", ["x", "minus3", "big", "one1"], ["c"]),
+    ]
+    inits = [
+        _const("one", 1),
+        _const("zero_ax", [0]),
+        _const("zero1", [0]),
+        _const("one1", [1]),
+        _const("minus1", [-1]),
+        _const("minus3", [-3]),
+        _const("big", [2**62]),
+        _const("big_neg", [-(2**62)]),
+    ]
+    m = _model(nodes, [_vi("x", TensorProto.FLOAT, [2, "s"])], ["a", "b", "c"], inits)
+    _check_dynamic(m, [[(2, s)] for s in (1, 2, 3, 4, 9)])
+
+
 def test_unsupported_ops_listed_at_once() -> None:
     nodes = [
         helper.make_node("NonZero", ["x"], ["nz"], name="find"),

@@ -121,14 +121,10 @@ class Ctx:
         return self.b.add(op, tuple(inputs), t if t is not None else self.out_type(), attrs, self.loc)
 
     def const(self, value: bool | int | float, dtype: DType) -> Value:
-        if dtype is DType.BOOL:
-            value = bool(value)
-        elif not dtype.is_floating:
-            if isinstance(value, float) and not value.is_integer():
-                raise Unsupported(f"non-integer constant {value} for {dtype.value}")
-            value = int(value)
-        else:
-            value = float(value)
+        try:
+            value = dtype.scalar(value)
+        except ValueError as e:
+            raise Unsupported(str(e)) from None
         return self.emit(OpKind.CONSTANT, (), TensorType(dtype, ()), ConstantAttrs(value))
 
     def cast(self, v: Value, dtype: DType) -> Value:

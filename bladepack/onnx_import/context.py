@@ -201,12 +201,10 @@ class OnnxCtx:
     def const(self, value: bool | int | float | sympy.Expr, dtype: DType) -> int:
         if isinstance(value, sympy.Expr):
             return self.emit(OpKind.CONSTANT, (), TensorType(dtype, ()), ConstantAttrs(simplify_dim(value)))
-        if dtype is DType.BOOL:
-            value = bool(value)
-        elif dtype.is_floating:
-            value = float(value)
-        else:
-            value = int(value)
+        try:
+            value = dtype.scalar(value)
+        except ValueError as e:
+            raise Unsupported(str(e)) from None
         return self.emit(OpKind.CONSTANT, (), TensorType(dtype, ()), ConstantAttrs(value))
 
     def cast(self, v: int, dtype: DType) -> int:

@@ -165,10 +165,10 @@ def _out_size(d: IRDim, k: int, s: int, dl: int, lo: IRDim, hi: IRDim, ceil: boo
     if not ceil:
         return simplify_dim(sympy.floor(span / s) + 1)
     out = sympy.ceiling(span / s) + 1
-    if all(isinstance(v, int) for v in (d, lo)):  # the last window must start inside the input or left padding
-        out_i = int(out)
-        return out_i - 1 if (out_i - 1) * s >= int(d) + int(lo) else out_i
-    raise Unsupported("ceil_mode on a dynamic spatial size")
+    # The last window must start inside the input or the left padding: drop it when
+    # (out - 1) * s >= d + lo, written as an integer expression the shape program evaluates.
+    past = (out - 1) * s - (sympy.sympify(d) + lo)
+    return simplify_dim(out - sympy.Max(0, sympy.Min(1, past + 1)))
 
 
 def _explicit_pad(ctx: OnnxCtx, x: OVal, lo: list[IRDim], hi: list[IRDim], value: float) -> OVal:

@@ -291,9 +291,10 @@ def _split(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
             sizes = [min(chunk, max(d - k * chunk, 0)) for k in range(n)]
             if ctx.opset < 18 and d % n:
                 raise Unsupported(f"an even split of {d} into {n} parts")
+        elif ctx.opset >= 18:  # parts of ceil(d / n), the last ones smaller
+            chunk = sympy.ceiling(sympy.sympify(d) / n)
+            sizes = [simplify_dim(sympy.Min(chunk, sympy.Max(d - k * chunk, 0))) for k in range(n)]
         else:
-            if ctx.opset >= 18:
-                raise Unsupported(f"an even split of dynamic dim {d} (the part sizes would depend on it)")
             sizes = [simplify_dim(sympy.floor(sympy.sympify(d) / n))] * n
             ctx.assertions.append((sympy.Eq(sympy.Mod(d, n), 0), f"{ctx.loc}: dim {d} must split into {n} equal parts"))
     if len(sizes) != n_out:
