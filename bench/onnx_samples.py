@@ -1,0 +1,115 @@
+"""CPU benchmark of the ONNX front end: one .onnx file per sample, run by bladepack and by ONNX Runtime.
+
+In: the samples, each exported once to ONNX with its dynamic axes (torch's TorchScript exporter, opset
+17). Out: a markdown table (printed) and bench/results/onnx_samples.{json,md}: per shape the median
+latency of bladepack built from that .onnx file, of ONNX Runtime on the same file, and of bladepack
+built from the torch module (the two bladepack artifacts should be the same kernels), with geomean
+ratios. Measured like bench.cpu_samples: in one process, rotated rounds, best block median.
+
+    python -m bench.onnx_samples [--samples encoder,llama,cnn,mlp] [--repeat 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import bladepack
+from bench.cpu_samples import RESULTS, ROUNDS, Runner, _median_us, geomean
+from samples.onnx_export import export_onnx, sample_axes
+from samples.registry import SAMPLES
+
+
+def build(name: str) -> tuple[torch.nn.Module, dict[str, Runner], dict[str, int]]:
+    import onnxruntime as ort
+
+    s = SAMPLES[name]
+    torch.manual_seed(0)
+    model = s.build()
+    samples = s.export_samples()
+    path = Path(tempfile.mkdtemp()) / f"{name}.onnx"
+    path.write_bytes(export_onnx(model, samples[0], sample_axes(s.dynamic_shapes), "torchscript"))
+    from_onnx = bladepack.optimize(path, dynamic_shapes=s.dynamic_shapes)
+    from_torch = bladepack.optimize(model, samples, s.dynamic_shapes)
+    m_onnx, m_torch = bladepack.load(from_onnx.to_bytes()), bladepack.load(from_torch.to_bytes())
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = torch.get_num_threads()
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    runners: dict[str, Runner] = {
+        "bladepack (onnx)": lambda x: m_onnx(*[t.numpy() for t in x]),
+        "onnxruntime": lambda x: sess.run(None, {n: t.numpy() for n, t in zip(names, x)}),
+        "bladepack (torch)": lambda x: m_torch(*[t.numpy() for t in x]),
+    }
+    kernels = {"bladepack (onnx)": len(from_onnx.plan.kernels), "bladepack (torch)": len(from_torch.plan.kernels)}
+    return model, runners, kernels
+
+
+def run(names: list[str], repeat: int) -> dict[str, Any]:
+    report: dict[str, Any] = {
+        "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads()},
+        "samples": {},
+    }
+    for name in names:
+        s = SAMPLES[name]
+        _, runners, kernels = build(name)
+        g = torch.Generator().manual_seed(1)
+        rows = []
+        with torch.no_grad():
+            for dims in s.test_cases():
+                x = s.make_inputs(g, **dims)
+                row: dict[str, Any] = {"dims": dims}
+                order = list(runners)
+                for rnd in range(ROUNDS):
+                    for peer in order[rnd % len(order) :] + order[: rnd % len(order)]:
+                        t = _median_us(lambda fn=runners[peer]: fn(x), repeat)
+                        row[peer] = min(t, row.get(peer) or t)
+                rows.append(row)
+        report["samples"][name] = {"rows": rows, "kernels": kernels}
+    return report
+
+
+def markdown(report: dict[str, Any]) -> str:
+    out = [f"machine: {report['machine']}"]
+    for name, data in report["samples"].items():
+        rows = data["rows"]
+        out += [
+            f"\n### {name} (fused kernels: {data['kernels']})\n",
+            "| dims | bladepack (onnx) µs | onnxruntime µs (x) | bladepack (torch) µs (x) |",
+            "|---|---|---|---|",
+        ]
+        for r in rows:
+            b = r["bladepack (onnx)"]
+            ort_, tor = r["onnxruntime"], r["bladepack (torch)"]
+            out.append(f"| {r['dims']} | {b:.0f} | {ort_:.0f} ({ort_ / b:.2f}x) | {tor:.0f} ({tor / b:.2f}x) |")
+        vs_ort = geomean([r["onnxruntime"] / r["bladepack (onnx)"] for r in rows])
+        vs_torch = geomean([r["bladepack (torch)"] / r["bladepack (onnx)"] for r in rows])
+        data["geomean"] = {"vs onnxruntime": vs_ort, "vs bladepack (torch)": vs_torch}
+        out.append(
+            f"\ngeomean: bladepack from the .onnx is {vs_ort:.2f}x ONNX Runtime's speed on the same file; "
+            f"{vs_torch:.2f}x bladepack's from the torch module"
+        )
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--samples", default="encoder,llama,cnn,mlp")
+    ap.add_argument("--repeat", type=int, default=20)
+    args = ap.parse_args()
+    report = run(args.samples.split(","), args.repeat)
+    text = markdown(report)
+    print(text)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "onnx_samples.md").write_text("# bladepack from ONNX vs ONNX Runtime (CPU)\n\n" + text)
+    (RESULTS / "onnx_samples.json").write_text(json.dumps(report, indent=1, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
