@@ -318,6 +318,24 @@ def test_external_data_and_in_memory_model(tmp_path: Path) -> None:
         bladepack.optimize(tmp_path / "missing.onnx")
 
 
+def test_float16_weights_cast_at_load_fold_away() -> None:
+    """Weights stored as float16 and cast to float32 by the model fold into float32 weights; a float16
+    value that would reach a run-time op is refused by name."""
+    w = np.random.default_rng(8).standard_normal((16, 8)).astype(np.float16)
+    nodes = [
+        helper.make_node("Cast", ["w16"], ["w"], to=TensorProto.FLOAT),
+        helper.make_node("MatMul", ["x", "w"], ["y"]),
+    ]
+    m = _model(nodes, [_vi("x", TensorProto.FLOAT, ["n", 16])], ["y"], [numpy_helper.from_array(w, "w16")])
+    loaded = bladepack.load(bladepack.optimize(m).to_bytes())
+    x = np.random.default_rng(9).standard_normal((3, 16), dtype=np.float32)
+    np.testing.assert_allclose(loaded(x), x @ w.astype(np.float32), rtol=1e-5, atol=1e-5)
+    nodes = [helper.make_node("Where", ["c", "w16", "w16"], ["y"]), helper.make_node("Relu", ["w16"], ["z"])]
+    bad = _model(nodes, [_vi("c", TensorProto.BOOL, [16, 8])], ["y", "z"], [numpy_helper.from_array(w, "w16")])
+    with pytest.raises(UnsupportedOpsError, match=r"(?s)Where.*float16 constant used at run time.*output 'z'"):
+        bladepack.optimize(bad)
+
+
 def test_old_opset_is_upgraded() -> None:
     m = _model(
         [helper.make_node("Unsqueeze", ["x"], ["y"], axes=[0])], [_vi("x", TensorProto.FLOAT, ["n"])], ["y"], opset=11

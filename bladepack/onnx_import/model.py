@@ -242,22 +242,28 @@ def import_onnx(model: Any, sample_inputs: Any = None, dynamic_shapes: Any = Non
         values[spec.name] = OVal(spec.type, ctx.b.add_input(spec.name, spec.type))
     for t in m.graph.initializer:
         try:
-            dt = dtype_of(t.data_type)
+            dt = dtype_of(t.data_type, known_only=True)
             values[t.name] = known(numpy_helper.to_array(t), dt)
         except Unsupported as e:
             problems.append((f"initializer {t.name!r}: {e}", "initializers"))
     poisoned: set[str] = set()
     for index, node in enumerate(m.graph.node):
         _convert_node(ctx, node, index, values, poisoned, problems)
-    if problems:
-        raise UnsupportedOpsError(problems)
     outputs, names = [], []
     for o in m.graph.output:
         v = values.get(o.name)
+        if o.name in poisoned:
+            continue  # its producer is reported already
         if v is None:
-            raise UnsupportedOpsError([(f"output {o.name!r} is not produced by any node", "model outputs")])
-        outputs.append(ctx.tensor(v))
+            problems.append((f"output {o.name!r} is not produced by any node", "model outputs"))
+            continue
+        try:
+            outputs.append(ctx.tensor(v))
+        except Unsupported as e:
+            problems.append((f"output {o.name!r}: {e}", "model outputs"))
         names.append(o.name)
+    if problems:
+        raise UnsupportedOpsError(problems)
     graph = ctx.b.finish(tuple(outputs), tuple(names))
     structure = "single" if len(outputs) == 1 else "tuple"
     return Program(graph, env, dict(ctx.weight_data), structure, tuple(ctx.assertions))
