@@ -301,18 +301,11 @@ def _identity(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
         zero_ratio = ratio is not None and ratio.numeric is not None and float(ratio.numeric.ravel()[0]) == 0.0
         if training_on and not zero_ratio:  # training mode drops at random, unless the ratio is a constant 0
             raise Unsupported("random dropout (training mode with a ratio other than a constant 0)")
-        mask = known(np.ones(tuple(int(d) for d in x.type.shape), dtype=bool)) if x.type.is_static else None
-        if mask is None and len(ctx.node.output) > 1 and ctx.node.output[1]:
-            mask = OVal(
-                TensorType(DType.BOOL, x.type.shape),
-                ctx.emit(K.FULL, (), TensorType(DType.BOOL, x.type.shape), _full(True)),
-            )
+        mask = None  # all true, made only when the model reads it
+        if len(ctx.node.output) > 1 and ctx.node.output[1]:
+            mask = ctx.out(K.FULL, (), TensorType(DType.BOOL, x.type.shape), ConstantAttrs(True))
         return [x, mask]
     return [x]
-
-
-def _full(value: bool) -> ConstantAttrs:
-    return ConstantAttrs(value)
 
 
 @converts("Ceil")
@@ -353,7 +346,7 @@ def _isinf(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
     if neg:
         checks.append(ctx.emit(K.EQ, (v, ctx.const(float("-inf"), x.type.dtype)), b))
     if not checks:
-        return [OVal(b, ctx.emit(K.FULL, (), b, _full(False)))]
+        return [OVal(b, ctx.emit(K.FULL, (), b, ConstantAttrs(False)))]
     return [OVal(b, checks[0] if len(checks) == 1 else ctx.emit(K.LOGICAL_OR, tuple(checks), b))]
 
 
