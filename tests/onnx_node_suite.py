@@ -68,19 +68,25 @@ DATA_DEPENDENT = "computed from tensor data at run time"
 
 
 def frozen(case: Any) -> Any | None:
-    """`case` with its integer graph inputs and its scalar inputs (a pad value) made initializers
+    """`case` with its integer graph inputs and its scalar and short vector operands made initializers
     (values from its first data set; data sets that disagree on them are dropped); None when it has
-    no integer input."""
+    none."""
     from onnx import TensorProto, numpy_helper
 
     g = case.model.graph
     ints = [
         k for k, vi in enumerate(g.input) if vi.type.tensor_type.elem_type in (TensorProto.INT64, TensorProto.INT32)
     ]
+    first = case.data_sets[0][0]
+    # scalars (a pad value) and short float vectors (Resize's scales) are operands too
+    ints += [k for k, x in enumerate(first) if k not in ints and k > 0 and np.asarray(x).ndim == 0]
+    ints += [
+        k
+        for k, x in enumerate(first)
+        if k not in ints and k > 0 and np.asarray(x).ndim == 1 and np.asarray(x).size <= 8
+    ]
     if not ints:
         return None
-    first = case.data_sets[0][0]
-    ints += [k for k, x in enumerate(first) if k not in ints and np.asarray(x).ndim == 0]
     sets = [
         (ins, outs)
         for ins, outs in case.data_sets

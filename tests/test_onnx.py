@@ -193,18 +193,20 @@ def _check_dynamic(m: onnx.ModelProto, shapes: list[list[tuple[int, ...]]]) -> N
 
 
 def test_dynamic_windows_and_splits() -> None:
-    """Ceil-mode pools, SAME convolution padding and opset-18 even splits on dynamic sizes: their
-    result sizes are expressions the shape program evaluates, right at odd, even and tiny sizes."""
+    """Ceil-mode pools, SAME convolution padding, opset-18 even splits and nearest upsampling on dynamic
+    sizes: their result sizes are expressions the shape program evaluates, right at odd, even and tiny
+    sizes."""
     w = numpy_helper.from_array(np.random.default_rng(7).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
     nodes = [
         helper.make_node("MaxPool", ["x"], ["mp"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1),
         helper.make_node("AveragePool", ["x"], ["ap"], kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1),
         helper.make_node("Conv", ["x", "w"], ["cv"], strides=[2, 2], auto_pad="SAME_UPPER"),
         helper.make_node("Split", ["x"], ["s0", "s1", "s2"], axis=3, num_outputs=3),
+        helper.make_node("Resize", ["x", "", "up"], ["rs"], mode="nearest"),
     ]
-    m = _model(
-        nodes, [_vi("x", TensorProto.FLOAT, ["n", 3, "h", "w"])], ["mp", "ap", "cv", "s0", "s1", "s2"], [w], opset=18
-    )
+    up = numpy_helper.from_array(np.array([1, 1, 2, 3], np.float32), "up")
+    outs = ["mp", "ap", "cv", "s0", "s1", "s2", "rs"]
+    m = _model(nodes, [_vi("x", TensorProto.FLOAT, ["n", 3, "h", "w"])], outs, [w, up], opset=19)
     _check_dynamic(m, [[(1, 3, h, w_)] for h, w_ in [(1, 1), (2, 3), (5, 4), (7, 8), (9, 10)]] + [[(2, 3, 6, 7)]])
 
 
@@ -382,7 +384,7 @@ def test_onnx_node_tests_reference_executor() -> None:
     fails = [f"{o.name}: {o.detail}" for o in [*outcomes, *variants] if o.status == "fail"]
     assert not fails, "\n".join(fails)
     assert sum(o.status == "pass" for o in outcomes) >= 698
-    assert sum(o.status == "pass" for o in variants) >= 181
+    assert sum(o.status == "pass" for o in variants) >= 212
     assert all(o.detail for o in [*outcomes, *variants] if o.status == "unsupported")
 
 
@@ -404,6 +406,8 @@ NATIVE_SAMPLE = (
     "test_maxpool_2d_ceil_output_size_reduce_by_one",
     "test_mod_mixed_sign_int32",
     "test_reflect_pad",
+    "test_resize_upsample_scales_cubic_A_n0p5_exclude_outside",
+    "test_resize_upsample_sizes_nearest_ceil_half_pixel",
     "test_slice_neg_steps",
     "test_softmax_axis_1",
     "test_triu_neg",

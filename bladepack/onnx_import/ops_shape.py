@@ -553,3 +553,202 @@ def _trilu(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
     keep = ctx.emit(K.GE if upper else K.LE, (diff, kk), TensorType(DType.BOOL, (rows, cols)))
     zero = ctx.const(0, x.type.dtype)
     return [ctx.out(K.WHERE, (keep, ctx.tensor(x), zero), x.type)]
+
+
+# --------------------------------------------------------------------------- resize (nearest)
+
+
+def _text_attr(ctx: OnnxCtx, name: str, default: str) -> str:
+    v = ctx.attr(name, default)
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _nearest_indices(
+    ctx: OnnxCtx, dims: dict[int, int], rank: int, axis: int, resize_inputs: dict[str, Any]
+) -> np.ndarray:
+    """Source index of each output position along `axis`: onnx's reference Resize run on an index ramp
+    along that axis (a nearest resize is a gather, separable by axis), so every coordinate
+    transformation, rounding mode and aspect-ratio policy means exactly what the reference says.
+    `dims`: the resized axes' sizes (the probe is 1 elsewhere); `resize_inputs`: "scales" or "sizes"
+    over the probe's full rank."""
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    assert ctx.node is not None
+    keep = {
+        "mode",
+        "coordinate_transformation_mode",
+        "nearest_mode",
+        "exclude_outside",
+        "keep_aspect_ratio_policy",
+        "axes",
+    }
+    attrs = {a.name: helper.get_attribute_value(a) for a in ctx.node.attribute if a.name in keep}
+    inputs = ["x", "", "scales"] if "scales" in resize_inputs else ["x", "", "", "sizes"]
+    node = helper.make_node("Resize", inputs, ["y"], **attrs)
+    shape = [dims.get(k, 1) for k in range(rank)]
+    ramp = np.broadcast_to(
+        np.arange(shape[axis], dtype=np.float32).reshape([-1 if k == axis else 1 for k in range(rank)]), shape
+    )
+    feeds = {"x": np.ascontiguousarray(ramp), **resize_inputs}
+    (out,) = ReferenceEvaluator(node, opsets={"": max(ctx.opset, 19)}).run(None, feeds)
+    out = np.asarray(out)
+    return out[tuple(slice(None) if k == axis else 0 for k in range(rank))].astype(np.int64)
+
+
+_PROBE_LIMIT = 1 << 12
+
+
+@converts("Resize")
+def _resize(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    x = need(ins, 0)
+    rank = x.type.rank
+    mode = _text_attr(ctx, "mode", "nearest")
+    ctm = _text_attr(ctx, "coordinate_transformation_mode", "half_pixel")
+    rounding = _text_attr(ctx, "nearest_mode", "round_prefer_floor")
+    policy = _text_attr(ctx, "keep_aspect_ratio_policy", "stretch")
+    if mode not in ("nearest", "linear", "cubic"):
+        raise Unsupported(f"mode={mode!r}")
+    if mode != "nearest" and int(ctx.attr("antialias", 0)):
+        raise Unsupported(f"{mode} Resize with antialias=1")
+    if ctm == "tf_crop_and_resize":
+        raise Unsupported("coordinate_transformation_mode='tf_crop_and_resize'")
+    axes = [norm_axis(a, rank) for a in (ctx.ints("axes") or list(range(rank)))]
+    scales_v, sizes_v = arg(ins, 2), arg(ins, 3)
+    scales: dict[int, float] = {}
+    outs: dict[int, IRDim] = {}
+    probe_inputs: dict[str, Any] = {}
+    static = {a: x.type.shape[a] for a in axes if isinstance(x.type.shape[a], int)}
+    if sizes_v is not None and (sizes_v.data is None or sizes_v.data.size):
+        sizes = ctx.const_int_list(sizes_v, "sizes")
+        if len(static) != len(axes):
+            raise Unsupported("Resize to given sizes of a dynamic axis")
+        if policy != "stretch" and int(np.prod([static[a] for a in axes])) > _PROBE_LIMIT:
+            raise Unsupported(f"keep_aspect_ratio_policy={policy!r} on more than {_PROBE_LIMIT} positions")
+        probe_inputs["sizes"] = np.asarray(sizes, dtype=np.int64)
+        ratios = [s_ / static[a] for s_, a in zip(sizes, axes)]
+        if policy != "stretch":
+            common = min(ratios) if policy == "not_larger" else max(ratios)
+            sizes = [int(np.floor(common * static[a] + 0.5)) for a in axes]
+            ratios = [common] * len(axes)
+        for a, s_, r in zip(axes, sizes, ratios):
+            scales[a], outs[a] = r, s_
+    elif scales_v is not None:
+        if scales_v.numeric is None:
+            raise Unsupported(f"scales {DATA_DEPENDENT_NOTE}")
+        probe_inputs["scales"] = scales_v.numeric.astype(np.float32)
+        for a, s_ in zip(axes, scales_v.numeric.ravel().tolist()):
+            d = x.type.shape[a]
+            scales[a] = float(s_)
+            outs[a] = int(np.floor(d * float(s_))) if isinstance(d, int) else simplify_dim(sympy.sympify(d) * int(s_))
+    else:
+        raise Unsupported("Resize without scales or sizes")
+    y = x
+    for a in axes:
+        d, s, o = x.type.shape[a], scales[a], outs[a]
+        if s == 1.0 and o == d:
+            continue
+        if mode != "nearest":
+            if not isinstance(d, int):
+                raise Unsupported(f"{mode} Resize of dynamic axis {a}")
+            y = _weighted_taps(ctx, y, a, _interpolation_taps(ctx, mode, ctm, d, int(o), s))
+            continue
+        if isinstance(d, int):
+            if policy == "stretch":  # the axis alone: the other axes are 1 in the probe, and stay 1
+                probe_dims: dict[int, int] = {a: d}
+                inputs = {k: np.where(np.array(axes) == a, v, 1).astype(v.dtype) for k, v in probe_inputs.items()}
+            else:  # a kept aspect ratio depends on every resized axis
+                probe_dims, inputs = static, probe_inputs
+            idx = _nearest_indices(ctx, probe_dims, rank, a, inputs)
+            if len(idx) != o:
+                raise Unsupported(f"Resize along axis {a}: {len(idx)} positions for an output of {o}")
+            index = ctx.tensor(known(idx))
+        else:
+            exact = (
+                ctm in ("half_pixel", "pytorch_half_pixel") and rounding in ("round_prefer_floor", "round_prefer_ceil")
+            ) or (ctm == "asymmetric" and rounding == "floor")
+            if not (float(s).is_integer() and s >= 1 and exact):
+                raise Unsupported(
+                    f"nearest Resize of dynamic axis {a} by {s} with {ctm} / {rounding} "
+                    "(integer upscaling with half_pixel / pytorch_half_pixel rounding to nearest, or asymmetric floor)"
+                )
+            ramp = ctx.emit(K.ARANGE, (), TensorType(DType.INT64, (o,)), ArangeAttrs(0, 1))
+            index = ctx.emit(K.DIV, (ramp, ctx.const(int(s), DType.INT64)), TensorType(DType.INT64, (o,)))
+        shape = list(y.type.shape)
+        shape[a] = o
+        y = ctx.out(K.TAKE, (ctx.tensor(y), index), TensorType(y.type.dtype, tuple(shape)), AxisAttrs(a))
+    return [y]
+
+
+DATA_DEPENDENT_NOTE = "computed from tensor data at run time (it must be known at optimize time)"
+
+
+def _source_coordinate(ctm: str, i: int, d: int, o: int, scale: float) -> float:
+    """Where output position i of a resized axis samples the input (the ONNX Resize definition)."""
+    width = scale * d  # the real-valued output length the transformations use
+    if ctm == "align_corners":
+        return 0.0 if width == 1 else i * (d - 1) / (width - 1)
+    if ctm == "asymmetric":
+        return i / scale
+    if ctm == "pytorch_half_pixel":
+        return -0.5 if width == 1 else (i + 0.5) / scale - 0.5
+    if ctm == "half_pixel":
+        return (i + 0.5) / scale - 0.5
+    if ctm == "half_pixel_symmetric":
+        return d / 2 * (1 - o / width) + (i + 0.5) / scale - 0.5
+    raise Unsupported(f"coordinate_transformation_mode={ctm!r}")
+
+
+def _interpolation_taps(
+    ctx: OnnxCtx, mode: str, ctm: str, d: int, o: int, scale: float
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(source indices, weights) per tap for linear (2 taps) or cubic (4) interpolation along an axis
+    of d resized to o: the left tap is the pixel left of the source coordinate (a whole coordinate uses
+    ratio 1, as the reference does), outside indices read the edge, or drop out and the rest
+    renormalize with exclude_outside."""
+    a_coef = float(ctx.attr("cubic_coeff_a", -0.75))
+    exclude = bool(int(ctx.attr("exclude_outside", 0)))
+    n = 2 if mode == "linear" else 4
+    idx = np.zeros((n, o), dtype=np.int64)
+    w = np.zeros((n, o), dtype=np.float64)
+    for i in range(o):
+        x = _source_coordinate(ctm, i, d, o, scale)
+        left = int(np.ceil(x)) - 1
+        r = x - left  # in (0, 1]
+        if mode == "linear":
+            taps, coef = [left, left + 1], [1 - r, r]
+        else:
+            q = 1 - r
+            coef = [
+                ((a_coef * (r + 1) - 5 * a_coef) * (r + 1) + 8 * a_coef) * (r + 1) - 4 * a_coef,
+                ((a_coef + 2) * r - (a_coef + 3)) * r * r + 1,
+                ((a_coef + 2) * q - (a_coef + 3)) * q * q + 1,
+                ((a_coef * (q + 1) - 5 * a_coef) * (q + 1) + 8 * a_coef) * (q + 1) - 4 * a_coef,
+            ]
+            taps = [left - 1, left, left + 1, left + 2]
+        c = np.array(coef, dtype=np.float64)
+        if exclude:
+            c = np.where([0 <= t < d for t in taps], c, 0.0)
+            c = c / c.sum()
+        idx[:, i] = np.clip(taps, 0, d - 1)
+        w[:, i] = c
+    return [(idx[k], w[k]) for k in range(n)]
+
+
+def _weighted_taps(ctx: OnnxCtx, x: OVal, axis: int, taps: list[tuple[np.ndarray, np.ndarray]]) -> OVal:
+    """sum over taps of weight[o] * x[..., index[o], ...] along `axis`: gathers and a weighted sum, one
+    fused loop kernel."""
+    rank, dt = x.type.rank, x.type.dtype
+    o = len(taps[0][0])
+    shape = list(x.type.shape)
+    shape[axis] = o
+    t = TensorType(dt, tuple(shape))
+    w_shape = (o,) + (1,) * (rank - axis - 1)
+    acc: int | None = None
+    for index, weight in taps:
+        g = ctx.emit(K.TAKE, (ctx.tensor(x), ctx.tensor(known(index))), t, AxisAttrs(axis))
+        wv = ctx.tensor(known(weight.astype(dt.to_numpy()).reshape(w_shape)))
+        term = ctx.emit(K.MUL, (g, wv), t)
+        acc = term if acc is None else ctx.emit(K.ADD, (acc, term), t)
+    assert acc is not None
+    return OVal(t, acc)
