@@ -214,3 +214,31 @@ def test_convolution_paths(conv: torch.nn.Module) -> None:
     for shape in [(1, 9, 8), (3, 5, 5), (2, 17, 6), (1, 31, 40)]:
         x = torch.randn(shape[0], conv.in_channels, *shape[1:])
         assert rel_err(m(x), conv(x)) <= 1e-5, shape
+
+
+class _Products(torch.nn.Module):
+    """A linear layer (B^T [N, K]) and a matmul with a [K, N] weight, on rows that may be a strided view."""
+
+    def __init__(self, k: int, n: int) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(k * 1000 + n)
+        self.w_nt = torch.nn.Parameter(torch.randn(n, k, generator=g))
+        self.w_nn = torch.nn.Parameter(torch.randn(k, n, generator=g))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        rows = x[:, 1]  # rows a stride apart: lda > K
+        return x[:, 0] @ self.w_nt.t(), rows @ self.w_nn, (x[:, 0] @ self.w_nn).double() @ self.w_nt.double()
+
+
+@pytest.mark.parametrize("k,n", [(64, 100), (300, 31), (300, 33), (256, 256), (7, 1000)])
+def test_small_m_gemms(k: int, n: int) -> None:
+    """Note [Small-M GEMMs]: products of 1-3 rows run on the library's own kernels (B and B^T layouts,
+    a column tail shorter than a chunk, strided rows, float64); 4 rows and more on BLAS."""
+    model = _Products(k, n)
+    art = bladepack.optimize(model, [(torch.randn(2, 2, k),), (torch.randn(5, 2, k),)])
+    nat = bladepack.load(art.to_bytes(), executor="native")
+    for m in (1, 2, 3, 4, 9):
+        x = torch.randn(m, 2, k, generator=torch.Generator().manual_seed(m))
+        want = model(x)
+        for got, ref in zip(nat(x), want):
+            assert rel_err(got, ref) <= 1e-5, (m, k, n)
