@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import tempfile
 from pathlib import Path
@@ -107,7 +108,12 @@ def main() -> None:
     text = markdown(report)
     print(text)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "onnx_samples.md").write_text("# bladepack from ONNX vs ONNX Runtime (CPU)\n\n" + text)
+    blas = os.environ.get("OPENBLAS_CORETYPE", "not set")
+    head = (
+        "# bladepack from ONNX vs ONNX Runtime (CPU)\n\n`python -m bench.onnx_samples`; numpy's OpenBLAS with "
+        f"OPENBLAS_CORETYPE={blas} (ONNX Runtime uses its own GEMMs, unaffected).\n\n"
+    )
+    (RESULTS / "onnx_samples.md").write_text(head + text)
     (RESULTS / "onnx_samples.json").write_text(json.dumps(report, indent=1, sort_keys=True))
 
 
