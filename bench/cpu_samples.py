@@ -49,6 +49,26 @@ def _median_us(fn: Callable[[], Any], repeat: int) -> float:
     return statistics.median(ts) * 1e6
 
 
+def measure(runners: dict[str, Runner], x: Any, repeat: int, errors: dict[str, str], where: str) -> dict[str, Any]:
+    """Each runner's latency (µs) on `x`, None for one that failed (its error goes into `errors`).
+
+    Note [Rounds]: ROUNDS rounds, the runners' order rotated each round; a runner's figure is its best
+    block median, so a burst of machine noise costs a round, not the comparison."""
+    row: dict[str, Any] = {}
+    order = list(runners)
+    for rnd in range(ROUNDS):
+        for peer in order[rnd % len(order) :] + order[: rnd % len(order)]:
+            if peer in row and row[peer] is None:
+                continue
+            try:
+                t = _median_us(lambda fn=runners[peer]: fn(x), repeat)
+                row[peer] = min(t, row.get(peer) or t)
+            except Exception as e:
+                row[peer] = None
+                errors.setdefault(peer, f"{where}: {type(e).__name__}: {str(e)[:200]}")
+    return row
+
+
 def build_peers(
     name: str, peers: list[str], model: torch.nn.Module, samples: list[tuple[torch.Tensor, ...]]
 ) -> tuple[dict[str, Runner], dict[str, str]]:
@@ -135,21 +155,7 @@ def run(names: list[str], peers: list[str], repeat: int) -> dict[str, Any]:
             rows = []
             for dims in s.test_cases():
                 x = s.make_inputs(g, **dims)
-                row: dict[str, Any] = {"dims": dims}
-                # Note [Rounds]: ROUNDS rounds, the peers' order rotated each round; a peer's figure is
-                # its best block median, so a burst of machine noise costs a round, not the comparison
-                order = list(runners)
-                for rnd in range(ROUNDS):
-                    for peer in order[rnd % len(order) :] + order[: rnd % len(order)]:
-                        if peer in row and row[peer] is None:
-                            continue
-                        try:
-                            t = _median_us(lambda fn=runners[peer]: fn(x), repeat)
-                            row[peer] = min(t, row.get(peer) or t)
-                        except Exception as e:
-                            row[peer] = None
-                            errors.setdefault(peer, f"at {dims}: {type(e).__name__}: {str(e)[:200]}")
-                rows.append(row)
+                rows.append({"dims": dims, **measure(runners, x, repeat, errors, f"at {dims}")})
         report["samples"][name] = {"rows": rows, "errors": errors, "peers": list(runners)}
     return report
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 import bladepack
-from bench.cpu_samples import RESULTS, ROUNDS, Runner, _median_us, geomean
+from bench.cpu_samples import RESULTS, Runner, geomean, measure
 from samples.onnx_export import export_onnx, sample_axes
 from samples.registry import SAMPLES
 
@@ -61,17 +61,13 @@ def run(names: list[str], repeat: int) -> dict[str, Any]:
         s = SAMPLES[name]
         _, runners, kernels = build(name)
         g = torch.Generator().manual_seed(1)
-        rows = []
+        rows, errors = [], {}
         with torch.no_grad():
             for dims in s.test_cases():
                 x = s.make_inputs(g, **dims)
-                row: dict[str, Any] = {"dims": dims}
-                order = list(runners)
-                for rnd in range(ROUNDS):
-                    for peer in order[rnd % len(order) :] + order[: rnd % len(order)]:
-                        t = _median_us(lambda fn=runners[peer]: fn(x), repeat)
-                        row[peer] = min(t, row.get(peer) or t)
-                rows.append(row)
+                rows.append({"dims": dims, **measure(runners, x, repeat, errors, f"at {dims}")})
+        if errors:  # every runner here must work at every shape; a failure is a bug to look at
+            raise RuntimeError(f"{name}: {errors}")
         report["samples"][name] = {"rows": rows, "kernels": kernels}
     return report
 

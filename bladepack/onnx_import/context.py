@@ -41,6 +41,10 @@ ONNX_TO_DTYPE: dict[int, DType] = {
 }
 
 
+# Why an operand that must be known at optimize time (a shape, axes, pads) is not.
+RUNTIME_DATA = "computed from tensor data at run time (it must be known at optimize time)"
+
+
 class Unsupported(Exception):
     """Raised by a converter for an op, attribute or input combination bladepack does not handle."""
 
@@ -146,7 +150,7 @@ class OnnxCtx:
         if v is None:
             raise Unsupported(f"missing {what}")
         if v.data is None:
-            raise Unsupported(f"{what} computed from tensor data at run time (it must be known at optimize time)")
+            raise Unsupported(f"{what} {RUNTIME_DATA}")
         return [simplify_dim(x) for x in np.asarray(v.data).ravel()]
 
     def const_int_list(self, v: OVal | None, what: str) -> list[int]:
@@ -158,8 +162,7 @@ class OnnxCtx:
     def const_scalar(self, v: OVal | None, what: str) -> float | int | bool:
         if v is None or v.numeric is None or v.numeric.size != 1:
             raise Unsupported(f"{what} must be a constant scalar")
-        x = v.numeric.ravel()[0]
-        return bool(x) if v.type.dtype is DType.BOOL else (int(x) if not v.type.dtype.is_floating else float(x))
+        return v.type.dtype.scalar(v.numeric.ravel()[0].item())
 
     # -- materializing
     def tensor(self, v: OVal) -> int:
@@ -185,9 +188,7 @@ class OnnxCtx:
     def _symbolic_tensor(self, data: np.ndarray, dtype: DType) -> int:
         if dtype not in (DType.INT64, DType.INT32):
             raise Unsupported(f"a symbolic shape value as {dtype.value}")
-        items = [
-            self.emit(OpKind.CONSTANT, (), TensorType(dtype, ()), ConstantAttrs(simplify_dim(x))) for x in data.ravel()
-        ]
+        items = [self.const(simplify_dim(x), dtype) for x in data.ravel()]
         if data.ndim == 0:
             return items[0]
         parts = [self.reshape(i, (1,)) for i in items]

@@ -109,10 +109,12 @@ def _same_type(a: OVal, b: OVal, op: str) -> DType:
 
 
 _ARITH = {"Add": K.ADD, "Sub": K.SUB, "Mul": K.MUL, "Div": K.DIV}
-_SYM_ARITH: dict[str, Callable[[Any, Any], Any]] = {
-    "Add": lambda a, b: a + b,
-    "Sub": lambda a, b: a - b,
-    "Mul": lambda a, b: a * b,
+# how shape values (integers) fold; Div truncates like ONNX's integer division
+_SYM_ARITH: dict[str, Callable[[Any, Any, Any], Any]] = {
+    "Add": lambda a, b, env: a + b,
+    "Sub": lambda a, b, env: a - b,
+    "Mul": lambda a, b, env: a * b,
+    "Div": _int_div,
 }
 
 
@@ -120,11 +122,8 @@ def _arith(op_type: str) -> Any:
     def convert(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
         a, b = need(ins, 0), need(ins, 1)
         dt = _same_type(a, b, op_type)
-        if op_type == "Div" and not dt.is_floating:
-            folded = fold_symbolic(lambda x, y: _int_div(x, y, ctx.env), dt, a, b)
-        else:
-            fn = _SYM_ARITH.get(op_type)
-            folded = fold_symbolic(fn, dt, a, b) if fn is not None and not dt.is_floating else None
+        fold = _SYM_ARITH[op_type]
+        folded = None if dt.is_floating else fold_symbolic(lambda x, y: fold(x, y, ctx.env), dt, a, b)
         if folded is not None:
             return [folded]
         return [binary(ctx, _ARITH[op_type], a, b, dt, dt)]

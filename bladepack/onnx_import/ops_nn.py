@@ -149,12 +149,8 @@ def _auto_pads(
     for d, k, s, dl in zip(sizes, kernel, strides, dil):
         out = sympy.ceiling(sympy.sympify(d) / s)
         total = sympy.Max((out - 1) * s + (k - 1) * dl + 1 - d, 0)
-        if isinstance(d, int):
-            total_i = int(total)
-            small, big = total_i // 2, total_i - total_i // 2
-        else:
-            small = simplify_dim(sympy.floor(total / 2))
-            big = simplify_dim(total - sympy.floor(total / 2))
+        small = simplify_dim(sympy.floor(total / 2))
+        big = simplify_dim(total - small)
         lo.append(small if mode == "SAME_UPPER" else big)
         hi.append(big if mode == "SAME_UPPER" else small)
     return lo + hi
@@ -193,13 +189,10 @@ def _conv(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
     if n == 1:
         x, w = _to_2d(ctx, x), _to_2d(ctx, w)
         kernel, strides, dil, lo, hi = [1, *kernel], [1, *strides], [1, *dil], [0, *lo], [0, *hi]
-    if lo != hi:
+    if lo != hi or not all(isinstance(p, int) for p in lo):  # asymmetric or symbolic: an explicit PAD
         x = _explicit_pad(ctx, x, lo, hi, 0.0)
         lo = hi = [0, 0]
     group = int(ctx.attr("group", 1))
-    if not all(isinstance(p, int) for p in lo):
-        x = _explicit_pad(ctx, x, lo, hi, 0.0)
-        lo = hi = [0, 0]
     c_in = x.type.shape[1]
     if isinstance(c_in, int) and c_in != w.type.shape[1] * group:
         raise Unsupported(f"{c_in} input channels for a weight of {w.type.shape[1]} per group x {group} groups")

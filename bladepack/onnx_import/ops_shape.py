@@ -21,6 +21,7 @@ from bladepack.ir import OpKind, TensorType, Tri
 from bladepack.ir.ops import ArangeAttrs, AxisAttrs, ConstantAttrs, PadAttrs, PermuteAttrs, SliceAttrs
 from bladepack.ir.types import IRDim
 from bladepack.onnx_import.context import (
+    RUNTIME_DATA,
     OnnxCtx,
     OVal,
     Unsupported,
@@ -100,9 +101,7 @@ def _range(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
     start, limit, delta = need(ins, 0), need(ins, 1), need(ins, 2)
     dt = start.type.dtype
     if dt.is_floating:
-        raise Unsupported(
-            "floating-point Range bounds computed from tensor data at run time (its length must be known at optimize time)"
-        )
+        raise Unsupported(f"floating-point Range bounds {RUNTIME_DATA}")
     s, lim = ctx.const_ints(start, "start")[0], ctx.const_ints(limit, "limit")[0]
     d = ctx.const_ints(delta, "delta")[0]
     if not isinstance(d, int) or d == 0:
@@ -177,18 +176,17 @@ def _flatten(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
     return [_reshape_to(ctx, x, [_prod(x.type.shape[:axis]), _prod(x.type.shape[axis:])])]
 
 
-def _axes_operand(ctx: OnnxCtx, ins: list[OVal | None], index: int) -> list[int] | None:
-    if ctx.opset >= 13 and ctx.node is not None and ctx.node.op_type in ("Squeeze", "Unsqueeze"):
-        v = arg(ins, index)
-        return None if v is None else ctx.const_int_list(v, "axes")
-    return ctx.ints("axes")
+def _axes_operand(ctx: OnnxCtx, ins: list[OVal | None]) -> list[int] | None:
+    """Squeeze / Unsqueeze take their axes as input 1 from opset 13 on (older models are upgraded)."""
+    v = arg(ins, 1)
+    return None if v is None else ctx.const_int_list(v, "axes")
 
 
 @converts("Squeeze")
 def _squeeze(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
     x = need(ins, 0)
     rank = x.type.rank
-    axes = _axes_operand(ctx, ins, 1)
+    axes = _axes_operand(ctx, ins)
     if axes is None:
         drop = {k for k, d in enumerate(x.type.shape) if isinstance(d, int) and d == 1}
     else:
@@ -205,7 +203,7 @@ def _squeeze(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
 @converts("Unsqueeze")
 def _unsqueeze(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
     x = need(ins, 0)
-    axes = _axes_operand(ctx, ins, 1)
+    axes = _axes_operand(ctx, ins)
     if axes is None:
         raise Unsupported("Unsqueeze without axes")
     rank = x.type.rank + len(axes)
@@ -635,7 +633,7 @@ def _resize(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
             scales[a], outs[a] = r, s_
     elif scales_v is not None:
         if scales_v.numeric is None:
-            raise Unsupported(f"scales {DATA_DEPENDENT_NOTE}")
+            raise Unsupported(f"scales {RUNTIME_DATA}")
         probe_inputs["scales"] = scales_v.numeric.astype(np.float32)
         for a, s_ in zip(axes, scales_v.numeric.ravel().tolist()):
             d = x.type.shape[a]
@@ -678,9 +676,6 @@ def _resize(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
         shape[a] = o
         y = ctx.out(K.TAKE, (ctx.tensor(y), index), TensorType(y.type.dtype, tuple(shape)), AxisAttrs(a))
     return [y]
-
-
-DATA_DEPENDENT_NOTE = "computed from tensor data at run time (it must be known at optimize time)"
 
 
 def _source_coordinate(ctm: str, i: int, d: int, o: int, scale: float) -> float:

@@ -41,7 +41,8 @@ class ShapeConflict(BladepackError, ValueError):
 
 @dataclass(frozen=True)
 class Fact:
-    kind: str  # "eq"
+    """lhs == rhs on every valid binding, with the op that implied it."""
+
     lhs: IRDim
     rhs: IRDim
     why: str
@@ -71,7 +72,7 @@ class ShapeConstraints:
         d = _expr(self.canonical(a) - self.canonical(b))
         if d == 0:
             return
-        self.facts.append(Fact("eq", a, b, why))
+        self.facts.append(Fact(a, b, why))
         if self._tri_zero(d) is Tri.NO:
             raise ShapeConflict(f"{why}: {a} == {b} cannot hold for any input shape in range ({self._range_text(d)})")
         for s in sorted(d.free_symbols, key=lambda s: -self._order.get(s.name, -1)):
