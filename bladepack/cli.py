@@ -69,7 +69,9 @@ def _optimize(args: argparse.Namespace) -> int:
     from bladepack.api import optimize
 
     if not str(args.model).lower().endswith(".onnx"):
-        raise SystemExit(f"bladepack optimize takes an .onnx file (torch models go through the Python API), got {args.model}")
+        raise SystemExit(
+            f"bladepack optimize takes an .onnx file (torch models go through the Python API), got {args.model}"
+        )
     art = optimize(args.model, dynamic_shapes=_parse_dims(args.dim) or None)
     art.save(args.output)
     summary = manifest_summary(read(args.output).manifest)

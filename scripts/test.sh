@@ -3,6 +3,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/scripts/env.sh"
+bash "$root/scripts/system_deps.sh"
 cd "$root"
 bin="$(dirname "$BLADEPACK_PY")"
 "$bin/ruff" check bladepack tests samples bench

@@ -105,14 +105,15 @@ struct Pool {
     uint64_t seen = job.load() >> 17;
     for (;;) {
       uint64_t j = job.load(std::memory_order_acquire);
-      for (int spins = 0; (j >> 17) == seen && spins < 4000; ++spins) {
+      for (int spins = 0; (j >> 17) == seen && spins < 4000 && !stop.load(std::memory_order_relaxed); ++spins) {
         relax();
         j = job.load(std::memory_order_acquire);
       }
       if ((j >> 17) == seen) {
+        // `stop` too: a pool destroyed before this worker first read `job` never changes it again
         std::unique_lock<std::mutex> lk(mu);
         sleepers.fetch_add(1);
-        cv.wait(lk, [&] { return (job.load() >> 17) != seen; });
+        cv.wait(lk, [&] { return (job.load() >> 17) != seen || stop.load(); });
         sleepers.fetch_sub(1);
         j = job.load(std::memory_order_acquire);
       }

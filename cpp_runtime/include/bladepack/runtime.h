@@ -1,0 +1,143 @@
+/* libbladepack_runtime: load and run .bpk artifacts without Python (C ABI).
+ *
+ * The contract is docs/format.md; results match the Python loader (`bladepack.load`). Every function
+ * returns a status; on failure bpk_last_error() holds the reason (the same text the Python loader
+ * raises). A loaded model is immutable: bpk_model_run may be called from several threads at once.
+ *
+ *   bpk_model* m;
+ *   if (bpk_model_load("model.bpk", NULL, &m) != BPK_OK) fprintf(stderr, "%s\n", bpk_last_error());
+ *   bpk_tensor in = {data, {batch, 64}, 2, BPK_FLOAT32};
+ *   bpk_tensor out = {0};                    // data NULL: the runtime allocates it
+ *   bpk_model_run(m, &in, 1, &out, 1);      // ... use out ..., then bpk_free(out.data)
+ *   bpk_model_free(m);
+ */
+#ifndef BLADEPACK_RUNTIME_H_
+#define BLADEPACK_RUNTIME_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define BPK_API
+#else
+#define BPK_API __attribute__((visibility("default")))
+#endif
+
+#define BPK_RUNTIME_VERSION_MAJOR 0
+#define BPK_RUNTIME_VERSION_MINOR 1
+/* The newest artifact format this runtime reads (it reads every 1.x; see docs/format.md). */
+#define BPK_FORMAT_MAJOR 1
+#define BPK_FORMAT_MINOR 1
+/* Tensors of higher rank are refused at load with the reason. */
+#define BPK_MAX_RANK 16
+
+typedef enum bpk_status {
+  BPK_OK = 0,
+  BPK_ERR_ARGUMENT = 1,    /* a null pointer, a count that does not match the signature, ... */
+  BPK_ERR_IO = 2,          /* the file cannot be opened or mapped */
+  BPK_ERR_FORMAT = 3,      /* not an artifact, truncated, checksum mismatch, malformed manifest */
+  BPK_ERR_UNSUPPORTED = 4, /* a valid artifact this runtime cannot run (no kernels for this CPU, ...) */
+  BPK_ERR_INPUT = 5,       /* wrong input count, rank, dtype or static dim; a bad output buffer */
+  BPK_ERR_SHAPE_GUARD = 6, /* a dynamic dim outside its range, or dims that must agree do not */
+  BPK_ERR_EXECUTION = 7,   /* a kernel failed (an index outside its table) */
+  BPK_ERR_MEMORY = 8
+} bpk_status;
+
+typedef enum bpk_dtype {
+  BPK_FLOAT32 = 0,
+  BPK_FLOAT64 = 1,
+  BPK_FLOAT16 = 2,
+  BPK_BFLOAT16 = 3,
+  BPK_INT64 = 4,
+  BPK_INT32 = 5,
+  BPK_INT16 = 6,
+  BPK_INT8 = 7,
+  BPK_UINT8 = 8,
+  BPK_BOOL = 9 /* one byte, 0 or 1 */
+} bpk_dtype;
+
+/* A C-contiguous tensor in host memory. */
+typedef struct bpk_tensor {
+  void* data;
+  int64_t shape[BPK_MAX_RANK];
+  int32_t ndim;
+  int32_t dtype; /* a bpk_dtype */
+} bpk_tensor;
+
+/* One input or output of the signature. dims[i] is the static size, or -1 for a dynamic dim whose
+ * expression over the symbols is dim_exprs[i] ("batch", "past+1"); static dims read "64" there. */
+typedef struct bpk_tensor_spec {
+  const char* name;
+  int32_t dtype;
+  int32_t ndim;
+  const int64_t* dims;
+  const char* const* dim_exprs;
+} bpk_tensor_spec;
+
+typedef struct bpk_symbol_spec {
+  const char* name;
+  int64_t min;
+  int64_t max; /* -1: unbounded */
+} bpk_symbol_spec;
+
+typedef struct bpk_signature {
+  int64_t num_inputs;
+  const bpk_tensor_spec* inputs;
+  int64_t num_outputs;
+  const bpk_tensor_spec* outputs;
+  int64_t num_symbols;
+  const bpk_symbol_spec* symbols;
+  const char* text; /* "(x: float32[batch, 64]) -> (output0: float32[batch, 10]) where batch in [1, 4096]" */
+} bpk_signature;
+
+/* Load flags. */
+#define BPK_LOAD_SKIP_SECTION_CHECKSUMS 1u /* verify the manifest only (sections are still bounds-checked) */
+
+typedef struct bpk_load_options {
+  uint32_t flags;
+  int32_t num_threads; /* kernel threads; 0: BLADEPACK_NUM_THREADS, else the CPUs this process may use */
+} bpk_load_options;
+
+typedef struct bpk_model bpk_model;
+
+/* The reason the last failing call on this thread failed ("" if none). Valid until the next call. */
+BPK_API const char* bpk_last_error(void);
+BPK_API const char* bpk_status_name(bpk_status status);
+BPK_API const char* bpk_dtype_name(int32_t dtype);
+BPK_API size_t bpk_dtype_size(int32_t dtype);
+
+/* Memory-maps the file (weights are not copied). options may be NULL. */
+BPK_API bpk_status bpk_model_load(const char* path, const bpk_load_options* options, bpk_model** model);
+/* Copies `size` bytes into storage the model owns; `data` may be freed on return. */
+BPK_API bpk_status bpk_model_load_from_memory(const void* data, size_t size, const bpk_load_options* options,
+                                              bpk_model** model);
+BPK_API void bpk_model_free(bpk_model* model);
+
+/* Owned by the model; valid until bpk_model_free. */
+BPK_API bpk_status bpk_model_signature(const bpk_model* model, const bpk_signature** signature);
+/* "native (x86-64-v4)": what runs the model's steps here. */
+BPK_API const char* bpk_model_executor(const bpk_model* model);
+
+/* Result shapes for the given inputs (only ndim / shape / dtype are read; data may be NULL), with every
+ * input check and shape guard applied; fills outputs[k].ndim, shape and dtype (data is left alone). */
+BPK_API bpk_status bpk_model_output_shapes(const bpk_model* model, const bpk_tensor* inputs, int64_t num_inputs,
+                                           bpk_tensor* outputs, int64_t num_outputs);
+
+/* Runs the model. outputs[k].data != NULL: the caller's buffer, whose ndim, shape and dtype must be
+ * the result's (bpk_model_output_shapes says what they are). outputs[k].data == NULL: the runtime
+ * allocates it (64-byte aligned; release with bpk_free) and fills ndim, shape and dtype.
+ * Output buffers must not overlap inputs or each other. Thread-safe. */
+BPK_API bpk_status bpk_model_run(const bpk_model* model, const bpk_tensor* inputs, int64_t num_inputs,
+                                 bpk_tensor* outputs, int64_t num_outputs);
+
+BPK_API void bpk_free(void* data);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* BLADEPACK_RUNTIME_H_ */

@@ -1,0 +1,70 @@
+// The .bpk container (docs/format.md "Layout"): header, checksummed msgpack manifest, sections.
+//
+// In: a path (memory-mapped read-only) or bytes (copied into 64-byte aligned storage). Out: the
+// manifest as a msgpack object and bounds-checked views of the sections, or bpk::Error
+// (BPK_ERR_FORMAT / BPK_ERR_IO) with the same text the Python reader raises.
+#pragma once
+
+#include <msgpack.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace bpk {
+
+struct Bytes {
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+};
+
+struct SectionEntry {
+  std::string name;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+class Artifact {
+ public:
+  static std::unique_ptr<Artifact> open(const std::string& path, bool verify);
+  static std::unique_ptr<Artifact> copy_from(const void* data, size_t size, bool verify);
+  ~Artifact();
+  Artifact(const Artifact&) = delete;
+  Artifact& operator=(const Artifact&) = delete;
+
+  const std::string& source() const { return source_; }
+  const msgpack::object& manifest() const { return handle_.get(); }
+  const std::vector<SectionEntry>& sections() const { return sections_; }
+  Bytes section(const std::string& name) const;  // BPK_ERR_FORMAT "missing section 'NAME'"
+  [[noreturn]] void fail(const std::string& what) const;
+
+ private:
+  Artifact(std::string source, const uint8_t* base, size_t size);
+  void parse(bool verify);
+  struct Check {
+    const uint8_t* data;
+    size_t size;
+    const char* digest;  // 64 hex digits, or null when the entry's digest is malformed
+    size_t index;        // into sections_
+  };
+  void read_sections(bool verify, uint64_t data_start);
+  void verify_sections(const std::vector<Check>& checks) const;
+
+  std::string source_;
+  const uint8_t* base_;
+  size_t size_;
+  void* mapping_ = nullptr;  // munmap'ed in the destructor (path loads)
+  void* owned_ = nullptr;    // freed in the destructor (memory loads)
+  msgpack::object_handle handle_;
+  std::vector<SectionEntry> sections_;
+  std::unordered_map<std::string, Bytes> views_;
+};
+
+// Python's repr() of a str or bytes, so messages read exactly as the Python loader's.
+std::string py_repr(const std::string& s);
+std::string py_bytes_repr(const uint8_t* p, size_t n);
+
+}  // namespace bpk

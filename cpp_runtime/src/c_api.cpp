@@ -1,0 +1,124 @@
+// The C ABI (include/bladepack/runtime.h): every entry point catches, records the reason for
+// bpk_last_error() and returns a status. Nothing propagates an exception across the boundary.
+#include <cstdlib>
+#include <new>
+#include <string>
+
+#include "artifact.h"
+#include "bladepack/runtime.h"
+#include "dtype.h"
+#include "errors.h"
+#include "model.h"
+
+struct bpk_model {
+  std::unique_ptr<bpk::Model> impl;
+};
+
+namespace {
+
+// The C ABI's error channel: one message per thread, as errno is (the only thread-local state).
+thread_local std::string t_last_error;
+
+bpk_status record(bpk_status s, const char* what) {
+  try {
+    t_last_error = what;
+  } catch (...) {
+  }
+  return s;
+}
+
+template <class F>
+bpk_status guarded(F&& f) {
+  try {
+    t_last_error.clear();
+    f();
+    return BPK_OK;
+  } catch (const bpk::Error& e) {
+    return record(e.status(), e.what());
+  } catch (const std::bad_alloc&) {
+    return record(BPK_ERR_MEMORY, "out of memory");
+  } catch (const std::exception& e) {
+    return record(BPK_ERR_FORMAT, e.what());
+  } catch (...) {
+    return record(BPK_ERR_FORMAT, "unknown error");
+  }
+}
+
+bpk_load_options options_or_default(const bpk_load_options* o) { return o ? *o : bpk_load_options{0, 0}; }
+
+}  // namespace
+
+extern "C" {
+
+const char* bpk_last_error(void) { return t_last_error.c_str(); }
+
+const char* bpk_status_name(bpk_status s) {
+  switch (s) {
+    case BPK_OK: return "ok";
+    case BPK_ERR_ARGUMENT: return "invalid argument";
+    case BPK_ERR_IO: return "I/O error";
+    case BPK_ERR_FORMAT: return "format error";
+    case BPK_ERR_UNSUPPORTED: return "unsupported";
+    case BPK_ERR_INPUT: return "input error";
+    case BPK_ERR_SHAPE_GUARD: return "shape guard";
+    case BPK_ERR_EXECUTION: return "execution error";
+    case BPK_ERR_MEMORY: return "out of memory";
+  }
+  return "unknown status";
+}
+
+const char* bpk_dtype_name(int32_t dtype) { return bpk::dtype_name(dtype); }
+size_t bpk_dtype_size(int32_t dtype) { return bpk::dtype_size(dtype); }
+
+static bpk_status load(std::unique_ptr<bpk::Artifact> (*open)(const void*, size_t, bool), const void* a, size_t b,
+                       const bpk_load_options* options, bpk_model** model) {
+  if (model == nullptr) return record(BPK_ERR_ARGUMENT, "model is NULL");
+  *model = nullptr;
+  return guarded([&] {
+    const bpk_load_options o = options_or_default(options);
+    if (o.flags & ~uint32_t(BPK_LOAD_SKIP_SECTION_CHECKSUMS))
+      bpk::fail(BPK_ERR_ARGUMENT, "unknown load flags " + std::to_string(o.flags));
+    auto artifact = open(a, b, (o.flags & BPK_LOAD_SKIP_SECTION_CHECKSUMS) == 0);
+    auto m = std::make_unique<bpk_model>();
+    m->impl = std::make_unique<bpk::Model>(std::move(artifact), o);
+    *model = m.release();
+  });
+}
+
+bpk_status bpk_model_load(const char* path, const bpk_load_options* options, bpk_model** model) {
+  if (path == nullptr) return record(BPK_ERR_ARGUMENT, "path is NULL");
+  return load([](const void* p, size_t, bool verify) { return bpk::Artifact::open(static_cast<const char*>(p), verify); },
+              path, 0, options, model);
+}
+
+bpk_status bpk_model_load_from_memory(const void* data, size_t size, const bpk_load_options* options,
+                                      bpk_model** model) {
+  return load([](const void* p, size_t n, bool verify) { return bpk::Artifact::copy_from(p, n, verify); }, data,
+              size, options, model);
+}
+
+void bpk_model_free(bpk_model* model) { delete model; }
+
+bpk_status bpk_model_signature(const bpk_model* model, const bpk_signature** signature) {
+  if (model == nullptr || signature == nullptr) return record(BPK_ERR_ARGUMENT, "model or signature is NULL");
+  *signature = &model->impl->signature();
+  return BPK_OK;
+}
+
+const char* bpk_model_executor(const bpk_model* model) { return model ? model->impl->executor().c_str() : ""; }
+
+bpk_status bpk_model_output_shapes(const bpk_model* model, const bpk_tensor* inputs, int64_t num_inputs,
+                                   bpk_tensor* outputs, int64_t num_outputs) {
+  if (model == nullptr) return record(BPK_ERR_ARGUMENT, "model is NULL");
+  return guarded([&] { model->impl->output_shapes(inputs, num_inputs, outputs, num_outputs); });
+}
+
+bpk_status bpk_model_run(const bpk_model* model, const bpk_tensor* inputs, int64_t num_inputs, bpk_tensor* outputs,
+                         int64_t num_outputs) {
+  if (model == nullptr) return record(BPK_ERR_ARGUMENT, "model is NULL");
+  return guarded([&] { model->impl->run(inputs, num_inputs, outputs, num_outputs); });
+}
+
+void bpk_free(void* data) { std::free(data); }
+
+}  // extern "C"

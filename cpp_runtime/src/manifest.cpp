@@ -1,0 +1,351 @@
+#include "manifest.h"
+
+#include <cstring>
+#include <set>
+
+#include "dtype.h"
+#include "errors.h"
+#include "util.h"
+
+namespace bpk {
+namespace {
+
+using Obj = msgpack::object;
+
+[[noreturn]] void malformed(const std::string& where, const std::string& what) {
+  fail(BPK_ERR_FORMAT, "malformed manifest: " + where + ": " + what);
+}
+
+
+std::string join(const std::string& where, const char* key) { return where.empty() ? key : where + "." + key; }
+std::string at(const std::string& where, size_t i) { return where + "[" + std::to_string(i) + "]"; }
+
+const Obj& field(const Obj& m, const char* key, const std::string& where) {
+  if (m.type != msgpack::type::MAP) malformed(where.empty() ? "the manifest" : where, "expected a map");
+  const Obj* v = map_find(m, key);
+  if (v == nullptr) malformed(join(where, key), "missing");
+  return *v;
+}
+
+bool is_nil(const Obj& o) { return o.type == msgpack::type::NIL; }
+
+int64_t as_int(const Obj& o, const std::string& where) {
+  if (o.type == msgpack::type::POSITIVE_INTEGER && o.via.u64 <= uint64_t(INT64_MAX)) return int64_t(o.via.u64);
+  if (o.type == msgpack::type::NEGATIVE_INTEGER) return o.via.i64;
+  if (o.type == msgpack::type::BOOLEAN) return o.via.boolean ? 1 : 0;
+  malformed(where, "expected an integer");
+}
+
+std::string as_str(const Obj& o, const std::string& where) {
+  if (o.type != msgpack::type::STR) malformed(where, "expected a string");
+  return std::string(o.via.str.ptr, o.via.str.size);
+}
+
+const Obj* as_array(const Obj& o, const std::string& where) {
+  if (o.type != msgpack::type::ARRAY) malformed(where, "expected a list");
+  return o.via.array.ptr;
+}
+uint32_t len(const Obj& o) { return o.via.array.size; }
+
+int64_t get_int(const Obj& m, const char* key, const std::string& where) {
+  return as_int(field(m, key, where), join(where, key));
+}
+std::string get_str(const Obj& m, const char* key, const std::string& where) {
+  return as_str(field(m, key, where), join(where, key));
+}
+std::string opt_str(const Obj& m, const char* key, const std::string& where) {
+  const Obj* v = map_find(m, key);
+  return v == nullptr || is_nil(*v) ? std::string() : as_str(*v, join(where, key));
+}
+
+int32_t get_dtype(const Obj& m, const char* key, const std::string& where) {
+  const std::string name = get_str(m, key, where);
+  const int32_t d = dtype_from_name(name);
+  if (d < 0) malformed(join(where, key), "unknown dtype '" + name + "'");
+  return d;
+}
+
+struct Ctx {
+  int64_t num_registers = 0;
+};
+
+SymInt as_symint(const Obj& o, const std::string& where, const Ctx& c) {
+  if (o.type == msgpack::type::MAP) {
+    if (o.via.map.size != 1) malformed(where, "expected an int or {r: register}");
+    const int64_t r = get_int(o, "r", where);
+    if (r < 0 || r >= c.num_registers) malformed(where, "register " + std::to_string(r) + " out of range");
+    return SymInt{0, r};
+  }
+  return SymInt{as_int(o, where), -1};
+}
+
+std::vector<SymInt> symints(const Obj& o, const std::string& where, const Ctx& c) {
+  const Obj* p = as_array(o, where);
+  std::vector<SymInt> out;
+  for (uint32_t i = 0; i < len(o); ++i) out.push_back(as_symint(p[i], at(where, i), c));
+  return out;
+}
+
+std::vector<TensorDecl> tensor_decls(const Obj& root, const char* key) {
+  const Obj& list = field(root, key, "");
+  const Obj* p = as_array(list, key);
+  std::vector<TensorDecl> out;
+  for (uint32_t i = 0; i < len(list); ++i) {
+    const std::string w = at(key, i);
+    TensorDecl t;
+    t.name = get_str(p[i], "name", w);
+    t.id = get_int(p[i], "id", w);
+    t.dtype = get_dtype(p[i], "dtype", w);
+    const Obj& shape = field(p[i], "shape", w);
+    const Obj* dims = as_array(shape, join(w, "shape"));
+    if (len(shape) > BPK_MAX_RANK)
+      fail(BPK_ERR_UNSUPPORTED, std::string(key) + " '" + t.name + "' has rank " + std::to_string(len(shape)) +
+                                    "; this runtime supports rank <= " + std::to_string(BPK_MAX_RANK));
+    for (uint32_t k = 0; k < len(shape); ++k) {
+      DimDecl d;
+      if (dims[k].type == msgpack::type::STR) {
+        d.text = as_str(dims[k], "");
+      } else {
+        d.is_static = true;
+        d.size = as_int(dims[k], at(join(w, "shape"), k));
+        if (d.size < 0) malformed(at(join(w, "shape"), k), "negative size");
+        d.text = std::to_string(d.size);
+      }
+      t.shape.push_back(d);
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+void parse_program(const Obj& root, Manifest& m) {
+  const Obj& sp = field(root, "shape_program", "");
+  ShapeProgram& prog = m.shape_program;
+  prog.num_registers = get_int(sp, "num_registers", "shape_program");
+  if (prog.num_registers < 0 || prog.num_registers > (int64_t(1) << 20))
+    malformed("shape_program.num_registers", "out of range");
+  const Obj& code = field(sp, "code", "shape_program");
+  if (code.type != msgpack::type::BIN) malformed("shape_program.code", "expected bytes");
+  if (code.via.bin.size % 40) fail(BPK_ERR_FORMAT, "shape program code must be a multiple of 40 bytes");
+  prog.code.resize(code.via.bin.size / 8);
+  if (code.via.bin.size) std::memcpy(prog.code.data(), code.via.bin.ptr, code.via.bin.size);
+  const Obj& msgs = field(sp, "messages", "shape_program");
+  const Obj* p = as_array(msgs, "shape_program.messages");
+  for (uint32_t i = 0; i < len(msgs); ++i) prog.messages.push_back(as_str(p[i], at("shape_program.messages", i)));
+}
+
+void parse_signature(const Obj& root, Manifest& m) {
+  const Obj& fv = field(root, "format_version", "");
+  const Obj* v = as_array(fv, "format_version");
+  if (len(fv) != 2) malformed("format_version", "expected [major, minor]");
+  m.format_major = as_int(v[0], "format_version[0]");
+  m.format_minor = as_int(v[1], "format_version[1]");
+  if (const Obj* prod = map_find(root, "producer"); prod && prod->type == msgpack::type::MAP)
+    for (uint32_t i = 0; i < prod->via.map.size; ++i) {
+      const auto& kv = prod->via.map.ptr[i];
+      if (kv.key.type == msgpack::type::STR && kv.val.type == msgpack::type::STR)
+        m.producer[as_str(kv.key, "")] = as_str(kv.val, "");
+    }
+  m.tuple_output = opt_str(root, "output_structure", "") == "tuple";
+  const Obj& syms = field(root, "symbols", "");
+  const Obj* s = as_array(syms, "symbols");
+  for (uint32_t i = 0; i < len(syms); ++i) {
+    SymbolDecl d;
+    d.name = get_str(s[i], "name", at("symbols", i));
+    d.min = get_int(s[i], "min", at("symbols", i));
+    const Obj& mx = field(s[i], "max", at("symbols", i));
+    if (!is_nil(mx)) d.max = as_int(mx, at("symbols", i) + ".max");
+    m.symbols.push_back(d);
+  }
+  m.inputs = tensor_decls(root, "inputs");
+  m.outputs = tensor_decls(root, "outputs");
+  const Obj& ws = field(root, "weights", "");
+  const Obj* w = as_array(ws, "weights");
+  for (uint32_t i = 0; i < len(ws); ++i) {
+    const std::string where = at("weights", i);
+    WeightDecl d;
+    d.name = get_str(w[i], "name", where);
+    d.id = get_int(w[i], "id", where);
+    d.dtype = get_dtype(w[i], "dtype", where);
+    const Obj& shape = field(w[i], "shape", where);
+    const Obj* p = as_array(shape, where + ".shape");
+    for (uint32_t k = 0; k < len(shape); ++k) {
+      d.shape.push_back(as_int(p[k], at(where + ".shape", k)));
+      if (d.shape.back() < 0) malformed(at(where + ".shape", k), "negative size");
+    }
+    m.weights.push_back(std::move(d));
+  }
+}
+
+void parse_plan(const Obj& root, Manifest& m, const Ctx& c) {
+  const Obj& vals = field(root, "values", "");
+  const Obj* v = as_array(vals, "values");
+  for (uint32_t i = 0; i < len(vals); ++i) {
+    ValueDecl d;
+    d.dtype = get_dtype(v[i], "dtype", at("values", i));
+    d.shape = symints(field(v[i], "shape", at("values", i)), at("values", i) + ".shape", c);
+    m.values[get_int(v[i], "id", at("values", i))] = std::move(d);
+  }
+  const Obj& steps = field(field(root, "plan", ""), "steps", "plan");
+  const Obj* s = as_array(steps, "plan.steps");
+  for (uint32_t i = 0; i < len(steps); ++i) {
+    const std::string where = at("plan.steps", i);
+    StepDecl d;
+    d.op = get_str(s[i], "op", where);
+    d.out = get_int(s[i], "out", where);
+    d.loc = opt_str(s[i], "loc", where);
+    m.steps.push_back(std::move(d));
+  }
+  if (const Obj* ks = map_find(root, "kernels")) {
+    const Obj* k = as_array(*ks, "kernels");
+    for (uint32_t i = 0; i < len(*ks); ++i) {
+      const std::string where = at("kernels", i);
+      KernelDecl d;
+      d.name = get_str(k[i], "name", where);
+      d.kind = opt_str(k[i], "kind", where);
+      d.loc = opt_str(k[i], "loc", where);
+      const Obj& vars = field(k[i], "variants", where);
+      const Obj* p = as_array(vars, where + ".variants");
+      for (uint32_t j = 0; j < len(vars); ++j) {
+        const std::string vw = at(where + ".variants", j);
+        KernelDecl::Variant var{get_int(p[j], "fn", vw), get_int(p[j], "pred", vw)};
+        if (var.pred < 0 || var.pred >= c.num_registers) malformed(vw + ".pred", "register out of range");
+        d.variants.push_back(var);
+      }
+      if (const Obj* errs = map_find(k[i], "errors")) {
+        const Obj* e = as_array(*errs, where + ".errors");
+        for (uint32_t j = 0; j < len(*errs); ++j) d.errors.push_back(as_str(e[j], at(where + ".errors", j)));
+      }
+      m.kernels.push_back(std::move(d));
+    }
+  }
+}
+
+LaunchDecl parse_launch(const Obj& o, const std::string& where, const Manifest& m, const Ctx& c) {
+  LaunchDecl l;
+  const std::string op = get_str(o, "op", where);
+  if (op == "ref") {
+    l.op = LaunchDecl::kRef;
+    l.node = get_int(o, "node", where);
+    l.reason = opt_str(o, "reason", where);
+    return l;
+  }
+  if (op == "kernel") {
+    l.op = LaunchDecl::kKernel;
+    l.kernel = get_int(o, "k", where);
+    if (l.kernel < 0 || l.kernel >= int64_t(m.kernels.size())) malformed(where + ".k", "kernel index out of range");
+  } else if (op == "gemm") {
+    l.op = LaunchDecl::kGemm;
+    const std::string dt = get_str(o, "dtype", where);
+    if (dt != "float32" && dt != "float64") malformed(where + ".dtype", "GEMMs are float32 or float64, not " + dt);
+    l.gemm_f64 = dt == "float64";
+  } else {
+    fail(BPK_ERR_UNSUPPORTED, "the native plan uses launch op '" + op + "', which this runtime does not know");
+  }
+  const Obj& ptrs = field(o, "ptrs", where);
+  const Obj* p = as_array(ptrs, where + ".ptrs");
+  for (uint32_t i = 0; i < len(ptrs); ++i) {
+    const std::string pw = at(where + ".ptrs", i);
+    if (p[i].type != msgpack::type::ARRAY || len(p[i]) != 2) malformed(pw, "expected [slot, offset]");
+    const int64_t slot = as_int(p[i].via.array.ptr[0], pw);
+    if (slot < 0 || slot >= m.num_slots()) malformed(pw, "slot " + std::to_string(slot) + " out of range");
+    l.ptrs.emplace_back(slot, as_symint(p[i].via.array.ptr[1], pw, c));
+  }
+  l.ints = symints(field(o, "ints", where), where + ".ints", c);
+  if (l.op == LaunchDecl::kGemm && (l.ptrs.size() != 3 || l.ints.size() != 20))
+    malformed(where, "a GEMM launch has 3 pointers and 20 ints");
+  if (l.ptrs.size() > 256) malformed(where, "more than 256 pointer arguments");
+  return l;
+}
+
+void parse_native(const Obj& root, Manifest& m, const Ctx& c) {
+  const Obj* nat = map_find(root, "native_cpu");
+  if (nat == nullptr || is_nil(*nat)) return;
+  const std::string w = "native_cpu";
+  NativePlan plan;
+  const int64_t abi = get_int(*nat, "abi", w);
+  if (abi != 1) fail(BPK_ERR_FORMAT, "native CPU plan ABI " + std::to_string(abi) + " is not 1");
+  const Obj& libs = field(*nat, "libraries", w);
+  const Obj* l = as_array(libs, w + ".libraries");
+  for (uint32_t i = 0; i < len(libs); ++i) {
+    const std::string lw = at(w + ".libraries", i);
+    LibraryDecl d;
+    d.isa = get_str(l[i], "isa", lw);
+    d.section = get_str(l[i], "section", lw);
+    const Obj& req = field(l[i], "requires", lw);
+    const Obj* r = as_array(req, lw + ".requires");
+    for (uint32_t j = 0; j < len(req); ++j) d.requires_flags.push_back(as_str(r[j], at(lw + ".requires", j)));
+    plan.libraries.push_back(std::move(d));
+  }
+  const Obj& ls = field(*nat, "launches", w);
+  const Obj* p = as_array(ls, w + ".launches");
+  for (uint32_t i = 0; i < len(ls); ++i) plan.launches.push_back(parse_launch(p[i], at(w + ".launches", i), m, c));
+  const Obj& bs = field(*nat, "buffers", w);
+  const Obj* b = as_array(bs, w + ".buffers");
+  for (uint32_t i = 0; i < len(bs); ++i) {
+    const std::string bw = at(w + ".buffers", i);
+    BufferDecl d;
+    d.id = get_int(b[i], "id", bw);
+    d.dtype = get_dtype(b[i], "dtype", bw);
+    d.shape = symints(field(b[i], "shape", bw), bw + ".shape", c);
+    d.offset = as_symint(field(b[i], "offset", bw), bw + ".offset", c);
+    plan.buffers.push_back(std::move(d));
+  }
+  plan.arena_bytes = as_symint(field(*nat, "arena_bytes", w), w + ".arena_bytes", c);
+  const Obj& outs = field(*nat, "outputs", w);
+  const Obj* o = as_array(outs, w + ".outputs");
+  if (len(outs) != m.outputs.size()) malformed(w + ".outputs", "one slot per output expected");
+  for (uint32_t k = 0; k < len(outs); ++k) {
+    const int64_t slot = as_int(o[k], at(w + ".outputs", k));
+    if (slot != -1 && slot != int64_t(1 + m.inputs.size() + k))
+      malformed(at(w + ".outputs", k), "output " + std::to_string(k) + " must be written to its own slot or -1");
+    plan.outputs.push_back(slot);
+  }
+  m.native = std::move(plan);
+}
+
+const char* const kPlanOps[] = {
+    "neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "tanh", "sigmoid", "relu", "silu", "erf", "sin",
+    "cos", "floor", "gelu", "leaky_relu", "clamp", "cast", "logical_not", "bitwise_not", "add", "sub", "mul",
+    "div", "pow", "maximum", "minimum", "fmod", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
+    "bitwise_and", "bitwise_or", "bitwise_xor", "where", "constant", "full", "arange", "reshape", "expand",
+    "permute", "slice", "concat", "take", "gather", "index", "pad", "sum", "mean", "amax", "amin", "prod",
+    "argmax", "argmin", "cumsum", "softmax", "log_softmax", "layer_norm", "rms_norm", "matmul", "conv2d",
+    "max_pool2d", "avg_pool2d",
+};
+
+}  // namespace
+
+bool known_plan_op(const std::string& op) {
+  for (const char* k : kPlanOps)
+    if (op == k) return true;
+  return false;
+}
+
+Manifest parse_manifest(const msgpack::object& root) {
+  Manifest m;
+  parse_signature(root, m);
+  parse_program(root, m);
+  Ctx c{m.shape_program.num_registers};
+  parse_plan(root, m, c);
+  parse_native(root, m, c);
+  // every output is defined by the plan, or is an input or a weight
+  std::set<int64_t> known;
+  for (const auto& kv : m.values) known.insert(kv.first);
+  for (const auto& t : m.inputs) known.insert(t.id);
+  for (const auto& w : m.weights) known.insert(w.id);
+  for (size_t k = 0; k < m.outputs.size(); ++k)
+    if (!known.count(m.outputs[k].id)) malformed(at("outputs", k), "value %" + std::to_string(m.outputs[k].id) + " is never defined");
+  std::vector<std::string> unknown;
+  for (const auto& s : m.steps)
+    if (!known_plan_op(s.op)) unknown.push_back("'" + s.op + "'");
+  if (!unknown.empty()) {
+    std::set<std::string> u(unknown.begin(), unknown.end());
+    std::string list;
+    for (const auto& x : u) list += (list.empty() ? "" : ", ") + x;
+    fail(BPK_ERR_UNSUPPORTED, "the plan uses ops this loader does not know: [" + list + "]; upgrade bladepack");
+  }
+  return m;
+}
+
+}  // namespace bpk

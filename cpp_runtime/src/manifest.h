@@ -1,0 +1,128 @@
+// The manifest (docs/format.md "Manifest" and "Native CPU plan") as typed, validated data.
+//
+// In: the msgpack map an Artifact holds. Out: `Manifest`, with every index the runtime will follow
+// checked (value ids, slots, registers, kernels, sections), or bpk::Error(BPK_ERR_FORMAT) naming the
+// field ("malformed manifest: native_cpu.launches[3].ptrs[1]: expected [slot, offset]").
+#pragma once
+
+#include <msgpack.hpp>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "shape_program.h"
+
+namespace bpk {
+
+// An int, or register `reg` of the shape program's result.
+struct SymInt {
+  int64_t value = 0;
+  int64_t reg = -1;
+  int64_t resolve(const int64_t* regs) const { return reg < 0 ? value : regs[reg]; }
+};
+
+struct DimDecl {
+  bool is_static = false;
+  int64_t size = -1;
+  std::string text;  // the expression over the symbols ("batch"), or the size as text
+};
+
+struct TensorDecl {
+  std::string name;
+  int64_t id = 0;
+  int32_t dtype = 0;
+  std::vector<DimDecl> shape;
+};
+
+struct SymbolDecl {
+  std::string name;
+  int64_t min = 0;
+  std::optional<int64_t> max;
+};
+
+struct WeightDecl {
+  std::string name;
+  int64_t id = 0;
+  int32_t dtype = 0;
+  std::vector<int64_t> shape;
+};
+
+struct ValueDecl {
+  int32_t dtype = 0;
+  std::vector<SymInt> shape;
+};
+
+struct StepDecl {
+  std::string op;
+  int64_t out = 0;
+  std::string loc;
+};
+
+struct KernelDecl {
+  struct Variant {
+    int64_t fn = 0;
+    int64_t pred = 0;  // register
+  };
+  std::string name, kind, loc;
+  std::vector<Variant> variants;
+  std::vector<std::string> errors;
+};
+
+struct LaunchDecl {
+  enum Op { kKernel, kGemm, kRef } op = kKernel;
+  int64_t kernel = 0;   // kKernel: index into Manifest::kernels
+  int64_t gemm_f64 = 0; // kGemm: 0 float32, 1 float64
+  std::vector<std::pair<int64_t, SymInt>> ptrs;  // (slot, byte offset)
+  std::vector<SymInt> ints;
+  int64_t node = 0;  // kRef
+  std::string reason;
+};
+
+struct BufferDecl {
+  int64_t id = 0;
+  int32_t dtype = 0;
+  std::vector<SymInt> shape;
+  SymInt offset;
+};
+
+struct LibraryDecl {
+  std::string isa, section;
+  std::vector<std::string> requires_flags;
+};
+
+struct NativePlan {
+  std::vector<LibraryDecl> libraries;
+  std::vector<LaunchDecl> launches;
+  std::vector<BufferDecl> buffers;
+  SymInt arena_bytes;
+  std::vector<int64_t> outputs;  // slot per output, -1: copy it from where it lives
+};
+
+struct Manifest {
+  int64_t format_major = 0, format_minor = 0;
+  std::map<std::string, std::string> producer;
+  bool tuple_output = false;
+  std::vector<SymbolDecl> symbols;
+  std::vector<TensorDecl> inputs, outputs;
+  std::vector<WeightDecl> weights;
+  ShapeProgram shape_program;
+  std::unordered_map<int64_t, ValueDecl> values;
+  std::vector<StepDecl> steps;
+  std::vector<KernelDecl> kernels;
+  std::optional<NativePlan> native;
+
+  // The slots of the native plan: arena, inputs, outputs, weights.
+  int64_t num_slots() const { return 1 + int64_t(inputs.size() + outputs.size() + weights.size()); }
+};
+
+// Throws bpk::Error(BPK_ERR_FORMAT) with text that the caller prefixes with the artifact's source.
+Manifest parse_manifest(const msgpack::object& root);
+
+// The plan ops of format 1.1 (docs/format.md "Plan ops").
+bool known_plan_op(const std::string& op);
+
+}  // namespace bpk

@@ -1,0 +1,103 @@
+// A loaded model: signature checks, per-shape prepared launch lists, and thread-safe runs.
+//
+// In: an Artifact and load options. Out: `Model`. Note [Prepared shapes]: everything that depends only
+// on the input shapes (the shape program's registers, the launch words with every SymInt resolved and
+// every kernel variant chosen, the arena size, the output shapes) is computed once per distinct
+// tuple of input shapes and cached; a repeated shape then costs a hash lookup, an arena from the free
+// list, a slot table and one call into the kernel library. The cache holds at most kMaxShapes
+// signatures (it is cleared when full; preparing again takes microseconds).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "artifact.h"
+#include "bladepack/runtime.h"
+#include "manifest.h"
+#include "native_cpu.h"
+
+namespace bpk {
+
+class Model {
+ public:
+  Model(std::unique_ptr<Artifact> artifact, const bpk_load_options& options);
+  ~Model();
+
+  const bpk_signature& signature() const { return sig_; }
+  const std::string& executor() const { return executor_; }
+  const Manifest& manifest() const { return m_; }
+  void output_shapes(const bpk_tensor* inputs, int64_t num_inputs, bpk_tensor* outputs, int64_t num_outputs) const;
+  void run(const bpk_tensor* inputs, int64_t num_inputs, bpk_tensor* outputs, int64_t num_outputs) const;
+  // The shape program's registers for these input shapes (guards checked): for tests.
+  std::vector<int64_t> registers(const bpk_tensor* inputs, int64_t num_inputs) const;
+
+  static constexpr size_t kMaxShapes = 4096;
+
+  struct OutSpec {
+    int32_t dtype = 0;
+    int32_t ndim = 0;
+    int64_t shape[BPK_MAX_RANK] = {};
+    size_t nbytes = 0;
+  };
+  struct Prepared {
+    std::vector<int64_t> regs;
+    std::vector<int64_t> words;
+    size_t arena_bytes = 0;
+    std::vector<OutSpec> outs;
+    std::vector<int64_t> copy_offset;  // per output copied from the arena: its byte offset there
+  };
+  // The prepared launch list for these (checked) inputs, and the library that runs it: for benchmarks.
+  std::shared_ptr<const Prepared> prepared(const bpk_tensor* inputs) const;
+  const KernelLibrary& library() const { return *lib_; }
+  const std::vector<const void*>& weight_ptrs() const { return weight_ptrs_; }
+
+ private:
+  // Where output k comes from when the native plan does not write it (docs/format.md: slot -1).
+  struct OutSource {
+    enum Kind { kNative, kInput, kWeight, kOutput, kArena } kind = kNative;
+    int64_t index = 0;  // input position, weight index, output index or buffer index
+  };
+  struct KeyHash {
+    size_t operator()(const std::vector<int64_t>& k) const;
+  };
+  struct Arena {
+    void* data = nullptr;
+    size_t bytes = 0;
+  };
+
+  void check_inputs(const bpk_tensor* inputs, int64_t num_inputs) const;
+  std::shared_ptr<const Prepared> prepare(const bpk_tensor* inputs) const;
+  void check_outputs(const Prepared& p, const bpk_tensor* outputs, int64_t num_outputs) const;
+  [[noreturn]] void native_error(int64_t rc, const int64_t* status) const;
+  std::string spec_text(const TensorDecl& t) const;
+  void build_signature();
+  void plan_outputs();
+  Arena* take_arena(size_t bytes) const;
+  void give_arena(Arena* a) const;
+
+  std::unique_ptr<Artifact> artifact_;
+  Manifest m_;
+  std::unique_ptr<KernelLibrary> lib_;
+  std::string executor_;
+  std::vector<const void*> weight_ptrs_;
+  std::vector<OutSource> out_source_;
+  // signature storage behind sig_
+  bpk_signature sig_{};
+  std::vector<bpk_tensor_spec> in_specs_, out_specs_;
+  std::vector<bpk_symbol_spec> sym_specs_;
+  std::vector<std::vector<int64_t>> spec_dims_;
+  std::vector<std::vector<const char*>> spec_exprs_;
+  std::string sig_text_;
+
+  mutable std::shared_mutex cache_mu_;
+  mutable std::unordered_map<std::vector<int64_t>, std::shared_ptr<const Prepared>, KeyHash> cache_;
+  mutable std::mutex arena_mu_;
+  mutable std::vector<Arena*> arenas_;  // free arenas; a run takes one and gives it back
+};
+
+}  // namespace bpk

@@ -1,0 +1,199 @@
+#include "native_cpu.h"
+
+#include <dlfcn.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "errors.h"
+
+#ifdef BPK_HAVE_CBLAS
+extern "C" {
+// The two cblas entry points, declared here so no cblas.h is needed (LP64: 32-bit int sizes).
+void cblas_sgemm(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*, int);
+void cblas_dgemm(int, int, int, int, int, int, double, const double*, int, const double*, int, double, double*,
+                 int);
+}
+#endif
+
+namespace bpk {
+namespace {
+
+constexpr int kAbiVersion = 1;
+
+// Note [Unloading kernel libraries]: each kernel library links libstdc++ statically, and GCC 12's
+// libstdc++ allocates a 71 KB exception-handling pool when it loads that nothing frees at dlclose. A
+// model unload therefore leaves those 71 KB behind (once per load, not per run). Sanitizer builds keep
+// the libraries mapped (RTLD_NODELETE) so that LeakSanitizer reports leaks of the runtime itself.
+#ifdef BPK_SANITIZER_BUILD
+constexpr int kDlopenFlags = RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE;
+#else
+constexpr int kDlopenFlags = RTLD_NOW | RTLD_LOCAL;
+#endif
+
+[[noreturn]] void unavailable(const std::string& what) { fail(BPK_ERR_UNSUPPORTED, what); }
+
+bool machine_is_x86() {
+#if defined(__x86_64__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+const LibraryDecl& choose(const std::vector<LibraryDecl>& libraries) {
+  const std::vector<std::string> have = cpu_flags();
+  const LibraryDecl* best = nullptr;
+  for (const auto& lib : libraries) {
+    bool fits;
+    if (lib.isa == "generic") {
+      fits = !machine_is_x86();
+    } else {
+      fits = machine_is_x86();
+      for (const auto& f : lib.requires_flags) fits = fits && std::find(have.begin(), have.end(), f) != have.end();
+    }
+    if (fits) best = &lib;
+  }
+  if (best == nullptr) {
+    std::string built;
+    for (const auto& lib : libraries) built += (built.empty() ? "" : ", ") + lib.isa;
+    unavailable("the artifact's CPU kernels were built for " + (built.empty() ? std::string("none") : built) +
+                "; none runs on this CPU");
+  }
+  return *best;
+}
+
+int default_threads() {
+  if (const char* env = std::getenv("BLADEPACK_NUM_THREADS")) {
+    const int n = std::atoi(env);
+    if (n > 0) return n;
+  }
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return 1;
+}
+
+bool write_all(int fd, const uint8_t* p, size_t n) {
+  while (n) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w <= 0) return false;
+    p += w;
+    n -= size_t(w);
+  }
+  return true;
+}
+
+}  // namespace
+
+std::vector<std::string> cpu_flags() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("flags", 0) == 0) {
+      const size_t colon = line.find(':');
+      std::istringstream words(colon == std::string::npos ? "" : line.substr(colon + 1));
+      std::vector<std::string> out;
+      for (std::string w; words >> w;) out.push_back(w);
+      return out;
+    }
+  }
+  return {};
+}
+
+KernelLibrary::KernelLibrary(const Artifact& artifact, const std::vector<LibraryDecl>& libraries, int num_threads) {
+  const LibraryDecl& row = choose(libraries);
+  isa_ = row.isa;
+  const Bytes so = artifact.section(row.section);
+  // Note [Library from memory]: the dynamic loader identifies an object by its path, so the memfd
+  // stays open while the library is loaded (its /proc/self/fd path cannot name another file meanwhile).
+  std::string err;
+  memfd_ = memfd_create(("bladepack-" + isa_).c_str(), MFD_CLOEXEC);
+  if (memfd_ >= 0 && write_all(memfd_, so.data, so.size)) {
+    const std::string path = "/proc/self/fd/" + std::to_string(memfd_);
+    handle_ = dlopen(path.c_str(), kDlopenFlags);
+    if (!handle_) err = dlerror();
+  }
+  if (!handle_) {  // no memfd, or executing it is forbidden here: an unlinked temporary file
+    const char* tmp = std::getenv("TMPDIR");
+    std::string path = std::string(tmp && *tmp ? tmp : "/tmp") + "/bladepack-XXXXXX";
+    std::vector<char> name(path.begin(), path.end());
+    name.push_back('\0');
+    const int fd = mkstemp(name.data());
+    if (fd >= 0) {
+      const bool ok = write_all(fd, so.data, so.size);
+      ::close(fd);
+      if (ok) {
+        handle_ = dlopen(name.data(), kDlopenFlags);
+        if (!handle_) err = dlerror();
+      }
+      ::unlink(name.data());
+    }
+  }
+  if (!handle_) {
+    if (memfd_ >= 0) ::close(memfd_);
+    unavailable("the " + isa_ + " CPU kernel library failed to load: " + (err.empty() ? "cannot write it out" : err));
+  }
+  auto sym = [this](const char* name) {
+    void* p = dlsym(handle_, name);
+    if (!p) unavailable(std::string("the CPU kernel library lacks ") + name);
+    return p;
+  };
+  try {
+    auto abi = reinterpret_cast<int (*)()>(sym("bpk_abi_version"));
+    if (abi() != kAbiVersion) unavailable("the CPU kernel library has a different ABI version");
+    nfn_ = reinterpret_cast<int64_t (*)()>(sym("bpk_num_functions"))();
+    auto create = reinterpret_cast<void* (*)(int)>(sym("bpk_ctx_create"));
+    destroy_ = reinterpret_cast<void (*)(void*)>(sym("bpk_ctx_destroy"));
+    auto set_blas = reinterpret_cast<void (*)(void*, void*, void*, int, void*)>(sym("bpk_ctx_set_blas"));
+    run_ = reinterpret_cast<RunFn>(sym("bpk_run"));
+    threads_ = num_threads > 0 ? num_threads : default_threads();
+    ctx_ = create(threads_);
+    if (!ctx_) unavailable("the CPU kernel library could not start its thread pool");
+
+    void *sgemm = nullptr, *dgemm = nullptr, *local = nullptr;
+    const char* env = std::getenv("BLADEPACK_BLAS");
+    if (env && std::strcmp(env, "none") == 0) {
+      blas_ = "none (the kernel library's blocked GEMM)";
+    } else if (env && *env) {
+      blas_handle_ = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+      if (blas_handle_) {
+        sgemm = dlsym(blas_handle_, "cblas_sgemm");
+        dgemm = dlsym(blas_handle_, "cblas_dgemm");
+        local = dlsym(blas_handle_, "openblas_set_num_threads_local");
+      }
+      if (!sgemm || !dgemm) unavailable(std::string("BLADEPACK_BLAS=") + env + " has no cblas_sgemm / cblas_dgemm");
+      blas_ = env;
+    } else {
+#ifdef BPK_HAVE_CBLAS
+      sgemm = reinterpret_cast<void*>(&cblas_sgemm);
+      dgemm = reinterpret_cast<void*>(&cblas_dgemm);
+      local = dlsym(RTLD_DEFAULT, "openblas_set_num_threads_local");
+      blas_ = BPK_BLAS_NAME;
+#else
+      blas_ = "none (the kernel library's blocked GEMM)";
+#endif
+    }
+    set_blas(ctx_, sgemm, dgemm, 0, local);
+  } catch (...) {
+    if (ctx_) destroy_(ctx_);
+    if (blas_handle_) dlclose(blas_handle_);
+    dlclose(handle_);
+    ::close(memfd_);
+    throw;
+  }
+}
+
+KernelLibrary::~KernelLibrary() {
+  if (ctx_) destroy_(ctx_);
+  if (handle_) dlclose(handle_);
+  if (blas_handle_) dlclose(blas_handle_);
+  if (memfd_ >= 0) ::close(memfd_);
+}
+
+}  // namespace bpk

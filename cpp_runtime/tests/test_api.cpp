@@ -1,0 +1,246 @@
+// The C ABI and the C++ header on a real artifact (tests/test_cpp_runtime.py passes the MLP sample:
+// x: float32[batch, 64] -> float32[batch, 10], batch in [1, 4096]).
+//
+//   test_api MLP.bpk   -> "test_api: N checks passed", exit 0; else each failure and exit 1
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bladepack/runtime.h"
+#include "bladepack/runtime.hpp"
+
+namespace {
+
+int g_checks = 0, g_failed = 0;
+
+#define CHECK(cond, ...)                                        \
+  do {                                                          \
+    ++g_checks;                                                 \
+    if (!(cond)) {                                              \
+      ++g_failed;                                               \
+      std::fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
+      std::fprintf(stderr, __VA_ARGS__);                        \
+      std::fprintf(stderr, "\n");                               \
+    }                                                           \
+  } while (0)
+
+bool contains(const char* s, const char* part) { return std::strstr(s, part) != nullptr; }
+
+std::vector<float> input(int64_t batch, int seed) {
+  std::vector<float> x(size_t(batch * 64));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(std::sin(0.37 * double(i) + seed));
+  return x;
+}
+
+bpk_tensor tensor(void* data, int32_t dtype, std::initializer_list<int64_t> shape) {
+  bpk_tensor t;
+  std::memset(&t, 0, sizeof t);
+  t.data = data;
+  t.dtype = dtype;
+  t.ndim = int32_t(shape.size());
+  int i = 0;
+  for (int64_t d : shape) t.shape[i++] = d;
+  return t;
+}
+
+double max_rel(const float* a, const float* b, size_t n) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < n; ++i) {
+    diff = std::fmax(diff, std::fabs(double(a[i]) - double(b[i])));
+    scale = std::fmax(scale, std::fabs(double(b[i])));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+std::vector<float> run_alloc(bpk_model* m, int64_t batch, int seed) {
+  std::vector<float> x = input(batch, seed);
+  bpk_tensor in = tensor(x.data(), BPK_FLOAT32, {batch, 64});
+  bpk_tensor out = tensor(nullptr, 0, {});
+  if (bpk_model_run(m, &in, 1, &out, 1) != BPK_OK) return {};
+  std::vector<float> y(static_cast<float*>(out.data), static_cast<float*>(out.data) + batch * 10);
+  bpk_free(out.data);
+  return y;
+}
+
+void signature(bpk_model* m) {
+  const bpk_signature* s = nullptr;
+  CHECK(bpk_model_signature(m, &s) == BPK_OK, "%s", bpk_last_error());
+  CHECK(s->num_inputs == 1 && s->num_outputs == 1 && s->num_symbols == 1, "counts");
+  CHECK(std::strcmp(s->inputs[0].name, "x") == 0, "input name %s", s->inputs[0].name);
+  CHECK(s->inputs[0].dtype == BPK_FLOAT32 && s->inputs[0].ndim == 2, "input type");
+  CHECK(s->inputs[0].dims[0] == -1 && s->inputs[0].dims[1] == 64, "input dims");
+  CHECK(std::strcmp(s->inputs[0].dim_exprs[0], "batch") == 0, "dim expr %s", s->inputs[0].dim_exprs[0]);
+  CHECK(std::strcmp(s->symbols[0].name, "batch") == 0 && s->symbols[0].min == 1 && s->symbols[0].max == 4096,
+        "symbol");
+  CHECK(contains(s->text, "(x: float32[batch, 64]) -> (output0: float32[batch, 10]) where batch in [1, 4096]"),
+        "text %s", s->text);
+  CHECK(contains(bpk_model_executor(m), "native ("), "executor %s", bpk_model_executor(m));
+}
+
+void runs(bpk_model* path_model, bpk_model* mem_model) {
+  for (int64_t batch : {int64_t(1), int64_t(3), int64_t(64), int64_t(4096)}) {
+    std::vector<float> a = run_alloc(path_model, batch, 1), b = run_alloc(mem_model, batch, 1);
+    CHECK(a.size() == size_t(batch * 10) && a == b, "path and memory loads differ at batch %lld", (long long)batch);
+    // caller-allocated output, shapes asked first
+    std::vector<float> x = input(batch, 1);
+    bpk_tensor in = tensor(x.data(), BPK_FLOAT32, {batch, 64});
+    bpk_tensor shape = tensor(nullptr, 0, {});
+    CHECK(bpk_model_output_shapes(path_model, &in, 1, &shape, 1) == BPK_OK, "%s", bpk_last_error());
+    CHECK(shape.ndim == 2 && shape.shape[0] == batch && shape.shape[1] == 10 && shape.dtype == BPK_FLOAT32,
+          "output_shapes");
+    CHECK(shape.data == nullptr, "output_shapes wrote data");
+    std::vector<float> y(size_t(batch * 10), -1.f);
+    bpk_tensor out = tensor(y.data(), BPK_FLOAT32, {batch, 10});
+    CHECK(bpk_model_run(path_model, &in, 1, &out, 1) == BPK_OK, "%s", bpk_last_error());
+    CHECK(y == a, "caller buffer differs from runtime buffer at batch %lld", (long long)batch);
+    CHECK(bpk_last_error()[0] == '\0', "last error after success: %s", bpk_last_error());
+    // log_softmax rows: logsumexp is 0
+    double worst = 0;
+    for (int64_t r = 0; r < batch; ++r) {
+      double s = 0;
+      for (int c = 0; c < 10; ++c) s += std::exp(double(y[size_t(r * 10 + c)]));
+      worst = std::fmax(worst, std::fabs(s - 1));
+    }
+    CHECK(worst < 1e-5, "softmax rows sum to %g", 1 + worst);
+  }
+}
+
+void errors(bpk_model* m) {
+  std::vector<float> x = input(2, 0);
+  std::vector<double> xd(2 * 64);
+  bpk_tensor out = tensor(nullptr, 0, {});
+  bpk_tensor in = tensor(x.data(), BPK_FLOAT32, {2, 64});
+  CHECK(bpk_model_run(m, &in, 0, &out, 1) == BPK_ERR_INPUT, "count");
+  CHECK(std::strcmp(bpk_last_error(), "expected 1 inputs (x), got 0") == 0, "%s", bpk_last_error());
+  bpk_tensor rank = tensor(x.data(), BPK_FLOAT32, {128});
+  CHECK(bpk_model_run(m, &rank, 1, &out, 1) == BPK_ERR_INPUT, "rank");
+  CHECK(std::strcmp(bpk_last_error(),
+                    "input 'x' has rank 1 (shape (128,)); expected rank 2: x: float32[batch, 64]") == 0,
+        "%s", bpk_last_error());
+  bpk_tensor dt = tensor(xd.data(), BPK_FLOAT64, {2, 64});
+  CHECK(bpk_model_run(m, &dt, 1, &out, 1) == BPK_ERR_INPUT, "dtype");
+  CHECK(std::strcmp(bpk_last_error(), "input 'x' has dtype float64; expected float32") == 0, "%s", bpk_last_error());
+  bpk_tensor st = tensor(x.data(), BPK_FLOAT32, {4, 32});
+  CHECK(bpk_model_run(m, &st, 1, &out, 1) == BPK_ERR_INPUT, "static dim");
+  bpk_tensor big = tensor(x.data(), BPK_FLOAT32, {4097, 64});
+  CHECK(bpk_model_run(m, &big, 1, &out, 1) == BPK_ERR_SHAPE_GUARD, "range");
+  CHECK(contains(bpk_last_error(), "is 4097; the allowed range is [1, 4096]"), "%s", bpk_last_error());
+  CHECK(out.data == nullptr, "a failed run left an output allocated");
+  std::vector<float> y(30);
+  bpk_tensor wrong = tensor(y.data(), BPK_FLOAT32, {3, 10});
+  CHECK(bpk_model_run(m, &in, 1, &wrong, 1) == BPK_ERR_INPUT, "output buffer shape");
+  CHECK(std::strcmp(bpk_last_error(), "output buffer 'output0' is float32[3, 10]; the result is float32[2, 10]") == 0,
+        "%s", bpk_last_error());
+  CHECK(bpk_model_run(m, &in, 1, &out, 2) == BPK_ERR_ARGUMENT, "output count");
+  CHECK(bpk_model_run(nullptr, &in, 1, &out, 1) == BPK_ERR_ARGUMENT, "null model");
+  bpk_tensor nodata = tensor(nullptr, BPK_FLOAT32, {2, 64});
+  CHECK(bpk_model_run(m, &nodata, 1, &out, 1) == BPK_ERR_ARGUMENT, "null input data");
+  bpk_tensor baddt = tensor(x.data(), 99, {2, 64});
+  CHECK(bpk_model_run(m, &baddt, 1, &out, 1) == BPK_ERR_ARGUMENT, "invalid dtype code");
+  bpk_model* none = nullptr;
+  CHECK(bpk_model_load("/nonexistent/model.bpk", nullptr, &none) == BPK_ERR_IO && none == nullptr, "missing file");
+  CHECK(std::strcmp(bpk_last_error(), "no artifact at /nonexistent/model.bpk") == 0, "%s", bpk_last_error());
+  bpk_load_options bad_flags{0x80, 0};
+  CHECK(bpk_model_load_from_memory("x", 1, &bad_flags, &none) == BPK_ERR_ARGUMENT, "unknown flags");
+}
+
+void truncations(const std::string& bytes) {
+  // every prefix length class: header, manifest, sections, all but the last byte
+  const size_t lens[] = {0, 1, 8, 63, 64, 100, bytes.size() / 3, bytes.size() / 2, bytes.size() - 1};
+  for (size_t n : lens) {
+    bpk_model* m = nullptr;
+    const bpk_status s = bpk_model_load_from_memory(bytes.data(), n, nullptr, &m);
+    CHECK(s == BPK_ERR_FORMAT && m == nullptr, "truncated to %zu bytes: status %d", n, int(s));
+    CHECK(std::strncmp(bpk_last_error(), "<memory>: ", 10) == 0, "%s", bpk_last_error());
+  }
+}
+
+void threads(bpk_model* m) {
+  // serial references, then 8 threads running mixed shapes at once
+  const int64_t batches[] = {1, 2, 5, 17, 64, 257};
+  std::vector<std::vector<float>> ref;
+  for (int64_t b : batches) ref.push_back(run_alloc(m, b, int(b)));
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 8; ++t)
+    ts.emplace_back([&, t] {
+      for (int r = 0; r < 40; ++r) {
+        const size_t k = size_t(t + r) % 6;
+        std::vector<float> y = run_alloc(m, batches[k], int(batches[k]));
+        if (y.size() != ref[k].size() || max_rel(y.data(), ref[k].data(), y.size()) > 1e-6) ++mismatches;
+      }
+    });
+  for (auto& t : ts) t.join();
+  CHECK(mismatches == 0, "%d concurrent runs differ from the serial ones", mismatches.load());
+}
+
+// A model freed right after loading: its kernel pool is destroyed before the workers first ran (a
+// worker that had not yet read the job counter used to wait for a job that never came).
+void load_unload(const std::string& path) {
+  int ok = 0;
+  bpk_load_options opts{BPK_LOAD_SKIP_SECTION_CHECKSUMS, 4};
+  for (int i = 0; i < 50; ++i) {
+    bpk_model* m = nullptr;
+    if (bpk_model_load(path.c_str(), &opts, &m) == BPK_OK) ++ok;
+    bpk_model_free(m);
+  }
+  CHECK(ok == 50, "%d of 50 loads succeeded", ok);
+}
+
+void cpp_header(const std::string& path) {
+  bladepack::Model model = bladepack::Model::load(path);
+  std::vector<float> x = input(5, 1);
+  auto outs = model.run({bladepack::Tensor::view(x.data(), {5, 64})});
+  CHECK(outs.size() == 1 && outs[0].owns_data() && outs[0].shape() == std::vector<int64_t>({5, 10}), "C++ run");
+  auto shapes = model.output_shapes({bladepack::Tensor::view(x.data(), {5, 64})});
+  std::vector<float> y(50);
+  model.run({bladepack::Tensor::view(x.data(), {5, 64})}, {bladepack::Tensor::view(y.data(), shapes[0].shape())});
+  CHECK(std::memcmp(y.data(), outs[0].data<float>(), 50 * sizeof(float)) == 0, "C++ caller buffer");
+  bool threw = false;
+  try {
+    model.run({bladepack::Tensor::view(x.data(), {5, 63})});
+  } catch (const bladepack::Error& e) {
+    threw = e.status() == BPK_ERR_INPUT && contains(e.what(), "dimension 1 is 63; it is static and must be 64");
+  }
+  CHECK(threw, "C++ errors throw bladepack::Error with the reason");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: test_api MLP.bpk\n");
+    return 2;
+  }
+  const std::string path = argv[1];
+  std::ifstream f(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  bpk_model *a = nullptr, *b = nullptr;
+  bpk_load_options opts{BPK_LOAD_SKIP_SECTION_CHECKSUMS, 2};
+  if (bpk_model_load(path.c_str(), nullptr, &a) != BPK_OK ||
+      bpk_model_load_from_memory(bytes.data(), bytes.size(), &opts, &b) != BPK_OK) {
+    std::fprintf(stderr, "load failed: %s\n", bpk_last_error());
+    return 1;
+  }
+  signature(a);
+  runs(a, b);
+  errors(a);
+  truncations(bytes);
+  threads(a);
+  cpp_header(path);
+  load_unload(path);
+  bpk_model_free(a);
+  bpk_model_free(b);
+  if (g_failed) {
+    std::fprintf(stderr, "test_api: %d of %d checks failed\n", g_failed, g_checks);
+    return 1;
+  }
+  std::printf("test_api: %d checks passed\n", g_checks);
+  return 0;
+}

@@ -1,0 +1,193 @@
+// bpk-run: run a .bpk artifact on .npy inputs without Python.
+//
+//   bpk-run MODEL.bpk --input NAME=FILE.npy ... [--output-dir DIR] [--device cpu|cuda] [--repeat N]
+//           [--threads N] [--no-verify]
+//
+// Without inputs it prints the signature. Each output is written as DIR/<name>.npy; with --repeat N
+// the model runs N more times and latency statistics are printed. Exit status: 0, 1 for a load or run
+// error (the runtime's reason on stderr), 2 for a usage error.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "bladepack/runtime.h"
+#include "npy.h"
+
+namespace {
+
+const char kUsage[] =
+    "usage: bpk-run MODEL.bpk [--input NAME=FILE.npy ...] [--output-dir DIR] [--device cpu|cuda]\n"
+    "               [--repeat N] [--threads N] [--no-verify]\n";
+
+int usage(const std::string& why) {
+  std::fprintf(stderr, "bpk-run: %s\n%s", why.c_str(), kUsage);
+  return 2;
+}
+
+int runtime_error(bpk_status s) {
+  std::fprintf(stderr, "bpk-run: %s: %s\n", bpk_status_name(s), bpk_last_error());
+  return 1;
+}
+
+std::string shape_text(const int64_t* d, int32_t n) {
+  std::string s = "[";
+  for (int32_t i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+double percentile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  const double pos = q * double(v.size() - 1);
+  const size_t lo = size_t(pos);
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - double(lo));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_path, out_dir, device = "cpu";
+  std::vector<std::pair<std::string, std::string>> inputs;
+  long repeat = 0;
+  bpk_load_options opts{0, 0};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&](const char* flag) -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "bpk-run: %s needs a value\n%s", flag, kUsage);
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--input") {
+      const std::string v = value("--input");
+      const size_t eq = v.find('=');
+      if (eq == std::string::npos || eq == 0) return usage("--input takes NAME=FILE.npy, got '" + v + "'");
+      inputs.emplace_back(v.substr(0, eq), v.substr(eq + 1));
+    } else if (a == "--output-dir") {
+      out_dir = value("--output-dir");
+    } else if (a == "--device") {
+      device = value("--device");
+    } else if (a == "--repeat") {
+      char* end = nullptr;
+      const std::string v = value("--repeat");
+      repeat = std::strtol(v.c_str(), &end, 10);
+      if (*end || repeat < 0) return usage("--repeat takes a non-negative count, got '" + v + "'");
+    } else if (a == "--threads") {
+      const std::string v = value("--threads");
+      char* end = nullptr;
+      opts.num_threads = int32_t(std::strtol(v.c_str(), &end, 10));
+      if (*end || opts.num_threads < 1) return usage("--threads takes a positive count, got '" + v + "'");
+    } else if (a == "--no-verify") {
+      opts.flags |= BPK_LOAD_SKIP_SECTION_CHECKSUMS;
+    } else if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (!a.empty() && a[0] == '-') {
+      return usage("unknown option " + a);
+    } else if (model_path.empty()) {
+      model_path = a;
+    } else {
+      return usage("more than one model given: " + model_path + ", " + a);
+    }
+  }
+  if (model_path.empty()) return usage("no model given");
+  if (device != "cpu" && device != "cuda") return usage("--device is cpu or cuda, got '" + device + "'");
+
+  bpk_model* model = nullptr;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (bpk_status s = bpk_model_load(model_path.c_str(), &opts, &model)) return runtime_error(s);
+  const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const bpk_signature* sig = nullptr;
+  bpk_model_signature(model, &sig);
+  if (device == "cuda") {
+    std::fprintf(stderr, "bpk-run: %s has no CUDA kernels (it runs on: %s)\n", model_path.c_str(),
+                 bpk_model_executor(model));
+    bpk_model_free(model);
+    return 1;
+  }
+  if (inputs.empty()) {
+    std::printf("%s\nexecutor: %s\nloaded in %.2f ms\n", sig->text, bpk_model_executor(model), load_ms);
+    bpk_model_free(model);
+    return 0;
+  }
+
+  std::map<std::string, npy::Array> arrays;
+  for (const auto& [name, file] : inputs) {
+    bool known = false;
+    for (int64_t k = 0; k < sig->num_inputs; ++k) known |= name == sig->inputs[k].name;
+    if (!known) {
+      std::string names;
+      for (int64_t k = 0; k < sig->num_inputs; ++k) names += (k ? ", " : "") + std::string(sig->inputs[k].name);
+      bpk_model_free(model);
+      return usage("unknown input '" + name + "'; the model's inputs are " + names);
+    }
+    try {
+      arrays.emplace(name, npy::read(file));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bpk-run: %s\n", e.what());
+      bpk_model_free(model);
+      return 1;
+    }
+  }
+  std::vector<bpk_tensor> in(size_t(sig->num_inputs));
+  for (int64_t k = 0; k < sig->num_inputs; ++k) {
+    auto it = arrays.find(sig->inputs[k].name);
+    if (it == arrays.end()) {
+      bpk_model_free(model);
+      return usage(std::string("missing --input ") + sig->inputs[k].name + "=FILE.npy");
+    }
+    bpk_tensor& t = in[size_t(k)];
+    std::memset(&t, 0, sizeof t);
+    t.data = it->second.aligned;
+    t.dtype = it->second.dtype;
+    t.ndim = int32_t(it->second.shape.size());
+    std::copy(it->second.shape.begin(), it->second.shape.end(), t.shape);
+  }
+  std::vector<bpk_tensor> out(size_t(sig->num_outputs));
+  for (auto& o : out) std::memset(&o, 0, sizeof o);
+  if (bpk_status s = bpk_model_run(model, in.data(), int64_t(in.size()), out.data(), int64_t(out.size()))) {
+    bpk_model_free(model);
+    return runtime_error(s);
+  }
+  int rc = 0;
+  for (int64_t k = 0; k < sig->num_outputs; ++k) {
+    const bpk_tensor& o = out[size_t(k)];
+    std::printf("%s: %s%s\n", sig->outputs[k].name, bpk_dtype_name(o.dtype), shape_text(o.shape, o.ndim).c_str());
+    if (!out_dir.empty()) {
+      try {
+        npy::write(out_dir + "/" + sig->outputs[k].name + ".npy", o.dtype, std::vector<int64_t>(o.shape, o.shape + o.ndim),
+                   o.data);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "bpk-run: %s\n", e.what());
+        rc = 1;
+      }
+    }
+  }
+  if (repeat > 0 && rc == 0) {  // into the same buffers: what a server does call after call
+    std::vector<double> us;
+    us.reserve(size_t(repeat));
+    for (long r = 0; r < repeat; ++r) {
+      const auto a = std::chrono::steady_clock::now();
+      if (bpk_status s = bpk_model_run(model, in.data(), int64_t(in.size()), out.data(), int64_t(out.size()))) {
+        rc = runtime_error(s);
+        break;
+      }
+      us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a).count());
+    }
+    if (rc == 0)
+      std::printf("latency over %ld runs (us): min %.1f  median %.1f  mean %.1f  p90 %.1f  p99 %.1f  max %.1f\n",
+                  repeat, *std::min_element(us.begin(), us.end()), percentile(us, 0.5),
+                  std::accumulate(us.begin(), us.end(), 0.0) / double(us.size()), percentile(us, 0.9),
+                  percentile(us, 0.99), *std::max_element(us.begin(), us.end()));
+  }
+  for (auto& o : out) bpk_free(o.data);
+  bpk_model_free(model);
+  return rc;
+}
