@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -117,6 +118,19 @@ def load_rows(build: Path, tmp: Path, repeat: int) -> list[dict[str, Any]]:
     return rows
 
 
+def machine() -> str:
+    """The CPU model and the number of CPUs this process may use."""
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name}, {len(os.sched_getaffinity(0))} CPUs"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=2000)
@@ -127,6 +141,8 @@ def main() -> None:
         host = host_rows(build, tmp, args.repeat)
         load = load_rows(build, tmp, 20)
     lines = [
+        f"Machine: {machine()}; kernels {host[0]['isa']}, BLAS {host[0]['blas']}.",
+        "",
         "Host overhead per call at a repeated shape (median; target <= 5 µs):",
         "",
         "| model | input shapes | launches | C++ call µs | kernels alone µs | C++ host overhead µs | Python host overhead µs |",
@@ -154,7 +170,7 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "cpp_runtime.md").write_text(md)
     report = {
-        "machine": platform.processor() or platform.machine(),
+        "machine": machine(),
         "numpy": np.__version__,
         "host": host,
         "load": load,
