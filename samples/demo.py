@@ -1,9 +1,11 @@
 """The main demo: optimize a sample, save it, load it in a fresh process without torch, check it.
 
-    python -m samples.demo [--sample encoder|llama|cnn|mlp] [--onnx] [--out out/]
+    python -m samples.demo [--sample encoder|llama|cnn|mlp] [--onnx] [--cpp] [--out out/]
 
 With --onnx the sample is first exported to ONNX (dynamic axes, TorchScript exporter) and bladepack
-optimizes the .onnx file instead of the module.
+optimizes the .onnx file instead of the module. With --cpp the C++ runtime is built (CMake; the
+system packages of scripts/system_deps.sh) and `bpk-run` runs the same artifact at the same shapes,
+checked against eager too.
 
 The child process blocks `import torch` and `import sympy`, loads the .bpk with the numpy loader and
 runs it at shapes the optimizer never saw; the parent compares with PyTorch eager and exits non-zero
@@ -16,7 +18,9 @@ import argparse
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -50,6 +54,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sample", default="encoder", choices=sorted(SAMPLES))
     p.add_argument("--onnx", action="store_true", help="go through an ONNX export of the sample")
+    p.add_argument("--cpp", action="store_true", help="also run the artifact with the C++ runtime (bpk-run)")
     p.add_argument("--out", default="out")
     args = p.parse_args()
     s = SAMPLES[args.sample]
@@ -96,18 +101,51 @@ def main() -> int:
     )
     print("[4/4] compare with PyTorch eager (max |out - ref| / max |ref| per output)")
     res = np.load(res_path)
+    worst = _compare(cases, refs, lambda k, j: res[f"{k}_out{j}"])
+    ok = worst <= 1e-5
+    print(f"max relative error {worst:.2e} over {len(cases)} unseen shapes: {'OK' if ok else 'FAILED'} (limit 1e-5)")
+    if args.cpp:
+        ok = _run_cpp(path, cases, refs, arrays, out) and ok
+    return 0 if ok else 1
+
+
+def _compare(
+    cases: list[dict[str, int]], refs: list[tuple[Any, ...]], result: Callable[[int, int], np.ndarray]
+) -> float:
     worst = 0.0
     for k, (c, ref) in enumerate(zip(cases, refs)):
         errs = []
         for j, r in enumerate(ref):
-            o, rr = res[f"{k}_out{j}"], r.numpy()
-            e = float(np.abs(o.astype(np.float64) - rr).max() / max(np.abs(rr).max(), 1e-30))
-            errs.append(e)
+            o, rr = result(k, j), r.numpy()
+            errs.append(float(np.abs(o.astype(np.float64) - rr).max() / max(np.abs(rr).max(), 1e-30)))
         worst = max(worst, *errs)
         print(f"      {c}: " + ", ".join(f"{e:.1e}" for e in errs))
+    return worst
+
+
+def _run_cpp(
+    path: Path, cases: list[dict[str, int]], refs: list[tuple[Any, ...]], arrays: dict[str, np.ndarray], out: Path
+) -> bool:
+    from tests import cpp_build
+
+    subprocess.run(["bash", str(cpp_build.ROOT / "scripts" / "system_deps.sh")], check=True)
+    print("[cpp] build cpp_runtime (CMake) and run bpk-run on the same artifact, no Python involved")
+    bpk_run = cpp_build.build("release") / "bpk-run"
+    sig = bladepack.load(path).signature
+    for k in range(len(cases)):
+        flags = []
+        for i, spec in enumerate(sig.inputs):
+            f = out / f"cpp_{k}_{spec.name}.npy"
+            np.save(f, arrays[f"{k}_in{i}"])
+            flags += ["--input", f"{spec.name}={f}"]
+        d = out / f"cpp_{k}"
+        d.mkdir(exist_ok=True)
+        subprocess.run([str(bpk_run), str(path), *flags, "--output-dir", str(d)], check=True, capture_output=True)
+    names = [t.name for t in sig.outputs]
+    worst = _compare(cases, refs, lambda k, j: np.load(out / f"cpp_{k}" / f"{names[j]}.npy"))
     ok = worst <= 1e-5
-    print(f"max relative error {worst:.2e} over {len(cases)} unseen shapes: {'OK' if ok else 'FAILED'} (limit 1e-5)")
-    return 0 if ok else 1
+    print(f"C++ runtime: max relative error {worst:.2e} over {len(cases)} shapes: {'OK' if ok else 'FAILED'}")
+    return ok
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import os
 import random
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -418,3 +419,16 @@ def test_install_and_find_package(release: Path) -> None:
     assert abs(float(line.split()[-1]) - float(want.sum(dtype=np.float64))) <= 1e-5 * abs(float(want.sum()))
     r = subprocess.run([str(prefix / "bin" / "bpk-run"), str(path)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "x: float32[batch, 64]" in r.stdout, r.stderr
+
+
+def test_demo_with_cpp(release: Path) -> None:
+    """The README's demo, with its C++ leg (the MLP sample: quickest to optimize)."""
+    r = subprocess.run(
+        [sys.executable, "-m", "samples.demo", "--sample", "mlp", "--cpp", "--out", str(TMP / "demo")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=cpp_build.ROOT,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "C++ runtime: max relative error" in r.stdout and r.stdout.rstrip().endswith("OK")
