@@ -2,7 +2,7 @@
 
 In: a manifest (from `bladepack.artifact.read`). Out: a dict with the keys documented in
 docs/format.md (format_version, producer, inputs, outputs, symbols, plan, kernels, gemm_configs,
-cpu_libraries, weights_bytes, arena_bytes), and its text rendering.
+cpu_libraries, reference_steps, weights_bytes, arena_bytes), and its text rendering.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ def manifest_summary(m: dict[str, Any]) -> dict[str, Any]:
         ],
         "gemm_configs": list(m["gemm_configs"]),
         "cpu_libraries": [lib["isa"] for lib in m.get("native_cpu", {}).get("libraries", [])],
+        "reference_steps": _reference_steps(m),
         "weights_bytes": weights_bytes,
         "weights": len(m["weights"]),
         "arena_bytes": m["arena_bytes"]["expr"],
@@ -46,6 +47,19 @@ def manifest_summary(m: dict[str, Any]) -> dict[str, Any]:
             "guards": len(m["shape_program"]["messages"]),
         },
     }
+
+
+def _reference_steps(m: dict[str, Any]) -> list[dict[str, Any]]:
+    """Native-plan steps left to the Python reference executor (the C++ runtime refuses them)."""
+    steps = {s["out"]: s for s in m["plan"]["steps"]}
+    out = []
+    for lr in m.get("native_cpu", {}).get("launches", []):
+        if lr["op"] == "ref":
+            st = steps.get(lr["node"], {})
+            out.append(
+                {"node": lr["node"], "op": st.get("op"), "reason": lr.get("reason", ""), "loc": st.get("loc", "")}
+            )
+    return out
 
 
 def _prod(shape: list[int]) -> int:
@@ -87,6 +101,15 @@ def inspect_text(s: dict[str, Any]) -> str:
     )
     libs = ", ".join(s["cpu_libraries"]) or "none (runs on the reference executor)"
     lines.append(f"cpu kernel libraries: {libs}")
+    refs = s["reference_steps"]
+    if s["cpu_libraries"]:
+        lines.append(
+            f"reference steps: {len(refs)} (numpy, Python loader only; the C++ runtime refuses the artifact)"
+            if refs
+            else "reference steps: none (every step runs in the kernel library; the C++ runtime runs it)"
+        )
+    for r in refs:
+        lines.append(f"  %{r['node']} {r['op']}: {r['reason']} (from {r['loc'] or 'unknown source'})")
     lines.append(f"kernels: {len(s['kernels']) or 'none'}")
     for k in s["kernels"]:
         target = f"{k['target']}{'/' + k['arch'] if k['arch'] else ''}"

@@ -24,6 +24,7 @@ KEYS = {
     "weights_bytes",
     "arena_bytes",
     "cpu_libraries",
+    "reference_steps",
 }
 
 
@@ -43,6 +44,7 @@ def test_inspect_json_contract(mlp_artifact, tmp_path: Path, capsys) -> None:
     assert [g["m"] for g in data["gemm_configs"]] == ["batch"] * 3
     assert [(k["target"], k["kind"]) for k in data["kernels"]] == [("cpu", "loop"), ("cpu", "loop"), ("cpu", "row")]
     assert len(data["cpu_libraries"]) == 1
+    assert data["reference_steps"] == []
     assert data["weights_bytes"] == 4 * (64 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10)
     assert "batch" in data["arena_bytes"]
 
@@ -53,6 +55,7 @@ def test_inspect_text(mlp_artifact, tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "bladepack.cli", "inspect", str(path)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "x: float32[batch, 64]" in r.stdout and "batch in [1, 64]" in r.stdout and "plan:" in r.stdout
+    assert "reference steps: none" in r.stdout
 
 
 def test_inspect_corrupt_file_is_an_error_not_a_crash(tmp_path: Path, capsys) -> None:

@@ -231,6 +231,9 @@ def test_artifacts_the_runtime_refuses(release: Path, monkeypatch: pytest.Monkey
     assert r.returncode == 1
     assert "these plan steps have no generated CPU kernel" in r.stderr
     assert "matmul: matmul on int64 has no BLAS routine (from " in r.stderr
+    r = subprocess.run([sys.executable, "-m", "bladepack.cli", "inspect", str(ref)], capture_output=True, text=True)
+    assert "reference steps: 1 (numpy, Python loader only; the C++ runtime refuses the artifact)" in r.stdout
+    assert "matmul: matmul on int64 has no BLAS routine (from " in r.stdout
     monkeypatch.setenv("BLADEPACK_NATIVE", "0")
     plain = TMP / "no-library.bpk"
     bladepack.optimize(IntMatmul(), samples).save(plain)
