@@ -1,7 +1,7 @@
 """The C++ runtime's host overhead per call and its load time, next to the Python loader's.
 
-In: the 50-kernel chain and the samples at small shapes (host overhead), and an MLP with 100 MB of
-float32 weights (load time). Out: a markdown table (printed) and bench/results/cpp_runtime.{json,md}.
+In: the 50-kernel chain and the samples at small shapes (host overhead), the samples at large shapes
+(whole calls), and an MLP with 100 MB of float32 weights (load time). Out: a markdown table (printed) and bench/results/cpp_runtime.{json,md}.
 
     python -m bench.cpp_runtime [--repeat 2000]
 
@@ -90,6 +90,39 @@ def host_rows(build: Path, tmp: Path, repeat: int) -> list[dict[str, Any]]:
     return rows
 
 
+def latency_rows(build: Path, tmp: Path, repeat: int) -> list[dict[str, Any]]:
+    """Whole calls at a large shape per sample: the C++ runtime against the Python loader (numpy in and
+    out), alternating blocks of calls."""
+    rows = []
+    for name in sorted(SAMPLES):
+        s = SAMPLES[name]
+        dims = {k: max(v for v in vals if v <= 300) for k, vals in s.test_dims.items()}
+        x = [t.numpy() for t in s.make_inputs(torch.Generator().manual_seed(2), **{**s.base_dims, **dims})]
+        path = tmp / f"large-{name}.bpk"
+        bladepack.optimize(s.build(), s.export_samples(), s.dynamic_shapes).save(path)
+        m = bladepack.load(path)
+        shapes = [f"{t.name}={','.join(str(d) for d in a.shape)}" for t, a in zip(m.signature.inputs, x)]
+        cpp, py = [], []
+        for _ in range(3):
+            r = _bench(
+                build, "host", str(path), *(a for s_ in shapes for a in ("--shape", s_)), "--repeat", str(repeat)
+            )
+            cpp.append(r["call_us"])
+            for _ in range(5):
+                m.run(x)
+            t = []
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                m.run(x)
+                t.append((time.perf_counter() - t0) * 1e6)
+            py.append(statistics.median(t))
+        c, p_ = statistics.median(cpp), statistics.median(py)
+        rows.append(
+            {"model": name, "shapes": " ".join(shapes), "cpp_us": c, "python_us": p_, "python_over_cpp": p_ / c}
+        )
+    return rows
+
+
 def load_rows(build: Path, tmp: Path, repeat: int) -> list[dict[str, Any]]:
     path = tmp / "wide.bpk"
     torch.manual_seed(0)
@@ -140,6 +173,7 @@ def main() -> None:
         tmp = Path(d)
         host = host_rows(build, tmp, args.repeat)
         load = load_rows(build, tmp, 20)
+        latency = latency_rows(build, tmp, 30)
     lines = [
         f"Machine: {machine()}; kernels {host[0]['isa']}, BLAS {host[0]['blas']}.",
         "",
@@ -152,6 +186,17 @@ def main() -> None:
         lines.append(
             f"| {r['model']} | {r['shapes']} | {r['launches']} | {r['cpp_call_us']:.1f} | {r['cpp_native_us']:.1f} "
             f"| {r['cpp_overhead_us']:.2f} | {r['python_overhead_us']:.2f} |"
+        )
+    lines += [
+        "",
+        "Whole calls at a large shape (median of three alternating blocks of 30 calls):",
+        "",
+        "| model | input shapes | C++ µs | Python µs | Python / C++ |",
+        "|---|---|---|---|---|",
+    ]
+    for r in latency:
+        lines.append(
+            f"| {r['model']} | {r['shapes']} | {r['cpp_us']:.0f} | {r['python_us']:.0f} | {r['python_over_cpp']:.2f}x |"
         )
     lines += [
         "",
@@ -173,6 +218,7 @@ def main() -> None:
         "machine": machine(),
         "numpy": np.__version__,
         "host": host,
+        "latency": latency,
         "load": load,
     }
     (RESULTS / "cpp_runtime.json").write_text(json.dumps(report, indent=1))
