@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import math
 import os
 import random
 import shutil
@@ -101,6 +102,23 @@ def test_samples_match_python_loader(release: Path, name: str) -> None:
         arrays = [t.numpy() for t in s.make_inputs(g, **case)]
         got, want = run_both(release, path, arrays, f"{name}{k}")
         assert len(got) == len(want)
+        for o, w in zip(got, want):
+            e = rel_err(o, w)
+            assert e <= 1e-6, f"{name} at {case}: C++ vs Python relative error {e:.3g}"
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_random_joint_shapes_match_python_loader(release: Path, name: str) -> None:
+    """Every dynamic dim drawn at once (log-uniform up to the largest test value), four draws per sample:
+    shapes no test above combines."""
+    s = SAMPLES[name]
+    rng = random.Random(f"joint-{name}")
+    g = torch.Generator().manual_seed(5)
+    path = sample_artifact(name)
+    for k in range(4):
+        case = {d: max(1, round(math.exp(rng.uniform(0, math.log(min(max(v), 600)))))) for d, v in s.test_dims.items()}
+        arrays = [t.numpy() for t in s.make_inputs(g, **case)]
+        got, want = run_both(release, path, arrays, f"joint-{name}{k}")
         for o, w in zip(got, want):
             e = rel_err(o, w)
             assert e <= 1e-6, f"{name} at {case}: C++ vs Python relative error {e:.3g}"
