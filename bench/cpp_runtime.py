@@ -8,7 +8,7 @@ In: the 50-kernel chain and the samples at small shapes (host overhead), the sam
 Host overhead: `call` is a whole `bpk_model_run` at a repeated shape (caller-owned outputs, as a
 server reuses them); `native` is the kernel library's run of the same prepared launch list with
 nothing around it; both are measured interleaved, call by call, in one process (cpp_runtime/bench/
-bench_runtime.cpp), and the medians are compared. The Python loader's figures come from
+bench_runtime.cpp); the overhead is the median of the per-pair differences. The Python loader's figures come from
 bench.host_overhead.measure on the same artifacts, in this process. Load: `bpk_model_load` of a file in
 the page cache (memory-mapped), with and without section checksums, against `bladepack.load`.
 """

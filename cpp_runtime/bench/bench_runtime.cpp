@@ -2,8 +2,8 @@
 //
 //   bench_runtime host ARTIFACT --shape NAME=D0,D1,... ... [--repeat N]
 //     per call at a repeated shape: the whole bpk_model_run, and the kernel library's run of the same
-//     prepared launch list with nothing around it, interleaved call by call; prints JSON with the
-//     medians (us) and their difference (the host overhead).
+//     prepared launch list with nothing around it, interleaved call by call; prints JSON with both
+//     medians (us) and the median of the per-pair differences (the host overhead).
 //   bench_runtime load ARTIFACT [--repeat N] [--no-verify]
 //     bpk_model_load (memory-mapped) wall time; prints JSON with the median and minimum (ms).
 #include <algorithm>
@@ -71,7 +71,7 @@ int host(const std::string& path, const std::map<std::string, std::vector<int64_
     slots[1 + in.size() + out.size() + w] = const_cast<void*>(model.weight_ptrs()[w]);
   int64_t status[4];
   for (int r = 0; r < 50; ++r) model.run(in.data(), int64_t(in.size()), out.data(), int64_t(out.size()));
-  std::vector<double> call, native;
+  std::vector<double> call, native, diff;
   for (int r = 0; r < repeat; ++r) {
     const auto t0 = Clock::now();
     model.run(in.data(), int64_t(in.size()), out.data(), int64_t(out.size()));
@@ -81,11 +81,12 @@ int host(const std::string& path, const std::map<std::string, std::vector<int64_
     const auto t2 = Clock::now();
     call.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
     native.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
+    diff.push_back(call.back() - native.back());
   }
   size_t launches = m.native->launches.size();
   std::printf("{\"call_us\": %.3f, \"native_us\": %.3f, \"overhead_us\": %.3f, \"launches\": %zu, \"threads\": %d, "
               "\"isa\": \"%s\", \"blas\": \"%s\"}\n",
-              median(call), median(native), median(call) - median(native), launches, model.library().threads(),
+              median(call), median(native), median(diff), launches, model.library().threads(),
               model.library().isa().c_str(), model.library().blas().c_str());
   for (auto& o : out) std::free(o.data);
   for (void* b : bufs) std::free(b);
