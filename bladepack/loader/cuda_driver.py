@@ -1,0 +1,277 @@
+"""The CUDA driver API through cuda-python's `cuda.bindings.driver` only (no runtime API, no torch).
+
+In: a device ordinal, kernel images (a cubin per architecture and PTX), launch geometry and argument
+values. Out: `Device` (name, compute capability, SM count) holding the device's retained primary
+context (the one torch and every runtime-API user share, so device pointers pass between them),
+`Module` / `Function`, `DeviceBuffer`, and launches whose arguments travel in one packed buffer
+(`CU_LAUNCH_PARAM_BUFFER_POINTER`) laid out by `pack_args` as the kernel's C parameter list is.
+
+Errors: `CudaUnavailable` when cuda-python, the driver or the device is missing (the message says
+which and what to do), `CudaError` naming the driver call and its CUresult for anything else.
+
+Note [Kernel images]: a cubin runs on devices of its major architecture whose minor version is at
+least its own (sm_80 runs on 8.6 and 8.9, never on 9.0); arch-specific cubins (`sm_90a`) run only on
+their exact architecture; PTX is compiled by the driver for any device at least as new as its
+virtual architecture. `choose_image` takes the newest cubin that runs, else the newest PTX that does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import re
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bladepack.errors import BladepackError
+
+
+class CudaUnavailable(BladepackError, RuntimeError):
+    """No CUDA here: cuda-python, the driver or the requested device is missing."""
+
+
+class CudaError(BladepackError, RuntimeError):
+    """A CUDA driver call failed."""
+
+
+def _bindings() -> Any:
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        raise CudaUnavailable(
+            "cuda-python is not installed (pip install 'bladepack[cuda]'); it is needed for device='cuda'"
+        ) from None
+    return driver
+
+
+def _check(drv: Any, result: Any, call: str) -> Any:
+    """The values after a call's CUresult, or CudaError naming the call and the result."""
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise CudaError(f"{call} failed: {_error_name(drv, err)}")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def _error_name(drv: Any, err: Any) -> str:
+    try:
+        name_err, name = drv.cuGetErrorName(err)
+        _, text = drv.cuGetErrorString(err)
+        if name_err == drv.CUresult.CUDA_SUCCESS:
+            return f"{name.decode()} ({text.decode()})"
+    except Exception:  # an unknown code: fall back to the enum's own text
+        pass
+    return str(err)
+
+
+def _init(drv: Any) -> None:
+    try:
+        result = drv.cuInit(0)
+    except Exception as e:  # cuda.pathfinder raises its own DynamicLibNotFoundError without a driver
+        if type(e).__name__ == "DynamicLibNotFoundError":
+            raise CudaUnavailable(
+                "no CUDA driver found (libcuda.so.1 could not be loaded); device='cuda' needs an NVIDIA driver"
+            ) from None
+        raise
+    err = result[0]
+    if err == drv.CUresult.CUDA_ERROR_NO_DEVICE:
+        raise CudaUnavailable("the CUDA driver found no device")
+    _check(drv, result, "cuInit")
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    ordinal: int
+    name: str
+    compute_capability: tuple[int, int]
+    sm_count: int
+
+    @property
+    def arch(self) -> str:
+        return f"sm_{self.compute_capability[0]}{self.compute_capability[1]}"
+
+
+class Device:
+    """One device and its retained primary context (made current on the calling thread by `activate`)."""
+
+    def __init__(self, ordinal: int = 0) -> None:
+        drv = _bindings()
+        _init(drv)
+        count = _check(drv, drv.cuDeviceGetCount(), "cuDeviceGetCount")
+        if not 0 <= ordinal < count:
+            raise CudaUnavailable(f"cuda:{ordinal} requested; this machine has {count} CUDA device(s)")
+        self._drv = drv
+        self._dev = _check(drv, drv.cuDeviceGet(ordinal), "cuDeviceGet")
+        attr = drv.CUdevice_attribute
+        major = self._attribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+        minor = self._attribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+        sms = self._attribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        raw = _check(drv, drv.cuDeviceGetName(256, self._dev), "cuDeviceGetName")
+        name = bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
+        self.info = DeviceInfo(ordinal, name, (major, minor), sms)
+        self._ctx: Any = _check(drv, drv.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
+        self.activate()
+
+    def _attribute(self, which: Any) -> int:
+        return int(_check(self._drv, self._drv.cuDeviceGetAttribute(which, self._dev), "cuDeviceGetAttribute"))
+
+    def activate(self) -> None:
+        _check(self._drv, self._drv.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+
+    def close(self) -> None:
+        if self._ctx is not None:
+            _check(self._drv, self._drv.cuDevicePrimaryCtxRelease(self._dev), "cuDevicePrimaryCtxRelease")
+            self._ctx = None
+
+    def load_module(self, image: bytes) -> Module:
+        return Module(self._drv, image)
+
+    def alloc(self, nbytes: int) -> DeviceBuffer:
+        return DeviceBuffer(self._drv, nbytes)
+
+    def synchronize(self, stream: int = 0) -> None:
+        _check(self._drv, self._drv.cuStreamSynchronize(self._drv.CUstream(stream)), "cuStreamSynchronize")
+
+
+class Module:
+    """A loaded cubin / fatbin / PTX image and the functions looked up in it."""
+
+    def __init__(self, drv: Any, image: bytes) -> None:
+        self._drv = drv
+        if not image.startswith(b"\x7fELF") and not image.endswith(b"\0"):
+            image = image + b"\0"  # PTX text must be NUL-terminated
+        self._image = image  # the driver reads it during the call only; kept for clarity of ownership
+        self._mod: Any = _check(drv, drv.cuModuleLoadData(image), "cuModuleLoadData")
+        self._functions: dict[str, Function] = {}
+
+    def function(self, name: str) -> Function:
+        fn = self._functions.get(name)
+        if fn is None:
+            handle = _check(self._drv, self._drv.cuModuleGetFunction(self._mod, name.encode()), "cuModuleGetFunction")
+            fn = self._functions[name] = Function(self._drv, name, handle)
+        return fn
+
+    def unload(self) -> None:
+        if self._mod is not None:
+            _check(self._drv, self._drv.cuModuleUnload(self._mod), "cuModuleUnload")
+            self._mod = None
+
+
+_BUFFER_POINTER, _BUFFER_SIZE, _END = 1, 2, 0  # CU_LAUNCH_PARAM_*
+
+
+class Function:
+    def __init__(self, drv: Any, name: str, handle: Any) -> None:
+        self._drv = drv
+        self.name = name
+        self._fn = handle
+        self._smem_optin = 0
+
+    def launch(
+        self,
+        grid: Sequence[int],
+        block: Sequence[int],
+        args: bytes,
+        shared_bytes: int = 0,
+        stream: int = 0,
+    ) -> None:
+        """Launch with the packed argument bytes (`pack_args`); above 48 KiB of dynamic shared memory
+        the function's limit is raised first (once per size)."""
+        drv = self._drv
+        if shared_bytes > 48 * 1024 and shared_bytes > self._smem_optin:
+            attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            _check(drv, drv.cuFuncSetAttribute(self._fn, attr, shared_bytes), "cuFuncSetAttribute")
+            self._smem_optin = shared_bytes
+        buf = ctypes.create_string_buffer(args, max(len(args), 1))
+        size = ctypes.c_size_t(len(args))
+        extra = (ctypes.c_void_p * 5)(
+            _BUFFER_POINTER, ctypes.addressof(buf), _BUFFER_SIZE, ctypes.addressof(size), _END
+        )
+        gx, gy, gz = (list(grid) + [1, 1])[:3]
+        bx, by, bz = (list(block) + [1, 1])[:3]
+        _check(
+            drv,
+            drv.cuLaunchKernel(
+                self._fn, gx, gy, gz, bx, by, bz, shared_bytes, drv.CUstream(stream), 0, ctypes.addressof(extra)
+            ),
+            f"cuLaunchKernel({self.name})",
+        )
+
+
+class DeviceBuffer:
+    """`nbytes` of device memory (freed by `free` or when collected)."""
+
+    def __init__(self, drv: Any, nbytes: int) -> None:
+        self._drv = drv
+        self.nbytes = nbytes
+        self.ptr: int = int(_check(drv, drv.cuMemAlloc(max(nbytes, 1)), f"cuMemAlloc({nbytes})"))
+
+    def copy_from_host(self, data: bytes | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        if view.nbytes > self.nbytes:
+            raise ValueError(f"{view.nbytes} bytes do not fit in a {self.nbytes}-byte device buffer")
+        src = (ctypes.c_char * view.nbytes).from_buffer_copy(view)
+        _check(self._drv, self._drv.cuMemcpyHtoD(self.ptr, src, view.nbytes), "cuMemcpyHtoD")
+
+    def copy_to_host(self, nbytes: int | None = None) -> bytes:
+        n = self.nbytes if nbytes is None else nbytes
+        dst = ctypes.create_string_buffer(max(n, 1))
+        _check(self._drv, self._drv.cuMemcpyDtoH(dst, self.ptr, n), "cuMemcpyDtoH")
+        return dst.raw[:n]
+
+    def free(self) -> None:
+        if self.ptr:
+            _check(self._drv, self._drv.cuMemFree(self.ptr), "cuMemFree")
+            self.ptr = 0
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown or a lost context: nothing to free into
+            self.free()
+
+
+# -- argument packing and image choice (pure; tested without a driver)
+
+_FORMATS = {"ptr": "Q", "i64": "q", "u64": "Q", "i32": "i", "u32": "I", "f32": "f", "f64": "d"}
+
+
+def pack_args(args: Sequence[tuple[str, int | float]]) -> bytes:
+    """Kernel arguments laid out as the C parameter list: each at its natural alignment, little-endian."""
+    out = bytearray()
+    for kind, value in args:
+        fmt = _FORMATS.get(kind)
+        if fmt is None:
+            raise ValueError(f"unknown argument kind {kind!r}; known: {sorted(_FORMATS)}")
+        size = struct.calcsize(fmt)
+        out += b"\0" * (-len(out) % size)
+        out += struct.pack("<" + fmt, value)
+    return bytes(out)
+
+
+_IMAGE = re.compile(r"^(sm|compute)_(\d+)(\d)(a?)$")
+
+
+def choose_image(images: Mapping[str, bytes], cc: tuple[int, int]) -> tuple[str, bytes]:
+    """Note [Kernel images]: `images` maps "sm_80" / "sm_90a" (cubins) and "compute_90" (PTX) to bytes."""
+    major, minor = cc
+    cubins, ptx = [], []
+    for key in images:
+        m = _IMAGE.match(key)
+        if m is None:
+            raise ValueError(f"kernel image name {key!r} is not sm_XY[a] or compute_XY")
+        kind, maj, mi, specific = m.group(1), int(m.group(2)), int(m.group(3)), bool(m.group(4))
+        if kind == "sm":
+            if (maj, mi) == (major, minor) or (not specific and maj == major and mi <= minor):
+                cubins.append(((maj, mi, specific), key))
+        elif (maj, mi) <= (major, minor):
+            ptx.append(((maj, mi), key))
+    if cubins:
+        key = max(cubins)[1]
+    elif ptx:
+        key = max(ptx)[1]
+    else:
+        have = ", ".join(sorted(images)) or "none"
+        raise CudaUnavailable(f"no kernel image runs on sm_{major}{minor}: the artifact has {have}")
+    return key, images[key]

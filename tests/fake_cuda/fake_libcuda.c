@@ -1,0 +1,286 @@
+/* A fake CUDA driver (libcuda.so.1) for testing the launch path on machines without a GPU.
+ *
+ * cuda-bindings dlopens libcuda.so.1 and resolves every entry point through cuGetProcAddress_v2, so
+ * this library exports that, cuDriverGetVersion and the functions bladepack's loaders call. Device
+ * memory is host memory; kernels do not run: every call that matters is appended as one line to the
+ * file named by FAKE_CUDA_LOG (module loads with the image kind and size, function lookups, attribute
+ * settings, launches with grid, block, shared memory, stream and the argument bytes in hex, copies).
+ * FAKE_CUDA_CC ("90") sets the compute capability, FAKE_CUDA_DEVICES (1) the device count. It checks
+ * the ABI the loaders use, not numbers.
+ */
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef void* CUcontext;
+typedef void* CUmodule;
+typedef void* CUstream;
+typedef struct {
+  char name[256];
+  void* module;
+} FakeFunction;
+typedef struct {
+  int kind; /* 0 cubin (ELF), 1 PTX, 2 fatbin */
+  size_t size;
+} FakeModule;
+
+enum { OK = 0, ERR_INVALID_VALUE = 1, ERR_NOT_FOUND = 500, ERR_INVALID_DEVICE = 101 };
+
+static int g_context = 1; /* the one primary context */
+
+static void logf_(const char* fmt, ...) {
+  const char* path = getenv("FAKE_CUDA_LOG");
+  if (!path) return;
+  FILE* f = fopen(path, "a");
+  if (!f) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(f, fmt, ap);
+  va_end(ap);
+  fputc('\n', f);
+  fclose(f);
+}
+
+static int cc(void) {
+  const char* e = getenv("FAKE_CUDA_CC");
+  return e ? atoi(e) : 90;
+}
+
+static int devices(void) {
+  const char* e = getenv("FAKE_CUDA_DEVICES");
+  return e ? atoi(e) : 1;
+}
+
+CUresult cuDriverGetVersion(int* v) {
+  *v = 13000;
+  return OK;
+}
+CUresult cuInit(unsigned flags) {
+  (void)flags;
+  logf_("init");
+  return devices() > 0 ? OK : 100; /* CUDA_ERROR_NO_DEVICE */
+}
+CUresult cuDeviceGetCount(int* n) {
+  *n = devices();
+  return OK;
+}
+CUresult cuDeviceGet(CUdevice* d, int ordinal) {
+  if (ordinal < 0 || ordinal >= devices()) return ERR_INVALID_DEVICE;
+  *d = ordinal;
+  return OK;
+}
+CUresult cuDeviceGetName(char* name, int len, CUdevice d) {
+  snprintf(name, (size_t)len, "Fake GPU %d (sm_%d)", d, cc());
+  return OK;
+}
+CUresult cuDeviceGetAttribute(int* v, int attrib, CUdevice d) {
+  (void)d;
+  switch (attrib) {
+    case 75: *v = cc() / 10; break;  /* COMPUTE_CAPABILITY_MAJOR */
+    case 76: *v = cc() % 10; break;  /* COMPUTE_CAPABILITY_MINOR */
+    case 16: *v = 132; break;        /* MULTIPROCESSOR_COUNT */
+    case 1: *v = 1024; break;        /* MAX_THREADS_PER_BLOCK */
+    case 8: *v = 49152; break;       /* MAX_SHARED_MEMORY_PER_BLOCK */
+    case 97: *v = 232448; break;     /* MAX_SHARED_MEMORY_PER_BLOCK_OPTIN */
+    case 10: *v = 32; break;         /* WARP_SIZE */
+    default: *v = 0;
+  }
+  return OK;
+}
+CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice d) {
+  logf_("ctx_retain %d", d);
+  *c = &g_context;
+  return OK;
+}
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
+  logf_("ctx_release %d", d);
+  return OK;
+}
+static CUcontext g_current = NULL;
+CUresult cuCtxSetCurrent(CUcontext c) {
+  g_current = c;
+  return OK;
+}
+CUresult cuCtxGetCurrent(CUcontext* c) {
+  *c = g_current;
+  return OK;
+}
+CUresult cuCtxPushCurrent_v2(CUcontext c) { return cuCtxSetCurrent(c); }
+CUresult cuCtxPopCurrent_v2(CUcontext* c) {
+  if (c) *c = g_current;
+  return OK;
+}
+CUresult cuCtxSynchronize(void) { return OK; }
+
+static size_t elf_size(const unsigned char* p) {
+  /* ELF64: the file ends with the section or the program header table, whichever is last */
+  uint64_t shoff, phoff;
+  uint16_t shentsize, shnum, phentsize, phnum;
+  memcpy(&phoff, p + 0x20, 8);
+  memcpy(&shoff, p + 0x28, 8);
+  memcpy(&phentsize, p + 0x36, 2);
+  memcpy(&phnum, p + 0x38, 2);
+  memcpy(&shentsize, p + 0x3a, 2);
+  memcpy(&shnum, p + 0x3c, 2);
+  const uint64_t sh_end = shoff + (uint64_t)shentsize * shnum, ph_end = phoff + (uint64_t)phentsize * phnum;
+  return (size_t)(sh_end > ph_end ? sh_end : ph_end);
+}
+
+CUresult cuModuleLoadData(CUmodule* m, const void* image) {
+  const unsigned char* p = (const unsigned char*)image;
+  FakeModule* mod = (FakeModule*)calloc(1, sizeof *mod);
+  if (p[0] == 0x7f && p[1] == 'E' && p[2] == 'L' && p[3] == 'F') {
+    mod->kind = 0;
+    mod->size = elf_size(p);
+  } else if (p[0] == 0x50 && p[1] == 0xed && p[2] == 0x55 && p[3] == 0xba) {
+    mod->kind = 2;
+    mod->size = 0;
+  } else {
+    mod->kind = 1;
+    mod->size = strlen((const char*)image);
+  }
+  logf_("module_load %s %zu", mod->kind == 0 ? "cubin" : mod->kind == 1 ? "ptx" : "fatbin", mod->size);
+  *m = mod;
+  return OK;
+}
+CUresult cuModuleUnload(CUmodule m) {
+  logf_("module_unload");
+  free(m);
+  return OK;
+}
+CUresult cuModuleGetFunction(void** f, CUmodule m, const char* name) {
+  FakeFunction* fn = (FakeFunction*)calloc(1, sizeof *fn);
+  snprintf(fn->name, sizeof fn->name, "%s", name);
+  fn->module = m;
+  logf_("get_function %s", name);
+  *f = fn;
+  return OK;
+}
+CUresult cuFuncSetAttribute(void* f, int attrib, int value) {
+  logf_("func_attribute %s %d %d", ((FakeFunction*)f)->name, attrib, value);
+  return OK;
+}
+
+CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned smem, CUstream stream, void** params, void** extra) {
+  char hex[8192] = "";
+  if (extra) {
+    const unsigned char* buf = NULL;
+    size_t size = 0;
+    for (int i = 0; extra[i] != NULL; i += 2) {
+      if (extra[i] == (void*)1) buf = (const unsigned char*)extra[i + 1];
+      if (extra[i] == (void*)2) size = *(size_t*)extra[i + 1];
+    }
+    for (size_t i = 0; buf && i < size && 2 * i + 2 < sizeof hex; ++i) snprintf(hex + 2 * i, 3, "%02x", buf[i]);
+  }
+  logf_("launch %s grid %u %u %u block %u %u %u smem %u stream %llu params %s args %s", ((FakeFunction*)f)->name,
+        gx, gy, gz, bx, by, bz, smem, (unsigned long long)(uintptr_t)stream, params ? "array" : "none",
+        hex[0] ? hex : "-");
+  return (bx * by * bz > 1024) ? ERR_INVALID_VALUE : OK;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t n) {
+  void* m = aligned_alloc(256, (n + 255) / 256 * 256);
+  if (!m) return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+  *p = (CUdeviceptr)(uintptr_t)m;
+  logf_("mem_alloc %zu", n);
+  return OK;
+}
+CUresult cuMemFree_v2(CUdeviceptr p) {
+  free((void*)(uintptr_t)p);
+  logf_("mem_free");
+  return OK;
+}
+CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void* s, size_t n) {
+  memcpy((void*)(uintptr_t)d, s, n);
+  logf_("copy_htod %zu", n);
+  return OK;
+}
+CUresult cuMemcpyDtoH_v2(void* d, CUdeviceptr s, size_t n) {
+  memcpy(d, (const void*)(uintptr_t)s, n);
+  logf_("copy_dtoh %zu", n);
+  return OK;
+}
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* s, size_t n, CUstream st) {
+  (void)st;
+  return cuMemcpyHtoD_v2(d, s, n);
+}
+CUresult cuMemcpyDtoHAsync_v2(void* d, CUdeviceptr s, size_t n, CUstream st) {
+  (void)st;
+  return cuMemcpyDtoH_v2(d, s, n);
+}
+CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) {
+  memset((void*)(uintptr_t)d, v, n);
+  return OK;
+}
+CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream st) {
+  (void)st;
+  return cuMemsetD8_v2(d, v, n);
+}
+CUresult cuStreamCreate(CUstream* s, unsigned flags) {
+  (void)flags;
+  static int streams = 0;
+  *s = (CUstream)(uintptr_t)(0x1000 + ++streams);
+  return OK;
+}
+CUresult cuStreamDestroy_v2(CUstream s) {
+  (void)s;
+  return OK;
+}
+CUresult cuStreamSynchronize(CUstream s) {
+  logf_("stream_sync %llu", (unsigned long long)(uintptr_t)s);
+  return OK;
+}
+CUresult cuGetErrorName(CUresult e, const char** s) {
+  *s = e == OK ? "CUDA_SUCCESS" : e == ERR_INVALID_VALUE ? "CUDA_ERROR_INVALID_VALUE" : "CUDA_ERROR_UNKNOWN";
+  return OK;
+}
+CUresult cuGetErrorString(CUresult e, const char** s) {
+  *s = e == OK ? "no error" : e == ERR_INVALID_VALUE ? "invalid argument" : "unknown error";
+  return OK;
+}
+
+struct Entry {
+  const char* name;
+  void* fn;
+};
+#define E(n, f) {n, (void*)&f}
+static const struct Entry kEntries[] = {
+    E("cuDriverGetVersion", cuDriverGetVersion), E("cuInit", cuInit), E("cuDeviceGetCount", cuDeviceGetCount),
+    E("cuDeviceGet", cuDeviceGet), E("cuDeviceGetName", cuDeviceGetName),
+    E("cuDeviceGetAttribute", cuDeviceGetAttribute), E("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain),
+    E("cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease_v2), E("cuCtxSetCurrent", cuCtxSetCurrent),
+    E("cuCtxGetCurrent", cuCtxGetCurrent), E("cuCtxPushCurrent", cuCtxPushCurrent_v2),
+    E("cuCtxPopCurrent", cuCtxPopCurrent_v2), E("cuCtxSynchronize", cuCtxSynchronize),
+    E("cuModuleLoadData", cuModuleLoadData), E("cuModuleUnload", cuModuleUnload),
+    E("cuModuleGetFunction", cuModuleGetFunction), E("cuFuncSetAttribute", cuFuncSetAttribute),
+    E("cuLaunchKernel", cuLaunchKernel), E("cuMemAlloc", cuMemAlloc_v2), E("cuMemFree", cuMemFree_v2),
+    E("cuMemcpyHtoD", cuMemcpyHtoD_v2), E("cuMemcpyDtoH", cuMemcpyDtoH_v2),
+    E("cuMemcpyHtoDAsync", cuMemcpyHtoDAsync_v2), E("cuMemcpyDtoHAsync", cuMemcpyDtoHAsync_v2),
+    E("cuMemsetD8", cuMemsetD8_v2), E("cuMemsetD8Async", cuMemsetD8Async), E("cuStreamCreate", cuStreamCreate),
+    E("cuStreamDestroy", cuStreamDestroy_v2), E("cuStreamSynchronize", cuStreamSynchronize),
+    E("cuGetErrorName", cuGetErrorName), E("cuGetErrorString", cuGetErrorString),
+};
+
+CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, unsigned long long flags, int* status) {
+  (void)version;
+  (void)flags;
+  for (size_t i = 0; i < sizeof kEntries / sizeof kEntries[0]; ++i) {
+    if (strcmp(symbol, kEntries[i].name) == 0) {
+      *pfn = kEntries[i].fn;
+      if (status) *status = 0; /* CU_GET_PROC_ADDRESS_SUCCESS */
+      return OK;
+    }
+  }
+  *pfn = NULL;
+  if (status) *status = 1; /* CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND */
+  return ERR_NOT_FOUND;
+}
+CUresult cuGetProcAddress(const char* symbol, void** pfn, int version, unsigned long long flags) {
+  return cuGetProcAddress_v2(symbol, pfn, version, flags, NULL);
+}
