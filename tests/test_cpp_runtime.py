@@ -354,6 +354,17 @@ def test_c_api(release: Path) -> None:
     assert "checks passed" in r.stdout
 
 
+def test_c_abi_from_c(release: Path) -> None:
+    """tests/c_consumer.c is built as C99 with -Werror -pedantic: the header is C; the results are right."""
+    path = sample_artifact("mlp")
+    r = subprocess.run([str(release / "c_consumer"), str(path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    want = bladepack.load(path)(np.full((1, 64), 0.25, np.float32))
+    line = next(x for x in r.stdout.splitlines() if x.startswith("output0:"))
+    assert line.startswith("output0: float32, 10 elements, sum ")
+    assert abs(float(line.split()[-1]) - float(want.sum(dtype=np.float64))) <= 1e-5 * abs(float(want.sum()))
+
+
 @pytest.mark.slow
 def test_under_sanitizers() -> None:
     build = cpp_build.build("sanitize")
