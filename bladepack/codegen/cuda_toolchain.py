@@ -1,0 +1,99 @@
+"""The CUDA toolchain: nvcc builds one translation unit of kernels into a cubin per GPU architecture
+plus PTX for newer GPUs. No GPU is needed.
+
+In: CUDA C source (every kernel of a model in one unit: nvcc costs ~0.6 s per process, whatever the
+size). Out: `{"sm_80": cubin, "sm_86": ..., "sm_89": ..., "sm_90": ..., "compute_90": PTX}` — the
+names `loader.cuda_driver.choose_image` picks from — each cached under
+BLADEPACK_CACHE_DIR/cuda/<sha256 of nvcc version, flags, target and source>. Compiles run two at a
+time (ptxas is memory-hungry). BLADEPACK_CUDA_ARCHES=sm_90,compute_90 limits the targets (tests).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from bladepack.codegen.toolchain import ToolchainError
+
+CUBIN_ARCHES = ("sm_80", "sm_86", "sm_89", "sm_90")
+PTX_ARCH = "compute_90"  # the newest architecture built: the driver JIT-compiles it for later GPUs
+FLAGS = ("-std=c++17", "-O3", "--expt-relaxed-constexpr", "-DNDEBUG")
+_PARALLEL = 2
+
+
+def find_nvcc() -> str:
+    """NVCC, else CUDA_HOME/bin/nvcc, else nvcc on PATH."""
+    for cand in (os.environ.get("NVCC"), os.path.join(os.environ.get("CUDA_HOME", ""), "bin", "nvcc")):
+        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    found = shutil.which("nvcc")
+    if found is None:
+        raise ToolchainError("nvcc not found (set NVCC or CUDA_HOME, or put nvcc on PATH); CUDA kernels need it")
+    return found
+
+
+def nvcc_version(nvcc: str) -> str:
+    r = subprocess.run([nvcc, "--version"], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise ToolchainError(f"{nvcc} --version failed: {r.stderr.strip()[-400:]}")
+    return r.stdout.strip().splitlines()[-1]
+
+
+def targets() -> list[str]:
+    """The images to build: every cubin architecture and the PTX, or BLADEPACK_CUDA_ARCHES."""
+    every = [*CUBIN_ARCHES, PTX_ARCH]
+    wanted = os.environ.get("BLADEPACK_CUDA_ARCHES")
+    if not wanted:
+        return every
+    names = [w.strip() for w in wanted.split(",") if w.strip()]
+    unknown = [n for n in names if n not in every]
+    if unknown:
+        raise ToolchainError(f"BLADEPACK_CUDA_ARCHES names {unknown}; the CUDA targets are {every}")
+    return names
+
+
+def _target_flags(target: str) -> list[str]:
+    if target.startswith("compute_"):
+        return ["-ptx", f"-arch={target}"]
+    return ["-cubin", f"-gencode=arch=compute_{target[3:]},code={target}"]
+
+
+def _compile_one(nvcc: str, version: str, target: str, source: str, cache: Path) -> tuple[str, bytes]:
+    flags = [*FLAGS, *_target_flags(target)]
+    key = hashlib.sha256("\0".join([version, *flags, source]).encode()).hexdigest()
+    path = cache / "cuda" / f"{key}.{'ptx' if target.startswith('compute_') else 'cubin'}"
+    if path.exists():
+        return target, path.read_bytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as d:
+        src, out = Path(d) / "kernels.cu", Path(d) / "kernels.out"
+        src.write_text(source)
+        r = subprocess.run([nvcc, *flags, str(src), "-o", str(out)], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise ToolchainError(f"nvcc failed building the {target} kernels:\n{(r.stderr or r.stdout)[-4000:]}")
+        data = out.read_bytes()
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    return target, data
+
+
+def build_images(source: str, cache: Path, nvcc: str | None = None) -> dict[str, bytes]:
+    """Every target's image for `source` (from the cache where it is there)."""
+    nvcc = nvcc or find_nvcc()
+    version = nvcc_version(nvcc)
+    with ThreadPoolExecutor(_PARALLEL) as pool:
+        return dict(pool.map(lambda t: _compile_one(nvcc, version, t, source, cache), targets()))
+
+
+def cubin_arch(image: bytes) -> str:
+    """The architecture a cubin was built for ("sm_90"), read from its ELF header (e_flags bits 8-15)."""
+    if image[:4] != b"\x7fELF" or len(image) < 0x34:
+        raise ValueError("not a cubin (no ELF header)")
+    flags = int.from_bytes(image[0x30:0x34], "little")
+    return f"sm_{(flags >> 8) & 0xFF}"
