@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sympy
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from bladepack.artifact.shape_program import ShapeProgram
@@ -44,9 +44,12 @@ def _program(es: list[sympy.Expr]) -> tuple[ShapeProgram, list[int]]:
 
 @settings(max_examples=300, deadline=None)
 @given(e=exprs(), values=st.tuples(st.integers(0, 50), st.integers(0, 50), st.integers(0, 50)))
+@example(e=sympy.Min(S[1], sympy.Max(2 * S[0] + S[2], sympy.Min(S[0], S[2]))), values=(1, 3, 0))
 def test_bytecode_agrees_with_sympy(e: sympy.Expr, values: tuple[int, int, int]) -> None:
     prog, regs = _program([e])
-    want = e.subs(dict(zip(S, values)))
+    # xreplace: all symbols at once, exactly; sympy's subs substitutes one at a time and simplified
+    # Min(b, Max(2*a + c, Min(a, c))) at (1, 3, 0) to 3 on the way (its value is 2)
+    want = e.xreplace({s: sympy.Integer(v) for s, v in zip(S, values)})
     got = prog.evaluate([values])[regs[0]]
     assert got == int(want), f"{e} at {values}: bytecode {got}, sympy {want}"
 
@@ -55,8 +58,8 @@ def test_bytecode_agrees_with_sympy(e: sympy.Expr, values: tuple[int, int, int])
 @given(e=exprs(), values=st.tuples(st.integers(1, 20), st.integers(1, 20), st.integers(1, 20)))
 def test_simplification_preserves_value(e: sympy.Expr, values: tuple[int, int, int]) -> None:
     """What sympy simplifies (and the compiler relies on) agrees at every binding in range."""
-    binding = dict(zip(S, values))
-    assert int(sympy.N(sympy.simplify(e).subs(binding))) == int(sympy.N(e.subs(binding)))
+    binding = {s: sympy.Integer(v) for s, v in zip(S, values)}
+    assert int(sympy.N(sympy.simplify(e).xreplace(binding))) == int(sympy.N(e.xreplace(binding)))
 
 
 @settings(max_examples=200, deadline=None)
@@ -64,9 +67,10 @@ def test_simplification_preserves_value(e: sympy.Expr, values: tuple[int, int, i
 def test_bounds_contain_every_value(e: sympy.Expr, values: tuple[int, int, int]) -> None:
     env = ShapeEnv()
     syms = [env.create_symbol(s.name, 1, 20) for s in S]
-    e2 = e.subs(dict(zip(S, syms)))
+    e2 = e.xreplace(dict(zip(S, syms)))
     lo, hi = env.bounds(e2)
-    v = e2.subs(dict(zip(syms, values))).doit()  # unevaluated constants (Max(1, 2)) compare only once evaluated
+    # exact simultaneous binding (see above); unevaluated constants (Max(1, 2)) compare once evaluated
+    v = e2.xreplace({s: sympy.Integer(x) for s, x in zip(syms, values)}).doit()
     assert lo <= v <= hi, f"{e2} = {v} at {values}, bounds [{lo}, {hi}]"
 
 
