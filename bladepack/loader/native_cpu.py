@@ -23,7 +23,7 @@ import os
 import platform
 import tempfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,24 +97,29 @@ class Blas:
     set_threads_local: int | None  # openblas_set_num_threads_local, when the library has it
 
 
-def find_blas() -> Blas | None:
-    """Function pointers of a cblas_sgemm / cblas_dgemm (see the module docstring for the order)."""
-    candidates: list[tuple[str, str, str, bool]] = []  # (path, sgemm symbol, dgemm symbol, ilp64)
-    env = os.environ.get("BLADEPACK_BLAS")
-    if env == "none":
-        return None
+def _blas_candidates(env: str | None) -> Iterator[tuple[str, str, str, bool]]:
+    """(path, sgemm symbol, dgemm symbol, ilp64) in the order of the module docstring. Lazy: the system
+    search (ctypes.util.find_library runs ldconfig and the C compiler, ~10 ms) only when numpy's
+    OpenBLAS is not there."""
     if env:
-        candidates.append((env, "cblas_sgemm", "cblas_dgemm", False))
+        yield env, "cblas_sgemm", "cblas_dgemm", False
     libs_dir = Path(np.__file__).resolve().parent.parent / "numpy.libs"
     for path in sorted(glob.glob(str(libs_dir / "libscipy_openblas64_*.so*"))):
-        candidates.append((path, "scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_", True))
+        yield path, "scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_", True
     for path in sorted(glob.glob(str(libs_dir / "libscipy_openblas_*.so*"))):
-        candidates.append((path, "scipy_cblas_sgemm", "scipy_cblas_dgemm", False))
+        yield path, "scipy_cblas_sgemm", "scipy_cblas_dgemm", False
     for lib in ("openblas", "cblas", "blas"):
         found = ctypes.util.find_library(lib)
         if found:
-            candidates.append((found, "cblas_sgemm", "cblas_dgemm", False))
-    for path, s, d, ilp64 in candidates:
+            yield found, "cblas_sgemm", "cblas_dgemm", False
+
+
+def find_blas() -> Blas | None:
+    """Function pointers of a cblas_sgemm / cblas_dgemm (see the module docstring for the order)."""
+    env = os.environ.get("BLADEPACK_BLAS")
+    if env == "none":
+        return None
+    for path, s, d, ilp64 in _blas_candidates(env):
         try:
             handle = ctypes.CDLL(path)
             sg = ctypes.cast(getattr(handle, s), ctypes.c_void_p).value
