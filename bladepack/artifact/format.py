@@ -24,6 +24,7 @@ import os
 import struct
 import tempfile
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,7 @@ class BpkFile:
 
     def _read_sections(self, verify: bool) -> dict[str, memoryview]:
         out: dict[str, memoryview] = {}
+        checks: list[tuple[str, memoryview, object]] = []
         for i, entry in enumerate(self.manifest["sections"]):
             try:
                 name, off, n, digest = entry["name"], int(entry["offset"]), int(entry["length"]), entry["sha256"]
@@ -153,10 +155,27 @@ class BpkFile:
                     f"truncated: section {name!r} needs bytes up to {start + n}, the file has {len(self._buf)}"
                 )
             view = self._buf[start : start + n]
-            if verify and hashlib.sha256(view).hexdigest() != digest:
-                raise self._fail(f"checksum mismatch in section {name!r}: the file is corrupt")
+            if verify:
+                checks.append((name, view, digest))
             out[name] = view
+        if checks:
+            self._verify(checks)
         return out
+
+    def _verify(self, checks: list[tuple[str, memoryview, object]]) -> None:
+        """Note [Parallel checksums] (as in the C++ reader): hashlib releases the GIL on large buffers, so
+        sections are hashed on up to one thread per CPU (one per 8 MB at most); the first mismatch in
+        manifest order is reported."""
+        total = sum(v.nbytes for _, v, _ in checks)
+        threads = min(len(os.sched_getaffinity(0)), len(checks), total // (8 << 20) + 1)
+        if threads <= 1:
+            digests = [hashlib.sha256(v).hexdigest() for _, v, _ in checks]
+        else:
+            with ThreadPoolExecutor(threads) as pool:
+                digests = list(pool.map(lambda c: hashlib.sha256(c[1]).hexdigest(), checks))
+        for (name, _, digest), got in zip(checks, digests):
+            if got != digest:
+                raise self._fail(f"checksum mismatch in section {name!r}: the file is corrupt")
 
     def section(self, name: str) -> memoryview:
         try:
