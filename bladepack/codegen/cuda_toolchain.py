@@ -18,7 +18,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bladepack.codegen.toolchain import ToolchainError
+from bladepack.codegen.toolchain import ToolchainError, cache_put
 
 CUBIN_ARCHES = ("sm_80", "sm_86", "sm_89", "sm_90")
 PTX_ARCH = "compute_90"  # the newest architecture built: the driver JIT-compiles it for later GPUs
@@ -77,9 +77,7 @@ def _compile_one(nvcc: str, version: str, target: str, source: str, cache: Path)
         if r.returncode != 0:
             raise ToolchainError(f"nvcc failed building the {target} kernels:\n{(r.stderr or r.stdout)[-4000:]}")
         data = out.read_bytes()
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    cache_put(path, data)
     return target, data
 
 

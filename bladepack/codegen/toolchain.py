@@ -21,6 +21,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,10 +141,16 @@ def _compile_one(cxx: str, version: str, isa: IsaLevel, source: str, cache: Path
         if r.returncode != 0:
             raise ToolchainError(f"{cxx} failed building the {isa.name} kernel library:\n{r.stderr[-4000:]}")
         data = out.read_bytes()
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    cache_put(path, data)
+    return CompiledLibrary(isa, data, False)
+
+
+def cache_put(path: Path, data: bytes) -> None:
+    """Store a build output in the cache atomically (a temporary file renamed over `path`), so
+    concurrent builders of the same content never see a partial file."""
+    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
-    return CompiledLibrary(isa, data, False)
 
 
 def build_libraries(source: str, cache: Path, cxx: str) -> list[CompiledLibrary]:

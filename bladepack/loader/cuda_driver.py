@@ -143,7 +143,6 @@ class Module:
         self._drv = drv
         if not image.startswith(b"\x7fELF") and not image.endswith(b"\0"):
             image = image + b"\0"  # PTX text must be NUL-terminated
-        self._image = image  # the driver reads it during the call only; kept for clarity of ownership
         self._mod: Any = _check(drv, drv.cuModuleLoadData(image), "cuModuleLoadData")
         self._functions: dict[str, Function] = {}
 

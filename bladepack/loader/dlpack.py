@@ -132,10 +132,9 @@ class TensorView:
 class Imported:
     """A tensor taken through DLPack; `close()` (or leaving a `with` block) hands it back."""
 
-    def __init__(self, capsule: Any, managed: Any, versioned: bool, view: TensorView) -> None:
+    def __init__(self, capsule: Any, managed: Any, view: TensorView) -> None:
         self._capsule = capsule  # renamed "used_*": its destructor no longer calls the deleter
         self._managed = managed
-        self._versioned = versioned
         self.view = view
 
     def close(self) -> None:
@@ -172,11 +171,10 @@ def import_tensor(obj: Any, stream: int | None = None) -> Imported:
     managed: Any = ctypes.cast(addr, ctypes.POINTER(_ManagedVersioned if versioned else _Managed))
     _api.PyCapsule_SetName(capsule, _USED_VERSIONED if versioned else _USED_LEGACY)
     t = managed.contents.dl_tensor
-    readonly = versioned and bool(managed.contents.flags & _FLAG_READ_ONLY)
     dtype = _DTYPES.get((t.dtype.code, t.dtype.bits))
-    imported = Imported(capsule, managed, versioned, TensorView(0, (0, 0), "", (), (), readonly))
     if dtype is None or t.dtype.lanes != 1:
-        imported.close()
+        if managed.contents.deleter:  # taken: hand it back before refusing it
+            managed.contents.deleter(managed)
         raise DLPackError(
             f"DLPack dtype (code {t.dtype.code}, {t.dtype.bits} bits, {t.dtype.lanes} lanes) is not one of {sorted(_CODES)}"
         )
@@ -189,11 +187,10 @@ def import_tensor(obj: Any, stream: int | None = None) -> Imported:
             rev.append(acc)
             acc *= size
         strides = tuple(reversed(rev))
+    readonly = versioned and bool(managed.contents.flags & _FLAG_READ_ONLY)
     ptr = int(t.data or 0) + int(t.byte_offset)
-    imported.view = TensorView(
-        ptr, (int(t.device.device_type), int(t.device.device_id)), dtype, shape, strides, readonly
-    )
-    return imported
+    device = (int(t.device.device_type), int(t.device.device_id))
+    return Imported(capsule, managed, TensorView(ptr, device, dtype, shape, strides, readonly))
 
 
 # -- export

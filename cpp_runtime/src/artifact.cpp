@@ -217,9 +217,8 @@ void Artifact::read_sections(bool verify, uint64_t data_start) {
       fail("truncated: section " + py_repr(sname) + " needs bytes up to " + std::to_string(start + uint64_t(n)) +
            ", the file has " + std::to_string(size_));
     const bool digest_ok = digest->type == msgpack::type::STR && digest->via.str.size == 64;
-    sections_.push_back({sname, uint64_t(o), uint64_t(n)});
     views_[sname] = Bytes{base_ + start, size_t(n)};
-    if (verify) checks.push_back({base_ + start, size_t(n), digest_ok ? digest->via.str.ptr : nullptr, i});
+    if (verify) checks.push_back({base_ + start, size_t(n), digest_ok ? digest->via.str.ptr : nullptr, sname});
   }
   if (verify) verify_sections(checks);
 }
@@ -260,7 +259,7 @@ void Artifact::verify_sections(const std::vector<Check>& checks) const {
   for (size_t i = 0; i < checks.size(); ++i) {
     if (bad[i] == 2) bpk::fail(BPK_ERR_MEMORY, "SHA-256 failed (OpenSSL)");
 #ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
-    if (bad[i]) fail("checksum mismatch in section " + py_repr(sections_[checks[i].index].name) + ": the file is corrupt");
+    if (bad[i]) fail("checksum mismatch in section " + py_repr(checks[i].name) + ": the file is corrupt");
 #endif
   }
 }

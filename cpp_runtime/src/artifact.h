@@ -21,12 +21,6 @@ struct Bytes {
   size_t size = 0;
 };
 
-struct SectionEntry {
-  std::string name;
-  uint64_t offset = 0;
-  uint64_t length = 0;
-};
-
 class Artifact {
  public:
   static std::unique_ptr<Artifact> open(const std::string& path, bool verify);
@@ -37,7 +31,6 @@ class Artifact {
 
   const std::string& source() const { return source_; }
   const msgpack::object& manifest() const { return handle_.get(); }
-  const std::vector<SectionEntry>& sections() const { return sections_; }
   Bytes section(const std::string& name) const;  // BPK_ERR_FORMAT "missing section 'NAME'"
   [[noreturn]] void fail(const std::string& what) const;
 
@@ -48,7 +41,7 @@ class Artifact {
     const uint8_t* data;
     size_t size;
     const char* digest;  // 64 hex digits, or null when the entry's digest is malformed
-    size_t index;        // into sections_
+    std::string name;
   };
   void read_sections(bool verify, uint64_t data_start);
   void verify_sections(const std::vector<Check>& checks) const;
@@ -59,7 +52,6 @@ class Artifact {
   void* mapping_ = nullptr;  // munmap'ed in the destructor (path loads)
   void* owned_ = nullptr;    // freed in the destructor (memory loads)
   msgpack::object_handle handle_;
-  std::vector<SectionEntry> sections_;
   std::unordered_map<std::string, Bytes> views_;
 };
 

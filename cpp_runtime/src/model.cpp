@@ -105,44 +105,39 @@ Model::~Model() {
   }
 }
 
+// Position of the first element of `items` whose id is `id` and that `ok` accepts, or -1.
+template <class T, class Ok>
+int64_t find_id(const std::vector<T>& items, int64_t id, Ok ok) {
+  for (size_t i = 0; i < items.size(); ++i)
+    if (items[i].id == id && ok(i)) return int64_t(i);
+  return -1;
+}
+
 void Model::plan_outputs() {
-  const auto& outs = m_.native->outputs;
-  auto input_pos = [this](int64_t id) {
-    for (size_t i = 0; i < m_.inputs.size(); ++i)
-      if (m_.inputs[i].id == id) return int64_t(i);
-    return int64_t(-1);
-  };
-  for (size_t k = 0; k < outs.size(); ++k) {
-    OutSource s;
+  const auto& slots = m_.native->outputs;
+  const auto any = [](size_t) { return true; };
+  for (size_t k = 0; k < slots.size(); ++k) {
     const int64_t id = m_.outputs[k].id;
-    if (outs[k] >= 0) {
-      out_source_.push_back(s);
+    if (slots[k] >= 0) {
+      out_source_.push_back({OutSource::kNative, 0});
       continue;
     }
-    if ((s.index = input_pos(id)) >= 0) {
-      s.kind = OutSource::kInput;
+    // Python's _locate order: an input, a weight, an output already written (natively, or copied
+    // earlier in this loop), an arena buffer
+    const auto written = [&](size_t j) { return j != k && (slots[j] >= 0 || j < k); };
+    int64_t at;
+    if ((at = find_id(m_.inputs, id, any)) >= 0) {
+      out_source_.push_back({OutSource::kInput, at});
+    } else if ((at = find_id(m_.weights, id, any)) >= 0) {
+      out_source_.push_back({OutSource::kWeight, at});
+    } else if ((at = find_id(m_.outputs, id, written)) >= 0) {
+      out_source_.push_back({OutSource::kOutput, at});
+    } else if ((at = find_id(m_.native->buffers, id, any)) >= 0) {
+      out_source_.push_back({OutSource::kArena, at});
     } else {
-      s.kind = OutSource::kWeight;
-      for (s.index = 0; s.index < int64_t(m_.weights.size()) && m_.weights[size_t(s.index)].id != id; ++s.index) {
-      }
-      if (s.index == int64_t(m_.weights.size())) {
-        s.kind = OutSource::kOutput;
-        for (s.index = 0; s.index < int64_t(outs.size()); ++s.index) {
-          const size_t j = size_t(s.index);
-          if (j != k && m_.outputs[j].id == id && (outs[j] >= 0 || j < k)) break;
-        }
-        if (s.index == int64_t(outs.size())) {
-          s.kind = OutSource::kArena;
-          const auto& bufs = m_.native->buffers;
-          for (s.index = 0; s.index < int64_t(bufs.size()) && bufs[size_t(s.index)].id != id; ++s.index) {
-          }
-          if (s.index == int64_t(bufs.size()))
-            artifact_->fail("malformed manifest: output " + std::to_string(k) + " (value %" + std::to_string(id) +
-                            ") is neither written by the native plan nor found anywhere");
-        }
-      }
+      artifact_->fail("malformed manifest: output " + std::to_string(k) + " (value %" + std::to_string(id) +
+                      ") is neither written by the native plan nor found anywhere");
     }
-    out_source_.push_back(s);
   }
 }
 
@@ -312,11 +307,6 @@ std::shared_ptr<const Model::Prepared> Model::prepare(const bpk_tensor* in) cons
     p->outs.push_back(o);
   }
   return p;
-}
-
-std::vector<int64_t> Model::registers(const bpk_tensor* in, int64_t n) const {
-  check_inputs(in, n);
-  return prepared(in)->regs;
 }
 
 void Model::output_shapes(const bpk_tensor* in, int64_t n_in, bpk_tensor* out, int64_t n_out) const {

@@ -33,8 +33,6 @@ class Model {
   const Manifest& manifest() const { return m_; }
   void output_shapes(const bpk_tensor* inputs, int64_t num_inputs, bpk_tensor* outputs, int64_t num_outputs) const;
   void run(const bpk_tensor* inputs, int64_t num_inputs, bpk_tensor* outputs, int64_t num_outputs) const;
-  // The shape program's registers for these input shapes (guards checked): for tests.
-  std::vector<int64_t> registers(const bpk_tensor* inputs, int64_t num_inputs) const;
 
   static constexpr size_t kMaxShapes = 4096;
 

@@ -92,12 +92,7 @@ void ShapeProgram::evaluate(const int64_t* const* dims, int64_t* r) const {
         break;
       case ShapeOp::kCeilDiv:  // -floor(-a / b)
         if (nonzero(r[b]) == -1 && r[a] == INT64_MIN) overflow(pc);
-        if (r[a] == INT64_MIN) {  // -a overflows: ceil(a / b) directly
-          const int64_t q = r[a] / r[b];
-          v = (r[a] % r[b] != 0 && ((r[a] < 0) == (r[b] < 0))) ? q + 1 : q;
-        } else {
-          v = -floordiv(-r[a], r[b]);
-        }
+        v = ceildiv(r[a], r[b]);
         break;
       case ShapeOp::kMod:
         if (nonzero(r[b]) == -1) {

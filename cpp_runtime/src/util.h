@@ -27,4 +27,11 @@ inline int64_t floordiv(int64_t a, int64_t b) {
   return q;
 }
 
+// ceil(a / b) for b != 0 (Python's -(-a // b)), without negating a; INT64_MIN / -1 likewise.
+inline int64_t ceildiv(int64_t a, int64_t b) {
+  int64_t q = a / b;
+  if ((a % b != 0) && ((a < 0) == (b < 0))) ++q;
+  return q;
+}
+
 }  // namespace bpk
