@@ -33,12 +33,18 @@ if TYPE_CHECKING:
     from bladepack.api import Artifact
 
 
-def optimize(model: Any, sample_inputs: Any = None, dynamic_shapes: Any = None, targets: Any = ("cpu",)) -> Artifact:
+def optimize(
+    model: Any,
+    sample_inputs: Any = None,
+    dynamic_shapes: Any = None,
+    targets: Any = ("cpu",),
+    dtype: str | None = None,
+) -> Artifact:
     """See `bladepack.api.optimize`: a torch module with sample inputs, or an ONNX model (path or
     ModelProto). Imported lazily so that loading never needs torch or onnx."""
     from bladepack.api import optimize as _optimize
 
-    return _optimize(model, sample_inputs, dynamic_shapes=dynamic_shapes, targets=targets)
+    return _optimize(model, sample_inputs, dynamic_shapes=dynamic_shapes, targets=targets, dtype=dtype)
 
 
 def save(artifact: Artifact, path: Any) -> None:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("bladepack")
 
-SUPPORTED_TARGETS = ("cpu",)
+SUPPORTED_TARGETS = ("cpu", "cuda")  # "cuda:sm_90" (one image, e.g. "cuda:compute_90" for PTX) also works
 
 
 @dataclass
@@ -40,9 +40,11 @@ class Artifact:
     notes: list[str] = field(default_factory=list)
     # (ISA level, CPU flags it needs, shared-object bytes) of the compiled CPU kernel library
     cpu_libraries: list[tuple[str, tuple[str, ...], bytes]] = field(default_factory=list)
+    # {"sm_80": cubin, ..., "compute_90": PTX} of the CUDA kernels
+    cuda_images: dict[str, bytes] = field(default_factory=dict)
 
     def _parts(self) -> tuple[dict[str, Any], list[bpk_format.Section]]:
-        return assemble(self.plan, self.weights, self.producer, self.cpu_libraries)
+        return assemble(self.plan, self.weights, self.producer, self.cpu_libraries, self.cuda_images)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         manifest, sections = self._parts()
@@ -70,12 +72,28 @@ def _producer(frontend: str) -> dict[str, str]:
     return {"bladepack": __version__, **framework, "numpy": np.__version__, "python": platform.python_version()}
 
 
-def _check_targets(targets: Sequence[str]) -> None:
+def _check_targets(targets: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
+    """(plan targets, CUDA images asked for explicitly or None for all)."""
+    from bladepack.codegen.cuda_toolchain import CUBIN_ARCHES, PTX_ARCH
+
     if isinstance(targets, str):
         raise TypeError(f"targets must be a sequence such as ('cpu',), not the string {targets!r}")
-    bad = [t for t in targets if t not in SUPPORTED_TARGETS]
+    images = [t.split(":", 1)[1] for t in targets if t.startswith("cuda:")]
+    allowed = [*SUPPORTED_TARGETS, *(f"cuda:{a}" for a in (*CUBIN_ARCHES, PTX_ARCH))]
+    bad = [t for t in targets if t not in allowed]
     if bad or not targets:
-        raise ValueError(f"unsupported targets {bad or list(targets)}; this version supports {list(SUPPORTED_TARGETS)}")
+        raise ValueError(f"unsupported targets {bad or list(targets)}; this version supports {allowed}")
+    kinds = tuple(dict.fromkeys("cuda" if t.startswith("cuda") else t for t in targets))
+    return kinds, (tuple(images) if images and "cuda" not in targets else None)
+
+
+def _build_cuda(plan: ExecPlan, options: Options, images: tuple[str, ...] | None) -> dict[str, bytes]:
+    """nvcc builds the CUDA kernels into a cubin per architecture plus PTX (no GPU needed)."""
+    from bladepack.codegen.cuda_toolchain import build_images
+
+    if plan.native_cuda is None:
+        return {}
+    return build_images(plan.cuda_source, options.cache_dir, arches=images)
 
 
 def _build_cpu(plan: ExecPlan, options: Options, notes: list[str]) -> list[tuple[str, tuple[str, ...], bytes]]:
@@ -96,7 +114,11 @@ def _build_cpu(plan: ExecPlan, options: Options, notes: list[str]) -> list[tuple
 
 
 def optimize(
-    model: Any, sample_inputs: Any = None, dynamic_shapes: Any = None, targets: Sequence[str] = ("cpu",)
+    model: Any,
+    sample_inputs: Any = None,
+    dynamic_shapes: Any = None,
+    targets: Sequence[str] = ("cpu",),
+    dtype: str | None = None,
 ) -> Artifact:
     """Export `model` with symbolic shapes, optimize it and return an `Artifact`.
 
@@ -106,14 +128,25 @@ def optimize(
     `torch.export.Dim` or `bladepack.Dim(name, min, max)` leaves. For ONNX, the model's dims are its
     own (`dim_param` names become symbols); `dynamic_shapes` ({input name: {axis: bladepack.Dim}})
     names and bounds them, and `sample_inputs` are optional (checked against the declared ranges).
+
+    `targets`: "cpu" and / or "cuda" (cubins for sm_80, sm_86, sm_89, sm_90 and PTX for newer GPUs;
+    "cuda:sm_90" builds one image). `dtype`: "float16" or "bfloat16" computes the model in that type
+    (inputs, weights and outputs included; reductions and GEMMs accumulate in float32), None keeps the
+    model's own types.
     """
-    _check_targets(targets)
+    kinds, images = _check_targets(targets)
+    if dtype is not None:
+        from bladepack.optimize.mixed_precision import COMPUTE_DTYPES
+
+        if dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"dtype must be one of {list(COMPUTE_DTYPES)} or None, got {dtype!r}")
     from bladepack.onnx_import.model import is_onnx_model
 
     if is_onnx_model(model):
         from bladepack.onnx_import import import_onnx
 
-        return optimize_program(import_onnx(model, sample_inputs, dynamic_shapes), frontend="onnx")
+        program = import_onnx(model, sample_inputs, dynamic_shapes)
+        return optimize_program(program, frontend="onnx", targets=kinds, dtype=dtype, cuda_images=images)
     if sample_inputs is None:
         raise TypeError("optimize(model, sample_inputs): a torch model needs sample inputs to export")
     from bladepack.export import capture, to_program
@@ -121,25 +154,42 @@ def optimize(
     captured = capture(model, sample_inputs, dynamic_shapes)
     for note in captured.notes:
         log.warning("bladepack: %s", note)
-    return optimize_program(to_program(captured), captured.notes)
+    return optimize_program(to_program(captured), captured.notes, targets=kinds, dtype=dtype, cuda_images=images)
 
 
-def optimize_program(program: Program, notes: Sequence[str] = (), frontend: str = "torch") -> Artifact:
+def optimize_program(
+    program: Program,
+    notes: Sequence[str] = (),
+    frontend: str = "torch",
+    targets: tuple[str, ...] = ("cpu",),
+    dtype: str | None = None,
+    cuda_images: tuple[str, ...] | None = None,
+) -> Artifact:
     """Optimize an IR `Program` from any front end ("torch" or "onnx", recorded in the producer
-    versions) into an `Artifact` (the half of `optimize` after export)."""
+    versions) into an `Artifact` (the half of `optimize` after export); `targets` are plan kinds
+    ("cpu", "cuda"), `cuda_images` limits the CUDA images built."""
     from bladepack.ir import print_graph
     from bladepack.optimize.build_plan import build_plan
     from bladepack.optimize.pipeline import run_pipeline
 
     options = Options.from_env()
+    if dtype is not None:
+        from bladepack.optimize.mixed_precision import to_precision
+
+        program = to_precision(program, dtype)
     program = run_pipeline(program, options)
-    plan = build_plan(program)
+    plan = build_plan(program, targets=targets)
     notes = list(notes)
     libraries, producer = _build_cpu(plan, options, notes), _producer(frontend)
     if libraries:
         from bladepack.codegen.toolchain import compiler_version, find_compiler
 
         producer["cxx"] = compiler_version(find_compiler() or "")
+    images = _build_cuda(plan, options, cuda_images)
+    if images:
+        from bladepack.codegen.cuda_toolchain import find_nvcc, nvcc_version
+
+        producer["nvcc"] = nvcc_version(find_nvcc())
     art = Artifact(
         plan,
         dict(program.weight_data),
@@ -147,10 +197,14 @@ def optimize_program(program: Program, notes: Sequence[str] = (), frontend: str 
         print_graph(program.graph, program.shape_env),
         notes,
         libraries,
+        images,
     )
     if options.dump_dir is not None:
         (options.dump_dir / "fusion_plan.txt").write_text(plan.fusion_text)
         (options.dump_dir / "kernels_cpu.cc").write_text(plan.cpu_source)
+        if plan.native_cuda is not None:
+            (options.dump_dir / "fusion_plan_cuda.txt").write_text(plan.cuda_fusion_text)
+            (options.dump_dir / "kernels_cuda.cu").write_text(plan.cuda_source)
         from bladepack.inspect import inspect_text, manifest_summary
 
         manifest, _ = art._parts()

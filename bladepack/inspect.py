@@ -2,7 +2,8 @@
 
 In: a manifest (from `bladepack.artifact.read`). Out: a dict with the keys documented in
 docs/format.md (format_version, producer, inputs, outputs, symbols, plan, kernels, gemm_configs,
-cpu_libraries, reference_steps, weights_bytes, arena_bytes), and its text rendering.
+cpu_libraries, reference_steps, cuda_images, cuda_reference_steps, cuda_arena_bytes, weights_bytes,
+arena_bytes), and its text rendering.
 """
 
 from __future__ import annotations
@@ -37,7 +38,10 @@ def manifest_summary(m: dict[str, Any]) -> dict[str, Any]:
         ],
         "gemm_configs": list(m["gemm_configs"]),
         "cpu_libraries": [lib["isa"] for lib in m.get("native_cpu", {}).get("libraries", [])],
-        "reference_steps": _reference_steps(m),
+        "reference_steps": _reference_steps(m, "native_cpu"),
+        "cuda_images": [i["arch"] for i in m.get("native_cuda", {}).get("images", [])],
+        "cuda_reference_steps": _reference_steps(m, "native_cuda"),
+        "cuda_arena_bytes": m.get("native_cuda", {}).get("arena_bytes_expr"),
         "weights_bytes": weights_bytes,
         "weights": len(m["weights"]),
         "arena_bytes": m["arena_bytes"]["expr"],
@@ -49,11 +53,12 @@ def manifest_summary(m: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _reference_steps(m: dict[str, Any]) -> list[dict[str, Any]]:
-    """Native-plan steps left to the Python reference executor (the C++ runtime refuses them)."""
+def _reference_steps(m: dict[str, Any], plan: str) -> list[dict[str, Any]]:
+    """Steps of a native plan left to the Python reference executor (the C++ runtime refuses them; on
+    CUDA they run on the host between copies)."""
     steps = {s["out"]: s for s in m["plan"]["steps"]}
     out = []
-    for lr in m.get("native_cpu", {}).get("launches", []):
+    for lr in m.get(plan, {}).get("launches", []):
         if lr["op"] == "ref":
             st = steps.get(lr["node"], {})
             out.append(
@@ -110,6 +115,18 @@ def inspect_text(s: dict[str, Any]) -> str:
         )
     for r in refs:
         lines.append(f"  %{r['node']} {r['op']}: {r['reason']} (from {r['loc'] or 'unknown source'})")
+    images = s.get("cuda_images", [])
+    lines.append(f"cuda kernel images: {', '.join(images) if images else 'none (no CUDA plan)'}")
+    if images:
+        crefs = s["cuda_reference_steps"]
+        lines.append(
+            f"cuda host steps: {len(crefs)} (copied to the host and run by numpy)"
+            if crefs
+            else "cuda host steps: none (every step runs on the GPU)"
+        )
+        for r in crefs:
+            lines.append(f"  %{r['node']} {r['op']}: {r['reason']} (from {r['loc'] or 'unknown source'})")
+        lines.append(f"cuda arena bytes: {s['cuda_arena_bytes']}")
     lines.append(f"kernels: {len(s['kernels']) or 'none'}")
     for k in s["kernels"]:
         target = f"{k['target']}{'/' + k['arch'] if k['arch'] else ''}"

@@ -259,6 +259,21 @@ def test_artifacts_the_runtime_refuses(release: Path, monkeypatch: pytest.Monkey
     assert r.returncode == 1 and "has no CPU kernel library" in r.stderr
 
 
+def test_artifact_with_a_cuda_plan_runs_on_cpu(release: Path) -> None:
+    """CUDA kernel rows follow the CPU rows in `kernels`; the C++ runtime runs the CPU plan as before."""
+    pytest.importorskip("cuda.bindings.driver")
+    if not shutil.which("nvcc"):
+        pytest.skip("nvcc not found")
+    s = SAMPLES["encoder"]
+    path = TMP / "encoder-cuda.bpk"
+    bladepack.optimize(s.build(), s.export_samples(), s.dynamic_shapes, targets=("cpu", "cuda:sm_90")).save(path)
+    g = torch.Generator().manual_seed(5)
+    arrays = [a.numpy() for a in s.make_inputs(g, batch=3, seq=17)]
+    got, want = run_both(release, path, arrays, "cuda-plan")
+    for o, w in zip(got, want):
+        assert rel_err(o, w) <= 1e-6
+
+
 # -- the shape program on shared vectors
 
 

@@ -98,3 +98,7 @@ class ExecPlan:
     # C++ source of the CPU kernel library (compiled by the api, never written to the manifest)
     cpu_source: str = ""
     fusion_text: str = ""
+    # the native CUDA plan (same record format; kernel variants carry grid / block / smem), or None
+    native_cuda: dict[str, Any] | None = None
+    cuda_source: str = ""  # CUDA C of every CUDA kernel (compiled by the api into cubins and PTX)
+    cuda_fusion_text: str = ""

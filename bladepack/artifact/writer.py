@@ -23,17 +23,25 @@ def library_section_name(isa: str) -> str:
     return f"cpu/{isa}.so"
 
 
+def cuda_image_section_name(arch: str) -> str:
+    return f"cuda/{arch}.{'ptx' if arch.startswith('compute_') else 'cubin'}"
+
+
 def assemble(
     plan: ExecPlan,
     weights: Mapping[str, np.ndarray],
     producer: Mapping[str, str],
     cpu_libraries: Sequence[tuple[str, Sequence[str], bytes]] = (),
+    cuda_images: Mapping[str, bytes] | None = None,
 ) -> tuple[dict[str, Any], list[Section]]:
-    """`cpu_libraries`: (ISA level, CPU flags it needs, shared-object bytes) per built level."""
+    """`cpu_libraries`: (ISA level, CPU flags it needs, shared-object bytes) per built level;
+    `cuda_images`: {"sm_80": cubin, ..., "compute_90": PTX} for the native CUDA plan."""
     sections = []
     for w in plan.weights:
         arr = np.ascontiguousarray(weights[w.name])
-        if arr.dtype.name != w.dtype or tuple(arr.shape) != w.shape:
+        # bfloat16 weights travel as their uint16 bit patterns (numpy has no bfloat16)
+        held = "bfloat16" if arr.dtype == np.uint16 and w.dtype == "bfloat16" else arr.dtype.name
+        if held != w.dtype or tuple(arr.shape) != w.shape:
             raise ValueError(f"weight {w.name}: array {arr.dtype}{arr.shape} does not match {w.dtype}{w.shape}")
         if arr.dtype.byteorder == ">":
             arr = arr.astype(arr.dtype.newbyteorder("<"))
@@ -59,4 +67,10 @@ def assemble(
             sections.append(Section(library_section_name(isa), memoryview(data)))
             libs.append({"isa": isa, "requires": list(requires), "section": library_section_name(isa)})
         manifest["native_cpu"] = {**plan.native_cpu, "libraries": libs}
+    if plan.native_cuda is not None and cuda_images:
+        images = []
+        for arch, data in sorted(cuda_images.items()):
+            sections.append(Section(cuda_image_section_name(arch), memoryview(data)))
+            images.append({"arch": arch, "section": cuda_image_section_name(arch)})
+        manifest["native_cuda"] = {**plan.native_cuda, "images": images}
     return manifest, sections

@@ -22,9 +22,13 @@ import sympy
 from bladepack.dtypes import DType
 from bladepack.ir import OpKind
 
+# C types of values in registers: float16 and bfloat16 compute in float (only their memory type,
+# chosen by the CUDA emitter, is 16-bit), so a fused kernel rounds once, when it stores.
 CTYPE = {
     DType.FLOAT32: "float",
     DType.FLOAT64: "double",
+    DType.FLOAT16: "float",
+    DType.BFLOAT16: "float",
     DType.INT64: "int64_t",
     DType.INT32: "int32_t",
     DType.INT16: "int16_t",
@@ -46,7 +50,7 @@ def literal(v: Any, dt: DType) -> str:
     t = CTYPE[dt]
     if dt is DType.BOOL:
         return "true" if bool(v) else "false"
-    if dt in (DType.FLOAT32, DType.FLOAT64):
+    if dt.is_floating:
         f = float(v)
         if math.isnan(f):
             return f"std::numeric_limits<{t}>::quiet_NaN()"
@@ -116,7 +120,7 @@ class Args:
 
 
 def _f(dt: DType) -> bool:
-    return dt in (DType.FLOAT32, DType.FLOAT64)
+    return dt.is_floating
 
 
 def unary(op: OpKind, x: str, dt: DType, attrs: Any) -> str:
@@ -203,8 +207,19 @@ def binary(op: OpKind, a: str, b: str, dt: DType) -> str:
 
 def promote(dts: Sequence[DType]) -> DType:
     """The type a comparison computes in (numpy-style promotion over the closed dtype set)."""
-    order = [DType.BOOL, DType.UINT8, DType.INT8, DType.INT16, DType.INT32, DType.INT64, DType.FLOAT32, DType.FLOAT64]
+    order = [
+        DType.BOOL,
+        DType.UINT8,
+        DType.INT8,
+        DType.INT16,
+        DType.INT32,
+        DType.INT64,
+        DType.BFLOAT16,
+        DType.FLOAT16,
+        DType.FLOAT32,
+        DType.FLOAT64,
+    ]
     best = max(dts, key=order.index)
-    if (best is DType.FLOAT32 and DType.INT64 in dts) or (best is DType.FLOAT32 and DType.INT32 in dts):
+    if best.is_floating and best is not DType.FLOAT64 and (DType.INT64 in dts or DType.INT32 in dts):
         return DType.FLOAT64
     return best

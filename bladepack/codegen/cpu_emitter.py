@@ -58,7 +58,7 @@ from bladepack.optimize.views import LAYOUT_OPS, View, contiguous_strides, resha
 # error codes a kernel reports through RunState::fail (the loader turns them into messages)
 ERR_INDEX = 1
 
-_FLOATS = (DType.FLOAT32, DType.FLOAT64)
+_FLOATS = (DType.FLOAT32, DType.FLOAT64, DType.FLOAT16, DType.BFLOAT16)
 _VAR = re.compile(r"\b[a-z]+\d+\b")
 
 
@@ -135,15 +135,19 @@ class _Emitter:
         return k
 
     def define(self, ctype: str, expr: str, syms: set[sympy.Symbol], key: Any = None) -> str:
-        k = self._target(syms)
-        # never above a variable the expression reads
-        k = max([k, *(self.depth.get(tok, 0) for tok in _VAR.findall(expr))])
         name = self.fresh()
-        self.scopes[k].lines.append(f"const {ctype} {name} = {expr};")
+        self.define_stmt(f"const {ctype} {name} = {expr};", name, syms, key)
+        return name
+
+    def define_stmt(self, stmt: str, name: str, syms: set[sympy.Symbol], key: Any = None) -> None:
+        """Place `stmt` (defining C variable `name`) in the outermost scope where `syms` are defined,
+        never above a variable it reads."""
+        k = self._target(syms)
+        k = max([k, *(self.depth.get(tok, 0) for tok in _VAR.findall(stmt) if tok != name)])
+        self.scopes[k].lines.append(stmt)
         self.depth[name] = k
         if key is not None:
             self.scopes[k].memo[key] = name
-        return name
 
     def declare(self, text: str, name: str) -> None:
         """A statement in the current scope that defines the C variable `name`."""
@@ -196,6 +200,14 @@ class _Emitter:
     def ptr_store(self, vid: int) -> str:
         return f"p{self.stores.index(vid)}"
 
+    def store(self, vid: int, off: sympy.Expr, val: str) -> None:
+        """Write `val` (a register value of vid's type) to element `off` of vid's buffer."""
+        self.line(f"{self.ptr_store(vid)}[{self.args.index(off)}] = {val};")
+
+    def rows_loop(self, outer_dims: Sequence[IRDim], cost: str, body: Callable[[tuple[Loop, ...]], None]) -> None:
+        """Run `body` once per row of `outer_dims` (the schedule's parallel loop)."""
+        _rows_loop(self, outer_dims, cost, body)
+
     # -- evaluation
     def eval(self, vid: int, idx: tuple[sympy.Expr, ...]) -> str:
         idx = tuple(sympy.sympify(i) for i in idx)
@@ -214,11 +226,21 @@ class _Emitter:
             view = self.ctx.view(vid)
             assert view is not None, f"value %{vid} is neither computed in {self.spec.name} nor in memory"
             off = view.offset + sum((i * s for i, s in zip(idx, view.strides)), sympy.Integer(0))
-            p = self.ptr_load(view.base)
-            return self.define(CTYPE[t.dtype], f"{p}[{self.args.index(sympy.expand(off))}]", syms, key)
+            return self.load(view.base, t.dtype, sympy.expand(off), syms, key)
         n = self.ctx.nodes[vid]
         expr = self._node(n, idx)
         return self.define(CTYPE[t.dtype], expr, syms, key)
+
+    def load(self, base: int, dt: DType, off: sympy.Expr, syms: set[sympy.Symbol], key: Any) -> str:
+        """A C variable holding element `off` of the materialized buffer `base`."""
+        return self.define(CTYPE[dt], f"{self.ptr_load(base)}[{self.args.index(off)}]", syms, key)
+
+    def fail(self, code: str, value: str, size: str) -> str:
+        """C statement reporting an error (the kernel goes on with a safe value)."""
+        return f"st->fail({code}, {value}, {size});"
+
+    def accumulator(self, n: Node) -> DType:
+        return _accumulator(n)
 
     def _bcast(self, operand: int, out_shape: Sequence[IRDim], idx: tuple[sympy.Expr, ...]) -> tuple[sympy.Expr, ...]:
         shape = self.ctx.types[operand].shape
@@ -387,9 +409,8 @@ class _Emitter:
         sym = Loop(self.fresh("g"))
         self.declare(f"int64_t {sym.name} = int64_t({raw});", sym.name)
         self.line(f"if ({sym.name} < 0) {sym.name} += {sz};")
-        self.line(
-            f"if ({sym.name} < 0 || {sym.name} >= {sz}) {{ st->fail({ERR_INDEX} + 16 * {site}, int64_t({raw}), {sz}); {sym.name} = 0; }}"
-        )
+        report = self.fail(f"{ERR_INDEX} + 16 * {site}", f"int64_t({raw})", sz)
+        self.line(f"if ({sym.name} < 0 || {sym.name} >= {sz}) {{ {report} {sym.name} = 0; }}")
         self.scopes[-1].syms.add(sym)
         return sym
 
@@ -516,7 +537,7 @@ class _Emitter:
             return got
         x = n.inputs[0]
         xt = self.ctx.types[x].dtype
-        acc_t = _accumulator(n)
+        acc_t = self.accumulator(n)
         t = CTYPE[acc_t]
         length = self.args.ref(self._row_len())
 
@@ -578,7 +599,7 @@ class _Emitter:
         dt = n.type.dtype
         t = CTYPE[dt]
         if n.op in (OpKind.SUM, OpKind.PROD, OpKind.AMAX, OpKind.AMIN):
-            return self._as(st["acc"], _accumulator(n), dt)
+            return self._as(st["acc"], self.accumulator(n), dt)
         if n.op is OpKind.MEAN:
             return f"{t}({st['acc']} / double({self.args.ref(self._row_len())}))"
         x = self._as(self.eval(n.inputs[0], idx), self.ctx.types[n.inputs[0]].dtype, dt)
@@ -785,7 +806,7 @@ def _reduce_kernel(em: _Emitter) -> None:
     kept = [d for d in range(rank) if d not in axes]
     dt = n.type.dtype
     arg = n.op in (OpKind.ARGMAX, OpKind.ARGMIN)
-    acc_t = xt.dtype if arg else _accumulator(n)
+    acc_t = xt.dtype if arg else em.accumulator(n)
     t = CTYPE[acc_t]
     big = n.op in (OpKind.ARGMAX, OpKind.AMAX)
     if n.op in (OpKind.ARGMAX, OpKind.ARGMIN, OpKind.AMAX, OpKind.AMIN):
@@ -845,9 +866,9 @@ def _reduce_kernel(em: _Emitter) -> None:
         else:
             val = em._as(acc, acc_t, dt)
         out_idx = [sympy.Integer(0) if d in axes else full[d] for d in range(rank)] if keep else [full[d] for d in kept]
-        em.line(f"{em.ptr_store(n.id)}[{em.args.index(_store_offset(n.type.shape, out_idx))}] = {val};")
+        em.store(n.id, _store_offset(n.type.shape, out_idx), val)
 
-    _rows_loop(em, [xt.shape[d] for d in kept], "16", body)
+    em.rows_loop([xt.shape[d] for d in kept], "16", body)
 
 
 def _scan_kernel(em: _Emitter) -> None:
@@ -857,7 +878,7 @@ def _scan_kernel(em: _Emitter) -> None:
     shape = n.type.shape
     rank = len(shape)
     if rank == 0:
-        em.line(f"{em.ptr_store(n.id)}[0] = {em._as(em.eval(x, ()), em.ctx.types[x].dtype, n.type.dtype)};")
+        em.store(n.id, sympy.Integer(0), em._as(em.eval(x, ()), em.ctx.types[x].dtype, n.type.dtype))
         return
     a = n.attrs.axis % rank
     kept = [d for d in range(rank) if d != a]
@@ -875,11 +896,11 @@ def _scan_kernel(em: _Emitter) -> None:
         def step() -> None:
             v = em._as(em.eval(x, tuple(full)), em.ctx.types[x].dtype, n.type.dtype)
             em.line(f"{acc} = {t}({acc} + {v});")
-            em.line(f"{em.ptr_store(n.id)}[{em.args.index(_store_offset(shape, full))}] = {acc};")
+            em.store(n.id, _store_offset(shape, full), acc)
 
         _for(em, s, shape[a], step)
 
-    _rows_loop(em, [shape[d] for d in kept], "4", body)
+    em.rows_loop([shape[d] for d in kept], "4", body)
 
 
 def _pool_kernel(em: _Emitter) -> None:

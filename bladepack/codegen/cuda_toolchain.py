@@ -15,15 +15,26 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bladepack.codegen.cuda_emitter import CudaKernel
 from bladepack.codegen.toolchain import ToolchainError, cache_put
 
 CUBIN_ARCHES = ("sm_80", "sm_86", "sm_89", "sm_90")
 PTX_ARCH = "compute_90"  # the newest architecture built: the driver JIT-compiles it for later GPUs
 FLAGS = ("-std=c++17", "-O3", "--expt-relaxed-constexpr", "-DNDEBUG")
 _PARALLEL = 2
+
+
+def prelude() -> str:
+    return Path(__file__).with_name("cuda_runtime.cuh").read_text()
+
+
+def cuda_source(kernels: Sequence[CudaKernel]) -> str:
+    """One translation unit: the prelude and every kernel of the model."""
+    return "\n".join([prelude(), *(k.source for k in kernels)])
 
 
 def find_nvcc() -> str:
@@ -44,10 +55,11 @@ def nvcc_version(nvcc: str) -> str:
     return r.stdout.strip().splitlines()[-1]
 
 
-def targets() -> list[str]:
-    """The images to build: every cubin architecture and the PTX, or BLADEPACK_CUDA_ARCHES."""
+def targets(arches: Sequence[str] | None = None) -> list[str]:
+    """The images to build: `arches`, else BLADEPACK_CUDA_ARCHES, else every cubin architecture and
+    the PTX."""
     every = [*CUBIN_ARCHES, PTX_ARCH]
-    wanted = os.environ.get("BLADEPACK_CUDA_ARCHES")
+    wanted = ",".join(arches) if arches else os.environ.get("BLADEPACK_CUDA_ARCHES")
     if not wanted:
         return every
     names = [w.strip() for w in wanted.split(",") if w.strip()]
@@ -81,12 +93,14 @@ def _compile_one(nvcc: str, version: str, target: str, source: str, cache: Path)
     return target, data
 
 
-def build_images(source: str, cache: Path, nvcc: str | None = None) -> dict[str, bytes]:
+def build_images(
+    source: str, cache: Path, nvcc: str | None = None, arches: Sequence[str] | None = None
+) -> dict[str, bytes]:
     """Every target's image for `source` (from the cache where it is there)."""
     nvcc = nvcc or find_nvcc()
     version = nvcc_version(nvcc)
     with ThreadPoolExecutor(_PARALLEL) as pool:
-        return dict(pool.map(lambda t: _compile_one(nvcc, version, t, source, cache), targets()))
+        return dict(pool.map(lambda t: _compile_one(nvcc, version, t, source, cache), targets(arches)))
 
 
 def cubin_arch(image: bytes) -> str:

@@ -48,8 +48,8 @@ def source_location(node: torch.fx.Node) -> str:
 
 def _to_numpy(t: torch.Tensor) -> np.ndarray:
     t = t.detach().cpu().contiguous()
-    if t.dtype == torch.bfloat16:
-        raise Unsupported("bfloat16 weights (not supported by the CPU artifact yet)")
+    if t.dtype == torch.bfloat16:  # kept as bit patterns: numpy has no bfloat16 (see artifact/writer.py)
+        return t.view(torch.int16).numpy().view(np.uint16).copy()
     return t.numpy().copy()
 
 

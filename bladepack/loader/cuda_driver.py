@@ -166,8 +166,16 @@ class Function:
     def __init__(self, drv: Any, name: str, handle: Any) -> None:
         self._drv = drv
         self.name = name
-        self._fn = handle
+        self.handle = handle
         self._smem_optin = 0
+
+    def prepare_shared(self, shared_bytes: int) -> None:
+        """Raise the function's dynamic shared-memory limit above the default 48 KiB (once per size)."""
+        if shared_bytes > 48 * 1024 and shared_bytes > self._smem_optin:
+            drv = self._drv
+            attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            _check(drv, drv.cuFuncSetAttribute(self.handle, attr, shared_bytes), "cuFuncSetAttribute")
+            self._smem_optin = shared_bytes
 
     def launch(
         self,
@@ -180,10 +188,7 @@ class Function:
         """Launch with the packed argument bytes (`pack_args`); above 48 KiB of dynamic shared memory
         the function's limit is raised first (once per size)."""
         drv = self._drv
-        if shared_bytes > 48 * 1024 and shared_bytes > self._smem_optin:
-            attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            _check(drv, drv.cuFuncSetAttribute(self._fn, attr, shared_bytes), "cuFuncSetAttribute")
-            self._smem_optin = shared_bytes
+        self.prepare_shared(shared_bytes)
         buf = ctypes.create_string_buffer(args, max(len(args), 1))
         size = ctypes.c_size_t(len(args))
         extra = (ctypes.c_void_p * 5)(
@@ -194,7 +199,7 @@ class Function:
         _check(
             drv,
             drv.cuLaunchKernel(
-                self._fn, gx, gy, gz, bx, by, bz, shared_bytes, drv.CUstream(stream), 0, ctypes.addressof(extra)
+                self.handle, gx, gy, gz, bx, by, bz, shared_bytes, drv.CUstream(stream), 0, ctypes.addressof(extra)
             ),
             f"cuLaunchKernel({self.name})",
         )

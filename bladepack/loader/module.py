@@ -25,6 +25,7 @@ from bladepack.artifact.writer import weight_section_name
 from bladepack.dtypes import DType
 from bladepack.errors import BladepackError, BpkFormatError, InputError
 from bladepack.loader import reference
+from bladepack.loader.cuda_module import CudaPath, parse_device
 from bladepack.loader.fast_call import FastCalls
 from bladepack.loader.native_cpu import NativeCpu, NativeUnavailable, Prepared
 from bladepack.loader.signature import Signature, check_inputs
@@ -54,6 +55,7 @@ class _Prepared:
     steps: tuple[_Step, ...]
     native: Prepared | None = None
     outputs: tuple[tuple[tuple[int, ...], np.dtype], ...] = ()  # shape and dtype of each output
+    cuda: Any = None  # CudaPrepared on a CUDA device
 
 
 EXECUTORS = ("auto", "native", "reference")
@@ -75,8 +77,7 @@ class LoadedModule:
     def __init__(self, bpk: BpkFile, device: str = "cpu", executor: str = "auto") -> None:
         if executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
-        if device != "cpu":
-            raise ValueError(f"device {device!r} is not available in this build; the artifact runs on 'cpu'")
+        kind, ordinal = parse_device(device)
         m = bpk.manifest
         self._bpk = bpk
         self.device = device
@@ -99,13 +100,26 @@ class LoadedModule:
                 f"{bpk.source}: the plan uses ops this loader does not know: {unknown}; upgrade bladepack"
             )
         self._free = self._free_lists()
+        self._input_pos_all = {vid: k for k, vid in enumerate(self._input_ids)}
+        self._step_index = {s["out"]: k for k, s in enumerate(self._steps)}
+        self._cuda: CudaPath | None = None
         self._cache: dict[tuple[tuple[int, ...], ...], _Prepared] = {}
         self._lock = threading.Lock()
         self._native: NativeCpu | None = None
         self._fast: FastCalls | None = None  # Note [Fast path] in fast_call.py
-        self._kernels: list[dict[str, Any]] = list(m.get("kernels", ()))
+        # launches index the kernel rows of their own target, in manifest order
+        self._kernels: list[dict[str, Any]] = [k for k in m.get("kernels", ()) if k.get("target", "cpu") == "cpu"]
         native = m.get("native_cpu")
-        if executor != "reference" and native is not None:
+        if kind == "cpu" and any(v["dtype"] == "bfloat16" for v in [*m["values"], *m["weights"], *m["inputs"]]):
+            raise ValueError(
+                f"{bpk.source} computes in bfloat16, which has no CPU kernels or numpy type; load it with device='cuda'"
+            )
+        if kind == "cuda":
+            if executor == "reference":
+                raise ValueError("executor='reference' runs on the CPU; load with device='cpu'")
+            self._cuda = CudaPath(self, bpk, m, ordinal)
+            native = None
+        elif executor != "reference" and native is not None:
             try:
                 self._native = NativeCpu(bpk, native, [self._weights[w["id"]] for w in m["weights"]])
             except NativeUnavailable as e:
@@ -134,7 +148,10 @@ class LoadedModule:
 
     @property
     def executor(self) -> str:
-        """ "native (<isa>)" or "reference": what runs this module's steps."""
+        """ "native (<isa>)", "cuda (<image> on <device>)" or "reference": what runs this module's steps."""
+        if self._cuda is not None:
+            info = self._cuda.exe.device.info
+            return f"cuda ({self._cuda.exe.image} image on {info.name}, {info.arch})"
         return f"native ({self._native.isa})" if self._native is not None else "reference"
 
     def _free_lists(self) -> list[tuple[int, ...]]:
@@ -150,7 +167,9 @@ class LoadedModule:
         ]
 
     def _weight(self, w: dict[str, Any]) -> np.ndarray:
-        dt = DType(w["dtype"]).to_numpy()
+        # bfloat16 has no numpy dtype: its bits are kept as uint16 (only the CUDA path reads them; the
+        # host executors refuse bfloat16 at load, see __init__)
+        dt = np.dtype(np.uint16) if w["dtype"] == "bfloat16" else DType(w["dtype"]).to_numpy()
         view = self._bpk.section(weight_section_name(w["name"]))
         count = int(np.prod(w["shape"], dtype=np.int64))
         if view.nbytes != count * dt.itemsize:
@@ -178,6 +197,8 @@ class LoadedModule:
 
     def run(self, inputs: Sequence[Any], outputs: Sequence[Any] | None = None) -> list[Any]:
         """Run on a list of inputs; with `outputs`, results are also copied into those arrays."""
+        if self._cuda is not None:
+            return self._cuda.run(inputs, outputs)
         if outputs is None and self._fast is not None:
             fast = self._fast(inputs)
             if fast is not None:
@@ -247,7 +268,8 @@ class LoadedModule:
             for o in self._outputs
         )
         native = self._native.prepare(regs, self._kernels) if self._native is not None else None
-        prep = _Prepared(regs, tuple(steps), native, out_specs)
+        cuda = self._cuda.exe.prepare(regs) if self._cuda is not None else None
+        prep = _Prepared(regs, tuple(steps), native, out_specs, cuda)
         with self._lock:
             return self._cache.setdefault(key, prep)
 
@@ -386,10 +408,14 @@ class LoadedModule:
         lr = self._launches[launch] if 0 <= launch < len(self._launches) else {}
         if rc != 1 or lr.get("op") != "kernel":
             return ExecutionError(f"native launch {launch} failed (code {rc}); the artifact may be corrupt")
-        k = self._kernels[lr["k"]]
-        site = (code - 1) // 16
-        what = k["errors"][site] if 0 <= site < len(k["errors"]) else "an index"
-        return ExecutionError(
-            f"index out of range in {what}: {value} is not in [-{size}, {size - 1}] "
-            f"(kernel {k['name']}, from {k.get('loc') or 'unknown source'})"
-        )
+        return index_error(self._kernels[lr["k"]], code, value, size)
+
+
+def index_error(k: dict[str, Any], code: int, value: int, size: int) -> ExecutionError:
+    """The error a kernel (row `k`) reported through its status words (ERR_INDEX + 16 x site)."""
+    site = (code - 1) // 16
+    what = k["errors"][site] if 0 <= site < len(k["errors"]) else "an index"
+    return ExecutionError(
+        f"index out of range in {what}: {value} is not in [-{size}, {size - 1}] "
+        f"(kernel {k['name']}, from {k.get('loc') or 'unknown source'})"
+    )

@@ -24,6 +24,7 @@ from bladepack.artifact.plan import (
 from bladepack.artifact.shape_program import Op
 from bladepack.codegen.cpu_emitter import KernelEmitError
 from bladepack.codegen.cpu_library import library_source
+from bladepack.codegen.cuda_toolchain import cuda_source
 from bladepack.ir import Graph, OpKind, Program, ShapeEnv, Tri
 from bladepack.ir.types import IRDim, dim_str
 from bladepack.optimize.lower_native import NativeLowering, lower_native
@@ -183,19 +184,22 @@ def _max_of(env: ShapeEnv, terms: list[sympy.Expr]) -> sympy.Expr:
     return kept[0] if len(kept) == 1 else sympy.Max(*kept)
 
 
-def _lower(p: Program, b: ShapeProgramBuilder) -> NativeLowering | None:
-    """The native CPU lowering; nodes whose kernels cannot be generated run on the reference executor."""
+def _lower(p: Program, b: ShapeProgramBuilder, target: str = "cpu") -> NativeLowering:
+    """The native lowering for `target`; nodes whose kernels cannot be generated run on the reference
+    executor."""
     forced: set[int] = set()
     while True:
         try:
-            return lower_native(p, lambda e: _enc(b, e), b.expr, frozenset(forced))
+            return lower_native(p, lambda e: _enc(b, e), b.expr, frozenset(forced), target)
         except KernelEmitError as e:
             if not e.nodes or e.nodes <= forced:
                 raise
             forced |= e.nodes
 
 
-def build_plan(p: Program, native: bool = True) -> ExecPlan:
+def build_plan(p: Program, native: bool = True, targets: tuple[str, ...] = ("cpu",)) -> ExecPlan:
+    """The execution plan: shape program, reference steps, and a native plan per target in `targets`
+    ("cpu", "cuda"); `native=False` leaves the CPU plan out (the reference executor runs it)."""
     g, env = p.graph, p.shape_env
     b = ShapeProgramBuilder()
     binder = _Binder(b, env)
@@ -223,7 +227,8 @@ def build_plan(p: Program, native: bool = True) -> ExecPlan:
         return TensorDecl(name, vid, t.dtype.value, tuple(d if isinstance(d, int) else dim_str(d) for d in t.shape))
 
     types = g.value_types()
-    low = _lower(p, b) if native else None
+    low = _lower(p, b) if native and "cpu" in targets else None
+    cuda = _lower(p, b, "cuda") if "cuda" in targets else None
     if low is not None:
         arena_text, arena_enc = low.manifest["arena_bytes_expr"], low.manifest["arena_bytes"]
     else:
@@ -244,9 +249,12 @@ def build_plan(p: Program, native: bool = True) -> ExecPlan:
         arena_bytes_expr=arena_text,
         arena_bytes=arena_enc,
         output_structure=p.output_structure,
-        kernels=tuple(low.kernel_rows) if low else (),
-        gemm_configs=tuple(low.gemm_rows) if low else (),
+        kernels=tuple(low.kernel_rows if low else ()) + tuple(cuda.kernel_rows if cuda else ()),
+        gemm_configs=tuple(low.gemm_rows if low else ()) + tuple(cuda.gemm_rows if cuda else ()),
         native_cpu=low.manifest if low else None,
-        cpu_source=library_source(low.kernels) if low else "",
+        cpu_source=library_source(low.kernels) if low else "",  # type: ignore[arg-type]
         fusion_text=low.fusion.text(g) if low else "",
+        native_cuda=cuda.manifest if cuda else None,
+        cuda_source=cuda_source(cuda.kernels) if cuda else "",  # type: ignore[arg-type]
+        cuda_fusion_text=cuda.fusion.text(g) if cuda else "",
     )

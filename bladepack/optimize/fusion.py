@@ -48,6 +48,13 @@ class Role(Enum):
 NATIVE_DTYPES = frozenset(
     {DType.FLOAT32, DType.FLOAT64, DType.INT64, DType.INT32, DType.INT16, DType.INT8, DType.UINT8, DType.BOOL}
 )
+# dtypes with generated kernels and GEMM libraries per target
+TARGET_DTYPES = {"cpu": NATIVE_DTYPES, "cuda": NATIVE_DTYPES | {DType.FLOAT16, DType.BFLOAT16}}
+GEMM_DTYPES = {
+    "cpu": (DType.FLOAT32, DType.FLOAT64),
+    "cuda": (DType.FLOAT32, DType.FLOAT64, DType.FLOAT16, DType.BFLOAT16),
+}
+TARGET_NAMES = {"cpu": "CPU", "cuda": "CUDA"}
 _EXPENSIVE = frozenset(
     {
         OpKind.EXP,
@@ -160,14 +167,18 @@ def row_reduced_axes(n: Node, in_type: TensorType) -> int | None:
     return None
 
 
-def classify(n: Node, types: dict[int, TensorType]) -> tuple[Role, str]:
+def classify(n: Node, types: dict[int, TensorType], target: str = "cpu") -> tuple[Role, str]:
     dts = [types[i].dtype for i in n.inputs] + [n.type.dtype]
-    bad = sorted({d.value for d in dts if d not in NATIVE_DTYPES})
+    where = TARGET_NAMES[target]
+    bad = sorted({d.value for d in dts if d not in TARGET_DTYPES[target]})
     if bad:
-        return Role.REFERENCE, f"dtype {', '.join(bad)} has no CPU kernels yet"
+        return Role.REFERENCE, f"dtype {', '.join(bad)} has no {where} kernels yet"
+    if target == "cuda" and n.op in (OpKind.CONV2D, OpKind.MAX_POOL2D, OpKind.AVG_POOL2D):
+        return Role.REFERENCE, f"{n.op.value} has no CUDA kernel yet (it runs on the host)"
     if n.op in (OpKind.MATMUL, OpKind.CONV2D):
-        if n.type.dtype not in (DType.FLOAT32, DType.FLOAT64) or any(types[i].dtype != n.type.dtype for i in n.inputs):
-            return Role.REFERENCE, f"{n.op.value} on {n.type.dtype.value} has no BLAS routine"
+        if n.type.dtype not in GEMM_DTYPES[target] or any(types[i].dtype != n.type.dtype for i in n.inputs):
+            lib = "BLAS" if target == "cpu" else "cuBLAS"
+            return Role.REFERENCE, f"{n.op.value} on {n.type.dtype.value} has no {lib} routine"
         return Role.LIBRARY, ""
     if n.op in (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D, OpKind.CUMSUM, OpKind.ARGMAX, OpKind.ARGMIN):
         return Role.ANCHOR, ""
@@ -176,12 +187,12 @@ def classify(n: Node, types: dict[int, TensorType]) -> tuple[Role, str]:
             return Role.ROW, ""
         if n.op in (OpKind.SUM, OpKind.MEAN, OpKind.AMAX, OpKind.AMIN, OpKind.PROD):
             return Role.ANCHOR, ""
-        return Role.REFERENCE, f"{n.op.value} over a leading axis has no CPU kernel yet"
+        return Role.REFERENCE, f"{n.op.value} over a leading axis has no {where} kernel yet"
     if n.op is OpKind.INDEX:
         assert isinstance(n.attrs, IndexAttrs)
         axes = list(n.attrs.axes)
         if axes != list(range(axes[0], axes[0] + len(axes))):
-            return Role.REFERENCE, "advanced indexing on non-adjacent axes has no CPU kernel yet"
+            return Role.REFERENCE, f"advanced indexing on non-adjacent axes has no {where} kernel yet"
     return Role.FUSIBLE, ""
 
 
@@ -189,7 +200,9 @@ def classify(n: Node, types: dict[int, TensorType]) -> tuple[Role, str]:
 
 
 class _Planner:
-    def __init__(self, p: Program, gemm_operand_ok: Callable[[Node, int, View], bool], forced: frozenset[int]) -> None:
+    def __init__(
+        self, p: Program, gemm_operand_ok: Callable[[Node, int, View], bool], forced: frozenset[int], target: str
+    ) -> None:
         self.g = p.graph
         self.env = p.shape_env
         self.nodes = {n.id: n for n in self.g.nodes}
@@ -198,9 +211,12 @@ class _Planner:
         self.roles: dict[int, Role] = {}
         self.reasons: dict[int, str] = {}
         for n in self.g.nodes:
-            self.roles[n.id], self.reasons[n.id] = classify(n, self.types)
+            self.roles[n.id], self.reasons[n.id] = classify(n, self.types, target)
             if n.id in forced:
-                self.roles[n.id], self.reasons[n.id] = Role.REFERENCE, "no CPU kernel could be generated"
+                self.roles[n.id], self.reasons[n.id] = (
+                    Role.REFERENCE,
+                    f"no {TARGET_NAMES[target]} kernel could be generated",
+                )
         self.params = {p_.id for p_ in self.g.inputs + self.g.weights}
         self.users: dict[int, list[int]] = {}
         for n in self.g.nodes:
@@ -376,8 +392,12 @@ class _Planner:
 
 
 def plan_fusion(
-    p: Program, gemm_operand_ok: Callable[[Node, int, View], bool], forced: frozenset[int] = frozenset()
+    p: Program,
+    gemm_operand_ok: Callable[[Node, int, View], bool],
+    forced: frozenset[int] = frozenset(),
+    target: str = "cpu",
 ) -> FusionPlan:
     """`gemm_operand_ok(node, k, view)`: can the library read operand k of `node` as this view;
-    `forced` nodes run as reference steps."""
-    return _Planner(p, gemm_operand_ok, forced).plan()
+    `forced` nodes run as reference steps; `target` ("cpu" or "cuda") decides which ops and dtypes
+    have kernels."""
+    return _Planner(p, gemm_operand_ok, forced, target).plan()

@@ -1,7 +1,8 @@
-"""Lower a fusion plan to the native CPU plan: kernel sources, launch records and the arena layout.
+"""Lower a fusion plan to a native plan (CPU or CUDA): kernel sources, launch records, arena layout.
 
-In: the optimized `Program`, its `FusionPlan` and the shape-program builder of `build_plan`. Out:
-`NativeLowering` — the C++ source of every kernel (variants included), and the manifest part the
+In: the optimized `Program`, its `FusionPlan` for the target and the shape-program builder of
+`build_plan`. Out: `NativeLowering` — the C++ or CUDA source of every kernel (variants included; CUDA
+variants also carry their grid, block and shared-memory size as registers), and the manifest part the
 loaders read: the kernel table (variant functions with their predicates), one launch record per step
 (pointer arguments as (slot, byte offset), int arguments), the arena buffers and the arena size. Every
 size, offset, stride and predicate is a shape-program register (Note [SymInt encoding] in
@@ -20,6 +21,7 @@ from typing import Any
 
 from bladepack.artifact.plan import SymIntEnc
 from bladepack.codegen.cpu_emitter import EmittedKernel, KernelContext, KernelEmitError, emit_kernel
+from bladepack.codegen.cuda_emitter import CudaKernel, emit_cuda_kernel
 from bladepack.ir import OpKind, Program
 from bladepack.ir.ops import Conv2dAttrs
 from bladepack.ir.types import IRDim, TensorType, dim_str
@@ -34,7 +36,7 @@ Enc = Callable[[Any], SymIntEnc]
 @dataclass
 class NativeLowering:
     fusion: FusionPlan
-    kernels: list[EmittedKernel]
+    kernels: list[EmittedKernel] | list[CudaKernel]
     manifest: dict[str, Any]
     arena_expr: str
     kernel_rows: list[dict[str, Any]] = field(default_factory=list)
@@ -43,17 +45,14 @@ class NativeLowering:
     def source_body(self) -> str:
         return "\n".join(k.source for k in self.kernels)
 
-    def function_names(self) -> list[str]:
-        return [name for k in self.kernels for name, _ in k.variants]
 
-
-def fusion_for(p: Program, forced: frozenset[int] = frozenset()) -> FusionPlan:
-    return plan_fusion(p, lambda node, k, view: operand_ok(p.shape_env, node, k, view), forced)
+def fusion_for(p: Program, forced: frozenset[int] = frozenset(), target: str = "cpu") -> FusionPlan:
+    return plan_fusion(p, lambda node, k, view: operand_ok(p.shape_env, node, k, view), forced, target)
 
 
 class _Lowerer:
-    def __init__(self, p: Program, plan: FusionPlan, enc: Enc, pred: Callable[[Any], int]) -> None:
-        self.p, self.plan, self.enc, self.pred = p, plan, enc, pred
+    def __init__(self, p: Program, plan: FusionPlan, enc: Enc, pred: Callable[[Any], int], target: str) -> None:
+        self.p, self.plan, self.enc, self.pred, self.target = p, plan, enc, pred, target
         g = p.graph
         self.nodes = {n.id: n for n in g.nodes}
         self.types: dict[int, TensorType] = g.value_types()
@@ -71,7 +70,7 @@ class _Lowerer:
         self.slot.update(self.output_slot)
         self.temp_id = max(self.types) + 1
         self.launches: list[dict[str, Any]] = []
-        self.kernels: list[EmittedKernel] = []
+        self.kernels: list[Any] = []
         self.kernel_rows: list[dict[str, Any]] = []
         self.touch: dict[int, list[int]] = {}  # arena value -> launch indices that touch it
         self.sizes: dict[int, IRDim] = {}
@@ -92,25 +91,44 @@ class _Lowerer:
 
     def _kernel(self, spec: KernelSpec, conv: tuple[Any, View] | None = None) -> None:
         ctx = KernelContext(self.nodes, self.types, self.view)
+        ek: EmittedKernel | CudaKernel
         try:
-            ek = emit_kernel(spec, ctx, conv)
+            if self.target == "cuda":
+                assert conv is None, "convolutions run on the host for CUDA"
+                ek = emit_cuda_kernel(spec, ctx, len(self.kernels))
+            else:
+                ek = emit_kernel(spec, ctx, conv)
         except (ValueError, AssertionError, KeyError) as e:
             culprits = frozenset(v for v in spec.nodes if v in self.nodes) or frozenset(spec.roots)
             raise KernelEmitError(f"{spec.name}: {e}", culprits) from e
-        fns = []
-        for _name, pred in ek.variants:
-            fns.append({"fn": self.fn_count, "pred": self.pred(pred)})
-            self.fn_count += 1
+        variants = []
+        if isinstance(ek, CudaKernel):
+            for cv in ek.variants:
+                variants.append(
+                    {
+                        "name": cv.name,
+                        "fn": self.fn_count,
+                        "pred": self.pred(cv.pred),
+                        "grid": self.enc(cv.grid),
+                        "block": cv.block,
+                        "smem": self.enc(cv.smem),
+                    }
+                )
+                self.fn_count += 1
+        else:
+            for name, pred in ek.variants:
+                variants.append({"name": name, "fn": self.fn_count, "pred": self.pred(pred)})
+                self.fn_count += 1
         ptrs = [self._ptr(v) for v in ek.stores] + [self._ptr(v.base) for v in ek.loads]
         self.kernel_rows.append(
             {
                 "name": spec.name,
-                "target": "cpu",
+                "target": self.target,
                 "arch": None,
                 "kind": spec.kind,
                 "loc": spec.loc,
                 "nodes": list(spec.nodes),
-                "variants": [{"name": n, **f} for (n, _), f in zip(ek.variants, fns)],
+                "variants": variants,
                 "errors": ek.error_sites,
             }
         )
@@ -125,7 +143,7 @@ class _Lowerer:
             {
                 "node": call.out,
                 "op": n.op.value,
-                "library": "blas",
+                "library": "cublas" if self.target == "cuda" else "blas",
                 "dtype": call.dtype.value,
                 "m": dim_str(call.m),
                 "n": dim_str(call.n),
@@ -227,11 +245,12 @@ class _Lowerer:
 
 
 def lower_native(
-    p: Program, enc: Enc, pred: Callable[[Any], int], forced: frozenset[int] = frozenset()
+    p: Program, enc: Enc, pred: Callable[[Any], int], forced: frozenset[int] = frozenset(), target: str = "cpu"
 ) -> NativeLowering:
     """`enc` encodes a size for the manifest; `pred` compiles a sympy boolean to a register; `forced`
-    nodes run on the reference executor. Raises KernelEmitError naming the nodes a kernel failed on."""
-    plan = fusion_for(p, forced)
-    low = _Lowerer(p, plan, enc, pred)
+    nodes run on the reference executor; `target` is "cpu" or "cuda". Raises KernelEmitError naming
+    the nodes a kernel failed on."""
+    plan = fusion_for(p, forced, target)
+    low = _Lowerer(p, plan, enc, pred, target)
     manifest = low.run()
     return NativeLowering(plan, low.kernels, manifest, manifest["arena_bytes_expr"], low.kernel_rows, low.gemm_rows)

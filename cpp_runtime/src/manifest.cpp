@@ -200,6 +200,8 @@ void parse_plan(const Obj& root, Manifest& m, const Ctx& c) {
     const Obj* k = as_array(*ks, "kernels");
     for (uint32_t i = 0; i < len(*ks); ++i) {
       const std::string where = at("kernels", i);
+      // CUDA rows (target "cuda") belong to the native_cuda plan; launches index the CPU rows in order
+      if (opt_str(k[i], "target", where) == "cuda") continue;
       KernelDecl d;
       d.name = get_str(k[i], "name", where);
       d.kind = opt_str(k[i], "kind", where);

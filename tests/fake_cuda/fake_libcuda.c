@@ -5,9 +5,14 @@
  * memory is host memory; kernels do not run: every call that matters is appended as one line to the
  * file named by FAKE_CUDA_LOG (module loads with the image kind and size, function lookups, attribute
  * settings, launches with grid, block, shared memory, stream and the argument bytes in hex, copies).
- * FAKE_CUDA_CC ("90") sets the compute capability, FAKE_CUDA_DEVICES (1) the device count. It checks
- * the ABI the loaders use, not numbers.
+ * FAKE_CUDA_CC ("90") sets the compute capability, FAKE_CUDA_DEVICES (1) the device count.
+ *
+ * Kernels run when FAKE_CUDA_EMU names a host build of the same CUDA source (g++ -DBPK_EMULATE, see
+ * cuda_emulation.h): a module load opens it, a function lookup finds its `bpk_emu_<name>` entry (an
+ * unknown name fails as the real driver's CUDA_ERROR_NOT_FOUND), and a launch runs the grid on the CPU
+ * with the launch's parameter words. Without it the fake checks the ABI the loaders use, not numbers.
  */
+#include <dlfcn.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -20,13 +25,18 @@ typedef unsigned long long CUdeviceptr;
 typedef void* CUcontext;
 typedef void* CUmodule;
 typedef void* CUstream;
+typedef void (*EmuEntry)(const uint64_t*);
+typedef void (*EmuLaunch)(EmuEntry, int, const unsigned*, const unsigned*, size_t, const uint64_t*);
 typedef struct {
   char name[256];
   void* module;
+  EmuEntry emu;
+  int coop;
 } FakeFunction;
 typedef struct {
   int kind; /* 0 cubin (ELF), 1 PTX, 2 fatbin */
   size_t size;
+  void* emu; /* dlopen handle of FAKE_CUDA_EMU */
 } FakeModule;
 
 enum { OK = 0, ERR_INVALID_VALUE = 1, ERR_NOT_FOUND = 500, ERR_INVALID_DEVICE = 101 };
@@ -145,18 +155,43 @@ CUresult cuModuleLoadData(CUmodule* m, const void* image) {
     mod->size = strlen((const char*)image);
   }
   logf_("module_load %s %zu", mod->kind == 0 ? "cubin" : mod->kind == 1 ? "ptx" : "fatbin", mod->size);
+  const char* emu = getenv("FAKE_CUDA_EMU");
+  if (emu && *emu) {
+    mod->emu = dlopen(emu, RTLD_NOW | RTLD_LOCAL);
+    if (!mod->emu) {
+      logf_("emu_open_failed %s", dlerror());
+      free(mod);
+      return 200; /* CUDA_ERROR_INVALID_IMAGE */
+    }
+  }
   *m = mod;
   return OK;
 }
 CUresult cuModuleUnload(CUmodule m) {
   logf_("module_unload");
+  FakeModule* mod = (FakeModule*)m;
+  if (mod->emu) dlclose(mod->emu);
   free(m);
   return OK;
 }
 CUresult cuModuleGetFunction(void** f, CUmodule m, const char* name) {
+  FakeModule* mod = (FakeModule*)m;
   FakeFunction* fn = (FakeFunction*)calloc(1, sizeof *fn);
   snprintf(fn->name, sizeof fn->name, "%s", name);
   fn->module = m;
+  if (mod->emu) {
+    char sym[300];
+    snprintf(sym, sizeof sym, "bpk_emu_%s", name);
+    fn->emu = (EmuEntry)dlsym(mod->emu, sym);
+    snprintf(sym, sizeof sym, "bpk_emu_coop_%s", name);
+    const int* coop = (const int*)dlsym(mod->emu, sym);
+    if (!fn->emu || !coop) {
+      logf_("get_function %s not_found", name);
+      free(fn);
+      return ERR_NOT_FOUND;
+    }
+    fn->coop = *coop;
+  }
   logf_("get_function %s", name);
   *f = fn;
   return OK;
@@ -181,7 +216,24 @@ CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned
   logf_("launch %s grid %u %u %u block %u %u %u smem %u stream %llu params %s args %s", ((FakeFunction*)f)->name,
         gx, gy, gz, bx, by, bz, smem, (unsigned long long)(uintptr_t)stream, params ? "array" : "none",
         hex[0] ? hex : "-");
-  return (bx * by * bz > 1024) ? ERR_INVALID_VALUE : OK;
+  if (bx * by * bz > 1024 || gx == 0 || gy == 0 || gz == 0 || bx * by * bz == 0) return ERR_INVALID_VALUE;
+  FakeFunction* fn = (FakeFunction*)f;
+  if (fn->emu) {
+    const unsigned char* buf = NULL;
+    size_t size = 0;
+    for (int i = 0; extra && extra[i] != NULL; i += 2) {
+      if (extra[i] == (void*)1) buf = (const unsigned char*)extra[i + 1];
+      if (extra[i] == (void*)2) size = *(size_t*)extra[i + 1];
+    }
+    if (!buf || size % 8) return ERR_INVALID_VALUE;
+    uint64_t* words = (uint64_t*)malloc(size + 8);
+    memcpy(words, buf, size);
+    EmuLaunch launch = (EmuLaunch)dlsym(((FakeModule*)fn->module)->emu, "bpk_emu_launch");
+    const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+    launch(fn->emu, fn->coop, grid, block, smem, words);
+    free(words);
+  }
+  return OK;
 }
 
 CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t n) {
@@ -213,6 +265,12 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* s, size_t n, CUstream s
 CUresult cuMemcpyDtoHAsync_v2(void* d, CUdeviceptr s, size_t n, CUstream st) {
   (void)st;
   return cuMemcpyDtoH_v2(d, s, n);
+}
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {
+  (void)st;
+  memmove((void*)(uintptr_t)d, (const void*)(uintptr_t)s, n);
+  logf_("copy_dtod %zu", n);
+  return OK;
 }
 CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) {
   memset((void*)(uintptr_t)d, v, n);
@@ -262,6 +320,7 @@ static const struct Entry kEntries[] = {
     E("cuLaunchKernel", cuLaunchKernel), E("cuMemAlloc", cuMemAlloc_v2), E("cuMemFree", cuMemFree_v2),
     E("cuMemcpyHtoD", cuMemcpyHtoD_v2), E("cuMemcpyDtoH", cuMemcpyDtoH_v2),
     E("cuMemcpyHtoDAsync", cuMemcpyHtoDAsync_v2), E("cuMemcpyDtoHAsync", cuMemcpyDtoHAsync_v2),
+    E("cuMemcpyDtoDAsync", cuMemcpyDtoDAsync_v2),
     E("cuMemsetD8", cuMemsetD8_v2), E("cuMemsetD8Async", cuMemsetD8Async), E("cuStreamCreate", cuStreamCreate),
     E("cuStreamDestroy", cuStreamDestroy_v2), E("cuStreamSynchronize", cuStreamSynchronize),
     E("cuGetErrorName", cuGetErrorName), E("cuGetErrorString", cuGetErrorString),

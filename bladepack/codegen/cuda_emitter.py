@@ -1,0 +1,527 @@
+"""The CUDA emitter: `__global__` kernel variants from a `KernelSpec`, with their launch geometry.
+
+In: a kernel spec of the fusion plan and the same `KernelContext` the CPU emitter reads. Out:
+`CudaKernel` — CUDA C of every variant, the predicate choosing each variant (first true wins), each
+variant's grid / block / dynamic shared memory as sympy expressions over the shape symbols (the shape
+program computes them per input signature), and the argument list all variants share.
+
+Expressions come from the CPU emitter's `_Emitter` (same index algebra, same loop-invariant placement,
+same C renderer); this module supplies the GPU schedules and memory access.
+
+Note [CUDA kernel ABI]: every kernel takes `(int64_t* st, p0..pN, a0..aM)` — the launch's status words
+(errors; bpk::fail in cuda_runtime.cuh), the pointers (stored values first, then buffers read), then the
+int64 shape arguments. Every parameter is 8 bytes, so the loader packs a launch's parameters as one
+array of 64-bit words.
+
+Note [Register types]: float16 and bfloat16 live in registers as float (c_render.CTYPE): loads widen,
+stores round, a cast rounds explicitly, so a fused kernel accumulates in fp32 and rounds once per
+stored element. Sums of float32 accumulate in float32 in tree order (warp / block reductions), as
+torch's CUDA kernels do; float64 stays float64.
+
+Schedules and variants:
+- loop kernels: each thread computes W consecutive elements of the innermost dim (W in 8 / 4 / 2 / 1,
+  W x the widest stored element <= 16 bytes, the innermost extent divisible by W); loads that are
+  contiguous across the W lanes become one vector load when the address is aligned (tested per access,
+  so misaligned views stay correct), stores likewise; grid-stride over the rest.
+- row kernels (reductions over trailing axes, softmax, layer / RMS norm with their fused producers and
+  consumers): one warp per row (8 rows per 256-thread block) for rows up to 1024 elements, one
+  512-thread block per row above. Note [Row cache]: when the kernel has a multi-pass row op (softmax,
+  log-softmax, layer norm, RMS norm) whose input is float32 / float16 / bfloat16, the input row is
+  computed once into shared memory (each thread rereads only what it wrote, so no barrier) for rows up
+  to 1024 (warp) / 8192 (block) elements; longer rows recompute it per pass.
+- reduce kernels (anchor reductions over any axes, arg-reductions): one thread per output element, so
+  threads of a warp read adjacent columns when the reduced axes lead (column reductions coalesce).
+- scan kernels: one thread per scanned line.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+
+from bladepack.codegen.c_render import CTYPE, Args, Loop
+from bladepack.codegen.cpu_emitter import (
+    _ROW_OPS,
+    KernelContext,
+    _Emitter,
+    _reduce_kernel,
+    _same_shape,
+    _scan_kernel,
+    _store_offset,
+)
+from bladepack.dtypes import DType
+from bladepack.ir import Node, OpKind
+from bladepack.ir.types import IRDim
+from bladepack.optimize.fusion import KernelSpec
+from bladepack.optimize.views import View, simplify
+
+# memory types of pointers (registers use c_render.CTYPE; Note [Register types])
+MEMTYPE = {
+    DType.FLOAT32: "float",
+    DType.FLOAT64: "double",
+    DType.FLOAT16: "__half",
+    DType.BFLOAT16: "__nv_bfloat16",
+    DType.INT64: "int64_t",
+    DType.INT32: "int32_t",
+    DType.INT16: "int16_t",
+    DType.INT8: "int8_t",
+    DType.UINT8: "uint8_t",
+    DType.BOOL: "bool",
+}
+
+# Note [CUDA error codes]: a launch's status words hold the first error; its code is the CPU emitter's
+# (ERR_INDEX + 16 x error site) plus the kernel's index in the CUDA plan shifted left by KERNEL_SHIFT,
+# so the loader names the kernel without knowing which launch failed.
+KERNEL_SHIFT = 24
+
+LOOP_BLOCK = 256
+WARP_ROWS = 8  # rows per block in the warp-per-row schedule (8 warps of 32)
+ROW_BLOCK = 512  # threads per block in the block-per-row schedule
+WARP_ROW_MAX = 1024
+CACHE_WARP_MAX = 1024  # Note [Row cache]: 8 rows x 1024 x 4 bytes = 32 KiB
+CACHE_BLOCK_MAX = 8192  # 32 KiB
+MAX_GRID = 1 << 20  # grid-stride loops cover the rest
+_MULTI_PASS = (OpKind.SOFTMAX, OpKind.LOG_SOFTMAX, OpKind.LAYER_NORM, OpKind.RMS_NORM)
+
+
+@dataclass(frozen=True)
+class CudaVariant:
+    name: str
+    pred: Any  # sympy boolean
+    grid: Any  # sympy expression: blocks in x
+    block: int
+    smem: Any  # sympy expression: dynamic shared memory bytes
+
+
+@dataclass
+class CudaKernel:
+    name: str
+    spec: KernelSpec
+    variants: list[CudaVariant]
+    stores: list[int]
+    loads: list[View]
+    args: Args
+    source: str
+    error_sites: list[str] = field(default_factory=list)
+
+
+def _grid(work: Any, per_block: int) -> Any:
+    return sympy.Max(1, sympy.Min(sympy.ceiling(sympy.sympify(work) / per_block), MAX_GRID))
+
+
+class _CudaEmitter(_Emitter):
+    def __init__(
+        self, spec: KernelSpec, ctx: KernelContext, args: Args, stores: list[int], loads: list[View], index: int = 0
+    ) -> None:
+        super().__init__(spec, ctx, args, stores, loads)
+        self.index = index
+        self.lane: Loop | None = None
+        self.width = 1
+        self.thread = "threadIdx.x"  # the row schedules' thread index within the row and its stride
+        self.stride = "blockDim.x"
+        self.block_reduce = False
+        self.cache: tuple[int, tuple[sympy.Expr, ...], str] | None = None  # (value, row index, C array)
+        self.cache_ready = False
+        self.position = ""  # C expression of the element's position within the row (row loops)
+        self.uses_barriers = False
+
+    # -- memory
+    def load(self, base: int, dt: DType, off: sympy.Expr, syms: set[sympy.Symbol], key: Any) -> str:
+        p = self.ptr_load(base)
+        lane = self.lane
+        if lane is not None and self.width > 1 and lane in off.free_symbols:
+            rest = sympy.expand(off - lane)
+            if self._vector_ok(lane, rest):  # contiguous across the lanes: one vector load
+                vkey = ("vec", base, rest)
+                buf = self.lookup(vkey)
+                if buf is None:
+                    buf = self.fresh("b")
+                    stmt = f"{CTYPE[dt]} {buf}[{self.width}]; bpk::ldv<{self.width}>({buf}, {p} + {self.args.index(rest)});"
+                    self.define_stmt(stmt, buf, syms - {lane}, vkey)
+                return self.define(CTYPE[dt], f"{buf}[{lane.name}]", syms, key)
+        return self.define(CTYPE[dt], f"bpk::ld({p} + {self.args.index(off)})", syms, key)
+
+    def _vector_ok(self, lane: Loop, rest: sympy.Expr) -> bool:
+        """A vector load at `rest` is hoisted above the lane loop: only when `rest` is known there and
+        no branch (concat, pad: its guard may exclude some lanes' elements) lies between."""
+        pos = next(k for k, s in enumerate(self.scopes) if lane in s.syms)
+        if any(s.barrier for s in self.scopes[pos:]):
+            return False
+        known: set[sympy.Symbol] = set().union(*(s.syms for s in self.scopes[:pos]))
+        return all(s in known for s in rest.free_symbols if isinstance(s, Loop))
+
+    def store(self, vid: int, off: sympy.Expr, val: str) -> None:
+        self.line(f"bpk::st({self.ptr_store(vid)} + {self.args.index(off)}, {val});")
+
+    def fail(self, code: str, value: str, size: str) -> str:
+        return f"bpk::fail(st, ({code}) + {self.index << KERNEL_SHIFT}LL, {value}, {size});"
+
+    def _as(self, x: str, src: DType, dst: DType) -> str:
+        if src is dst:
+            return x
+        if dst is DType.FLOAT16:
+            return f"bpk::round_f16(float({x}))"
+        if dst is DType.BFLOAT16:
+            return f"bpk::round_bf16(float({x}))"
+        return super()._as(x, src, dst)
+
+    def accumulator(self, n: Node) -> DType:
+        dt = n.type.dtype
+        wide = DType.FLOAT64 if dt is DType.FLOAT64 else DType.FLOAT32
+        if n.op in (OpKind.SUM, OpKind.MEAN, OpKind.PROD):
+            return wide if dt.is_floating else DType.INT64
+        return wide if dt.is_floating else dt
+
+    def eval(self, vid: int, idx: tuple[sympy.Expr, ...]) -> str:
+        c = self.cache
+        if c is not None and self.cache_ready and vid == c[0] and tuple(sympy.sympify(i) for i in idx) == c[1]:
+            syms = {s for e in idx for s in sympy.sympify(e).free_symbols if isinstance(s, Loop)}
+            return self.define(CTYPE[self.ctx.types[vid].dtype], f"{c[2]}[{self.position}]", syms, ("cache", c[1]))
+        return super().eval(vid, idx)
+
+    # -- schedules shared with the CPU emitter's reduce and scan kernels: one thread per row
+    def rows_loop(self, outer_dims: Sequence[IRDim], cost: str, body: Callable[[tuple[Loop, ...]], None]) -> None:
+        syms = tuple(Loop(f"i{k}") for k in range(len(outer_dims)))
+        rows: IRDim = 1
+        for d in outer_dims:
+            rows = simplify(rows * d)
+        header = [
+            "for (int64_t t_ = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; "
+            f"t_ < {self.args.ref(rows)}; t_ += int64_t(gridDim.x) * blockDim.x) {{"
+        ]
+        self.loop(header, syms, lambda: body(syms), prologue=_split("t_", syms, outer_dims, self.args))
+
+    # -- row reductions across the threads of a warp or block
+    def _elements(self, gen: Callable[[tuple[Loop, ...]], None]) -> None:
+        """The strided loop of this thread over the current row; `gen(inner symbols)` is its body."""
+        dom = self.spec.domain
+        k = self.spec.reduced
+        r = len(dom) - k
+        inner = tuple(Loop(f"r{r + m}") for m in range(k))
+        length = self.args.ref(self._row_len())
+        q = inner[0].name if k == 1 else "q_"
+        header = [f"for (int64_t {q} = {self.thread}; {q} < {length}; {q} += {self.stride}) {{"]
+        prologue = [] if k == 1 else _split("q_", inner, dom[r:], self.args)
+        self.position = q
+        self.loop(header, inner, lambda: gen(inner), prologue=prologue)
+
+    def reduce_pass(
+        self,
+        dt: DType,
+        kind: str,
+        body: Callable[[tuple[sympy.Expr, ...]], str],
+        store: Callable[[tuple[sympy.Expr, ...], str], None] | None = None,
+    ) -> str:
+        t = CTYPE[dt]
+        saved = self.scopes
+        self.scopes = saved[:2]  # passes are emitted at row scope, whatever scope asked for them
+        acc = self.fresh("acc")
+        if kind in ("max", "min"):
+            big = kind == "max"
+            init = (
+                f"{'-' if big else ''}std::numeric_limits<{t}>::infinity()"
+                if dt.is_floating
+                else f"std::numeric_limits<{t}>::{'lowest' if big else 'max'}()"
+            )
+        else:
+            init = f"{t}({1 if kind == 'prod' else 0})"
+        self.declare(f"{t} {acc} = {init};", acc)
+        functor = {"sum": "bpk::Sum()", "prod": "bpk::Prod()", "max": "bpk::Max()", "min": "bpk::Min()"}[kind]
+
+        def innermost(inner: tuple[Loop, ...]) -> None:
+            v = body((*self.outer, *inner))
+            if store is not None:
+                store((*self.outer, *inner), v)
+            self.line(f"{acc} = {functor}({acc}, {t}({v}));")
+
+        self._elements(innermost)
+        if self.block_reduce:
+            self.uses_barriers = True
+            self.line(f"{acc} = bpk::block_all({acc}, {functor}, reinterpret_cast<{t}*>(bpk_scratch));")
+        else:
+            self.uses_barriers = True
+            self.line(f"{acc} = bpk::warp_all({acc}, {functor});")
+        self.depth[acc] = 1
+        self.scopes = saved
+        return acc
+
+
+def _split(var: str, syms: Sequence[Loop], dims: Sequence[IRDim], args: Args) -> list[str]:
+    """Statements defining `syms` (row-major position in `dims`) from the linear index `var`."""
+    if not syms:
+        return []
+    if len(syms) == 1:
+        return [f"const int64_t {syms[0].name} = {var};"]
+    out = [f"int64_t s_{var} = {var};"]
+    for k in range(len(syms) - 1, 0, -1):
+        d = args.ref(dims[k])
+        out.append(f"const int64_t {syms[k].name} = s_{var} % {d}; s_{var} /= {d};")
+    out.append(f"const int64_t {syms[0].name} = s_{var};")
+    return out
+
+
+# --------------------------------------------------------------------------- kernel bodies
+
+
+def _loop_kernel(em: _CudaEmitter, width: int) -> None:
+    dom = em.spec.domain
+    if not dom:
+        em.line("if (blockIdx.x == 0 && threadIdx.x == 0) {")
+        for r in em.spec.roots:
+            em.store(r, sympy.Integer(0), em.eval(r, ()))
+        em.line("}")
+        return
+    outer = tuple(Loop(f"i{k}") for k in range(len(dom) - 1))
+    j = Loop(f"i{len(dom) - 1}")
+    lane = Loop("l0")
+    em.lane, em.width = lane, width
+    total: IRDim = 1
+    for d in dom[:-1]:
+        total = simplify(total * d)
+    chunks = simplify(sympy.sympify(dom[-1]) / width) if width > 1 else dom[-1]
+    threads = em.args.ref(simplify(total * chunks))
+    header = [
+        "for (int64_t t_ = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; "
+        f"t_ < {threads}; t_ += int64_t(gridDim.x) * blockDim.x) {{"
+    ]
+    chunk_ref = em.args.ref(chunks)
+    prologue = [f"const int64_t {j.name} = (t_ % {chunk_ref}) * {width};", f"const int64_t u_ = t_ / {chunk_ref};"]
+    prologue += _split("u_", outer, dom[:-1], em.args)
+
+    def body() -> None:
+        idx = (*outer, j + lane)
+        outs = {r: em.fresh("o") for r in em.spec.roots}
+        for r, o in outs.items():
+            em.line(f"{CTYPE[em.ctx.types[r].dtype]} {o}[{width}];")
+
+        def lanes() -> None:
+            for r, o in outs.items():
+                em.line(f"{o}[{lane.name}] = {em.eval(r, idx)};")
+
+        em.loop(
+            ["#pragma unroll", f"for (int {lane.name} = 0; {lane.name} < {width}; ++{lane.name}) {{"],
+            [lane],
+            lanes,
+        )
+        base = _store_offset(dom, (*outer, j))
+        for r, o in outs.items():
+            em.line(f"bpk::stv<{width}>({em.ptr_store(r)} + {em.args.index(base)}, {o});")
+
+    em.loop(header, (*outer, j), body, prologue=prologue)
+
+
+def _row_kernel(em: _CudaEmitter, warp: bool, cached: bool) -> None:
+    dom = em.spec.domain
+    k = em.spec.reduced
+    r = len(dom) - k
+    em.row_ops = {v for v in em.spec.nodes if em.ctx.nodes[v].op in _ROW_OPS}
+    em.softmax_in_place = None  # the row cache (or L2) serves the last pass instead
+    em.block_reduce = not warp
+    full_roots = [v for v in em.spec.roots if _same_shape(em.ctx.types[v].shape, dom)]
+    row_roots = [v for v in em.spec.roots if v not in full_roots]
+    rows: IRDim = 1
+    for d in dom[:r]:
+        rows = simplify(rows * d)
+    outer = tuple(Loop(f"i{m}") for m in range(r))
+    length = em.args.ref(em._row_len())
+    if warp:
+        em.line("const int64_t lane_ = threadIdx.x & 31, warp_ = threadIdx.x >> 5;")
+        em.thread, em.stride = "lane_", "32"
+        first, step = f"int64_t(blockIdx.x) * {WARP_ROWS} + warp_", f"int64_t(gridDim.x) * {WARP_ROWS}"
+    else:
+        em.line("__shared__ double bpk_scratch[32];  // block_all: one value (<= 8 bytes) per warp")
+        em.thread, em.stride = "int64_t(threadIdx.x)", "int64_t(blockDim.x)"
+        first, step = "int64_t(blockIdx.x)", "int64_t(gridDim.x)"
+    cache_vid = _cache_value(em) if cached else None
+    if cache_vid is not None:
+        em.line("BPK_DYN_SMEM(float, bpk_cache);")
+        arr = f"(bpk_cache + warp_ * {length})" if warp else "bpk_cache"
+    header = [f"for (int64_t row_ = {first}; row_ < {em.args.ref(rows)}; row_ += {step}) {{"]
+
+    def body() -> None:
+        em.outer = outer
+        em.row_stats = {}
+        em.cache_ready = False
+        if cache_vid is not None:
+            x_t = em.ctx.types[cache_vid].dtype
+
+            def fill(inner: tuple[Loop, ...]) -> None:
+                val = em._as(em.eval(cache_vid, (*outer, *inner)), x_t, DType.FLOAT32)
+                em.line(f"{arr}[{em.position}] = {val};")
+
+            em.cache = (cache_vid, tuple(sympy.sympify(s) for s in (*outer, *_inner_syms(em))), arr)
+            em._elements(fill)
+            em.cache_ready = True
+        for v in row_roots:
+            shape = em.ctx.types[v].shape
+            idx = tuple(outer) + (sympy.Integer(0),) * (len(shape) - len(outer))
+            val = em.eval(v, idx)
+            em.line(f"if ({em.thread} == 0) {{")
+            em.store(v, _store_offset(shape, idx), val)
+            em.line("}")
+        if not full_roots:
+            return
+
+        def store(inner: tuple[Loop, ...]) -> None:
+            idx = (*outer, *inner)
+            for v in full_roots:
+                em.store(v, _store_offset(dom, idx), em.eval(v, idx))
+
+        em._elements(store)
+
+    em.loop(header, outer, body, prologue=_split("row_", outer, dom[:r], em.args))
+
+
+def _inner_syms(em: _CudaEmitter) -> tuple[Loop, ...]:
+    r = len(em.spec.domain) - em.spec.reduced
+    return tuple(Loop(f"r{r + m}") for m in range(em.spec.reduced))
+
+
+def _cache_value(em: _CudaEmitter) -> int | None:
+    """Note [Row cache]: the input of the kernel's first multi-pass row op, when it is a float row."""
+    for v in em.spec.nodes:
+        n = em.ctx.nodes[v]
+        if n.op in _MULTI_PASS:
+            x = n.inputs[0]
+            if em.ctx.types[x].dtype in (DType.FLOAT32, DType.FLOAT16, DType.BFLOAT16) and _same_shape(
+                em.ctx.types[x].shape, em.spec.domain
+            ):
+                return x
+            return None
+    return None
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def _function(name: str, em: _CudaEmitter, ptr_types: list[tuple[str, bool]], nints: int, block: int) -> str:
+    params = ["int64_t* __restrict__ st"]
+    for k, (mt, writable) in enumerate(ptr_types):
+        params.append(f"{'' if writable else 'const '}{mt}* __restrict__ p{k}")
+    params += [f"const int64_t a{k}" for k in range(nints)]
+    head = [f'extern "C" __global__ void __launch_bounds__({block}) {name}({", ".join(params)}) {{', "  (void)st;"]
+    head += [f"  (void)p{k};" for k in range(len(ptr_types))]
+    head += [f"  (void)a{k};" for k in range(nints)]
+    body = ["  " + ln for ln in em.scopes[0].lines]
+    emu = [
+        "#ifdef BPK_EMULATE",
+        f'extern "C" void bpk_emu_{name}(const uint64_t* w) {{',
+        f"  {name}(" + ", ".join(_emu_args(ptr_types, nints)) + ");",
+        "}",
+        f'extern "C" const int bpk_emu_coop_{name} = {int(em.uses_barriers)};',
+        "#endif",
+    ]
+    return "\n".join([*head, *body, "}", *emu, ""])
+
+
+def _emu_args(ptr_types: list[tuple[str, bool]], nints: int) -> list[str]:
+    out = ["reinterpret_cast<int64_t*>(w[0])"]
+    for k, (mt, writable) in enumerate(ptr_types):
+        out.append(f"reinterpret_cast<{'' if writable else 'const '}{mt}*>(w[{1 + k}])")
+    out += [f"static_cast<int64_t>(w[{1 + len(ptr_types) + k}])" for k in range(nints)]
+    return out
+
+
+def _widths(spec: KernelSpec, ctx: KernelContext) -> list[int]:
+    widest = max((ctx.types[v].dtype.itemsize for v in spec.roots), default=4)
+    return [w for w in (8, 4, 2, 1) if w * widest <= 16]
+
+
+def emit_cuda_kernel(spec: KernelSpec, ctx: KernelContext, index: int) -> CudaKernel:
+    """All variants of kernel `index` of the CUDA plan (raises ValueError for kernel kinds without a
+    CUDA schedule). Its error codes carry `index` (Note [CUDA error codes])."""
+    args = Args()
+    stores = list(spec.roots)
+    loads: list[View] = []
+    plans: list[tuple[str, Any, Callable[[_CudaEmitter], None], Any, int, Any]] = []
+    if spec.kind == "loop":
+        dom = spec.domain
+        last = dom[-1] if dom else 1
+        total: IRDim = 1
+        for d in dom:
+            total = simplify(total * d)
+        for w in _widths(spec, ctx) if dom else [1]:
+            if isinstance(last, int) and last % w:
+                continue
+            pred = sympy.true if w == 1 or isinstance(last, int) else sympy.Eq(sympy.Mod(last, w), 0)
+            plans.append(
+                (
+                    f"_w{w}",
+                    pred,
+                    functools.partial(_loop_kernel, width=w),
+                    _grid(sympy.sympify(total) / w, LOOP_BLOCK),
+                    LOOP_BLOCK,
+                    0,
+                )
+            )
+            if isinstance(last, int):
+                break
+    elif spec.kind == "row":
+        r = len(spec.domain) - spec.reduced
+        rows: IRDim = 1
+        for d in spec.domain[:r]:
+            rows = simplify(rows * d)
+        length: IRDim = 1
+        for d in spec.domain[r:]:
+            length = simplify(length * d)
+        probe = _CudaEmitter(spec, ctx, Args(), [], [])
+        cacheable = _cache_value(probe) is not None
+        candidates = []
+        if cacheable:
+            candidates.append(("_warp_smem", sympy.Le(length, CACHE_WARP_MAX), True, True))
+            candidates.append(("_block_smem", sympy.Le(length, CACHE_BLOCK_MAX), False, True))
+        else:
+            candidates.append(("_warp", sympy.Le(length, WARP_ROW_MAX), True, False))
+        candidates.append(("_block", sympy.true, False, False))
+        for suffix, pred, warp, cached in candidates:
+            pred = sympy.simplify(pred) if isinstance(length, int) else pred
+            if pred is sympy.false:
+                continue
+            per = WARP_ROWS if warp else 1
+            smem = (per * length * 4) if cached else 0
+            plans.append(
+                (
+                    suffix,
+                    pred,
+                    functools.partial(_row_kernel, warp=warp, cached=cached),
+                    _grid(rows, per),
+                    LOOP_BLOCK if warp else ROW_BLOCK,
+                    smem,
+                )
+            )
+            if pred is sympy.true:
+                break
+    elif spec.kind in ("reduce", "scan"):
+        n = ctx.nodes[spec.roots[0]]
+        x_t = ctx.types[n.inputs[0]]
+        fn: Callable[[_CudaEmitter], None] = _reduce_kernel if spec.kind == "reduce" else _scan_kernel
+        outputs: IRDim = 1
+        if spec.kind == "reduce":
+            for d in n.type.shape:
+                outputs = simplify(outputs * d)
+        else:
+            rank = len(n.type.shape)
+            axis = getattr(n.attrs, "axis", 0) % max(rank, 1)
+            for k, d in enumerate(x_t.shape):
+                if k != axis:
+                    outputs = simplify(outputs * d)
+        plans.append(("", sympy.true, fn, _grid(outputs, LOOP_BLOCK), LOOP_BLOCK, 0))
+    else:
+        raise ValueError(f"{spec.kind} kernels have no CUDA schedule yet")
+    bodies: list[tuple[CudaVariant, _CudaEmitter]] = []
+    errors: list[str] = []
+    for suffix, pred, fn, grid, block, smem in plans:
+        em = _CudaEmitter(spec, ctx, args, stores, loads, index)
+        fn(em)
+        bodies.append((CudaVariant(f"{spec.name}{suffix}", pred, grid, block, sympy.sympify(smem)), em))
+        errors = em.error_sites
+    ptr_types = [(MEMTYPE[ctx.types[v].dtype], True) for v in stores]
+    ptr_types += [(MEMTYPE[ctx.types[v.base].dtype], False) for v in loads]
+    lines = [f"// {spec.name}: {spec.kind} kernel{' from ' + spec.loc if spec.loc else ''}"]
+    for var, em in bodies:
+        lines.append(_function(var.name, em, ptr_types, len(args.exprs), var.block))
+    return CudaKernel(spec.name, spec, [v for v, _ in bodies], stores, loads, args, "\n".join(lines), errors)

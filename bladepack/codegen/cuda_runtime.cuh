@@ -1,0 +1,247 @@
+// bladepack CUDA prelude: pasted at the top of every generated CUDA translation unit.
+//
+// In: nothing (CUDA's own fp16 / bf16 headers). Out: the helpers generated kernels use — loads and
+// stores converting 16-bit floats to and from float registers (Note [Register types] in
+// codegen/cuda_emitter.py), vector loads and stores with a run-time alignment test, warp and block
+// reductions that leave the result in every thread, the math helpers the C renderer names (bpk::vexp,
+// sigmoid, verf, gelu_*, fmax_nan, ...) with torch's NaN semantics, and error reporting into the
+// launch's status words (st[0] = first error code, st[1] = value, st[2] = the size it broke).
+//
+// With BPK_EMULATE defined, the CUDA builtins come from the host emulation header instead
+// (tests/fake_cuda/cuda_emulation.h: threads as fibers, so the same source runs on a CPU in tests).
+#ifdef BPK_EMULATE
+#include "cuda_emulation.h"
+#else
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+#endif
+#include <limits>
+#include <type_traits>
+
+#define BPK_D __device__ __forceinline__
+#ifndef BPK_DYN_SMEM
+#define BPK_DYN_SMEM(type, name) extern __shared__ __align__(16) type name[]
+#endif
+
+namespace bpk {
+
+template <class T>
+struct Reg {
+  using type = T;
+};
+template <>
+struct Reg<__half> {
+  using type = float;
+};
+template <>
+struct Reg<__nv_bfloat16> {
+  using type = float;
+};
+
+template <class T>
+BPK_D typename Reg<T>::type to_reg(T x) {
+  return x;
+}
+template <>
+BPK_D float to_reg<__half>(__half x) {
+  return __half2float(x);
+}
+template <>
+BPK_D float to_reg<__nv_bfloat16>(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+
+template <class T, class V>
+BPK_D T from_reg(V x) {
+  return T(x);
+}
+template <>
+BPK_D __half from_reg<__half, float>(float x) {
+  return __float2half_rn(x);
+}
+template <>
+BPK_D __nv_bfloat16 from_reg<__nv_bfloat16, float>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// one element in, one element out
+template <class T>
+BPK_D typename Reg<T>::type ld(const T* p) {
+  return to_reg<T>(*p);
+}
+template <class T, class V>
+BPK_D void st(T* p, V v) {
+  *p = from_reg<T>(static_cast<typename Reg<T>::type>(v));
+}
+
+// a cast to a 16-bit float inside a fused kernel rounds as torch's would
+BPK_D float round_f16(float x) { return __half2float(__float2half_rn(x)); }
+BPK_D float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+template <int Bytes>
+struct Raw;
+template <>
+struct Raw<16> {
+  using type = uint4;
+};
+template <>
+struct Raw<8> {
+  using type = uint2;
+};
+template <>
+struct Raw<4> {
+  using type = unsigned int;
+};
+template <>
+struct Raw<2> {
+  using type = unsigned short;
+};
+
+// W consecutive elements from p into registers: one vector access when p is aligned to the vector's
+// size (16 bytes at most), element by element otherwise
+template <int W, class T>
+BPK_D void ldv(typename Reg<T>::type (&out)[W], const T* p) {
+  constexpr int bytes = W * int(sizeof(T));
+  if constexpr (bytes == 16 || bytes == 8 || bytes == 4 || bytes == 2) {
+    if (W > 1 && (reinterpret_cast<uintptr_t>(p) & uintptr_t(bytes - 1)) == 0) {
+      using V = typename Raw<bytes>::type;
+      const V v = *reinterpret_cast<const V*>(p);
+      const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+      for (int i = 0; i < W; ++i) out[i] = to_reg<T>(e[i]);
+      return;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < W; ++i) out[i] = to_reg<T>(p[i]);
+}
+
+template <int W, class T, class V>
+BPK_D void stv(T* p, const V (&in)[W]) {
+  constexpr int bytes = W * int(sizeof(T));
+  if constexpr (bytes == 16 || bytes == 8 || bytes == 4 || bytes == 2) {
+    if (W > 1 && (reinterpret_cast<uintptr_t>(p) & uintptr_t(bytes - 1)) == 0) {
+      using R = typename Raw<bytes>::type;
+      R v;
+      T* e = reinterpret_cast<T*>(&v);
+#pragma unroll
+      for (int i = 0; i < W; ++i) e[i] = from_reg<T>(static_cast<typename Reg<T>::type>(in[i]));
+      *reinterpret_cast<R*>(p) = v;
+      return;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < W; ++i) p[i] = from_reg<T>(static_cast<typename Reg<T>::type>(in[i]));
+}
+
+// -------------------------------------------------------------------------- math (torch semantics)
+BPK_D float vexp(float x) { return expf(x); }
+BPK_D double vexp(double x) { return exp(x); }
+BPK_D float verf(float x) { return erff(x); }
+BPK_D double verf(double x) { return erf(x); }
+template <class T>
+BPK_D T sigmoid(T x) {
+  return T(1) / (T(1) + vexp(-x));
+}
+template <class T>
+BPK_D T gelu_erf(T x) {
+  return T(0.5) * x * (T(1) + verf(x * T(0.7071067811865476)));
+}
+template <class T>
+BPK_D T gelu_tanh(T x) {
+  return T(0.5) * x * (T(1) + tanh(T(0.7978845608028654) * (x + T(0.044715) * x * x * x)));
+}
+template <class T>
+BPK_D T div_trunc(T a, T b) {
+  if (b == 0) return T(0);
+  if (T(-1) < T(0) && b == T(-1)) return T(T(0) - a);
+  return T(a / b);
+}
+template <class T>
+BPK_D T fmod_i(T a, T b) {
+  if (b == 0 || (T(-1) < T(0) && b == T(-1))) return T(0);
+  return T(a % b);
+}
+template <class T>
+BPK_D T ipow(T base, T e) {
+  if (e < 0) return base == 1 ? T(1) : (base == -1 ? ((e % 2) ? T(-1) : T(1)) : T(0));
+  T out = 1;
+  while (e) {
+    if (e & 1) out = T(out * base);
+    base = T(base * base);
+    e >>= 1;
+  }
+  return out;
+}
+template <class T>
+BPK_D T fmax_nan(T a, T b) {
+  T m = a > b ? a : b;
+  m = b != b ? b : m;
+  return a != a ? a : m;
+}
+template <class T>
+BPK_D T fmin_nan(T a, T b) {
+  T m = a < b ? a : b;
+  m = b != b ? b : m;
+  return a != a ? a : m;
+}
+
+// -------------------------------------------------------------------------- reductions
+struct Sum {
+  template <class T>
+  BPK_D T operator()(T a, T b) const {
+    return T(a + b);
+  }
+};
+struct Prod {
+  template <class T>
+  BPK_D T operator()(T a, T b) const {
+    return T(a * b);
+  }
+};
+struct Max {
+  template <class T>
+  BPK_D T operator()(T a, T b) const {
+    return fmax_nan(a, b);
+  }
+};
+struct Min {
+  template <class T>
+  BPK_D T operator()(T a, T b) const {
+    return fmin_nan(a, b);
+  }
+};
+
+// every lane of the (full, converged) warp gets the combination of all 32 lanes' values
+template <class T, class F>
+BPK_D T warp_all(T v, F f) {
+  using S = typename std::conditional<(sizeof(T) < 4), int, T>::type;  // shuffles move 4 or 8 bytes
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = f(v, static_cast<T>(__shfl_xor_sync(0xffffffffu, static_cast<S>(v), o)));
+  return v;
+}
+
+// every thread of the block gets the combination of all threads' values; `scratch` holds 32 values
+// and may be reused by the next call (the first barrier waits for its readers)
+template <class T, class F>
+BPK_D T block_all(T v, F f, T* scratch) {
+  v = warp_all(v, f);
+  const int lane = int(threadIdx.x & 31u), warp = int(threadIdx.x >> 5), warps = int((blockDim.x + 31u) >> 5);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  T out = scratch[0];
+  for (int w = 1; w < warps; ++w) out = f(out, scratch[w]);
+  return out;
+}
+
+// the first error of a launch wins; the kernel continues with a safe index
+BPK_D void fail(int64_t* st, int64_t code, int64_t value, int64_t size) {
+  if (atomicCAS(reinterpret_cast<unsigned long long*>(st), 0ull, static_cast<unsigned long long>(code)) == 0ull) {
+    st[1] = value;
+    st[2] = size;
+  }
+}
+
+}  // namespace bpk

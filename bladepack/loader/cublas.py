@@ -1,0 +1,144 @@
+"""cuBLAS through ctypes: the GEMMs of CUDA artifacts (until CUTLASS kernels serve them).
+
+In: the GEMM launch records of a native CUDA plan (GemmCall's ints: three batch dims with strides, m,
+n, k, transposes, leading dims; row-major operands, as the CPU executor's `bpk::gemm_batched`). Out:
+`Cublas.gemm` — `cublasGemmStridedBatchedEx` over the innermost batch dim (the outer two loop on the
+host), float16 / bfloat16 / float32 computing in float32 and float64 in float64, on the caller's stream.
+
+The library: BLADEPACK_CUBLAS=path wins; else libcublas.so.* from the nvidia-cublas wheels next to this
+Python (torch's CUDA builds bring them); else the system's (ctypes.util / CUDA_HOME / /usr/local/cuda).
+Row-major C = A.B is computed as column-major C^T = B^T.A^T, so no copies are made.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from bladepack.loader.cuda_driver import CudaError, CudaUnavailable
+
+_TYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 14}  # cudaDataType
+_COMPUTE_32F, _COMPUTE_64F = 68, 70  # cublasComputeType_t
+_OP_N, _OP_T = 0, 1
+_GEMM_DEFAULT = -1
+_INT_MAX = 2**31 - 1
+
+
+def _candidates() -> Iterator[str]:
+    env = os.environ.get("BLADEPACK_CUBLAS")
+    if env:
+        yield env
+        return
+    for root in sys.path:
+        for lib in sorted(glob.glob(os.path.join(root, "nvidia", "cu*", "lib", "libcublas.so*"))):
+            yield lib
+        for lib in sorted(glob.glob(os.path.join(root, "nvidia", "cublas", "lib", "libcublas.so*"))):
+            yield lib
+    found = ctypes.util.find_library("cublas")
+    if found:
+        yield found
+    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if home:
+            yield from sorted(glob.glob(str(Path(home) / "lib64" / "libcublas.so*")))
+
+
+class Cublas:
+    """One cuBLAS handle on the current device's primary context."""
+
+    def __init__(self) -> None:
+        lib = None
+        tried = []
+        for path in _candidates():
+            tried.append(path)
+            try:
+                lib = ctypes.CDLL(path)
+                break
+            except OSError:
+                continue
+        if lib is None:
+            raise CudaUnavailable(
+                "this artifact runs its GEMMs with cuBLAS, and no libcublas was found "
+                f"(tried: {', '.join(tried) or 'nothing'}); install nvidia-cublas or set BLADEPACK_CUBLAS=path"
+            )
+        self.path = tried[-1]
+        self._lib = lib
+        lib.cublasCreate_v2.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        lib.cublasSetStream_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        lib.cublasDestroy_v2.argtypes = [ctypes.c_void_p]
+        i, ll, p = ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p
+        lib.cublasGemmStridedBatchedEx.argtypes = [
+            *(p, i, i, i, i, i, p),
+            *(p, i, i, ll),
+            *(p, i, i, ll),
+            p,
+            *(p, i, i, ll),
+            *(i, i, i),
+        ]
+        handle = ctypes.c_void_p()
+        self._check(lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")
+        self._handle = handle
+        self._one32, self._zero32 = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        self._one64, self._zero64 = ctypes.c_double(1.0), ctypes.c_double(0.0)
+
+    @staticmethod
+    def _check(status: int, call: str) -> None:
+        if status != 0:
+            raise CudaError(f"{call} failed: cublasStatus_t {status}")
+
+    def close(self) -> None:
+        if self._handle:
+            self._lib.cublasDestroy_v2(self._handle)
+            self._handle = ctypes.c_void_p()
+
+    def gemm(self, dtype: str, a: int, b: int, c: int, ints: Sequence[int], stream: int) -> None:
+        """C = A.B for one GEMM launch record (pointers already resolved; `ints` as GemmCall.ints)."""
+        batch, sa, sb, sc = ints[0:3], ints[3:6], ints[6:9], ints[9:12]
+        m, n, k, ta, tb, lda, ldb, ldc = ints[12:20]
+        if max(m, n, k, lda, ldb, ldc, batch[2]) > _INT_MAX:
+            raise CudaError(f"GEMM {m}x{n}x{k} exceeds cuBLAS's 32-bit sizes")
+        if m == 0 or n == 0 or min(batch) == 0:
+            return
+        self._check(self._lib.cublasSetStream_v2(self._handle, ctypes.c_void_p(stream)), "cublasSetStream")
+        t = _TYPES[dtype]
+        wide = dtype == "float64"
+        one, zero = (self._one64, self._zero64) if wide else (self._one32, self._zero32)
+        size = 8 if wide else (4 if dtype == "float32" else 2)
+        for b0 in range(batch[0]):
+            for b1 in range(batch[1]):
+                pa = a + (b0 * sa[0] + b1 * sa[1]) * size
+                pb = b + (b0 * sb[0] + b1 * sb[1]) * size
+                pc = c + (b0 * sc[0] + b1 * sc[1]) * size
+                # column-major C^T (n x m) = op(B)^T . op(A)^T
+                self._check(
+                    self._lib.cublasGemmStridedBatchedEx(
+                        self._handle,
+                        _OP_T if tb else _OP_N,
+                        _OP_T if ta else _OP_N,
+                        n,
+                        m,
+                        k,
+                        ctypes.byref(one),
+                        pb,
+                        t,
+                        ldb,
+                        sb[2],
+                        pa,
+                        t,
+                        lda,
+                        sa[2],
+                        ctypes.byref(zero),
+                        pc,
+                        t,
+                        ldc,
+                        sc[2],
+                        batch[2],
+                        _COMPUTE_64F if wide else _COMPUTE_32F,
+                        _GEMM_DEFAULT,
+                    ),
+                    "cublasGemmStridedBatchedEx",
+                )

@@ -1,0 +1,281 @@
+"""A loaded module's CUDA path: tensors in and out, the stream, reference steps, errors.
+
+In: the `LoadedModule` (signature, shape program, reference steps, weights) and its artifact. Out:
+`CudaPath.run(inputs)`. Inputs:
+- device tensors (torch, CuPy, JAX: anything with `__dlpack__` on a CUDA device) are read in place
+  through DLPack (non-contiguous torch tensors are made contiguous first); with torch tensors the work
+  runs on torch's current stream of that device, and the outputs are torch tensors made by torch's
+  caching allocator (torch is already imported by the caller; this module never imports it);
+- other device tensors give `DeviceTensor` outputs (DLPack exporters owning driver memory);
+- host arrays (numpy, CPU tensors) are copied to the device and the outputs come back as numpy arrays
+  (the call waits for the device).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bladepack.artifact.format import BpkFile
+from bladepack.artifact.writer import weight_section_name
+from bladepack.dtypes import DType
+from bladepack.errors import InputError
+from bladepack.loader.cuda_driver import CudaUnavailable, DeviceBuffer, _check
+from bladepack.loader.dlpack import KDL_CUDA, KDL_CUDA_MANAGED, Exported, Imported, import_tensor
+from bladepack.loader.native_cuda import KERNEL_SHIFT, CudaPrepared, NativeCuda
+from bladepack.loader.signature import check_inputs
+from bladepack.loader.tensors import is_torch_tensor, to_numpy
+
+if TYPE_CHECKING:
+    from bladepack.loader.module import LoadedModule
+
+_ALIGN = 256
+
+
+def parse_device(device: str) -> tuple[str, int]:
+    """("cpu", 0) or ("cuda", ordinal) from "cpu", "cuda", "cuda:N"."""
+    if device == "cpu":
+        return "cpu", 0
+    if device == "cuda":
+        return "cuda", 0
+    if device.startswith("cuda:") and device[5:].isdigit():
+        return "cuda", int(device[5:])
+    raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+
+
+@dataclass(frozen=True)
+class _Dtype:
+    name: str
+
+
+@dataclass(frozen=True)
+class _Meta:
+    """What check_inputs reads of an input (shape and dtype), for device tensors."""
+
+    shape: tuple[int, ...]
+    dtype: _Dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+class DeviceTensor(Exported):
+    """A result in device memory owned by bladepack; take it with `torch.from_dlpack`, `cupy.from_dlpack`."""
+
+
+def _nbytes(shape: Sequence[int], dtype: str) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * DType(dtype).itemsize
+
+
+def _round(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+class CudaPath:
+    def __init__(self, module: LoadedModule, bpk: BpkFile, manifest: dict[str, Any], ordinal: int) -> None:
+        native = manifest.get("native_cuda")
+        if native is None:
+            raise CudaUnavailable(
+                f"{bpk.source} has no CUDA kernels; optimize it with targets=('cpu', 'cuda') to run it on a GPU"
+            )
+        self.module = module
+        self.ordinal = ordinal
+        kernels = [k for k in manifest.get("kernels", ()) if k.get("target") == "cuda"]
+        self.exe = NativeCuda(bpk, native, kernels, ordinal)
+        self.exe.upload_weights([bpk.section(weight_section_name(w["name"])) for w in manifest["weights"]])
+        self.kernels = kernels
+        self.n_in = len(manifest["inputs"])
+        self.out_slot = list(native["outputs"])
+        self.weight_ids = [w["id"] for w in manifest["weights"]]
+        self.n_slots = 1 + self.n_in + len(self.out_slot) + len(self.weight_ids)
+
+    # -- inputs
+    def _take(self, inputs: Sequence[Any], stream: int) -> tuple[list[Any], list[Imported], list[np.ndarray | None]]:
+        """(metas, imported device tensors to release, host arrays or None per input)."""
+        names = [t.name for t in self.module.signature.inputs]
+        if len(inputs) != len(names):
+            raise InputError(f"expected {len(names)} inputs ({', '.join(names)}), got {len(inputs)}")
+        metas: list[Any] = []
+        held: list[Imported] = []
+        hosts: list[np.ndarray | None] = []
+        for x, name in zip(inputs, names):
+            dev = x.__dlpack_device__() if hasattr(x, "__dlpack_device__") else None
+            if dev is not None and int(dev[0]) in (KDL_CUDA, KDL_CUDA_MANAGED):
+                if int(dev[1]) != self.ordinal:
+                    raise InputError(
+                        f"input '{name}' is on cuda:{int(dev[1])}; this module runs on cuda:{self.ordinal}"
+                    )
+                if getattr(x, "requires_grad", False):
+                    x = x.detach()
+                imp = import_tensor(x, stream or 1)
+                if not imp.view.contiguous:
+                    imp.close()
+                    if not hasattr(x, "contiguous"):
+                        raise InputError(f"input '{name}' is not contiguous; pass a contiguous device tensor")
+                    x = x.contiguous()
+                    imp = import_tensor(x, stream or 1)
+                held.append(imp)
+                metas.append(_Meta(imp.view.shape, _Dtype(imp.view.dtype)))
+                hosts.append(None)
+            else:
+                a = to_numpy(x, name)
+                a = (
+                    a
+                    if a.flags.c_contiguous and a.dtype.isnative
+                    else np.ascontiguousarray(a, a.dtype.newbyteorder("="))
+                )
+                metas.append(a)
+                hosts.append(a)
+        check_inputs(self.module.signature, metas)
+        return metas, held, hosts
+
+    # -- a call
+    def run(self, inputs: Sequence[Any], outputs: Sequence[Any] | None) -> list[Any]:
+        torch = sys.modules.get("torch") if any(is_torch_tensor(x) for x in inputs) else None
+        stream = int(torch.cuda.current_stream(self.ordinal).cuda_stream) if torch is not None else 0
+        self.exe.device.activate()
+        metas, held, hosts = self._take(inputs, stream)
+        try:
+            return self._run(metas, held, hosts, outputs, torch, stream)
+        finally:
+            for imp in held:
+                imp.close()
+
+    def _run(
+        self,
+        metas: list[Any],
+        held: list[Imported],
+        hosts: list[np.ndarray | None],
+        outputs: Sequence[Any] | None,
+        torch: Any,
+        stream: int,
+    ) -> list[Any]:
+        mod = self.module
+        key = tuple(tuple(int(d) for d in m.shape) for m in metas)
+        prep = mod._prepare(key)
+        cp: CudaPrepared = prep.cuda
+        out_specs = [(shape, self.module._values[o]["dtype"]) for (shape, _), o in zip(prep.outputs, mod._outputs)]
+        on_host = all(h is not None for h in hosts) and torch is None and not held
+        # staging for host inputs and (host or non-torch) outputs, one buffer per call
+        staging_bytes = sum(_round(h.nbytes) for h in hosts if h is not None)
+        if torch is None:
+            staging_bytes += sum(_round(_nbytes(s, d)) for s, d in out_specs)
+        staging: DeviceBuffer | None = self.exe.alloc(staging_bytes) if staging_bytes else None
+        cursor = staging.ptr if staging is not None else 0
+        slots = np.zeros(self.n_slots, dtype=np.uint64)
+        slots[0] = self.exe.arena(cp.arena_bytes, stream)
+        dev_iter = iter(held)
+        for k, h in enumerate(hosts):
+            if h is None:
+                slots[1 + k] = next(dev_iter).view.ptr
+            else:
+                slots[1 + k] = cursor
+                self.exe.to_device(h, cursor, stream)
+                cursor += _round(h.nbytes)
+        results: list[Any] = []
+        for k, (shape, dt) in enumerate(out_specs):
+            if torch is not None:
+                t = torch.empty(shape, dtype=getattr(torch, dt), device=f"cuda:{self.ordinal}")
+                results.append(t)
+                ptr = int(t.data_ptr())
+            else:
+                ptr = cursor
+                cursor += _round(_nbytes(shape, dt))
+                results.append(None)
+            slots[1 + self.n_in + k] = ptr
+        slots[1 + self.n_in + len(out_specs) :] = self.exe.weight_ptrs
+        self.exe.run(cp, slots, stream, lambda node: self._reference(node, prep, cp, slots, stream, key))
+        # outputs that are inputs, weights or repeated outputs: device-to-device copies, never aliases
+        for k, o in enumerate(mod._outputs):
+            if self.out_slot[k] != 1 + self.n_in + k:
+                src = self._locate(o, cp, slots)
+                n = _nbytes(*out_specs[k])
+                if n:
+                    drv = self.exe._drv
+                    dst = int(slots[1 + self.n_in + k])
+                    _check(drv, drv.cuMemcpyDtoDAsync(dst, src, n, drv.CUstream(stream)), "cuMemcpyDtoDAsync")
+        if self.exe.checks_errors:
+            code, value, size = self.exe.read_status(stream)
+            if code:
+                from bladepack.loader.module import index_error
+
+                k = code >> KERNEL_SHIFT
+                row = self.kernels[k] if 0 <= k < len(self.kernels) else {"name": "?", "errors": []}
+                raise index_error(row, code & ((1 << KERNEL_SHIFT) - 1), value, size)
+        if torch is not None:
+            return results if outputs is None else self._copy_out(results, outputs)
+        if on_host:
+            host_out = []
+            for k, (shape, dt) in enumerate(out_specs):
+                a = np.empty(shape, dtype=DType(dt).to_numpy())
+                self.exe.to_host(int(slots[1 + self.n_in + k]), a, stream)
+                host_out.append(a)
+            self.exe.synchronize(stream)
+            return host_out if outputs is None else self._copy_out(host_out, outputs)
+        # device inputs of another framework: results stay on the device, owned by the staging buffer
+        self.exe.synchronize(stream)
+        return [
+            DeviceTensor(int(slots[1 + self.n_in + k]), (KDL_CUDA, self.ordinal), dt, tuple(shape), staging)
+            for k, (shape, dt) in enumerate(out_specs)
+        ]
+
+    def _copy_out(self, results: list[Any], outputs: Sequence[Any]) -> list[Any]:
+        if len(outputs) != len(results):
+            raise InputError(f"expected {len(results)} output buffers, got {len(outputs)}")
+        for spec, buf, r in zip(self.module.signature.outputs, outputs, results):
+            if tuple(buf.shape) != tuple(r.shape) or str(buf.dtype).split(".")[-1] != str(r.dtype).split(".")[-1]:
+                raise InputError(
+                    f"output buffer '{spec.name}' is {buf.dtype}{list(buf.shape)}; the result is {r.dtype}{list(r.shape)}"
+                )
+            buf.copy_(r) if hasattr(buf, "copy_") else np.copyto(buf, r)
+        return list(outputs)
+
+    # -- reference steps and value locations
+    def _locate(self, vid: int, cp: CudaPrepared, slots: np.ndarray) -> int:
+        """Device address of value `vid` during a call."""
+        mod = self.module
+        if vid in mod._input_pos_all:
+            return int(slots[1 + mod._input_pos_all[vid]])
+        if vid in self.weight_ids:
+            return int(slots[1 + self.n_in + len(self.out_slot) + self.weight_ids.index(vid)])
+        for k, o in enumerate(mod._outputs):
+            if o == vid and self.out_slot[k] == 1 + self.n_in + k:
+                return int(slots[1 + self.n_in + k])
+        off = cp.buffers[vid][0]
+        return int(slots[0]) + off
+
+    def _reference(
+        self, node: int, prep: Any, cp: CudaPrepared, slots: np.ndarray, stream: int, key: tuple[tuple[int, ...], ...]
+    ) -> None:
+        """Run reference step `node` on the host: operands down, numpy, result up."""
+        from bladepack.loader.module import ExecutionError
+
+        mod = self.module
+        st = prep.steps[mod._step_index[node]]
+        xs: list[np.ndarray] = []
+        try:
+            for i in st.inputs:
+                if i in mod._weights:
+                    xs.append(mod._weights[i])
+                    continue
+                if i in mod._input_pos_all:
+                    pos = mod._input_pos_all[i]
+                    shape: tuple[int, ...] = key[pos]
+                    dt = DType(mod.signature.inputs[pos].dtype).to_numpy()
+                else:
+                    shape = mod._shape(mod._values[i]["shape"], prep.registers)
+                    dt = DType(mod._values[i]["dtype"]).to_numpy()
+                a = np.empty(shape, dtype=dt)
+                self.exe.to_host(self._locate(i, cp, slots), a, stream)
+                xs.append(a)
+            self.exe.synchronize(stream)
+            y = np.ascontiguousarray(st.impl(xs, st.attrs, st.shape, st.dtype), dtype=st.dtype)
+        except (IndexError, ValueError, FloatingPointError, TypeError) as e:
+            raise ExecutionError(f"step {st.op} -> %{st.out} failed: {e} (from {st.loc or 'unknown source'})") from None
+        self.exe.to_device(y, self._locate(st.out, cp, slots), stream)
+        self.exe.synchronize(stream)  # `y` is freed on return

@@ -1,0 +1,278 @@
+"""The CUDA executor: runs an artifact's native CUDA plan through the driver API (cuda-python only).
+
+In: the manifest's `native_cuda` plan (launch records in the CPU plan's format; kernel variants carry
+grid / block / shared-memory registers), the artifact (cubin / PTX sections), the raw weight sections
+and a device ordinal. Out: `NativeCuda` — the image for this GPU (Note [Kernel images] in
+cuda_driver.py) loaded into the device's primary context (the one torch uses), the weights on the
+device, and per input-shape signature a `CudaPrepared`: every launch's function, geometry and its
+parameter words (Note [CUDA kernel ABI] in codegen/cuda_emitter.py) with the pointer words left as
+(slot, byte offset) to be filled per call in one vectorized step.
+
+Per call (`run`): pointer words = slot base + offset (slots: 0 the device arena, then inputs, outputs,
+weights — Note [Slots] in optimize/lower_native.py); kernels launch on the caller's stream; GEMMs go
+to cuBLAS on that stream; a reference step (an op without a CUDA kernel) synchronizes, copies its
+operands to the host, runs the numpy reference and copies the result back. Kernels that can report
+an error (data-dependent indices) write the launch's status words; after such a plan the call waits
+for the stream and raises ExecutionError naming the kernel and the bad index.
+
+Nothing is compiled at load or run time: the artifact carries cubins for sm_80 / 86 / 89 / 90 and
+PTX (compute_90) that the driver compiles for newer GPUs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bladepack.artifact.format import BpkFile
+from bladepack.dtypes import DType
+from bladepack.errors import BpkFormatError
+from bladepack.loader.cuda_driver import CudaError, Device, DeviceBuffer, _check, choose_image
+
+ABI_VERSION = 1
+KERNEL_SHIFT = 24  # Note [CUDA error codes] in codegen/cuda_emitter.py
+_ALIGN = 256  # weights and arena buffers start on 256-byte boundaries
+_EXTRA_POINTER, _EXTRA_SIZE, _EXTRA_END = 1, 2, 0  # CU_LAUNCH_PARAM_*
+
+
+def _resolve(v: Any, regs: Sequence[int]) -> int:
+    if isinstance(v, dict):
+        return int(regs[v["r"]])
+    return int(v)
+
+
+@dataclass(frozen=True)
+class KernelLaunch:
+    fn: int  # index into NativeCuda.functions
+    grid: int
+    block: int
+    smem: int
+    start: int  # first parameter word
+    count: int  # parameter words
+    kernel: int  # kernel row (for messages)
+
+
+@dataclass(frozen=True)
+class GemmLaunch:
+    dtype: str
+    ptrs: tuple[tuple[int, int], ...]  # (slot, byte offset) of A, B, C
+    ints: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RefLaunch:
+    node: int
+
+
+Launch = KernelLaunch | GemmLaunch | RefLaunch
+
+
+@dataclass(frozen=True)
+class CudaPrepared:
+    launches: tuple[Launch, ...]
+    words: np.ndarray  # uint64 parameter words of every kernel launch, pointers zero
+    ptr_pos: np.ndarray  # positions of the pointer words
+    ptr_slot: np.ndarray  # their slots
+    ptr_off: np.ndarray  # their byte offsets (uint64)
+    arena_bytes: int
+    buffers: dict[int, tuple[int, tuple[int, ...], str]]  # arena value -> (byte offset, shape, dtype)
+
+
+class NativeCuda:
+    def __init__(self, bpk: BpkFile, plan: dict[str, Any], kernels: Sequence[dict[str, Any]], ordinal: int) -> None:
+        """`kernels`: the manifest's kernel rows of target "cuda", in order (launches index them)."""
+        if plan.get("abi") != ABI_VERSION:
+            raise BpkFormatError(f"{bpk.source}: native CUDA plan ABI {plan.get('abi')} is not {ABI_VERSION}")
+        self.plan = plan
+        self.kernels = list(kernels)
+        self.device = Device(ordinal)
+        self._drv = self.device._drv
+        images = {row["arch"]: bytes(bpk.section(row["section"])) for row in plan["images"]}
+        self.image, data = choose_image(images, self.device.info.compute_capability)
+        self.module = self.device.load_module(data)
+        names: dict[int, str] = {}
+        for k in self.kernels:
+            for v in k["variants"]:
+                names[int(v["fn"])] = v["name"]
+        if sorted(names) != list(range(len(names))):
+            raise BpkFormatError(f"{bpk.source}: the CUDA kernel table is not numbered 0..{len(names) - 1}")
+        self.functions = [self.module.function(names[i]) for i in range(len(names))]
+        self.weight_ptrs: list[int] = []
+        self._weights: DeviceBuffer | None = None
+        self._status = self.device.alloc(64)
+        self._status.copy_from_host(bytes(64))
+        self.checks_errors = any(k.get("errors") for k in self.kernels)
+        self._arenas: dict[int, DeviceBuffer] = {}  # per stream
+        self._lock = threading.Lock()
+        self._cublas: Any = None
+        if any(lr["op"] == "gemm" for lr in plan["launches"]):
+            from bladepack.loader.cublas import Cublas
+
+            self._cublas = Cublas()
+
+    @property
+    def arch(self) -> str:
+        return self.device.info.arch
+
+    def upload_weights(self, sections: Sequence[memoryview]) -> None:
+        """The weights (raw bytes, manifest order) into one device buffer."""
+        offsets, total = [], 0
+        for s in sections:
+            offsets.append(total)
+            total += (s.nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+        buf = self.device.alloc(max(total, 1))
+        staging = bytearray(max(total, 1))
+        for off, s in zip(offsets, sections):
+            staging[off : off + s.nbytes] = s.cast("B")
+        buf.copy_from_host(bytes(staging))
+        self._weights = buf
+        self.weight_ptrs = [buf.ptr + off for off in offsets]
+
+    # -- per shape signature
+    def prepare(self, regs: Sequence[int]) -> CudaPrepared:
+        launches: list[Launch] = []
+        words: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        offs: list[int] = []
+        status = self._status.ptr
+        for lr in self.plan["launches"]:
+            op = lr["op"]
+            if op == "ref":
+                launches.append(RefLaunch(int(lr["node"])))
+                continue
+            ptrs = tuple((int(s), _resolve(o, regs)) for s, o in lr["ptrs"])
+            ints = tuple(_resolve(v, regs) for v in lr["ints"])
+            if op == "gemm":
+                launches.append(GemmLaunch(lr["dtype"], ptrs, ints))
+                continue
+            if op != "kernel":
+                raise BpkFormatError(f"unknown launch op {op!r} in the CUDA plan")
+            row = self.kernels[lr["k"]]
+            var = next((v for v in row["variants"] if regs[v["pred"]]), None)
+            if var is None:
+                raise BpkFormatError(f"kernel {row['name']}: no variant applies (corrupt plan)")
+            start = len(words)
+            words.append(status)
+            for s, o in ptrs:
+                pos.append(len(words))
+                slots.append(s)
+                offs.append(o)
+                words.append(0)
+            words.extend(i & 0xFFFFFFFFFFFFFFFF for i in ints)
+            grid, smem = _resolve(var["grid"], regs), _resolve(var["smem"], regs)
+            launches.append(
+                KernelLaunch(int(var["fn"]), grid, int(var["block"]), smem, start, len(words) - start, lr["k"])
+            )
+        buffers = {
+            b["id"]: (_resolve(b["offset"], regs), tuple(_resolve(d, regs) for d in b["shape"]), b["dtype"])
+            for b in self.plan["buffers"]
+        }
+        return CudaPrepared(
+            tuple(launches),
+            np.array(words, dtype=np.uint64),
+            np.array(pos, dtype=np.int64),
+            np.array(slots, dtype=np.int64),
+            np.array(offs, dtype=np.uint64),
+            _resolve(self.plan["arena_bytes"], regs),
+            buffers,
+        )
+
+    # -- per call
+    def arena(self, nbytes: int, stream: int) -> int:
+        """The device arena of `stream` (grown to `nbytes`): calls on one stream run in order."""
+        with self._lock:
+            buf = self._arenas.get(stream)
+            if buf is None or buf.nbytes < nbytes:
+                if buf is not None:
+                    self.device.synchronize(stream)
+                    buf.free()
+                buf = self._arenas[stream] = self.device.alloc(max(nbytes, _ALIGN))
+            return buf.ptr
+
+    def run(
+        self,
+        prep: CudaPrepared,
+        slots: np.ndarray,
+        stream: int,
+        reference: Callable[[int], None],
+    ) -> None:
+        """Enqueue every launch on `stream` (`slots`: uint64 base addresses); `reference(node)` runs a
+        reference step (the stream has been synchronized). Raises ExecutionError-ready CudaError."""
+        drv = self._drv
+        words = prep.words.copy()
+        if prep.ptr_pos.size:
+            words[prep.ptr_pos] = slots[prep.ptr_slot] + prep.ptr_off
+        base = words.ctypes.data
+        cu_stream = drv.CUstream(stream)
+        if self.checks_errors:
+            _check(drv, drv.cuMemsetD8Async(self._status.ptr, 0, 32, cu_stream), "cuMemsetD8Async")
+        for launch in prep.launches:
+            if isinstance(launch, KernelLaunch):
+                fn = self.functions[launch.fn]
+                size = ctypes.c_size_t(launch.count * 8)
+                extra = (ctypes.c_void_p * 5)(
+                    _EXTRA_POINTER, base + launch.start * 8, _EXTRA_SIZE, ctypes.addressof(size), _EXTRA_END
+                )
+                fn.prepare_shared(launch.smem)
+                _check(
+                    drv,
+                    drv.cuLaunchKernel(
+                        fn.handle,
+                        launch.grid,
+                        1,
+                        1,
+                        launch.block,
+                        1,
+                        1,
+                        launch.smem,
+                        cu_stream,
+                        0,
+                        ctypes.addressof(extra),
+                    ),
+                    f"cuLaunchKernel({fn.name})",
+                )
+            elif isinstance(launch, GemmLaunch):
+                (sa, oa), (sb, ob), (sc, oc) = launch.ptrs
+                a, b, c = int(slots[sa]) + oa, int(slots[sb]) + ob, int(slots[sc]) + oc
+                self._cublas.gemm(launch.dtype, a, b, c, launch.ints, stream)
+            else:
+                self.device.synchronize(stream)
+                reference(launch.node)
+
+    def read_status(self, stream: int) -> tuple[int, int, int]:
+        """(code, value, size) of the first error the last call's kernels reported (code 0: none)."""
+        self.device.synchronize(stream)
+        raw = np.frombuffer(self._status.copy_to_host(24), dtype=np.int64)
+        return int(raw[0]), int(raw[1]), int(raw[2])
+
+    # -- host <-> device copies
+    def to_device(self, host: np.ndarray, dst: int, stream: int) -> None:
+        drv = self._drv
+        n = host.nbytes
+        if n:
+            _check(drv, drv.cuMemcpyHtoDAsync(dst, host.ctypes.data, n, drv.CUstream(stream)), "cuMemcpyHtoDAsync")
+
+    def to_host(self, src: int, host: np.ndarray, stream: int) -> None:
+        drv = self._drv
+        n = host.nbytes
+        if n:
+            _check(drv, drv.cuMemcpyDtoHAsync(host.ctypes.data, src, n, drv.CUstream(stream)), "cuMemcpyDtoHAsync")
+
+    def alloc(self, nbytes: int) -> DeviceBuffer:
+        return self.device.alloc(nbytes)
+
+    def synchronize(self, stream: int) -> None:
+        self.device.synchronize(stream)
+
+
+def dtype_size(name: str) -> int:
+    return DType(name).itemsize
+
+
+__all__ = ["CudaError", "CudaPrepared", "NativeCuda"]

@@ -1,0 +1,106 @@
+"""Run CUDA artifacts without a GPU: the fake driver and cuBLAS, and the kernels emulated on the CPU.
+
+`FakeGpu.run(artifact, cases)` saves the artifact, builds the host emulation of its CUDA source (the
+same CUDA C nvcc compiled into its cubins, compiled by g++ with -DBPK_EMULATE; see
+tests/fake_cuda/cuda_emulation.h), and in a fresh process loads it with `device="cuda"` against
+tests/fake_cuda/fake_libcuda.c (first on LD_LIBRARY_PATH) and fake_libcublas.c, calls it on every case
+and returns the outputs and the fake's log (launch grids, blocks, shared memory, parameter bytes).
+What this proves: the whole CUDA path — plan, variant choice, geometry, parameter packing, the
+generated kernels' arithmetic, GEMM argument mapping — on any machine. What it cannot: timing, and
+behaviour that only real hardware has (memory ordering between warps, the driver's JIT).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FAKE = ROOT / "tests" / "fake_cuda"
+
+_SCRIPT = r"""
+import pickle, sys, numpy as np, bladepack
+from bladepack.errors import BladepackError
+cases = pickle.load(open(sys.argv[2], "rb"))
+m = bladepack.load(sys.argv[1], device=sys.argv[4])
+results = []
+for args in cases:
+    try:
+        out = m(*args)
+        results.append([np.asarray(o) for o in (out if isinstance(out, tuple) else (out,))])
+    except BladepackError as e:
+        results.append(f"{type(e).__name__}: {e}")
+pickle.dump((m.executor, results), open(sys.argv[3], "wb"))
+"""
+
+
+class FakeGpu:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if cc is None or shutil.which("g++") is None:
+            pytest.skip("no C/C++ compiler")
+        if shutil.which("nvcc") is None and not os.environ.get("NVCC"):
+            pytest.skip("nvcc not found")
+        pytest.importorskip("cuda.bindings.driver")
+        subprocess.run(
+            [cc, "-shared", "-fPIC", "-O1", "-o", str(root / "libcuda.so.1"), str(FAKE / "fake_libcuda.c"), "-ldl"],
+            check=True,
+        )
+        subprocess.run(
+            [cc, "-shared", "-fPIC", "-O2", "-o", str(root / "libcublas.so"), str(FAKE / "fake_libcublas.c")],
+            check=True,
+        )
+
+    def emulation(self, source: str) -> Path:
+        """The host build of a CUDA translation unit (cached by content)."""
+        key = hashlib.sha256(source.encode() + (FAKE / "cuda_emulation.h").read_bytes()).hexdigest()[:16]
+        lib = self.root / f"emu-{key}.so"
+        if not lib.exists():
+            src = self.root / f"emu-{key}.cu"
+            src.write_text(source)
+            r = subprocess.run(
+                ["g++", "-std=c++17", "-O1", "-DBPK_EMULATE", f"-I{FAKE}", "-x", "c++", "-shared", "-fPIC"]
+                + [str(src), "-o", str(lib)],
+                capture_output=True,
+                text=True,
+            )
+            assert r.returncode == 0, r.stderr[-4000:]
+        return lib
+
+    def run(
+        self, artifact: Any, cases: list[tuple[Any, ...]], device: str = "cuda", cc: str = "90"
+    ) -> tuple[str, list[Any], str]:
+        """(executor, per case the output arrays or the error text, the fake's log)."""
+        work = self.root / hashlib.sha256(os.urandom(8)).hexdigest()[:12]
+        work.mkdir()
+        bpk = work / "model.bpk"
+        artifact.save(bpk)
+        ins, outs, log = work / "in.pkl", work / "out.pkl", work / "cuda.log"
+        ins.write_bytes(pickle.dumps(cases))
+        env = {
+            **os.environ,
+            "LD_LIBRARY_PATH": str(self.root),
+            "FAKE_CUDA_EMU": str(self.emulation(artifact.plan.cuda_source)),
+            "FAKE_CUDA_LOG": str(log),
+            "FAKE_CUDA_CC": cc,
+            "BLADEPACK_CUBLAS": str(self.root / "libcublas.so"),
+            "PYTHONPATH": str(ROOT),
+        }
+        r = subprocess.run(
+            [sys.executable, "-c", _SCRIPT, str(bpk), str(ins), str(outs), device],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        assert r.returncode == 0, r.stderr[-4000:]
+        executor, results = pickle.loads(outs.read_bytes())
+        return executor, results, log.read_text() if log.exists() else ""

@@ -1,0 +1,102 @@
+/* A fake cuBLAS for tests without a GPU: the entry points bladepack's loader calls, computing
+ * cublasGemmStridedBatchedEx on the host (device memory is host memory under the fake driver) in
+ * double precision from the operands' own types, rounding once to the result type. Calls are logged
+ * to FAKE_CUDA_LOG like the fake driver's ("gemm" with transposes, sizes, leading dims, batch, types).
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { R_32F = 0, R_64F = 1, R_16F = 2, R_16BF = 14 };
+
+static void logf_(const char* line) {
+  const char* path = getenv("FAKE_CUDA_LOG");
+  if (!path) return;
+  FILE* f = fopen(path, "a");
+  if (!f) return;
+  fputs(line, f);
+  fputc('\n', f);
+  fclose(f);
+}
+
+static double load(const void* p, long long i, int t) {
+  switch (t) {
+    case R_32F:
+      return ((const float*)p)[i];
+    case R_64F:
+      return ((const double*)p)[i];
+    case R_16F:
+      return (double)((const _Float16*)p)[i];
+    default: {
+      uint32_t u = (uint32_t)((const uint16_t*)p)[i] << 16;
+      float f;
+      memcpy(&f, &u, 4);
+      return f;
+    }
+  }
+}
+
+static void store(void* p, long long i, int t, double v) {
+  switch (t) {
+    case R_32F:
+      ((float*)p)[i] = (float)v;
+      break;
+    case R_64F:
+      ((double*)p)[i] = v;
+      break;
+    case R_16F:
+      ((_Float16*)p)[i] = (_Float16)(float)v;
+      break;
+    default: {
+      float f = (float)v;
+      uint32_t u;
+      memcpy(&u, &f, 4);
+      u += 0x7fffu + ((u >> 16) & 1u);
+      ((uint16_t*)p)[i] = (uint16_t)(u >> 16);
+    }
+  }
+}
+
+int cublasCreate_v2(void** handle) {
+  *handle = malloc(16);
+  logf_("cublas_create");
+  return 0;
+}
+int cublasDestroy_v2(void* handle) {
+  free(handle);
+  return 0;
+}
+int cublasSetStream_v2(void* handle, void* stream) {
+  (void)handle;
+  (void)stream;
+  return 0;
+}
+
+/* column-major: C (m x n, ldc) = op(A) (m x k) . op(B) (k x n), per batch */
+int cublasGemmStridedBatchedEx(void* handle, int transa, int transb, int m, int n, int k, const void* alpha,
+                               const void* A, int atype, int lda, long long sa, const void* B, int btype, int ldb,
+                               long long sb, const void* beta, void* C, int ctype, int ldc, long long sc, int batch,
+                               int compute, int algo) {
+  (void)handle;
+  (void)algo;
+  char line[256];
+  snprintf(line, sizeof line, "gemm %c%c m %d n %d k %d lda %d ldb %d ldc %d batch %d types %d %d %d compute %d",
+           transa ? 'T' : 'N', transb ? 'T' : 'N', m, n, k, lda, ldb, ldc, batch, atype, btype, ctype, compute);
+  logf_(line);
+  const double al = compute == 70 ? *(const double*)alpha : *(const float*)alpha;
+  const double be = compute == 70 ? *(const double*)beta : *(const float*)beta;
+  for (int b = 0; b < batch; ++b)
+    for (int j = 0; j < n; ++j)
+      for (int i = 0; i < m; ++i) {
+        double acc = 0;
+        for (int p = 0; p < k; ++p) {
+          const double a = load(A, b * sa + (transa ? (long long)i * lda + p : (long long)p * lda + i), atype);
+          const double x = load(B, b * sb + (transb ? (long long)p * ldb + j : (long long)j * ldb + p), btype);
+          acc += a * x;
+        }
+        const long long at = b * sc + (long long)j * ldc + i;
+        store(C, at, ctype, al * acc + (be != 0 ? be * load(C, at, ctype) : 0));
+      }
+  return 0;
+}

@@ -1,0 +1,288 @@
+"""The CUDA backend without a GPU: plans, nvcc builds, and the whole load-and-run path on the fake
+driver with the generated kernels emulated on the CPU (tests/cuda_harness.py).
+
+Numerics: every sample at its test shapes (size 1, odd sizes, range ends) and an op table covering each
+CUDA schedule and variant against torch eager (float32 within 1e-4; float16 no further from a float64
+reference than eager float16, within 2x). Launch geometry and parameter words are read from the fake
+driver's log. Real-GPU runs live in tests marked `cuda` (skipped here) and bench/cuda_samples.py.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import bladepack
+from bladepack.codegen.cuda_emitter import KERNEL_SHIFT
+from bladepack.codegen.cuda_toolchain import CUBIN_ARCHES, PTX_ARCH, build_images, cubin_arch
+from bladepack.loader import native_cuda
+from bladepack.optimize.mixed_precision import bfloat16_bits
+from samples.registry import SAMPLES
+from tests.cuda_harness import FakeGpu
+from tests.helpers import as_tuple, rel_err
+
+TARGETS = ("cpu", "cuda:sm_90")  # one cubin keeps nvcc time down; test_every_arch builds them all
+
+
+@pytest.fixture(scope="module")
+def gpu(tmp_path_factory: pytest.TempPathFactory) -> FakeGpu:
+    return FakeGpu(tmp_path_factory.mktemp("fake_gpu"))
+
+
+def _eager(model: torch.nn.Module, args: tuple[Any, ...]) -> tuple[np.ndarray, ...]:
+    with torch.no_grad():
+        return tuple(o.numpy() for o in as_tuple(model(*args)))
+
+
+def _numpy(args: tuple[Any, ...]) -> tuple[np.ndarray, ...]:
+    return tuple(a.numpy() for a in args)
+
+
+@pytest.mark.parametrize("name", ["mlp", "encoder", "llama", "cnn"])
+def test_samples_float32(gpu: FakeGpu, name: str) -> None:
+    s = SAMPLES[name]
+    model = s.build().eval()
+    art = bladepack.optimize(model, s.export_samples(), s.dynamic_shapes, targets=TARGETS)
+    g = torch.Generator().manual_seed(7)
+    cases = [s.make_inputs(g, **dims) for dims in s.test_cases()]
+    executor, results, _ = gpu.run(art, [_numpy(c) for c in cases])
+    assert executor.startswith("cuda (sm_90 image on Fake GPU 0")
+    for dims, args, out in zip(s.test_cases(), cases, results):
+        assert not isinstance(out, str), f"{dims}: {out}"
+        for o, r in zip(out, _eager(model, args)):
+            assert rel_err(o, r) <= 1e-4, f"{name} at {dims}: relative error {rel_err(o, r):.3g}"
+
+
+def _fp64_error(out: np.ndarray, ref64: np.ndarray) -> float:
+    return float(np.abs(out.astype(np.float64) - ref64).max() / max(np.abs(ref64).max(), 1e-30))
+
+
+@pytest.mark.parametrize("name", ["encoder", "llama"])
+def test_samples_float16(gpu: FakeGpu, name: str) -> None:
+    """dtype="float16": no further from a float64 reference than torch eager in float16 (within 2x)."""
+    s = SAMPLES[name]
+    model = s.build().eval()
+    art = bladepack.optimize(model, s.export_samples(), s.dynamic_shapes, targets=TARGETS, dtype="float16")
+    assert art.plan.inputs[0].dtype in ("int64", "float16")
+    g = torch.Generator().manual_seed(3)
+    dims_list = s.test_cases()[::2]
+    cases = [s.make_inputs(g, **d) for d in dims_list]
+    half = [tuple(a.half() if a.is_floating_point() else a for a in c) for c in cases]
+    _, results, _ = gpu.run(art, [_numpy(c) for c in half])
+    m64, m16 = s.build().eval().double(), s.build().eval().half()
+    m64.load_state_dict(model.state_dict())
+    m16.load_state_dict(model.state_dict())
+    for dims, args, out in zip(dims_list, half, results):
+        assert not isinstance(out, str), f"{dims}: {out}"
+        ref64 = _eager(m64, tuple(a.double() if a.is_floating_point() else a for a in args))
+        eager16 = _eager(m16, args)
+        for o, r64, e16 in zip(out, ref64, eager16):
+            assert o.dtype == np.float16
+            ours, theirs = _fp64_error(o, r64), _fp64_error(e16, r64)
+            assert ours <= 2 * theirs + 1e-3, f"{name} at {dims}: float16 error {ours:.3g}, eager {theirs:.3g}"
+
+
+class _Ops(torch.nn.Module):
+    """One kernel per CUDA schedule: loop widths, warp / block rows with and without the row cache,
+    column reductions, arg-reductions, scans, gathers, branches (concat / pad)."""
+
+    def forward(self, x: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = torch.nn.functional.gelu(x * 2.0 + 1.0)  # loop kernel, vector width by the last extent
+        soft = torch.softmax(x, dim=-1)  # row: warp (<= 1024), block + smem (<= 8192), block
+        ln = torch.nn.functional.layer_norm(x, x.shape[-1:])
+        rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        col = x.sum(0)  # reduce over the leading axis: one thread per column
+        am = x.argmax(-1)
+        cs = torch.cumsum(x, dim=0)
+        picked = x[:, idx]  # gather with a checked, data-dependent index
+        shifted = x[:, 1:] + x[:, :-1]  # misaligned views: vector loads fall back to scalar
+        cat = torch.cat([x, torch.nn.functional.pad(x, (1, 2))], dim=-1)
+        mx = x.amax(-1)
+        return y, soft, ln, rms, col, am, cs, picked, shifted, cat, mx
+
+
+@pytest.fixture(scope="module")
+def ops_artifact() -> bladepack.api.Artifact:
+    b, n = torch.export.Dim("b", min=1, max=64), torch.export.Dim("n", min=2, max=20000)
+    x = torch.randn(3, 40)
+    idx = torch.tensor([0, 5, 39])
+    return bladepack.optimize(_Ops(), [(x, idx)], ({0: b, 1: n}, None), targets=TARGETS)
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 2), (3, 7), (2, 8), (5, 33), (4, 1024), (3, 1025), (2, 8192), (2, 9001)])
+def test_op_table_float32(gpu: FakeGpu, ops_artifact: bladepack.api.Artifact, rows: int, cols: int) -> None:
+    g = torch.Generator().manual_seed(rows * 100003 + cols)
+    x = torch.randn(rows, cols, generator=g) * 3
+    idx = torch.tensor([0, cols - 1, cols // 2])
+    _, results, log = gpu.run(ops_artifact, [(x.numpy(), idx.numpy())])
+    out = results[0]
+    assert not isinstance(out, str), out
+    for k, (o, r) in enumerate(zip(out, _eager(_Ops(), (x, idx)))):
+        assert rel_err(o, r) <= 1e-4, f"output {k} at {rows}x{cols}: relative error {rel_err(o, r):.3g}"
+    launched = " ".join(line.split()[1] for line in log.splitlines() if line.startswith("launch "))
+    if cols <= 1024:
+        assert "_warp" in launched
+    if 1024 < cols <= 8192:
+        assert "_block_smem" in launched
+    if cols > 8192:
+        assert re.search(r"_block\b", launched)
+
+
+def test_index_errors_name_the_kernel(gpu: FakeGpu, ops_artifact: bladepack.api.Artifact) -> None:
+    x = np.random.default_rng(0).standard_normal((2, 10)).astype(np.float32)
+    _, results, _ = gpu.run(ops_artifact, [(x, np.array([0, 10, 1])), (x, np.array([0, -10, 1]))])
+    assert isinstance(results[0], str) and results[0].startswith("ExecutionError: index out of range in ")
+    assert "10 is not in [-10, 9]" in results[0] and "(kernel k" in results[0] and "test_cuda_backend.py" in results[0]
+    assert not isinstance(results[1], str)  # -10 wraps to 0, as torch's indexing does
+    assert native_cuda.KERNEL_SHIFT == KERNEL_SHIFT
+
+
+def test_launch_geometry_and_parameter_words(gpu: FakeGpu) -> None:
+    class AddRelu(torch.nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return torch.relu(a + b)
+
+    n = torch.export.Dim("n", min=1, max=1 << 20)
+    a, b = torch.randn(4, 12), torch.randn(4, 12)
+    art = bladepack.optimize(AddRelu(), [(a, b)], ({1: n}, {1: n}), targets=TARGETS)
+    variants = [v["name"] for k in art.plan.kernels if k["target"] == "cuda" for v in k["variants"]]
+    assert variants == ["k0_w4", "k0_w2", "k0_w1"]
+    cases = [(np.ones((4, cols), np.float32), np.ones((4, cols), np.float32)) for cols in (12, 6, 5, 3000)]
+    _, results, log = gpu.run(art, cases)
+    for (x, _), out in zip(cases, results):
+        np.testing.assert_array_equal(out[0], 2 * x)
+    launches = [line.split() for line in log.splitlines() if line.startswith("launch ")]
+    # (variant, blocks): 4 x 12 / 4 = 12 threads -> 1 block; 4 x 6 / 2; 4 x 5; 4 x 3000 / 4 = 3000 -> 12
+    assert [(ln[1], ln[3], ln[7], ln[11]) for ln in launches] == [
+        ("k0_w4", "1", "256", "0"),
+        ("k0_w2", "1", "256", "0"),
+        ("k0_w1", "1", "256", "0"),
+        ("k0_w4", "12", "256", "0"),
+    ]
+    # parameter words: status, out, a, b, then the int arguments (threads first)
+    words = bytes.fromhex(launches[-1][-1])
+    vals = struct.unpack(f"<{len(words) // 8}q", words)
+    record = art.plan.native_cuda["launches"][0]  # type: ignore[index]
+    assert len(record["ptrs"]) == 3 and len(vals) == 1 + 3 + len(record["ints"])
+    assert all(v != 0 for v in vals[:4]) and len(set(vals[:4])) == 4
+    assert 3000 in vals[4:]
+
+
+def test_row_cache_shared_memory(gpu: FakeGpu) -> None:
+    class Soft(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.softmax(x, -1)
+
+    n = torch.export.Dim("n", min=1, max=100000)
+    art = bladepack.optimize(Soft(), [(torch.randn(3, 10),)], ({1: n},), targets=TARGETS)
+    cases = [(np.random.default_rng(c).standard_normal((3, c)).astype(np.float32),) for c in (10, 2000, 9000)]
+    _, results, log = gpu.run(art, cases)
+    for (x,), out in zip(cases, results):
+        np.testing.assert_allclose(out[0], torch.softmax(torch.from_numpy(x), -1).numpy(), rtol=1e-5, atol=1e-7)
+    launches = [line.split() for line in log.splitlines() if line.startswith("launch ")]
+    # warp per row: 8 rows x 10 floats of cache; block per row: 2000 floats; beyond 8192: no cache
+    assert [(ln[1], ln[3], ln[7], ln[11]) for ln in launches] == [
+        ("k0_warp_smem", "1", "256", str(8 * 10 * 4)),
+        ("k0_block_smem", "3", "512", str(2000 * 4)),
+        ("k0_block", "3", "512", "0"),
+    ]
+
+
+def test_device_errors(gpu: FakeGpu) -> None:
+    class Mul(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+    x = torch.randn(2, 3)
+    cpu_only = bladepack.optimize(Mul(), [(x,)])
+    _, results, _ = gpu.run(cpu_only, [], device="cpu")
+    with pytest.raises(Exception, match="has no CUDA kernels; optimize it with targets=\\('cpu', 'cuda'\\)"):
+        gpu.run(cpu_only, [])
+    art = bladepack.optimize(Mul(), [(x,)], targets=TARGETS)
+    with pytest.raises(Exception, match="cuda:1 requested; this machine has 1 CUDA device"):
+        gpu.run(art, [], device="cuda:1")
+    with pytest.raises(Exception, match="no kernel image runs on sm_80: the artifact has sm_90"):
+        gpu.run(art, [], cc="80")
+    _, results, _ = gpu.run(art, [(np.ones((2, 4), np.float32),), (np.ones((2, 3), np.float64),)])
+    assert "InputError: input 'x' dimension 1 is 4; it is static and must be 3" in results[0]
+    assert "InputError: input 'x' has dtype float64; expected float32" in results[1]
+    with pytest.raises(ValueError, match="device must be 'cpu', 'cuda' or 'cuda:N'"):
+        bladepack.load(art.to_bytes(), device="gpu")
+
+
+def test_every_arch_builds(tmp_path: Path) -> None:
+    """All cubin architectures and the PTX, from one model's CUDA source, with their ELF arch."""
+
+    class Norm(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.layer_norm(x, x.shape[-1:]) + x.sum(0)
+
+    n = torch.export.Dim("n", min=1, max=4096)
+    art = bladepack.optimize(Norm(), [(torch.randn(3, 16),)], ({1: n},), targets=("cuda",), dtype="float16")
+    images = build_images(art.plan.cuda_source, tmp_path)
+    assert sorted(images) == sorted([*CUBIN_ARCHES, PTX_ARCH])
+    for arch in CUBIN_ARCHES:
+        assert cubin_arch(images[arch]) == arch
+    assert b".target sm_90" in images[PTX_ARCH]
+    manifest, _ = art._parts()
+    assert [i["arch"] for i in manifest["native_cuda"]["images"]] == sorted([*CUBIN_ARCHES, PTX_ARCH])
+
+
+def test_bfloat16_weights_and_loading() -> None:
+    a = np.array([1.0, -2.5, 3.14159, 1e-3, np.inf, np.nan, 65504.0], dtype=np.float32)
+    bits = bfloat16_bits(a)
+    back = (bits.astype(np.uint32) << 16).view(np.float32)
+    assert np.array_equal(back[:5], torch.from_numpy(a[:5]).bfloat16().float().numpy())
+    assert np.isnan(back[5]) and back[6] == torch.tensor(65504.0).bfloat16().float().item()
+
+    class Lin(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.softmax(self.fc(x), -1)
+
+    art = bladepack.optimize(Lin(), [(torch.randn(2, 8),)], targets=("cpu", "cuda:sm_90"), dtype="bfloat16")
+    assert {w.dtype for w in art.plan.weights} == {"bfloat16"}
+    assert "__nv_bfloat16" in art.plan.cuda_source
+    with pytest.raises(ValueError, match="computes in bfloat16, which has no CPU kernels or numpy type"):
+        bladepack.load(art.to_bytes())
+
+
+def test_inspect_lists_cuda_kernels(ops_artifact: bladepack.api.Artifact) -> None:
+    from bladepack.inspect import inspect_text, manifest_summary
+
+    manifest, _ = ops_artifact._parts()
+    text = inspect_text(manifest_summary(manifest))
+    assert "cuda kernel images: sm_90\n" in text
+    assert "cuda host steps: none (every step runs on the GPU)" in text
+    assert re.search(r"  k\d+ \[cuda\] row, \d+ ops, variants: k\d+_warp_smem, k\d+_block_smem, k\d+_block", text)
+    assert "via cublas" not in text  # the op table has no GEMM
+
+
+@pytest.mark.cuda
+def test_samples_on_a_real_gpu() -> None:
+    """On a GPU machine: every sample in float32 and float16 on torch CUDA tensors."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    for name in ("mlp", "encoder", "llama", "cnn"):
+        s = SAMPLES[name]
+        model = s.build().eval()
+        art = bladepack.optimize(model, s.export_samples(), s.dynamic_shapes, targets=("cpu", "cuda"))
+        m = bladepack.load(art.to_bytes(), device="cuda")
+        model = model.cuda()
+        g = torch.Generator().manual_seed(0)
+        for dims in s.test_cases():
+            args = tuple(a.cuda() for a in s.make_inputs(g, **dims))
+            with torch.no_grad():
+                ref = as_tuple(model(*args))
+            for o, r in zip(as_tuple(m(*args)), ref):
+                assert o.is_cuda
+                assert rel_err(o.cpu(), r.cpu()) <= 1e-4, f"{name} at {dims}"
