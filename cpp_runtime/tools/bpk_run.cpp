@@ -107,8 +107,10 @@ int main(int argc, char** argv) {
   const bpk_signature* sig = nullptr;
   bpk_model_signature(model, &sig);
   if (device == "cuda") {
-    std::fprintf(stderr, "bpk-run: %s has no CUDA kernels (it runs on: %s)\n", model_path.c_str(),
-                 bpk_model_executor(model));
+    std::fprintf(stderr,
+                 "bpk-run: the C++ runtime runs the CPU plan only (%s runs on: %s); CUDA plans run in the "
+                 "Python loader (bladepack.load(path, device='cuda'))\n",
+                 model_path.c_str(), bpk_model_executor(model));
     bpk_model_free(model);
     return 1;
   }
