@@ -9,7 +9,9 @@ driver's log. Real-GPU runs live in tests marked `cuda` (skipped here) and bench
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import struct
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,10 @@ from bladepack.optimize.mixed_precision import bfloat16_bits
 from samples.registry import SAMPLES
 from tests.cuda_harness import FakeGpu
 from tests.helpers import as_tuple, rel_err
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("nvcc") is None and not os.environ.get("NVCC"), reason="nvcc not found (CUDA targets need it)"
+)
 
 TARGETS = ("cpu", "cuda:sm_90")  # one cubin keeps nvcc time down; test_every_arch builds them all
 
