@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import sympy
@@ -36,6 +37,16 @@ CTYPE = {
     DType.UINT8: "uint8_t",
     DType.BOOL: "bool",
 }
+
+
+def prelude(name: str) -> str:
+    """The runtime prelude `name` of this directory with the shared scalar helpers (scalar_ops.h)
+    spliced in at its "// @scalar_ops" line."""
+    here = Path(__file__).parent
+    text = (here / name).read_text()
+    marker = "// @scalar_ops\n"
+    assert text.count(marker) == 1, f"{name} must have one {marker.strip()!r} line"
+    return text.replace(marker, (here / "scalar_ops.h").read_text())
 
 
 class Loop(sympy.Symbol):  # type: ignore[misc]

@@ -478,16 +478,7 @@ class _Emitter:
         self.scopes = saved[:2]  # passes are emitted at row scope, whatever scope asked for them
         acc = self.fresh("acc")
         floats = dt in _FLOATS
-        if kind in ("max", "min"):
-            big = kind == "max"
-            init = (
-                f"{'-' if big else ''}std::numeric_limits<{t}>::infinity()"
-                if floats
-                else f"std::numeric_limits<{t}>::{'lowest' if big else 'max'}()"
-            )
-        else:
-            init = f"{t}({1 if kind == 'prod' else 0})"
-        self.declare(f"{t} {acc} = {init};", acc)
+        self.declare(f"{t} {acc} = {reduce_init(kind, dt)};", acc)
         track_nan = kind in ("max", "min") and floats
         if track_nan:
             self.declare(f"int {acc}_nan = 0;", acc + "_nan")
@@ -768,6 +759,17 @@ def _row_kernel(em: _Emitter, simd: bool) -> None:
     _rows_loop(em, dom[:r], f"{em.args.ref(length)} * {_cost(nodes) * 3}", body)
 
 
+def reduce_init(kind: str, dt: DType) -> str:
+    """C text of the identity of a "sum", "prod", "max" or "min" reduction in type `dt`."""
+    t = CTYPE[dt]
+    if kind in ("max", "min"):
+        big = kind == "max"
+        if dt in _FLOATS:
+            return f"{'-' if big else ''}std::numeric_limits<{t}>::infinity()"
+        return f"std::numeric_limits<{t}>::{'lowest' if big else 'max'}()"
+    return f"{t}({1 if kind == 'prod' else 0})"
+
+
 def _accumulator(n: Node) -> DType:
     """Sums and means of float32 accumulate in float64 (a user-visible reduction may cancel); integer
     sums and products in int64 (torch's result type); max / min and the row ops in their own type."""
@@ -809,14 +811,8 @@ def _reduce_kernel(em: _Emitter) -> None:
     acc_t = xt.dtype if arg else em.accumulator(n)
     t = CTYPE[acc_t]
     big = n.op in (OpKind.ARGMAX, OpKind.AMAX)
-    if n.op in (OpKind.ARGMAX, OpKind.ARGMIN, OpKind.AMAX, OpKind.AMIN):
-        init = (
-            f"{'-' if big else ''}std::numeric_limits<{t}>::infinity()"
-            if acc_t in _FLOATS
-            else f"std::numeric_limits<{t}>::{'lowest' if big else 'max'}()"
-        )
-    else:
-        init = f"{t}({1 if n.op is OpKind.PROD else 0})"
+    kind = {OpKind.ARGMAX: "max", OpKind.AMAX: "max", OpKind.ARGMIN: "min", OpKind.AMIN: "min"}.get(n.op)
+    init = reduce_init(kind or ("prod" if n.op is OpKind.PROD else "sum"), acc_t)
 
     def body(outer: tuple[Loop, ...]) -> None:
         red = [Loop(f"r{a}") for a in axes]

@@ -17,8 +17,8 @@ error (an index out of range; status[3] is the dimension size), or 2 when a laun
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
+from bladepack.codegen import c_render
 from bladepack.codegen.cpu_emitter import EmittedKernel
 
 MAX_PTRS = 256
@@ -108,7 +108,7 @@ __attribute__((visibility("default"))) int64_t bpk_run(void* c, const int64_t* w
 
 
 def prelude() -> str:
-    return (Path(__file__).with_name("cpu_runtime.h")).read_text()
+    return c_render.prelude("cpu_runtime.h")
 
 
 def library_source(kernels: Sequence[EmittedKernel]) -> str:

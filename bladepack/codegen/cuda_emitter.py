@@ -52,6 +52,7 @@ from bladepack.codegen.cpu_emitter import (
     _same_shape,
     _scan_kernel,
     _store_offset,
+    reduce_init,
 )
 from bladepack.dtypes import DType
 from bladepack.ir import Node, OpKind
@@ -60,18 +61,7 @@ from bladepack.optimize.fusion import KernelSpec
 from bladepack.optimize.views import View, simplify
 
 # memory types of pointers (registers use c_render.CTYPE; Note [Register types])
-MEMTYPE = {
-    DType.FLOAT32: "float",
-    DType.FLOAT64: "double",
-    DType.FLOAT16: "__half",
-    DType.BFLOAT16: "__nv_bfloat16",
-    DType.INT64: "int64_t",
-    DType.INT32: "int32_t",
-    DType.INT16: "int16_t",
-    DType.INT8: "int8_t",
-    DType.UINT8: "uint8_t",
-    DType.BOOL: "bool",
-}
+MEMTYPE = {**CTYPE, DType.FLOAT16: "__half", DType.BFLOAT16: "__nv_bfloat16"}
 
 # Note [CUDA error codes]: a launch's status words hold the first error; its code is the CPU emitter's
 # (ERR_INDEX + 16 x error site) plus the kernel's index in the CUDA plan shifted left by KERNEL_SHIFT,
@@ -201,7 +191,7 @@ class _CudaEmitter(_Emitter):
         dom = self.spec.domain
         k = self.spec.reduced
         r = len(dom) - k
-        inner = tuple(Loop(f"r{r + m}") for m in range(k))
+        inner = _inner_syms(self.spec)
         length = self.args.ref(self._row_len())
         q = inner[0].name if k == 1 else "q_"
         header = [f"for (int64_t {q} = {self.thread}; {q} < {length}; {q} += {self.stride}) {{"]
@@ -220,30 +210,15 @@ class _CudaEmitter(_Emitter):
         saved = self.scopes
         self.scopes = saved[:2]  # passes are emitted at row scope, whatever scope asked for them
         acc = self.fresh("acc")
-        if kind in ("max", "min"):
-            big = kind == "max"
-            init = (
-                f"{'-' if big else ''}std::numeric_limits<{t}>::infinity()"
-                if dt.is_floating
-                else f"std::numeric_limits<{t}>::{'lowest' if big else 'max'}()"
-            )
-        else:
-            init = f"{t}({1 if kind == 'prod' else 0})"
-        self.declare(f"{t} {acc} = {init};", acc)
+        self.declare(f"{t} {acc} = {reduce_init(kind, dt)};", acc)
         functor = {"sum": "bpk::Sum()", "prod": "bpk::Prod()", "max": "bpk::Max()", "min": "bpk::Min()"}[kind]
 
-        def innermost(inner: tuple[Loop, ...]) -> None:
-            v = body((*self.outer, *inner))
-            if store is not None:
-                store((*self.outer, *inner), v)
-            self.line(f"{acc} = {functor}({acc}, {t}({v}));")
-
-        self._elements(innermost)
+        assert store is None, "softmax in place is off on CUDA (the row cache or L2 serves the last pass)"
+        self._elements(lambda inner: self.line(f"{acc} = {functor}({acc}, {t}({body((*self.outer, *inner))}));"))
+        self.uses_barriers = True
         if self.block_reduce:
-            self.uses_barriers = True
             self.line(f"{acc} = bpk::block_all({acc}, {functor}, reinterpret_cast<{t}*>(bpk_scratch));")
         else:
-            self.uses_barriers = True
             self.line(f"{acc} = bpk::warp_all({acc}, {functor});")
         self.depth[acc] = 1
         self.scopes = saved
@@ -336,7 +311,7 @@ def _row_kernel(em: _CudaEmitter, warp: bool, cached: bool) -> None:
         em.line("__shared__ double bpk_scratch[32];  // block_all: one value (<= 8 bytes) per warp")
         em.thread, em.stride = "int64_t(threadIdx.x)", "int64_t(blockDim.x)"
         first, step = "int64_t(blockIdx.x)", "int64_t(gridDim.x)"
-    cache_vid = _cache_value(em) if cached else None
+    cache_vid = _cache_value(em.spec, em.ctx) if cached else None
     if cache_vid is not None:
         em.line("BPK_DYN_SMEM(float, bpk_cache);")
         arr = f"(bpk_cache + warp_ * {length})" if warp else "bpk_cache"
@@ -353,7 +328,7 @@ def _row_kernel(em: _CudaEmitter, warp: bool, cached: bool) -> None:
                 val = em._as(em.eval(cache_vid, (*outer, *inner)), x_t, DType.FLOAT32)
                 em.line(f"{arr}[{em.position}] = {val};")
 
-            em.cache = (cache_vid, tuple(sympy.sympify(s) for s in (*outer, *_inner_syms(em))), arr)
+            em.cache = (cache_vid, tuple(sympy.sympify(s) for s in (*outer, *_inner_syms(em.spec))), arr)
             em._elements(fill)
             em.cache_ready = True
         for v in row_roots:
@@ -376,20 +351,20 @@ def _row_kernel(em: _CudaEmitter, warp: bool, cached: bool) -> None:
     em.loop(header, outer, body, prologue=_split("row_", outer, dom[:r], em.args))
 
 
-def _inner_syms(em: _CudaEmitter) -> tuple[Loop, ...]:
-    r = len(em.spec.domain) - em.spec.reduced
-    return tuple(Loop(f"r{r + m}") for m in range(em.spec.reduced))
+def _inner_syms(spec: KernelSpec) -> tuple[Loop, ...]:
+    """The symbols of a row's position (the reduced trailing dims)."""
+    r = len(spec.domain) - spec.reduced
+    return tuple(Loop(f"r{r + m}") for m in range(spec.reduced))
 
 
-def _cache_value(em: _CudaEmitter) -> int | None:
+def _cache_value(spec: KernelSpec, ctx: KernelContext) -> int | None:
     """Note [Row cache]: the input of the kernel's first multi-pass row op, when it is a float row."""
-    for v in em.spec.nodes:
-        n = em.ctx.nodes[v]
+    for v in spec.nodes:
+        n = ctx.nodes[v]
         if n.op in _MULTI_PASS:
             x = n.inputs[0]
-            if em.ctx.types[x].dtype in (DType.FLOAT32, DType.FLOAT16, DType.BFLOAT16) and _same_shape(
-                em.ctx.types[x].shape, em.spec.domain
-            ):
+            t = ctx.types[x]
+            if t.dtype in (DType.FLOAT32, DType.FLOAT16, DType.BFLOAT16) and _same_shape(t.shape, spec.domain):
                 return x
             return None
     return None
@@ -468,8 +443,7 @@ def emit_cuda_kernel(spec: KernelSpec, ctx: KernelContext, index: int) -> CudaKe
         length: IRDim = 1
         for d in spec.domain[r:]:
             length = simplify(length * d)
-        probe = _CudaEmitter(spec, ctx, Args(), [], [])
-        cacheable = _cache_value(probe) is not None
+        cacheable = _cache_value(spec, ctx) is not None
         candidates = []
         if cacheable:
             candidates.append(("_warp_smem", sympy.Le(length, CACHE_WARP_MAX), True, True))

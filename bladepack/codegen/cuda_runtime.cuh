@@ -16,6 +16,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 #endif
+#include <cmath>
 #include <limits>
 #include <type_traits>
 
@@ -140,52 +141,8 @@ BPK_D float vexp(float x) { return expf(x); }
 BPK_D double vexp(double x) { return exp(x); }
 BPK_D float verf(float x) { return erff(x); }
 BPK_D double verf(double x) { return erf(x); }
-template <class T>
-BPK_D T sigmoid(T x) {
-  return T(1) / (T(1) + vexp(-x));
-}
-template <class T>
-BPK_D T gelu_erf(T x) {
-  return T(0.5) * x * (T(1) + verf(x * T(0.7071067811865476)));
-}
-template <class T>
-BPK_D T gelu_tanh(T x) {
-  return T(0.5) * x * (T(1) + tanh(T(0.7978845608028654) * (x + T(0.044715) * x * x * x)));
-}
-template <class T>
-BPK_D T div_trunc(T a, T b) {
-  if (b == 0) return T(0);
-  if (T(-1) < T(0) && b == T(-1)) return T(T(0) - a);
-  return T(a / b);
-}
-template <class T>
-BPK_D T fmod_i(T a, T b) {
-  if (b == 0 || (T(-1) < T(0) && b == T(-1))) return T(0);
-  return T(a % b);
-}
-template <class T>
-BPK_D T ipow(T base, T e) {
-  if (e < 0) return base == 1 ? T(1) : (base == -1 ? ((e % 2) ? T(-1) : T(1)) : T(0));
-  T out = 1;
-  while (e) {
-    if (e & 1) out = T(out * base);
-    base = T(base * base);
-    e >>= 1;
-  }
-  return out;
-}
-template <class T>
-BPK_D T fmax_nan(T a, T b) {
-  T m = a > b ? a : b;
-  m = b != b ? b : m;
-  return a != a ? a : m;
-}
-template <class T>
-BPK_D T fmin_nan(T a, T b) {
-  T m = a < b ? a : b;
-  m = b != b ? b : m;
-  return a != a ? a : m;
-}
+#define BPK_SCALAR BPK_D
+// @scalar_ops
 
 // -------------------------------------------------------------------------- reductions
 struct Sum {

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bladepack.codegen import c_render
 from bladepack.codegen.cuda_emitter import CudaKernel
 from bladepack.codegen.toolchain import ToolchainError, cache_put
 
@@ -29,7 +30,7 @@ _PARALLEL = 2
 
 
 def prelude() -> str:
-    return Path(__file__).with_name("cuda_runtime.cuh").read_text()
+    return c_render.prelude("cuda_runtime.cuh")
 
 
 def cuda_source(kernels: Sequence[CudaKernel]) -> str:

@@ -187,19 +187,30 @@ class Function:
     ) -> None:
         """Launch with the packed argument bytes (`pack_args`); above 48 KiB of dynamic shared memory
         the function's limit is raised first (once per size)."""
-        drv = self._drv
-        self.prepare_shared(shared_bytes)
         buf = ctypes.create_string_buffer(args, max(len(args), 1))
-        size = ctypes.c_size_t(len(args))
-        extra = (ctypes.c_void_p * 5)(
-            _BUFFER_POINTER, ctypes.addressof(buf), _BUFFER_SIZE, ctypes.addressof(size), _END
-        )
         gx, gy, gz = (list(grid) + [1, 1])[:3]
         bx, by, bz = (list(block) + [1, 1])[:3]
+        self.launch_packed((gx, gy, gz), (bx, by, bz), ctypes.addressof(buf), len(args), shared_bytes, stream)
+
+    def launch_packed(
+        self,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        address: int,
+        nbytes: int,
+        shared_bytes: int,
+        stream: int,
+    ) -> None:
+        """Launch with `nbytes` of packed parameters at `address` (CU_LAUNCH_PARAM_BUFFER_POINTER); the
+        driver copies them at launch, so the memory may be reused on return."""
+        drv = self._drv
+        self.prepare_shared(shared_bytes)
+        size = ctypes.c_size_t(nbytes)
+        extra = (ctypes.c_void_p * 5)(_BUFFER_POINTER, address, _BUFFER_SIZE, ctypes.addressof(size), _END)
         _check(
             drv,
             drv.cuLaunchKernel(
-                self.handle, gx, gy, gz, bx, by, bz, shared_bytes, drv.CUstream(stream), 0, ctypes.addressof(extra)
+                self.handle, *grid, *block, shared_bytes, drv.CUstream(stream), 0, ctypes.addressof(extra)
             ),
             f"cuLaunchKernel({self.name})",
         )

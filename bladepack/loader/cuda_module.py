@@ -91,8 +91,9 @@ class CudaPath:
         self.kernels = kernels
         self.n_in = len(manifest["inputs"])
         self.out_slot = list(native["outputs"])
-        self.weight_ids = [w["id"] for w in manifest["weights"]]
-        self.n_slots = 1 + self.n_in + len(self.out_slot) + len(self.weight_ids)
+        first_weight = 1 + self.n_in + len(self.out_slot)
+        self.weight_slot = {w["id"]: first_weight + k for k, w in enumerate(manifest["weights"])}
+        self.n_slots = first_weight + len(self.weight_slot)
 
     # -- inputs
     def _take(self, inputs: Sequence[Any], stream: int) -> tuple[list[Any], list[Imported], list[np.ndarray | None]]:
@@ -241,8 +242,8 @@ class CudaPath:
         mod = self.module
         if vid in mod._input_pos_all:
             return int(slots[1 + mod._input_pos_all[vid]])
-        if vid in self.weight_ids:
-            return int(slots[1 + self.n_in + len(self.out_slot) + self.weight_ids.index(vid)])
+        if vid in self.weight_slot:
+            return int(slots[self.weight_slot[vid]])
         for k, o in enumerate(mod._outputs):
             if o == vid and self.out_slot[k] == 1 + self.n_in + k:
                 return int(slots[1 + self.n_in + k])
@@ -273,9 +274,9 @@ class CudaPath:
                 a = np.empty(shape, dtype=dt)
                 self.exe.to_host(self._locate(i, cp, slots), a, stream)
                 xs.append(a)
-            self.exe.synchronize(stream)
-            y = np.ascontiguousarray(st.impl(xs, st.attrs, st.shape, st.dtype), dtype=st.dtype)
-        except (IndexError, ValueError, FloatingPointError, TypeError) as e:
+        except TypeError as e:  # a bfloat16 operand: numpy has no such type
             raise ExecutionError(f"step {st.op} -> %{st.out} failed: {e} (from {st.loc or 'unknown source'})") from None
+        self.exe.synchronize(stream)
+        y = np.ascontiguousarray(st.run(xs), dtype=st.dtype)
         self.exe.to_device(y, self._locate(st.out, cp, slots), stream)
         self.exe.synchronize(stream)  # `y` is freed on return

@@ -48,6 +48,19 @@ class _Step:
     free: tuple[int, ...]  # values whose last reader is this step
     loc: str
 
+    def run(self, xs: Sequence[np.ndarray]) -> np.ndarray:
+        """The step's result from its operands, or ExecutionError naming the step and its source."""
+        where = f"(from {self.loc or 'unknown source'})"
+        try:
+            y = self.impl(xs, self.attrs, self.shape, self.dtype)
+        except (IndexError, ValueError, FloatingPointError) as e:
+            raise ExecutionError(f"step {self.op} -> %{self.out} failed: {e} {where}") from None
+        if y.shape != self.shape:
+            raise ExecutionError(
+                f"step {self.op} -> %{self.out} produced shape {y.shape}, the plan says {self.shape} {where}"
+            )
+        return y
+
 
 @dataclass(frozen=True)
 class _Prepared:
@@ -280,18 +293,7 @@ class LoadedModule:
         env: dict[int, np.ndarray] = dict(self._weights)
         env.update(zip(self._input_ids, arrays))
         for st in prep.steps:
-            try:
-                y = st.impl([env[i] for i in st.inputs], st.attrs, st.shape, st.dtype)
-            except (IndexError, ValueError, FloatingPointError) as e:
-                raise ExecutionError(
-                    f"step {st.op} -> %{st.out} failed: {e} (from {st.loc or 'unknown source'})"
-                ) from None
-            if y.shape != st.shape:
-                raise ExecutionError(
-                    f"step {st.op} -> %{st.out} produced shape {y.shape}, the plan says {st.shape} "
-                    f"(from {st.loc or 'unknown source'})"
-                )
-            env[st.out] = y
+            env[st.out] = st.run([env[i] for i in st.inputs])
             for i in st.free:
                 del env[i]
         outs, seen = [], set()
@@ -396,11 +398,7 @@ class LoadedModule:
         arena: np.ndarray,
     ) -> None:
         st = prep.steps[self._step_of[launch["node"]]]
-        xs = [self._locate(i, prep, nat, arrays, outs, arena) for i in st.inputs]
-        try:
-            y = st.impl(xs, st.attrs, st.shape, st.dtype)
-        except (IndexError, ValueError, FloatingPointError) as e:
-            raise ExecutionError(f"step {st.op} -> %{st.out} failed: {e} (from {st.loc or 'unknown source'})") from None
+        y = st.run([self._locate(i, prep, nat, arrays, outs, arena) for i in st.inputs])
         np.copyto(self._locate(st.out, prep, nat, arrays, outs, arena), y)
 
     def _native_error(self, launch: int, rc: int, status: np.ndarray) -> ExecutionError:

@@ -21,7 +21,6 @@ PTX (compute_90) that the driver compiles for newer GPUs.
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,14 +29,12 @@ from typing import Any
 import numpy as np
 
 from bladepack.artifact.format import BpkFile
-from bladepack.dtypes import DType
 from bladepack.errors import BpkFormatError
 from bladepack.loader.cuda_driver import CudaError, Device, DeviceBuffer, _check, choose_image
 
 ABI_VERSION = 1
 KERNEL_SHIFT = 24  # Note [CUDA error codes] in codegen/cuda_emitter.py
 _ALIGN = 256  # weights and arena buffers start on 256-byte boundaries
-_EXTRA_POINTER, _EXTRA_SIZE, _EXTRA_END = 1, 2, 0  # CU_LAUNCH_PARAM_*
 
 
 def _resolve(v: Any, regs: Sequence[int]) -> int:
@@ -209,33 +206,17 @@ class NativeCuda:
         if prep.ptr_pos.size:
             words[prep.ptr_pos] = slots[prep.ptr_slot] + prep.ptr_off
         base = words.ctypes.data
-        cu_stream = drv.CUstream(stream)
         if self.checks_errors:
-            _check(drv, drv.cuMemsetD8Async(self._status.ptr, 0, 32, cu_stream), "cuMemsetD8Async")
+            _check(drv, drv.cuMemsetD8Async(self._status.ptr, 0, 32, drv.CUstream(stream)), "cuMemsetD8Async")
         for launch in prep.launches:
             if isinstance(launch, KernelLaunch):
-                fn = self.functions[launch.fn]
-                size = ctypes.c_size_t(launch.count * 8)
-                extra = (ctypes.c_void_p * 5)(
-                    _EXTRA_POINTER, base + launch.start * 8, _EXTRA_SIZE, ctypes.addressof(size), _EXTRA_END
-                )
-                fn.prepare_shared(launch.smem)
-                _check(
-                    drv,
-                    drv.cuLaunchKernel(
-                        fn.handle,
-                        launch.grid,
-                        1,
-                        1,
-                        launch.block,
-                        1,
-                        1,
-                        launch.smem,
-                        cu_stream,
-                        0,
-                        ctypes.addressof(extra),
-                    ),
-                    f"cuLaunchKernel({fn.name})",
+                self.functions[launch.fn].launch_packed(
+                    (launch.grid, 1, 1),
+                    (launch.block, 1, 1),
+                    base + launch.start * 8,
+                    launch.count * 8,
+                    launch.smem,
+                    stream,
                 )
             elif isinstance(launch, GemmLaunch):
                 (sa, oa), (sb, ob), (sc, oc) = launch.ptrs
@@ -269,10 +250,6 @@ class NativeCuda:
 
     def synchronize(self, stream: int) -> None:
         self.device.synchronize(stream)
-
-
-def dtype_size(name: str) -> int:
-    return DType(name).itemsize
 
 
 __all__ = ["CudaError", "CudaPrepared", "NativeCuda"]

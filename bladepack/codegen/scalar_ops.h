@@ -1,0 +1,67 @@
+// Scalar helpers with torch's semantics, shared by the CPU and CUDA preludes (one definition, so both
+// targets compute the same thing). Spliced into namespace bpk of cpu_runtime.h and cuda_runtime.cuh at
+// their "@scalar_ops" line, after BPK_SCALAR (the function qualifiers) and vexp / verf are defined.
+
+template <class T>
+BPK_SCALAR T sigmoid(T x) {
+  return T(1) / (T(1) + vexp(-x));
+}
+template <class T>
+BPK_SCALAR T gelu_erf(T x) {
+  return T(0.5) * x * (T(1) + verf(x * T(0.7071067811865476)));
+}
+template <class T>
+BPK_SCALAR T gelu_tanh(T x) {
+  return T(0.5) * x * (T(1) + std::tanh(T(0.7978845608028654) * (x + T(0.044715) * x * x * x)));
+}
+template <class T>
+BPK_SCALAR T floordiv_i(T a, T b) {
+  T q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+// Integer division truncating toward zero (C's, and ONNX's); x / 0 gives 0 and MIN / -1 wraps, so
+// no input traps.
+template <class T>
+BPK_SCALAR T div_trunc(T a, T b) {
+  if (b == 0) return T(0);
+  if (std::is_signed<T>::value && b == T(-1)) {
+    using U = typename std::make_unsigned<T>::type;
+    return T(U(0) - U(a));
+  }
+  return T(a / b);
+}
+// C's integer remainder (sign of the dividend, like fmod); x % 0 gives 0 and MIN % -1 gives 0.
+template <class T>
+BPK_SCALAR T fmod_i(T a, T b) {
+  if (b == 0 || (std::is_signed<T>::value && b == T(-1))) return T(0);
+  return T(a % b);
+}
+template <class T>
+BPK_SCALAR T mod_py(T a, T b) {
+  T r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+template <class T>
+BPK_SCALAR T ipow(T base, T exp) {
+  if (exp < 0) return base == 1 ? T(1) : (base == -1 ? ((exp % 2) ? T(-1) : T(1)) : T(0));
+  T out = 1;
+  while (exp) {
+    if (exp & 1) out = T(out * base);
+    base = T(base * base);
+    exp >>= 1;
+  }
+  return out;
+}
+// max / min that propagate NaN like torch, written without short-circuit control flow so loops vectorize
+template <class T>
+BPK_SCALAR T fmax_nan(T a, T b) {
+  T m = a > b ? a : b;
+  m = b != b ? b : m;
+  return a != a ? a : m;
+}
+template <class T>
+BPK_SCALAR T fmin_nan(T a, T b) {
+  T m = a < b ? a : b;
+  m = b != b ? b : m;
+  return a != a ? a : m;
+}
