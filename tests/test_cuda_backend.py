@@ -240,7 +240,7 @@ def test_every_arch_builds(tmp_path: Path) -> None:
     assert [i["arch"] for i in manifest["native_cuda"]["images"]] == sorted([*CUBIN_ARCHES, PTX_ARCH])
 
 
-def test_bfloat16_weights_and_loading() -> None:
+def test_bfloat16_weights_and_loading(gpu: FakeGpu) -> None:
     a = np.array([1.0, -2.5, 3.14159, 1e-3, np.inf, np.nan, 65504.0], dtype=np.float32)
     bits = bfloat16_bits(a)
     back = (bits.astype(np.uint32) << 16).view(np.float32)
@@ -260,6 +260,18 @@ def test_bfloat16_weights_and_loading() -> None:
     assert "__nv_bfloat16" in art.plan.cuda_source
     with pytest.raises(ValueError, match="computes in bfloat16, which has no CPU kernels or numpy type"):
         bladepack.load(art.to_bytes())
+
+    class Emb(torch.nn.Module):  # integer in, bfloat16 out: the plan prepares, numpy cannot take the result
+        def __init__(self) -> None:
+            super().__init__()
+            self.e = torch.nn.Embedding(10, 4)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return torch.softmax(self.e(ids), -1)
+
+    art = bladepack.optimize(Emb(), [(torch.tensor([[1, 2]]),)], targets=TARGETS, dtype="bfloat16")
+    _, results, _ = gpu.run(art, [(np.array([[1, 2]]),)])
+    assert "InputError: output(s) ['output0'] are bfloat16, which numpy cannot hold" in results[0]
 
 
 def test_inspect_lists_cuda_kernels(ops_artifact: bladepack.api.Artifact) -> None:

@@ -162,6 +162,12 @@ class CudaPath:
         cp: CudaPrepared = prep.cuda
         out_specs = [(shape, self.module._values[o]["dtype"]) for (shape, _), o in zip(prep.outputs, mod._outputs)]
         on_host = all(h is not None for h in hosts) and torch is None and not held
+        if on_host and any(dt == "bfloat16" for _, dt in out_specs):
+            names = [t.name for t, (_, dt) in zip(mod.signature.outputs, out_specs) if dt == "bfloat16"]
+            raise InputError(
+                f"output(s) {names} are bfloat16, which numpy cannot hold; pass device tensors (torch CUDA "
+                "tensors) to get device results"
+            )
         # staging for host inputs and (host or non-torch) outputs, one buffer per call
         staging_bytes = sum(_round(h.nbytes) for h in hosts if h is not None)
         if torch is None:

@@ -44,13 +44,15 @@ class _Step:
     inputs: tuple[int, ...]
     attrs: dict[str, Any]
     shape: tuple[int, ...]
-    dtype: np.dtype
+    dtype: np.dtype | None  # None: bfloat16 (no numpy type; only the CUDA path meets it)
     free: tuple[int, ...]  # values whose last reader is this step
     loc: str
 
     def run(self, xs: Sequence[np.ndarray]) -> np.ndarray:
         """The step's result from its operands, or ExecutionError naming the step and its source."""
         where = f"(from {self.loc or 'unknown source'})"
+        if self.dtype is None:
+            raise ExecutionError(f"step {self.op} -> %{self.out} computes in bfloat16, which numpy cannot {where}")
         try:
             y = self.impl(xs, self.attrs, self.shape, self.dtype)
         except (IndexError, ValueError, FloatingPointError) as e:
@@ -67,11 +69,17 @@ class _Prepared:
     registers: tuple[int, ...]
     steps: tuple[_Step, ...]
     native: Prepared | None = None
-    outputs: tuple[tuple[tuple[int, ...], np.dtype], ...] = ()  # shape and dtype of each output
+    outputs: tuple[tuple[tuple[int, ...], np.dtype | None], ...] = ()  # shape and dtype of each output
     cuda: Any = None  # CudaPrepared on a CUDA device
 
 
 EXECUTORS = ("auto", "native", "reference")
+
+
+def _host_dtype(name: str) -> np.dtype | None:
+    """The numpy dtype of a value, None for bfloat16 (the CPU executors refuse bfloat16 artifacts at
+    load; the CUDA path keeps such values on the device and reads dtypes by name)."""
+    return None if name == "bfloat16" else DType(name).to_numpy()
 
 
 def _resolve(v: Any, regs: Sequence[int]) -> Any:
@@ -269,13 +277,13 @@ class LoadedModule:
                     tuple(s["in"]),
                     attrs,
                     self._shape(v["shape"], regs),
-                    DType(v["dtype"]).to_numpy(),
+                    _host_dtype(v["dtype"]),
                     free,
                     s.get("loc", ""),
                 )
             )
         out_specs = tuple(
-            (self._shape(self._values[o]["shape"], regs), DType(self._values[o]["dtype"]).to_numpy())
+            (self._shape(self._values[o]["shape"], regs), _host_dtype(self._values[o]["dtype"]))
             if o in self._values
             else ((), np.dtype(np.float32))
             for o in self._outputs
