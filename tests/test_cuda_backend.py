@@ -69,7 +69,7 @@ def _fp64_error(out: np.ndarray, ref64: np.ndarray) -> float:
     return float(np.abs(out.astype(np.float64) - ref64).max() / max(np.abs(ref64).max(), 1e-30))
 
 
-@pytest.mark.parametrize("name", ["encoder", "llama"])
+@pytest.mark.parametrize("name", ["encoder", "llama", "cnn"])
 def test_samples_float16(gpu: FakeGpu, name: str) -> None:
     """dtype="float16": no further from a float64 reference than torch eager in float16 (within 2x)."""
     s = SAMPLES[name]
@@ -138,6 +138,71 @@ def test_op_table_float32(gpu: FakeGpu, ops_artifact: bladepack.api.Artifact, ro
         assert "_block_smem" in launched
     if cols > 8192:
         assert re.search(r"_block\b", launched)
+
+
+class _ConvPool(torch.nn.Module):
+    """Every CUDA convolution and pooling path (Note [CUDA convolution] in codegen/cuda_conv.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(11)
+
+        def conv(cin: int, cout: int, k: tuple[int, int], **kw: Any) -> torch.nn.Conv2d:
+            c = torch.nn.Conv2d(cin, cout, k, **kw)
+            with torch.no_grad():
+                c.weight.copy_(torch.randn(c.weight.shape, generator=g) * 0.2)
+                if c.bias is not None:
+                    c.bias.copy_(torch.randn(c.bias.shape, generator=g))
+            return c
+
+        self.direct = conv(6, 24, (3, 5), stride=(2, 1), padding=(1, 2), dilation=(1, 2))  # packed ihwo
+        self.wide = conv(6, 80, (3, 3), padding=1)  # > 64 outputs: im2col + one GEMM over the batch
+        self.grouped = conv(6, 12, (3, 3), padding=2, dilation=2, groups=3)  # im2col + a GEMM per group
+        self.depthwise = conv(6, 6, (3, 3), stride=2, padding=1, groups=6, bias=False)
+        self.pointwise = conv(6, 70, (1, 1))  # a GEMM on x itself
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        f = torch.nn.functional
+        xs = x[:, :, :, 1:]  # a strided view: convolutions and pooling read it in place
+        return (
+            self.direct(xs),
+            torch.relu(self.wide(x)),
+            self.grouped(x),
+            self.depthwise(xs),
+            self.pointwise(x),
+            f.max_pool2d(x, 3, stride=2, padding=1),
+            f.max_pool2d(xs, (2, 3), stride=(1, 2), dilation=(2, 1), ceil_mode=True),
+            f.avg_pool2d(x, 3, stride=2, padding=1),
+            f.avg_pool2d(xs, 3, stride=2, padding=1, count_include_pad=False, ceil_mode=True),
+            f.adaptive_avg_pool2d(x, 1),
+        )
+
+
+@pytest.fixture(scope="module")
+def conv_artifact() -> bladepack.api.Artifact:
+    b = torch.export.Dim("b", min=1, max=16)
+    # ceil_mode's last window must start inside the input: torch.export narrows h to >= 3, w to >= 6
+    h, w = torch.export.Dim("h", min=3, max=64), torch.export.Dim("w", min=6, max=64)
+    x = torch.randn(2, 6, 9, 11)
+    return bladepack.optimize(_ConvPool().eval(), [(x,)], ({0: b, 2: h, 3: w},), targets=TARGETS)
+
+
+def test_convolutions_and_pooling_run_on_the_gpu(gpu: FakeGpu, conv_artifact: bladepack.api.Artifact) -> None:
+    model = _ConvPool().eval()
+    from bladepack.inspect import manifest_summary
+
+    assert manifest_summary(conv_artifact._parts()[0])["cuda_reference_steps"] == []
+    g = torch.Generator().manual_seed(5)
+    shapes = [(1, 3, 6), (2, 9, 11), (3, 8, 7), (1, 17, 23), (16, 5, 64), (4, 64, 64)]
+    cases = [(torch.randn(*(nb, 6, h, w), generator=g),) for nb, h, w in shapes]
+    _, results, log = gpu.run(conv_artifact, [_numpy(c) for c in cases])
+    for (nb, h, w), args, out in zip(shapes, cases, results):
+        assert not isinstance(out, str), f"{(nb, h, w)}: {out}"
+        for k, (o, r) in enumerate(zip(out, _eager(model, args))):
+            assert rel_err(o, r) <= 1e-4, f"output {k} at {(nb, 6, h, w)}: relative error {rel_err(o, r):.3g}"
+    launched = {line.split()[1] for line in log.splitlines() if line.startswith("launch ")}
+    assert any(name.endswith("_im2col") for name in launched)
+    assert "gemm" in log
 
 
 def test_index_errors_name_the_kernel(gpu: FakeGpu, ops_artifact: bladepack.api.Artifact) -> None:

@@ -32,6 +32,7 @@ Schedules and variants:
 - reduce kernels (anchor reductions over any axes, arg-reductions): one thread per output element, so
   threads of a warp read adjacent columns when the reduced axes lead (column reductions coalesce).
 - scan kernels: one thread per scanned line.
+- pooling, direct convolutions and im2col: codegen/cuda_conv.py (Note [CUDA convolution]).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from bladepack.codegen.cpu_emitter import (
     _store_offset,
     reduce_init,
 )
+from bladepack.codegen.cuda_conv import direct_conv_kernel, im2col_kernel, pool_kernel
 from bladepack.dtypes import DType
 from bladepack.ir import Node, OpKind
 from bladepack.ir.types import IRDim
@@ -69,6 +71,7 @@ MEMTYPE = {**CTYPE, DType.FLOAT16: "__half", DType.BFLOAT16: "__nv_bfloat16"}
 KERNEL_SHIFT = 24
 
 LOOP_BLOCK = 256
+CONV_BLOCK = 128  # direct convolution: up to 64 accumulators per thread
 WARP_ROWS = 8  # rows per block in the warp-per-row schedule (8 warps of 32)
 ROW_BLOCK = 512  # threads per block in the block-per-row schedule
 WARP_ROW_MAX = 1024
@@ -97,6 +100,13 @@ class CudaKernel:
     args: Args
     source: str
     error_sites: list[str] = field(default_factory=list)
+
+
+def _volume(shape: Sequence[IRDim]) -> IRDim:
+    out: IRDim = 1
+    for d in shape:
+        out = simplify(out * d)
+    return out
 
 
 def _grid(work: Any, per_block: int) -> Any:
@@ -406,14 +416,27 @@ def _widths(spec: KernelSpec, ctx: KernelContext) -> list[int]:
     return [w for w in (8, 4, 2, 1) if w * widest <= 16]
 
 
-def emit_cuda_kernel(spec: KernelSpec, ctx: KernelContext, index: int) -> CudaKernel:
+def emit_cuda_kernel(
+    spec: KernelSpec, ctx: KernelContext, index: int, conv: tuple[Node, View] | None = None
+) -> CudaKernel:
     """All variants of kernel `index` of the CUDA plan (raises ValueError for kernel kinds without a
-    CUDA schedule). Its error codes carry `index` (Note [CUDA error codes])."""
+    CUDA schedule). Its error codes carry `index` (Note [CUDA error codes]). `conv` (the convolution and
+    its input view) makes an im2col kernel (Note [CUDA convolution] in codegen/cuda_conv.py)."""
     args = Args()
     stores = list(spec.roots)
     loads: list[View] = []
     plans: list[tuple[str, Any, Callable[[_CudaEmitter], None], Any, int, Any]] = []
-    if spec.kind == "loop":
+    if conv is not None:
+        cols = spec.roots[0]
+        body = functools.partial(im2col_kernel, conv=conv[0], x_view=conv[1], cols=cols)
+        plans.append(("", sympy.true, body, _grid(_volume(ctx.types[cols].shape), LOOP_BLOCK), LOOP_BLOCK, 0))
+    elif spec.kind == "pool":
+        n = ctx.nodes[spec.roots[0]]
+        plans.append(("", sympy.true, pool_kernel, _grid(_volume(n.type.shape), LOOP_BLOCK), LOOP_BLOCK, 0))
+    elif spec.kind == "conv":
+        nb, _oc, oh, ow = ctx.nodes[spec.roots[0]].type.shape
+        plans.append(("", sympy.true, direct_conv_kernel, _grid(_volume((nb, oh, ow)), CONV_BLOCK), CONV_BLOCK, 0))
+    elif spec.kind == "loop":
         dom = spec.domain
         last = dom[-1] if dom else 1
         total: IRDim = 1

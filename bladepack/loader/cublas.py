@@ -97,8 +97,11 @@ class Cublas:
 
     def gemm(self, dtype: str, a: int, b: int, c: int, ints: Sequence[int], stream: int) -> None:
         """C = A.B for one GEMM launch record (pointers already resolved; `ints` as GemmCall.ints)."""
-        batch, sa, sb, sc = ints[0:3], ints[3:6], ints[6:9], ints[9:12]
+        batch, sa, sb, sc = list(ints[0:3]), list(ints[3:6]), list(ints[6:9]), list(ints[9:12])
         m, n, k, ta, tb, lda, ldb, ldc = ints[12:20]
+        if batch[2] == 1:  # the middle batch dim (e.g. a grouped convolution's groups) as cuBLAS's batch
+            batch = [batch[0], 1, batch[1]]
+            sa, sb, sc = ([st[0], 0, st[1]] for st in (sa, sb, sc))
         if max(m, n, k, lda, ldb, ldc, batch[2]) > _INT_MAX:
             raise CudaError(f"GEMM {m}x{n}x{k} exceeds cuBLAS's 32-bit sizes")
         if m == 0 or n == 0 or min(batch) == 0:

@@ -173,8 +173,6 @@ def classify(n: Node, types: dict[int, TensorType], target: str = "cpu") -> tupl
     bad = sorted({d.value for d in dts if d not in TARGET_DTYPES[target]})
     if bad:
         return Role.REFERENCE, f"dtype {', '.join(bad)} has no {where} kernels yet"
-    if target == "cuda" and n.op in (OpKind.CONV2D, OpKind.MAX_POOL2D, OpKind.AVG_POOL2D):
-        return Role.REFERENCE, f"{n.op.value} has no CUDA kernel yet (it runs on the host)"
     if n.op in (OpKind.MATMUL, OpKind.CONV2D):
         if n.type.dtype not in GEMM_DTYPES[target] or any(types[i].dtype != n.type.dtype for i in n.inputs):
             lib = "BLAS" if target == "cpu" else "cuBLAS"

@@ -94,8 +94,7 @@ class _Lowerer:
         ek: EmittedKernel | CudaKernel
         try:
             if self.target == "cuda":
-                assert conv is None, "convolutions run on the host for CUDA"
-                ek = emit_cuda_kernel(spec, ctx, len(self.kernels))
+                ek = emit_cuda_kernel(spec, ctx, len(self.kernels), conv)
             else:
                 ek = emit_kernel(spec, ctx, conv)
         except (ValueError, AssertionError, KeyError) as e:
