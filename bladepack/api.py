@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("bladepack")
 
+GEMM_LIBRARIES = ("cublas", "cutlass")
 SUPPORTED_TARGETS = ("cpu", "cuda")  # "cuda:sm_90" (one image, e.g. "cuda:compute_90" for PTX) also works
 
 
@@ -42,9 +43,20 @@ class Artifact:
     cpu_libraries: list[tuple[str, tuple[str, ...], bytes]] = field(default_factory=list)
     # {"sm_80": cubin, ..., "compute_90": PTX} of the CUDA kernels
     cuda_images: dict[str, bytes] = field(default_factory=dict)
+    # {CUTLASS kernel name: fatbin} and the Params packer library of the CUDA plan's GEMMs
+    gemm_images: dict[str, bytes] = field(default_factory=dict)
+    gemm_packer: bytes = b""
 
     def _parts(self) -> tuple[dict[str, Any], list[bpk_format.Section]]:
-        return assemble(self.plan, self.weights, self.producer, self.cpu_libraries, self.cuda_images)
+        return assemble(
+            self.plan,
+            self.weights,
+            self.producer,
+            self.cpu_libraries,
+            self.cuda_images,
+            self.gemm_images,
+            self.gemm_packer,
+        )
 
     def save(self, path: str | os.PathLike[str]) -> None:
         manifest, sections = self._parts()
@@ -96,6 +108,15 @@ def _build_cuda(plan: ExecPlan, options: Options, images: tuple[str, ...] | None
     return build_images(plan.cuda_source, options.cache_dir, arches=images)
 
 
+def _build_gemms(plan: ExecPlan, options: Options) -> tuple[dict[str, bytes], bytes]:
+    """nvcc builds the CUDA plan's CUTLASS GEMM kernels and their Params packer (no GPU needed)."""
+    if not plan.gemm_instances:
+        return {}, b""
+    from bladepack.codegen.cutlass_toolchain import build_gemms
+
+    return build_gemms(plan.gemm_instances, options.cache_dir)
+
+
 def _build_cpu(plan: ExecPlan, options: Options, notes: list[str]) -> list[tuple[str, tuple[str, ...], bytes]]:
     """Compile the CPU kernel library for each ISA level; without a compiler, warn and keep the
     reference executor (the artifact still runs everywhere, only slower)."""
@@ -119,6 +140,7 @@ def optimize(
     dynamic_shapes: Any = None,
     targets: Sequence[str] = ("cpu",),
     dtype: str | None = None,
+    gemm_library: str = "cublas",
 ) -> Artifact:
     """Export `model` with symbolic shapes, optimize it and return an `Artifact`.
 
@@ -132,9 +154,13 @@ def optimize(
     `targets`: "cpu" and / or "cuda" (cubins for sm_80, sm_86, sm_89, sm_90 and PTX for newer GPUs;
     "cuda:sm_90" builds one image). `dtype`: "float16" or "bfloat16" computes the model in that type
     (inputs, weights and outputs included; reductions and GEMMs accumulate in float32), None keeps the
-    model's own types.
+    model's own types. `gemm_library` serves the CUDA plan's GEMMs: "cublas" (the artifact needs
+    libcublas where it runs) or "cutlass" (CUTLASS kernels chosen per shape range and packaged in the
+    artifact; needs the nvidia-cutlass headers here).
     """
     kinds, images = _check_targets(targets)
+    if gemm_library not in GEMM_LIBRARIES:
+        raise ValueError(f"gemm_library must be one of {list(GEMM_LIBRARIES)}, got {gemm_library!r}")
     if dtype is not None:
         from bladepack.optimize.mixed_precision import COMPUTE_DTYPES
 
@@ -146,7 +172,9 @@ def optimize(
         from bladepack.onnx_import import import_onnx
 
         program = import_onnx(model, sample_inputs, dynamic_shapes)
-        return optimize_program(program, frontend="onnx", targets=kinds, dtype=dtype, cuda_images=images)
+        return optimize_program(
+            program, frontend="onnx", targets=kinds, dtype=dtype, cuda_images=images, gemm_library=gemm_library
+        )
     if sample_inputs is None:
         raise TypeError("optimize(model, sample_inputs): a torch model needs sample inputs to export")
     from bladepack.export import capture, to_program
@@ -154,7 +182,9 @@ def optimize(
     captured = capture(model, sample_inputs, dynamic_shapes)
     for note in captured.notes:
         log.warning("bladepack: %s", note)
-    return optimize_program(to_program(captured), captured.notes, targets=kinds, dtype=dtype, cuda_images=images)
+    return optimize_program(
+        to_program(captured), captured.notes, targets=kinds, dtype=dtype, cuda_images=images, gemm_library=gemm_library
+    )
 
 
 def optimize_program(
@@ -164,6 +194,7 @@ def optimize_program(
     targets: tuple[str, ...] = ("cpu",),
     dtype: str | None = None,
     cuda_images: tuple[str, ...] | None = None,
+    gemm_library: str = "cublas",
 ) -> Artifact:
     """Optimize an IR `Program` from any front end ("torch" or "onnx", recorded in the producer
     versions) into an `Artifact` (the half of `optimize` after export); `targets` are plan kinds
@@ -178,7 +209,7 @@ def optimize_program(
 
         program = to_precision(program, dtype)
     program = run_pipeline(program, options)
-    plan = build_plan(program, targets=targets)
+    plan = build_plan(program, targets=targets, cuda_gemm=gemm_library, gemm_configs=options.gemm_configs)
     notes = list(notes)
     libraries, producer = _build_cpu(plan, options, notes), _producer(frontend)
     if libraries:
@@ -186,6 +217,7 @@ def optimize_program(
 
         producer["cxx"] = compiler_version(find_compiler() or "")
     images = _build_cuda(plan, options, cuda_images)
+    gemm_images, gemm_packer = _build_gemms(plan, options)
     if images:
         from bladepack.codegen.cuda_toolchain import find_nvcc, nvcc_version
 
@@ -198,6 +230,8 @@ def optimize_program(
         notes,
         libraries,
         images,
+        gemm_images,
+        gemm_packer,
     )
     if options.dump_dir is not None:
         (options.dump_dir / "fusion_plan.txt").write_text(plan.fusion_text)

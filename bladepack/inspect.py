@@ -137,6 +137,13 @@ def inspect_text(s: dict[str, Any]) -> str:
         lines.append(
             f"  %{gc['node']} {gc['op']} via {gc['library']} {gc['dtype']}: M={gc['m']} N={gc['n']} K={gc['k']}{batch}"
         )
+        dispatch = gc.get("dispatch", [])  # CUTLASS: the config per range of the key M*N*batch
+        for e in dispatch[:-1]:
+            top = "inf" if e["key_max"] is None else e["key_max"]
+            split = f", split-K {e['split']}" if e["split"] > 1 else ""
+            lines.append(f"    {gc['key']} in [{e['key_min']}, {top}], operands aligned: {e['config']}{split}")
+        if dispatch:
+            lines.append(f"    otherwise: {dispatch[-1]['config']}")
     lines.append(f"weights: {s['weights']} tensors, {_human(s['weights_bytes'])}")
     lines.append(f"arena bytes (planned peak, all intermediates): {s['arena_bytes']}")
     return "\n".join(lines) + "\n"

@@ -5,6 +5,7 @@ BLADEPACK_VERIFY=0      skip the IR verifier between passes (on by default)
 BLADEPACK_CACHE_DIR     compiled-kernel cache (default ~/.cache/bladepack)
 BLADEPACK_LOG=level     logging level for the `bladepack` logger (default WARNING)
 BLADEPACK_NATIVE=0      build no CPU kernel library (the artifact runs on the reference executor)
+BLADEPACK_GEMM_CONFIGS=N  at most N aligned CUTLASS configs per GEMM (default 4; the SIMT fallback is extra)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class Options:
     cache_dir: Path
     log_level: str
     native: bool
+    gemm_configs: int = 4
 
     @staticmethod
     def from_env() -> Options:
@@ -32,4 +34,14 @@ class Options:
             cache_dir=Path(cache),
             log_level=os.environ.get("BLADEPACK_LOG", "WARNING").upper(),
             native=os.environ.get("BLADEPACK_NATIVE", "1") not in ("0", "false", "no"),
+            gemm_configs=_positive("BLADEPACK_GEMM_CONFIGS", 4),
         )
+
+
+def _positive(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{name}={raw!r}: expected a positive integer")
+    return int(raw)

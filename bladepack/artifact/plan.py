@@ -102,3 +102,4 @@ class ExecPlan:
     native_cuda: dict[str, Any] | None = None
     cuda_source: str = ""  # CUDA C of every CUDA kernel (compiled by the api into cubins and PTX)
     cuda_fusion_text: str = ""
+    gemm_instances: tuple[Any, ...] = ()  # codegen.cutlass_emitter.GemmInstance of the CUDA plan's GEMMs

@@ -23,6 +23,9 @@ def library_section_name(isa: str) -> str:
     return f"cpu/{isa}.so"
 
 
+GEMM_PACKER_SECTION = "cutlass/packer-x86_64-linux.so"
+
+
 def cuda_image_section_name(arch: str) -> str:
     return f"cuda/{arch}.{'ptx' if arch.startswith('compute_') else 'cubin'}"
 
@@ -33,9 +36,12 @@ def assemble(
     producer: Mapping[str, str],
     cpu_libraries: Sequence[tuple[str, Sequence[str], bytes]] = (),
     cuda_images: Mapping[str, bytes] | None = None,
+    gemm_images: Mapping[str, bytes] | None = None,
+    gemm_packer: bytes = b"",
 ) -> tuple[dict[str, Any], list[Section]]:
     """`cpu_libraries`: (ISA level, CPU flags it needs, shared-object bytes) per built level;
-    `cuda_images`: {"sm_80": cubin, ..., "compute_90": PTX} for the native CUDA plan."""
+    `cuda_images`: {"sm_80": cubin, ..., "compute_90": PTX} for the native CUDA plan; `gemm_images`:
+    {CUTLASS kernel name: fatbin} and `gemm_packer` (its Params packer library) for that plan's GEMMs."""
     sections = []
     for w in plan.weights:
         arr = np.ascontiguousarray(weights[w.name])
@@ -73,4 +79,15 @@ def assemble(
             sections.append(Section(cuda_image_section_name(arch), memoryview(data)))
             images.append({"arch": arch, "section": cuda_image_section_name(arch)})
         manifest["native_cuda"] = {**plan.native_cuda, "images": images}
+        if "gemm_kernels" in plan.native_cuda:
+            if not gemm_images or not gemm_packer:
+                raise ValueError("the CUDA plan runs CUTLASS GEMMs, and their kernels or packer were not built")
+            rows = []
+            for row in plan.native_cuda["gemm_kernels"]:
+                name = f"cutlass/{row['name']}.fatbin"
+                sections.append(Section(name, memoryview(gemm_images[row["name"]])))
+                rows.append({**row, "section": name})
+            sections.append(Section(GEMM_PACKER_SECTION, memoryview(gemm_packer)))
+            manifest["native_cuda"]["gemm_kernels"] = rows
+            manifest["native_cuda"]["gemm_packer"] = {"section": GEMM_PACKER_SECTION, "platform": "x86_64-linux"}
     return manifest, sections

@@ -1,5 +1,6 @@
-"""Compute-intensive ops served by libraries (GEMM / batched GEMM / linear, later convolution).
+"""Compute-intensive ops served by libraries: GEMM / batched GEMM / linear and convolution.
 
-Empty in format 1.0: MATMUL and CONV2D run on the reference executor (numpy's BLAS). CPU BLAS calls and
-CUTLASS configs with shape-bucketed dispatch arrive with their issues.
+`cpu_gemm`: matmul and conv2d lowered to batched BLAS calls on strided views (CPU; the same records
+drive cuBLAS on CUDA). `cutlass_configs`: the CUTLASS GEMM configuration space. `gemm_select`: the
+cost model that picks a few configs per GEMM and their dispatch ranges over the dynamic extents.
 """

@@ -31,6 +31,7 @@ import numpy as np
 from bladepack.artifact.format import BpkFile
 from bladepack.errors import BpkFormatError
 from bladepack.loader.cuda_driver import CudaError, Device, DeviceBuffer, _check, choose_image
+from bladepack.loader.cutlass_gemm import CutlassGemms, CutlassLaunch
 
 ABI_VERSION = 1
 KERNEL_SHIFT = 24  # Note [CUDA error codes] in codegen/cuda_emitter.py
@@ -66,7 +67,7 @@ class RefLaunch:
     node: int
 
 
-Launch = KernelLaunch | GemmLaunch | RefLaunch
+Launch = KernelLaunch | GemmLaunch | CutlassLaunch | RefLaunch
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ class NativeCuda:
             from bladepack.loader.cublas import Cublas
 
             self._cublas = Cublas()
+        self._cutlass = CutlassGemms(bpk, plan, self.device) if "gemm_kernels" in plan else None
 
     @property
     def arch(self) -> str:
@@ -147,6 +149,11 @@ class NativeCuda:
             ints = tuple(_resolve(v, regs) for v in lr["ints"])
             if op == "gemm":
                 launches.append(GemmLaunch(lr["dtype"], ptrs, ints))
+                continue
+            if op == "cutlass":
+                if self._cutlass is None:
+                    raise BpkFormatError("a CUTLASS GEMM launch in a plan without gemm_kernels (corrupt plan)")
+                launches.append(self._cutlass.prepare(lr, regs, ptrs, ints))
                 continue
             if op != "kernel":
                 raise BpkFormatError(f"unknown launch op {op!r} in the CUDA plan")
@@ -222,6 +229,10 @@ class NativeCuda:
                 (sa, oa), (sb, ob), (sc, oc) = launch.ptrs
                 a, b, c = int(slots[sa]) + oa, int(slots[sb]) + ob, int(slots[sc]) + oc
                 self._cublas.gemm(launch.dtype, a, b, c, launch.ints, stream)
+            elif isinstance(launch, CutlassLaunch):
+                assert self._cutlass is not None
+                (sa, oa), (sb, ob), (sd, od) = launch.ptrs
+                self._cutlass.launch(launch, int(slots[sa]) + oa, int(slots[sb]) + ob, int(slots[sd]) + od, stream)
             else:
                 self.device.synchronize(stream)
                 reference(launch.node)

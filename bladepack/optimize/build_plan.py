@@ -184,22 +184,32 @@ def _max_of(env: ShapeEnv, terms: list[sympy.Expr]) -> sympy.Expr:
     return kept[0] if len(kept) == 1 else sympy.Max(*kept)
 
 
-def _lower(p: Program, b: ShapeProgramBuilder, target: str = "cpu") -> NativeLowering:
+def _lower(
+    p: Program, b: ShapeProgramBuilder, target: str = "cpu", gemm_library: str = "cublas", gemm_configs: int = 4
+) -> NativeLowering:
     """The native lowering for `target`; nodes whose kernels cannot be generated run on the reference
     executor."""
     forced: set[int] = set()
     while True:
         try:
-            return lower_native(p, lambda e: _enc(b, e), b.expr, frozenset(forced), target)
+            return lower_native(p, lambda e: _enc(b, e), b.expr, frozenset(forced), target, gemm_library, gemm_configs)
         except KernelEmitError as e:
             if not e.nodes or e.nodes <= forced:
                 raise
             forced |= e.nodes
 
 
-def build_plan(p: Program, native: bool = True, targets: tuple[str, ...] = ("cpu",)) -> ExecPlan:
+def build_plan(
+    p: Program,
+    native: bool = True,
+    targets: tuple[str, ...] = ("cpu",),
+    cuda_gemm: str = "cublas",
+    gemm_configs: int = 4,
+) -> ExecPlan:
     """The execution plan: shape program, reference steps, and a native plan per target in `targets`
-    ("cpu", "cuda"); `native=False` leaves the CPU plan out (the reference executor runs it)."""
+    ("cpu", "cuda"); `native=False` leaves the CPU plan out (the reference executor runs it);
+    `cuda_gemm` ("cublas" or "cutlass") serves the CUDA plan's GEMMs (at most `gemm_configs` CUTLASS
+    configs per GEMM)."""
     g, env = p.graph, p.shape_env
     b = ShapeProgramBuilder()
     binder = _Binder(b, env)
@@ -228,7 +238,7 @@ def build_plan(p: Program, native: bool = True, targets: tuple[str, ...] = ("cpu
 
     types = g.value_types()
     low = _lower(p, b) if native and "cpu" in targets else None
-    cuda = _lower(p, b, "cuda") if "cuda" in targets else None
+    cuda = _lower(p, b, "cuda", cuda_gemm, gemm_configs) if "cuda" in targets else None
     if low is not None:
         arena_text, arena_enc = low.manifest["arena_bytes_expr"], low.manifest["arena_bytes"]
     else:
@@ -257,4 +267,5 @@ def build_plan(p: Program, native: bool = True, targets: tuple[str, ...] = ("cpu
         native_cuda=cuda.manifest if cuda else None,
         cuda_source=cuda_source(cuda.kernels) if cuda else "",  # type: ignore[arg-type]
         cuda_fusion_text=cuda.fusion.text(g) if cuda else "",
+        gemm_instances=tuple(cuda.gemm_instances) if cuda else (),
     )

@@ -22,10 +22,12 @@ from typing import Any
 from bladepack.artifact.plan import SymIntEnc
 from bladepack.codegen.cpu_emitter import EmittedKernel, KernelContext, KernelEmitError, emit_kernel
 from bladepack.codegen.cuda_emitter import CudaKernel, emit_cuda_kernel
+from bladepack.codegen.cutlass_emitter import GemmInstance
 from bladepack.ir import OpKind, Program
 from bladepack.ir.ops import Conv2dAttrs
 from bladepack.ir.types import IRDim, TensorType, dim_str
 from bladepack.library_ops.cpu_gemm import GemmCall, lower_conv, lower_matmul, operand_ok
+from bladepack.library_ops.gemm_select import select
 from bladepack.optimize.fusion import FusionPlan, KernelSpec, LibraryStep, ReferenceStep, plan_fusion
 from bladepack.optimize.memory_plan import Buffer, plan_memory
 from bladepack.optimize.views import View, simplify, view_of
@@ -41,6 +43,7 @@ class NativeLowering:
     arena_expr: str
     kernel_rows: list[dict[str, Any]] = field(default_factory=list)
     gemm_rows: list[dict[str, Any]] = field(default_factory=list)
+    gemm_instances: list[GemmInstance] = field(default_factory=list)  # CUTLASS kernels (CUDA plans)
 
     def source_body(self) -> str:
         return "\n".join(k.source for k in self.kernels)
@@ -51,8 +54,20 @@ def fusion_for(p: Program, forced: frozenset[int] = frozenset(), target: str = "
 
 
 class _Lowerer:
-    def __init__(self, p: Program, plan: FusionPlan, enc: Enc, pred: Callable[[Any], int], target: str) -> None:
+    def __init__(
+        self,
+        p: Program,
+        plan: FusionPlan,
+        enc: Enc,
+        pred: Callable[[Any], int],
+        target: str,
+        gemm_library: str,
+        gemm_configs: int,
+    ) -> None:
+        self.gemm_configs = gemm_configs
         self.p, self.plan, self.enc, self.pred, self.target = p, plan, enc, pred, target
+        self.gemm_library = gemm_library if target == "cuda" else "blas"
+        self.instances: dict[GemmInstance, int] = {}
         g = p.graph
         self.nodes = {n.id: n for n in g.nodes}
         self.types: dict[int, TensorType] = g.value_types()
@@ -138,22 +153,36 @@ class _Lowerer:
 
     def _gemm(self, call: GemmCall) -> None:
         n = self.nodes[call.out]
-        self.gemm_rows.append(
-            {
-                "node": call.out,
-                "op": n.op.value,
-                "library": "cublas" if self.target == "cuda" else "blas",
-                "dtype": call.dtype.value,
-                "m": dim_str(call.m),
-                "n": dim_str(call.n),
-                "k": dim_str(call.k),
-                "batch": [dim_str(d) for d in call.batch if d != 1],
-                "loc": n.loc,
-            }
-        )
+        row: dict[str, Any] = {
+            "node": call.out,
+            "op": n.op.value,
+            "library": self.gemm_library,
+            "dtype": call.dtype.value,
+            "m": dim_str(call.m),
+            "n": dim_str(call.n),
+            "k": dim_str(call.k),
+            "batch": [dim_str(d) for d in call.batch if d != 1],
+            "loc": n.loc,
+        }
+        self.gemm_rows.append(row)
         ptrs = [self._ptr(call.a.base, call.a.offset), self._ptr(call.b.base, call.b.offset), self._ptr(call.out)]
+        ints = [self.enc(e) for e in call.ints()]
+        if self.gemm_library != "cutlass":
+            self.launches.append({"op": "gemm", "dtype": call.dtype.value, "ptrs": ptrs, "ints": ints})
+            return
+        # Note [GEMM cost model] in library_ops/gemm_select.py: configs and their dispatch ranges
+        dispatch = select(call, self.p.shape_env, max_configs=self.gemm_configs)
+        entries = []
+        for e in dispatch.entries:
+            inst = GemmInstance(e.config, call.ta, call.tb)
+            k = self.instances.setdefault(inst, len(self.instances))
+            entries.append({"kernel": k, "split": e.split, "pred": self.pred(e.pred), "align": e.config.align})
+        row["key"] = dim_str(dispatch.key)
+        row["dispatch"] = [
+            {"config": e.config.name, "split": e.split, "key_min": e.lo, "key_max": e.hi} for e in dispatch.entries
+        ]
         self.launches.append(
-            {"op": "gemm", "dtype": call.dtype.value, "ptrs": ptrs, "ints": [self.enc(e) for e in call.ints()]}
+            {"op": "cutlass", "dtype": call.dtype.value, "entries": entries, "ptrs": ptrs, "ints": ints}
         )
 
     def _conv(self, step: LibraryStep) -> None:
@@ -244,12 +273,39 @@ class _Lowerer:
 
 
 def lower_native(
-    p: Program, enc: Enc, pred: Callable[[Any], int], forced: frozenset[int] = frozenset(), target: str = "cpu"
+    p: Program,
+    enc: Enc,
+    pred: Callable[[Any], int],
+    forced: frozenset[int] = frozenset(),
+    target: str = "cpu",
+    gemm_library: str = "cublas",
+    gemm_configs: int = 4,
 ) -> NativeLowering:
     """`enc` encodes a size for the manifest; `pred` compiles a sympy boolean to a register; `forced`
-    nodes run on the reference executor; `target` is "cpu" or "cuda". Raises KernelEmitError naming
-    the nodes a kernel failed on."""
+    nodes run on the reference executor; `target` is "cpu" or "cuda"; `gemm_library` ("cublas" or
+    "cutlass") serves a CUDA plan's GEMMs, with at most `gemm_configs` aligned configs each. Raises KernelEmitError naming the nodes a kernel failed on."""
     plan = fusion_for(p, forced, target)
-    low = _Lowerer(p, plan, enc, pred, target)
+    low = _Lowerer(p, plan, enc, pred, target, gemm_library, gemm_configs)
     manifest = low.run()
-    return NativeLowering(plan, low.kernels, manifest, manifest["arena_bytes_expr"], low.kernel_rows, low.gemm_rows)
+    instances = list(low.instances)
+    if instances:
+        manifest["gemm_kernels"] = [
+            {
+                "name": i.name,
+                "config": i.config.name,
+                "dtype": i.config.dtype.value,
+                "math": i.config.math,
+                "tile": list(i.config.tile),
+                "warp": list(i.config.warp),
+                "threads": i.config.threads,
+                "stages": i.config.stages,
+                "align": i.config.align,
+                "ta": i.ta,
+                "tb": i.tb,
+                "activation": i.activation,
+            }
+            for i in instances
+        ]
+    return NativeLowering(
+        plan, low.kernels, manifest, manifest["arena_bytes_expr"], low.kernel_rows, low.gemm_rows, instances
+    )

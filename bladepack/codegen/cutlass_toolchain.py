@@ -1,0 +1,94 @@
+"""Build CUTLASS GEMM instances with nvcc: a fatbin per kernel and one host packer library.
+
+In: `GemmInstance`s (codegen/cutlass_emitter.py). Out: `{instance name: fatbin}` — sm_80 and sm_90
+cubins plus compute_90 PTX (Note [GEMM config space] in library_ops/cutlass_configs.py) — and the
+packer shared library (Note [GEMM packer]; x86-64 Linux, libstdc++ and the CUDA runtime linked
+statically, so it needs nothing at run time beyond glibc). Every output is cached under
+BLADEPACK_CACHE_DIR/cutlass/<sha256 of nvcc version, flags and source>; a warm optimize compiles
+nothing. At most two nvcc processes run at once (an sm_80 + sm_90 GEMM unit takes ~7 s and ~0.7 GB).
+
+The CUTLASS headers come from the `nvidia-cutlass` wheel (`cutlass_library.source_path`), or from
+CUTLASS_PATH (a CUTLASS checkout); neither is needed where the artifact runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from bladepack.codegen.cuda_toolchain import find_nvcc, nvcc_version
+from bladepack.codegen.cutlass_emitter import GemmInstance, kernel_source, packer_source
+from bladepack.codegen.toolchain import ToolchainError, cache_put
+
+FLAGS = ("-std=c++17", "-O3", "--expt-relaxed-constexpr", "-DNDEBUG", "-w")
+KERNEL_TARGETS = (
+    "-gencode=arch=compute_80,code=sm_80",
+    "-gencode=arch=compute_90,code=[sm_90,compute_90]",
+)
+PACKER_FLAGS = (
+    "-shared",
+    "-Xcompiler=-fPIC,-static-libstdc++,-static-libgcc",
+    "-cudart=static",
+    "-Xlinker=-Bsymbolic,--strip-all",
+)
+_PARALLEL = 2
+
+
+def cutlass_include() -> list[str]:
+    """-I flags for the CUTLASS headers; ToolchainError naming how to get them when absent."""
+    root = os.environ.get("CUTLASS_PATH")
+    if root:
+        src = Path(root)
+    else:
+        try:
+            import cutlass_library
+        except ImportError as e:
+            raise ToolchainError(
+                "CUTLASS GEMMs need the CUTLASS headers: pip install nvidia-cutlass (or set CUTLASS_PATH to a "
+                "CUTLASS checkout), or optimize with gemm_library='cublas'"
+            ) from e
+        src = Path(cutlass_library.source_path)
+    inc = src / "include"
+    if not (inc / "cutlass" / "cutlass.h").is_file():
+        raise ToolchainError(f"no CUTLASS headers under {inc} (cutlass/cutlass.h is missing)")
+    return [f"-I{inc}", f"-I{src / 'tools' / 'util' / 'include'}"]
+
+
+def _build(nvcc: str, version: str, flags: Sequence[str], source: str, cache: Path, suffix: str, what: str) -> bytes:
+    key = hashlib.sha256("\0".join([version, *flags, source]).encode()).hexdigest()
+    path = cache / "cutlass" / f"{key}.{suffix}"
+    if path.exists():
+        return path.read_bytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as d:
+        src, out = Path(d) / "unit.cu", Path(d) / f"unit.{suffix}"
+        src.write_text(source)
+        r = subprocess.run([nvcc, *flags, str(src), "-o", str(out)], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise ToolchainError(f"nvcc failed building {what}:\n{(r.stderr or r.stdout)[-4000:]}")
+        data = out.read_bytes()
+    cache_put(path, data)
+    return data
+
+
+def build_gemms(
+    instances: Sequence[GemmInstance], cache: Path, nvcc: str | None = None
+) -> tuple[dict[str, bytes], bytes]:
+    """({instance name: fatbin}, packer library) for `instances` (from the cache where built before)."""
+    nvcc = nvcc or find_nvcc()
+    version = nvcc_version(nvcc)
+    inc = cutlass_include()
+    kflags = [*FLAGS, *inc, "-fatbin", *KERNEL_TARGETS]
+    pflags = [*FLAGS, *inc, *PACKER_FLAGS]
+    jobs: list[tuple[str, list[str], str, str]] = [(i.name, kflags, kernel_source(i), "fatbin") for i in instances]
+    jobs.append(("", pflags, packer_source(instances), "so"))
+    with ThreadPoolExecutor(_PARALLEL) as pool:
+        built = list(
+            pool.map(lambda j: _build(nvcc, version, j[1], j[2], cache, j[3], j[0] or "the GEMM packer"), jobs)
+        )
+    return {j[0]: data for j, data in zip(jobs[:-1], built)}, built[-1]

@@ -1,0 +1,231 @@
+"""Choose CUTLASS configs per GEMM and a dispatch table over its dynamic extents.
+
+In: a `GemmCall` (M, N, K, batch, leading dims, transposes — sizes may be symbolic), the program's
+`ShapeEnv` and the sample bindings. Out: `GemmDispatch` — an ordered list of (config, split-K slices,
+predicate): the first entry whose predicate holds runs. Predicates are sympy booleans over the shape
+symbols (the shape program evaluates them per input signature): alignment conditions and an upper
+bound on the dispatch key `M * N * batch`; the last entry is the SIMT fallback (true).
+
+Note [GEMM cost model]: at shapes drawn from the declared ranges (every dynamic symbol on a geometric
+grid over its range, its ends, odd values next to powers of two, the samples), each option's time is
+estimated as max(compute, memory) + split-K cost:
+- compute: the output tiles (ceil(M/TM) ceil(N/TN) batch x slices) spread over the SMs in waves; each
+  CTA iterates ceil(K / slices / TK) times over TM x TN x TK multiply-adds, at the per-SM tensor-core
+  (or FMA) rate scaled by the warp tile's efficiency and by how many warps the SM holds at once
+  (few warps cannot hide latency);
+- memory: A read once per column of tiles, B once per row of tiles, D written (and reread per extra
+  slice), at a bandwidth that needs enough active CTAs to reach the device's;
+- serial split-K: each extra slice waits for the previous one's partial tile.
+Configs are then chosen greedily (at most `MAX_CONFIGS`, each must cut the geomean loss against the
+per-shape best by >= 2%), and the per-shape winners become key intervals. The constants describe an
+H100 SXM (132 SMs); they rank configs, they do not predict times. Profiling at optimize time when a
+GPU is present refines the choice (bench/cutlass_gemm.py measures it).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+
+from bladepack.ir import ShapeEnv
+from bladepack.ir.types import IRDim
+from bladepack.library_ops.cpu_gemm import GemmCall
+from bladepack.library_ops.cutlass_configs import GemmConfig, candidates, fallback
+
+SMS = 132
+SMEM_PER_SM = 227 * 1024
+REGS_PER_SM = 65536
+BANDWIDTH = 3.35e6  # bytes per microsecond
+MACS_PER_SM = {"tensorop": 3.75e6, "tensorop_3xtf32": 0.62e6, "simt": 0.25e6}  # per microsecond
+LAUNCH_US = 2.0
+MAX_CONFIGS = 4
+SPLITS = (1, 2, 4, 8, 16)
+MAX_POINTS = 256
+
+
+@dataclass(frozen=True)
+class Option:
+    config: GemmConfig
+    split: int
+
+
+@dataclass(frozen=True)
+class DispatchEntry:
+    config: GemmConfig
+    split: int
+    pred: Any  # sympy boolean
+    lo: int  # the dispatch key range this entry was chosen for (for inspect)
+    hi: int | None
+
+
+@dataclass(frozen=True)
+class GemmDispatch:
+    key: Any  # sympy expression: M * N * batch
+    entries: tuple[DispatchEntry, ...]
+
+    @property
+    def configs(self) -> tuple[GemmConfig, ...]:
+        return tuple(dict.fromkeys(e.config for e in self.entries))
+
+
+def _regs(cfg: GemmConfig) -> int:
+    acc = cfg.warp[0] * cfg.warp[1] // 32 * (2 if cfg.accumulator.itemsize == 8 else 1)
+    return min(255, acc + (96 if cfg.math == "tensorop_3xtf32" else 64))
+
+
+def occupancy(cfg: GemmConfig) -> int:
+    """CTAs one SM holds at once (shared memory, registers, threads)."""
+    by_smem = SMEM_PER_SM // max(cfg.smem_bytes, 1)
+    by_regs = REGS_PER_SM // (_regs(cfg) * cfg.threads)
+    return max(1, min(by_smem, by_regs, 2048 // cfg.threads, 32))
+
+
+def _efficiency(cfg: GemmConfig) -> float:
+    wm, wn = cfg.warp[0], cfg.warp[1]
+    return {4096: 0.9, 2048: 0.8, 1024: 0.65}.get(wm * wn, 0.5)
+
+
+def estimate(opt: Option, m: int, n: int, k: int, batch: int) -> float:
+    """Note [GEMM cost model]: estimated microseconds of one launch."""
+    cfg, split = opt.config, opt.split
+    tm, tn, tk = cfg.tile
+    tiles = math.ceil(m / tm) * math.ceil(n / tn) * batch * split
+    occ = occupancy(cfg)
+    k_iters = math.ceil(math.ceil(k / split) / tk)
+    cta_macs = k_iters * tm * tn * tk
+    rate = MACS_PER_SM[cfg.math] * _efficiency(cfg)
+    per_sm = math.ceil(tiles / SMS)  # CTAs the busiest SM runs
+    compute = 0.0
+    left = per_sm
+    while left > 0:
+        now = min(occ, left)
+        compute += now * cta_macs / (rate * min(1.0, now * cfg.warps / 8))
+        left -= now
+    item = cfg.dtype.itemsize
+    traffic = (math.ceil(n / tn) * m * k + math.ceil(m / tm) * n * k + m * n * (2 * split - 1)) * item * batch
+    memory = traffic / (BANDWIDTH * min(1.0, 2 * min(tiles, SMS) / SMS))
+    serial = (split - 1) * 2 * tm * tn * 4 / (BANDWIDTH / SMS)
+    return max(compute, memory) + serial + LAUNCH_US
+
+
+def _options(cfgs: Sequence[GemmConfig], k_max: int, batched: bool) -> list[Option]:
+    out = []
+    for cfg in cfgs:
+        for s in SPLITS:
+            if s == 1 or (not batched and k_max >= 4 * s * cfg.tile[2]):
+                out.append(Option(cfg, s))
+    return out
+
+
+def sample_points(
+    env: ShapeEnv, exprs: Sequence[IRDim], samples: Sequence[Mapping[str, int]] = ()
+) -> list[dict[sympy.Symbol, int]]:
+    """Bindings of the symbols in `exprs`: per symbol a geometric grid over its range (unbounded ranges
+    stop at 2^16), its ends, odd values around powers of two and the sample values; the product of
+    those per symbol, thinned evenly to at most MAX_POINTS."""
+    syms = sorted({s for e in exprs for s in sympy.sympify(e).free_symbols}, key=lambda s: s.name)
+    per: list[list[int]] = []
+    for s in syms:
+        r = env.range_of(s)
+        lo, hi = max(r.min, 1), r.max if r.max is not None else max(r.min, 1 << 16)
+        vals = {lo, hi}
+        steps = 12
+        for i in range(steps + 1):
+            vals.add(round(lo * (hi / lo) ** (i / steps)))
+        p = 1
+        while p <= hi:
+            vals.update(v for v in (p - 1, p + 1) if lo <= v <= hi)
+            p *= 4
+        vals.update(int(b[s.name]) for b in samples if s.name in b and lo <= int(b[s.name]) <= hi)
+        per.append(sorted(vals))
+    combos = list(itertools.product(*per))
+    if len(combos) > MAX_POINTS:
+        stride = len(combos) / MAX_POINTS
+        combos = [combos[int(i * stride)] for i in range(MAX_POINTS)] + [combos[-1]]
+    return [dict(zip(syms, c)) for c in combos]
+
+
+def _value(e: IRDim, binding: Mapping[sympy.Symbol, int]) -> int:
+    return int(sympy.sympify(e).subs(binding)) if not isinstance(e, int) else e
+
+
+def alignment_pred(call: GemmCall, align: int) -> Any:
+    """Leading dims, contiguous extents, batch strides and view offsets are multiples of `align`
+    elements (the loader also checks the addresses)."""
+    if align == 1:
+        return sympy.true
+    contiguous = [call.lda, call.ldb, call.ldc, call.n, call.m if call.ta else call.k, call.k if call.tb else call.n]
+    contiguous += [s for s in (*call.sa, *call.sb, *call.sc) if s != 0]
+    contiguous += [call.a.offset, call.b.offset]
+    conds = [sympy.Eq(sympy.Mod(sympy.sympify(e), align), 0) for e in contiguous]
+    return sympy.simplify(sympy.And(*conds))
+
+
+def select(
+    call: GemmCall, env: ShapeEnv, samples: Sequence[Mapping[str, int]] = (), max_configs: int = MAX_CONFIGS
+) -> GemmDispatch:
+    """Note [GEMM cost model]: the dispatch table of one GEMM."""
+    batch_total = sympy.sympify(call.batch[0] * call.batch[1] * call.batch[2])
+    key = sympy.expand(sympy.sympify(call.m) * call.n * batch_total)
+    fb = fallback(call.dtype)
+    cfgs = candidates(call.dtype)
+    align_pred = {c: alignment_pred(call, c.align) for c in cfgs}
+    cfgs = tuple(c for c in cfgs if align_pred[c] is not sympy.false)
+    if not cfgs:
+        return GemmDispatch(key, (DispatchEntry(fb, 1, sympy.true, 0, None),))
+    points = sample_points(env, [call.m, call.n, call.k, batch_total], samples)
+    shapes = sorted(
+        {(_value(call.m, b), _value(call.n, b), _value(call.k, b), _value(batch_total, b)) for b in points},
+        key=lambda s: (s[0] * s[1] * s[3], s),
+    )
+    batched = batch_total != 1
+    k_max = max(s[2] for s in shapes)
+    options = _options(cfgs, k_max, batched)
+    times = [[estimate(o, *s) for o in options] for s in shapes]
+    best = [min(row) for row in times]
+
+    def loss(chosen: Sequence[GemmConfig]) -> float:
+        total = 0.0
+        for row, b in zip(times, best):
+            total += math.log(min(t for o, t in zip(options, row) if o.config in chosen) / b)
+        return total / len(times)
+
+    chosen: list[GemmConfig] = []
+    current = math.inf
+    while len(chosen) < max_configs:
+        trial = {c: loss([*chosen, c]) for c in cfgs if c not in chosen}
+        if not trial:
+            break
+        c, after = min(trial.items(), key=lambda kv: kv[1])
+        if chosen and current - after < math.log(1.02):
+            break
+        chosen.append(c)
+        current = after
+    # per shape, the best chosen option; adjacent shapes with the same winner form one key interval
+    winners = []
+    for s, row in zip(shapes, times):
+        o = min((o for o in options if o.config in chosen), key=lambda o: row[options.index(o)])
+        winners.append((s[0] * s[1] * s[3], o))
+    runs: list[tuple[int, int, Option]] = []  # (first key, last key, option)
+    for kv, o in winners:
+        if runs and runs[-1][2] == o:
+            runs[-1] = (runs[-1][0], kv, o)
+        elif runs and runs[-1][1] == kv:  # same key, different shapes: keep the earlier winner
+            continue
+        else:
+            runs.append((kv, kv, o))
+    entries = []
+    lo = 0
+    for i, (_first, last, o) in enumerate(runs):
+        top = i == len(runs) - 1
+        bound = None if top else math.isqrt(last * runs[i + 1][0])  # geometric midpoint to the next run
+        cond = align_pred[o.config] if top else sympy.And(align_pred[o.config], sympy.Le(key, bound))
+        entries.append(DispatchEntry(o.config, o.split, cond, lo, bound))
+        lo = (bound or 0) + 1
+    entries.append(DispatchEntry(fb, 1, sympy.true, 0, None))
+    return GemmDispatch(key, tuple(entries))

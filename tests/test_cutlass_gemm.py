@@ -1,0 +1,248 @@
+"""CUTLASS GEMMs without a GPU: the config space, the cost-model dispatch, the generated sources, and an
+artifact whose GEMMs run on CUTLASS loaded on the fake driver (tests/cuda_harness.py).
+
+The fake driver cannot run CUTLASS kernels (they are not emulated), so the end-to-end test checks what
+the loader hands the driver: the kernel the dispatch table picks per shape, its grid, block and shared
+memory, and the Params bytes the packer built (problem size, pointers, split-K semaphores). Numerics
+of the CUTLASS kernels need a GPU (bench/cutlass_gemm.py, and the `cuda`-marked test below).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sympy
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import bladepack
+from bladepack.codegen.cutlass_emitter import GemmInstance, kernel_source, packer_source
+from bladepack.dtypes import DType
+from bladepack.ir import ShapeEnv
+from bladepack.library_ops.cpu_gemm import GemmCall
+from bladepack.library_ops.cutlass_configs import CATALOGUE, candidates, check, fallback
+from bladepack.library_ops.gemm_select import Option, estimate, select
+from bladepack.optimize.views import View
+from tests.cuda_harness import FakeGpu
+
+
+def _linear_call(env: ShapeEnv, m: object, n: int, k: int, dtype: DType = DType.FLOAT16) -> GemmCall:
+    """x [M, K] @ W[N, K]^T, as lower_matmul describes a linear layer."""
+    ms = sympy.sympify(m)
+    return GemmCall(
+        dtype,
+        View(0, 0, (ms, k), (k, 1)),
+        View(1, 0, (n, k), (k, 1)),
+        2,
+        (1, 1, 1),
+        (0, 0, 0),
+        (0, 0, 0),
+        (0, 0, 0),
+        ms,
+        n,
+        k,
+        False,
+        True,
+        k,
+        k,
+        n,
+    )
+
+
+def test_catalogue_configs_instantiate() -> None:
+    names = set()
+    for dt, cfgs in CATALOGUE.items():
+        for cfg in (*cfgs, fallback(dt)):
+            check(cfg)
+            assert cfg.name not in names
+            names.add(cfg.name)
+            assert cfg.dtype is dt
+        assert fallback(dt).align == 1
+    assert all(c.math == "tensorop_3xtf32" for c in candidates(DType.FLOAT32))  # float32 accuracy, not TF32
+    with pytest.raises(ValueError, match="no CUTLASS GEMM configs for int64"):
+        candidates(DType.INT64)
+
+
+def test_cost_model_prefers_split_k_for_skinny_deep_gemms_and_big_tiles_for_big_ones() -> None:
+    cfgs = candidates(DType.FLOAT16)
+
+    def best(m: int, n: int, k: int) -> Option:
+        opts = [Option(c, s) for c in cfgs for s in (1, 2, 4, 8, 16)]
+        return min(opts, key=lambda o: estimate(o, m, n, k, 1))
+
+    assert best(1, 768, 3072).split > 1  # few output tiles: split K to use the SMs
+    big = best(16384, 4096, 4096)
+    assert big.split == 1 and big.config.tile[0] * big.config.tile[1] >= 128 * 128
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.sampled_from([8, 64, 96, 768, 3072, 4099]),
+    k=st.sampled_from([8, 63, 64, 1024, 4096]),
+    hi=st.integers(1, 20000),
+    max_configs=st.integers(1, 4),
+)
+def test_dispatch_table(n: int, k: int, hi: int, max_configs: int) -> None:
+    env = ShapeEnv()
+    m = env.create_symbol("m", 1, hi)
+    d = select(_linear_call(env, m, n, k), env, max_configs=max_configs)
+    *aligned, last = d.entries
+    assert last.config == fallback(DType.FLOAT16) and last.pred is sympy.true
+    assert len({e.config for e in aligned}) <= max_configs
+    if k % 8 or n % 8:  # no vector access is possible: only the fallback
+        assert aligned == []
+        return
+    assert aligned and all(e.config in candidates(DType.FLOAT16) for e in aligned)
+    # key ranges tile [0, inf) in order; each entry's predicate is its alignment and its upper bound
+    assert aligned[0].lo == 0 and aligned[-1].hi is None
+    for a, b in itertools.pairwise(aligned):
+        assert a.hi is not None and b.lo == a.hi + 1
+    for mv in sorted({1, 2, hi // 2 + 1, hi}):
+        chosen = next(e for e in d.entries if bool(e.pred.subs(m, mv)))
+        key = mv * n
+        assert chosen in aligned and chosen.lo <= key and (chosen.hi is None or key <= chosen.hi)
+
+
+def test_static_gemm_gets_one_config() -> None:
+    env = ShapeEnv()
+    d = select(_linear_call(env, 4096, 4096, 4096), env)
+    assert len(d.entries) == 2 and d.entries[0].pred is sympy.true  # the config, then the fallback
+
+
+def test_kernel_source_instantiates_the_config() -> None:
+    cfg = candidates(DType.FLOAT16)[0]
+    inst = GemmInstance(cfg, False, True, "relu")
+    src = kernel_source(inst)
+    expected = (
+        "using Gemm = cutlass::gemm::device::GemmUniversal<\n"
+        "    cutlass::half_t, cutlass::layout::RowMajor, cutlass::half_t, cutlass::layout::ColumnMajor, "
+        "cutlass::half_t, cutlass::layout::RowMajor, float,\n"
+        "    cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80,\n"
+        "    cutlass::gemm::GemmShape<128, 256, 32>, cutlass::gemm::GemmShape<64, 64, 32>, "
+        "cutlass::gemm::GemmShape<16, 8, 16>,\n"
+        "    cutlass::epilogue::thread::LinearCombinationRelu<cutlass::half_t, 8, float, float>,\n"
+        "    cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<4>, 3,\n"
+        "    8, 8, cutlass::arch::OpMultiplyAdd>;\n"
+    )
+    assert expected in src
+    assert f'extern "C" __global__ void __launch_bounds__({inst.name}_t::Kernel::kThreadCount, 1) {inst.name}(' in src
+    assert f'extern "C" int bpk_pack_{inst.name}(' in packer_source([inst])
+
+
+# --------------------------------------------------------------------------- on the fake driver
+
+needs_toolchain = pytest.mark.skipif(
+    (shutil.which("nvcc") is None and not os.environ.get("NVCC")) or shutil.which("g++") is None,
+    reason="nvcc not found (CUTLASS GEMMs need it)",
+)
+
+
+class _Mlp(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(64, 128)  # aligned: tensor cores
+        self.deep = torch.nn.Linear(128, 2048, bias=False)
+        self.down = torch.nn.Linear(2048, 64)  # K = 2048: split-K when M is small
+        self.odd = torch.nn.Linear(64, 63)  # N = 63: only the SIMT fallback
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.down(self.deep(torch.relu(self.up(x))))
+        return h, self.odd(h)
+
+
+@pytest.fixture(scope="module")
+def cutlass_artifact() -> bladepack.api.Artifact:
+    pytest.importorskip("cutlass_library")
+    if shutil.which("nvcc") is None and not os.environ.get("NVCC"):
+        pytest.skip("nvcc not found")
+    b = torch.export.Dim("b", min=1, max=8192)
+    old = os.environ.get("BLADEPACK_GEMM_CONFIGS")
+    os.environ["BLADEPACK_GEMM_CONFIGS"] = "1"  # one tensor-op config + the fallback: CI compile time
+    try:
+        return bladepack.optimize(
+            _Mlp().eval(),
+            [(torch.randn(5, 64),)],
+            ({0: b},),
+            targets=("cpu", "cuda:sm_90"),
+            dtype="float16",
+            gemm_library="cutlass",
+        )
+    finally:
+        if old is None:
+            del os.environ["BLADEPACK_GEMM_CONFIGS"]
+        else:
+            os.environ["BLADEPACK_GEMM_CONFIGS"] = old
+
+
+@needs_toolchain
+def test_cutlass_plan_and_inspect(cutlass_artifact: bladepack.api.Artifact) -> None:
+    from bladepack.inspect import inspect_text, manifest_summary
+
+    manifest, sections = cutlass_artifact._parts()
+    rows = manifest["native_cuda"]["gemm_kernels"]
+    names = {r["name"] for r in rows}
+    assert any("tensorop" in n for n in names) and any("simt" in n for n in names)
+    by_section = {s.name: s for s in sections}
+    for r in rows:
+        assert bytes(by_section[r["section"]].data[:4]) == b"\x50\xed\x55\xba"  # fatbin magic
+    assert bytes(by_section[manifest["native_cuda"]["gemm_packer"]["section"]].data[:4]) == b"\x7fELF"
+    text = inspect_text(manifest_summary(manifest))
+    assert "via cutlass float16: M=b N=128 K=64" in text
+    assert "otherwise: f16_simt_128x128x8_32x64x8_s2_a1" in text
+    odd = next(g for g in manifest["gemm_configs"] if g["n"] == "63")
+    assert [e["config"] for e in odd["dispatch"]] == ["f16_simt_128x128x8_32x64x8_s2_a1"]
+
+
+@needs_toolchain
+def test_cutlass_launches_on_the_fake_driver(
+    cutlass_artifact: bladepack.api.Artifact, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    gpu = FakeGpu(tmp_path_factory.mktemp("fake_gpu_cutlass"))
+    batches = [1, 7, 300, 8192]
+    cases = [(np.random.default_rng(b).standard_normal((b, 64)).astype(np.float16),) for b in batches]
+    _, results, log = gpu.run(cutlass_artifact, cases)
+    assert all(not isinstance(r, str) for r in results), results
+    assert [r[0].shape for r in results] == [(b, 64) for b in batches]  # type: ignore[index]
+    kernels = {r["name"]: r for r in cutlass_artifact.plan.native_cuda["gemm_kernels"]}  # type: ignore[index]
+    launches = [ln.split() for ln in log.splitlines() if ln.startswith("launch bpk_gemm_")]
+    assert len(launches) == 4 * len(batches)  # four GEMMs per call
+    seen_split = False
+    for ln in launches:
+        name = ln[1]
+        grid, block, smem = [int(v) for v in ln[3:6]], int(ln[7]), int(ln[11])
+        params = bytes.fromhex(ln[-1])
+        m, n, k = struct.unpack_from("<3i", params)  # problem_size, then the tiled grid
+        row = kernels[name]
+        tm, tn, _ = row["tile"]
+        assert m in batches and (n, k) in ((128, 64), (2048, 128), (64, 2048), (63, 64))
+        tiles_m, tiles_n, slices = struct.unpack_from("<3i", params, 12)  # grid_tiled_shape
+        assert (tiles_m, tiles_n) == (math.ceil(m / tm), math.ceil(n / tn))
+        assert grid[0] * grid[1] == tiles_m * tiles_n and grid[2] == slices
+        assert block == row["threads"] and smem > 0
+        if n == 63:
+            assert "simt" in name  # N = 63 is not a multiple of 8 halves
+        if slices > 1:
+            seen_split = True
+            assert k == 2048 and m < 8192  # the deep GEMM, not at the largest M
+    assert seen_split, "no GEMM ran split-K (K = 2048 at M = 1 should)"
+    assert f"func_attribute {next(n for n in kernels if 'tensorop' in n)} 8" in log  # > 48 KiB shared memory
+
+
+@pytest.mark.cuda
+def test_cutlass_gemms_on_a_real_gpu() -> None:
+    """Every packaged config against torch.matmul over M from 1 to 16384 (odd values included)."""
+    torch_cuda = pytest.importorskip("torch.cuda")
+    if not torch_cuda.is_available():
+        pytest.skip("no GPU")
+    from bench.cutlass_gemm import check_configs
+
+    failures = check_configs(Path(os.environ.get("BLADEPACK_CACHE_DIR", "/tmp/bladepack-cache")))
+    assert not failures, failures
