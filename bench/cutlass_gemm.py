@@ -18,13 +18,13 @@ import math
 import os
 import statistics
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 import bladepack
+from bench.cuda_samples import _time_us
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LAYERS = ((768, 768), (3072, 768), (768, 3072), (4096, 4096))  # (N, K)
@@ -55,21 +55,6 @@ def _artifact(n: int, k: int, dtype: torch.dtype, configs: int | None) -> Any:
 
 def _error(out: torch.Tensor, ref64: torch.Tensor) -> float:
     return float((out.double() - ref64).abs().max() / ref64.abs().max().clamp_min(1e-30))
-
-
-def _time_us(fn: Callable[[], Any], repeat: int) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeat):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(times)
 
 
 def check_configs(cache: Path, layers: tuple[tuple[int, int], ...] = LAYERS[:2]) -> list[str]:

@@ -76,22 +76,29 @@ def _target_flags(target: str) -> list[str]:
     return ["-cubin", f"-gencode=arch=compute_{target[3:]},code={target}"]
 
 
-def _compile_one(nvcc: str, version: str, target: str, source: str, cache: Path) -> tuple[str, bytes]:
-    flags = [*FLAGS, *_target_flags(target)]
+def nvcc_cached(nvcc: str, version: str, flags: Sequence[str], source: str, path_stem: Path, what: str) -> bytes:
+    """nvcc `flags` on `source`, cached at `path_stem`/<sha256 of version, flags, source>.<suffix of the
+    stem's name>; ToolchainError with nvcc's message (naming `what`) when it fails."""
     key = hashlib.sha256("\0".join([version, *flags, source]).encode()).hexdigest()
-    path = cache / "cuda" / f"{key}.{'ptx' if target.startswith('compute_') else 'cubin'}"
+    path = path_stem.parent / f"{key}.{path_stem.name}"
     if path.exists():
-        return target, path.read_bytes()
+        return path.read_bytes()
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as d:
-        src, out = Path(d) / "kernels.cu", Path(d) / "kernels.out"
+        src, out = Path(d) / "unit.cu", Path(d) / "unit.out"
         src.write_text(source)
         r = subprocess.run([nvcc, *flags, str(src), "-o", str(out)], capture_output=True, text=True)
         if r.returncode != 0:
-            raise ToolchainError(f"nvcc failed building the {target} kernels:\n{(r.stderr or r.stdout)[-4000:]}")
+            raise ToolchainError(f"nvcc failed building {what}:\n{(r.stderr or r.stdout)[-4000:]}")
         data = out.read_bytes()
     cache_put(path, data)
-    return target, data
+    return data
+
+
+def _compile_one(nvcc: str, version: str, target: str, source: str, cache: Path) -> tuple[str, bytes]:
+    flags = [*FLAGS, *_target_flags(target)]
+    suffix = "ptx" if target.startswith("compute_") else "cubin"
+    return target, nvcc_cached(nvcc, version, flags, source, cache / "cuda" / suffix, f"the {target} kernels")
 
 
 def build_images(

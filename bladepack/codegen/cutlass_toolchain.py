@@ -13,17 +13,14 @@ CUTLASS_PATH (a CUTLASS checkout); neither is needed where the artifact runs.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import subprocess
-import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bladepack.codegen.cuda_toolchain import find_nvcc, nvcc_version
+from bladepack.codegen.cuda_toolchain import find_nvcc, nvcc_cached, nvcc_version
 from bladepack.codegen.cutlass_emitter import GemmInstance, kernel_source, packer_source
-from bladepack.codegen.toolchain import ToolchainError, cache_put
+from bladepack.codegen.toolchain import ToolchainError
 
 FLAGS = ("-std=c++17", "-O3", "--expt-relaxed-constexpr", "-DNDEBUG", "-w")
 KERNEL_TARGETS = (
@@ -60,20 +57,7 @@ def cutlass_include() -> list[str]:
 
 
 def _build(nvcc: str, version: str, flags: Sequence[str], source: str, cache: Path, suffix: str, what: str) -> bytes:
-    key = hashlib.sha256("\0".join([version, *flags, source]).encode()).hexdigest()
-    path = cache / "cutlass" / f"{key}.{suffix}"
-    if path.exists():
-        return path.read_bytes()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as d:
-        src, out = Path(d) / "unit.cu", Path(d) / f"unit.{suffix}"
-        src.write_text(source)
-        r = subprocess.run([nvcc, *flags, str(src), "-o", str(out)], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise ToolchainError(f"nvcc failed building {what}:\n{(r.stderr or r.stdout)[-4000:]}")
-        data = out.read_bytes()
-    cache_put(path, data)
-    return data
+    return nvcc_cached(nvcc, version, flags, source, cache / "cutlass" / suffix, what)
 
 
 def build_gemms(
