@@ -20,16 +20,13 @@ from typing import TYPE_CHECKING
 import sympy
 
 from bladepack.codegen.c_render import CTYPE, Loop
-from bladepack.codegen.cpu_emitter import _store_offset, reduce_init
-from bladepack.dtypes import DType
+from bladepack.codegen.cpu_emitter import _FLOATS, _store_offset, reduce_init
 from bladepack.ir import Node, OpKind
 from bladepack.ir.ops import Conv2dAttrs, Pool2dAttrs
 from bladepack.optimize.views import View, simplify
 
 if TYPE_CHECKING:
     from bladepack.codegen.cuda_emitter import _CudaEmitter
-
-_FLOATS = (DType.FLOAT32, DType.FLOAT64, DType.FLOAT16, DType.BFLOAT16)
 
 
 def _window(em: _CudaEmitter, o: str, pos: str, k: int, s: int, p: int, d: int, size: str) -> None:

@@ -186,9 +186,7 @@ class _CudaEmitter(_Emitter):
     # -- schedules shared with the CPU emitter's reduce and scan kernels: one thread per row
     def rows_loop(self, outer_dims: Sequence[IRDim], cost: str, body: Callable[[tuple[Loop, ...]], None]) -> None:
         syms = tuple(Loop(f"i{k}") for k in range(len(outer_dims)))
-        rows: IRDim = 1
-        for d in outer_dims:
-            rows = simplify(rows * d)
+        rows = _volume(outer_dims)
         header = [
             "for (int64_t t_ = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; "
             f"t_ < {self.args.ref(rows)}; t_ += int64_t(gridDim.x) * blockDim.x) {{"
@@ -264,9 +262,7 @@ def _loop_kernel(em: _CudaEmitter, width: int) -> None:
     j = Loop(f"i{len(dom) - 1}")
     lane = Loop("l0")
     em.lane, em.width = lane, width
-    total: IRDim = 1
-    for d in dom[:-1]:
-        total = simplify(total * d)
+    total = _volume(dom[:-1])
     chunks = simplify(sympy.sympify(dom[-1]) / width) if width > 1 else dom[-1]
     threads = em.args.ref(simplify(total * chunks))
     header = [
@@ -308,9 +304,7 @@ def _row_kernel(em: _CudaEmitter, warp: bool, cached: bool) -> None:
     em.block_reduce = not warp
     full_roots = [v for v in em.spec.roots if _same_shape(em.ctx.types[v].shape, dom)]
     row_roots = [v for v in em.spec.roots if v not in full_roots]
-    rows: IRDim = 1
-    for d in dom[:r]:
-        rows = simplify(rows * d)
+    rows = _volume(dom[:r])
     outer = tuple(Loop(f"i{m}") for m in range(r))
     length = em.args.ref(em._row_len())
     if warp:
@@ -439,9 +433,7 @@ def emit_cuda_kernel(
     elif spec.kind == "loop":
         dom = spec.domain
         last = dom[-1] if dom else 1
-        total: IRDim = 1
-        for d in dom:
-            total = simplify(total * d)
+        total = _volume(dom)
         for w in _widths(spec, ctx) if dom else [1]:
             if isinstance(last, int) and last % w:
                 continue
@@ -460,12 +452,7 @@ def emit_cuda_kernel(
                 break
     elif spec.kind == "row":
         r = len(spec.domain) - spec.reduced
-        rows: IRDim = 1
-        for d in spec.domain[:r]:
-            rows = simplify(rows * d)
-        length: IRDim = 1
-        for d in spec.domain[r:]:
-            length = simplify(length * d)
+        rows, length = _volume(spec.domain[:r]), _volume(spec.domain[r:])
         cacheable = _cache_value(spec, ctx) is not None
         candidates = []
         if cacheable:
@@ -496,16 +483,11 @@ def emit_cuda_kernel(
         n = ctx.nodes[spec.roots[0]]
         x_t = ctx.types[n.inputs[0]]
         fn: Callable[[_CudaEmitter], None] = _reduce_kernel if spec.kind == "reduce" else _scan_kernel
-        outputs: IRDim = 1
         if spec.kind == "reduce":
-            for d in n.type.shape:
-                outputs = simplify(outputs * d)
-        else:
-            rank = len(n.type.shape)
-            axis = getattr(n.attrs, "axis", 0) % max(rank, 1)
-            for k, d in enumerate(x_t.shape):
-                if k != axis:
-                    outputs = simplify(outputs * d)
+            outputs = _volume(n.type.shape)
+        else:  # one thread per scanned line
+            axis = getattr(n.attrs, "axis", 0) % max(len(n.type.shape), 1)
+            outputs = _volume([d for k, d in enumerate(x_t.shape) if k != axis])
         plans.append(("", sympy.true, fn, _grid(outputs, LOOP_BLOCK), LOOP_BLOCK, 0))
     else:
         raise ValueError(f"{spec.kind} kernels have no CUDA schedule yet")

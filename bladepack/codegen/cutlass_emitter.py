@@ -45,7 +45,6 @@ _MATH = {
     "tensorop_3xtf32": ("cutlass::arch::OpClassTensorOp", "cutlass::arch::OpMultiplyAddFastF32"),
     "simt": ("cutlass::arch::OpClassSimt", "cutlass::arch::OpMultiplyAdd"),
 }
-PARAMS_CAPACITY = 4096  # the CUDA kernel parameter limit
 SWIZZLE = 4  # threadblock rasterization: groups of 4 tile columns share B tiles in L2
 
 _HEADERS = """#include <cstdint>

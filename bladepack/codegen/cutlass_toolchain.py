@@ -56,10 +56,6 @@ def cutlass_include() -> list[str]:
     return [f"-I{inc}", f"-I{src / 'tools' / 'util' / 'include'}"]
 
 
-def _build(nvcc: str, version: str, flags: Sequence[str], source: str, cache: Path, suffix: str, what: str) -> bytes:
-    return nvcc_cached(nvcc, version, flags, source, cache / "cutlass" / suffix, what)
-
-
 def build_gemms(
     instances: Sequence[GemmInstance], cache: Path, nvcc: str | None = None
 ) -> tuple[dict[str, bytes], bytes]:
@@ -69,10 +65,9 @@ def build_gemms(
     inc = cutlass_include()
     kflags = [*FLAGS, *inc, "-fatbin", *KERNEL_TARGETS]
     pflags = [*FLAGS, *inc, *PACKER_FLAGS]
-    jobs: list[tuple[str, list[str], str, str]] = [(i.name, kflags, kernel_source(i), "fatbin") for i in instances]
-    jobs.append(("", pflags, packer_source(instances), "so"))
+    out = cache / "cutlass"
+    jobs = [(i.name, kflags, kernel_source(i), out / "fatbin") for i in instances]
+    jobs.append(("the GEMM packer", pflags, packer_source(instances), out / "so"))
     with ThreadPoolExecutor(_PARALLEL) as pool:
-        built = list(
-            pool.map(lambda j: _build(nvcc, version, j[1], j[2], cache, j[3], j[0] or "the GEMM packer"), jobs)
-        )
-    return {j[0]: data for j, data in zip(jobs[:-1], built)}, built[-1]
+        built = list(pool.map(lambda j: nvcc_cached(nvcc, version, j[1], j[2], j[3], j[0]), jobs))
+    return {i.name: data for i, data in zip(instances, built)}, built[-1]

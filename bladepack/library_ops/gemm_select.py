@@ -68,10 +68,6 @@ class GemmDispatch:
     key: Any  # sympy expression: M * N * batch
     entries: tuple[DispatchEntry, ...]
 
-    @property
-    def configs(self) -> tuple[GemmConfig, ...]:
-        return tuple(dict.fromkeys(e.config for e in self.entries))
-
 
 def _regs(cfg: GemmConfig) -> int:
     acc = cfg.warp[0] * cfg.warp[1] // 32 * (2 if cfg.accumulator.itemsize == 8 else 1)
@@ -209,7 +205,7 @@ def select(
     # per shape, the best chosen option; adjacent shapes with the same winner form one key interval
     winners = []
     for s, row in zip(shapes, times):
-        o = min((o for o in options if o.config in chosen), key=lambda o: row[options.index(o)])
+        _, o = min((t, o) for t, o in zip(row, options) if o.config in chosen)
         winners.append((s[0] * s[1] * s[3], o))
     runs: list[tuple[int, int, Option]] = []  # (first key, last key, option)
     for kv, o in winners:

@@ -17,10 +17,11 @@ import ctypes.util
 import glob
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 from bladepack.loader.cuda_driver import CudaError, CudaUnavailable
+from bladepack.loader.gemm_args import GemmArgs
 
 _TYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 14}  # cudaDataType
 _COMPUTE_32F, _COMPUTE_64F = 68, 70  # cublasComputeType_t
@@ -95,53 +96,43 @@ class Cublas:
             self._lib.cublasDestroy_v2(self._handle)
             self._handle = ctypes.c_void_p()
 
-    def gemm(self, dtype: str, a: int, b: int, c: int, ints: Sequence[int], stream: int) -> None:
-        """C = A.B for one GEMM launch record (pointers already resolved; `ints` as GemmCall.ints)."""
-        batch, sa, sb, sc = list(ints[0:3]), list(ints[3:6]), list(ints[6:9]), list(ints[9:12])
-        m, n, k, ta, tb, lda, ldb, ldc = ints[12:20]
-        if batch[2] == 1:  # the middle batch dim (e.g. a grouped convolution's groups) as cuBLAS's batch
-            batch = [batch[0], 1, batch[1]]
-            sa, sb, sc = ([st[0], 0, st[1]] for st in (sa, sb, sc))
-        if max(m, n, k, lda, ldb, ldc, batch[2]) > _INT_MAX:
-            raise CudaError(f"GEMM {m}x{n}x{k} exceeds cuBLAS's 32-bit sizes")
-        if m == 0 or n == 0 or min(batch) == 0:
+    def gemm(self, dtype: str, a: int, b: int, c: int, args: GemmArgs, stream: int) -> None:
+        """C = A.B for one GEMM launch record (A, B, C: the operand views' device addresses)."""
+        if max(args.m, args.n, args.k, args.lda, args.ldb, args.ldc, args.count) > _INT_MAX:
+            raise CudaError(f"GEMM {args.m}x{args.n}x{args.k} exceeds cuBLAS's 32-bit sizes")
+        if not args.steps:
             return
         self._check(self._lib.cublasSetStream_v2(self._handle, ctypes.c_void_p(stream)), "cublasSetStream")
         t = _TYPES[dtype]
         wide = dtype == "float64"
         one, zero = (self._one64, self._zero64) if wide else (self._one32, self._zero32)
-        size = 8 if wide else (4 if dtype == "float32" else 2)
-        for b0 in range(batch[0]):
-            for b1 in range(batch[1]):
-                pa = a + (b0 * sa[0] + b1 * sa[1]) * size
-                pb = b + (b0 * sb[0] + b1 * sb[1]) * size
-                pc = c + (b0 * sc[0] + b1 * sc[1]) * size
-                # column-major C^T (n x m) = op(B)^T . op(A)^T
-                self._check(
-                    self._lib.cublasGemmStridedBatchedEx(
-                        self._handle,
-                        _OP_T if tb else _OP_N,
-                        _OP_T if ta else _OP_N,
-                        n,
-                        m,
-                        k,
-                        ctypes.byref(one),
-                        pb,
-                        t,
-                        ldb,
-                        sb[2],
-                        pa,
-                        t,
-                        lda,
-                        sa[2],
-                        ctypes.byref(zero),
-                        pc,
-                        t,
-                        ldc,
-                        sc[2],
-                        batch[2],
-                        _COMPUTE_64F if wide else _COMPUTE_32F,
-                        _GEMM_DEFAULT,
-                    ),
-                    "cublasGemmStridedBatchedEx",
-                )
+        for da, db, dc in args.steps:
+            # column-major C^T (n x m) = op(B)^T . op(A)^T
+            self._check(
+                self._lib.cublasGemmStridedBatchedEx(
+                    self._handle,
+                    _OP_T if args.tb else _OP_N,
+                    _OP_T if args.ta else _OP_N,
+                    args.n,
+                    args.m,
+                    args.k,
+                    ctypes.byref(one),
+                    b + db,
+                    t,
+                    args.ldb,
+                    args.stride_b,
+                    a + da,
+                    t,
+                    args.lda,
+                    args.stride_a,
+                    ctypes.byref(zero),
+                    c + dc,
+                    t,
+                    args.ldc,
+                    args.stride_c,
+                    args.count,
+                    _COMPUTE_64F if wide else _COMPUTE_32F,
+                    _GEMM_DEFAULT,
+                ),
+                "cublasGemmStridedBatchedEx",
+            )

@@ -21,6 +21,7 @@ import contextlib
 import ctypes
 import re
 import struct
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -245,6 +246,28 @@ class DeviceBuffer:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown or a lost context: nothing to free into
             self.free()
+
+
+class StreamBuffers:
+    """One device buffer per stream, grown on demand (at least `minimum` bytes; zero-filled when
+    allocated if `zeroed`). Calls on one stream run in order, so its buffer is free for each call."""
+
+    def __init__(self, device: Device, minimum: int, zeroed: bool = False) -> None:
+        self._device, self._minimum, self._zeroed = device, minimum, zeroed
+        self._buffers: dict[int, DeviceBuffer] = {}
+        self._lock = threading.Lock()
+
+    def get(self, nbytes: int, stream: int) -> int:
+        with self._lock:
+            buf = self._buffers.get(stream)
+            if buf is None or buf.nbytes < nbytes:
+                if buf is not None:
+                    self._device.synchronize(stream)
+                    buf.free()
+                buf = self._buffers[stream] = self._device.alloc(max(nbytes, self._minimum))
+                if self._zeroed:
+                    buf.copy_from_host(bytes(buf.nbytes))
+            return buf.ptr
 
 
 # -- argument packing and image choice (pure; tested without a driver)

@@ -6,9 +6,9 @@ whose `launch` runs one `cutlass` launch record: the dispatch entry the shape pr
 SIMT fallback when an operand address is not aligned to the entry's vector width), the Params built by
 the packer for this call's pointers, and the kernel launched with the Params as its one parameter.
 
-Batch dims: the kernel's own batch (CUTLASS batched mode) is the innermost batch dim of the launch
-record, or the middle one when the innermost is 1; a leading batch dim loops on the host. Serial
-split-K slices share one semaphore buffer per stream (CUTLASS leaves it zeroed after every launch).
+Everything that depends on the shape only (dispatch entry, packer inputs, batch folding: loader/
+gemm_args.py) is resolved in `prepare`; a call adds its addresses and packs. Serial split-K slices share
+one semaphore buffer per stream (CUTLASS leaves it zeroed after every launch).
 """
 
 from __future__ import annotations
@@ -21,23 +21,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from bladepack.artifact.format import BpkFile
+from bladepack.dtypes import DType
 from bladepack.errors import BpkFormatError
-from bladepack.loader.cuda_driver import CudaError, CudaUnavailable, Device, DeviceBuffer, Function
+from bladepack.loader.cuda_driver import CudaError, CudaUnavailable, Device, Function, StreamBuffers
+from bladepack.loader.gemm_args import gemm_args
 
 PARAMS_CAPACITY = 4096
-_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 _INT_MAX = (1 << 31) - 1
 
 
 @dataclass(frozen=True)
 class CutlassLaunch:
-    dtype: str
     kernel: int  # the chosen dispatch entry's kernel
-    split: int
-    align_bytes: int
     fallback: int  # the last entry's kernel (any alignment)
+    align_bytes: int  # the chosen kernel's vector width
     ptrs: tuple[tuple[int, int], ...]  # (slot, byte offset) of A, B, D
-    ints: tuple[int, ...]  # GemmCall.ints()
+    ins: tuple[int, ...]  # the packer's `in` words (Note [GEMM packer])
+    split: int
+    steps: tuple[tuple[int, int, int], ...]  # byte offsets of A, B, D per host-loop step (gemm_args)
 
 
 class CutlassGemms:
@@ -68,95 +69,73 @@ class CutlassGemms:
             self._modules.append(module)
             self.functions.append(module.function(row["name"]))
         self._local = threading.local()
-        self._workspaces: dict[int, DeviceBuffer] = {}
-        self._lock = threading.Lock()
+        self._workspaces = StreamBuffers(device, 256, zeroed=True)  # split-K semaphores
 
     def prepare(
         self, lr: dict[str, Any], regs: Sequence[int], ptrs: tuple[tuple[int, int], ...], ints: tuple[int, ...]
     ) -> CutlassLaunch:
         entries = lr["entries"]
         chosen = next((e for e in entries if regs[e["pred"]]), None)
-        if chosen is None or not entries:
+        if chosen is None:
             raise BpkFormatError("a CUTLASS GEMM launch has no dispatch entry for this shape (corrupt plan)")
-        return CutlassLaunch(
-            lr["dtype"],
-            int(chosen["kernel"]),
-            int(chosen["split"]),
-            int(chosen["align"]) * _ITEMSIZE[lr["dtype"]],
-            int(entries[-1]["kernel"]),
-            ptrs,
-            ints,
+        itemsize = DType(lr["dtype"]).itemsize
+        g = gemm_args(ints, itemsize)
+        if max(g.m, g.n, g.k, g.count) > _INT_MAX:
+            raise CudaError(f"GEMM {g.m}x{g.n}x{g.k} (batch {g.count}) exceeds CUTLASS's 32-bit problem sizes")
+        batched = g.count > 1
+        split = 1 if batched else int(chosen["split"])
+        ins = (
+            *(g.m, g.n, g.k, g.count if batched else split),
+            *(g.lda, g.ldb, g.ldc, g.ldc),
+            *(g.stride_a, g.stride_b, g.stride_c, g.stride_c),
+            int(batched),
         )
+        kernel, fallback = int(chosen["kernel"]), int(entries[-1]["kernel"])
+        return CutlassLaunch(kernel, fallback, int(chosen["align"]) * itemsize, ptrs, ins, split, g.steps)
 
     def _buffers(self) -> tuple[Any, Any, Any, Any, Any]:
+        """This thread's packer arguments and Params buffer (launches copy the Params)."""
         loc = self._local
         if not hasattr(loc, "params"):
             loc.params = (ctypes.c_uint8 * PARAMS_CAPACITY)()
             loc.geometry = (ctypes.c_int64 * 7)()
-            loc.ints = (ctypes.c_int64 * 13)()
+            loc.ins = (ctypes.c_int64 * 13)()
             loc.ptrs = (ctypes.c_uint64 * 5)()
             loc.scalars = (ctypes.c_double * 2)(1.0, 0.0)
-        return loc.params, loc.geometry, loc.ints, loc.ptrs, loc.scalars
-
-    def _workspace(self, nbytes: int, stream: int) -> int:
-        with self._lock:
-            buf = self._workspaces.get(stream)
-            if buf is None or buf.nbytes < nbytes:
-                if buf is not None:
-                    self.device.synchronize(stream)
-                    buf.free()
-                buf = self._workspaces[stream] = self.device.alloc(max(nbytes, 256))
-                buf.copy_from_host(bytes(buf.nbytes))
-            return buf.ptr
+        return loc.params, loc.geometry, loc.ins, loc.ptrs, loc.scalars
 
     def launch(self, launch: CutlassLaunch, a: int, b: int, d: int, stream: int) -> None:
         """D = A.B for one launch record (A, B, D: device addresses of the operand views)."""
-        ints = launch.ints
-        batch, sa, sb, sc = list(ints[0:3]), list(ints[3:6]), list(ints[6:9]), list(ints[9:12])
-        m, n, k, _ta, _tb, lda, ldb, ldc = ints[12:20]
-        if batch[2] == 1:  # the middle batch dim as the kernel's batch
-            batch = [batch[0], 1, batch[1]]
-            sa, sb, sc = ([s[0], 0, s[1]] for s in (sa, sb, sc))
-        if m == 0 or n == 0 or min(batch) == 0:
+        if not launch.steps:
             return
-        if max(m, n, k, batch[2]) > _INT_MAX:
-            raise CudaError(f"GEMM {m}x{n}x{k} (batch {batch[2]}) exceeds CUTLASS's 32-bit problem sizes")
         kernel = launch.kernel
         if (a | b | d) % launch.align_bytes:
             kernel = launch.fallback  # an operand address is not aligned to the vector width
-        size = _ITEMSIZE[launch.dtype]
         params, geometry, cin, cptrs, scalars = self._buffers()
-        batched = batch[2] > 1
-        split = 1 if batched else launch.split
-        cin[:] = [m, n, k, batch[2] if batched else split, lda, ldb, ldc, ldc, sa[2], sb[2], sc[2], sc[2], int(batched)]
+        cin[:] = launch.ins
         sms = self.device.info.sm_count
-        for b0 in range(batch[0]):
-            for b1 in range(batch[1]):
-                pa = a + (b0 * sa[0] + b1 * sa[1]) * size
-                pb = b + (b0 * sb[0] + b1 * sb[1]) * size
-                pd = d + (b0 * sc[0] + b1 * sc[1]) * size
-                cptrs[:] = [pa, pb, pd, pd, self._workspace(0, stream) if split > 1 else 0]
-                rc = self.pack[kernel](cin, cptrs, scalars, sms, params, PARAMS_CAPACITY, geometry)
-                if rc == 1 and kernel != launch.fallback:  # CUTLASS refused the shape: the SIMT fallback runs any
-                    kernel = launch.fallback
-                    rc = self.pack[kernel](cin, cptrs, scalars, sms, params, PARAMS_CAPACITY, geometry)
-                if rc == 0 and split > 1 and geometry[6] > 0:
-                    cptrs[4] = self._workspace(int(geometry[6]), stream)
-                    rc = self.pack[kernel](cin, cptrs, scalars, sms, params, PARAMS_CAPACITY, geometry)
-                if rc != 0:
-                    name = self.rows[kernel]["name"]
-                    why = "cannot run this problem" if rc == 1 else "Params do not fit"
-                    raise CudaError(f"CUTLASS GEMM {name}: {why} (M={m} N={n} K={k}, lda={lda} ldb={ldb} ldc={ldc})")
-                self.functions[kernel].launch_packed(
-                    (int(geometry[0]), int(geometry[1]), int(geometry[2])),
-                    (int(geometry[3]), 1, 1),
-                    ctypes.addressof(params),
-                    int(geometry[5]),
-                    int(geometry[4]),
-                    stream,
-                )
 
-    def close(self) -> None:
-        for buf in self._workspaces.values():
-            buf.free()
-        self._workspaces.clear()
+        def pack(k: int) -> int:
+            return int(self.pack[k](cin, cptrs, scalars, sms, params, PARAMS_CAPACITY, geometry))
+
+        semaphores = self._workspaces.get(0, stream) if launch.split > 1 else 0
+        for da, db, dd in launch.steps:
+            cptrs[:] = [a + da, b + db, d + dd, d + dd, semaphores]
+            rc = pack(kernel)
+            if rc == 1 and kernel != launch.fallback:  # CUTLASS refused the shape: the SIMT fallback runs any
+                kernel = launch.fallback
+                rc = pack(kernel)
+            if rc == 0 and launch.split > 1 and geometry[6] > 0:
+                cptrs[4] = semaphores = self._workspaces.get(int(geometry[6]), stream)
+                rc = pack(kernel)
+            if rc != 0:
+                why = "cannot run this problem" if rc == 1 else "its Params do not fit"
+                raise CudaError(f"CUTLASS GEMM {self.rows[kernel]['name']}: {why} (in = {list(launch.ins)})")
+            self.functions[kernel].launch_packed(
+                (int(geometry[0]), int(geometry[1]), int(geometry[2])),
+                (int(geometry[3]), 1, 1),
+                ctypes.addressof(params),
+                int(geometry[5]),
+                int(geometry[4]),
+                stream,
+            )

@@ -21,7 +21,6 @@ PTX (compute_90) that the driver compiles for newer GPUs.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,9 +28,11 @@ from typing import Any
 import numpy as np
 
 from bladepack.artifact.format import BpkFile
+from bladepack.dtypes import DType
 from bladepack.errors import BpkFormatError
-from bladepack.loader.cuda_driver import CudaError, Device, DeviceBuffer, _check, choose_image
+from bladepack.loader.cuda_driver import CudaError, Device, DeviceBuffer, StreamBuffers, _check, choose_image
 from bladepack.loader.cutlass_gemm import CutlassGemms, CutlassLaunch
+from bladepack.loader.gemm_args import GemmArgs, gemm_args
 
 ABI_VERSION = 1
 KERNEL_SHIFT = 24  # Note [CUDA error codes] in codegen/cuda_emitter.py
@@ -59,7 +60,7 @@ class KernelLaunch:
 class GemmLaunch:
     dtype: str
     ptrs: tuple[tuple[int, int], ...]  # (slot, byte offset) of A, B, C
-    ints: tuple[int, ...]
+    args: GemmArgs
 
 
 @dataclass(frozen=True)
@@ -105,8 +106,7 @@ class NativeCuda:
         self._status = self.device.alloc(64)
         self._status.copy_from_host(bytes(64))
         self.checks_errors = any(k.get("errors") for k in self.kernels)
-        self._arenas: dict[int, DeviceBuffer] = {}  # per stream
-        self._lock = threading.Lock()
+        self._arenas = StreamBuffers(self.device, _ALIGN)
         self._cublas: Any = None
         if any(lr["op"] == "gemm" for lr in plan["launches"]):
             from bladepack.loader.cublas import Cublas
@@ -148,7 +148,7 @@ class NativeCuda:
             ptrs = tuple((int(s), _resolve(o, regs)) for s, o in lr["ptrs"])
             ints = tuple(_resolve(v, regs) for v in lr["ints"])
             if op == "gemm":
-                launches.append(GemmLaunch(lr["dtype"], ptrs, ints))
+                launches.append(GemmLaunch(lr["dtype"], ptrs, gemm_args(ints, DType(lr["dtype"]).itemsize)))
                 continue
             if op == "cutlass":
                 if self._cutlass is None:
@@ -190,14 +190,7 @@ class NativeCuda:
     # -- per call
     def arena(self, nbytes: int, stream: int) -> int:
         """The device arena of `stream` (grown to `nbytes`): calls on one stream run in order."""
-        with self._lock:
-            buf = self._arenas.get(stream)
-            if buf is None or buf.nbytes < nbytes:
-                if buf is not None:
-                    self.device.synchronize(stream)
-                    buf.free()
-                buf = self._arenas[stream] = self.device.alloc(max(nbytes, _ALIGN))
-            return buf.ptr
+        return self._arenas.get(nbytes, stream)
 
     def run(
         self,
@@ -228,7 +221,7 @@ class NativeCuda:
             elif isinstance(launch, GemmLaunch):
                 (sa, oa), (sb, ob), (sc, oc) = launch.ptrs
                 a, b, c = int(slots[sa]) + oa, int(slots[sb]) + ob, int(slots[sc]) + oc
-                self._cublas.gemm(launch.dtype, a, b, c, launch.ints, stream)
+                self._cublas.gemm(launch.dtype, a, b, c, launch.args, stream)
             elif isinstance(launch, CutlassLaunch):
                 assert self._cutlass is not None
                 (sa, oa), (sb, ob), (sd, od) = launch.ptrs

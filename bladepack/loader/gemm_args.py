@@ -1,0 +1,49 @@
+"""A GEMM launch record's ints resolved once per input-shape signature, for cuBLAS and CUTLASS alike.
+
+In: GemmCall's ints (three batch dims with element strides of A, B and C, then M, N, K, the transpose
+flags and leading dims; library_ops/cpu_gemm.py) and the element size. Out: `GemmArgs` — the batch dim
+the library runs itself (the innermost one, or the middle one when the innermost is 1: a grouped
+convolution's groups) with its strides, and the byte offsets of A, B and C for every step of the batch
+dims left to the host loop. A call then only adds these offsets to its operand addresses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GemmArgs:
+    m: int
+    n: int
+    k: int
+    ta: bool
+    tb: bool
+    lda: int
+    ldb: int
+    ldc: int
+    count: int  # the library's own batch
+    stride_a: int  # its element strides
+    stride_b: int
+    stride_c: int
+    steps: tuple[tuple[int, int, int], ...]  # byte offsets of A, B, C per host-loop step (none when empty)
+
+
+def gemm_args(ints: Sequence[int], itemsize: int) -> GemmArgs:
+    batch, sa, sb, sc = list(ints[0:3]), list(ints[3:6]), list(ints[6:9]), list(ints[9:12])
+    m, n, k, ta, tb, lda, ldb, ldc = (int(v) for v in ints[12:20])
+    if batch[2] == 1:  # the middle batch dim as the library's batch
+        batch = [batch[0], 1, batch[1]]
+        sa, sb, sc = ([s[0], 0, s[1]] for s in (sa, sb, sc))
+    empty = m == 0 or n == 0 or min(batch) == 0
+    steps = tuple(
+        (
+            (b0 * sa[0] + b1 * sa[1]) * itemsize,
+            (b0 * sb[0] + b1 * sb[1]) * itemsize,
+            (b0 * sc[0] + b1 * sc[1]) * itemsize,
+        )
+        for b0 in range(0 if empty else batch[0])
+        for b1 in range(batch[1])
+    )
+    return GemmArgs(m, n, k, bool(ta), bool(tb), lda, ldb, ldc, batch[2], sa[2], sb[2], sc[2], steps)
