@@ -7,9 +7,17 @@ os.environ.setdefault("BLADEPACK_CPU_ISAS", "host")
 
 import pytest
 import torch
+from hypothesis import settings
 
 import bladepack
 from samples.mlp import MLP
+
+# Property tests draw the same examples on every run of the suite (CI must not go red on a draw it never
+# made before); `pytest --hypothesis-profile=explore` draws fresh ones and finds new counterexamples,
+# which then become @example cases.
+settings.register_profile("ci", derandomize=True, database=None)
+settings.register_profile("explore", max_examples=200)
+settings.load_profile("ci")
 
 
 @pytest.fixture(scope="session")

@@ -205,7 +205,8 @@ def select(
     # per shape, the best chosen option; adjacent shapes with the same winner form one key interval
     winners = []
     for s, row in zip(shapes, times):
-        _, o = min((t, o) for t, o in zip(row, options) if o.config in chosen)
+        # ties go to the earlier option (catalogue order): Options themselves are not ordered
+        _, o = min(((t, o) for t, o in zip(row, options) if o.config in chosen), key=lambda to: to[0])
         winners.append((s[0] * s[1] * s[3], o))
     runs: list[tuple[int, int, Option]] = []  # (first key, last key, option)
     for kv, o in winners:
