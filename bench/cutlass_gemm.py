@@ -75,6 +75,51 @@ def check_configs(cache: Path, layers: tuple[tuple[int, int], ...] = LAYERS[:2])
     return failures
 
 
+class EpilogueBlock(torch.nn.Module):
+    """Every fused epilogue form (Note [GEMM epilogue]): bias + ReLU, bias + GELU, SiLU, a residual, a bias."""
+
+    def __init__(self, d: int = 256) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(d, 2 * d), torch.nn.Linear(2 * d, d)
+        self.c, self.r = torch.nn.Linear(d, 4 * d, bias=False), torch.nn.Linear(4 * d, d, bias=False)
+        self.o = torch.nn.Linear(d, 24)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.gelu(self.b(torch.relu(self.a(x))))
+        h = h + self.r(torch.nn.functional.silu(self.c(h)))
+        return self.o(h)
+
+
+def check_epilogues(cache: Path, d: int = 256) -> list[str]:
+    """The fused epilogues against torch in the same dtype (float64 reference) over the M sweep."""
+    os.environ.setdefault("BLADEPACK_CACHE_DIR", str(cache))
+    failures = []
+    for dtype in (torch.float16, torch.float32):
+        torch.manual_seed(0)
+        model = EpilogueBlock(d).eval()
+        m = torch.export.Dim("m", min=1, max=max(SWEEP))
+        kind = str(dtype)[6:]
+        art = bladepack.optimize(
+            model, [(torch.randn(5, d),)], ({0: m},), targets=("cuda",), dtype=kind, gemm_library="cutlass"
+        )
+        with tempfile.TemporaryDirectory() as tmp:
+            art.save(Path(tmp) / "e.bpk")
+            loaded = bladepack.load(Path(tmp) / "e.bpk", device="cuda")
+        ours_model = model.to("cuda", dtype)
+        ref_model = EpilogueBlock(d).eval().to("cuda", torch.float64)
+        ref_model.load_state_dict({k: v.double() for k, v in ours_model.state_dict().items()})
+        for mv in SWEEP:
+            x = torch.randn(mv, d, device="cuda", dtype=dtype)
+            out = loaded(x)
+            out = out[0] if isinstance(out, tuple) else out
+            ref64 = ref_model(x.double())
+            ours, theirs = _error(out, ref64), _error(ours_model(x), ref64)
+            limit = 1e-4 if dtype == torch.float32 else 2 * theirs + 1e-3
+            if not ours <= limit:
+                failures.append(f"epilogues {kind} M={mv}: error {ours:.3g}, torch {theirs:.3g}")
+    return failures
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=50)

@@ -137,6 +137,8 @@ def inspect_text(s: dict[str, Any]) -> str:
         lines.append(
             f"  %{gc['node']} {gc['op']} via {gc['library']} {gc['dtype']}: M={gc['m']} N={gc['n']} K={gc['k']}{batch}"
         )
+        if gc.get("epilogue"):  # Note [GEMM epilogue]: stores the end of the chain instead of the product
+            lines.append(f"    epilogue: {gc['epilogue']} -> %{gc['out']}")
         dispatch = gc.get("dispatch", [])  # CUTLASS: the config per range of the key M*N*batch
         for e in dispatch[:-1]:
             top = "inf" if e["key_max"] is None else e["key_max"]

@@ -147,16 +147,22 @@ needs_toolchain = pytest.mark.skipif(
 
 
 class _Mlp(torch.nn.Module):
+    """Every GEMM with a different epilogue (Note [GEMM epilogue]): bias + ReLU, SiLU alone, a residual,
+    a bias alone."""
+
     def __init__(self) -> None:
         super().__init__()
         self.up = torch.nn.Linear(64, 128)  # aligned: tensor cores
         self.deep = torch.nn.Linear(128, 2048, bias=False)
-        self.down = torch.nn.Linear(2048, 64)  # K = 2048: split-K when M is small
+        self.down = torch.nn.Linear(2048, 64, bias=False)  # K = 2048: split-K when M is small
         self.odd = torch.nn.Linear(64, 63)  # N = 63: only the SIMT fallback
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        h = self.down(self.deep(torch.relu(self.up(x))))
+        h = x + self.down(torch.nn.functional.silu(self.deep(torch.relu(self.up(x)))))
         return h, self.odd(h)
+
+
+_EPILOGUES = {128: ("bias", "relu"), 2048: ("none", "silu"), 64: ("residual", "none"), 63: ("bias", "none")}
 
 
 @pytest.fixture(scope="module")
@@ -200,6 +206,17 @@ def test_cutlass_plan_and_inspect(cutlass_artifact: bladepack.api.Artifact) -> N
     assert "otherwise: f16_simt_128x128x8_32x64x8_s2_a1" in text
     odd = next(g for g in manifest["gemm_configs"] if g["n"] == "63")
     assert [e["config"] for e in odd["dispatch"]] == ["f16_simt_128x128x8_32x64x8_s2_a1"]
+    # Note [GEMM epilogue]: every GEMM's add and activation run in its epilogue, no generated kernel is left
+    for lr in manifest["native_cuda"]["launches"]:
+        assert lr["op"] == "cutlass", lr
+        n = int(lr["ints"][13])
+        source, activation = _EPILOGUES[n]
+        assert lr["epilogue"] == {"source": source, "activation": activation}
+        assert len(lr["ptrs"]) == (3 if source == "none" else 4) and len(lr["ints"]) == (20 if source == "none" else 24)
+        assert lr["ints"][20:] == ([] if source == "none" else [0, 0, 0, 0] if source == "bias" else [0, 0, 0, 64])
+        kernels = manifest["native_cuda"]["gemm_kernels"]
+        assert all(kernels[e["kernel"]]["activation"] == activation for e in lr["entries"])
+    assert "epilogue: bias %" in text and " + relu -> %" in text
 
 
 @needs_toolchain
@@ -228,6 +245,7 @@ def test_cutlass_launches_on_the_fake_driver(
         assert (tiles_m, tiles_n) == (math.ceil(m / tm), math.ceil(n / tn))
         assert grid[0] * grid[1] == tiles_m * tiles_n and grid[2] == slices
         assert block == row["threads"] and smem > 0
+        assert row["activation"] == _EPILOGUES[n][1]
         if n == 63:
             assert "simt" in name  # N = 63 is not a multiple of 8 halves
         if slices > 1:
@@ -237,13 +255,47 @@ def test_cutlass_launches_on_the_fake_driver(
     assert f"func_attribute {next(n for n in kernels if 'tensorop' in n)} 8" in log  # > 48 KiB shared memory
 
 
+@needs_toolchain
+def test_cutlass_packer_takes_the_epilogue_source(cutlass_artifact: bladepack.api.Artifact, tmp_path: Path) -> None:
+    """The packer puts C (the bias / residual) and beta into the Params: without a source C is D, beta 0."""
+    import ctypes
+
+    manifest, sections = cutlass_artifact._parts()
+    plan = manifest["native_cuda"]
+    data = next(s.data for s in sections if s.name == plan["gemm_packer"]["section"])
+    (tmp_path / "packer.so").write_bytes(bytes(data))
+    lib = ctypes.CDLL(str(tmp_path / "packer.so"))
+    name = next(r["name"] for r in plan["gemm_kernels"] if r["activation"] == "relu" and "tensorop" in r["name"])
+    pack = getattr(lib, f"bpk_pack_{name}")
+    a, b, c, d = 0x7A0000, 0x7B0000, 0x7C0000, 0x7D0000
+
+    def params(ldc: int, c_ptr: int, beta: float) -> bytes:
+        ins = (ctypes.c_int64 * 13)(300, 128, 64, 1, 64, 64, ldc, 128, 0, 0, 0, 0, 0)
+        ptrs = (ctypes.c_uint64 * 5)(a, b, c_ptr, d, 0)
+        out, geometry = (ctypes.c_uint8 * 4096)(), (ctypes.c_int64 * 7)()
+        rc = pack(ins, ptrs, (ctypes.c_double * 2)(1.0, beta), 132, out, 4096, geometry)
+        assert rc == 0
+        return bytes(out[: geometry[5]])
+
+    def has(raw: bytes, ptr: int) -> bool:
+        return struct.pack("<Q", ptr) in raw
+
+    with_bias, plain = params(0, c, 1.0), params(128, d, 0.0)
+    assert has(with_bias, c) and has(with_bias, d) and has(with_bias, a) and has(with_bias, b)
+    assert not has(plain, c) and has(plain, d)
+    one = struct.pack("<f", 1.0)
+    assert with_bias.count(one) == plain.count(one) + 1  # beta 1 next to alpha 1
+
+
 @pytest.mark.cuda
 def test_cutlass_gemms_on_a_real_gpu() -> None:
-    """Every packaged config against torch.matmul over M from 1 to 16384 (odd values included)."""
+    """Every packaged config against torch.matmul over M from 1 to 16384 (odd values included), and every
+    fused epilogue form against torch."""
     torch_cuda = pytest.importorskip("torch.cuda")
     if not torch_cuda.is_available():
         pytest.skip("no GPU")
-    from bench.cutlass_gemm import check_configs
+    from bench.cutlass_gemm import check_configs, check_epilogues
 
-    failures = check_configs(Path(os.environ.get("BLADEPACK_CACHE_DIR", "/tmp/bladepack-cache")))
+    cache = Path(os.environ.get("BLADEPACK_CACHE_DIR", "/tmp/bladepack-cache"))
+    failures = check_configs(cache) + check_epilogues(cache)
     assert not failures, failures

@@ -81,3 +81,59 @@ def test_direct_conv_packs_weights_golden() -> None:
     assert list(q.weight_data) == ["0.weight.ihwo"]
     assert (q.weight_data["0.weight.ihwo"] == w.transpose(1, 2, 3, 0)).all()
     assert conv_layout(q) is q  # a direct convolution is never batch-folded
+
+
+class _Epilogues(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(16, 32)
+        self.b = torch.nn.Linear(32, 32)
+        self.c = torch.nn.Linear(32, 16)
+        self.d = torch.nn.Linear(16, 16, bias=False)
+        self.u = torch.nn.Linear(16, 16, bias=False)
+        self.v = torch.nn.Linear(32, 16, bias=False)
+        self.e = torch.nn.Linear(16, 16)
+        self.f = torch.nn.Linear(16, 8)
+        self.w = torch.nn.Parameter(torch.randn(16, 16))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = torch.nn.functional.gelu(self.b(torch.relu(self.a(x))))  # bias + relu, bias + gelu
+        t = torch.nn.functional.gelu(self.c(h), approximate="tanh")  # bias only: tanh GELU stays a kernel
+        t = t + self.u(t)  # a residual
+        y = h[:, :16] + self.v(h)  # a residual that is a strided slice: no epilogue
+        r = y + torch.nn.functional.silu(self.d(t))  # silu; the add after it is not an epilogue
+        s = r + self.e(r)  # bias, then a second add: bias only
+        f = self.f(s)  # bias; its add is used twice, so it is stored once
+        g = s @ self.w  # the product itself is used twice: no epilogue
+        return f * 2, f + 1, g - 1, g.exp(), s @ self.w.t()  # the last product is an output: no epilogue
+
+
+def test_gemm_epilogue_golden() -> None:
+    """Note [GEMM epilogue]: which adds and activations the CUTLASS epilogue takes over (CUDA plans)."""
+    from bladepack.optimize.lower_native import fusion_for
+    from bladepack.optimize.pipeline import run_pipeline
+    from bladepack.options import Options
+
+    p = run_pipeline(_program(_Epilogues(), [(torch.randn(2, 16),), (torch.randn(3, 16),)]), Options.from_env())
+    assert fusion_for(p, target="cuda", gemm_epilogues=True).text(p.graph) == textwrap.dedent("""\
+        fusion plan: 7 kernels, 10 library calls, 0 reference steps
+          matmul%15 -> %17 = {add%16 relu%17} (epilogue: bias %2 + relu)
+          matmul%18 -> %20 = {add%19 gelu%20} (epilogue: bias %4 + gelu)
+          matmul%21 -> %22 = {add%22} (epilogue: bias %6)
+          k0: loop[x_dim0, 16] -> %23 = {gelu%23}
+          matmul%24 -> %25 = {add%25} (epilogue: residual %23)
+          matmul -> %27
+          matmul%29 -> %30 = {silu%30} (epilogue: silu)
+          k1: loop[x_dim0, 16] -> %31 = {slice%26 add%28 add%31}
+          matmul%32 -> %33 = {add%33} (epilogue: bias %11)
+          k2: loop[x_dim0, 16] -> %34 = {add%34}
+          matmul%35 -> %36 = {add%36} (epilogue: bias %13)
+          matmul -> %37
+          k3: loop[x_dim0, 8] -> %39 = {constant%38 mul%39}
+          k4: loop[x_dim0, 8] -> %41 = {constant%40 add%41}
+          k5: loop[x_dim0, 16] -> %43 = {constant%42 sub%43}
+          k6: loop[x_dim0, 16] -> %44 = {exp%44}
+          matmul -> %46
+        """)
+    # without the flag (CPU, cuBLAS) every add and activation stays in a generated kernel
+    assert "epilogue" not in fusion_for(p, target="cuda").text(p.graph)

@@ -106,7 +106,7 @@ class Cublas:
         t = _TYPES[dtype]
         wide = dtype == "float64"
         one, zero = (self._one64, self._zero64) if wide else (self._one32, self._zero32)
-        for da, db, dc in args.steps:
+        for da, db, dc, _ in args.steps:
             # column-major C^T (n x m) = op(B)^T . op(A)^T
             self._check(
                 self._lib.cublasGemmStridedBatchedEx(

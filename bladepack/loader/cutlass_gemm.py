@@ -4,7 +4,9 @@ In: the manifest's `native_cuda.gemm_kernels` (one fatbin section per kernel) an
 host library of Note [GEMM packer] in codegen/cutlass_emitter.py), the device. Out: `CutlassGemms`,
 whose `launch` runs one `cutlass` launch record: the dispatch entry the shape program chose (or the
 SIMT fallback when an operand address is not aligned to the entry's vector width), the Params built by
-the packer for this call's pointers, and the kernel launched with the Params as its one parameter.
+the packer for this call's pointers, and the kernel launched with the Params as its one parameter. A
+launch with an epilogue source (a bias row or a residual: Note [GEMM epilogue] in
+optimize/gemm_epilogue.py) passes it as CUTLASS's C with beta 1.
 
 Everything that depends on the shape only (dispatch entry, packer inputs, batch folding: loader/
 gemm_args.py) is resolved in `prepare`; a call adds its addresses and packs. Serial split-K slices share
@@ -35,10 +37,10 @@ class CutlassLaunch:
     kernel: int  # the chosen dispatch entry's kernel
     fallback: int  # the last entry's kernel (any alignment)
     align_bytes: int  # the chosen kernel's vector width
-    ptrs: tuple[tuple[int, int], ...]  # (slot, byte offset) of A, B, D
+    ptrs: tuple[tuple[int, int], ...]  # (slot, byte offset) of A, B, D and the epilogue source if any
     ins: tuple[int, ...]  # the packer's `in` words (Note [GEMM packer])
     split: int
-    steps: tuple[tuple[int, int, int], ...]  # byte offsets of A, B, D per host-loop step (gemm_args)
+    steps: tuple[tuple[int, int, int, int], ...]  # byte offsets of A, B, D, source per host-loop step (gemm_args)
 
 
 class CutlassGemms:
@@ -84,10 +86,12 @@ class CutlassGemms:
             raise CudaError(f"GEMM {g.m}x{g.n}x{g.k} (batch {g.count}) exceeds CUTLASS's 32-bit problem sizes")
         batched = g.count > 1
         split = 1 if batched else int(chosen["split"])
+        if len(ptrs) not in (3, 4) or (len(ptrs) == 4) != (len(ints) == 24):
+            raise BpkFormatError("a CUTLASS GEMM launch has the wrong number of operands (corrupt plan)")
         ins = (
             *(g.m, g.n, g.k, g.count if batched else split),
-            *(g.lda, g.ldb, g.ldc, g.ldc),
-            *(g.stride_a, g.stride_b, g.stride_c, g.stride_c),
+            *(g.lda, g.ldb, g.ld_src, g.ldc),
+            *(g.stride_a, g.stride_b, g.stride_src, g.stride_c),
             int(batched),
         )
         kernel, fallback = int(chosen["kernel"]), int(entries[-1]["kernel"])
@@ -104,23 +108,25 @@ class CutlassGemms:
             loc.scalars = (ctypes.c_double * 2)(1.0, 0.0)
         return loc.params, loc.geometry, loc.ins, loc.ptrs, loc.scalars
 
-    def launch(self, launch: CutlassLaunch, a: int, b: int, d: int, stream: int) -> None:
-        """D = A.B for one launch record (A, B, D: device addresses of the operand views)."""
+    def launch(self, launch: CutlassLaunch, a: int, b: int, d: int, c: int | None, stream: int) -> None:
+        """D = act(A.B [+ C]) for one launch record (A, B, D, C: device addresses of the operand views;
+        C None without an epilogue source)."""
         if not launch.steps:
             return
         kernel = launch.kernel
-        if (a | b | d) % launch.align_bytes:
+        if (a | b | d | (c or 0)) % launch.align_bytes:
             kernel = launch.fallback  # an operand address is not aligned to the vector width
         params, geometry, cin, cptrs, scalars = self._buffers()
         cin[:] = launch.ins
+        scalars[1] = 0.0 if c is None else 1.0
         sms = self.device.info.sm_count
 
         def pack(k: int) -> int:
             return int(self.pack[k](cin, cptrs, scalars, sms, params, PARAMS_CAPACITY, geometry))
 
         semaphores = self._workspaces.get(0, stream) if launch.split > 1 else 0
-        for da, db, dd in launch.steps:
-            cptrs[:] = [a + da, b + db, d + dd, d + dd, semaphores]
+        for da, db, dd, dc in launch.steps:
+            cptrs[:] = [a + da, b + db, d + dd if c is None else c + dc, d + dd, semaphores]
             rc = pack(kernel)
             if rc == 1 and kernel != launch.fallback:  # CUTLASS refused the shape: the SIMT fallback runs any
                 kernel = launch.fallback

@@ -224,8 +224,8 @@ class NativeCuda:
                 self._cublas.gemm(launch.dtype, a, b, c, launch.args, stream)
             elif isinstance(launch, CutlassLaunch):
                 assert self._cutlass is not None
-                (sa, oa), (sb, ob), (sd, od) = launch.ptrs
-                self._cutlass.launch(launch, int(slots[sa]) + oa, int(slots[sb]) + ob, int(slots[sd]) + od, stream)
+                addr = [int(slots[s]) + o for s, o in launch.ptrs]  # A, B, D and the epilogue source if any
+                self._cutlass.launch(launch, addr[0], addr[1], addr[2], addr[3] if len(addr) > 3 else None, stream)
             else:
                 self.device.synchronize(stream)
                 reference(launch.node)

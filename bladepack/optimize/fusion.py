@@ -14,9 +14,9 @@ How it decides (BladeDISC's kinds, decided from shape facts only, so every shape
   residual add + layer norm, or the attention mask + scale + softmax).
 - Anchors: reductions over other axes, arg-reductions, cumsum and pooling get a kernel of their own
   (their producers are still inlined).
-- GEMM epilogues: bias, activation and residual adds after a GEMM fuse into the kernel that consumes
-  the GEMM output, since BLAS cannot take them (issue text: "epilogues fused into the following
-  generated kernel when the library cannot take them").
+- GEMM epilogues: with CUTLASS GEMMs, a bias or residual add and an activation after a matmul run in
+  the GEMM's epilogue (Note [GEMM epilogue] in gemm_epilogue.py); BLAS cannot take them, so on CPU
+  and with cuBLAS they fuse into the kernel that consumes the GEMM output.
 
 Note [Materialize or recompute]: a non-materialized value used by several kernels is recomputed in
 each when it is cheap (a few arithmetic ops over loads); an expensive one (transcendental, gather,
@@ -34,6 +34,7 @@ from bladepack.dtypes import DType
 from bladepack.ir import Graph, Node, OpKind, Program
 from bladepack.ir.ops import OP_INFO, AxisAttrs, Conv2dAttrs, IndexAttrs, NormAttrs, OpClass, ReduceAttrs
 from bladepack.ir.types import IRDim, TensorType, dim_str
+from bladepack.optimize.gemm_epilogue import GemmEpilogue, find_epilogue
 from bladepack.optimize.views import LAYOUT_OPS, View, sym_eq, view_of
 
 
@@ -93,6 +94,7 @@ class LibraryStep:
     node: int
     op: str  # "matmul" | "conv2d"
     loc: str = ""
+    epilogue: GemmEpilogue | None = None  # Note [GEMM epilogue]: the GEMM stores epilogue.out
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,13 @@ class FusionPlan:
                 roots = ", ".join(f"%{r}" for r in s.roots)
                 lines.append(f"  {s.name}: {s.kind}[{dom}]{red} -> {roots} = {{{ops}}}")
             elif isinstance(s, LibraryStep):
-                lines.append(f"  {s.op}{' (direct kernel)' if direct(s) else ''} -> %{s.node}")
+                if s.epilogue is not None:
+                    ops = " ".join(f"{nodes[i].op.value}%{i}" for i in s.epilogue.nodes)
+                    lines.append(
+                        f"  {s.op}%{s.node} -> %{s.epilogue.out} = {{{ops}}} (epilogue: {s.epilogue.describe()})"
+                    )
+                else:
+                    lines.append(f"  {s.op}{' (direct kernel)' if direct(s) else ''} -> %{s.node}")
             else:
                 lines.append(f"  reference {nodes[s.node].op.value} -> %{s.node} ({s.reason})")
         for note in self.notes:
@@ -199,8 +207,15 @@ def classify(n: Node, types: dict[int, TensorType], target: str = "cpu") -> tupl
 
 class _Planner:
     def __init__(
-        self, p: Program, gemm_operand_ok: Callable[[Node, int, View], bool], forced: frozenset[int], target: str
+        self,
+        p: Program,
+        gemm_operand_ok: Callable[[Node, int, View], bool],
+        forced: frozenset[int],
+        target: str,
+        gemm_epilogues: bool,
     ) -> None:
+        self.gemm_epilogues = gemm_epilogues
+        self.epilogues: dict[int, tuple[int, GemmEpilogue]] = {}  # stored value -> (matmul, epilogue)
         self.g = p.graph
         self.env = p.shape_env
         self.nodes = {n.id: n for n in self.g.nodes}
@@ -357,14 +372,37 @@ class _Planner:
                     self.mat.add(v)
                     changed = True
 
+    def absorb_epilogues(self) -> None:
+        """Note [GEMM epilogue]: each matmul stores the end of its epilogue chain instead of its product."""
+        sources: set[int] = set()  # values epilogues read: they stay materialized
+        for v in sorted(self.mat & set(self.nodes), key=self.order.__getitem__):
+            n = self.nodes[v]
+            if self.roles[v] is not Role.LIBRARY or v in sources:
+                continue
+            ep = find_epilogue(n, self.nodes, self.users, self.types, self.view, self.is_mat, set(self.g.outputs))
+            if ep is None:
+                continue
+            self.mat.discard(v)
+            self.mat.add(ep.out)
+            self.epilogues[ep.out] = (v, ep)
+            if ep.source is not None:
+                src = self.view(ep.source)
+                assert src is not None
+                sources.add(src.base)
+
     def plan(self) -> FusionPlan:
         self.solve()
+        if self.gemm_epilogues:
+            self.absorb_epilogues()
         steps: list[PlanStep] = []
         count = 0
         for v in sorted(self.mat & set(self.nodes), key=self.order.__getitem__):
             n = self.nodes[v]
             role = self.roles[v]
-            if role is Role.LIBRARY:
+            if v in self.epilogues:
+                mm, ep = self.epilogues[v]
+                steps.append(LibraryStep(mm, self.nodes[mm].op.value, self.nodes[mm].loc, ep))
+            elif role is Role.LIBRARY:
                 steps.append(LibraryStep(v, n.op.value, n.loc))
             elif role is Role.REFERENCE:
                 steps.append(ReferenceStep(v, self.reasons[v], n.loc))
@@ -394,8 +432,10 @@ def plan_fusion(
     gemm_operand_ok: Callable[[Node, int, View], bool],
     forced: frozenset[int] = frozenset(),
     target: str = "cpu",
+    gemm_epilogues: bool = False,
 ) -> FusionPlan:
     """`gemm_operand_ok(node, k, view)`: can the library read operand k of `node` as this view;
     `forced` nodes run as reference steps; `target` ("cpu" or "cuda") decides which ops and dtypes
-    have kernels."""
-    return _Planner(p, gemm_operand_ok, forced, target).plan()
+    have kernels; `gemm_epilogues`: the GEMM library computes bias / residual adds and activations
+    after a matmul (Note [GEMM epilogue])."""
+    return _Planner(p, gemm_operand_ok, forced, target, gemm_epilogues).plan()

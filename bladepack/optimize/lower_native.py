@@ -29,6 +29,7 @@ from bladepack.ir.types import IRDim, TensorType, dim_str
 from bladepack.library_ops.cpu_gemm import GemmCall, lower_conv, lower_matmul, operand_ok
 from bladepack.library_ops.gemm_select import select
 from bladepack.optimize.fusion import FusionPlan, KernelSpec, LibraryStep, ReferenceStep, plan_fusion
+from bladepack.optimize.gemm_epilogue import GemmEpilogue
 from bladepack.optimize.memory_plan import Buffer, plan_memory
 from bladepack.optimize.views import View, simplify, view_of
 
@@ -49,8 +50,10 @@ class NativeLowering:
         return "\n".join(k.source for k in self.kernels)
 
 
-def fusion_for(p: Program, forced: frozenset[int] = frozenset(), target: str = "cpu") -> FusionPlan:
-    return plan_fusion(p, lambda node, k, view: operand_ok(p.shape_env, node, k, view), forced, target)
+def fusion_for(
+    p: Program, forced: frozenset[int] = frozenset(), target: str = "cpu", gemm_epilogues: bool = False
+) -> FusionPlan:
+    return plan_fusion(p, lambda node, k, view: operand_ok(p.shape_env, node, k, view), forced, target, gemm_epilogues)
 
 
 class _Lowerer:
@@ -151,7 +154,7 @@ class _Lowerer:
         )
         self.kernels.append(ek)
 
-    def _gemm(self, call: GemmCall) -> None:
+    def _gemm(self, call: GemmCall, epilogue: GemmEpilogue | None = None) -> None:
         n = self.nodes[call.out]
         row: dict[str, Any] = {
             "node": call.out,
@@ -165,25 +168,38 @@ class _Lowerer:
             "loc": n.loc,
         }
         self.gemm_rows.append(row)
-        ptrs = [self._ptr(call.a.base, call.a.offset), self._ptr(call.b.base, call.b.offset), self._ptr(call.out)]
+        out = call.out if epilogue is None else epilogue.out
+        ptrs = [self._ptr(call.a.base, call.a.offset), self._ptr(call.b.base, call.b.offset), self._ptr(out)]
         ints = [self.enc(e) for e in call.ints()]
         if self.gemm_library != "cutlass":
+            assert epilogue is None, "GEMM epilogues are planned for CUTLASS only"
             self.launches.append({"op": "gemm", "dtype": call.dtype.value, "ptrs": ptrs, "ints": ints})
             return
+        record: dict[str, Any] = {"op": "cutlass", "dtype": call.dtype.value}
+        activation = "none"
+        if epilogue is not None:  # Note [GEMM epilogue] in optimize/gemm_epilogue.py
+            activation = epilogue.activation
+            record["epilogue"] = {"source": epilogue.source_kind, "activation": activation}
+            row["out"] = out
+            row["epilogue"] = epilogue.describe()
+            if epilogue.source is not None:
+                src = self.view(epilogue.source)
+                assert src is not None, "an epilogue source is a view of a materialized value"
+                ptrs.append(self._ptr(src.base, src.offset))
+                bias = epilogue.source_kind == "bias"
+                ints += [self.enc(e) for e in ((0, 0, 0, 0) if bias else (*call.sc, call.ldc))]
         # Note [GEMM cost model] in library_ops/gemm_select.py: configs and their dispatch ranges
         dispatch = select(call, self.p.shape_env, max_configs=self.gemm_configs)
         entries = []
         for e in dispatch.entries:
-            inst = GemmInstance(e.config, call.ta, call.tb)
+            inst = GemmInstance(e.config, call.ta, call.tb, activation)
             k = self.instances.setdefault(inst, len(self.instances))
             entries.append({"kernel": k, "split": e.split, "pred": self.pred(e.pred), "align": e.config.align})
         row["key"] = dim_str(dispatch.key)
         row["dispatch"] = [
             {"config": e.config.name, "split": e.split, "key_min": e.lo, "key_max": e.hi} for e in dispatch.entries
         ]
-        self.launches.append(
-            {"op": "cutlass", "dtype": call.dtype.value, "entries": entries, "ptrs": ptrs, "ints": ints}
-        )
+        self.launches.append({**record, "entries": entries, "ptrs": ptrs, "ints": ints})
 
     def _conv(self, step: LibraryStep) -> None:
         n = self.nodes[step.node]
@@ -227,7 +243,7 @@ class _Lowerer:
                     assert va is not None and vb is not None
                     call = lower_matmul(self.p.shape_env, n, va, vb)
                     assert call is not None, f"matmul %{n.id}: operands were planned as BLAS views"
-                    self._gemm(call)
+                    self._gemm(call, step.epilogue)
             else:
                 assert isinstance(step, ReferenceStep)
                 n = self.nodes[step.node]
@@ -284,7 +300,7 @@ def lower_native(
     """`enc` encodes a size for the manifest; `pred` compiles a sympy boolean to a register; `forced`
     nodes run on the reference executor; `target` is "cpu" or "cuda"; `gemm_library` ("cublas" or
     "cutlass") serves a CUDA plan's GEMMs, with at most `gemm_configs` aligned configs each. Raises KernelEmitError naming the nodes a kernel failed on."""
-    plan = fusion_for(p, forced, target)
+    plan = fusion_for(p, forced, target, gemm_epilogues=target == "cuda" and gemm_library == "cutlass")
     low = _Lowerer(p, plan, enc, pred, target, gemm_library, gemm_configs)
     manifest = low.run()
     instances = list(low.instances)
