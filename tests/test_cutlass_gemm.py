@@ -14,7 +14,9 @@ import math
 import os
 import shutil
 import struct
+import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -299,3 +301,72 @@ def test_cutlass_gemms_on_a_real_gpu() -> None:
     cache = Path(os.environ.get("BLADEPACK_CACHE_DIR", "/tmp/bladepack-cache"))
     failures = check_configs(cache) + check_epilogues(cache)
     assert not failures, failures
+
+
+class _RecordingPack:
+    """A packer entry that records what it was given and answers like CUTLASS."""
+
+    def __init__(self, calls: list[tuple[str, list[int], list[int], float]], name: str, refuse: bool = False) -> None:
+        self.calls, self.name, self.refuse = calls, name, refuse
+
+    def __call__(self, cin: Any, cptrs: Any, scalars: Any, sms: int, params: Any, cap: int, geometry: Any) -> int:
+        self.calls.append((self.name, list(cin), list(cptrs), float(scalars[1])))
+        if self.refuse:
+            return 1
+        geometry[:] = [1, 1, 1, 128, 0, 64, 0]
+        return 0
+
+
+def _stub_gemms(refuse_first: bool = False) -> tuple[Any, list[Any], list[str]]:
+    from types import SimpleNamespace
+
+    from bladepack.loader.cutlass_gemm import CutlassGemms
+
+    calls: list[tuple[str, list[int], list[int], float]] = []
+    launched: list[str] = []
+    g = CutlassGemms.__new__(CutlassGemms)
+    g.device = SimpleNamespace(info=SimpleNamespace(sm_count=132))  # type: ignore[assignment]
+    g.rows = [{"name": "tensorop"}, {"name": "simt"}]
+    g.pack = [_RecordingPack(calls, "tensorop", refuse_first), _RecordingPack(calls, "simt")]
+    g.functions = [
+        SimpleNamespace(launch_packed=lambda *a, n=n: launched.append(n))  # type: ignore[misc]
+        for n in ("tensorop", "simt")
+    ]
+    g._local = threading.local()
+    return g, calls, launched
+
+
+def _launch_record(source: bool) -> dict[str, Any]:
+    entries = [{"kernel": 0, "split": 1, "pred": 0, "align": 8}, {"kernel": 1, "split": 1, "pred": 1, "align": 1}]
+    ints = [3, 1, 1, 200 * 32, 0, 0, 0, 0, 0, 200 * 64, 0, 0, 200, 64, 32, 0, 1, 32, 32, 64]  # host loop over 3
+    if source:
+        ints += [0, 0, 0, 0]  # a bias row
+    return {"op": "cutlass", "dtype": "float16", "entries": entries, "ints": ints}
+
+
+def test_cutlass_launch_falls_back_on_unaligned_addresses() -> None:
+    """Alignment is proven for shapes, not for addresses: an operand address off the vector width runs
+    the SIMT entry; the epilogue source goes in as C with beta 1, D as C with beta 0 without one."""
+    lr = _launch_record(source=True)
+    ptrs = ((1, 0), (2, 0), (0, 0), (3, 0))
+    g, calls, launched = _stub_gemms()
+    launch = g.prepare(lr, [1, 1], ptrs, tuple(lr["ints"]))
+    assert launch.kernel == 0 and launch.fallback == 1 and launch.align_bytes == 16
+    assert [s[2] for s in launch.steps] == [0, 200 * 64 * 2, 2 * 200 * 64 * 2] and {s[3] for s in launch.steps} == {0}
+    g.launch(launch, 0x1000, 0x2000, 0x3000, 0x4000, stream=0)  # all 16-byte aligned
+    assert launched == ["tensorop"] * 3
+    assert calls[0][2][:4] == [0x1000, 0x2000, 0x4000, 0x3000] and calls[0][3] == 1.0
+    assert calls[1][2][3] == 0x3000 + 200 * 64 * 2 and calls[1][2][2] == 0x4000  # D steps, the bias stays
+    assert calls[0][1][6] == 0 and calls[0][1][7] == 64  # ldc 0 (bias row), ldd N
+    for bad in ((0x1002, 0x2000, 0x3000, 0x4000), (0x1000, 0x2000, 0x3000, 0x4008)):  # A, then C, off by halves
+        g, calls, launched = _stub_gemms()
+        g.launch(launch, *bad, stream=0)
+        assert launched == ["simt"] * 3, bad
+    lr = _launch_record(source=False)
+    g, calls, launched = _stub_gemms()
+    launch = g.prepare(lr, [1, 1], ptrs[:3], tuple(lr["ints"]))
+    g.launch(launch, 0x1000, 0x2000, 0x3000, None, stream=0)
+    assert calls[0][2][2] == calls[0][2][3] == 0x3000 and calls[0][3] == 0.0
+    g, calls, launched = _stub_gemms(refuse_first=True)  # CUTLASS refuses the problem: SIMT runs it
+    g.launch(launch, 0x1000, 0x2000, 0x3000, None, stream=0)
+    assert launched == ["simt"] * 3 and calls[0][0] == "tensorop" and calls[1][0] == "simt"
