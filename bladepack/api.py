@@ -6,6 +6,7 @@ In: a torch model and sample inputs. Out: an `Artifact` holding the execution pl
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import platform
@@ -117,6 +118,31 @@ def _build_gemms(plan: ExecPlan, options: Options) -> tuple[dict[str, bytes], by
     return build_gemms(plan.gemm_instances, options.cache_dir)
 
 
+def _gemm_policy(
+    options: Options, library: str, cuda: bool, samples: tuple[Mapping[str, int], ...], notes: list[str]
+) -> Any:
+    """How the CUDA plan's GEMMs are chosen (Note [GEMM profiling] in library_ops/gemm_profile.py): with
+    CUTLASS, a profiler on the CUDA device present here, else the cost model."""
+    from bladepack.library_ops.gemm_select import GemmPolicy
+
+    policy = GemmPolicy(library, options.gemm_configs, samples=samples)
+    if not cuda or library != "cutlass" or options.gemm_tuning == "model":
+        return policy
+    from bladepack.loader.cuda_driver import CudaUnavailable, Device
+
+    try:
+        device = Device(0)
+    except CudaUnavailable as e:
+        if options.gemm_tuning == "profile":
+            raise CudaUnavailable(f"BLADEPACK_GEMM_TUNING=profile needs a CUDA device here: {e}") from e
+        return policy
+    from bladepack.library_ops.gemm_profile import GemmProfiler
+
+    profiler = GemmProfiler(device, options.cache_dir)
+    notes.append(f"CUTLASS configs chosen by profiling on {device.info.name} ({device.info.arch})")
+    return dataclasses.replace(policy, measure=profiler, tuned_on=device.info.name)
+
+
 def _build_cpu(plan: ExecPlan, options: Options, notes: list[str]) -> list[tuple[str, tuple[str, ...], bytes]]:
     """Compile the CPU kernel library for each ISA level; without a compiler, warn and keep the
     reference executor (the artifact still runs everywhere, only slower)."""
@@ -173,7 +199,13 @@ def optimize(
 
         program = import_onnx(model, sample_inputs, dynamic_shapes)
         return optimize_program(
-            program, frontend="onnx", targets=kinds, dtype=dtype, cuda_images=images, gemm_library=gemm_library
+            program,
+            frontend="onnx",
+            targets=kinds,
+            dtype=dtype,
+            cuda_images=images,
+            gemm_library=gemm_library,
+            samples=_sample_bindings(program, sample_inputs),
         )
     if sample_inputs is None:
         raise TypeError("optimize(model, sample_inputs): a torch model needs sample inputs to export")
@@ -182,9 +214,38 @@ def optimize(
     captured = capture(model, sample_inputs, dynamic_shapes)
     for note in captured.notes:
         log.warning("bladepack: %s", note)
+    program = to_program(captured)
     return optimize_program(
-        to_program(captured), captured.notes, targets=kinds, dtype=dtype, cuda_images=images, gemm_library=gemm_library
+        program,
+        captured.notes,
+        targets=kinds,
+        dtype=dtype,
+        cuda_images=images,
+        gemm_library=gemm_library,
+        samples=_sample_bindings(program, sample_inputs),
     )
+
+
+def _sample_bindings(program: Program, sample_inputs: Any) -> tuple[dict[str, int], ...]:
+    """Per sample, the values of the symbols that are whole input dims (GEMM selection weighs them)."""
+    if sample_inputs is None:
+        return ()
+    import sympy
+
+    from bladepack.export.capture import normalize_samples
+
+    out = []
+    for sample in normalize_samples(sample_inputs):
+        if len(sample) != len(program.graph.inputs):
+            continue
+        binding: dict[str, int] = {}
+        for prm, value in zip(program.graph.inputs, sample):
+            shape = getattr(value, "shape", ())
+            for dim, size in zip(prm.type.shape, shape):
+                if isinstance(dim, sympy.Symbol):
+                    binding[dim.name] = int(size)
+        out.append(binding)
+    return tuple(out)
 
 
 def optimize_program(
@@ -195,10 +256,12 @@ def optimize_program(
     dtype: str | None = None,
     cuda_images: tuple[str, ...] | None = None,
     gemm_library: str = "cublas",
+    samples: Sequence[Mapping[str, int]] = (),
 ) -> Artifact:
     """Optimize an IR `Program` from any front end ("torch" or "onnx", recorded in the producer
     versions) into an `Artifact` (the half of `optimize` after export); `targets` are plan kinds
-    ("cpu", "cuda"), `cuda_images` limits the CUDA images built."""
+    ("cpu", "cuda"), `cuda_images` limits the CUDA images built, `samples` are the sample inputs'
+    symbol values."""
     from bladepack.ir import print_graph
     from bladepack.optimize.build_plan import build_plan
     from bladepack.optimize.pipeline import run_pipeline
@@ -209,8 +272,9 @@ def optimize_program(
 
         program = to_precision(program, dtype)
     program = run_pipeline(program, options)
-    plan = build_plan(program, targets=targets, cuda_gemm=gemm_library, gemm_configs=options.gemm_configs)
     notes = list(notes)
+    gemm = _gemm_policy(options, gemm_library, "cuda" in targets, tuple(samples), notes)
+    plan = build_plan(program, targets=targets, gemm=gemm)
     libraries, producer = _build_cpu(plan, options, notes), _producer(frontend)
     if libraries:
         from bladepack.codegen.toolchain import compiler_version, find_compiler

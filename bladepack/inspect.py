@@ -146,6 +146,8 @@ def inspect_text(s: dict[str, Any]) -> str:
             lines.append(f"    {gc['key']} in [{e['key_min']}, {top}], operands aligned: {e['config']}{split}")
         if dispatch:
             lines.append(f"    otherwise: {dispatch[-1]['config']}")
+            tuned = gc.get("tuned_on", "cost model")
+            lines.append(f"    chosen by: {'the cost model' if tuned == 'cost model' else 'profiling on ' + tuned}")
     lines.append(f"weights: {s['weights']} tensors, {_human(s['weights_bytes'])}")
     lines.append(f"arena bytes (planned peak, all intermediates): {s['arena_bytes']}")
     return "\n".join(lines) + "\n"

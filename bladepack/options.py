@@ -6,6 +6,8 @@ BLADEPACK_CACHE_DIR     compiled-kernel cache (default ~/.cache/bladepack)
 BLADEPACK_LOG=level     logging level for the `bladepack` logger (default WARNING)
 BLADEPACK_NATIVE=0      build no CPU kernel library (the artifact runs on the reference executor)
 BLADEPACK_GEMM_CONFIGS=N  at most N aligned CUTLASS configs per GEMM (default 4; the SIMT fallback is extra)
+BLADEPACK_GEMM_TUNING   how CUTLASS configs are chosen: auto (profile when a CUDA device answers, else the
+                        cost model; the default), profile (a device is required), model (never profile)
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class Options:
     log_level: str
     native: bool
     gemm_configs: int = 4
+    gemm_tuning: str = "auto"
 
     @staticmethod
     def from_env() -> Options:
@@ -35,7 +38,16 @@ class Options:
             log_level=os.environ.get("BLADEPACK_LOG", "WARNING").upper(),
             native=os.environ.get("BLADEPACK_NATIVE", "1") not in ("0", "false", "no"),
             gemm_configs=_positive("BLADEPACK_GEMM_CONFIGS", 4),
+            gemm_tuning=_choice("BLADEPACK_GEMM_TUNING", ("auto", "profile", "model")),
         )
+
+
+def _choice(name: str, allowed: tuple[str, ...]) -> str:
+    """The variable's value, one of `allowed` (the first when unset)."""
+    raw = os.environ.get(name) or allowed[0]
+    if raw not in allowed:
+        raise ValueError(f"{name}={raw!r}: expected one of {', '.join(allowed)}")
+    return raw
 
 
 def _positive(name: str, default: int) -> int:

@@ -370,3 +370,82 @@ def test_cutlass_launch_falls_back_on_unaligned_addresses() -> None:
     g, calls, launched = _stub_gemms(refuse_first=True)  # CUTLASS refuses the problem: SIMT runs it
     g.launch(launch, 0x1000, 0x2000, 0x3000, None, stream=0)
     assert launched == ["simt"] * 3 and calls[0][0] == "tensorop" and calls[1][0] == "simt"
+
+
+def test_measured_times_replace_the_cost_model() -> None:
+    """Note [GEMM profiling]: `select` chooses from what `measure` reports; shapes no option ran at drop out;
+    the samples' values are among the shapes weighed."""
+    env = ShapeEnv()
+    m = env.create_symbol("m", 1, 4096)
+    call = _linear_call(env, m, 128, 64)
+    seen: list[int] = []
+    slowest_model_pick = select(call, env, max_configs=1).entries[0].config
+
+    def measure(c: GemmCall, options: Any, bindings: Any) -> list[list[float]]:
+        seen.extend(int(b[m]) for b in bindings)
+        return [[1.0 if o.config == slowest_model_pick else 9.0 for o in options] for _ in bindings]
+
+    d = select(call, env, [{"m": 777}], max_configs=4, measure=measure)
+    assert [e.config for e in d.entries] == [slowest_model_pick, fallback(DType.FLOAT16)]
+    assert 777 in seen and len(seen) <= 24 and min(seen) == 1 and max(seen) == 4096
+    other = next(c for c in candidates(DType.FLOAT16) if c != slowest_model_pick)
+    d = select(
+        call,
+        env,
+        max_configs=4,
+        measure=lambda c, options, bindings: [[1.0 if o.config == other else 2.0 for o in options] for _ in bindings],
+    )
+    assert d.entries[0].config == other
+    d = select(call, env, measure=lambda c, options, bindings: [[math.inf] * len(options) for _ in bindings])
+    assert [e.config for e in d.entries] == [fallback(DType.FLOAT16)]  # nothing ran: the fallback alone
+
+
+_PROFILE_SCRIPT = r"""
+import json, sys, torch, bladepack
+torch.manual_seed(0)
+lin = torch.nn.Linear(64, 128).eval()
+m = torch.export.Dim("m", min=1, max=4096)
+art = bladepack.optimize(lin, [(torch.randn(5, 64),)], ({0: m},), targets=("cuda:sm_90",), gemm_library="cutlass")
+manifest, _ = art._parts()
+print(json.dumps({"gemms": manifest["gemm_configs"], "notes": art.notes}))
+"""
+
+
+@needs_toolchain
+def test_profiling_on_the_fake_driver(tmp_path: Path) -> None:
+    """Note [GEMM profiling] end to end: the fake driver's simulated clock makes the 128x128 float32 config
+    the fastest; the artifact's dispatch follows the measurement, not the cost model."""
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip("cutlass_library")
+    gpu = FakeGpu(tmp_path)
+    fast = "f32_tensorop_3xtf32_128x128x16_64x64x16_s4_a4"  # the cost model picks 64x64 tiles for N = 128
+    env = {
+        **os.environ,
+        "LD_LIBRARY_PATH": str(tmp_path),
+        "FAKE_CUDA_LOG": str(tmp_path / "cuda.log"),
+        "FAKE_CUDA_KERNEL_US": "3xtf32_128x128=3,simt=1000",
+        "BLADEPACK_GEMM_TUNING": "profile",
+        "BLADEPACK_GEMM_CONFIGS": "4",
+        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+    }
+    r = subprocess.run([sys.executable, "-c", _PROFILE_SCRIPT], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-4000:]
+    out = json.loads(r.stdout.splitlines()[-1])
+    (gemm,) = out["gemms"]
+    assert gemm["tuned_on"] == "Fake GPU 0 (sm_90)"
+    assert [e["config"] for e in gemm["dispatch"]] == [fast, "f32_simt_128x128x8_32x64x8_s2_a1"]
+    assert any("profiling on Fake GPU 0" in n for n in out["notes"])
+    log = (tmp_path / "cuda.log").read_text()
+    timed = {ln.split()[1] for ln in log.splitlines() if ln.startswith("launch bpk_gemm_")}
+    assert len(timed) == 3  # every float32 candidate ran
+    env.pop("BLADEPACK_GEMM_TUNING")
+    env["LD_LIBRARY_PATH"] = "/nonexistent"  # no driver: auto falls back to the cost model
+    r = subprocess.run([sys.executable, "-c", _PROFILE_SCRIPT], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-4000:]
+    (gemm,) = json.loads(r.stdout.splitlines()[-1])["gemms"]
+    assert gemm["tuned_on"] == "cost model"
+    assert fast not in [e["config"] for e in gemm["dispatch"]]
+    del gpu

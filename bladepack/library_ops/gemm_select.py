@@ -18,8 +18,9 @@ estimated as max(compute, memory) + split-K cost:
 - serial split-K: each extra slice waits for the previous one's partial tile.
 Configs are then chosen greedily (at most `MAX_CONFIGS`, each must cut the geomean loss against the
 per-shape best by >= 2%), and the per-shape winners become key intervals. The constants describe an
-H100 SXM (132 SMs); they rank configs, they do not predict times. Profiling at optimize time when a
-GPU is present refines the choice (bench/cutlass_gemm.py measures it).
+H100 SXM (132 SMs); they rank configs, they do not predict times. When a GPU is present at optimize
+time, measured times replace the estimates (`measure`; Note [GEMM profiling] in gemm_profile.py) at up
+to PROFILE_POINTS of those shapes, and the same greedy choice runs on them.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import sympy
 
@@ -46,6 +47,31 @@ LAUNCH_US = 2.0
 MAX_CONFIGS = 4
 SPLITS = (1, 2, 4, 8, 16)
 MAX_POINTS = 256
+PROFILE_POINTS = 24
+
+
+class Measure(Protocol):
+    """Microseconds of each option (columns) at each binding of the shape symbols (rows)."""
+
+    def __call__(
+        self, call: GemmCall, options: Sequence[Option], bindings: Sequence[Mapping[sympy.Symbol, int]]
+    ) -> list[list[float]]: ...
+
+
+@dataclass(frozen=True)
+class GemmPolicy:
+    """How a CUDA plan's GEMMs are served: `library` "cublas" or "cutlass"; for CUTLASS at most `configs`
+    aligned configs per GEMM, chosen by `measure` (Note [GEMM profiling]; the cost model when None) at
+    shapes that include `samples` (symbol name -> value, one dict per sample input)."""
+
+    library: str = "cublas"
+    configs: int = 4
+    measure: Measure | None = None
+    tuned_on: str = "cost model"
+    samples: tuple[Mapping[str, int], ...] = ()
+
+
+CUBLAS = GemmPolicy()  # the default: cuBLAS serves CUDA GEMMs
 
 
 @dataclass(frozen=True)
@@ -162,10 +188,22 @@ def alignment_pred(call: GemmCall, align: int) -> Any:
     return sympy.simplify(sympy.And(*conds))
 
 
+def _thin(items: list[Any], most: int) -> list[Any]:
+    """At most `most` items spread evenly, the first and last kept."""
+    if len(items) <= most:
+        return items
+    return [items[round(i * (len(items) - 1) / (most - 1))] for i in range(most)]
+
+
 def select(
-    call: GemmCall, env: ShapeEnv, samples: Sequence[Mapping[str, int]] = (), max_configs: int = MAX_CONFIGS
+    call: GemmCall,
+    env: ShapeEnv,
+    samples: Sequence[Mapping[str, int]] = (),
+    max_configs: int = MAX_CONFIGS,
+    measure: Measure | None = None,
 ) -> GemmDispatch:
-    """Note [GEMM cost model]: the dispatch table of one GEMM."""
+    """Note [GEMM cost model]: the dispatch table of one GEMM; `measure` times options on a GPU
+    instead of estimating them."""
     batch_total = sympy.sympify(call.batch[0] * call.batch[1] * call.batch[2])
     key = sympy.expand(sympy.sympify(call.m) * call.n * batch_total)
     fb = fallback(call.dtype)
@@ -175,14 +213,22 @@ def select(
     if not cfgs:
         return GemmDispatch(key, (DispatchEntry(fb, 1, sympy.true, 0, None),))
     points = sample_points(env, [call.m, call.n, call.k, batch_total], samples)
-    shapes = sorted(
-        {(_value(call.m, b), _value(call.n, b), _value(call.k, b), _value(batch_total, b)) for b in points},
-        key=lambda s: (s[0] * s[1] * s[3], s),
-    )
+    binding_of: dict[tuple[int, int, int, int], dict[sympy.Symbol, int]] = {}
+    for b in points:
+        binding_of.setdefault((_value(call.m, b), _value(call.n, b), _value(call.k, b), _value(batch_total, b)), b)
+    shapes = sorted(binding_of, key=lambda s: (s[0] * s[1] * s[3], s))
     batched = batch_total != 1
     k_max = max(s[2] for s in shapes)
     options = _options(cfgs, k_max, batched)
-    times = [[estimate(o, *s) for o in options] for s in shapes]
+    if measure is None:
+        times = [[estimate(o, *s) for o in options] for s in shapes]
+    else:
+        shapes = _thin(shapes, PROFILE_POINTS)
+        times = measure(call, options, [binding_of[s] for s in shapes])
+        ran = [i for i, row in enumerate(times) if min(row) < math.inf]  # some option ran at that shape
+        shapes, times = [shapes[i] for i in ran], [times[i] for i in ran]
+        if not shapes:
+            return GemmDispatch(key, (DispatchEntry(fb, 1, sympy.true, 0, None),))
     best = [min(row) for row in times]
 
     def loss(chosen: Sequence[GemmConfig]) -> float:

@@ -22,7 +22,7 @@ import ctypes
 import re
 import struct
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,6 +135,20 @@ class Device:
 
     def synchronize(self, stream: int = 0) -> None:
         _check(self._drv, self._drv.cuStreamSynchronize(self._drv.CUstream(stream)), "cuStreamSynchronize")
+
+    def elapsed_ms(self, run: Callable[[], None], stream: int = 0) -> float:
+        """Milliseconds between CUDA events recorded on `stream` before and after what `run` enqueues."""
+        drv = self._drv
+        events = [_check(drv, drv.cuEventCreate(0), "cuEventCreate") for _ in range(2)]
+        try:
+            _check(drv, drv.cuEventRecord(events[0], drv.CUstream(stream)), "cuEventRecord")
+            run()
+            _check(drv, drv.cuEventRecord(events[1], drv.CUstream(stream)), "cuEventRecord")
+            _check(drv, drv.cuEventSynchronize(events[1]), "cuEventSynchronize")
+            return float(_check(drv, drv.cuEventElapsedTime(events[0], events[1]), "cuEventElapsedTime"))
+        finally:
+            for e in events:
+                drv.cuEventDestroy(e)
 
 
 class Module:

@@ -45,31 +45,50 @@ class CutlassLaunch:
 
 class CutlassGemms:
     def __init__(self, bpk: BpkFile, plan: dict[str, Any], device: Device) -> None:
+        rows = list(plan["gemm_kernels"])
+        self.load(
+            device,
+            bpk.section(plan["gemm_packer"]["section"]),
+            [(row["name"], bytes(bpk.section(row["section"]))) for row in rows],
+            str(bpk.source),
+        )
+        self.rows = rows
+
+    @classmethod
+    def from_images(cls, device: Device, packer: bytes, kernels: Sequence[tuple[str, bytes]]) -> CutlassGemms:
+        """Kernels not from an artifact (optimize-time profiling): (name, fatbin) pairs and their packer."""
+        g = cls.__new__(cls)
+        g.load(device, packer, kernels, "the GEMM profiler")
+        g.rows = [{"name": name} for name, _ in kernels]
+        return g
+
+    def load(
+        self, device: Device, packer: bytes | memoryview, kernels: Sequence[tuple[str, bytes]], source: str
+    ) -> None:
         from bladepack.loader.native_cpu import _open_library
 
         machine = platform.machine().lower()
         if machine not in ("x86_64", "amd64") or platform.system() != "Linux":
             raise CudaUnavailable(
-                f"{bpk.source}: its CUTLASS GEMM packer is built for x86_64 Linux; this machine is "
+                f"{source}: its CUTLASS GEMM packer is built for x86_64 Linux; this machine is "
                 f"{platform.system()} {platform.machine()} (optimize with gemm_library='cublas' for it)"
             )
         self.device = device
-        self.rows = list(plan["gemm_kernels"])
-        self._lib = _open_library(bpk.section(plan["gemm_packer"]["section"]))
+        self._lib = _open_library(memoryview(packer))
         self.pack: list[Any] = []
         self.functions: list[Function] = []
         self._modules = []
-        for row in self.rows:
+        for name, image in kernels:
             try:
-                fn = getattr(self._lib, f"bpk_pack_{row['name']}")
+                fn = getattr(self._lib, f"bpk_pack_{name}")
             except AttributeError as e:
-                raise BpkFormatError(f"{bpk.source}: the GEMM packer has no entry for {row['name']}") from e
+                raise BpkFormatError(f"{source}: the GEMM packer has no entry for {name}") from e
             fn.restype = ctypes.c_int
             fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
             self.pack.append(fn)
-            module = device.load_module(bytes(bpk.section(row["section"])))
+            module = device.load_module(image)
             self._modules.append(module)
-            self.functions.append(module.function(row["name"]))
+            self.functions.append(module.function(name))
         self._local = threading.local()
         self._workspaces = StreamBuffers(device, 256, zeroed=True)  # split-K semaphores
 

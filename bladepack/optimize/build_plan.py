@@ -27,6 +27,7 @@ from bladepack.codegen.cpu_library import library_source
 from bladepack.codegen.cuda_toolchain import cuda_source
 from bladepack.ir import Graph, OpKind, Program, ShapeEnv, Tri
 from bladepack.ir.types import IRDim, dim_str
+from bladepack.library_ops.gemm_select import CUBLAS, GemmPolicy
 from bladepack.optimize.lower_native import NativeLowering, lower_native
 from bladepack.optimize.shape_compiler import ShapeCompileError, ShapeProgramBuilder
 
@@ -184,15 +185,13 @@ def _max_of(env: ShapeEnv, terms: list[sympy.Expr]) -> sympy.Expr:
     return kept[0] if len(kept) == 1 else sympy.Max(*kept)
 
 
-def _lower(
-    p: Program, b: ShapeProgramBuilder, target: str = "cpu", gemm_library: str = "cublas", gemm_configs: int = 4
-) -> NativeLowering:
+def _lower(p: Program, b: ShapeProgramBuilder, target: str = "cpu", gemm: GemmPolicy = CUBLAS) -> NativeLowering:
     """The native lowering for `target`; nodes whose kernels cannot be generated run on the reference
     executor."""
     forced: set[int] = set()
     while True:
         try:
-            return lower_native(p, lambda e: _enc(b, e), b.expr, frozenset(forced), target, gemm_library, gemm_configs)
+            return lower_native(p, lambda e: _enc(b, e), b.expr, frozenset(forced), target, gemm)
         except KernelEmitError as e:
             if not e.nodes or e.nodes <= forced:
                 raise
@@ -203,13 +202,11 @@ def build_plan(
     p: Program,
     native: bool = True,
     targets: tuple[str, ...] = ("cpu",),
-    cuda_gemm: str = "cublas",
-    gemm_configs: int = 4,
+    gemm: GemmPolicy = CUBLAS,
 ) -> ExecPlan:
     """The execution plan: shape program, reference steps, and a native plan per target in `targets`
-    ("cpu", "cuda"); `native=False` leaves the CPU plan out (the reference executor runs it);
-    `cuda_gemm` ("cublas" or "cutlass") serves the CUDA plan's GEMMs (at most `gemm_configs` CUTLASS
-    configs per GEMM)."""
+    ("cpu", "cuda"); `native=False` leaves the CPU plan out (the reference executor runs it); `gemm`
+    says how the CUDA plan's GEMMs are served (library, CUTLASS configs and how they are chosen)."""
     g, env = p.graph, p.shape_env
     b = ShapeProgramBuilder()
     binder = _Binder(b, env)
@@ -238,7 +235,7 @@ def build_plan(
 
     types = g.value_types()
     low = _lower(p, b) if native and "cpu" in targets else None
-    cuda = _lower(p, b, "cuda", cuda_gemm, gemm_configs) if "cuda" in targets else None
+    cuda = _lower(p, b, "cuda", gemm) if "cuda" in targets else None
     if low is not None:
         arena_text, arena_enc = low.manifest["arena_bytes_expr"], low.manifest["arena_bytes"]
     else:

@@ -27,7 +27,7 @@ from bladepack.ir import OpKind, Program
 from bladepack.ir.ops import Conv2dAttrs
 from bladepack.ir.types import IRDim, TensorType, dim_str
 from bladepack.library_ops.cpu_gemm import GemmCall, lower_conv, lower_matmul, operand_ok
-from bladepack.library_ops.gemm_select import select
+from bladepack.library_ops.gemm_select import CUBLAS, GemmPolicy, select
 from bladepack.optimize.fusion import FusionPlan, KernelSpec, LibraryStep, ReferenceStep, plan_fusion
 from bladepack.optimize.gemm_epilogue import GemmEpilogue
 from bladepack.optimize.memory_plan import Buffer, plan_memory
@@ -64,12 +64,11 @@ class _Lowerer:
         enc: Enc,
         pred: Callable[[Any], int],
         target: str,
-        gemm_library: str,
-        gemm_configs: int,
+        gemm: GemmPolicy,
     ) -> None:
-        self.gemm_configs = gemm_configs
+        self.gemm = gemm
         self.p, self.plan, self.enc, self.pred, self.target = p, plan, enc, pred, target
-        self.gemm_library = gemm_library if target == "cuda" else "blas"
+        self.gemm_library = gemm.library if target == "cuda" else "blas"
         self.instances: dict[GemmInstance, int] = {}
         g = p.graph
         self.nodes = {n.id: n for n in g.nodes}
@@ -189,7 +188,9 @@ class _Lowerer:
                 bias = epilogue.source_kind == "bias"
                 ints += [self.enc(e) for e in ((0, 0, 0, 0) if bias else (*call.sc, call.ldc))]
         # Note [GEMM cost model] in library_ops/gemm_select.py: configs and their dispatch ranges
-        dispatch = select(call, self.p.shape_env, max_configs=self.gemm_configs)
+        g = self.gemm
+        dispatch = select(call, self.p.shape_env, g.samples, g.configs, g.measure)
+        row["tuned_on"] = g.tuned_on
         entries = []
         for e in dispatch.entries:
             inst = GemmInstance(e.config, call.ta, call.tb, activation)
@@ -294,14 +295,13 @@ def lower_native(
     pred: Callable[[Any], int],
     forced: frozenset[int] = frozenset(),
     target: str = "cpu",
-    gemm_library: str = "cublas",
-    gemm_configs: int = 4,
+    gemm: GemmPolicy = CUBLAS,
 ) -> NativeLowering:
     """`enc` encodes a size for the manifest; `pred` compiles a sympy boolean to a register; `forced`
-    nodes run on the reference executor; `target` is "cpu" or "cuda"; `gemm_library` ("cublas" or
-    "cutlass") serves a CUDA plan's GEMMs, with at most `gemm_configs` aligned configs each. Raises KernelEmitError naming the nodes a kernel failed on."""
-    plan = fusion_for(p, forced, target, gemm_epilogues=target == "cuda" and gemm_library == "cutlass")
-    low = _Lowerer(p, plan, enc, pred, target, gemm_library, gemm_configs)
+    nodes run on the reference executor; `target` is "cpu" or "cuda"; `gemm` says how a CUDA plan's
+    GEMMs are served. Raises KernelEmitError naming the nodes a kernel failed on."""
+    plan = fusion_for(p, forced, target, gemm_epilogues=target == "cuda" and gemm.library == "cutlass")
+    low = _Lowerer(p, plan, enc, pred, target, gemm)
     manifest = low.run()
     instances = list(low.instances)
     if instances:

@@ -11,6 +11,9 @@
  * cuda_emulation.h): a module load opens it, a function lookup finds its `bpk_emu_<name>` entry (an
  * unknown name fails as the real driver's CUDA_ERROR_NOT_FOUND), and a launch runs the grid on the CPU
  * with the launch's parameter words. Without it the fake checks the ABI the loaders use, not numbers.
+ *
+ * Time is simulated for CUDA events: every launch advances a clock by the microseconds FAKE_CUDA_KERNEL_US
+ * gives the first pattern found in the kernel's name ("tile_128x64=5,simt=90"), else by 50.
  */
 #include <dlfcn.h>
 #include <stdarg.h>
@@ -208,6 +211,49 @@ CUresult cuFuncSetAttribute(void* f, int attrib, int value) {
   return OK;
 }
 
+static double g_clock_us = 0.0;
+
+static double kernel_us(const char* name) {
+  const char* spec = getenv("FAKE_CUDA_KERNEL_US");
+  char buf[1024];
+  if (!spec || strlen(spec) >= sizeof buf) return 50.0;
+  strcpy(buf, spec);
+  for (char* item = strtok(buf, ","); item; item = strtok(NULL, ",")) {
+    char* eq = strchr(item, '=');
+    if (!eq) continue;
+    *eq = '\0';
+    if (strstr(name, item)) return atof(eq + 1);
+  }
+  return 50.0;
+}
+
+typedef struct {
+  double at_us;
+} FakeEvent;
+
+CUresult cuEventCreate(void** e, unsigned flags) {
+  (void)flags;
+  *e = calloc(1, sizeof(FakeEvent));
+  return OK;
+}
+CUresult cuEventRecord(void* e, CUstream s) {
+  (void)s;
+  ((FakeEvent*)e)->at_us = g_clock_us;
+  return OK;
+}
+CUresult cuEventSynchronize(void* e) {
+  (void)e;
+  return OK;
+}
+CUresult cuEventElapsedTime(float* ms, void* start, void* end) {
+  *ms = (float)((((FakeEvent*)end)->at_us - ((FakeEvent*)start)->at_us) / 1000.0);
+  return OK;
+}
+CUresult cuEventDestroy_v2(void* e) {
+  free(e);
+  return OK;
+}
+
 CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned smem, CUstream stream, void** params, void** extra) {
   char hex[8192] = "";
@@ -225,6 +271,7 @@ CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned
         hex[0] ? hex : "-");
   if (bx * by * bz > 1024 || gx == 0 || gy == 0 || gz == 0 || bx * by * bz == 0) return ERR_INVALID_VALUE;
   FakeFunction* fn = (FakeFunction*)f;
+  g_clock_us += kernel_us(fn->name);
   if (fn->emu) {
     const unsigned char* buf = NULL;
     size_t size = 0;
@@ -331,6 +378,8 @@ static const struct Entry kEntries[] = {
     E("cuMemsetD8", cuMemsetD8_v2), E("cuMemsetD8Async", cuMemsetD8Async), E("cuStreamCreate", cuStreamCreate),
     E("cuStreamDestroy", cuStreamDestroy_v2), E("cuStreamSynchronize", cuStreamSynchronize),
     E("cuGetErrorName", cuGetErrorName), E("cuGetErrorString", cuGetErrorString),
+    E("cuEventCreate", cuEventCreate), E("cuEventRecord", cuEventRecord), E("cuEventSynchronize", cuEventSynchronize),
+    E("cuEventElapsedTime", cuEventElapsedTime), E("cuEventDestroy", cuEventDestroy_v2),
 };
 
 CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, unsigned long long flags, int* status) {

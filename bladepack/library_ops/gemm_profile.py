@@ -1,0 +1,107 @@
+"""Profiling-based GEMM selection: time the candidate CUTLASS configs on the GPU present at optimize time.
+
+In: a `GemmCall`, the options `select` weighs (config, split-K slices) and bindings of the shape
+symbols. Out: microseconds per (binding, option) — `select` then chooses configs and dispatch
+intervals from these instead of the cost model's estimates (Note [GEMM cost model]).
+
+Note [GEMM profiling]: with BLADEPACK_GEMM_TUNING=auto (the default) a CUDA plan's CUTLASS GEMMs are
+profiled when optimize runs where a CUDA device answers, "profile" requires one, "model" never
+profiles. Candidates are built exactly like the packaged kernels (same emitter, same nvcc cache, with
+the "none" epilogue: every config pays the same for an activation) and launched through the loader's
+own path (packer Params, driver launch, split-K semaphores) on scratch operands as large as the
+largest binding needs; each (binding, option) runs once to warm up, then `repeat` times between two
+CUDA events, and the mean counts. An option CUTLASS refuses for a shape counts as never fastest. The
+GPU that profiled is recorded with each GEMM (`tuned_on`), since its SM count and clocks shaped the
+choice.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import sympy
+
+from bladepack.codegen.cutlass_emitter import GemmInstance
+from bladepack.codegen.cutlass_toolchain import build_gemms
+from bladepack.library_ops.cpu_gemm import GemmCall
+from bladepack.library_ops.cutlass_configs import GemmConfig
+from bladepack.library_ops.gemm_select import Option
+from bladepack.loader.cuda_driver import CudaError, Device, DeviceBuffer
+from bladepack.loader.cutlass_gemm import CutlassGemms, CutlassLaunch
+from bladepack.loader.gemm_args import GemmArgs, gemm_args
+
+REPEAT = 5
+
+
+def _span(rows: int, cols: int, ld: int, g: GemmArgs, stride: int, step_bytes: int, itemsize: int) -> int:
+    """Bytes an operand view covers: its last host-loop step, last library batch, last row and column."""
+    if rows == 0 or cols == 0:
+        return 0
+    return step_bytes + ((g.count - 1) * stride + (rows - 1) * ld + cols) * itemsize
+
+
+class GemmProfiler:
+    """`select`'s `measure` on one device; kernels and scratch buffers are kept across GEMMs."""
+
+    def __init__(self, device: Device, cache: Path, repeat: int = REPEAT) -> None:
+        self.device, self.cache, self.repeat = device, cache, repeat
+        self._kernels: dict[tuple[tuple[GemmConfig, ...], bool, bool], tuple[CutlassGemms, list[GemmConfig]]] = {}
+        self._scratch: list[DeviceBuffer | None] = [None, None, None]
+
+    @property
+    def device_name(self) -> str:
+        return self.device.info.name
+
+    def _gemms(self, configs: Sequence[GemmConfig], ta: bool, tb: bool) -> tuple[CutlassGemms, list[GemmConfig]]:
+        key = (tuple(configs), ta, tb)
+        if key not in self._kernels:
+            instances = [GemmInstance(c, ta, tb) for c in configs]
+            images, packer = build_gemms(instances, self.cache)
+            gemms = CutlassGemms.from_images(self.device, packer, [(i.name, images[i.name]) for i in instances])
+            self._kernels[key] = (gemms, list(configs))
+        return self._kernels[key]
+
+    def _buffer(self, k: int, nbytes: int) -> int:
+        buf = self._scratch[k]
+        if buf is None or buf.nbytes < nbytes:
+            if buf is not None:
+                buf.free()
+            buf = self._scratch[k] = self.device.alloc(max(nbytes, 256))
+            buf.copy_from_host(bytes(buf.nbytes))  # zeros: no denormals or NaNs to slow anything down
+        return buf.ptr
+
+    def __call__(
+        self, call: GemmCall, options: Sequence[Option], bindings: Sequence[Mapping[sympy.Symbol, int]]
+    ) -> list[list[float]]:
+        configs = list(dict.fromkeys(o.config for o in options))
+        gemms, order = self._gemms(configs, call.ta, call.tb)
+        itemsize = call.dtype.itemsize
+        times = []
+        for b in bindings:
+            ints = tuple(int(sympy.sympify(e).subs(b)) for e in call.ints())
+            g = gemm_args(ints, itemsize)
+            last = g.steps[-1] if g.steps else (0, 0, 0, 0)
+            a_rows, a_cols = (g.k, g.m) if g.ta else (g.m, g.k)
+            b_rows, b_cols = (g.n, g.k) if g.tb else (g.k, g.n)
+            a = self._buffer(0, _span(a_rows, a_cols, g.lda, g, g.stride_a, last[0], itemsize))
+            bb = self._buffer(1, _span(b_rows, b_cols, g.ldb, g, g.stride_b, last[1], itemsize))
+            d = self._buffer(2, _span(g.m, g.n, g.ldc, g, g.stride_c, last[2], itemsize))
+            row = []
+            for o in options:
+                k = order.index(o.config)
+                entry = {"kernel": k, "split": o.split, "pred": 0, "align": o.config.align}
+                launch = gemms.prepare({"dtype": call.dtype.value, "entries": [entry]}, [1], ((0, 0),) * 3, ints)
+                try:
+                    gemms.launch(launch, a, bb, d, None, 0)  # warm-up (and CUTLASS's own checks)
+
+                    def timed(launch: CutlassLaunch = launch) -> None:
+                        for _ in range(self.repeat):
+                            gemms.launch(launch, a, bb, d, None, 0)
+
+                    row.append(self.device.elapsed_ms(timed) * 1000.0 / self.repeat)
+                except CudaError:
+                    row.append(math.inf)  # CUTLASS cannot run this option at this shape
+            times.append(row)
+        return times
