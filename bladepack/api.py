@@ -232,10 +232,13 @@ def _sample_bindings(program: Program, sample_inputs: Any) -> tuple[dict[str, in
         return ()
     import sympy
 
-    from bladepack.export.capture import normalize_samples
+    def as_tuple(x: Any) -> tuple[Any, ...]:
+        return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
+    many = isinstance(sample_inputs, list) and all(isinstance(s, (tuple, list)) for s in sample_inputs)
+    samples = [as_tuple(s) for s in sample_inputs] if many else [as_tuple(sample_inputs)]
     out = []
-    for sample in normalize_samples(sample_inputs):
+    for sample in samples:  # torch tensors or numpy arrays (ONNX); checked by the front ends already
         if len(sample) != len(program.graph.inputs):
             continue
         binding: dict[str, int] = {}

@@ -281,6 +281,11 @@ def test_dims_ranges_and_guards() -> None:
     m = _model(nodes, [a, b], ["y"])
     p = import_onnx(m)
     assert [str(x.type) for x in p.graph.inputs] == ["f32[N, 8]", "f32[b_0, 8]"]
+    # the samples' symbol values, which GEMM selection weighs (numpy samples, one or a list)
+    from bladepack.api import _sample_bindings
+
+    assert _sample_bindings(p, (np.ones((3, 8)), np.ones((4, 8)))) == ({"N": 3, "b_0": 4},)
+    assert _sample_bindings(p, [(np.ones((3, 8)),) * 2, (np.ones((5, 8)),) * 2])[1] == {"N": 5, "b_0": 5}
     art = bladepack.optimize(m, dynamic_shapes={"a": {0: Dim("rows", 1, 16)}})
     loaded = bladepack.load(art.to_bytes())
     assert {(s.name, s.min, s.max) for s in loaded.signature.symbols} == {("rows", 1, 16)}
