@@ -24,6 +24,8 @@ from bladepack.version import __version__
 
 if TYPE_CHECKING:
     from bladepack.ir import Program
+    from bladepack.library_ops.gemm_profile import GemmProfiler
+    from bladepack.library_ops.gemm_select import GemmPolicy
 
 log = logging.getLogger("bladepack")
 
@@ -120,14 +122,15 @@ def _build_gemms(plan: ExecPlan, options: Options) -> tuple[dict[str, bytes], by
 
 def _gemm_policy(
     options: Options, library: str, cuda: bool, samples: tuple[Mapping[str, int], ...], notes: list[str]
-) -> Any:
+) -> tuple[GemmPolicy, GemmProfiler | None]:
     """How the CUDA plan's GEMMs are chosen (Note [GEMM profiling] in library_ops/gemm_profile.py): with
-    CUTLASS, a profiler on the CUDA device present here, else the cost model."""
+    CUTLASS, a profiler on the CUDA device present here (returned too: the caller closes it), else the
+    cost model."""
     from bladepack.library_ops.gemm_select import GemmPolicy
 
     policy = GemmPolicy(library, options.gemm_configs, samples=samples)
     if not cuda or library != "cutlass" or options.gemm_tuning == "model":
-        return policy
+        return policy, None
     from bladepack.loader.cuda_driver import CudaUnavailable, Device
 
     try:
@@ -135,12 +138,12 @@ def _gemm_policy(
     except CudaUnavailable as e:
         if options.gemm_tuning == "profile":
             raise CudaUnavailable(f"BLADEPACK_GEMM_TUNING=profile needs a CUDA device here: {e}") from e
-        return policy
+        return policy, None
     from bladepack.library_ops.gemm_profile import GemmProfiler
 
     profiler = GemmProfiler(device, options.cache_dir)
     notes.append(f"CUTLASS configs chosen by profiling on {device.info.name} ({device.info.arch})")
-    return dataclasses.replace(policy, measure=profiler, tuned_on=device.info.name)
+    return dataclasses.replace(policy, measure=profiler, tuned_on=device.info.name), profiler
 
 
 def _build_cpu(plan: ExecPlan, options: Options, notes: list[str]) -> list[tuple[str, tuple[str, ...], bytes]]:
@@ -276,8 +279,12 @@ def optimize_program(
         program = to_precision(program, dtype)
     program = run_pipeline(program, options)
     notes = list(notes)
-    gemm = _gemm_policy(options, gemm_library, "cuda" in targets, tuple(samples), notes)
-    plan = build_plan(program, targets=targets, gemm=gemm)
+    gemm, profiler = _gemm_policy(options, gemm_library, "cuda" in targets, tuple(samples), notes)
+    try:
+        plan = build_plan(program, targets=targets, gemm=gemm)
+    finally:
+        if profiler is not None:
+            profiler.close()
     libraries, producer = _build_cpu(plan, options, notes), _producer(frontend)
     if libraries:
         from bladepack.codegen.toolchain import compiler_version, find_compiler

@@ -326,7 +326,7 @@ def _stub_gemms(refuse_first: bool = False) -> tuple[Any, list[Any], list[str]]:
     launched: list[str] = []
     g = CutlassGemms.__new__(CutlassGemms)
     g.device = SimpleNamespace(info=SimpleNamespace(sm_count=132))  # type: ignore[assignment]
-    g.rows = [{"name": "tensorop"}, {"name": "simt"}]
+    g.names = ["tensorop", "simt"]
     g.pack = [_RecordingPack(calls, "tensorop", refuse_first), _RecordingPack(calls, "simt")]
     g.functions = [
         SimpleNamespace(launch_packed=lambda *a, n=n: launched.append(n))  # type: ignore[misc]
@@ -403,7 +403,7 @@ def test_measured_times_replace_the_cost_model() -> None:
 _PROFILE_SCRIPT = r"""
 import json, sys, torch, bladepack
 torch.manual_seed(0)
-lin = torch.nn.Linear(64, 128).eval()
+lin = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 128), torch.nn.Linear(128, 128)).eval()
 m = torch.export.Dim("m", min=1, max=4096)
 art = bladepack.optimize(lin, [(torch.randn(5, 64),)], ({0: m},), targets=("cuda:sm_90",), gemm_library="cutlass")
 manifest, _ = art._parts()
@@ -434,18 +434,22 @@ def test_profiling_on_the_fake_driver(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-c", _PROFILE_SCRIPT], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr[-4000:]
     out = json.loads(r.stdout.splitlines()[-1])
-    (gemm,) = out["gemms"]
-    assert gemm["tuned_on"] == "Fake GPU 0 (sm_90)"
-    assert [e["config"] for e in gemm["dispatch"]] == [fast, "f32_simt_128x128x8_32x64x8_s2_a1"]
+    for gemm in out["gemms"]:
+        assert gemm["tuned_on"] == "Fake GPU 0 (sm_90)"
+        assert [e["config"] for e in gemm["dispatch"]] == [fast, "f32_simt_128x128x8_32x64x8_s2_a1"]
     assert any("profiling on Fake GPU 0" in n for n in out["notes"])
-    log = (tmp_path / "cuda.log").read_text()
-    timed = {ln.split()[1] for ln in log.splitlines() if ln.startswith("launch bpk_gemm_")}
-    assert len(timed) == 3  # every float32 candidate ran
+    log = (tmp_path / "cuda.log").read_text().splitlines()
+    timed = [ln.split()[1] for ln in log if ln.startswith("launch bpk_gemm_")]
+    assert len(set(timed)) == 3  # every float32 candidate ran
+    # the two 128x128 layers are one problem, timed once: 24 shapes x (1 + 5 runs) x (3 configs at K = 64,
+    # 3 configs x split-K 1 and 2 at K = 128); timing both would add 864 launches
+    assert len(timed) == 24 * 6 * (3 + 6)
+    assert log.count("module_unload") == 3 and log[-1] == "ctx_release 0"  # the profiler let everything go
     env.pop("BLADEPACK_GEMM_TUNING")
     env["LD_LIBRARY_PATH"] = "/nonexistent"  # no driver: auto falls back to the cost model
     r = subprocess.run([sys.executable, "-c", _PROFILE_SCRIPT], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr[-4000:]
-    (gemm,) = json.loads(r.stdout.splitlines()[-1])["gemms"]
+    gemm = json.loads(r.stdout.splitlines()[-1])["gemms"][0]
     assert gemm["tuned_on"] == "cost model"
     assert fast not in [e["config"] for e in gemm["dispatch"]]
     del gpu

@@ -10,9 +10,10 @@ profiles. Candidates are built exactly like the packaged kernels (same emitter, 
 the "none" epilogue: every config pays the same for an activation) and launched through the loader's
 own path (packer Params, driver launch, split-K semaphores) on scratch operands as large as the
 largest binding needs; each (binding, option) runs once to warm up, then `repeat` times between two
-CUDA events, and the mean counts. An option CUTLASS refuses for a shape counts as never fastest. The
-GPU that profiled is recorded with each GEMM (`tuned_on`), since its SM count and clocks shaped the
-choice.
+CUDA events, and the mean counts. An option CUTLASS refuses for a shape counts as never fastest. Times
+are kept per (dtype, layout, option, concrete problem), so GEMMs repeated across layers, and lowering
+retries, are timed once. The GPU that profiled is recorded with each GEMM (`tuned_on`), since its SM
+count and clocks shaped the choice.
 """
 
 from __future__ import annotations
@@ -47,20 +48,28 @@ class GemmProfiler:
 
     def __init__(self, device: Device, cache: Path, repeat: int = REPEAT) -> None:
         self.device, self.cache, self.repeat = device, cache, repeat
-        self._kernels: dict[tuple[tuple[GemmConfig, ...], bool, bool], tuple[CutlassGemms, list[GemmConfig]]] = {}
+        self._kernels: dict[tuple[tuple[GemmConfig, ...], bool, bool], CutlassGemms] = {}
         self._scratch: list[DeviceBuffer | None] = [None, None, None]
+        self._times: dict[tuple[Option, bool, bool, tuple[int, ...]], float] = {}  # the option fixes the dtype
 
-    @property
-    def device_name(self) -> str:
-        return self.device.info.name
+    def close(self) -> None:
+        """Free the scratch buffers, unload the candidates and release the device."""
+        for buf in self._scratch:
+            if buf is not None:
+                buf.free()
+        self._scratch = [None, None, None]
+        for gemms in self._kernels.values():
+            gemms.close()
+        self._kernels.clear()
+        self.device.close()
 
-    def _gemms(self, configs: Sequence[GemmConfig], ta: bool, tb: bool) -> tuple[CutlassGemms, list[GemmConfig]]:
-        key = (tuple(configs), ta, tb)
+    def _gemms(self, configs: tuple[GemmConfig, ...], ta: bool, tb: bool) -> CutlassGemms:
+        key = (configs, ta, tb)
         if key not in self._kernels:
             instances = [GemmInstance(c, ta, tb) for c in configs]
             images, packer = build_gemms(instances, self.cache)
-            gemms = CutlassGemms.from_images(self.device, packer, [(i.name, images[i.name]) for i in instances])
-            self._kernels[key] = (gemms, list(configs))
+            kernels = [(i.name, images[i.name]) for i in instances]
+            self._kernels[key] = CutlassGemms(self.device, packer, kernels, "the GEMM profiler")
         return self._kernels[key]
 
     def _buffer(self, k: int, nbytes: int) -> int:
@@ -75,12 +84,16 @@ class GemmProfiler:
     def __call__(
         self, call: GemmCall, options: Sequence[Option], bindings: Sequence[Mapping[sympy.Symbol, int]]
     ) -> list[list[float]]:
-        configs = list(dict.fromkeys(o.config for o in options))
-        gemms, order = self._gemms(configs, call.ta, call.tb)
+        configs = tuple(dict.fromkeys(o.config for o in options))
         itemsize = call.dtype.itemsize
         times = []
         for b in bindings:
             ints = tuple(int(sympy.sympify(e).subs(b)) for e in call.ints())
+            keys = [(o, call.ta, call.tb, ints) for o in options]
+            if all(k in self._times for k in keys):
+                times.append([self._times[k] for k in keys])
+                continue
+            gemms = self._gemms(configs, call.ta, call.tb)
             g = gemm_args(ints, itemsize)
             last = g.steps[-1] if g.steps else (0, 0, 0, 0)
             a_rows, a_cols = (g.k, g.m) if g.ta else (g.m, g.k)
@@ -90,8 +103,7 @@ class GemmProfiler:
             d = self._buffer(2, _span(g.m, g.n, g.ldc, g, g.stride_c, last[2], itemsize))
             row = []
             for o in options:
-                k = order.index(o.config)
-                entry = {"kernel": k, "split": o.split, "pred": 0, "align": o.config.align}
+                entry = {"kernel": configs.index(o.config), "split": o.split, "pred": 0, "align": o.config.align}
                 launch = gemms.prepare({"dtype": call.dtype.value, "entries": [entry]}, [1], ((0, 0),) * 3, ints)
                 try:
                     gemms.launch(launch, a, bb, d, None, 0)  # warm-up (and CUTLASS's own checks)
@@ -103,5 +115,6 @@ class GemmProfiler:
                     row.append(self.device.elapsed_ms(timed) * 1000.0 / self.repeat)
                 except CudaError:
                     row.append(math.inf)  # CUTLASS cannot run this option at this shape
+            self._times.update(zip(keys, row))
             times.append(row)
         return times

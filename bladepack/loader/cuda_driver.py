@@ -283,6 +283,13 @@ class StreamBuffers:
                     buf.copy_from_host(bytes(buf.nbytes))
             return buf.ptr
 
+    def free(self) -> None:
+        """Free every stream's buffer (the streams must be idle)."""
+        with self._lock:
+            for buf in self._buffers.values():
+                buf.free()
+            self._buffers.clear()
+
 
 # -- argument packing and image choice (pure; tested without a driver)
 

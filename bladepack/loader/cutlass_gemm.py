@@ -44,25 +44,9 @@ class CutlassLaunch:
 
 
 class CutlassGemms:
-    def __init__(self, bpk: BpkFile, plan: dict[str, Any], device: Device) -> None:
-        rows = list(plan["gemm_kernels"])
-        self.load(
-            device,
-            bpk.section(plan["gemm_packer"]["section"]),
-            [(row["name"], bytes(bpk.section(row["section"]))) for row in rows],
-            str(bpk.source),
-        )
-        self.rows = rows
+    """The kernels (name, fatbin) and their packer library; `source` names where they came from."""
 
-    @classmethod
-    def from_images(cls, device: Device, packer: bytes, kernels: Sequence[tuple[str, bytes]]) -> CutlassGemms:
-        """Kernels not from an artifact (optimize-time profiling): (name, fatbin) pairs and their packer."""
-        g = cls.__new__(cls)
-        g.load(device, packer, kernels, "the GEMM profiler")
-        g.rows = [{"name": name} for name, _ in kernels]
-        return g
-
-    def load(
+    def __init__(
         self, device: Device, packer: bytes | memoryview, kernels: Sequence[tuple[str, bytes]], source: str
     ) -> None:
         from bladepack.loader.native_cpu import _open_library
@@ -74,6 +58,7 @@ class CutlassGemms:
                 f"{platform.system()} {platform.machine()} (optimize with gemm_library='cublas' for it)"
             )
         self.device = device
+        self.names = [name for name, _ in kernels]
         self._lib = _open_library(memoryview(packer))
         self.pack: list[Any] = []
         self.functions: list[Function] = []
@@ -91,6 +76,20 @@ class CutlassGemms:
             self.functions.append(module.function(name))
         self._local = threading.local()
         self._workspaces = StreamBuffers(device, 256, zeroed=True)  # split-K semaphores
+
+    @classmethod
+    def from_artifact(cls, bpk: BpkFile, plan: dict[str, Any], device: Device) -> CutlassGemms:
+        """The plan's `gemm_kernels` and `gemm_packer` sections."""
+        kernels = [(row["name"], bytes(bpk.section(row["section"]))) for row in plan["gemm_kernels"]]
+        return cls(device, bpk.section(plan["gemm_packer"]["section"]), kernels, str(bpk.source))
+
+    def close(self) -> None:
+        """Free the split-K semaphores and unload the kernels (the packer library stays mapped: ctypes
+        cannot unload it)."""
+        self._workspaces.free()
+        for module in self._modules:
+            module.unload()
+        self._modules.clear()
 
     def prepare(
         self, lr: dict[str, Any], regs: Sequence[int], ptrs: tuple[tuple[int, int], ...], ints: tuple[int, ...]
@@ -155,7 +154,7 @@ class CutlassGemms:
                 rc = pack(kernel)
             if rc != 0:
                 why = "cannot run this problem" if rc == 1 else "its Params do not fit"
-                raise CudaError(f"CUTLASS GEMM {self.rows[kernel]['name']}: {why} (in = {list(launch.ins)})")
+                raise CudaError(f"CUTLASS GEMM {self.names[kernel]}: {why} (in = {list(launch.ins)})")
             self.functions[kernel].launch_packed(
                 (int(geometry[0]), int(geometry[1]), int(geometry[2])),
                 (int(geometry[3]), 1, 1),

@@ -112,7 +112,7 @@ class NativeCuda:
             from bladepack.loader.cublas import Cublas
 
             self._cublas = Cublas()
-        self._cutlass = CutlassGemms(bpk, plan, self.device) if "gemm_kernels" in plan else None
+        self._cutlass = CutlassGemms.from_artifact(bpk, plan, self.device) if "gemm_kernels" in plan else None
 
     @property
     def arch(self) -> str:

@@ -375,11 +375,12 @@ class _Planner:
     def absorb_epilogues(self) -> None:
         """Note [GEMM epilogue]: each matmul stores the end of its epilogue chain instead of its product."""
         sources: set[int] = set()  # values epilogues read: they stay materialized
+        outputs = set(self.g.outputs)
         for v in sorted(self.mat & set(self.nodes), key=self.order.__getitem__):
             n = self.nodes[v]
             if self.roles[v] is not Role.LIBRARY or v in sources:
                 continue
-            ep = find_epilogue(n, self.nodes, self.users, self.types, self.view, self.is_mat, set(self.g.outputs))
+            ep = find_epilogue(n, self.nodes, self.users, self.types, self.view, self.is_mat, outputs)
             if ep is None:
                 continue
             self.mat.discard(v)
