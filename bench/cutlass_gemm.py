@@ -75,6 +75,53 @@ def check_configs(cache: Path, layers: tuple[tuple[int, int], ...] = LAYERS[:2])
     return failures
 
 
+def check_each_config(cache: Path, n: int = 392, k: int = 1000) -> list[str]:
+    """Every catalogue config launched on its own (the sm80 ones on any GPU, the sm90 ones where the
+    compute capability is 9.0; float16 on a linear layout, and the first config of each arch also in
+    bfloat16 and with B row-major), split-K 2 at small M, against torch over the M sweep."""
+    from bladepack.codegen.cutlass_emitter import GemmInstance
+    from bladepack.codegen.cutlass_toolchain import build_gemms
+    from bladepack.dtypes import DType
+    from bladepack.library_ops.cutlass_configs import candidates
+    from bladepack.loader.cuda_driver import Device
+    from bladepack.loader.cutlass_gemm import CutlassGemms
+
+    device = Device(torch.cuda.current_device())
+    hopper = device.info.compute_capability == (9, 0)
+    failures = []
+    cases = []  # (dtype, B stored [N, K], configs)
+    for dt in (DType.FLOAT16, DType.BFLOAT16):
+        firsts = [candidates(dt)[0], *(candidates(dt, "sm90")[:1] if hopper else ())]
+        every = [*candidates(dt), *(candidates(dt, "sm90") if hopper else ())]
+        cases += [(dt, True, every if dt is DType.FLOAT16 else firsts), (dt, False, firsts)]
+    for dt, tb, cfgs in cases:
+        tdt = torch.float16 if dt is DType.FLOAT16 else torch.bfloat16
+        insts = [GemmInstance(c, False, tb) for c in cfgs]
+        images, packer = build_gemms(insts, cache)
+        kernels = [(i.name, images[i.name], "sm_90a" if i.hopper else "sm_80") for i in insts]
+        gemms = CutlassGemms(device, packer, kernels, "check_each_config")
+        stream = torch.cuda.current_stream().cuda_stream
+        w = torch.randn((n, k) if tb else (k, n), device="cuda", dtype=tdt)
+        for mv in SWEEP:
+            x = torch.randn(mv, k, device="cuda", dtype=tdt)
+            wt = w.t() if tb else w
+            ref64 = x.double() @ wt.double()
+            theirs = _error(x @ wt, ref64)
+            ints = (1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, mv, n, k, 0, int(tb), k, k if tb else n, n)
+            for j, c in enumerate(cfgs):
+                for split in (1, 2) if c.arch == "sm80" and mv <= 64 else (1,):
+                    d = torch.full((mv, n), float("nan"), device="cuda", dtype=tdt)
+                    entry = {"kernel": j, "split": split, "pred": 0, "align": c.align}
+                    launch = gemms.prepare({"dtype": dt.value, "entries": [entry]}, [1], ((0, 0),) * 3, ints)
+                    gemms.launch(launch, x.data_ptr(), w.data_ptr(), d.data_ptr(), None, stream)
+                    ours = _error(d, ref64)
+                    if not ours <= 2 * theirs + 1e-3:  # NaN (a tile never written) fails too
+                        failures.append(f"{insts[j].name} split {split} M={mv}: error {ours:.3g}, torch {theirs:.3g}")
+        torch.cuda.synchronize()
+        gemms.close()
+    return failures
+
+
 class EpilogueBlock(torch.nn.Module):
     """Every fused epilogue form (Note [GEMM epilogue]): bias + ReLU, bias + GELU, SiLU, a residual, a bias."""
 

@@ -89,12 +89,12 @@ def _producer(frontend: str) -> dict[str, str]:
 
 def _check_targets(targets: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
     """(plan targets, CUDA images asked for explicitly or None for all)."""
-    from bladepack.codegen.cuda_toolchain import CUBIN_ARCHES, PTX_ARCH
+    from bladepack.codegen.cuda_toolchain import CUBIN_ARCHES, HOPPER_GEMM_ARCH, PTX_ARCH
 
     if isinstance(targets, str):
         raise TypeError(f"targets must be a sequence such as ('cpu',), not the string {targets!r}")
     images = [t.split(":", 1)[1] for t in targets if t.startswith("cuda:")]
-    allowed = [*SUPPORTED_TARGETS, *(f"cuda:{a}" for a in (*CUBIN_ARCHES, PTX_ARCH))]
+    allowed = [*SUPPORTED_TARGETS, *(f"cuda:{a}" for a in (*CUBIN_ARCHES, PTX_ARCH, HOPPER_GEMM_ARCH))]
     bad = [t for t in targets if t not in allowed]
     if bad or not targets:
         raise ValueError(f"unsupported targets {bad or list(targets)}; this version supports {allowed}")
@@ -121,14 +121,21 @@ def _build_gemms(plan: ExecPlan, options: Options) -> tuple[dict[str, bytes], by
 
 
 def _gemm_policy(
-    options: Options, library: str, cuda: bool, samples: tuple[Mapping[str, int], ...], notes: list[str]
+    options: Options,
+    library: str,
+    cuda: bool,
+    samples: tuple[Mapping[str, int], ...],
+    notes: list[str],
+    images: tuple[str, ...] | None = None,
 ) -> tuple[GemmPolicy, GemmProfiler | None]:
     """How the CUDA plan's GEMMs are chosen (Note [GEMM profiling] in library_ops/gemm_profile.py): with
     CUTLASS, a profiler on the CUDA device present here (returned too: the caller closes it), else the
-    cost model."""
+    cost model; the Hopper table when the CUDA images asked for include sm_90a."""
+    from bladepack.codegen.cuda_toolchain import hopper_gemms
     from bladepack.library_ops.gemm_select import GemmPolicy
 
-    policy = GemmPolicy(library, options.gemm_configs, samples=samples)
+    hopper = cuda and library == "cutlass" and hopper_gemms(images)
+    policy = GemmPolicy(library, options.gemm_configs, samples=samples, hopper=hopper)
     if not cuda or library != "cutlass" or options.gemm_tuning == "model":
         return policy, None
     from bladepack.loader.cuda_driver import CudaUnavailable, Device
@@ -143,7 +150,9 @@ def _gemm_policy(
 
     profiler = GemmProfiler(device, options.cache_dir)
     notes.append(f"CUTLASS configs chosen by profiling on {device.info.name} ({device.info.arch})")
-    return dataclasses.replace(policy, measure=profiler, tuned_on=device.info.name), profiler
+    on_hopper = hopper and device.info.compute_capability == (9, 0)
+    policy = dataclasses.replace(policy, measure=profiler, tuned_on=device.info.name, measure_hopper=on_hopper)
+    return policy, profiler
 
 
 def _build_cpu(plan: ExecPlan, options: Options, notes: list[str]) -> list[tuple[str, tuple[str, ...], bytes]]:
@@ -279,7 +288,7 @@ def optimize_program(
         program = to_precision(program, dtype)
     program = run_pipeline(program, options)
     notes = list(notes)
-    gemm, profiler = _gemm_policy(options, gemm_library, "cuda" in targets, tuple(samples), notes)
+    gemm, profiler = _gemm_policy(options, gemm_library, "cuda" in targets, tuple(samples), notes, cuda_images)
     try:
         plan = build_plan(program, targets=targets, gemm=gemm)
     finally:

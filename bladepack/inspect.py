@@ -139,15 +139,22 @@ def inspect_text(s: dict[str, Any]) -> str:
         )
         if gc.get("epilogue"):  # Note [GEMM epilogue]: stores the end of the chain instead of the product
             lines.append(f"    epilogue: {gc['epilogue']} -> %{gc['out']}")
-        dispatch = gc.get("dispatch", [])  # CUTLASS: the config per range of the key M*N*batch
-        for e in dispatch[:-1]:
-            top = "inf" if e["key_max"] is None else e["key_max"]
-            split = f", split-K {e['split']}" if e["split"] > 1 else ""
-            lines.append(f"    {gc['key']} in [{e['key_min']}, {top}], operands aligned: {e['config']}{split}")
-        if dispatch:
-            lines.append(f"    otherwise: {dispatch[-1]['config']}")
-            tuned = gc.get("tuned_on", "cost model")
-            lines.append(f"    chosen by: {'the cost model' if tuned == 'cost model' else 'profiling on ' + tuned}")
+        # CUTLASS: the config per range of the key M*N*batch, for every GPU and for compute capability 9.0
+        for table, suffix, head in (("dispatch", "", None), ("dispatch_sm90", "_sm90", "on compute capability 9.0")):
+            dispatch = gc.get(table, [])
+            if not dispatch:
+                continue
+            indent = "    "
+            if head is not None:
+                lines.append(f"    {head}:")
+                indent = "      "
+            for e in dispatch[:-1]:
+                top = "inf" if e["key_max"] is None else e["key_max"]
+                split = f", split-K {e['split']}" if e["split"] > 1 else ""
+                lines.append(f"{indent}{gc['key']} in [{e['key_min']}, {top}], operands aligned: {e['config']}{split}")
+            lines.append(f"{indent}otherwise: {dispatch[-1]['config']}")
+            tuned = gc.get("tuned_on" + suffix, "cost model")
+            lines.append(f"{indent}chosen by: {'the cost model' if tuned == 'cost model' else 'profiling on ' + tuned}")
     lines.append(f"weights: {s['weights']} tensors, {_human(s['weights_bytes'])}")
     lines.append(f"arena bytes (planned peak, all intermediates): {s['arena_bytes']}")
     return "\n".join(lines) + "\n"

@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from bladepack.codegen.cuda_toolchain import CUBIN_ARCHES, PTX_ARCH, build_images, cubin_arch, targets
+from bladepack.codegen.cuda_toolchain import (
+    CUBIN_ARCHES,
+    HOPPER_GEMM_ARCH,
+    PTX_ARCH,
+    build_images,
+    cubin_arch,
+    hopper_gemms,
+    kernel_targets,
+    targets,
+)
 from bladepack.codegen.toolchain import ToolchainError
 from bladepack.loader.cuda_driver import choose_image
 
@@ -24,7 +33,9 @@ extern "C" __global__ void axpy(float* y, const float* x, __half a, long long n)
 
 def test_every_architecture_and_ptx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("BLADEPACK_CUDA_ARCHES", raising=False)
-    assert targets() == [*CUBIN_ARCHES, PTX_ARCH]
+    assert targets() == [*CUBIN_ARCHES, PTX_ARCH, HOPPER_GEMM_ARCH]  # sm_90a: CUTLASS GEMMs only
+    assert kernel_targets() == [*CUBIN_ARCHES, PTX_ARCH] and hopper_gemms()
+    assert kernel_targets(["sm_90a"]) == ["sm_90"] and not hopper_gemms(["sm_90", "compute_90"])
     images = build_images(SOURCE, tmp_path)
     assert sorted(images) == sorted([*CUBIN_ARCHES, PTX_ARCH])
     for arch in CUBIN_ARCHES:

@@ -61,12 +61,12 @@ def _linear_call(env: ShapeEnv, m: object, n: int, k: int, dtype: DType = DType.
 
 def test_catalogue_configs_instantiate() -> None:
     names = set()
-    for dt, cfgs in CATALOGUE.items():
-        for cfg in (*cfgs, fallback(dt)):
+    for (dt, arch), cfgs in CATALOGUE.items():
+        for cfg in (*cfgs, *((fallback(dt),) if arch == "sm80" else ())):
             check(cfg)
             assert cfg.name not in names
             names.add(cfg.name)
-            assert cfg.dtype is dt
+            assert cfg.dtype is dt and cfg.arch == arch
         assert fallback(dt).align == 1
     assert all(c.math == "tensorop_3xtf32" for c in candidates(DType.FLOAT32))  # float32 accuracy, not TF32
     with pytest.raises(ValueError, match="no CUTLASS GEMM configs for int64"):
@@ -274,7 +274,7 @@ def test_cutlass_packer_takes_the_epilogue_source(cutlass_artifact: bladepack.ap
     def params(ldc: int, c_ptr: int, beta: float) -> bytes:
         ins = (ctypes.c_int64 * 13)(300, 128, 64, 1, 64, 64, ldc, 128, 0, 0, 0, 0, 0)
         ptrs = (ctypes.c_uint64 * 5)(a, b, c_ptr, d, 0)
-        out, geometry = (ctypes.c_uint8 * 4096)(), (ctypes.c_int64 * 7)()
+        out, geometry = (ctypes.c_uint8 * 4096)(), (ctypes.c_int64 * 10)()
         rc = pack(ins, ptrs, (ctypes.c_double * 2)(1.0, beta), 132, out, 4096, geometry)
         assert rc == 0
         return bytes(out[: geometry[5]])
@@ -291,15 +291,15 @@ def test_cutlass_packer_takes_the_epilogue_source(cutlass_artifact: bladepack.ap
 
 @pytest.mark.cuda
 def test_cutlass_gemms_on_a_real_gpu() -> None:
-    """Every packaged config against torch.matmul over M from 1 to 16384 (odd values included), and every
-    fused epilogue form against torch."""
+    """Every catalogue config (Hopper ones on compute capability 9.0) and every packaged dispatch against
+    torch.matmul over M from 1 to 16384 (odd values included), and every fused epilogue form against torch."""
     torch_cuda = pytest.importorskip("torch.cuda")
     if not torch_cuda.is_available():
         pytest.skip("no GPU")
-    from bench.cutlass_gemm import check_configs, check_epilogues
+    from bench.cutlass_gemm import check_configs, check_each_config, check_epilogues
 
     cache = Path(os.environ.get("BLADEPACK_CACHE_DIR", "/tmp/bladepack-cache"))
-    failures = check_configs(cache) + check_epilogues(cache)
+    failures = check_each_config(cache) + check_configs(cache) + check_epilogues(cache)
     assert not failures, failures
 
 
@@ -313,7 +313,7 @@ class _RecordingPack:
         self.calls.append((self.name, list(cin), list(cptrs), float(scalars[1])))
         if self.refuse:
             return 1
-        geometry[:] = [1, 1, 1, 128, 0, 64, 0]
+        geometry[:] = [1, 1, 1, 128, 0, 64, 0, 1, 1, 1]
         return 0
 
 
@@ -327,6 +327,7 @@ def _stub_gemms(refuse_first: bool = False) -> tuple[Any, list[Any], list[str]]:
     g = CutlassGemms.__new__(CutlassGemms)
     g.device = SimpleNamespace(info=SimpleNamespace(sm_count=132))  # type: ignore[assignment]
     g.names = ["tensorop", "simt"]
+    g.hopper = False
     g.pack = [_RecordingPack(calls, "tensorop", refuse_first), _RecordingPack(calls, "simt")]
     g.functions = [
         SimpleNamespace(launch_packed=lambda *a, n=n: launched.append(n))  # type: ignore[misc]

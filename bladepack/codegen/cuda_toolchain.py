@@ -6,6 +6,9 @@ size). Out: `{"sm_80": cubin, "sm_86": ..., "sm_89": ..., "sm_90": ..., "compute
 names `loader.cuda_driver.choose_image` picks from — each cached under
 BLADEPACK_CACHE_DIR/cuda/<sha256 of nvcc version, flags, target and source>. Compiles run two at a
 time (ptxas is memory-hungry). BLADEPACK_CUDA_ARCHES=sm_90,compute_90 limits the targets (tests).
+The target "sm_90a" names the Hopper-only CUTLASS GEMM kernels (Note [GEMM config space] in
+library_ops/cutlass_configs.py): generated kernels build no sm_90a image (their sm_90 cubin runs there;
+asked for alone, it builds sm_90), and it is among the default targets.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from bladepack.codegen.toolchain import ToolchainError, cache_put
 
 CUBIN_ARCHES = ("sm_80", "sm_86", "sm_89", "sm_90")
 PTX_ARCH = "compute_90"  # the newest architecture built: the driver JIT-compiles it for later GPUs
+HOPPER_GEMM_ARCH = "sm_90a"  # CUTLASS GEMM kernels only
 FLAGS = ("-std=c++17", "-O3", "--expt-relaxed-constexpr", "-DNDEBUG")
 _PARALLEL = 2
 
@@ -57,9 +61,9 @@ def nvcc_version(nvcc: str) -> str:
 
 
 def targets(arches: Sequence[str] | None = None) -> list[str]:
-    """The images to build: `arches`, else BLADEPACK_CUDA_ARCHES, else every cubin architecture and
-    the PTX."""
-    every = [*CUBIN_ARCHES, PTX_ARCH]
+    """The images to build: `arches`, else BLADEPACK_CUDA_ARCHES, else every cubin architecture, the
+    PTX and the Hopper GEMMs."""
+    every = [*CUBIN_ARCHES, PTX_ARCH, HOPPER_GEMM_ARCH]
     wanted = ",".join(arches) if arches else os.environ.get("BLADEPACK_CUDA_ARCHES")
     if not wanted:
         return every
@@ -108,7 +112,18 @@ def build_images(
     nvcc = nvcc or find_nvcc()
     version = nvcc_version(nvcc)
     with ThreadPoolExecutor(_PARALLEL) as pool:
-        return dict(pool.map(lambda t: _compile_one(nvcc, version, t, source, cache), targets(arches)))
+        return dict(pool.map(lambda t: _compile_one(nvcc, version, t, source, cache), kernel_targets(arches)))
+
+
+def kernel_targets(arches: Sequence[str] | None = None) -> list[str]:
+    """The images of generated kernels among `targets(arches)` (sm_90a alone asks for sm_90)."""
+    wanted = targets(arches)
+    return [t for t in wanted if t != HOPPER_GEMM_ARCH] or ["sm_90"]
+
+
+def hopper_gemms(arches: Sequence[str] | None = None) -> bool:
+    """Whether the targets include the Hopper-only GEMM kernels."""
+    return HOPPER_GEMM_ARCH in targets(arches)
 
 
 def cubin_arch(image: bytes) -> str:

@@ -1,11 +1,13 @@
 """Build CUTLASS GEMM instances with nvcc: a fatbin per kernel and one host packer library.
 
 In: `GemmInstance`s (codegen/cutlass_emitter.py). Out: `{instance name: fatbin}` — sm_80 and sm_90
-cubins plus compute_90 PTX (Note [GEMM config space] in library_ops/cutlass_configs.py) — and the
+cubins plus compute_90 PTX for sm80 configs, one sm_90a cubin for sm90 ones (Note [GEMM config space]
+in library_ops/cutlass_configs.py) — and the
 packer shared library (Note [GEMM packer]; x86-64 Linux, libstdc++ and the CUDA runtime linked
 statically, so it needs nothing at run time beyond glibc). Every output is cached under
 BLADEPACK_CACHE_DIR/cutlass/<sha256 of nvcc version, flags and source>; a warm optimize compiles
-nothing. At most two nvcc processes run at once (an sm_80 + sm_90 GEMM unit takes ~7 s and ~0.7 GB).
+nothing. At most two nvcc processes run at once (an sm_80 + sm_90 GEMM unit takes ~7 s and ~0.7 GB, an
+sm_90a one ~30 s and ~3.3 GB).
 
 The CUTLASS headers come from the `nvidia-cutlass` wheel (`cutlass_library.source_path`), or from
 CUTLASS_PATH (a CUTLASS checkout); neither is needed where the artifact runs.
@@ -27,6 +29,7 @@ KERNEL_TARGETS = (
     "-gencode=arch=compute_80,code=sm_80",
     "-gencode=arch=compute_90,code=[sm_90,compute_90]",
 )
+HOPPER_TARGETS = ("-gencode=arch=compute_90a,code=sm_90a",)  # runs on compute capability 9.0 only
 PACKER_FLAGS = (
     "-shared",
     "-Xcompiler=-fPIC,-static-libstdc++,-static-libgcc",
@@ -63,11 +66,18 @@ def build_gemms(
     nvcc = nvcc or find_nvcc()
     version = nvcc_version(nvcc)
     inc = cutlass_include()
-    kflags = [*FLAGS, *inc, "-fatbin", *KERNEL_TARGETS]
+    kflags = [*FLAGS, *inc, "-fatbin"]
     pflags = [*FLAGS, *inc, *PACKER_FLAGS]
     out = cache / "cutlass"
-    jobs = [(i.name, kflags, kernel_source(i), out / "fatbin") for i in instances]
-    jobs.append(("the GEMM packer", pflags, packer_source(instances), out / "so"))
+    jobs = [
+        (i.name, [*kflags, *(HOPPER_TARGETS if i.hopper else KERNEL_TARGETS)], kernel_source(i), out / "fatbin")
+        for i in instances
+    ]
+    jobs.sort(key=lambda j: j[1][-1] != HOPPER_TARGETS[0])  # the long sm_90a units first, then the packer
+    packer = ("the GEMM packer", pflags, packer_source(instances), out / "so")
+    jobs.insert(sum(i.hopper for i in instances), packer)
     with ThreadPoolExecutor(_PARALLEL) as pool:
-        built = list(pool.map(lambda j: nvcc_cached(nvcc, version, j[1], j[2], j[3], j[0]), jobs))
-    return {i.name: data for i, data in zip(instances, built)}, built[-1]
+        built = dict(
+            zip((j[0] for j in jobs), pool.map(lambda j: nvcc_cached(nvcc, version, j[1], j[2], j[3], j[0]), jobs))
+        )
+    return {i.name: built[i.name] for i in instances}, built[packer[0]]

@@ -1,58 +1,86 @@
-"""The CUTLASS GEMM configuration space: which kernels bladepack may instantiate, per dtype.
+"""The CUTLASS GEMM configuration space: which kernels bladepack may instantiate, per dtype and arch.
 
 In: nothing (a fixed catalogue). Out: `GemmConfig` rows — tile, warp and instruction shapes, pipeline
-stages, operand alignment, math (tensor-op, 3xTF32 tensor-op, SIMT) — and `candidates(dtype)`, the
-configs `gemm_select` chooses among, plus `fallback(dtype)`, the one that runs any operand alignment.
+stages, operand alignment, math (tensor-op, 3xTF32 tensor-op, SIMT, Hopper warpgroup MMA), cluster and
+kernel schedule — and `candidates(dtype, arch)`, the configs `gemm_select` chooses among, plus
+`fallback(dtype)`, the one that runs any operand alignment.
 
-Note [GEMM config space]: every config is a CUTLASS 2.x `GemmUniversal` (sm80-class: cp.async
-multistage mainloop, mma.sync tensor cores) compiled to sm_80 and sm_90 cubins plus compute_90 PTX
-(an sm_80 cubin also runs on sm_86 / sm_89: SASS is compatible within a major version). Split-K is
-not part of a config: the same kernel runs serial split-K when launched with more K slices, so the
-dispatch table picks the slice count per bucket at no compile cost. float32 GEMMs use 3xTF32
-(`OpMultiplyAddFastF32`: each operand split into a TF32 high and low part, three tensor-core products)
-so they keep float32 accuracy (torch's default forbids TF32 for matmul); float64 runs SIMT. The SIMT
-configs with alignment 1 are the fallback for operands whose leading dims, K / N extents or addresses
-are not multiples of the vector width.
+Note [GEMM config space]: the "sm80" configs are CUTLASS 2.x `GemmUniversal`s (cp.async multistage
+mainloop, mma.sync tensor cores) compiled to sm_80 and sm_90 cubins plus compute_90 PTX (an sm_80 cubin
+also runs on sm_86 / sm_89: SASS is compatible within a major version), so they run on every GPU the
+artifact supports. Split-K is not part of a config: the same kernel runs serial split-K when launched
+with more K slices, so the dispatch table picks the slice count per bucket at no compile cost. float32
+GEMMs use 3xTF32 (`OpMultiplyAddFastF32`: each operand split into a TF32 high and low part, three
+tensor-core products) so they keep float32 accuracy (torch's default forbids TF32 for matmul); float64
+runs SIMT. The SIMT configs with alignment 1 are the fallback for operands whose leading dims, K / N
+extents or addresses are not multiples of the vector width.
+
+The "sm90" configs are CUTLASS 3.x kernels built by the collective builders for sm_90a only (Note
+[Hopper GEMMs] in codegen/cutlass_emitter.py): TMA loads into a shared-memory pipeline with as many
+stages as fit next to the epilogue (`stages` 0), warpgroup MMA (wgmma) issued by two consumer
+warpgroups while a producer warpgroup drives TMA, a persistent tile scheduler, and thread-block
+clusters that multicast operand tiles. "cooperative" splits each tile between the two consumer
+warpgroups; "pingpong" gives each its own tile so one's epilogue overlaps the other's MMAs (the better
+schedule for small tiles). They exist for float16 / bfloat16 (wgmma has no 3xTF32 path, and TF32 alone
+would cost float32 accuracy), need 16-byte-aligned operands (TMA) and run serial split-K never: a plan
+keeps an sm80 dispatch table for every GPU and, when it targets sm_90a, a second one for compute
+capability 9.0 that mixes both kinds.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from bladepack.dtypes import DType
 
 # bytes of shared memory per SM a CTA may use on sm_80 / sm_90 (A100: 164 KiB, H100: 227 KiB)
 SMEM_LIMIT = 163 * 1024
+SMEM_LIMIT_SM90 = 227 * 1024
+ARCHES = ("sm80", "sm90")
 
 
 @dataclass(frozen=True)
 class GemmConfig:
     dtype: DType  # A, B and D element type
-    math: str  # "tensorop" | "tensorop_3xtf32" | "simt"
+    math: str  # "tensorop" | "tensorop_3xtf32" | "simt" | "wgmma"
     tile: tuple[int, int, int]  # threadblock M, N, K
-    warp: tuple[int, int, int]
+    warp: tuple[int, int, int]  # a warp's tile (sm90: a consumer warpgroup's)
     inst: tuple[int, int, int]
-    stages: int
+    stages: int  # 0: as many as fit (sm90)
     align: int  # elements per vector access of A, B and D
+    arch: str = "sm80"  # Note [GEMM config space]
+    cluster: tuple[int, int, int] = (1, 1, 1)
+    schedule: str = ""  # sm90: "cooperative" | "pingpong"
 
     @property
     def name(self) -> str:
-        t, w = self.tile, self.warp
+        t, w, c = self.tile, self.warp, self.cluster
+        if self.arch == "sm90":
+            return (
+                f"{_SHORT[self.dtype]}_wgmma_{t[0]}x{t[1]}x{t[2]}_c{c[0]}x{c[1]}x{c[2]}_{self.schedule}_a{self.align}"
+            )
         return (
             f"{_SHORT[self.dtype]}_{self.math}_{t[0]}x{t[1]}x{t[2]}_{w[0]}x{w[1]}x{w[2]}_s{self.stages}_a{self.align}"
         )
 
     @property
     def warps(self) -> int:
+        """Warps computing the tile (sm90: the two consumer warpgroups)."""
+        if self.arch == "sm90":
+            return 8
         return (self.tile[0] // self.warp[0]) * (self.tile[1] // self.warp[1]) * (self.tile[2] // self.warp[2])
 
     @property
     def threads(self) -> int:
-        return 32 * self.warps
+        return 384 if self.arch == "sm90" else 32 * self.warps  # sm90: a producer warpgroup too
 
     @property
     def smem_bytes(self) -> int:
-        """The mainloop's shared memory (the epilogue reuses it): stages x (A tile + B tile)."""
+        """The mainloop's shared memory (the epilogue reuses it): stages x (A tile + B tile); an sm90
+        kernel fills the SM's."""
+        if self.arch == "sm90":
+            return SMEM_LIMIT_SM90
         m, n, k = self.tile
         return self.stages * (m * k + k * n) * self.dtype.itemsize
 
@@ -79,27 +107,45 @@ _F32_TILES = (  # 3xTF32, mma 16x8x8
 )
 
 
-def _catalogue() -> dict[DType, tuple[GemmConfig, ...]]:
-    out: dict[DType, tuple[GemmConfig, ...]] = {}
+_HOPPER_TILES = (  # (tile, cluster, schedule) for 16-bit wgmma configs
+    ((128, 256, 64), (2, 1, 1), "cooperative"),
+    ((256, 128, 64), (1, 2, 1), "cooperative"),
+    ((128, 128, 64), (2, 1, 1), "cooperative"),
+    ((128, 128, 64), (1, 1, 1), "pingpong"),
+    ((64, 128, 64), (1, 1, 1), "pingpong"),
+)
+
+
+def _hopper(dt: DType, tile: tuple[int, int, int], cluster: tuple[int, int, int], schedule: str) -> GemmConfig:
+    m, n, k = tile
+    wm = m // 2 if schedule == "cooperative" else m  # a consumer warpgroup's share of the tile
+    return GemmConfig(dt, "wgmma", tile, (wm, n, k), (64, n, 16), 0, 8, "sm90", cluster, schedule)
+
+
+def _catalogue() -> dict[tuple[DType, str], tuple[GemmConfig, ...]]:
+    out: dict[tuple[DType, str], tuple[GemmConfig, ...]] = {}
     for dt in (DType.FLOAT16, DType.BFLOAT16):
-        out[dt] = tuple(GemmConfig(dt, "tensorop", t, w, (16, 8, 16), s, 8) for t, w, s in _HALF_TILES)
-    out[DType.FLOAT32] = tuple(
+        out[dt, "sm80"] = tuple(GemmConfig(dt, "tensorop", t, w, (16, 8, 16), s, 8) for t, w, s in _HALF_TILES)
+        out[dt, "sm90"] = tuple(_hopper(dt, t, c, s) for t, c, s in _HOPPER_TILES)
+    out[DType.FLOAT32, "sm80"] = tuple(
         GemmConfig(DType.FLOAT32, "tensorop_3xtf32", t, w, (16, 8, 8), s, 4) for t, w, s in _F32_TILES
     )
-    out[DType.FLOAT64] = ()
+    out[DType.FLOAT32, "sm90"] = ()
+    out[DType.FLOAT64, "sm80"] = out[DType.FLOAT64, "sm90"] = ()
     return out
 
 
 CATALOGUE = _catalogue()
 
 
-def candidates(dtype: DType) -> tuple[GemmConfig, ...]:
-    """The aligned configs for `dtype` (empty when only the fallback exists)."""
-    if dtype not in CATALOGUE:
-        raise ValueError(
-            f"no CUTLASS GEMM configs for {dtype.value}; CUTLASS GEMMs take {sorted(d.value for d in CATALOGUE)}"
-        )
-    return CATALOGUE[dtype]
+def candidates(dtype: DType, arch: str = "sm80") -> tuple[GemmConfig, ...]:
+    """The aligned configs of `arch` for `dtype` (empty when only the fallback exists)."""
+    if arch not in ARCHES:
+        raise ValueError(f"no CUTLASS GEMM configs for arch {arch!r}; the arches are {list(ARCHES)}")
+    if (dtype, arch) not in CATALOGUE:
+        dtypes = sorted({d.value for d, _ in CATALOGUE})
+        raise ValueError(f"no CUTLASS GEMM configs for {dtype.value}; CUTLASS GEMMs take {dtypes}")
+    return CATALOGUE[dtype, arch]
 
 
 def fallback(dtype: DType) -> GemmConfig:
@@ -111,7 +157,21 @@ def fallback(dtype: DType) -> GemmConfig:
 
 def check(cfg: GemmConfig) -> None:
     """Raise ValueError when a config cannot be instantiated (tile not a multiple of the warp and
-    instruction shapes, too many threads, too much shared memory)."""
+    instruction shapes, too many threads, too much shared memory; sm90: a tile CUTLASS's builders reject)."""
+    if cfg.arch == "sm90":
+        m, n, k = cfg.tile
+        ok = (
+            cfg.dtype in (DType.FLOAT16, DType.BFLOAT16)
+            and m in ((128, 256) if cfg.schedule == "cooperative" else (64, 128))
+            and n % 16 == 0
+            and 16 <= n <= 256
+            and k * cfg.dtype.itemsize == 128  # one 128-byte swizzle atom of K per stage
+            and cfg.schedule in ("cooperative", "pingpong")
+            and math.prod(cfg.cluster) <= 2  # portable cluster sizes that divide the persistent grid
+        )
+        if not ok:
+            raise ValueError(f"{cfg.name}: not a Hopper config the CUTLASS 3.x builders instantiate")
+        return
     for k in range(3):
         if cfg.tile[k] % cfg.warp[k] or cfg.warp[k] % cfg.inst[k]:
             raise ValueError(

@@ -12,7 +12,8 @@ own path (packer Params, driver launch, split-K semaphores) on scratch operands 
 largest binding needs; each (binding, option) runs once to warm up, then `repeat` times between two
 CUDA events, and the mean counts. An option CUTLASS refuses for a shape counts as never fastest. Times
 are kept per (dtype, layout, option, concrete problem), so GEMMs repeated across layers, and lowering
-retries, are timed once. The GPU that profiled is recorded with each GEMM (`tuned_on`), since its SM
+retries, are timed once. The Hopper table (Note [GEMM config space]) is profiled only on a GPU of
+compute capability 9.0, where its sm_90a candidates run; elsewhere the cost model chooses it. The GPU that profiled is recorded with each GEMM (`tuned_on`), since its SM
 count and clocks shaped the choice.
 """
 
@@ -68,7 +69,7 @@ class GemmProfiler:
         if key not in self._kernels:
             instances = [GemmInstance(c, ta, tb) for c in configs]
             images, packer = build_gemms(instances, self.cache)
-            kernels = [(i.name, images[i.name]) for i in instances]
+            kernels = [(i.name, images[i.name], "sm_90a" if i.hopper else "sm_80") for i in instances]
             self._kernels[key] = CutlassGemms(self.device, packer, kernels, "the GEMM profiler")
         return self._kernels[key]
 

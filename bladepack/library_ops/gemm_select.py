@@ -21,6 +21,12 @@ per-shape best by >= 2%), and the per-shape winners become key intervals. The co
 H100 SXM (132 SMs); they rank configs, they do not predict times. When a GPU is present at optimize
 time, measured times replace the estimates (`measure`; Note [GEMM profiling] in gemm_profile.py) at up
 to PROFILE_POINTS of those shapes, and the same greedy choice runs on them.
+
+A plan that targets sm_90a gets a second table per GEMM (`arch` "sm90"), for GPUs of compute capability
+9.0: it chooses among the Hopper configs (split-K 1 only) and the sm80 ones together, with the sm80
+configs' tensor-core rate cut to what mma.sync reaches on a Hopper SM (MMA_SYNC_ON_HOPPER), so small or
+deep problems may still pick an sm80 config with split-K. A GEMM whose batched operand is broadcast
+(batch stride 0) cannot use the Hopper configs (TMA takes no zero stride).
 """
 
 from __future__ import annotations
@@ -42,7 +48,8 @@ SMS = 132
 SMEM_PER_SM = 227 * 1024
 REGS_PER_SM = 65536
 BANDWIDTH = 3.35e6  # bytes per microsecond
-MACS_PER_SM = {"tensorop": 3.75e6, "tensorop_3xtf32": 0.62e6, "simt": 0.25e6}  # per microsecond
+MACS_PER_SM = {"tensorop": 3.75e6, "tensorop_3xtf32": 0.62e6, "simt": 0.25e6, "wgmma": 3.75e6}  # per microsecond
+MMA_SYNC_ON_HOPPER = 0.62  # the fraction of wgmma's rate that mma.sync reaches on an H100
 LAUNCH_US = 2.0
 MAX_CONFIGS = 4
 SPLITS = (1, 2, 4, 8, 16)
@@ -62,13 +69,17 @@ class Measure(Protocol):
 class GemmPolicy:
     """How a CUDA plan's GEMMs are served: `library` "cublas" or "cutlass"; for CUTLASS at most `configs`
     aligned configs per GEMM, chosen by `measure` (Note [GEMM profiling]; the cost model when None) at
-    shapes that include `samples` (symbol name -> value, one dict per sample input)."""
+    shapes that include `samples` (symbol name -> value, one dict per sample input). `hopper` adds the
+    sm90 table (the plan targets sm_90a), which `measure` times only when `measure_hopper` (the device
+    profiled on has compute capability 9.0)."""
 
     library: str = "cublas"
     configs: int = 4
     measure: Measure | None = None
     tuned_on: str = "cost model"
     samples: tuple[Mapping[str, int], ...] = ()
+    hopper: bool = False
+    measure_hopper: bool = False
 
 
 CUBLAS = GemmPolicy()  # the default: cuBLAS serves CUDA GEMMs
@@ -109,11 +120,13 @@ def occupancy(cfg: GemmConfig) -> int:
 
 def _efficiency(cfg: GemmConfig) -> float:
     wm, wn = cfg.warp[0], cfg.warp[1]
+    if cfg.arch == "sm90":  # a consumer warpgroup's tile
+        return {16384: 0.85, 8192: 0.75}.get(wm * wn, 0.6)
     return {4096: 0.9, 2048: 0.8, 1024: 0.65}.get(wm * wn, 0.5)
 
 
-def estimate(opt: Option, m: int, n: int, k: int, batch: int) -> float:
-    """Note [GEMM cost model]: estimated microseconds of one launch."""
+def estimate(opt: Option, m: int, n: int, k: int, batch: int, arch: str = "sm80") -> float:
+    """Note [GEMM cost model]: estimated microseconds of one launch on a GPU of `arch`'s table."""
     cfg, split = opt.config, opt.split
     tm, tn, tk = cfg.tile
     tiles = math.ceil(m / tm) * math.ceil(n / tn) * batch * split
@@ -121,6 +134,8 @@ def estimate(opt: Option, m: int, n: int, k: int, batch: int) -> float:
     k_iters = math.ceil(math.ceil(k / split) / tk)
     cta_macs = k_iters * tm * tn * tk
     rate = MACS_PER_SM[cfg.math] * _efficiency(cfg)
+    if arch == "sm90" and cfg.math == "tensorop":
+        rate *= MMA_SYNC_ON_HOPPER
     per_sm = math.ceil(tiles / SMS)  # CTAs the busiest SM runs
     compute = 0.0
     left = per_sm
@@ -139,7 +154,7 @@ def _options(cfgs: Sequence[GemmConfig], k_max: int, batched: bool) -> list[Opti
     out = []
     for cfg in cfgs:
         for s in SPLITS:
-            if s == 1 or (not batched and k_max >= 4 * s * cfg.tile[2]):
+            if s == 1 or (not batched and cfg.arch == "sm80" and k_max >= 4 * s * cfg.tile[2]):
                 out.append(Option(cfg, s))
     return out
 
@@ -188,6 +203,13 @@ def alignment_pred(call: GemmCall, align: int) -> Any:
     return sympy.simplify(sympy.And(*conds))
 
 
+def _hopper_ok(call: GemmCall, batch_total: Any) -> bool:
+    """Note [Hopper GEMMs] in codegen/cutlass_emitter.py: no broadcast (zero-stride) batched operand."""
+    if batch_total == 1:
+        return True
+    return all(s != 0 for b, *ss in zip(call.batch, call.sa, call.sb, call.sc) if b != 1 for s in ss)
+
+
 def _thin(items: list[Any], most: int) -> list[Any]:
     """At most `most` items spread evenly, the first and last kept."""
     if len(items) <= most:
@@ -201,13 +223,19 @@ def select(
     samples: Sequence[Mapping[str, int]] = (),
     max_configs: int = MAX_CONFIGS,
     measure: Measure | None = None,
+    arch: str = "sm80",
 ) -> GemmDispatch:
-    """Note [GEMM cost model]: the dispatch table of one GEMM; `measure` times options on a GPU
-    instead of estimating them."""
+    """Note [GEMM cost model]: the dispatch table of one GEMM for GPUs of `arch` ("sm80": all of them,
+    "sm90": compute capability 9.0); `measure` times options on a GPU instead of estimating them."""
     batch_total = sympy.sympify(call.batch[0] * call.batch[1] * call.batch[2])
     key = sympy.expand(sympy.sympify(call.m) * call.n * batch_total)
     fb = fallback(call.dtype)
     cfgs = candidates(call.dtype)
+    if arch == "sm90":
+        hopper = candidates(call.dtype, "sm90") if _hopper_ok(call, batch_total) else ()
+        cfgs = (*hopper, *cfgs)
+    elif arch != "sm80":
+        raise ValueError(f"no GEMM dispatch for arch {arch!r}; the arches are sm80 and sm90")
     align_pred = {c: alignment_pred(call, c.align) for c in cfgs}
     cfgs = tuple(c for c in cfgs if align_pred[c] is not sympy.false)
     if not cfgs:
@@ -221,7 +249,7 @@ def select(
     k_max = max(s[2] for s in shapes)
     options = _options(cfgs, k_max, batched)
     if measure is None:
-        times = [[estimate(o, *s) for o in options] for s in shapes]
+        times = [[estimate(o, *s, arch) for o in options] for s in shapes]
     else:
         shapes = _thin(shapes, PROFILE_POINTS)
         times = measure(call, options, [binding_of[s] for s in shapes])

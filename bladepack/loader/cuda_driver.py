@@ -127,6 +127,17 @@ class Device:
             _check(self._drv, self._drv.cuDevicePrimaryCtxRelease(self._dev), "cuDevicePrimaryCtxRelease")
             self._ctx = None
 
+    def entry_point(self, symbol: str) -> int:
+        """The address of a driver function (cuGetProcAddress, CUDA 12.0 ABI), for native code that
+        calls the driver without linking it (Note [Hopper GEMMs] in codegen/cutlass_emitter.py)."""
+        drv = self._drv
+        flags = drv.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT
+        found = _check(drv, drv.cuGetProcAddress(symbol.encode(), 12000, flags), f"cuGetProcAddress({symbol})")
+        address = int(found[0] if isinstance(found, tuple) else found)
+        if address == 0:
+            raise CudaUnavailable(f"the CUDA driver has no {symbol} (it needs CUDA 12.0 or newer)")
+        return address
+
     def load_module(self, image: bytes) -> Module:
         return Module(self._drv, image)
 
@@ -215,13 +226,32 @@ class Function:
         nbytes: int,
         shared_bytes: int,
         stream: int,
+        cluster: tuple[int, int, int] = (1, 1, 1),
     ) -> None:
         """Launch with `nbytes` of packed parameters at `address` (CU_LAUNCH_PARAM_BUFFER_POINTER); the
-        driver copies them at launch, so the memory may be reused on return."""
+        driver copies them at launch, so the memory may be reused on return. A thread-block `cluster` of
+        more than one CTA launches through cuLaunchKernelEx."""
         drv = self._drv
         self.prepare_shared(shared_bytes)
         size = ctypes.c_size_t(nbytes)
         extra = (ctypes.c_void_p * 5)(_BUFFER_POINTER, address, _BUFFER_SIZE, ctypes.addressof(size), _END)
+        if cluster != (1, 1, 1):
+            config = drv.CUlaunchConfig()
+            config.gridDimX, config.gridDimY, config.gridDimZ = grid
+            config.blockDimX, config.blockDimY, config.blockDimZ = block
+            config.sharedMemBytes = shared_bytes
+            config.hStream = drv.CUstream(stream)
+            attr = drv.CUlaunchAttribute()
+            attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
+            config.attrs = [attr]
+            config.numAttrs = 1
+            _check(
+                drv,
+                drv.cuLaunchKernelEx(config, self.handle, 0, ctypes.addressof(extra)),
+                f"cuLaunchKernelEx({self.name}, cluster {cluster})",
+            )
+            return
         _check(
             drv,
             drv.cuLaunchKernel(

@@ -8,6 +8,11 @@ the packer for this call's pointers, and the kernel launched with the Params as 
 launch with an epilogue source (a bias row or a residual: Note [GEMM epilogue] in
 optimize/gemm_epilogue.py) passes it as CUTLASS's C with beta 1.
 
+On a GPU of compute capability 9.0 an artifact built for sm_90a loads its Hopper kernels too, hands the
+packer the driver's `cuTensorMapEncodeTiled` (Note [Hopper GEMMs] in codegen/cutlass_emitter.py) and
+dispatches with each record's `entries_sm90`; elsewhere the Hopper kernels are not loaded (their
+sm_90a cubins run nowhere else) and `entries` dispatch.
+
 Everything that depends on the shape only (dispatch entry, packer inputs, batch folding: loader/
 gemm_args.py) is resolved in `prepare`; a call adds its addresses and packs. Serial split-K slices share
 one semaphore buffer per stream (CUTLASS leaves it zeroed after every launch).
@@ -43,11 +48,20 @@ class CutlassLaunch:
     steps: tuple[tuple[int, int, int, int], ...]  # byte offsets of A, B, D, source per host-loop step (gemm_args)
 
 
+HOPPER = "sm_90a"  # the kernel arch of Hopper-only instances
+_PACK_ERRORS = {
+    1: "cannot run this problem",
+    2: "its Params do not fit",
+    3: "the driver refused a TMA descriptor",
+}
+
+
 class CutlassGemms:
-    """The kernels (name, fatbin) and their packer library; `source` names where they came from."""
+    """The kernels (name, fatbin, arch: "sm_80" or "sm_90a") and their packer library; `source` names
+    where they came from."""
 
     def __init__(
-        self, device: Device, packer: bytes | memoryview, kernels: Sequence[tuple[str, bytes]], source: str
+        self, device: Device, packer: bytes | memoryview, kernels: Sequence[tuple[str, bytes, str]], source: str
     ) -> None:
         from bladepack.loader.native_cpu import _open_library
 
@@ -58,12 +72,20 @@ class CutlassGemms:
                 f"{platform.system()} {platform.machine()} (optimize with gemm_library='cublas' for it)"
             )
         self.device = device
-        self.names = [name for name, _ in kernels]
+        self.names = [name for name, _, _ in kernels]
         self._lib = _open_library(memoryview(packer))
         self.pack: list[Any] = []
-        self.functions: list[Function] = []
+        self.functions: list[Function | None] = []  # None: a Hopper kernel on another GPU
         self._modules = []
-        for name, image in kernels:
+        self.hopper = device.info.compute_capability == (9, 0) and any(arch == HOPPER for _, _, arch in kernels)
+        if self.hopper:
+            try:
+                setter = self._lib.bpk_set_tensor_map_encoder
+            except AttributeError as e:
+                raise BpkFormatError(f"{source}: the GEMM packer cannot take a TMA encoder (corrupt artifact)") from e
+            setter.argtypes, setter.restype = [ctypes.c_void_p], None
+            setter(device.entry_point("cuTensorMapEncodeTiled"))
+        for name, image, arch in kernels:
             try:
                 fn = getattr(self._lib, f"bpk_pack_{name}")
             except AttributeError as e:
@@ -71,6 +93,9 @@ class CutlassGemms:
             fn.restype = ctypes.c_int
             fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
             self.pack.append(fn)
+            if arch == HOPPER and not self.hopper:
+                self.functions.append(None)
+                continue
             module = device.load_module(image)
             self._modules.append(module)
             self.functions.append(module.function(name))
@@ -80,7 +105,9 @@ class CutlassGemms:
     @classmethod
     def from_artifact(cls, bpk: BpkFile, plan: dict[str, Any], device: Device) -> CutlassGemms:
         """The plan's `gemm_kernels` and `gemm_packer` sections."""
-        kernels = [(row["name"], bytes(bpk.section(row["section"]))) for row in plan["gemm_kernels"]]
+        kernels = [
+            (row["name"], bytes(bpk.section(row["section"])), row.get("arch", "sm_80")) for row in plan["gemm_kernels"]
+        ]
         return cls(device, bpk.section(plan["gemm_packer"]["section"]), kernels, str(bpk.source))
 
     def close(self) -> None:
@@ -94,10 +121,12 @@ class CutlassGemms:
     def prepare(
         self, lr: dict[str, Any], regs: Sequence[int], ptrs: tuple[tuple[int, int], ...], ints: tuple[int, ...]
     ) -> CutlassLaunch:
-        entries = lr["entries"]
+        entries = lr["entries_sm90"] if self.hopper and "entries_sm90" in lr else lr["entries"]
         chosen = next((e for e in entries if regs[e["pred"]]), None)
         if chosen is None:
             raise BpkFormatError("a CUTLASS GEMM launch has no dispatch entry for this shape (corrupt plan)")
+        if not all(0 <= int(e["kernel"]) < len(self.functions) for e in (chosen, entries[-1])):
+            raise BpkFormatError(f"a CUTLASS GEMM dispatch entry names no packaged kernel (corrupt plan): {chosen}")
         itemsize = DType(lr["dtype"]).itemsize
         g = gemm_args(ints, itemsize)
         if max(g.m, g.n, g.k, g.count) > _INT_MAX:
@@ -120,7 +149,7 @@ class CutlassGemms:
         loc = self._local
         if not hasattr(loc, "params"):
             loc.params = (ctypes.c_uint8 * PARAMS_CAPACITY)()
-            loc.geometry = (ctypes.c_int64 * 7)()
+            loc.geometry = (ctypes.c_int64 * 10)()
             loc.ins = (ctypes.c_int64 * 13)()
             loc.ptrs = (ctypes.c_uint64 * 5)()
             loc.scalars = (ctypes.c_double * 2)(1.0, 0.0)
@@ -152,14 +181,16 @@ class CutlassGemms:
             if rc == 0 and launch.split > 1 and geometry[6] > 0:
                 cptrs[4] = semaphores = self._workspaces.get(int(geometry[6]), stream)
                 rc = pack(kernel)
-            if rc != 0:
-                why = "cannot run this problem" if rc == 1 else "its Params do not fit"
+            function = self.functions[kernel]
+            if rc != 0 or function is None:
+                why = _PACK_ERRORS.get(rc, f"packer error {rc}") if rc else "its sm_90a kernel is not loaded"
                 raise CudaError(f"CUTLASS GEMM {self.names[kernel]}: {why} (in = {list(launch.ins)})")
-            self.functions[kernel].launch_packed(
+            function.launch_packed(
                 (int(geometry[0]), int(geometry[1]), int(geometry[2])),
                 (int(geometry[3]), 1, 1),
                 ctypes.addressof(params),
                 int(geometry[5]),
                 int(geometry[4]),
                 stream,
+                (int(geometry[7]), int(geometry[8]), int(geometry[9])),
             )

@@ -27,7 +27,7 @@ from bladepack.ir import OpKind, Program
 from bladepack.ir.ops import Conv2dAttrs
 from bladepack.ir.types import IRDim, TensorType, dim_str
 from bladepack.library_ops.cpu_gemm import GemmCall, lower_conv, lower_matmul, operand_ok
-from bladepack.library_ops.gemm_select import CUBLAS, GemmPolicy, select
+from bladepack.library_ops.gemm_select import CUBLAS, GemmDispatch, GemmPolicy, select
 from bladepack.optimize.fusion import FusionPlan, KernelSpec, LibraryStep, ReferenceStep, plan_fusion
 from bladepack.optimize.gemm_epilogue import GemmEpilogue
 from bladepack.optimize.memory_plan import Buffer, plan_memory
@@ -175,9 +175,10 @@ class _Lowerer:
             self.launches.append({"op": "gemm", "dtype": call.dtype.value, "ptrs": ptrs, "ints": ints})
             return
         record: dict[str, Any] = {"op": "cutlass", "dtype": call.dtype.value}
-        activation = "none"
+        activation, source = "none", "none"
         if epilogue is not None:  # Note [GEMM epilogue] in optimize/gemm_epilogue.py
             activation = epilogue.activation
+            source = epilogue.source_kind if epilogue.source is not None else "none"
             record["epilogue"] = {"source": epilogue.source_kind, "activation": activation}
             row["out"] = out
             row["epilogue"] = epilogue.describe()
@@ -189,18 +190,32 @@ class _Lowerer:
                 ints += [self.enc(e) for e in ((0, 0, 0, 0) if bias else (*call.sc, call.ldc))]
         # Note [GEMM cost model] in library_ops/gemm_select.py: configs and their dispatch ranges
         g = self.gemm
-        dispatch = select(call, self.p.shape_env, g.samples, g.configs, g.measure)
+        env = self.p.shape_env
+        dispatch = select(call, env, g.samples, g.configs, g.measure)
+        row["key"] = dim_str(dispatch.key)
         row["tuned_on"] = g.tuned_on
+        row["dispatch"] = self._dispatch_rows(dispatch)
+        record["entries"] = self._entries(dispatch, call, activation, source)
+        if g.hopper:  # the table for compute capability 9.0 (Note [GEMM cost model])
+            hopper = select(call, env, g.samples, g.configs, g.measure if g.measure_hopper else None, "sm90")
+            row["tuned_on_sm90"] = g.tuned_on if g.measure_hopper else "cost model"
+            row["dispatch_sm90"] = self._dispatch_rows(hopper)
+            record["entries_sm90"] = self._entries(hopper, call, activation, source)
+        self.launches.append({**record, "ptrs": ptrs, "ints": ints})
+
+    @staticmethod
+    def _dispatch_rows(dispatch: GemmDispatch) -> list[dict[str, Any]]:
+        return [{"config": e.config.name, "split": e.split, "key_min": e.lo, "key_max": e.hi} for e in dispatch.entries]
+
+    def _entries(self, dispatch: GemmDispatch, call: GemmCall, activation: str, source: str) -> list[dict[str, Any]]:
+        """The launch record's dispatch entries: kernel index, split-K slices, predicate register, vector width."""
         entries = []
         for e in dispatch.entries:
-            inst = GemmInstance(e.config, call.ta, call.tb, activation)
+            hopper = e.config.arch == "sm90"  # Note [Hopper GEMMs]: the epilogue source is compiled in
+            inst = GemmInstance(e.config, call.ta, call.tb, activation, source if hopper else "none")
             k = self.instances.setdefault(inst, len(self.instances))
             entries.append({"kernel": k, "split": e.split, "pred": self.pred(e.pred), "align": e.config.align})
-        row["key"] = dim_str(dispatch.key)
-        row["dispatch"] = [
-            {"config": e.config.name, "split": e.split, "key_min": e.lo, "key_max": e.hi} for e in dispatch.entries
-        ]
-        self.launches.append({**record, "entries": entries, "ptrs": ptrs, "ints": ints})
+        return entries
 
     def _conv(self, step: LibraryStep) -> None:
         n = self.nodes[step.node]
@@ -319,6 +334,10 @@ def lower_native(
                 "ta": i.ta,
                 "tb": i.tb,
                 "activation": i.activation,
+                "arch": "sm_90a" if i.hopper else "sm_80",
+                "cluster": list(i.config.cluster),
+                "schedule": i.config.schedule,
+                "source": i.source,
             }
             for i in instances
         ]

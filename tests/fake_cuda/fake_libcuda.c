@@ -290,6 +290,66 @@ CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned
   return OK;
 }
 
+/* cuLaunchKernelEx's config and attribute (cuda.h layout): a cluster dimension (attribute 4) is logged and
+ * must divide the grid, as the driver requires; the launch itself goes through cuLaunchKernel. */
+typedef struct {
+  int id;
+  char pad[4];
+  unsigned value[16];
+} FakeLaunchAttribute;
+typedef struct {
+  unsigned gx, gy, gz, bx, by, bz, smem;
+  CUstream stream;
+  FakeLaunchAttribute* attrs;
+  unsigned num_attrs;
+} FakeLaunchConfig;
+
+CUresult cuLaunchKernelEx(const FakeLaunchConfig* c, void* f, void** params, void** extra) {
+  unsigned cluster[3] = {1, 1, 1};
+  for (unsigned i = 0; i < c->num_attrs; ++i) {
+    if (c->attrs[i].id == 4) memcpy(cluster, c->attrs[i].value, sizeof cluster);
+  }
+  logf_("launch_ex %s cluster %u %u %u", ((FakeFunction*)f)->name, cluster[0], cluster[1], cluster[2]);
+  if (!cluster[0] || !cluster[1] || !cluster[2] || c->gx % cluster[0] || c->gy % cluster[1] || c->gz % cluster[2] ||
+      cluster[0] * cluster[1] * cluster[2] > 8)
+    return ERR_INVALID_VALUE;
+  return cuLaunchKernel(f, c->gx, c->gy, c->gz, c->bx, c->by, c->bz, c->smem, c->stream, params, extra);
+}
+
+/* A TMA descriptor: logged (data type, rank, address, dims, byte strides, box, swizzle) and checked as the
+ * driver documents (rank 1..5, 16-byte-aligned address, strides multiples of 16 below 2^40 and not zero
+ * here, box sides 1..256); the 128 bytes are filled with a pattern. */
+CUresult cuTensorMapEncodeTiled(void* map, int type, unsigned rank, void* address, const uint64_t* dims,
+                                const uint64_t* strides, const unsigned* box, const unsigned* element_strides,
+                                int interleave, int swizzle, int l2, int fill) {
+  (void)element_strides;
+  (void)interleave;
+  (void)l2;
+  (void)fill;
+  char text[512];
+  int at = snprintf(text, sizeof text, "tensor_map type %d rank %u addr %llu dims", type, rank,
+                    (unsigned long long)(uintptr_t)address);
+  int ok = rank >= 1 && rank <= 5 && (uintptr_t)address % 16 == 0;
+  for (unsigned i = 0; i < rank && i < 5; ++i) {
+    at += snprintf(text + at, sizeof text - at, " %llu", (unsigned long long)dims[i]);
+    ok = ok && dims[i] >= 1;
+  }
+  at += snprintf(text + at, sizeof text - at, " strides");
+  for (unsigned i = 0; i + 1 < rank && i < 4; ++i) {
+    at += snprintf(text + at, sizeof text - at, " %llu", (unsigned long long)strides[i]);
+    ok = ok && strides[i] % 16 == 0 && strides[i] > 0 && strides[i] < (1ull << 40);
+  }
+  at += snprintf(text + at, sizeof text - at, " box");
+  for (unsigned i = 0; i < rank && i < 5; ++i) {
+    at += snprintf(text + at, sizeof text - at, " %u", box[i]);
+    ok = ok && box[i] >= 1 && box[i] <= 256;
+  }
+  snprintf(text + at, sizeof text - at, " swizzle %d", swizzle);
+  logf_("%s", text);
+  memset(map, 0x5A, 128);
+  return ok ? OK : ERR_INVALID_VALUE;
+}
+
 CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t n) {
   void* m = aligned_alloc(256, (n + 255) / 256 * 256);
   if (!m) return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
@@ -361,6 +421,7 @@ struct Entry {
   const char* name;
   void* fn;
 };
+CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, unsigned long long flags, int* status);
 #define E(n, f) {n, (void*)&f}
 static const struct Entry kEntries[] = {
     E("cuDriverGetVersion", cuDriverGetVersion), E("cuInit", cuInit), E("cuDeviceGetCount", cuDeviceGetCount),
@@ -371,7 +432,8 @@ static const struct Entry kEntries[] = {
     E("cuCtxPopCurrent", cuCtxPopCurrent_v2), E("cuCtxSynchronize", cuCtxSynchronize),
     E("cuModuleLoadData", cuModuleLoadData), E("cuModuleUnload", cuModuleUnload),
     E("cuModuleGetFunction", cuModuleGetFunction), E("cuFuncSetAttribute", cuFuncSetAttribute),
-    E("cuLaunchKernel", cuLaunchKernel), E("cuMemAlloc", cuMemAlloc_v2), E("cuMemFree", cuMemFree_v2),
+    E("cuLaunchKernel", cuLaunchKernel), E("cuLaunchKernelEx", cuLaunchKernelEx),
+    E("cuTensorMapEncodeTiled", cuTensorMapEncodeTiled), E("cuMemAlloc", cuMemAlloc_v2), E("cuMemFree", cuMemFree_v2),
     E("cuMemcpyHtoD", cuMemcpyHtoD_v2), E("cuMemcpyDtoH", cuMemcpyDtoH_v2),
     E("cuMemcpyHtoDAsync", cuMemcpyHtoDAsync_v2), E("cuMemcpyDtoHAsync", cuMemcpyDtoHAsync_v2),
     E("cuMemcpyDtoDAsync", cuMemcpyDtoDAsync_v2),
@@ -380,6 +442,7 @@ static const struct Entry kEntries[] = {
     E("cuGetErrorName", cuGetErrorName), E("cuGetErrorString", cuGetErrorString),
     E("cuEventCreate", cuEventCreate), E("cuEventRecord", cuEventRecord), E("cuEventSynchronize", cuEventSynchronize),
     E("cuEventElapsedTime", cuEventElapsedTime), E("cuEventDestroy", cuEventDestroy_v2),
+    E("cuGetProcAddress", cuGetProcAddress_v2),
 };
 
 CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, unsigned long long flags, int* status) {
