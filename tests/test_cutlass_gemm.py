@@ -454,3 +454,30 @@ def test_profiling_on_the_fake_driver(tmp_path: Path) -> None:
     assert gemm["tuned_on"] == "cost model"
     assert fast not in [e["config"] for e in gemm["dispatch"]]
     del gpu
+
+
+def test_dispatch_segments() -> None:
+    """Note [GEMM dispatch segments]: noise-level alternation between options is one interval, a real
+    crossover is two, no shape loses more than SHAPE_SLACK, equal keys stay together; a batched GEMM over
+    two symbols gets a bounded table (it had ~90 entries alternating between two configs)."""
+    from bladepack.library_ops.gemm_select import MAX_SEGMENTS, _segments
+
+    cfgs = candidates(DType.FLOAT16)
+    a, b = Option(cfgs[0], 1), Option(cfgs[1], 1)
+    keys = list(range(1, 101))
+    jitter = [[1.0, 0.995] if k % 2 else [0.995, 1.0] for k in keys]
+    assert _segments(keys, jitter, [a, b]) == [(1, 100, a)]
+    step = [[1.0, 2.0] if k <= 40 else [2.0, 1.0] for k in keys]
+    assert _segments(keys, step, [a, b]) == [(1, 40, a), (41, 100, b)]
+    tied = [1, 1, 2, 2]  # the crossover falls inside key 1: both of its shapes take one option
+    runs = _segments(tied, [[1.0, 2.0], [2.0, 1.0], [2.0, 1.0], [2.0, 1.0]], [a, b])
+    assert [r[:2] for r in runs] in ([(1, 2)], [(1, 1), (2, 2)])
+    env = ShapeEnv()
+    bs, s = env.create_symbol("b", 1, 64), env.create_symbol("s", 1, 2048)
+    d = 64
+    call = GemmCall(
+        DType.FLOAT16, View(0, 0, (bs, s, d), (s * d, d, 1)), View(1, 0, (bs, d, s), (d * s, s, 1)), 2,
+        (1, 1, bs), (0, 0, s * d), (0, 0, d * s), (0, 0, s * s), s, s, d, False, False, d, s, s,
+    )  # fmt: skip
+    table = select(call, env)
+    assert 2 <= len(table.entries) <= MAX_SEGMENTS + 1

@@ -17,8 +17,9 @@ estimated as max(compute, memory) + split-K cost:
   slice), at a bandwidth that needs enough active CTAs to reach the device's;
 - serial split-K: each extra slice waits for the previous one's partial tile.
 Configs are then chosen greedily (at most `MAX_CONFIGS`, each must cut the geomean loss against the
-per-shape best by >= 2%), and the per-shape winners become key intervals. The constants describe an
-H100 SXM (132 SMs); they rank configs, they do not predict times. When a GPU is present at optimize
+per-shape best by >= 2%), and the shapes are cut into a few key intervals with one option each (Note
+[GEMM dispatch segments] at `_segments`). The constants describe an H100 SXM (132 SMs); they rank
+configs, they do not predict times. When a GPU is present at optimize
 time, measured times replace the estimates (`measure`; Note [GEMM profiling] in gemm_profile.py) at up
 to PROFILE_POINTS of those shapes, and the same greedy choice runs on them.
 
@@ -37,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import sympy
 
 from bladepack.ir import ShapeEnv
@@ -55,6 +57,9 @@ MAX_CONFIGS = 4
 SPLITS = (1, 2, 4, 8, 16)
 MAX_POINTS = 256
 PROFILE_POINTS = 24
+MAX_SEGMENTS = 8  # key intervals per dispatch table (Note [GEMM dispatch segments])
+SEGMENT_SLACK = math.log(1.01)  # the mean slowdown a coarser table may add
+SHAPE_SLACK = math.log(1.02)  # and the most it may add at any one shape
 
 
 class Measure(Protocol):
@@ -210,6 +215,64 @@ def _hopper_ok(call: GemmCall, batch_total: Any) -> bool:
     return all(s != 0 for b, *ss in zip(call.batch, call.sa, call.sb, call.sc) if b != 1 for s in ss)
 
 
+def _segments(
+    keys: Sequence[int], times: Sequence[Sequence[float]], options: Sequence[Option]
+) -> list[tuple[int, int, Option]]:
+    """Note [GEMM dispatch segments]: (first key, last key, option) intervals over the shapes, sorted by
+    key, with their times per option.
+
+    The dispatch key M·N·batch orders shapes only roughly: with two dynamic symbols (attention's batch and
+    sequence) shapes of similar keys can prefer different options, and taking every shape's winner gave
+    tables of ~90 entries that alternate between two configs. Instead the shapes are cut into at most
+    MAX_SEGMENTS key intervals, one option each, minimizing the summed log-slowdown against each shape's
+    best option (dynamic programming over the cut points; shapes of equal key are never separated), and
+    the fewest intervals are kept whose mean slowdown is within SEGMENT_SLACK of the best segmentation's
+    and that slow no shape by more than SHAPE_SLACK beyond what the best segmentation costs it."""
+    n = len(keys)
+    cost = np.log(np.asarray(times, dtype=np.float64))
+    cost = np.where(np.isfinite(cost), cost - cost.min(axis=1, keepdims=True), 50.0)  # inf: never ran there
+    prefix = np.vstack([np.zeros((1, len(options))), np.cumsum(cost, axis=0)])
+    span = prefix[None, :, :] - prefix[:, None, :]  # [i, j, o]: shapes i..j-1 all on option o
+    seg_cost, seg_option = span.min(axis=2), span.argmin(axis=2)  # ties: the earlier (catalogue) option
+    cut = np.array([True, *(keys[i - 1] != keys[i] for i in range(1, n)), True])
+    bad = ~(np.triu(np.ones((n + 1, n + 1), dtype=bool), 1) & cut[:, None] & cut[None, :])
+    seg_cost = np.where(bad, np.inf, seg_cost)
+    best: list[np.ndarray] = [np.where(np.arange(n + 1) == 0, 0.0, np.inf)]
+    back: list[np.ndarray] = []
+    for _ in range(MAX_SEGMENTS):
+        total = best[-1][:, None] + seg_cost  # [i, j]: the last segment is i..j-1
+        back.append(total.argmin(axis=0))
+        best.append(total.min(axis=0))
+
+    def cuts(count: int) -> list[int]:
+        bounds = [n]
+        for r in range(count, 0, -1):
+            bounds.append(int(back[r - 1][bounds[-1]]))
+        return bounds[::-1]
+
+    def per_shape(bounds: list[int]) -> np.ndarray:
+        return np.concatenate([cost[i:j, seg_option[i, j]] for i, j in itertools.pairwise(bounds)])
+
+    ends = [float(b[n]) for b in best[1:]]
+    finest = per_shape(cuts(MAX_SEGMENTS))
+    bounds = cuts(MAX_SEGMENTS)
+    for count in range(1, MAX_SEGMENTS):
+        if ends[count - 1] > min(ends) + n * SEGMENT_SLACK:
+            continue
+        trial = cuts(count)
+        if np.all(per_shape(trial) <= finest + SHAPE_SLACK):
+            bounds = trial
+            break
+    runs: list[tuple[int, int, Option]] = []
+    for i, j in itertools.pairwise(bounds):
+        o = options[int(seg_option[i, j])]
+        if runs and runs[-1][2] == o:
+            runs[-1] = (runs[-1][0], keys[j - 1], o)
+        else:
+            runs.append((keys[i], keys[j - 1], o))
+    return runs
+
+
 def _thin(items: list[Any], most: int) -> list[Any]:
     """At most `most` items spread evenly, the first and last kept."""
     if len(items) <= most:
@@ -276,20 +339,9 @@ def select(
             break
         chosen.append(c)
         current = after
-    # per shape, the best chosen option; adjacent shapes with the same winner form one key interval
-    winners = []
-    for s, row in zip(shapes, times):
-        # ties go to the earlier option (catalogue order): Options themselves are not ordered
-        _, o = min(((t, o) for t, o in zip(row, options) if o.config in chosen), key=lambda to: to[0])
-        winners.append((s[0] * s[1] * s[3], o))
-    runs: list[tuple[int, int, Option]] = []  # (first key, last key, option)
-    for kv, o in winners:
-        if runs and runs[-1][2] == o:
-            runs[-1] = (runs[-1][0], kv, o)
-        elif runs and runs[-1][1] == kv:  # same key, different shapes: keep the earlier winner
-            continue
-        else:
-            runs.append((kv, kv, o))
+    usable = [i for i, o in enumerate(options) if o.config in chosen]
+    keys = [s[0] * s[1] * s[3] for s in shapes]
+    runs = _segments(keys, [[row[i] for i in usable] for row in times], [options[i] for i in usable])
     entries = []
     lo = 0
     for i, (_first, last, o) in enumerate(runs):
