@@ -406,7 +406,8 @@ import json, sys, torch, bladepack
 torch.manual_seed(0)
 lin = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 128), torch.nn.Linear(128, 128)).eval()
 m = torch.export.Dim("m", min=1, max=4096)
-art = bladepack.optimize(lin, [(torch.randn(5, 64),)], ({0: m},), targets=("cuda:sm_90",), gemm_library="cutlass")
+targets = tuple(f"cuda:{a}" for a in sys.argv[1:])
+art = bladepack.optimize(lin, [(torch.randn(5, 64),)], ({0: m},), targets=targets, gemm_library="cutlass")
 manifest, _ = art._parts()
 print(json.dumps({"gemms": manifest["gemm_configs"], "notes": art.notes}))
 """
@@ -432,12 +433,14 @@ def test_profiling_on_the_fake_driver(tmp_path: Path) -> None:
         "BLADEPACK_GEMM_CONFIGS": "4",
         "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
     }
-    r = subprocess.run([sys.executable, "-c", _PROFILE_SCRIPT], capture_output=True, text=True, env=env)
+    script = [sys.executable, "-c", _PROFILE_SCRIPT, "sm_90", "sm_90a"]  # both tables (float32: sm80 configs)
+    r = subprocess.run(script, capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr[-4000:]
     out = json.loads(r.stdout.splitlines()[-1])
     for gemm in out["gemms"]:
-        assert gemm["tuned_on"] == "Fake GPU 0 (sm_90)"
+        assert gemm["tuned_on"] == gemm["tuned_on_sm90"] == "Fake GPU 0 (sm_90)"
         assert [e["config"] for e in gemm["dispatch"]] == [fast, "f32_simt_128x128x8_32x64x8_s2_a1"]
+        assert gemm["dispatch_sm90"] == gemm["dispatch"]
     assert any("profiling on Fake GPU 0" in n for n in out["notes"])
     log = (tmp_path / "cuda.log").read_text().splitlines()
     timed = [ln.split()[1] for ln in log if ln.startswith("launch bpk_gemm_")]
@@ -446,9 +449,14 @@ def test_profiling_on_the_fake_driver(tmp_path: Path) -> None:
     # 3 configs x split-K 1 and 2 at K = 128); timing both would add 864 launches
     assert len(timed) == 24 * 6 * (3 + 6)
     assert log.count("module_unload") == 3 and log[-1] == "ctx_release 0"  # the profiler let everything go
+    # on compute capability 8.0 the Hopper table is not profiled (it would hold sm_90a kernels): cost model
+    r = subprocess.run(script, capture_output=True, text=True, env={**env, "FAKE_CUDA_CC": "80"})
+    assert r.returncode == 0, r.stderr[-4000:]
+    gemm = json.loads(r.stdout.splitlines()[-1])["gemms"][0]
+    assert gemm["tuned_on"] == "Fake GPU 0 (sm_80)" and gemm["tuned_on_sm90"] == "cost model"
     env.pop("BLADEPACK_GEMM_TUNING")
     env["LD_LIBRARY_PATH"] = "/nonexistent"  # no driver: auto falls back to the cost model
-    r = subprocess.run([sys.executable, "-c", _PROFILE_SCRIPT], capture_output=True, text=True, env=env)
+    r = subprocess.run(script[:4], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr[-4000:]
     gemm = json.loads(r.stdout.splitlines()[-1])["gemms"][0]
     assert gemm["tuned_on"] == "cost model"
