@@ -42,6 +42,13 @@ pickle.dump((m.executor, results), open(sys.argv[3], "wb"))
 """
 
 
+def require_cutlass() -> None:
+    """Skip unless CUTLASS GEMMs can be built here (the nvidia-cutlass headers and nvcc)."""
+    pytest.importorskip("cutlass_library")
+    if shutil.which("nvcc") is None and not os.environ.get("NVCC"):
+        pytest.skip("nvcc not found")
+
+
 class FakeGpu:
     def __init__(self, root: Path) -> None:
         self.root = root

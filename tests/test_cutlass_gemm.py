@@ -33,7 +33,7 @@ from bladepack.library_ops.cpu_gemm import GemmCall
 from bladepack.library_ops.cutlass_configs import CATALOGUE, candidates, check, fallback
 from bladepack.library_ops.gemm_select import Option, estimate, select
 from bladepack.optimize.views import View
-from tests.cuda_harness import FakeGpu
+from tests.cuda_harness import FakeGpu, require_cutlass
 
 
 def _linear_call(env: ShapeEnv, m: object, n: int, k: int, dtype: DType = DType.FLOAT16) -> GemmCall:
@@ -169,13 +169,10 @@ _EPILOGUES = {128: ("bias", "relu"), 2048: ("none", "silu"), 64: ("residual", "n
 
 @pytest.fixture(scope="module")
 def cutlass_artifact() -> bladepack.api.Artifact:
-    pytest.importorskip("cutlass_library")
-    if shutil.which("nvcc") is None and not os.environ.get("NVCC"):
-        pytest.skip("nvcc not found")
+    require_cutlass()
     b = torch.export.Dim("b", min=1, max=8192)
-    old = os.environ.get("BLADEPACK_GEMM_CONFIGS")
-    os.environ["BLADEPACK_GEMM_CONFIGS"] = "1"  # one tensor-op config + the fallback: CI compile time
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BLADEPACK_GEMM_CONFIGS", "1")  # one tensor-op config + the fallback: CI compile time
         return bladepack.optimize(
             _Mlp().eval(),
             [(torch.randn(5, 64),)],
@@ -184,11 +181,6 @@ def cutlass_artifact() -> bladepack.api.Artifact:
             dtype="float16",
             gemm_library="cutlass",
         )
-    finally:
-        if old is None:
-            del os.environ["BLADEPACK_GEMM_CONFIGS"]
-        else:
-            os.environ["BLADEPACK_GEMM_CONFIGS"] = old
 
 
 @needs_toolchain

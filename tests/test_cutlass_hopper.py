@@ -29,7 +29,7 @@ from bladepack.library_ops.cpu_gemm import GemmCall
 from bladepack.library_ops.cutlass_configs import candidates, check, fallback
 from bladepack.library_ops.gemm_select import Option, estimate, select
 from bladepack.optimize.views import View
-from tests.cuda_harness import FakeGpu
+from tests.cuda_harness import FakeGpu, require_cutlass
 
 needs_toolchain = pytest.mark.skipif(
     shutil.which("nvcc") is None and not os.environ.get("NVCC"), reason="nvcc not found"
@@ -166,15 +166,12 @@ class _Mlp(torch.nn.Module):
 
 @pytest.fixture(scope="module")
 def hopper_artifact() -> bladepack.api.Artifact:
-    pytest.importorskip("cutlass_library")
-    if shutil.which("nvcc") is None and not os.environ.get("NVCC"):
-        pytest.skip("nvcc not found")
+    require_cutlass()
     b = torch.export.Dim("b", min=64, max=16384)
-    old = os.environ.get("BLADEPACK_GEMM_CONFIGS")
     # two configs per table + the fallback (CI compile time): each GEMM's sm90 table then has a wgmma
     # config for its large-M bucket, one of them with a 2-CTA cluster (the cost model's choice)
-    os.environ["BLADEPACK_GEMM_CONFIGS"] = "2"
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BLADEPACK_GEMM_CONFIGS", "2")
         return bladepack.optimize(
             _Mlp().eval(),
             [(torch.randn(80, 128),)],
@@ -183,11 +180,6 @@ def hopper_artifact() -> bladepack.api.Artifact:
             dtype="float16",
             gemm_library="cutlass",
         )
-    finally:
-        if old is None:
-            del os.environ["BLADEPACK_GEMM_CONFIGS"]
-        else:
-            os.environ["BLADEPACK_GEMM_CONFIGS"] = old
 
 
 def _sections(art: bladepack.api.Artifact) -> tuple[dict[str, Any], dict[str, bytes]]:

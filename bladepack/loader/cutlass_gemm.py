@@ -77,8 +77,8 @@ class CutlassGemms:
         self.pack: list[Any] = []
         self.functions: list[Function | None] = []  # None: a Hopper kernel on another GPU
         self._modules = []
-        self.hopper = device.info.compute_capability == (9, 0) and any(arch == HOPPER for _, _, arch in kernels)
-        if self.hopper:
+        self.hopper = device.info.compute_capability == (9, 0)  # dispatch with `entries_sm90`
+        if self.hopper and any(arch == HOPPER for _, _, arch in kernels):
             try:
                 setter = self._lib.bpk_set_tensor_map_encoder
             except AttributeError as e:
