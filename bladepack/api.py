@@ -108,7 +108,7 @@ def _build_cuda(plan: ExecPlan, options: Options, images: tuple[str, ...] | None
 
     if plan.native_cuda is None:
         return {}
-    return build_images(plan.cuda_source, options.cache_dir, arches=images)
+    return build_images(plan.cuda_source, options.cache_dir, arches=images, jobs=options.nvcc_jobs)
 
 
 def _build_gemms(plan: ExecPlan, options: Options) -> tuple[dict[str, bytes], bytes]:
@@ -117,7 +117,7 @@ def _build_gemms(plan: ExecPlan, options: Options) -> tuple[dict[str, bytes], by
         return {}, b""
     from bladepack.codegen.cutlass_toolchain import build_gemms
 
-    return build_gemms(plan.gemm_instances, options.cache_dir)
+    return build_gemms(plan.gemm_instances, options.cache_dir, jobs=options.nvcc_jobs)
 
 
 def _gemm_policy(
@@ -148,7 +148,7 @@ def _gemm_policy(
         return policy, None
     from bladepack.library_ops.gemm_profile import GemmProfiler
 
-    profiler = GemmProfiler(device, options.cache_dir)
+    profiler = GemmProfiler(device, options.cache_dir, jobs=options.nvcc_jobs)
     notes.append(f"CUTLASS configs chosen by profiling on {device.info.name} ({device.info.arch})")
     on_hopper = hopper and device.info.compute_capability == (9, 0)
     policy = dataclasses.replace(policy, measure=profiler, tuned_on=device.info.name, measure_hopper=on_hopper)

@@ -8,6 +8,7 @@ BLADEPACK_NATIVE=0      build no CPU kernel library (the artifact runs on the re
 BLADEPACK_GEMM_CONFIGS=N  at most N aligned CUTLASS configs per GEMM (default 4; the SIMT fallback is extra)
 BLADEPACK_GEMM_TUNING   how CUTLASS configs are chosen: auto (profile when a CUDA device answers, else the
                         cost model; the default), profile (a device is required), model (never profile)
+BLADEPACK_NVCC_JOBS=N   nvcc processes at once (default 2; an sm_90a CUTLASS unit takes ~3.3 GB)
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class Options:
     native: bool
     gemm_configs: int = 4
     gemm_tuning: str = "auto"
+    nvcc_jobs: int = 2
 
     @staticmethod
     def from_env() -> Options:
@@ -39,6 +41,7 @@ class Options:
             native=os.environ.get("BLADEPACK_NATIVE", "1") not in ("0", "false", "no"),
             gemm_configs=_positive("BLADEPACK_GEMM_CONFIGS", 4),
             gemm_tuning=_choice("BLADEPACK_GEMM_TUNING", ("auto", "profile", "model")),
+            nvcc_jobs=_positive("BLADEPACK_NVCC_JOBS", 2),
         )
 
 

@@ -73,3 +73,15 @@ def test_cache_and_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
         build_images(SOURCE, tmp_path)
     with pytest.raises(ValueError, match="not a cubin"):
         cubin_arch(b"//ptx")
+
+
+def test_nvcc_jobs_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bladepack.options import Options
+
+    monkeypatch.delenv("BLADEPACK_NVCC_JOBS", raising=False)
+    assert Options.from_env().nvcc_jobs == 2
+    monkeypatch.setenv("BLADEPACK_NVCC_JOBS", "12")
+    assert Options.from_env().nvcc_jobs == 12
+    monkeypatch.setenv("BLADEPACK_NVCC_JOBS", "0")
+    with pytest.raises(ValueError, match="BLADEPACK_NVCC_JOBS='0': expected a positive integer"):
+        Options.from_env()

@@ -5,7 +5,7 @@ In: CUDA C source (every kernel of a model in one unit: nvcc costs ~0.6 s per pr
 size). Out: `{"sm_80": cubin, "sm_86": ..., "sm_89": ..., "sm_90": ..., "compute_90": PTX}` — the
 names `loader.cuda_driver.choose_image` picks from — each cached under
 BLADEPACK_CACHE_DIR/cuda/<sha256 of nvcc version, flags, target and source>. Compiles run two at a
-time (ptxas is memory-hungry). BLADEPACK_CUDA_ARCHES=sm_90,compute_90 limits the targets (tests).
+time by default (ptxas is memory-hungry; BLADEPACK_NVCC_JOBS). BLADEPACK_CUDA_ARCHES=sm_90,compute_90 limits the targets (tests).
 The target "sm_90a" names the Hopper-only CUTLASS GEMM kernels (Note [GEMM config space] in
 library_ops/cutlass_configs.py): generated kernels build no sm_90a image (their sm_90 cubin runs there;
 asked for alone, it builds sm_90), and it is among the default targets.
@@ -30,7 +30,6 @@ CUBIN_ARCHES = ("sm_80", "sm_86", "sm_89", "sm_90")
 PTX_ARCH = "compute_90"  # the newest architecture built: the driver JIT-compiles it for later GPUs
 HOPPER_GEMM_ARCH = "sm_90a"  # CUTLASS GEMM kernels only
 FLAGS = ("-std=c++17", "-O3", "--expt-relaxed-constexpr", "-DNDEBUG")
-_PARALLEL = 2
 
 
 def prelude() -> str:
@@ -106,12 +105,12 @@ def _compile_one(nvcc: str, version: str, target: str, source: str, cache: Path)
 
 
 def build_images(
-    source: str, cache: Path, nvcc: str | None = None, arches: Sequence[str] | None = None
+    source: str, cache: Path, nvcc: str | None = None, arches: Sequence[str] | None = None, jobs: int = 2
 ) -> dict[str, bytes]:
-    """Every target's image for `source` (from the cache where it is there)."""
+    """Every target's image for `source` (from the cache where it is there), `jobs` nvcc at once."""
     nvcc = nvcc or find_nvcc()
     version = nvcc_version(nvcc)
-    with ThreadPoolExecutor(_PARALLEL) as pool:
+    with ThreadPoolExecutor(jobs) as pool:
         return dict(pool.map(lambda t: _compile_one(nvcc, version, t, source, cache), kernel_targets(arches)))
 
 

@@ -6,7 +6,7 @@ in library_ops/cutlass_configs.py) — and the
 packer shared library (Note [GEMM packer]; x86-64 Linux, libstdc++ and the CUDA runtime linked
 statically, so it needs nothing at run time beyond glibc). Every output is cached under
 BLADEPACK_CACHE_DIR/cutlass/<sha256 of nvcc version, flags and source>; a warm optimize compiles
-nothing. At most two nvcc processes run at once (an sm_80 + sm_90 GEMM unit takes ~7 s and ~0.7 GB, an
+nothing. By default at most two nvcc processes run at once (BLADEPACK_NVCC_JOBS) (an sm_80 + sm_90 GEMM unit takes ~7 s and ~0.7 GB, an
 sm_90a one ~30 s and ~3.3 GB).
 
 The CUTLASS headers come from the `nvidia-cutlass` wheel (`cutlass_library.source_path`), or from
@@ -36,7 +36,6 @@ PACKER_FLAGS = (
     "-cudart=static",
     "-Xlinker=-Bsymbolic,--strip-all",
 )
-_PARALLEL = 2
 
 
 def cutlass_include() -> list[str]:
@@ -60,24 +59,25 @@ def cutlass_include() -> list[str]:
 
 
 def build_gemms(
-    instances: Sequence[GemmInstance], cache: Path, nvcc: str | None = None
+    instances: Sequence[GemmInstance], cache: Path, nvcc: str | None = None, jobs: int = 2
 ) -> tuple[dict[str, bytes], bytes]:
-    """({instance name: fatbin}, packer library) for `instances` (from the cache where built before)."""
+    """({instance name: fatbin}, packer library) for `instances` (from the cache where built before),
+    `jobs` nvcc at once."""
     nvcc = nvcc or find_nvcc()
     version = nvcc_version(nvcc)
     inc = cutlass_include()
     kflags = [*FLAGS, *inc, "-fatbin"]
     pflags = [*FLAGS, *inc, *PACKER_FLAGS]
     out = cache / "cutlass"
-    jobs = [
+    units = [
         (i.name, [*kflags, *(HOPPER_TARGETS if i.hopper else KERNEL_TARGETS)], kernel_source(i), out / "fatbin")
         for i in instances
     ]
-    jobs.sort(key=lambda j: j[1][-1] != HOPPER_TARGETS[0])  # the long sm_90a units first, then the packer
+    units.sort(key=lambda u: u[1][-1] != HOPPER_TARGETS[0])  # the long sm_90a units first, then the packer
     packer = ("the GEMM packer", pflags, packer_source(instances), out / "so")
-    jobs.insert(sum(i.hopper for i in instances), packer)
-    with ThreadPoolExecutor(_PARALLEL) as pool:
+    units.insert(sum(i.hopper for i in instances), packer)
+    with ThreadPoolExecutor(jobs) as pool:
         built = dict(
-            zip((j[0] for j in jobs), pool.map(lambda j: nvcc_cached(nvcc, version, j[1], j[2], j[3], j[0]), jobs))
+            zip((u[0] for u in units), pool.map(lambda u: nvcc_cached(nvcc, version, u[1], u[2], u[3], u[0]), units))
         )
     return {i.name: built[i.name] for i in instances}, built[packer[0]]

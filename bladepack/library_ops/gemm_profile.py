@@ -47,8 +47,8 @@ def _span(rows: int, cols: int, ld: int, g: GemmArgs, stride: int, step_bytes: i
 class GemmProfiler:
     """`select`'s `measure` on one device; kernels and scratch buffers are kept across GEMMs."""
 
-    def __init__(self, device: Device, cache: Path, repeat: int = REPEAT) -> None:
-        self.device, self.cache, self.repeat = device, cache, repeat
+    def __init__(self, device: Device, cache: Path, repeat: int = REPEAT, jobs: int = 2) -> None:
+        self.device, self.cache, self.repeat, self.jobs = device, cache, repeat, jobs
         self._kernels: dict[tuple[tuple[GemmConfig, ...], bool, bool], CutlassGemms] = {}
         self._scratch: list[DeviceBuffer | None] = [None, None, None]
         self._times: dict[tuple[Option, bool, bool, tuple[int, ...]], float] = {}  # the option fixes the dtype
@@ -68,7 +68,7 @@ class GemmProfiler:
         key = (configs, ta, tb)
         if key not in self._kernels:
             instances = [GemmInstance(c, ta, tb) for c in configs]
-            images, packer = build_gemms(instances, self.cache)
+            images, packer = build_gemms(instances, self.cache, jobs=self.jobs)
             kernels = [(i.name, images[i.name], "sm_90a" if i.hopper else "sm_80") for i in instances]
             self._kernels[key] = CutlassGemms(self.device, packer, kernels, "the GEMM profiler")
         return self._kernels[key]
