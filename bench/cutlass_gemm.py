@@ -98,7 +98,7 @@ def check_each_config(cache: Path, n: int = 392, k: int = 1000) -> list[str]:
         tdt = torch.float16 if dt is DType.FLOAT16 else torch.bfloat16
         insts = [GemmInstance(c, False, tb) for c in cfgs]
         images, packer = build_gemms(insts, cache, jobs=int(os.environ.get("BLADEPACK_NVCC_JOBS", "2")))
-        kernels = [(i.name, images[i.name], "sm_90a" if i.hopper else "sm_80") for i in insts]
+        kernels = [(i.name, images[i.name], i.arch) for i in insts]
         gemms = CutlassGemms(device, packer, kernels, "check_each_config")
         stream = torch.cuda.current_stream().cuda_stream
         w = torch.randn((n, k) if tb else (k, n), device="cuda", dtype=tdt)

@@ -42,6 +42,12 @@ pickle.dump((m.executor, results), open(sys.argv[3], "wb"))
 """
 
 
+needs_nvcc = pytest.mark.skipif(
+    (shutil.which("nvcc") is None and not os.environ.get("NVCC")) or shutil.which("g++") is None,
+    reason="nvcc not found (CUTLASS GEMMs need it)",
+)
+
+
 def require_cutlass() -> None:
     """Skip unless CUTLASS GEMMs can be built here (the nvidia-cutlass headers and nvcc)."""
     pytest.importorskip("cutlass_library")

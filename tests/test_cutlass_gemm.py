@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import shutil
 import struct
 import threading
 from pathlib import Path
@@ -32,31 +31,8 @@ from bladepack.ir import ShapeEnv
 from bladepack.library_ops.cpu_gemm import GemmCall
 from bladepack.library_ops.cutlass_configs import CATALOGUE, candidates, check, fallback
 from bladepack.library_ops.gemm_select import Option, estimate, select
-from bladepack.optimize.views import View
-from tests.cuda_harness import FakeGpu, require_cutlass
-
-
-def _linear_call(env: ShapeEnv, m: object, n: int, k: int, dtype: DType = DType.FLOAT16) -> GemmCall:
-    """x [M, K] @ W[N, K]^T, as lower_matmul describes a linear layer."""
-    ms = sympy.sympify(m)
-    return GemmCall(
-        dtype,
-        View(0, 0, (ms, k), (k, 1)),
-        View(1, 0, (n, k), (k, 1)),
-        2,
-        (1, 1, 1),
-        (0, 0, 0),
-        (0, 0, 0),
-        (0, 0, 0),
-        ms,
-        n,
-        k,
-        False,
-        True,
-        k,
-        k,
-        n,
-    )
+from tests.cuda_harness import FakeGpu, needs_nvcc, require_cutlass
+from tests.gemm_calls import bmm_call, linear_call
 
 
 def test_catalogue_configs_instantiate() -> None:
@@ -96,7 +72,7 @@ def test_cost_model_prefers_split_k_for_skinny_deep_gemms_and_big_tiles_for_big_
 def test_dispatch_table(n: int, k: int, hi: int, max_configs: int) -> None:
     env = ShapeEnv()
     m = env.create_symbol("m", 1, hi)
-    d = select(_linear_call(env, m, n, k), env, max_configs=max_configs)
+    d = select(linear_call(m, n, k), env, max_configs=max_configs)
     *aligned, last = d.entries
     assert last.config == fallback(DType.FLOAT16) and last.pred is sympy.true
     assert len({e.config for e in aligned}) <= max_configs
@@ -116,7 +92,7 @@ def test_dispatch_table(n: int, k: int, hi: int, max_configs: int) -> None:
 
 def test_static_gemm_gets_one_config() -> None:
     env = ShapeEnv()
-    d = select(_linear_call(env, 4096, 4096, 4096), env)
+    d = select(linear_call(4096, 4096, 4096), env)
     assert len(d.entries) == 2 and d.entries[0].pred is sympy.true  # the config, then the fallback
 
 
@@ -141,11 +117,6 @@ def test_kernel_source_instantiates_the_config() -> None:
 
 
 # --------------------------------------------------------------------------- on the fake driver
-
-needs_toolchain = pytest.mark.skipif(
-    (shutil.which("nvcc") is None and not os.environ.get("NVCC")) or shutil.which("g++") is None,
-    reason="nvcc not found (CUTLASS GEMMs need it)",
-)
 
 
 class _Mlp(torch.nn.Module):
@@ -183,7 +154,7 @@ def cutlass_artifact() -> bladepack.api.Artifact:
         )
 
 
-@needs_toolchain
+@needs_nvcc
 def test_cutlass_plan_and_inspect(cutlass_artifact: bladepack.api.Artifact) -> None:
     from bladepack.inspect import inspect_text, manifest_summary
 
@@ -213,7 +184,7 @@ def test_cutlass_plan_and_inspect(cutlass_artifact: bladepack.api.Artifact) -> N
     assert "epilogue: bias %" in text and " + relu -> %" in text
 
 
-@needs_toolchain
+@needs_nvcc
 def test_cutlass_launches_on_the_fake_driver(
     cutlass_artifact: bladepack.api.Artifact, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -249,7 +220,7 @@ def test_cutlass_launches_on_the_fake_driver(
     assert f"func_attribute {next(n for n in kernels if 'tensorop' in n)} 8" in log  # > 48 KiB shared memory
 
 
-@needs_toolchain
+@needs_nvcc
 def test_cutlass_packer_takes_the_epilogue_source(cutlass_artifact: bladepack.api.Artifact, tmp_path: Path) -> None:
     """The packer puts C (the bias / residual) and beta into the Params: without a source C is D, beta 0."""
     import ctypes
@@ -370,7 +341,7 @@ def test_measured_times_replace_the_cost_model() -> None:
     the samples' values are among the shapes weighed."""
     env = ShapeEnv()
     m = env.create_symbol("m", 1, 4096)
-    call = _linear_call(env, m, 128, 64)
+    call = linear_call(m, 128, 64)
     seen: list[int] = []
     slowest_model_pick = select(call, env, max_configs=1).entries[0].config
 
@@ -405,7 +376,7 @@ print(json.dumps({"gemms": manifest["gemm_configs"], "notes": art.notes}))
 """
 
 
-@needs_toolchain
+@needs_nvcc
 def test_profiling_on_the_fake_driver(tmp_path: Path) -> None:
     """Note [GEMM profiling] end to end: the fake driver's simulated clock makes the 128x128 float32 config
     the fastest; the artifact's dispatch follows the measurement, not the cost model."""
@@ -474,10 +445,5 @@ def test_dispatch_segments() -> None:
     assert [r[:2] for r in runs] in ([(1, 2)], [(1, 1), (2, 2)])
     env = ShapeEnv()
     bs, s = env.create_symbol("b", 1, 64), env.create_symbol("s", 1, 2048)
-    d = 64
-    call = GemmCall(
-        DType.FLOAT16, View(0, 0, (bs, s, d), (s * d, d, 1)), View(1, 0, (bs, d, s), (d * s, s, 1)), 2,
-        (1, 1, bs), (0, 0, s * d), (0, 0, d * s), (0, 0, s * s), s, s, d, False, False, d, s, s,
-    )  # fmt: skip
-    table = select(call, env)
+    table = select(bmm_call(bs, s, 64), env)
     assert 2 <= len(table.entries) <= MAX_SEGMENTS + 1

@@ -8,8 +8,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import itertools
-import os
-import shutil
 import struct
 from pathlib import Path
 from typing import Any
@@ -25,35 +23,10 @@ import bladepack
 from bladepack.codegen.cutlass_emitter import GemmInstance, kernel_source, packer_source
 from bladepack.dtypes import DType
 from bladepack.ir import ShapeEnv
-from bladepack.library_ops.cpu_gemm import GemmCall
 from bladepack.library_ops.cutlass_configs import candidates, check, fallback
 from bladepack.library_ops.gemm_select import Option, estimate, select
-from bladepack.optimize.views import View
-from tests.cuda_harness import FakeGpu, require_cutlass
-
-needs_toolchain = pytest.mark.skipif(
-    shutil.which("nvcc") is None and not os.environ.get("NVCC"), reason="nvcc not found"
-)
-
-
-def _linear(env: ShapeEnv, m: Any, n: int, k: int, dtype: DType = DType.FLOAT16) -> GemmCall:
-    ms = sympy.sympify(m)
-    zero = (0, 0, 0)
-    return GemmCall(
-        dtype, View(0, 0, (ms, k), (k, 1)), View(1, 0, (n, k), (k, 1)), 2, (1, 1, 1), zero, zero, zero,
-        ms, n, k, False, True, k, k, n,
-    )  # fmt: skip
-
-
-def _bmm(env: ShapeEnv, b: Any, s: Any, d: int, broadcast_b: bool) -> GemmCall:
-    """[b, s, d] @ [b, d, s] (attention scores); `broadcast_b`: B is one [d, s] matrix for every batch."""
-    sa = (0, 0, s * d)
-    sb = (0, 0, 0 if broadcast_b else d * s)
-    sc = (0, 0, s * s)
-    return GemmCall(
-        DType.FLOAT16, View(0, 0, (b, s, d), (s * d, d, 1)), View(1, 0, (b, d, s), (d * s, s, 1)), 2,
-        (1, 1, b), sa, sb, sc, s, s, d, False, False, d, s, s,
-    )  # fmt: skip
+from tests.cuda_harness import FakeGpu, needs_nvcc, require_cutlass
+from tests.gemm_calls import bmm_call, linear_call
 
 
 def test_hopper_configs() -> None:
@@ -88,19 +61,19 @@ def test_hopper_cost_model() -> None:
     assert small.config.arch == "sm80" and small.split > 1
     env = ShapeEnv()
     m = env.create_symbol("m", 1, 16384)
-    d = select(_linear(env, m, 4096, 4096), env, arch="sm90")
+    d = select(linear_call(m, 4096, 4096), env, arch="sm90")
     assert d.entries[-1].config == fallback(DType.FLOAT16)
     assert d.entries[-2].config.arch == "sm90"  # the largest M bucket
     assert all(e.split == 1 for e in d.entries if e.config.arch == "sm90")
-    assert select(_linear(env, m, 4096, 4096), env).entries[0].config.arch == "sm80"  # the table for every GPU
+    assert select(linear_call(m, 4096, 4096), env).entries[0].config.arch == "sm80"  # the table for every GPU
 
 
 def test_broadcast_batched_operands_stay_off_hopper() -> None:
     env = ShapeEnv()
     b, s = env.create_symbol("b", 1, 64), env.create_symbol("s", 1, 2048)
-    ok = select(_bmm(env, b, s, 64, broadcast_b=False), env, arch="sm90")
+    ok = select(bmm_call(b, s, 64, broadcast_b=False), env, arch="sm90")
     assert any(e.config.arch == "sm90" for e in ok.entries)
-    broadcast = select(_bmm(env, b, s, 64, broadcast_b=True), env, arch="sm90")
+    broadcast = select(bmm_call(b, s, 64, broadcast_b=True), env, arch="sm90")
     assert all(e.config.arch == "sm80" for e in broadcast.entries)
 
 
@@ -116,7 +89,7 @@ def test_broadcast_batched_operands_stay_off_hopper() -> None:
 def test_hopper_dispatch_table(n: int, k: int, hi: int, max_configs: int, dtype: DType) -> None:
     env = ShapeEnv()
     m = env.create_symbol("m", 1, hi)
-    d = select(_linear(env, m, n, k, dtype), env, max_configs=max_configs, arch="sm90")
+    d = select(linear_call(m, n, k, dtype), env, max_configs=max_configs, arch="sm90")
     *aligned, last = d.entries
     assert last.config == fallback(dtype) and last.pred is sympy.true
     assert len({e.config for e in aligned}) <= max_configs
@@ -187,7 +160,7 @@ def _sections(art: bladepack.api.Artifact) -> tuple[dict[str, Any], dict[str, by
     return manifest, {s.name: bytes(s.data) for s in sections}
 
 
-@needs_toolchain
+@needs_nvcc
 def test_hopper_plan_and_inspect(hopper_artifact: bladepack.api.Artifact) -> None:
     from bladepack.inspect import inspect_text, manifest_summary
 
@@ -229,7 +202,7 @@ def _encoder() -> tuple[Any, list[tuple[int, list[int], list[int], list[int]]]]:
     return proto(encode), calls
 
 
-@needs_toolchain
+@needs_nvcc
 def test_hopper_packer_builds_tma_descriptors(hopper_artifact: bladepack.api.Artifact, tmp_path: Path) -> None:
     """The packer encodes A, B, (C,) D through the loader's encoder with byte strides from the leading dims
     (an unbatched problem's batch stride is the matrix size, never 0) and refuses what TMA cannot do."""
@@ -288,7 +261,7 @@ def test_hopper_packer_builds_tma_descriptors(hopper_artifact: bladepack.api.Art
     assert pack(up["name"], (m, 512, 128, 1, 128, 128, 0, 512, 0, 0, 0, 0, 0), None)[0] == 3
 
 
-@needs_toolchain
+@needs_nvcc
 def test_hopper_launches_on_the_fake_driver(
     hopper_artifact: bladepack.api.Artifact, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

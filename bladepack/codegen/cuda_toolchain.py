@@ -5,7 +5,8 @@ In: CUDA C source (every kernel of a model in one unit: nvcc costs ~0.6 s per pr
 size). Out: `{"sm_80": cubin, "sm_86": ..., "sm_89": ..., "sm_90": ..., "compute_90": PTX}` — the
 names `loader.cuda_driver.choose_image` picks from — each cached under
 BLADEPACK_CACHE_DIR/cuda/<sha256 of nvcc version, flags, target and source>. Compiles run two at a
-time by default (ptxas is memory-hungry; BLADEPACK_NVCC_JOBS). BLADEPACK_CUDA_ARCHES=sm_90,compute_90 limits the targets (tests).
+time unless BLADEPACK_NVCC_JOBS says otherwise (ptxas is memory-hungry). BLADEPACK_CUDA_ARCHES=sm_90,
+compute_90 limits the targets (tests).
 The target "sm_90a" names the Hopper-only CUTLASS GEMM kernels (Note [GEMM config space] in
 library_ops/cutlass_configs.py): generated kernels build no sm_90a image (their sm_90 cubin runs there;
 asked for alone, it builds sm_90), and it is among the default targets.

@@ -63,7 +63,6 @@ _MATH = {
     "simt": ("cutlass::arch::OpClassSimt", "cutlass::arch::OpMultiplyAdd"),
 }
 SWIZZLE = 4  # threadblock rasterization: groups of 4 tile columns share B tiles in L2
-SOURCES = ("none", "bias", "residual")
 _HOPPER_ACTIVATIONS = {
     "none": "cutlass::epilogue::thread::Identity",
     "relu": "cutlass::epilogue::thread::ReLu",
@@ -148,6 +147,12 @@ class GemmInstance:
     @property
     def hopper(self) -> bool:
         return self.config.arch == "sm90"
+
+    @property
+    def arch(self) -> str:
+        """The kernel image's arch as the manifest names it: "sm_80" (sm_80 / sm_90 cubins and PTX, any
+        GPU) or "sm_90a" (compute capability 9.0 only)."""
+        return "sm_90a" if self.hopper else "sm_80"
 
 
 def _hopper_types(inst: GemmInstance) -> str:

@@ -6,8 +6,8 @@ in library_ops/cutlass_configs.py) — and the
 packer shared library (Note [GEMM packer]; x86-64 Linux, libstdc++ and the CUDA runtime linked
 statically, so it needs nothing at run time beyond glibc). Every output is cached under
 BLADEPACK_CACHE_DIR/cutlass/<sha256 of nvcc version, flags and source>; a warm optimize compiles
-nothing. By default at most two nvcc processes run at once (BLADEPACK_NVCC_JOBS) (an sm_80 + sm_90 GEMM unit takes ~7 s and ~0.7 GB, an
-sm_90a one ~30 s and ~3.3 GB).
+nothing. At most two nvcc processes run at once unless BLADEPACK_NVCC_JOBS says otherwise (an sm_80 +
+sm_90 GEMM unit takes ~7 s and ~0.7 GB, an sm_90a one ~30 s and ~3.3 GB).
 
 The CUTLASS headers come from the `nvidia-cutlass` wheel (`cutlass_library.source_path`), or from
 CUTLASS_PATH (a CUTLASS checkout); neither is needed where the artifact runs.
@@ -69,11 +69,11 @@ def build_gemms(
     kflags = [*FLAGS, *inc, "-fatbin"]
     pflags = [*FLAGS, *inc, *PACKER_FLAGS]
     out = cache / "cutlass"
+    ordered = sorted(instances, key=lambda i: not i.hopper)  # the long sm_90a units first, then the packer
     units = [
         (i.name, [*kflags, *(HOPPER_TARGETS if i.hopper else KERNEL_TARGETS)], kernel_source(i), out / "fatbin")
-        for i in instances
+        for i in ordered
     ]
-    units.sort(key=lambda u: u[1][-1] != HOPPER_TARGETS[0])  # the long sm_90a units first, then the packer
     packer = ("the GEMM packer", pflags, packer_source(instances), out / "so")
     units.insert(sum(i.hopper for i in instances), packer)
     with ThreadPoolExecutor(jobs) as pool:

@@ -69,7 +69,7 @@ class GemmProfiler:
         if key not in self._kernels:
             instances = [GemmInstance(c, ta, tb) for c in configs]
             images, packer = build_gemms(instances, self.cache, jobs=self.jobs)
-            kernels = [(i.name, images[i.name], "sm_90a" if i.hopper else "sm_80") for i in instances]
+            kernels = [(i.name, images[i.name], i.arch) for i in instances]
             self._kernels[key] = CutlassGemms(self.device, packer, kernels, "the GEMM profiler")
         return self._kernels[key]
 

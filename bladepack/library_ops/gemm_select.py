@@ -254,8 +254,8 @@ def _segments(
         return np.concatenate([cost[i:j, seg_option[i, j]] for i, j in itertools.pairwise(bounds)])
 
     ends = [float(b[n]) for b in best[1:]]
-    finest = per_shape(cuts(MAX_SEGMENTS))
     bounds = cuts(MAX_SEGMENTS)
+    finest = per_shape(bounds)
     for count in range(1, MAX_SEGMENTS):
         if ends[count - 1] > min(ends) + n * SEGMENT_SLACK:
             continue

@@ -334,7 +334,7 @@ def lower_native(
                 "ta": i.ta,
                 "tb": i.tb,
                 "activation": i.activation,
-                "arch": "sm_90a" if i.hopper else "sm_80",
+                "arch": i.arch,
                 "cluster": list(i.config.cluster),
                 "schedule": i.config.schedule,
                 "source": i.source,
