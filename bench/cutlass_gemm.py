@@ -79,10 +79,10 @@ def check_each_config(cache: Path, n: int = 392, k: int = 1000) -> list[str]:
     """Every catalogue config launched on its own (the sm80 ones on any GPU, the sm90 ones where the
     compute capability is 9.0; float16 on a linear layout, and the first config of each arch also in
     bfloat16 and with B row-major), split-K 2 at small M, against torch over the M sweep."""
-    from bladepack.codegen.cutlass_emitter import GemmInstance
-    from bladepack.codegen.cutlass_toolchain import build_gemms
     from bladepack.dtypes import DType
-    from bladepack.library_ops.cutlass_configs import candidates
+    from bladepack.library_ops.cutlass.configs import candidates
+    from bladepack.library_ops.cutlass.emitter import GemmInstance
+    from bladepack.library_ops.cutlass.toolchain import build_gemms
     from bladepack.loader.cuda_driver import Device
     from bladepack.loader.cutlass_gemm import CutlassGemms
 

@@ -12,11 +12,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-# Note [optimize is a function]: `bladepack.optimize` names both the public function and the
-# subpackage of passes. Importing the (empty) subpackage here first means the import system never
-# rebinds the attribute later, so the function defined below stays `bladepack.optimize`; internal
-# code imports passes with `from bladepack.optimize.x import y`, which goes through sys.modules.
-import bladepack.optimize as _optimize_package  # noqa: F401
 from bladepack.dims import Dim
 from bladepack.errors import (
     BladepackError,

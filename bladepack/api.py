@@ -20,17 +20,18 @@ from bladepack.artifact import format as bpk_format
 from bladepack.artifact.plan import ExecPlan
 from bladepack.artifact.writer import assemble
 from bladepack.options import Options
+from bladepack.target import CPU_ONLY, Target
 from bladepack.version import __version__
 
 if TYPE_CHECKING:
     from bladepack.ir import Program
-    from bladepack.library_ops.gemm_profile import GemmProfiler
-    from bladepack.library_ops.gemm_select import GemmPolicy
+    from bladepack.library_ops.cutlass.profile import GemmProfiler
+    from bladepack.library_ops.cutlass.select import GemmPolicy
+    from bladepack.lowering.build_plan import KernelSources, LoweredPlan
 
 log = logging.getLogger("bladepack")
 
 GEMM_LIBRARIES = ("cublas", "cutlass")
-SUPPORTED_TARGETS = ("cpu", "cuda")  # "cuda:sm_90" (one image, e.g. "cuda:compute_90" for PTX) also works
 
 
 @dataclass
@@ -40,6 +41,7 @@ class Artifact:
     plan: ExecPlan
     weights: Mapping[str, np.ndarray]
     producer: Mapping[str, str]
+    sources: KernelSources
     ir_text: str = ""
     notes: list[str] = field(default_factory=list)
     # (ISA level, CPU flags it needs, shared-object bytes) of the compiled CPU kernel library
@@ -87,54 +89,39 @@ def _producer(frontend: str) -> dict[str, str]:
     return {"bladepack": __version__, **framework, "numpy": np.__version__, "python": platform.python_version()}
 
 
-def _check_targets(targets: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
-    """(plan targets, CUDA images asked for explicitly or None for all)."""
-    from bladepack.codegen.cuda_toolchain import CUBIN_ARCHES, HOPPER_GEMM_ARCH, PTX_ARCH
-
-    if isinstance(targets, str):
-        raise TypeError(f"targets must be a sequence such as ('cpu',), not the string {targets!r}")
-    images = [t.split(":", 1)[1] for t in targets if t.startswith("cuda:")]
-    allowed = [*SUPPORTED_TARGETS, *(f"cuda:{a}" for a in (*CUBIN_ARCHES, PTX_ARCH, HOPPER_GEMM_ARCH))]
-    bad = [t for t in targets if t not in allowed]
-    if bad or not targets:
-        raise ValueError(f"unsupported targets {bad or list(targets)}; this version supports {allowed}")
-    kinds = tuple(dict.fromkeys("cuda" if t.startswith("cuda") else t for t in targets))
-    return kinds, (tuple(images) if images and "cuda" not in targets else None)
-
-
-def _build_cuda(plan: ExecPlan, options: Options, images: tuple[str, ...] | None) -> dict[str, bytes]:
+def _build_cuda(plan: LoweredPlan, options: Options, images: tuple[str, ...] | None) -> dict[str, bytes]:
     """nvcc builds the CUDA kernels into a cubin per architecture plus PTX (no GPU needed)."""
     from bladepack.codegen.cuda_toolchain import build_images
 
-    if plan.native_cuda is None:
+    if plan.plan.native_cuda is None:
         return {}
-    return build_images(plan.cuda_source, options.cache_dir, arches=images, jobs=options.nvcc_jobs)
+    return build_images(plan.sources.cuda_source, options.cache_dir, arches=images, jobs=options.nvcc_jobs)
 
 
-def _build_gemms(plan: ExecPlan, options: Options) -> tuple[dict[str, bytes], bytes]:
+def _build_gemms(plan: LoweredPlan, options: Options) -> tuple[dict[str, bytes], bytes]:
     """nvcc builds the CUDA plan's CUTLASS GEMM kernels and their Params packer (no GPU needed)."""
-    if not plan.gemm_instances:
+    if not plan.sources.gemm_instances:
         return {}, b""
-    from bladepack.codegen.cutlass_toolchain import build_gemms
+    from bladepack.library_ops.cutlass.toolchain import build_gemms
 
-    return build_gemms(plan.gemm_instances, options.cache_dir, jobs=options.nvcc_jobs)
+    return build_gemms(plan.sources.gemm_instances, options.cache_dir, jobs=options.nvcc_jobs)
 
 
 def _gemm_policy(
     options: Options,
     library: str,
-    cuda: bool,
+    target: Target,
     samples: tuple[Mapping[str, int], ...],
     notes: list[str],
-    images: tuple[str, ...] | None = None,
 ) -> tuple[GemmPolicy, GemmProfiler | None]:
-    """How the CUDA plan's GEMMs are chosen (Note [GEMM profiling] in library_ops/gemm_profile.py): with
+    """How the CUDA plan's GEMMs are chosen (Note [GEMM profiling] in library_ops/cutlass/profile.py): with
     CUTLASS, a profiler on the CUDA device present here (returned too: the caller closes it), else the
     cost model; the Hopper table when the CUDA images asked for include sm_90a."""
     from bladepack.codegen.cuda_toolchain import hopper_gemms
-    from bladepack.library_ops.gemm_select import GemmPolicy
+    from bladepack.library_ops.cutlass.select import GemmPolicy
 
-    hopper = cuda and library == "cutlass" and hopper_gemms(images)
+    cuda = target.cuda
+    hopper = cuda and library == "cutlass" and hopper_gemms(target.cuda_images)
     policy = GemmPolicy(library, options.gemm_configs, samples=samples, hopper=hopper)
     if not cuda or library != "cutlass" or options.gemm_tuning == "model":
         return policy, None
@@ -146,7 +133,7 @@ def _gemm_policy(
         if options.gemm_tuning == "profile":
             raise CudaUnavailable(f"BLADEPACK_GEMM_TUNING=profile needs a CUDA device here: {e}") from e
         return policy, None
-    from bladepack.library_ops.gemm_profile import GemmProfiler
+    from bladepack.library_ops.cutlass.profile import GemmProfiler
 
     profiler = GemmProfiler(device, options.cache_dir, jobs=options.nvcc_jobs)
     notes.append(f"CUTLASS configs chosen by profiling on {device.info.name} ({device.info.arch})")
@@ -155,12 +142,12 @@ def _gemm_policy(
     return policy, profiler
 
 
-def _build_cpu(plan: ExecPlan, options: Options, notes: list[str]) -> list[tuple[str, tuple[str, ...], bytes]]:
+def _build_cpu(plan: LoweredPlan, options: Options, notes: list[str]) -> list[tuple[str, tuple[str, ...], bytes]]:
     """Compile the CPU kernel library for each ISA level; without a compiler, warn and keep the
     reference executor (the artifact still runs everywhere, only slower)."""
     from bladepack.codegen.toolchain import build_libraries, find_compiler
 
-    if plan.native_cpu is None or not options.native:
+    if plan.plan.native_cpu is None or not options.native:
         return []
     cxx = find_compiler()
     if cxx is None:
@@ -168,7 +155,7 @@ def _build_cpu(plan: ExecPlan, options: Options, notes: list[str]) -> list[tuple
         log.warning("bladepack: %s", msg)
         notes.append(msg)
         return []
-    libs = build_libraries(plan.cpu_source, options.cache_dir, cxx)
+    libs = build_libraries(plan.sources.cpu_source, options.cache_dir, cxx)
     return [(lib.isa.name, lib.isa.requires, lib.data) for lib in libs]
 
 
@@ -196,11 +183,11 @@ def optimize(
     libcublas where it runs) or "cutlass" (CUTLASS kernels chosen per shape range and packaged in the
     artifact; needs the nvidia-cutlass headers here).
     """
-    kinds, images = _check_targets(targets)
+    target = Target.parse(targets)
     if gemm_library not in GEMM_LIBRARIES:
         raise ValueError(f"gemm_library must be one of {list(GEMM_LIBRARIES)}, got {gemm_library!r}")
     if dtype is not None:
-        from bladepack.optimize.mixed_precision import COMPUTE_DTYPES
+        from bladepack.passes.mixed_precision import COMPUTE_DTYPES
 
         if dtype not in COMPUTE_DTYPES:
             raise ValueError(f"dtype must be one of {list(COMPUTE_DTYPES)} or None, got {dtype!r}")
@@ -213,9 +200,8 @@ def optimize(
         return optimize_program(
             program,
             frontend="onnx",
-            targets=kinds,
+            target=target,
             dtype=dtype,
-            cuda_images=images,
             gemm_library=gemm_library,
             samples=_sample_bindings(program, sample_inputs),
         )
@@ -230,9 +216,8 @@ def optimize(
     return optimize_program(
         program,
         captured.notes,
-        targets=kinds,
+        target=target,
         dtype=dtype,
-        cuda_images=images,
         gemm_library=gemm_library,
         samples=_sample_bindings(program, sample_inputs),
     )
@@ -267,48 +252,48 @@ def optimize_program(
     program: Program,
     notes: Sequence[str] = (),
     frontend: str = "torch",
-    targets: tuple[str, ...] = ("cpu",),
+    target: Target = CPU_ONLY,
     dtype: str | None = None,
-    cuda_images: tuple[str, ...] | None = None,
     gemm_library: str = "cublas",
     samples: Sequence[Mapping[str, int]] = (),
 ) -> Artifact:
     """Optimize an IR `Program` from any front end ("torch" or "onnx", recorded in the producer
-    versions) into an `Artifact` (the half of `optimize` after export); `targets` are plan kinds
-    ("cpu", "cuda"), `cuda_images` limits the CUDA images built, `samples` are the sample inputs'
-    symbol values."""
+    versions) into an `Artifact` (the half of `optimize` after export) for `target` (plan kinds and
+    CUDA images), `samples` are the sample inputs' symbol values."""
     from bladepack.ir import print_graph
-    from bladepack.optimize.build_plan import build_plan
-    from bladepack.optimize.pipeline import run_pipeline
+    from bladepack.lowering.build_plan import build_plan
+    from bladepack.passes.pipeline import run_pipeline
 
     options = Options.from_env()
     if dtype is not None:
-        from bladepack.optimize.mixed_precision import to_precision
+        from bladepack.passes.mixed_precision import to_precision
 
         program = to_precision(program, dtype)
     program = run_pipeline(program, options)
     notes = list(notes)
-    gemm, profiler = _gemm_policy(options, gemm_library, "cuda" in targets, tuple(samples), notes, cuda_images)
+    gemm, profiler = _gemm_policy(options, gemm_library, target, tuple(samples), notes)
     try:
-        plan = build_plan(program, targets=targets, gemm=gemm)
+        lowered = build_plan(program, target=target, gemm=gemm)
     finally:
         if profiler is not None:
             profiler.close()
-    libraries, producer = _build_cpu(plan, options, notes), _producer(frontend)
+    libraries, producer = _build_cpu(lowered, options, notes), _producer(frontend)
     if libraries:
         from bladepack.codegen.toolchain import compiler_version, find_compiler
 
         producer["cxx"] = compiler_version(find_compiler() or "")
-    images = _build_cuda(plan, options, cuda_images)
-    gemm_images, gemm_packer = _build_gemms(plan, options)
+    images = _build_cuda(lowered, options, target.cuda_images)
+    gemm_images, gemm_packer = _build_gemms(lowered, options)
     if images:
         from bladepack.codegen.cuda_toolchain import find_nvcc, nvcc_version
 
         producer["nvcc"] = nvcc_version(find_nvcc())
+    plan, sources = lowered.plan, lowered.sources
     art = Artifact(
         plan,
         dict(program.weight_data),
         producer,
+        sources,
         print_graph(program.graph, program.shape_env),
         notes,
         libraries,
@@ -317,11 +302,11 @@ def optimize_program(
         gemm_packer,
     )
     if options.dump_dir is not None:
-        (options.dump_dir / "fusion_plan.txt").write_text(plan.fusion_text)
-        (options.dump_dir / "kernels_cpu.cc").write_text(plan.cpu_source)
+        (options.dump_dir / "fusion_plan.txt").write_text(sources.fusion_text)
+        (options.dump_dir / "kernels_cpu.cc").write_text(sources.cpu_source)
         if plan.native_cuda is not None:
-            (options.dump_dir / "fusion_plan_cuda.txt").write_text(plan.cuda_fusion_text)
-            (options.dump_dir / "kernels_cuda.cu").write_text(plan.cuda_source)
+            (options.dump_dir / "fusion_plan_cuda.txt").write_text(sources.cuda_fusion_text)
+            (options.dump_dir / "kernels_cuda.cu").write_text(sources.cuda_source)
         from bladepack.inspect import inspect_text, manifest_summary
 
         manifest, _ = art._parts()

@@ -9,6 +9,22 @@ BLADEPACK_GEMM_CONFIGS=N  at most N aligned CUTLASS configs per GEMM (default 4;
 BLADEPACK_GEMM_TUNING   how CUTLASS configs are chosen: auto (profile when a CUDA device answers, else the
                         cost model; the default), profile (a device is required), model (never profile)
 BLADEPACK_NVCC_JOBS=N   nvcc processes at once (default 2; an sm_90a CUTLASS unit takes ~3.3 GB)
+
+Toolchains (compile side, `Toolchains`):
+CXX                     the C++ compiler (else g++, c++, clang++ on PATH)
+NVCC, CUDA_HOME         nvcc (else CUDA_HOME/bin/nvcc, else nvcc on PATH)
+BLADEPACK_CUDA_ARCHES   the CUDA images to build, comma-separated (default: all)
+BLADEPACK_CPU_ISAS      the CPU ISA levels to build, comma-separated, "host" for this CPU's (default: all)
+CUTLASS_PATH            the CUTLASS checkout whose include/ to use (else the nvidia-cutlass wheel's)
+
+Loader (`LoaderOptions`; read when a module loads, never needs the compile side):
+BLADEPACK_CACHE_DIR     also where the loader keeps CPU kernel libraries by content hash (lib/)
+BLADEPACK_BLAS          the BLAS library for CPU GEMMs ("none": the loader's own loops)
+BLADEPACK_CUBLAS        the cuBLAS library (else the nvidia wheels', the system's, CUDA_HOME/lib64)
+BLADEPACK_NUM_THREADS=N CPU kernel threads (default: the cores this process may run on)
+BLADEPACK_SHAPE_CACHE=N input-shape signatures a loaded module keeps prepared (default 4096, as the C++ runtime)
+
+No other module reads the environment (tests/test_architecture.py checks it).
 """
 
 from __future__ import annotations
@@ -32,17 +48,68 @@ class Options:
     @staticmethod
     def from_env() -> Options:
         dump = os.environ.get("BLADEPACK_DUMP")
-        cache = os.environ.get("BLADEPACK_CACHE_DIR") or str(Path.home() / ".cache" / "bladepack")
         return Options(
             dump_dir=Path(dump) if dump else None,
             verify=os.environ.get("BLADEPACK_VERIFY", "1") not in ("0", "false", "no"),
-            cache_dir=Path(cache),
+            cache_dir=_cache_dir(),
             log_level=os.environ.get("BLADEPACK_LOG", "WARNING").upper(),
             native=os.environ.get("BLADEPACK_NATIVE", "1") not in ("0", "false", "no"),
             gemm_configs=_positive("BLADEPACK_GEMM_CONFIGS", 4),
             gemm_tuning=_choice("BLADEPACK_GEMM_TUNING", ("auto", "profile", "model")),
             nvcc_jobs=_positive("BLADEPACK_NVCC_JOBS", 2),
         )
+
+
+@dataclass(frozen=True)
+class Toolchains:
+    """Where the compilers and headers are; None: search the usual places."""
+
+    cxx: str | None
+    nvcc: str | None
+    cuda_home: str | None
+    cuda_arches: str | None
+    cpu_isas: str | None
+    cutlass_path: str | None
+
+    @staticmethod
+    def from_env() -> Toolchains:
+        get = os.environ.get
+        return Toolchains(
+            cxx=get("CXX") or None,
+            nvcc=get("NVCC") or None,
+            cuda_home=get("CUDA_HOME") or None,
+            cuda_arches=get("BLADEPACK_CUDA_ARCHES") or None,
+            cpu_isas=get("BLADEPACK_CPU_ISAS") or None,
+            cutlass_path=get("CUTLASS_PATH") or None,
+        )
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """The loader's knobs; `num_threads` 0 means every core this process may run on."""
+
+    cache_dir: Path
+    blas: str | None
+    cublas: str | None
+    cuda_home: str | None
+    num_threads: int
+    shape_cache: int = 4096
+
+    @staticmethod
+    def from_env() -> LoaderOptions:
+        get = os.environ.get
+        return LoaderOptions(
+            cache_dir=_cache_dir(),
+            blas=get("BLADEPACK_BLAS") or None,
+            cublas=get("BLADEPACK_CUBLAS") or None,
+            cuda_home=get("CUDA_HOME") or None,
+            num_threads=int(get("BLADEPACK_NUM_THREADS", "0") or 0),
+            shape_cache=_positive("BLADEPACK_SHAPE_CACHE", 4096),
+        )
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("BLADEPACK_CACHE_DIR") or Path.home() / ".cache" / "bladepack")
 
 
 def _choice(name: str, allowed: tuple[str, ...]) -> str:

@@ -7,8 +7,8 @@ from typing import Any
 import sympy
 
 from bladepack.dtypes import DType
+from bladepack.ir.views import View
 from bladepack.library_ops.cpu_gemm import GemmCall
-from bladepack.optimize.views import View
 
 
 def linear_call(m: Any, n: int, k: int, dtype: DType = DType.FLOAT16) -> GemmCall:

@@ -115,7 +115,7 @@ def run_case(case: Any, executor: str) -> Outcome:
     from onnx.backend.test.runner import Runner
 
     from bladepack.errors import UnsupportedOpsError
-    from bladepack.onnx_import.backend import BladepackBackend
+    from bladepack.onnx_backend import BladepackBackend
 
     ops = ops_of(case)
     try:

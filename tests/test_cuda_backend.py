@@ -22,9 +22,10 @@ import torch
 
 import bladepack
 from bladepack.codegen.cuda_emitter import KERNEL_SHIFT
-from bladepack.codegen.cuda_toolchain import CUBIN_ARCHES, PTX_ARCH, build_images, cubin_arch
+from bladepack.codegen.cuda_toolchain import build_images, cubin_arch
 from bladepack.loader import native_cuda
-from bladepack.optimize.mixed_precision import bfloat16_bits
+from bladepack.passes.mixed_precision import bfloat16_bits
+from bladepack.target import CUBIN_ARCHES, PTX_ARCH
 from samples.registry import SAMPLES
 from tests.cuda_harness import FakeGpu
 from tests.helpers import as_tuple, rel_err
@@ -222,7 +223,7 @@ def test_launch_geometry_and_parameter_words(gpu: FakeGpu) -> None:
     n = torch.export.Dim("n", min=1, max=1 << 20)
     a, b = torch.randn(4, 12), torch.randn(4, 12)
     art = bladepack.optimize(AddRelu(), [(a, b)], ({1: n}, {1: n}), targets=TARGETS)
-    variants = [v["name"] for k in art.plan.kernels if k["target"] == "cuda" for v in k["variants"]]
+    variants = [v.name for k in art.plan.kernels if k.target == "cuda" for v in k.variants]
     assert variants == ["k0_w4", "k0_w2", "k0_w1"]
     cases = [(np.ones((4, cols), np.float32), np.ones((4, cols), np.float32)) for cols in (12, 6, 5, 3000)]
     _, results, log = gpu.run(art, cases)
@@ -239,7 +240,8 @@ def test_launch_geometry_and_parameter_words(gpu: FakeGpu) -> None:
     # parameter words: status, out, a, b, then the int arguments (threads first)
     words = bytes.fromhex(launches[-1][-1])
     vals = struct.unpack(f"<{len(words) // 8}q", words)
-    record = art.plan.native_cuda["launches"][0]  # type: ignore[index]
+    assert art.plan.native_cuda is not None
+    record = art.plan.native_cuda.launches[0].to_manifest()
     assert len(record["ptrs"]) == 3 and len(vals) == 1 + 3 + len(record["ints"])
     assert all(v != 0 for v in vals[:4]) and len(set(vals[:4])) == 4
     assert 3000 in vals[4:]
@@ -296,7 +298,7 @@ def test_every_arch_builds(tmp_path: Path) -> None:
 
     n = torch.export.Dim("n", min=1, max=4096)
     art = bladepack.optimize(Norm(), [(torch.randn(3, 16),)], ({1: n},), targets=("cuda",), dtype="float16")
-    images = build_images(art.plan.cuda_source, tmp_path)
+    images = build_images(art.sources.cuda_source, tmp_path)
     assert sorted(images) == sorted([*CUBIN_ARCHES, PTX_ARCH])
     for arch in CUBIN_ARCHES:
         assert cubin_arch(images[arch]) == arch
@@ -322,7 +324,7 @@ def test_bfloat16_weights_and_loading(gpu: FakeGpu) -> None:
 
     art = bladepack.optimize(Lin(), [(torch.randn(2, 8),)], targets=("cpu", "cuda:sm_90"), dtype="bfloat16")
     assert {w.dtype for w in art.plan.weights} == {"bfloat16"}
-    assert "__nv_bfloat16" in art.plan.cuda_source
+    assert "__nv_bfloat16" in art.sources.cuda_source
     with pytest.raises(ValueError, match="computes in bfloat16, which has no CPU kernels or numpy type"):
         bladepack.load(art.to_bytes())
 

@@ -8,9 +8,6 @@ from pathlib import Path
 import pytest
 
 from bladepack.codegen.cuda_toolchain import (
-    CUBIN_ARCHES,
-    HOPPER_GEMM_ARCH,
-    PTX_ARCH,
     build_images,
     cubin_arch,
     hopper_gemms,
@@ -19,6 +16,7 @@ from bladepack.codegen.cuda_toolchain import (
 )
 from bladepack.codegen.toolchain import ToolchainError
 from bladepack.loader.cuda_driver import choose_image
+from bladepack.target import CUBIN_ARCHES, HOPPER_GEMM_ARCH, PTX_ARCH
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 

@@ -25,12 +25,12 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import bladepack
-from bladepack.codegen.cutlass_emitter import GemmInstance, kernel_source, packer_source
 from bladepack.dtypes import DType
 from bladepack.ir import ShapeEnv
 from bladepack.library_ops.cpu_gemm import GemmCall
-from bladepack.library_ops.cutlass_configs import CATALOGUE, candidates, check, fallback
-from bladepack.library_ops.gemm_select import Option, estimate, select
+from bladepack.library_ops.cutlass.configs import CATALOGUE, candidates, check, fallback
+from bladepack.library_ops.cutlass.emitter import GemmInstance, kernel_source, packer_source
+from bladepack.library_ops.cutlass.select import Option, estimate, select
 from tests.cuda_harness import FakeGpu, needs_nvcc, require_cutlass
 from tests.gemm_calls import bmm_call, linear_call
 
@@ -194,7 +194,8 @@ def test_cutlass_launches_on_the_fake_driver(
     _, results, log = gpu.run(cutlass_artifact, cases)
     assert all(not isinstance(r, str) for r in results), results
     assert [r[0].shape for r in results] == [(b, 64) for b in batches]  # type: ignore[index]
-    kernels = {r["name"]: r for r in cutlass_artifact.plan.native_cuda["gemm_kernels"]}  # type: ignore[index]
+    assert cutlass_artifact.plan.native_cuda is not None
+    kernels = {r.name: r.to_manifest() for r in cutlass_artifact.plan.native_cuda.gemm_kernels}
     launches = [ln.split() for ln in log.splitlines() if ln.startswith("launch bpk_gemm_")]
     assert len(launches) == 4 * len(batches)  # four GEMMs per call
     seen_split = False
@@ -431,7 +432,7 @@ def test_dispatch_segments() -> None:
     """Note [GEMM dispatch segments]: noise-level alternation between options is one interval, a real
     crossover is two, no shape loses more than SHAPE_SLACK, equal keys stay together; a batched GEMM over
     two symbols gets a bounded table (it had ~90 entries alternating between two configs)."""
-    from bladepack.library_ops.gemm_select import MAX_SEGMENTS, _segments
+    from bladepack.library_ops.cutlass.select import MAX_SEGMENTS, _segments
 
     cfgs = candidates(DType.FLOAT16)
     a, b = Option(cfgs[0], 1), Option(cfgs[1], 1)

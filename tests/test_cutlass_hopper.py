@@ -1,6 +1,6 @@
 """Hopper (sm_90a) CUTLASS GEMMs: config space, the compute-capability-9.0 dispatch table, kernel and
 packer sources, the packer's TMA descriptors through a recording encoder, and launches (clusters,
-descriptors, per-arch dispatch) on the fake driver. Note [Hopper GEMMs] in codegen/cutlass_emitter.py.
+descriptors, per-arch dispatch) on the fake driver. Note [Hopper GEMMs] in library_ops/cutlass/emitter.py.
 Numerics and speed need an H100 / H200 (`bench/cutlass_gemm.py`)."""
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import bladepack
-from bladepack.codegen.cutlass_emitter import GemmInstance, kernel_source, packer_source
 from bladepack.dtypes import DType
 from bladepack.ir import ShapeEnv
-from bladepack.library_ops.cutlass_configs import candidates, check, fallback
-from bladepack.library_ops.gemm_select import Option, estimate, select
+from bladepack.library_ops.cutlass.configs import candidates, check, fallback
+from bladepack.library_ops.cutlass.emitter import GemmInstance, kernel_source, packer_source
+from bladepack.library_ops.cutlass.select import Option, estimate, select
 from tests.cuda_harness import FakeGpu, needs_nvcc, require_cutlass
 from tests.gemm_calls import bmm_call, linear_call
 

@@ -9,7 +9,7 @@ import sympy
 from bladepack.dtypes import DType
 from bladepack.ir import GraphBuilder, IRVerificationError, OpKind, Program, ShapeEnv, TensorType, print_graph, verify
 from bladepack.ir.ops import AxisAttrs, MatmulAttrs, NoAttrs
-from bladepack.optimize.dce import dead_code_elimination
+from bladepack.passes.dce import dead_code_elimination
 
 
 def _program() -> tuple[Program, sympy.Symbol]:
@@ -80,3 +80,20 @@ def test_builder_checks_attribute_types() -> None:
     x = g.add_input("x", TensorType(DType.FLOAT32, (4,)))
     with pytest.raises(TypeError, match="softmax takes AxisAttrs"):
         g.add(OpKind.SOFTMAX, (x,), TensorType(DType.FLOAT32, (4,)), NoAttrs())
+
+
+def test_broadcast_rule() -> None:
+    """One rule for both front ends (ir/broadcast.py): 1 broadcasts, a static size wins over symbols,
+    the first symbol otherwise; two static sizes that differ are refused."""
+    import sympy
+
+    from bladepack.ir.broadcast import BroadcastError, broadcast_shapes
+
+    a, b = sympy.symbols("a b", positive=True, integer=True)
+    assert broadcast_shapes((a, 1, 4), (3, 1)) == (a, 3, 4)
+    assert broadcast_shapes((1, a), (b, 1), (1,)) == (b, a)
+    assert broadcast_shapes((a, 5), (b, 5)) == (a, 5)
+    assert broadcast_shapes((a,), (7,)) == (7,)
+    assert broadcast_shapes(()) == () and broadcast_shapes((), (2,)) == (2,)
+    with pytest.raises(BroadcastError, match=r"axis 1: \[3, 4\]"):
+        broadcast_shapes((2, 3), (4,))

@@ -48,7 +48,7 @@ def test_sample_onnx_matches_torch(name: str, exporter: str, tmp_path: Path) -> 
     path.write_bytes(export_onnx(model, s.export_samples()[0], axes, exporter))
     dyn = {i: {k: Dim(d, *ranges[d]) for k, d in a.items()} for i, a in axes.items() if a}
     art = bladepack.optimize(str(path), dynamic_shapes=dyn)
-    assert _kernels(art) == _kernels(torch_art), (art.plan.fusion_text, torch_art.plan.fusion_text)
+    assert _kernels(art) == _kernels(torch_art), (art.sources.fusion_text, torch_art.sources.fusion_text)
     loaded = bladepack.load(art.to_bytes())
     g = torch.Generator().manual_seed(3)
     for case in s.test_cases():

@@ -8,9 +8,9 @@ import torch
 
 from bladepack.export import capture, to_program
 from bladepack.ir import Program, print_graph
-from bladepack.optimize.canonicalize_shapes import canonicalize_shapes
-from bladepack.optimize.conv_layout import conv_layout
-from bladepack.optimize.decompose import decompose
+from bladepack.passes.canonicalize_shapes import canonicalize_shapes
+from bladepack.passes.conv_layout import conv_layout
+from bladepack.passes.decompose import decompose
 
 
 def _program(model: torch.nn.Module, samples: list[tuple[torch.Tensor, ...]]) -> Program:
@@ -50,13 +50,13 @@ def test_canonicalize_shapes_is_the_identity_on_torch_programs() -> None:
 
 
 def test_encoder_layer_is_at_most_eight_kernels_plus_gemms() -> None:
-    from bladepack.optimize.build_plan import build_plan
-    from bladepack.optimize.pipeline import run_pipeline
+    from bladepack.lowering.build_plan import build_plan
     from bladepack.options import Options
+    from bladepack.passes.pipeline import run_pipeline
 
     layer = torch.nn.TransformerEncoderLayer(64, 4, 256, dropout=0.0, batch_first=True)
     p = _program(layer, [(torch.randn(2, 5, 64),), (torch.randn(3, 7, 64),)])
-    plan = build_plan(run_pipeline(p, Options.from_env()))
+    plan = build_plan(run_pipeline(p, Options.from_env())).sources
     head = plan.fusion_text.splitlines()[0]
     kernels, gemms = (int(w) for w in head.split(":")[1].replace(",", "").split()[0:4:2])
     assert head.endswith("0 reference steps"), plan.fusion_text
@@ -64,7 +64,7 @@ def test_encoder_layer_is_at_most_eight_kernels_plus_gemms() -> None:
 
 
 def test_direct_conv_packs_weights_golden() -> None:
-    from bladepack.optimize.direct_conv import direct_conv
+    from bladepack.passes.direct_conv import direct_conv
 
     m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1, bias=False), torch.nn.ReLU())
     p = _program(m, [(torch.randn(2, 3, 5, 6),), (torch.randn(3, 3, 7, 6),)])
@@ -110,9 +110,9 @@ class _Epilogues(torch.nn.Module):
 
 def test_gemm_epilogue_golden() -> None:
     """Note [GEMM epilogue]: which adds and activations the CUTLASS epilogue takes over (CUDA plans)."""
-    from bladepack.optimize.lower_native import fusion_for
-    from bladepack.optimize.pipeline import run_pipeline
+    from bladepack.lowering.lower_native import fusion_for
     from bladepack.options import Options
+    from bladepack.passes.pipeline import run_pipeline
 
     p = run_pipeline(_program(_Epilogues(), [(torch.randn(2, 16),), (torch.randn(3, 16),)]), Options.from_env())
     assert fusion_for(p, target="cuda", gemm_epilogues=True).text(p.graph) == textwrap.dedent("""\

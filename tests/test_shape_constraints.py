@@ -15,7 +15,7 @@ from bladepack.dtypes import DType
 from bladepack.ir import GraphBuilder, OpKind, Program, ShapeEnv, Tri
 from bladepack.ir.ops import AxisAttrs, MatmulAttrs
 from bladepack.ir.types import TensorType
-from bladepack.optimize.shape_constraints import ShapeConflict, ShapeConstraints, analyze
+from bladepack.passes.shape_constraints import ShapeConflict, ShapeConstraints, analyze
 
 N_SYMS, TOP = 4, 5  # symbols s0..s3, each with a range inside [1, TOP]: every binding can be enumerated
 
@@ -230,7 +230,7 @@ def test_canonicalize_shapes_unifies_and_guards_at_run_time() -> None:
     import bladepack
     from bladepack.api import optimize_program
     from bladepack.ir import print_graph
-    from bladepack.optimize.canonicalize_shapes import canonicalize_shapes
+    from bladepack.passes.canonicalize_shapes import canonicalize_shapes
 
     p = canonicalize_shapes(_two_inputs_program())
     text = print_graph(p.graph, p.shape_env)

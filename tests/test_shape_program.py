@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from bladepack.artifact.shape_program import ShapeProgram
 from bladepack.ir import ShapeEnv, Tri
-from bladepack.optimize.shape_compiler import ShapeProgramBuilder
+from bladepack.lowering.shape_compiler import ShapeProgramBuilder
 
 S = [sympy.Symbol(n, integer=True, nonnegative=True) for n in ("a", "b", "c")]
 

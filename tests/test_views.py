@@ -11,7 +11,7 @@ import sympy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bladepack.optimize.views import View
+from bladepack.ir.views import View
 
 
 def _gather(base: np.ndarray, v: View) -> np.ndarray:

@@ -1,6 +1,6 @@
 """The execution plan: the declarative program both loaders interpret.
 
-In: produced by `bladepack.optimize.build_plan` from an IR program. Out: plain data (no sympy, no
+In: produced by `bladepack.lowering.build_plan` from an IR program. Out: plain data (no sympy, no
 torch) that the artifact writer packs into the manifest and the loaders read back.
 
 Note [SymInt encoding]: wherever a size or an attribute may be symbolic, the plan stores either a
@@ -10,7 +10,10 @@ plain int or a one-key map {"r": k} meaning "register k of the shape program's r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
+
+if TYPE_CHECKING:
+    from bladepack.artifact.native_plan import KernelRow, NativePlan
 
 SymIntEnc = Union[int, dict[str, int]]
 
@@ -91,15 +94,9 @@ class ExecPlan:
     arena_bytes_expr: str
     arena_bytes: SymIntEnc
     output_structure: str = "single"
-    kernels: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    kernels: tuple[KernelRow, ...] = field(default_factory=tuple)
     gemm_configs: tuple[dict[str, Any], ...] = field(default_factory=tuple)
     # the native CPU plan (launch records, arena buffers; docs/format.md "Native CPU plan"), or None
-    native_cpu: dict[str, Any] | None = None
-    # C++ source of the CPU kernel library (compiled by the api, never written to the manifest)
-    cpu_source: str = ""
-    fusion_text: str = ""
+    native_cpu: NativePlan | None = None
     # the native CUDA plan (same record format; kernel variants carry grid / block / smem), or None
-    native_cuda: dict[str, Any] | None = None
-    cuda_source: str = ""  # CUDA C of every CUDA kernel (compiled by the api into cubins and PTX)
-    cuda_fusion_text: str = ""
-    gemm_instances: tuple[Any, ...] = ()  # codegen.cutlass_emitter.GemmInstance of the CUDA plan's GEMMs
+    native_cuda: NativePlan | None = None

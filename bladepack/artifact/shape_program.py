@@ -2,7 +2,7 @@
 
 In: input dims (one tuple per input). Out: a register file holding every symbol, every dim of every
 value, every symbolic attribute and the arena size — or `ShapeGuardError` from a failed ASSERT.
-Loader-safe (standard library only); the compiler from sympy lives in `bladepack.optimize`.
+Loader-safe (standard library only); the compiler from sympy lives in `bladepack.lowering.shape_compiler`.
 
 Encoding (see docs/format.md): `code` is little-endian int64, five words per instruction
 `[opcode, d, a, b, c]`. Python's integer semantics are the reference: FLOORDIV and MOD round toward

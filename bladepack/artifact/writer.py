@@ -64,7 +64,7 @@ def assemble(
         "values": [v.to_manifest() for v in plan.values],
         "plan": {"steps": [s.to_manifest() for s in plan.steps]},
         "arena_bytes": {"expr": plan.arena_bytes_expr, "value": plan.arena_bytes},
-        "kernels": list(plan.kernels),
+        "kernels": [k.to_manifest() for k in plan.kernels],
         "gemm_configs": list(plan.gemm_configs),
     }
     if plan.native_cpu is not None and cpu_libraries:
@@ -72,21 +72,21 @@ def assemble(
         for isa, requires, data in cpu_libraries:
             sections.append(Section(library_section_name(isa), memoryview(data)))
             libs.append({"isa": isa, "requires": list(requires), "section": library_section_name(isa)})
-        manifest["native_cpu"] = {**plan.native_cpu, "libraries": libs}
+        manifest["native_cpu"] = {**plan.native_cpu.to_manifest(), "libraries": libs}
     if plan.native_cuda is not None and cuda_images:
         images = []
         for arch, data in sorted(cuda_images.items()):
             sections.append(Section(cuda_image_section_name(arch), memoryview(data)))
             images.append({"arch": arch, "section": cuda_image_section_name(arch)})
-        manifest["native_cuda"] = {**plan.native_cuda, "images": images}
-        if "gemm_kernels" in plan.native_cuda:
+        manifest["native_cuda"] = {**plan.native_cuda.to_manifest(), "images": images}
+        if plan.native_cuda.gemm_kernels:
             if not gemm_images or not gemm_packer:
                 raise ValueError("the CUDA plan runs CUTLASS GEMMs, and their kernels or packer were not built")
             rows = []
-            for row in plan.native_cuda["gemm_kernels"]:
-                name = f"cutlass/{row['name']}.fatbin"
-                sections.append(Section(name, memoryview(gemm_images[row["name"]])))
-                rows.append({**row, "section": name})
+            for kernel in plan.native_cuda.gemm_kernels:
+                name = f"cutlass/{kernel.name}.fatbin"
+                sections.append(Section(name, memoryview(gemm_images[kernel.name])))
+                rows.append({**kernel.to_manifest(), "section": name})
             sections.append(Section(GEMM_PACKER_SECTION, memoryview(gemm_packer)))
             manifest["native_cuda"]["gemm_kernels"] = rows
             manifest["native_cuda"]["gemm_packer"] = {"section": GEMM_PACKER_SECTION, "platform": "x86_64-linux"}

@@ -1,5 +1,7 @@
-"""Kernel code generation (C++ for CPU, CUDA C for GPUs) from fusion plans.
+"""Kernel code generation from `KernelSpec`s (ir/fusion_plan.py): C++ for CPUs, CUDA C for GPUs.
 
-Empty in format 1.0: plans run on the loader's reference executor. The generated, fused kernels and
-their compile cache arrive with the fusion work; see ../shared/DESIGN.md "Fusion and code generation".
+`emitter` is the machinery both backends share (loads through views, inlined expressions, reduction
+and row schedules); `cpu_emitter` / `cuda_emitter` render a kernel each, `cpu_conv` / `cuda_conv` the
+convolution and pooling kernels; `toolchain` / `cuda_toolchain` compile whole translation units and
+cache the results by content hash.
 """

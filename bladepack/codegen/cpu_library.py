@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from bladepack.codegen import c_render
-from bladepack.codegen.cpu_emitter import EmittedKernel
+from bladepack.codegen.kernel import EmittedKernel
 
 MAX_PTRS = 256
 

@@ -4,8 +4,8 @@ In: the CUDA emitter of one kernel (cuda_emitter._CudaEmitter) and the convoluti
 spec anchors. Out: the kernel body, one thread per output element (pooling, im2col) or per output
 pixel (direct convolution), grid-striding over the rest (`rows_loop`).
 
-Note [CUDA convolution]: the fusion plan and the layouts are the CPU's (optimize/direct_conv.py,
-optimize/conv_layout.py). A convolution with packed [C_in, KH, KW, C_out] weights (at most 64 output
+Note [CUDA convolution]: the fusion plan and the layouts are the CPU's (passes/direct_conv.py,
+passes/conv_layout.py). A convolution with packed [C_in, KH, KW, C_out] weights (at most 64 output
 channels, 1152 taps) runs as a direct kernel: each thread keeps its pixel's C_out accumulators in
 registers and walks the taps; the threads of a warp read adjacent input pixels and the same weight
 (a broadcast). Every other convolution is im2col + one cuBLAS GEMM (per group; over the whole batch when
@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 import sympy
 
 from bladepack.codegen.c_render import CTYPE, Loop
-from bladepack.codegen.cpu_emitter import _FLOATS, _store_offset, reduce_init
+from bladepack.codegen.kernel import FLOATS, reduce_init, store_offset
 from bladepack.ir import Node, OpKind
 from bladepack.ir.ops import Conv2dAttrs, Pool2dAttrs
-from bladepack.optimize.views import View, simplify
+from bladepack.ir.views import View, simplify
 
 if TYPE_CHECKING:
     from bladepack.codegen.cuda_emitter import _CudaEmitter
@@ -65,7 +65,7 @@ def pool_kernel(em: _CudaEmitter) -> None:
         em.line(f"    const {t} v_ = bpk::ld(row_ + (kjs_ + kj * {dw}) * {s3});")
         if not is_max:
             em.line("    acc_ = acc_ + v_;")
-        elif dt in _FLOATS:
+        elif dt in FLOATS:
             em.line(f"    acc_ = bpk::fmax_nan<{t}>(acc_, v_);")
         else:
             em.line("    acc_ = v_ > acc_ ? v_ : acc_;")
@@ -80,7 +80,7 @@ def pool_kernel(em: _CudaEmitter) -> None:
             else:  # window cells inside the input
                 em.line("const int64_t cnt_ = (ki1 - ki0) * (kj1 - kj0);")
             em.line(f"acc_ = acc_ / {t}(cnt_);")
-        em.store(n.id, _store_offset(n.type.shape, idx), "acc_")
+        em.store(n.id, store_offset(n.type.shape, idx), "acc_")
 
     em.rows_loop(n.type.shape, "", body)
 
@@ -104,7 +104,7 @@ def direct_conv_kernel(em: _CudaEmitter) -> None:
     def body(idx: tuple[Loop, ...]) -> None:
         i_n, i_y, i_x = idx
         base = em.args.index(sympy.expand(xv.offset + i_n * xv.strides[0]))
-        store = em.args.index(_store_offset(n.type.shape, (i_n, sympy.Integer(0), i_y, i_x)))
+        store = em.args.index(store_offset(n.type.shape, (i_n, sympy.Integer(0), i_y, i_x)))
         s1, s2, s3 = r(xv.strides[1]), r(xv.strides[2]), r(xv.strides[3])
         _window(em, "ky", i_y.name, kh, sh, ph, dh, r(h))
         _window(em, "kx", i_x.name, kw, sw, pwd, dw, r(w))
@@ -158,6 +158,6 @@ def im2col_kernel(em: _CudaEmitter, conv: Node, x_view: View, cols: int) -> None
             f"const {t} v_ = hh >= 0 && hh < {r(h)} && ww >= 0 && ww < {r(w)} ? {t}(bpk::ld({src} + {base} + "
             f"c_ * {r(x_view.strides[1])} + hh * {r(x_view.strides[2])} + ww * {r(x_view.strides[3])})) : {t}(0);"
         )
-        em.store(cols, _store_offset(shape, idx), "v_")
+        em.store(cols, store_offset(shape, idx), "v_")
 
     em.rows_loop(shape, "", body)

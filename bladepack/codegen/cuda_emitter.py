@@ -5,7 +5,7 @@ In: a kernel spec of the fusion plan and the same `KernelContext` the CPU emitte
 variant's grid / block / dynamic shared memory as sympy expressions over the shape symbols (the shape
 program computes them per input signature), and the argument list all variants share.
 
-Expressions come from the CPU emitter's `_Emitter` (same index algebra, same loop-invariant placement,
+Expressions come from the CPU emitter's `Emitter` (same index algebra, same loop-invariant placement,
 same C renderer); this module supplies the GPU schedules and memory access.
 
 Note [CUDA kernel ABI]: every kernel takes `(int64_t* st, p0..pN, a0..aM)` — the launch's status words
@@ -44,23 +44,16 @@ from typing import Any
 
 import sympy
 
+from bladepack.codegen.anchor_kernels import reduce_kernel, scan_kernel
 from bladepack.codegen.c_render import CTYPE, Args, Loop
-from bladepack.codegen.cpu_emitter import (
-    _ROW_OPS,
-    KernelContext,
-    _Emitter,
-    _reduce_kernel,
-    _same_shape,
-    _scan_kernel,
-    _store_offset,
-    reduce_init,
-)
 from bladepack.codegen.cuda_conv import direct_conv_kernel, im2col_kernel, pool_kernel
+from bladepack.codegen.emitter import Emitter
+from bladepack.codegen.kernel import ROW_OPS, KernelContext, reduce_init, same_shape, store_offset
 from bladepack.dtypes import DType
 from bladepack.ir import Node, OpKind
+from bladepack.ir.fusion_plan import KernelSpec
 from bladepack.ir.types import IRDim
-from bladepack.optimize.fusion import KernelSpec
-from bladepack.optimize.views import View, simplify
+from bladepack.ir.views import View, simplify
 
 # memory types of pointers (registers use c_render.CTYPE; Note [Register types])
 MEMTYPE = {**CTYPE, DType.FLOAT16: "__half", DType.BFLOAT16: "__nv_bfloat16"}
@@ -113,7 +106,7 @@ def _grid(work: Any, per_block: int) -> Any:
     return sympy.Max(1, sympy.Min(sympy.ceiling(sympy.sympify(work) / per_block), MAX_GRID))
 
 
-class _CudaEmitter(_Emitter):
+class _CudaEmitter(Emitter):
     def __init__(
         self, spec: KernelSpec, ctx: KernelContext, args: Args, stores: list[int], loads: list[View], index: int = 0
     ) -> None:
@@ -288,7 +281,7 @@ def _loop_kernel(em: _CudaEmitter, width: int) -> None:
             [lane],
             lanes,
         )
-        base = _store_offset(dom, (*outer, j))
+        base = store_offset(dom, (*outer, j))
         for r, o in outs.items():
             em.line(f"bpk::stv<{width}>({em.ptr_store(r)} + {em.args.index(base)}, {o});")
 
@@ -299,10 +292,10 @@ def _row_kernel(em: _CudaEmitter, warp: bool, cached: bool) -> None:
     dom = em.spec.domain
     k = em.spec.reduced
     r = len(dom) - k
-    em.row_ops = {v for v in em.spec.nodes if em.ctx.nodes[v].op in _ROW_OPS}
+    em.row_ops = {v for v in em.spec.nodes if em.ctx.nodes[v].op in ROW_OPS}
     em.softmax_in_place = None  # the row cache (or L2) serves the last pass instead
     em.block_reduce = not warp
-    full_roots = [v for v in em.spec.roots if _same_shape(em.ctx.types[v].shape, dom)]
+    full_roots = [v for v in em.spec.roots if same_shape(em.ctx.types[v].shape, dom)]
     row_roots = [v for v in em.spec.roots if v not in full_roots]
     rows = _volume(dom[:r])
     outer = tuple(Loop(f"i{m}") for m in range(r))
@@ -340,7 +333,7 @@ def _row_kernel(em: _CudaEmitter, warp: bool, cached: bool) -> None:
             idx = tuple(outer) + (sympy.Integer(0),) * (len(shape) - len(outer))
             val = em.eval(v, idx)
             em.line(f"if ({em.thread} == 0) {{")
-            em.store(v, _store_offset(shape, idx), val)
+            em.store(v, store_offset(shape, idx), val)
             em.line("}")
         if not full_roots:
             return
@@ -348,7 +341,7 @@ def _row_kernel(em: _CudaEmitter, warp: bool, cached: bool) -> None:
         def store(inner: tuple[Loop, ...]) -> None:
             idx = (*outer, *inner)
             for v in full_roots:
-                em.store(v, _store_offset(dom, idx), em.eval(v, idx))
+                em.store(v, store_offset(dom, idx), em.eval(v, idx))
 
         em._elements(store)
 
@@ -368,7 +361,7 @@ def _cache_value(spec: KernelSpec, ctx: KernelContext) -> int | None:
         if n.op in _MULTI_PASS:
             x = n.inputs[0]
             t = ctx.types[x]
-            if t.dtype in (DType.FLOAT32, DType.FLOAT16, DType.BFLOAT16) and _same_shape(t.shape, spec.domain):
+            if t.dtype in (DType.FLOAT32, DType.FLOAT16, DType.BFLOAT16) and same_shape(t.shape, spec.domain):
                 return x
             return None
     return None
@@ -482,7 +475,7 @@ def emit_cuda_kernel(
     elif spec.kind in ("reduce", "scan"):
         n = ctx.nodes[spec.roots[0]]
         x_t = ctx.types[n.inputs[0]]
-        fn: Callable[[_CudaEmitter], None] = _reduce_kernel if spec.kind == "reduce" else _scan_kernel
+        fn: Callable[[_CudaEmitter], None] = reduce_kernel if spec.kind == "reduce" else scan_kernel
         if spec.kind == "reduce":
             outputs = _volume(n.type.shape)
         else:  # one thread per scanned line

@@ -8,7 +8,7 @@ BLADEPACK_CACHE_DIR/cuda/<sha256 of nvcc version, flags, target and source>. Com
 time unless BLADEPACK_NVCC_JOBS says otherwise (ptxas is memory-hungry). BLADEPACK_CUDA_ARCHES=sm_90,
 compute_90 limits the targets (tests).
 The target "sm_90a" names the Hopper-only CUTLASS GEMM kernels (Note [GEMM config space] in
-library_ops/cutlass_configs.py): generated kernels build no sm_90a image (their sm_90 cubin runs there;
+library_ops/cutlass/configs.py): generated kernels build no sm_90a image (their sm_90 cubin runs there;
 asked for alone, it builds sm_90), and it is among the default targets.
 """
 
@@ -26,10 +26,9 @@ from pathlib import Path
 from bladepack.codegen import c_render
 from bladepack.codegen.cuda_emitter import CudaKernel
 from bladepack.codegen.toolchain import ToolchainError, cache_put
+from bladepack.options import Toolchains
+from bladepack.target import CUBIN_ARCHES, HOPPER_GEMM_ARCH, PTX_ARCH
 
-CUBIN_ARCHES = ("sm_80", "sm_86", "sm_89", "sm_90")
-PTX_ARCH = "compute_90"  # the newest architecture built: the driver JIT-compiles it for later GPUs
-HOPPER_GEMM_ARCH = "sm_90a"  # CUTLASS GEMM kernels only
 FLAGS = ("-std=c++17", "-O3", "--expt-relaxed-constexpr", "-DNDEBUG")
 
 
@@ -44,7 +43,8 @@ def cuda_source(kernels: Sequence[CudaKernel]) -> str:
 
 def find_nvcc() -> str:
     """NVCC, else CUDA_HOME/bin/nvcc, else nvcc on PATH."""
-    for cand in (os.environ.get("NVCC"), os.path.join(os.environ.get("CUDA_HOME", ""), "bin", "nvcc")):
+    tools = Toolchains.from_env()
+    for cand in (tools.nvcc, os.path.join(tools.cuda_home or "", "bin", "nvcc")):
         if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
             return cand
     found = shutil.which("nvcc")
@@ -64,7 +64,7 @@ def targets(arches: Sequence[str] | None = None) -> list[str]:
     """The images to build: `arches`, else BLADEPACK_CUDA_ARCHES, else every cubin architecture, the
     PTX and the Hopper GEMMs."""
     every = [*CUBIN_ARCHES, PTX_ARCH, HOPPER_GEMM_ARCH]
-    wanted = ",".join(arches) if arches else os.environ.get("BLADEPACK_CUDA_ARCHES")
+    wanted = ",".join(arches) if arches else Toolchains.from_env().cuda_arches
     if not wanted:
         return every
     names = [w.strip() for w in wanted.split(",") if w.strip()]

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bladepack.cpu_features import cpu_flags
+from bladepack.options import Toolchains
 
 BASE_FLAGS = [
     "-std=c++17",
@@ -77,7 +78,7 @@ class CompiledLibrary:
 
 
 def find_compiler() -> str | None:
-    for cand in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+    for cand in (Toolchains.from_env().cxx, "g++", "c++", "clang++"):
         if cand and shutil.which(cand):
             return shutil.which(cand)
     return None
@@ -105,7 +106,7 @@ def isa_levels(cxx: str) -> list[IsaLevel]:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return [GENERIC]
     levels = [lv for lv in X86_LEVELS if _accepts(cxx, lv.flags)]
-    wanted = os.environ.get("BLADEPACK_CPU_ISAS")
+    wanted = Toolchains.from_env().cpu_isas
     if wanted:
         names = {w.strip() for w in wanted.split(",") if w.strip()}
         if "host" in names:

@@ -17,6 +17,7 @@ from bladepack.dtypes import DType
 from bladepack.export.context import Ctx, Unsupported, Value, arg, converts, norm_axis
 from bladepack.export.ops_layout import permute, reshape
 from bladepack.ir import OpKind, TensorType
+from bladepack.ir.broadcast import broadcast_shapes
 from bladepack.ir.ops import (
     ArangeAttrs,
     ArgReduceAttrs,
@@ -149,25 +150,10 @@ def _rms_norm(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
 # --------------------------------------------------------------------------- matmul
 
 
-def broadcast_shape(a: tuple[IRDim, ...], b: tuple[IRDim, ...]) -> tuple[IRDim, ...]:
-    n = max(len(a), len(b))
-    a = (1,) * (n - len(a)) + a
-    b = (1,) * (n - len(b)) + b
-    out: list[IRDim] = []
-    for x, y in zip(a, b):
-        if x == 1:
-            out.append(y)
-        elif y == 1 or x == y:
-            out.append(x)
-        else:
-            out.append(sympy.Max(x, y))
-    return tuple(out)
-
-
 def matmul(ctx: Ctx, a: Value, b: Value, transpose_b: bool = False) -> Value:
     ta, tb = ctx.t(a), ctx.t(b)
     n = tb.shape[-2] if transpose_b else tb.shape[-1]
-    shape = broadcast_shape(ta.shape[:-2], tb.shape[:-2]) + (ta.shape[-2], n)
+    shape = broadcast_shapes(ta.shape[:-2], tb.shape[:-2]) + (ta.shape[-2], n)
     return ctx.emit(K.MATMUL, (a, b), TensorType(ta.dtype, shape), MatmulAttrs(transpose_b))
 
 
@@ -397,7 +383,7 @@ def _sdpa(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
         scores = ctx.emit(K.WHERE, (keep, scores, ctx.const(-math.inf, st.dtype)), st)
     if mask is not None:
         m = ctx.v(mask)
-        shape = broadcast_shape(ctx.t(m).shape, st.shape)
+        shape = broadcast_shapes(ctx.t(m).shape, st.shape)
         st = TensorType(st.dtype, shape)
         if ctx.t(m).dtype is DType.BOOL:
             scores = ctx.emit(K.WHERE, (m, scores, ctx.const(-math.inf, st.dtype)), st)
@@ -421,4 +407,4 @@ def _repeat_heads(ctx: Ctx, x: Value, heads: IRDim) -> Value:
     return reshape(ctx, y, (*lead, heads, s, e))
 
 
-__all__ = ["broadcast_shape", "matmul", "permute"]
+__all__ = ["matmul", "permute"]

@@ -3,7 +3,7 @@
 In: a sympy expression from torch's ShapeEnv (symbols like s27; torch functions FloorDiv, CeilDiv,
 PythonMod, ...) and a map from torch symbol names to bladepack symbols. Out: an expression built only
 from plain sympy (floor, ceiling, Mod, Max, Min, Piecewise, relations) over bladepack symbols — the
-forms `bladepack.optimize.shape_compiler` compiles.
+forms `bladepack.lowering.shape_compiler` compiles.
 """
 
 from __future__ import annotations

@@ -212,9 +212,9 @@ class MatmulAttrs:
 @dataclass(frozen=True)
 class Conv2dAttrs:
     """`out_layout` "nchw" (torch's), or "cnhw": the result's dims are [C_out, N, OH, OW], so one GEMM
-    covers the whole batch (see optimize/conv_layout.py); the input is always NCHW. `weight_layout`
+    covers the whole batch (see passes/conv_layout.py); the input is always NCHW. `weight_layout`
     "oihw" (torch's), or "ihwo": the weight is stored [C_in, KH, KW, C_out], packed at optimize time
-    for the direct convolution kernel (see optimize/direct_conv.py)."""
+    for the direct convolution kernel (see passes/direct_conv.py)."""
 
     stride: tuple[int, int]
     padding: tuple[int, int]

@@ -1,6 +1,6 @@
-"""Compute-intensive ops served by libraries: GEMM / batched GEMM / linear and convolution.
+"""Compute-intensive ops served by libraries, one place per library op.
 
-`cpu_gemm`: matmul and conv2d lowered to batched BLAS calls on strided views (CPU; the same records
-drive cuBLAS on CUDA). `cutlass_configs`: the CUTLASS GEMM configuration space. `gemm_select`: the
-cost model that picks a few configs per GEMM and their dispatch ranges over the dynamic extents.
+`cpu_gemm`: matmul and conv2d lowered to batched GEMM calls on strided views (BLAS on CPU; the same
+records drive cuBLAS on CUDA). `cutlass/`: the CUTLASS GEMMs — config space, selection and dispatch
+tables, kernel and packer emitter, nvcc build, on-device profiling.
 """

@@ -21,7 +21,7 @@ from bladepack.dtypes import DType
 from bladepack.ir import Node, ShapeEnv, Tri
 from bladepack.ir.ops import Conv2dAttrs, MatmulAttrs
 from bladepack.ir.types import IRDim
-from bladepack.optimize.views import View, contiguous_strides, simplify, sym_eq
+from bladepack.ir.views import View, contiguous_strides, simplify, sym_eq
 
 MAX_BATCH = 3
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from bladepack.loader.cuda_driver import CudaError, CudaUnavailable
 from bladepack.loader.gemm_args import GemmArgs
+from bladepack.options import LoaderOptions
 
 _TYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 14}  # cudaDataType
 _COMPUTE_32F, _COMPUTE_64F = 68, 70  # cublasComputeType_t
@@ -31,7 +32,8 @@ _INT_MAX = 2**31 - 1
 
 
 def _candidates() -> Iterator[str]:
-    env = os.environ.get("BLADEPACK_CUBLAS")
+    options = LoaderOptions.from_env()
+    env = options.cublas
     if env:
         yield env
         return
@@ -43,7 +45,7 @@ def _candidates() -> Iterator[str]:
     found = ctypes.util.find_library("cublas")
     if found:
         yield found
-    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+    for home in (options.cuda_home, "/usr/local/cuda"):
         if home:
             yield from sorted(glob.glob(str(Path(home) / "lib64" / "libcublas.so*")))
 

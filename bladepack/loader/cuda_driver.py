@@ -129,7 +129,7 @@ class Device:
 
     def entry_point(self, symbol: str) -> int:
         """The address of a driver function (cuGetProcAddress, CUDA 12.0 ABI), for native code that
-        calls the driver without linking it (Note [Hopper GEMMs] in codegen/cutlass_emitter.py)."""
+        calls the driver without linking it (Note [Hopper GEMMs] in library_ops/cutlass/emitter.py)."""
         drv = self._drv
         flags = drv.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT
         found = _check(drv, drv.cuGetProcAddress(symbol.encode(), 12000, flags), f"cuGetProcAddress({symbol})")

@@ -1,15 +1,15 @@
 """CUTLASS GEMMs of a CUDA plan: load their kernels and packer, build Params, launch.
 
 In: the manifest's `native_cuda.gemm_kernels` (one fatbin section per kernel) and `gemm_packer` (the
-host library of Note [GEMM packer] in codegen/cutlass_emitter.py), the device. Out: `CutlassGemms`,
+host library of Note [GEMM packer] in library_ops/cutlass/emitter.py), the device. Out: `CutlassGemms`,
 whose `launch` runs one `cutlass` launch record: the dispatch entry the shape program chose (or the
 SIMT fallback when an operand address is not aligned to the entry's vector width), the Params built by
 the packer for this call's pointers, and the kernel launched with the Params as its one parameter. A
 launch with an epilogue source (a bias row or a residual: Note [GEMM epilogue] in
-optimize/gemm_epilogue.py) passes it as CUTLASS's C with beta 1.
+passes/gemm_epilogue.py) passes it as CUTLASS's C with beta 1.
 
 On a GPU of compute capability 9.0 an artifact built for sm_90a loads its Hopper kernels too, hands the
-packer the driver's `cuTensorMapEncodeTiled` (Note [Hopper GEMMs] in codegen/cutlass_emitter.py) and
+packer the driver's `cuTensorMapEncodeTiled` (Note [Hopper GEMMs] in library_ops/cutlass/emitter.py) and
 dispatches with each record's `entries_sm90`; elsewhere the Hopper kernels are not loaded (their
 sm_90a cubins run nowhere else) and `entries` dispatch.
 

@@ -34,6 +34,7 @@ from bladepack.artifact.format import BpkFile
 from bladepack.cpu_features import cpu_flags
 from bladepack.dtypes import DType
 from bladepack.errors import BladepackError, BpkFormatError
+from bladepack.options import LoaderOptions
 
 ABI_VERSION = 1
 OP_KERNEL, OP_GEMM = 1, 2
@@ -68,7 +69,7 @@ def _open_library(data: memoryview) -> ctypes.CDLL:
     object whose path matches, so every library gets a path named by its content hash (in
     BLADEPACK_CACHE_DIR/lib, else a fresh temporary file): equal paths then mean equal code."""
     digest = hashlib.sha256(data).hexdigest()
-    cache = Path(os.environ.get("BLADEPACK_CACHE_DIR") or Path.home() / ".cache" / "bladepack") / "lib"
+    cache = LoaderOptions.from_env().cache_dir / "lib"
     path = cache / f"{digest}.so"
     try:
         if not path.exists():
@@ -116,7 +117,7 @@ def _blas_candidates(env: str | None) -> Iterator[tuple[str, str, str, bool]]:
 
 def find_blas() -> Blas | None:
     """Function pointers of a cblas_sgemm / cblas_dgemm (see the module docstring for the order)."""
-    env = os.environ.get("BLADEPACK_BLAS")
+    env = LoaderOptions.from_env().blas
     if env == "none":
         return None
     for path, s, d, ilp64 in _blas_candidates(env):
@@ -199,7 +200,7 @@ class NativeCpu:
             ctypes.c_void_p,
         ]
         nfn = lib.bpk_num_functions()
-        threads = int(os.environ.get("BLADEPACK_NUM_THREADS", "0") or 0) or len(os.sched_getaffinity(0))
+        threads = LoaderOptions.from_env().num_threads or len(os.sched_getaffinity(0))
         self.threads = threads
         ctx = lib.bpk_ctx_create(threads)
         if not ctx:

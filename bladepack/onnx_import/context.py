@@ -26,6 +26,7 @@ from onnx import TensorProto
 
 from bladepack.dtypes import DType
 from bladepack.ir import GraphBuilder, OpKind, ShapeEnv, TensorType, Tri
+from bladepack.ir.broadcast import BroadcastError, broadcast_shapes
 from bladepack.ir.ops import AxisAttrs, ConstantAttrs
 from bladepack.ir.types import IRDim, canonical_dim
 
@@ -236,22 +237,11 @@ class OnnxCtx:
         return self.env.prove_eq(a, b)
 
     def broadcast_shapes(self, *shapes: Sequence[IRDim]) -> tuple[IRDim, ...]:
-        """numpy broadcasting over symbolic dims. A dim that is 1 broadcasts; other dims must agree: two
-        different static sizes are an error, and unequal symbols are unified by the shape analysis
-        (canonicalize_shapes) and checked at run time."""
-        rank = max((len(s) for s in shapes), default=0)
-        padded = [(1,) * (rank - len(s)) + tuple(s) for s in shapes]
-        out: list[IRDim] = []
-        for k in range(rank):
-            ds = [s[k] for s in padded if not (isinstance(s[k], int) and s[k] == 1)]
-            if not ds:
-                out.append(1)
-                continue
-            static = sorted({d for d in ds if isinstance(d, int)})
-            if len(static) > 1:
-                raise Unsupported(f"shapes {[list(s) for s in shapes]} cannot broadcast (axis {k}: {static})")
-            out.append(static[0] if static else ds[0])
-        return tuple(out)
+        """The IR's broadcasting rule (ir/broadcast.py); shapes that cannot broadcast are Unsupported."""
+        try:
+            return broadcast_shapes(*shapes)
+        except BroadcastError as e:
+            raise Unsupported(str(e)) from None
 
 
 Converter = Callable[[OnnxCtx, list[OVal | None]], list[OVal | None]]

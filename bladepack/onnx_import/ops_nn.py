@@ -38,7 +38,7 @@ from bladepack.onnx_import.context import (
     simplify_dim,
 )
 from bladepack.onnx_import.ops_elementwise import binary, scalar
-from bladepack.onnx_import.ops_shape import permute
+from bladepack.onnx_import.ops_layout import permute
 
 K = OpKind
 

@@ -1,8 +1,8 @@
 """Build CUTLASS GEMM instances with nvcc: a fatbin per kernel and one host packer library.
 
-In: `GemmInstance`s (codegen/cutlass_emitter.py). Out: `{instance name: fatbin}` — sm_80 and sm_90
+In: `GemmInstance`s (library_ops/cutlass/emitter.py). Out: `{instance name: fatbin}` — sm_80 and sm_90
 cubins plus compute_90 PTX for sm80 configs, one sm_90a cubin for sm90 ones (Note [GEMM config space]
-in library_ops/cutlass_configs.py) — and the
+in library_ops/cutlass/configs.py) — and the
 packer shared library (Note [GEMM packer]; x86-64 Linux, libstdc++ and the CUDA runtime linked
 statically, so it needs nothing at run time beyond glibc). Every output is cached under
 BLADEPACK_CACHE_DIR/cutlass/<sha256 of nvcc version, flags and source>; a warm optimize compiles
@@ -15,14 +15,14 @@ CUTLASS_PATH (a CUTLASS checkout); neither is needed where the artifact runs.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bladepack.codegen.cuda_toolchain import find_nvcc, nvcc_cached, nvcc_version
-from bladepack.codegen.cutlass_emitter import GemmInstance, kernel_source, packer_source
 from bladepack.codegen.toolchain import ToolchainError
+from bladepack.library_ops.cutlass.emitter import GemmInstance, kernel_source, packer_source
+from bladepack.options import Toolchains
 
 FLAGS = ("-std=c++17", "-O3", "--expt-relaxed-constexpr", "-DNDEBUG", "-w")
 KERNEL_TARGETS = (
@@ -40,7 +40,7 @@ PACKER_FLAGS = (
 
 def cutlass_include() -> list[str]:
     """-I flags for the CUTLASS headers; ToolchainError naming how to get them when absent."""
-    root = os.environ.get("CUTLASS_PATH")
+    root = Toolchains.from_env().cutlass_path
     if root:
         src = Path(root)
     else:

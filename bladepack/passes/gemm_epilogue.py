@@ -17,30 +17,15 @@ Intermediate ops of the chain have exactly one user, so no other kernel needs th
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
 
 from bladepack.dtypes import DType
 from bladepack.ir import Node, OpKind
+from bladepack.ir.fusion_plan import GemmEpilogue
 from bladepack.ir.ops import GeluAttrs
 from bladepack.ir.types import TensorType
-from bladepack.optimize.views import View, contiguous_strides, sym_eq
+from bladepack.ir.views import View, contiguous_strides, sym_eq
 
 EPILOGUE_DTYPES = frozenset({DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32})
-
-
-@dataclass(frozen=True)
-class GemmEpilogue:
-    out: int  # the value the GEMM stores: the chain's last op
-    nodes: tuple[int, ...]  # the chain after the matmul, in order
-    source: int | None  # the add's other operand (C), None without an add
-    source_kind: str  # "none" | "bias" | "residual"
-    activation: str  # "none" | "relu" | "gelu" | "silu"
-
-    def describe(self) -> str:
-        parts = [] if self.source is None else [f"{self.source_kind} %{self.source}"]
-        if self.activation != "none":
-            parts.append(self.activation)
-        return " + ".join(parts)
 
 
 def _activation(n: Node) -> str | None:

@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from bladepack.ir import Program, print_graph, verify
-from bladepack.optimize.canonicalize_shapes import canonicalize_shapes
-from bladepack.optimize.conv_layout import conv_layout
-from bladepack.optimize.dce import dead_code_elimination
-from bladepack.optimize.decompose import decompose
-from bladepack.optimize.direct_conv import direct_conv
 from bladepack.options import Options
+from bladepack.passes.canonicalize_shapes import canonicalize_shapes
+from bladepack.passes.conv_layout import conv_layout
+from bladepack.passes.dce import dead_code_elimination
+from bladepack.passes.decompose import decompose
+from bladepack.passes.direct_conv import direct_conv
 
 Pass = Callable[[Program], Program]
 

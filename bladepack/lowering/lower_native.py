@@ -19,19 +19,35 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bladepack.artifact.native_plan import (
+    ArenaBuffer,
+    CutlassLaunch,
+    DispatchEntry,
+    GemmKernel,
+    GemmLaunch,
+    KernelLaunch,
+    KernelRow,
+    KernelVariant,
+    Launch,
+    NativePlan,
+    Ptr,
+    RefLaunch,
+    with_ptrs,
+)
 from bladepack.artifact.plan import SymIntEnc
-from bladepack.codegen.cpu_emitter import EmittedKernel, KernelContext, KernelEmitError, emit_kernel
+from bladepack.codegen.cpu_emitter import emit_kernel
 from bladepack.codegen.cuda_emitter import CudaKernel, emit_cuda_kernel
-from bladepack.codegen.cutlass_emitter import GemmInstance
+from bladepack.codegen.kernel import EmittedKernel, KernelContext, KernelEmitError
 from bladepack.ir import OpKind, Program
+from bladepack.ir.fusion_plan import FusionPlan, GemmEpilogue, KernelSpec, LibraryStep, ReferenceStep
 from bladepack.ir.ops import Conv2dAttrs
 from bladepack.ir.types import IRDim, TensorType, dim_str
+from bladepack.ir.views import View, simplify, view_of
 from bladepack.library_ops.cpu_gemm import GemmCall, lower_conv, lower_matmul, operand_ok
-from bladepack.library_ops.gemm_select import CUBLAS, GemmDispatch, GemmPolicy, select
-from bladepack.optimize.fusion import FusionPlan, KernelSpec, LibraryStep, ReferenceStep, plan_fusion
-from bladepack.optimize.gemm_epilogue import GemmEpilogue
-from bladepack.optimize.memory_plan import Buffer, plan_memory
-from bladepack.optimize.views import View, simplify, view_of
+from bladepack.library_ops.cutlass.emitter import GemmInstance
+from bladepack.library_ops.cutlass.select import CUBLAS, GemmDispatch, GemmPolicy, select
+from bladepack.lowering.memory_plan import Buffer, plan_memory
+from bladepack.passes.fusion import plan_fusion
 
 Enc = Callable[[Any], SymIntEnc]
 
@@ -40,14 +56,10 @@ Enc = Callable[[Any], SymIntEnc]
 class NativeLowering:
     fusion: FusionPlan
     kernels: list[EmittedKernel] | list[CudaKernel]
-    manifest: dict[str, Any]
-    arena_expr: str
-    kernel_rows: list[dict[str, Any]] = field(default_factory=list)
+    plan: NativePlan
+    kernel_rows: list[KernelRow] = field(default_factory=list)
     gemm_rows: list[dict[str, Any]] = field(default_factory=list)
     gemm_instances: list[GemmInstance] = field(default_factory=list)  # CUTLASS kernels (CUDA plans)
-
-    def source_body(self) -> str:
-        return "\n".join(k.source for k in self.kernels)
 
 
 def fusion_for(
@@ -86,9 +98,9 @@ class _Lowerer:
             self.slot[w.id] = 1 + self.n_in + len(g.outputs) + k
         self.slot.update(self.output_slot)
         self.temp_id = max(self.types) + 1
-        self.launches: list[dict[str, Any]] = []
+        self.launches: list[Launch] = []
         self.kernels: list[Any] = []
-        self.kernel_rows: list[dict[str, Any]] = []
+        self.kernel_rows: list[KernelRow] = []
         self.touch: dict[int, list[int]] = {}  # arena value -> launch indices that touch it
         self.sizes: dict[int, IRDim] = {}
         self.fn_count = 0
@@ -101,7 +113,7 @@ class _Lowerer:
         if v not in self.slot:
             self.touch.setdefault(v, []).append(len(self.launches))
 
-    def _ptr(self, base: int, elem_offset: IRDim = 0) -> tuple[int, int, IRDim]:
+    def _ptr(self, base: int, elem_offset: IRDim = 0) -> Ptr:
         """(slot, value id, element offset); arena values get their byte offset added later."""
         self._use(base)
         return (self.slot.get(base, 0), base, elem_offset)
@@ -121,36 +133,20 @@ class _Lowerer:
         if isinstance(ek, CudaKernel):
             for cv in ek.variants:
                 variants.append(
-                    {
-                        "name": cv.name,
-                        "fn": self.fn_count,
-                        "pred": self.pred(cv.pred),
-                        "grid": self.enc(cv.grid),
-                        "block": cv.block,
-                        "smem": self.enc(cv.smem),
-                    }
+                    KernelVariant(
+                        cv.name, self.fn_count, self.pred(cv.pred), self.enc(cv.grid), cv.block, self.enc(cv.smem)
+                    )
                 )
                 self.fn_count += 1
         else:
             for name, pred in ek.variants:
-                variants.append({"name": name, "fn": self.fn_count, "pred": self.pred(pred)})
+                variants.append(KernelVariant(name, self.fn_count, self.pred(pred)))
                 self.fn_count += 1
         ptrs = [self._ptr(v) for v in ek.stores] + [self._ptr(v.base) for v in ek.loads]
         self.kernel_rows.append(
-            {
-                "name": spec.name,
-                "target": self.target,
-                "arch": None,
-                "kind": spec.kind,
-                "loc": spec.loc,
-                "nodes": list(spec.nodes),
-                "variants": variants,
-                "errors": ek.error_sites,
-            }
+            KernelRow(spec.name, self.target, spec.kind, spec.loc, spec.nodes, tuple(variants), tuple(ek.error_sites))
         )
-        self.launches.append(
-            {"op": "kernel", "k": len(self.kernels), "ptrs": ptrs, "ints": [self.enc(e) for e in ek.args.exprs]}
-        )
+        self.launches.append(KernelLaunch(len(self.kernels), tuple(ptrs), tuple(self.enc(e) for e in ek.args.exprs)))
         self.kernels.append(ek)
 
     def _gemm(self, call: GemmCall, epilogue: GemmEpilogue | None = None) -> None:
@@ -168,18 +164,19 @@ class _Lowerer:
         }
         self.gemm_rows.append(row)
         out = call.out if epilogue is None else epilogue.out
-        ptrs = [self._ptr(call.a.base, call.a.offset), self._ptr(call.b.base, call.b.offset), self._ptr(out)]
+        ptrs: list[Ptr] = [self._ptr(call.a.base, call.a.offset), self._ptr(call.b.base, call.b.offset)]
+        ptrs.append(self._ptr(out))
         ints = [self.enc(e) for e in call.ints()]
         if self.gemm_library != "cutlass":
             assert epilogue is None, "GEMM epilogues are planned for CUTLASS only"
-            self.launches.append({"op": "gemm", "dtype": call.dtype.value, "ptrs": ptrs, "ints": ints})
+            self.launches.append(GemmLaunch(call.dtype.value, tuple(ptrs), tuple(ints)))
             return
-        record: dict[str, Any] = {"op": "cutlass", "dtype": call.dtype.value}
         activation, source = "none", "none"
-        if epilogue is not None:  # Note [GEMM epilogue] in optimize/gemm_epilogue.py
+        tagged: tuple[str, str] | None = None
+        if epilogue is not None:  # Note [GEMM epilogue] in passes/gemm_epilogue.py
             activation = epilogue.activation
             source = epilogue.source_kind if epilogue.source is not None else "none"
-            record["epilogue"] = {"source": epilogue.source_kind, "activation": activation}
+            tagged = (epilogue.source_kind, activation)
             row["out"] = out
             row["epilogue"] = epilogue.describe()
             if epilogue.source is not None:
@@ -188,34 +185,37 @@ class _Lowerer:
                 ptrs.append(self._ptr(src.base, src.offset))
                 bias = epilogue.source_kind == "bias"
                 ints += [self.enc(e) for e in ((0, 0, 0, 0) if bias else (*call.sc, call.ldc))]
-        # Note [GEMM cost model] in library_ops/gemm_select.py: configs and their dispatch ranges
+        # Note [GEMM cost model] in library_ops/cutlass/select.py: configs and their dispatch ranges
         g = self.gemm
         env = self.p.shape_env
         dispatch = select(call, env, g.samples, g.configs, g.measure)
         row["key"] = dim_str(dispatch.key)
         row["tuned_on"] = g.tuned_on
         row["dispatch"] = self._dispatch_rows(dispatch)
-        record["entries"] = self._entries(dispatch, call, activation, source)
+        entries = self._entries(dispatch, call, activation, source)
+        entries_sm90 = None
         if g.hopper:  # the table for compute capability 9.0 (Note [GEMM cost model])
             hopper = select(call, env, g.samples, g.configs, g.measure if g.measure_hopper else None, "sm90")
             row["tuned_on_sm90"] = g.tuned_on if g.measure_hopper else "cost model"
             row["dispatch_sm90"] = self._dispatch_rows(hopper)
-            record["entries_sm90"] = self._entries(hopper, call, activation, source)
-        self.launches.append({**record, "ptrs": ptrs, "ints": ints})
+            entries_sm90 = self._entries(hopper, call, activation, source)
+        self.launches.append(CutlassLaunch(call.dtype.value, tagged, entries, entries_sm90, tuple(ptrs), tuple(ints)))
 
     @staticmethod
     def _dispatch_rows(dispatch: GemmDispatch) -> list[dict[str, Any]]:
         return [{"config": e.config.name, "split": e.split, "key_min": e.lo, "key_max": e.hi} for e in dispatch.entries]
 
-    def _entries(self, dispatch: GemmDispatch, call: GemmCall, activation: str, source: str) -> list[dict[str, Any]]:
+    def _entries(
+        self, dispatch: GemmDispatch, call: GemmCall, activation: str, source: str
+    ) -> tuple[DispatchEntry, ...]:
         """The launch record's dispatch entries: kernel index, split-K slices, predicate register, vector width."""
         entries = []
         for e in dispatch.entries:
             hopper = e.config.arch == "sm90"  # Note [Hopper GEMMs]: the epilogue source is compiled in
             inst = GemmInstance(e.config, call.ta, call.tb, activation, source if hopper else "none")
             k = self.instances.setdefault(inst, len(self.instances))
-            entries.append({"kernel": k, "split": e.split, "pred": self.pred(e.pred), "align": e.config.align})
-        return entries
+            entries.append(DispatchEntry(k, e.split, self.pred(e.pred), e.config.align))
+        return tuple(entries)
 
     def _conv(self, step: LibraryStep) -> None:
         n = self.nodes[step.node]
@@ -224,7 +224,7 @@ class _Lowerer:
         x = self.view(n.inputs[0])
         w = self.view(n.inputs[1])
         assert x is not None and w is not None
-        if a.weight_layout == "ihwo":  # Note [Direct convolution] in optimize/direct_conv.py
+        if a.weight_layout == "ihwo":  # Note [Direct convolution] in passes/direct_conv.py
             spec = KernelSpec(f"k{len(self.kernels)}", "conv", (n.id,), (n.id,), n.type.shape, 0, n.loc)
             self._kernel(spec)
             return
@@ -245,7 +245,7 @@ class _Lowerer:
         self._kernel(spec, (n, x))
         self._gemm(lower_conv(n, x, w, cols))
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> NativePlan:
         g = self.p.graph
         for step in self.plan.steps:
             if isinstance(step, KernelSpec):
@@ -266,35 +266,40 @@ class _Lowerer:
                 for i in n.inputs:
                     self._ptr(i)
                 self._ptr(n.id)
-                self.launches.append({"op": "ref", "node": n.id, "reason": step.reason})
+                self.launches.append(RefLaunch(n.id, step.reason))
         # arena buffers: every materialized value that is neither a parameter nor an output
         buffers = []
         for v, uses in sorted(self.touch.items()):
             t = self.types[v]
             buffers.append(Buffer(v, t.nbytes(), min(uses), max(uses)))
         mem = plan_memory(self.p.shape_env, buffers)
-        for lr in self.launches:
-            if "ptrs" in lr:
-                lr["ptrs"] = [self._resolve_ptr(slot, v, off, mem.offsets) for slot, v, off in lr["ptrs"]]
+        launches = tuple(
+            lr if isinstance(lr, RefLaunch) else with_ptrs(lr, self._resolved(lr.ptrs, mem.offsets))
+            for lr in self.launches
+        )
         values = {v: self.types[v] for v in mem.offsets}
-        return {
-            "abi": 1,
-            "kernels": self.kernel_rows,
-            "launches": self.launches,
-            "buffers": [
-                {
-                    "id": v,
-                    "dtype": values[v].dtype.value,
-                    "shape": [self.enc(d) for d in values[v].shape],
-                    "offset": self.enc(mem.offsets[v]),
-                }
+        return NativePlan(
+            kernels=tuple(self.kernel_rows),
+            launches=launches,
+            buffers=tuple(
+                ArenaBuffer(
+                    v, values[v].dtype.value, tuple(self.enc(d) for d in values[v].shape), self.enc(mem.offsets[v])
+                )
                 for v in sorted(mem.offsets)
-            ],
-            "arena_bytes": self.enc(mem.total),
-            "arena_bytes_expr": dim_str(mem.total),
-            "arena_slots": len(mem.slots),
-            "outputs": [self.output_slot.get(o, -1) for o in g.outputs],
-        }
+            ),
+            arena_bytes=self.enc(mem.total),
+            arena_bytes_expr=dim_str(mem.total),
+            arena_slots=len(mem.slots),
+            outputs=tuple(self.output_slot.get(o, -1) for o in g.outputs),
+        )
+
+    def _resolved(self, ptrs: tuple[Ptr, ...], arena: dict[int, IRDim]) -> tuple[Ptr, ...]:
+        out: list[Ptr] = []
+        for ptr in ptrs:
+            assert isinstance(ptr, tuple), "pointers are resolved once, after the memory plan"
+            slot, v, off = ptr
+            out.append(self._resolve_ptr(slot, v, off, arena))
+        return tuple(out)
 
     def _resolve_ptr(self, slot: int, v: int, elem_off: IRDim, arena: dict[int, IRDim]) -> list[SymIntEnc]:
         item = self.types[v].dtype.itemsize
@@ -317,30 +322,30 @@ def lower_native(
     GEMMs are served. Raises KernelEmitError naming the nodes a kernel failed on."""
     plan = fusion_for(p, forced, target, gemm_epilogues=target == "cuda" and gemm.library == "cutlass")
     low = _Lowerer(p, plan, enc, pred, target, gemm)
-    manifest = low.run()
-    instances = list(low.instances)
-    if instances:
-        manifest["gemm_kernels"] = [
-            {
-                "name": i.name,
-                "config": i.config.name,
-                "dtype": i.config.dtype.value,
-                "math": i.config.math,
-                "tile": list(i.config.tile),
-                "warp": list(i.config.warp),
-                "threads": i.config.threads,
-                "stages": i.config.stages,
-                "align": i.config.align,
-                "ta": i.ta,
-                "tb": i.tb,
-                "activation": i.activation,
-                "arch": i.arch,
-                "cluster": list(i.config.cluster),
-                "schedule": i.config.schedule,
-                "source": i.source,
-            }
+    native = low.run()
+    instances = list(low.instances)  # the CUTLASS kernels run() dispatched to
+    native = dataclasses.replace(
+        native,
+        gemm_kernels=tuple(
+            GemmKernel(
+                i.name,
+                i.config.name,
+                i.config.dtype.value,
+                i.config.math,
+                tuple(i.config.tile),
+                tuple(i.config.warp),
+                i.config.threads,
+                i.config.stages,
+                i.config.align,
+                i.ta,
+                i.tb,
+                i.activation,
+                i.arch,
+                tuple(i.config.cluster),
+                i.config.schedule,
+                i.source,
+            )
             for i in instances
-        ]
-    return NativeLowering(
-        plan, low.kernels, manifest, manifest["arena_bytes_expr"], low.kernel_rows, low.gemm_rows, instances
+        ),
     )
+    return NativeLowering(plan, low.kernels, native, low.kernel_rows, low.gemm_rows, instances)

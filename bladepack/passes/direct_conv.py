@@ -21,7 +21,7 @@ import numpy as np
 from bladepack.ir import GraphBuilder, Node, OpKind, Program, rebuild_graph
 from bladepack.ir.ops import Conv2dAttrs
 from bladepack.ir.types import TensorType
-from bladepack.optimize.dce import dead_code_elimination
+from bladepack.passes.dce import dead_code_elimination
 
 MAX_OUT_CHANNELS = 64
 MAX_TAPS = 1152

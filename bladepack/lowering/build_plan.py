@@ -8,6 +8,7 @@ a symbol's first occurrence binds it and checks its range; later occurrences mus
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 import sympy
@@ -22,14 +23,16 @@ from bladepack.artifact.plan import (
     WeightDecl,
 )
 from bladepack.artifact.shape_program import Op
-from bladepack.codegen.cpu_emitter import KernelEmitError
 from bladepack.codegen.cpu_library import library_source
 from bladepack.codegen.cuda_toolchain import cuda_source
+from bladepack.codegen.kernel import KernelEmitError
 from bladepack.ir import Graph, OpKind, Program, ShapeEnv, Tri
 from bladepack.ir.types import IRDim, dim_str
-from bladepack.library_ops.gemm_select import CUBLAS, GemmPolicy
-from bladepack.optimize.lower_native import NativeLowering, lower_native
-from bladepack.optimize.shape_compiler import ShapeCompileError, ShapeProgramBuilder
+from bladepack.library_ops.cutlass.emitter import GemmInstance
+from bladepack.library_ops.cutlass.select import CUBLAS, GemmPolicy
+from bladepack.lowering.lower_native import NativeLowering, lower_native
+from bladepack.lowering.shape_compiler import ShapeCompileError, ShapeProgramBuilder
+from bladepack.target import CPU_ONLY, Target
 
 
 def _range_text(lo: int, hi: int | None) -> str:
@@ -198,13 +201,31 @@ def _lower(p: Program, b: ShapeProgramBuilder, target: str = "cpu", gemm: GemmPo
             forced |= e.nodes
 
 
+@dataclass(frozen=True)
+class KernelSources:
+    """What the compile side builds the plan's kernels from; never written to the manifest (the
+    fusion texts are BLADEPACK_DUMP's fusion_plan*.txt)."""
+
+    cpu_source: str = ""  # C++ of the CPU kernel library
+    fusion_text: str = ""
+    cuda_source: str = ""  # CUDA C of every CUDA kernel (compiled into cubins and PTX)
+    cuda_fusion_text: str = ""
+    gemm_instances: tuple[GemmInstance, ...] = ()  # the CUDA plan's CUTLASS kernels
+
+
+@dataclass(frozen=True)
+class LoweredPlan:
+    plan: ExecPlan  # what the manifest holds
+    sources: KernelSources
+
+
 def build_plan(
     p: Program,
     native: bool = True,
-    targets: tuple[str, ...] = ("cpu",),
+    target: Target = CPU_ONLY,
     gemm: GemmPolicy = CUBLAS,
-) -> ExecPlan:
-    """The execution plan: shape program, reference steps, and a native plan per target in `targets`
+) -> LoweredPlan:
+    """The execution plan and the kernel sources it needs built: shape program, reference steps, and a native plan per plan kind of `target`
     ("cpu", "cuda"); `native=False` leaves the CPU plan out (the reference executor runs it); `gemm`
     says how the CUDA plan's GEMMs are served (library, CUTLASS configs and how they are chosen)."""
     g, env = p.graph, p.shape_env
@@ -234,15 +255,15 @@ def build_plan(
         return TensorDecl(name, vid, t.dtype.value, tuple(d if isinstance(d, int) else dim_str(d) for d in t.shape))
 
     types = g.value_types()
-    low = _lower(p, b) if native and "cpu" in targets else None
-    cuda = _lower(p, b, "cuda", gemm) if "cuda" in targets else None
+    low = _lower(p, b) if native and target.cpu else None
+    cuda = _lower(p, b, "cuda", gemm) if target.cuda else None
     if low is not None:
-        arena_text, arena_enc = low.manifest["arena_bytes_expr"], low.manifest["arena_bytes"]
+        arena_text, arena_enc = low.plan.arena_bytes_expr, low.plan.arena_bytes
     else:
         arena = _arena_expr(p)
         arena_text, arena_enc = dim_str(arena), _enc(b, arena)
     program = b.finish().to_manifest()
-    return ExecPlan(
+    plan = ExecPlan(
         symbols=symbols,
         inputs=tuple(decl(i.name, i.id) for i in g.inputs),
         outputs=tuple(decl(n, o) for n, o in zip(g.output_names, g.outputs)),
@@ -258,11 +279,14 @@ def build_plan(
         output_structure=p.output_structure,
         kernels=tuple(low.kernel_rows if low else ()) + tuple(cuda.kernel_rows if cuda else ()),
         gemm_configs=tuple(low.gemm_rows if low else ()) + tuple(cuda.gemm_rows if cuda else ()),
-        native_cpu=low.manifest if low else None,
+        native_cpu=low.plan if low else None,
+        native_cuda=cuda.plan if cuda else None,
+    )
+    sources = KernelSources(
         cpu_source=library_source(low.kernels) if low else "",  # type: ignore[arg-type]
         fusion_text=low.fusion.text(g) if low else "",
-        native_cuda=cuda.manifest if cuda else None,
         cuda_source=cuda_source(cuda.kernels) if cuda else "",  # type: ignore[arg-type]
         cuda_fusion_text=cuda.fusion.text(g) if cuda else "",
         gemm_instances=tuple(cuda.gemm_instances) if cuda else (),
     )
+    return LoweredPlan(plan, sources)

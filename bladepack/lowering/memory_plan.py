@@ -19,7 +19,7 @@ import sympy
 
 from bladepack.ir import ShapeEnv, Tri
 from bladepack.ir.types import IRDim
-from bladepack.optimize.views import simplify, sym_eq
+from bladepack.ir.views import simplify, sym_eq
 
 ALIGN = 64
 

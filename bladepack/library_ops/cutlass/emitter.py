@@ -1,6 +1,6 @@
 """CUDA C++ for CUTLASS GEMM instances: one device translation unit per kernel, one host packer.
 
-In: `GemmInstance`s — a config (library_ops/cutlass_configs.py) with the operand layouts of the GEMM
+In: `GemmInstance`s — a config (library_ops/cutlass/configs.py) with the operand layouts of the GEMM
 that uses it and its epilogue activation. Out: the kernel source (an `extern "C" __global__` entry
 named after the instance, so the loader finds it with cuModuleGetFunction) and the packer source.
 
@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bladepack.dtypes import DType
-from bladepack.library_ops.cutlass_configs import GemmConfig
+from bladepack.library_ops.cutlass.configs import GemmConfig
 
 ACTIVATIONS = {
     "none": "cutlass::epilogue::thread::LinearCombination",

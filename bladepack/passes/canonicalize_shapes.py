@@ -21,7 +21,7 @@ import sympy
 from bladepack.ir import Graph, Node, Program, ShapeEnv, Tri
 from bladepack.ir.graph import Param
 from bladepack.ir.types import TensorType
-from bladepack.optimize.shape_constraints import ShapeConstraints, analyze
+from bladepack.passes.shape_constraints import ShapeConstraints, analyze
 
 
 def canonicalize_shapes(p: Program) -> Program:

@@ -2,7 +2,7 @@
 
 In: nothing (a fixed catalogue). Out: `GemmConfig` rows — tile, warp and instruction shapes, pipeline
 stages, operand alignment, math (tensor-op, 3xTF32 tensor-op, SIMT, Hopper warpgroup MMA), cluster and
-kernel schedule — and `candidates(dtype, arch)`, the configs `gemm_select` chooses among, plus
+kernel schedule — and `candidates(dtype, arch)`, the configs `select` chooses among, plus
 `fallback(dtype)`, the one that runs any operand alignment.
 
 Note [GEMM config space]: the "sm80" configs are CUTLASS 2.x `GemmUniversal`s (cp.async multistage
@@ -16,7 +16,7 @@ runs SIMT. The SIMT configs with alignment 1 are the fallback for operands whose
 extents or addresses are not multiples of the vector width.
 
 The "sm90" configs are CUTLASS 3.x kernels built by the collective builders for sm_90a only (Note
-[Hopper GEMMs] in codegen/cutlass_emitter.py): TMA loads into a shared-memory pipeline with as many
+[Hopper GEMMs] in library_ops/cutlass/emitter.py): TMA loads into a shared-memory pipeline with as many
 stages as fit next to the epilogue (`stages` 0), warpgroup MMA (wgmma) issued by two consumer
 warpgroups while a producer warpgroup drives TMA, a persistent tile scheduler, and thread-block
 clusters that multicast operand tiles. "cooperative" splits each tile between the two consumer

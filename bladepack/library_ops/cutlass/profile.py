@@ -25,11 +25,11 @@ from pathlib import Path
 
 import sympy
 
-from bladepack.codegen.cutlass_emitter import GemmInstance
-from bladepack.codegen.cutlass_toolchain import build_gemms
 from bladepack.library_ops.cpu_gemm import GemmCall
-from bladepack.library_ops.cutlass_configs import GemmConfig
-from bladepack.library_ops.gemm_select import Option
+from bladepack.library_ops.cutlass.configs import GemmConfig
+from bladepack.library_ops.cutlass.emitter import GemmInstance
+from bladepack.library_ops.cutlass.select import Option
+from bladepack.library_ops.cutlass.toolchain import build_gemms
 from bladepack.loader.cuda_driver import CudaError, Device, DeviceBuffer
 from bladepack.loader.cutlass_gemm import CutlassGemms, CutlassLaunch
 from bladepack.loader.gemm_args import GemmArgs, gemm_args

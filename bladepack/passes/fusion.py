@@ -26,16 +26,15 @@ row op, or a long cone) is materialized once instead.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from enum import Enum
-from typing import Union
 
-from bladepack.dtypes import DType
-from bladepack.ir import Graph, Node, OpKind, Program
-from bladepack.ir.ops import OP_INFO, AxisAttrs, Conv2dAttrs, IndexAttrs, NormAttrs, OpClass, ReduceAttrs
-from bladepack.ir.types import IRDim, TensorType, dim_str
-from bladepack.optimize.gemm_epilogue import GemmEpilogue, find_epilogue
-from bladepack.optimize.views import LAYOUT_OPS, View, sym_eq, view_of
+from bladepack.ir import Node, OpKind, Program
+from bladepack.ir.fusion_plan import FusionPlan, GemmEpilogue, KernelSpec, LibraryStep, PlanStep, ReferenceStep
+from bladepack.ir.ops import OP_INFO, AxisAttrs, IndexAttrs, NormAttrs, OpClass, ReduceAttrs
+from bladepack.ir.types import IRDim, TensorType
+from bladepack.ir.views import LAYOUT_OPS, View, sym_eq, view_of
+from bladepack.passes.gemm_epilogue import find_epilogue
+from bladepack.target import BACKENDS
 
 
 class Role(Enum):
@@ -46,16 +45,6 @@ class Role(Enum):
     REFERENCE = "reference"
 
 
-NATIVE_DTYPES = frozenset(
-    {DType.FLOAT32, DType.FLOAT64, DType.INT64, DType.INT32, DType.INT16, DType.INT8, DType.UINT8, DType.BOOL}
-)
-# dtypes with generated kernels and GEMM libraries per target
-TARGET_DTYPES = {"cpu": NATIVE_DTYPES, "cuda": NATIVE_DTYPES | {DType.FLOAT16, DType.BFLOAT16}}
-GEMM_DTYPES = {
-    "cpu": (DType.FLOAT32, DType.FLOAT64),
-    "cuda": (DType.FLOAT32, DType.FLOAT64, DType.FLOAT16, DType.BFLOAT16),
-}
-TARGET_NAMES = {"cpu": "CPU", "cuda": "CUDA"}
 _EXPENSIVE = frozenset(
     {
         OpKind.EXP,
@@ -74,84 +63,6 @@ _EXPENSIVE = frozenset(
     }
 )
 _CHEAP_CONE = 6  # a shared cone up to this many nodes (none expensive) is recomputed per use
-
-
-@dataclass(frozen=True)
-class KernelSpec:
-    """A generated kernel: it stores `roots` and computes every node of `nodes` inline."""
-
-    name: str
-    kind: str  # "loop" | "row" | "reduce" | "scan" | "pool"
-    roots: tuple[int, ...]
-    nodes: tuple[int, ...]  # topological; includes the roots that are nodes
-    domain: tuple[IRDim, ...]  # loop / row: the iteration space; anchors: their output shape
-    reduced: int = 0  # row kernels: how many trailing axes of the domain each row spans
-    loc: str = ""
-
-
-@dataclass(frozen=True)
-class LibraryStep:
-    node: int
-    op: str  # "matmul" | "conv2d"
-    loc: str = ""
-    epilogue: GemmEpilogue | None = None  # Note [GEMM epilogue]: the GEMM stores epilogue.out
-
-
-@dataclass(frozen=True)
-class ReferenceStep:
-    node: int
-    reason: str
-    loc: str = ""
-
-
-PlanStep = Union[KernelSpec, LibraryStep, ReferenceStep]
-
-
-@dataclass(frozen=True)
-class FusionPlan:
-    steps: tuple[PlanStep, ...]
-    materialized: frozenset[int]
-    notes: tuple[str, ...] = field(default_factory=tuple)
-
-    @property
-    def kernels(self) -> tuple[KernelSpec, ...]:
-        return tuple(s for s in self.steps if isinstance(s, KernelSpec))
-
-    def text(self, graph: Graph) -> str:
-        """Deterministic text (BLADEPACK_DUMP's fusion_plan.txt and golden tests)."""
-        nodes = {n.id: n for n in graph.nodes}
-
-        def direct(s: PlanStep) -> bool:  # a convolution run by a generated kernel (optimize/direct_conv.py)
-            a = nodes[s.node].attrs if isinstance(s, LibraryStep) else None
-            return isinstance(a, Conv2dAttrs) and a.weight_layout == "ihwo"
-
-        n_direct = sum(direct(s) for s in self.steps)
-        lines = [
-            f"fusion plan: {len(self.kernels)} kernels, "
-            f"{sum(isinstance(s, LibraryStep) and not direct(s) for s in self.steps)} library calls, "
-            + (f"{n_direct} direct convolutions, " if n_direct else "")
-            + f"{sum(isinstance(s, ReferenceStep) for s in self.steps)} reference steps"
-        ]
-        for s in self.steps:
-            if isinstance(s, KernelSpec):
-                ops = " ".join(f"{nodes[i].op.value}%{i}" for i in s.nodes)
-                dom = ", ".join(dim_str(d) for d in s.domain)
-                red = f" rows of {s.reduced}" if s.kind == "row" else ""
-                roots = ", ".join(f"%{r}" for r in s.roots)
-                lines.append(f"  {s.name}: {s.kind}[{dom}]{red} -> {roots} = {{{ops}}}")
-            elif isinstance(s, LibraryStep):
-                if s.epilogue is not None:
-                    ops = " ".join(f"{nodes[i].op.value}%{i}" for i in s.epilogue.nodes)
-                    lines.append(
-                        f"  {s.op}%{s.node} -> %{s.epilogue.out} = {{{ops}}} (epilogue: {s.epilogue.describe()})"
-                    )
-                else:
-                    lines.append(f"  {s.op}{' (direct kernel)' if direct(s) else ''} -> %{s.node}")
-            else:
-                lines.append(f"  reference {nodes[s.node].op.value} -> %{s.node} ({s.reason})")
-        for note in self.notes:
-            lines.append(f"  note: {note}")
-        return "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------- classification
@@ -177,12 +88,13 @@ def row_reduced_axes(n: Node, in_type: TensorType) -> int | None:
 
 def classify(n: Node, types: dict[int, TensorType], target: str = "cpu") -> tuple[Role, str]:
     dts = [types[i].dtype for i in n.inputs] + [n.type.dtype]
-    where = TARGET_NAMES[target]
-    bad = sorted({d.value for d in dts if d not in TARGET_DTYPES[target]})
+    backend = BACKENDS[target]
+    where = backend.title
+    bad = sorted({d.value for d in dts if d not in backend.dtypes})
     if bad:
         return Role.REFERENCE, f"dtype {', '.join(bad)} has no {where} kernels yet"
     if n.op in (OpKind.MATMUL, OpKind.CONV2D):
-        if n.type.dtype not in GEMM_DTYPES[target] or any(types[i].dtype != n.type.dtype for i in n.inputs):
+        if n.type.dtype not in backend.gemm_dtypes or any(types[i].dtype != n.type.dtype for i in n.inputs):
             lib = "BLAS" if target == "cpu" else "cuBLAS"
             return Role.REFERENCE, f"{n.op.value} on {n.type.dtype.value} has no {lib} routine"
         return Role.LIBRARY, ""
@@ -228,7 +140,7 @@ class _Planner:
             if n.id in forced:
                 self.roles[n.id], self.reasons[n.id] = (
                     Role.REFERENCE,
-                    f"no {TARGET_NAMES[target]} kernel could be generated",
+                    f"no {BACKENDS[target].title} kernel could be generated",
                 )
         self.params = {p_.id for p_ in self.g.inputs + self.g.weights}
         self.users: dict[int, list[int]] = {}

@@ -20,7 +20,7 @@ Configs are then chosen greedily (at most `MAX_CONFIGS`, each must cut the geome
 per-shape best by >= 2%), and the shapes are cut into a few key intervals with one option each (Note
 [GEMM dispatch segments] at `_segments`). The constants describe an H100 SXM (132 SMs); they rank
 configs, they do not predict times. When a GPU is present at optimize
-time, measured times replace the estimates (`measure`; Note [GEMM profiling] in gemm_profile.py) at up
+time, measured times replace the estimates (`measure`; Note [GEMM profiling] in library_ops/cutlass/profile.py) at up
 to PROFILE_POINTS of those shapes, and the same greedy choice runs on them.
 
 A plan that targets sm_90a gets a second table per GEMM (`arch` "sm90"), for GPUs of compute capability
@@ -44,7 +44,7 @@ import sympy
 from bladepack.ir import ShapeEnv
 from bladepack.ir.types import IRDim
 from bladepack.library_ops.cpu_gemm import GemmCall
-from bladepack.library_ops.cutlass_configs import GemmConfig, candidates, fallback
+from bladepack.library_ops.cutlass.configs import GemmConfig, candidates, fallback
 
 SMS = 132
 SMEM_PER_SM = 227 * 1024
@@ -209,7 +209,7 @@ def alignment_pred(call: GemmCall, align: int) -> Any:
 
 
 def _hopper_ok(call: GemmCall, batch_total: Any) -> bool:
-    """Note [Hopper GEMMs] in codegen/cutlass_emitter.py: no broadcast (zero-stride) batched operand."""
+    """Note [Hopper GEMMs] in library_ops/cutlass/emitter.py: no broadcast (zero-stride) batched operand."""
     if batch_total == 1:
         return True
     return all(s != 0 for b, *ss in zip(call.batch, call.sa, call.sb, call.sc) if b != 1 for s in ss)

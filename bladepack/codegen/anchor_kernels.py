@@ -1,0 +1,127 @@
+"""Anchor kernels both backends share: reductions over arbitrary axes (and arg-reductions), and scans.
+
+In: an `Emitter` (the CPU's or the CUDA one) whose spec is a "reduce" or "scan" kernel. Out: the
+kernel body, one output element (reduce) or one scanned line (scan) per iteration of the backend's
+`rows_loop`.
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from bladepack.codegen.c_render import CTYPE, Loop
+from bladepack.codegen.emitter import Emitter
+from bladepack.codegen.kernel import FLOATS, reduce_init, store_offset
+from bladepack.ir import OpKind
+from bladepack.ir.ops import (
+    ArgReduceAttrs,
+    AxisAttrs,
+    ReduceAttrs,
+)
+from bladepack.ir.types import IRDim
+from bladepack.ir.views import simplify
+
+
+def reduce_kernel(em: Emitter) -> None:
+    """An anchor reduction over arbitrary axes (or an arg-reduction): one output element per iteration."""
+    n = em.ctx.nodes[em.spec.roots[0]]
+    x = n.inputs[0]
+    xt = em.ctx.types[x]
+    rank = xt.rank
+    if isinstance(n.attrs, ArgReduceAttrs):
+        axes, keep = ([n.attrs.axis % rank] if rank else []), n.attrs.keepdim
+    else:
+        assert isinstance(n.attrs, ReduceAttrs)
+        axes, keep = (sorted(a % rank for a in n.attrs.axes) if rank else []), n.attrs.keepdim
+    kept = [d for d in range(rank) if d not in axes]
+    dt = n.type.dtype
+    arg = n.op in (OpKind.ARGMAX, OpKind.ARGMIN)
+    acc_t = xt.dtype if arg else em.accumulator(n)
+    t = CTYPE[acc_t]
+    big = n.op in (OpKind.ARGMAX, OpKind.AMAX)
+    kind = {OpKind.ARGMAX: "max", OpKind.AMAX: "max", OpKind.ARGMIN: "min", OpKind.AMIN: "min"}.get(n.op)
+    init = reduce_init(kind or ("prod" if n.op is OpKind.PROD else "sum"), acc_t)
+
+    def body(outer: tuple[Loop, ...]) -> None:
+        red = [Loop(f"r{a}") for a in axes]
+        full: list[sympy.Expr] = [sympy.Integer(0)] * rank
+        for d, s in zip(kept, outer):
+            full[d] = s
+        for a, s in zip(axes, red):
+            full[a] = s
+        acc = em.fresh("acc")
+        em.declare(
+            f"{t} {acc} = {init}; int64_t {acc}_i = 0; bool {acc}_nan = false; (void){acc}_i; (void){acc}_nan;", acc
+        )
+
+        def step() -> None:
+            v = em._as(em.eval(x, tuple(full)), xt.dtype, acc_t)
+            isnan = f"({v} != {v})" if acc_t in FLOATS else "false"
+            if arg:
+                pos = red[-1].name if red else "0"
+                better = ">" if big else "<"
+                em.line(
+                    f"if (!{acc}_nan && ({isnan} || {v} {better} {acc})) {{ {acc} = {v}; {acc}_i = {pos}; {acc}_nan = {isnan}; }}"
+                )
+            elif n.op is OpKind.PROD:
+                em.line(f"{acc} = {acc} * {v};")
+            elif n.op in (OpKind.AMAX, OpKind.AMIN):
+                if acc_t in FLOATS:
+                    em.line(f"{acc} = bpk::{'fmax' if big else 'fmin'}_nan<{t}>({acc}, {v});")
+                else:
+                    em.line(f"{acc} = ({v} {'>' if big else '<'} {acc} ? {v} : {acc});")
+            else:
+                em.line(f"{acc} = {acc} + {v};")
+
+        def nest(m: int) -> None:
+            if m == len(axes):
+                step()
+            else:
+                em.for_loop(red[m], xt.shape[axes[m]], lambda: nest(m + 1))
+
+        nest(0)
+        count: IRDim = 1
+        for a in axes:
+            count = simplify(count * xt.shape[a])
+        if arg:
+            val = f"int64_t({acc}_i)"
+        elif n.op is OpKind.MEAN:
+            val = f"{CTYPE[dt]}({acc} / {t}({em.args.ref(count)}))"
+        else:
+            val = em._as(acc, acc_t, dt)
+        out_idx = [sympy.Integer(0) if d in axes else full[d] for d in range(rank)] if keep else [full[d] for d in kept]
+        em.store(n.id, store_offset(n.type.shape, out_idx), val)
+
+    em.rows_loop([xt.shape[d] for d in kept], "16", body)
+
+
+def scan_kernel(em: Emitter) -> None:
+    n = em.ctx.nodes[em.spec.roots[0]]
+    assert isinstance(n.attrs, AxisAttrs)
+    x = n.inputs[0]
+    shape = n.type.shape
+    rank = len(shape)
+    if rank == 0:
+        em.store(n.id, sympy.Integer(0), em._as(em.eval(x, ()), em.ctx.types[x].dtype, n.type.dtype))
+        return
+    a = n.attrs.axis % rank
+    kept = [d for d in range(rank) if d != a]
+    t = CTYPE[n.type.dtype]
+
+    def body(outer: tuple[Loop, ...]) -> None:
+        s = Loop(f"r{a}")
+        full: list[sympy.Expr] = [sympy.Integer(0)] * rank
+        for d, o in zip(kept, outer):
+            full[d] = o
+        full[a] = s
+        acc = em.fresh("acc")
+        em.declare(f"{t} {acc} = {t}(0);", acc)
+
+        def step() -> None:
+            v = em._as(em.eval(x, tuple(full)), em.ctx.types[x].dtype, n.type.dtype)
+            em.line(f"{acc} = {t}({acc} + {v});")
+            em.store(n.id, store_offset(shape, full), acc)
+
+        em.for_loop(s, shape[a], step)
+
+    em.rows_loop([shape[d] for d in kept], "4", body)

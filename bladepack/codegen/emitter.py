@@ -1,0 +1,570 @@
+"""The emitter machinery the CPU and CUDA backends share: `Emitter`.
+
+In: a `KernelSpec`, its `KernelContext`, the argument list being built. Out: C-like statements in
+nested scopes. A value is evaluated at an index (a tuple of sympy expressions over the loop symbols):
+materialized values and layout chains over them are strided loads; elementwise ops evaluate their
+operands at the broadcast-adjusted index; permute / slice / expand / reshape transform the index
+(Note [Reshape of a strided view] in ir/views.py); concat and pad branch; take / gather load an index
+and check it; row ops read the statistics their row passes computed (`reduce_pass`). Every (value,
+index) pair is computed once and placed in the outermost scope where all its symbols are defined
+(loop-invariant code motion by construction). Backends subclass it for their loop schedule
+(`rows_loop`) and their reduction passes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sympy
+
+from bladepack.codegen.c_render import COMPARE, CTYPE, Args, Loop, binary, literal, promote, unary
+from bladepack.codegen.kernel import (
+    ERR_INDEX,
+    FLOATS,
+    KernelContext,
+    accumulator_type,
+    reduce_init,
+    store_offset,
+)
+from bladepack.dtypes import DType
+from bladepack.ir import Node, OpKind
+from bladepack.ir.fusion_plan import KernelSpec
+from bladepack.ir.ops import (
+    OP_INFO,
+    ArangeAttrs,
+    AxisAttrs,
+    ConstantAttrs,
+    IndexAttrs,
+    NormAttrs,
+    OpClass,
+    PadAttrs,
+    PermuteAttrs,
+    SliceAttrs,
+)
+from bladepack.ir.types import IRDim
+from bladepack.ir.views import LAYOUT_OPS, View, reshape_groups, simplify
+
+_VAR = re.compile(r"\b[a-z]+\d+\b")
+
+
+class Scope:
+    def __init__(self, syms: Sequence[sympy.Symbol] = (), barrier: bool = False) -> None:
+        self.syms = set(syms)
+        self.barrier = barrier
+        self.lines: list[str] = []
+        self.memo: dict[Any, str] = {}
+
+
+class Emitter:
+    def __init__(self, spec: KernelSpec, ctx: KernelContext, args: Args, stores: list[int], loads: list[View]) -> None:
+        self.spec, self.ctx, self.args = spec, ctx, args
+        self.stores, self.loads = stores, loads
+        self.inside = set(spec.nodes)
+        self.scopes: list[Scope] = [Scope()]
+        self.tmp = 0
+        self.row_stats: dict[int, dict[str, str]] = {}
+        self.outer: tuple[sympy.Expr, ...] = ()
+        self.simd = False
+        self.error_sites: list[str] = []
+        self.row_ops: set[int] = set()
+        self.softmax_in_place: int | None = None  # Note [Softmax in place]
+        self.depth: dict[str, int] = {}  # scope depth of each C variable defined so far
+
+    # -- scopes and statements
+    def fresh(self, prefix: str = "v") -> str:
+        self.tmp += 1
+        return f"{prefix}{self.tmp}"
+
+    def _target(self, syms: set[sympy.Symbol]) -> int:
+        """Index of the outermost scope where `syms` are all defined, not crossing a barrier."""
+        k = len(self.scopes) - 1
+        # never above the row loop: values defined outside the parallel body would reach it only
+        # through the lambda's by-reference captures (Note [Restrict inside the parallel body])
+        while k > 1 and not self.scopes[k].barrier:
+            defined = set().union(*(s.syms for s in self.scopes[:k]))
+            if not syms <= defined:
+                break
+            k -= 1
+        return k
+
+    def define(self, ctype: str, expr: str, syms: set[sympy.Symbol], key: Any = None) -> str:
+        name = self.fresh()
+        self.define_stmt(f"const {ctype} {name} = {expr};", name, syms, key)
+        return name
+
+    def define_stmt(self, stmt: str, name: str, syms: set[sympy.Symbol], key: Any = None) -> None:
+        """Place `stmt` (defining C variable `name`) in the outermost scope where `syms` are defined,
+        never above a variable it reads."""
+        k = self._target(syms)
+        k = max([k, *(self.depth.get(tok, 0) for tok in _VAR.findall(stmt) if tok != name)])
+        self.scopes[k].lines.append(stmt)
+        self.depth[name] = k
+        if key is not None:
+            self.scopes[k].memo[key] = name
+
+    def declare(self, text: str, name: str) -> None:
+        """A statement in the current scope that defines the C variable `name`."""
+        self.line(text)
+        self.depth[name] = len(self.scopes) - 1
+
+    def loop(
+        self,
+        header: Sequence[str],
+        syms: Sequence[sympy.Symbol],
+        gen: Callable[[], None],
+        footer: Sequence[str] = ("}",),
+        prologue: Sequence[str] = (),
+    ) -> None:
+        """Emit a loop: its body is generated first, so statements hoisted out of it land before it."""
+        s = self.push(syms)
+        s.lines.extend(prologue)
+        gen()
+        self.pop()
+        pad = "  " * max(1, len(header))
+        self.scopes[-1].lines.extend(header)
+        self.scopes[-1].lines.extend(pad + ln for ln in s.lines)
+        self.scopes[-1].lines.extend(footer)
+
+    def lookup(self, key: Any) -> str | None:
+        for s in reversed(self.scopes):
+            if key in s.memo:
+                return s.memo[key]
+        return None
+
+    def line(self, text: str) -> None:
+        self.scopes[-1].lines.append(text)
+
+    def push(self, syms: Sequence[sympy.Symbol] = (), barrier: bool = False) -> Scope:
+        s = Scope(syms, barrier)
+        self.scopes.append(s)
+        return s
+
+    def pop(self) -> Scope:
+        return self.scopes.pop()
+
+    # -- pointers
+    def ptr_load(self, base: int) -> str:
+        for k, v in enumerate(self.loads):
+            if v.base == base:
+                return f"p{len(self.stores) + k}"
+        self.loads.append(View.whole(base, self.ctx.types[base].shape))
+        return f"p{len(self.stores) + len(self.loads) - 1}"
+
+    def ptr_store(self, vid: int) -> str:
+        return f"p{self.stores.index(vid)}"
+
+    def store(self, vid: int, off: sympy.Expr, val: str) -> None:
+        """Write `val` (a register value of vid's type) to element `off` of vid's buffer."""
+        self.line(f"{self.ptr_store(vid)}[{self.args.index(off)}] = {val};")
+
+    def rows_loop(self, outer_dims: Sequence[IRDim], cost: str, body: Callable[[tuple[Loop, ...]], None]) -> None:
+        """Run `body` once per row of `outer_dims` (the schedule's parallel loop; each backend's own)."""
+        raise NotImplementedError
+
+    def for_loop(self, sym: Loop, extent: IRDim, gen: Callable[[], None]) -> None:
+        """A sequential loop of `sym` over [0, extent) around what `gen` emits."""
+        self.loop([f"for (int64_t {sym.name} = 0; {sym.name} < {self.args.ref(extent)}; ++{sym.name}) {{"], [sym], gen)
+
+    # -- evaluation
+    def eval(self, vid: int, idx: tuple[sympy.Expr, ...]) -> str:
+        idx = tuple(sympy.sympify(i) for i in idx)
+        key = (vid, idx)
+        hit = self.lookup(key)
+        if hit is not None:
+            return hit
+        syms: set[sympy.Symbol] = set()
+        for e in idx:
+            syms |= {s for s in e.free_symbols if isinstance(s, Loop)}
+        t = self.ctx.types[vid]
+        in_memory = vid not in self.inside or (
+            self.ctx.nodes[vid].op in LAYOUT_OPS and self.ctx.view(vid) is not None and vid not in self.stores
+        )
+        if in_memory:
+            view = self.ctx.view(vid)
+            assert view is not None, f"value %{vid} is neither computed in {self.spec.name} nor in memory"
+            off = view.offset + sum((i * s for i, s in zip(idx, view.strides)), sympy.Integer(0))
+            return self.load(view.base, t.dtype, sympy.expand(off), syms, key)
+        n = self.ctx.nodes[vid]
+        expr = self._node(n, idx)
+        return self.define(CTYPE[t.dtype], expr, syms, key)
+
+    def load(self, base: int, dt: DType, off: sympy.Expr, syms: set[sympy.Symbol], key: Any) -> str:
+        """A C variable holding element `off` of the materialized buffer `base`."""
+        return self.define(CTYPE[dt], f"{self.ptr_load(base)}[{self.args.index(off)}]", syms, key)
+
+    def fail(self, code: str, value: str, size: str) -> str:
+        """C statement reporting an error (the kernel goes on with a safe value)."""
+        return f"st->fail({code}, {value}, {size});"
+
+    def accumulator(self, n: Node) -> DType:
+        return accumulator_type(n)
+
+    def _bcast(self, operand: int, out_shape: Sequence[IRDim], idx: tuple[sympy.Expr, ...]) -> tuple[sympy.Expr, ...]:
+        shape = self.ctx.types[operand].shape
+        lead = len(out_shape) - len(shape)
+        return tuple(
+            sympy.Integer(0) if (d == 1 and out_shape[k + lead] != 1) else idx[k + lead] for k, d in enumerate(shape)
+        )
+
+    def _as(self, x: str, src: DType, dst: DType) -> str:
+        if src is dst:
+            return x
+        if dst is DType.BOOL:
+            return f"({x} != 0)"
+        return f"{CTYPE[dst]}({x})"
+
+    def operand(self, n: Node, k: int, idx: tuple[sympy.Expr, ...], as_type: DType | None = None) -> str:
+        v = n.inputs[k]
+        x = self.eval(v, self._bcast(v, n.type.shape, idx))
+        return self._as(x, self.ctx.types[v].dtype, as_type) if as_type is not None else x
+
+    def _node(self, n: Node, idx: tuple[sympy.Expr, ...]) -> str:
+        dt = n.type.dtype
+        op = n.op
+        cls = OP_INFO[op].op_class
+        if op in (OpKind.CONSTANT, OpKind.FULL):
+            assert isinstance(n.attrs, ConstantAttrs)
+            v = n.attrs.value
+            if isinstance(v, sympy.Basic):
+                return self._as(self.args.ref(v), DType.INT64, dt)
+            return literal(v, dt)
+        if op is OpKind.ARANGE:
+            assert isinstance(n.attrs, ArangeAttrs)
+            i = self.args.index(idx[0])
+            start, step = n.attrs.start, n.attrs.step
+            if isinstance(start, float) or isinstance(step, float):
+                return self._as(f"(double({start!r}) + double({step!r}) * double({i}))", DType.FLOAT64, dt)
+            return self._as(f"({self.args.ref(start)} + {self.args.ref(step)} * {i})", DType.INT64, dt)
+        if op is OpKind.WHERE:
+            c = self.operand(n, 0, idx, DType.BOOL)
+            a = self.operand(n, 1, idx, dt)
+            b = self.operand(n, 2, idx, dt)
+            return f"({c} ? {a} : {b})"
+        if op in COMPARE:
+            ct = promote([self.ctx.types[i].dtype for i in n.inputs])
+            return binary(op, self.operand(n, 0, idx, ct), self.operand(n, 1, idx, ct), dt)
+        if cls is OpClass.BROADCAST and len(n.inputs) == 2:
+            ct = dt
+            return binary(op, self.operand(n, 0, idx, ct), self.operand(n, 1, idx, ct), dt)
+        if cls is OpClass.ELEMENTWISE and len(n.inputs) == 1:
+            src = self.ctx.types[n.inputs[0]].dtype
+            x = self.operand(n, 0, idx)
+            if op is OpKind.CAST:
+                return self._as(x, src, dt)
+            if op in (OpKind.LOGICAL_NOT,):
+                return f"(!{self._as(x, src, DType.BOOL)})"
+            return unary(op, self._as(x, src, dt), dt, n.attrs)
+        if op is OpKind.RESHAPE:
+            return self.eval(n.inputs[0], self._reshape_index(n, idx))
+        if op is OpKind.EXPAND:
+            return self.eval(n.inputs[0], self._bcast(n.inputs[0], n.type.shape, idx))
+        if op is OpKind.PERMUTE:
+            assert isinstance(n.attrs, PermuteAttrs)
+            src_idx: list[sympy.Expr] = [sympy.Integer(0)] * len(idx)
+            for k, p in enumerate(n.attrs.perm):
+                src_idx[p] = idx[k]
+            return self.eval(n.inputs[0], tuple(src_idx))
+        if op is OpKind.SLICE:
+            assert isinstance(n.attrs, SliceAttrs)
+            ax = n.attrs.axis
+            sl = list(idx)
+            sl[ax] = sympy.sympify(n.attrs.start) + n.attrs.step * idx[ax]
+            return self.eval(n.inputs[0], tuple(sl))
+        if op is OpKind.CONCAT:
+            return self._concat(n, idx)
+        if op is OpKind.PAD:
+            return self._pad(n, idx)
+        if op in (OpKind.TAKE, OpKind.GATHER, OpKind.INDEX):
+            return self._gather(n, idx)
+        if n.id in self.row_ops:
+            return self._row_value(n, idx)
+        raise ValueError(f"the CPU emitter cannot compute {op.value} inside a {self.spec.kind} kernel")
+
+    def _reshape_index(self, n: Node, idx: tuple[sympy.Expr, ...]) -> tuple[sympy.Expr, ...]:
+        src = self.ctx.types[n.inputs[0]].shape
+        dst = n.type.shape
+        groups = reshape_groups(src, dst)
+        out: list[sympy.Expr] = [sympy.Integer(0)] * len(src)
+        if groups is None:  # one group: linearize fully
+            groups = [(list(range(len(src))), list(range(len(dst))))]
+        for ins, outs in groups:
+            lin = sympy.Integer(0)
+            for k in outs:
+                lin = lin * dst[k] + idx[k]
+            lin = sympy.expand(lin)
+            inner: IRDim = 1
+            for pos, k in enumerate(reversed(ins)):
+                q = lin if inner == 1 else sympy.floor(lin / inner)
+                out[k] = q if pos == len(ins) - 1 else sympy.Mod(q, src[k])
+                inner = simplify(inner * src[k])
+        return tuple(out)
+
+    def _branch(self, ctype: str, cases: list[tuple[str, Callable[[], str]]], default: Callable[[], str]) -> str:
+        """if / else-if chain; each branch computes its value inside a barrier scope."""
+        if not cases:
+            return default()
+        name = self.fresh()
+        self.declare(f"{ctype} {name};", name)
+        heads = [f"if ({cases[0][0]})" if k == 0 else f"else if ({c})" for k, (c, _) in enumerate(cases)]
+        for head, fn in zip([*heads, "else"], [*(f for _, f in cases), default]):
+            self.line(f"{head} {{")
+            s = self.push(barrier=True)
+            val = fn()
+            self.pop()
+            self.scopes[-1].lines.extend("  " + ln for ln in s.lines)
+            self.line(f"  {name} = {val};")
+            self.line("}")
+        return name
+
+    def _concat(self, n: Node, idx: tuple[sympy.Expr, ...]) -> str:
+        assert isinstance(n.attrs, AxisAttrs)
+        a = n.attrs.axis % len(idx)
+        dt = n.type.dtype
+        bounds: list[IRDim] = []
+        acc: IRDim = 0
+        for v in n.inputs:
+            acc = simplify(acc + self.ctx.types[v].shape[a])
+            bounds.append(acc)
+        ia = self.args.index(idx[a])
+        cases: list[tuple[str, Callable[[], str]]] = []
+        start: IRDim = 0
+        for k, v in enumerate(n.inputs[:-1]):
+            j = list(idx)
+            j[a] = sympy.expand(idx[a] - start)
+            cases.append((f"{ia} < {self.args.ref(bounds[k])}", self._thunk(v, tuple(j), dt)))
+            start = bounds[k]
+        j = list(idx)
+        j[a] = sympy.expand(idx[a] - start)
+        return self._branch(CTYPE[dt], cases, self._thunk(n.inputs[-1], tuple(j), dt))
+
+    def _thunk(self, v: int, idx: tuple[sympy.Expr, ...], dt: DType) -> Callable[[], str]:
+        return lambda: self._as(self.eval(v, idx), self.ctx.types[v].dtype, dt)
+
+    def _pad(self, n: Node, idx: tuple[sympy.Expr, ...]) -> str:
+        assert isinstance(n.attrs, PadAttrs)
+        src = self.ctx.types[n.inputs[0]].shape
+        conds = []
+        j = list(idx)
+        for k, (before, _after) in enumerate(n.attrs.pads):
+            if before == 0 and _after == 0:
+                continue
+            shifted = sympy.expand(idx[k] - before)
+            i = self.args.index(idx[k])
+            conds.append(f"{i} >= {self.args.ref(before)} && {i} < {self.args.ref(simplify(src[k] + before))}")
+            j[k] = shifted
+        dt = n.type.dtype
+        if not conds:
+            return self.eval(n.inputs[0], tuple(j))
+        fill = literal(n.attrs.value, dt)
+        return self._branch(CTYPE[dt], [(" && ".join(conds), self._thunk(n.inputs[0], tuple(j), dt))], lambda: fill)
+
+    def _checked_index(self, raw: str, size: IRDim, what: str) -> Loop:
+        """A runtime index symbol holding `raw` wrapped (negative from the end) and bounds-checked."""
+        sz = self.args.ref(size)
+        self.error_sites.append(what)
+        site = len(self.error_sites) - 1
+        sym = Loop(self.fresh("g"))
+        self.declare(f"int64_t {sym.name} = int64_t({raw});", sym.name)
+        self.line(f"if ({sym.name} < 0) {sym.name} += {sz};")
+        report = self.fail(f"{ERR_INDEX} + 16 * {site}", f"int64_t({raw})", sz)
+        self.line(f"if ({sym.name} < 0 || {sym.name} >= {sz}) {{ {report} {sym.name} = 0; }}")
+        self.scopes[-1].syms.add(sym)
+        return sym
+
+    def _gather(self, n: Node, idx: tuple[sympy.Expr, ...]) -> str:
+        x = n.inputs[0]
+        xshape = self.ctx.types[x].shape
+        if n.op is OpKind.TAKE:
+            assert isinstance(n.attrs, AxisAttrs)
+            a = n.attrs.axis % len(xshape)
+            r = self.ctx.types[n.inputs[1]].rank
+            raw = self.eval(n.inputs[1], idx[a : a + r])
+            g = self._checked_index(raw, xshape[a], f"take along dimension {a}")
+            return self.eval(x, (*idx[:a], g, *idx[a + r :]))
+        if n.op is OpKind.GATHER:
+            assert isinstance(n.attrs, AxisAttrs)
+            a = n.attrs.axis % len(xshape)
+            raw = self.eval(n.inputs[1], idx)
+            g = self._checked_index(raw, xshape[a], f"gather along dimension {a}")
+            j = list(idx)
+            j[a] = g
+            return self.eval(x, tuple(j))
+        assert isinstance(n.attrs, IndexAttrs)
+        axes = list(n.attrs.axes)
+        b_rank = n.type.rank - (len(xshape) - len(axes))
+        lead = idx[axes[0] : axes[0] + b_rank]
+        bshape = n.type.shape[axes[0] : axes[0] + b_rank]
+        src: list[sympy.Expr] = list(idx[: axes[0]])
+        for k, t in enumerate(n.inputs[1:]):
+            tshape = self.ctx.types[t].shape
+            off = len(bshape) - len(tshape)
+            ti = tuple(
+                sympy.Integer(0) if d == 1 and bshape[off + m] != 1 else lead[off + m] for m, d in enumerate(tshape)
+            )
+            raw = self.eval(t, ti)
+            if self.ctx.types[t].dtype is DType.BOOL:
+                raise ValueError("boolean mask indexing has a data-dependent shape")
+            src.append(self._checked_index(raw, xshape[axes[k]], f"indexing along dimension {axes[k]}"))
+        src.extend(idx[axes[0] + b_rank :])
+        return self.eval(x, tuple(src))
+
+    # -- row ops
+    def _row_len(self) -> IRDim:
+        k = self.spec.reduced
+        length: IRDim = 1
+        for d in self.spec.domain[len(self.spec.domain) - k :]:
+            length = simplify(length * d)
+        return length
+
+    def reduce_pass(
+        self,
+        dt: DType,
+        kind: str,
+        body: Callable[[tuple[sympy.Expr, ...]], str],
+        store: Callable[[tuple[sympy.Expr, ...], str], None] | None = None,
+    ) -> str:
+        """One pass over the current row, combining `body` with `kind` ("sum", "prod", "max", "min");
+        returns the C variable holding the result. With `self.simd` the innermost loop carries
+        `#pragma omp simd reduction(...)` (max / min track NaN in a separate flag, like torch).
+        `store(idx, var)` may also write each element's value (`var`) in the same pass."""
+        t = CTYPE[dt]
+        dom = self.spec.domain
+        k = self.spec.reduced
+        inner = [Loop(f"r{len(dom) - k + m}") for m in range(k)]
+        saved = self.scopes
+        self.scopes = saved[:2]  # passes are emitted at row scope, whatever scope asked for them
+        acc = self.fresh("acc")
+        floats = dt in FLOATS
+        self.declare(f"{t} {acc} = {reduce_init(kind, dt)};", acc)
+        track_nan = kind in ("max", "min") and floats
+        if track_nan:
+            self.declare(f"int {acc}_nan = 0;", acc + "_nan")
+        full = (*self.outer, *inner)
+        op = {"sum": "+", "prod": "*", "max": "max", "min": "min"}[kind]
+
+        def innermost() -> None:
+            v = body(full)
+            if store is not None:
+                named = self.fresh("e")
+                self.line(f"const {t} {named} = {v};")
+                store(full, named)
+                v = named
+            if kind == "sum":
+                self.line(f"{acc} = {acc} + {v};")
+            elif kind == "prod":
+                self.line(f"{acc} = {acc} * {v};")
+            else:
+                cmp = ">" if kind == "max" else "<"
+                self.line(f"{acc} = {v} {cmp} {acc} ? {v} : {acc};")
+                if track_nan:
+                    self.line(f"{acc}_nan = {acc}_nan | int({v} != {v});")
+
+        def nest(m: int) -> None:
+            sym = inner[m]
+            header = [
+                f"for (int64_t {sym.name} = 0; {sym.name} < {self.args.ref(dom[len(dom) - k + m])}; ++{sym.name}) {{"
+            ]
+            if m == k - 1:
+                if self.simd:
+                    red = f"reduction({op}:{acc})" + (f" reduction(|:{acc}_nan)" if track_nan else "")
+                    header.insert(0, f"#pragma omp simd {red}")
+                self.loop(header, [sym], innermost)
+            else:
+                self.loop(header, [sym], lambda: nest(m + 1))
+
+        nest(0)
+        if track_nan:
+            self.line(f"if ({acc}_nan) {acc} = std::numeric_limits<{t}>::quiet_NaN();")
+        self.depth[acc] = 1
+        self.scopes = saved
+        return acc
+
+    def _stats(self, n: Node) -> dict[str, str]:
+        got = self.row_stats.get(n.id)
+        if got is not None:
+            return got
+        x = n.inputs[0]
+        xt = self.ctx.types[x].dtype
+        acc_t = self.accumulator(n)
+        t = CTYPE[acc_t]
+        length = self.args.ref(self._row_len())
+
+        def load(idx: tuple[sympy.Expr, ...]) -> str:
+            return self._as(self.eval(x, idx), xt, acc_t)
+
+        stats: dict[str, str] = {}
+        if n.op in (OpKind.SUM, OpKind.MEAN):
+            stats["acc"] = self.reduce_pass(acc_t, "sum", load)
+        elif n.op is OpKind.PROD:
+            stats["acc"] = self.reduce_pass(acc_t, "prod", load)
+        elif n.op in (OpKind.AMAX, OpKind.AMIN):
+            stats["acc"] = self.reduce_pass(acc_t, "max" if n.op is OpKind.AMAX else "min", load)
+        elif n.op in (OpKind.SOFTMAX, OpKind.LOG_SOFTMAX):
+            m = self.reduce_pass(acc_t, "max", load)
+            keep = self.softmax_in_place == n.id  # Note [Softmax in place]
+            s = self.reduce_pass(
+                acc_t, "sum", lambda idx: f"bpk::vexp({load(idx)} - {m})", self._store_root(n.id) if keep else None
+            )
+            stats["max"] = m
+            if n.op is OpKind.SOFTMAX:
+                inv = self.fresh("inv")
+                self.scopes[1].lines.append(f"const {t} {inv} = {t}(1) / {s};")
+                stats["inv"] = inv
+            else:
+                lse = self.fresh("lse")
+                self.scopes[1].lines.append(f"const {t} {lse} = {m} + std::log({s});")
+                stats["lse"] = lse
+        elif n.op in (OpKind.LAYER_NORM, OpKind.RMS_NORM):
+            assert isinstance(n.attrs, NormAttrs)
+            eps = literal(n.attrs.eps, acc_t)
+            rstd = self.fresh("rstd")
+            if n.op is OpKind.LAYER_NORM:
+                s = self.reduce_pass(acc_t, "sum", load)
+                mean = self.fresh("mean")
+                self.scopes[1].lines.append(f"const {t} {mean} = {s} / {t}({length});")
+                v = self.reduce_pass(acc_t, "sum", lambda idx: f"(({load(idx)} - {mean}) * ({load(idx)} - {mean}))")
+                self.scopes[1].lines.append(f"const {t} {rstd} = {t}(1) / std::sqrt({v} / {t}({length}) + {eps});")
+                stats["mean"] = mean
+            else:
+                s = self.reduce_pass(acc_t, "sum", lambda idx: f"({load(idx)} * {load(idx)})")
+                self.scopes[1].lines.append(f"const {t} {rstd} = {t}(1) / std::sqrt({s} / {t}({length}) + {eps});")
+            stats["rstd"] = rstd
+        else:
+            raise ValueError(f"{n.op.value} is not a row op")
+        self.row_stats[n.id] = stats
+        return stats
+
+    def _store_root(self, v: int) -> Callable[[tuple[sympy.Expr, ...], str], None]:
+        dom = self.spec.domain
+
+        def store(idx: tuple[sympy.Expr, ...], var: str) -> None:
+            self.line(f"{self.ptr_store(v)}[{self.args.index(store_offset(dom, idx))}] = {var};")
+
+        return store
+
+    def _row_value(self, n: Node, idx: tuple[sympy.Expr, ...]) -> str:
+        st = self._stats(n)
+        dt = n.type.dtype
+        t = CTYPE[dt]
+        if n.op in (OpKind.SUM, OpKind.PROD, OpKind.AMAX, OpKind.AMIN):
+            return self._as(st["acc"], self.accumulator(n), dt)
+        if n.op is OpKind.MEAN:
+            return f"{t}({st['acc']} / double({self.args.ref(self._row_len())}))"
+        x = self._as(self.eval(n.inputs[0], idx), self.ctx.types[n.inputs[0]].dtype, dt)
+        if n.op is OpKind.SOFTMAX:
+            return f"(bpk::vexp({x} - {st['max']}) * {st['inv']})"
+        if n.op is OpKind.LOG_SOFTMAX:
+            return f"({x} - {st['lse']})"
+        assert isinstance(n.attrs, NormAttrs)
+        y = f"(({x} - {st['mean']}) * {st['rstd']})" if n.op is OpKind.LAYER_NORM else f"({x} * {st['rstd']})"
+        k = n.attrs.num_axes
+        trail = idx[len(idx) - k :]
+        rest = list(n.inputs[1:])
+        if n.attrs.has_weight:
+            y = f"({y} * {self._as(self.eval(rest.pop(0), trail), self.ctx.types[n.inputs[1]].dtype, dt)})"
+        if n.attrs.has_bias:
+            b = rest.pop(0)
+            y = f"({y} + {self._as(self.eval(b, trail), self.ctx.types[b].dtype, dt)})"
+        return y

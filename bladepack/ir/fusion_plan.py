@@ -1,0 +1,109 @@
+"""The fusion plan: plain data passed from fusion planning (passes/) to lowering and the emitters.
+
+A `FusionPlan` lists, in execution order, one step per materialized value: a generated kernel
+(`KernelSpec`), a library call (`LibraryStep`, with its `GemmEpilogue` when the GEMM's epilogue
+computes a chain after it) or a reference step (`ReferenceStep`). Node ids refer to the IR graph the
+plan was made for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+from bladepack.ir.graph import Graph
+from bladepack.ir.ops import Conv2dAttrs
+from bladepack.ir.types import IRDim, dim_str
+
+
+@dataclass(frozen=True)
+class GemmEpilogue:
+    out: int  # the value the GEMM stores: the chain's last op
+    nodes: tuple[int, ...]  # the chain after the matmul, in order
+    source: int | None  # the add's other operand (C), None without an add
+    source_kind: str  # "none" | "bias" | "residual"
+    activation: str  # "none" | "relu" | "gelu" | "silu"
+
+    def describe(self) -> str:
+        parts = [] if self.source is None else [f"{self.source_kind} %{self.source}"]
+        if self.activation != "none":
+            parts.append(self.activation)
+        return " + ".join(parts)
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """A generated kernel: it stores `roots` and computes every node of `nodes` inline."""
+
+    name: str
+    kind: str  # "loop" | "row" | "reduce" | "scan" | "pool"
+    roots: tuple[int, ...]
+    nodes: tuple[int, ...]  # topological; includes the roots that are nodes
+    domain: tuple[IRDim, ...]  # loop / row: the iteration space; anchors: their output shape
+    reduced: int = 0  # row kernels: how many trailing axes of the domain each row spans
+    loc: str = ""
+
+
+@dataclass(frozen=True)
+class LibraryStep:
+    node: int
+    op: str  # "matmul" | "conv2d"
+    loc: str = ""
+    epilogue: GemmEpilogue | None = None  # Note [GEMM epilogue]: the GEMM stores epilogue.out
+
+
+@dataclass(frozen=True)
+class ReferenceStep:
+    node: int
+    reason: str
+    loc: str = ""
+
+
+PlanStep = Union[KernelSpec, LibraryStep, ReferenceStep]
+
+
+@dataclass(frozen=True)
+class FusionPlan:
+    steps: tuple[PlanStep, ...]
+    materialized: frozenset[int]
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def kernels(self) -> tuple[KernelSpec, ...]:
+        return tuple(s for s in self.steps if isinstance(s, KernelSpec))
+
+    def text(self, graph: Graph) -> str:
+        """Deterministic text (BLADEPACK_DUMP's fusion_plan.txt and golden tests)."""
+        nodes = {n.id: n for n in graph.nodes}
+
+        def direct(s: PlanStep) -> bool:  # a convolution run by a generated kernel (passes/direct_conv.py)
+            a = nodes[s.node].attrs if isinstance(s, LibraryStep) else None
+            return isinstance(a, Conv2dAttrs) and a.weight_layout == "ihwo"
+
+        n_direct = sum(direct(s) for s in self.steps)
+        lines = [
+            f"fusion plan: {len(self.kernels)} kernels, "
+            f"{sum(isinstance(s, LibraryStep) and not direct(s) for s in self.steps)} library calls, "
+            + (f"{n_direct} direct convolutions, " if n_direct else "")
+            + f"{sum(isinstance(s, ReferenceStep) for s in self.steps)} reference steps"
+        ]
+        for s in self.steps:
+            if isinstance(s, KernelSpec):
+                ops = " ".join(f"{nodes[i].op.value}%{i}" for i in s.nodes)
+                dom = ", ".join(dim_str(d) for d in s.domain)
+                red = f" rows of {s.reduced}" if s.kind == "row" else ""
+                roots = ", ".join(f"%{r}" for r in s.roots)
+                lines.append(f"  {s.name}: {s.kind}[{dom}]{red} -> {roots} = {{{ops}}}")
+            elif isinstance(s, LibraryStep):
+                if s.epilogue is not None:
+                    ops = " ".join(f"{nodes[i].op.value}%{i}" for i in s.epilogue.nodes)
+                    lines.append(
+                        f"  {s.op}%{s.node} -> %{s.epilogue.out} = {{{ops}}} (epilogue: {s.epilogue.describe()})"
+                    )
+                else:
+                    lines.append(f"  {s.op}{' (direct kernel)' if direct(s) else ''} -> %{s.node}")
+            else:
+                lines.append(f"  reference {nodes[s.node].op.value} -> %{s.node} ({s.reason})")
+        for note in self.notes:
+            lines.append(f"  note: {note}")
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,175 @@
+"""The layout rules of docs/architecture.md, checked on the source tree.
+
+- No import cycle between bladepack's packages (imports under TYPE_CHECKING and inside functions
+  count: a cycle in the types is a cycle in the design).
+- Each package imports only what the layer table allows (`ALLOWED`, the table in the doc).
+- No file under bladepack/ is longer than 600 lines.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "bladepack"
+MAX_LINES = 600
+
+LEAVES = {"errors", "dtypes", "dims", "version", "cpu_features", "options"}
+# package -> the packages it may import (leaf modules listed in LEAVES are importable by all)
+ALLOWED: dict[str, set[str]] = {
+    **{leaf: set() for leaf in LEAVES},
+    "target": set(),
+    "ir": set(),
+    "artifact": set(),
+    "loader": {"artifact"},
+    "export": {"ir"},
+    "onnx_import": {"ir"},
+    "passes": {"ir", "target"},
+    "codegen": {"ir", "target"},
+    "library_ops": {"ir", "codegen", "loader", "target"},
+    "lowering": {"ir", "passes", "codegen", "library_ops", "artifact", "target"},
+    "inspect": {"artifact"},
+    "api": {
+        "artifact",
+        "codegen",
+        "export",
+        "inspect",
+        "ir",
+        "library_ops",
+        "loader",
+        "lowering",
+        "onnx_import",
+        "passes",
+        "target",
+    },
+    "onnx_backend": {"api", "loader"},
+    "cli": {"api", "artifact", "inspect", "loader"},
+    "__init__": {"api", "loader"},
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _unit(module: str) -> str:
+    """The package (or top-level module) a dotted bladepack module belongs to."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _imports(path: Path) -> set[str]:
+    """Every bladepack module `path` names in an import, wherever the import stands."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{a.name}" for a in node.names)
+    return {m for m in found if m == "bladepack" or m.startswith("bladepack.")}
+
+
+def package_graph() -> dict[str, dict[str, list[str]]]:
+    """unit -> imported unit -> the modules that import it (self-imports left out)."""
+    graph: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for path in sorted(ROOT.rglob("*.py")):
+        src = _unit(_module_name(path))
+        for target in _imports(path):
+            dst = _unit(target)
+            if dst != src and target != "bladepack":
+                graph[src][dst].append(_module_name(path))
+    return graph
+
+
+def find_cycle(graph: dict[str, dict[str, list[str]]]) -> list[str] | None:
+    """One cycle of units (first unit repeated at the end), or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(u: str) -> list[str] | None:
+        state[u] = 1
+        stack.append(u)
+        for v in sorted(graph.get(u, {})):
+            if state.get(v) == 1:
+                return [*stack[stack.index(v) :], v]
+            if v not in state:
+                found = visit(v)
+                if found:
+                    return found
+        stack.pop()
+        state[u] = 2
+        return None
+
+    for u in sorted(graph):
+        if u not in state:
+            found = visit(u)
+            if found:
+                return found
+    return None
+
+
+def test_no_package_cycles() -> None:
+    graph = package_graph()
+    cycle = find_cycle(graph)
+    assert cycle is None, (
+        "package import cycle: "
+        + " -> ".join(cycle)
+        + "".join(f"\n  {a} -> {b}: {', '.join(sorted(set(graph[a][b])))}" for a, b in itertools.pairwise(cycle))
+    )
+
+
+def test_cycle_finder_sees_cycles() -> None:
+    """The check above can fail: a two-package and a three-package cycle are reported."""
+    assert find_cycle({"a": {"b": ["m"]}, "b": {"a": ["n"]}}) == ["a", "b", "a"]
+    assert find_cycle({"a": {"b": []}, "b": {"c": []}, "c": {"a": []}, "d": {"a": []}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b": []}, "b": {"c": []}, "d": {"c": []}}) is None
+
+
+def test_layer_table() -> None:
+    """Each package imports only the layers below it (docs/architecture.md)."""
+    graph = package_graph()
+    unknown = sorted(set(graph) - set(ALLOWED))
+    assert not unknown, f"packages missing from the layer table (add them to docs/architecture.md too): {unknown}"
+    bad = [
+        f"{src} -> {dst} ({', '.join(sorted(set(mods)))})"
+        for src, targets in sorted(graph.items())
+        for dst, mods in sorted(targets.items())
+        if dst not in ALLOWED[src] and dst not in LEAVES
+    ]
+    assert not bad, "imports the layer table does not allow:\n  " + "\n  ".join(bad)
+
+
+@pytest.mark.parametrize("path", sorted(ROOT.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_file_length(path: Path) -> None:
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_LINES, f"{path.relative_to(ROOT.parent)} has {lines} lines; split it (at most {MAX_LINES})"
+
+
+def test_environment_read_in_options_only() -> None:
+    """Every knob goes through bladepack/options.py (Options, Toolchains, LoaderOptions)."""
+    readers = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if path.name == "options.py" and path.parent == ROOT:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv") and _is_os(node.value):
+                readers.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}")
+    assert not readers, "environment read outside options.py: " + ", ".join(readers)
+
+
+def _is_os(node: ast.expr) -> bool:
+    return isinstance(node, ast.Name) and node.id == "os"
