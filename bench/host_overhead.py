@@ -45,8 +45,8 @@ class Chain(torch.nn.Module):
 def measure(m: bladepack.LoadedModule, inputs: tuple[torch.Tensor, ...], repeat: int) -> dict[str, Any]:
     for _ in range(20):
         m(*inputs)
-    fast = m._fast
-    native = m._native
+    fast = getattr(m._executor, "fast", None)
+    native = getattr(m._executor, "native", None)
     assert fast is not None and native is not None, "the module must run natively with a fast path"
     plan = fast._plans[tuple(tuple(t.shape) for t in inputs)]
     st = fast._state(plan.arena_bytes)

@@ -16,6 +16,7 @@ from bladepack.dims import Dim
 from bladepack.errors import (
     BladepackError,
     BpkFormatError,
+    ExecutionError,
     ExportError,
     InputError,
     ShapeGuardError,
@@ -53,6 +54,7 @@ __all__ = [
     "BladepackError",
     "BpkFormatError",
     "Dim",
+    "ExecutionError",
     "ExportError",
     "InputError",
     "LoadedModule",

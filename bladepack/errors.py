@@ -18,6 +18,10 @@ class InputError(BladepackError, ValueError):
     """A runtime input does not match the artifact's signature: count, rank, dtype or a dimension."""
 
 
+class ExecutionError(BladepackError, RuntimeError):
+    """A step failed at run time (for example an index outside its table)."""
+
+
 class ShapeGuardError(InputError):
     """A dynamic dimension is outside its declared range, or dimensions that must agree do not."""
 

@@ -32,7 +32,7 @@ def test_sections_are_aligned_and_weights_zero_copy(mlp_artifact, tmp_path: Path
     for entry in f.manifest["sections"]:
         assert (f.data_start + entry["offset"]) % 64 == 0
     m = bladepack.load(path)
-    w = next(iter(m._weights.values()))
+    w = next(iter(m._manifest.weights.values()))
     assert not w.flags.owndata and not w.flags.writeable  # a view of the memory map
 
 

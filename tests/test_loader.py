@@ -96,19 +96,47 @@ def test_outputs_into_caller_buffers(mlp) -> None:
 
 
 def test_shape_program_cached_per_signature(mlp, monkeypatch) -> None:
-    mlp._cache.clear()
-    if mlp._fast is not None:
-        mlp._fast._plans.clear()
+    mlp._executor.prepare.clear()
+    fast = getattr(mlp._executor, "fast", None)
+    if fast is not None:
+        fast._plans.clear()
     evaluated = []
-    real = type(mlp._program).evaluate
-    monkeypatch.setattr(
-        type(mlp._program), "evaluate", lambda self, shapes: evaluated.append(shapes) or real(self, shapes)
-    )
+    program = mlp._manifest.program
+    real = type(program).evaluate
+    monkeypatch.setattr(type(program), "evaluate", lambda self, shapes: evaluated.append(shapes) or real(self, shapes))
     for b in (2, 3, 2, 3, 2):
         mlp(np.zeros((b, 64), np.float32))
-    assert sorted(k[0][0] for k in mlp._cache) == [2, 3]
+    assert sorted(k[0][0] for k in mlp._executor.prepare.signatures()) == [2, 3]
     assert [s[0][0] for s in evaluated] == [2, 3]
     assert mlp.output_shapes((7, 64)) == [(7, 10)]
+
+
+@pytest.mark.parametrize("executor", ["native", "reference"])
+def test_shape_cache_is_bounded(mlp_artifact, monkeypatch, executor: str) -> None:
+    """Note [Prepared plans]: at most BLADEPACK_SHAPE_CACHE signatures stay prepared (fast path too),
+    least recently used out first; evicted signatures still run, prepared again."""
+    monkeypatch.setenv("BLADEPACK_SHAPE_CACHE", "3")
+    m = bladepack.load(mlp_artifact.to_bytes(), executor=executor)
+    ref = bladepack.load(mlp_artifact.to_bytes(), executor="reference")
+    rng = np.random.default_rng(3)
+    for b in (1, 2, 3, 1, 4, 5, 6, 2, 64):
+        x = rng.standard_normal((b, 64), dtype=np.float32)
+        assert rel_err(m(x), ref(x)) <= 1e-6
+    cache = m._executor.prepare
+    assert len(cache) == 3 and [k[0][0] for k in cache.signatures()] == [6, 2, 64]
+    fast = getattr(m._executor, "fast", None)
+    assert fast is None or len(fast._plans) <= 3
+
+
+def test_shape_cache_lru_order() -> None:
+    from bladepack.loader.executor import ShapeCache
+
+    made: list[int] = []
+    cache = ShapeCache(lambda key: made.append(key[0][0]) or key[0][0] * 10, limit=2)
+    assert [cache(((n,),)) for n in (1, 2, 1, 3, 2, 1)] == [10, 20, 10, 30, 20, 10]
+    assert made == [1, 2, 3, 2, 1]  # 1 was used last before 3 came, so 2 went first
+    with pytest.raises(ValueError, match="at least one"):
+        ShapeCache(lambda key: 0, limit=0)
 
 
 def test_concurrent_calls_are_safe(mlp_artifact) -> None:
@@ -116,7 +144,7 @@ def test_concurrent_calls_are_safe(mlp_artifact) -> None:
     rng = np.random.default_rng(1)
     inputs = [rng.standard_normal((b, 64), dtype=np.float32) for b in (1, 2, 3, 5, 8, 13)]
     expected = [m(x) for x in inputs]
-    m._cache.clear()
+    m._executor.prepare.clear()
     errors: list[str] = []
 
     def worker(k: int) -> None:

@@ -39,12 +39,12 @@ def test_native_agrees_with_reference(softmax_art, rows: int, n: int) -> None:
 
 def test_variant_chosen_by_row_length(softmax_art) -> None:
     nat = bladepack.load(softmax_art.to_bytes(), executor="native")
-    (kernel,) = nat._kernels
+    (kernel,) = nat._manifest.kernels["cpu"]
     assert [v["name"] for v in kernel["variants"]] == ["k0_simd", "k0_scalar"]
     chosen = {}
     for n in (1, 3, 8, 17, 64):
         nat(np.ones((2, n), np.float32))
-        words = nat._cache[((2, n),)].native.segments[0].words
+        words = nat._executor.prepare.get(((2, n),)).native.segments[0].words
         chosen[n] = kernel["variants"][[v["fn"] for v in kernel["variants"]].index(int(words[1]))]["name"]
     assert chosen == {1: "k0_scalar", 3: "k0_scalar", 8: "k0_scalar", 17: "k0_simd", 64: "k0_simd"}
 
@@ -52,11 +52,11 @@ def test_variant_chosen_by_row_length(softmax_art) -> None:
 def test_fast_path_matches_full_path(mlp_artifact) -> None:
     nat = bladepack.load(mlp_artifact.to_bytes(), executor="native")
     ref = bladepack.load(mlp_artifact.to_bytes(), executor="reference")
-    assert nat._fast is not None
+    assert nat._executor.fast is not None
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal((b, 64), dtype=np.float32) for b in (3, 3, 7, 3)]
     first = nat(xs[0])
-    assert ((3, 64),) in nat._fast._plans  # registered by the full path
+    assert ((3, 64),) in nat._executor.fast._plans  # registered by the full path
     again = [nat(x) for x in xs]  # numpy through the fast path
     assert rel_err(again[0], first) == 0.0
     for x, y in zip(xs, again):
@@ -100,7 +100,7 @@ def test_native_index_error_after_the_shape_is_prepared() -> None:
 def test_portable_gemm_without_blas(mlp_artifact, monkeypatch) -> None:
     monkeypatch.setenv("BLADEPACK_BLAS", "none")
     nat = bladepack.load(mlp_artifact.to_bytes(), executor="native")
-    assert nat._native is not None and nat._native.blas is None
+    assert nat._executor.native.blas is None
     ref = bladepack.load(mlp_artifact.to_bytes(), executor="reference")
     for b in (1, 5, 64):
         x = np.random.default_rng(b).standard_normal((b, 64), dtype=np.float32)
@@ -208,7 +208,7 @@ def test_convolution_paths(conv: torch.nn.Module) -> None:
         conv, [(torch.randn(1, conv.in_channels, 9, 8),), (torch.randn(2, conv.in_channels, 11, 13),)]
     )
     m = bladepack.load(art.to_bytes(), executor="native")
-    kinds = {k["kind"] for k in m._kernels}
+    kinds = {k["kind"] for k in m._manifest.kernels["cpu"]}
     direct = conv.groups == 1 and conv.out_channels <= 64 and conv.kernel_size != (1, 1)
     assert ("conv" in kinds) == direct, kinds
     for shape in [(1, 9, 8), (3, 5, 5), (2, 17, 6), (1, 31, 40)]:

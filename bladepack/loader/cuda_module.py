@@ -1,7 +1,7 @@
-"""A loaded module's CUDA path: tensors in and out, the stream, reference steps, errors.
+"""The CUDA executor: tensors in and out, the stream, reference steps, errors.
 
-In: the `LoadedModule` (signature, shape program, reference steps, weights) and its artifact. Out:
-`CudaPath.run(inputs)`. Inputs:
+In: a `Manifest`, the artifact, the reference executor (for the steps the plan leaves to numpy) and
+a device ordinal. Out: `CudaExecutor` (the `Executor` contract of executor.py). Inputs:
 - device tensors (torch, CuPy, JAX: anything with `__dlpack__` on a CUDA device) are read in place
   through DLPack (non-contiguous torch tensors are made contiguous first); with torch tensors the work
   runs on torch's current stream of that device, and the outputs are torch tensors made by torch's
@@ -16,22 +16,22 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from bladepack.artifact.format import BpkFile
 from bladepack.artifact.writer import weight_section_name
 from bladepack.dtypes import DType
-from bladepack.errors import InputError
-from bladepack.loader.cuda_driver import CudaUnavailable, DeviceBuffer, _check
+from bladepack.errors import ExecutionError, InputError
+from bladepack.loader.cuda_driver import CudaUnavailable, DeviceBuffer
 from bladepack.loader.dlpack import KDL_CUDA, KDL_CUDA_MANAGED, Exported, Imported, import_tensor
+from bladepack.loader.executor import ShapeCache
+from bladepack.loader.manifest import Key, Manifest, index_error
 from bladepack.loader.native_cuda import KERNEL_SHIFT, CudaPrepared, NativeCuda
+from bladepack.loader.reference_executor import ReferenceExecutor, RefPrepared
 from bladepack.loader.signature import check_inputs
 from bladepack.loader.tensors import is_torch_tensor, to_numpy
-
-if TYPE_CHECKING:
-    from bladepack.loader.module import LoadedModule
 
 _ALIGN = 256
 
@@ -76,29 +76,46 @@ def _round(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
-class CudaPath:
-    def __init__(self, module: LoadedModule, bpk: BpkFile, manifest: dict[str, Any], ordinal: int) -> None:
-        native = manifest.get("native_cuda")
+@dataclass(frozen=True)
+class Prepared:
+    ref: RefPrepared  # registers, output shapes, and the steps run on the host
+    cuda: CudaPrepared
+
+
+class CudaExecutor:
+    def __init__(self, m: Manifest, bpk: BpkFile, reference: ReferenceExecutor, ordinal: int, cache_limit: int) -> None:
+        native = m.native["cuda"]
         if native is None:
             raise CudaUnavailable(
                 f"{bpk.source} has no CUDA kernels; optimize it with targets=('cpu', 'cuda') to run it on a GPU"
             )
-        self.module = module
+        self.m = m
+        self.reference = reference
         self.ordinal = ordinal
-        kernels = [k for k in manifest.get("kernels", ()) if k.get("target") == "cuda"]
+        kernels = m.kernels["cuda"]
         self.exe = NativeCuda(bpk, native, kernels, ordinal)
-        self.exe.upload_weights([bpk.section(weight_section_name(w["name"])) for w in manifest["weights"]])
+        self.exe.upload_weights([bpk.section(weight_section_name(w["name"])) for w in m.weight_rows])
         self.kernels = kernels
-        self.n_in = len(manifest["inputs"])
+        self.n_in = len(m.input_ids)
         self.out_slot = list(native["outputs"])
         first_weight = 1 + self.n_in + len(self.out_slot)
-        self.weight_slot = {w["id"]: first_weight + k for k, w in enumerate(manifest["weights"])}
+        self.weight_slot = {w["id"]: first_weight + k for k, w in enumerate(m.weight_rows)}
         self.n_slots = first_weight + len(self.weight_slot)
+        self.prepare = ShapeCache(self._build, cache_limit)
+
+    @property
+    def description(self) -> str:
+        info = self.exe.device.info
+        return f"cuda ({self.exe.image} image on {info.name}, {info.arch})"
+
+    def _build(self, key: Key) -> Prepared:
+        ref = self.reference.build(key)
+        return Prepared(ref, self.exe.prepare(ref.registers))
 
     # -- inputs
     def _take(self, inputs: Sequence[Any], stream: int) -> tuple[list[Any], list[Imported], list[np.ndarray | None]]:
         """(metas, imported device tensors to release, host arrays or None per input)."""
-        names = [t.name for t in self.module.signature.inputs]
+        names = [t.name for t in self.m.signature.inputs]
         if len(inputs) != len(names):
             raise InputError(f"expected {len(names)} inputs ({', '.join(names)}), got {len(inputs)}")
         metas: list[Any] = []
@@ -132,7 +149,7 @@ class CudaPath:
                 )
                 metas.append(a)
                 hosts.append(a)
-        check_inputs(self.module.signature, metas)
+        check_inputs(self.m.signature, metas)
         return metas, held, hosts
 
     # -- a call
@@ -156,14 +173,14 @@ class CudaPath:
         torch: Any,
         stream: int,
     ) -> list[Any]:
-        mod = self.module
-        key = tuple(tuple(int(d) for d in m.shape) for m in metas)
-        prep = mod._prepare(key)
-        cp: CudaPrepared = prep.cuda
-        out_specs = [(shape, self.module._values[o]["dtype"]) for (shape, _), o in zip(prep.outputs, mod._outputs)]
+        m = self.m
+        key = tuple(tuple(int(d) for d in meta.shape) for meta in metas)
+        prep = self.prepare(key)
+        cp = prep.cuda
+        out_specs = [(shape, m.values[o]["dtype"]) for (shape, _), o in zip(prep.ref.outputs, m.outputs)]
         on_host = all(h is not None for h in hosts) and torch is None and not held
         if on_host and any(dt == "bfloat16" for _, dt in out_specs):
-            names = [t.name for t, (_, dt) in zip(mod.signature.outputs, out_specs) if dt == "bfloat16"]
+            names = [t.name for t, (_, dt) in zip(m.signature.outputs, out_specs) if dt == "bfloat16"]
             raise InputError(
                 f"output(s) {names} are bfloat16, which numpy cannot hold; pass device tensors (torch CUDA "
                 "tensors) to get device results"
@@ -196,21 +213,15 @@ class CudaPath:
                 results.append(None)
             slots[1 + self.n_in + k] = ptr
         slots[1 + self.n_in + len(out_specs) :] = self.exe.weight_ptrs
-        self.exe.run(cp, slots, stream, lambda node: self._reference(node, prep, cp, slots, stream, key))
+        self.exe.run(cp, slots, stream, lambda node: self._reference(node, prep, slots, stream, key))
         # outputs that are inputs, weights or repeated outputs: device-to-device copies, never aliases
-        for k, o in enumerate(mod._outputs):
+        for k, o in enumerate(m.outputs):
             if self.out_slot[k] != 1 + self.n_in + k:
-                src = self._locate(o, cp, slots)
-                n = _nbytes(*out_specs[k])
-                if n:
-                    drv = self.exe._drv
-                    dst = int(slots[1 + self.n_in + k])
-                    _check(drv, drv.cuMemcpyDtoDAsync(dst, src, n, drv.CUstream(stream)), "cuMemcpyDtoDAsync")
+                dst = int(slots[1 + self.n_in + k])
+                self.exe.copy(self._locate(o, cp, slots), dst, _nbytes(*out_specs[k]), stream)
         if self.exe.checks_errors:
             code, value, size = self.exe.read_status(stream)
             if code:
-                from bladepack.loader.module import index_error
-
                 k = code >> KERNEL_SHIFT
                 row = self.kernels[k] if 0 <= k < len(self.kernels) else {"name": "?", "errors": []}
                 raise index_error(row, code & ((1 << KERNEL_SHIFT) - 1), value, size)
@@ -234,7 +245,7 @@ class CudaPath:
     def _copy_out(self, results: list[Any], outputs: Sequence[Any]) -> list[Any]:
         if len(outputs) != len(results):
             raise InputError(f"expected {len(results)} output buffers, got {len(outputs)}")
-        for spec, buf, r in zip(self.module.signature.outputs, outputs, results):
+        for spec, buf, r in zip(self.m.signature.outputs, outputs, results):
             if tuple(buf.shape) != tuple(r.shape) or str(buf.dtype).split(".")[-1] != str(r.dtype).split(".")[-1]:
                 raise InputError(
                     f"output buffer '{spec.name}' is {buf.dtype}{list(buf.shape)}; the result is {r.dtype}{list(r.shape)}"
@@ -245,38 +256,34 @@ class CudaPath:
     # -- reference steps and value locations
     def _locate(self, vid: int, cp: CudaPrepared, slots: np.ndarray) -> int:
         """Device address of value `vid` during a call."""
-        mod = self.module
-        if vid in mod._input_pos_all:
-            return int(slots[1 + mod._input_pos_all[vid]])
+        m = self.m
+        if vid in m.input_pos:
+            return int(slots[1 + m.input_pos[vid]])
         if vid in self.weight_slot:
             return int(slots[self.weight_slot[vid]])
-        for k, o in enumerate(mod._outputs):
+        for k, o in enumerate(m.outputs):
             if o == vid and self.out_slot[k] == 1 + self.n_in + k:
                 return int(slots[1 + self.n_in + k])
         off = cp.buffers[vid][0]
         return int(slots[0]) + off
 
-    def _reference(
-        self, node: int, prep: Any, cp: CudaPrepared, slots: np.ndarray, stream: int, key: tuple[tuple[int, ...], ...]
-    ) -> None:
+    def _reference(self, node: int, prep: Prepared, slots: np.ndarray, stream: int, key: Key) -> None:
         """Run reference step `node` on the host: operands down, numpy, result up."""
-        from bladepack.loader.module import ExecutionError
-
-        mod = self.module
-        st = prep.steps[mod._step_index[node]]
+        m, cp = self.m, prep.cuda
+        st = prep.ref.step_of(m, node)
         xs: list[np.ndarray] = []
         try:
             for i in st.inputs:
-                if i in mod._weights:
-                    xs.append(mod._weights[i])
+                if i in m.weights:
+                    xs.append(m.weights[i])
                     continue
-                if i in mod._input_pos_all:
-                    pos = mod._input_pos_all[i]
+                if i in m.input_pos:
+                    pos = m.input_pos[i]
                     shape: tuple[int, ...] = key[pos]
-                    dt = DType(mod.signature.inputs[pos].dtype).to_numpy()
+                    dt = DType(m.signature.inputs[pos].dtype).to_numpy()
                 else:
-                    shape = mod._shape(mod._values[i]["shape"], prep.registers)
-                    dt = DType(mod._values[i]["dtype"]).to_numpy()
+                    shape = m.shape(m.values[i]["shape"], prep.ref.registers)
+                    dt = DType(m.values[i]["dtype"]).to_numpy()
                 a = np.empty(shape, dtype=dt)
                 self.exe.to_host(self._locate(i, cp, slots), a, stream)
                 xs.append(a)

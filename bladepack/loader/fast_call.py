@@ -4,7 +4,7 @@ In: the prepared launch list of an input-shape signature that a full call has al
 Out: `FastCalls`, a callable that, for later calls with the same shapes, writes the input and output
 pointers into this thread's slot table and makes one foreign call — nothing else.
 
-Note [Fast path]: the full path (`LoadedModule.run`) checks ranks, dtypes and every shape guard, then
+Note [Fast path]: the full path (`NativeExecutor.run`) checks ranks, dtypes and every shape guard, then
 prepares the signature. A signature whose plan is one native segment with every output written in
 place is then registered here under its input shapes. A later call takes the fast path only when
 each input is exactly the type the first one was (a C-contiguous numpy array of the declared dtype,
@@ -52,13 +52,15 @@ class FastCalls:
         in_dtypes: Sequence[np.dtype],
         out_dtypes: Sequence[np.dtype],
         n_slots: int,
+        limit: int,
     ) -> None:
         self._native = native
         self._in_dtypes = tuple(in_dtypes)
         self._out_dtypes = tuple(out_dtypes)
         self._n_in = len(in_dtypes)
         self._n_slots = n_slots
-        self._plans: dict[tuple[tuple[int, ...], ...], _Plan] = {}
+        self._plans: dict[tuple[tuple[int, ...], ...], _Plan] = {}  # at most `limit`, oldest out first
+        self._limit = limit
         self._local = threading.local()
         self._torch: tuple[Any, tuple[Any, ...], tuple[Any, ...]] | None = None  # (Tensor, in, out dtypes)
 
@@ -70,6 +72,11 @@ class FastCalls:
         self._plans.setdefault(
             shapes, _Plan(words, int(words.ctypes.data), prep.arena_bytes, tuple(tuple(s) for s in out_shapes))
         )
+        while len(self._plans) > self._limit:  # a signature evicted here goes the full path (and back) again
+            try:
+                del self._plans[next(iter(self._plans))]
+            except (KeyError, StopIteration, RuntimeError):  # another thread evicted it first
+                break
 
     def _torch_types(self, tensor_type: type) -> tuple[Any, tuple[Any, ...], tuple[Any, ...]] | None:
         if self._torch is None:

@@ -9,7 +9,7 @@ parameter words (Note [CUDA kernel ABI] in codegen/cuda_emitter.py) with the poi
 (slot, byte offset) to be filled per call in one vectorized step.
 
 Per call (`run`): pointer words = slot base + offset (slots: 0 the device arena, then inputs, outputs,
-weights — Note [Slots] in optimize/lower_native.py); kernels launch on the caller's stream; GEMMs go
+weights — Note [Slots] in lowering/lower_native.py); kernels launch on the caller's stream; GEMMs go
 to cuBLAS on that stream; a reference step (an op without a CUDA kernel) synchronizes, copies its
 operands to the host, runs the numpy reference and copies the result back. Kernels that can report
 an error (data-dependent indices) write the launch's status words; after such a plan the call waits
@@ -248,6 +248,12 @@ class NativeCuda:
         n = host.nbytes
         if n:
             _check(drv, drv.cuMemcpyDtoHAsync(host.ctypes.data, src, n, drv.CUstream(stream)), "cuMemcpyDtoHAsync")
+
+    def copy(self, src: int, dst: int, nbytes: int, stream: int) -> None:
+        """Device-to-device copy of `nbytes` on `stream`."""
+        drv = self._drv
+        if nbytes:
+            _check(drv, drv.cuMemcpyDtoDAsync(dst, src, nbytes, drv.CUstream(stream)), "cuMemcpyDtoDAsync")
 
     def alloc(self, nbytes: int) -> DeviceBuffer:
         return self.device.alloc(nbytes)

@@ -1,0 +1,152 @@
+"""The manifest as the loader reads it: parsed and checked once, then shared by every executor.
+
+In: a `BpkFile`. Out: `Manifest` — the signature, the shape program, the value table, the reference
+steps with the values each one frees, the outputs and inputs, the weights (zero-copy views of their
+sections), and per plan kind ("cpu", "cuda") its kernel rows and native plan. A malformed manifest
+raises BpkFormatError naming the file. Executors read only this object, never each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bladepack.artifact.format import BpkFile
+from bladepack.artifact.shape_program import ShapeProgram
+from bladepack.artifact.writer import weight_section_name
+from bladepack.dtypes import DType
+from bladepack.errors import BpkFormatError, ExecutionError
+from bladepack.loader import reference
+from bladepack.loader.signature import Signature
+
+Key = tuple[tuple[int, ...], ...]  # the input shapes of a call: its shape signature
+
+
+def resolve(v: Any, regs: Sequence[int]) -> Any:
+    """An attribute or dim of the manifest with its register references ({"r": k}) replaced by values."""
+    if isinstance(v, dict) and set(v) == {"r"}:
+        return regs[v["r"]]
+    if isinstance(v, list):
+        return [resolve(x, regs) for x in v]
+    return v
+
+
+def host_dtype(name: str) -> np.dtype | None:
+    """The numpy dtype of a value, None for bfloat16 (the CPU executors refuse bfloat16 artifacts at
+    load; the CUDA path keeps such values on the device and reads dtypes by name)."""
+    return None if name == "bfloat16" else DType(name).to_numpy()
+
+
+@dataclass(frozen=True)
+class Manifest:
+    source: str
+    signature: Signature
+    program: ShapeProgram
+    values: dict[int, dict[str, Any]]  # value id -> {"id", "dtype", "shape"}
+    steps: list[dict[str, Any]]  # the reference plan, one step per value
+    free: list[tuple[int, ...]]  # per step, the values whose last reader it is
+    step_index: dict[int, int]  # value id -> its step
+    outputs: list[int]  # value ids
+    input_ids: list[int]
+    input_pos: dict[int, int]  # input value id -> position
+    tuple_output: bool
+    weight_rows: list[dict[str, Any]]
+    weights: dict[int, np.ndarray]  # bfloat16 weights as uint16 bits
+    kernels: dict[str, list[dict[str, Any]]]  # plan kind -> its kernel rows, in manifest order
+    native: dict[str, dict[str, Any] | None]  # plan kind -> its native plan
+    bfloat16: bool  # some input, value or weight is bfloat16
+
+    @staticmethod
+    def read(bpk: BpkFile) -> Manifest:
+        m = bpk.manifest
+        try:
+            signature = Signature.from_manifest(m)
+            program = ShapeProgram.from_manifest(m["shape_program"])
+            values = {v["id"]: v for v in m["values"]}
+            steps = m["plan"]["steps"]
+            outputs = [o["id"] for o in m["outputs"]]
+            input_ids = [i["id"] for i in m["inputs"]]
+            tuple_output = m.get("output_structure") == "tuple"
+            weights = {w["id"]: _weight(bpk, w) for w in m["weights"]}
+            manifest = Manifest(
+                source=bpk.source,
+                signature=signature,
+                program=program,
+                values=values,
+                steps=steps,
+                free=_free_lists(steps, set(outputs) | set(weights) | set(input_ids)),
+                step_index={s["out"]: k for k, s in enumerate(steps)},
+                outputs=outputs,
+                input_ids=input_ids,
+                input_pos={vid: k for k, vid in enumerate(input_ids)},
+                tuple_output=tuple_output,
+                weight_rows=list(m["weights"]),
+                weights=weights,
+                kernels={
+                    kind: [k for k in m.get("kernels", ()) if k.get("target", "cpu") == kind]
+                    for kind in ("cpu", "cuda")
+                },
+                native={"cpu": m.get("native_cpu"), "cuda": m.get("native_cuda")},
+                bfloat16=any(v["dtype"] == "bfloat16" for v in [*m["values"], *m["weights"], *m["inputs"]]),
+            )
+            unknown = sorted({s["op"] for s in steps} - set(reference.OPS))
+        except BpkFormatError:
+            raise
+        except (KeyError, TypeError, ValueError) as e:
+            raise BpkFormatError(f"{bpk.source}: malformed manifest ({type(e).__name__}: {e})") from None
+        if unknown:
+            raise BpkFormatError(
+                f"{bpk.source}: the plan uses ops this loader does not know: {unknown}; upgrade bladepack"
+            )
+        return manifest
+
+    def registers(self, key: Key) -> tuple[int, ...]:
+        """The shape program's registers for these input shapes (every guard checked)."""
+        return tuple(self.program.evaluate(key))
+
+    def shape(self, enc: list[Any], regs: Sequence[int]) -> tuple[int, ...]:
+        return tuple(int(resolve(d, regs)) for d in enc)
+
+    def output_specs(self, regs: Sequence[int]) -> tuple[tuple[tuple[int, ...], np.dtype | None], ...]:
+        """Shape and host dtype of each output (None: bfloat16)."""
+        return tuple(
+            (self.shape(self.values[o]["shape"], regs), host_dtype(self.values[o]["dtype"]))
+            if o in self.values
+            else ((), np.dtype(np.float32))
+            for o in self.outputs
+        )
+
+
+def _free_lists(steps: list[dict[str, Any]], keep: set[int]) -> list[tuple[int, ...]]:
+    """Per step, the values whose last reader it is (shape-independent, so computed once)."""
+    last: dict[int, int] = {}
+    for k, s in enumerate(steps):
+        for i in s["in"]:
+            last[i] = k
+    return [tuple(i for i in dict.fromkeys(s["in"]) if last.get(i) == k and i not in keep) for k, s in enumerate(steps)]
+
+
+def _weight(bpk: BpkFile, w: dict[str, Any]) -> np.ndarray:
+    # bfloat16 has no numpy dtype: its bits are kept as uint16 (only the CUDA path reads them; the
+    # host executors refuse bfloat16 at load)
+    dt = np.dtype(np.uint16) if w["dtype"] == "bfloat16" else DType(w["dtype"]).to_numpy()
+    view = bpk.section(weight_section_name(w["name"]))
+    count = int(np.prod(w["shape"], dtype=np.int64))
+    if view.nbytes != count * dt.itemsize:
+        raise BpkFormatError(
+            f"{bpk.source}: weight {w['name']!r} has {view.nbytes} bytes, expected {count * dt.itemsize}"
+        )
+    return np.frombuffer(view, dtype=dt.newbyteorder("<"), count=count).reshape(w["shape"])
+
+
+def index_error(k: dict[str, Any], code: int, value: int, size: int) -> ExecutionError:
+    """The error a kernel (row `k`) reported through its status words (ERR_INDEX + 16 x site)."""
+    site = (code - 1) // 16
+    what = k["errors"][site] if 0 <= site < len(k["errors"]) else "an index"
+    return ExecutionError(
+        f"index out of range in {what}: {value} is not in [-{size}, {size - 1}] "
+        f"(kernel {k['name']}, from {k.get('loc') or 'unknown source'})"
+    )

@@ -1,0 +1,110 @@
+"""The reference executor: every step of the plan run by numpy (loader/reference.py), the oracle.
+
+In: a `Manifest`. Out: `ReferenceExecutor` (the `Executor` contract of executor.py). Its prepared
+form of a shape signature, `RefPrepared` — registers, each step with resolved attributes, result
+shape and the values it frees, the output shapes — is also what the native and CUDA executors use
+for the steps they hand back to numpy (`build`, uncached: they cache their own prepared form).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bladepack.errors import ExecutionError
+from bladepack.loader import reference
+from bladepack.loader.executor import ShapeCache, host_call
+from bladepack.loader.manifest import Key, Manifest, host_dtype, resolve
+from bladepack.loader.tensors import export_array
+
+
+@dataclass(frozen=True)
+class Step:
+    impl: reference.Impl
+    op: str
+    out: int
+    inputs: tuple[int, ...]
+    attrs: dict[str, Any]
+    shape: tuple[int, ...]
+    dtype: np.dtype | None  # None: bfloat16 (no numpy type; only the CUDA path meets it)
+    free: tuple[int, ...]  # values whose last reader is this step
+    loc: str
+
+    def run(self, xs: Sequence[np.ndarray]) -> np.ndarray:
+        """The step's result from its operands, or ExecutionError naming the step and its source."""
+        where = f"(from {self.loc or 'unknown source'})"
+        if self.dtype is None:
+            raise ExecutionError(f"step {self.op} -> %{self.out} computes in bfloat16, which numpy cannot {where}")
+        try:
+            y = self.impl(xs, self.attrs, self.shape, self.dtype)
+        except (IndexError, ValueError, FloatingPointError) as e:
+            raise ExecutionError(f"step {self.op} -> %{self.out} failed: {e} {where}") from None
+        if y.shape != self.shape:
+            raise ExecutionError(
+                f"step {self.op} -> %{self.out} produced shape {y.shape}, the plan says {self.shape} {where}"
+            )
+        return y
+
+
+@dataclass(frozen=True)
+class RefPrepared:
+    registers: tuple[int, ...]
+    steps: tuple[Step, ...]
+    outputs: tuple[tuple[tuple[int, ...], np.dtype | None], ...]  # shape and dtype of each output
+
+    def step_of(self, m: Manifest, vid: int) -> Step:
+        return self.steps[m.step_index[vid]]
+
+
+class ReferenceExecutor:
+    def __init__(self, m: Manifest, cache_limit: int) -> None:
+        self.m = m
+        self.prepare = ShapeCache(self.build, cache_limit)
+
+    @property
+    def description(self) -> str:
+        return "reference"
+
+    def build(self, key: Key) -> RefPrepared:
+        m = self.m
+        regs = m.registers(key)
+        steps = []
+        for s, free in zip(m.steps, m.free):
+            v = m.values[s["out"]]
+            steps.append(
+                Step(
+                    reference.OPS[s["op"]],
+                    s["op"],
+                    s["out"],
+                    tuple(s["in"]),
+                    {name: resolve(a, regs) for name, a in s["attrs"].items()},
+                    m.shape(v["shape"], regs),
+                    host_dtype(v["dtype"]),
+                    free,
+                    s.get("loc", ""),
+                )
+            )
+        return RefPrepared(regs, tuple(steps), m.output_specs(regs))
+
+    def run(self, inputs: Sequence[Any], outputs: Sequence[Any] | None) -> list[Any]:
+        return host_call(self.m, inputs, outputs, self.execute)
+
+    def execute(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        m = self.m
+        prep = self.prepare(tuple(a.shape for a in arrays))
+        env: dict[int, np.ndarray] = dict(m.weights)
+        env.update(zip(m.input_ids, arrays))
+        for st in prep.steps:
+            env[st.out] = st.run([env[i] for i in st.inputs])
+            for i in st.free:
+                del env[i]
+        outs, seen = [], set()
+        for o in m.outputs:
+            a = env[o]
+            # An output that is an input, a weight or an earlier output must not alias it.
+            outs.append(np.array(a, order="C") if o in seen or o not in m.values else export_array(a))
+            seen.add(o)
+        return outs
