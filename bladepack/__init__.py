@@ -22,7 +22,7 @@ from bladepack.errors import (
     ShapeGuardError,
     UnsupportedOpsError,
 )
-from bladepack.loader import LoadedModule, load
+from bladepack.loader import LoadedModule, TrustError, load
 from bladepack.version import __version__
 
 if TYPE_CHECKING:
@@ -59,6 +59,7 @@ __all__ = [
     "InputError",
     "LoadedModule",
     "ShapeGuardError",
+    "TrustError",
     "UnsupportedOpsError",
     "__version__",
     "load",

@@ -2,7 +2,9 @@
 
 bladepack optimize MODEL.onnx -o MODEL.bpk [--dim INPUT:AXIS=NAME[:MIN:MAX]] ...
 bladepack inspect FILE [--json]
-bladepack run FILE --input NAME=FILE.npy ... [--output-dir DIR]
+bladepack run FILE --input NAME=FILE.npy ... [--output-dir DIR] [--sha256 HEX] [--trusted-key KEY ...]
+bladepack keygen KEY                      (an Ed25519 key pair: KEY, private, and KEY.pub)
+bladepack sign FILE --key KEY [-o OUT]    (Note [Trust model] in artifact/trust.py)
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ from bladepack.inspect import inspect_text, manifest_summary
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    summary = manifest_summary(read(args.file, verify=not args.no_verify).manifest)
+    bpk = read(args.file, verify=not args.no_verify)
+    summary = manifest_summary(bpk.manifest)
+    sig = bpk.signature
+    summary["signature"] = None if sig is None else {"key_id": sig.key_id, "public_key": sig.public_key.hex()}
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
     else:
@@ -32,7 +37,7 @@ def _inspect(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from bladepack.loader import load
 
-    m = load(args.file)
+    m = load(args.file, sha256=args.sha256, trusted_keys=args.trusted_key or None)
     given = {}
     for item in args.input:
         name, _, path = item.partition("=")
@@ -80,6 +85,22 @@ def _optimize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _keygen(args: argparse.Namespace) -> int:
+    from bladepack.artifact.trust import generate_key, key_id
+
+    public = generate_key(args.key)
+    print(f"wrote {args.key} (private, mode 0600) and {args.key}.pub; key {key_id(public)}, public key {public.hex()}")
+    return 0
+
+
+def _sign(args: argparse.Namespace) -> int:
+    from bladepack.artifact.trust import sign_file
+
+    kid = sign_file(args.file, args.key, args.output)
+    print(f"signed {args.output or args.file} with Ed25519 key {kid}")
+    return 0
+
+
 def _missing(name: str) -> np.ndarray:
     raise SystemExit(f"missing --input {name}=FILE.npy")
 
@@ -107,11 +128,27 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("file")
     pr.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
     pr.add_argument("--output-dir", default=".")
+    pr.add_argument("--sha256", help="refuse the file unless its SHA-256 is this (hex)")
+    pr.add_argument(
+        "--trusted-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="refuse the file unless signed by this Ed25519 public key (hex or .pub file; repeatable)",
+    )
     pr.set_defaults(fn=_run)
+    pk = sub.add_parser("keygen", help="make an Ed25519 key pair for signing artifacts")
+    pk.add_argument("key", help="the private key file to write (KEY.pub gets the public key)")
+    pk.set_defaults(fn=_keygen)
+    ps = sub.add_parser("sign", help="sign an artifact with an Ed25519 private key")
+    ps.add_argument("file")
+    ps.add_argument("--key", required=True, help="the private key (PEM, from `bladepack keygen`)")
+    ps.add_argument("-o", "--output", help="write the signed artifact here (default: in place)")
+    ps.set_defaults(fn=_sign)
     args = p.parse_args(argv)
     try:
         return int(args.fn(args))
-    except (BladepackError, FileNotFoundError) as e:
+    except (BladepackError, FileNotFoundError, FileExistsError, ValueError) as e:
         print(f"bladepack: error: {e}", file=sys.stderr)
         return 1
 

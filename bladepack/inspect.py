@@ -90,6 +90,10 @@ def inspect_text(s: dict[str, Any]) -> str:
     lines = [
         f"bladepack artifact, format {s['format_version']}",
         "producer: " + ", ".join(f"{k} {v}" for k, v in s["producer"].items()),
+    ]
+    if s.get("signature"):
+        lines.append(f"signed by Ed25519 key {s['signature']['key_id']} (public key {s['signature']['public_key']})")
+    lines += [
         "inputs:",
     ]
     lines += [f"  {tensor(t)}" for t in s["inputs"]]

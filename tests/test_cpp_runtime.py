@@ -297,7 +297,9 @@ def _random_program(rng: random.Random) -> tuple[ShapeProgram, list[int]]:
     ranks = [rng.randint(0, 3) for _ in range(rng.randint(1, 3))]
     n = rng.randint(3, 12)
     messages = ("dim is {value}, other {other}", "guard {value}", "plain")
-    code: list[tuple[int, int, int, int, int]] = []
+    # every register defined once (to 0, as evaluation starts): a valid program has no more registers
+    # than instructions
+    code: list[tuple[int, int, int, int, int]] = [(Op.CONST, r, 0, 0, 0) for r in range(n)]
     for i, rank in enumerate(ranks):
         code += [(Op.DIM, rng.randrange(n), i, a, 0) for a in range(rank)]
     axes = [(i, a) for i, rank in enumerate(ranks) for a in range(rank)]

@@ -211,3 +211,102 @@ def test_inputs_by_name_in_any_order_and_clear_mistakes(two_input_artifact) -> N
         m(mask=mask)
     with pytest.raises(InputError, match=r"\['x'\] given both by position and by name"):
         m(x, x=x)
+
+
+def test_negative_and_conjugate_views_are_resolved(mlp_artifact) -> None:
+    """A torch view with the negative or conjugate bit holds other values than its memory: both the full
+    path and the repeated-shape fast path read the values."""
+    m = bladepack.load(mlp_artifact.to_bytes())
+    ref = bladepack.load(mlp_artifact.to_bytes(), executor="reference")
+    x = torch.randn(3, 64)
+    z = torch.complex(torch.randn(3, 64), x)
+    for view in (torch._neg_view(x), z.conj().imag, torch._neg_view(x)):  # the third call: fast path
+        assert view.is_neg()
+        want = ref(view.resolve_neg().numpy())
+        assert rel_err(m(view), want) <= 1e-6
+        assert rel_err(ref(view), want) == 0.0
+
+
+def test_tensors_without_data_are_input_errors(mlp_artifact) -> None:
+    m = bladepack.load(mlp_artifact.to_bytes())
+    with pytest.raises(InputError, match="input 'x' is a meta tensor"):
+        m(torch.empty(2, 64, device="meta"))
+
+
+@pytest.fixture(scope="module")
+def flatten_artifact() -> bladepack.api.Artifact:
+    class Flat(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x.float() * 2).reshape(-1)
+
+    samples = [(torch.ones(2, 3, dtype=torch.uint8),), (torch.ones(4, 5, dtype=torch.uint8),)]
+    return bladepack.optimize(Flat(), samples)
+
+
+@pytest.mark.parametrize("executor", ["native", "reference"])
+def test_huge_shapes_are_refused_before_allocation(flatten_artifact, executor: str) -> None:
+    """Note [Bytes before allocation] and Note [int64 shape arithmetic]: stride-0 views claim any size."""
+    m = bladepack.load(flatten_artifact.to_bytes(), executor=executor)
+    huge = np.broadcast_to(np.uint8(1), (1 << 40, 3))  # 12 TiB of float32 results, no memory behind it
+    with pytest.raises(InputError, match=r"need \d+ bytes .*more than this machine's \d+ bytes of memory"):
+        m(huge)
+    with pytest.raises(InputError, match="more than this machine's"):
+        m(torch.zeros(1, 3, dtype=torch.uint8).expand(1 << 40, 3))
+    overflow = np.broadcast_to(np.uint8(1), (1 << 31, 1 << 31))  # 2**62 elements: 2**64 bytes of float32
+    with pytest.raises(InputError, match=r"need \d+ bytes \(.*18446744073709551616"):
+        m(overflow)
+    assert m(np.ones((3, 2), np.uint8)).shape == (6,)  # still fine afterwards
+
+
+def test_shape_program_computes_in_int64() -> None:
+    """Note [int64 shape arithmetic]: the Python evaluator fails where the C++ one does."""
+    from bladepack.artifact.shape_program import Op, ShapeProgram
+
+    prog = ShapeProgram(((Op.DIM, 0, 0, 0, 0), (Op.MUL, 1, 0, 0, 0), (Op.ADD, 2, 1, 1, 0)), 3, ())
+    assert prog.evaluate([((1 << 31) - 1,)])[2] == 2 * ((1 << 31) - 1) ** 2
+    with pytest.raises(ShapeGuardError, match="shape program overflowed int64 at instruction 2"):
+        prog.evaluate([(1 << 31,)])  # 2**62 + 2**62 = 2**63
+    with pytest.raises(ShapeGuardError, match="shape program overflowed int64 at instruction 1"):
+        prog.evaluate([(1 << 32,)])
+
+
+def test_lying_shape_programs_are_refused_at_load(mlp_artifact) -> None:
+    from bladepack.artifact import format as bpk_format
+    from bladepack.artifact.shape_program import Op, ShapeProgram
+    from bladepack.errors import BpkFormatError
+
+    bpk = bpk_format.read(mlp_artifact.to_bytes())
+    sections = [bpk_format.Section(n, bytes(bpk.section(n))) for n in bpk.section_names]
+    base = {k: v for k, v in bpk.manifest.items() if k != "sections"}
+    prog = ShapeProgram.from_manifest(base["shape_program"])
+
+    def load_with(program: ShapeProgram) -> None:
+        manifest = {**base, "shape_program": program.to_manifest()}
+        bladepack.load(b"".join(bytes(c) for c in bpk_format.encode(manifest, sections)))
+
+    with pytest.raises(BpkFormatError, match=r"shape program: 1000000000 registers for \d+ instructions"):
+        load_with(ShapeProgram(prog.code, 10**9, prog.messages))
+    dim = next(k for k, ins in enumerate(prog.code) if ins[0] == Op.DIM)
+    for a, b in ((0, 5), (3, 0), (-1, 0)):
+        code = list(prog.code)
+        code[dim] = (Op.DIM, code[dim][1], a, b, 0)
+        with pytest.raises(BpkFormatError, match=f"DIM reads input {a} axis {b}, which the signature does not have"):
+            load_with(ShapeProgram(tuple(code), prog.num_registers, prog.messages))
+
+
+def test_deeply_nested_attributes_are_refused_at_load(mlp_artifact) -> None:
+    from bladepack.artifact import format as bpk_format
+    from bladepack.errors import BpkFormatError
+
+    bpk = bpk_format.read(mlp_artifact.to_bytes())
+    sections = [bpk_format.Section(n, bytes(bpk.section(n))) for n in bpk.section_names]
+    manifest = {k: v for k, v in bpk.manifest.items() if k != "sections"}
+    nested: list[object] = [1]
+    for _ in range(1000):
+        nested = [nested]
+    steps = [dict(s) for s in manifest["plan"]["steps"]]
+    steps[0] = {**steps[0], "attrs": {**steps[0]["attrs"], "deep": nested}}
+    manifest["plan"] = {"steps": steps}
+    data = b"".join(bytes(c) for c in bpk_format.encode(manifest, sections))
+    with pytest.raises(BpkFormatError, match="step 0's attributes nest deeper than 8 levels"):
+        bladepack.load(data)

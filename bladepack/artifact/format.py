@@ -31,6 +31,7 @@ from typing import Any
 
 import msgpack
 
+from bladepack.artifact import trust
 from bladepack.errors import BpkFormatError
 
 MAGIC = b"\x89BPK\r\n\x1a\n"
@@ -139,8 +140,24 @@ class BpkFile:
         self.data_start = _align(HEADER_SIZE + mlen)
         return manifest
 
+    @property
+    def buffer(self) -> memoryview:
+        """The whole file."""
+        return self._buf
+
+    @property
+    def header(self) -> memoryview:
+        return self._buf[:HEADER_SIZE]
+
+    def section_digest(self, name: str) -> str:
+        """The SHA-256 (hex) the manifest gives section `name`."""
+        self.section(name)
+        return str(self._digests[name])
+
     def _read_sections(self, verify: bool) -> dict[str, memoryview]:
         out: dict[str, memoryview] = {}
+        self._digests: dict[str, object] = {}
+        self.data_end = self.data_start  # where the last section ends; a signature block may follow
         checks: list[tuple[str, memoryview, object]] = []
         for i, entry in enumerate(self.manifest["sections"]):
             try:
@@ -155,11 +172,14 @@ class BpkFile:
                     f"truncated: section {name!r} needs bytes up to {start + n}, the file has {len(self._buf)}"
                 )
             view = self._buf[start : start + n]
+            self._digests[name] = digest
+            self.data_end = max(self.data_end, start + n)
             if verify:
                 checks.append((name, view, digest))
             out[name] = view
         if checks:
             self._verify(checks)
+        self.signature = trust.find_signature(self._buf, self.data_end)
         return out
 
     def _verify(self, checks: list[tuple[str, memoryview, object]]) -> None:
@@ -188,10 +208,16 @@ class BpkFile:
         return list(self._sections)
 
 
-def read(source: str | os.PathLike[str] | bytes | bytearray | memoryview, verify: bool = True) -> BpkFile:
-    """Open an artifact from a path (memory-mapped, read-only) or from bytes in memory."""
+def read(
+    source: str | os.PathLike[str] | bytes | bytearray | memoryview, verify: bool = True, sha256: str | None = None
+) -> BpkFile:
+    """Open an artifact from a path (memory-mapped, read-only) or from bytes in memory. `sha256` pins
+    the whole file's digest (Note [Trust model] in trust.py), checked before anything is parsed."""
     if isinstance(source, (bytes, bytearray, memoryview)):
-        return BpkFile(memoryview(source).cast("B"), "<bytes>", verify)
+        buf = memoryview(source).cast("B")
+        if sha256 is not None:
+            trust.check_digest(buf, sha256, "<bytes>")
+        return BpkFile(buf, "<bytes>", verify)
     path = os.fspath(source)
     try:
         with open(path, "rb") as f:
@@ -201,4 +227,6 @@ def read(source: str | os.PathLike[str] | bytes | bytearray | memoryview, verify
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except FileNotFoundError:
         raise FileNotFoundError(f"no artifact at {path}") from None
+    if sha256 is not None:
+        trust.check_digest(memoryview(mm), sha256, path)
     return BpkFile(memoryview(mm), path, verify, keepalive=mm)

@@ -78,9 +78,17 @@ class ShapeProgram:
         prog.validate()
         return prog
 
-    def validate(self) -> None:
-        """Reject programs that would index outside the register file or message table."""
+    def validate(self, input_ranks: Sequence[int] | None = None) -> None:
+        """Reject programs that would index outside the register file, the message table or the inputs
+        (`input_ranks`: each input's rank), or that claim more registers than instructions define (a
+        register file sized by a lying count would be allocated per shape)."""
         n = self.num_registers
+        if n < 0:
+            raise ValueError("shape program: negative register count")
+        if n > len(self.code):
+            raise ValueError(
+                f"shape program: {n} registers for {len(self.code)} instructions (each defines at most one)"
+            )
         for pc, (op, d, a, b, c) in enumerate(self.code):
             try:
                 kind = Op(op)
@@ -89,6 +97,14 @@ class ShapeProgram:
             regs: tuple[int, ...]
             if kind is Op.CONST or kind is Op.DIM:
                 regs = (d,)
+                if (
+                    kind is Op.DIM
+                    and input_ranks is not None
+                    and not (0 <= a < len(input_ranks) and 0 <= b < input_ranks[a])
+                ):
+                    raise ValueError(
+                        f"shape program: DIM reads input {a} axis {b}, which the signature does not have at {pc}"
+                    )
             elif kind is Op.SELECT:
                 regs = (d, a, b, c)
             elif kind is Op.ASSERT:
@@ -103,15 +119,15 @@ class ShapeProgram:
     # -- evaluation
     def evaluate(self, dims: Sequence[Sequence[int]]) -> list[int]:
         r = [0] * self.num_registers
-        for op, d, a, b, c in self.code:
+        for pc, (op, d, a, b, c) in enumerate(self.code):
             if op == Op.CONST:
                 r[d] = a
             elif op == Op.DIM:
                 r[d] = dims[a][b]
             elif op == Op.FLOORDIV:
-                r[d] = r[a] // _nonzero(r[b])
+                r[d] = _int64(r[a] // _nonzero(r[b]), pc)
             elif op == Op.CEILDIV:
-                r[d] = -((-r[a]) // _nonzero(r[b]))
+                r[d] = _int64(-((-r[a]) // _nonzero(r[b])), pc)
             elif op == Op.MOD:
                 r[d] = r[a] % _nonzero(r[b])
             elif op == Op.SELECT:
@@ -121,8 +137,19 @@ class ShapeProgram:
                     msg = self.messages[c].replace("{value}", str(r[b])).replace("{other}", str(r[d]))
                     raise ShapeGuardError(msg)
             else:
-                r[d] = _BINARY[Op(op)](r[a], r[b])
+                r[d] = _int64(_BINARY[Op(op)](r[a], r[b]), pc)
         return r
+
+
+def _int64(v: int, pc: int) -> int:
+    """Note [int64 shape arithmetic]: both loaders compute sizes in int64; a result outside it is a guard
+    error, as in the C++ evaluator, never a size numpy cannot allocate."""
+    if not -(1 << 63) <= v < (1 << 63):
+        raise ShapeGuardError(
+            f"shape program overflowed int64 at instruction {pc}: an input dimension is too large for the sizes "
+            "derived from it"
+        )
+    return v
 
 
 def _nonzero(x: int) -> int:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from typing import Any
 
 from bladepack.artifact.format import read
+from bladepack.artifact.trust import TrustError, check_signature
 from bladepack.loader.module import ExecutionError, LoadedModule
 from bladepack.loader.signature import Signature, TensorSpec
 
@@ -14,13 +17,24 @@ def load(
     device: str = "cpu",
     verify: bool = True,
     executor: str = "auto",
+    sha256: str | None = None,
+    trusted_keys: Sequence[Any] | None = None,
 ) -> LoadedModule:
     """Load an artifact from a path (memory-mapped) or from bytes.
 
     `verify=False` skips the per-section sha256 check (the manifest is always verified).
     `executor`: "auto" (generated kernels when they run on this CPU), "native" or "reference".
+
+    An artifact carries native code: loading it runs code from it (Note [Trust model] in
+    artifact/trust.py). `sha256` pins the whole file's digest (hex), checked before anything is parsed;
+    `trusted_keys` (Ed25519 public keys: 32 bytes, hex, PEM, or a .pub file) refuses an artifact that
+    is not signed by one of them, before any native code is loaded, and checks every section. Both
+    raise `TrustError`.
     """
-    return LoadedModule(read(source, verify=verify), device, executor)
+    bpk = read(source, verify=verify or trusted_keys is not None, sha256=sha256)
+    if trusted_keys is not None:
+        check_signature(bpk.header, bpk.signature, list(trusted_keys), bpk.source)
+    return LoadedModule(bpk, device, executor)
 
 
-__all__ = ["ExecutionError", "LoadedModule", "Signature", "TensorSpec", "load"]
+__all__ = ["ExecutionError", "LoadedModule", "Signature", "TensorSpec", "TrustError", "load"]

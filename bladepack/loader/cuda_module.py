@@ -27,11 +27,12 @@ from bladepack.errors import ExecutionError, InputError
 from bladepack.loader.cuda_driver import CudaUnavailable, DeviceBuffer
 from bladepack.loader.dlpack import KDL_CUDA, KDL_CUDA_MANAGED, Exported, Imported, import_tensor
 from bladepack.loader.executor import ShapeCache
-from bladepack.loader.manifest import Key, Manifest, index_error
+from bladepack.loader.manifest import Key, Manifest, index_error, resolve
 from bladepack.loader.native_cuda import KERNEL_SHIFT, CudaPrepared, NativeCuda
+from bladepack.loader.plan_check import check_launches, check_plan, slot_sizes
 from bladepack.loader.reference_executor import ReferenceExecutor, RefPrepared
 from bladepack.loader.signature import check_inputs
-from bladepack.loader.tensors import is_torch_tensor, to_numpy
+from bladepack.loader.tensors import is_torch_tensor, resolve_views, to_numpy
 
 _ALIGN = 256
 
@@ -93,6 +94,7 @@ class CudaExecutor:
         self.reference = reference
         self.ordinal = ordinal
         kernels = m.kernels["cuda"]
+        check_plan(m, "cuda", None)  # Note [Plan checks]: before anything is launched
         self.exe = NativeCuda(bpk, native, kernels, ordinal)
         self.exe.upload_weights([bpk.section(weight_section_name(w["name"])) for w in m.weight_rows])
         self.kernels = kernels
@@ -110,7 +112,14 @@ class CudaExecutor:
 
     def _build(self, key: Key) -> Prepared:
         ref = self.reference.build(key)
-        return Prepared(ref, self.exe.prepare(ref.registers))
+        regs, m = ref.registers, self.m
+        out_bytes = [
+            _nbytes(shape, m.values[o]["dtype"]) if slot != -1 and o in m.values else 0
+            for (shape, _), o, slot in zip(ref.outputs, m.outputs, self.out_slot)
+        ]
+        arena = resolve(m.native["cuda"]["arena_bytes"], regs)  # type: ignore[index]
+        check_launches(m, "cuda", regs, slot_sizes(m, key, arena, out_bytes), resolve)
+        return Prepared(ref, self.exe.prepare(regs))
 
     # -- inputs
     def _take(self, inputs: Sequence[Any], stream: int) -> tuple[list[Any], list[Imported], list[np.ndarray | None]]:
@@ -122,14 +131,16 @@ class CudaExecutor:
         held: list[Imported] = []
         hosts: list[np.ndarray | None] = []
         for x, name in zip(inputs, names):
-            dev = x.__dlpack_device__() if hasattr(x, "__dlpack_device__") else None
+            x = resolve_views(x, name)
+            try:
+                dev = x.__dlpack_device__() if hasattr(x, "__dlpack_device__") else None
+            except (ValueError, TypeError, RuntimeError, BufferError) as e:
+                raise InputError(f"input '{name}' could not be read through DLPack: {e}") from None
             if dev is not None and int(dev[0]) in (KDL_CUDA, KDL_CUDA_MANAGED):
                 if int(dev[1]) != self.ordinal:
                     raise InputError(
                         f"input '{name}' is on cuda:{int(dev[1])}; this module runs on cuda:{self.ordinal}"
                     )
-                if getattr(x, "requires_grad", False):
-                    x = x.detach()
                 imp = import_tensor(x, stream or 1)
                 if not imp.view.contiguous:
                     imp.close()

@@ -21,6 +21,7 @@ one semaphore buffer per stream (CUTLASS leaves it zeroed after every launch).
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import platform
 import threading
 from collections.abc import Sequence
@@ -61,9 +62,15 @@ class CutlassGemms:
     where they came from."""
 
     def __init__(
-        self, device: Device, packer: bytes | memoryview, kernels: Sequence[tuple[str, bytes, str]], source: str
+        self,
+        device: Device,
+        packer: bytes | memoryview,
+        kernels: Sequence[tuple[str, bytes, str]],
+        source: str,
+        packer_sha256: str | None = None,
     ) -> None:
-        from bladepack.loader.native_cpu import _open_library
+        """`packer_sha256`: the digest the manifest gives the packer (None: bytes built here)."""
+        from bladepack.loader.library_file import open_library
 
         machine = platform.machine().lower()
         if machine not in ("x86_64", "amd64") or platform.system() != "Linux":
@@ -73,7 +80,9 @@ class CutlassGemms:
             )
         self.device = device
         self.names = [name for name, _, _ in kernels]
-        self._lib = _open_library(memoryview(packer))
+        packer = memoryview(packer)
+        digest = packer_sha256 or hashlib.sha256(packer).hexdigest()
+        self._lib = open_library(packer, digest, f"{source}: the CUTLASS packer")
         self.pack: list[Any] = []
         self.functions: list[Function | None] = []  # None: a Hopper kernel on another GPU
         self._modules = []
@@ -108,7 +117,8 @@ class CutlassGemms:
         kernels = [
             (row["name"], bytes(bpk.section(row["section"])), row.get("arch", "sm_80")) for row in plan["gemm_kernels"]
         ]
-        return cls(device, bpk.section(plan["gemm_packer"]["section"]), kernels, str(bpk.source))
+        section = plan["gemm_packer"]["section"]
+        return cls(device, bpk.section(section), kernels, str(bpk.source), bpk.section_digest(section))
 
     def close(self) -> None:
         """Free the split-K semaphores and unload the kernels (the packer library stays mapped: ctypes

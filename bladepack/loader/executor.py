@@ -17,6 +17,7 @@ C++ runtime's bound by default), so a stream of distinct shapes cannot grow memo
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -86,6 +87,29 @@ class ShapeCache(Generic[T]):
 
     def __contains__(self, key: object) -> bool:
         return key in self._entries
+
+
+def physical_memory() -> int:
+    """Bytes of memory this machine has (no call can need more and succeed)."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError):
+        return 1 << 62
+
+
+def check_memory(key: Key, needs: dict[str, int]) -> None:
+    """Note [Bytes before allocation]: the guards bound each dim by its declared range, which may be
+    open; the bytes a call implies are checked against the machine's memory before anything is
+    allocated, so a huge (for instance stride-0 expanded) input is an InputError, not a MemoryError
+    or an allocation the kernel cannot back."""
+    total = sum(needs.values())
+    have = physical_memory()
+    if total > have:
+        parts = ", ".join(f"{k} {v}" for k, v in needs.items() if v)
+        raise InputError(
+            f"input shapes {[list(s) for s in key]} need {total} bytes ({parts}), more than this machine's "
+            f"{have} bytes of memory"
+        )
 
 
 def host_call(

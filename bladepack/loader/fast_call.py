@@ -121,8 +121,8 @@ class FastCalls:
             tensor, in_dt, out_dt = tt
             shapes = []
             for t, dt in zip(inputs, in_dt):
-                if type(t) is not tensor or t.dtype is not dt or not t.is_cpu or not t.is_contiguous():
-                    return None
+                if type(t) is not tensor or t.dtype is not dt or not t.is_cpu or not t.is_contiguous() or t.is_neg():
+                    return None  # a negative-bit view holds the values negated: the full path resolves it
                 shapes.append(tuple(t.shape))
                 ptrs.append(t.data_ptr())
             key = tuple(shapes)

@@ -22,7 +22,8 @@ from bladepack.errors import BpkFormatError, ExecutionError
 from bladepack.loader import reference
 from bladepack.loader.signature import Signature
 
-Key = tuple[tuple[int, ...], ...]  # the input shapes of a call: its shape signature
+Key = tuple[tuple[int, ...], ...]
+MAX_ATTR_DEPTH = 8  # plan attributes nest two levels at most (a list of lists, register references)  # the input shapes of a call: its shape signature
 
 
 def resolve(v: Any, regs: Sequence[int]) -> Any:
@@ -65,6 +66,7 @@ class Manifest:
         try:
             signature = Signature.from_manifest(m)
             program = ShapeProgram.from_manifest(m["shape_program"])
+            program.validate([len(t.shape) for t in signature.inputs])
             values = {v["id"]: v for v in m["values"]}
             steps = m["plan"]["steps"]
             outputs = [o["id"] for o in m["outputs"]]
@@ -93,10 +95,15 @@ class Manifest:
                 bfloat16=any(v["dtype"] == "bfloat16" for v in [*m["values"], *m["weights"], *m["inputs"]]),
             )
             unknown = sorted({s["op"] for s in steps} - set(reference.OPS))
+            deep = next((k for k, s in enumerate(steps) if _depth(s["attrs"]) > MAX_ATTR_DEPTH), None)
         except BpkFormatError:
             raise
         except (KeyError, TypeError, ValueError) as e:
             raise BpkFormatError(f"{bpk.source}: malformed manifest ({type(e).__name__}: {e})") from None
+        if deep is not None:
+            raise BpkFormatError(
+                f"{bpk.source}: malformed manifest: step {deep}'s attributes nest deeper than {MAX_ATTR_DEPTH} levels"
+            )
         if unknown:
             raise BpkFormatError(
                 f"{bpk.source}: the plan uses ops this loader does not know: {unknown}; upgrade bladepack"
@@ -118,6 +125,23 @@ class Manifest:
             else ((), np.dtype(np.float32))
             for o in self.outputs
         )
+
+
+def _depth(v: Any) -> int:
+    """How deeply lists and maps nest in `v` (iteratively: a hostile manifest cannot exhaust the stack)."""
+    deepest, todo = 0, [(v, 1)]
+    while todo:
+        x, d = todo.pop()
+        if isinstance(x, dict):
+            todo.extend((y, d + 1) for y in x.values())
+        elif isinstance(x, list):
+            todo.extend((y, d + 1) for y in x)
+        else:
+            continue
+        deepest = max(deepest, d)
+        if deepest > MAX_ATTR_DEPTH:
+            break
+    return deepest
 
 
 def _free_lists(steps: list[dict[str, Any]], keep: set[int]) -> list[tuple[int, ...]]:

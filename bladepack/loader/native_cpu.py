@@ -18,10 +18,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import glob
-import hashlib
 import os
 import platform
-import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -34,6 +32,7 @@ from bladepack.artifact.format import BpkFile
 from bladepack.cpu_features import cpu_flags
 from bladepack.dtypes import DType
 from bladepack.errors import BladepackError, BpkFormatError
+from bladepack.loader.library_file import open_library
 from bladepack.options import LoaderOptions
 
 ABI_VERSION = 1
@@ -62,31 +61,6 @@ def choose_library(libraries: Sequence[dict[str, Any]]) -> dict[str, Any]:
         built = ", ".join(lib["isa"] for lib in libraries) or "none"
         raise NativeUnavailable(f"the artifact's CPU kernels were built for {built}; none runs on this CPU")
     return fits[-1]
-
-
-def _open_library(data: memoryview) -> ctypes.CDLL:
-    """dlopen the library bytes. Note [Library paths]: the dynamic loader reuses an already loaded
-    object whose path matches, so every library gets a path named by its content hash (in
-    BLADEPACK_CACHE_DIR/lib, else a fresh temporary file): equal paths then mean equal code."""
-    digest = hashlib.sha256(data).hexdigest()
-    cache = LoaderOptions.from_env().cache_dir / "lib"
-    path = cache / f"{digest}.so"
-    try:
-        if not path.exists():
-            cache.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
-        return ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
-    except OSError:
-        pass
-    with tempfile.NamedTemporaryFile(prefix=f"bladepack-{digest[:16]}-", suffix=".so", delete=False) as f:
-        f.write(data)
-        name = f.name
-    try:
-        return ctypes.CDLL(name, mode=ctypes.RTLD_LOCAL)
-    finally:
-        os.unlink(name)
 
 
 @dataclass(frozen=True)
@@ -128,7 +102,7 @@ def find_blas() -> Blas | None:
         except (OSError, AttributeError):
             continue
         if sg and dg:
-            _KEEP.append(handle)
+            handle = _KEEP.setdefault(path, handle)  # one handle per library, however many loads
             local = None
             for name in ("openblas_set_num_threads_local", "scipy_openblas_set_num_threads_local64_"):
                 if hasattr(handle, name):
@@ -138,7 +112,7 @@ def find_blas() -> Blas | None:
     return None
 
 
-_KEEP: list[ctypes.CDLL] = []  # BLAS handles stay loaded for the process (their pointers are shared)
+_KEEP: dict[str, ctypes.CDLL] = {}  # BLAS handles stay loaded for the process (their pointers are shared)
 
 
 def _resolve(v: Any, regs: Sequence[int]) -> int:
@@ -172,7 +146,11 @@ class NativeCpu:
         lib_row = choose_library(native["libraries"])
         self.isa = lib_row["isa"]
         try:
-            self.lib = _open_library(bpk.section(lib_row["section"]))
+            self.lib = open_library(
+                bpk.section(lib_row["section"]),
+                bpk.section_digest(lib_row["section"]),
+                f"{bpk.source}: the {self.isa} CPU kernel library",
+            )
         except OSError as e:
             raise NativeUnavailable(f"the {self.isa} CPU kernel library failed to load: {e}") from None
         lib = self.lib

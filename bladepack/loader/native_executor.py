@@ -16,10 +16,11 @@ import numpy as np
 from bladepack.artifact.format import BpkFile
 from bladepack.dtypes import DType
 from bladepack.errors import ExecutionError
-from bladepack.loader.executor import ShapeCache, host_call
+from bladepack.loader.executor import ShapeCache, check_memory, host_call
 from bladepack.loader.fast_call import FastCalls
-from bladepack.loader.manifest import Key, Manifest, index_error
+from bladepack.loader.manifest import Key, Manifest, index_error, resolve
 from bladepack.loader.native_cpu import NativeCpu, Prepared
+from bladepack.loader.plan_check import check_launches, check_plan, slot_sizes
 from bladepack.loader.reference_executor import ReferenceExecutor, RefPrepared
 from bladepack.loader.signature import check_inputs
 from bladepack.loader.tensors import to_numpy
@@ -40,6 +41,7 @@ class NativeExecutor:
         self.m = m
         self.reference = reference
         self.native = NativeCpu(bpk, plan, [m.weights[w["id"]] for w in m.weight_rows])
+        check_plan(m, "cpu", self.native.nfn)  # Note [Plan checks]: before any launch can run
         self.prepare = ShapeCache(self._build, cache_limit)
         self._kernels = m.kernels["cpu"]
         self._launches: list[dict[str, Any]] = plan["launches"]
@@ -66,7 +68,11 @@ class NativeExecutor:
 
     def _build(self, key: Key) -> NativePrepared:
         ref = self.reference.build(key)
-        return NativePrepared(ref, self.native.prepare(ref.registers, self._kernels))
+        regs = ref.registers
+        out_bytes = [_nbytes(shape, dt) if slot != -1 else 0 for (shape, dt), slot in zip(ref.outputs, self._out_slot)]
+        arena = resolve(self.m.native["cpu"]["arena_bytes"], regs)  # type: ignore[index]
+        check_launches(self.m, "cpu", regs, slot_sizes(self.m, key, arena, out_bytes), resolve)
+        return NativePrepared(ref, self.native.prepare(regs, self._kernels))
 
     def run(self, inputs: Sequence[Any], outputs: Sequence[Any] | None) -> list[Any]:
         if outputs is None and self.fast is not None:
@@ -107,6 +113,12 @@ class NativeExecutor:
         self, prep: NativePrepared, arrays: Sequence[np.ndarray], times: np.ndarray | None = None
     ) -> list[np.ndarray]:
         m, native, nat = self.m, self.native, prep.native
+        copies = sum(a.nbytes for a in arrays if not (a.flags.c_contiguous and a.dtype.isnative))
+        outputs = sum(
+            int(np.prod(s, dtype=object)) * (dt.itemsize if dt is not None else 2) for s, dt in prep.ref.outputs
+        )
+        key = tuple(a.shape for a in arrays)
+        check_memory(key, {"arena": nat.arena_bytes, "outputs": outputs, "contiguous input copies": copies})
         arrays = [
             a if a.flags.c_contiguous and a.dtype.isnative else np.ascontiguousarray(a, a.dtype.newbyteorder("="))
             for a in arrays
@@ -164,3 +176,10 @@ class NativeExecutor:
         if rc != 1 or lr.get("op") != "kernel":
             return ExecutionError(f"native launch {launch} failed (code {rc}); the artifact may be corrupt")
         return index_error(self._kernels[lr["k"]], code, value, size)
+
+
+def _nbytes(shape: tuple[int, ...], dtype: np.dtype | None) -> int:
+    count = 1
+    for d in shape:
+        count *= d
+    return count * (dtype.itemsize if dtype is not None else 2)

@@ -16,7 +16,7 @@ import numpy as np
 
 from bladepack.errors import ExecutionError
 from bladepack.loader import reference
-from bladepack.loader.executor import ShapeCache, host_call
+from bladepack.loader.executor import ShapeCache, check_memory, host_call
 from bladepack.loader.manifest import Key, Manifest, host_dtype, resolve
 from bladepack.loader.tensors import export_array
 
@@ -54,6 +54,7 @@ class RefPrepared:
     registers: tuple[int, ...]
     steps: tuple[Step, ...]
     outputs: tuple[tuple[tuple[int, ...], np.dtype | None], ...]  # shape and dtype of each output
+    largest: int = 0  # bytes of the largest step result (Note [Bytes before allocation])
 
     def step_of(self, m: Manifest, vid: int) -> Step:
         return self.steps[m.step_index[vid]]
@@ -87,14 +88,17 @@ class ReferenceExecutor:
                     s.get("loc", ""),
                 )
             )
-        return RefPrepared(regs, tuple(steps), m.output_specs(regs))
+        largest = max((_nbytes(st.shape, st.dtype) for st in steps), default=0)
+        return RefPrepared(regs, tuple(steps), m.output_specs(regs), largest)
 
     def run(self, inputs: Sequence[Any], outputs: Sequence[Any] | None) -> list[Any]:
         return host_call(self.m, inputs, outputs, self.execute)
 
     def execute(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         m = self.m
-        prep = self.prepare(tuple(a.shape for a in arrays))
+        key = tuple(a.shape for a in arrays)
+        prep = self.prepare(key)
+        check_memory(key, {"largest step result": prep.largest})
         env: dict[int, np.ndarray] = dict(m.weights)
         env.update(zip(m.input_ids, arrays))
         for st in prep.steps:
@@ -108,3 +112,10 @@ class ReferenceExecutor:
             outs.append(np.array(a, order="C") if o in seen or o not in m.values else export_array(a))
             seen.add(o)
         return outs
+
+
+def _nbytes(shape: tuple[int, ...], dtype: np.dtype | None) -> int:
+    count = 1
+    for d in shape:
+        count *= d
+    return count * (dtype.itemsize if dtype is not None else 2)

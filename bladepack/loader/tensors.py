@@ -19,24 +19,41 @@ def is_torch_tensor(x: Any) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "__dlpack__")
 
 
+def resolve_views(x: Any, name: str) -> Any:
+    """A torch tensor whose memory holds its values: the negative and conjugate bits (lazy views such as
+    `z.conj().imag` or `torch._neg_view`, which DLPack exports as their raw memory) applied, gradients
+    detached; a meta tensor (no memory) is an InputError. Anything else is returned as it is."""
+    if not is_torch_tensor(x):
+        return x
+    if getattr(x, "is_meta", False):
+        raise InputError(f"input '{name}' is a meta tensor (shape only, no data); pass a tensor with values")
+    if getattr(x, "requires_grad", False):
+        x = x.detach()
+    if x.is_neg() or x.is_conj():
+        x = x.resolve_conj().resolve_neg()
+    return x
+
+
 def to_numpy(x: Any, name: str) -> np.ndarray:
     if isinstance(x, np.ndarray):
         return x
     if hasattr(x, "__dlpack__"):
+        x = resolve_views(x, name)
         if hasattr(x, "__dlpack_device__"):
-            dev_type, _ = x.__dlpack_device__()
+            try:
+                dev_type, _ = x.__dlpack_device__()
+            except (ValueError, TypeError, RuntimeError, BufferError) as e:
+                raise InputError(f"input '{name}' could not be read through DLPack: {e}") from None
             if int(dev_type) != 1:  # kDLCPU
                 raise InputError(
                     f"input '{name}' lives on a device (DLPack device type {int(dev_type)}); "
                     "this module runs on the CPU: pass CPU tensors or load with device='cuda'"
                 )
-        if getattr(x, "requires_grad", False):
-            x = x.detach()
         if is_torch_tensor(x) and str(getattr(x, "dtype", "")) == "torch.bfloat16":
             raise InputError(f"input '{name}' is bfloat16, which the CPU loader cannot take through numpy")
         try:
             return np.from_dlpack(x)
-        except (BufferError, TypeError, RuntimeError) as e:
+        except (BufferError, TypeError, RuntimeError, ValueError) as e:
             raise InputError(f"input '{name}' could not be read through DLPack: {e}") from None
     if isinstance(x, (list, tuple, int, float, bool)):
         return np.asarray(x)

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <system_error>
 #include <thread>
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 
@@ -116,7 +117,7 @@ Artifact::~Artifact() {
 
 void Artifact::fail(const std::string& what) const { bpk::fail(BPK_ERR_FORMAT, source_ + ": " + what); }
 
-std::unique_ptr<Artifact> Artifact::open(const std::string& path, bool verify) {
+std::unique_ptr<Artifact> Artifact::open(const std::string& path, bool verify, const Trust& trust) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) bpk::fail(BPK_ERR_IO, "no artifact at " + path);
@@ -137,22 +138,24 @@ std::unique_ptr<Artifact> Artifact::open(const std::string& path, bool verify) {
   if (p == MAP_FAILED) bpk::fail(BPK_ERR_IO, "cannot map " + path + ": " + std::strerror(err));
   std::unique_ptr<Artifact> a(new Artifact(path, static_cast<const uint8_t*>(p), size_t(st.st_size)));
   a->mapping_ = p;
-  a->parse(verify);
+  a->parse(verify, trust);
   return a;
 }
 
-std::unique_ptr<Artifact> Artifact::copy_from(const void* data, size_t size, bool verify) {
+std::unique_ptr<Artifact> Artifact::copy_from(const void* data, size_t size, bool verify, const Trust& trust) {
   if (data == nullptr && size != 0) bpk::fail(BPK_ERR_ARGUMENT, "artifact bytes are NULL");
   void* buf = std::aligned_alloc(kAlign, align64(size == 0 ? 1 : size));
   if (buf == nullptr) bpk::fail(BPK_ERR_MEMORY, "cannot allocate " + std::to_string(size) + " bytes for the artifact");
   if (size) std::memcpy(buf, data, size);
   std::unique_ptr<Artifact> a(new Artifact("<memory>", static_cast<const uint8_t*>(buf), size));
   a->owned_ = buf;
-  a->parse(verify);
+  a->parse(verify, trust);
   return a;
 }
 
-void Artifact::parse(bool verify) {
+void Artifact::parse(bool verify, const Trust& trust) {
+  if (!trust.sha256.empty()) check_digest(trust.sha256);  // before anything in the file is read
+  verify = verify || !trust.keys.empty();
   const uint8_t* b = base_;
   if (size_ < kHeaderSize) {
     if (std::memcmp(b, kMagic, size_ < 8 ? size_ : 8) != 0) fail("not a .bpk artifact (bad magic)");
@@ -195,10 +198,68 @@ void Artifact::parse(bool verify) {
   if (manifest().type != msgpack::type::MAP || secs == nullptr || secs->type != msgpack::type::ARRAY)
     fail("manifest is not a map with a 'sections' list");
   read_sections(verify, align64(kHeaderSize + mlen));
+  if (!trust.keys.empty()) check_signature(trust.keys);
+}
+
+namespace {
+
+constexpr uint8_t kSigMagic[8] = {'B', 'P', 'K', 'S', 'I', 'G', 0, 1};
+constexpr size_t kSigSize = 128;
+constexpr char kSigDomain[] = "bladepack signature v1";  // signed: these bytes, a NUL, the 64-byte header
+
+std::string key_id(const uint8_t* key) {
+  uint8_t d[32];
+  sha256(key, 32, d);
+  return hex(d, 8);
+}
+
+bool ed25519_verify(const uint8_t* key, const uint8_t* sig, const uint8_t* msg, size_t n) {
+  EVP_PKEY* pkey = EVP_PKEY_new_raw_public_key(EVP_PKEY_ED25519, nullptr, key, 32);
+  if (pkey == nullptr) return false;
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  const bool ok = ctx != nullptr && EVP_DigestVerifyInit(ctx, nullptr, nullptr, nullptr, pkey) == 1 &&
+                  EVP_DigestVerify(ctx, sig, 64, msg, n) == 1;
+  EVP_MD_CTX_free(ctx);
+  EVP_PKEY_free(pkey);
+  return ok;
+}
+
+}  // namespace
+
+void Artifact::check_digest(const std::string& expected) const {
+  std::string want = expected;
+  for (auto& c : want) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (want.size() != 64 || want.find_first_not_of("0123456789abcdef") != std::string::npos)
+    bpk::fail(BPK_ERR_ARGUMENT, "sha256 must be 64 hex digits, got '" + expected + "'");
+  uint8_t got[32];
+  sha256(base_, size_, got);
+  const std::string got_hex = hex(got, 32);
+  if (got_hex != want)
+    bpk::fail(BPK_ERR_TRUST, source_ + ": the file's SHA-256 is " + got_hex + ", not the pinned " + want +
+                                 "; refusing to load it");
+}
+
+void Artifact::check_signature(const std::vector<std::array<uint8_t, 32>>& keys) const {
+  std::string ids;
+  for (const auto& k : keys) ids += (ids.empty() ? "" : ", ") + key_id(k.data());
+  const uint8_t* blk = base_ + data_end_;
+  if (size_ != data_end_ + kSigSize || std::memcmp(blk, kSigMagic, 8) != 0 || load_le<uint32_t>(blk + 8) != 1)
+    bpk::fail(BPK_ERR_TRUST, source_ + " is not signed; trusted keys: " + ids + " (sign it with `bladepack sign`)");
+  const uint8_t* key = blk + 16;
+  bool known = false;
+  for (const auto& k : keys) known = known || std::memcmp(k.data(), key, 32) == 0;
+  if (!known)
+    bpk::fail(BPK_ERR_TRUST, source_ + " is signed by key " + key_id(key) + ", which is not among the trusted keys (" +
+                                 ids + ")");
+  std::vector<uint8_t> msg(kSigDomain, kSigDomain + sizeof kSigDomain);  // with the NUL
+  msg.insert(msg.end(), base_, base_ + kHeaderSize);
+  if (!ed25519_verify(key, blk + 48, msg.data(), msg.size()))
+    bpk::fail(BPK_ERR_TRUST, source_ + ": the signature by key " + key_id(key) + " does not match the artifact");
 }
 
 void Artifact::read_sections(bool verify, uint64_t data_start) {
   const msgpack::object& secs = *map_find(manifest(), "sections");
+  data_end_ = data_start;
   std::vector<Check> checks;
   for (uint32_t i = 0; i < secs.via.array.size; ++i) {
     const msgpack::object& e = secs.via.array.ptr[i];
@@ -218,6 +279,7 @@ void Artifact::read_sections(bool verify, uint64_t data_start) {
            ", the file has " + std::to_string(size_));
     const bool digest_ok = digest->type == msgpack::type::STR && digest->via.str.size == 64;
     views_[sname] = Bytes{base_ + start, size_t(n)};
+    data_end_ = std::max(data_end_, start + uint64_t(n));
     if (verify) checks.push_back({base_ + start, size_t(n), digest_ok ? digest->via.str.ptr : nullptr, sname});
   }
   if (verify) verify_sections(checks);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <array>
 #include <unordered_map>
 #include <vector>
 
@@ -21,10 +22,17 @@ struct Bytes {
   size_t size = 0;
 };
 
+// Which artifacts to trust (Note [Trust model] in bladepack/artifact/trust.py): the whole file's
+// SHA-256 (hex; empty: any) and Ed25519 public keys one of which must have signed it (none: unsigned ok).
+struct Trust {
+  std::string sha256;
+  std::vector<std::array<uint8_t, 32>> keys;
+};
+
 class Artifact {
  public:
-  static std::unique_ptr<Artifact> open(const std::string& path, bool verify);
-  static std::unique_ptr<Artifact> copy_from(const void* data, size_t size, bool verify);
+  static std::unique_ptr<Artifact> open(const std::string& path, bool verify, const Trust& trust = {});
+  static std::unique_ptr<Artifact> copy_from(const void* data, size_t size, bool verify, const Trust& trust = {});
   ~Artifact();
   Artifact(const Artifact&) = delete;
   Artifact& operator=(const Artifact&) = delete;
@@ -36,7 +44,9 @@ class Artifact {
 
  private:
   Artifact(std::string source, const uint8_t* base, size_t size);
-  void parse(bool verify);
+  void parse(bool verify, const Trust& trust);
+  void check_digest(const std::string& expected) const;
+  void check_signature(const std::vector<std::array<uint8_t, 32>>& keys) const;
   struct Check {
     const uint8_t* data;
     size_t size;
@@ -49,6 +59,7 @@ class Artifact {
   std::string source_;
   const uint8_t* base_;
   size_t size_;
+  uint64_t data_end_ = 0;    // where the last section ends (a signature block may follow)
   void* mapping_ = nullptr;  // munmap'ed in the destructor (path loads)
   void* owned_ = nullptr;    // freed in the destructor (memory loads)
   msgpack::object_handle handle_;

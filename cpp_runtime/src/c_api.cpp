@@ -1,6 +1,8 @@
 // The C ABI (include/bladepack/runtime.h): every entry point catches, records the reason for
 // bpk_last_error() and returns a status. Nothing propagates an exception across the boundary.
+#include <array>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 #include <string>
 
@@ -44,7 +46,34 @@ bpk_status guarded(F&& f) {
   }
 }
 
-bpk_load_options options_or_default(const bpk_load_options* o) { return o ? *o : bpk_load_options{0, 0}; }
+// Only the two original fields unless BPK_LOAD_TRUST says the caller's struct has the others.
+bpk_load_options options_or_default(const bpk_load_options* o) {
+  bpk_load_options out{0, 0, nullptr, nullptr, 0};
+  if (o == nullptr) return out;
+  out.flags = o->flags;
+  out.num_threads = o->num_threads;
+  if (o->flags & BPK_LOAD_TRUST) {
+    out.sha256 = o->sha256;
+    out.trusted_keys = o->trusted_keys;
+    out.n_trusted_keys = o->n_trusted_keys;
+  }
+  return out;
+}
+
+bpk::Trust trust_of(const bpk_load_options& o) {
+  bpk::Trust t;
+  if (o.sha256 != nullptr) {
+    t.sha256 = o.sha256;
+    if (t.sha256.empty()) bpk::fail(BPK_ERR_ARGUMENT, "sha256 is empty: give 64 hex digits or NULL");
+  }
+  if (o.n_trusted_keys > 0 && o.trusted_keys == nullptr) bpk::fail(BPK_ERR_ARGUMENT, "trusted_keys is NULL");
+  for (size_t k = 0; k < o.n_trusted_keys; ++k) {
+    std::array<uint8_t, 32> key{};
+    std::memcpy(key.data(), o.trusted_keys + 32 * k, 32);
+    t.keys.push_back(key);
+  }
+  return t;
+}
 
 }  // namespace
 
@@ -63,6 +92,7 @@ const char* bpk_status_name(bpk_status s) {
     case BPK_ERR_SHAPE_GUARD: return "shape guard";
     case BPK_ERR_EXECUTION: return "execution error";
     case BPK_ERR_MEMORY: return "out of memory";
+    case BPK_ERR_TRUST: return "untrusted artifact";
   }
   return "unknown status";
 }
@@ -70,15 +100,15 @@ const char* bpk_status_name(bpk_status s) {
 const char* bpk_dtype_name(int32_t dtype) { return bpk::dtype_name(dtype); }
 size_t bpk_dtype_size(int32_t dtype) { return bpk::dtype_size(dtype); }
 
-static bpk_status load(std::unique_ptr<bpk::Artifact> (*open)(const void*, size_t, bool), const void* a, size_t b,
-                       const bpk_load_options* options, bpk_model** model) {
+static bpk_status load(std::unique_ptr<bpk::Artifact> (*open)(const void*, size_t, bool, const bpk::Trust&),
+                       const void* a, size_t b, const bpk_load_options* options, bpk_model** model) {
   if (model == nullptr) return record(BPK_ERR_ARGUMENT, "model is NULL");
   *model = nullptr;
   return guarded([&] {
     const bpk_load_options o = options_or_default(options);
-    if (o.flags & ~uint32_t(BPK_LOAD_SKIP_SECTION_CHECKSUMS))
+    if (o.flags & ~uint32_t(BPK_LOAD_SKIP_SECTION_CHECKSUMS | BPK_LOAD_TRUST))
       bpk::fail(BPK_ERR_ARGUMENT, "unknown load flags " + std::to_string(o.flags));
-    auto artifact = open(a, b, (o.flags & BPK_LOAD_SKIP_SECTION_CHECKSUMS) == 0);
+    auto artifact = open(a, b, (o.flags & BPK_LOAD_SKIP_SECTION_CHECKSUMS) == 0, trust_of(o));
     auto m = std::make_unique<bpk_model>();
     m->impl = std::make_unique<bpk::Model>(std::move(artifact), o);
     *model = m.release();
@@ -87,14 +117,18 @@ static bpk_status load(std::unique_ptr<bpk::Artifact> (*open)(const void*, size_
 
 bpk_status bpk_model_load(const char* path, const bpk_load_options* options, bpk_model** model) {
   if (path == nullptr) return record(BPK_ERR_ARGUMENT, "path is NULL");
-  return load([](const void* p, size_t, bool verify) { return bpk::Artifact::open(static_cast<const char*>(p), verify); },
-              path, 0, options, model);
+  return load(
+      [](const void* p, size_t, bool verify, const bpk::Trust& t) {
+        return bpk::Artifact::open(static_cast<const char*>(p), verify, t);
+      },
+      path, 0, options, model);
 }
 
 bpk_status bpk_model_load_from_memory(const void* data, size_t size, const bpk_load_options* options,
                                       bpk_model** model) {
-  return load([](const void* p, size_t n, bool verify) { return bpk::Artifact::copy_from(p, n, verify); }, data,
-              size, options, model);
+  return load(
+      [](const void* p, size_t n, bool verify, const bpk::Trust& t) { return bpk::Artifact::copy_from(p, n, verify, t); },
+      data, size, options, model);
 }
 
 void bpk_model_free(bpk_model* model) { delete model; }

@@ -257,10 +257,8 @@ std::shared_ptr<const Model::Prepared> Model::prepare(const bpk_tensor* in) cons
     }
     p->words.insert(p->words.end(), {head[0], head[1], int64_t(l.ptrs.size()), int64_t(l.ints.size())});
     for (const auto& [slot, off] : l.ptrs) {
-      const int64_t o = off.resolve(r);
-      if (o < 0 || (slot == 0 && o > arena)) corrupt("a launch points outside the arena");
       p->words.push_back(slot);
-      p->words.push_back(o);
+      p->words.push_back(off.resolve(r));  // checked against the slot's tensor in check_launches
     }
     for (const auto& v : l.ints) p->words.push_back(v.resolve(r));
   }
@@ -273,7 +271,8 @@ std::shared_ptr<const Model::Prepared> Model::prepare(const bpk_tensor* in) cons
     const int64_t off = d.offset.resolve(r);
     if (!byte_count(shape.data(), int32_t(shape.size()), dtype_size(d.dtype), &bytes) || off < 0 ||
         uint64_t(off) > uint64_t(arena) || bytes > size_t(arena) - size_t(off))
-      corrupt("arena buffer %" + std::to_string(d.id) + " does not fit in the arena");
+      corrupt("arena buffer %" + std::to_string(d.id) + " (" + std::to_string(bytes) + " bytes at " +
+              std::to_string(off) + ") does not fit in the " + std::to_string(arena) + "-byte arena");
     buf_offsets[b] = off;
   }
   p->copy_offset.assign(m_.outputs.size(), 0);
@@ -306,7 +305,95 @@ std::shared_ptr<const Model::Prepared> Model::prepare(const bpk_tensor* in) cons
       corrupt("output " + std::to_string(k) + " does not fit in the arena");
     p->outs.push_back(o);
   }
+  check_launches(*p, in);
   return p;
+}
+
+// Note [Plan checks] (bladepack/loader/plan_check.py), per input-shape signature: every pointer offset
+// inside its slot's tensor, and every GEMM record (Note [GEMM records]) against what it addresses. The
+// messages are the Python loader's.
+void Model::check_launches(const Prepared& p, const bpk_tensor* in) const {
+  auto corrupt = [this](const std::string& what) { artifact_->fail("corrupt plan: " + what); };
+  const NativePlan& nat = *m_.native;
+  std::vector<uint64_t> slots{uint64_t(p.arena_bytes)};
+  for (size_t i = 0; i < m_.inputs.size(); ++i) {
+    size_t n = 0;
+    byte_count(in[i].shape, in[i].ndim, dtype_size(in[i].dtype), &n);  // checked by check_inputs
+    slots.push_back(n);
+  }
+  for (size_t k = 0; k < p.outs.size(); ++k) slots.push_back(nat.outputs[k] >= 0 ? p.outs[k].nbytes : 0);
+  for (const auto& w : m_.weights) {
+    size_t n = 0;
+    byte_count(w.shape.data(), int32_t(w.shape.size()), dtype_size(w.dtype), &n);
+    slots.push_back(n);
+  }
+  const int64_t* r = p.regs.data();
+  for (size_t i = 0; i < nat.launches.size(); ++i) {
+    const LaunchDecl& l = nat.launches[i];
+    std::vector<uint64_t> room;
+    for (const auto& [slot, off] : l.ptrs) {
+      const int64_t at = off.resolve(r);
+      if (slot < 0 || size_t(slot) >= slots.size() || at < 0 || uint64_t(at) > slots[size_t(slot)])
+        corrupt("launch " + std::to_string(i) + " points " + std::to_string(at) + " bytes into slot " +
+                std::to_string(slot) + ", which holds " +
+                std::to_string(slot >= 0 && size_t(slot) < slots.size() ? slots[size_t(slot)] : 0));
+      const int64_t out = slot - 1 - int64_t(m_.inputs.size());
+      if (out >= 0 && out < int64_t(nat.outputs.size()) && nat.outputs[size_t(out)] < 0)
+        corrupt("launch " + std::to_string(i) + " points at output " + std::to_string(out) +
+                "'s slot, which the plan does not write");
+      room.push_back(slots[size_t(slot)] - uint64_t(at));
+    }
+    if (l.op != LaunchDecl::kGemm) continue;
+    std::vector<int64_t> v;
+    for (const auto& s : l.ints) v.push_back(s.resolve(r));
+    check_gemm(i, v, room, l.gemm_f64 ? 8 : 4);
+  }
+}
+
+void Model::check_gemm(size_t i, const std::vector<int64_t>& v, const std::vector<uint64_t>& room, int64_t item) const {
+  auto corrupt = [this](const std::string& what) { artifact_->fail("corrupt plan: " + what); };
+  if (v.size() != 20 || room.size() != 3)
+    corrupt("launch " + std::to_string(i) + ": a GEMM takes 3 pointers and 20 integers, not " +
+            std::to_string(room.size()) + " / " + std::to_string(v.size()));
+  const int64_t *b = &v[0], *sa = &v[3], *sb = &v[6], *sc = &v[9];
+  const int64_t M = v[12], N = v[13], K = v[14], ta = v[15], tb = v[16], lda = v[17], ldb = v[18], ldc = v[19];
+  const std::string where = "launch " + std::to_string(i) + " (GEMM M=" + std::to_string(M) + " N=" + std::to_string(N) +
+                            " K=" + std::to_string(K) + " lda=" + std::to_string(lda) + " ldb=" + std::to_string(ldb) +
+                            " ldc=" + std::to_string(ldc) + " batch=[" + std::to_string(b[0]) + ", " +
+                            std::to_string(b[1]) + ", " + std::to_string(b[2]) + "])";
+  for (size_t k = 0; k < 12; ++k)
+    if (v[k] < 0) corrupt(where + ": negative count or stride, or a transpose flag other than 0 / 1");
+  if (M < 0 || N < 0 || K < 0 || (ta != 0 && ta != 1) || (tb != 0 && tb != 1))
+    corrupt(where + ": negative count or stride, or a transpose flag other than 0 / 1");
+  constexpr int64_t kInt32Max = 2147483647;
+  if (std::max({M, N, K, lda, ldb, ldc}) > kInt32Max)
+    corrupt(where + ": a dim or leading dim above " + std::to_string(kInt32Max));
+  const int64_t a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
+  if (lda < std::max<int64_t>(1, a_cols) || ldb < std::max<int64_t>(1, b_cols) || ldc < std::max<int64_t>(1, N))
+    corrupt(where + ": a leading dim is shorter than its row");
+  if (M && N)
+    for (size_t k = 0; k < 3; ++k)
+      if (b[k] > 1 && sc[k] < 1)
+        corrupt(where + ": the batches of D overlap (D's batch strides are [" + std::to_string(sc[0]) + ", " +
+                std::to_string(sc[1]) + ", " + std::to_string(sc[2]) + "])");
+  if (b[0] == 0 || b[1] == 0 || b[2] == 0 || M == 0 || N == 0) return;
+  // every value is below 2^31 or a non-negative stride; products are done in 128 bits
+  auto extent = [&](const int64_t* s, int64_t rows, int64_t cols, int64_t ld) -> __int128 {
+    if (!rows || !cols) return 0;
+    __int128 last = __int128(rows - 1) * ld + cols;
+    for (size_t k = 0; k < 3; ++k) last += __int128(b[k] - 1) * s[k];
+    return last * item;
+  };
+  const __int128 need[3] = {K ? extent(sa, a_rows, a_cols, lda) : 0, K ? extent(sb, b_rows, b_cols, ldb) : 0,
+                            extent(sc, M, N, ldc)};
+  const char* names[3] = {"A", "B", "D"};
+  for (size_t k = 0; k < 3; ++k)
+    if (need[k] > __int128(room[k])) {
+      const __int128 n = need[k];
+      const std::string bytes = n > __int128(INT64_MAX) ? std::string("more than 2^63") : std::to_string(int64_t(n));
+      corrupt(where + ": operand " + names[k] + " reaches " + bytes + " bytes; its tensor holds " +
+              std::to_string(room[k]) + " from there");
+    }
 }
 
 void Model::output_shapes(const bpk_tensor* in, int64_t n_in, bpk_tensor* out, int64_t n_out) const {

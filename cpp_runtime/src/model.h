@@ -49,6 +49,9 @@ class Model {
     std::vector<OutSpec> outs;
     std::vector<int64_t> copy_offset;  // per output copied from the arena: its byte offset there
   };
+  void check_launches(const Prepared& p, const bpk_tensor* in) const;
+  void check_gemm(size_t launch, const std::vector<int64_t>& ints, const std::vector<uint64_t>& room,
+                  int64_t item) const;
   // The prepared launch list for these (checked) inputs, and the library that runs it: for benchmarks.
   std::shared_ptr<const Prepared> prepared(const bpk_tensor* inputs) const;
   const KernelLibrary& library() const { return *lib_; }

@@ -32,6 +32,9 @@ void ShapeProgram::validate(const std::vector<int32_t>& input_ranks) const {
   if (num_registers < 0) fail(BPK_ERR_FORMAT, "shape program: negative register count");
   if (code.size() % kWords) fail(BPK_ERR_FORMAT, "shape program code must be a multiple of 40 bytes");
   const int64_t n = num_registers;
+  if (uint64_t(n) > code.size() / kWords)  // the register file is allocated per shape: no lying counts
+    fail(BPK_ERR_FORMAT, "shape program: " + std::to_string(n) + " registers for " + std::to_string(code.size() / kWords) +
+                             " instructions (each defines at most one)");
   auto reg_ok = [n](int64_t r) { return r >= 0 && r < n; };
   for (size_t pc = 0; pc * kWords < code.size(); ++pc) {
     const int64_t* w = &code[pc * kWords];

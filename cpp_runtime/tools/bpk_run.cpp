@@ -1,17 +1,24 @@
 // bpk-run: run a .bpk artifact on .npy inputs without Python.
 //
 //   bpk-run MODEL.bpk --input NAME=FILE.npy ... [--output-dir DIR] [--device cpu|cuda] [--repeat N]
-//           [--threads N] [--no-verify]
+//           [--threads N] [--no-verify] [--sha256 HEX] [--trusted-key KEY ...]
+//
+// --sha256 refuses the file unless its SHA-256 is HEX; --trusted-key (64 hex digits, or a file holding
+// them or a PEM Ed25519 public key such as `bladepack keygen` writes) refuses it unless one of the keys
+// signed it (docs/format.md "Trust").
 //
 // Without inputs it prints the signature. Each output is written as DIR/<name>.npy; with --repeat N
 // the model runs N more times and latency statistics are printed. Exit status: 0, 1 for a load or run
 // error (the runtime's reason on stderr), 2 for a usage error.
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -23,11 +30,58 @@ namespace {
 
 const char kUsage[] =
     "usage: bpk-run MODEL.bpk [--input NAME=FILE.npy ...] [--output-dir DIR] [--device cpu|cuda]\n"
-    "               [--repeat N] [--threads N] [--no-verify]\n";
+    "               [--repeat N] [--threads N] [--no-verify] [--sha256 HEX] [--trusted-key KEY ...]\n";
 
 int usage(const std::string& why) {
   std::fprintf(stderr, "bpk-run: %s\n%s", why.c_str(), kUsage);
   return 2;
+}
+
+bool from_hex(const std::string& text, uint8_t* out, size_t n) {
+  if (text.size() != 2 * n) return false;
+  for (size_t i = 0; i < n; ++i) {
+    unsigned v = 0;
+    if (std::sscanf(text.c_str() + 2 * i, "%2x", &v) != 1 || !std::isxdigit(text[2 * i]) ||
+        !std::isxdigit(text[2 * i + 1]))
+      return false;
+    out[i] = uint8_t(v);
+  }
+  return true;
+}
+
+// The 32-byte key of a PEM Ed25519 public key (SubjectPublicKeyInfo: a fixed 12-byte DER prefix, then the key).
+bool from_pem(const std::string& pem, uint8_t* out) {
+  const size_t b = pem.find("-----BEGIN PUBLIC KEY-----"), e = pem.find("-----END PUBLIC KEY-----");
+  if (b == std::string::npos || e == std::string::npos || e < b) return false;
+  static const std::string kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::vector<uint8_t> der;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (size_t i = b + 26; i < e; ++i) {
+    const size_t v = kAlphabet.find(pem[i]);
+    if (v == std::string::npos) continue;  // line breaks, padding
+    acc = (acc << 6) | uint32_t(v);
+    if ((bits += 6) >= 8) {
+      bits -= 8;
+      der.push_back(uint8_t(acc >> bits));
+    }
+  }
+  static const uint8_t kPrefix[12] = {0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00};
+  if (der.size() != 44 || std::memcmp(der.data(), kPrefix, 12) != 0) return false;
+  std::memcpy(out, der.data() + 12, 32);
+  return true;
+}
+
+// A trusted key from 64 hex digits, or a file holding them or a PEM Ed25519 public key.
+bool read_key(const std::string& arg, uint8_t* out) {
+  if (from_hex(arg, out, 32)) return true;
+  std::ifstream f(arg);
+  if (!f) return false;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string text = ss.str();
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+  return from_hex(text, out, 32) || from_pem(text, out);
 }
 
 int runtime_error(bpk_status s) {
@@ -55,7 +109,9 @@ int main(int argc, char** argv) {
   std::string model_path, out_dir, device = "cpu";
   std::vector<std::pair<std::string, std::string>> inputs;
   long repeat = 0;
-  bpk_load_options opts{0, 0};
+  bpk_load_options opts{0, 0, nullptr, nullptr, 0};
+  std::string pinned;
+  std::vector<uint8_t> keys;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&](const char* flag) -> std::string {
@@ -86,6 +142,17 @@ int main(int argc, char** argv) {
       if (*end || opts.num_threads < 1) return usage("--threads takes a positive count, got '" + v + "'");
     } else if (a == "--no-verify") {
       opts.flags |= BPK_LOAD_SKIP_SECTION_CHECKSUMS;
+    } else if (a == "--sha256") {
+      pinned = value("--sha256");
+      opts.flags |= BPK_LOAD_TRUST;
+    } else if (a == "--trusted-key") {
+      const std::string v = value("--trusted-key");
+      uint8_t key[32];
+      if (!read_key(v, key))
+        return usage("--trusted-key takes 64 hex digits or a file with them or a PEM Ed25519 public key, got '" + v +
+                     "'");
+      keys.insert(keys.end(), key, key + 32);
+      opts.flags |= BPK_LOAD_TRUST;
     } else if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);
       return 0;
@@ -98,6 +165,9 @@ int main(int argc, char** argv) {
     }
   }
   if (model_path.empty()) return usage("no model given");
+  opts.sha256 = pinned.empty() ? nullptr : pinned.c_str();
+  opts.trusted_keys = keys.empty() ? nullptr : keys.data();
+  opts.n_trusted_keys = keys.size() / 32;
   if (device != "cpu" && device != "cuda") return usage("--device is cpu or cuda, got '" + device + "'");
 
   bpk_model* model = nullptr;

@@ -44,7 +44,8 @@ typedef enum bpk_status {
   BPK_ERR_INPUT = 5,       /* wrong input count, rank, dtype or static dim; a bad output buffer */
   BPK_ERR_SHAPE_GUARD = 6, /* a dynamic dim outside its range, or dims that must agree do not */
   BPK_ERR_EXECUTION = 7,   /* a kernel failed (an index outside its table) */
-  BPK_ERR_MEMORY = 8
+  BPK_ERR_MEMORY = 8,
+  BPK_ERR_TRUST = 9 /* not the pinned file, unsigned, or not signed by a trusted key (docs/format.md "Trust") */
 } bpk_status;
 
 typedef enum bpk_dtype {
@@ -97,9 +98,18 @@ typedef struct bpk_signature {
 /* Load flags. */
 #define BPK_LOAD_SKIP_SECTION_CHECKSUMS 1u /* verify the manifest only (sections are still bounds-checked) */
 
+/* The sha256 / trusted_keys fields are set. Loading an artifact runs native code from it: these say
+ * which artifacts to trust (docs/format.md "Trust"). Without this flag the fields are not read, so
+ * callers built against the two-field struct stay compatible. */
+#define BPK_LOAD_TRUST 2u
+
 typedef struct bpk_load_options {
   uint32_t flags;
   int32_t num_threads; /* kernel threads; 0: BLADEPACK_NUM_THREADS, else the CPUs this process may use */
+  /* read only with BPK_LOAD_TRUST: */
+  const char* sha256;          /* 64 hex digits the whole file's SHA-256 must be, checked first; or NULL */
+  const uint8_t* trusted_keys; /* n_trusted_keys Ed25519 public keys, 32 bytes each */
+  size_t n_trusted_keys;       /* > 0: the artifact must be signed by one of them (sections all checked) */
 } bpk_load_options;
 
 typedef struct bpk_model bpk_model;

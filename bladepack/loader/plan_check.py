@@ -1,0 +1,231 @@
+"""The native plan validator: what a launch list may index, checked before any of it runs.
+
+In: the `Manifest` and a native plan (`native_cpu` / `native_cuda`). Out: nothing, or BpkFormatError
+naming the launch and what is wrong. A checksum only proves the file is the one that was written; a
+plan edited and re-hashed could otherwise make the kernel library or a BLAS read and write anywhere.
+
+Note [Plan checks]: two stages.
+- At load (`check_plan`): the plan's ABI; every launch's op; kernel rows and variant function indices
+  (against the library's count); every register a SymInt, a predicate or a GEMM entry names (below
+  `num_registers`); pointer slots (0 the arena, then inputs, outputs, weights); GEMM records of exactly
+  20 integers; reference launches naming a plan step; arena buffers; the output slots (-1, or the
+  output's own slot).
+- Per input-shape signature (`check_launches`, on the resolved values): a non-negative arena; every
+  arena buffer inside it; every pointer offset inside its slot (the arena, or the input, output or
+  weight tensor the slot holds); and for GEMMs, the dims, leading dims, batch counts and strides
+  against the bytes their operands address (Note [GEMM records]).
+Kernel integer operands (dims and strides a generated kernel indexes with) are not validated here:
+their meaning is per kernel; the shape program that computes them is.
+
+Note [GEMM records]: 20 integers: batch b0 b1 b2, A / B / C batch strides (3 each, elements), M N K,
+ta tb, lda ldb ldc (row-major). A is M x K (stored K x M when ta), B is K x N (N x K when tb), C is
+M x N. Every count and stride is non-negative, ta / tb are 0 or 1, every dim and leading dim fits a
+32-bit BLAS integer, a leading dim is at least its row length, the batches of D do not all land on one
+matrix (a batch dim with more than one entry has a positive D stride), and the last element each operand
+reaches lies inside the tensor its pointer addresses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from bladepack.errors import BpkFormatError
+from bladepack.loader.manifest import Manifest
+
+GEMM_INTS = 20
+INT32_MAX = (1 << 31) - 1
+_ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}
+
+
+def _fail(m: Manifest, what: str) -> BpkFormatError:
+    return BpkFormatError(f"{m.source}: corrupt plan: {what}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_plan(m: Manifest, kind: str, n_functions: int | None) -> None:
+    """Load-time checks of the `kind` ("cpu" / "cuda") native plan; `n_functions` is the CPU library's
+    function count (None: the CUDA plan, whose variants name functions by symbol)."""
+    plan = m.native[kind]
+    assert plan is not None
+    n_regs = m.program.num_registers
+    n_slots = 1 + len(m.input_ids) + len(m.outputs) + len(m.weight_rows)
+
+    def symint(v: Any, where: str) -> None:
+        if _is_int(v):
+            return
+        if isinstance(v, dict) and set(v) == {"r"} and _is_int(v["r"]) and 0 <= v["r"] < n_regs:
+            return
+        raise _fail(m, f"{where}: {v!r} is neither an integer nor a register below {n_regs}")
+
+    def register(r: Any, where: str) -> None:
+        if not (_is_int(r) and 0 <= r < n_regs):
+            raise _fail(m, f"{where}: register {r!r} is not below {n_regs}")
+
+    if plan.get("abi") != 1:
+        raise _fail(m, f"native {kind} plan ABI {plan.get('abi')!r} is not 1")
+    kernels = m.kernels[kind]
+    for k, row in enumerate(kernels):
+        variants = row.get("variants")
+        if not isinstance(variants, list) or not variants:
+            raise _fail(m, f"kernel {k} has no variants")
+        for v in variants:
+            register(v.get("pred"), f"kernel {k}'s variant predicate")
+            fn = v.get("fn")
+            if n_functions is not None and not (_is_int(fn) and 0 <= fn < n_functions):
+                raise _fail(m, f"kernel {k} names function {fn!r}; the library has {n_functions}")
+            for key in ("grid", "smem"):
+                if key in v:
+                    symint(v[key], f"kernel {k}'s {key}")
+    gemm_kernels = plan.get("gemm_kernels", [])
+    for i, lr in enumerate(plan.get("launches", [])):
+        where = f"launch {i}"
+        op = lr.get("op")
+        if op == "ref":
+            if lr.get("node") not in m.step_index:
+                raise _fail(m, f"{where} runs value %{lr.get('node')!r}, which no plan step defines")
+            continue
+        if op not in ("kernel", "gemm") and not (kind == "cuda" and op == "cutlass"):
+            raise _fail(m, f"{where} has op {op!r}; a {kind} plan runs kernel, gemm, ref launches")
+        ptrs, ints = lr.get("ptrs"), lr.get("ints")
+        if not isinstance(ptrs, list) or not isinstance(ints, list):
+            raise _fail(m, f"{where} lacks its ptrs / ints lists")
+        for p in ptrs:
+            if not (isinstance(p, list) and len(p) == 2 and _is_int(p[0]) and 0 <= p[0] < n_slots):
+                raise _fail(m, f"{where} points at {p!r}; slots are 0 to {n_slots - 1}")
+            out = p[0] - 1 - len(m.input_ids)
+            if 0 <= out < len(m.outputs) and _output_slot(plan, out) == -1:
+                raise _fail(m, f"{where} points at output {out}'s slot, which the plan does not write")
+            symint(p[1], f"{where}'s pointer offset")
+        for v in ints:
+            symint(v, f"{where}'s integer")
+        if op == "kernel":
+            if not (_is_int(lr.get("k")) and 0 <= lr["k"] < len(kernels)):
+                raise _fail(m, f"{where} runs kernel {lr.get('k')!r}; the plan has {len(kernels)}")
+        else:
+            if lr.get("dtype") not in _ITEMSIZE or (kind == "cpu" and lr["dtype"] not in ("float32", "float64")):
+                raise _fail(m, f"{where} is a GEMM on {lr.get('dtype')!r}")
+            want = (3,) if op == "gemm" else (3, 4)
+            if len(ptrs) not in want or len(ints) not in (GEMM_INTS, GEMM_INTS + 4):
+                raise _fail(
+                    m, f"{where}: a GEMM takes 3 pointers and {GEMM_INTS} integers, not {len(ptrs)} / {len(ints)}"
+                )
+            for table in ("entries", "entries_sm90"):
+                for e in lr.get(table, []) if op == "cutlass" else []:
+                    register(e.get("pred"), f"{where}'s dispatch predicate")
+                    if not (_is_int(e.get("kernel")) and 0 <= e["kernel"] < len(gemm_kernels)):
+                        raise _fail(m, f"{where} dispatches to GEMM kernel {e.get('kernel')!r}")
+    for b in plan.get("buffers", []):
+        if b.get("dtype") not in _dtype_sizes():
+            raise _fail(m, f"arena buffer %{b.get('id')!r} has dtype {b.get('dtype')!r}")
+        for d in b.get("shape", []):
+            symint(d, f"arena buffer %{b.get('id')!r}'s shape")
+        symint(b.get("offset"), f"arena buffer %{b.get('id')!r}'s offset")
+    symint(plan.get("arena_bytes"), "the arena size")
+    outs = plan.get("outputs")
+    n_in = len(m.input_ids)
+    if not isinstance(outs, list) or len(outs) != len(m.outputs):
+        raise _fail(m, f"the plan writes {outs!r}; the signature has {len(m.outputs)} outputs")
+    for k, slot in enumerate(outs):
+        if slot not in (-1, 1 + n_in + k):
+            raise _fail(m, f"output {k} is written to slot {slot!r}; allowed: -1 or {1 + n_in + k}")
+
+
+def _output_slot(plan: dict[str, Any], k: int) -> Any:
+    outs = plan.get("outputs")
+    return outs[k] if isinstance(outs, list) and k < len(outs) else None
+
+
+def slot_sizes(m: Manifest, key: Sequence[Sequence[int]], arena: int, outputs: Sequence[int]) -> list[int]:
+    """Bytes each slot holds for a call with input shapes `key`: the arena, inputs, outputs, weights."""
+    sizes = _dtype_sizes()
+    inputs = [_count(shape) * sizes[t.dtype] for shape, t in zip(key, m.signature.inputs)]
+    weights = [_count(w["shape"]) * sizes[w["dtype"]] for w in m.weight_rows]
+    return [arena, *inputs, *outputs, *weights]
+
+
+def check_launches(
+    m: Manifest,
+    kind: str,
+    regs: Sequence[int],
+    slots: Sequence[int],
+    resolve: Any,
+) -> None:
+    """Per-signature checks of the resolved plan (`resolve(symint, regs)` gives a value); `slots` are
+    the bytes each slot holds (`slot_sizes`)."""
+    plan = m.native[kind]
+    assert plan is not None
+    arena = resolve(plan["arena_bytes"], regs)
+    if arena < 0 or arena != slots[0]:
+        raise _fail(m, f"the arena size resolves to {arena}")
+    sizes = _dtype_sizes()
+    for b in plan.get("buffers", []):
+        off = resolve(b["offset"], regs)
+        n = _count([resolve(d, regs) for d in b["shape"]]) * sizes[b["dtype"]]
+        if off < 0 or n < 0 or off + n > arena:
+            raise _fail(m, f"arena buffer %{b['id']} ({n} bytes at {off}) does not fit in the {arena}-byte arena")
+    for i, lr in enumerate(plan.get("launches", [])):
+        if lr["op"] == "ref":
+            continue
+        room = []
+        for slot, off in lr["ptrs"]:
+            at = resolve(off, regs)
+            if not 0 <= at <= slots[slot]:
+                raise _fail(m, f"launch {i} points {at} bytes into slot {slot}, which holds {slots[slot]}")
+            room.append(slots[slot] - at)
+        if lr["op"] in ("gemm", "cutlass"):
+            ints = [resolve(v, regs) for v in lr["ints"]]
+            _check_gemm(m, i, ints, room, _ITEMSIZE[lr["dtype"]], len(lr["ptrs"]) == 4)
+
+
+def _check_gemm(m: Manifest, i: int, v: Sequence[int], room: Sequence[int], item: int, has_c: bool) -> None:
+    """Note [GEMM records]."""
+    b, sa, sb, sc = v[0:3], v[3:6], v[6:9], v[9:12]
+    mm, nn, kk, ta, tb, lda, ldb, ldc = v[12:20]
+    where = f"launch {i} (GEMM M={mm} N={nn} K={kk} lda={lda} ldb={ldb} ldc={ldc} batch={list(b)})"
+    if min(*b, *sa, *sb, *sc, mm, nn, kk) < 0 or ta not in (0, 1) or tb not in (0, 1):
+        raise _fail(m, f"{where}: negative count or stride, or a transpose flag other than 0 / 1")
+    if max(mm, nn, kk, lda, ldb, ldc) > INT32_MAX:
+        raise _fail(m, f"{where}: a dim or leading dim above {INT32_MAX}")
+    a_rows, a_cols = (kk, mm) if ta else (mm, kk)
+    b_rows, b_cols = (nn, kk) if tb else (kk, nn)
+    if lda < max(1, a_cols) or ldb < max(1, b_cols) or ldc < max(1, nn):
+        raise _fail(m, f"{where}: a leading dim is shorter than its row")
+    if mm and nn and any(n > 1 and s < 1 for n, s in zip(b, sc)):
+        raise _fail(m, f"{where}: the batches of D overlap (D's batch strides are {list(sc)})")
+    if 0 in (*b, mm, nn):
+        return  # nothing is read or written
+
+    def extent(strides: Sequence[int], rows: int, cols: int, ld: int) -> int:
+        last = sum((n - 1) * s for n, s in zip(b, strides)) + (rows - 1) * ld + cols
+        return last * item if rows and cols else 0
+
+    # in pointer order: A, B, D, then the epilogue source C (its strides and leading dim follow the 20)
+    need = [extent(sa, a_rows, a_cols, lda) if kk else 0, extent(sb, b_rows, b_cols, ldb) if kk else 0]
+    need.append(extent(sc, mm, nn, ldc))
+    names = ["A", "B", "D"]
+    if has_c and len(v) >= GEMM_INTS + 4:
+        c_strides, ld_c = v[20:23], v[23]
+        if min(*c_strides, ld_c) < 0:
+            raise _fail(m, f"{where}: negative epilogue source stride")
+        need.append(extent(c_strides, mm if ld_c else 1, nn, max(ld_c, 1)))
+        names.append("C")
+    for name, n, r in zip(names, need, room):
+        if n > r:
+            raise _fail(m, f"{where}: operand {name} reaches {n} bytes; its tensor holds {r} from there")
+
+
+def _count(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _dtype_sizes() -> dict[str, int]:
+    from bladepack.dtypes import DType
+
+    return {d.value: d.itemsize for d in DType}
