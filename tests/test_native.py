@@ -242,3 +242,19 @@ def test_small_m_gemms(k: int, n: int) -> None:
         want = model(x)
         for got, ref in zip(nat(x), want):
             assert rel_err(got, ref) <= 1e-5, (m, k, n)
+
+
+def test_arena_released_after_a_huge_call(mlp_artifact) -> None:
+    """Note [Arena high-water mark]: a thread's arena shrinks back once calls need far less."""
+    from bladepack.loader.native_cpu import ARENA_KEEP
+
+    m = bladepack.load(mlp_artifact.to_bytes(), executor="native")
+    native = m._executor.native
+    buf, _ = native.arena(ARENA_KEEP * 2)
+    assert buf.nbytes >= ARENA_KEEP * 2
+    assert native.arena(ARENA_KEEP * 2 - 100)[0] is buf  # a similar need keeps it
+    small, _ = native.arena(1 << 10)
+    assert small.nbytes < 1 << 12  # released: far above the mark and the need
+    assert native.arena(1 << 9)[0] is small  # small arenas are kept
+    x = np.ones((3, 64), np.float32)
+    assert rel_err(m(x), bladepack.load(mlp_artifact.to_bytes(), executor="reference")(x)) <= 1e-6

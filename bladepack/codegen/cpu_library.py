@@ -33,6 +33,36 @@ struct Ctx {
 const bpk::KernelFn kTable[] = {%(table)s};
 }  // namespace
 
+// Note [Library CPU features]: the instruction-set features this library was compiled to use, as
+// /proc/cpuinfo names them, in data (reading it runs none of the library's code). Loaders check them
+// against the CPU before calling into the library, whatever the manifest's `requires` says.
+extern "C" __attribute__((visibility("default"))) const char* const bpk_cpu_features = ""
+#ifdef __AVX2__
+    " avx2"
+#endif
+#ifdef __FMA__
+    " fma"
+#endif
+#ifdef __BMI2__
+    " bmi2"
+#endif
+#ifdef __AVX512F__
+    " avx512f"
+#endif
+#ifdef __AVX512BW__
+    " avx512bw"
+#endif
+#ifdef __AVX512CD__
+    " avx512cd"
+#endif
+#ifdef __AVX512DQ__
+    " avx512dq"
+#endif
+#ifdef __AVX512VL__
+    " avx512vl"
+#endif
+    ;
+
 extern "C" {
 __attribute__((visibility("default"))) int bpk_abi_version() { return BPK_ABI_VERSION; }
 __attribute__((visibility("default"))) int64_t bpk_num_functions() { return %(nfn)d; }

@@ -8,6 +8,7 @@ raises BpkFormatError naming the file. Executors read only this object, never ea
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -96,10 +97,13 @@ class Manifest:
             )
             unknown = sorted({s["op"] for s in steps} - set(reference.OPS))
             deep = next((k for k, s in enumerate(steps) if _depth(s["attrs"]) > MAX_ATTR_DEPTH), None)
+            problem = _references(manifest)
         except BpkFormatError:
             raise
-        except (KeyError, TypeError, ValueError) as e:
-            raise BpkFormatError(f"{bpk.source}: malformed manifest ({type(e).__name__}: {e})") from None
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            raise BpkFormatError(f"{bpk.source}: malformed manifest ({type(e).__name__}: {describe(e)})") from None
+        if problem:
+            raise BpkFormatError(f"{bpk.source}: malformed manifest: {problem}")
         if deep is not None:
             raise BpkFormatError(
                 f"{bpk.source}: malformed manifest: step {deep}'s attributes nest deeper than {MAX_ATTR_DEPTH} levels"
@@ -125,6 +129,55 @@ class Manifest:
             else ((), np.dtype(np.float32))
             for o in self.outputs
         )
+
+
+def describe(e: BaseException) -> str:
+    """An exception's text, bounded (a hostile manifest's values may nest too deeply to print)."""
+    try:
+        text = str(e)
+    except RecursionError:
+        text = "a value nested too deeply to print"
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
+def _references(m: Manifest) -> str | None:
+    """What a step, value or output names that the manifest does not define (values, inputs, weights,
+    registers), or None. Checked at load so that no shape's first call meets it."""
+    n = m.program.num_registers
+    known = set(m.values) | set(m.input_pos) | set(m.weights)
+
+    def regs_ok(v: Any) -> bool:
+        todo = [v]
+        while todo:
+            x = todo.pop()
+            if isinstance(x, dict):
+                if set(x) == {"r"} and not (isinstance(x["r"], int) and 0 <= x["r"] < n):
+                    return False
+                todo.extend(x.values())
+            elif isinstance(x, list):
+                todo.extend(x)
+        return True
+
+    def symint(d: Any) -> bool:
+        return (isinstance(d, int) and not isinstance(d, bool)) or (
+            isinstance(d, dict) and set(d) == {"r"} and isinstance(d["r"], int) and 0 <= d["r"] < n
+        )
+
+    for vid, v in m.values.items():
+        if not isinstance(v.get("dtype"), str) or not isinstance(v.get("shape"), list):
+            return f"value %{reprlib.repr(vid)} has a malformed dtype or shape"
+        if not all(symint(d) for d in v["shape"]):
+            return (
+                f"value %{reprlib.repr(vid)}'s shape has an entry that is neither an integer nor a register below {n}"
+            )
+    for k, s in enumerate(m.steps):
+        if s["out"] not in m.values or not isinstance(s["in"], list) or any(i not in known for i in s["in"]):
+            return f"step {k} reads or writes a value the manifest does not define"
+        if not isinstance(s["attrs"], dict) or not regs_ok(s["attrs"]):
+            return f"step {k}'s attributes name a register outside the shape program's {n}"
+    if any(o not in known for o in m.outputs):
+        return "an output is a value the manifest does not define"
+    return None
 
 
 def _depth(v: Any) -> int:

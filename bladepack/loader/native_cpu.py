@@ -50,9 +50,18 @@ def _machine_is_x86() -> bool:
 
 def choose_library(libraries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The highest ISA level whose CPU features this machine has."""
+    if not isinstance(libraries, list) or not all(
+        isinstance(lib, dict)
+        and isinstance(lib.get("isa"), str)
+        and isinstance(lib.get("section"), str)
+        and isinstance(lib.get("requires"), list)
+        and all(isinstance(f, str) for f in lib["requires"])
+        for lib in libraries
+    ):
+        raise BpkFormatError("malformed manifest: native_cpu.libraries must list {isa, requires, section} maps")
     have = cpu_flags()
     x86 = _machine_is_x86()
-    fits = [
+    fits: list[dict[str, Any]] = [
         lib
         for lib in libraries
         if (lib["isa"] == "generic" and not x86) or (lib["isa"] != "generic" and x86 and set(lib["requires"]) <= have)
@@ -112,6 +121,7 @@ def find_blas() -> Blas | None:
     return None
 
 
+ARENA_KEEP = 64 << 20  # Note [Arena high-water mark]
 _KEEP: dict[str, ctypes.CDLL] = {}  # BLAS handles stay loaded for the process (their pointers are shared)
 
 
@@ -137,6 +147,19 @@ class Prepared:
     buffers: dict[int, tuple[int, tuple[int, ...], np.dtype]]  # arena value -> (byte offset, shape, dtype)
 
 
+def _check_features(lib: ctypes.CDLL, isa: str) -> None:
+    """Note [Library CPU features]: NativeUnavailable when the library uses an instruction-set feature
+    this CPU lacks (a manifest's `requires` may say otherwise; the library's own list decides)."""
+    try:
+        text = ctypes.c_char_p.in_dll(lib, "bpk_cpu_features").value
+    except ValueError:  # libraries from before the list: the manifest's `requires` chose it
+        return
+    have = cpu_flags()
+    missing = [f for f in (text or b"").decode().split() if f not in have]
+    if missing:
+        raise NativeUnavailable(f"the {isa} CPU kernel library uses {', '.join(missing)}, which this CPU lacks")
+
+
 class NativeCpu:
     def __init__(self, bpk: BpkFile, native: dict[str, Any], weights: Sequence[np.ndarray]) -> None:
         """`weights`: the weight arrays in manifest order (their slots follow the outputs')."""
@@ -154,6 +177,7 @@ class NativeCpu:
         except OSError as e:
             raise NativeUnavailable(f"the {self.isa} CPU kernel library failed to load: {e}") from None
         lib = self.lib
+        _check_features(lib, self.isa)
         lib.bpk_abi_version.restype = ctypes.c_int
         if lib.bpk_abi_version() != ABI_VERSION:
             raise NativeUnavailable("the CPU kernel library has a different ABI version")
@@ -246,9 +270,16 @@ class NativeCpu:
 
     # -- per call
     def arena(self, nbytes: int) -> tuple[np.ndarray, int]:
-        """This thread's arena (grown to at least `nbytes`) and its 64-byte aligned base address."""
-        got = getattr(self._local, "arena", None)
-        if got is None or got[0].nbytes < nbytes + 64:
+        """This thread's arena (at least `nbytes`) and its 64-byte aligned base address. Note [Arena
+        high-water mark]: the arena grows to the largest call's need and is kept for later calls, but
+        one above ARENA_KEEP bytes and more than four times what the current call needs is released
+        and made again at this call's size: one huge call does not pin its memory for the thread's life."""
+        got: tuple[np.ndarray, int] | None = getattr(self._local, "arena", None)
+        need = nbytes + 64
+        held = 0 if got is None else got[0].nbytes
+        if got is None or held < need or (held > ARENA_KEEP and held > 4 * need):
+            got = None  # the old buffer goes before the new one is made
+            self._local.arena = None
             buf = np.empty(max(nbytes, 1) + 64, dtype=np.uint8)
             addr = int(buf.ctypes.data)
             got = (buf, addr + (-addr) % 64)

@@ -27,11 +27,12 @@ reaches lies inside the tensor its pointer addresses.
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Sequence
 from typing import Any
 
 from bladepack.errors import BpkFormatError
-from bladepack.loader.manifest import Manifest
+from bladepack.loader.manifest import Manifest, describe
 
 GEMM_INTS = 20
 INT32_MAX = (1 << 31) - 1
@@ -42,11 +43,25 @@ def _fail(m: Manifest, what: str) -> BpkFormatError:
     return BpkFormatError(f"{m.source}: corrupt plan: {what}")
 
 
+def _short(v: Any) -> str:
+    """A bounded repr: a hostile manifest's values may nest a thousand levels deep."""
+    return reprlib.repr(v)
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
 def check_plan(m: Manifest, kind: str, n_functions: int | None) -> None:
+    """See `_check_plan`; a record of the wrong shape (a list for a map, text for a number) is a
+    BpkFormatError too."""
+    try:
+        _check_plan(m, kind, n_functions)
+    except (AttributeError, TypeError, KeyError, ValueError, IndexError) as e:
+        raise _fail(m, f"a native {kind} plan record is malformed ({type(e).__name__}: {describe(e)})") from None
+
+
+def _check_plan(m: Manifest, kind: str, n_functions: int | None) -> None:
     """Load-time checks of the `kind` ("cpu" / "cuda") native plan; `n_functions` is the CPU library's
     function count (None: the CUDA plan, whose variants name functions by symbol)."""
     plan = m.native[kind]
@@ -59,14 +74,17 @@ def check_plan(m: Manifest, kind: str, n_functions: int | None) -> None:
             return
         if isinstance(v, dict) and set(v) == {"r"} and _is_int(v["r"]) and 0 <= v["r"] < n_regs:
             return
-        raise _fail(m, f"{where}: {v!r} is neither an integer nor a register below {n_regs}")
+        raise _fail(m, f"{where}: {_short(v)} is neither an integer nor a register below {n_regs}")
 
     def register(r: Any, where: str) -> None:
         if not (_is_int(r) and 0 <= r < n_regs):
-            raise _fail(m, f"{where}: register {r!r} is not below {n_regs}")
+            raise _fail(m, f"{where}: register {_short(r)} is not below {n_regs}")
 
     if plan.get("abi") != 1:
-        raise _fail(m, f"native {kind} plan ABI {plan.get('abi')!r} is not 1")
+        raise _fail(m, f"native {kind} plan ABI {_short(plan.get('abi'))} is not 1")
+    for key in ("launches", "buffers", "outputs"):
+        if not isinstance(plan.get(key), list):
+            raise _fail(m, f"the native {kind} plan lacks its {key} list")
     kernels = m.kernels[kind]
     for k, row in enumerate(kernels):
         variants = row.get("variants")
@@ -76,7 +94,7 @@ def check_plan(m: Manifest, kind: str, n_functions: int | None) -> None:
             register(v.get("pred"), f"kernel {k}'s variant predicate")
             fn = v.get("fn")
             if n_functions is not None and not (_is_int(fn) and 0 <= fn < n_functions):
-                raise _fail(m, f"kernel {k} names function {fn!r}; the library has {n_functions}")
+                raise _fail(m, f"kernel {k} names function {_short(fn)}; the library has {n_functions}")
             for key in ("grid", "smem"):
                 if key in v:
                     symint(v[key], f"kernel {k}'s {key}")
@@ -85,17 +103,17 @@ def check_plan(m: Manifest, kind: str, n_functions: int | None) -> None:
         where = f"launch {i}"
         op = lr.get("op")
         if op == "ref":
-            if lr.get("node") not in m.step_index:
-                raise _fail(m, f"{where} runs value %{lr.get('node')!r}, which no plan step defines")
+            if not _is_int(lr.get("node")) or lr["node"] not in m.step_index:
+                raise _fail(m, f"{where} runs value %{_short(lr.get('node'))}, which no plan step defines")
             continue
         if op not in ("kernel", "gemm") and not (kind == "cuda" and op == "cutlass"):
-            raise _fail(m, f"{where} has op {op!r}; a {kind} plan runs kernel, gemm, ref launches")
+            raise _fail(m, f"{where} has op {_short(op)}; a {kind} plan runs kernel, gemm, ref launches")
         ptrs, ints = lr.get("ptrs"), lr.get("ints")
         if not isinstance(ptrs, list) or not isinstance(ints, list):
             raise _fail(m, f"{where} lacks its ptrs / ints lists")
         for p in ptrs:
             if not (isinstance(p, list) and len(p) == 2 and _is_int(p[0]) and 0 <= p[0] < n_slots):
-                raise _fail(m, f"{where} points at {p!r}; slots are 0 to {n_slots - 1}")
+                raise _fail(m, f"{where} points at {_short(p)}; slots are 0 to {n_slots - 1}")
             out = p[0] - 1 - len(m.input_ids)
             if 0 <= out < len(m.outputs) and _output_slot(plan, out) == -1:
                 raise _fail(m, f"{where} points at output {out}'s slot, which the plan does not write")
@@ -104,10 +122,14 @@ def check_plan(m: Manifest, kind: str, n_functions: int | None) -> None:
             symint(v, f"{where}'s integer")
         if op == "kernel":
             if not (_is_int(lr.get("k")) and 0 <= lr["k"] < len(kernels)):
-                raise _fail(m, f"{where} runs kernel {lr.get('k')!r}; the plan has {len(kernels)}")
+                raise _fail(m, f"{where} runs kernel {_short(lr.get('k'))}; the plan has {len(kernels)}")
         else:
-            if lr.get("dtype") not in _ITEMSIZE or (kind == "cpu" and lr["dtype"] not in ("float32", "float64")):
-                raise _fail(m, f"{where} is a GEMM on {lr.get('dtype')!r}")
+            if (
+                not isinstance(lr.get("dtype"), str)
+                or lr["dtype"] not in _ITEMSIZE
+                or (kind == "cpu" and lr["dtype"] not in ("float32", "float64"))
+            ):
+                raise _fail(m, f"{where} is a GEMM on {_short(lr.get('dtype'))}")
             want = (3,) if op == "gemm" else (3, 4)
             if len(ptrs) not in want or len(ints) not in (GEMM_INTS, GEMM_INTS + 4):
                 raise _fail(
@@ -117,21 +139,23 @@ def check_plan(m: Manifest, kind: str, n_functions: int | None) -> None:
                 for e in lr.get(table, []) if op == "cutlass" else []:
                     register(e.get("pred"), f"{where}'s dispatch predicate")
                     if not (_is_int(e.get("kernel")) and 0 <= e["kernel"] < len(gemm_kernels)):
-                        raise _fail(m, f"{where} dispatches to GEMM kernel {e.get('kernel')!r}")
+                        raise _fail(m, f"{where} dispatches to GEMM kernel {_short(e.get('kernel'))}")
     for b in plan.get("buffers", []):
-        if b.get("dtype") not in _dtype_sizes():
-            raise _fail(m, f"arena buffer %{b.get('id')!r} has dtype {b.get('dtype')!r}")
+        if not _is_int(b.get("id")):
+            raise _fail(m, f"an arena buffer has id {_short(b.get('id'))}")
+        if not isinstance(b.get("dtype"), str) or b["dtype"] not in _dtype_sizes():
+            raise _fail(m, f"arena buffer %{_short(b.get('id'))} has dtype {_short(b.get('dtype'))}")
         for d in b.get("shape", []):
-            symint(d, f"arena buffer %{b.get('id')!r}'s shape")
-        symint(b.get("offset"), f"arena buffer %{b.get('id')!r}'s offset")
+            symint(d, f"arena buffer %{_short(b.get('id'))}'s shape")
+        symint(b.get("offset"), f"arena buffer %{_short(b.get('id'))}'s offset")
     symint(plan.get("arena_bytes"), "the arena size")
     outs = plan.get("outputs")
     n_in = len(m.input_ids)
     if not isinstance(outs, list) or len(outs) != len(m.outputs):
-        raise _fail(m, f"the plan writes {outs!r}; the signature has {len(m.outputs)} outputs")
+        raise _fail(m, f"the plan writes {_short(outs)}; the signature has {len(m.outputs)} outputs")
     for k, slot in enumerate(outs):
-        if slot not in (-1, 1 + n_in + k):
-            raise _fail(m, f"output {k} is written to slot {slot!r}; allowed: -1 or {1 + n_in + k}")
+        if not _is_int(slot) or slot not in (-1, 1 + n_in + k):
+            raise _fail(m, f"output {k} is written to slot {_short(slot)}; allowed: -1 or {1 + n_in + k}")
 
 
 def _output_slot(plan: dict[str, Any], k: int) -> Any:
@@ -147,7 +171,15 @@ def slot_sizes(m: Manifest, key: Sequence[Sequence[int]], arena: int, outputs: S
     return [arena, *inputs, *outputs, *weights]
 
 
-def check_launches(
+def check_launches(m: Manifest, kind: str, regs: Sequence[int], slots: Sequence[int], resolve: Any) -> None:
+    """See `_check_launches` (a malformed record found here is a BpkFormatError too)."""
+    try:
+        _check_launches(m, kind, regs, slots, resolve)
+    except (AttributeError, TypeError, KeyError, ValueError, IndexError) as e:
+        raise _fail(m, f"a native {kind} plan record is malformed ({type(e).__name__}: {describe(e)})") from None
+
+
+def _check_launches(
     m: Manifest,
     kind: str,
     regs: Sequence[int],

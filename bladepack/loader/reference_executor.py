@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from bladepack.errors import ExecutionError
+from bladepack.errors import BladepackError, ExecutionError
 from bladepack.loader import reference
 from bladepack.loader.executor import ShapeCache, check_memory, host_call
 from bladepack.loader.manifest import Key, Manifest, host_dtype, resolve
@@ -40,7 +40,9 @@ class Step:
             raise ExecutionError(f"step {self.op} -> %{self.out} computes in bfloat16, which numpy cannot {where}")
         try:
             y = self.impl(xs, self.attrs, self.shape, self.dtype)
-        except (IndexError, ValueError, FloatingPointError) as e:
+        except BladepackError:
+            raise
+        except Exception as e:  # a step's numpy code on operands or attributes the plan got wrong
             raise ExecutionError(f"step {self.op} -> %{self.out} failed: {e} {where}") from None
         if y.shape != self.shape:
             raise ExecutionError(

@@ -152,6 +152,16 @@ KernelLibrary::KernelLibrary(const Artifact& artifact, const std::vector<Library
     return p;
   };
   try {
+    // Note [Library CPU features] (bladepack/codegen/cpu_library.py): data, so no library code runs first
+    if (void* f = dlsym(handle_, "bpk_cpu_features")) {
+      const std::vector<std::string> have = cpu_flags();
+      std::istringstream words(*static_cast<const char* const*>(f));
+      std::string missing;
+      for (std::string w; words >> w;)
+        if (std::find(have.begin(), have.end(), w) == have.end()) missing += (missing.empty() ? "" : ", ") + w;
+      if (!missing.empty())
+        unavailable("the " + isa_ + " CPU kernel library uses " + missing + ", which this CPU lacks");
+    }
     auto abi = reinterpret_cast<int (*)()>(sym("bpk_abi_version"));
     if (abi() != kAbiVersion) unavailable("the CPU kernel library has a different ABI version");
     nfn_ = reinterpret_cast<int64_t (*)()>(sym("bpk_num_functions"))();
