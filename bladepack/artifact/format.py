@@ -82,12 +82,17 @@ def encode(manifest: dict[str, Any], sections: Sequence[Section]) -> list[bytes 
 
 def write(path: str | os.PathLike[str], manifest: dict[str, Any], sections: Sequence[Section]) -> None:
     """Write atomically: a temporary file in the same directory, fsync, then rename over `path`."""
+    write_chunks(path, encode(manifest, sections))
+
+
+def write_chunks(path: str | os.PathLike[str], chunks: Sequence[bytes | memoryview]) -> None:
+    """Write `chunks` to `path` atomically: a temporary file in the same directory, fsync, rename."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            for chunk in encode(manifest, sections):
+            for chunk in chunks:
                 f.write(chunk)
             f.flush()
             os.fsync(f.fileno())

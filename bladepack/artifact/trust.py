@@ -28,7 +28,6 @@ import hashlib
 import hmac
 import os
 import struct
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,7 +155,7 @@ def sign_file(
 ) -> str:
     """Sign the artifact at `path` with the PEM Ed25519 private key at `key_path` (a signature already
     there is replaced); write it to `out` (default: in place, atomically). Returns the key id."""
-    from bladepack.artifact.format import read
+    from bladepack.artifact.format import read, write_chunks
 
     c = _crypto("signing an artifact")
     private = c.serialization.load_pem_private_key(Path(key_path).read_bytes(), password=None)
@@ -166,17 +165,8 @@ def sign_file(
     body = bytes(bpk.buffer[: bpk.data_end])
     public = private.public_key().public_bytes(c.serialization.Encoding.Raw, c.serialization.PublicFormat.Raw)
     signed = body + block(bytes(public), private.sign(signed_message(body)))
-    target = Path(out if out is not None else path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(signed)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    del bpk  # the file may be replaced in place: drop the mapping first
+    write_chunks(out if out is not None else path, [signed])
     return key_id(bytes(public))
 
 
