@@ -27,9 +27,9 @@ from bladepack.errors import ExecutionError, InputError
 from bladepack.loader.cuda_driver import CudaUnavailable, DeviceBuffer
 from bladepack.loader.dlpack import KDL_CUDA, KDL_CUDA_MANAGED, Exported, Imported, import_tensor
 from bladepack.loader.executor import ShapeCache
-from bladepack.loader.manifest import Key, Manifest, index_error, resolve
+from bladepack.loader.manifest import Key, Manifest, index_error
 from bladepack.loader.native_cuda import KERNEL_SHIFT, CudaPrepared, NativeCuda
-from bladepack.loader.plan_check import check_launches, check_plan, slot_sizes
+from bladepack.loader.plan_check import check_launches, check_plan
 from bladepack.loader.reference_executor import ReferenceExecutor, RefPrepared
 from bladepack.loader.signature import check_inputs
 from bladepack.loader.tensors import is_torch_tensor, resolve_views, to_numpy
@@ -112,14 +112,8 @@ class CudaExecutor:
 
     def _build(self, key: Key) -> Prepared:
         ref = self.reference.build(key)
-        regs, m = ref.registers, self.m
-        out_bytes = [
-            _nbytes(shape, m.values[o]["dtype"]) if slot != -1 and o in m.values else 0
-            for (shape, _), o, slot in zip(ref.outputs, m.outputs, self.out_slot)
-        ]
-        arena = resolve(m.native["cuda"]["arena_bytes"], regs)  # type: ignore[index]
-        check_launches(m, "cuda", regs, slot_sizes(m, key, arena, out_bytes), resolve)
-        return Prepared(ref, self.exe.prepare(regs))
+        check_launches(self.m, "cuda", key, ref.registers, [s for s, _ in ref.outputs])
+        return Prepared(ref, self.exe.prepare(ref.registers))
 
     # -- inputs
     def _take(self, inputs: Sequence[Any], stream: int) -> tuple[list[Any], list[Imported], list[np.ndarray | None]]:

@@ -17,6 +17,7 @@ C++ runtime's bound by default), so a stream of distinct shapes cannot grow memo
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections import OrderedDict
@@ -85,10 +86,8 @@ class ShapeCache(Generic[T]):
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __contains__(self, key: object) -> bool:
-        return key in self._entries
 
-
+@functools.cache
 def physical_memory() -> int:
     """Bytes of memory this machine has (no call can need more and succeed)."""
     try:
@@ -97,17 +96,18 @@ def physical_memory() -> int:
         return 1 << 62
 
 
-def check_memory(key: Key, needs: dict[str, int]) -> None:
+def check_memory(need: int, details: Callable[[], tuple[Key, dict[str, int]]]) -> None:
     """Note [Bytes before allocation]: the guards bound each dim by its declared range, which may be
-    open; the bytes a call implies are checked against the machine's memory before anything is
-    allocated, so a huge (for instance stride-0 expanded) input is an InputError, not a MemoryError
-    or an allocation the kernel cannot back."""
-    total = sum(needs.values())
+    open; the bytes a call implies (`need`) are checked against the machine's memory before anything
+    is allocated, so a huge (for instance stride-0 expanded) input is an InputError, not a MemoryError
+    or an allocation the kernel cannot back. `details` (called only to explain a refusal) gives the
+    input shapes and what the bytes are for."""
     have = physical_memory()
-    if total > have:
-        parts = ", ".join(f"{k} {v}" for k, v in needs.items() if v)
+    if need > have:
+        key, parts = details()
+        what = ", ".join(f"{k} {v}" for k, v in parts.items() if v)
         raise InputError(
-            f"input shapes {[list(s) for s in key]} need {total} bytes ({parts}), more than this machine's "
+            f"input shapes {[list(s) for s in key]} need {need} bytes ({what}), more than this machine's "
             f"{have} bytes of memory"
         )
 

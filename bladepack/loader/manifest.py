@@ -36,6 +36,14 @@ def resolve(v: Any, regs: Sequence[int]) -> Any:
     return v
 
 
+def element_count(shape: Sequence[int]) -> int:
+    """The number of elements of a shape (exact: Python integers)."""
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
 def host_dtype(name: str) -> np.dtype | None:
     """The numpy dtype of a value, None for bfloat16 (the CPU executors refuse bfloat16 artifacts at
     load; the CUDA path keeps such values on the device and reads dtypes by name)."""

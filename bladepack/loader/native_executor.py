@@ -18,9 +18,9 @@ from bladepack.dtypes import DType
 from bladepack.errors import ExecutionError
 from bladepack.loader.executor import ShapeCache, check_memory, host_call
 from bladepack.loader.fast_call import FastCalls
-from bladepack.loader.manifest import Key, Manifest, index_error, resolve
+from bladepack.loader.manifest import Key, Manifest, element_count, index_error
 from bladepack.loader.native_cpu import NativeCpu, Prepared
-from bladepack.loader.plan_check import check_launches, check_plan, slot_sizes
+from bladepack.loader.plan_check import check_launches, check_plan
 from bladepack.loader.reference_executor import ReferenceExecutor, RefPrepared
 from bladepack.loader.signature import check_inputs
 from bladepack.loader.tensors import to_numpy
@@ -30,6 +30,7 @@ from bladepack.loader.tensors import to_numpy
 class NativePrepared:
     ref: RefPrepared  # registers, output specs, and the steps reference segments run
     native: Prepared
+    fixed_bytes: int  # the arena and the outputs: what every call at this signature allocates
 
 
 class NativeExecutor:
@@ -68,11 +69,10 @@ class NativeExecutor:
 
     def _build(self, key: Key) -> NativePrepared:
         ref = self.reference.build(key)
-        regs = ref.registers
-        out_bytes = [_nbytes(shape, dt) if slot != -1 else 0 for (shape, dt), slot in zip(ref.outputs, self._out_slot)]
-        arena = resolve(self.m.native["cpu"]["arena_bytes"], regs)  # type: ignore[index]
-        check_launches(self.m, "cpu", regs, slot_sizes(self.m, key, arena, out_bytes), resolve)
-        return NativePrepared(ref, self.native.prepare(regs, self._kernels))
+        check_launches(self.m, "cpu", key, ref.registers, [s for s, _ in ref.outputs])
+        native = self.native.prepare(ref.registers, self._kernels)
+        outputs = sum(element_count(s) * (dt.itemsize if dt is not None else 2) for s, dt in ref.outputs)
+        return NativePrepared(ref, native, native.arena_bytes + outputs)
 
     def run(self, inputs: Sequence[Any], outputs: Sequence[Any] | None) -> list[Any]:
         if outputs is None and self.fast is not None:
@@ -114,11 +114,17 @@ class NativeExecutor:
     ) -> list[np.ndarray]:
         m, native, nat = self.m, self.native, prep.native
         copies = sum(a.nbytes for a in arrays if not (a.flags.c_contiguous and a.dtype.isnative))
-        outputs = sum(
-            int(np.prod(s, dtype=object)) * (dt.itemsize if dt is not None else 2) for s, dt in prep.ref.outputs
+        check_memory(
+            prep.fixed_bytes + copies,
+            lambda: (
+                tuple(a.shape for a in arrays),
+                {
+                    "arena": nat.arena_bytes,
+                    "outputs": prep.fixed_bytes - nat.arena_bytes,
+                    "contiguous input copies": copies,
+                },
+            ),
         )
-        key = tuple(a.shape for a in arrays)
-        check_memory(key, {"arena": nat.arena_bytes, "outputs": outputs, "contiguous input copies": copies})
         arrays = [
             a if a.flags.c_contiguous and a.dtype.isnative else np.ascontiguousarray(a, a.dtype.newbyteorder("="))
             for a in arrays
@@ -176,10 +182,3 @@ class NativeExecutor:
         if rc != 1 or lr.get("op") != "kernel":
             return ExecutionError(f"native launch {launch} failed (code {rc}); the artifact may be corrupt")
         return index_error(self._kernels[lr["k"]], code, value, size)
-
-
-def _nbytes(shape: tuple[int, ...], dtype: np.dtype | None) -> int:
-    count = 1
-    for d in shape:
-        count *= d
-    return count * (dtype.itemsize if dtype is not None else 2)

@@ -31,12 +31,14 @@ import reprlib
 from collections.abc import Sequence
 from typing import Any
 
+from bladepack.dtypes import DType
 from bladepack.errors import BpkFormatError
-from bladepack.loader.manifest import Manifest, describe
+from bladepack.loader.manifest import Key, Manifest, describe, element_count, resolve
 
 GEMM_INTS = 20
 INT32_MAX = (1 << 31) - 1
-_ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}
+_SIZES = {d.value: d.itemsize for d in DType}
+_GEMM_DTYPES = {"cpu": ("float32", "float64"), "cuda": ("float32", "float64", "float16", "bfloat16")}
 
 
 def _fail(m: Manifest, what: str) -> BpkFormatError:
@@ -85,6 +87,13 @@ def _check_plan(m: Manifest, kind: str, n_functions: int | None) -> None:
     for key in ("launches", "buffers", "outputs"):
         if not isinstance(plan.get(key), list):
             raise _fail(m, f"the native {kind} plan lacks its {key} list")
+    outs = plan["outputs"]
+    n_in = len(m.input_ids)
+    if len(outs) != len(m.outputs):
+        raise _fail(m, f"the plan writes {_short(outs)}; the signature has {len(m.outputs)} outputs")
+    for k, slot in enumerate(outs):
+        if not _is_int(slot) or slot not in (-1, 1 + n_in + k):
+            raise _fail(m, f"output {k} is written to slot {_short(slot)}; allowed: -1 or {1 + n_in + k}")
     kernels = m.kernels[kind]
     for k, row in enumerate(kernels):
         variants = row.get("variants")
@@ -99,7 +108,7 @@ def _check_plan(m: Manifest, kind: str, n_functions: int | None) -> None:
                 if key in v:
                     symint(v[key], f"kernel {k}'s {key}")
     gemm_kernels = plan.get("gemm_kernels", [])
-    for i, lr in enumerate(plan.get("launches", [])):
+    for i, lr in enumerate(plan["launches"]):
         where = f"launch {i}"
         op = lr.get("op")
         if op == "ref":
@@ -115,7 +124,7 @@ def _check_plan(m: Manifest, kind: str, n_functions: int | None) -> None:
             if not (isinstance(p, list) and len(p) == 2 and _is_int(p[0]) and 0 <= p[0] < n_slots):
                 raise _fail(m, f"{where} points at {_short(p)}; slots are 0 to {n_slots - 1}")
             out = p[0] - 1 - len(m.input_ids)
-            if 0 <= out < len(m.outputs) and _output_slot(plan, out) == -1:
+            if 0 <= out < len(m.outputs) and outs[out] == -1:
                 raise _fail(m, f"{where} points at output {out}'s slot, which the plan does not write")
             symint(p[1], f"{where}'s pointer offset")
         for v in ints:
@@ -124,11 +133,7 @@ def _check_plan(m: Manifest, kind: str, n_functions: int | None) -> None:
             if not (_is_int(lr.get("k")) and 0 <= lr["k"] < len(kernels)):
                 raise _fail(m, f"{where} runs kernel {_short(lr.get('k'))}; the plan has {len(kernels)}")
         else:
-            if (
-                not isinstance(lr.get("dtype"), str)
-                or lr["dtype"] not in _ITEMSIZE
-                or (kind == "cpu" and lr["dtype"] not in ("float32", "float64"))
-            ):
+            if not isinstance(lr.get("dtype"), str) or lr["dtype"] not in _GEMM_DTYPES[kind]:
                 raise _fail(m, f"{where} is a GEMM on {_short(lr.get('dtype'))}")
             want = (3,) if op == "gemm" else (3, 4)
             if len(ptrs) not in want or len(ints) not in (GEMM_INTS, GEMM_INTS + 4):
@@ -140,66 +145,47 @@ def _check_plan(m: Manifest, kind: str, n_functions: int | None) -> None:
                     register(e.get("pred"), f"{where}'s dispatch predicate")
                     if not (_is_int(e.get("kernel")) and 0 <= e["kernel"] < len(gemm_kernels)):
                         raise _fail(m, f"{where} dispatches to GEMM kernel {_short(e.get('kernel'))}")
-    for b in plan.get("buffers", []):
+    for b in plan["buffers"]:
         if not _is_int(b.get("id")):
             raise _fail(m, f"an arena buffer has id {_short(b.get('id'))}")
-        if not isinstance(b.get("dtype"), str) or b["dtype"] not in _dtype_sizes():
+        if not isinstance(b.get("dtype"), str) or b["dtype"] not in _SIZES:
             raise _fail(m, f"arena buffer %{_short(b.get('id'))} has dtype {_short(b.get('dtype'))}")
         for d in b.get("shape", []):
             symint(d, f"arena buffer %{_short(b.get('id'))}'s shape")
         symint(b.get("offset"), f"arena buffer %{_short(b.get('id'))}'s offset")
     symint(plan.get("arena_bytes"), "the arena size")
-    outs = plan.get("outputs")
-    n_in = len(m.input_ids)
-    if not isinstance(outs, list) or len(outs) != len(m.outputs):
-        raise _fail(m, f"the plan writes {_short(outs)}; the signature has {len(m.outputs)} outputs")
-    for k, slot in enumerate(outs):
-        if not _is_int(slot) or slot not in (-1, 1 + n_in + k):
-            raise _fail(m, f"output {k} is written to slot {_short(slot)}; allowed: -1 or {1 + n_in + k}")
 
 
-def _output_slot(plan: dict[str, Any], k: int) -> Any:
-    outs = plan.get("outputs")
-    return outs[k] if isinstance(outs, list) and k < len(outs) else None
-
-
-def slot_sizes(m: Manifest, key: Sequence[Sequence[int]], arena: int, outputs: Sequence[int]) -> list[int]:
-    """Bytes each slot holds for a call with input shapes `key`: the arena, inputs, outputs, weights."""
-    sizes = _dtype_sizes()
-    inputs = [_count(shape) * sizes[t.dtype] for shape, t in zip(key, m.signature.inputs)]
-    weights = [_count(w["shape"]) * sizes[w["dtype"]] for w in m.weight_rows]
-    return [arena, *inputs, *outputs, *weights]
-
-
-def check_launches(m: Manifest, kind: str, regs: Sequence[int], slots: Sequence[int], resolve: Any) -> None:
+def check_launches(m: Manifest, kind: str, key: Key, regs: Sequence[int], out_shapes: Sequence[Sequence[int]]) -> None:
     """See `_check_launches` (a malformed record found here is a BpkFormatError too)."""
     try:
-        _check_launches(m, kind, regs, slots, resolve)
+        _check_launches(m, kind, key, regs, out_shapes)
     except (AttributeError, TypeError, KeyError, ValueError, IndexError) as e:
         raise _fail(m, f"a native {kind} plan record is malformed ({type(e).__name__}: {describe(e)})") from None
 
 
-def _check_launches(
-    m: Manifest,
-    kind: str,
-    regs: Sequence[int],
-    slots: Sequence[int],
-    resolve: Any,
-) -> None:
-    """Per-signature checks of the resolved plan (`resolve(symint, regs)` gives a value); `slots` are
-    the bytes each slot holds (`slot_sizes`)."""
+def _check_launches(m: Manifest, kind: str, key: Key, regs: Sequence[int], out_shapes: Sequence[Sequence[int]]) -> None:
+    """Per-signature checks of the plan resolved at `regs`, for a call with input shapes `key` whose
+    outputs have `out_shapes`."""
     plan = m.native[kind]
     assert plan is not None
     arena = resolve(plan["arena_bytes"], regs)
-    if arena < 0 or arena != slots[0]:
+    if arena < 0:
         raise _fail(m, f"the arena size resolves to {arena}")
-    sizes = _dtype_sizes()
-    for b in plan.get("buffers", []):
+    # the bytes each slot holds: the arena, the inputs, the outputs the plan writes, the weights
+    slots = [arena]
+    slots += [element_count(s) * _SIZES[t.dtype] for s, t in zip(key, m.signature.inputs)]
+    slots += [
+        element_count(s) * _SIZES[m.values[o]["dtype"]] if slot != -1 and o in m.values else 0
+        for s, o, slot in zip(out_shapes, m.outputs, plan["outputs"])
+    ]
+    slots += [element_count(w["shape"]) * _SIZES[w["dtype"]] for w in m.weight_rows]
+    for b in plan["buffers"]:
         off = resolve(b["offset"], regs)
-        n = _count([resolve(d, regs) for d in b["shape"]]) * sizes[b["dtype"]]
+        n = element_count([resolve(d, regs) for d in b["shape"]]) * _SIZES[b["dtype"]]
         if off < 0 or n < 0 or off + n > arena:
             raise _fail(m, f"arena buffer %{b['id']} ({n} bytes at {off}) does not fit in the {arena}-byte arena")
-    for i, lr in enumerate(plan.get("launches", [])):
+    for i, lr in enumerate(plan["launches"]):
         if lr["op"] == "ref":
             continue
         room = []
@@ -210,7 +196,7 @@ def _check_launches(
             room.append(slots[slot] - at)
         if lr["op"] in ("gemm", "cutlass"):
             ints = [resolve(v, regs) for v in lr["ints"]]
-            _check_gemm(m, i, ints, room, _ITEMSIZE[lr["dtype"]], len(lr["ptrs"]) == 4)
+            _check_gemm(m, i, ints, room, _SIZES[lr["dtype"]], len(lr["ptrs"]) == 4)
 
 
 def _check_gemm(m: Manifest, i: int, v: Sequence[int], room: Sequence[int], item: int, has_c: bool) -> None:
@@ -248,16 +234,3 @@ def _check_gemm(m: Manifest, i: int, v: Sequence[int], room: Sequence[int], item
     for name, n, r in zip(names, need, room):
         if n > r:
             raise _fail(m, f"{where}: operand {name} reaches {n} bytes; its tensor holds {r} from there")
-
-
-def _count(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
-
-
-def _dtype_sizes() -> dict[str, int]:
-    from bladepack.dtypes import DType
-
-    return {d.value: d.itemsize for d in DType}

@@ -17,7 +17,7 @@ import numpy as np
 from bladepack.errors import BladepackError, ExecutionError
 from bladepack.loader import reference
 from bladepack.loader.executor import ShapeCache, check_memory, host_call
-from bladepack.loader.manifest import Key, Manifest, host_dtype, resolve
+from bladepack.loader.manifest import Key, Manifest, element_count, host_dtype, resolve
 from bladepack.loader.tensors import export_array
 
 
@@ -90,7 +90,7 @@ class ReferenceExecutor:
                     s.get("loc", ""),
                 )
             )
-        largest = max((_nbytes(st.shape, st.dtype) for st in steps), default=0)
+        largest = max((element_count(st.shape) * (st.dtype.itemsize if st.dtype else 2) for st in steps), default=0)
         return RefPrepared(regs, tuple(steps), m.output_specs(regs), largest)
 
     def run(self, inputs: Sequence[Any], outputs: Sequence[Any] | None) -> list[Any]:
@@ -98,9 +98,8 @@ class ReferenceExecutor:
 
     def execute(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         m = self.m
-        key = tuple(a.shape for a in arrays)
-        prep = self.prepare(key)
-        check_memory(key, {"largest step result": prep.largest})
+        prep = self.prepare(tuple(a.shape for a in arrays))
+        check_memory(prep.largest, lambda: (tuple(a.shape for a in arrays), {"largest step result": prep.largest}))
         env: dict[int, np.ndarray] = dict(m.weights)
         env.update(zip(m.input_ids, arrays))
         for st in prep.steps:
@@ -114,10 +113,3 @@ class ReferenceExecutor:
             outs.append(np.array(a, order="C") if o in seen or o not in m.values else export_array(a))
             seen.add(o)
         return outs
-
-
-def _nbytes(shape: tuple[int, ...], dtype: np.dtype | None) -> int:
-    count = 1
-    for d in shape:
-        count *= d
-    return count * (dtype.itemsize if dtype is not None else 2)

@@ -49,15 +49,16 @@ class Model {
     std::vector<OutSpec> outs;
     std::vector<int64_t> copy_offset;  // per output copied from the arena: its byte offset there
   };
-  void check_launches(const Prepared& p, const bpk_tensor* in) const;
-  void check_gemm(size_t launch, const std::vector<int64_t>& ints, const std::vector<uint64_t>& room,
-                  int64_t item) const;
   // The prepared launch list for these (checked) inputs, and the library that runs it: for benchmarks.
   std::shared_ptr<const Prepared> prepared(const bpk_tensor* inputs) const;
   const KernelLibrary& library() const { return *lib_; }
   const std::vector<const void*>& weight_ptrs() const { return weight_ptrs_; }
 
  private:
+  // Note [Plan checks]: per signature, pointer offsets against their slots and GEMM records
+  void check_launches(const Prepared& p, const bpk_tensor* in) const;
+  void check_gemm(size_t launch, const std::vector<int64_t>& ints, const std::vector<uint64_t>& room,
+                  int64_t item) const;
   // Where output k comes from when the native plan does not write it (docs/format.md: slot -1).
   struct OutSource {
     enum Kind { kNative, kInput, kWeight, kOutput, kArena } kind = kNative;
