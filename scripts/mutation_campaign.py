@@ -19,7 +19,9 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +114,69 @@ def _run(cmd: list[str]) -> tuple[str, str]:
     return "stray", (r.stderr.strip().splitlines() or ["?"])[-1][:300]
 
 
+@dataclass(frozen=True)
+class Cases:
+    """Mutated artifacts on disk (`files[k]` made by `mutations[k]`) and the input files one call reads."""
+
+    files: list[Path]
+    mutations: list[str]
+    input_names: list[str]
+    input_files: list[Path]
+
+
+def make_cases(artifact: bytes, inputs: Sequence[np.ndarray], count: int, seed: int, work: Path) -> Cases:
+    """`count` structural mutations of `artifact`'s manifest, every checksum recomputed."""
+    bpk = bpk_format.read(artifact)
+    sections = [bpk_format.Section(n, bytes(bpk.section(n))) for n in bpk.section_names]
+    base = {k: v for k, v in bpk.manifest.items() if k != "sections"}
+    names = [t.name for t in bladepack.load(artifact).signature.inputs]
+    in_files = []
+    for name, a in zip(names, inputs):
+        np.save(work / f"{name}.npy", a)
+        in_files.append(work / f"{name}.npy")
+    rng = random.Random(seed)
+    files, mutations = [], []
+    for k in range(count):
+        manifest, what = mutate(base, rng)
+        path = work / f"{k}.bpk"
+        path.write_bytes(b"".join(bytes(c) for c in bpk_format.encode(manifest, sections)))
+        files.append(path)
+        mutations.append(what)
+    return Cases(files, mutations, names, in_files)
+
+
+def run_cases(cases: Cases, bpk_run: str | None, jobs: int, work: Path) -> list[tuple[str, str, str, str]]:
+    """Each case in its own process, per loader: rows (loader, outcome, detail, mutation)."""
+
+    def one(k: int) -> list[tuple[str, str, str, str]]:
+        path, what = cases.files[k], cases.mutations[k]
+        rows = [("python", *_run([sys.executable, "-c", CHILD, str(path), *map(str, cases.input_files)]), what)]
+        if bpk_run:
+            flags = [x for n, f in zip(cases.input_names, cases.input_files) for x in ("--input", f"{n}={f}")]
+            rows.append(("bpk-run", *_run([bpk_run, str(path), *flags, "--output-dir", str(work)]), what))
+        return rows
+
+    with ThreadPoolExecutor(jobs) as pool:
+        return [row for rows in pool.map(one, range(len(cases.files))) for row in rows]
+
+
+def report(results: Sequence[tuple[str, str, str, str]]) -> str:
+    lines = []
+    for loader in ("python", "bpk-run"):
+        got = [r for r in results if r[0] == loader]
+        if not got:
+            continue
+        counts = Counter(r[1] for r in got)
+        lines.append(
+            f"{loader}: {len(got)} cases: "
+            + ", ".join(f"{k} {counts[k]}" for k in ("ok", "refused", "stray", "crash", "hang"))
+        )
+        for outcome in ("stray", "crash", "hang"):
+            for r in [r for r in got if r[1] == outcome][:5]:
+                lines.append(f"  {outcome}: {r[3]} -> {r[2]}")
+    return "\n".join(lines)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--count", type=int, default=500)
@@ -123,48 +188,12 @@ def main() -> int:
     s = SAMPLES[args.sample]
     torch.manual_seed(0)
     art = bladepack.optimize(s.build(), s.export_samples(), s.dynamic_shapes)
-    bpk = bpk_format.read(art.to_bytes())
-    sections = [bpk_format.Section(n, bytes(bpk.section(n))) for n in bpk.section_names]
-    base = {k: v for k, v in bpk.manifest.items() if k != "sections"}
     work = Path(tempfile.mkdtemp(prefix="bladepack-mutations-"))
-    inputs = s.make_inputs(torch.Generator().manual_seed(1), **s.base_dims)
-    names = [t.name for t in bladepack.load(art.to_bytes()).signature.inputs]
-    in_files = []
-    for name, t in zip(names, inputs):
-        np.save(work / f"{name}.npy", t.numpy())
-        in_files.append(work / f"{name}.npy")
-    rng = random.Random(args.seed)
-    cases = []
-    for k in range(args.count):
-        manifest, what = mutate(base, rng)
-        path = work / f"{k}.bpk"
-        path.write_bytes(b"".join(bytes(c) for c in bpk_format.encode(manifest, sections)))
-        cases.append((path, what))
-
-    def one(case: tuple[Path, str]) -> list[tuple[str, str, str, str]]:
-        path, what = case
-        rows = [("python", *_run([sys.executable, "-c", CHILD, str(path), *map(str, in_files)]), what)]
-        if args.bpk_run:
-            flags = [x for n, f in zip(names, in_files) for x in ("--input", f"{n}={f}")]
-            rows.append(("bpk-run", *_run([args.bpk_run, str(path), *flags, "--output-dir", str(work)]), what))
-        return rows
-
-    with ThreadPoolExecutor(args.jobs) as pool:
-        results = [row for rows in pool.map(one, cases) for row in rows]
-    for loader in ("python", "bpk-run"):
-        got = [r for r in results if r[0] == loader]
-        if not got:
-            continue
-        counts = Counter(r[1] for r in got)
-        print(
-            f"{loader}: {len(got)} cases: "
-            + ", ".join(f"{k} {counts[k]}" for k in ("ok", "refused", "stray", "crash", "hang"))
-        )
-        for outcome in ("stray", "crash", "hang"):
-            for r in [r for r in got if r[1] == outcome][:5]:
-                print(f"  {outcome}: {r[3]} -> {r[2]}")
-    bad = sum(r[1] in ("stray", "crash", "hang") for r in results)
-    return 1 if bad else 0
+    inputs = [t.numpy() for t in s.make_inputs(torch.Generator().manual_seed(1), **s.base_dims)]
+    cases = make_cases(art.to_bytes(), inputs, args.count, args.seed, work)
+    results = run_cases(cases, args.bpk_run, args.jobs, work)
+    print(report(results))
+    return 1 if any(r[1] in ("stray", "crash", "hang") for r in results) else 0
 
 
 if __name__ == "__main__":

@@ -47,6 +47,11 @@ def _gemm_int(k: int, value: Any) -> Callable[[dict[str, Any]], None]:
     return edit
 
 
+def _output_shape(m: dict[str, Any]) -> None:
+    out = m["outputs"][0]["id"]
+    next(v for v in m["values"] if v["id"] == out)["shape"] = [1, 1]
+
+
 NATIVE = lambda m: m["native_cpu"]  # noqa: E731
 EDITS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     "GEMM M from the arena size's register": (
@@ -73,6 +78,31 @@ EDITS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
         "names function 999",
     ),
     "ABI 2": (_set(NATIVE, "abi", 2), "native CPU plan ABI 2 is not 1"),
+    # Note [Kernel operand checks]: the kernel library's own checks of a generated kernel's operands
+    "output value shape [1, 1]": (_output_shape, r"\(kernel k2\): pointer 0 reaches \d+ bytes; its tensor holds 4 "),
+    "kernel integer from the arena size's register": (
+        lambda m: _kernel(m)["ints"].__setitem__(0, m["native_cpu"]["arena_bytes"]),
+        r"\(kernel k0\): pointer 0 reaches \d+ bytes; its tensor holds \d+ from there",
+    ),
+    "kernel integer -1": (lambda m: _kernel(m)["ints"].__setitem__(0, -1), "integer 0 is a negative size"),
+    "kernel integer 2**62": (lambda m: _kernel(m)["ints"].__setitem__(0, 1 << 62), "0's buffer has a negative dim"),
+    "kernel given an extra integer": (
+        lambda m: _kernel(m)["ints"].append(7),
+        "passes 3 pointers and 2 integers; its function takes 3 and 1",
+    ),
+    "kernel given one pointer less": (lambda m: _kernel(m)["ptrs"].pop(), "passes 2 pointers and 1 integers"),
+    "kernel writing a weight": (
+        lambda m: _kernel(m)["ptrs"].__setitem__(0, [4, 0]),
+        "writes through pointer 0 into slot 4, an input or a weight",
+    ),
+    "kernel writing its input": (
+        lambda m: _kernel(m)["ptrs"].__setitem__(0, [1, 0]),
+        "writes through pointer 0 into slot 1, an input or a weight",
+    ),
+    "GEMM writing a weight": (
+        lambda m: _gemm(m)["ptrs"].__setitem__(2, [3, 0]),
+        "writes through pointer 2 into slot 3",
+    ),
     "ref of no step": (
         lambda m: m["native_cpu"]["launches"].append({"op": "ref", "node": 10**6, "reason": ""}),
         "no plan step",
@@ -122,16 +152,35 @@ def test_edited_plans_never_crash_the_process(mlp_artifact: bladepack.api.Artifa
     assert r.stdout.count("BpkFormatError") == len(EDITS), r.stdout
 
 
-PER_SIGNATURE = [n for n in EDITS if n.startswith("GEMM") and "ints" not in n and "10**6" not in n] + [
+def test_inconsistent_kernel_integers_are_refused(two_input_artifact: bladepack.api.Artifact) -> None:
+    """A kernel integer derived from the shape symbols (3 x batch here) set to another register's value."""
+    data = _rehashed(two_input_artifact, lambda m: _kernel(m)["ints"].__setitem__(1, _kernel(m)["ints"][0]))
+    m = bladepack.load(data, executor="native")
+    with pytest.raises(BpkFormatError, match=r"\(kernel k0\): passes 4 as integer 1; its shape symbols make it 12"):
+        m(np.ones((4, 6, 3), np.float32), np.ones((4, 6), np.float32))
+
+
+PER_SIGNATURE = [
+    n
+    for n in EDITS
+    if n.startswith(("GEMM", "kernel i", "kernel g", "kernel w", "output value"))
+    and "ints" not in n
+    and "10**6" not in n
+] + [
     "pointer offset -64",
     "pointer past the arena",
     "arena 0 bytes",
 ]
 
 
+# load-time checks both loaders word alike (references to registers and plan steps are worded per loader)
+AT_LOAD = ["ABI 2", "GEMM empty ints", "kernel -1", "outputs [0]", "pointer slot 1000000", "unknown launch op"]
+AT_LOAD.append("variant function 999")
+
+
 def test_bpk_run_refuses_the_same_edits(mlp_artifact: bladepack.api.Artifact, tmp_path: Any) -> None:
-    """bpk-run exits with an error (never a signal) on every edit; the per-signature checks give the
-    Python loader's message."""
+    """bpk-run exits with an error (never a signal) on every edit; the per-signature checks and the
+    load-time checks of AT_LOAD give the Python loader's message."""
     from tests import cpp_build
 
     build = cpp_build.build("release")
@@ -147,7 +196,7 @@ def test_bpk_run_refuses_the_same_edits(mlp_artifact: bladepack.api.Artifact, tm
             timeout=120,
         )
         assert r.returncode == 1 and r.stderr.startswith("bpk-run: "), (name, r.returncode, r.stderr)
-        if name in PER_SIGNATURE:
+        if name in PER_SIGNATURE or name in AT_LOAD:
             with pytest.raises(BpkFormatError) as e:
                 bladepack.load(path, executor="native")(np.ones((5, 64), np.float32))
             assert r.stderr.strip() == f"bpk-run: format error: {e.value}", name

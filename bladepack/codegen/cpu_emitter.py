@@ -37,6 +37,7 @@ from bladepack.codegen.cpu_conv import direct_conv_kernel, im2col_kernel, pool_k
 from bladepack.codegen.cpu_loops import DECLS, CpuEmitter
 from bladepack.codegen.emitter import Emitter
 from bladepack.codegen.kernel import ROW_OPS, EmittedKernel, KernelContext, kernel_cost, same_shape, store_offset
+from bladepack.codegen.operand_check import add_atoms, operand_check
 from bladepack.ir import Node, OpKind
 from bladepack.ir.fusion_plan import KernelSpec
 from bladepack.ir.types import IRDim
@@ -185,9 +186,15 @@ def emit_kernel(spec: KernelSpec, ctx: KernelContext, conv: tuple[Node, View] | 
         fn(em)
         bodies.append((f"{spec.name}{suffix}", pred, em))
         errors = em.error_sites
-    ptr_types = [(CTYPE[ctx.types[v].dtype] if v in ctx.types else "float", True) for v in stores]
+    ptr_types = [(CTYPE[ctx.types[v].dtype], True) for v in stores]
     ptr_types += [(CTYPE[ctx.types[v.base].dtype], False) for v in loads]
+    buffers = [(ctx.types[v].shape, ctx.types[v].dtype.itemsize) for v in stores]
+    buffers += [(ctx.types[v.base].shape, ctx.types[v.base].dtype.itemsize) for v in loads]
+    add_atoms(args, buffers)  # Note [Kernel operand checks]: before the functions fix their operand count
     lines = [f"// {spec.name}: {spec.kind} kernel{' from ' + spec.loc if spec.loc else ''}"]
     for name, _pred, body in bodies:
         lines.append(_function(name, body, ptr_types, len(args.exprs)))
-    return EmittedKernel(spec.name, spec, [(n, p) for n, p, _ in bodies], stores, loads, args, "\n".join(lines), errors)
+    check = f"{spec.name}_check"
+    lines.append(operand_check(check, args, buffers))
+    variants = [(n, p) for n, p, _ in bodies]
+    return EmittedKernel(spec.name, spec, variants, stores, loads, args, "\n".join(lines), errors, check)

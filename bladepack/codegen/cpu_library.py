@@ -6,11 +6,17 @@ API the loaders call (Note [Launch words] in cpu_runtime.h):
     int     bpk_abi_version(void)
     int64_t bpk_num_functions(void)
     void*   bpk_ctx_create(int nthreads)        void bpk_ctx_destroy(void*)
+    void    bpk_library_release(void)           (before the last dlclose)
     void    bpk_ctx_set_blas(void*, void* sgemm, void* dgemm, int ilp64, void* set_threads_local)
     int64_t bpk_run(void* ctx, const int64_t* words, int64_t nwords, void* const* slots, int64_t* status,
                     int64_t* times_ns /* nullable: per-launch wall time */)
 
-`bpk_run` returns 0, or 1 with status = (launch index, error code, value) when a kernel reported an
+    int64_t bpk_check(const int64_t* words, int64_t nwords, const int64_t* slot_bytes,
+                      const uint8_t* writable, int64_t nslots, int64_t* status)
+
+`bpk_check` runs no kernel: it validates a launch list's operands against the bytes each slot holds
+and which of them a launch may write (Note [Kernel operand checks] in operand_check.py) and returns 0 or the failing check's code with
+status = (launch index, code, value, extra). `bpk_run` returns 0, or 1 with status = (launch index, error code, value) when a kernel reported an
 error (an index out of range; status[3] is the dimension size), or 2 when a launch has more pointer arguments than the executor holds.
 """
 
@@ -31,6 +37,10 @@ struct Ctx {
   explicit Ctx(int n) : pool(n) {}
 };
 const bpk::KernelFn kTable[] = {%(table)s};
+// per function: its operand check (Note [Kernel operand checks]), its pointer and integer counts and
+// how many of its pointers (the first ones) it writes through
+const bpk::CheckFn kChecks[] = {%(checks)s};
+const int64_t kOperands[][3] = {%(operands)s};
 }  // namespace
 
 // Note [Library CPU features]: the instruction-set features this library was compiled to use, as
@@ -63,8 +73,15 @@ extern "C" __attribute__((visibility("default"))) const char* const bpk_cpu_feat
 #endif
     ;
 
+namespace __gnu_cxx {
+void __freeres() noexcept;  // libstdc++'s: frees its exception-handling emergency pool
+}
+
 extern "C" {
 __attribute__((visibility("default"))) int bpk_abi_version() { return BPK_ABI_VERSION; }
+// Note [Unloading kernel libraries] (cpp_runtime/src/native_cpu.cpp): what this library's static
+// libstdc++ allocated when it loaded, freed; a loader calls it just before its last dlclose.
+__attribute__((visibility("default"))) void bpk_library_release() { __gnu_cxx::__freeres(); }
 __attribute__((visibility("default"))) int64_t bpk_num_functions() { return %(nfn)d; }
 __attribute__((visibility("default"))) void* bpk_ctx_create(int nthreads) {
   try {
@@ -81,6 +98,42 @@ __attribute__((visibility("default"))) void bpk_ctx_set_blas(void* c, void* sgem
   ctx->blas.dgemm = dgemm;
   ctx->blas.ilp64 = ilp64;
   ctx->blas.set_threads_local = reinterpret_cast<int (*)(int)>(set_threads_local);
+}
+// Note [Kernel operand checks]: 0 when every launch of `w` stays inside its slots' tensors
+// (`slot_bytes`, one per slot), writes only slots marked `writable` and gives its kernel integers
+// consistent with their shape symbols; else the failing check's code with status = [launch, code,
+// value, extra]. Runs no kernel.
+__attribute__((visibility("default"))) int64_t bpk_check(const int64_t* w, int64_t nwords, const int64_t* slot_bytes,
+                                                         const uint8_t* writable, int64_t nslots, int64_t* status) {
+  int64_t room[%(maxp)d];
+  int64_t pos = 0, launch = 0;
+  while (pos < nwords) {
+    status[0] = launch;
+    if (nwords - pos < 4) return bpk::chk::fail(status, 1, -1, -1);
+    const int64_t op = w[pos], a = w[pos + 1], np = w[pos + 2], ni = w[pos + 3];
+    if (np < 0 || ni < 0 || np > %(maxp)d || 2 * np + ni > nwords - pos - 4) return bpk::chk::fail(status, 1, -1, -1);
+    const int64_t* pw = w + pos + 4;
+    for (int64_t k = 0; k < np; ++k) {
+      const int64_t slot = pw[2 * k], off = pw[2 * k + 1];
+      if (slot < 0 || slot >= nslots || off < 0 || off > slot_bytes[slot]) return bpk::chk::fail(status, 5, k);
+      room[k] = slot_bytes[slot] - off;
+    }
+    if (op == BPK_OP_KERNEL) {
+      if (a < 0 || a >= %(nfn)d) return bpk::chk::fail(status, 1, -1, -1);
+      if (np != kOperands[a][0] || ni != kOperands[a][1]) return bpk::chk::fail(status, 1, kOperands[a][0], kOperands[a][1]);
+      for (int64_t k = 0; k < kOperands[a][2]; ++k)
+        if (!writable[pw[2 * k]]) return bpk::chk::fail(status, 7, k, pw[2 * k]);
+      if (const int64_t rc = kChecks[a](pw + 2 * np, room, status)) return rc;
+    } else if (op == BPK_OP_GEMM) {  // GEMM records: the loaders' Note [GEMM records]; D is written
+      if (np != 3) return bpk::chk::fail(status, 1, -1, -1);
+      if (!writable[pw[4]]) return bpk::chk::fail(status, 7, 2, pw[4]);
+    } else {
+      return bpk::chk::fail(status, 1, -1, -1);
+    }
+    pos += 4 + 2 * np + ni;
+    ++launch;
+  }
+  return 0;
 }
 __attribute__((visibility("default"))) int64_t bpk_run(void* c, const int64_t* w, int64_t nwords, void* const* slots,
                                                        int64_t* status, int64_t* times_ns) {
@@ -143,6 +196,21 @@ def prelude() -> str:
 
 def library_source(kernels: Sequence[EmittedKernel]) -> str:
     names = [name for k in kernels for name, _ in k.variants]
-    table = ", ".join(names) if names else "nullptr"
+    checks = [k.check for k in kernels for _ in k.variants]
+    operands = [
+        f"{{{len(k.stores) + len(k.loads)}, {len(k.args.exprs)}, {len(k.stores)}}}" for k in kernels for _ in k.variants
+    ]
     body = "\n".join(k.source for k in kernels)
-    return prelude() + "\n" + body + _FOOTER % {"table": table, "nfn": len(names), "maxp": MAX_PTRS}
+    return (
+        prelude()
+        + "\n"
+        + body
+        + _FOOTER
+        % {
+            "table": ", ".join(names) or "nullptr",
+            "checks": ", ".join(checks) or "nullptr",
+            "operands": ", ".join(operands) or "{0, 0, 0}",
+            "nfn": len(names),
+            "maxp": MAX_PTRS,
+        }
+    )

@@ -52,6 +52,65 @@ struct RunState {
 };
 
 typedef void (*KernelFn)(RunState*, void* const*, const int64_t*);
+typedef int64_t (*CheckFn)(const int64_t*, const int64_t*, int64_t*);
+
+// Checked int64 arithmetic for the kernels' operand checks (Note [Kernel operand checks] in
+// bladepack/codegen/operand_check.py): the shape program's semantics, with *o set instead of a guard
+// error on overflow or a zero divisor.
+namespace chk {
+inline int64_t add(int64_t a, int64_t b, bool* o) {
+  int64_t v = 0;
+  if (__builtin_add_overflow(a, b, &v)) *o = true;
+  return v;
+}
+inline int64_t sub(int64_t a, int64_t b, bool* o) {
+  int64_t v = 0;
+  if (__builtin_sub_overflow(a, b, &v)) *o = true;
+  return v;
+}
+inline int64_t mul(int64_t a, int64_t b, bool* o) {
+  int64_t v = 0;
+  if (__builtin_mul_overflow(a, b, &v)) *o = true;
+  return v;
+}
+inline int64_t floordiv(int64_t a, int64_t b, bool* o) {
+  if (b == 0 || (b == -1 && a == std::numeric_limits<int64_t>::min())) {
+    *o = true;
+    return 0;
+  }
+  const int64_t q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+inline int64_t ceildiv(int64_t a, int64_t b, bool* o) {
+  if (a == std::numeric_limits<int64_t>::min()) {
+    *o = true;
+    return 0;
+  }
+  return -floordiv(-a, b, o);
+}
+inline int64_t mod(int64_t a, int64_t b, bool* o) {
+  if (b == 0) {
+    *o = true;
+    return 0;
+  }
+  if (b == -1) return 0;
+  const int64_t v = a % b;
+  return (v != 0 && ((v < 0) != (b < 0))) ? v + b : v;
+}
+inline int64_t min(int64_t a, int64_t b, bool*) { return a < b ? a : b; }
+inline int64_t max(int64_t a, int64_t b, bool*) { return a > b ? a : b; }
+inline int64_t lt(int64_t a, int64_t b, bool*) { return a < b; }
+inline int64_t le(int64_t a, int64_t b, bool*) { return a <= b; }
+inline int64_t eq(int64_t a, int64_t b, bool*) { return a == b; }
+inline int64_t ne(int64_t a, int64_t b, bool*) { return a != b; }
+// status = [launch (filled by bpk_check), code, value, extra]
+inline int64_t fail(int64_t* status, int64_t code, int64_t value, int64_t extra = 0) {
+  status[1] = code;
+  status[2] = value;
+  status[3] = extra;
+  return code;
+}
+}  // namespace chk
 typedef void (*RangeFn)(void*, int64_t, int64_t);
 
 // A persistent pool. Note [Pool jobs]: a job is [0, n) cut into up to 4 chunks per thread that the

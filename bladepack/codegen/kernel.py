@@ -45,6 +45,7 @@ class EmittedKernel:
     args: Args
     source: str
     error_sites: list[str] = field(default_factory=list)  # per error site: what failed, for messages
+    check: str = ""  # the C function that checks a launch's operands (Note [Kernel operand checks])
 
 
 @dataclass(frozen=True)

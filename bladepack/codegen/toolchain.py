@@ -42,6 +42,11 @@ BASE_FLAGS = [
     "-fvisibility=hidden",
     "-static-libstdc++",
     "-static-libgcc",
+    # Note [Unloading kernel libraries] (cpp_runtime/src/native_cpu.cpp): no symbol of the static
+    # libstdc++ is exported and none is STB_GNU_UNIQUE, which would make dlclose a no-op (glibc never
+    # unloads an object with unique symbols, so every load from memory would map another copy)
+    "-Wl,--exclude-libs,ALL",
+    "-fno-gnu-unique",
     "-Wno-unused-variable",
     "-Wno-unused-but-set-variable",
 ]

@@ -148,6 +148,9 @@ def describe(e: BaseException) -> str:
     return text if len(text) <= 300 else text[:300] + "..."
 
 
+_DTYPES = tuple(d.value for d in DType)
+
+
 def _references(m: Manifest) -> str | None:
     """What a step, value or output names that the manifest does not define (values, inputs, weights,
     registers), or None. Checked at load so that no shape's first call meets it."""
@@ -174,6 +177,8 @@ def _references(m: Manifest) -> str | None:
     for vid, v in m.values.items():
         if not isinstance(v.get("dtype"), str) or not isinstance(v.get("shape"), list):
             return f"value %{reprlib.repr(vid)} has a malformed dtype or shape"
+        if v["dtype"] not in _DTYPES:
+            return f"value %{reprlib.repr(vid)} has dtype {reprlib.repr(v['dtype'])}; known: {', '.join(_DTYPES)}"
         if not all(symint(d) for d in v["shape"]):
             return (
                 f"value %{reprlib.repr(vid)}'s shape has an entry that is neither an integer nor a register below {n}"
@@ -217,6 +222,10 @@ def _free_lists(steps: list[dict[str, Any]], keep: set[int]) -> list[tuple[int, 
 def _weight(bpk: BpkFile, w: dict[str, Any]) -> np.ndarray:
     # bfloat16 has no numpy dtype: its bits are kept as uint16 (only the CUDA path reads them; the
     # host executors refuse bfloat16 at load)
+    if not isinstance(w.get("dtype"), str) or w["dtype"] not in _DTYPES:
+        raise BpkFormatError(
+            f"{bpk.source}: weight {reprlib.repr(w.get('name'))} has dtype {reprlib.repr(w.get('dtype'))}"
+        )
     dt = np.dtype(np.uint16) if w["dtype"] == "bfloat16" else DType(w["dtype"]).to_numpy()
     view = bpk.section(weight_section_name(w["name"]))
     count = int(np.prod(w["shape"], dtype=np.int64))

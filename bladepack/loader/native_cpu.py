@@ -122,6 +122,7 @@ def find_blas() -> Blas | None:
 
 
 ARENA_KEEP = 64 << 20  # Note [Arena high-water mark]
+INT64_MAX = (1 << 63) - 1
 _KEEP: dict[str, ctypes.CDLL] = {}  # BLAS handles stay loaded for the process (their pointers are shared)
 
 
@@ -215,6 +216,18 @@ class NativeCpu:
                 self._ctx, self.blas.sgemm, self.blas.dgemm, int(self.blas.ilp64), self.blas.set_threads_local
             )
         self._run = lib.bpk_run
+        self._check: Any = None  # Note [Kernel operand checks]; libraries from before it lack the entry point
+        if hasattr(lib, "bpk_check"):
+            lib.bpk_check.restype = ctypes.c_int64
+            lib.bpk_check.argtypes = [
+                ctypes.c_void_p,
+                ctypes.c_int64,
+                ctypes.c_void_p,
+                ctypes.c_void_p,
+                ctypes.c_int64,
+                ctypes.c_void_p,
+            ]
+            self._check = lib.bpk_check
         self.nfn = int(nfn)
         self.weight_slots = np.array([w.__array_interface__["data"][0] for w in weights], dtype=np.uint64)
         self._local = threading.local()
@@ -267,6 +280,26 @@ class NativeCpu:
             for b in self.plan["buffers"]
         }
         return Prepared(tuple(segments), _resolve(self.plan["arena_bytes"], regs), buffers)
+
+    def check_operands(self, prep: Prepared, slot_bytes: Sequence[int], writable: Sequence[bool]) -> np.ndarray | None:
+        """Note [Kernel operand checks]: None when every native launch passes its kernel's check, else
+        the status words [launch (in the plan), code, value, extra] of the first that fails. Per slot:
+        the bytes its tensor holds and whether a launch may write it."""
+        if self._check is None or max(slot_bytes) > INT64_MAX:
+            return None  # a slot of 2^63 bytes or more: the call's memory check refuses it before any launch
+        sizes = np.array(slot_bytes, dtype=np.int64)
+        may_write = np.array(writable, dtype=np.uint8)
+        status = np.zeros(4, dtype=np.int64)
+        for seg in prep.segments:
+            if seg.words is None:
+                continue
+            words = seg.words.ctypes.data
+            if self._check(
+                words, seg.words.size, sizes.ctypes.data, may_write.ctypes.data, sizes.size, status.ctypes.data
+            ):
+                status[0] += seg.first_launch
+                return status
+        return None
 
     # -- per call
     def arena(self, nbytes: int) -> tuple[np.ndarray, int]:

@@ -20,7 +20,7 @@ from bladepack.loader.executor import ShapeCache, check_memory, host_call
 from bladepack.loader.fast_call import FastCalls
 from bladepack.loader.manifest import Key, Manifest, element_count, index_error
 from bladepack.loader.native_cpu import NativeCpu, Prepared
-from bladepack.loader.plan_check import check_launches, check_plan
+from bladepack.loader.plan_check import check_launches, check_plan, operand_error
 from bladepack.loader.reference_executor import ReferenceExecutor, RefPrepared
 from bladepack.loader.signature import check_inputs
 from bladepack.loader.tensors import to_numpy
@@ -69,8 +69,16 @@ class NativeExecutor:
 
     def _build(self, key: Key) -> NativePrepared:
         ref = self.reference.build(key)
-        check_launches(self.m, "cpu", key, ref.registers, [s for s, _ in ref.outputs])
+        slots = check_launches(self.m, "cpu", key, ref.registers, [s for s, _ in ref.outputs])
         native = self.native.prepare(ref.registers, self._kernels)
+        n_out = len(self.m.outputs)
+        writable = [
+            k == 0 or (0 <= k - 1 - self._n_in < n_out and self._out_slot[k - 1 - self._n_in] != -1)
+            for k in range(len(slots))
+        ]
+        failed = self.native.check_operands(native, slots, writable)
+        if failed is not None:
+            raise operand_error(self.m, "cpu", [int(x) for x in failed], ref.registers, slots)
         outputs = sum(element_count(s) * (dt.itemsize if dt is not None else 2) for s, dt in ref.outputs)
         return NativePrepared(ref, native, native.arena_bytes + outputs)
 

@@ -14,8 +14,9 @@ Note [Plan checks]: two stages.
   arena buffer inside it; every pointer offset inside its slot (the arena, or the input, output or
   weight tensor the slot holds); and for GEMMs, the dims, leading dims, batch counts and strides
   against the bytes their operands address (Note [GEMM records]).
-Kernel integer operands (dims and strides a generated kernel indexes with) are not validated here:
-their meaning is per kernel; the shape program that computes them is.
+Kernel integer operands (dims and strides a generated kernel indexes with) mean something per kernel:
+the kernel library checks them itself, per signature, before any launch runs (Note [Kernel operand
+checks] in bladepack/codegen/operand_check.py; `operand_error` words its failures).
 
 Note [GEMM records]: 20 integers: batch b0 b1 b2, A / B / C batch strides (3 each, elements), M N K,
 ta tb, lda ldb ldc (row-major). A is M x K (stored K x M when ta), B is K x N (N x K when tb), C is
@@ -121,8 +122,10 @@ def _check_plan(m: Manifest, kind: str, n_functions: int | None) -> None:
         if not isinstance(ptrs, list) or not isinstance(ints, list):
             raise _fail(m, f"{where} lacks its ptrs / ints lists")
         for p in ptrs:
-            if not (isinstance(p, list) and len(p) == 2 and _is_int(p[0]) and 0 <= p[0] < n_slots):
-                raise _fail(m, f"{where} points at {_short(p)}; slots are 0 to {n_slots - 1}")
+            if not (isinstance(p, list) and len(p) == 2 and _is_int(p[0])):
+                raise _fail(m, f"{where} has a pointer {_short(p)}; a pointer is [slot, byte offset]")
+            if not 0 <= p[0] < n_slots:
+                raise _fail(m, f"{where} points at slot {p[0]}; slots are 0 to {n_slots - 1}")
             out = p[0] - 1 - len(m.input_ids)
             if 0 <= out < len(m.outputs) and outs[out] == -1:
                 raise _fail(m, f"{where} points at output {out}'s slot, which the plan does not write")
@@ -156,15 +159,20 @@ def _check_plan(m: Manifest, kind: str, n_functions: int | None) -> None:
     symint(plan.get("arena_bytes"), "the arena size")
 
 
-def check_launches(m: Manifest, kind: str, key: Key, regs: Sequence[int], out_shapes: Sequence[Sequence[int]]) -> None:
-    """See `_check_launches` (a malformed record found here is a BpkFormatError too)."""
+def check_launches(
+    m: Manifest, kind: str, key: Key, regs: Sequence[int], out_shapes: Sequence[Sequence[int]]
+) -> list[int]:
+    """See `_check_launches` (a malformed record found here is a BpkFormatError too). Returns the bytes
+    each slot holds, for the kernel library's operand checks."""
     try:
-        _check_launches(m, kind, key, regs, out_shapes)
+        return _check_launches(m, kind, key, regs, out_shapes)
     except (AttributeError, TypeError, KeyError, ValueError, IndexError) as e:
         raise _fail(m, f"a native {kind} plan record is malformed ({type(e).__name__}: {describe(e)})") from None
 
 
-def _check_launches(m: Manifest, kind: str, key: Key, regs: Sequence[int], out_shapes: Sequence[Sequence[int]]) -> None:
+def _check_launches(
+    m: Manifest, kind: str, key: Key, regs: Sequence[int], out_shapes: Sequence[Sequence[int]]
+) -> list[int]:
     """Per-signature checks of the plan resolved at `regs`, for a call with input shapes `key` whose
     outputs have `out_shapes`."""
     plan = m.native[kind]
@@ -197,6 +205,41 @@ def _check_launches(m: Manifest, kind: str, key: Key, regs: Sequence[int], out_s
         if lr["op"] in ("gemm", "cutlass"):
             ints = [resolve(v, regs) for v in lr["ints"]]
             _check_gemm(m, i, ints, room, _SIZES[lr["dtype"]], len(lr["ptrs"]) == 4)
+    return slots
+
+
+def operand_error(
+    m: Manifest, kind: str, status: Sequence[int], regs: Sequence[int], slots: Sequence[int]
+) -> BpkFormatError:
+    """The error for a failed kernel operand check (Note [Kernel operand checks] in
+    bladepack/codegen/operand_check.py): `status` is [launch, code, value, extra]. The texts are
+    docs/format.md's, shared with the C++ runtime."""
+    i, code, value, extra = (int(x) for x in status[:4])
+    plan = m.native[kind]
+    assert plan is not None
+    lr = plan["launches"][i] if 0 <= i < len(plan["launches"]) else {}
+    if lr.get("op") == "kernel" and 0 <= lr.get("k", -1) < len(m.kernels[kind]):
+        where = f"launch {i} (kernel {m.kernels[kind][lr['k']]['name']})"
+    else:
+        where = f"launch {i}"
+    ptrs, ints = lr.get("ptrs", []), lr.get("ints", [])
+    if code == 1 and value >= 0:
+        what = f"passes {len(ptrs)} pointers and {len(ints)} integers; its function takes {value} and {extra}"
+    elif code == 2 and 0 <= value < len(ints):
+        what = f"passes {resolve(ints[value], regs)} as integer {value}; its shape symbols make it {extra}"
+    elif code == 3:
+        what = f"integer {value} is a negative size or overflows int64"
+    elif code == 4 and 0 <= value < len(ptrs):
+        slot, off = ptrs[value]
+        room = slots[slot] - resolve(off, regs)
+        what = f"pointer {value} reaches {extra} bytes; its tensor holds {room} from there"
+    elif code == 6:
+        what = f"pointer {value}'s buffer has a negative dim or overflows int64"
+    elif code == 7:
+        what = f"writes through pointer {value} into slot {extra}, an input or a weight"
+    else:
+        what = f"its record is malformed (check code {code})"
+    return _fail(m, f"{where}: {what}")
 
 
 def _check_gemm(m: Manifest, i: int, v: Sequence[int], room: Sequence[int], item: int, has_c: bool) -> None:

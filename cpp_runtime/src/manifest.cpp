@@ -3,6 +3,7 @@
 #include <cstring>
 #include <set>
 
+#include "artifact.h"
 #include "dtype.h"
 #include "errors.h"
 #include "util.h"
@@ -15,6 +16,9 @@ using Obj = msgpack::object;
 [[noreturn]] void malformed(const std::string& where, const std::string& what) {
   fail(BPK_ERR_FORMAT, "malformed manifest: " + where + ": " + what);
 }
+
+// Note [Plan checks] (bladepack/loader/plan_check.py): the Python loader's words
+[[noreturn]] void corrupt_plan(const std::string& what) { fail(BPK_ERR_FORMAT, "corrupt plan: " + what); }
 
 
 std::string join(const std::string& where, const char* key) { return where.empty() ? key : where + "." + key; }
@@ -223,7 +227,8 @@ void parse_plan(const Obj& root, Manifest& m, const Ctx& c) {
   }
 }
 
-LaunchDecl parse_launch(const Obj& o, const std::string& where, const Manifest& m, const Ctx& c) {
+LaunchDecl parse_launch(const Obj& o, size_t index, const Manifest& m, const Ctx& c) {
+  const std::string where = at("native_cpu.launches", uint32_t(index)), launch = "launch " + std::to_string(index);
   LaunchDecl l;
   const std::string op = get_str(o, "op", where);
   if (op == "ref") {
@@ -235,14 +240,17 @@ LaunchDecl parse_launch(const Obj& o, const std::string& where, const Manifest& 
   if (op == "kernel") {
     l.op = LaunchDecl::kKernel;
     l.kernel = get_int(o, "k", where);
-    if (l.kernel < 0 || l.kernel >= int64_t(m.kernels.size())) malformed(where + ".k", "kernel index out of range");
+    if (l.kernel < 0 || l.kernel >= int64_t(m.kernels.size()))
+      corrupt_plan(launch + " runs kernel " + std::to_string(l.kernel) + "; the plan has " +
+                   std::to_string(m.kernels.size()));
   } else if (op == "gemm") {
     l.op = LaunchDecl::kGemm;
     const std::string dt = get_str(o, "dtype", where);
     if (dt != "float32" && dt != "float64") malformed(where + ".dtype", "GEMMs are float32 or float64, not " + dt);
     l.gemm_f64 = dt == "float64";
   } else {
-    fail(BPK_ERR_UNSUPPORTED, "the native plan uses launch op '" + op + "', which this runtime does not know");
+    // the plan ABI is versioned: under ABI 1 an unknown op is corruption, not a newer format
+    corrupt_plan(launch + " has op " + py_repr(op) + "; a cpu plan runs kernel, gemm, ref launches");
   }
   const Obj& ptrs = field(o, "ptrs", where);
   const Obj* p = as_array(ptrs, where + ".ptrs");
@@ -250,12 +258,15 @@ LaunchDecl parse_launch(const Obj& o, const std::string& where, const Manifest& 
     const std::string pw = at(where + ".ptrs", i);
     if (p[i].type != msgpack::type::ARRAY || len(p[i]) != 2) malformed(pw, "expected [slot, offset]");
     const int64_t slot = as_int(p[i].via.array.ptr[0], pw);
-    if (slot < 0 || slot >= m.num_slots()) malformed(pw, "slot " + std::to_string(slot) + " out of range");
+    if (slot < 0 || slot >= m.num_slots())
+      corrupt_plan(launch + " points at slot " + std::to_string(slot) + "; slots are 0 to " +
+                   std::to_string(m.num_slots() - 1));
     l.ptrs.emplace_back(slot, as_symint(p[i].via.array.ptr[1], pw, c));
   }
   l.ints = symints(field(o, "ints", where), where + ".ints", c);
   if (l.op == LaunchDecl::kGemm && (l.ptrs.size() != 3 || l.ints.size() != 20))
-    malformed(where, "a GEMM launch has 3 pointers and 20 ints");
+    corrupt_plan(launch + ": a GEMM takes 3 pointers and 20 integers, not " + std::to_string(l.ptrs.size()) + " / " +
+                 std::to_string(l.ints.size()));
   if (l.ptrs.size() > 256) malformed(where, "more than 256 pointer arguments");
   return l;
 }
@@ -281,7 +292,7 @@ void parse_native(const Obj& root, Manifest& m, const Ctx& c) {
   }
   const Obj& ls = field(*nat, "launches", w);
   const Obj* p = as_array(ls, w + ".launches");
-  for (uint32_t i = 0; i < len(ls); ++i) plan.launches.push_back(parse_launch(p[i], at(w + ".launches", i), m, c));
+  for (uint32_t i = 0; i < len(ls); ++i) plan.launches.push_back(parse_launch(p[i], i, m, c));
   const Obj& bs = field(*nat, "buffers", w);
   const Obj* b = as_array(bs, w + ".buffers");
   for (uint32_t i = 0; i < len(bs); ++i) {
@@ -300,7 +311,8 @@ void parse_native(const Obj& root, Manifest& m, const Ctx& c) {
   for (uint32_t k = 0; k < len(outs); ++k) {
     const int64_t slot = as_int(o[k], at(w + ".outputs", k));
     if (slot != -1 && slot != int64_t(1 + m.inputs.size() + k))
-      malformed(at(w + ".outputs", k), "output " + std::to_string(k) + " must be written to its own slot or -1");
+      corrupt_plan("output " + std::to_string(k) + " is written to slot " + std::to_string(slot) + "; allowed: -1 or " +
+                   std::to_string(1 + m.inputs.size() + k));
     plan.outputs.push_back(slot);
   }
   m.native = std::move(plan);

@@ -92,7 +92,7 @@ Model::Model(std::unique_ptr<Artifact> artifact, const bpk_load_options& options
   for (size_t k = 0; k < m_.kernels.size(); ++k)
     for (const auto& v : m_.kernels[k].variants)
       if (v.fn < 0 || v.fn >= lib_->num_functions())
-        artifact_->fail("malformed manifest: kernels[" + std::to_string(k) + "] names function " +
+        artifact_->fail("corrupt plan: kernel " + std::to_string(k) + " names function " +
                         std::to_string(v.fn) + "; the library has " + std::to_string(lib_->num_functions()));
   executor_ = "native (" + lib_->isa() + ")";
   plan_outputs();
@@ -348,6 +348,50 @@ void Model::check_launches(const Prepared& p, const bpk_tensor* in) const {
     for (const auto& s : l.ints) v.push_back(s.resolve(r));
     check_gemm(i, v, room, l.gemm_f64 ? 8 : 4);
   }
+  // Note [Kernel operand checks]: the kernel library checks its kernels' integers and extents
+  // a slot of 2^63 bytes or more cannot be allocated: the call fails there, before any launch
+  if (*std::max_element(slots.begin(), slots.end()) > uint64_t(INT64_MAX)) return;
+  std::vector<int64_t> bytes(slots.begin(), slots.end());
+  std::vector<uint8_t> writable(slots.size(), 0);  // the arena and the outputs the plan writes
+  writable[0] = 1;
+  for (size_t k = 0; k < nat.outputs.size(); ++k) writable[1 + m_.inputs.size() + k] = nat.outputs[k] >= 0;
+  int64_t status[4] = {0, 0, 0, 0};
+  if (lib_->check(p.words.data(), int64_t(p.words.size()), bytes.data(), writable.data(), int64_t(bytes.size()),
+                  status))
+    operand_error(status, r, slots);
+}
+
+// The messages of bladepack/loader/plan_check.py's operand_error (docs/format.md, "Kernel operand checks").
+void Model::operand_error(const int64_t* status, const int64_t* r, const std::vector<uint64_t>& slots) const {
+  const NativePlan& nat = *m_.native;
+  const int64_t i = status[0], code = status[1], value = status[2], extra = status[3];
+  const LaunchDecl* l = i >= 0 && size_t(i) < nat.launches.size() ? &nat.launches[size_t(i)] : nullptr;
+  std::string where = "launch " + std::to_string(i);
+  if (l && l->op == LaunchDecl::kKernel) where += " (kernel " + m_.kernels[size_t(l->kernel)].name + ")";
+  const size_t np = l ? l->ptrs.size() : 0, ni = l ? l->ints.size() : 0;
+  std::string what;
+  if (code == 1 && value >= 0) {
+    what = "passes " + std::to_string(np) + " pointers and " + std::to_string(ni) + " integers; its function takes " +
+           std::to_string(value) + " and " + std::to_string(extra);
+  } else if (code == 2 && value >= 0 && size_t(value) < ni) {
+    what = "passes " + std::to_string(l->ints[size_t(value)].resolve(r)) + " as integer " + std::to_string(value) +
+           "; its shape symbols make it " + std::to_string(extra);
+  } else if (code == 3) {
+    what = "integer " + std::to_string(value) + " is a negative size or overflows int64";
+  } else if (code == 4 && value >= 0 && size_t(value) < np) {
+    const auto& [slot, off] = l->ptrs[size_t(value)];
+    const int64_t room = int64_t(slots[size_t(slot)]) - off.resolve(r);
+    what = "pointer " + std::to_string(value) + " reaches " + std::to_string(extra) + " bytes; its tensor holds " +
+           std::to_string(room) + " from there";
+  } else if (code == 6) {
+    what = "pointer " + std::to_string(value) + "'s buffer has a negative dim or overflows int64";
+  } else if (code == 7) {
+    what = "writes through pointer " + std::to_string(value) + " into slot " + std::to_string(extra) +
+           ", an input or a weight";
+  } else {
+    what = "its record is malformed (check code " + std::to_string(code) + ")";
+  }
+  artifact_->fail("corrupt plan: " + where + ": " + what);
 }
 
 void Model::check_gemm(size_t i, const std::vector<int64_t>& v, const std::vector<uint64_t>& room, int64_t item) const {

@@ -59,6 +59,8 @@ class Model {
   void check_launches(const Prepared& p, const bpk_tensor* in) const;
   void check_gemm(size_t launch, const std::vector<int64_t>& ints, const std::vector<uint64_t>& room,
                   int64_t item) const;
+  // Note [Kernel operand checks]: the error for a failed check of the kernel library (status words)
+  [[noreturn]] void operand_error(const int64_t* status, const int64_t* regs, const std::vector<uint64_t>& slots) const;
   // Where output k comes from when the native plan does not write it (docs/format.md: slot -1).
   struct OutSource {
     enum Kind { kNative, kInput, kWeight, kOutput, kArena } kind = kNative;

@@ -33,6 +33,12 @@ class KernelLibrary {
   int64_t run(const int64_t* words, int64_t nwords, void* const* slots, int64_t* status) const {
     return run_(ctx_, words, nwords, slots, status, nullptr);
   }
+  // Note [Kernel operand checks] (bladepack/codegen/operand_check.py): 0, or the failing check's code
+  // with status = [launch, code, value, extra]; runs no kernel. Libraries from before it: always 0.
+  int64_t check(const int64_t* words, int64_t nwords, const int64_t* slot_bytes, const uint8_t* writable,
+                int64_t nslots, int64_t* status) const {
+    return check_ ? check_(words, nwords, slot_bytes, writable, nslots, status) : 0;
+  }
 
  private:
   using RunFn = int64_t (*)(void*, const int64_t*, int64_t, void* const*, int64_t*, int64_t*);
@@ -43,6 +49,7 @@ class KernelLibrary {
   void* ctx_ = nullptr;
   void (*destroy_)(void*) = nullptr;
   RunFn run_ = nullptr;
+  int64_t (*check_)(const int64_t*, int64_t, const int64_t*, const uint8_t*, int64_t, int64_t*) = nullptr;
   int64_t nfn_ = 0;
   int threads_ = 1;
 };
