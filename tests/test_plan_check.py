@@ -78,6 +78,7 @@ EDITS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
         "names function 999",
     ),
     "ABI 2": (_set(NATIVE, "abi", 2), "native CPU plan ABI 2 is not 1"),
+    "no library list": (lambda m: m["native_cpu"].pop("libraries"), "native_cpu.libraries must list"),
     # Note [Kernel operand checks]: the kernel library's own checks of a generated kernel's operands
     "output value shape [1, 1]": (_output_shape, r"\(kernel k2\): pointer 0 reaches \d+ bytes; its tensor holds 4 "),
     "kernel integer from the arena size's register": (

@@ -48,8 +48,8 @@ def _machine_is_x86() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64")
 
 
-def choose_library(libraries: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The highest ISA level whose CPU features this machine has."""
+def choose_library(libraries: Any) -> dict[str, Any]:
+    """The highest ISA level whose CPU features this machine has (`libraries`: the manifest record, checked)."""
     if not isinstance(libraries, list) or not all(
         isinstance(lib, dict)
         and isinstance(lib.get("isa"), str)
@@ -167,7 +167,7 @@ class NativeCpu:
         self.plan = native
         if native.get("abi") != ABI_VERSION:
             raise BpkFormatError(f"{bpk.source}: native CPU plan ABI {native.get('abi')} is not {ABI_VERSION}")
-        lib_row = choose_library(native["libraries"])
+        lib_row = choose_library(native.get("libraries"))  # its shape is checked there
         self.isa = lib_row["isa"]
         try:
             self.lib = open_library(
