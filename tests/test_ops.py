@@ -202,11 +202,27 @@ CASES = [
         (In(("B", 2, "S", 8)), In(("B", 2, "S", 8)), In(("B", 2, "S", 8)), In(("B", 1, "S", "S"))),
     ),
     Case(
+        "sdpa_fully_masked_rows",  # padding x causal masks leave rows with no key: torch gives 0 there
+        lambda q, k, v, pad: _masked_attention(q, k, v, pad),
+        (In(("B", 2, "S", 8)), In(("B", 2, "S", 8)), In(("B", 2, "S", 8)), In(("B", "S"), "int:0:2")),
+    ),
+    Case(
         "sdpa_gqa",
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True, scale=0.3),
         (In(("B", 4, "S", 8)), In(("B", 2, "S", 8)), In(("B", 2, "S", 8))),
     ),
 ]
+
+
+def _masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: torch.Tensor) -> Any:
+    s = q.shape[-2]
+    keep = torch.ones(s, s, dtype=torch.bool).tril()[None, None] & pad[:, None, None, :].bool()
+    as_float = torch.where(keep, 0.0, float("-inf"))
+    return (
+        F.scaled_dot_product_attention(q, k, v, attn_mask=keep),
+        F.scaled_dot_product_attention(q, k, v, attn_mask=as_float),
+        F.scaled_dot_product_attention(q, k, v, attn_mask=as_float, is_causal=False, scale=0.5),
+    )
 
 
 def _bn() -> nn.Module:

@@ -13,6 +13,7 @@ index) pair is computed once and placed in the outermost scope where all its sym
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -41,6 +42,7 @@ from bladepack.ir.ops import (
     OpClass,
     PadAttrs,
     PermuteAttrs,
+    SafeSoftmaxAttrs,
     SliceAttrs,
 )
 from bladepack.ir.types import IRDim
@@ -503,6 +505,15 @@ class Emitter:
             stats["acc"] = self.reduce_pass(acc_t, "max" if n.op is OpKind.AMAX else "min", load)
         elif n.op in (OpKind.SOFTMAX, OpKind.LOG_SOFTMAX):
             m = self.reduce_pass(acc_t, "max", load)
+            masked = ""
+            if isinstance(n.attrs, SafeSoftmaxAttrs):
+                # Note [Safe softmax]: a row that is entirely -inf (attention with every key masked) gives
+                # 0: the max is taken as 0 so the exponentials are exp(-inf) = 0, and the scale is 0
+                masked = self.fresh("masked")
+                self.scopes[1].lines.append(f"const bool {masked} = {m} == {literal(-math.inf, acc_t)};")
+                safe = self.fresh("m")
+                self.scopes[1].lines.append(f"const {t} {safe} = {masked} ? {t}(0) : {m};")
+                m = safe
             keep = self.softmax_in_place == n.id  # Note [Softmax in place]
             s = self.reduce_pass(
                 acc_t, "sum", lambda idx: f"bpk::vexp({load(idx)} - {m})", self._store_root(n.id) if keep else None
@@ -510,7 +521,8 @@ class Emitter:
             stats["max"] = m
             if n.op is OpKind.SOFTMAX:
                 inv = self.fresh("inv")
-                self.scopes[1].lines.append(f"const {t} {inv} = {t}(1) / {s};")
+                scale = f"{masked} ? {t}(0) : {t}(1) / {s}" if masked else f"{t}(1) / {s}"
+                self.scopes[1].lines.append(f"const {t} {inv} = {scale};")
                 stats["inv"] = inv
             else:
                 lse = self.fresh("lse")

@@ -27,6 +27,7 @@ from bladepack.ir.ops import (
     NormAttrs,
     Pool2dAttrs,
     ReduceAttrs,
+    SafeSoftmaxAttrs,
 )
 from bladepack.ir.types import IRDim
 
@@ -389,7 +390,8 @@ def _sdpa(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
             scores = ctx.emit(K.WHERE, (m, scores, ctx.const(-math.inf, st.dtype)), st)
         else:
             scores = ctx.emit(K.ADD, (scores, ctx.cast(m, st.dtype)), st)
-    probs = ctx.emit(K.SOFTMAX, (scores,), st, AxisAttrs(st.rank - 1))
+    # a fully masked row gives 0, as torch's attention does (Note [Safe softmax] in codegen/emitter.py)
+    probs = ctx.emit(K.SOFTMAX, (scores,), st, SafeSoftmaxAttrs(st.rank - 1))
     return reshape(ctx, matmul(ctx, probs, v), out.shape)
 
 

@@ -166,6 +166,14 @@ class AxisAttrs:
 
 
 @dataclass(frozen=True)
+class SafeSoftmaxAttrs(AxisAttrs):
+    """Softmax whose rows that are entirely -inf give 0, not NaN: torch's scaled_dot_product_attention
+    (aten._safe_softmax), where a fully masked query row (a left-padded position) attends to nothing."""
+
+    safe: bool = True
+
+
+@dataclass(frozen=True)
 class IndexAttrs:
     """Advanced indexing: the index tensors (inputs 1..) stand at `axes`; other axes are taken whole."""
 

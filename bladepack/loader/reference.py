@@ -306,7 +306,10 @@ def _softmax_impl(log: bool) -> Impl:
         with np.errstate(invalid="ignore"):
             z = x - np.max(x, axis=axis, keepdims=True)
             s = np.sum(np.exp(z), axis=axis, keepdims=True)
-            return (z - np.log(s) if log else np.exp(z) / s).astype(dt)
+            y = z - np.log(s) if log else np.exp(z) / s
+            if attrs.get("safe"):  # Note [Safe softmax] in codegen/emitter.py: an all -inf row gives 0
+                y = np.where(np.all(x == -np.inf, axis=axis, keepdims=True), 0.0, y)
+            return y.astype(dt)
 
     return impl
 
