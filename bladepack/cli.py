@@ -44,6 +44,10 @@ def _run(args: argparse.Namespace) -> int:
         if not path:
             raise SystemExit(f"--input takes NAME=FILE.npy, got {item!r}")
         given[name] = np.load(path)
+    names = [t.name for t in m.signature.inputs]
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise SystemExit(f"unknown --input {', '.join(unknown)}; the inputs are {', '.join(names)}")
     outs = m.run([given[t.name] if t.name in given else _missing(t.name) for t in m.signature.inputs])
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

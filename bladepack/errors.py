@@ -31,10 +31,13 @@ class UnsupportedOpsError(BladepackError):
 
     def __init__(self, problems: list[tuple[str, str]]) -> None:
         self.problems = problems
-        lines = [f"  - {op}  (at {loc})" for op, loc in problems]
+        counts: dict[tuple[str, str], int] = {}
+        for p in problems:  # one line per (op, place): a layer's line reached once per layer is one place
+            counts[p] = counts.get(p, 0) + 1
+        lines = [f"  - {op}  (at {loc})" + (f" x{n}" if n > 1 else "") for (op, loc), n in counts.items()]
         kinds = sorted({op for op, _ in problems})
         super().__init__(
-            f"the model uses {len(kinds)} unsupported operator(s) at {len(problems)} place(s):\n" + "\n".join(lines)
+            f"the model uses {len(kinds)} unsupported operator(s) at {len(counts)} place(s):\n" + "\n".join(lines)
         )
 
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import bladepack
 from bladepack.cli import main
@@ -72,3 +73,12 @@ def test_run_writes_npy(mlp_artifact, tmp_path: Path) -> None:
     np.save(tmp_path / "x.npy", x)
     assert main(["run", str(path), "--input", f"x={tmp_path / 'x.npy'}", "--output-dir", str(tmp_path / "out")]) == 0
     assert np.array_equal(np.load(tmp_path / "out" / "output0.npy"), bladepack.load(path)(x))
+
+
+def test_run_refuses_unknown_input_names(mlp_artifact, tmp_path: Path) -> None:
+    path = tmp_path / "m.bpk"
+    mlp_artifact.save(path)
+    np.save(tmp_path / "x.npy", np.ones((3, 64), np.float32))
+    given = ["--input", f"x={tmp_path / 'x.npy'}", "--input", f"y={tmp_path / 'x.npy'}"]
+    with pytest.raises(SystemExit, match="unknown --input y; the inputs are x"):
+        main(["run", str(path), *given, "--output-dir", str(tmp_path / "out")])

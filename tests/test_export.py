@@ -86,6 +86,43 @@ def test_unsupported_ops_listed_all_at_once_with_locations() -> None:
     assert len(info.value.problems) >= 3
 
 
+def test_one_place_reached_twice_is_listed_once() -> None:
+    """The same op at the same place (a layer's line, once per layer) is one line with its count."""
+    err = bladepack.UnsupportedOpsError([("aten.sort", "m.py:3"), ("aten.flip", "m.py:4"), ("aten.sort", "m.py:3")])
+    text = str(err)
+    assert "2 unsupported operator(s) at 2 place(s)" in text, text
+    assert "  - aten.sort  (at m.py:3) x2\n  - aten.flip  (at m.py:4)" in text, text
+    assert len(err.problems) == 3
+
+
+def test_locations_are_the_models_lines_not_torchs() -> None:
+    """nn.Conv2d and nn.Embedding issue their ops inside torch (conv.py, sparse.py): the location is
+    the line of the model that called the module."""
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(2, 2, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.conv(x)  # the model's line
+            return torch.sort(y, dim=-1).values
+
+    with pytest.raises(bladepack.UnsupportedOpsError) as info:
+        bladepack.optimize(M(), [(torch.randn(2, 2, 8, 8),), (torch.randn(3, 2, 9, 9),)])
+    assert "test_export.py:" in str(info.value) and "conv.py" not in str(info.value)
+
+    class Conv(M):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.conv(x).relu()  # the convolution's line
+
+    art = bladepack.optimize(Conv(), [(torch.randn(2, 2, 8, 8),), (torch.randn(3, 2, 9, 9),)])
+    m = bladepack.artifact.format.read(art.to_bytes()).manifest
+    locs = [k["loc"] for k in m["kernels"]] + [g["loc"] for g in m.get("gemm_configs", [])]
+    assert any("the convolution's line" in loc for loc in locs), locs
+    assert not any("conv.py" in loc for loc in locs), locs
+
+
 def test_bad_targets_and_inputs() -> None:
     with pytest.raises(ValueError, match="unsupported targets"):
         bladepack.optimize(TwoLayer(), (torch.randn(2, 8),), targets=("tpu",))

@@ -97,6 +97,28 @@ def test_native_index_error_after_the_shape_is_prepared() -> None:
     assert rel_err(m(np.array([[-1, 2, 3]])), emb.weight[[9, 2, 3]][None]) == 0.0  # negative index wraps
 
 
+class _EmbedNorm(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 8)
+        self.norm = torch.nn.LayerNorm(8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids)  # the lookup an out-of-range id fails in
+        return self.norm(x)
+
+
+def test_index_error_names_the_lookup_not_the_kernel_root() -> None:
+    """The embedding fuses into the layer norm's kernel: the message names the lookup's source line."""
+    art = bladepack.optimize(_EmbedNorm().eval(), [(torch.tensor([[1, 2]]),), (torch.tensor([[1, 2, 3]]),)])
+    for executor in ("native", "reference"):
+        m = bladepack.load(art.to_bytes(), executor=executor)
+        with pytest.raises(ExecutionError, match=r"index out of range.*\[-10, 9\]") as e:
+            m(np.array([[1, 12, 0]]))
+        assert "test_native.py" in str(e.value) and "x = self.emb(ids)" in str(e.value), str(e.value)
+        assert "sparse.py" not in str(e.value), str(e.value)  # torch's own line is not the model's
+
+
 def test_portable_gemm_without_blas(mlp_artifact, monkeypatch) -> None:
     monkeypatch.setenv("BLADEPACK_BLAS", "none")
     nat = bladepack.load(mlp_artifact.to_bytes(), executor="native")

@@ -137,6 +137,63 @@ def test_shape_chain_folds_to_one_reshape() -> None:
         np.testing.assert_array_equal(loaded(x), x.reshape(b, s, 4, 16).transpose(0, 2, 1, 3))
 
 
+def test_reshape_infers_a_dim_whose_symbols_cancel() -> None:
+    """Reshape(x[b, s, 64], [b, s, 4, -1]): the inferred dim b*s*64 / (b*s*4) is the constant 16 (it
+    crashed sympy's Poly with GeneratorsNeeded: DistilBERT and T5 exports)."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shp"]),
+        helper.make_node("Slice", ["shp", "z", "two"], ["bs"]),
+        helper.make_node("Concat", ["bs", "rest"], ["new_shape"], axis=0),
+        helper.make_node("Reshape", ["x", "new_shape"], ["y"]),
+    ]
+    inits = [_const("z", [0]), _const("two", [2]), _const("rest", [4, -1])]
+    m = _model(nodes, [_vi("x", TensorProto.FLOAT, ["batch", "seq", 64])], ["y"], inits)
+    assert str(import_onnx(m).graph.nodes[-1].type) == "f32[batch, seq, 4, 16]"
+    loaded = bladepack.load(bladepack.optimize(m).to_bytes())
+    for b, s in [(1, 1), (3, 7)]:
+        x = np.random.default_rng(0).standard_normal((b, s, 64), dtype=np.float32)
+        np.testing.assert_array_equal(loaded(x), x.reshape(b, s, 4, 16))
+
+
+def test_gather_nd_with_symbolic_indices() -> None:
+    """GatherND (torch's dynamo exporter writes aten.index as one), batch_dims 0 and 1, indices from
+    the model's inputs: against onnx's reference evaluator at several shapes, negative indices too."""
+    from onnx.reference import ReferenceEvaluator
+
+    nodes = [
+        helper.make_node("GatherND", ["x", "i"], ["y0"], batch_dims=0),
+        helper.make_node("GatherND", ["x", "j"], ["y1"], batch_dims=1),
+    ]
+    inputs = [
+        _vi("x", TensorProto.FLOAT, ["n", 5, 3]),
+        _vi("i", TensorProto.INT64, ["m", 2]),
+        _vi("j", TensorProto.INT64, ["n", "m", 1]),
+    ]
+    m = _model(nodes, inputs, ["y0", "y1"], opset=17)
+    loaded = bladepack.load(bladepack.optimize(m).to_bytes())
+    ref = ReferenceEvaluator(m)
+    rng = np.random.default_rng(0)
+    for n, k in [(1, 1), (2, 3), (4, 7)]:
+        x = rng.standard_normal((n, 5, 3), dtype=np.float32)
+        i = np.stack([rng.integers(-n, n, k), rng.integers(-5, 5, k)], axis=-1)
+        j = rng.integers(0, 5, (n, k, 1))
+        for got, want in zip(loaded(x, i, j), ref.run(None, {"x": x, "i": i, "j": j})):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_a_converter_failure_names_its_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An internal error inside a converter is reported like an unsupported op: the node, no traceback."""
+    from bladepack.onnx_import import model as onnx_model
+
+    def broken(ctx: Any, ins: Any) -> Any:
+        raise ZeroDivisionError("converter bug")
+
+    monkeypatch.setitem(onnx_model.TABLE, "Relu", broken)
+    m = _model([helper.make_node("Relu", ["x"], ["y"], name="the_relu")], [_vi("x", TensorProto.FLOAT, [2])], ["y"])
+    with pytest.raises(UnsupportedOpsError, match=r"internal error in its converter \(ZeroDivisionError.*the_relu"):
+        import_onnx(m)
+
+
 def test_expand_range_constant_of_shape_from_symbols() -> None:
     """ConstantOfShape(Shape(x)), Range(0, Size) and Expand to a computed shape, all sized by symbols."""
     nodes = [
@@ -404,6 +461,7 @@ NATIVE_SAMPLE = (
     "test_div_int8",
     "test_edge_pad",
     "test_gather_elements_negative_indices",
+    "test_gathernd_example_int32_batch_dim1",
     "test_gemm_all_attributes",
     "test_layer_normalization_4d_axis_negative_2",
     "test_matmul_1d_3d",

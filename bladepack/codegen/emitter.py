@@ -51,6 +51,12 @@ from bladepack.ir.views import LAYOUT_OPS, View, reshape_groups, simplify
 _VAR = re.compile(r"\b[a-z]+\d+\b")
 
 
+def _site(what: str, n: Node) -> str:
+    """An index check's description with the user's source line of the op it guards (a fused kernel's
+    own location is its root's: a layer norm after the embedding lookup that failed)."""
+    return f"{what} at {n.loc}" if n.loc else what
+
+
 class Scope:
     def __init__(self, syms: Sequence[sympy.Symbol] = (), barrier: bool = False) -> None:
         self.syms = set(syms)
@@ -383,13 +389,13 @@ class Emitter:
             a = n.attrs.axis % len(xshape)
             r = self.ctx.types[n.inputs[1]].rank
             raw = self.eval(n.inputs[1], idx[a : a + r])
-            g = self._checked_index(raw, xshape[a], f"take along dimension {a}")
+            g = self._checked_index(raw, xshape[a], _site(f"take along dimension {a}", n))
             return self.eval(x, (*idx[:a], g, *idx[a + r :]))
         if n.op is OpKind.GATHER:
             assert isinstance(n.attrs, AxisAttrs)
             a = n.attrs.axis % len(xshape)
             raw = self.eval(n.inputs[1], idx)
-            g = self._checked_index(raw, xshape[a], f"gather along dimension {a}")
+            g = self._checked_index(raw, xshape[a], _site(f"gather along dimension {a}", n))
             j = list(idx)
             j[a] = g
             return self.eval(x, tuple(j))
@@ -408,7 +414,7 @@ class Emitter:
             raw = self.eval(t, ti)
             if self.ctx.types[t].dtype is DType.BOOL:
                 raise ValueError("boolean mask indexing has a data-dependent shape")
-            src.append(self._checked_index(raw, xshape[axes[k]], f"indexing along dimension {axes[k]}"))
+            src.append(self._checked_index(raw, xshape[axes[k]], _site(f"indexing along dimension {axes[k]}", n)))
         src.extend(idx[axes[0] + b_rank :])
         return self.eval(x, tuple(src))
 

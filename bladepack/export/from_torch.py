@@ -9,6 +9,7 @@ at once in `UnsupportedOpsError`.
 from __future__ import annotations
 
 import operator
+import os
 import re
 from typing import Any
 
@@ -32,13 +33,19 @@ _IGNORED = {
 }
 
 
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
 def source_location(node: torch.fx.Node) -> str:
     """`file.py:LINE in fn` of the user code that produced the node, plus the op name."""
     trace = node.meta.get("stack_trace") or ""
     frames = re.findall(r'File "([^"]+)", line (\d+), in (\w+)\n\s*(.*)', trace)
     target = str(node.target)
     if frames:
-        path, line, fn, code = frames[-1]
+        # the innermost frame of the model's code: torch's own modules (nn.Embedding.forward's
+        # F.embedding call, conv.py) are where every model's op is issued, not where it is written
+        own = [f for f in frames if not f[0].startswith(_TORCH_DIR)]
+        path, line, fn, code = (own or frames)[-1]
         return f"{path.split('/')[-1]}:{line} in {fn}: {code.strip()} [{target}]"
     stack = node.meta.get("nn_module_stack")
     if stack:

@@ -154,8 +154,8 @@ def _arith(op: OpKind) -> Any:
 
 for _name in ("add", "sub", "mul", "div", "fmod"):
     converts(f"aten.{_name}.Tensor", f"aten.{_name}.Scalar")(_arith(_ARITH[_name]))
-for _name in ("maximum", "minimum"):
-    converts(f"aten.{_name}.default")(_arith(_ARITH[_name]))
+for _name in ("maximum", "minimum"):  # torch.max(a, b) / torch.min(a, b) are the same ops (T5's position buckets)
+    converts(f"aten.{_name}.default", f"aten.{_name[:3]}.other")(_arith(_ARITH[_name]))
 
 
 @converts("aten.rsub.Scalar", "aten.rsub.Tensor")

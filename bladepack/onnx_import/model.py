@@ -304,6 +304,10 @@ def _convert_node(
         problems.append((f"{label}: {e}" if str(e) else label, where))
         poisoned.update(node.output)
         return
+    except Exception as e:  # a converter's own failure: reported with the node, never as a raw traceback
+        problems.append((f"{label}: internal error in its converter ({type(e).__name__}: {e}); a bladepack bug", where))
+        poisoned.update(node.output)
+        return
     for k, name in enumerate(node.output):
         if not name:
             continue

@@ -18,7 +18,7 @@ from onnx import numpy_helper
 
 from bladepack.dtypes import DType
 from bladepack.ir import OpKind, TensorType, Tri
-from bladepack.ir.ops import ArangeAttrs, AxisAttrs, ConstantAttrs
+from bladepack.ir.ops import ArangeAttrs, AxisAttrs, ConstantAttrs, IndexAttrs
 from bladepack.ir.types import IRDim
 from bladepack.onnx_import.context import (
     RUNTIME_DATA,
@@ -157,8 +157,11 @@ def _infer_dim(ctx: OnnxCtx, total: IRDim, known_part: IRDim) -> IRDim:
             raise Unsupported(f"cannot reshape {total} elements into groups of {known_part}")
         return total // known_part
     q = sympy.cancel(sympy.sympify(total) / known_part)
+    if q.is_Integer and q > 0:  # the symbols cancel: batch * seq * 64 elements in rows of batch * seq * 16
+        return int(q)
     _, den = sympy.fraction(q)
-    if den == 1 and q.is_polynomial() and all(c.is_Integer for c in sympy.Poly(q).coeffs()):
+    gens = sorted(q.free_symbols, key=str)
+    if den == 1 and gens and q.is_polynomial() and all(c.is_Integer for c in sympy.Poly(q, *gens).coeffs()):
         return simplify_dim(q)
     ctx.assertions.append(
         (sympy.Eq(sympy.Mod(total, known_part), 0), f"{ctx.loc}: {total} elements must split into rows of {known_part}")
@@ -273,6 +276,30 @@ def _gather(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
     shape = x.type.shape[:axis] + idx.type.shape + x.type.shape[axis + 1 :]
     i = _indices(ctx, idx, d)
     return [ctx.out(K.TAKE, (ctx.tensor(x), i), TensorType(x.type.dtype, shape), AxisAttrs(axis))]
+
+
+@converts("GatherND")
+def _gather_nd(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    """data[i_0, ..., i_k-1] with the k index tensors the last axis of `indices` holds (torch's advanced
+    indexing over leading axes); the batch_dims leading axes index themselves (aranges)."""
+    x, idx = need(ins, 0), need(ins, 1)
+    b = int(ctx.attr("batch_dims", 0))
+    k = idx.type.shape[-1] if idx.type.rank else None
+    if not isinstance(k, int) or not 1 <= k <= x.type.rank - b or not 0 <= b < idx.type.rank:
+        raise Unsupported(f"index depth {k} for rank {x.type.rank} data with batch_dims {b}")
+    lead = idx.type.shape[:-1]
+    i64 = OVal(TensorType(DType.INT64, idx.type.shape), ctx.cast(ctx.tensor(idx), DType.INT64))
+    index: list[int] = []
+    for a in range(b):
+        n = x.type.shape[a]
+        r = ctx.emit(OpKind.ARANGE, (), TensorType(DType.INT64, (n,)), ArangeAttrs(0, 1))
+        index.append(ctx.reshape(r, [n if j == a else 1 for j in range(len(lead))]))
+    for j in range(k):
+        column = slice_axis(ctx, i64, idx.type.rank - 1, j, 1, 1)
+        index.append(ctx.reshape(ctx.tensor(column), lead))
+    shape = lead + x.type.shape[b + k :]
+    t = TensorType(x.type.dtype, shape)
+    return [ctx.out(OpKind.INDEX, (ctx.tensor(x), *index), t, IndexAttrs(tuple(range(b + k))))]
 
 
 @converts("GatherElements")
