@@ -371,3 +371,72 @@ def test_samples_on_a_real_gpu() -> None:
             for o, r in zip(as_tuple(m(*args)), ref):
                 assert o.is_cuda
                 assert rel_err(o.cpu(), r.cpu()) <= 1e-4, f"{name} at {dims}"
+
+
+class _Rehashed:
+    """An artifact whose manifest was edited and every checksum recomputed (what FakeGpu.run saves)."""
+
+    def __init__(self, art: bladepack.api.Artifact, edit: Any) -> None:
+        from tests.test_plan_check import _rehashed
+
+        self.sources = art.sources
+        self.data = _rehashed(art, edit)
+
+    def save(self, path: Any) -> None:
+        Path(path).write_bytes(self.data)
+
+
+def _cuda_kernel(m: dict[str, Any], k: int = 0) -> dict[str, Any]:
+    return [lr for lr in m["native_cuda"]["launches"] if lr["op"] == "kernel"][k]
+
+
+def test_cuda_kernel_operand_checks(gpu: FakeGpu) -> None:
+    """Note [Kernel operand checks] for CUDA kernels: the kernel rows carry check programs the loader
+    runs per signature before any launch; edited integers and shrunk outputs are refused by name."""
+
+    class M(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.softmax(x.reshape(x.shape[0], -1, 4), dim=-1) * 2.0
+
+    b = torch.export.Dim("b", min=1, max=64)
+    art = bladepack.optimize(M(), [(torch.randn(3, 8, 8),)], ({0: b},), targets=TARGETS)
+    x = np.ones((5, 8, 8), np.float32)
+
+    def shrink_output(m: dict[str, Any]) -> None:
+        out = m["outputs"][0]["id"]
+        next(v for v in m["values"] if v["id"] == out)["shape"] = [1, 1, 1]
+
+    def negative(m: dict[str, Any]) -> None:
+        _cuda_kernel(m)["ints"][0] = -3
+
+    def fewer_ints(m: dict[str, Any]) -> None:
+        _cuda_kernel(m)["ints"].pop()
+
+    def negative_symbol(m: dict[str, Any]) -> None:
+        _cuda_kernel(m)["ints"][-1] = -1  # the batch symbol: operands added for the check come last
+
+    edits = {
+        "untouched": (lambda m: None, None),
+        "output shrunk": (shrink_output, r"pointer 0 reaches \d+ bytes; its tensor holds 4 from there"),
+        "negative integer": (negative, r"passes -3 as integer 0; its shape symbols make it 80"),
+        "negative symbol": (negative_symbol, r"integer \d+ is -1, a negative size"),
+    }
+    for name, (edit, message) in edits.items():
+        _, results, log = gpu.run(_Rehashed(art, edit), [(x,)])
+        if message is None:
+            assert not isinstance(results[0], str), results[0]
+            np.testing.assert_allclose(results[0][0], np.full((5, 16, 4), 0.5, np.float32), rtol=1e-6)
+            assert any(line.startswith("launch ") for line in log.splitlines())
+        else:
+            assert isinstance(results[0], str) and results[0].startswith("BpkFormatError"), (name, results[0])
+            assert re.search(message, results[0]), (name, results[0])
+            assert not any(line.startswith("launch ") for line in log.splitlines()), name
+    m = bladepack.artifact.format.read(art.to_bytes()).manifest
+    assert all("check" in k for k in m["kernels"] if k["target"] == "cuda")
+    # at load: a launch with fewer integers than its check program reads
+    from bladepack.loader.manifest import Manifest
+    from bladepack.loader.plan_check import operand_programs
+
+    bad = Manifest.read(bladepack.artifact.format.read(_Rehashed(art, fewer_ints).data))
+    with pytest.raises(bladepack.BpkFormatError, match=r"launch 0 \(kernel k0\): its operand check is malformed"):
+        operand_programs(bad)

@@ -53,6 +53,7 @@ class KernelRow:
     nodes: tuple[int, ...]
     variants: tuple[KernelVariant, ...]
     errors: tuple[str, ...]  # per error site: what failed, for messages
+    check: dict[str, Any] | None = None  # CUDA: the operand check's shape program (lowering/operand_program.py)
 
     def to_manifest(self) -> dict[str, Any]:
         return {
@@ -64,6 +65,7 @@ class KernelRow:
             "nodes": list(self.nodes),
             "variants": [v.to_manifest() for v in self.variants],
             "errors": list(self.errors),
+            **({"check": self.check} if self.check is not None else {}),
         }
 
 

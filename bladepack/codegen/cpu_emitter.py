@@ -37,7 +37,7 @@ from bladepack.codegen.cpu_conv import direct_conv_kernel, im2col_kernel, pool_k
 from bladepack.codegen.cpu_loops import DECLS, CpuEmitter
 from bladepack.codegen.emitter import Emitter
 from bladepack.codegen.kernel import ROW_OPS, EmittedKernel, KernelContext, kernel_cost, same_shape, store_offset
-from bladepack.codegen.operand_check import add_atoms, operand_check
+from bladepack.codegen.operand_check import add_atoms, operand_buffers, operand_check
 from bladepack.ir import Node, OpKind
 from bladepack.ir.fusion_plan import KernelSpec
 from bladepack.ir.types import IRDim
@@ -188,8 +188,7 @@ def emit_kernel(spec: KernelSpec, ctx: KernelContext, conv: tuple[Node, View] | 
         errors = em.error_sites
     ptr_types = [(CTYPE[ctx.types[v].dtype], True) for v in stores]
     ptr_types += [(CTYPE[ctx.types[v.base].dtype], False) for v in loads]
-    buffers = [(ctx.types[v].shape, ctx.types[v].dtype.itemsize) for v in stores]
-    buffers += [(ctx.types[v.base].shape, ctx.types[v.base].dtype.itemsize) for v in loads]
+    buffers = operand_buffers(ctx, stores, loads)
     add_atoms(args, buffers)  # Note [Kernel operand checks]: before the functions fix their operand count
     lines = [f"// {spec.name}: {spec.kind} kernel{' from ' + spec.loc if spec.loc else ''}"]
     for name, _pred, body in bodies:

@@ -49,6 +49,7 @@ from bladepack.codegen.c_render import CTYPE, Args, Loop
 from bladepack.codegen.cuda_conv import direct_conv_kernel, im2col_kernel, pool_kernel
 from bladepack.codegen.emitter import Emitter
 from bladepack.codegen.kernel import ROW_OPS, KernelContext, reduce_init, same_shape, store_offset
+from bladepack.codegen.operand_check import add_atoms, operand_buffers
 from bladepack.dtypes import DType
 from bladepack.ir import Node, OpKind
 from bladepack.ir.fusion_plan import KernelSpec
@@ -493,6 +494,7 @@ def emit_cuda_kernel(
         errors = em.error_sites
     ptr_types = [(MEMTYPE[ctx.types[v].dtype], True) for v in stores]
     ptr_types += [(MEMTYPE[ctx.types[v.base].dtype], False) for v in loads]
+    add_atoms(args, operand_buffers(ctx, stores, loads))  # Note [Kernel operand checks]
     lines = [f"// {spec.name}: {spec.kind} kernel{' from ' + spec.loc if spec.loc else ''}"]
     for var, em in bodies:
         lines.append(_function(var.name, em, ptr_types, len(args.exprs), var.block))

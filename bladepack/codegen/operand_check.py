@@ -22,7 +22,8 @@ The library's `bpk_check` also refuses a launch that writes (a kernel's store po
 into a slot the loader does not mark writable: inputs are the caller's, weights may be read-only pages.
 A kernel given any integers either indexes consistently with its atoms and inside its buffers, or the
 check names the operand that is wrong. Data-dependent indices (gather, take) are checked where they are
-read (ERR_INDEX). The status words: [launch, code, value, extra] with the OPERAND_* codes below; the
+read (ERR_INDEX). CUDA kernels take the same operands (add_atoms runs for them too) and carry the same
+rules as a shape program in their kernel row (lowering/operand_program.py). The status words: [launch, code, value, extra] with the OPERAND_* codes below; the
 loaders' messages for them are docs/format.md's ("Kernel operand checks").
 """
 
@@ -33,7 +34,9 @@ from collections.abc import Sequence
 import sympy
 
 from bladepack.codegen.c_render import Args
+from bladepack.codegen.kernel import KernelContext
 from bladepack.ir.types import IRDim
+from bladepack.ir.views import View
 
 OPERAND_COUNT = 1  # value: the pointers the function takes, extra: its integers
 OPERAND_VALUE = 2  # value: the integer's index, extra: what the atoms make it
@@ -140,6 +143,15 @@ class _Compiler:
             return self.expr(value)
         c, v, rest = self.expr(cond), self.expr(value), self._piecewise(branches[1:])
         return self._define(f"{c} ? {v} : {rest}")
+
+
+def operand_buffers(
+    ctx: KernelContext, stores: Sequence[int], loads: Sequence[View]
+) -> list[tuple[Sequence[IRDim], int]]:
+    """Per pointer operand of a kernel (its stores, then its loads), the shape and item size of the
+    whole buffer it addresses."""
+    buffers = [(ctx.types[v].shape, ctx.types[v].dtype.itemsize) for v in stores]
+    return buffers + [(ctx.types[v.base].shape, ctx.types[v.base].dtype.itemsize) for v in loads]
 
 
 def add_atoms(args: Args, buffers: Sequence[tuple[Sequence[IRDim], int]]) -> None:

@@ -29,7 +29,13 @@ from bladepack.loader.dlpack import KDL_CUDA, KDL_CUDA_MANAGED, Exported, Import
 from bladepack.loader.executor import ShapeCache
 from bladepack.loader.manifest import Key, Manifest, index_error
 from bladepack.loader.native_cuda import KERNEL_SHIFT, CudaPrepared, NativeCuda
-from bladepack.loader.plan_check import check_launches, check_plan
+from bladepack.loader.plan_check import (
+    INT64_MAX,
+    check_launches,
+    check_operand_programs,
+    check_plan,
+    operand_programs,
+)
 from bladepack.loader.reference_executor import ReferenceExecutor, RefPrepared
 from bladepack.loader.signature import check_inputs
 from bladepack.loader.tensors import is_torch_tensor, resolve_views, to_numpy
@@ -95,6 +101,7 @@ class CudaExecutor:
         self.ordinal = ordinal
         kernels = m.kernels["cuda"]
         check_plan(m, "cuda", None)  # Note [Plan checks]: before anything is launched
+        self.operand_checks = operand_programs(m)
         self.exe = NativeCuda(bpk, native, kernels, ordinal)
         self.exe.upload_weights([bpk.section(weight_section_name(w["name"])) for w in m.weight_rows])
         self.kernels = kernels
@@ -112,7 +119,9 @@ class CudaExecutor:
 
     def _build(self, key: Key) -> Prepared:
         ref = self.reference.build(key)
-        check_launches(self.m, "cuda", key, ref.registers, [s for s, _ in ref.outputs])
+        slots = check_launches(self.m, "cuda", key, ref.registers, [s for s, _ in ref.outputs])
+        if max(slots, default=0) <= INT64_MAX:  # else the call's memory check refuses it first
+            check_operand_programs(self.m, self.operand_checks, ref.registers, slots)
         return Prepared(ref, self.exe.prepare(ref.registers))
 
     # -- inputs

@@ -33,6 +33,7 @@ from bladepack.cpu_features import cpu_flags
 from bladepack.dtypes import DType
 from bladepack.errors import BladepackError, BpkFormatError
 from bladepack.loader.library_file import open_library
+from bladepack.loader.plan_check import INT64_MAX
 from bladepack.options import LoaderOptions
 
 ABI_VERSION = 1
@@ -122,7 +123,6 @@ def find_blas() -> Blas | None:
 
 
 ARENA_KEEP = 64 << 20  # Note [Arena high-water mark]
-INT64_MAX = (1 << 63) - 1
 _KEEP: dict[str, ctypes.CDLL] = {}  # BLAS handles stay loaded for the process (their pointers are shared)
 
 

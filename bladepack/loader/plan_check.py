@@ -32,12 +32,14 @@ import reprlib
 from collections.abc import Sequence
 from typing import Any
 
+from bladepack.artifact.shape_program import ShapeProgram
 from bladepack.dtypes import DType
-from bladepack.errors import BpkFormatError
+from bladepack.errors import BpkFormatError, ShapeGuardError
 from bladepack.loader.manifest import Key, Manifest, describe, element_count, resolve
 
 GEMM_INTS = 20
 INT32_MAX = (1 << 31) - 1
+INT64_MAX = (1 << 63) - 1
 _SIZES = {d.value: d.itemsize for d in DType}
 _GEMM_DTYPES = {"cpu": ("float32", "float64"), "cuda": ("float32", "float64", "float16", "bfloat16")}
 
@@ -206,6 +208,47 @@ def _check_launches(
             ints = [resolve(v, regs) for v in lr["ints"]]
             _check_gemm(m, i, ints, room, _SIZES[lr["dtype"]], len(lr["ptrs"]) == 4)
     return slots
+
+
+def operand_programs(m: Manifest) -> dict[int, ShapeProgram]:
+    """Per CUDA kernel launch (by index), its kernel's operand check program, checked at load against
+    the launch's integer and pointer counts (Note [Kernel operand checks]; rows from before it have
+    none)."""
+    plan = m.native["cuda"]
+    assert plan is not None
+    out: dict[int, ShapeProgram] = {}
+    for i, lr in enumerate(plan["launches"]):
+        if lr["op"] != "kernel" or "check" not in m.kernels["cuda"][lr["k"]]:
+            continue
+        row = m.kernels["cuda"][lr["k"]]
+        try:
+            prog = ShapeProgram.from_manifest(row["check"])
+            prog.validate([len(lr["ints"]), len(lr["ptrs"])])
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            raise _fail(
+                m, f"launch {i} (kernel {row.get('name')}): its operand check is malformed ({describe(e)})"
+            ) from None
+        out[i] = prog
+    return out
+
+
+def check_operand_programs(
+    m: Manifest, programs: dict[int, ShapeProgram], regs: Sequence[int], slots: Sequence[int]
+) -> None:
+    """Note [Kernel operand checks] for CUDA kernels, per input-shape signature: each launch's integers
+    and the room behind each of its pointers through its kernel's check program."""
+    plan = m.native["cuda"]
+    assert plan is not None
+    for i, prog in programs.items():
+        lr = plan["launches"][i]
+        ints = [resolve(v, regs) for v in lr["ints"]]
+        room = [slots[slot] - resolve(off, regs) for slot, off in lr["ptrs"]]
+        try:
+            prog.evaluate([ints, room])
+        except ShapeGuardError as e:
+            name = m.kernels["cuda"][lr["k"]]["name"]
+            text = str(e) if "overflowed" not in str(e) else "its integers overflow int64"
+            raise _fail(m, f"launch {i} (kernel {name}): {text}") from None
 
 
 def operand_error(

@@ -38,6 +38,7 @@ from bladepack.artifact.plan import SymIntEnc
 from bladepack.codegen.cpu_emitter import emit_kernel
 from bladepack.codegen.cuda_emitter import CudaKernel, emit_cuda_kernel
 from bladepack.codegen.kernel import EmittedKernel, KernelContext, KernelEmitError
+from bladepack.codegen.operand_check import operand_buffers
 from bladepack.ir import OpKind, Program
 from bladepack.ir.fusion_plan import FusionPlan, GemmEpilogue, KernelSpec, LibraryStep, ReferenceStep
 from bladepack.ir.ops import Conv2dAttrs
@@ -47,6 +48,7 @@ from bladepack.library_ops.cpu_gemm import GemmCall, lower_conv, lower_matmul, o
 from bladepack.library_ops.cutlass.emitter import GemmInstance
 from bladepack.library_ops.cutlass.select import CUBLAS, GemmDispatch, GemmPolicy, select
 from bladepack.lowering.memory_plan import Buffer, plan_memory
+from bladepack.lowering.operand_program import operand_program
 from bladepack.passes.fusion import plan_fusion
 
 Enc = Callable[[Any], SymIntEnc]
@@ -143,8 +145,13 @@ class _Lowerer:
                 variants.append(KernelVariant(name, self.fn_count, self.pred(pred)))
                 self.fn_count += 1
         ptrs = [self._ptr(v) for v in ek.stores] + [self._ptr(v.base) for v in ek.loads]
+        check = None
+        if isinstance(ek, CudaKernel):  # Note [Kernel operand checks]: the CPU library checks its own
+            check = operand_program(ek.args.exprs, operand_buffers(ctx, ek.stores, ek.loads)).to_manifest()
         self.kernel_rows.append(
-            KernelRow(spec.name, self.target, spec.kind, spec.loc, spec.nodes, tuple(variants), tuple(ek.error_sites))
+            KernelRow(
+                spec.name, self.target, spec.kind, spec.loc, spec.nodes, tuple(variants), tuple(ek.error_sites), check
+            )
         )
         self.launches.append(KernelLaunch(len(self.kernels), tuple(ptrs), tuple(self.enc(e) for e in ek.args.exprs)))
         self.kernels.append(ek)
