@@ -6,6 +6,7 @@ In: a torch model and sample inputs. Out: an `Artifact` holding the execution pl
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -20,6 +21,7 @@ from bladepack.artifact import format as bpk_format
 from bladepack.artifact.plan import ExecPlan
 from bladepack.artifact.writer import assemble
 from bladepack.options import Options
+from bladepack.progress import Progress, configure_logging
 from bladepack.target import CPU_ONLY, Target
 from bladepack.version import __version__
 
@@ -142,7 +144,9 @@ def _gemm_policy(
     return policy, profiler
 
 
-def _build_cpu(plan: LoweredPlan, options: Options, notes: list[str]) -> list[tuple[str, tuple[str, ...], bytes]]:
+def _build_cpu(
+    plan: LoweredPlan, options: Options, notes: list[str], progress: Progress
+) -> list[tuple[str, tuple[str, ...], bytes]]:
     """Compile the CPU kernel library for each ISA level; without a compiler, warn and keep the
     reference executor (the artifact still runs everywhere, only slower)."""
     from bladepack.codegen.toolchain import build_libraries, find_compiler
@@ -155,7 +159,7 @@ def _build_cpu(plan: LoweredPlan, options: Options, notes: list[str]) -> list[tu
         log.warning("bladepack: %s", msg)
         notes.append(msg)
         return []
-    libs = build_libraries(plan.sources.cpu_source, options.cache_dir, cxx)
+    libs = build_libraries(plan.sources.cpu_source, options.cache_dir, cxx, progress.done)
     return [(lib.isa.name, lib.isa.requires, lib.data) for lib in libs]
 
 
@@ -193,34 +197,52 @@ def optimize(
             raise ValueError(f"dtype must be one of {list(COMPUTE_DTYPES)} or None, got {dtype!r}")
     from bladepack.onnx_import.model import is_onnx_model
 
+    options = Options.from_env()
+    configure_logging(options.log_level)
     if is_onnx_model(model):
         from bladepack.onnx_import import import_onnx
 
-        program = import_onnx(model, sample_inputs, dynamic_shapes)
-        return optimize_program(
-            program,
-            frontend="onnx",
-            target=target,
-            dtype=dtype,
-            gemm_library=gemm_library,
-            samples=_sample_bindings(program, sample_inputs),
-        )
+        with contextlib.closing(Progress(_stage_count(target, gemm_library) + 1, options.progress)) as progress:
+            with progress.stage("ONNX import"):
+                program = import_onnx(model, sample_inputs, dynamic_shapes)
+            return optimize_program(
+                program,
+                frontend="onnx",
+                target=target,
+                dtype=dtype,
+                gemm_library=gemm_library,
+                samples=_sample_bindings(program, sample_inputs),
+                progress=progress,
+            )
     if sample_inputs is None:
         raise TypeError("optimize(model, sample_inputs): a torch model needs sample inputs to export")
     from bladepack.export import capture, to_program
 
-    captured = capture(model, sample_inputs, dynamic_shapes)
-    for note in captured.notes:
-        log.warning("bladepack: %s", note)
-    program = to_program(captured)
-    return optimize_program(
-        program,
-        captured.notes,
-        target=target,
-        dtype=dtype,
-        gemm_library=gemm_library,
-        samples=_sample_bindings(program, sample_inputs),
-    )
+    progress = Progress(_stage_count(target, gemm_library) + 2, options.progress)
+    try:
+        with progress.stage("torch.export (symbolic shapes)"):
+            captured = capture(model, sample_inputs, dynamic_shapes)
+        for note in captured.notes:
+            log.warning("bladepack: %s", note)
+        with progress.stage("convert to bladepack IR"):
+            program = to_program(captured)
+        return optimize_program(
+            program,
+            captured.notes,
+            target=target,
+            dtype=dtype,
+            gemm_library=gemm_library,
+            samples=_sample_bindings(program, sample_inputs),
+            progress=progress,
+        )
+    finally:
+        progress.close()
+
+
+def _stage_count(target: Target, gemm_library: str) -> int:
+    """optimize_program's stages: passes, plan, CPU libraries, then CUDA images and CUTLASS GEMMs."""
+    cuda = bool(target.cuda_images)
+    return 3 + int(cuda) + int(cuda and gemm_library == "cutlass")
 
 
 def _sample_bindings(program: Program, sample_inputs: Any) -> tuple[dict[str, int], ...]:
@@ -256,6 +278,7 @@ def optimize_program(
     dtype: str | None = None,
     gemm_library: str = "cublas",
     samples: Sequence[Mapping[str, int]] = (),
+    progress: Progress | None = None,
 ) -> Artifact:
     """Optimize an IR `Program` from any front end ("torch" or "onnx", recorded in the producer
     versions) into an `Artifact` (the half of `optimize` after export) for `target` (plan kinds and
@@ -265,25 +288,34 @@ def optimize_program(
     from bladepack.passes.pipeline import run_pipeline
 
     options = Options.from_env()
-    if dtype is not None:
-        from bladepack.passes.mixed_precision import to_precision
+    if progress is None:  # called directly (the ONNX path): this call owns the progress report
+        configure_logging(options.log_level)
+        with contextlib.closing(Progress(_stage_count(target, gemm_library), options.progress)) as own:
+            return optimize_program(program, notes, frontend, target, dtype, gemm_library, samples, own)
+    with progress.stage("graph passes (fusion, layouts, shape constraints)"):
+        if dtype is not None:
+            from bladepack.passes.mixed_precision import to_precision
 
-        program = to_precision(program, dtype)
-    program = run_pipeline(program, options)
+            program = to_precision(program, dtype)
+        program = run_pipeline(program, options)
     notes = list(notes)
-    gemm, profiler = _gemm_policy(options, gemm_library, target, tuple(samples), notes)
-    try:
-        lowered = build_plan(program, target=target, gemm=gemm)
-    finally:
-        if profiler is not None:
-            profiler.close()
-    libraries, producer = _build_cpu(lowered, options, notes), _producer(frontend)
+    with progress.stage("plan: kernels, GEMMs, memory, shape program"):
+        gemm, profiler = _gemm_policy(options, gemm_library, target, tuple(samples), notes)
+        try:
+            lowered = build_plan(program, target=target, gemm=gemm)
+        finally:
+            if profiler is not None:
+                profiler.close()
+    with progress.stage("CPU kernel libraries"):
+        libraries, producer = _build_cpu(lowered, options, notes, progress), _producer(frontend)
     if libraries:
         from bladepack.codegen.toolchain import compiler_version, find_compiler
 
         producer["cxx"] = compiler_version(find_compiler() or "")
-    images = _build_cuda(lowered, options, target.cuda_images)
-    gemm_images, gemm_packer = _build_gemms(lowered, options)
+    with progress.stage("CUDA kernels") if target.cuda_images else contextlib.nullcontext():
+        images = _build_cuda(lowered, options, target.cuda_images)
+    with progress.stage("CUTLASS GEMMs") if lowered.plan.native_cuda is not None else contextlib.nullcontext():
+        gemm_images, gemm_packer = _build_gemms(lowered, options)
     if images:
         from bladepack.codegen.cuda_toolchain import find_nvcc, nvcc_version
 

@@ -3,7 +3,10 @@
 BLADEPACK_DUMP=dir      write the IR after each pass, the plan and the manifest (text) into dir
 BLADEPACK_VERIFY=0      skip the IR verifier between passes (on by default)
 BLADEPACK_CACHE_DIR     compiled-kernel cache (default ~/.cache/bladepack)
-BLADEPACK_LOG=level     logging level for the `bladepack` logger (default WARNING)
+BLADEPACK_LOG=level     logging level for the `bladepack` logger (unset: as the program configures it,
+                        else Python's WARNING; info / debug print
+                        each optimize stage and kernel compile to stderr: Note [Progress] in progress.py)
+BLADEPACK_PROGRESS      an optimize's progress bar: auto (on a terminal, with tqdm; the default), 1, 0
 BLADEPACK_NATIVE=0      build no CPU kernel library (the artifact runs on the reference executor)
 BLADEPACK_GEMM_CONFIGS=N  at most N aligned CUTLASS configs per GEMM (default 4; the SIMT fallback is extra)
 BLADEPACK_GEMM_TUNING   how CUTLASS configs are chosen: auto (profile when a CUDA device answers, else the
@@ -44,6 +47,7 @@ class Options:
     gemm_configs: int = 4
     gemm_tuning: str = "auto"
     nvcc_jobs: int = 2
+    progress: str = "auto"
 
     @staticmethod
     def from_env() -> Options:
@@ -52,11 +56,12 @@ class Options:
             dump_dir=Path(dump) if dump else None,
             verify=os.environ.get("BLADEPACK_VERIFY", "1") not in ("0", "false", "no"),
             cache_dir=_cache_dir(),
-            log_level=os.environ.get("BLADEPACK_LOG", "WARNING").upper(),
+            log_level=os.environ.get("BLADEPACK_LOG", "").upper(),  # "": leave the logger as the program set it
             native=os.environ.get("BLADEPACK_NATIVE", "1") not in ("0", "false", "no"),
             gemm_configs=_positive("BLADEPACK_GEMM_CONFIGS", 4),
             gemm_tuning=_choice("BLADEPACK_GEMM_TUNING", ("auto", "profile", "model")),
             nvcc_jobs=_positive("BLADEPACK_NVCC_JOBS", 2),
+            progress=_choice("BLADEPACK_PROGRESS", ("auto", "1", "0")),
         )
 
 

@@ -202,3 +202,31 @@ def test_dump_writes_every_stage(tmp_path, monkeypatch: pytest.MonkeyPatch) -> N
     ir = (tmp_path / "00-export.ir").read_text()
     assert "symbols { x_dim0: [1, inf] }" in ir and "matmul" in ir and "test_export.py:" in ir
     assert "plan:" in (tmp_path / "plan.txt").read_text()
+
+
+def test_fallback_reason_quotes_the_symbols_own_guard() -> None:
+    """A fallen-back dim's warning quotes the line of torch's error about that dim, and never torch's
+    2^62 stand-in for an unbounded range."""
+    from bladepack.export.capture import fallback_reason
+
+    text = (
+        "Constraints violated (batch, seq)!\n"
+        "  - Not all values of batch = L['x'].size()[0] in the specified range batch <= 4611686018427387904 hold\n"
+        "  - Not all values of seq = L['x'].size()[1] in the specified range 1 <= seq <= 64 satisfy seq > 1\n"
+    )
+    assert fallback_reason(text, "seq").startswith("- Not all values of seq")
+    assert fallback_reason(text, "batch").endswith("range batch <= inf hold")
+    assert fallback_reason("one line only", "seq") == "one line only"
+
+
+def test_dict_outputs_keep_their_names() -> None:
+    class D(nn.Module):
+        def forward(self, x: torch.Tensor) -> dict[str, object]:
+            return {"logits": x + 1, "extra": (x * 2, x - 1)}
+
+    art = bladepack.optimize(D(), [(torch.randn(2, 3),), (torch.randn(4, 3),)])
+    m = bladepack.load(art.to_bytes())
+    assert [o.name for o in m.signature.outputs] == ["logits", "extra.0", "extra.1"]
+    x = torch.randn(5, 3)
+    got = m(x)
+    assert all(torch.equal(a, b) for a, b in zip(got, (x + 1, x * 2, x - 1)))

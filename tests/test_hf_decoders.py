@@ -92,3 +92,22 @@ def test_padded_batches_match_eager(family: str, tmp_path: Any) -> None:
                 where = f"{family} {ex} batch {b} seq {t} {padding} padding"
                 assert np.isfinite(got).all(), f"{where}: non-finite outputs"
                 np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=where)
+
+
+def test_causal_lm_as_it_is() -> None:
+    """A *ForCausalLM given directly: its config asks for a KV cache (a DynamicCache in the output),
+    so it is exported without one; the logits keep their name; the config is restored."""
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**{**SMALL, "use_cache": True})).eval()
+    g = torch.Generator().manual_seed(0)
+    ids = [torch.randint(0, SMALL["vocab_size"], (b, t), generator=g) for b, t in ((2, 7), (3, 9))]
+    art = bladepack.optimize(model, [(i,) for i in ids])
+    assert model.config.use_cache is True
+    loaded = bladepack.load(art.to_bytes())
+    assert [o.name for o in loaded.signature.outputs] == ["logits"]
+    for b, t in [(1, 1), (2, 5), (1, 12)]:
+        x = torch.randint(0, SMALL["vocab_size"], (b, t), generator=g)
+        with torch.no_grad():
+            want = model(x, use_cache=False).logits.numpy()
+        (got,) = loaded(x.numpy())
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"batch {b} seq {t}")

@@ -108,3 +108,19 @@ def test_encoder_matches_eager(name: str, front_end: str, tmp_path: Path) -> Non
             want = model(ids, mask).numpy()
         got = loaded(ids.numpy(), mask.numpy())
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"{name} {front_end} {b}x{t}")
+
+
+def test_model_output_names_are_kept() -> None:
+    """A Hugging Face model given as it is: its ModelOutput's field names name the artifact's outputs."""
+    torch.manual_seed(0)
+    model = _distilbert().eval()
+    g = torch.Generator().manual_seed(1)
+    samples = [(_inputs(g, 2, 9)[0],), (_inputs(g, 3, 12)[0],)]
+    art = bladepack.optimize(model, samples)
+    loaded = bladepack.load(art.to_bytes())
+    assert [o.name for o in loaded.signature.outputs] == ["last_hidden_state"]
+    ids = samples[0][0]
+    with torch.no_grad():
+        want = model(input_ids=ids).last_hidden_state.numpy()
+    (got,) = loaded(ids.numpy())  # a ModelOutput comes back as the tuple of its fields
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -114,6 +114,11 @@ CASES = [
     Case("pow_tensor", lambda x, y: torch.pow(x, y), (POS, X)),
     Case("maximum", torch.maximum, (X, X)),
     Case("minimum", torch.minimum, (X, X)),
+    Case(
+        "diff",
+        lambda x, m: (torch.diff(x), torch.diff(x, n=2, dim=0, prepend=x[:1]), torch.diff(m, dim=1)),
+        (X, In(("B", "S"), "bool")),
+    ),
     Case("min_max_of_two", lambda a, b: (torch.min(a, b), torch.max(a, b)), (X, X)),  # aten.min.other
     Case("compare", lambda x, y: ((x < y) | (x >= 0.5)) & (x != 0.25), (X, X)),
     Case("eq_scalar", lambda x: x.long() == 0, (X,)),

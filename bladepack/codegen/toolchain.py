@@ -22,6 +22,8 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,9 +161,22 @@ def cache_put(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def build_libraries(source: str, cache: Path, cxx: str) -> list[CompiledLibrary]:
+def build_libraries(
+    source: str, cache: Path, cxx: str, on_done: Callable[[str], None] | None = None
+) -> list[CompiledLibrary]:
+    """One library per ISA level, compiled in parallel (or taken from the cache); `on_done` hears of
+    each as it finishes (Note [Progress] in bladepack/progress.py)."""
     version = compiler_version(cxx)
     levels = isa_levels(cxx)
     workers = max(1, min(len(levels), os.cpu_count() or 1))
+
+    def one(lv: IsaLevel) -> CompiledLibrary:
+        start = time.perf_counter()
+        lib = _compile_one(cxx, version, lv, source, cache)
+        if on_done is not None:
+            how = "from the cache" if lib.cached else f"compiled in {time.perf_counter() - start:.1f} s"
+            on_done(f"{lv.name} kernel library: {len(lib.data) // 1024} KiB, {how}")
+        return lib
+
     with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(lambda lv: _compile_one(cxx, version, lv, source, cache), levels))
+        return list(pool.map(one, levels))

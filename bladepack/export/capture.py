@@ -145,6 +145,26 @@ def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
         model.train(was)
 
 
+@contextlib.contextmanager
+def _no_cache_object(model: torch.nn.Module, notes: list[str]) -> Iterator[None]:
+    """A Hugging Face model whose config asks for a KV cache returns a cache object (DynamicCache),
+    which no artifact can hold: exported with `config.use_cache = False` (restored after), and said so.
+    Cached decoding passes the past keys and values as inputs instead."""
+    config = getattr(model, "config", None)
+    if getattr(config, "use_cache", False) is not True:
+        yield
+        return
+    config.use_cache = False  # type: ignore[union-attr]
+    notes.append(
+        f"{type(model).__name__}: exported with config.use_cache = False (a cache object is no tensor "
+        "output; pass past keys and values as inputs for cached decoding)"
+    )
+    try:
+        yield
+    finally:
+        config.use_cache = True  # type: ignore[union-attr]
+
+
 def _export(
     model: torch.nn.Module, args: tuple[Any, ...], shapes: Any, oblivious: bool = False
 ) -> torch.export.ExportedProgram:
@@ -185,7 +205,7 @@ def capture(model: torch.nn.Module, sample_inputs: Any, dynamic_shapes: Any = No
                 dynamic[i].add(axis)
     args = _export_sample(samples, dynamic)
     notes: list[str] = []
-    with _eval_mode(model), torch.no_grad():
+    with _eval_mode(model), _no_cache_object(model, notes), torch.no_grad():
         if not any(dynamic):
             return Captured(_finish(_run(model, args, None)), names, {}, notes)
         auto = [{a: TorchDim.AUTO for a in sorted(dynamic[i])} or None for i in range(len(names))]
@@ -207,7 +227,13 @@ def _run(model: torch.nn.Module, args: tuple[Any, ...], shapes: Any) -> torch.ex
     try:
         return _export(model, args, shapes)
     except Exception as e:  # torch raises many types; the message is what the user needs
-        raise ExportError(f"torch.export could not capture the model: {type(e).__name__}: {e}") from e
+        hint = ""
+        if "in output, which is not a known type" in str(e):
+            hint = (
+                "\nhint: the model returns an object that is not tensors, tuples, lists or dicts (a cache?): "
+                "wrap it in a module that returns the tensors you need"
+            )
+        raise ExportError(f"torch.export could not capture the model: {type(e).__name__}: {e}{hint}") from e
 
 
 def _finite(v: Any) -> int | None:
@@ -323,12 +349,20 @@ def _export_min1(
         except Exception as e:
             text = str(e)
     culprits = {s for s, info in infos.items() if re.search(rf"\b{re.escape(info.name)}\b", text)} or set(infos)
-    reason = text.strip().splitlines()[1].strip() if len(text.strip().splitlines()) > 1 else text.strip()
     try:
         ep = _export(model, args, _build_shapes(groups, infos, len(names), culprits))
     except Exception as e:
         raise ExportError(f"torch.export could not capture the model: {type(e).__name__}: {e}") from e
-    return ep, {infos[s].name: reason for s in culprits}
+    return ep, {infos[s].name: fallback_reason(text, infos[s].name) for s in culprits}
+
+
+def fallback_reason(text: str, name: str) -> str:
+    """The line of torch's export error that concerns symbol `name` (else its first detail line), with
+    the 2^62 that stands for an unbounded range here written as inf."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    mine = [ln for ln in lines[1:] if re.search(rf"\b{re.escape(name)}\b", ln)]
+    line = (mine or lines[1:2] or lines[:1] or [""])[0]
+    return line.replace(str(2**62), "inf")
 
 
 def _symbol_map(

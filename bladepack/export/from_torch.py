@@ -169,16 +169,39 @@ def _fold_constant(ctx: Ctx, node: torch.fx.Node) -> int:
     return ctx.b.add_weight(name, TensorType(dtype_of(data.dtype), tuple(data.shape)))
 
 
+def output_names(spec: Any) -> list[str]:
+    """Per output leaf of torch's output tree: its keys joined by dots where the model returns a dict
+    or a Hugging Face ModelOutput (`last_hidden_state`, `hidden_states.1`), else `output<k>`."""
+    paths: list[list[str | int]] = []
+
+    def walk(s: Any, path: list[str | int]) -> None:
+        if s.is_leaf():
+            paths.append(path)
+            return
+        children = list(s.children()) if hasattr(s, "children") else list(s.children_specs)  # torch < 2.12
+        keys = s.context if isinstance(s.context, (list, tuple)) and len(s.context) == len(children) else None
+        for k, c in enumerate(children):
+            walk(c, [*path, keys[k] if keys is not None and isinstance(keys[k], str) else k])
+
+    walk(spec, [])
+    names = [
+        ".".join(str(p) for p in path) if any(isinstance(p, str) for p in path) else f"output{k}"
+        for k, path in enumerate(paths)
+    ]
+    return names if len(set(names)) == len(names) else [f"output{k}" for k in range(len(names))]
+
+
 def _outputs(ctx: Ctx, ep: torch.export.ExportedProgram) -> tuple[list[int], list[str]]:
     out_node = next(n for n in ep.graph.nodes if n.op == "output")
     specs = ep.graph_signature.output_specs
     outputs: list[int] = []
-    names: list[str] = []
     for i, (a, spec) in enumerate(zip(out_node.args[0], specs)):
         if spec.kind != torch.export.graph_signature.OutputKind.USER_OUTPUT:
             continue
         if not isinstance(a, torch.fx.Node) or not isinstance(ctx.values.get(a), int):
             raise UnsupportedOpsError([(f"output {i} is not a tensor", "model outputs")])
         outputs.append(ctx.values[a])
-        names.append(f"output{len(names)}")
+    names = output_names(ep.call_spec.out_spec)
+    if len(names) != len(outputs):
+        names = [f"output{k}" for k in range(len(outputs))]
     return outputs, names

@@ -15,6 +15,7 @@ from bladepack.export.context import Ctx, Unsupported, Value, arg, converts, nor
 from bladepack.ir import OpKind, TensorType
 from bladepack.ir.ops import ArangeAttrs, AxisAttrs, IndexAttrs, PadAttrs, PermuteAttrs, SliceAttrs, SymInt
 from bladepack.ir.types import IRDim
+from bladepack.ir.views import simplify
 
 K = OpKind
 
@@ -118,6 +119,32 @@ def _slice(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
         if not isinstance(s, int):
             s = sympy.Max(0, sympy.Min(s, t.shape[axis]))
     return slice_axis(ctx, x, axis, s, step, length)
+
+
+@converts("aten.diff.default")
+def _diff(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    """x[1:] - x[:-1] along `dim`, `n` times, after `prepend` / `append` (torch.diff)."""
+    x = ctx.v(args[0])
+    n = arg(args, kwargs, 1, "n", 1)
+    axis = norm_axis(arg(args, kwargs, 2, "dim", -1), ctx.t(x).rank)
+    ends = [arg(args, kwargs, k, key) for k, key in ((3, "prepend"), (4, "append"))]
+    if any(e is not None for e in ends):
+        parts = [ctx.v(ends[0])] if ends[0] is not None else []
+        parts += [x] + ([ctx.v(ends[1])] if ends[1] is not None else [])
+        length = sum((ctx.t(p).shape[axis] for p in parts[1:]), ctx.t(parts[0]).shape[axis])
+        shape = list(ctx.t(x).shape)
+        shape[axis] = simplify(length)
+        x = ctx.emit(K.CONCAT, tuple(parts), TensorType(ctx.t(x).dtype, tuple(shape)), AxisAttrs(axis))
+    out_dtype = ctx.out_type().dtype
+    for _ in range(n):
+        t = ctx.t(x)
+        length = simplify(t.shape[axis] - 1)
+        hi, lo = slice_axis(ctx, x, axis, 1, 1, length), slice_axis(ctx, x, axis, 0, 1, length)
+        shape = list(t.shape)
+        shape[axis] = length
+        op = K.NE if t.dtype is DType.BOOL else K.SUB  # torch.diff of booleans is their xor
+        x = ctx.emit(op, (hi, lo), TensorType(t.dtype, tuple(shape)))
+    return x if ctx.t(x).dtype is out_dtype else ctx.cast(x, out_dtype)
 
 
 @converts("aten.narrow.default")
