@@ -212,6 +212,8 @@ CASES = [
         lambda q, k, v, pad: _masked_attention(q, k, v, pad),
         (In(("B", 2, "S", 8)), In(("B", 2, "S", 8)), In(("B", 2, "S", 8)), In(("B", "S"), "int:0:2")),
     ),
+    Case("group_norm_2d", lambda x: x, (IMG,), lambda: _group_norm_2d()),
+    Case("conv1d_group_instance_norm", lambda x: x, (In(("B", 4, "S")),), lambda: _conv1d_and_norms()),
     Case(
         "sdpa_gqa",
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True, scale=0.3),
@@ -229,6 +231,43 @@ def _masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: to
         F.scaled_dot_product_attention(q, k, v, attn_mask=as_float),
         F.scaled_dot_product_attention(q, k, v, attn_mask=as_float, is_causal=False, scale=0.5),
     )
+
+
+def _group_norm_2d() -> nn.Module:
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gn = nn.GroupNorm(2, 4)
+            self.inorm = nn.InstanceNorm2d(4)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return self.gn(x), self.inorm(torch.cat([x, x * x], dim=-1))
+
+    return M().eval()
+
+
+def _conv1d_and_norms() -> nn.Module:
+    """conv1d (plain, strided, dilated, grouped, depthwise, 'same'), group norm, instance norm."""
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1 = nn.Conv1d(4, 6, 3, padding=1)
+            self.c2 = nn.Conv1d(6, 6, 3, stride=2, dilation=2, padding=2, groups=3, bias=False)
+            self.dw = nn.Conv1d(6, 6, 5, padding="same", groups=6)
+            self.gn = nn.GroupNorm(2, 6)
+            self.inorm = nn.InstanceNorm1d(6, affine=True)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            y = self.c1(x)
+            return self.c2(y), self.gn(self.dw(y)), self.inorm(torch.cat([y, 0.5 * y], dim=-1))  # >= 2 points
+
+    m = M().eval()
+    with torch.no_grad():
+        m.gn.weight.copy_(torch.linspace(0.5, 1.5, 6))
+        m.gn.bias.copy_(torch.linspace(-0.2, 0.2, 6))
+        m.inorm.weight.copy_(torch.linspace(1.5, 0.5, 6))
+    return m
 
 
 def _bn() -> nn.Module:

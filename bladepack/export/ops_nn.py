@@ -30,6 +30,7 @@ from bladepack.ir.ops import (
     SafeSoftmaxAttrs,
 )
 from bladepack.ir.types import IRDim
+from bladepack.ir.views import simplify
 
 K = OpKind
 
@@ -217,10 +218,67 @@ def _pair(v: Any, name: str) -> tuple[int, int]:
 
 
 def _conv(ctx: Ctx, x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation: Any, groups: int) -> Value:
-    out = ctx.out_type()
     xv, wv = ctx.v(x), ctx.v(w)
+    if ctx.t(xv).rank == 3:
+        return _conv1d_as_2d(ctx, xv, wv, b, stride, padding, dilation, groups)
+    return _conv_values(ctx, xv, wv, b, stride, padding, dilation, groups, ctx.out_type())
+
+
+def _conv1d_as_2d(
+    ctx: Ctx, xv: Value, wv: Value, b: Any, stride: Any, padding: Any, dilation: Any, groups: int
+) -> Value:
+    """conv1d (Whisper, wav2vec-style front ends, depthwise 1-D) as a conv2d of height 1: the input
+    viewed as [N, C, 1, L], the kernel as [O, C / groups, 1, K] (a weight of that shape when the kernel
+    is a weight, so layout passes see a parameter), the result viewed back."""
+    out = ctx.out_type()
+    n, c, length = ctx.t(xv).shape
+    x4 = reshape(ctx, xv, (n, c, 1, length))
+    wt = ctx.t(wv)
+    o, ci, k = wt.shape
+    name = _weight_name(ctx, wv)
+    if name is not None:
+        w4_name = f"{name}:as2d"
+        if w4_name not in ctx.weight_data:
+            ctx.weight_data[w4_name] = ctx.weight_data[name].reshape(o, ci, 1, k)
+        w4 = ctx.b.add_weight(w4_name, TensorType(wt.dtype, (o, ci, 1, k)))
+    else:
+        w4 = reshape(ctx, wv, (o, ci, 1, k))
+
+    def one(v: Any, name: str, default: int) -> Any:  # "valid" / "same" pass through
+        if v in ("valid", "same"):
+            return v
+        (q,) = [v] if isinstance(v, int) else list(v)
+        if not isinstance(q, int):
+            raise Unsupported(f"{name}={v!r} (conv1d takes one int)")
+        return (default, q)
+
+    y4 = _conv_values(
+        ctx,
+        x4,
+        w4,
+        b,
+        one(stride, "stride", 1),
+        one(padding, "padding", 0),
+        one(dilation, "dilation", 1),
+        groups,
+        TensorType(out.dtype, (out.shape[0], out.shape[1], 1, out.shape[2])),
+    )
+    return reshape(ctx, y4, out.shape)
+
+
+def _conv_values(
+    ctx: Ctx,
+    xv: Value,
+    wv: Value,
+    b: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    groups: int,
+    out: TensorType,
+) -> Value:
     if ctx.t(xv).rank != 4:
-        raise Unsupported(f"convolution of rank {ctx.t(xv).rank} input (only conv2d is supported)")
+        raise Unsupported(f"convolution of rank {ctx.t(xv).rank} input (conv1d and conv2d are supported)")
     kh, kw = ctx.t(wv).shape[2], ctx.t(wv).shape[3]
     dil = _pair(dilation, "dilation")
     if padding == "valid":
@@ -239,7 +297,7 @@ def _conv(ctx: Ctx, x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation:
     return ctx.emit(K.CONV2D, inputs, out, attrs)
 
 
-@converts("aten.conv2d.default", "aten.conv2d.padding")
+@converts("aten.conv2d.default", "aten.conv2d.padding", "aten.conv1d.default", "aten.conv1d.padding")
 def _conv2d(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
     a = [
         arg(args, kwargs, i, n, d)
@@ -309,6 +367,46 @@ def _bn(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
     if training:
         raise Unsupported("batch norm in training mode (call model.eval())")
     return _batch_norm(ctx, x, w, b, mean, var, eps, ctx.out_type())
+
+
+@converts("aten.group_norm.default")
+def _group_norm(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    x, groups = ctx.v(args[0]), int(args[1])
+    w, b = arg(args, kwargs, 2, "weight"), arg(args, kwargs, 3, "bias")
+    return _grouped_norm(ctx, x, groups, w, b, float(arg(args, kwargs, 4, "eps", 1e-5)), ctx.out_type())
+
+
+@converts("aten.instance_norm.default")
+def _instance_norm(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    x, w, b, mean, var, use_input_stats, _momentum, eps = args[:8]
+    if not use_input_stats:  # track_running_stats in eval: batch norm's inference form
+        return _batch_norm(ctx, x, w, b, mean, var, eps, ctx.out_type())
+    xv = ctx.v(x)
+    c = ctx.t(xv).shape[1]
+    if not isinstance(c, int):
+        raise Unsupported("instance norm over a dynamic channel dim")
+    return _grouped_norm(ctx, xv, c, w, b, float(eps), ctx.out_type())
+
+
+def _grouped_norm(ctx: Ctx, xv: Value, groups: int, w: Any, b: Any, eps: float, out: TensorType) -> Value:
+    """Group norm (instance norm: one group per channel): each [C / groups, *spatial] block of a
+    sample normalized as one layer-norm row, then the per-channel scale and shift."""
+    t = ctx.t(xv)
+    n, c, rest = t.shape[0], t.shape[1], t.shape[2:]
+    if not isinstance(c, int) or c % groups:
+        raise Unsupported(f"group norm of {c} channels in {groups} groups")
+    row: IRDim = c // groups
+    for d in rest:
+        row = simplify(row * d)
+    rows = reshape(ctx, ctx.cast(xv, out.dtype), (n, groups, row))
+    normed = ctx.emit(K.LAYER_NORM, (rows,), TensorType(out.dtype, (n, groups, row)), NormAttrs(1, eps, False, False))
+    y = reshape(ctx, normed, out.shape)
+    per_channel = (c,) + (1,) * len(rest)
+    if w is not None:
+        y = ctx.emit(K.MUL, (y, reshape(ctx, ctx.cast(ctx.v(w), out.dtype), per_channel)), out)
+    if b is not None:
+        y = ctx.emit(K.ADD, (y, reshape(ctx, ctx.cast(ctx.v(b), out.dtype), per_channel)), out)
+    return y
 
 
 def _pool_attrs(args: tuple[Any, ...], kwargs: dict[str, Any], with_dilation: bool) -> Pool2dAttrs:
