@@ -281,21 +281,20 @@ class NativeCpu:
         }
         return Prepared(tuple(segments), _resolve(self.plan["arena_bytes"], regs), buffers)
 
-    def check_operands(self, prep: Prepared, slot_bytes: Sequence[int], writable: Sequence[bool]) -> np.ndarray | None:
+    def check_operands(self, prep: Prepared, slot_bytes: Sequence[int], writable: np.ndarray) -> np.ndarray | None:
         """Note [Kernel operand checks]: None when every native launch passes its kernel's check, else
         the status words [launch (in the plan), code, value, extra] of the first that fails. Per slot:
-        the bytes its tensor holds and whether a launch may write it."""
+        the bytes its tensor holds and whether a launch may write it (uint8)."""
         if self._check is None or max(slot_bytes) > INT64_MAX:
             return None  # a slot of 2^63 bytes or more: the call's memory check refuses it before any launch
         sizes = np.array(slot_bytes, dtype=np.int64)
-        may_write = np.array(writable, dtype=np.uint8)
         status = np.zeros(4, dtype=np.int64)
         for seg in prep.segments:
             if seg.words is None:
                 continue
             words = seg.words.ctypes.data
             if self._check(
-                words, seg.words.size, sizes.ctypes.data, may_write.ctypes.data, sizes.size, status.ctypes.data
+                words, seg.words.size, sizes.ctypes.data, writable.ctypes.data, sizes.size, status.ctypes.data
             ):
                 status[0] += seg.first_launch
                 return status

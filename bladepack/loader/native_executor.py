@@ -49,6 +49,10 @@ class NativeExecutor:
         self._out_slot = list(plan["outputs"])
         self._n_in = len(m.input_ids)
         self._n_slots = 1 + self._n_in + len(m.outputs) + len(m.weight_rows)
+        # per slot, whether a launch may write it: the arena and the outputs the plan writes
+        self._writable = np.zeros(self._n_slots, dtype=np.uint8)
+        self._writable[0] = 1
+        self._writable[1 + self._n_in : 1 + self._n_in + len(m.outputs)] = [s != -1 for s in self._out_slot]
         self.fast: FastCalls | None = None  # Note [Fast path] in fast_call.py
         in_place = all(slot == 1 + self._n_in + k for k, slot in enumerate(self._out_slot))
         try:
@@ -71,12 +75,7 @@ class NativeExecutor:
         ref = self.reference.build(key)
         slots = check_launches(self.m, "cpu", key, ref.registers, [s for s, _ in ref.outputs])
         native = self.native.prepare(ref.registers, self._kernels)
-        n_out = len(self.m.outputs)
-        writable = [
-            k == 0 or (0 <= k - 1 - self._n_in < n_out and self._out_slot[k - 1 - self._n_in] != -1)
-            for k in range(len(slots))
-        ]
-        failed = self.native.check_operands(native, slots, writable)
+        failed = self.native.check_operands(native, slots, self._writable)
         if failed is not None:
             raise operand_error(self.m, "cpu", [int(x) for x in failed], ref.registers, slots)
         outputs = sum(element_count(s) * (dt.itemsize if dt is not None else 2) for s, dt in ref.outputs)
