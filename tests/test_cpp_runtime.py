@@ -107,6 +107,37 @@ def test_samples_match_python_loader(release: Path, name: str) -> None:
             assert e <= 1e-6, f"{name} at {case}: C++ vs Python relative error {e:.3g}"
 
 
+class _Decoder(torch.nn.Module):
+    """A segmentation-style decoder head: transposed convolution, bicubic resize to another input's
+    size, and top-k over the classes: kernels the samples do not have."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = torch.nn.ConvTranspose2d(4, 5, 3, stride=2, padding=1, output_padding=1)
+
+    def forward(self, x: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.nn.functional.interpolate(self.up(x), size=ref.shape[-2:], mode="bicubic")
+        v, i = torch.topk(y, 2, dim=1)
+        return v, i
+
+
+def test_decoder_ops_match_python_loader(release: Path) -> None:
+    torch.manual_seed(0)
+    model = _Decoder().eval()
+    samples = [(torch.randn(2, 4, 5, 6), torch.randn(1, 1, 9, 7)), (torch.randn(1, 4, 3, 8), torch.randn(1, 1, 4, 12))]
+    path = TMP / "decoder.bpk"
+    bladepack.optimize(model, samples).save(path)
+    g = torch.Generator().manual_seed(3)
+    for k, (b, h, w, oh, ow) in enumerate([(1, 1, 1, 1, 1), (3, 7, 2, 17, 5), (2, 16, 16, 31, 33)]):
+        arrays = [torch.randn(b, 4, h, w, generator=g).numpy(), torch.randn(1, 1, oh, ow, generator=g).numpy()]
+        got, want = run_both(release, path, arrays, f"decoder{k}")
+        with torch.no_grad():
+            eager = model(*map(torch.from_numpy, arrays))
+        for o, w_, e_ in zip(got, want, eager):
+            assert rel_err(o, w_) == 0.0, f"C++ vs Python at {arrays[0].shape} -> {arrays[1].shape}"
+            assert rel_err(o, e_.numpy()) <= 1e-5, "vs eager"
+
+
 @pytest.mark.parametrize("name", sorted(SAMPLES))
 def test_random_joint_shapes_match_python_loader(release: Path, name: str) -> None:
     """Every dynamic dim drawn at once (log-uniform up to the largest test value), four draws per sample:

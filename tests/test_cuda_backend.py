@@ -440,3 +440,32 @@ def test_cuda_kernel_operand_checks(gpu: FakeGpu) -> None:
     bad = Manifest.read(bladepack.artifact.format.read(_Rehashed(art, fewer_ints).data))
     with pytest.raises(bladepack.BpkFormatError, match=r"launch 0 \(kernel k0\): its operand check is malformed"):
         operand_programs(bad)
+
+
+class _Decoder(torch.nn.Module):
+    """Transposed convolution, bicubic and nearest resizes to symbolic sizes, top-k over channels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = torch.nn.ConvTranspose2d(4, 5, 3, stride=2, padding=1, output_padding=1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = torch.nn.functional.interpolate(self.up(x), scale_factor=1.5, mode="bicubic")
+        v, i = torch.topk(y, 3, dim=1)
+        return v, i, torch.nn.functional.interpolate(x, scale_factor=2, mode="nearest")
+
+
+def test_decoder_kernels_run_on_the_gpu(gpu: FakeGpu) -> None:
+    model = _Decoder().eval()
+    b, h, w = (torch.export.Dim(n, min=1, max=32) for n in ("b", "h", "w"))
+    art = bladepack.optimize(model, [(torch.randn(2, 4, 5, 7),)], ({0: b, 2: h, 3: w},), targets=TARGETS)
+    g = torch.Generator().manual_seed(2)
+    cases = [(torch.randn(*s, generator=g),) for s in [(1, 4, 1, 1), (2, 4, 5, 9), (3, 4, 13, 2)]]
+    _, results, _log = gpu.run(art, [_numpy(c) for c in cases])
+    for args, out in zip(cases, results):
+        assert not isinstance(out, str), out
+        for k, (o, r) in enumerate(zip(out, _eager(model, args))):
+            assert rel_err(o, r) <= 1e-5, f"output {k} at {tuple(args[0].shape)}: relative error {rel_err(o, r):.3g}"
+    from bladepack.inspect import manifest_summary
+
+    assert manifest_summary(art._parts()[0])["cuda_reference_steps"] == []  # every op a CUDA kernel

@@ -230,3 +230,12 @@ def test_dict_outputs_keep_their_names() -> None:
     x = torch.randn(5, 3)
     got = m(x)
     assert all(torch.equal(a, b) for a, b in zip(got, (x + 1, x * 2, x - 1)))
+
+
+def test_submodule_modes_survive_optimize() -> None:
+    """optimize exports in eval mode and gives every submodule its own mode back: a frozen (eval)
+    submodule inside a training model stays in eval."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5)).train()
+    model[1].eval()
+    bladepack.optimize(model, [(torch.randn(2, 4),), (torch.randn(3, 4),)])
+    assert model.training and model[0].training and not model[1].training

@@ -292,6 +292,37 @@ def test_symbolic_slices() -> None:
     _check_dynamic(m, [[(2, s)] for s in (1, 2, 3, 4, 9)])
 
 
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+def test_resize_to_symbolic_sizes(mode: str) -> None:
+    """Linear and cubic Resize whose sizes come from another input's Shape (a ViT's position grid
+    resized to the patch grid) and by constant scales along a dynamic axis, for each coordinate
+    transformation, against onnx's reference."""
+    nodes = [
+        helper.make_node("Shape", ["ref"], ["rs"]),
+        helper.make_node("Slice", ["rs", "two", "four"], ["hw"]),
+        helper.make_node("Concat", ["nc", "hw"], ["sizes"], axis=0),
+    ]
+    outs = []
+    for k, ctm in enumerate(["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"]):
+        nodes.append(
+            helper.make_node(
+                "Resize",
+                ["x", "", "", "sizes"],
+                [f"y{k}"],
+                mode=mode,
+                coordinate_transformation_mode=ctm,
+                cubic_coeff_a=-0.75 if k % 2 else -0.5,
+            )
+        )
+        outs.append(f"y{k}")
+    nodes.append(helper.make_node("Resize", ["x", "", "scales"], ["z"], mode=mode))
+    scales = numpy_helper.from_array(np.array([1, 1, 2.5, 0.75], dtype=np.float32), "scales")
+    inits = [_const("two", [2]), _const("four", [4]), _const("nc", [2, 3]), scales]
+    inputs = [_vi("x", TensorProto.FLOAT, [2, 3, "h", "w"]), _vi("ref", TensorProto.FLOAT, [1, 1, "oh", "ow"])]
+    m = _model(nodes, inputs, [*outs, "z"], inits, opset=19)
+    _check_dynamic(m, [[(2, 3, h, w), (1, 1, oh, ow)] for h, w, oh, ow in [(4, 4, 7, 3), (1, 5, 1, 9), (6, 3, 2, 2)]])
+
+
 def test_unsupported_ops_listed_at_once() -> None:
     nodes = [
         helper.make_node("NonZero", ["x"], ["nz"], name="find"),

@@ -11,11 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+import bladepack
 from bladepack import ShapeGuardError
 from tests.helpers import check_against_eager, compile_model
 
@@ -215,6 +217,39 @@ CASES = [
     Case("group_norm_2d", lambda x: x, (IMG,), lambda: _group_norm_2d()),
     Case("conv1d_group_instance_norm", lambda x: x, (In(("B", 4, "S")),), lambda: _conv1d_and_norms()),
     Case(
+        "interpolate_scale",
+        lambda x: (
+            F.interpolate(x, scale_factor=2, mode="nearest"),
+            F.interpolate(x, scale_factor=1.5, mode="nearest-exact"),
+            F.interpolate(x, scale_factor=1.7, mode="bilinear"),
+            F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True),
+            F.interpolate(x, scale_factor=3, mode="bicubic"),
+        ),
+        (IMG,),
+    ),
+    Case(
+        "interpolate_to_size",  # sizes from another input: both input and output sizes symbolic
+        lambda x, ref: (
+            F.interpolate(x, size=ref.shape[-2:], mode="bicubic", align_corners=False),
+            F.interpolate(x, size=ref.shape[-2:], mode="bilinear", align_corners=True),
+            F.interpolate(x, size=ref.shape[-2:], mode="nearest"),
+            F.interpolate(x[:, :, 0], size=ref.shape[-1], mode="linear"),
+        ),
+        (In(("B", 4, "S", 5)), In((1, 1, 6, "S"))),
+    ),
+    Case("conv_transpose", lambda x: x, (IMG,), lambda: _conv_transpose()),
+    Case(
+        "topk",
+        lambda x: (*torch.topk(x, 3, dim=1), *torch.topk(x * 2, 1, dim=-1, largest=False)),
+        (In(("B", 6, "S")),),
+    ),
+    Case("hard_activations", lambda x: (F.hardswish(4 * x), F.hardsigmoid(4 * x)), (In(("B", "S")),)),
+    Case(
+        "einsum",
+        lambda a, b: (torch.einsum("bsd,btd->bst", a, b), torch.einsum("bsd->bd", a)),
+        (In(("B", "S", 8)), In(("B", 5, 8))),
+    ),
+    Case(
         "sdpa_gqa",
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True, scale=0.3),
         (In(("B", 4, "S", 8)), In(("B", 2, "S", 8)), In(("B", 2, "S", 8))),
@@ -268,6 +303,23 @@ def _conv1d_and_norms() -> nn.Module:
         m.gn.bias.copy_(torch.linspace(-0.2, 0.2, 6))
         m.inorm.weight.copy_(torch.linspace(1.5, 0.5, 6))
     return m
+
+
+def _conv_transpose() -> nn.Module:
+    """Transposed convolutions: strided with output padding, grouped, dilated, 1-D."""
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up = nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1)
+            self.grouped = nn.ConvTranspose2d(6, 4, 4, stride=2, padding=1, groups=2, bias=False)
+            self.dilated = nn.ConvTranspose2d(4, 3, 3, dilation=2)
+            self.one_d = nn.ConvTranspose1d(4, 2, 5, stride=3, padding=2, output_padding=2)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return self.grouped(self.up(x)), self.dilated(x), self.one_d(x[:, :, 0])
+
+    return M().eval()
 
 
 def _bn() -> nn.Module:
@@ -324,3 +376,42 @@ def test_table_covers_every_op_kind() -> None:
         art = bladepack.optimize(model, samples)
         seen |= {s.op for s in art.plan.steps}
     assert {k.value for k in OpKind} - seen == set()
+
+
+@pytest.mark.parametrize("executor", ["native", "reference"])
+def test_topk_nan_and_ties(executor: str) -> None:
+    """torch.topk's order: NaN ranks above every number (largest and smallest alike), ties keep the
+    earlier position; the values are the inputs at the indices."""
+
+    class TopK(nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return (*torch.topk(x, 4, dim=-1), *torch.topk(x, 4, dim=-1, largest=False))
+
+    art = bladepack.optimize(TopK(), [(torch.randn(3, 9),), (torch.randn(2, 12),)])
+    loaded = bladepack.load(art.to_bytes(), executor=executor)
+    x = np.array(
+        [[1.0, np.nan, 3.0, 3.0, -1.0, np.nan, 0.5, -1.0], [2.0, 2.0, 2.0, 2.0, 2.0, 1.0, 0.0, 5.0]], dtype=np.float32
+    )
+    v, i, sv, si = loaded(x)
+    np.testing.assert_array_equal(i, [[1, 5, 2, 3], [7, 0, 1, 2]])
+    np.testing.assert_array_equal(si, [[4, 7, 6, 0], [6, 5, 0, 1]])
+    np.testing.assert_array_equal(v, np.take_along_axis(x, i, -1))
+    np.testing.assert_array_equal(sv, np.take_along_axis(x, si, -1))
+
+
+def test_topk_and_interpolation_errors() -> None:
+    """A k larger than the axis at run time, and an interpolation whose output would be empty (torch
+    raises for both): a guard error naming the op's line, not a wrong result."""
+
+    class M(nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.topk(x.flatten(1), 5, dim=1).values, F.interpolate(x, scale_factor=0.5)
+
+    art = bladepack.optimize(
+        M(), [(torch.randn(2, 1, 6, 6),), (torch.randn(3, 1, 8, 4),)], {"x": {2: bladepack.Dim("h", 1, 64)}}
+    )
+    loaded = bladepack.load(art.to_bytes())
+    with pytest.raises(ShapeGuardError, match="topk needs at least k=5"):
+        loaded(np.zeros((1, 1, 2, 2), np.float32))
+    with pytest.raises(ShapeGuardError, match="output size .* must be at least 1"):
+        loaded(np.zeros((1, 1, 1, 8), np.float32))

@@ -1,8 +1,9 @@
-"""Anchor kernels both backends share: reductions over arbitrary axes (and arg-reductions), and scans.
+"""Anchor kernels both backends share: reductions over arbitrary axes (and arg-reductions), scans and
+top-k selection.
 
-In: an `Emitter` (the CPU's or the CUDA one) whose spec is a "reduce" or "scan" kernel. Out: the
-kernel body, one output element (reduce) or one scanned line (scan) per iteration of the backend's
-`rows_loop`.
+In: an `Emitter` (the CPU's or the CUDA one) whose spec is a "reduce", "scan" or "topk" kernel. Out:
+the kernel body, one output element (reduce) or one line along the axis (scan, topk) per iteration of
+the backend's `rows_loop`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from bladepack.ir.ops import (
     ArgReduceAttrs,
     AxisAttrs,
     ReduceAttrs,
+    TopkAttrs,
 )
 from bladepack.ir.types import IRDim
 from bladepack.ir.views import simplify
@@ -125,3 +127,53 @@ def scan_kernel(em: Emitter) -> None:
         em.for_loop(s, shape[a], step)
 
     em.rows_loop([shape[d] for d in kept], "4", body)
+
+
+def topk_kernel(em: Emitter) -> None:
+    """The k best positions of each line: one pass over the line keeping the best k so far sorted in a
+    register array (insertion, so ties keep the earlier position), then k stores. k is a compile-time
+    constant (the front ends refuse a symbolic k, and more than `ir.ops.MAX_TOPK`)."""
+    n = em.ctx.nodes[em.spec.roots[0]]
+    assert isinstance(n.attrs, TopkAttrs)
+    x = n.inputs[0]
+    xt = em.ctx.types[x]
+    rank = xt.rank
+    a = n.attrs.axis % rank
+    k = n.attrs.k
+    kept = [d for d in range(rank) if d != a]
+    t = CTYPE[xt.dtype]
+    floating = xt.dtype in FLOATS
+    # better(u, w): u ranks before w. NaN is the largest value, as in torch.topk.
+    if n.attrs.largest:
+        better = "(({u} != {u}) && !({w} != {w})) || {u} > {w}" if floating else "{u} > {w}"
+    else:
+        better = "(!({u} != {u}) && ({w} != {w})) || {u} < {w}" if floating else "{u} < {w}"
+
+    def body(outer: tuple[Loop, ...]) -> None:
+        s = Loop(f"r{a}")
+        full: list[sympy.Expr] = [sympy.Integer(0)] * rank
+        for d, o in zip(kept, outer):
+            full[d] = o
+        full[a] = s
+        vals, ids, cnt = em.fresh("tv"), em.fresh("ti"), em.fresh("tn")
+        em.declare(f"{t} {vals}[{k}]; int64_t {ids}[{k}]; int64_t {cnt} = 0;", vals)
+
+        def step() -> None:
+            v = em.fresh("x")
+            em.line(f"const {t} {v} = {em.eval(x, tuple(full))};")
+            last = f"{vals}[{k - 1}]"
+            em.line(f"if ({cnt} < {k} || ({better.format(u=v, w=last)})) {{")
+            em.line(f"  int64_t j = {cnt} < {k} ? {cnt}++ : {k - 1};")
+            em.line(f"  while (j > 0 && ({better.format(u=v, w=f'{vals}[j - 1]')})) {{")
+            em.line(f"    {vals}[j] = {vals}[j - 1]; {ids}[j] = {ids}[j - 1]; --j;")
+            em.line("  }")
+            em.line(f"  {vals}[j] = {v}; {ids}[j] = {s.name};")
+            em.line("}")
+
+        em.for_loop(s, xt.shape[a], step)
+        j = Loop(f"o{a}")
+        out_idx = list(full)
+        out_idx[a] = j
+        em.for_loop(j, k, lambda: em.store(n.id, store_offset(n.type.shape, out_idx), f"{ids}[{j.name}]"))
+
+    em.rows_loop([xt.shape[d] for d in kept], "4", body)

@@ -31,7 +31,7 @@ from typing import Any
 
 import sympy
 
-from bladepack.codegen.anchor_kernels import reduce_kernel, scan_kernel
+from bladepack.codegen.anchor_kernels import reduce_kernel, scan_kernel, topk_kernel
 from bladepack.codegen.c_render import CTYPE, Args, Loop
 from bladepack.codegen.cpu_conv import direct_conv_kernel, im2col_kernel, pool_kernel
 from bladepack.codegen.cpu_loops import DECLS, CpuEmitter
@@ -173,6 +173,8 @@ def emit_kernel(spec: KernelSpec, ctx: KernelContext, conv: tuple[Node, View] | 
         plans = [("", sympy.true, reduce_kernel)]
     elif spec.kind == "scan":
         plans = [("", sympy.true, scan_kernel)]
+    elif spec.kind == "topk":
+        plans = [("", sympy.true, topk_kernel)]
     elif spec.kind == "pool":
         plans = [("", sympy.true, pool_kernel)]
     elif spec.kind == "conv":

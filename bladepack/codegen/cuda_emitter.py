@@ -44,7 +44,7 @@ from typing import Any
 
 import sympy
 
-from bladepack.codegen.anchor_kernels import reduce_kernel, scan_kernel
+from bladepack.codegen.anchor_kernels import reduce_kernel, scan_kernel, topk_kernel
 from bladepack.codegen.c_render import CTYPE, Args, Loop
 from bladepack.codegen.cuda_conv import direct_conv_kernel, im2col_kernel, pool_kernel
 from bladepack.codegen.emitter import Emitter
@@ -473,13 +473,15 @@ def emit_cuda_kernel(
             )
             if pred is sympy.true:
                 break
-    elif spec.kind in ("reduce", "scan"):
+    elif spec.kind in ("reduce", "scan", "topk"):
         n = ctx.nodes[spec.roots[0]]
         x_t = ctx.types[n.inputs[0]]
-        fn: Callable[[_CudaEmitter], None] = reduce_kernel if spec.kind == "reduce" else scan_kernel
+        fn: Callable[[_CudaEmitter], None] = {"reduce": reduce_kernel, "scan": scan_kernel, "topk": topk_kernel}[
+            spec.kind
+        ]
         if spec.kind == "reduce":
             outputs = _volume(n.type.shape)
-        else:  # one thread per scanned line
+        else:  # one thread per scanned (or selected-from) line
             axis = getattr(n.attrs, "axis", 0) % max(len(n.type.shape), 1)
             outputs = _volume([d for k, d in enumerate(x_t.shape) if k != axis])
         plans.append(("", sympy.true, fn, _grid(outputs, LOOP_BLOCK), LOOP_BLOCK, 0))

@@ -137,12 +137,15 @@ def _export_sample(samples: list[tuple[Any, ...]], dynamic: list[set[int]]) -> t
 
 @contextlib.contextmanager
 def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
-    was = model.training
+    """Inference mode while exporting; afterwards every submodule's own mode back (a recursive
+    `train(was)` would switch an eval-mode submodule of a training-mode model to training)."""
+    modes = [(m, m.training) for m in model.modules()]
     model.eval()
     try:
         yield
     finally:
-        model.train(was)
+        for m, was in modes:
+            m.training = was
 
 
 @contextlib.contextmanager
@@ -386,9 +389,20 @@ def _symbol_map(
     return out
 
 
+# Composite ops that the front end takes as torch decomposes them: einsum becomes permutes, views and
+# batched matmuls (whose GEMMs then go to the GEMM library like any other).
+_DECOMPOSED = ("einsum",)
+
+
 def _finish(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
-    """Inference IR: drops dropout and autograd wrappers, keeps high-level ops (no decomposition)."""
+    """Inference IR: drops dropout and autograd wrappers, keeps high-level ops except `_DECOMPOSED`."""
+    defaults = torch.export.default_decompositions()
+    table = {}
+    for name in _DECOMPOSED:
+        op = getattr(torch.ops.aten, name).default
+        if op in defaults:
+            table[op] = defaults[op]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        out: torch.export.ExportedProgram = ep.run_decompositions({})
+        out: torch.export.ExportedProgram = ep.run_decompositions(table)
         return out

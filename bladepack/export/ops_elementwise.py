@@ -101,6 +101,19 @@ def _clamp(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
     return ctx.emit(K.CLAMP, (ctx.cast(ctx.v(args[0]), out.dtype),), out, _clamp_attrs(lo, hi))
 
 
+@converts("aten.hardsigmoid.default", "aten.hardswish.default")
+def _hard_activation(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    """hardsigmoid(x) = clamp(x + 3, 0, 6) / 6 and hardswish(x) = x * clamp(x + 3, 0, 6) / 6, in
+    torch's order of operations (MobileNetV3's activations)."""
+    assert ctx.node is not None
+    out = ctx.out_type()
+    x = ctx.cast(ctx.v(args[0]), out.dtype)
+    gate = ctx.emit(K.CLAMP, (ctx.emit(K.ADD, (x, ctx.const(3.0, out.dtype)), out),), out, ClampAttrs(0.0, 6.0))
+    if str(ctx.node.target) == "aten.hardswish.default":
+        gate = ctx.emit(K.MUL, (x, gate), out)
+    return ctx.emit(K.DIV, (gate, ctx.const(6.0, out.dtype)), out)
+
+
 @converts("aten.clamp.Tensor")
 def _clamp_tensor(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
     out = ctx.out_type()

@@ -19,15 +19,18 @@ from bladepack.export.ops_layout import permute, reshape
 from bladepack.ir import OpKind, TensorType
 from bladepack.ir.broadcast import broadcast_shapes
 from bladepack.ir.ops import (
+    MAX_TOPK,
     ArangeAttrs,
     ArgReduceAttrs,
     AxisAttrs,
     Conv2dAttrs,
     MatmulAttrs,
     NormAttrs,
+    PadAttrs,
     Pool2dAttrs,
     ReduceAttrs,
     SafeSoftmaxAttrs,
+    TopkAttrs,
 )
 from bladepack.ir.types import IRDim
 from bladepack.ir.views import simplify
@@ -99,6 +102,29 @@ def _max_dim(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[V
     values = ctx.emit(K.AMAX if is_max else K.AMIN, (x,), ctx.out_type(0), ReduceAttrs((axis,), keepdim))
     idx = ctx.emit(K.ARGMAX if is_max else K.ARGMIN, (x,), ctx.out_type(1), ArgReduceAttrs(axis, keepdim))
     return values, idx
+
+
+@converts("aten.topk.default")
+def _topk(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Value, Value]:
+    x = ctx.v(args[0])
+    t = ctx.t(x)
+    k = ctx.s(args[1])
+    axis = norm_axis(int(arg(args, kwargs, 2, "dim", -1)), t.rank)
+    largest = bool(arg(args, kwargs, 3, "largest", True))
+    """The positions (a TOPK anchor kernel), then the values gathered from them; both sorted, best
+    first, whatever `sorted` asked (torch leaves the order of an unsorted topk unspecified)."""
+    if not isinstance(k, int):
+        raise Unsupported(f"topk with a symbolic k ({k}): k must be a constant")
+    if not 0 <= k <= MAX_TOPK:
+        raise Unsupported(f"topk with k={k} (0 to {MAX_TOPK})")
+    d = ctx.t(x).shape[axis]
+    if isinstance(d, int) and k > d:
+        raise Unsupported(f"topk with k={k} larger than the axis ({d})")
+    if not isinstance(d, int):
+        ctx.assertions.append((sympy.Ge(d, k), f"{ctx.loc}: topk needs at least k={k} elements along axis {axis}"))
+    vt, it = ctx.out_type(0), ctx.out_type(1)
+    idx = ctx.emit(K.TOPK, (x,), TensorType(DType.INT64, it.shape), TopkAttrs(axis, k, largest))
+    return ctx.emit(K.GATHER, (x, idx), vt, AxisAttrs(axis)), idx
 
 
 @converts("aten.cumsum.default")
@@ -318,10 +344,88 @@ def _conv2d(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
 
 @converts("aten.convolution.default")
 def _convolution(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
-    x, w, b, stride, padding, dilation, transposed, _, groups = args[:9]
+    x, w, b, stride, padding, dilation, transposed, output_padding, groups = args[:9]
     if transposed:
-        raise Unsupported("transposed convolution")
+        return _conv_transpose(ctx, x, w, b, stride, padding, output_padding, groups, dilation)
     return _conv(ctx, x, w, b, stride, padding, dilation, groups)
+
+
+@converts("aten.conv_transpose2d.input", "aten.conv_transpose1d.default")
+def _conv_transpose_op(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    names = [("input", None), ("weight", None), ("bias", None), ("stride", 1), ("padding", 0)]
+    names += [("output_padding", 0), ("groups", 1), ("dilation", 1)]
+    return _conv_transpose(ctx, *[arg(args, kwargs, i, n, d) for i, (n, d) in enumerate(names)])
+
+
+def _conv_transpose(
+    ctx: Ctx, x: Any, w: Any, b: Any, stride: Any, padding: Any, output_padding: Any, groups: Any, dilation: Any
+) -> Value:
+    """Note [Transposed convolution]: conv_transpose(x, w) with stride s, padding p, output padding q
+    and dilation d is the plain convolution (stride 1, dilation d) of x with s - 1 zeros stuffed
+    between its pixels, padded by d (k - 1) - p before and that plus q after, with the kernel flipped
+    and its in / out channels swapped per group (done on the weight at optimize time). The stuffed
+    zeros cost s² the multiply-adds of a scatter formulation; in exchange the op reuses the tuned
+    convolution kernels. Padding larger than d (k - 1) (a cropping transposed conv) is refused."""
+    xv, wv = ctx.v(x), ctx.v(w)
+    out = ctx.out_type()
+    one_d = ctx.t(xv).rank == 3
+
+    def two(v: Any, name: str, default: int) -> tuple[int, int]:
+        if one_d:
+            (q,) = [v] if isinstance(v, int) else list(v)
+            return (default, int(q))
+        return _pair(v, name)
+
+    s, p, q, d = (
+        two(stride, "stride", 1),
+        two(padding, "padding", 0),
+        two(output_padding, "output_padding", 0),
+        two(dilation, "dilation", 1),
+    )
+    g = int(groups)
+    name = _weight_name(ctx, wv)
+    if name is None:
+        raise Unsupported(
+            "transposed convolution with a computed weight (only a weight can be flipped at optimize time)"
+        )
+    wt = ctx.weight_data[name]
+    if one_d:
+        wt = wt[:, :, None, :]
+    cin, cout_g, kh, kw = wt.shape
+    k = (kh, kw)
+    lo = tuple(d[a] * (k[a] - 1) - p[a] for a in range(2))
+    if min(lo) < 0:
+        raise Unsupported(f"transposed convolution with padding {p} beyond dilation * (kernel - 1)")
+    flipped = wt.reshape(g, cin // g, cout_g, kh, kw).transpose(0, 2, 1, 3, 4)[..., ::-1, ::-1]
+    w_name = f"{name}:transposed"
+    if w_name not in ctx.weight_data:
+        ctx.weight_data[w_name] = np.ascontiguousarray(flipped.reshape(g * cout_g, cin // g, kh, kw))
+    wconv = ctx.b.add_weight(w_name, TensorType(ctx.t(wv).dtype, (g * cout_g, cin // g, kh, kw)))
+    t = ctx.t(xv)
+    n, c, h, wd = (t.shape[0], t.shape[1], 1, t.shape[2]) if one_d else t.shape
+    x4 = reshape(ctx, xv, (n, c, h, wd))
+    if s != (1, 1):  # zeros between pixels: [N, C, H, 1, W, 1] padded to [N, C, H, sh, W, sw]
+        x6 = reshape(ctx, x4, (n, c, h, 1, wd, 1))
+        pads6 = ((0, 0), (0, 0), (0, 0), (0, s[0] - 1), (0, 0), (0, s[1] - 1))
+        stuffed = TensorType(t.dtype, (n, c, h, s[0], wd, s[1]))
+        x6 = ctx.emit(K.PAD, (x6,), stuffed, PadAttrs(pads6, 0.0))
+        hs, ws = simplify(h * s[0]), simplify(wd * s[1])
+        x4 = reshape(ctx, x6, (n, c, hs, ws))
+        h, wd = hs, ws
+    # the stuffing left s - 1 trailing zeros; the rest of the padding comes before and after
+    hi = tuple(lo[a] + q[a] - (s[a] - 1) for a in range(2))
+    if min(hi) < 0:
+        raise Unsupported(f"transposed convolution with output_padding {q} below stride - 1 at padding {p}")
+    ph, pw = simplify(h + lo[0] + hi[0]), simplify(wd + lo[1] + hi[1])
+    padded = ctx.emit(
+        K.PAD,
+        (x4,),
+        TensorType(t.dtype, (n, c, ph, pw)),
+        PadAttrs(((0, 0), (0, 0), (lo[0], hi[0]), (lo[1], hi[1])), 0.0),
+    )
+    out4 = TensorType(out.dtype, (out.shape[0], out.shape[1], 1, out.shape[2])) if one_d else out
+    y = _conv_values(ctx, padded, wconv, b, (1, 1), (0, 0), d, g, out4)
+    return reshape(ctx, y, out.shape)
 
 
 def _weight_name(ctx: Ctx, v: Value) -> str | None:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 import sympy
 import torch.utils._sympy.functions as tfn
+from sympy.functions.elementary.piecewise import ExprCondPair
 
 
 class UnsupportedShapeExpr(ValueError):
@@ -35,11 +36,30 @@ _FUNCS = {
     "PowByNatural": sympy.Pow,
     "FloorToInt": sympy.floor,
     "CeilToInt": sympy.ceiling,
-    "TruncToInt": lambda a: sympy.sign(a) * sympy.floor(sympy.Abs(a)),
+    "TruncToInt": lambda a: _trunc(a),
     "Identity": lambda a: a,
     "ModularIndexing": lambda x, d, m: sympy.Mod(sympy.floor(_div(x, d)), m),
     "Where": lambda c, a, b: sympy.Piecewise((a, c), (b, True)),
+    # float-valued subexpressions of an integer size, as in floor(ToFloat(h) * 1.5) for F.interpolate's
+    # output size: kept exact (see `_exact`), so floor / ceiling land where torch's double arithmetic does
+    "ToFloat": lambda a: a,
+    "FloatTrueDiv": _div,
 }
+
+
+def _trunc(a: sympy.Expr) -> sympy.Expr:
+    """Rounding toward zero: floor of what is never negative (sizes are), else by sign."""
+    if a.is_nonnegative:
+        return sympy.floor(a)
+    if a.is_nonpositive:
+        return sympy.ceiling(a)
+    return sympy.Piecewise((sympy.floor(a), a >= 0), (sympy.ceiling(a), True))
+
+
+def _exact(f: sympy.Float) -> sympy.Rational:
+    """A float constant as the decimal it was written as (1.7 → 17/10, not the binary fraction just
+    below it): floor(10 * 1.7) is 17 in torch's double arithmetic, and must be 17 here."""
+    return sympy.Rational(repr(float(f)))
 
 
 def to_bladepack(e: object, symbols: Mapping[str, sympy.Symbol]) -> sympy.Basic:
@@ -55,6 +75,8 @@ def to_bladepack(e: object, symbols: Mapping[str, sympy.Symbol]) -> sympy.Basic:
             kind = "data-dependent" if e.name.startswith("u") else "unknown"
             raise UnsupportedShapeExpr(f"{kind} symbol {e.name} in a shape")
         return symbols[e.name]
+    if isinstance(e, sympy.Float):
+        return _exact(e)
     if e.is_Number or e in (sympy.true, sympy.false):
         return e
     args = [to_bladepack(a, symbols) for a in e.args]
@@ -63,6 +85,6 @@ def to_bladepack(e: object, symbols: Mapping[str, sympy.Symbol]) -> sympy.Basic:
         return _FUNCS[name](*args)
     if isinstance(e, (sympy.Add, sympy.Mul, sympy.Pow, sympy.Max, sympy.Min, sympy.floor, sympy.ceiling, sympy.Mod)):
         return type(e)(*args)
-    if isinstance(e, (sympy.Rel, sympy.And, sympy.Or, sympy.Not, sympy.Piecewise, sympy.ExprCondPair)):
+    if isinstance(e, (sympy.Rel, sympy.And, sympy.Or, sympy.Not, sympy.Piecewise, ExprCondPair)):
         return type(e)(*args)
     raise UnsupportedShapeExpr(f"unsupported shape function {name} in {e}")

@@ -100,6 +100,7 @@ class OpKind(str, Enum):
     ARGMAX = "argmax"
     ARGMIN = "argmin"
     CUMSUM = "cumsum"
+    TOPK = "topk"
     SOFTMAX = "softmax"
     LOG_SOFTMAX = "log_softmax"
     LAYER_NORM = "layer_norm"
@@ -200,6 +201,19 @@ class ArgReduceAttrs:
     keepdim: bool
 
 
+MAX_TOPK = 1024  # the kernels keep the best k of a line in registers
+
+
+@dataclass(frozen=True)
+class TopkAttrs:
+    """The int64 positions of the k largest (or smallest) elements along `axis`, best first; ties keep
+    the earlier position, NaN counts as larger than any number. The values are a GATHER of these."""
+
+    axis: int
+    k: int
+    largest: bool
+
+
 @dataclass(frozen=True)
 class NormAttrs:
     """layer_norm / rms_norm over the trailing `num_axes` axes; optional weight and bias inputs follow x."""
@@ -257,6 +271,7 @@ Attrs = Union[
     PadAttrs,
     ReduceAttrs,
     ArgReduceAttrs,
+    TopkAttrs,
     NormAttrs,
     MatmulAttrs,
     Conv2dAttrs,
@@ -353,6 +368,7 @@ OP_INFO: dict[OpKind, OpInfo] = {
     K.ARGMAX: _info(_R, ArgReduceAttrs, 1),
     K.ARGMIN: _info(_R, ArgReduceAttrs, 1),
     K.CUMSUM: _info(_R, AxisAttrs, 1),
+    K.TOPK: _info(_R, TopkAttrs, 1),
     K.SOFTMAX: _info(_R, AxisAttrs, 1),
     K.LOG_SOFTMAX: _info(_R, AxisAttrs, 1),
     K.LAYER_NORM: _info(_R, NormAttrs, 1, 3),

@@ -294,6 +294,19 @@ def _arg(fn: Callable[..., np.ndarray]) -> Impl:
 OPS.update(argmax=_arg(np.argmax), argmin=_arg(np.argmin))
 
 
+@op("topk")
+def _topk(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    """A stable sort on (NaN last or first, value): ties keep the earlier position, NaN is the largest."""
+    x, axis = xs[0], attrs["axis"]
+    nan = np.isnan(x) if x.dtype.kind == "f" else np.zeros(x.shape, dtype=bool)
+    key = np.where(nan, 0, x)
+    if attrs["largest"]:
+        order = np.lexsort((np.negative(key.astype(np.float64)), ~nan), axis=axis)
+    else:
+        order = np.lexsort((key, nan), axis=axis)
+    return np.take(order, np.arange(attrs["k"]), axis=axis).astype(dt).reshape(shape)
+
+
 @op("cumsum")
 def _cumsum(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
     return np.cumsum(xs[0], axis=attrs["axis"] if xs[0].ndim else None, dtype=dt).reshape(shape)

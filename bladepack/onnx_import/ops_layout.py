@@ -14,6 +14,7 @@ import sympy
 
 from bladepack.dtypes import DType
 from bladepack.ir import OpKind, TensorType, Tri
+from bladepack.ir.interpolate import TRANSFORMS, resize_axis
 from bladepack.ir.ops import ArangeAttrs, AxisAttrs, PadAttrs, PermuteAttrs, SliceAttrs
 from bladepack.ir.types import IRDim
 from bladepack.onnx_import.context import (
@@ -367,6 +368,12 @@ def _resize(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
     outs: dict[int, IRDim] = {}
     probe_inputs: dict[str, Any] = {}
     static = {a: x.type.shape[a] for a in axes if isinstance(x.type.shape[a], int)}
+    symbolic_sizes = sizes_v is not None and sizes_v.data is not None and sizes_v.data.size > 0
+    symbolic_sizes = symbolic_sizes and not all(isinstance(s_, int) for s_ in ctx.const_ints(sizes_v, "sizes"))
+    if mode != "nearest" and (
+        symbolic_sizes or any(not isinstance(x.type.shape[a], int) for a in axes)
+    ):  # linear / cubic along symbolic axes: positions and weights computed in the graph
+        return [_resize_dynamic(ctx, x, axes, mode, ctm, policy, scales_v, sizes_v)]
     if sizes_v is not None and (sizes_v.data is None or sizes_v.data.size):
         sizes = ctx.const_int_list(sizes_v, "sizes")
         if len(static) != len(axes):
@@ -442,6 +449,49 @@ def _source_coordinate(ctm: str, i: int, d: int, o: int, scale: float) -> float:
     if ctm == "half_pixel_symmetric":
         return d / 2 * (1 - o / width) + (i + 0.5) / scale - 0.5
     raise Unsupported(f"coordinate_transformation_mode={ctm!r}")
+
+
+def _resize_dynamic(
+    ctx: OnnxCtx, x: OVal, axes: list[int], mode: str, ctm: str, policy: str, scales_v: Any, sizes_v: Any
+) -> OVal:
+    """Linear or cubic Resize where an axis is symbolic (a ViT's position grid resized to the patch
+    grid of the image at hand): Note [Interpolation at symbolic sizes] in ir/interpolate.py."""
+    if ctm not in TRANSFORMS:
+        raise Unsupported(f"{mode} Resize of a dynamic axis with coordinate_transformation_mode={ctm!r}")
+    if policy != "stretch" or int(ctx.attr("exclude_outside", 0)):
+        raise Unsupported(f"{mode} Resize of a dynamic axis with keep_aspect_ratio_policy / exclude_outside")
+    rank = x.type.rank
+    outs: dict[int, IRDim] = {}
+    factors: dict[int, float | None] = {}
+    if sizes_v is not None and (sizes_v.data is None or sizes_v.data.size):
+        for a, s_ in zip(axes, ctx.const_ints(sizes_v, "sizes")):
+            outs[a], factors[a] = s_, None
+    elif scales_v is not None and scales_v.numeric is not None:
+        for a, s_ in zip(axes, scales_v.numeric.ravel().tolist()):
+            d = x.type.shape[a]
+            if float(s_) <= 0:
+                raise Unsupported(f"Resize scale {s_}")
+            outs[a] = simplify_dim(sympy.floor(sympy.sympify(d) * sympy.Rational(repr(float(s_)))))
+            factors[a] = float(s_)
+    else:
+        raise Unsupported(f"{mode} Resize of a dynamic axis without constant scales or sizes")
+    dt = x.type.dtype if x.type.dtype in (DType.FLOAT32, DType.FLOAT64) else DType.FLOAT32
+    y = ctx.cast(ctx.tensor(x), dt)
+    shape = list(x.type.shape)
+    for a in reversed(axes):
+        d, o = shape[a], outs[a]
+        if d == o and factors[a] in (None, 1.0):
+            continue
+        if not isinstance(o, int):
+            ctx.assertions.append(
+                (sympy.Ge(o, 1), f"{ctx.loc}: Resize output size {o} along axis {a} must be at least 1")
+            )
+        cubic_a = float(ctx.attr("cubic_coeff_a", -0.75))
+        y = resize_axis(ctx.b, ctx.loc, y, a, mode, ctm, d, o, factors[a], dt, cubic_a)
+        shape[a] = o
+    out_t = TensorType(x.type.dtype, tuple(shape))
+    assert rank == len(shape)
+    return OVal(out_t, ctx.cast(y, x.type.dtype))
 
 
 def _interpolation_taps(

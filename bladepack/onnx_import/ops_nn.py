@@ -15,6 +15,7 @@ import sympy
 from bladepack.dtypes import DType
 from bladepack.ir import OpKind, TensorType, Tri
 from bladepack.ir.ops import (
+    MAX_TOPK,
     ArgReduceAttrs,
     AxisAttrs,
     Conv2dAttrs,
@@ -24,6 +25,7 @@ from bladepack.ir.ops import (
     Pool2dAttrs,
     ReduceAttrs,
     SliceAttrs,
+    TopkAttrs,
 )
 from bladepack.ir.types import IRDim
 from bladepack.onnx_import.context import (
@@ -449,3 +451,61 @@ def _cumsum(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
         y = ctx.out(K.SLICE, (p,), x.type, SliceAttrs(axis, 0, 1))
     y = ctx.out(K.CUMSUM, (ctx.tensor(y),), x.type, AxisAttrs(axis))
     return [_reverse(ctx, y, axis) if reverse else y]
+
+
+@converts("TopK")
+def _topk(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    """Indices by a TOPK anchor kernel, values gathered from them; sorted best first (sorted=0 leaves
+    the order unspecified, so sorted is as good as any)."""
+    x = need(ins, 0)
+    rank = x.type.rank
+    (k,) = ctx.const_ints(need(ins, 1), "K")
+    if not isinstance(k, int):
+        raise Unsupported(f"TopK with a symbolic K ({k}): K must be a constant")
+    if not 0 <= k <= MAX_TOPK:
+        raise Unsupported(f"TopK with K={k} (0 to {MAX_TOPK})")
+    axis = norm_axis(int(ctx.attr("axis", -1)), rank)
+    d = x.type.shape[axis]
+    if isinstance(d, int) and k > d:
+        raise Unsupported(f"TopK with K={k} larger than the axis ({d})")
+    if not isinstance(d, int):
+        ctx.assertions.append((sympy.Ge(d, k), f"{ctx.loc}: TopK needs at least K={k} elements along axis {axis}"))
+    shape = list(x.type.shape)
+    shape[axis] = k
+    largest = bool(int(ctx.attr("largest", 1)))
+    idx = ctx.out(K.TOPK, (ctx.tensor(x),), TensorType(DType.INT64, tuple(shape)), TopkAttrs(axis, k, largest))
+    vals = ctx.out(K.GATHER, (ctx.tensor(x), ctx.tensor(idx)), TensorType(x.type.dtype, tuple(shape)), AxisAttrs(axis))
+    return [vals, idx]
+
+
+@converts("InstanceNormalization", "GroupNormalization")
+def _group_norm(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    """Each [C / groups, *spatial] block of a sample normalized as one layer-norm row, then the
+    per-channel scale and bias (InstanceNormalization: one group per channel). GroupNormalization's
+    opset-18 form gives the scale and bias per group; opset 21 per channel."""
+    assert ctx.node is not None
+    x, scale, bias = need(ins, 0), need(ins, 1), need(ins, 2)
+    _float_input(x, ctx.node.op_type)
+    dt, rank = x.type.dtype, x.type.rank
+    n, c, rest = x.type.shape[0], x.type.shape[1], x.type.shape[2:]
+    if not isinstance(c, int):
+        raise Unsupported(f"{ctx.node.op_type} over a dynamic channel dim")
+    groups = c if ctx.node.op_type == "InstanceNormalization" else int(ctx.attr("num_groups"))
+    if groups <= 0 or c % groups:
+        raise Unsupported(f"{c} channels in {groups} groups")
+    eps = float(ctx.attr("epsilon", 1e-5))
+    row: IRDim = c // groups
+    for d in rest:
+        row = simplify_dim(sympy.sympify(row) * d)
+    rows = ctx.reshape(ctx.tensor(x), (n, groups, row))
+    normed = ctx.emit(K.LAYER_NORM, (rows,), TensorType(dt, (n, groups, row)), NormAttrs(1, eps, False, False))
+    y = OVal(x.type, ctx.reshape(normed, x.type.shape))
+    per_group = scale.type.shape == (groups,) and groups != c
+    for v, op in ((scale, K.MUL), (bias, K.ADD)):
+        if per_group:  # opset 18: one value per group, each channel takes its group's
+            v = OVal(TensorType(v.type.dtype, (groups, 1)), ctx.reshape(ctx.tensor(v), (groups, 1)))
+            grown = TensorType(v.type.dtype, (groups, c // groups))
+            v = OVal(grown, ctx.emit(K.EXPAND, (ctx.tensor(v),), grown))
+            v = OVal(TensorType(v.type.dtype, (c,)), ctx.reshape(ctx.tensor(v), (c,)))
+        y = binary(ctx, op, y, _channel_param(ctx, v, rank), dt, dt)
+    return [y]

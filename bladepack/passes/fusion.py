@@ -98,7 +98,7 @@ def classify(n: Node, types: dict[int, TensorType], target: str = "cpu") -> tupl
             lib = "BLAS" if target == "cpu" else "cuBLAS"
             return Role.REFERENCE, f"{n.op.value} on {n.type.dtype.value} has no {lib} routine"
         return Role.LIBRARY, ""
-    if n.op in (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D, OpKind.CUMSUM, OpKind.ARGMAX, OpKind.ARGMIN):
+    if n.op in (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D, OpKind.CUMSUM, OpKind.ARGMAX, OpKind.ARGMIN, OpKind.TOPK):
         return Role.ANCHOR, ""
     if OP_INFO[n.op].op_class is OpClass.REDUCTION:
         if row_reduced_axes(n, types[n.inputs[0]]) is not None:
@@ -323,9 +323,8 @@ class _Planner:
                 c = self.cone(v)
                 rows = [u for u in c if self.roles[u] is Role.ROW]
                 if role is Role.ANCHOR:
-                    kind = {OpKind.MAX_POOL2D: "pool", OpKind.AVG_POOL2D: "pool", OpKind.CUMSUM: "scan"}.get(
-                        n.op, "reduce"
-                    )
+                    kinds = {OpKind.MAX_POOL2D: "pool", OpKind.AVG_POOL2D: "pool", OpKind.CUMSUM: "scan"}
+                    kind = {**kinds, OpKind.TOPK: "topk"}.get(n.op, "reduce")
                     domain = n.type.shape
                     reduced = 0
                 elif rows:

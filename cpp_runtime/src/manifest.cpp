@@ -324,7 +324,7 @@ const char* const kPlanOps[] = {
     "div", "pow", "maximum", "minimum", "fmod", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
     "bitwise_and", "bitwise_or", "bitwise_xor", "where", "constant", "full", "arange", "reshape", "expand",
     "permute", "slice", "concat", "take", "gather", "index", "pad", "sum", "mean", "amax", "amin", "prod",
-    "argmax", "argmin", "cumsum", "softmax", "log_softmax", "layer_norm", "rms_norm", "matmul", "conv2d",
+    "argmax", "argmin", "cumsum", "topk", "softmax", "log_softmax", "layer_norm", "rms_norm", "matmul", "conv2d",
     "max_pool2d", "avg_pool2d",
 };
 
