@@ -524,3 +524,44 @@ def test_onnx_node_tests_native_all() -> None:
     outcomes, variants = onnx_node_suite.run_all(cases, "native")
     fails = [o for o in [*outcomes, *variants] if o.status == "fail"]
     assert not fails, "\n".join(f"{o.name}: {o.detail}" for o in fails)
+
+
+class _DecoderOps(torch.nn.Module):
+    """ConvTranspose (strided with output padding, grouped, 1-D), a bicubic Resize by a scale on
+    dynamic axes, TopK over the channels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = torch.nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1)
+        self.grouped = torch.nn.ConvTranspose2d(6, 4, 4, stride=2, padding=1, groups=2, bias=False)
+        self.one_d = torch.nn.ConvTranspose1d(4, 2, 5, stride=3, padding=2, output_padding=2)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = self.grouped(self.up(x))
+        z = torch.nn.functional.interpolate(y, scale_factor=1.5, mode="bicubic")
+        v, i = torch.topk(z, 2, dim=1)
+        return y, self.one_d(x[:, :, 0]), v, i
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", pytest.param("dynamo", marks=pytest.mark.slow)])
+def test_decoder_ops_through_onnx(exporter: str, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = _DecoderOps().eval()
+    path = tmp_path / "decoder.onnx"
+    x = torch.randn(2, 4, 5, 6)
+    if exporter == "dynamo":
+        d = {0: torch.export.Dim("b", max=8), 2: torch.export.Dim("h", max=40), 3: torch.export.Dim("w", max=40)}
+        torch.onnx.export(model, (x,), path, dynamo=True, input_names=["x"], dynamic_shapes={"x": d})
+    else:
+        torch.onnx.export(
+            model, (x,), path, dynamo=False, input_names=["x"], dynamic_axes={"x": {0: "b", 2: "h", 3: "w"}}
+        )
+    loaded = bladepack.load(bladepack.optimize(str(path)).to_bytes())
+    g = torch.Generator().manual_seed(1)
+    for shape in [(1, 4, 2, 2), (3, 4, 7, 3), (2, 4, 16, 17)]:
+        xs = torch.randn(*shape, generator=g)
+        with torch.no_grad():
+            want = model(xs)
+        got = loaded(xs.numpy())
+        for k, (o, w) in enumerate(zip(got, want)):
+            assert rel_err(o, w.numpy()) <= TOL, f"output {k} at {shape}"

@@ -509,3 +509,59 @@ def _group_norm(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
             v = OVal(TensorType(v.type.dtype, (c,)), ctx.reshape(ctx.tensor(v), (c,)))
         y = binary(ctx, op, y, _channel_param(ctx, v, rank), dt, dt)
     return [y]
+
+
+@converts("ConvTranspose")
+def _conv_transpose(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    """The stride-1 convolution of the zero-stuffed, padded input with the kernel flipped and its
+    channels swapped per group (Note [Transposed convolution] in export/ops_nn.py)."""
+    x, w, b = need(ins, 0), need(ins, 1), arg(ins, 2)
+    _float_input(x, "ConvTranspose")
+    n = _spatial(ctx, x, "ConvTranspose")
+    if w.numeric is None:
+        raise Unsupported("ConvTranspose with a computed weight (only an initializer can be flipped at optimize time)")
+    if ctx.ints("output_shape"):
+        raise Unsupported("ConvTranspose with output_shape (give pads and output_padding)")
+    mode = ctx.attr("auto_pad", b"NOTSET")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if mode not in ("NOTSET", "", "VALID"):
+        raise Unsupported(f"ConvTranspose with auto_pad={mode}")
+    wt = np.asarray(w.numeric)
+    kernel = [int(d) for d in wt.shape[2:]]
+    strides, dil, pads = _window_params(ctx, n, kernel)
+    out_pad = ctx.ints("output_padding") or [0] * n
+    if mode == "VALID":
+        pads = [0] * (2 * n)
+    if not all(isinstance(p, int) for p in pads):
+        raise Unsupported("ConvTranspose with symbolic pads")
+    g = int(ctx.attr("group", 1))
+    if n == 1:
+        x = _to_2d(ctx, x)
+        wt = wt[:, :, None, :]
+        kernel, strides, dil, out_pad = [1, *kernel], [1, *strides], [1, *dil], [0, *out_pad]
+        pads = [0, pads[0], 0, pads[1]]
+    cin, cout_g = wt.shape[0], wt.shape[1]
+    if cin % g or (isinstance(x.type.shape[1], int) and x.type.shape[1] != cin):
+        raise Unsupported(f"ConvTranspose of {x.type.shape[1]} channels with a weight for {cin} in {g} groups")
+    flipped = wt.reshape(g, cin // g, cout_g, *kernel).transpose(0, 2, 1, 3, 4)[..., ::-1, ::-1]
+    wconv = known(np.ascontiguousarray(flipped.reshape(g * cout_g, cin // g, *kernel)), x.type.dtype)
+    lo = [dil[a] * (kernel[a] - 1) - int(pads[a]) for a in range(2)]
+    hi = [lo[a] - int(pads[a + 2]) + int(pads[a]) + out_pad[a] - (strides[a] - 1) for a in range(2)]
+    if min(lo) < 0 or min(hi) < 0:
+        raise Unsupported(
+            f"ConvTranspose with pads {pads} beyond dilation * (kernel - 1) or output_padding below stride - 1"
+        )
+    nb, c, h, wd = x.type.shape
+    if strides != [1, 1]:  # zeros between pixels: [N, C, H, 1, W, 1] padded to [N, C, H, sh, W, sw]
+        x6 = _reshaped(ctx, x, (nb, c, h, 1, wd, 1))
+        x6 = _explicit_pad(ctx, x6, [0, 0, 0, 0], [0, strides[0] - 1, 0, strides[1] - 1], 0.0)
+        h, wd = simplify_dim(sympy.sympify(h) * strides[0]), simplify_dim(sympy.sympify(wd) * strides[1])
+        x = _reshaped(ctx, x6, (nb, c, h, wd))
+    x = _explicit_pad(ctx, x, lo, hi, 0.0)
+    sizes = [_out_size(d, k, 1, dl, 0, 0) for d, k, dl in zip(x.type.shape[2:], kernel, dil)]
+    t = TensorType(x.type.dtype, (nb, g * cout_g, *sizes))
+    inputs = [ctx.tensor(x), ctx.tensor(wconv)] + ([ctx.tensor(b)] if b is not None else [])
+    y = ctx.out(K.CONV2D, inputs, t, Conv2dAttrs((1, 1), (0, 0), (dil[0], dil[1]), g, b is not None))
+    if n == 1:
+        y = _reshaped(ctx, y, (t.shape[0], t.shape[1], t.shape[3]))
+    return [y]
