@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import os
 import platform
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +20,7 @@ import numpy as np
 from bladepack.artifact import format as bpk_format
 from bladepack.artifact.plan import ExecPlan
 from bladepack.artifact.writer import assemble
+from bladepack.errors import BladepackError, CompileError
 from bladepack.options import Options
 from bladepack.progress import Progress, configure_logging
 from bladepack.target import CPU_ONLY, Target
@@ -270,6 +271,22 @@ def _sample_bindings(program: Program, sample_inputs: Any) -> tuple[dict[str, in
     return tuple(out)
 
 
+@contextlib.contextmanager
+def _stage(progress: Progress, name: str) -> Iterator[None]:
+    """A stage of optimize, reported by `progress`; an exception that is not a BladepackError (an
+    internal failure) leaves as a CompileError naming the stage (Note [No raw tracebacks])."""
+    with progress.stage(name):
+        try:
+            yield
+        except BladepackError:
+            raise
+        except Exception as e:
+            raise CompileError(
+                f"internal error in optimize's stage '{name}': {type(e).__name__}: {e} "
+                "(a bladepack bug: please report it with the model; the cause is chained below)"
+            ) from e
+
+
 def optimize_program(
     program: Program,
     notes: Sequence[str] = (),
@@ -292,29 +309,29 @@ def optimize_program(
         configure_logging(options.log_level)
         with contextlib.closing(Progress(_stage_count(target, gemm_library), options.progress)) as own:
             return optimize_program(program, notes, frontend, target, dtype, gemm_library, samples, own)
-    with progress.stage("graph passes (fusion, layouts, shape constraints)"):
+    with _stage(progress, "graph passes (fusion, layouts, shape constraints)"):
         if dtype is not None:
             from bladepack.passes.mixed_precision import to_precision
 
             program = to_precision(program, dtype)
         program = run_pipeline(program, options)
     notes = list(notes)
-    with progress.stage("plan: kernels, GEMMs, memory, shape program"):
+    with _stage(progress, "plan: kernels, GEMMs, memory, shape program"):
         gemm, profiler = _gemm_policy(options, gemm_library, target, tuple(samples), notes)
         try:
             lowered = build_plan(program, target=target, gemm=gemm)
         finally:
             if profiler is not None:
                 profiler.close()
-    with progress.stage("CPU kernel libraries"):
+    with _stage(progress, "CPU kernel libraries"):
         libraries, producer = _build_cpu(lowered, options, notes, progress), _producer(frontend)
     if libraries:
         from bladepack.codegen.toolchain import compiler_version, find_compiler
 
         producer["cxx"] = compiler_version(find_compiler() or "")
-    with progress.stage("CUDA kernels") if target.cuda_images else contextlib.nullcontext():
+    with _stage(progress, "CUDA kernels") if target.cuda_images else contextlib.nullcontext():
         images = _build_cuda(lowered, options, target.cuda_images)
-    with progress.stage("CUTLASS GEMMs") if lowered.plan.native_cuda is not None else contextlib.nullcontext():
+    with _stage(progress, "CUTLASS GEMMs") if lowered.plan.native_cuda is not None else contextlib.nullcontext():
         gemm_images, gemm_packer = _build_gemms(lowered, options)
     if images:
         from bladepack.codegen.cuda_toolchain import find_nvcc, nvcc_version

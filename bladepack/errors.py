@@ -41,5 +41,14 @@ class UnsupportedOpsError(BladepackError):
         )
 
 
+class CompileError(BladepackError):
+    """An internal failure while optimizing (a bladepack bug): names the stage, and the op and its
+    source line where the failing stage knows them; the original exception is its __cause__.
+
+    Note [No raw tracebacks]: what optimize raises is a BladepackError. Front ends turn a converter's
+    failure into UnsupportedOpsError naming the op and the model's line; each later stage (passes,
+    plan, kernel builds) turns anything else into a CompileError naming the stage."""
+
+
 class ExportError(BladepackError):
     """torch.export could not capture the model with the requested dynamic dimensions."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 import torch
@@ -239,3 +240,38 @@ def test_submodule_modes_survive_optimize() -> None:
     model[1].eval()
     bladepack.optimize(model, [(torch.randn(2, 4),), (torch.randn(3, 4),)])
     assert model.training and model[0].training and not model[1].training
+
+
+def test_internal_failures_are_bladepack_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [No raw tracebacks]: a failure inside a compiler stage reaches the user as a CompileError
+    naming the stage (the original exception chained), and a size the shape program cannot compute as
+    an unsupported op naming the op and the model's line."""
+    from bladepack.errors import CompileError, UnsupportedOpsError
+    from bladepack.lowering import shape_compiler
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    samples = [(torch.randn(2, 4),), (torch.randn(3, 4),)]
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise KeyError("lost value")
+
+    with monkeypatch.context() as m:
+        m.setattr("bladepack.passes.pipeline.run_pipeline", broken)
+        with pytest.raises(CompileError, match="stage 'graph passes.*KeyError.*lost value") as info:
+            bladepack.optimize(model, samples)
+        assert isinstance(info.value.__cause__, KeyError)
+
+    class Cat(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.cat([x, x], dim=0).relu()
+
+    original = shape_compiler.ShapeProgramBuilder.expr
+
+    def refuse_sums(self: Any, e: Any) -> Any:
+        if getattr(e, "is_Add", False) or getattr(e, "is_Mul", False):
+            raise shape_compiler.ShapeCompileError(f"cannot compile shape expression {e}")
+        return original(self, e)
+
+    monkeypatch.setattr(shape_compiler.ShapeProgramBuilder, "expr", refuse_sums)
+    with pytest.raises(UnsupportedOpsError, match=r"cannot compute .* \(at test_export.py:\d+"):
+        bladepack.optimize(Cat(), [(torch.randn(2, 4),), (torch.randn(3, 4),)])

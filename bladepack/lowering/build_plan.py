@@ -26,6 +26,7 @@ from bladepack.artifact.shape_program import Op
 from bladepack.codegen.cpu_library import library_source
 from bladepack.codegen.cuda_toolchain import cuda_source
 from bladepack.codegen.kernel import KernelEmitError
+from bladepack.errors import UnsupportedOpsError
 from bladepack.ir import Graph, OpKind, Program, ShapeEnv, Tri
 from bladepack.ir.types import IRDim, dim_str
 from bladepack.library_ops.cutlass.emitter import GemmInstance
@@ -128,7 +129,13 @@ def _size_guards(b: ShapeProgramBuilder, g: Graph) -> None:
         for axis, d in enumerate(n.type.shape):
             if isinstance(d, (int, sympy.Symbol)):
                 continue
-            reg = b.expr(d)
+            try:
+                reg = b.expr(d)
+            except ShapeCompileError as e:
+                where = n.loc or f"%{n.id}"
+                raise UnsupportedOpsError(
+                    [(f"{n.op.value}: a size the shape program cannot compute ({e})", where)]
+                ) from e
             lowest = one if n.op in _WINDOWED and axis >= 2 else zero
             what = "output size" if lowest is one else "size"
             b.check(
