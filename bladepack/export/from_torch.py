@@ -19,7 +19,7 @@ import torch
 from torch.export.graph_signature import InputKind
 
 from bladepack.errors import UnsupportedOpsError
-from bladepack.export import ops_elementwise, ops_layout, ops_nn, ops_resize  # noqa: F401  (registers converters)
+from bladepack.export import ops_conv, ops_elementwise, ops_layout, ops_nn, ops_resize  # noqa: F401  (registers converters)
 from bladepack.export.capture import Captured
 from bladepack.export.context import TABLE, Ctx, Unsupported, dtype_of
 from bladepack.ir import GraphBuilder, Program, ShapeEnv, TensorType
