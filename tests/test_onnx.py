@@ -565,3 +565,26 @@ def test_decoder_ops_through_onnx(exporter: str, tmp_path: Path) -> None:
         got = loaded(xs.numpy())
         for k, (o, w) in enumerate(zip(got, want)):
             assert rel_err(o, w.numpy()) <= TOL, f"output {k} at {shape}"
+
+
+@pytest.mark.parametrize(
+    ("equation", "shapes"),
+    [
+        ("bij,bjk->bik", [["b", 3, "s"], ["b", "s", 4]]),
+        ("bhqd,bhkd->bhqk", [["b", 2, "s", 8], ["b", 2, "t", 8]]),
+        ("ij,jk", [["s", 5], [5, "t"]]),
+        ("i,i->", [["s"], ["s"]]),
+        ("ij->ji", [["s", "t"]]),
+        ("bij->bj", [["b", "s", 3]]),
+        ("abc,cd,de->abe", [["b", "s", 4], [4, 5], [5, 6]]),
+        ("bsd,d->bs", [["b", "s", 6], [6]]),
+    ],
+)
+def test_einsum(equation: str, shapes: list[list[Any]]) -> None:
+    """Einsum (contractions, batch letters, implicit output, a scalar result, one operand, three)
+    against onnx's reference at several sizes of its symbolic letters."""
+    names = [f"x{k}" for k in range(len(shapes))]
+    node = helper.make_node("Einsum", names, ["y"], equation=equation)
+    m = _model([node], [_vi(n, TensorProto.FLOAT, s) for n, s in zip(names, shapes)], ["y"], opset=17)
+    sizes = [{"b": 1, "s": 1, "t": 1}, {"b": 2, "s": 7, "t": 3}, {"b": 3, "s": 16, "t": 9}]
+    _check_dynamic(m, [[tuple(v[d] if isinstance(d, str) else d for d in s) for s in shapes] for v in sizes])

@@ -32,7 +32,7 @@ from onnx.reference import ReferenceEvaluator
 from bladepack.dims import Dim
 from bladepack.errors import UnsupportedOpsError
 from bladepack.ir import GraphBuilder, Program, ShapeEnv, TensorType
-from bladepack.onnx_import import ops_elementwise, ops_layout, ops_nn, ops_shape  # noqa: F401  (registers converters)
+from bladepack.onnx_import import ops_einsum, ops_elementwise, ops_layout, ops_nn, ops_shape  # noqa: F401  (registers converters)
 from bladepack.onnx_import.context import FOLDABLE, TABLE, OnnxCtx, OVal, Unsupported, dtype_of, known
 
 MIN_OPSET = 13
