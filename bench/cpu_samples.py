@@ -78,16 +78,7 @@ def build_peers(
     art = bladepack.optimize(model, samples, sample.dynamic_shapes)
     loaded = bladepack.load(art.to_bytes())
     runners["bladepack"] = lambda x: loaded(*x)
-    if "eager" in peers:
-        runners["eager"] = lambda x: model(*x)
-    if "compile" in peers:
-        try:
-            compiled = torch.compile(model, dynamic=True)
-            for s in samples:
-                compiled(*s)
-            runners["torch.compile"] = lambda x: compiled(*x)
-        except Exception as e:
-            errors["torch.compile"] = f"{type(e).__name__}: {e}"[:300]
+    torch_peers(peers, model, samples, runners, errors)
     if "aoti" in peers:
         try:
             ep = torch.export.export(model, samples[-1], dynamic_shapes=_aoti_dims(sample, samples[-1]))
@@ -113,6 +104,26 @@ def build_peers(
         except Exception as e:
             errors["onnxruntime"] = f"{type(e).__name__}: {e}"[:300]
     return runners, errors
+
+
+def torch_peers(
+    peers: list[str],
+    model: torch.nn.Module,
+    samples: list[tuple[torch.Tensor, ...]],
+    runners: dict[str, Runner],
+    errors: dict[str, str],
+) -> None:
+    """Eager and torch.compile(dynamic=True) (warmed on the samples), where `peers` asks for them."""
+    if "eager" in peers:
+        runners["eager"] = lambda x: model(*x)
+    if "compile" in peers:
+        try:
+            compiled = torch.compile(model, dynamic=True)
+            for s in samples:
+                compiled(*s)
+            runners["torch.compile"] = lambda x: compiled(*x)
+        except Exception as e:
+            errors["torch.compile"] = f"{type(e).__name__}: {e}"[:300]
 
 
 def _aoti_dims(sample: Any, args: tuple[torch.Tensor, ...]) -> Any:

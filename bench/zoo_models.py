@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 import bladepack
-from bench.cpu_samples import Runner, geomean, measure
+from bench.cpu_samples import Runner, geomean, measure, torch_peers
 from samples.zoo import ZOO, ZooModel
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -45,24 +45,10 @@ def build(name: str, peers: list[str]) -> tuple[ZooModel, dict[str, Runner], dic
     model = z.build()
     g = torch.Generator().manual_seed(1)
     samples = [z.make(g, s) for s in z.samples]
-    dims: dict[str, bladepack.Dim] = {}
-    for axes in z.dims.values():
-        for dname, lo, hi in axes.values():
-            dims.setdefault(dname, bladepack.Dim(dname, lo, hi))
-    shapes = {n: {a: dims[d[0]] for a, d in z.dims.get(n, {}).items()} for n in z.names}
-    loaded = bladepack.load(bladepack.optimize(model, samples, dynamic_shapes=shapes).to_bytes())
+    loaded = bladepack.load(bladepack.optimize(model, samples, dynamic_shapes=z.dynamic_shapes()).to_bytes())
     runners: dict[str, Runner] = {"bladepack": lambda x: loaded(*x)}
     errors: dict[str, str] = {}
-    if "eager" in peers:
-        runners["eager"] = lambda x: model(*x)
-    if "compile" in peers:
-        try:
-            compiled = torch.compile(model, dynamic=True)
-            for s in samples:
-                compiled(*s)
-            runners["torch.compile"] = lambda x: compiled(*x)
-        except Exception as e:
-            errors["torch.compile"] = f"{type(e).__name__}: {e}"[:300]
+    torch_peers(peers, model, samples, runners, errors)
     path: Path | None = None
     if "ort" in peers or "openvino" in peers:
         try:

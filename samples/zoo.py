@@ -32,6 +32,16 @@ class ZooModel:
     checks: tuple[tuple[int, ...], ...]  # unseen sizes, batch 1 and odd lengths among them
     bench: tuple[tuple[int, ...], ...] = ()  # the sizes bench/zoo_models.py measures
 
+    def dynamic_shapes(self) -> dict[str, dict[int, Any]]:
+        """`optimize`'s dynamic_shapes: one bladepack.Dim per dim name, shared by the axes naming it."""
+        import bladepack
+
+        dims: dict[str, Any] = {}
+        for axes in self.dims.values():
+            for name, lo, hi in axes.values():
+                dims.setdefault(name, bladepack.Dim(name, lo, hi))
+        return {n: {a: dims[d[0]] for a, d in self.dims.get(n, {}).items()} for n in self.names}
+
 
 class Field(torch.nn.Module):
     """A Hugging Face model called with keyword inputs; one named field of its output."""
@@ -137,18 +147,21 @@ def _t5(full: bool) -> Callable[[], torch.nn.Module]:
     return build
 
 
+# BART and Whisper's encoder-decoder sizes
+ENCODER_DECODER = dict(
+    vocab_size=VOCAB,
+    d_model=64,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=128,
+    decoder_ffn_dim=128,
+)
+
+
 def _bart() -> torch.nn.Module:
-    cfg = _tf().BartConfig(
-        vocab_size=VOCAB,
-        d_model=64,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=128,
-        decoder_ffn_dim=128,
-        max_position_embeddings=128,
-    )
+    cfg = _tf().BartConfig(**ENCODER_DECODER, max_position_embeddings=128)
     keys = ("input_ids", "attention_mask", "decoder_input_ids")
     return _field(_tf().BartModel(cfg).eval(), keys, "last_hidden_state", use_cache=False)
 
@@ -179,14 +192,7 @@ def _vit() -> torch.nn.Module:
 
 def _whisper() -> torch.nn.Module:
     cfg = _tf().WhisperConfig(
-        vocab_size=VOCAB,
-        d_model=64,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=128,
-        decoder_ffn_dim=128,
+        **ENCODER_DECODER,
         num_mel_bins=16,
         max_source_positions=32,
         pad_token_id=0,

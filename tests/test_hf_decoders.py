@@ -16,19 +16,9 @@ import pytest
 import torch
 
 import bladepack
+from samples.zoo import DECODER
 
 transformers = pytest.importorskip("transformers")
-
-SMALL = dict(
-    vocab_size=96,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    use_cache=False,
-)
 
 
 class LastHidden(torch.nn.Module):
@@ -46,11 +36,11 @@ def _family(name: str) -> Callable[[], torch.nn.Module]:
         "llama": ("LlamaConfig", "LlamaModel"),
         "mistral": ("MistralConfig", "MistralModel"),
     }[name]
-    return lambda: getattr(transformers, model)(getattr(transformers, config)(**SMALL)).eval()
+    return lambda: getattr(transformers, model)(getattr(transformers, config)(**DECODER)).eval()
 
 
 def _batch(g: torch.Generator, b: int, t: int, padding: str) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = torch.randint(0, SMALL["vocab_size"], (b, t), generator=g)
+    ids = torch.randint(0, DECODER["vocab_size"], (b, t), generator=g)
     mask = torch.ones(b, t, dtype=torch.int64)
     for row in range(b):
         pad = (row * 3 + 1) % t if b > 1 else 0  # rows padded by different amounts, one not at all
@@ -98,15 +88,15 @@ def test_causal_lm_as_it_is() -> None:
     """A *ForCausalLM given directly: its config asks for a KV cache (a DynamicCache in the output),
     so it is exported without one; the logits keep their name; the config is restored."""
     torch.manual_seed(0)
-    model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**{**SMALL, "use_cache": True})).eval()
+    model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**{**DECODER, "use_cache": True})).eval()
     g = torch.Generator().manual_seed(0)
-    ids = [torch.randint(0, SMALL["vocab_size"], (b, t), generator=g) for b, t in ((2, 7), (3, 9))]
+    ids = [torch.randint(0, DECODER["vocab_size"], (b, t), generator=g) for b, t in ((2, 7), (3, 9))]
     art = bladepack.optimize(model, [(i,) for i in ids])
     assert model.config.use_cache is True
     loaded = bladepack.load(art.to_bytes())
     assert [o.name for o in loaded.signature.outputs] == ["logits"]
     for b, t in [(1, 1), (2, 5), (1, 12)]:
-        x = torch.randint(0, SMALL["vocab_size"], (b, t), generator=g)
+        x = torch.randint(0, DECODER["vocab_size"], (b, t), generator=g)
         with torch.no_grad():
             want = model(x, use_cache=False).logits.numpy()
         (got,) = loaded(x.numpy())

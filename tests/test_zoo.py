@@ -50,12 +50,7 @@ def _artifact(z: ZooModel, model: torch.nn.Module, front_end: str, tmp_path: Pat
     g = torch.Generator().manual_seed(1)
     samples = [z.make(g, s) for s in z.samples]
     if front_end == "torch":
-        dims: dict[str, bladepack.Dim] = {}
-        for axes in z.dims.values():
-            for dname, lo, hi in axes.values():
-                dims.setdefault(dname, bladepack.Dim(dname, lo, hi))
-        shapes = {n: {a: dims[d[0]] for a, d in z.dims.get(n, {}).items()} for n in z.names}
-        return bladepack.optimize(model, samples, dynamic_shapes=shapes)
+        return bladepack.optimize(model, samples, dynamic_shapes=z.dynamic_shapes())
     path = tmp_path / "model.onnx"
     if front_end == "onnx-dynamo":
         tdims: dict[str, Any] = {}

@@ -97,6 +97,15 @@ def reduce_kernel(em: Emitter) -> None:
     em.rows_loop([xt.shape[d] for d in kept], "16", body)
 
 
+def _line_index(rank: int, axis: int, kept: list[int], outer: tuple[Loop, ...], along: Loop) -> list[sympy.Expr]:
+    """The index of one element of a line along `axis`: the row loop's symbols on the other axes."""
+    full: list[sympy.Expr] = [sympy.Integer(0)] * rank
+    for d, o in zip(kept, outer):
+        full[d] = o
+    full[axis] = along
+    return full
+
+
 def scan_kernel(em: Emitter) -> None:
     n = em.ctx.nodes[em.spec.roots[0]]
     assert isinstance(n.attrs, AxisAttrs)
@@ -112,10 +121,7 @@ def scan_kernel(em: Emitter) -> None:
 
     def body(outer: tuple[Loop, ...]) -> None:
         s = Loop(f"r{a}")
-        full: list[sympy.Expr] = [sympy.Integer(0)] * rank
-        for d, o in zip(kept, outer):
-            full[d] = o
-        full[a] = s
+        full = _line_index(rank, a, kept, outer, s)
         acc = em.fresh("acc")
         em.declare(f"{t} {acc} = {t}(0);", acc)
 
@@ -151,10 +157,7 @@ def topk_kernel(em: Emitter) -> None:
 
     def body(outer: tuple[Loop, ...]) -> None:
         s = Loop(f"r{a}")
-        full: list[sympy.Expr] = [sympy.Integer(0)] * rank
-        for d, o in zip(kept, outer):
-            full[d] = o
-        full[a] = s
+        full = _line_index(rank, a, kept, outer, s)
         vals, ids, cnt = em.fresh("tv"), em.fresh("ti"), em.fresh("tn")
         em.declare(f"{t} {vals}[{k}]; int64_t {ids}[{k}]; int64_t {cnt} = 0;", vals)
 

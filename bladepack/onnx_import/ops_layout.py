@@ -460,7 +460,6 @@ def _resize_dynamic(
         raise Unsupported(f"{mode} Resize of a dynamic axis with coordinate_transformation_mode={ctm!r}")
     if policy != "stretch" or int(ctx.attr("exclude_outside", 0)):
         raise Unsupported(f"{mode} Resize of a dynamic axis with keep_aspect_ratio_policy / exclude_outside")
-    rank = x.type.rank
     outs: dict[int, IRDim] = {}
     factors: dict[int, float | None] = {}
     if sizes_v is not None and (sizes_v.data is None or sizes_v.data.size):
@@ -478,6 +477,7 @@ def _resize_dynamic(
     dt = x.type.dtype if x.type.dtype in (DType.FLOAT32, DType.FLOAT64) else DType.FLOAT32
     y = ctx.cast(ctx.tensor(x), dt)
     shape = list(x.type.shape)
+    cubic_a = float(ctx.attr("cubic_coeff_a", -0.75))
     for a in reversed(axes):
         d, o = shape[a], outs[a]
         if d == o and factors[a] in (None, 1.0):
@@ -486,12 +486,9 @@ def _resize_dynamic(
             ctx.assertions.append(
                 (sympy.Ge(o, 1), f"{ctx.loc}: Resize output size {o} along axis {a} must be at least 1")
             )
-        cubic_a = float(ctx.attr("cubic_coeff_a", -0.75))
         y = resize_axis(ctx.b, ctx.loc, y, a, mode, ctm, d, o, factors[a], dt, cubic_a)
         shape[a] = o
-    out_t = TensorType(x.type.dtype, tuple(shape))
-    assert rank == len(shape)
-    return OVal(out_t, ctx.cast(y, x.type.dtype))
+    return OVal(TensorType(x.type.dtype, tuple(shape)), ctx.cast(y, x.type.dtype))
 
 
 def _interpolation_taps(
