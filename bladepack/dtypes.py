@@ -53,6 +53,10 @@ class DType(str, Enum):
         dt: np.dtype = np.dtype(self.value)
         return dt
 
+    def storage_numpy(self) -> np.dtype:
+        """The numpy dtype holding this dtype's bits on the host: bfloat16 as uint16 bit patterns."""
+        return np.dtype(np.uint16) if self is DType.BFLOAT16 else self.to_numpy()
+
 
 _ITEMSIZE = {
     DType.FLOAT32: 4,

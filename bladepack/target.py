@@ -34,14 +34,13 @@ class Backend:
 _HOST_DTYPES = frozenset(
     {DType.FLOAT32, DType.FLOAT64, DType.INT64, DType.INT32, DType.INT16, DType.INT8, DType.UINT8, DType.BOOL}
 )
+_DTYPES = _HOST_DTYPES | {DType.FLOAT16, DType.BFLOAT16}
+_GEMM_DTYPES = (DType.FLOAT32, DType.FLOAT64, DType.FLOAT16, DType.BFLOAT16)
 BACKENDS = {
-    "cpu": Backend("cpu", "CPU", _HOST_DTYPES, (DType.FLOAT32, DType.FLOAT64)),
-    "cuda": Backend(
-        "cuda",
-        "CUDA",
-        _HOST_DTYPES | {DType.FLOAT16, DType.BFLOAT16},
-        (DType.FLOAT32, DType.FLOAT64, DType.FLOAT16, DType.BFLOAT16),
-    ),
+    # CPU: 16-bit floats stored 16-bit, computed in float registers (Note [16-bit floats on CPU] in
+    # codegen/cpu_runtime.h); their GEMMs widen to float32 BLAS (Note [16-bit GEMMs])
+    "cpu": Backend("cpu", "CPU", _DTYPES, _GEMM_DTYPES),
+    "cuda": Backend("cuda", "CUDA", _DTYPES, _GEMM_DTYPES),
 }
 
 

@@ -138,6 +138,29 @@ def test_decoder_ops_match_python_loader(release: Path) -> None:
             assert rel_err(o, e_.numpy()) <= 1e-5, "vs eager"
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_matches_python_loader(release: Path, dtype: str) -> None:
+    """16-bit artifacts run natively in the C++ runtime (bfloat16 .npy files hold uint16 bit patterns,
+    Note [bfloat16 on the host]): bit-identical to the Python loader, GEMMs and row kernels included."""
+    s = SAMPLES["llama"]  # float inputs (a KV cache) and outputs, GEMMs, RMS norm, softmax, rotary
+    path = TMP / f"llama-{dtype}.bpk"
+    bladepack.optimize(s.build(), s.export_samples(), s.dynamic_shapes, dtype=dtype).save(path)
+    g = torch.Generator().manual_seed(7)
+    for k, case in enumerate(cases("llama")):
+        args = s.make_inputs(g, **case)
+        if dtype == "float16":
+            arrays = [a.half().numpy() if a.is_floating_point() else a.numpy() for a in args]
+        else:
+            arrays = [
+                a.bfloat16().view(torch.int16).numpy().view(np.uint16) if a.is_floating_point() else a.numpy()
+                for a in args
+            ]
+        got, want = run_both(release, path, arrays, f"llama-{dtype}{k}")
+        for o, w in zip(got, want):
+            assert o.dtype == w.dtype == (np.float16 if dtype == "float16" else np.uint16)
+            assert np.array_equal(o, w), f"{dtype} at {case}: C++ and Python loaders differ"
+
+
 @pytest.mark.parametrize("name", sorted(SAMPLES))
 def test_random_joint_shapes_match_python_loader(release: Path, name: str) -> None:
     """Every dynamic dim drawn at once (log-uniform up to the largest test value), four draws per sample:

@@ -325,10 +325,13 @@ def test_bfloat16_weights_and_loading(gpu: FakeGpu) -> None:
     art = bladepack.optimize(Lin(), [(torch.randn(2, 8),)], targets=("cpu", "cuda:sm_90"), dtype="bfloat16")
     assert {w.dtype for w in art.plan.weights} == {"bfloat16"}
     assert "__nv_bfloat16" in art.sources.cuda_source
-    with pytest.raises(ValueError, match="computes in bfloat16, which has no CPU kernels or numpy type"):
-        bladepack.load(art.to_bytes())
+    with pytest.raises(ValueError, match="computes in bfloat16, which the numpy reference executor cannot"):
+        bladepack.load(art.to_bytes(), executor="reference")
+    x = torch.randn(2, 8).bfloat16()
+    on_cpu = bladepack.load(art.to_bytes())(x)  # the CPU kernels (tests/test_half_cpu.py)
+    assert on_cpu.dtype == torch.bfloat16 and on_cpu.shape == (2, 4)
 
-    class Emb(torch.nn.Module):  # integer in, bfloat16 out: the plan prepares, numpy cannot take the result
+    class Emb(torch.nn.Module):  # integer in, bfloat16 out: numpy callers get bit patterns
         def __init__(self) -> None:
             super().__init__()
             self.e = torch.nn.Embedding(10, 4)
@@ -338,7 +341,9 @@ def test_bfloat16_weights_and_loading(gpu: FakeGpu) -> None:
 
     art = bladepack.optimize(Emb(), [(torch.tensor([[1, 2]]),)], targets=TARGETS, dtype="bfloat16")
     _, results, _ = gpu.run(art, [(np.array([[1, 2]]),)])
-    assert "InputError: output(s) ['output0'] are bfloat16, which numpy cannot hold" in results[0]
+    (out,) = results[0]
+    on_cpu = bladepack.load(art.to_bytes())(np.array([[1, 2]]))
+    assert out.dtype == np.uint16 and np.array_equal(out, on_cpu)
 
 
 def test_inspect_lists_cuda_kernels(ops_artifact: bladepack.api.Artifact) -> None:

@@ -23,8 +23,8 @@ import sympy
 from bladepack.dtypes import DType
 from bladepack.ir import OpKind
 
-# C types of values in registers: float16 and bfloat16 compute in float (only their memory type,
-# chosen by the CUDA emitter, is 16-bit), so a fused kernel rounds once, when it stores.
+# C types of values in registers: float16 and bfloat16 compute in float (only their memory type is
+# 16-bit: CPU_MEMTYPE here, cuda_emitter.MEMTYPE), so a fused kernel rounds once, when it stores.
 CTYPE = {
     DType.FLOAT32: "float",
     DType.FLOAT64: "double",
@@ -37,6 +37,10 @@ CTYPE = {
     DType.UINT8: "uint8_t",
     DType.BOOL: "bool",
 }
+
+# memory types of CPU kernel pointers: bpk::f16 / bpk::bf16 convert to and from float on each load and
+# store (Note [16-bit floats on CPU] in cpu_runtime.h)
+CPU_MEMTYPE = {**CTYPE, DType.FLOAT16: "bpk::f16", DType.BFLOAT16: "bpk::bf16"}
 
 
 def prelude(name: str) -> str:

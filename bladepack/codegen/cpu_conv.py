@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sympy
 
-from bladepack.codegen.c_render import CTYPE, Loop
+from bladepack.codegen.c_render import CPU_MEMTYPE, CTYPE, Loop
 from bladepack.codegen.emitter import Emitter
 from bladepack.codegen.kernel import FLOATS, store_offset
 from bladepack.ir import Node, OpKind
@@ -36,7 +36,7 @@ def pool_kernel(em: Emitter) -> None:
     nb, c, oh, ow = n.type.shape
     h, w = xt.shape[2], xt.shape[3]
     dt = n.type.dtype
-    t = CTYPE[dt]
+    t, mt = CTYPE[dt], CPU_MEMTYPE[dt]
     is_max = n.op is OpKind.MAX_POOL2D
     floats = dt in FLOATS
     kh, kw = a.kernel
@@ -58,9 +58,9 @@ def pool_kernel(em: Emitter) -> None:
         i_n, i_c, i_h = outer
         off = em.args.index(sympy.expand(view.offset + i_n * view.strides[0] + i_c * view.strides[1]))
         s2, s3 = r(view.strides[2]), r(view.strides[3])
-        em.line(f"const {t}* BPK_RESTRICT plane_ = {p} + {off};")
+        em.line(f"const {mt}* BPK_RESTRICT plane_ = {p} + {off};")
         store_row = em.args.index(store_offset(n.type.shape, (i_n, i_c, i_h, sympy.Integer(0))))
-        em.line(f"{t}* BPK_RESTRICT out_ = {em.ptr_store(n.id)} + {store_row};")
+        em.line(f"{mt}* BPK_RESTRICT out_ = {em.ptr_store(n.id)} + {store_row};")
         em.line(f"const int64_t hh0 = {i_h.name} * {sh} - {ph};")
         em.line(f"const int64_t ki0 = hh0 < 0 ? std::min<int64_t>({kh}, (-hh0 + {dh} - 1) / {dh}) : 0;")
         em.line(
@@ -72,7 +72,7 @@ def pool_kernel(em: Emitter) -> None:
         em.line("#pragma omp simd")
         em.line(f"for (int64_t x = 0; x < {r(w)}; ++x) vm_[x] = {init};")
         em.line("for (int64_t ki = ki0; ki < ki1; ++ki) {")
-        em.line(f"  const {t}* BPK_RESTRICT src_ = plane_ + (hh0 + ki * {dh}) * {s2};")
+        em.line(f"  const {mt}* BPK_RESTRICT src_ = plane_ + (hh0 + ki * {dh}) * {s2};")
         em.line("  #pragma omp simd")
         em.line(f"  for (int64_t x = 0; x < {r(w)}; ++x) vm_[x] = {comb('vm_[x]', f'src_[x * {s3}]')};")
         em.line("}")
@@ -140,7 +140,7 @@ def direct_conv_kernel(em: Emitter) -> None:
     cin, kh, kw, _ = em.ctx.types[n.inputs[1]].shape
     h, w = em.ctx.types[n.inputs[0]].shape[2:]
     (sh, sw), (ph, pwd), (dh, dw) = a.stride, a.padding, a.dilation
-    t = CTYPE[n.type.dtype]
+    t, mt = CTYPE[n.type.dtype], CPU_MEMTYPE[n.type.dtype]
     r = em.args.ref
     tile = _CONV_PIXELS
     out = em.ptr_store(n.id)
@@ -151,9 +151,9 @@ def direct_conv_kernel(em: Emitter) -> None:
         store = em.args.index(store_offset(n.type.shape, (i_n, sympy.Integer(0), i_y, sympy.Integer(0))))
         s1, s2, s3 = r(xv.strides[1]), r(xv.strides[2]), r(xv.strides[3])
         plane = r(simplify(oh * ow))
-        em.line(f"const {t}* BPK_RESTRICT xn_ = {px} + {base};")
-        em.line(f"const {t}* BPK_RESTRICT wp_ = {pw_} + {r(wv.offset)};")
-        em.line(f"{t}* BPK_RESTRICT orow_ = {out} + {store};")
+        em.line(f"const {mt}* BPK_RESTRICT xn_ = {px} + {base};")
+        em.line(f"const {mt}* BPK_RESTRICT wp_ = {pw_} + {r(wv.offset)};")
+        em.line(f"{mt}* BPK_RESTRICT orow_ = {out} + {store};")
         em.line(f"const int64_t iy0 = {i_y.name} * {sh} - {ph};")
         em.line(f"for (int64_t x0 = 0; x0 < {r(ow)}; x0 += {tile}) {{")
         em.line(f"  const int64_t np_ = std::min<int64_t>({tile}, {r(ow)} - x0);")
@@ -169,9 +169,9 @@ def direct_conv_kernel(em: Emitter) -> None:
             em.line(f"      for (int64_t ky = 0; ky < {kh}; ++ky) {{")
             em.line(f"        const int64_t iy = iy0 + ky * {dh};")
             em.line(f"        if (iy < 0 || iy >= {r(h)}) continue;")
-            em.line(f"        const {t}* BPK_RESTRICT xr = xn_ + ci * {s1} + iy * {s2};")
+            em.line(f"        const {mt}* BPK_RESTRICT xr = xn_ + ci * {s1} + iy * {s2};")
             em.line(f"        for (int64_t kx = 0; kx < {kw}; ++kx) {{")
-            em.line(f"          const {t}* BPK_RESTRICT wt = wp_ + ((ci * {kh} + ky) * {kw} + kx) * {oc};")
+            em.line(f"          const {mt}* BPK_RESTRICT wt = wp_ + ((ci * {kh} + ky) * {kw} + kx) * {oc};")
             em.line(f"          {t} xv_[{tile}];")
             em.line(f"          for (int p = 0; p < {tile}; ++p) {{")
             em.line(f"            const int64_t ix = (x0 + p) * {sw} - {pwd} + kx * {dw};")
@@ -216,7 +216,7 @@ def im2col_kernel(em: Emitter, conv: Node, x_view: View, cols: int) -> None:
     cnhw = a.out_layout == "cnhw"  # Note [Batch-folded convolution]: columns [C*KH*KW, N, OH*OW]
     nb = conv.type.shape[1] if cnhw else conv.type.shape[0]
     oh, ow = conv.type.shape[2], conv.type.shape[3]
-    t = CTYPE[conv.type.dtype]
+    t, mt = CTYPE[conv.type.dtype], CPU_MEMTYPE[conv.type.dtype]
     out = em.ptr_store(cols)
     # element offset of (image, channel, tap 0)'s column plane, and the distance between taps' planes
     tap_stride = simplify(nb * oh * ow) if cnhw else simplify(oh * ow)
@@ -238,7 +238,7 @@ def im2col_kernel(em: Emitter, conv: Node, x_view: View, cols: int) -> None:
         em.line(f"const int64_t hw = {r(oh)} * {r(ow)};")
         em.line(f"for (int64_t ki = 0; ki < {kh}; ++ki) {{")
         em.line(f"  for (int64_t kj = 0; kj < {kw}; ++kj) {{")
-        em.line(f"    {t}* BPK_RESTRICT d = dst_c + (ki * {kw} + kj) * {r(tap_stride)};")
+        em.line(f"    {mt}* BPK_RESTRICT d = dst_c + (ki * {kw} + kj) * {r(tap_stride)};")
         em.line(f"    const int64_t dy = ki - {ph}, dx = kj - {pw};")
         em.line(f"    const int64_t y0 = std::min<int64_t>({r(oh)}, std::max<int64_t>(0, -dy));")
         em.line(f"    const int64_t y1 = std::max<int64_t>(y0, std::min<int64_t>({r(oh)}, {r(h)} - dy));")
@@ -264,26 +264,26 @@ def im2col_kernel(em: Emitter, conv: Node, x_view: View, cols: int) -> None:
         first = (i_c * kh * kw * nb + i_n) * oh * ow if cnhw else (i_n * c + i_c) * kh * kw * oh * ow
         dst = em.args.index(sympy.expand(first))
         sx = r(x_view.strides[3])
-        em.line(f"const {t}* src_c = {p} + {base};")
-        em.line(f"{t}* BPK_RESTRICT dst_c = {out} + {dst};")
+        em.line(f"const {mt}* src_c = {p} + {base};")
+        em.line(f"{mt}* BPK_RESTRICT dst_c = {out} + {dst};")
         if plane:
             plane_taps()
             return
         em.line(f"for (int64_t ki = 0; ki < {kh}; ++ki) {{")
         em.line(f"  for (int64_t kj = 0; kj < {kw}; ++kj) {{")
-        em.line(f"    {t}* BPK_RESTRICT dst_k = dst_c + (ki * {kw} + kj) * {r(tap_stride)};")
+        em.line(f"    {mt}* BPK_RESTRICT dst_k = dst_c + (ki * {kw} + kj) * {r(tap_stride)};")
         em.line(f"    const int64_t lo_n = {pw} - kj * {dw}, hi_n = {r(w)} - 1 + {pw} - kj * {dw};")
         em.line(f"    const int64_t j_lo = std::min<int64_t>({r(ow)}, lo_n <= 0 ? 0 : (lo_n + {sw} - 1) / {sw});")
         em.line(
             f"    const int64_t j_hi = std::max<int64_t>(j_lo, hi_n < 0 ? 0 : std::min<int64_t>({r(ow)}, hi_n / {sw} + 1));"
         )
         em.line(f"    for (int64_t y = 0; y < {r(oh)}; ++y) {{")
-        em.line(f"      {t}* BPK_RESTRICT d = dst_k + y * {r(ow)};")
+        em.line(f"      {mt}* BPK_RESTRICT d = dst_k + y * {r(ow)};")
         em.line(f"      const int64_t hh = y * {sh} - {ph} + ki * {dh};")
         em.line(
             f"      if (hh < 0 || hh >= {r(h)}) {{ for (int64_t j = 0; j < {r(ow)}; ++j) d[j] = {t}(0); continue; }}"
         )
-        em.line(f"      const {t}* s = src_c + hh * {r(x_view.strides[2])};")
+        em.line(f"      const {mt}* s = src_c + hh * {r(x_view.strides[2])};")
         em.line(f"      const int64_t w0 = kj * {dw} - {pw};")
         em.line(f"      for (int64_t j = 0; j < j_lo; ++j) d[j] = {t}(0);")
         em.line("      #pragma omp simd")

@@ -32,7 +32,7 @@ from typing import Any
 import sympy
 
 from bladepack.codegen.anchor_kernels import reduce_kernel, scan_kernel, topk_kernel
-from bladepack.codegen.c_render import CTYPE, Args, Loop
+from bladepack.codegen.c_render import CPU_MEMTYPE, Args, Loop
 from bladepack.codegen.cpu_conv import direct_conv_kernel, im2col_kernel, pool_kernel
 from bladepack.codegen.cpu_loops import DECLS, CpuEmitter
 from bladepack.codegen.emitter import Emitter
@@ -188,8 +188,8 @@ def emit_kernel(spec: KernelSpec, ctx: KernelContext, conv: tuple[Node, View] | 
         fn(em)
         bodies.append((f"{spec.name}{suffix}", pred, em))
         errors = em.error_sites
-    ptr_types = [(CTYPE[ctx.types[v].dtype], True) for v in stores]
-    ptr_types += [(CTYPE[ctx.types[v.base].dtype], False) for v in loads]
+    ptr_types = [(CPU_MEMTYPE[ctx.types[v].dtype], True) for v in stores]
+    ptr_types += [(CPU_MEMTYPE[ctx.types[v.base].dtype], False) for v in loads]
     buffers = operand_buffers(ctx, stores, loads)
     add_atoms(args, buffers)  # Note [Kernel operand checks]: before the functions fix their operand count
     lines = [f"// {spec.name}: {spec.kind} kernel{' from ' + spec.loc if spec.loc else ''}"]

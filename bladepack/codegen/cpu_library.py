@@ -125,7 +125,7 @@ __attribute__((visibility("default"))) int64_t bpk_check(const int64_t* w, int64
         if (!writable[pw[2 * k]]) return bpk::chk::fail(status, 7, k, pw[2 * k]);
       if (const int64_t rc = kChecks[a](pw + 2 * np, room, status)) return rc;
     } else if (op == BPK_OP_GEMM) {  // GEMM records: the loaders' Note [GEMM records]; D is written
-      if (np != 3) return bpk::chk::fail(status, 1, -1, -1);
+      if (np != 3 || a < 0 || a > 3) return bpk::chk::fail(status, 1, -1, -1);
       if (!writable[pw[4]]) return bpk::chk::fail(status, 7, 2, pw[4]);
     } else {
       return bpk::chk::fail(status, 1, -1, -1);
@@ -167,9 +167,15 @@ __attribute__((visibility("default"))) int64_t bpk_run(void* c, const int64_t* w
     } else if (op == BPK_OP_GEMM) {
       if (a == 0)
         bpk::gemm_batched<float>(&st, ctx->blas, (const float*)ptrs[0], (const float*)ptrs[1], (float*)ptrs[2], ints);
-      else
+      else if (a == 1)
         bpk::gemm_batched<double>(&st, ctx->blas, (const double*)ptrs[0], (const double*)ptrs[1], (double*)ptrs[2],
                                   ints);
+      else if (a == 2)
+        bpk::gemm_batched_half<bpk::f16>(&st, ctx->blas, (const bpk::f16*)ptrs[0], (const bpk::f16*)ptrs[1],
+                                         (bpk::f16*)ptrs[2], ints);
+      else
+        bpk::gemm_batched_half<bpk::bf16>(&st, ctx->blas, (const bpk::bf16*)ptrs[0], (const bpk::bf16*)ptrs[1],
+                                          (bpk::bf16*)ptrs[2], ints);
     }
     if (times_ns)
       times_ns[launch] =

@@ -9,7 +9,8 @@
 // array of records  [op, a, nptr, nint, (slot, byte offset) x nptr, int x nint]; a pointer argument is
 // slots[slot] + offset, where slot 0 is the arena and the others are inputs, outputs and weights. The
 // record ops are BPK_OP_KERNEL (a = index into the kernel table: kernel base + variant) and BPK_OP_GEMM
-// (a = 0 for float32, 1 for float64; ints in the order of bpk_gemm below).
+// (a = 0 for float32, 1 for float64, 2 for float16, 3 for bfloat16; ints in the order of bpk_gemm
+// below).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -283,6 +284,67 @@ inline float verf(float a) {
 }
 inline double verf(double x) { return std::erf(x); }
 
+// -------------------------------------------------------------------------- 16-bit floats
+
+// Note [16-bit floats on CPU]: float16 and bfloat16 values are stored 16-bit and computed in float
+// registers (codegen/c_render.CTYPE), as on CUDA: `f16` / `bf16` are the memory types, converting on
+// each load and store, so a fused kernel rounds once, when it stores. The conversions are branch-free
+// integer and float arithmetic (selects through masks) that GCC vectorizes on every ISA level; its
+// _Float16 and the F16C scalar intrinsics stay scalar. Both round to nearest even, keep NaN a NaN
+// (quiet) and +-inf, and are exact for every one of the 65536 float16 patterns (tests/test_half_cpu.py).
+inline float bits_to_float(uint32_t u) { return __builtin_bit_cast(float, u); }
+inline uint32_t float_to_bits(float f) { return __builtin_bit_cast(uint32_t, f); }
+inline uint32_t mask_if(bool c) { return 0u - uint32_t(c); }
+
+inline float f16_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+  const uint32_t normal = ((e + 112u) << 23) | (m << 13);  // rebias 15 -> 127
+  const uint32_t special = 0x7F800000u | (m << 13);        // inf, NaN
+  const uint32_t sub = float_to_bits(float(int32_t(m)) * 5.9604644775390625e-08f);  // m * 2^-24, exact
+  const uint32_t is_sub = mask_if(e == 0), is_special = mask_if(e == 31);
+  return bits_to_float(sign | (sub & is_sub) | (special & is_special) | (normal & ~(is_sub | is_special)));
+}
+inline uint16_t float_to_f16(float f) {
+  const uint32_t u = float_to_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7FFFFFFFu;
+  const uint32_t r = a - 0x38000000u;  // rebias 127 -> 15; a carry out of the mantissa bumps the exponent
+  const uint32_t normal = (r + 0xFFFu + ((r >> 13) & 1u)) >> 13;
+  // below 2^-14 the result is subnormal: |f| * 2^24 rounded to an integer by adding 2^23
+  const uint32_t sub = float_to_bits(bits_to_float(a) * 16777216.0f + 8388608.0f) - 0x4B000000u;
+  const uint32_t small = mask_if(a < 0x38800000u), big = mask_if(a >= 0x477FF000u), nan = mask_if(a > 0x7F800000u);
+  uint32_t mag = (sub & small) | (normal & ~small);
+  mag = (0x7C00u & big) | (mag & ~big);
+  mag = ((0x7E00u | ((a >> 13) & 0x3FFu)) & nan) | (mag & ~nan);
+  return uint16_t(sign | mag);
+}
+inline float bf16_to_float(uint16_t h) { return bits_to_float(uint32_t(h) << 16); }
+inline uint16_t float_to_bf16(float f) {
+  const uint32_t u = float_to_bits(f);
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t nan = mask_if((u & 0x7FFFFFFFu) > 0x7F800000u);
+  return uint16_t((((u >> 16) | 0x40u) & nan) | (rounded & ~nan));
+}
+
+struct f16 {
+  uint16_t bits;
+  operator float() const { return f16_to_float(bits); }
+  f16& operator=(float f) {
+    bits = float_to_f16(f);
+    return *this;
+  }
+};
+struct bf16 {
+  uint16_t bits;
+  operator float() const { return bf16_to_float(bits); }
+  bf16& operator=(float f) {
+    bits = float_to_bf16(f);
+    return *this;
+  }
+};
+static_assert(sizeof(f16) == 2 && sizeof(bf16) == 2, "16-bit memory types");
+// a cast to a 16-bit float inside a fused kernel rounds as torch's would
+inline float round_f16(float x) { return f16_to_float(float_to_f16(x)); }
+inline float round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
+
 #define BPK_SCALAR inline
 // @scalar_ops
 
@@ -504,6 +566,40 @@ static void gemm_batched(RunState* st, const Blas& blas, const T* A, const T* B,
       for (int64_t i2 = 0; i2 < I[2]; ++i2)
         gemm_one<T>(st, blas, ta, tb, M, N, K, A + i0 * I[3] + i1 * I[4] + i2 * I[5], I[17],
                     B + i0 * I[6] + i1 * I[7] + i2 * I[8], I[18], C + i0 * I[9] + i1 * I[10] + i2 * I[11], I[19]);
+}
+
+// Note [16-bit GEMMs]: float16 / bfloat16 products widen A and B to float32, run the float32 path
+// (BLAS, the small-M kernels) and round C once, as cuBLAS computes them (float32 accumulation). Each
+// batch entry converts its operands into thread-local scratch; the conversions are O(MK + KN + MN)
+// against the product's O(MNK).
+template <class H>
+static void widen_rows(const H* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = src[r * ld + c];
+}
+
+template <class H>
+static void gemm_half_one(RunState* st, const Blas& blas, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const H* A,
+                          int64_t lda, const H* B, int64_t ldb, H* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  thread_local std::vector<float> scratch;
+  scratch.resize(size_t(M * K + K * N + M * N));
+  float *a = scratch.data(), *b = a + M * K, *c = b + K * N;
+  widen_rows(A, ta ? K : M, ta ? M : K, lda, a);
+  widen_rows(B, tb ? N : K, tb ? K : N, ldb, b);
+  gemm_one<float>(st, blas, ta, tb, M, N, K, a, ta ? M : K, b, tb ? K : N, c, N);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = c[i * N + j];
+}
+
+template <class H>
+static void gemm_batched_half(RunState* st, const Blas& blas, const H* A, const H* B, H* C, const int64_t* I) {
+  for (int64_t i0 = 0; i0 < I[0]; ++i0)
+    for (int64_t i1 = 0; i1 < I[1]; ++i1)
+      for (int64_t i2 = 0; i2 < I[2]; ++i2)
+        gemm_half_one<H>(st, blas, I[15] != 0, I[16] != 0, I[12], I[13], I[14], A + i0 * I[3] + i1 * I[4] + i2 * I[5],
+                         I[17], B + i0 * I[6] + i1 * I[7] + i2 * I[8], I[18],
+                         C + i0 * I[9] + i1 * I[10] + i2 * I[11], I[19]);
 }
 
 }  // namespace bpk

@@ -154,15 +154,6 @@ class _CudaEmitter(Emitter):
     def fail(self, code: str, value: str, size: str) -> str:
         return f"bpk::fail(st, ({code}) + {self.index << KERNEL_SHIFT}LL, {value}, {size});"
 
-    def _as(self, x: str, src: DType, dst: DType) -> str:
-        if src is dst:
-            return x
-        if dst is DType.FLOAT16:
-            return f"bpk::round_f16(float({x}))"
-        if dst is DType.BFLOAT16:
-            return f"bpk::round_bf16(float({x}))"
-        return super()._as(x, src, dst)
-
     def accumulator(self, n: Node) -> DType:
         dt = n.type.dtype
         wide = DType.FLOAT64 if dt is DType.FLOAT64 else DType.FLOAT32

@@ -221,6 +221,10 @@ class Emitter:
             return x
         if dst is DType.BOOL:
             return f"({x} != 0)"
+        if dst is DType.FLOAT16:  # a cast to a 16-bit float rounds as torch's would (registers are float)
+            return f"bpk::round_f16(float({x}))"
+        if dst is DType.BFLOAT16:
+            return f"bpk::round_bf16(float({x}))"
         return f"{CTYPE[dst]}({x})"
 
     def operand(self, n: Node, k: int, idx: tuple[sympy.Expr, ...], as_type: DType | None = None) -> str:

@@ -193,12 +193,6 @@ class CudaExecutor:
         cp = prep.cuda
         out_specs = [(shape, m.values[o]["dtype"]) for (shape, _), o in zip(prep.ref.outputs, m.outputs)]
         on_host = all(h is not None for h in hosts) and torch is None and not held
-        if on_host and any(dt == "bfloat16" for _, dt in out_specs):
-            names = [t.name for t, (_, dt) in zip(m.signature.outputs, out_specs) if dt == "bfloat16"]
-            raise InputError(
-                f"output(s) {names} are bfloat16, which numpy cannot hold; pass device tensors (torch CUDA "
-                "tensors) to get device results"
-            )
         # staging for host inputs and (host or non-torch) outputs, one buffer per call
         staging_bytes = sum(_round(h.nbytes) for h in hosts if h is not None)
         if torch is None:
@@ -244,7 +238,7 @@ class CudaExecutor:
         if on_host:
             host_out = []
             for k, (shape, dt) in enumerate(out_specs):
-                a = np.empty(shape, dtype=DType(dt).to_numpy())
+                a = np.empty(shape, dtype=DType(dt).storage_numpy())  # Note [bfloat16 on the host]
                 self.exe.to_host(int(slots[1 + self.n_in + k]), a, stream)
                 host_out.append(a)
             self.exe.synchronize(stream)

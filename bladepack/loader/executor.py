@@ -124,6 +124,8 @@ def host_call(
     if len(inputs) != len(names):
         raise InputError(f"expected {len(names)} inputs ({', '.join(names)}), got {len(inputs)}")
     as_torch = any(is_torch_tensor(x) for x in inputs)
+    # Note [bfloat16 on the host] (tensors.py): the extension dtype an input brought, for the outputs
+    extension = next((x.dtype for x in inputs if isinstance(x, np.ndarray) and x.dtype.name == "bfloat16"), None)
     arrays = [to_numpy(x, n) for x, n in zip(inputs, names)]
     check_inputs(m.signature, arrays)
     results = execute(arrays)
@@ -139,4 +141,9 @@ def host_call(
                 )
             np.copyto(view, r)
         return list(outputs)
-    return [to_torch(r) for r in results] if as_torch else results
+    bf16 = [spec.dtype == "bfloat16" for spec in m.signature.outputs]
+    if as_torch:
+        return [to_torch(r, b) for r, b in zip(results, bf16)]
+    if extension is not None:
+        return [r.view(extension) if b else r for r, b in zip(results, bf16)]
+    return results

@@ -39,9 +39,10 @@ class LoadedModule:
         limit = LoaderOptions.from_env().shape_cache
         reference = ReferenceExecutor(m, limit)
         self._executor: Executor = reference
-        if kind == "cpu" and m.bfloat16:
+        if kind == "cpu" and m.bfloat16 and (executor == "reference" or m.native["cpu"] is None):
             raise ValueError(
-                f"{bpk.source} computes in bfloat16, which has no CPU kernels or numpy type; load it with device='cuda'"
+                f"{bpk.source} computes in bfloat16, which the numpy reference executor cannot; load it with "
+                "executor='native' (its CPU kernel library) or device='cuda'"
             )
         if kind == "cuda":
             if executor == "reference":
@@ -51,7 +52,7 @@ class LoadedModule:
             try:
                 self._executor = NativeExecutor(m, bpk, reference, limit)
             except NativeUnavailable as e:
-                if executor == "native":
+                if executor == "native" or m.bfloat16:
                     raise
                 warnings.warn(f"bladepack: {e}; running on the reference executor", RuntimeWarning, stacklevel=3)
         elif executor == "native":

@@ -38,6 +38,7 @@ from bladepack.options import LoaderOptions
 
 ABI_VERSION = 1
 OP_KERNEL, OP_GEMM = 1, 2
+GEMM_DTYPE_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3}  # a GEMM record's `a` word
 _ERR_INDEX = 1
 
 
@@ -262,7 +263,7 @@ class NativeCpu:
                     raise BpkFormatError(f"kernel {kernels[lr['k']]['name']}: no variant applies (corrupt plan)")
                 head = [OP_KERNEL, fn]
             elif op == "gemm":
-                head = [OP_GEMM, 0 if lr["dtype"] == "float32" else 1]
+                head = [OP_GEMM, GEMM_DTYPE_CODES[lr["dtype"]]]
             else:
                 raise BpkFormatError(f"unknown launch op {op!r}")
             words += [*head, len(ptrs), len(ints)]
@@ -275,7 +276,7 @@ class NativeCpu:
             b["id"]: (
                 _resolve(b["offset"], regs),
                 tuple(_resolve(d, regs) for d in b["shape"]),
-                DType(b["dtype"]).to_numpy(),
+                DType(b["dtype"]).storage_numpy(),
             )
             for b in self.plan["buffers"]
         }

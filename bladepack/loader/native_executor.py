@@ -23,7 +23,26 @@ from bladepack.loader.native_cpu import NativeCpu, Prepared
 from bladepack.loader.plan_check import check_launches, check_plan, operand_error
 from bladepack.loader.reference_executor import ReferenceExecutor, RefPrepared
 from bladepack.loader.signature import check_inputs
-from bladepack.loader.tensors import to_numpy
+from bladepack.loader.tensors import BFLOAT16_BITS, to_numpy
+
+
+def _check_bfloat16_steps(m: Manifest, plan: dict[str, Any]) -> None:
+    """A bfloat16 value the plan leaves to a reference step cannot run (numpy has no bfloat16): refused
+    at load, naming the steps, rather than at the first call that reaches one."""
+    if not m.bfloat16:
+        return
+    bad = []
+    for lr in plan["launches"]:
+        if lr["op"] != "ref":
+            continue
+        step = m.steps[m.step_index[lr["node"]]]
+        if any(m.values[v]["dtype"] == "bfloat16" for v in (step["out"], *step["inputs"]) if v in m.values):
+            bad.append(f"{step['op']} -> %{step['out']}")
+    if bad:
+        raise ValueError(
+            f"{m.source} leaves bfloat16 steps to the reference executor, which numpy cannot run: {', '.join(bad)}; "
+            "compile with dtype='float16' or 'float32' for the CPU, or load it with device='cuda'"
+        )
 
 
 @dataclass(frozen=True)
@@ -43,6 +62,7 @@ class NativeExecutor:
         self.reference = reference
         self.native = NativeCpu(bpk, plan, [m.weights[w["id"]] for w in m.weight_rows])
         check_plan(m, "cpu", self.native.nfn)  # Note [Plan checks]: before any launch can run
+        _check_bfloat16_steps(m, plan)
         self.prepare = ShapeCache(self._build, cache_limit)
         self._kernels = m.kernels["cpu"]
         self._launches: list[dict[str, Any]] = plan["launches"]
@@ -147,7 +167,7 @@ class NativeExecutor:
             slots[1 + k] = a.__array_interface__["data"][0]
         for k, (spec, slot) in enumerate(zip(prep.ref.outputs, self._out_slot)):
             if slot == 1 + n_in + k:
-                o = np.empty(spec[0], dtype=spec[1])
+                o = np.empty(spec[0], dtype=spec[1] if spec[1] is not None else BFLOAT16_BITS)
                 outs[k] = o
                 slots[slot] = o.__array_interface__["data"][0]
             else:

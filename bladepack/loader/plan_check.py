@@ -41,7 +41,7 @@ GEMM_INTS = 20
 INT32_MAX = (1 << 31) - 1
 INT64_MAX = (1 << 63) - 1
 _SIZES = {d.value: d.itemsize for d in DType}
-_GEMM_DTYPES = {"cpu": ("float32", "float64"), "cuda": ("float32", "float64", "float16", "bfloat16")}
+_GEMM_DTYPES = {kind: ("float32", "float64", "float16", "bfloat16") for kind in ("cpu", "cuda")}
 
 
 def _fail(m: Manifest, what: str) -> BpkFormatError:

@@ -71,7 +71,13 @@ def check_inputs(sig: Signature, arrays: Sequence[np.ndarray]) -> None:
                 f"input '{spec.name}' has rank {a.ndim} (shape {tuple(a.shape)}); expected rank "
                 f"{len(spec.shape)}: {spec}"
             )
-        if a.dtype.name != spec.dtype:
+        if spec.dtype == "bfloat16":  # Note [bfloat16 on the host] (loader/tensors.py)
+            if a.dtype != np.uint16:
+                raise InputError(
+                    f"input '{spec.name}' has dtype {a.dtype.name}; expected bfloat16 (a torch bfloat16 tensor, "
+                    "an ml_dtypes bfloat16 array or uint16 bfloat16 bit patterns)"
+                )
+        elif a.dtype.name != spec.dtype:
             raise InputError(f"input '{spec.name}' has dtype {a.dtype.name}; expected {spec.dtype}")
         for axis, (want, got) in enumerate(zip(spec.shape, a.shape)):
             if isinstance(want, int) and want != got:

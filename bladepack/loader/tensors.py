@@ -34,9 +34,21 @@ def resolve_views(x: Any, name: str) -> Any:
     return x
 
 
+# Note [bfloat16 on the host]: numpy has no bfloat16, so the CPU loader holds bfloat16 tensors as
+# their uint16 bit patterns. Inputs may be torch bfloat16 tensors, numpy arrays of an extension
+# bfloat16 dtype (ml_dtypes, as JAX uses) or uint16 arrays of bit patterns; outputs come back as torch
+# bfloat16 tensors when an input was a torch tensor, in the extension dtype when an input had it, and
+# as uint16 bit patterns otherwise.
+BFLOAT16_BITS = np.dtype(np.uint16)
+
+
+def is_bfloat16(x: Any) -> bool:
+    return str(getattr(x, "dtype", "")) in ("torch.bfloat16", "bfloat16")
+
+
 def to_numpy(x: Any, name: str) -> np.ndarray:
     if isinstance(x, np.ndarray):
-        return x
+        return x.view(BFLOAT16_BITS) if x.dtype.name == "bfloat16" else x
     if hasattr(x, "__dlpack__"):
         x = resolve_views(x, name)
         if hasattr(x, "__dlpack_device__"):
@@ -49,8 +61,9 @@ def to_numpy(x: Any, name: str) -> np.ndarray:
                     f"input '{name}' lives on a device (DLPack device type {int(dev_type)}); "
                     "this module runs on the CPU: pass CPU tensors or load with device='cuda'"
                 )
-        if is_torch_tensor(x) and str(getattr(x, "dtype", "")) == "torch.bfloat16":
-            raise InputError(f"input '{name}' is bfloat16, which the CPU loader cannot take through numpy")
+        if is_torch_tensor(x) and is_bfloat16(x):  # Note [bfloat16 on the host]
+            torch = sys.modules["torch"]
+            return to_numpy(x.view(torch.int16), name).view(BFLOAT16_BITS)
         try:
             return np.from_dlpack(x)
         except (BufferError, TypeError, RuntimeError, ValueError) as e:
@@ -67,8 +80,11 @@ def export_array(a: np.ndarray) -> np.ndarray:
     return np.array(a, order="C", copy=True)
 
 
-def to_torch(a: np.ndarray) -> Any:
+def to_torch(a: np.ndarray, bfloat16: bool = False) -> Any:
+    """`a` as a torch tensor sharing its memory; `bfloat16`: `a` holds bfloat16 bit patterns."""
     torch = sys.modules.get("torch")
     if torch is None:  # the caller passed torch tensors, so torch is loaded; be defensive anyway
         return a
+    if bfloat16:
+        return torch.from_dlpack(a.view(np.int16)).view(torch.bfloat16)
     return torch.from_dlpack(a)

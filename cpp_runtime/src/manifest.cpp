@@ -246,8 +246,13 @@ LaunchDecl parse_launch(const Obj& o, size_t index, const Manifest& m, const Ctx
   } else if (op == "gemm") {
     l.op = LaunchDecl::kGemm;
     const std::string dt = get_str(o, "dtype", where);
-    if (dt != "float32" && dt != "float64") malformed(where + ".dtype", "GEMMs are float32 or float64, not " + dt);
-    l.gemm_f64 = dt == "float64";
+    static const char* const kGemmDTypes[] = {"float32", "float64", "float16", "bfloat16"};  // record codes
+    l.gemm_dtype = -1;
+    for (int64_t k = 0; k < 4; ++k)
+      if (dt == kGemmDTypes[k]) l.gemm_dtype = k;
+    if (l.gemm_dtype < 0)
+      malformed(where + ".dtype", "GEMMs are float32, float64, float16 or bfloat16, not " + dt);
+    l.gemm_item = int64_t(dtype_size(dtype_from_name(dt)));
   } else {
     // the plan ABI is versioned: under ABI 1 an unknown op is corruption, not a newer format
     corrupt_plan(launch + " has op " + py_repr(op) + "; a cpu plan runs kernel, gemm, ref launches");

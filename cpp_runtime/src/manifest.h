@@ -75,7 +75,8 @@ struct KernelDecl {
 struct LaunchDecl {
   enum Op { kKernel, kGemm, kRef } op = kKernel;
   int64_t kernel = 0;   // kKernel: index into Manifest::kernels
-  int64_t gemm_f64 = 0; // kGemm: 0 float32, 1 float64
+  int64_t gemm_dtype = 0;  // kGemm: the record's dtype code, 0 float32, 1 float64, 2 float16, 3 bfloat16
+  int64_t gemm_item = 4;   // kGemm: bytes per element
   std::vector<std::pair<int64_t, SymInt>> ptrs;  // (slot, byte offset)
   std::vector<SymInt> ints;
   int64_t node = 0;  // kRef

@@ -253,7 +253,7 @@ std::shared_ptr<const Model::Prepared> Model::prepare(const bpk_tensor* in) cons
       head[1] = fn;
     } else {
       head[0] = kOpGemm;
-      head[1] = l.gemm_f64;
+      head[1] = l.gemm_dtype;
     }
     p->words.insert(p->words.end(), {head[0], head[1], int64_t(l.ptrs.size()), int64_t(l.ints.size())});
     for (const auto& [slot, off] : l.ptrs) {
@@ -346,7 +346,7 @@ void Model::check_launches(const Prepared& p, const bpk_tensor* in) const {
     if (l.op != LaunchDecl::kGemm) continue;
     std::vector<int64_t> v;
     for (const auto& s : l.ints) v.push_back(s.resolve(r));
-    check_gemm(i, v, room, l.gemm_f64 ? 8 : 4);
+    check_gemm(i, v, room, l.gemm_item);
   }
   // Note [Kernel operand checks]: the kernel library checks its kernels' integers and extents
   // a slot of 2^63 bytes or more cannot be allocated: the call fails there, before any launch

@@ -14,10 +14,11 @@ struct Descr {
   const char* text;
   int32_t dtype;
 };
-// '|' for one-byte types; numpy writes '<' for the rest on little-endian hosts.
-const Descr kDescrs[] = {{"<f4", BPK_FLOAT32}, {"<f8", BPK_FLOAT64}, {"<f2", BPK_FLOAT16}, {"<i8", BPK_INT64},
-                         {"<i4", BPK_INT32},   {"<i2", BPK_INT16},   {"|i1", BPK_INT8},    {"|u1", BPK_UINT8},
-                         {"|b1", BPK_BOOL}};
+// '|' for one-byte types; numpy writes '<' for the rest on little-endian hosts. numpy has no bfloat16:
+// its tensors travel as uint16 bit patterns, as in the Python loader (Note [bfloat16 on the host]).
+const Descr kDescrs[] = {{"<f4", BPK_FLOAT32}, {"<f8", BPK_FLOAT64}, {"<f2", BPK_FLOAT16}, {"<u2", BPK_BFLOAT16},
+                         {"<i8", BPK_INT64},   {"<i4", BPK_INT32},   {"<i2", BPK_INT16},   {"|i1", BPK_INT8},
+                         {"|u1", BPK_UINT8},   {"|b1", BPK_BOOL}};
 
 [[noreturn]] void bad(const std::string& path, const std::string& what) {
   throw std::runtime_error(path + ": " + what);
@@ -78,7 +79,7 @@ Array read(const std::string& path) {
     if (descr == d.text || (descr.size() == 3 && descr[0] == '=' && descr.substr(1) == std::string(d.text).substr(1)))
       a.dtype = d.dtype;
   if (a.dtype < 0)
-    bad(path, "dtype '" + descr + "' is not supported (little-endian float32/64/16, int64/32/16/8, uint8, bool)");
+    bad(path, "dtype '" + descr + "' is not supported (little-endian float32/64/16, uint16 bfloat16 bits, int64/32/16/8, uint8, bool)");
   if (field(header, "fortran_order", path) != "False")
     bad(path, "the array is in Fortran order; save it C-contiguous (numpy.ascontiguousarray)");
   const std::string shape = field(header, "shape", path);
