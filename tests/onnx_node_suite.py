@@ -60,8 +60,9 @@ def ops_of(case: Any) -> tuple[str, ...]:
 
 def in_scope(case: Any) -> bool:
     from bladepack.onnx_import.context import TABLE
+    from bladepack.onnx_import.control_flow import CONTROL_FLOW
 
-    return all(op in TABLE for op in ops_of(case))
+    return all(op in TABLE or op in CONTROL_FLOW for op in ops_of(case))
 
 
 DATA_DEPENDENT = "computed from tensor data at run time"
@@ -111,6 +112,48 @@ def _array(x: Any) -> Any:
     return np.asarray(x) if isinstance(x, (np.ndarray, np.generic)) else x
 
 
+def _closer_to_float64(model: Any, inputs: list[Any], expected: list[Any], outputs: list[Any]) -> bool:
+    """Note [Rounded expectations]: a float16 case's expected outputs were themselves computed in
+    float16, rounding after every op, while bladepack rounds once per stored value (and accumulates
+    GEMMs in float32), so the two can differ by an ulp where the tolerance is below float16's. Such a
+    mismatch is accepted only when every output is float16 and no further from the same graph evaluated in
+    float64 (onnx's reference evaluator) than the expected output is."""
+    import copy
+
+    from onnx import TensorProto, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    if not all(np.asarray(e).dtype == np.float16 for e in expected):
+        return False
+    m = copy.deepcopy(model)
+    f16, f64 = TensorProto.FLOAT16, TensorProto.DOUBLE
+    for vi in [*m.graph.input, *m.graph.output, *m.graph.value_info]:
+        if vi.type.tensor_type.elem_type == f16:
+            vi.type.tensor_type.elem_type = f64
+    for t in m.graph.initializer:
+        if t.data_type == f16:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64), t.name))
+    for n in m.graph.node:
+        for a in n.attribute:
+            if a.name == "to" and a.i == f16:
+                a.i = f64
+            if a.HasField("t") and a.t.data_type == f16:
+                a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np.float64), a.t.name))
+    feeds = {vi.name: x.astype(np.float64) if x.dtype == np.float16 else x for vi, x in zip(m.graph.input, inputs)}
+    try:
+        exact = ReferenceEvaluator(m).run(None, feeds)
+    except Exception:
+        return False
+    for e, o, r in zip(expected, outputs, exact):
+        e, o = np.asarray(e), np.asarray(o)
+        if o.shape != e.shape or o.dtype != e.dtype:
+            return False
+        ours, theirs = np.abs(o.astype(np.float64) - r), np.abs(e.astype(np.float64) - r)
+        if not (np.nanmax(ours, initial=0.0) <= np.nanmax(theirs, initial=0.0)):
+            return False
+    return True
+
+
 def run_case(case: Any, executor: str) -> Outcome:
     from onnx.backend.test.runner import Runner
 
@@ -130,7 +173,11 @@ def run_case(case: Any, executor: str) -> Outcome:
             return Outcome(case.name, ops, "unsupported", "non-tensor inputs")
         try:
             outputs = rep.run(inputs)
-            Runner.assert_similar_outputs(expected, outputs, case.rtol, case.atol, case.name)
+            try:
+                Runner.assert_similar_outputs(expected, outputs, case.rtol, case.atol, case.name)
+            except AssertionError:
+                if not _closer_to_float64(case.model, inputs, expected, outputs):
+                    raise
         except AssertionError as e:
             return Outcome(case.name, ops, "fail", f"mismatch: {str(e).strip()[:400]}")
         except Exception as e:
@@ -139,7 +186,7 @@ def run_case(case: Any, executor: str) -> Outcome:
 
 
 _GROUPS = (
-    ("element type", "an element type the CPU backend does not compute (float16, bfloat16, float8, int4, uint16+)"),
+    ("element type", "an element type the CPU backend does not compute (bfloat16, float8, int4, uint16+)"),
     (
         "computed from tensor data at run time",
         "a shape-determining operand (axes, shape, pads, starts) fed as a run-time input",

@@ -33,6 +33,7 @@ from bladepack.ir.types import IRDim, canonical_dim
 ONNX_TO_DTYPE: dict[int, DType] = {
     TensorProto.FLOAT: DType.FLOAT32,
     TensorProto.DOUBLE: DType.FLOAT64,
+    TensorProto.FLOAT16: DType.FLOAT16,
     TensorProto.INT64: DType.INT64,
     TensorProto.INT32: DType.INT32,
     TensorProto.INT16: DType.INT16,
@@ -50,14 +51,7 @@ class Unsupported(Exception):
     """Raised by a converter for an op, attribute or input combination bladepack does not handle."""
 
 
-# Element types a known (optimize-time) value may have beyond those: float16 weights that the model
-# casts to float32 fold away; one that reaches a run-time op is refused there (OnnxCtx.tensor).
-KNOWN_ONLY: dict[int, DType] = {TensorProto.FLOAT16: DType.FLOAT16}
-
-
-def dtype_of(elem_type: int, known_only: bool = False) -> DType:
-    if known_only and elem_type in KNOWN_ONLY:
-        return KNOWN_ONLY[elem_type]
+def dtype_of(elem_type: int) -> DType:
     try:
         return ONNX_TO_DTYPE[elem_type]
     except KeyError:
@@ -96,7 +90,7 @@ class OVal:
 
 
 def dtype_of_numpy(dt: np.dtype) -> DType:
-    for d in [*ONNX_TO_DTYPE.values(), *KNOWN_ONLY.values()]:
+    for d in ONNX_TO_DTYPE.values():
         if d.to_numpy() == dt:
             return d
     allowed = ", ".join(d.value for d in ONNX_TO_DTYPE.values())
@@ -171,9 +165,6 @@ class OnnxCtx:
         if v.ir is not None:
             return v.ir
         assert v.data is not None
-        if v.type.dtype not in ONNX_TO_DTYPE.values():
-            allowed = ", ".join(d.value for d in ONNX_TO_DTYPE.values())
-            raise Unsupported(f"a {v.type.dtype.value} constant used at run time (the CPU backend computes {allowed})")
         if v.is_symbolic:
             v.ir = self._symbolic_tensor(v.data, v.type.dtype)
         elif v.data.ndim == 0 or (v.data.size == 1 and v.data.ndim <= 1 and v.type.dtype is not DType.BOOL):

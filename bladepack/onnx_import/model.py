@@ -34,6 +34,7 @@ from bladepack.errors import UnsupportedOpsError
 from bladepack.ir import GraphBuilder, Program, ShapeEnv, TensorType
 from bladepack.onnx_import import ops_einsum, ops_elementwise, ops_layout, ops_nn, ops_shape  # noqa: F401  (registers converters)
 from bladepack.onnx_import.context import FOLDABLE, TABLE, OnnxCtx, OVal, Unsupported, dtype_of, known
+from bladepack.onnx_import.control_flow import CONTROL_FLOW, inline_if
 
 MIN_OPSET = 13
 # A fold whose result is bigger than this and bigger than its operands stays a run-time op, so that a
@@ -242,7 +243,7 @@ def import_onnx(model: Any, sample_inputs: Any = None, dynamic_shapes: Any = Non
         values[spec.name] = OVal(spec.type, ctx.b.add_input(spec.name, spec.type))
     for t in m.graph.initializer:
         try:
-            dt = dtype_of(t.data_type, known_only=True)
+            dt = dtype_of(t.data_type)
             values[t.name] = known(numpy_helper.to_array(t), dt)
         except Unsupported as e:
             problems.append((f"initializer {t.name!r}: {e}", "initializers"))
@@ -269,8 +270,9 @@ def import_onnx(model: Any, sample_inputs: Any = None, dynamic_shapes: Any = Non
     return Program(graph, env, dict(ctx.weight_data), structure, tuple(ctx.assertions))
 
 
-def _where(node: onnx.NodeProto, index: int) -> str:
-    return f"node {node.name!r}" if node.name else f"node #{index} ({node.op_type} -> {', '.join(node.output)})"
+def _where(node: onnx.NodeProto, index: int, scope: str = "") -> str:
+    own = f"node {node.name!r}" if node.name else f"node #{index} ({node.op_type} -> {', '.join(node.output)})"
+    return f"{scope} {own}" if scope else own
 
 
 def _convert_node(
@@ -280,8 +282,9 @@ def _convert_node(
     values: dict[str, OVal],
     poisoned: set[str],
     problems: list[tuple[str, str]],
+    scope: str = "",
 ) -> None:
-    where = _where(node, index)
+    where = _where(node, index, scope)
     label = f"{node.op_type} (opset {ctx.opset})" if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
     if any(i in poisoned for i in node.input if i):
         poisoned.update(node.output)
@@ -295,9 +298,27 @@ def _convert_node(
     ctx.node, ctx.loc = node, f"{where} [{node.op_type}]"
     ctx.attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     try:
-        if node.domain not in ("", "ai.onnx") or node.op_type not in TABLE:
+        if node.domain not in ("", "ai.onnx") or node.op_type not in TABLE.keys() | CONTROL_FLOW:
             raise Unsupported("no converter")
-        outs = _fold(ctx, node, ins) if _foldable(node, ins) else None
+        outs: list[OVal | None] | None
+        if node.op_type == "If":  # Note [Inlined branches] in control_flow.py
+            reads_poisoned = False
+
+            def branch_node(inner: onnx.NodeProto, k: int, at: str, scope: dict[str, OVal]) -> None:
+                nonlocal reads_poisoned
+                reads_poisoned |= any(i in poisoned for i in inner.input if i)
+                _convert_node(ctx, inner, k, scope, poisoned, problems, at)
+
+            reported = len(problems)
+            outs = inline_if(ctx, node, ins, values, branch_node)
+            ctx.node, ctx.loc = node, f"{where} [{node.op_type}]"
+            if len(problems) > reported or reads_poisoned:  # reported already: poison, add nothing
+                poisoned.update(node.output)
+                return
+        elif _foldable(node, ins):
+            outs = _fold(ctx, node, ins)
+        else:
+            outs = None
         if outs is None:
             outs = TABLE[node.op_type](ctx, ins)
     except Unsupported as e:

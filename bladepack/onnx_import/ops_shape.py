@@ -58,7 +58,7 @@ def _dims_array(dims: Any) -> np.ndarray:
 def _constant(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
     a = ctx.attrs
     if "value" in a:
-        return [known(numpy_helper.to_array(a["value"]), dtype_of(a["value"].data_type, known_only=True))]
+        return [known(numpy_helper.to_array(a["value"]), dtype_of(a["value"].data_type))]
     if "value_float" in a:
         return [known(np.array(a["value_float"], dtype=np.float32))]
     if "value_floats" in a:
