@@ -275,3 +275,59 @@ def test_internal_failures_are_bladepack_errors(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(shape_compiler.ShapeProgramBuilder, "expr", refuse_sums)
     with pytest.raises(UnsupportedOpsError, match=r"cannot compute .* \(at test_export.py:\d+"):
         bladepack.optimize(Cat(), [(torch.randn(2, 4),), (torch.randn(3, 4),)])
+
+
+# --------------------------------------------------------------------------- torch.cond
+
+
+class _Cond(nn.Module):
+    """torch.cond on shape predicates: two results, a nested cond, a weight read inside a branch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        def small(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return x - 1, x.sum(-1)
+
+        def large(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            y = torch.cond(x.shape[1] == 3, lambda t: self.fc(t).relu(), lambda t: t * 0, (x,))
+            return y * 2, y.amax(-1)
+
+        return torch.cond(x.shape[0] > 4, large, small, (x,))
+
+
+@pytest.mark.parametrize("lo, hi", [(5, 64), (1, 4)])
+def test_cond_on_a_predicate_the_ranges_decide(lo: int, hi: int) -> None:
+    """Note [Inlined torch.cond]: batch in [5, 64] takes `large` (and its nested cond's true branch)
+    for every input, batch in [1, 4] takes `small`; matches eager at the range edges and between."""
+    model = _Cond().eval()
+    samples = [(torch.randn(lo, 3),), (torch.randn(hi, 3),)]
+    art = bladepack.optimize(model, samples, ({0: bladepack.Dim("batch", lo, hi)},))
+    mod = bladepack.load(art.to_bytes())
+    for n in sorted({lo, (lo + hi) // 2 | 1, hi}):
+        x = torch.randn(n, 3)
+        with torch.no_grad():
+            want = model(x)
+        for o, w in zip(mod(x), want):
+            assert torch.allclose(o, w, rtol=1e-5, atol=1e-6), n
+
+
+def test_cond_on_a_run_time_predicate_is_one_clear_error() -> None:
+    class Data(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.cond(x.sum() > 0, lambda t: t.relu(), lambda t: t - 1, (x,))
+
+    with pytest.raises(bladepack.UnsupportedOpsError) as info:
+        bladepack.optimize(Data(), [(torch.randn(3, 3),), (torch.randn(5, 3),)])
+    text = str(info.value)
+    assert (
+        "1 unsupported operator(s) at 1 place(s)" in text
+        and "torch.cond: torch.cond on a predicate computed from tensor data" in text
+    ), text
+    assert "test_export.py" in text and "get_attr" not in text
+    with pytest.raises(
+        bladepack.UnsupportedOpsError, match=r"which the declared ranges \(batch in \[1, 64\]\) do not decide"
+    ):
+        bladepack.optimize(_Cond(), [(torch.randn(3, 3),), (torch.randn(6, 3),)], ({0: bladepack.Dim("batch", 1, 64)},))

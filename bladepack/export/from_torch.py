@@ -22,6 +22,7 @@ from bladepack.errors import UnsupportedOpsError
 from bladepack.export import ops_conv, ops_elementwise, ops_layout, ops_nn, ops_resize  # noqa: F401  (registers converters)
 from bladepack.export.capture import Captured
 from bladepack.export.context import TABLE, Ctx, Unsupported, dtype_of
+from bladepack.export.control_flow import inline_cond
 from bladepack.ir import GraphBuilder, Program, ShapeEnv, TensorType
 
 # Nodes that carry no tensor computation at inference time.
@@ -44,7 +45,8 @@ def source_location(node: torch.fx.Node) -> str:
     if frames:
         # the innermost frame of the model's code: torch's own modules (nn.Embedding.forward's
         # F.embedding call, conv.py) are where every model's op is issued, not where it is written
-        own = [f for f in frames if not f[0].startswith(_TORCH_DIR)]
+        # (and fx's generated code, `<eval_with_key>.N`, which torch.cond's tracing leaves innermost)
+        own = [f for f in frames if not f[0].startswith((_TORCH_DIR, "<eval_with_key>"))]
         path, line, fn, code = (own or frames)[-1]
         return f"{path.split('/')[-1]}:{line} in {fn}: {code.strip()} [{target}]"
     stack = node.meta.get("nn_module_stack")
@@ -75,6 +77,38 @@ def to_program(cap: Captured) -> Program:
     state = {**ep.state_dict, **ep.constants}
     specs = {s.arg.name: s for s in ep.graph_signature.input_specs}
     user_index = 0
+    branches: dict[torch.fx.Node, torch.fx.GraphModule] = {}  # get_attr nodes naming torch.cond branches
+
+    def convert(node: torch.fx.Node, owner: torch.fx.GraphModule) -> None:
+        """One node of the program (or of a branch inlined from it, owned by `owner`)."""
+        ctx.node, ctx.loc = node, source_location(node)
+        if node.op == "get_attr":  # Note [Inlined torch.cond]: only the cond that names it reads it
+            branches[node] = getattr(owner, str(node.target))
+            return
+        if node.op != "call_function":
+            problems.append((f"{node.op} {node.target}", ctx.loc))
+            return
+        if any(a in poisoned for a in node.all_input_nodes):
+            poisoned.add(node)
+            return
+        target = str(node.target)
+        try:
+            if node.target is torch.ops.higher_order.cond:
+                reported, loc = len(problems), ctx.loc
+                results = inline_cond(ctx, node, branches, convert)
+                ctx.node, ctx.loc = node, loc
+                if len(problems) > reported or any(r is None for r in results):
+                    poisoned.add(node)  # its branch's problems are reported already
+                    return
+                ctx.values[node] = results
+                return
+            _convert_node(ctx, node, target, node.meta.get("val"))
+        except Unsupported as e:
+            name = target if target in TABLE else f"{target} (no converter)"
+            name = "torch.cond" if node.target is torch.ops.higher_order.cond else name
+            detail = str(e)
+            problems.append((name if not detail else f"{name}: {detail}", ctx.loc))
+            poisoned.add(node)
 
     for node in ep.graph.nodes:
         ctx.node, ctx.loc = node, source_location(node)
@@ -102,20 +136,7 @@ def to_program(cap: Captured) -> Program:
             continue
         if node.op == "output":
             continue
-        if node.op != "call_function":
-            problems.append((f"{node.op} {node.target}", ctx.loc))
-            continue
-        if any(a in poisoned for a in node.all_input_nodes):
-            poisoned.add(node)
-            continue
-        target = str(node.target)
-        try:
-            _convert_node(ctx, node, target, val)
-        except Unsupported as e:
-            name = target if target in TABLE else f"{target} (no converter)"
-            detail = str(e)
-            problems.append((name if not detail else f"{name}: {detail}", ctx.loc))
-            poisoned.add(node)
+        convert(node, ep.graph_module)
     if problems:
         raise UnsupportedOpsError(problems)
     outputs, names = _outputs(ctx, ep)
