@@ -343,7 +343,10 @@ def test_bfloat16_weights_and_loading(gpu: FakeGpu) -> None:
     _, results, _ = gpu.run(art, [(np.array([[1, 2]]),)])
     (out,) = results[0]
     on_cpu = bladepack.load(art.to_bytes())(np.array([[1, 2]]))
-    assert out.dtype == np.uint16 and np.array_equal(out, on_cpu)
+    assert out.dtype == on_cpu.dtype == np.uint16
+    # two backends (their exp differs in the last float bits), each rounding the softmax to bfloat16
+    # once: at most one bfloat16 ulp apart (positive values: adjacent bit patterns)
+    assert np.abs(out.astype(np.int32) - on_cpu.astype(np.int32)).max() <= 1
 
 
 def test_inspect_lists_cuda_kernels(ops_artifact: bladepack.api.Artifact) -> None:
