@@ -447,6 +447,22 @@ static void small_m_nn(int64_t n0, int64_t n1, int64_t K, const T* A, int64_t ld
 template <class T, int R>
 static void small_m_nt(int64_t n0, int64_t n1, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, T* C,
                        int64_t ldc) {
+  if (K < 16) {  // short dot products (a head dim of 8): the columns are the vector lanes
+    for (int64_t j = n0; j < n1; j += SMALL_CH) {
+      const int64_t w = std::min(SMALL_CH, n1 - j);
+      for (int r = 0; r < R; ++r) {
+        T acc[SMALL_CH] = {};
+        for (int64_t p = 0; p < K; ++p) {
+          const T a = A[r * lda + p];
+          const T* b = B + j * ldb + p;
+#pragma omp simd
+          for (int64_t q = 0; q < w; ++q) acc[q] += a * b[q * ldb];
+        }
+        for (int64_t q = 0; q < w; ++q) C[r * ldc + j + q] = acc[q];
+      }
+    }
+    return;
+  }
   for (int64_t j = n0; j < n1; ++j) {
     const T* b = B + j * ldb;
     T s[R] = {};
@@ -548,8 +564,11 @@ static void gemm_batched(RunState* st, const Blas& blas, const T* A, const T* B,
   const bool ta = I[15] != 0, tb = I[16] != 0;
   const int64_t work = M * N * K;
   // below ~16K multiply-adds per product, concurrent BLAS calls contend inside OpenBLAS (its buffer
-  // pool) and the batch runs faster serially; measured on the encoder's per-head products
-  if (nb >= 2 && work >= (int64_t(1) << 14) && work < (int64_t(1) << 18)) {
+  // pool) and the batch runs faster serially; measured on the encoder's per-head products. Products
+  // the small-M kernels take (Note [Small-M GEMMs]) call no BLAS: a decoder step's per-head attention
+  // over its KV cache (M = 1) splits its batch over the pool whatever its size.
+  const bool small_m = !ta && M <= SMALL_M_ROWS && N * K >= SMALL_M_MIN_NK;
+  if (nb >= 2 && ((work >= (int64_t(1) << 14) && work < (int64_t(1) << 18)) || small_m)) {
     parallel_for(st, nb, work + 1, [&](int64_t lo, int64_t hi) {
       for (int64_t b = lo; b < hi; ++b) {
         const int64_t i2 = b % I[2], i1 = (b / I[2]) % I[1], i0 = b / (I[2] * I[1]);
