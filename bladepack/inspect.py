@@ -39,6 +39,7 @@ def manifest_summary(m: dict[str, Any]) -> dict[str, Any]:
         "gemm_configs": list(m["gemm_configs"]),
         "cpu_libraries": [lib["isa"] for lib in m.get("native_cpu", {}).get("libraries", [])],
         "reference_steps": _reference_steps(m, "native_cpu"),
+        "branches": _branches(m),
         "cuda_images": [i["arch"] for i in m.get("native_cuda", {}).get("images", [])],
         "cuda_reference_steps": _reference_steps(m, "native_cuda"),
         "cuda_arena_bytes": m.get("native_cuda", {}).get("arena_bytes_expr"),
@@ -51,6 +52,41 @@ def manifest_summary(m: dict[str, Any]) -> dict[str, Any]:
             "guards": len(m["shape_program"]["messages"]),
         },
     }
+
+
+def _branches(m: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run-time branches (docs/format.md "Run-time branches"): per predicate, its kind, where it came
+    from, and how many steps and launches per plan run only when it is true / false."""
+    steps = m["plan"]["steps"]
+    by_out = {s["out"]: s for s in steps}
+    full_of = {
+        s["attrs"]["value"]["r"]: s for s in steps if s["op"] == "full" and isinstance(s["attrs"].get("value"), dict)
+    }
+    rows: dict[tuple[str, int], dict[str, Any]] = {}
+    for s in steps:
+        for c in s.get("when", ()):
+            kind, key = ("shape", c["r"]) if "r" in c else ("data", c["v"])
+            row = rows.get((kind, key))
+            if row is None:
+                origin = full_of.get(key, {}) if kind == "shape" else by_out.get(key, {})
+                row = {"kind": kind, "key": key, "op": origin.get("op"), "loc": origin.get("loc", ""), "steps": [0, 0]}
+                rows[(kind, key)] = row
+            row["steps"][0 if c["is"] else 1] += 1
+    inputs = {t["id"]: k for k, t in enumerate(m["inputs"])}
+    for plan in ("native_cpu", "native_cuda"):
+        nat = m.get(plan) or {}
+        # a launch names a data predicate by its address: [0, arena offset], or an input's slot
+        where = {b["id"]: [0, b["offset"]] for b in nat.get("buffers", [])}
+        where.update((vid, [1 + k, 0]) for vid, k in inputs.items())
+        for row in rows.values():
+            row[plan] = [0, 0]
+            for lr in nat.get("launches", []):
+                for c in lr.get("when", ()):
+                    if (row["kind"] == "shape" and c.get("r") == row["key"]) or (
+                        row["kind"] == "data" and "ptr" in c and list(c["ptr"]) == where.get(row["key"])
+                    ):
+                        row[plan][0 if c["is"] else 1] += 1
+    return list(rows.values())
 
 
 def _reference_steps(m: dict[str, Any], plan: str) -> list[dict[str, Any]]:
@@ -108,6 +144,15 @@ def inspect_text(s: dict[str, Any]) -> str:
     lines.append(
         f"shape program: {sp['instructions']} instructions, {sp['registers']} registers, {sp['guards']} guard messages"
     )
+    branches = s.get("branches", [])
+    lines.append(f"run-time branches: {len(branches) or 'none'}")
+    for b in branches:
+        what = f"register {b['key']}" if b["kind"] == "shape" else f"%{b['key']} {b['op']}, read on the host"
+        counts = f"steps {b['steps'][0]} if true / {b['steps'][1]} if false"
+        for plan in ("native_cpu", "native_cuda"):
+            if any(b.get(plan, [0, 0])):
+                counts += f"; {plan[7:]} launches {b[plan][0]} / {b[plan][1]}"
+        lines.append(f"  {b['kind']} predicate ({what}; from {b['loc'] or 'unknown source'}): {counts}")
     libs = ", ".join(s["cpu_libraries"]) or "none (runs on the reference executor)"
     lines.append(f"cpu kernel libraries: {libs}")
     refs = s["reference_steps"]

@@ -649,19 +649,52 @@ def test_if_with_a_condition_known_at_optimize_time(cond: str) -> None:
         assert np.array_equal(loaded(x), np.maximum(x, 0) * 2)
 
 
-def test_if_with_a_run_time_condition_is_refused_clearly() -> None:
-    data = [
+def _data_cond() -> list[onnx.NodeProto]:
+    return [
         helper.make_node("ReduceSum", ["x"], ["t"], keepdims=0),
         helper.make_node("Constant", [], ["z"], value=numpy_helper.from_array(np.array(0.0, np.float32))),
         helper.make_node("Greater", ["t", "z"], ["cond"]),
     ]
-    undecided = _shape_cond("Greater", 0, 4)  # n > 4 with n in [1, inf): the range does not decide it
-    for nodes in (data, undecided):
-        with pytest.raises(UnsupportedOpsError) as info:
-            bladepack.optimize(_if_model(nodes))
-        text = str(info.value)
-        assert "If (opset 17): condition computed at run time" in text and "node 'branch'" in text, text
-        assert "Unique" not in text
+
+
+@pytest.mark.parametrize("cond", ["data", "shape"])
+def test_if_with_a_run_time_condition(cond: str) -> None:
+    """Note [Run-time branches]: a condition on the data (sum(x) > 0), or a shape comparison the range
+    leaves open (n > 4 with n in [1, inf)), is both branches under guards and a merge; the loaders
+    run the taken branch only. Matches numpy on both sides of the condition, n from 1 to 64, on the
+    native and the reference executor."""
+    nodes = _data_cond() if cond == "data" else _shape_cond("Greater", 0, 4)
+    art = bladepack.optimize(_if_model(nodes, untaken_op="Neg"))
+    guarded = [c for st in art.plan.steps for c in st.when]
+    assert guarded and all(("v" in c) == (cond == "data") for c in guarded), guarded
+    for executor in ("native", "reference"):
+        loaded = bladepack.load(art.to_bytes(), executor=executor)
+        for n in (1, 4, 5, 7, 64):
+            for sign in (1.0, -1.0):
+                x = np.abs(np.random.default_rng(n).standard_normal((n, 4)).astype(np.float32)) * sign
+                then = x.sum() > 0 if cond == "data" else n > 4
+                assert np.array_equal(loaded(x), np.maximum(x, 0) * 2 if then else -x), (executor, n, sign)
+
+
+def test_if_at_run_time_needs_matching_branch_outputs() -> None:
+    """A run-time If whose branches give different shapes, or an op without a converter in either
+    branch, is one clear error naming the node."""
+    other = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x"], ["y_else"], keepdims=1)],
+        "else",
+        [],
+        [_vi("y_else", TensorProto.FLOAT, None)],
+    )
+    then = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y_then"])], "then", [], [_vi("y_then", TensorProto.FLOAT, None)]
+    )
+    nodes = [*_data_cond(), helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other, name="branch")]
+    with pytest.raises(UnsupportedOpsError) as info:
+        bladepack.optimize(_model(nodes, [_vi("x", TensorProto.FLOAT, ["n", 4])], ["y"]))
+    text = str(info.value)
+    assert "node 'branch'" in text and "a run-time If needs one dtype and shape from both" in text, text
+    with pytest.raises(UnsupportedOpsError, match=r"Unique \(opset 17\).*else_branch"):
+        bladepack.optimize(_if_model(_data_cond()))
 
 
 def test_if_branch_problems_name_the_branch() -> None:

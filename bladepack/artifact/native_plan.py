@@ -196,12 +196,18 @@ class NativePlan:
     arena_slots: int
     outputs: tuple[int, ...]  # per graph output, the slot it is written to (-1: copied after the run)
     gemm_kernels: tuple[GemmKernel, ...] = ()
+    # per launch, its conditions (Note [Guarded launches] in lowering/lower_native.py); () when none has any
+    when: tuple[tuple[dict[str, Any], ...], ...] = ()
 
     def to_manifest(self) -> dict[str, Any]:
+        launches = [lr.to_manifest() for lr in self.launches]
+        for row, conds in zip(launches, self.when):
+            if conds:
+                row["when"] = list(conds)
         m: dict[str, Any] = {
             "abi": ABI,
             "kernels": [k.to_manifest() for k in self.kernels],
-            "launches": [lr.to_manifest() for lr in self.launches],
+            "launches": launches,
             "buffers": [b.to_manifest() for b in self.buffers],
             "arena_bytes": self.arena_bytes,
             "arena_bytes_expr": self.arena_bytes_expr,

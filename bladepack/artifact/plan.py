@@ -66,9 +66,16 @@ class Step:
     inputs: tuple[int, ...]
     attrs: dict[str, Any]
     loc: str = ""
+    # Note [Guarded steps]: conditions, outermost first, under which the step runs: {"r": register, "is":
+    # bool} (a shape predicate) or {"v": value id, "is": bool} (a 0-d bool value read when reached); a
+    # skipped step's value is zeros of its shape (only a branch merge reads it, and discards it)
+    when: tuple[dict[str, Any], ...] = ()
 
     def to_manifest(self) -> dict[str, Any]:
-        return {"op": self.op, "out": self.out, "in": list(self.inputs), "attrs": self.attrs, "loc": self.loc}
+        row = {"op": self.op, "out": self.out, "in": list(self.inputs), "attrs": self.attrs, "loc": self.loc}
+        if self.when:
+            row["when"] = list(self.when)
+        return row
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """bladepack IR: a closed op set over tensors with symbolic (sympy) dimensions."""
 
-from bladepack.ir.graph import Graph, GraphBuilder, Node, Param, Program, rebuild_graph
+from bladepack.ir.graph import Graph, GraphBuilder, Guard, Node, Param, Program, rebuild_graph
 from bladepack.ir.ops import OP_INFO, OpClass, OpKind
 from bladepack.ir.printer import print_graph
 from bladepack.ir.shape_env import ShapeEnv, SymbolRange, Tri
@@ -11,6 +11,7 @@ __all__ = [
     "OP_INFO",
     "Graph",
     "GraphBuilder",
+    "Guard",
     "IRDim",
     "IRVerificationError",
     "Node",

@@ -6,6 +6,13 @@ from export through optimize to the artifact writer.
 
 Note [One value per node]: every node defines exactly one value, named by the node's id. Front-end ops
 with several results (split, max.dim) become several nodes.
+
+Note [Guarded nodes]: a run-time branch (torch.cond, ONNX If that optimize time cannot decide) is both
+branches' nodes, each carrying a `guard` — the conditions, outermost first, under which its value is
+needed — and one `where(pred, then_value, else_value)` per branch result that merges them. The merge
+alone makes the program correct: a guard only lets an executor skip work whose value the merge then
+discards. So a pass that drops or forgets a guard costs time, never correctness; and a guard is only
+honoured where every reader of the value shares it (ir/guards.py decides, at lowering).
 """
 
 from __future__ import annotations
@@ -22,6 +29,14 @@ from bladepack.ir.types import TensorType
 
 
 @dataclass(frozen=True)
+class Guard:
+    """Note [Guarded nodes]: the value is needed only when boolean value `pred` (a 0-d tensor) is `taken`."""
+
+    pred: int
+    taken: bool
+
+
+@dataclass(frozen=True)
 class Node:
     id: int
     op: OpKind
@@ -29,6 +44,7 @@ class Node:
     attrs: Attrs
     type: TensorType
     loc: str = ""  # provenance: the source line and front-end op this node came from
+    guard: tuple[Guard, ...] = ()  # Note [Guarded nodes]; outermost branch first
 
 
 @dataclass(frozen=True)
@@ -74,6 +90,7 @@ class GraphBuilder:
         self.weights: list[Param] = []
         self.nodes: list[Node] = []
         self.types: dict[int, TensorType] = {}
+        self.guard: tuple[Guard, ...] = ()  # given to every node added (Note [Guarded nodes])
 
     def _fresh(self) -> int:
         self._next += 1
@@ -96,7 +113,7 @@ class GraphBuilder:
         expected = OP_INFO[op].attrs
         if not isinstance(a, expected):
             raise TypeError(f"{op.value} takes {expected.__name__}, got {type(a).__name__}")
-        n = Node(self._fresh(), op, tuple(inputs), a, t, loc)
+        n = Node(self._fresh(), op, tuple(inputs), a, t, loc, self.guard)
         self.nodes.append(n)
         self.types[n.id] = t
         return n.id
@@ -120,6 +137,9 @@ def rebuild_graph(g: Graph, rewrite: NodeRewrite) -> Graph:
         remap[prm.id] = b.add_weight(prm.name, prm.type)
     for n in g.nodes:
         ins = tuple(remap[i] for i in n.inputs)
+        # the nodes replacing a guarded node share its guard (Note [Guarded nodes])
+        b.guard = tuple(Guard(remap[c.pred], c.taken) for c in n.guard if c.pred in remap)
         new = rewrite(b, n, ins)
         remap[n.id] = new if new is not None else b.add(n.op, ins, n.type, n.attrs, n.loc)
+    b.guard = ()
     return b.finish(tuple(remap[o] for o in g.outputs), g.output_names)

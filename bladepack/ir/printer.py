@@ -33,6 +33,8 @@ def node_text(n: Node, with_loc: bool = False) -> str:
     fields = dataclasses.fields(n.attrs)
     attrs = ", ".join(f"{f.name}={_attr_text(getattr(n.attrs, f.name))}" for f in fields)
     text = f"%{n.id}: {n.type} = {n.op.value}({args})" + (f" {{{attrs}}}" if attrs else "")
+    if n.guard:
+        text += " if " + " and ".join(f"{'' if c.taken else 'not '}%{c.pred}" for c in n.guard)
     if with_loc and n.loc:
         text += f"  # {n.loc}"
     return text

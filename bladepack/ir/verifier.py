@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sympy
 
+from bladepack.dtypes import DType
 from bladepack.errors import BladepackError
 from bladepack.ir.graph import Graph
 from bladepack.ir.ops import OP_INFO, OpClass, OpKind
@@ -64,6 +65,12 @@ def verify(g: Graph, env: ShapeEnv) -> None:
             problems.append(f"{where}: uses undefined values {missing}")
         elif info.op_class is OpClass.BROADCAST and n.op not in (OpKind.FULL, OpKind.EXPAND):
             problems += [f"{where}: {p}" for p in _broadcast_problems(env, [defined[i] for i in n.inputs], n.type)]
+        for c in n.guard:  # Note [Guarded nodes]: a predicate defined before, a 0-d boolean
+            t = defined.get(c.pred)
+            if t is None:
+                problems.append(f"{where}: guard on undefined value %{c.pred}")
+            elif t.dtype is not DType.BOOL or t.shape != ():
+                problems.append(f"{where}: guard on %{c.pred} of type {t}, not a 0-d bool")
         define(n.id, n.type, where)
     for o in g.outputs:
         if o not in defined:

@@ -66,7 +66,7 @@ class FastCalls:
 
     def add(self, shapes: tuple[tuple[int, ...], ...], prep: Prepared, out_shapes: Sequence[tuple[int, ...]]) -> None:
         """Register a checked signature whose plan is a single native segment writing every output."""
-        if len(prep.segments) != 1 or prep.segments[0].words is None:
+        if len(prep.segments) != 1 or prep.segments[0].words is None or prep.segments[0].when:
             return
         words = prep.segments[0].words
         self._plans.setdefault(

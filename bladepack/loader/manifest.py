@@ -9,7 +9,7 @@ raises BpkFormatError naming the file. Executors read only this object, never ea
 from __future__ import annotations
 
 import reprlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -183,14 +183,52 @@ def _references(m: Manifest) -> str | None:
             return (
                 f"value %{reprlib.repr(vid)}'s shape has an entry that is neither an integer nor a register below {n}"
             )
+    ready = set(m.input_pos) | set(m.weights)
     for k, s in enumerate(m.steps):
         if s["out"] not in m.values or not isinstance(s["in"], list) or any(i not in known for i in s["in"]):
             return f"step {k} reads or writes a value the manifest does not define"
         if not isinstance(s["attrs"], dict) or not regs_ok(s["attrs"]):
             return f"step {k}'s attributes name a register outside the shape program's {n}"
+        problem = condition_problem(
+            s.get("when", []), n, lambda v: v in ready and m.values.get(v, {}).get("dtype", "bool") == "bool"
+        )
+        if problem:
+            return f"step {k}'s condition {problem}"
+        ready.add(s["out"])
     if any(o not in known for o in m.outputs):
         return "an output is a value the manifest does not define"
     return None
+
+
+def condition_problem(when: Any, n_regs: int, value_ok: Callable[[Any], bool], key: str = "v") -> str | None:
+    """What is wrong with a step's or launch's `when` list (Note [Guarded steps] in artifact/plan.py), or
+    None: each entry {"is": bool} with a register below `n_regs` ("r") or a value / pointer (`key`)
+    that `value_ok` accepts."""
+    if not isinstance(when, list):
+        return f"{reprlib.repr(when)} is not a list"
+    for c in when:
+        if not isinstance(c, dict) or not isinstance(c.get("is"), bool) or len(c) != 2:
+            return f"{reprlib.repr(c)} is not a map of a predicate and 'is'"
+        if "r" in c:
+            if not (isinstance(c["r"], int) and not isinstance(c["r"], bool) and 0 <= c["r"] < n_regs):
+                return f"names register {reprlib.repr(c['r'])}, not below {n_regs}"
+        elif key not in c or not value_ok(c[key]):
+            what = "a boolean value computed before it" if key == "v" else "a [slot, byte offset] of the plan's slots"
+            return f"reads {reprlib.repr(c.get(key))}, which is not {what}"
+    return None
+
+
+def conditions_hold(when: Sequence[dict[str, Any]], regs: Sequence[int]) -> bool | None:
+    """False when a shape condition of `when` fails for these registers (the step never runs at this
+    signature); None when data conditions remain to be read at run time; True when it always runs."""
+    data = False
+    for c in when:
+        if "r" in c:
+            if bool(regs[c["r"]]) != c["is"]:
+                return False
+        else:
+            data = True
+    return None if data else True
 
 
 def _depth(v: Any) -> int:
@@ -213,10 +251,11 @@ def _depth(v: Any) -> int:
 def _free_lists(steps: list[dict[str, Any]], keep: set[int]) -> list[tuple[int, ...]]:
     """Per step, the values whose last reader it is (shape-independent, so computed once)."""
     last: dict[int, int] = {}
-    for k, s in enumerate(steps):
-        for i in s["in"]:
+    reads = [[*s["in"], *(c["v"] for c in s.get("when", ()) if isinstance(c, dict) and "v" in c)] for s in steps]
+    for k, ins in enumerate(reads):
+        for i in ins:
             last[i] = k
-    return [tuple(i for i in dict.fromkeys(s["in"]) if last.get(i) == k and i not in keep) for k, s in enumerate(steps)]
+    return [tuple(i for i in dict.fromkeys(ins) if last.get(i) == k and i not in keep) for k, ins in enumerate(reads)]
 
 
 def _weight(bpk: BpkFile, w: dict[str, Any]) -> np.ndarray:

@@ -33,6 +33,7 @@ from bladepack.cpu_features import cpu_flags
 from bladepack.dtypes import DType
 from bladepack.errors import BladepackError, BpkFormatError
 from bladepack.loader.library_file import open_library
+from bladepack.loader.manifest import conditions_hold
 from bladepack.loader.plan_check import INT64_MAX
 from bladepack.options import LoaderOptions
 
@@ -135,11 +136,21 @@ def _resolve(v: Any, regs: Sequence[int]) -> int:
 
 @dataclass(frozen=True)
 class Segment:
-    """A run of native launches (`words`), or one reference step (`ref` = launch record)."""
+    """A run of native launches (`words`), or one reference step (`ref` = launch record), that runs when
+    every (slot, byte offset, expected) data condition of `when` holds (Note [Guarded launches])."""
 
     words: np.ndarray | None
     first_launch: int
     ref: dict[str, Any] | None = None
+    when: tuple[tuple[int, int, bool], ...] = ()
+
+    def wanted(self, slots: np.ndarray) -> bool:
+        """Whether the data conditions hold, read in order (an inner predicate is read only once the
+        outer ones hold: Note [Branch predicates] in ir/guards.py)."""
+        for slot, off, taken in self.when:
+            if (ctypes.c_uint8.from_address(int(slots[slot]) + off).value != 0) != taken:
+                return False
+        return True
 
 
 @dataclass(frozen=True)
@@ -240,16 +251,26 @@ class NativeCpu:
 
     # -- per shape signature
     def prepare(self, regs: Sequence[int], kernels: Sequence[dict[str, Any]]) -> Prepared:
+        """The launch list at one signature: launches a shape condition rules out dropped, the rest cut
+        into segments at reference steps, at dropped launches (a segment's launches are consecutive
+        in the plan) and where the data conditions change."""
         segments: list[Segment] = []
         words: list[int] = []
         first = 0
+        cur: tuple[tuple[int, int, bool], ...] = ()
         for k, lr in enumerate(self.plan["launches"]):
             op = lr["op"]
-            if op == "ref":
+            when = lr.get("when", ())
+            hold = conditions_hold(when, regs)
+            data = tuple((int(c["ptr"][0]), _resolve(c["ptr"][1], regs), bool(c["is"])) for c in when if "ptr" in c)
+            if hold is False or op == "ref" or data != cur:
                 if words:
-                    segments.append(Segment(np.array(words, dtype=np.int64), first))
-                segments.append(Segment(None, k, lr))
-                words, first = [], k + 1
+                    segments.append(Segment(np.array(words, dtype=np.int64), first, None, cur))
+                words, first, cur = [], k + (hold is False or op == "ref"), data
+            if hold is False:
+                continue
+            if op == "ref":
+                segments.append(Segment(None, k, lr, data))
                 continue
             ptrs = lr["ptrs"]
             ints = [_resolve(v, regs) for v in lr["ints"]]
@@ -271,7 +292,7 @@ class NativeCpu:
                 words += [int(slot), _resolve(off, regs)]
             words += ints
         if words or not segments:
-            segments.append(Segment(np.array(words, dtype=np.int64), first))
+            segments.append(Segment(np.array(words, dtype=np.int64), first, None, cur))
         buffers = {
             b["id"]: (
                 _resolve(b["offset"], regs),

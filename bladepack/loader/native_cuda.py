@@ -33,6 +33,7 @@ from bladepack.errors import BpkFormatError
 from bladepack.loader.cuda_driver import CudaError, Device, DeviceBuffer, StreamBuffers, _check, choose_image
 from bladepack.loader.cutlass_gemm import CutlassGemms, CutlassLaunch
 from bladepack.loader.gemm_args import GemmArgs, gemm_args
+from bladepack.loader.manifest import conditions_hold
 
 ABI_VERSION = 1
 KERNEL_SHIFT = 24  # Note [CUDA error codes] in codegen/cuda_emitter.py
@@ -80,6 +81,8 @@ class CudaPrepared:
     ptr_off: np.ndarray  # their byte offsets (uint64)
     arena_bytes: int
     buffers: dict[int, tuple[int, tuple[int, ...], str]]  # arena value -> (byte offset, shape, dtype)
+    # per launch, its data conditions (slot, byte offset, expected): Note [Guarded launches]
+    when: tuple[tuple[tuple[int, int, bool], ...], ...] = ()
 
 
 class NativeCuda:
@@ -140,8 +143,15 @@ class NativeCuda:
         slots: list[int] = []
         offs: list[int] = []
         status = self._status.ptr
+        when: list[tuple[tuple[int, int, bool], ...]] = []
         for lr in self.plan["launches"]:
             op = lr["op"]
+            conds = lr.get("when", ())
+            if conditions_hold(conds, regs) is False:  # Note [Guarded launches]: not at this signature
+                continue
+            when.append(
+                tuple((int(c["ptr"][0]), _resolve(c["ptr"][1], regs), bool(c["is"])) for c in conds if "ptr" in c)
+            )
             if op == "ref":
                 launches.append(RefLaunch(int(lr["node"])))
                 continue
@@ -185,6 +195,7 @@ class NativeCuda:
             np.array(offs, dtype=np.uint64),
             _resolve(self.plan["arena_bytes"], regs),
             buffers,
+            tuple(when) if any(when) else (),
         )
 
     # -- per call
@@ -208,7 +219,14 @@ class NativeCuda:
         base = words.ctypes.data
         if self.checks_errors:
             _check(drv, drv.cuMemsetD8Async(self._status.ptr, 0, 32, drv.CUstream(stream)), "cuMemsetD8Async")
-        for launch in prep.launches:
+        last: tuple[tuple[int, int, bool], ...] = ()
+        wanted = True
+        for k, launch in enumerate(prep.launches):
+            if prep.when and prep.when[k] != last:  # a run of launches under new data conditions
+                last = prep.when[k]
+                wanted = self._holds(last, slots, stream)
+            if not wanted:
+                continue
             if isinstance(launch, KernelLaunch):
                 self.functions[launch.fn].launch_packed(
                     (launch.grid, 1, 1),
@@ -229,6 +247,17 @@ class NativeCuda:
             else:
                 self.device.synchronize(stream)
                 reference(launch.node)
+
+    def _holds(self, when: tuple[tuple[int, int, bool], ...], slots: np.ndarray, stream: int) -> bool:
+        """Note [Branch predicates] (ir/guards.py): each predicate byte read once the launches before it
+        have run (a synchronisation with the stream), outermost first, stopping at the first that fails."""
+        byte = np.zeros(1, dtype=np.uint8)
+        for slot, off, taken in when:
+            self.to_host(int(slots[slot]) + off, byte, stream)
+            self.device.synchronize(stream)
+            if bool(byte[0]) != taken:
+                return False
+        return True
 
     def read_status(self, stream: int) -> tuple[int, int, int]:
         """(code, value, size) of the first error the last call's kernels reported (code 0: none)."""

@@ -175,6 +175,8 @@ class NativeExecutor:
         slots[1 + n_in + len(m.outputs) :] = native.weight_slots
         status = np.zeros(4, dtype=np.int64)
         for seg in nat.segments:
+            if seg.when and not seg.wanted(slots):
+                continue
             if seg.ref is None:
                 rc = native.run_segment(seg, slots, status, times)
                 if rc:

@@ -35,7 +35,7 @@ from typing import Any
 from bladepack.artifact.shape_program import ShapeProgram
 from bladepack.dtypes import DType
 from bladepack.errors import BpkFormatError, ShapeGuardError
-from bladepack.loader.manifest import Key, Manifest, describe, element_count, resolve
+from bladepack.loader.manifest import Key, Manifest, condition_problem, describe, element_count, resolve
 
 GEMM_INTS = 20
 INT32_MAX = (1 << 31) - 1
@@ -111,9 +111,25 @@ def _check_plan(m: Manifest, kind: str, n_functions: int | None) -> None:
                 if key in v:
                     symint(v[key], f"kernel {k}'s {key}")
     gemm_kernels = plan.get("gemm_kernels", [])
+
+    def byte_ptr(p: Any) -> bool:
+        return (
+            isinstance(p, list)
+            and len(p) == 2
+            and _is_int(p[0])
+            and 0 <= p[0] < n_slots
+            and (
+                _is_int(p[1])
+                or (isinstance(p[1], dict) and set(p[1]) == {"r"} and _is_int(p[1]["r"]) and 0 <= p[1]["r"] < n_regs)
+            )
+        )
+
     for i, lr in enumerate(plan["launches"]):
         where = f"launch {i}"
         op = lr.get("op")
+        problem = condition_problem(lr.get("when", []), n_regs, byte_ptr, "ptr")
+        if problem:  # Note [Guarded launches] (lowering/lower_native.py)
+            raise _fail(m, f"{where}'s condition {problem}")
         if op == "ref":
             if not _is_int(lr.get("node")) or lr["node"] not in m.step_index:
                 raise _fail(m, f"{where} runs value %{_short(lr.get('node'))}, which no plan step defines")
@@ -196,6 +212,11 @@ def _check_launches(
         if off < 0 or n < 0 or off + n > arena:
             raise _fail(m, f"arena buffer %{b['id']} ({n} bytes at {off}) does not fit in the {arena}-byte arena")
     for i, lr in enumerate(plan["launches"]):
+        for c in lr.get("when", ()):
+            if "ptr" in c:
+                slot, at = c["ptr"][0], resolve(c["ptr"][1], regs)
+                if not 0 <= at < slots[slot]:
+                    raise _fail(m, f"launch {i}'s condition reads byte {at} of slot {slot}, which holds {slots[slot]}")
         if lr["op"] == "ref":
             continue
         room = []

@@ -17,7 +17,7 @@ import numpy as np
 from bladepack.errors import BladepackError, ExecutionError
 from bladepack.loader import reference
 from bladepack.loader.executor import ShapeCache, check_memory, host_call
-from bladepack.loader.manifest import Key, Manifest, element_count, host_dtype, resolve
+from bladepack.loader.manifest import Key, Manifest, conditions_hold, element_count, host_dtype, resolve
 from bladepack.loader.tensors import export_array
 
 
@@ -32,6 +32,19 @@ class Step:
     dtype: np.dtype | None  # None: bfloat16 (no numpy type; only the CUDA path meets it)
     free: tuple[int, ...]  # values whose last reader is this step
     loc: str
+    # Note [Guarded steps] (artifact/plan.py): True runs, False skips at this signature, else the data
+    # conditions (value id, expected) read when the step is reached
+    when: bool | tuple[tuple[int, bool], ...] = True
+
+    def wanted(self, env: dict[int, np.ndarray]) -> bool:
+        if isinstance(self.when, bool):
+            return self.when
+        return all(bool(env[v].reshape(-1)[0]) == taken for v, taken in self.when)
+
+    def skipped(self) -> np.ndarray:
+        """A skipped step's value: zeros (Note [Guarded nodes]: only a branch merge reads it, and
+        discards it)."""
+        return np.zeros(self.shape, dtype=self.dtype if self.dtype is not None else np.uint16)
 
     def run(self, xs: Sequence[np.ndarray]) -> np.ndarray:
         """The step's result from its operands, or ExecutionError naming the step and its source."""
@@ -77,6 +90,8 @@ class ReferenceExecutor:
         steps = []
         for s, free in zip(m.steps, m.free):
             v = m.values[s["out"]]
+            when = s.get("when", ())
+            hold = conditions_hold(when, regs)
             steps.append(
                 Step(
                     reference.OPS[s["op"]],
@@ -88,6 +103,7 @@ class ReferenceExecutor:
                     host_dtype(v["dtype"]),
                     free,
                     s.get("loc", ""),
+                    hold if hold is not None else tuple((c["v"], c["is"]) for c in when if "v" in c),
                 )
             )
         largest = max((element_count(st.shape) * (st.dtype.itemsize if st.dtype else 2) for st in steps), default=0)
@@ -103,7 +119,7 @@ class ReferenceExecutor:
         env: dict[int, np.ndarray] = dict(m.weights)
         env.update(zip(m.input_ids, arrays))
         for st in prep.steps:
-            env[st.out] = st.run([env[i] for i in st.inputs])
+            env[st.out] = st.run([env[i] for i in st.inputs]) if st.wanted(env) else st.skipped()
             for i in st.free:
                 del env[i]
         outs, seen = [], set()

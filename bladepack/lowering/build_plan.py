@@ -27,7 +27,8 @@ from bladepack.codegen.cpu_library import library_source
 from bladepack.codegen.cuda_toolchain import cuda_source
 from bladepack.codegen.kernel import KernelEmitError
 from bladepack.errors import UnsupportedOpsError
-from bladepack.ir import Graph, OpKind, Program, ShapeEnv, Tri
+from bladepack.ir import Graph, Guard, OpKind, Program, ShapeEnv, Tri
+from bladepack.ir.guards import effective_guards, shape_predicate
 from bladepack.ir.types import IRDim, dim_str
 from bladepack.library_ops.cutlass.emitter import GemmInstance
 from bladepack.library_ops.cutlass.select import CUBLAS, GemmPolicy
@@ -246,6 +247,13 @@ def build_plan(
         SymbolDecl(s.name, env.range_of(s).min, env.range_of(s).max, b.expr(s)) for s in env.symbols if b.is_bound(s)
     )
     values = tuple(ValueDecl(n.id, n.type.dtype.value, tuple(_enc(b, d) for d in n.type.shape)) for n in g.nodes)
+    guards = effective_guards(g)
+    nodes = {n.id: n for n in g.nodes}
+
+    def condition(c: Guard) -> dict[str, Any]:
+        shape = shape_predicate(nodes, c.pred)
+        return {"v": c.pred, "is": c.taken} if shape is None else {"r": b.expr(shape), "is": c.taken}
+
     steps = tuple(
         Step(
             n.op.value,
@@ -253,6 +261,7 @@ def build_plan(
             n.inputs,
             {f.name: _encode_attr(b, getattr(n.attrs, f.name)) for f in dataclasses.fields(n.attrs)},
             n.loc,
+            tuple(condition(c) for c in guards[n.id]),
         )
         for n in g.nodes
     )

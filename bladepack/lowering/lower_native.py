@@ -8,6 +8,11 @@ loaders read: the kernel table (variant functions with their predicates), one la
 size, offset, stride and predicate is a shape-program register (Note [SymInt encoding] in
 artifact/plan.py), so a loader resolves the whole launch list once per input-shape signature.
 
+Note [Guarded launches]: a launch that stores a value under an effective guard (ir/guards.py) carries
+its conditions, outermost first: {"r": register, "is": bool} for a shape predicate, {"ptr": [slot,
+byte offset], "is": bool} for a data predicate (one byte, 0 or 1, that an earlier launch stored or an
+input holds; its buffer stays live through the last launch that reads it).
+
 Note [Slots]: pointer arguments name a slot — 0 the arena, then the inputs, the outputs and the weights
 in signature order — plus a byte offset.
 """
@@ -41,6 +46,8 @@ from bladepack.codegen.kernel import EmittedKernel, KernelContext, KernelEmitErr
 from bladepack.codegen.operand_check import operand_buffers
 from bladepack.ir import OpKind, Program
 from bladepack.ir.fusion_plan import FusionPlan, GemmEpilogue, KernelSpec, LibraryStep, ReferenceStep
+from bladepack.ir.graph import Guard
+from bladepack.ir.guards import effective_guards, shape_predicate
 from bladepack.ir.ops import Conv2dAttrs
 from bladepack.ir.types import IRDim, TensorType, dim_str
 from bladepack.ir.views import View, simplify, view_of
@@ -107,6 +114,8 @@ class _Lowerer:
         self.sizes: dict[int, IRDim] = {}
         self.fn_count = 0
         self.gemm_rows: list[dict[str, Any]] = []
+        self.guards = effective_guards(g)
+        self.when: list[tuple[Guard, ...]] = []  # per launch, Note [Guarded launches]
 
     def view(self, v: int) -> View | None:
         return view_of(self.nodes, self.types, v, self.mat.__contains__)
@@ -252,28 +261,33 @@ class _Lowerer:
         self._kernel(spec, (n, x))
         self._gemm(lower_conv(n, x, w, cols))
 
+    def _stored(self, step: Any) -> int:
+        if isinstance(step, KernelSpec):
+            return step.roots[0]
+        if isinstance(step, LibraryStep):
+            return step.epilogue.out if step.epilogue is not None else step.node
+        return int(step.node)
+
+    def _guard_launches(self, first: int, guard: tuple[Guard, ...]) -> None:
+        """The launches from `first` on run under `guard`; data predicates stay live through them."""
+        for k in range(first, len(self.launches)):
+            self.when.append(guard)
+            for c in guard:
+                if shape_predicate(self.nodes, c.pred) is None and c.pred not in self.slot:
+                    self.touch.setdefault(c.pred, []).append(k)
+
+    def _cond(self, c: Guard, arena: dict[int, IRDim]) -> dict[str, Any]:
+        shape = shape_predicate(self.nodes, c.pred)
+        if shape is not None:
+            return {"r": self.pred(shape), "is": c.taken}
+        return {"ptr": self._resolve_ptr(self.slot.get(c.pred, 0), c.pred, 0, arena), "is": c.taken}
+
     def run(self) -> NativePlan:
         g = self.p.graph
         for step in self.plan.steps:
-            if isinstance(step, KernelSpec):
-                self._kernel(dataclasses.replace(step, name=f"k{len(self.kernels)}"))
-            elif isinstance(step, LibraryStep):
-                n = self.nodes[step.node]
-                if n.op is OpKind.CONV2D:
-                    self._conv(step)
-                else:
-                    va, vb = self.view(n.inputs[0]), self.view(n.inputs[1])
-                    assert va is not None and vb is not None
-                    call = lower_matmul(self.p.shape_env, n, va, vb)
-                    assert call is not None, f"matmul %{n.id}: operands were planned as BLAS views"
-                    self._gemm(call, step.epilogue)
-            else:
-                assert isinstance(step, ReferenceStep)
-                n = self.nodes[step.node]
-                for i in n.inputs:
-                    self._ptr(i)
-                self._ptr(n.id)
-                self.launches.append(RefLaunch(n.id, step.reason))
+            first = len(self.launches)
+            self._run_step(step)
+            self._guard_launches(first, self.guards.get(self._stored(step), ()))
         # arena buffers: every materialized value that is neither a parameter nor an output
         buffers = []
         for v, uses in sorted(self.touch.items()):
@@ -285,6 +299,7 @@ class _Lowerer:
             for lr in self.launches
         )
         values = {v: self.types[v] for v in mem.offsets}
+        when = tuple(tuple(self._cond(c, mem.offsets) for c in guard) for guard in self.when)
         return NativePlan(
             kernels=tuple(self.kernel_rows),
             launches=launches,
@@ -298,7 +313,29 @@ class _Lowerer:
             arena_bytes_expr=dim_str(mem.total),
             arena_slots=len(mem.slots),
             outputs=tuple(self.output_slot.get(o, -1) for o in g.outputs),
+            when=when if any(when) else (),
         )
+
+    def _run_step(self, step: Any) -> None:
+        if isinstance(step, KernelSpec):
+            self._kernel(dataclasses.replace(step, name=f"k{len(self.kernels)}"))
+        elif isinstance(step, LibraryStep):
+            n = self.nodes[step.node]
+            if n.op is OpKind.CONV2D:
+                self._conv(step)
+            else:
+                va, vb = self.view(n.inputs[0]), self.view(n.inputs[1])
+                assert va is not None and vb is not None
+                call = lower_matmul(self.p.shape_env, n, va, vb)
+                assert call is not None, f"matmul %{n.id}: operands were planned as BLAS views"
+                self._gemm(call, step.epilogue)
+        else:
+            assert isinstance(step, ReferenceStep)
+            n = self.nodes[step.node]
+            for i in n.inputs:
+                self._ptr(i)
+            self._ptr(n.id)
+            self.launches.append(RefLaunch(n.id, step.reason))
 
     def _resolved(self, ptrs: tuple[Ptr, ...], arena: dict[int, IRDim]) -> tuple[Ptr, ...]:
         out: list[Ptr] = []

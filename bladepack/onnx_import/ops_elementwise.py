@@ -197,6 +197,13 @@ converts("Sum")(_variadic(K.ADD, lambda a, b, c: a + b))
 converts("Mean")(_variadic(K.ADD, None, mean=True))
 
 _COMPARE = {"Equal": K.EQ, "Less": K.LT, "Greater": K.GT, "LessOrEqual": K.LE, "GreaterOrEqual": K.GE}
+_RELATIONS: dict[str, Callable[[Any, Any], Any]] = {
+    "Equal": sympy.Eq,
+    "Less": sympy.Lt,
+    "Greater": sympy.Gt,
+    "LessOrEqual": sympy.Le,
+    "GreaterOrEqual": sympy.Ge,
+}
 
 
 def _comparison(op_type: str) -> Any:
@@ -206,6 +213,18 @@ def _comparison(op_type: str) -> Any:
         folded = fold_symbolic(lambda x, y: _compare(op_type, x, y, ctx), DType.BOOL, a, b)
         if folded is not None:
             return [folded]
+        if (
+            a.data is not None
+            and b.data is not None
+            and (a.is_symbolic or b.is_symbolic)
+            and a.data.size == b.data.size == 1
+        ):
+            # an open comparison of two shape values: the shape program computes it (Note [Branch
+            # predicates] in ir/guards.py), so an If on it is a branch chosen per shape signature
+            x, y = (sympy.sympify(np.asarray(v.data).ravel()[0]) for v in (a, b))
+            rel = _RELATIONS[op_type](x, y)
+            shape = ctx.broadcast_shapes(a.type.shape, b.type.shape)
+            return [ctx.out(K.FULL, (), TensorType(DType.BOOL, shape), ConstantAttrs(rel))]
         return [binary(ctx, _COMPARE[op_type], a, b, DType.BOOL, dt)]
 
     return convert

@@ -17,6 +17,7 @@ def dead_code_elimination(p: Program) -> Program:
     for n in reversed(g.nodes):
         if n.id in live:
             live.update(n.inputs)
+            live.update(c.pred for c in n.guard)
     nodes = tuple(n for n in g.nodes if n.id in live)
     weights = tuple(w for w in g.weights if w.id in live)
     graph = dataclasses.replace(g, nodes=nodes, weights=weights)

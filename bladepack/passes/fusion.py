@@ -30,6 +30,7 @@ from enum import Enum
 
 from bladepack.ir import Node, OpKind, Program
 from bladepack.ir.fusion_plan import FusionPlan, GemmEpilogue, KernelSpec, LibraryStep, PlanStep, ReferenceStep
+from bladepack.ir.guards import data_predicates, effective_guards
 from bladepack.ir.ops import OP_INFO, AxisAttrs, IndexAttrs, NormAttrs, OpClass, ReduceAttrs
 from bladepack.ir.types import IRDim, TensorType
 from bladepack.ir.views import LAYOUT_OPS, View, sym_eq, view_of
@@ -149,6 +150,7 @@ class _Planner:
                 self.users.setdefault(i, []).append(n.id)
         self.mat: set[int] = set(self.params) | set(self.g.outputs)
         self.gemm_operand_ok = gemm_operand_ok
+        self.guards = effective_guards(self.g)
 
     def is_mat(self, v: int) -> bool:
         return v in self.mat
@@ -162,6 +164,12 @@ class _Planner:
         return v
 
     def seed(self) -> None:
+        # Note [Guarded kernels]: a kernel computes inline only values skipped under the guard of the value
+        # it stores, so a value read across a guard boundary is stored; data predicates are stored too
+        # (the executor reads them)
+        self.mat.update(v for v in data_predicates(self.g, self.guards) if v in self.nodes)
+        for n in self.g.nodes:
+            self.mat.update(i for i in n.inputs if i in self.nodes and self.guards[i] != self.guards[n.id])
         for n in self.g.nodes:
             role = self.roles[n.id]
             if role in (Role.LIBRARY, Role.ANCHOR, Role.REFERENCE):
@@ -293,7 +301,7 @@ class _Planner:
             if self.roles[v] is not Role.LIBRARY or v in sources:
                 continue
             ep = find_epilogue(n, self.nodes, self.users, self.types, self.view, self.is_mat, outputs)
-            if ep is None:
+            if ep is None or any(self.guards[u] != self.guards[v] for u in ep.nodes):
                 continue
             self.mat.discard(v)
             self.mat.add(ep.out)

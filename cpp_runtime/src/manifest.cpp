@@ -227,9 +227,39 @@ void parse_plan(const Obj& root, Manifest& m, const Ctx& c) {
   }
 }
 
+std::vector<CondDecl> parse_when(const Obj& o, const std::string& where, const Manifest& m, const Ctx& c) {
+  std::vector<CondDecl> out;
+  const Obj* w = map_find(o, "when");
+  if (w == nullptr) return out;
+  const Obj* p = as_array(*w, where + ".when");
+  for (uint32_t i = 0; i < len(*w); ++i) {
+    const std::string cw = at(where + ".when", i);
+    if (p[i].type != msgpack::type::MAP || p[i].via.map.size != 2) malformed(cw, "expected {r or ptr, is}");
+    const Obj* is = map_find(p[i], "is");
+    if (is == nullptr || is->type != msgpack::type::BOOLEAN) malformed(cw, "expected a boolean 'is'");
+    CondDecl d;
+    d.is = is->via.boolean;
+    if (map_find(p[i], "r") != nullptr) {
+      d.reg = get_int(p[i], "r", cw);
+      if (d.reg < 0 || d.reg >= c.num_registers) malformed(cw, "register " + std::to_string(d.reg) + " out of range");
+    } else {
+      const Obj& ptr = field(p[i], "ptr", cw);
+      if (ptr.type != msgpack::type::ARRAY || len(ptr) != 2) malformed(cw + ".ptr", "expected [slot, offset]");
+      d.slot = as_int(ptr.via.array.ptr[0], cw + ".ptr");
+      if (d.slot < 0 || d.slot >= m.num_slots())
+        corrupt_plan(cw + " reads slot " + std::to_string(d.slot) + "; slots are 0 to " +
+                     std::to_string(m.num_slots() - 1));
+      d.offset = as_symint(ptr.via.array.ptr[1], cw + ".ptr", c);
+    }
+    out.push_back(d);
+  }
+  return out;
+}
+
 LaunchDecl parse_launch(const Obj& o, size_t index, const Manifest& m, const Ctx& c) {
   const std::string where = at("native_cpu.launches", uint32_t(index)), launch = "launch " + std::to_string(index);
   LaunchDecl l;
+  l.when = parse_when(o, where, m, c);
   const std::string op = get_str(o, "op", where);
   if (op == "ref") {
     l.op = LaunchDecl::kRef;

@@ -72,8 +72,19 @@ struct KernelDecl {
   std::vector<std::string> errors;
 };
 
+// Note [Guarded launches] (bladepack/lowering/lower_native.py): a launch runs when each condition holds,
+// read outermost first: register `reg` of the shape program (reg >= 0), else the byte at `offset` in
+// `slot` (a data predicate), equal to `is`.
+struct CondDecl {
+  int64_t reg = -1;
+  int64_t slot = 0;
+  SymInt offset;
+  bool is = true;
+};
+
 struct LaunchDecl {
   enum Op { kKernel, kGemm, kRef } op = kKernel;
+  std::vector<CondDecl> when;
   int64_t kernel = 0;   // kKernel: index into Manifest::kernels
   int64_t gemm_dtype = 0;  // kGemm: the record's dtype code, 0 float32, 1 float64, 2 float16, 3 bfloat16
   int64_t gemm_item = 4;   // kGemm: bytes per element
@@ -123,7 +134,7 @@ struct Manifest {
 // Throws bpk::Error(BPK_ERR_FORMAT) with text that the caller prefixes with the artifact's source.
 Manifest parse_manifest(const msgpack::object& root);
 
-// The plan ops of format 1.1 (docs/format.md "Plan ops").
+// The plan ops of format 1.2 (docs/format.md "Plan ops").
 bool known_plan_op(const std::string& op);
 
 }  // namespace bpk

@@ -238,7 +238,34 @@ std::shared_ptr<const Model::Prepared> Model::prepare(const bpk_tensor* in) cons
   const int64_t arena = nat.arena_bytes.resolve(r);
   if (arena < 0) corrupt("negative arena size");
   p->arena_bytes = size_t(arena);
-  for (const auto& l : nat.launches) {
+  for (size_t li = 0; li < nat.launches.size(); ++li) {
+    const LaunchDecl& l = nat.launches[li];
+    bool skip = false;
+    std::vector<Prepared::ByteCond> when;
+    for (const CondDecl& c : l.when) {
+      if (c.reg >= 0)
+        skip = skip || (r[c.reg] != 0) != c.is;
+      else
+        when.push_back({c.slot, c.offset.resolve(r), c.is});
+    }
+    if (skip) continue;
+    auto same = [&when](const Prepared::Segment& s) {
+      if (s.when.size() != when.size()) return false;
+      for (size_t k = 0; k < when.size(); ++k)
+        if (s.when[k].slot != when[k].slot || s.when[k].offset != when[k].offset || s.when[k].is != when[k].is)
+          return false;
+      return true;
+    };
+    // a new segment where the data conditions change, or after a launch the shape conditions dropped
+    if (p->segments.empty() || !same(p->segments.back()) ||
+        p->launch_index.back() + 1 != int64_t(li)) {
+      Prepared::Segment s;
+      s.begin = s.end = p->words.size();
+      s.first = p->launch_index.size();
+      s.when = when;
+      p->segments.push_back(std::move(s));
+    }
+    p->launch_index.push_back(int64_t(li));
     int64_t head[2];
     if (l.op == LaunchDecl::kKernel) {
       const KernelDecl& k = m_.kernels[size_t(l.kernel)];
@@ -261,6 +288,7 @@ std::shared_ptr<const Model::Prepared> Model::prepare(const bpk_tensor* in) cons
       p->words.push_back(off.resolve(r));  // checked against the slot's tensor in check_launches
     }
     for (const auto& v : l.ints) p->words.push_back(v.resolve(r));
+    p->segments.back().end = p->words.size();
   }
   std::vector<int64_t> buf_offsets(nat.buffers.size());
   for (size_t b = 0; b < nat.buffers.size(); ++b) {
@@ -330,6 +358,13 @@ void Model::check_launches(const Prepared& p, const bpk_tensor* in) const {
   const int64_t* r = p.regs.data();
   for (size_t i = 0; i < nat.launches.size(); ++i) {
     const LaunchDecl& l = nat.launches[i];
+    for (const CondDecl& c : l.when) {
+      if (c.reg >= 0) continue;
+      const int64_t at = c.offset.resolve(r);
+      if (at < 0 || uint64_t(at) >= slots[size_t(c.slot)])
+        corrupt("launch " + std::to_string(i) + "'s condition reads byte " + std::to_string(at) + " of slot " +
+                std::to_string(c.slot) + ", which holds " + std::to_string(slots[size_t(c.slot)]));
+    }
     std::vector<uint64_t> room;
     for (const auto& [slot, off] : l.ptrs) {
       const int64_t at = off.resolve(r);
@@ -357,8 +392,10 @@ void Model::check_launches(const Prepared& p, const bpk_tensor* in) const {
   for (size_t k = 0; k < nat.outputs.size(); ++k) writable[1 + m_.inputs.size() + k] = nat.outputs[k] >= 0;
   int64_t status[4] = {0, 0, 0, 0};
   if (lib_->check(p.words.data(), int64_t(p.words.size()), bytes.data(), writable.data(), int64_t(bytes.size()),
-                  status))
+                  status)) {
+    if (status[0] >= 0 && size_t(status[0]) < p.launch_index.size()) status[0] = p.launch_index[size_t(status[0])];
     operand_error(status, r, slots);
+  }
 }
 
 // The messages of bladepack/loader/plan_check.py's operand_error (docs/format.md, "Kernel operand checks").
@@ -562,7 +599,19 @@ void Model::run(const bpk_tensor* in, int64_t n_in, bpk_tensor* out, int64_t n_o
   Arena* arena = take_arena(p->arena_bytes);
   slots[0] = arena->data;
   int64_t status[4] = {0, 0, 0, 0};
-  const int64_t rc = lib_->run(p->words.data(), int64_t(p->words.size()), slots, status);
+  int64_t rc = 0;
+  for (const Prepared::Segment& s : p->segments) {
+    bool wanted = true;  // Note [Branch predicates] (bladepack/ir/guards.py): outermost first, stop at a miss
+    for (const auto& c : s.when)
+      if (wanted) wanted = (*(static_cast<const uint8_t*>(slots[c.slot]) + c.offset) != 0) == c.is;
+    if (!wanted || s.end == s.begin) continue;
+    rc = lib_->run(p->words.data() + s.begin, int64_t(s.end - s.begin), slots, status);
+    if (rc != 0) {
+      const size_t at = s.first + size_t(status[0] < 0 ? 0 : status[0]);
+      status[0] = at < p->launch_index.size() ? p->launch_index[at] : -1;
+      break;
+    }
+  }
   if (rc == 0) {
     for (size_t k = 0; k < n_outputs; ++k) {  // an input, a weight or a repeated output: copy, never alias
       const OutSource& s = out_source_[k];

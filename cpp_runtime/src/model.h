@@ -45,6 +45,18 @@ class Model {
   struct Prepared {
     std::vector<int64_t> regs;
     std::vector<int64_t> words;
+    // Note [Guarded launches]: the launches a shape condition rules out are not in `words`; the rest
+    // run in segments (word ranges) whose data conditions (slot, byte offset, expected) are read first
+    struct ByteCond {
+      int64_t slot, offset;
+      bool is;
+    };
+    struct Segment {
+      size_t begin = 0, end = 0, first = 0;  // words [begin, end); `first`: its first launch in launch_index
+      std::vector<ByteCond> when;
+    };
+    std::vector<Segment> segments;
+    std::vector<int64_t> launch_index;  // per launch in `words`, its index in the plan
     size_t arena_bytes = 0;
     std::vector<OutSpec> outs;
     std::vector<int64_t> copy_offset;  // per output copied from the arena: its byte offset there
