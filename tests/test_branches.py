@@ -270,3 +270,56 @@ def test_mutated_branch_manifests_never_crash_a_loader(branchy: tuple[nn.Module,
     results = mutation_campaign.run_cases(cases, str(build / "bpk-run"), 2, tmp_path)
     bad = [r for r in results if r[1] in ("stray", "crash", "hang")]
     assert not bad, mutation_campaign.report(results)
+
+
+def test_cpp_runtime_runs_unrolled_loops(tmp_path: Path) -> None:
+    """ONNX Loops unrolled under chains of conditions (Note [Unrolled loops]): a symbolic trip count
+    (shape conditions only) and a while loop (a data condition per iteration) give the Python loader's
+    outputs bit for bit in the C++ runtime."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from tests import cpp_build
+    from tests.test_cpp_runtime import run_both
+    from tests.test_onnx import _loop_body, _loop_model
+
+    release = cpp_build.build("release")
+    cond = [
+        helper.make_node("ReduceSum", ["acc_out"], ["total"], keepdims=0),
+        helper.make_node("Constant", [], ["limit"], value=numpy_helper.from_array(np.array(2.0, np.float32))),
+        helper.make_node("Less", ["total", "limit"], ["cond_out"]),
+    ]
+    for tag, body in (("for", _loop_body()), ("while", _loop_body(cond))):
+        model: onnx.ModelProto = _loop_model("shape", body)
+        path = tmp_path / f"{tag}.bpk"
+        bladepack.optimize(model, dynamic_shapes={"x": {0: bladepack.Dim("n", 1, 8)}}).save(path)
+        for n in (1, 3, 8):
+            for scale in (0.1, 3.0):
+                x = (np.random.default_rng(n).standard_normal((n, 4)) * scale).astype(np.float32)
+                got, want = run_both(release, path, [x], f"{tag}{n}{scale}")
+                for o, w in zip(got, want):
+                    assert np.array_equal(o, w), (tag, n, scale)
+
+
+def test_pruned_keeps_the_strongest_trip_condition() -> None:
+    """An unrolled iteration's conditions "n > 0", "n > 1", "n > 2" (chained) encode as "n > 2" alone;
+    data conditions and other shape conditions stay, in order; a front end's shape assumption under the
+    guard holds only where it does."""
+    import sympy
+
+    from bladepack.ir.guards import pruned, under_guard
+    from bladepack.ir.ops import ConstantAttrs
+
+    n = sympy.Symbol("n", integer=True, positive=True)
+    b = GraphBuilder()
+    b.add_input("x", TensorType(DType.FLOAT32, (n,)))
+    flag = b.add_input("flag", TensorType(DType.BOOL, ()))
+    preds = [b.add(OpKind.FULL, (), TensorType(DType.BOOL, ()), ConstantAttrs(sympy.Gt(n, i))) for i in (1, 2, 3)]
+    even = b.add(OpKind.FULL, (), TensorType(DType.BOOL, ()), ConstantAttrs(sympy.Eq(n % 2, 0)))
+    guard = (Guard(preds[0], True), Guard(flag, True), Guard(preds[1], True), Guard(even, True), Guard(preds[2], True))
+    nodes = {nd.id: nd for nd in b.nodes}
+    assert pruned(nodes, guard) == (Guard(flag, True), Guard(even, True), Guard(preds[2], True))
+    assert pruned(nodes, guard[:2]) == guard[:2]
+    b.guard = guard
+    cond = under_guard(b, sympy.Ge(n, 7))
+    assert cond.subs(n, 2) and cond.subs(n, 5) and not cond.subs(n, 4) and cond.subs(n, 8), cond

@@ -703,3 +703,147 @@ def test_if_branch_problems_name_the_branch() -> None:
         bladepack.optimize(_if_model(nodes, untaken_op="NonZero"))
     text = str(info.value)
     assert "NonZero (opset 17)" in text and "node 'branch' [If] else_branch node #0 (NonZero -> y_else)" in text, text
+
+
+# ------------------------------------------------------------------------------------------ Loop
+
+
+def _loop_body(cond_nodes: list[onnx.NodeProto] | None = None, scan: bool = False) -> onnx.GraphProto:
+    """Body(i, cond, acc[4], count): acc + x[i] * w (x and w from the enclosing scope), count + 1; the
+    condition passes through, or `cond_nodes` compute it from the new acc; optionally a scan of acc."""
+    one = numpy_helper.from_array(np.array(1, np.int64), "one")
+    nodes = [
+        helper.make_node("Gather", ["x", "i"], ["row"], axis=0),
+        helper.make_node("Mul", ["row", "w"], ["scaled"]),
+        helper.make_node("Add", ["acc_in", "scaled"], ["acc_out"]),
+        helper.make_node("Add", ["count_in", "one"], ["count_out"]),
+    ]
+    nodes += cond_nodes or [helper.make_node("Identity", ["cond_in"], ["cond_out"])]
+    outputs = [
+        _vi("cond_out", TensorProto.BOOL, []),
+        _vi("acc_out", TensorProto.FLOAT, [4]),
+        _vi("count_out", TensorProto.INT64, []),
+    ]
+    if scan:
+        nodes.append(helper.make_node("Identity", ["acc_out"], ["acc_scan"]))
+        outputs.append(_vi("acc_scan", TensorProto.FLOAT, [4]))
+    inputs = [
+        _vi("i", TensorProto.INT64, []),
+        _vi("cond_in", TensorProto.BOOL, []),
+        _vi("acc_in", TensorProto.FLOAT, [4]),
+        _vi("count_in", TensorProto.INT64, []),
+    ]
+    return helper.make_graph(nodes, "body", inputs, outputs, [one])
+
+
+def _loop_model(trip: str, body: onnx.GraphProto, n_out: int = 2) -> onnx.ModelProto:
+    """x[n, 4] -> Loop over rows: trip "shape" (n, a shape value), "const" (3), or "data" (from x)."""
+    w = numpy_helper.from_array(np.array([1.0, 2.0, -1.0, 0.5], np.float32), "w")
+    zeros = numpy_helper.from_array(np.zeros(4, np.float32), "acc0")
+    count0 = numpy_helper.from_array(np.array(0, np.int64), "count0")
+    yes = numpy_helper.from_array(np.array(True), "yes")
+    if trip == "shape":
+        trip_nodes = [
+            helper.make_node("Shape", ["x"], ["s"]),
+            helper.make_node("Constant", [], ["ax"], value=numpy_helper.from_array(np.array(0, np.int64))),
+            helper.make_node("Gather", ["s", "ax"], ["M"]),
+        ]
+    elif trip == "const":
+        trip_nodes = [helper.make_node("Constant", [], ["M"], value=numpy_helper.from_array(np.array(3, np.int64)))]
+    else:
+        trip_nodes = [
+            helper.make_node("ReduceSum", ["x"], ["t"], keepdims=0),
+            helper.make_node("Cast", ["t"], ["M"], to=TensorProto.INT64),
+        ]
+    outs = ["acc", "count", "scan"][:n_out]
+    loop = helper.make_node("Loop", ["M", "yes", "acc0", "count0"], outs, body=body, name="rows")
+    graph = helper.make_graph(
+        [*trip_nodes, loop],
+        "m",
+        [_vi("x", TensorProto.FLOAT, ["n", 4])],
+        [_vi("acc", TensorProto.FLOAT, [4]), _vi("count", TensorProto.INT64, [])]
+        + ([_vi("scan", TensorProto.FLOAT, [3, 4])] if n_out == 3 else []),
+        [w, zeros, count0, yes],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _reference_loop(x: np.ndarray, trips: int, limit: float | None = None) -> tuple[np.ndarray, int, list[np.ndarray]]:
+    w = np.array([1.0, 2.0, -1.0, 0.5], np.float32)
+    acc, count, scans = np.zeros(4, np.float32), 0, []
+    for i in range(trips):
+        acc = acc + x[i] * w
+        count += 1
+        scans.append(acc)
+        if limit is not None and not acc.sum() < limit:
+            break
+    return acc, count, scans
+
+
+@pytest.mark.parametrize("executor", ["native", "reference"])
+def test_loop_with_a_symbolic_trip_count(executor: str) -> None:
+    """Note [Unrolled loops]: a Loop over the rows of x[n, 4], n in [1, 16], unrolled 16 times under
+    "n > i" guards; the loader runs exactly n iterations (the rest are dropped when the signature is
+    prepared), at n = 1, odd sizes and the range end."""
+    art = bladepack.optimize(_loop_model("shape", _loop_body()), dynamic_shapes={"x": {0: Dim("n", 1, 16)}})
+    conds = [c for st in art.plan.steps for c in st.when]
+    assert conds and all("r" in c for c in conds)
+    loaded = bladepack.load(art.to_bytes(), executor=executor)
+    for n in (1, 2, 7, 16):
+        x = np.random.default_rng(n).standard_normal((n, 4)).astype(np.float32)
+        acc, count = loaded(x)
+        want, want_count, _ = _reference_loop(x, n)
+        np.testing.assert_allclose(acc, want, rtol=1e-5, atol=1e-6)
+        assert int(count) == want_count == n
+    if executor == "native":  # the launches that run grow with n
+        ex = loaded._executor
+        words = [sum(s.words.size for s in ex.prepare(((n, 4),)).native.segments) for n in (1, 8, 16)]
+        assert words[0] < words[1] < words[2], words
+
+
+def test_loop_with_a_data_condition_and_a_constant_trip_count() -> None:
+    """A while loop bounded by a shape trip count: iteration i runs while every earlier one continued
+    (acc.sum() < 2, read on the host); and a constant trip count with a scan output (no guards)."""
+    cond = [
+        helper.make_node("ReduceSum", ["acc_out"], ["total"], keepdims=0),
+        helper.make_node("Constant", [], ["limit"], value=numpy_helper.from_array(np.array(2.0, np.float32))),
+        helper.make_node("Less", ["total", "limit"], ["cond_out"]),
+    ]
+    art = bladepack.optimize(_loop_model("shape", _loop_body(cond)), dynamic_shapes={"x": {0: Dim("n", 1, 8)}})
+    assert any("v" in c for st in art.plan.steps for c in st.when)
+    for executor in ("native", "reference"):
+        loaded = bladepack.load(art.to_bytes(), executor=executor)
+        for n in (1, 3, 8):
+            for scale in (0.1, 1.0, 3.0):
+                x = (np.random.default_rng(n).standard_normal((n, 4)) * scale).astype(np.float32)
+                acc, count = loaded(x)
+                want, want_count, _ = _reference_loop(x, n, limit=2.0)
+                np.testing.assert_allclose(acc, want, rtol=1e-5, atol=1e-6)
+                assert int(count) == want_count, (executor, n, scale)
+    art = bladepack.optimize(
+        _loop_model("const", _loop_body(scan=True), n_out=3), dynamic_shapes={"x": {0: Dim("n", 3, 8)}}
+    )
+    x = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
+    acc, count, scan = bladepack.load(art.to_bytes())(x)
+    want, want_count, scans = _reference_loop(x, 3)
+    np.testing.assert_allclose(acc, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(scan, np.stack(scans), rtol=1e-5, atol=1e-6)
+    assert int(count) == 3 and not any(st.when for st in art.plan.steps)
+
+
+def test_loops_that_cannot_be_unrolled_are_refused_clearly() -> None:
+    cases = [
+        (_loop_model("data", _loop_body()), {"x": {0: Dim("n", 1, 16)}}, "trip count is computed from tensor data"),
+        (_loop_model("shape", _loop_body()), {"x": {0: Dim("n", 1, None)}}, "has no upper bound"),
+        (_loop_model("shape", _loop_body()), {"x": {0: Dim("n", 1, 2000)}}, "above the budget"),
+        (
+            _loop_model("shape", _loop_body(scan=True), n_out=3),
+            {"x": {0: Dim("n", 1, 16)}},
+            "scan outputs would have a length only known at run time",
+        ),
+    ]
+    for model, dyn, what in cases:
+        with pytest.raises(UnsupportedOpsError) as info:
+            bladepack.optimize(model, dynamic_shapes=dyn)
+        text = str(info.value)
+        assert what in text and "node 'rows'" in text, text

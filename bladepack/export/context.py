@@ -17,6 +17,7 @@ import torch
 from bladepack.dtypes import DType
 from bladepack.export.sym import UnsupportedShapeExpr, to_bladepack
 from bladepack.ir import GraphBuilder, OpKind, ShapeEnv, TensorType
+from bladepack.ir.guards import under_guard
 from bladepack.ir.ops import Attrs, ConstantAttrs, SymInt
 from bladepack.ir.types import IRDim
 
@@ -113,6 +114,11 @@ class Ctx:
         if index is not None:
             val = val[index]
         return self.type_of_val(val)
+
+    def assume(self, cond: Any, message: str) -> None:
+        """Record a shape condition the program needs (checked by the shape program at every call);
+        under a guard, it holds only where the guard's shape predicates do (ir/guards.py)."""
+        self.assertions.append((under_guard(self.b, cond), message))
 
     # -- emitting
     def emit(

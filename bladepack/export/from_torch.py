@@ -153,7 +153,7 @@ def _convert_node(ctx: Ctx, node: torch.fx.Node, target: str, val: Any) -> None:
         expr = ctx.syms.get(cond) if isinstance(cond, torch.fx.Node) else sympy.sympify(bool(cond))
         if expr is None:
             raise Unsupported("runtime assertion on a data-dependent value")
-        ctx.assertions.append((expr, str(node.args[1]) if len(node.args) > 1 else "runtime assertion"))
+        ctx.assume(expr, str(node.args[1]) if len(node.args) > 1 else "runtime assertion")
         return
     if node.target is operator.getitem:
         src = ctx.values.get(node.args[0])  # type: ignore[arg-type]

@@ -120,7 +120,7 @@ def _topk(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Valu
     if isinstance(d, int) and k > d:
         raise Unsupported(f"topk with k={k} larger than the axis ({d})")
     if not isinstance(d, int):
-        ctx.assertions.append((sympy.Ge(d, k), f"{ctx.loc}: topk needs at least k={k} elements along axis {axis}"))
+        ctx.assume(sympy.Ge(d, k), f"{ctx.loc}: topk needs at least k={k} elements along axis {axis}")
     vt, it = ctx.out_type(0), ctx.out_type(1)
     idx = ctx.emit(K.TOPK, (x,), TensorType(DType.INT64, it.shape), TopkAttrs(axis, k, largest))
     return ctx.emit(K.GATHER, (x, idx), vt, AxisAttrs(axis)), idx

@@ -66,9 +66,7 @@ def _upsample(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
         if d == o and scales[k] in (None, 1.0):
             continue
         if not isinstance(o, int):  # torch refuses an empty output ("sizes should be greater than 0")
-            ctx.assertions.append(
-                (sympy.Ge(o, 1), f"{ctx.loc}: {op} output size {o} along axis {axis} must be at least 1")
-            )
+            ctx.assume(sympy.Ge(o, 1), f"{ctx.loc}: {op} output size {o} along axis {axis} must be at least 1")
         factor = scales[k]
         if factor is not None and (not isinstance(factor, (int, float)) or factor <= 0):
             raise Unsupported(f"interpolation scale factor {factor!r}")

@@ -19,13 +19,16 @@ from __future__ import annotations
 import sympy
 
 from bladepack.dtypes import DType
-from bladepack.ir.graph import Graph, Guard, Node
+from bladepack.ir.graph import Graph, GraphBuilder, Guard, Node
 from bladepack.ir.ops import ConstantAttrs, OpKind
 
 Guards = dict[int, tuple[Guard, ...]]
 
 
 def _shared(guard: tuple[Guard, ...], reader: Node, reader_guard: tuple[Guard, ...], v: int) -> tuple[Guard, ...]:
+    if reader_guard[: len(guard)] == guard:  # the usual case: the reader is inside the value's branch
+        return guard
+    shared = set(reader_guard)
     keep = 0
     for c in guard:
         merge = (
@@ -35,7 +38,7 @@ def _shared(guard: tuple[Guard, ...], reader: Node, reader_guard: tuple[Guard, .
             and reader.inputs[1 if c.taken else 2] == v
             and reader.inputs[2 if c.taken else 1] != v
         )
-        if c not in reader_guard and not merge:
+        if c not in shared and not merge:
             break
         keep += 1
     return guard[:keep]
@@ -85,3 +88,61 @@ def data_predicates(g: Graph, eff: Guards) -> set[int]:
     """The predicates some effective guard reads at run time (they must be materialized)."""
     nodes = {n.id: n for n in g.nodes}
     return {c.pred for guard in eff.values() for c in guard if shape_predicate(nodes, c.pred) is None}
+
+
+def under_guard(b: GraphBuilder, cond: sympy.Basic) -> sympy.Basic:
+    """A shape condition a front end records while converting nodes under `b.guard`, made to hold only
+    where the guard's shape predicates do (an iteration past the trip count, or an untaken branch, must
+    not fail the call). Data predicates cannot condition it: it stays required there."""
+    nodes = {n.id: n for n in b.nodes}
+    parts = []
+    for c in pruned(nodes, b.guard):
+        shape = shape_predicate(nodes, c.pred)
+        if shape is not None:
+            parts.append(shape if c.taken else sympy.Not(shape))
+            continue
+        todo = [c.pred] if c.taken else []  # a taken conjunction implies each of its shape operands
+        while todo:
+            n = nodes.get(todo.pop())
+            if n is not None and n.op is OpKind.LOGICAL_AND:
+                for i in n.inputs:
+                    part = shape_predicate(nodes, i)
+                    if part is not None:
+                        parts.append(part)
+                    else:
+                        todo.append(i)
+    return sympy.Or(sympy.Not(sympy.And(*parts)), cond) if parts else cond
+
+
+def _threshold(p: sympy.Basic) -> tuple[sympy.Basic, int] | None:
+    """(e, t) for a predicate "e > t" (or e >= t + 1) with an integer t, else None."""
+    if isinstance(p, (sympy.StrictGreaterThan, sympy.GreaterThan)) and p.rhs.is_Integer:
+        return p.lhs, int(p.rhs) + (0 if isinstance(p, sympy.StrictGreaterThan) else -1)
+    if isinstance(p, (sympy.StrictLessThan, sympy.LessThan)) and p.lhs.is_Integer:
+        return p.rhs, int(p.lhs) + (0 if isinstance(p, sympy.StrictLessThan) else -1)
+    return None
+
+
+def pruned(nodes: dict[int, Node], guard: tuple[Guard, ...]) -> tuple[Guard, ...]:
+    """`guard` without the shape conditions "e > t" that a stronger "e > t'" of it implies (an unrolled
+    loop's iteration i is under "trip > 0", ..., "trip > i"). Shape conditions are all decided when a
+    signature is prepared, before any data condition is read, so dropping one never changes which
+    reads happen."""
+    best: dict[sympy.Basic, int] = {}
+    for c in guard:
+        p = shape_predicate(nodes, c.pred) if c.taken else None
+        th = _threshold(p) if p is not None else None
+        if th is not None:
+            best[th[0]] = max(best.get(th[0], th[1]), th[1])
+    if not best:
+        return guard
+    out, kept = [], set()
+    for c in guard:
+        p = shape_predicate(nodes, c.pred) if c.taken else None
+        th = _threshold(p) if p is not None else None
+        if th is not None:
+            if th[1] < best[th[0]] or th[0] in kept:
+                continue
+            kept.add(th[0])
+        out.append(c)
+    return tuple(out)

@@ -28,7 +28,7 @@ from bladepack.codegen.cuda_toolchain import cuda_source
 from bladepack.codegen.kernel import KernelEmitError
 from bladepack.errors import UnsupportedOpsError
 from bladepack.ir import Graph, Guard, OpKind, Program, ShapeEnv, Tri
-from bladepack.ir.guards import effective_guards, shape_predicate
+from bladepack.ir.guards import effective_guards, pruned, shape_predicate
 from bladepack.ir.types import IRDim, dim_str
 from bladepack.library_ops.cutlass.emitter import GemmInstance
 from bladepack.library_ops.cutlass.select import CUBLAS, GemmPolicy
@@ -261,7 +261,7 @@ def build_plan(
             n.inputs,
             {f.name: _encode_attr(b, getattr(n.attrs, f.name)) for f in dataclasses.fields(n.attrs)},
             n.loc,
-            tuple(condition(c) for c in guards[n.id]),
+            tuple(condition(c) for c in pruned(nodes, guards[n.id])),
         )
         for n in g.nodes
     )

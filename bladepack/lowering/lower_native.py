@@ -47,7 +47,7 @@ from bladepack.codegen.operand_check import operand_buffers
 from bladepack.ir import OpKind, Program
 from bladepack.ir.fusion_plan import FusionPlan, GemmEpilogue, KernelSpec, LibraryStep, ReferenceStep
 from bladepack.ir.graph import Guard
-from bladepack.ir.guards import effective_guards, shape_predicate
+from bladepack.ir.guards import effective_guards, pruned, shape_predicate
 from bladepack.ir.ops import Conv2dAttrs
 from bladepack.ir.types import IRDim, TensorType, dim_str
 from bladepack.ir.views import View, simplify, view_of
@@ -287,7 +287,7 @@ class _Lowerer:
         for step in self.plan.steps:
             first = len(self.launches)
             self._run_step(step)
-            self._guard_launches(first, self.guards.get(self._stored(step), ()))
+            self._guard_launches(first, pruned(self.nodes, self.guards.get(self._stored(step), ())))
         # arena buffers: every materialized value that is neither a parameter nor an output
         buffers = []
         for v, uses in sorted(self.touch.items()):

@@ -27,6 +27,7 @@ from onnx import TensorProto
 from bladepack.dtypes import DType
 from bladepack.ir import GraphBuilder, OpKind, ShapeEnv, TensorType, Tri
 from bladepack.ir.broadcast import BroadcastError, broadcast_shapes
+from bladepack.ir.guards import under_guard
 from bladepack.ir.ops import AxisAttrs, ConstantAttrs
 from bladepack.ir.types import IRDim, canonical_dim
 
@@ -190,6 +191,11 @@ class OnnxCtx:
             else self.emit(OpKind.CONCAT, parts, TensorType(dtype, (len(parts),)), AxisAttrs(0))
         )
         return self.reshape(flat, tuple(int(d) for d in data.shape))
+
+    def assume(self, cond: Any, message: str) -> None:
+        """Record a shape condition the program needs (checked by the shape program at every call);
+        under a guard, it holds only where the guard's shape predicates do (ir/guards.py)."""
+        self.assertions.append((under_guard(self.b, cond), message))
 
     # -- emitting
     def emit(self, op: OpKind, inputs: Sequence[int], t: TensorType, attrs: Any = None) -> int:

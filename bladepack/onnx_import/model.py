@@ -34,7 +34,7 @@ from bladepack.errors import UnsupportedOpsError
 from bladepack.ir import GraphBuilder, Program, ShapeEnv, TensorType
 from bladepack.onnx_import import ops_einsum, ops_elementwise, ops_layout, ops_nn, ops_shape  # noqa: F401  (registers converters)
 from bladepack.onnx_import.context import FOLDABLE, TABLE, OnnxCtx, OVal, Unsupported, dtype_of, known
-from bladepack.onnx_import.control_flow import CONTROL_FLOW, inline_if
+from bladepack.onnx_import.control_flow import CONTROL_FLOW, inline_if, unroll_loop
 
 MIN_OPSET = 13
 # A fold whose result is bigger than this and bigger than its operands stays a run-time op, so that a
@@ -301,7 +301,7 @@ def _convert_node(
         if node.domain not in ("", "ai.onnx") or node.op_type not in TABLE.keys() | CONTROL_FLOW:
             raise Unsupported("no converter")
         outs: list[OVal | None] | None
-        if node.op_type == "If":  # Note [Inlined branches] in control_flow.py
+        if node.op_type in ("If", "Loop"):  # Note [Inlined branches], Note [Unrolled loops] in control_flow.py
             reads_poisoned = False
 
             def branch_node(inner: onnx.NodeProto, k: int, at: str, scope: dict[str, OVal]) -> None:
@@ -310,7 +310,8 @@ def _convert_node(
                 _convert_node(ctx, inner, k, scope, poisoned, problems, at)
 
             reported = len(problems)
-            outs = inline_if(ctx, node, ins, values, branch_node)
+            unroll = unroll_loop if node.op_type == "Loop" else inline_if
+            outs = unroll(ctx, node, ins, values, branch_node)
             ctx.node, ctx.loc = node, f"{where} [{node.op_type}]"
             if len(problems) > reported or reads_poisoned:  # reported already: poison, add nothing
                 poisoned.update(node.output)

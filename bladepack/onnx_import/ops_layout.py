@@ -111,7 +111,7 @@ def _split(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
             sizes = [simplify_dim(sympy.Min(chunk, sympy.Max(d - k * chunk, 0))) for k in range(n)]
         else:
             sizes = [simplify_dim(sympy.floor(sympy.sympify(d) / n))] * n
-            ctx.assertions.append((sympy.Eq(sympy.Mod(d, n), 0), f"{ctx.loc}: dim {d} must split into {n} equal parts"))
+            ctx.assume(sympy.Eq(sympy.Mod(d, n), 0), f"{ctx.loc}: dim {d} must split into {n} equal parts")
     if len(sizes) != n_out:
         raise Unsupported(f"{len(sizes)} split sizes for {n_out} outputs")
     outs: list[OVal | None] = []
@@ -483,9 +483,7 @@ def _resize_dynamic(
         if d == o and factors[a] in (None, 1.0):
             continue
         if not isinstance(o, int):
-            ctx.assertions.append(
-                (sympy.Ge(o, 1), f"{ctx.loc}: Resize output size {o} along axis {a} must be at least 1")
-            )
+            ctx.assume(sympy.Ge(o, 1), f"{ctx.loc}: Resize output size {o} along axis {a} must be at least 1")
         y = resize_axis(ctx.b, ctx.loc, y, a, mode, ctm, d, o, factors[a], dt, cubic_a)
         shape[a] = o
     return OVal(TensorType(x.type.dtype, tuple(shape)), ctx.cast(y, x.type.dtype))

@@ -469,7 +469,7 @@ def _topk(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
     if isinstance(d, int) and k > d:
         raise Unsupported(f"TopK with K={k} larger than the axis ({d})")
     if not isinstance(d, int):
-        ctx.assertions.append((sympy.Ge(d, k), f"{ctx.loc}: TopK needs at least K={k} elements along axis {axis}"))
+        ctx.assume(sympy.Ge(d, k), f"{ctx.loc}: TopK needs at least K={k} elements along axis {axis}")
     shape = list(x.type.shape)
     shape[axis] = k
     largest = bool(int(ctx.attr("largest", 1)))

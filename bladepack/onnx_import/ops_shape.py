@@ -163,8 +163,8 @@ def _infer_dim(ctx: OnnxCtx, total: IRDim, known_part: IRDim) -> IRDim:
     gens = sorted(q.free_symbols, key=str)
     if den == 1 and gens and q.is_polynomial() and all(c.is_Integer for c in sympy.Poly(q, *gens).coeffs()):
         return simplify_dim(q)
-    ctx.assertions.append(
-        (sympy.Eq(sympy.Mod(total, known_part), 0), f"{ctx.loc}: {total} elements must split into rows of {known_part}")
+    ctx.assume(
+        sympy.Eq(sympy.Mod(total, known_part), 0), f"{ctx.loc}: {total} elements must split into rows of {known_part}"
     )
     return simplify_dim(sympy.floor(sympy.sympify(total) / known_part))
 
@@ -200,7 +200,7 @@ def _squeeze(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
             if ctx.eq(d, 1) is Tri.NO:
                 raise Unsupported(f"squeeze of axis {a}, whose size {d} is not 1")
             if not isinstance(d, int):
-                ctx.assertions.append((sympy.Eq(d, 1), f"{ctx.loc}: squeezed dim {d} must be 1"))
+                ctx.assume(sympy.Eq(d, 1), f"{ctx.loc}: squeezed dim {d} must be 1")
     return [_reshape_to(ctx, x, [d for k, d in enumerate(x.type.shape) if k not in drop])]
 
 
@@ -249,7 +249,7 @@ def _arithmetic_run(ctx: OnnxCtx, idx: OVal, d: IRDim) -> tuple[IRDim, int, int]
     if not isinstance(d, int):
         need_ok = sympy.Le(hi + 1, d) if lo >= 0 else sympy.Le(-lo, d)
         if ctx.env.prove_le(hi + 1 if lo >= 0 else -lo, d) is not Tri.YES:
-            ctx.assertions.append((need_ok, f"{ctx.loc}: indices {raw[:8]} must lie inside dim {d}"))
+            ctx.assume(need_ok, f"{ctx.loc}: indices {raw[:8]} must lie inside dim {d}")
     start = raw[0] if raw[0] >= 0 else simplify_dim(sympy.sympify(d) + raw[0])
     return start, step, len(raw)
 
