@@ -323,3 +323,22 @@ def test_pruned_keeps_the_strongest_trip_condition() -> None:
     b.guard = guard
     cond = under_guard(b, sympy.Ge(n, 7))
     assert cond.subs(n, 2) and cond.subs(n, 5) and not cond.subs(n, 4) and cond.subs(n, 8), cond
+
+
+def test_cond_through_the_dynamo_onnx_exporter() -> None:
+    """torch.cond exported by torch's dynamo ONNX exporter is an If on `Shape > 4` (the shape comparison
+    a shape predicate) with a nested If on data: the same run-time branches from the ONNX front end."""
+    pytest.importorskip("onnxscript")
+    torch.manual_seed(0)
+    model = _Branchy().eval()
+    exported = torch.onnx.export(
+        model, (torch.randn(6, 8),), dynamo=True, dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=64)},)
+    )
+    assert exported is not None
+    art = bladepack.optimize(exported.model_proto)
+    conds = [c for st in art.plan.steps for c in st.when]
+    assert any("r" in c for c in conds) and any("v" in c for c in conds), conds
+    loaded = bladepack.load(art.to_bytes())
+    for x in _cases():
+        for o, w in zip(loaded(x), _eager(model, x)):
+            np.testing.assert_allclose(o, w, rtol=1e-5, atol=1e-6, err_msg=f"at {x.shape}, sum {x.sum()}")
