@@ -801,6 +801,33 @@ def test_loop_with_a_symbolic_trip_count(executor: str) -> None:
         assert words[0] < words[1] < words[2], words
 
 
+_SUM_BELOW_2 = [
+    helper.make_node("ReduceSum", ["acc_out"], ["total"], keepdims=0),
+    helper.make_node("Constant", [], ["limit"], value=numpy_helper.from_array(np.array(2.0, np.float32))),
+    helper.make_node("Less", ["total", "limit"], ["cond_out"]),
+]
+
+
+def test_loop_scan_output_with_a_symbolic_trip_count() -> None:
+    """Scan rows of a symbolic trip count: one row per iteration that ran, [n, 4] at n = 1 .. 16; the
+    rows past n are zeros merged outside the iterations and cut off, the iterations themselves skipped."""
+    model = _loop_model("shape", _loop_body(scan=True), n_out=3)
+    model.graph.output[2].CopyFrom(_vi("scan", TensorProto.FLOAT, ["n", 4]))
+    art = bladepack.optimize(model, dynamic_shapes={"x": {0: Dim("n", 1, 16)}})
+    for executor in ("native", "reference"):
+        loaded = bladepack.load(art.to_bytes(), executor=executor)
+        for n in (1, 6, 16):
+            x = np.random.default_rng(n).standard_normal((n, 4)).astype(np.float32)
+            acc, count, scan = loaded(x)
+            want, _, scans = _reference_loop(x, n)
+            np.testing.assert_allclose(acc, want, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(scan, np.stack(scans), rtol=1e-5, atol=1e-6)
+            assert scan.shape == (n, 4) and int(count) == n
+    ex = bladepack.load(art.to_bytes())._executor
+    words = [sum(s.words.size for s in ex.prepare(((n, 4),)).native.segments) for n in (1, 16)]
+    assert words[0] * 2 < words[1], words
+
+
 def test_loop_with_a_data_condition_and_a_constant_trip_count() -> None:
     """A while loop bounded by a shape trip count: iteration i runs while every earlier one continued
     (acc.sum() < 2, read on the host); and a constant trip count with a scan output (no guards)."""
@@ -837,9 +864,9 @@ def test_loops_that_cannot_be_unrolled_are_refused_clearly() -> None:
         (_loop_model("shape", _loop_body()), {"x": {0: Dim("n", 1, None)}}, "has no upper bound"),
         (_loop_model("shape", _loop_body()), {"x": {0: Dim("n", 1, 2000)}}, "above the budget"),
         (
-            _loop_model("shape", _loop_body(scan=True), n_out=3),
+            _loop_model("shape", _loop_body(_SUM_BELOW_2, scan=True), n_out=3),
             {"x": {0: Dim("n", 1, 16)}},
-            "scan outputs would have a length only known at run time",
+            "its scan outputs would have a length the data decides",
         ),
     ]
     for model, dyn, what in cases:

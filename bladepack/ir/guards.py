@@ -3,7 +3,7 @@
 In: a `Graph` whose nodes may carry guards. Out: per node id, the longest prefix of its guard that
 every reader of its value shares — where the reader is the merge `where(pred, a, b)` of that branch,
 the merge's own condition is shared by the operand it selects when the condition holds (a for
-`taken`, b otherwise). A graph output, or a value read outside its branch after a pass moved it, so
+`taken`, b otherwise); a condition a shared one implies ("n > 3" implies "n > 2") counts as shared. A graph output, or a value read outside its branch after a pass moved it, so
 keeps no guard and is always computed. Also: whether a predicate is decided by the shape program.
 
 Note [Branch predicates]: a predicate is a 0-d bool value. One made by a `full` whose value is a
@@ -25,23 +25,34 @@ from bladepack.ir.ops import ConstantAttrs, OpKind
 Guards = dict[int, tuple[Guard, ...]]
 
 
-def _shared(guard: tuple[Guard, ...], reader: Node, reader_guard: tuple[Guard, ...], v: int) -> tuple[Guard, ...]:
+def _shared(
+    nodes: dict[int, Node], guard: tuple[Guard, ...], reader: Node, reader_guard: tuple[Guard, ...], v: int
+) -> tuple[Guard, ...]:
     if reader_guard[: len(guard)] == guard:  # the usual case: the reader is inside the value's branch
         return guard
-    shared = set(reader_guard)
+    allowed = set(reader_guard)
+    if reader.op is OpKind.WHERE and len(reader.inputs) == 3 and reader.inputs[1] != reader.inputs[2]:
+        if reader.inputs[1] == v:  # the merge selects v exactly when its predicate holds
+            allowed.add(Guard(reader.inputs[0], True))
+        elif reader.inputs[2] == v:
+            allowed.add(Guard(reader.inputs[0], False))
     keep = 0
     for c in guard:
-        merge = (
-            reader.op is OpKind.WHERE
-            and len(reader.inputs) == 3
-            and reader.inputs[0] == c.pred
-            and reader.inputs[1 if c.taken else 2] == v
-            and reader.inputs[2 if c.taken else 1] != v
-        )
-        if c not in shared and not merge:
+        if c not in allowed and not any(_implies(nodes, a, c) for a in allowed):
             break
         keep += 1
     return guard[:keep]
+
+
+def _implies(nodes: dict[int, Node], a: Guard, b: Guard) -> bool:
+    """Whether condition `a` implies `b`: "e > t" implies "e > t'" for t >= t' (an unrolled loop's
+    iteration i + 1 runs only where iteration i did)."""
+    if not (a.taken and b.taken):
+        return False
+    pa, pb = shape_predicate(nodes, a.pred), shape_predicate(nodes, b.pred)
+    ta = _threshold(pa) if pa is not None else None
+    tb = _threshold(pb) if pb is not None else None
+    return ta is not None and tb is not None and ta[0] == tb[0] and ta[1] >= tb[1]
 
 
 def effective_guards(g: Graph) -> Guards:
@@ -55,6 +66,7 @@ def effective_guards(g: Graph) -> Guards:
     for k, n in enumerate(g.nodes):
         position[n.id] = k
     outputs = set(g.outputs)
+    nodes = {n.id: n for n in g.nodes}
     eff: Guards = {}
     for n in reversed(g.nodes):
         guard = () if n.id in outputs else n.guard
@@ -64,7 +76,7 @@ def effective_guards(g: Graph) -> Guards:
                 guard = guard[:k]
                 break
         for r in readers.get(n.id, ()):
-            guard = _shared(guard, r, eff[r.id], n.id)
+            guard = _shared(nodes, guard, r, eff[r.id], n.id)
         eff[n.id] = guard
     return eff
 

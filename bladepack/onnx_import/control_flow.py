@@ -22,9 +22,10 @@ past the trip count when it prepares the signature, so a call does exactly trip-
 work). Each guarded iteration's carried results are merged with the previous ones (`where`), so the
 values after the last iteration that ran come out. A body condition computed from data (a while
 loop) guards each later iteration on it too (a data predicate, read on the host), nested so that an
-iteration runs only when every earlier one did and continued. Scan outputs (one slice per iteration)
-are concatenated and cut to the trip count; with a data condition their length would depend on the
-data, which a static artifact cannot express, so they are refused there. The body must keep every
+iteration runs only when every earlier one did and continued. Scan outputs (one slice per iteration,
+zeros where an iteration did not run) are concatenated and cut to the trip count; with a data
+condition their length would depend on the data, which a static artifact cannot express, so they are
+refused there. The body must keep every
 carried value's dtype and shape (shape-stable); a trip count computed from tensor data, one without
 a bound, or an unrolling above UNROLL_BUDGET body copies is refused with what to change.
 """
@@ -41,8 +42,8 @@ from onnx import numpy_helper
 
 from bladepack.dtypes import DType
 from bladepack.ir import Guard, OpKind, TensorType, Tri
-from bladepack.ir.ops import AxisAttrs, ConstantAttrs
-from bladepack.onnx_import.context import OnnxCtx, OVal, Unsupported, dtype_of, known
+from bladepack.ir.ops import AxisAttrs, ConstantAttrs, SliceAttrs
+from bladepack.onnx_import.context import OnnxCtx, OVal, Unsupported, dtype_of, known, simplify_dim
 
 CONTROL_FLOW = frozenset({"If", "Loop"})
 
@@ -156,12 +157,12 @@ def unroll_loop(
         for i in range(trips):
             if keep is False:
                 break
-            pred = _iteration_predicate(ctx, i, count, keep, guard)
-            if pred is not None and n_scan:
+            if isinstance(keep, OVal) and n_scan:
                 raise Unsupported(
-                    "its scan outputs would have a length only known at run time (a symbolic trip count or a "
-                    "condition computed from data); unrolling takes scan outputs with a constant trip count"
+                    "its body's condition is computed from data, so its scan outputs would have a length the "
+                    "data decides; unrolling takes scan outputs with a constant or symbolic trip count"
                 )
+            pred = _iteration_predicate(ctx, i, count, keep, guard)
             enclosing = guard
             if pred is not None:
                 guard = (*guard, Guard(pred, True))
@@ -184,7 +185,13 @@ def unroll_loop(
                 _same_shape(ctx, old.type, v.type, f"carried value {k} ({node.input[2 + k]})")
             for k, o in enumerate(outs[1 + n_carried :]):
                 assert o is not None
-                scans[k].append(ctx.reshape(ctx.tensor(o), (1, *o.type.shape)))
+                row = ctx.reshape(ctx.tensor(o), (1, *o.type.shape))
+                if pred is not None:  # zeros past the trip count, cut off below; merged outside the iterations
+                    ctx.b.guard = outer
+                    zero = ctx.emit(OpKind.FULL, (), ctx.t(row), ConstantAttrs(o.type.dtype.scalar(0)))
+                    row = ctx.emit(OpKind.WHERE, (pred, row, zero), ctx.t(row))
+                    ctx.b.guard = guard
+                scans[k].append(row)
             levels.append((pred, enclosing, [ctx.tensor(v) for v in new]))
             carried = [v for v in new if v is not None]
             cond_out = outs[0]
@@ -206,7 +213,7 @@ def unroll_loop(
     ctx.loc = where
     results: list[OVal | None] = [OVal(ctx.t(r), r) for r in result]
     for parts in scans:
-        results.append(_scan_output(ctx, parts))
+        results.append(_scan_output(ctx, parts, count))
     return results
 
 
@@ -265,11 +272,14 @@ def _same_shape(ctx: OnnxCtx, a: TensorType, b: TensorType, what: str) -> None:
         raise Unsupported(f"its body changes {what} from {a} to {b}; unrolling needs a shape-stable body")
 
 
-def _scan_output(ctx: OnnxCtx, parts: list[int]) -> OVal:
-    """Scan slices stacked along a new axis 0 (a constant trip count: every iteration ran)."""
+def _scan_output(ctx: OnnxCtx, parts: list[int], count: Any) -> OVal:
+    """Scan slices stacked along a new axis 0 and cut to the trip count."""
     if not parts:
         raise Unsupported("a scan output of a loop that runs no iteration")
     t = ctx.t(parts[0])
     stacked_t = TensorType(t.dtype, (len(parts), *t.shape[1:]))
     stacked = parts[0] if len(parts) == 1 else ctx.emit(OpKind.CONCAT, parts, stacked_t, AxisAttrs(0))
-    return OVal(stacked_t, stacked)
+    if isinstance(count, int) or len(parts) == 0:
+        return OVal(stacked_t, stacked)
+    out_t = TensorType(t.dtype, (simplify_dim(count), *t.shape[1:]))
+    return ctx.out(OpKind.SLICE, (stacked,), out_t, SliceAttrs(0, 0, 1))
