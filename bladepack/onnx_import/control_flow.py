@@ -163,6 +163,11 @@ def unroll_loop(
                     "data decides; unrolling takes scan outputs with a constant or symbolic trip count"
                 )
             pred = _iteration_predicate(ctx, i, count, keep, guard)
+            if pred is not None and i >= MAX_GUARDED_TRIPS:
+                raise Unsupported(
+                    f"it runs up to {trips} iterations under run-time conditions; unrolling takes at most "
+                    f"{MAX_GUARDED_TRIPS} such iterations (narrow the range its trip count comes from)"
+                )
             enclosing = guard
             if pred is not None:
                 guard = (*guard, Guard(pred, True))
