@@ -36,13 +36,20 @@ def optimize(
     targets: Any = ("cpu",),
     dtype: str | None = None,
     gemm_library: str = "cublas",
+    reference_cases: bool | int = True,
 ) -> Artifact:
     """See `bladepack.api.optimize`: a torch module with sample inputs, or an ONNX model (path or
     ModelProto). Imported lazily so that loading never needs torch or onnx."""
     from bladepack.api import optimize as _optimize
 
     return _optimize(
-        model, sample_inputs, dynamic_shapes=dynamic_shapes, targets=targets, dtype=dtype, gemm_library=gemm_library
+        model,
+        sample_inputs,
+        dynamic_shapes=dynamic_shapes,
+        targets=targets,
+        dtype=dtype,
+        gemm_library=gemm_library,
+        reference_cases=reference_cases,
     )
 
 

@@ -23,6 +23,7 @@ from bladepack.artifact.writer import assemble
 from bladepack.errors import BladepackError, CompileError
 from bladepack.options import Options
 from bladepack.progress import Progress, configure_logging
+from bladepack.reference_record import DEFAULT_BUDGET
 from bladepack.target import CPU_ONLY, Target
 from bladepack.version import __version__
 
@@ -54,6 +55,11 @@ class Artifact:
     # {CUTLASS kernel name: fatbin} and the Params packer library of the CUDA plan's GEMMs
     gemm_images: dict[str, bytes] = field(default_factory=dict)
     gemm_packer: bytes = b""
+    # Note [Reference cases]: the manifest record and its sections, or None
+    reference_cases: tuple[dict[str, Any], dict[str, bytes]] | None = None
+    # Note [Extending an artifact]: the front end's program (ir/serialize.py), its weights and how it
+    # was optimized, or None
+    source_program: tuple[dict[str, Any], dict[str, np.ndarray], dict[str, Any]] | None = None
 
     def _parts(self) -> tuple[dict[str, Any], list[bpk_format.Section]]:
         return assemble(
@@ -64,6 +70,8 @@ class Artifact:
             self.cuda_images,
             self.gemm_images,
             self.gemm_packer,
+            self.reference_cases,
+            self.source_program,
         )
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -171,6 +179,7 @@ def optimize(
     targets: Sequence[str] = ("cpu",),
     dtype: str | None = None,
     gemm_library: str = "cublas",
+    reference_cases: bool | int = True,
 ) -> Artifact:
     """Export `model` with symbolic shapes, optimize it and return an `Artifact`.
 
@@ -187,6 +196,12 @@ def optimize(
     model's own types. `gemm_library` serves the CUDA plan's GEMMs: "cublas" (the artifact needs
     libcublas where it runs) or "cutlass" (CUTLASS kernels chosen per shape range and packaged in the
     artifact; needs the nvidia-cutlass headers here).
+
+    `reference_cases`: record inputs and the model's own outputs (torch eager; onnx's reference
+    evaluator) at shapes that exercise every kernel variant and GEMM dispatch entry, so
+    `bladepack verify` / `LoadedModule.verify()` can check the artifact where it serves (Note
+    [Reference cases]). True: within 2 MiB of recorded outputs; an int: that many bytes; False or 0:
+    none.
     """
     target = Target.parse(targets)
     if gemm_library not in GEMM_LIBRARIES:
@@ -198,15 +213,23 @@ def optimize(
             raise ValueError(f"dtype must be one of {list(COMPUTE_DTYPES)} or None, got {dtype!r}")
     from bladepack.onnx_import.model import is_onnx_model
 
+    if isinstance(reference_cases, bool):
+        budget = DEFAULT_BUDGET if reference_cases else 0
+    elif isinstance(reference_cases, int) and reference_cases >= 0:
+        budget = reference_cases
+    else:
+        raise ValueError(f"reference_cases must be True, False or a byte budget >= 0, got {reference_cases!r}")
     options = Options.from_env()
     configure_logging(options.log_level)
+    extra = int(budget > 0)
     if is_onnx_model(model):
         from bladepack.onnx_import import import_onnx
 
-        with contextlib.closing(Progress(_stage_count(target, gemm_library) + 1, options.progress)) as progress:
+        stages = _stage_count(target, gemm_library) + 1 + extra
+        with contextlib.closing(Progress(stages, options.progress)) as progress:
             with progress.stage("ONNX import"):
                 program = import_onnx(model, sample_inputs, dynamic_shapes)
-            return optimize_program(
+            art = optimize_program(
                 program,
                 frontend="onnx",
                 target=target,
@@ -215,11 +238,17 @@ def optimize(
                 samples=_sample_bindings(program, sample_inputs),
                 progress=progress,
             )
+            if budget:
+                from bladepack.onnx_import.oracle import onnx_oracle
+
+                samples = [] if sample_inputs is None else _numpy_samples(sample_inputs)
+                _record(art, lambda: onnx_oracle(model), "onnx reference evaluator", samples, budget, dtype, progress)
+            return art
     if sample_inputs is None:
         raise TypeError("optimize(model, sample_inputs): a torch model needs sample inputs to export")
     from bladepack.export import capture, to_program
 
-    progress = Progress(_stage_count(target, gemm_library) + 2, options.progress)
+    progress = Progress(_stage_count(target, gemm_library) + 2 + extra, options.progress)
     try:
         with progress.stage("torch.export (symbolic shapes)"):
             captured = capture(model, sample_inputs, dynamic_shapes)
@@ -227,7 +256,7 @@ def optimize(
             log.warning("bladepack: %s", note)
         with progress.stage("convert to bladepack IR"):
             program = to_program(captured)
-        return optimize_program(
+        art = optimize_program(
             program,
             captured.notes,
             target=target,
@@ -236,8 +265,54 @@ def optimize(
             samples=_sample_bindings(program, sample_inputs),
             progress=progress,
         )
+        if budget:
+            from bladepack.export.oracle import torch_oracle
+
+            samples = _numpy_samples(sample_inputs)
+            _record(art, lambda: torch_oracle(model), "torch eager", samples, budget, dtype, progress)
+        return art
     finally:
         progress.close()
+
+
+def _numpy_samples(sample_inputs: Any) -> list[list[np.ndarray]]:
+    """The sample inputs as lists of arrays (torch tensors or numpy arrays; other values are left out)."""
+
+    def as_tuple(x: Any) -> tuple[Any, ...]:
+        return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+    many = isinstance(sample_inputs, list) and all(isinstance(s, (tuple, list)) for s in sample_inputs)
+    samples = [as_tuple(s) for s in sample_inputs] if many else [as_tuple(sample_inputs)]
+    out = []
+    for sample in samples:
+        arrays = [x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x) for x in sample]
+        out.append([a for a in arrays if a.dtype != object])
+    return out
+
+
+def _record(
+    art: Artifact,
+    oracle: Any,
+    oracle_name: str,
+    samples: list[list[np.ndarray]],
+    budget: int,
+    dtype: str | None,
+    progress: Progress,
+) -> None:
+    """Note [Reference cases]: record them in `art` (a note says why where none are recorded)."""
+    from bladepack.reference_record import record_cases
+
+    with _stage(progress, "reference cases"):
+        if dtype is not None:
+            note: str | None = (
+                f"no reference cases recorded: the model computes in {dtype}, the oracle in its own types"
+            )
+        else:
+            manifest, _ = art._parts()
+            art.reference_cases, note = record_cases(manifest, oracle(), oracle_name, samples, budget)
+    if note:
+        log.warning("bladepack: %s", note)
+        art.notes.append(note)
 
 
 def _stage_count(target: Target, gemm_library: str) -> int:
@@ -296,11 +371,14 @@ def optimize_program(
     gemm_library: str = "cublas",
     samples: Sequence[Mapping[str, int]] = (),
     progress: Progress | None = None,
+    producer: Mapping[str, str] | None = None,
 ) -> Artifact:
     """Optimize an IR `Program` from any front end ("torch" or "onnx", recorded in the producer
     versions) into an `Artifact` (the half of `optimize` after export) for `target` (plan kinds and
-    CUDA images), `samples` are the sample inputs' symbol values."""
+    CUDA images), `samples` are the sample inputs' symbol values. `producer` (extend) keeps the
+    versions of what first produced the program instead of asking the front end's framework."""
     from bladepack.ir import print_graph
+    from bladepack.ir.serialize import NotSerializable, encode_program
     from bladepack.lowering.build_plan import build_plan
     from bladepack.passes.pipeline import run_pipeline
 
@@ -308,7 +386,23 @@ def optimize_program(
     if progress is None:  # called directly (the ONNX path): this call owns the progress report
         configure_logging(options.log_level)
         with contextlib.closing(Progress(_stage_count(target, gemm_library), options.progress)) as own:
-            return optimize_program(program, notes, frontend, target, dtype, gemm_library, samples, own)
+            return optimize_program(
+                program, notes, frontend, target, dtype, gemm_library, samples, own, producer
+            )
+    source: tuple[dict[str, Any], dict[str, np.ndarray], dict[str, Any]] | None = None
+    try:  # Note [Extending an artifact]: the program as the front end gave it
+        data, weights = encode_program(program)
+        meta = {
+            "frontend": frontend,
+            "targets": target.spec(),
+            "dtype": dtype,
+            "gemm_library": gemm_library,
+            "samples": [dict(sorted(s.items())) for s in samples],
+            "notes": list(notes),
+        }
+        source = (data, weights, meta)
+    except NotSerializable as e:
+        notes = [*notes, f"bladepack extend cannot rebuild this artifact: {e}"]
     with _stage(progress, "graph passes (fusion, layouts, shape constraints)"):
         if dtype is not None:
             from bladepack.passes.mixed_precision import to_precision
@@ -324,7 +418,8 @@ def optimize_program(
             if profiler is not None:
                 profiler.close()
     with _stage(progress, "CPU kernel libraries"):
-        libraries, producer = _build_cpu(lowered, options, notes, progress), _producer(frontend)
+        libraries = _build_cpu(lowered, options, notes, progress)
+        producer = dict(producer) if producer is not None else _producer(frontend)
     if libraries:
         from bladepack.codegen.toolchain import compiler_version, find_compiler
 
@@ -349,6 +444,7 @@ def optimize_program(
         images,
         gemm_images,
         gemm_packer,
+        source_program=source,
     )
     if options.dump_dir is not None:
         (options.dump_dir / "fusion_plan.txt").write_text(sources.fusion_text)

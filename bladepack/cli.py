@@ -1,8 +1,10 @@
 """The `bladepack` command line. `inspect` is loader-safe; `optimize` needs the export extra.
 
-bladepack optimize MODEL.onnx -o MODEL.bpk [--dim INPUT:AXIS=NAME[:MIN:MAX]] ...
+bladepack optimize MODEL.onnx -o MODEL.bpk [--dim INPUT:AXIS=NAME[:MIN:MAX]] ... [--reference-cases BYTES]
 bladepack inspect FILE [--json]
 bladepack run FILE --input NAME=FILE.npy ... [--output-dir DIR] [--sha256 HEX] [--trusted-key KEY ...]
+bladepack verify FILE [--device cpu|cuda[:N]] [--json]   (Note [Reference cases]; exit 1 on a failure)
+bladepack extend FILE -o OUT [--targets cpu,cuda:sm_90a] [--range NAME=MIN:MAX ...]   (no torch needed)
 bladepack keygen KEY                      (an Ed25519 key pair: KEY, private, and KEY.pub)
 bladepack sign FILE --key KEY [-o OUT]    (Note [Trust model] in artifact/trust.py)
 """
@@ -57,6 +59,31 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verify(args: argparse.Namespace) -> int:
+    from bladepack.loader import load
+    from bladepack.loader.verify import report_text
+
+    m = load(args.file, device=args.device, sha256=args.sha256, trusted_keys=args.trusted_key or None)
+    report = m.verify()
+    if args.json:
+        print(json.dumps({"file": str(args.file), "executor": m.executor, **report}, indent=2, sort_keys=True))
+    else:
+        print(report_text(str(args.file), m.executor, report), end="")
+    return 0 if report["passed"] is not False else 1
+
+
+def _extend(args: argparse.Namespace) -> int:
+    from bladepack.extend import extend, parse_range
+
+    ranges = dict(parse_range(r) for r in args.range)
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()] if args.targets else None
+    art = extend(args.file, targets, ranges)
+    art.save(args.output)
+    print(inspect_text(manifest_summary(read(args.output).manifest)), end="")
+    print(f"wrote {args.output}")
+    return 0
+
+
 def _parse_dims(items: list[str]) -> dict[str, dict[int, Any]]:
     """--dim INPUT:AXIS=NAME[:MIN:MAX] → {input: {axis: Dim}}; MIN / MAX may be empty."""
     from bladepack.dims import Dim
@@ -81,7 +108,8 @@ def _optimize(args: argparse.Namespace) -> int:
         raise SystemExit(
             f"bladepack optimize takes an .onnx file (torch models go through the Python API), got {args.model}"
         )
-    art = optimize(args.model, dynamic_shapes=_parse_dims(args.dim) or None)
+    budget = True if args.reference_cases is None else args.reference_cases
+    art = optimize(args.model, dynamic_shapes=_parse_dims(args.dim) or None, reference_cases=budget)
     art.save(args.output)
     summary = manifest_summary(read(args.output).manifest)
     print(inspect_text(summary), end="")
@@ -122,6 +150,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="INPUT:AXIS=NAME[:MIN:MAX]",
         help="name a dynamic axis and bound it (default: the model's dim_param, range [1, unbounded))",
     )
+    po.add_argument(
+        "--reference-cases",
+        type=int,
+        metavar="BYTES",
+        help="the byte budget of recorded reference outputs (default 2 MiB; 0: record none)",
+    )
     po.set_defaults(fn=_optimize)
     pi = sub.add_parser("inspect", help="summarize a .bpk artifact")
     pi.add_argument("file")
@@ -141,6 +175,21 @@ def main(argv: list[str] | None = None) -> int:
         help="refuse the file unless signed by this Ed25519 public key (hex or .pub file; repeatable)",
     )
     pr.set_defaults(fn=_run)
+    pv = sub.add_parser("verify", help="run an artifact's reference cases here and compare with the recorded outputs")
+    pv.add_argument("file")
+    pv.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    pv.add_argument("--json", action="store_true", help="machine-readable report")
+    pv.add_argument("--sha256", help="refuse the file unless its SHA-256 is this (hex)")
+    pv.add_argument("--trusted-key", action="append", default=[], metavar="KEY", help="as for run")
+    pv.set_defaults(fn=_verify)
+    pe = sub.add_parser("extend", help="rebuild an artifact for new targets or ranges, without the model")
+    pe.add_argument("file")
+    pe.add_argument("-o", "--output", required=True, help="the .bpk file to write")
+    pe.add_argument("--targets", help="comma-separated targets, e.g. cpu,cuda:sm_90a (default: the artifact's own)")
+    pe.add_argument(
+        "--range", action="append", default=[], metavar="NAME=MIN:MAX", help="a dim's new range (MAX empty: unbounded)"
+    )
+    pe.set_defaults(fn=_extend)
     pk = sub.add_parser("keygen", help="make an Ed25519 key pair for signing artifacts")
     pk.add_argument("key", help="the private key file to write (KEY.pub gets the public key)")
     pk.set_defaults(fn=_keygen)

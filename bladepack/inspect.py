@@ -23,6 +23,9 @@ def manifest_summary(m: dict[str, Any]) -> dict[str, Any]:
         "inputs": [{"name": t["name"], "dtype": t["dtype"], "shape": list(t["shape"])} for t in m["inputs"]],
         "outputs": [{"name": t["name"], "dtype": t["dtype"], "shape": list(t["shape"])} for t in m["outputs"]],
         "symbols": {s["name"]: {"min": s["min"], "max": s["max"]} for s in m["symbols"]},
+        "out_of_range": _policies(m),
+        "reference_cases": _reference_cases(m),
+        "source_program": _source_program(m),
         "plan": {"steps": len(steps), "by_kind": dict(sorted(Counter(s["op"] for s in steps).items()))},
         "kernels": [
             {
@@ -51,6 +54,47 @@ def manifest_summary(m: dict[str, Any]) -> dict[str, Any]:
             "registers": m["shape_program"]["num_registers"],
             "guards": len(m["shape_program"]["messages"]),
         },
+    }
+
+
+def _policies(m: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per dynamic dim, the out-of-range policies a loader accepts (Note [Batch-like dims])."""
+    proofs = m.get("batch_dims")
+    out = {}
+    for sym in m["symbols"]:
+        proof = (proofs or {}).get(sym["name"])
+        if proofs is None:
+            out[sym["name"]] = {"policies": ["error"], "why": "built before batch-dim proofs"}
+        elif proof is None:
+            out[sym["name"]] = {"policies": ["error"], "why": "no input binds it"}
+        elif proof.get("split"):
+            out[sym["name"]] = {"policies": ["error", "split"], "inputs": proof["inputs"], "outputs": proof["outputs"]}
+        else:
+            out[sym["name"]] = {"policies": ["error"], "why": proof.get("reason", "")}
+    return out
+
+
+def _source_program(m: dict[str, Any]) -> dict[str, Any] | None:
+    """Note [Extending an artifact]: what `bladepack extend` rebuilds from, or None."""
+    sp = m.get("source_program")
+    if sp is None:
+        return None
+    own = sorted({w["section"] for w in sp["weights"].values() if w["section"].startswith("program/")})
+    return {"frontend": sp["frontend"], "targets": sp["targets"], "weights_kept_apart": len(own)}
+
+
+def _reference_cases(m: dict[str, Any]) -> dict[str, Any] | None:
+    """Note [Reference cases]: the oracle, each case's dims, and how many coverage items they reach."""
+    rec = m.get("reference_cases")
+    if rec is None:
+        return None
+    ran = {i for c in rec["cases"] for i in c["covers"]}
+    return {
+        "oracle": rec["oracle"],
+        "budget": rec["budget"],
+        "cases": [c["dims"] for c in rec["cases"]],
+        "covered": len(ran),
+        "uncovered": rec["uncovered"],
     }
 
 
@@ -136,8 +180,15 @@ def inspect_text(s: dict[str, Any]) -> str:
     lines.append("outputs:")
     lines += [f"  {tensor(t)}" for t in s["outputs"]]
     lines.append("symbols:" if s["symbols"] else "symbols: none (all shapes static)")
+    policies = s.get("out_of_range", {})
     for name, r in s["symbols"].items():
-        lines.append(f"  {name} in [{r['min']}, {'inf' if r['max'] is None else r['max']}]")
+        line = f"  {name} in [{r['min']}, {'inf' if r['max'] is None else r['max']}]"
+        pol = policies.get(name)
+        if pol is not None and "split" in pol["policies"]:
+            line += "; above the range: error (default) or split (proven batch-like)"
+        elif pol is not None:
+            line += f"; above the range: error only (not batch-like: {pol['why']})"
+        lines.append(line)
     by_kind = ", ".join(f"{k} {v}" for k, v in s["plan"]["by_kind"].items())
     lines.append(f"plan: {s['plan']['steps']} steps ({by_kind})")
     sp = s["shape_program"]
@@ -204,6 +255,29 @@ def inspect_text(s: dict[str, Any]) -> str:
             lines.append(f"{indent}otherwise: {dispatch[-1]['config']}")
             tuned = gc.get("tuned_on" + suffix, "cost model")
             lines.append(f"{indent}chosen by: {'the cost model' if tuned == 'cost model' else 'profiling on ' + tuned}")
+    rc = s.get("reference_cases")
+    if rc is None:
+        lines.append("reference cases: none (bladepack verify has nothing to run)")
+    else:
+        dims = "; ".join(", ".join(f"{k}={v}" for k, v in sorted(c.items())) or "static" for c in rc["cases"])
+        lines.append(
+            f"reference cases: {len(rc['cases'])} ({dims}), oracle {rc['oracle']}; {rc['covered']} kernel "
+            f"variants and GEMM dispatch entries covered, {len(rc['uncovered'])} not"
+        )
+        lines += [f"  not covered: {u['item']} ({u['why']})" for u in rc["uncovered"]]
+    sp = s.get("source_program")
+    if sp is None:
+        lines.append("program: not kept (bladepack extend cannot rebuild this artifact)")
+    else:
+        apart = (
+            f", {sp['weights_kept_apart']} weights stored again as the front end had them"
+            if sp["weights_kept_apart"]
+            else ""
+        )
+        lines.append(
+            f"program: kept from the {sp['frontend']} front end for bladepack extend (built for "
+            f"{', '.join(sp['targets'])}{apart})"
+        )
     lines.append(f"weights: {s['weights']} tensors, {_human(s['weights_bytes'])}")
     lines.append(f"arena bytes (planned peak, all intermediates): {s['arena_bytes']}")
     return "\n".join(lines) + "\n"

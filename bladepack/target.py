@@ -64,6 +64,16 @@ class Target:
         kinds = tuple(dict.fromkeys("cuda" if t.startswith("cuda") else t for t in targets))
         return Target(kinds, images if images and "cuda" not in targets else None)
 
+    def spec(self) -> list[str]:
+        """The `targets` list that parses back to this Target."""
+        out: list[str] = []
+        for kind in self.kinds:
+            if kind == "cuda" and self.cuda_images is not None:
+                out += [f"cuda:{a}" for a in self.cuda_images]
+            else:
+                out.append(kind)
+        return out
+
     @property
     def cpu(self) -> bool:
         return "cpu" in self.kinds

@@ -42,6 +42,13 @@ pickle.dump((m.executor, results), open(sys.argv[3], "wb"))
 """
 
 
+_VERIFY = r"""
+import pickle, sys, bladepack
+m = bladepack.load(sys.argv[1], device=sys.argv[4])
+pickle.dump((m.executor, m.verify()), open(sys.argv[3], "wb"))
+"""
+
+
 needs_nvcc = pytest.mark.skipif(
     (shutil.which("nvcc") is None and not os.environ.get("NVCC")) or shutil.which("g++") is None,
     reason="nvcc not found (CUTLASS GEMMs need it)",
@@ -93,6 +100,14 @@ class FakeGpu:
         self, artifact: Any, cases: list[tuple[Any, ...]], device: str = "cuda", cc: str = "90"
     ) -> tuple[str, list[Any], str]:
         """(executor, per case the output arrays or the error text, the fake's log)."""
+        return self._launch(artifact, cases, device, cc, _SCRIPT)
+
+    def verify(self, artifact: Any, device: str = "cuda", cc: str = "90") -> tuple[str, dict[str, Any], str]:
+        """(executor, `LoadedModule.verify()`'s report on the fake GPU, the fake's log)."""
+        executor, report, log = self._launch(artifact, [], device, cc, _VERIFY)
+        return executor, report, log
+
+    def _launch(self, artifact: Any, cases: Any, device: str, cc: str, script: str) -> tuple[str, Any, str]:
         work = self.root / hashlib.sha256(os.urandom(8)).hexdigest()[:12]
         work.mkdir()
         bpk = work / "model.bpk"
@@ -109,7 +124,7 @@ class FakeGpu:
             "PYTHONPATH": str(ROOT),
         }
         r = subprocess.run(
-            [sys.executable, "-c", _SCRIPT, str(bpk), str(ins), str(outs), device],
+            [sys.executable, "-c", script, str(bpk), str(ins), str(outs), device],
             capture_output=True,
             text=True,
             env=env,

@@ -33,6 +33,7 @@ ALLOWED: dict[str, set[str]] = {
     "library_ops": {"ir", "codegen", "loader", "target"},
     "lowering": {"ir", "passes", "codegen", "library_ops", "artifact", "target"},
     "inspect": {"artifact"},
+    "reference_record": {"artifact"},
     "api": {
         "artifact",
         "codegen",
@@ -44,10 +45,12 @@ ALLOWED: dict[str, set[str]] = {
         "lowering",
         "onnx_import",
         "passes",
+        "reference_record",
         "target",
     },
+    "extend": {"api", "artifact", "ir", "loader", "reference_record", "target"},
     "onnx_backend": {"api", "loader"},
-    "cli": {"api", "artifact", "inspect", "loader"},
+    "cli": {"api", "artifact", "extend", "inspect", "loader"},
     "__init__": {"api", "loader"},
 }
 

@@ -107,3 +107,5 @@ class ExecPlan:
     native_cpu: NativePlan | None = None
     # the native CUDA plan (same record format; kernel variants carry grid / block / smem), or None
     native_cuda: NativePlan | None = None
+    # per input-bound symbol, Note [Batch-like dims] (ir/batch_dims.py) as the manifest's record
+    batch_dims: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from bladepack.artifact.format import FORMAT_MAJOR, FORMAT_MINOR, Section
@@ -38,10 +39,15 @@ def assemble(
     cuda_images: Mapping[str, bytes] | None = None,
     gemm_images: Mapping[str, bytes] | None = None,
     gemm_packer: bytes = b"",
+    reference_cases: tuple[dict[str, Any], Mapping[str, bytes]] | None = None,
+    source_program: tuple[dict[str, Any], Mapping[str, np.ndarray], Mapping[str, Any]] | None = None,
 ) -> tuple[dict[str, Any], list[Section]]:
     """`cpu_libraries`: (ISA level, CPU flags it needs, shared-object bytes) per built level;
     `cuda_images`: {"sm_80": cubin, ..., "compute_90": PTX} for the native CUDA plan; `gemm_images`:
-    {CUTLASS kernel name: fatbin} and `gemm_packer` (its Params packer library) for that plan's GEMMs."""
+    {CUTLASS kernel name: fatbin} and `gemm_packer` (its Params packer library) for that plan's GEMMs;
+    `reference_cases`: the manifest record and the sections of Note [Reference cases]; `source_program`:
+    the front end's program (ir/serialize.py), its weights and how it was optimized (Note [Extending an
+    artifact])."""
     sections = []
     for w in plan.weights:
         arr = np.ascontiguousarray(weights[w.name])
@@ -67,6 +73,8 @@ def assemble(
         "kernels": [k.to_manifest() for k in plan.kernels],
         "gemm_configs": list(plan.gemm_configs),
     }
+    if plan.batch_dims:
+        manifest["batch_dims"] = dict(sorted(plan.batch_dims.items()))
     if plan.native_cpu is not None and cpu_libraries:
         libs = []
         for isa, requires, data in cpu_libraries:
@@ -90,4 +98,36 @@ def assemble(
             sections.append(Section(GEMM_PACKER_SECTION, memoryview(gemm_packer)))
             manifest["native_cuda"]["gemm_kernels"] = rows
             manifest["native_cuda"]["gemm_packer"] = {"section": GEMM_PACKER_SECTION, "platform": "x86_64-linux"}
+    if source_program is not None:
+        manifest["source_program"] = _source_program(source_program, sections)
+    if reference_cases is not None:
+        record, blobs = reference_cases
+        manifest["reference_cases"] = record
+        sections += [Section(name, memoryview(blob)) for name, blob in sorted(blobs.items())]
     return manifest, sections
+
+
+PROGRAM_SECTION = "program.msgpack"
+
+
+def _source_program(
+    source: tuple[dict[str, Any], Mapping[str, np.ndarray], Mapping[str, Any]], sections: list[Section]
+) -> dict[str, Any]:
+    """Note [Extending an artifact]: the program as a msgpack section, and its weights — a weight the
+    optimized plan also holds, byte for byte, under the same name shares that section."""
+    data, weights, meta = source
+    final = {s.name: s.data for s in sections}
+    rows = {}
+    for name, arr in sorted(weights.items()):
+        arr = np.ascontiguousarray(arr)
+        if arr.dtype.byteorder == ">":
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        blob = memoryview(arr.data).cast("B")
+        section = weight_section_name(name)
+        held = final.get(section)
+        if held is None or memoryview(held).cast("B") != blob:
+            section = f"program/weight/{name}"
+            sections.append(Section(section, blob))
+        rows[name] = {"section": section, "dtype": arr.dtype.name, "shape": list(arr.shape)}
+    sections.append(Section(PROGRAM_SECTION, msgpack.packb(data, use_bin_type=True)))
+    return {**meta, "section": PROGRAM_SECTION, "weights": rows}

@@ -35,6 +35,9 @@ class SymbolInfo:
     name: str
     min: int
     max: int | None
+    # the largest size the discovery export found the model valid for (None: unbounded); the traced
+    # graph holds for sizes in [min, model_max] (Note [Extending an artifact] in extend.py)
+    model_max: int | None = None
 
 
 @dataclass
@@ -286,6 +289,7 @@ def _named_dims(
     used: set[str] = set()
     for sym, places in groups.items():
         name, lo, hi = None, 1, bounds.get(sym, (2, None))[1]
+        model_max = hi
         for i, a in places:
             if a in user[i]:
                 uname, ulo, uhi = _spec_range(user[i][a])
@@ -305,11 +309,13 @@ def _named_dims(
         if prev is not None:
             lo = max(lo, prev.min)
             hi = prev.max if hi is None else (hi if prev.max is None else min(hi, prev.max))
+            if prev.model_max is not None:
+                model_max = prev.model_max if model_max is None else min(model_max, prev.model_max)
             for s, info in infos.items():
                 if info.name == name:
-                    infos[s] = SymbolInfo(name, lo, hi)
+                    infos[s] = SymbolInfo(name, lo, hi, model_max)
         used.add(name)
-        infos[sym] = SymbolInfo(name, lo, hi)
+        infos[sym] = SymbolInfo(name, lo, hi, model_max)
     return infos
 
 
@@ -385,7 +391,7 @@ def _symbol_map(
                 hi, model_hi = info.max, (_finite(vr.upper) if vr is not None else None)
                 if model_hi is not None:
                     hi = model_hi if hi is None else min(hi, model_hi)
-                out[sym] = SymbolInfo(info.name, max(lo, info.min), hi)
+                out[sym] = SymbolInfo(info.name, max(lo, info.min), hi, info.model_max)
     return out
 
 

@@ -142,7 +142,13 @@ def to_program(cap: Captured) -> Program:
     outputs, names = _outputs(ctx, ep)
     graph = ctx.b.finish(tuple(outputs), tuple(names))
     structure = "tuple" if not ep.call_spec.out_spec.is_leaf() else "single"
-    return Program(graph, env, dict(ctx.weight_data), structure, tuple(ctx.assertions))
+    limits: dict[str, tuple[int, int | None]] = {}
+    for info in cap.symbols.values():  # the traced graph holds on [min, model_max] (SymbolInfo)
+        hi, prev = info.model_max, limits.get(info.name, (0, None))[1]
+        if prev is not None:
+            hi = prev if hi is None else min(hi, prev)
+        limits[info.name] = (env.range_of(info.name).min, hi)
+    return Program(graph, env, dict(ctx.weight_data), structure, tuple(ctx.assertions), limits)
 
 
 def _convert_node(ctx: Ctx, node: torch.fx.Node, target: str, val: Any) -> None:

@@ -79,6 +79,9 @@ class Program:
     output_structure: str = "single"
     # Conditions on the symbols that torch recorded at export (sympy booleans) with their messages.
     assertions: tuple[tuple[Any, str], ...] = ()
+    # Per symbol, the widest range the front end found the model valid on, (min, max or None); a
+    # symbol not here has no limit beyond its range facts (Note [Extending an artifact] in extend.py)
+    limits: Mapping[str, tuple[int, int | None]] = field(default_factory=dict)
 
 
 class GraphBuilder:

@@ -10,6 +10,7 @@ simplify `floor`, `Mod` and `Max` with that knowledge; ranges beyond that live h
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -42,6 +43,8 @@ class ShapeEnv:
     def __init__(self) -> None:
         self._ranges: dict[str, SymbolRange] = {}
         self._symbols: dict[str, sympy.Symbol] = {}
+        # Note [Range facts]: every answer so far that the ranges decided, in order, without repeats
+        self._facts: dict[RangeFact, None] = {}
 
     # -- building
     def create_symbol(self, name: str, min: int, max: int | None) -> sympy.Symbol:
@@ -65,26 +68,60 @@ class ShapeEnv:
     def range_of(self, sym: sympy.Symbol | str) -> SymbolRange:
         return self._ranges[sym if isinstance(sym, str) else sym.name]
 
+    def restore_facts(self, facts: Sequence[RangeFact]) -> None:
+        """Take over the facts a program's front end recorded under other ranges (extend: they remain
+        the program's, whoever extends it next checks them again)."""
+        for f in facts:
+            self._facts[f] = None
+
+    @property
+    def facts(self) -> tuple[RangeFact, ...]:
+        """Note [Range facts]: the answers the ranges decided, oldest first."""
+        return tuple(self._facts)
+
     def bounds(self, e: IRDim) -> Bound:
         """Inclusive lower and upper bounds of `e` over every binding in range."""
-        return interval(sympy.sympify(e), self._ranges)
+        e = sympy.sympify(e)
+        lo, hi = interval(e, self._ranges)
+        if e.free_symbols:
+            self._facts[RangeFact("bounds", e, 0, (_finite(lo), _finite(hi)))] = None
+        return lo, hi
 
     def prove_le(self, a: IRDim, b: IRDim) -> Tri:
-        lo, hi = self.bounds(sympy.expand(sympy.sympify(b) - a))
-        if lo >= 0:
-            return Tri.YES
-        if hi < 0:
-            return Tri.NO
-        return Tri.UNKNOWN
+        answer = self._le(a, b)
+        if answer is not Tri.UNKNOWN and (sympy.sympify(b) - sympy.sympify(a)).free_symbols:
+            self._facts[RangeFact("le", sympy.sympify(a), sympy.sympify(b), answer)] = None
+        return answer
 
     def prove_eq(self, a: IRDim, b: IRDim) -> Tri:
+        answer = self._eq(a, b)
+        if answer is Tri.NO and (sympy.sympify(a).free_symbols or sympy.sympify(b).free_symbols):
+            self._facts[RangeFact("eq", sympy.sympify(a), sympy.sympify(b), answer)] = None
+        return answer
+
+    def _le(self, a: IRDim, b: IRDim) -> Tri:
+        lo, hi = interval(sympy.expand(sympy.sympify(b) - a), self._ranges)
+        return Tri.YES if lo >= 0 else Tri.NO if hi < 0 else Tri.UNKNOWN
+
+    def _eq(self, a: IRDim, b: IRDim) -> Tri:
         diff = sympy.simplify(sympy.sympify(a) - sympy.sympify(b))
         if diff == 0:
             return Tri.YES
-        lo, hi = self.bounds(diff)
-        if lo > 0 or hi < 0:
-            return Tri.NO
-        return Tri.UNKNOWN
+        lo, hi = interval(diff, self._ranges)
+        return Tri.NO if lo > 0 or hi < 0 else Tri.UNKNOWN
+
+    def holds(self, f: RangeFact) -> bool:
+        """Whether fact `f`, recorded under other ranges, is still true under these (Note [Range facts])."""
+        if f.kind == "le":
+            return self._le(f.a, f.b) is f.answer
+        if f.kind == "eq":
+            return self._eq(f.a, f.b) is f.answer
+        assert isinstance(f.answer, tuple)
+        lo, hi = (_finite(v) for v in interval(f.a, self._ranges))
+        was_lo, was_hi = f.answer
+        return (was_lo is None or (lo is not None and lo >= was_lo)) and (
+            was_hi is None or (hi is not None and hi <= was_hi)
+        )
 
     def prove_divisible(self, a: IRDim, k: int) -> Tri:
         if sympy.simplify(sympy.Mod(a, k)) == 0:
@@ -92,6 +129,24 @@ class ShapeEnv:
         if isinstance(a, int) or sympy.sympify(a).is_Integer:
             return Tri.NO
         return Tri.UNKNOWN
+
+
+@dataclass(frozen=True)
+class RangeFact:
+    """Note [Range facts]: an answer about dims that the symbol ranges decided — `le` (a <= b is
+    `answer`), `eq` (a == b is `answer`, NO only: YES is algebra), or `bounds` (a lies within `answer`,
+    (lo, hi) with None for unbounded). A front end that relied on such an answer built a program valid
+    for those ranges; whoever changes the ranges later (`bladepack extend`) must find every fact still
+    true (`ShapeEnv.holds`). Narrowing a range keeps every fact; widening may not."""
+
+    kind: str
+    a: sympy.Expr
+    b: sympy.Expr | int
+    answer: Tri | tuple[int | None, int | None]
+
+
+def _finite(v: sympy.Expr) -> int | None:
+    return None if v in (sympy.oo, -sympy.oo) else int(v)
 
 
 def _mul_bounds(x: Bound, y: Bound) -> Bound:

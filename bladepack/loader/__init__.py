@@ -19,6 +19,7 @@ def load(
     executor: str = "auto",
     sha256: str | None = None,
     trusted_keys: Sequence[Any] | None = None,
+    on_out_of_range: dict[str, str] | None = None,
 ) -> LoadedModule:
     """Load an artifact from a path (memory-mapped) or from bytes.
 
@@ -30,11 +31,15 @@ def load(
     `trusted_keys` (Ed25519 public keys: 32 bytes, hex, PEM, or a .pub file) refuses an artifact that
     is not signed by one of them, before any native code is loaded, and checks every section. Both
     raise `TrustError`.
+
+    `on_out_of_range` sets a policy per dynamic dim for sizes above its range: "error" (the default) or
+    "split", which runs a larger batch as several calls and concatenates the results; allowed only for
+    a dim the compiler proved batch-like (`bladepack inspect` lists them), else ValueError with why.
     """
     bpk = read(source, verify=verify or trusted_keys is not None, sha256=sha256)
     if trusted_keys is not None:
         check_signature(bpk.header, bpk.signature, list(trusted_keys), bpk.source)
-    return LoadedModule(bpk, device, executor)
+    return LoadedModule(bpk, device, executor, on_out_of_range)
 
 
 __all__ = ["ExecutionError", "LoadedModule", "Signature", "TensorSpec", "TrustError", "load"]

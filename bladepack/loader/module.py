@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 from bladepack.artifact.format import BpkFile
@@ -18,6 +19,7 @@ from bladepack.loader.executor import Executor
 from bladepack.loader.manifest import Manifest
 from bladepack.loader.native_cpu import NativeUnavailable
 from bladepack.loader.native_executor import NativeExecutor
+from bladepack.loader.out_of_range import SplitPolicy
 from bladepack.loader.reference_executor import ReferenceExecutor
 from bladepack.options import LoaderOptions
 
@@ -29,12 +31,17 @@ class LoadedModule:
     library for this CPU (else warns and uses the reference executor), "native" insists on them,
     "reference" runs the numpy reference executor (the oracle)."""
 
-    def __init__(self, bpk: BpkFile, device: str = "cpu", executor: str = "auto") -> None:
+    def __init__(
+        self, bpk: BpkFile, device: str = "cpu", executor: str = "auto", on_out_of_range: dict[str, str] | None = None
+    ) -> None:
         if executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
         kind, ordinal = parse_device(device)
         self.device = device
         self._manifest = m = Manifest.read(bpk)
+        # Note [Batch-like dims] (ir/batch_dims.py): checked before any kernel library is loaded
+        self._split = SplitPolicy(bpk.manifest, on_out_of_range or {}, bpk.source)
+        self._bpk = bpk
         self.signature = m.signature
         limit = LoaderOptions.from_env().shape_cache
         reference = ReferenceExecutor(m, limit)
@@ -82,13 +89,34 @@ class LoadedModule:
 
     def run(self, inputs: Sequence[Any], outputs: Sequence[Any] | None = None) -> list[Any]:
         """Run on a list of inputs; with `outputs`, results are also copied into those arrays."""
+        if self._split:
+            plan = self._split.pieces(inputs)
+            if plan is not None:
+                return self._split.run(inputs, outputs, plan, lambda piece: self._executor.run(piece, None))
         return self._executor.run(inputs, outputs)
 
     def output_shapes(self, *input_shapes: Sequence[int]) -> list[tuple[int, ...]]:
         """Result shapes for the given input shapes, with every guard checked (no kernels run)."""
+        if self._split:
+            plan = self._split.pieces([SimpleNamespace(shape=tuple(s)) for s in input_shapes])
+            if plan is not None:
+                return self._split.shapes(input_shapes, plan, self._output_shapes)
+        return self._output_shapes(*input_shapes)
+
+    def _output_shapes(self, *input_shapes: Sequence[int]) -> list[tuple[int, ...]]:
         m = self._manifest
         regs = m.registers(tuple(tuple(int(d) for d in s) for s in input_shapes))
         return [m.shape(m.values[o]["shape"], regs) if o in m.values else () for o in m.outputs]
+
+    def verify(self) -> dict[str, Any]:
+        """Run the reference cases recorded at optimize time (Note [Reference cases]) on this module —
+        this machine, device and executor — and report per case its dims and input shapes, the kernel
+        variants and GEMM dispatch entries it ran, and per output the max abs and scaled error against
+        the recorded output with a verdict; `passed` is True when every case passed (None when the
+        artifact has no cases). `bladepack verify` prints it."""
+        from bladepack.loader.verify import verify_report
+
+        return verify_report(self._bpk.manifest, self._manifest, self._bpk.section, lambda xs: self.run(xs))
 
     def profile(self, *args: Any, repeat: int = 10) -> list[dict[str, Any]]:
         """Per-launch median wall time (µs) at these inputs: one row per kernel, GEMM or reference step,

@@ -28,6 +28,7 @@ from bladepack.codegen.cuda_toolchain import cuda_source
 from bladepack.codegen.kernel import KernelEmitError
 from bladepack.errors import UnsupportedOpsError
 from bladepack.ir import Graph, Guard, OpKind, Program, ShapeEnv, Tri
+from bladepack.ir.batch_dims import batch_proofs
 from bladepack.ir.guards import effective_guards, pruned, shape_predicate
 from bladepack.ir.types import IRDim, dim_str
 from bladepack.library_ops.cutlass.emitter import GemmInstance
@@ -297,6 +298,7 @@ def build_plan(
         gemm_configs=tuple(low.gemm_rows if low else ()) + tuple(cuda.gemm_rows if cuda else ()),
         native_cpu=low.plan if low else None,
         native_cuda=cuda.plan if cuda else None,
+        batch_dims={proof.symbol: proof.to_manifest() for proof in batch_proofs(p)},
     )
     sources = KernelSources(
         cpu_source=library_source(low.kernels) if low else "",  # type: ignore[arg-type]

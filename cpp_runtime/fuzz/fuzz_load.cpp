@@ -77,7 +77,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
     }
     // the whole model: library, plan checks at load, then per shape the plan and its run
-    bpk_load_options options{0, 1, nullptr, nullptr, 0};
+    bpk_load_options options{0, 1, nullptr, nullptr, 0, nullptr};
     const bpk::Model model(std::move(artifact), options);
     for (int64_t fill : {int64_t(1), int64_t(7)}) {
       try {

@@ -25,7 +25,6 @@ namespace {
 
 constexpr uint8_t kMagic[8] = {0x89, 'B', 'P', 'K', '\r', '\n', 0x1a, '\n'};
 constexpr uint64_t kHeaderSize = 64;
-constexpr uint64_t kAlign = 64;
 
 uint64_t align64(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 

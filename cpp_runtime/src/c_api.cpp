@@ -46,9 +46,10 @@ bpk_status guarded(F&& f) {
   }
 }
 
-// Only the two original fields unless BPK_LOAD_TRUST says the caller's struct has the others.
+// Only the two original fields unless BPK_LOAD_TRUST / BPK_LOAD_OUT_OF_RANGE say the caller's struct has
+// the others.
 bpk_load_options options_or_default(const bpk_load_options* o) {
-  bpk_load_options out{0, 0, nullptr, nullptr, 0};
+  bpk_load_options out{0, 0, nullptr, nullptr, 0, nullptr};
   if (o == nullptr) return out;
   out.flags = o->flags;
   out.num_threads = o->num_threads;
@@ -57,6 +58,7 @@ bpk_load_options options_or_default(const bpk_load_options* o) {
     out.trusted_keys = o->trusted_keys;
     out.n_trusted_keys = o->n_trusted_keys;
   }
+  if (o->flags & BPK_LOAD_OUT_OF_RANGE) out.on_out_of_range = o->on_out_of_range;
   return out;
 }
 
@@ -93,6 +95,7 @@ const char* bpk_status_name(bpk_status s) {
     case BPK_ERR_EXECUTION: return "execution error";
     case BPK_ERR_MEMORY: return "out of memory";
     case BPK_ERR_TRUST: return "untrusted artifact";
+    case BPK_ERR_VERIFY: return "verification failed";
   }
   return "unknown status";
 }
@@ -106,7 +109,7 @@ static bpk_status load(std::unique_ptr<bpk::Artifact> (*open)(const void*, size_
   *model = nullptr;
   return guarded([&] {
     const bpk_load_options o = options_or_default(options);
-    if (o.flags & ~uint32_t(BPK_LOAD_SKIP_SECTION_CHECKSUMS | BPK_LOAD_TRUST))
+    if (o.flags & ~uint32_t(BPK_LOAD_SKIP_SECTION_CHECKSUMS | BPK_LOAD_TRUST | BPK_LOAD_OUT_OF_RANGE))
       bpk::fail(BPK_ERR_ARGUMENT, "unknown load flags " + std::to_string(o.flags));
     auto artifact = open(a, b, (o.flags & BPK_LOAD_SKIP_SECTION_CHECKSUMS) == 0, trust_of(o));
     auto m = std::make_unique<bpk_model>();
@@ -151,6 +154,21 @@ bpk_status bpk_model_run(const bpk_model* model, const bpk_tensor* inputs, int64
                          int64_t num_outputs) {
   if (model == nullptr) return record(BPK_ERR_ARGUMENT, "model is NULL");
   return guarded([&] { model->impl->run(inputs, num_inputs, outputs, num_outputs); });
+}
+
+bpk_status bpk_model_verify(const bpk_model* model, char** report) {
+  if (model == nullptr || report == nullptr) return record(BPK_ERR_ARGUMENT, "model or report is NULL");
+  *report = nullptr;
+  bool passed = false;
+  const bpk_status s = guarded([&] {
+    std::string text;
+    passed = model->impl->verify(text);
+    *report = static_cast<char*>(std::malloc(text.size() + 1));
+    if (*report == nullptr) throw std::bad_alloc();
+    std::memcpy(*report, text.c_str(), text.size() + 1);
+  });
+  if (s != BPK_OK || passed) return s;
+  return record(BPK_ERR_VERIFY, "a reference case failed (see the report)");
 }
 
 void bpk_free(void* data) { std::free(data); }

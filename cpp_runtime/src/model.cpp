@@ -12,7 +12,6 @@
 namespace bpk {
 namespace {
 
-constexpr size_t kAlign = 64;
 constexpr int64_t kOpKernel = 1, kOpGemm = 2;
 
 std::string py_tuple(const int64_t* dims, int32_t n) {
@@ -26,22 +25,6 @@ std::string shape_list(const int64_t* dims, int32_t n) {
   for (int32_t i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
   return s + "]";
 }
-
-// n * size with overflow checks; false when it does not fit.
-bool byte_count(const int64_t* dims, int32_t n, size_t item, size_t* out) {
-  uint64_t total = item;
-  for (int32_t i = 0; i < n; ++i) {
-    if (dims[i] < 0 || __builtin_mul_overflow(total, uint64_t(dims[i]), &total)) return false;
-  }
-  *out = size_t(total);
-  return true;
-}
-
-void* alloc_aligned(size_t bytes) {
-  const size_t n = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
-  return std::aligned_alloc(kAlign, n);
-}
-
 
 }  // namespace
 
@@ -70,6 +53,7 @@ Model::Model(std::unique_ptr<Artifact> artifact, const bpk_load_options& options
     weight_ptrs_.push_back(b.data);
   }
   build_signature();
+  split_ = SplitPolicy(artifact_->manifest(), m_, options.on_out_of_range, src);
   if (!m_.native)
     fail(BPK_ERR_UNSUPPORTED, src +
                                   " has no CPU kernel library (it was built without a C++ compiler); the C++ "
@@ -479,6 +463,8 @@ void Model::check_gemm(size_t i, const std::vector<int64_t>& v, const std::vecto
 
 void Model::output_shapes(const bpk_tensor* in, int64_t n_in, bpk_tensor* out, int64_t n_out) const {
   check_inputs(in, n_in);
+  if (split_)
+    if (std::optional<Pieces> pc = split_.pieces(in)) return split_shapes(*pc, in, out, n_out);
   if (n_out != int64_t(m_.outputs.size()))
     fail(BPK_ERR_ARGUMENT, "expected " + std::to_string(m_.outputs.size()) + " outputs, got " + std::to_string(n_out));
   if (n_out > 0 && out == nullptr) fail(BPK_ERR_ARGUMENT, "outputs is NULL");
@@ -490,14 +476,14 @@ void Model::output_shapes(const bpk_tensor* in, int64_t n_in, bpk_tensor* out, i
   }
 }
 
-void Model::check_outputs(const Prepared& p, const bpk_tensor* out, int64_t n) const {
+void Model::check_outputs(const std::vector<OutSpec>& outs, const bpk_tensor* out, int64_t n) const {
   if (n != int64_t(m_.outputs.size()))
     fail(BPK_ERR_ARGUMENT, "expected " + std::to_string(m_.outputs.size()) + " outputs, got " + std::to_string(n));
   if (n > 0 && out == nullptr) fail(BPK_ERR_ARGUMENT, "outputs is NULL");
-  for (size_t k = 0; k < p.outs.size(); ++k) {
+  for (size_t k = 0; k < outs.size(); ++k) {
     const bpk_tensor& o = out[k];
     if (o.data == nullptr) continue;
-    const OutSpec& s = p.outs[k];
+    const OutSpec& s = outs[k];
     const bool same = o.dtype == s.dtype && o.ndim == s.ndim && std::equal(s.shape, s.shape + s.ndim, o.shape);
     if (!same) {
       const int32_t nd = o.ndim < 0 ? 0 : std::min<int32_t>(o.ndim, BPK_MAX_RANK);
@@ -551,8 +537,10 @@ void Model::native_error(int64_t rc, const int64_t* status) const {
 
 void Model::run(const bpk_tensor* in, int64_t n_in, bpk_tensor* out, int64_t n_out) const {
   check_inputs(in, n_in);
+  if (split_)
+    if (std::optional<Pieces> pc = split_.pieces(in)) return run_split(*pc, in, out, n_out);
   std::shared_ptr<const Prepared> p = prepared(in);
-  check_outputs(*p, out, n_out);
+  check_outputs(p->outs, out, n_out);
   const size_t n_inputs = m_.inputs.size(), n_outputs = m_.outputs.size();
   for (size_t i = 0; i < n_inputs; ++i) {
     size_t bytes = 0;

@@ -20,6 +20,7 @@
 #include "bladepack/runtime.h"
 #include "manifest.h"
 #include "native_cpu.h"
+#include "out_of_range.h"
 
 namespace bpk {
 
@@ -33,6 +34,8 @@ class Model {
   const Manifest& manifest() const { return m_; }
   void output_shapes(const bpk_tensor* inputs, int64_t num_inputs, bpk_tensor* outputs, int64_t num_outputs) const;
   void run(const bpk_tensor* inputs, int64_t num_inputs, bpk_tensor* outputs, int64_t num_outputs) const;
+  // Note [Reference cases] (verify.cpp): runs them; the report text; true when every case passed
+  bool verify(std::string& report) const;
 
   static constexpr size_t kMaxShapes = 4096;
 
@@ -88,7 +91,10 @@ class Model {
 
   void check_inputs(const bpk_tensor* inputs, int64_t num_inputs) const;
   std::shared_ptr<const Prepared> prepare(const bpk_tensor* inputs) const;
-  void check_outputs(const Prepared& p, const bpk_tensor* outputs, int64_t num_outputs) const;
+  void check_outputs(const std::vector<OutSpec>& outs, const bpk_tensor* outputs, int64_t num_outputs) const;
+  // Note [Batch-like dims] (out_of_range.cpp): a call whose split dim is above its range, run in pieces
+  void run_split(const Pieces& pieces, const bpk_tensor* inputs, bpk_tensor* outputs, int64_t num_outputs) const;
+  void split_shapes(const Pieces& pieces, const bpk_tensor* inputs, bpk_tensor* outputs, int64_t num_outputs) const;
   [[noreturn]] void native_error(int64_t rc, const int64_t* status) const;
   std::string spec_text(const TensorDecl& t) const;
   void build_signature();
@@ -102,6 +108,7 @@ class Model {
   std::string executor_;
   std::vector<const void*> weight_ptrs_;
   std::vector<OutSource> out_source_;
+  SplitPolicy split_;  // the load option on_out_of_range
   // signature storage behind sig_
   bpk_signature sig_{};
   std::vector<bpk_tensor_spec> in_specs_, out_specs_;

@@ -3,7 +3,9 @@
 
 #include <msgpack.hpp>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 namespace bpk {
@@ -32,6 +34,24 @@ inline int64_t ceildiv(int64_t a, int64_t b) {
   int64_t q = a / b;
   if ((a % b != 0) && ((a < 0) == (b < 0))) ++q;
   return q;
+}
+
+constexpr size_t kAlign = 64;
+
+// n * size with overflow checks; false when it does not fit.
+inline bool byte_count(const int64_t* dims, int32_t n, size_t item, size_t* out) {
+  uint64_t total = item;
+  for (int32_t i = 0; i < n; ++i) {
+    if (dims[i] < 0 || __builtin_mul_overflow(total, uint64_t(dims[i]), &total)) return false;
+  }
+  *out = size_t(total);
+  return true;
+}
+
+// kAlign-aligned memory for at least one byte (release with std::free), or null.
+inline void* alloc_aligned(size_t bytes) {
+  const size_t n = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+  return std::aligned_alloc(kAlign, n);
 }
 
 }  // namespace bpk

@@ -2,10 +2,15 @@
 //
 //   bpk-run MODEL.bpk --input NAME=FILE.npy ... [--output-dir DIR] [--device cpu|cuda] [--repeat N]
 //           [--threads N] [--no-verify] [--sha256 HEX] [--trusted-key KEY ...]
+//           [--on-out-of-range DIM=POLICY ...]
+//   bpk-run MODEL.bpk --verify
 //
 // --sha256 refuses the file unless its SHA-256 is HEX; --trusted-key (64 hex digits, or a file holding
 // them or a PEM Ed25519 public key such as `bladepack keygen` writes) refuses it unless one of the keys
-// signed it (docs/format.md "Trust").
+// signed it (docs/format.md "Trust"). --on-out-of-range DIM=split runs a batch above DIM's maximum as
+// several calls whose results are concatenated, where the compiler proved DIM batch-like
+// (docs/format.md "Batch-like dims"). --verify runs the reference cases recorded at optimize time and
+// prints the report `bladepack verify` prints (exit status 1 when a case fails).
 //
 // Without inputs it prints the signature. Each output is written as DIR/<name>.npy; with --repeat N
 // the model runs N more times and latency statistics are printed. Exit status: 0, 1 for a load or run
@@ -30,7 +35,9 @@ namespace {
 
 const char kUsage[] =
     "usage: bpk-run MODEL.bpk [--input NAME=FILE.npy ...] [--output-dir DIR] [--device cpu|cuda]\n"
-    "               [--repeat N] [--threads N] [--no-verify] [--sha256 HEX] [--trusted-key KEY ...]\n";
+    "               [--repeat N] [--threads N] [--no-verify] [--sha256 HEX] [--trusted-key KEY ...]\n"
+    "               [--on-out-of-range DIM=POLICY ...]\n"
+    "       bpk-run MODEL.bpk --verify [--threads N] [--no-verify] [--sha256 HEX] [--trusted-key KEY ...]\n";
 
 int usage(const std::string& why) {
   std::fprintf(stderr, "bpk-run: %s\n%s", why.c_str(), kUsage);
@@ -109,8 +116,9 @@ int main(int argc, char** argv) {
   std::string model_path, out_dir, device = "cpu";
   std::vector<std::pair<std::string, std::string>> inputs;
   long repeat = 0;
-  bpk_load_options opts{0, 0, nullptr, nullptr, 0};
-  std::string pinned;
+  bool verify = false;
+  bpk_load_options opts{0, 0, nullptr, nullptr, 0, nullptr};
+  std::string pinned, policies;
   std::vector<uint8_t> keys;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -153,6 +161,13 @@ int main(int argc, char** argv) {
                      "'");
       keys.insert(keys.end(), key, key + 32);
       opts.flags |= BPK_LOAD_TRUST;
+    } else if (a == "--on-out-of-range") {
+      const std::string v = value("--on-out-of-range");
+      if (v.find('=') == std::string::npos) return usage("--on-out-of-range takes DIM=POLICY, got '" + v + "'");
+      policies += (policies.empty() ? "" : ",") + v;
+      opts.flags |= BPK_LOAD_OUT_OF_RANGE;
+    } else if (a == "--verify") {
+      verify = true;
     } else if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);
       return 0;
@@ -168,6 +183,7 @@ int main(int argc, char** argv) {
   opts.sha256 = pinned.empty() ? nullptr : pinned.c_str();
   opts.trusted_keys = keys.empty() ? nullptr : keys.data();
   opts.n_trusted_keys = keys.size() / 32;
+  opts.on_out_of_range = policies.empty() ? nullptr : policies.c_str();
   if (device != "cpu" && device != "cuda") return usage("--device is cpu or cuda, got '" + device + "'");
 
   bpk_model* model = nullptr;
@@ -183,6 +199,19 @@ int main(int argc, char** argv) {
                  model_path.c_str(), bpk_model_executor(model));
     bpk_model_free(model);
     return 1;
+  }
+  if (verify) {
+    if (!inputs.empty()) {
+      bpk_model_free(model);
+      return usage("--verify runs the recorded reference cases: give no --input");
+    }
+    char* report = nullptr;
+    const bpk_status s = bpk_model_verify(model, &report);
+    if (report != nullptr) std::fputs(report, stdout);
+    bpk_free(report);
+    bpk_model_free(model);
+    if (s == BPK_ERR_VERIFY) return 1;
+    return s == BPK_OK ? 0 : runtime_error(s);
   }
   if (inputs.empty()) {
     std::printf("%s\nexecutor: %s\nloaded in %.2f ms\n", sig->text, bpk_model_executor(model), load_ms);

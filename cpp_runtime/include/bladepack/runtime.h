@@ -31,7 +31,7 @@ extern "C" {
 #define BPK_RUNTIME_VERSION_MINOR 1
 /* The newest artifact format this runtime reads (it reads every 1.x; see docs/format.md). */
 #define BPK_FORMAT_MAJOR 1
-#define BPK_FORMAT_MINOR 2
+#define BPK_FORMAT_MINOR 3
 /* Tensors of higher rank are refused at load with the reason. */
 #define BPK_MAX_RANK 16
 
@@ -45,7 +45,8 @@ typedef enum bpk_status {
   BPK_ERR_SHAPE_GUARD = 6, /* a dynamic dim outside its range, or dims that must agree do not */
   BPK_ERR_EXECUTION = 7,   /* a kernel failed (an index outside its table) */
   BPK_ERR_MEMORY = 8,
-  BPK_ERR_TRUST = 9 /* not the pinned file, unsigned, or not signed by a trusted key (docs/format.md "Trust") */
+  BPK_ERR_TRUST = 9, /* not the pinned file, unsigned, or not signed by a trusted key (docs/format.md "Trust") */
+  BPK_ERR_VERIFY = 10 /* a reference case gave results other than the recorded ones (bpk_model_verify) */
 } bpk_status;
 
 typedef enum bpk_dtype {
@@ -103,6 +104,9 @@ typedef struct bpk_signature {
  * callers built against the two-field struct stay compatible. */
 #define BPK_LOAD_TRUST 2u
 
+/* The on_out_of_range field is set (read only with this flag, as the trust fields are). */
+#define BPK_LOAD_OUT_OF_RANGE 4u
+
 typedef struct bpk_load_options {
   uint32_t flags;
   int32_t num_threads; /* kernel threads; 0: BLADEPACK_NUM_THREADS, else the CPUs this process may use */
@@ -110,6 +114,12 @@ typedef struct bpk_load_options {
   const char* sha256;          /* 64 hex digits the whole file's SHA-256 must be, checked first; or NULL */
   const uint8_t* trusted_keys; /* n_trusted_keys Ed25519 public keys, 32 bytes each */
   size_t n_trusted_keys;       /* > 0: the artifact must be signed by one of them (sections all checked) */
+  /* read only with BPK_LOAD_OUT_OF_RANGE: the policy per dynamic dim for sizes above its range,
+   * "DIM=POLICY[,DIM=POLICY...]" with POLICY "error" (the default) or "split": a larger batch runs as
+   * several calls of near-equal pieces inside the range whose results are concatenated. "split" is
+   * refused at load (BPK_ERR_ARGUMENT, with the reason) unless the compiler proved the dim batch-like
+   * (docs/format.md "Batch-like dims"; `bladepack inspect` lists them). NULL: every dim "error". */
+  const char* on_out_of_range;
 } bpk_load_options;
 
 typedef struct bpk_model bpk_model;
@@ -143,6 +153,13 @@ BPK_API bpk_status bpk_model_output_shapes(const bpk_model* model, const bpk_ten
  * Output buffers must not overlap inputs or each other. Thread-safe. */
 BPK_API bpk_status bpk_model_run(const bpk_model* model, const bpk_tensor* inputs, int64_t num_inputs,
                                  bpk_tensor* outputs, int64_t num_outputs);
+
+/* Runs the reference cases recorded in the artifact at optimize time (docs/format.md "Reference
+ * cases") on this machine and compares the results with the recorded outputs. *report (release with
+ * bpk_free) receives the report as text, one verdict line per case ("case 0: batch=1 (1x64): pass"),
+ * the same lines `bladepack verify` prints. BPK_OK when every case passed or there are none (the
+ * report says so), BPK_ERR_VERIFY when a case failed, BPK_ERR_FORMAT for a malformed record. */
+BPK_API bpk_status bpk_model_verify(const bpk_model* model, char** report);
 
 BPK_API void bpk_free(void* data);
 

@@ -1,0 +1,126 @@
+"""Reference cases: what a self-verifying artifact records, and the rules both loaders check it by.
+
+In: a manifest (its kernel rows, GEMM dispatch tables, native plans) and shape-program registers; a
+case's input records. Out: the coverage items a call at those registers exercises (`covered`), every
+item the artifact has (`all_items`), seeded inputs (`generate`), and the verdict on an output
+(`compare`). The compile side (bladepack/reference_record.py) picks and records the cases; the
+Python loader (loader/verify.py) and the C++ runtime (cpp_runtime/src/verify.cpp) run them.
+
+Note [Reference cases] (docs/format.md "Reference cases"):
+- A coverage item is a kernel variant of one target ("cpu k2 k2_simd": the first variant whose
+  predicate register is non-zero runs) or a CUTLASS dispatch entry ("gemm %48 dispatch 1", and
+  "dispatch_sm90" for the compute-capability-9.0 table: the first entry of the launch whose predicate
+  register holds, i.e. whose key range holds M*N*batch and whose leading dims allow its alignment).
+  A kernel or GEMM that no launch of its plan can reach at these registers (every launch ruled out by
+  a shape condition) covers nothing. Pointer alignment, which only a call knows, is not modelled.
+- Seeded inputs: element i of an input with seed s takes u = splitmix64(s + i) (mod 2^64), then
+  `uniform` [lo, hi]: lo + (hi - lo) * ((u >> 11) * 2^-53) in float64, rounded to the dtype;
+  `integers` [lo, hi]: lo + u mod (hi - lo + 1); `choice` values: values[u mod len(values)].
+- A result passes when its NaNs and infinities sit where the recorded output has them and every
+  other element is within tol * max(1, max |recorded|) of it; tol per dtype in TOLERANCE (0 for
+  integers and bool). The scaled error reported is max |got - recorded| / max(1, max |recorded|).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+TOLERANCE = {"float64": 1e-9, "float32": 1e-4, "float16": 1e-2, "bfloat16": 4e-2}
+SPLITMIX_GAMMA = 0x9E3779B97F4A7C15
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    z = x + np.uint64(SPLITMIX_GAMMA)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def generate(record: dict[str, Any], shape: Sequence[int], dtype: np.dtype) -> np.ndarray:
+    """A seeded input (Note [Reference cases]): {"seed", "uniform": [lo, hi]} / {"integers": [lo, hi]}
+    / {"choice": [values]}. Raises ValueError for a record that is none of these."""
+    n = int(np.prod(shape, dtype=np.int64))
+    with np.errstate(over="ignore"):
+        u = _splitmix64(np.uint64(int(record["seed"]) % 2**64) + np.arange(n, dtype=np.uint64))
+    if "uniform" in record:
+        if dtype.kind != "f":
+            raise ValueError(f"uniform values for a {dtype} input")
+        lo, hi = (float(v) for v in record["uniform"])
+        f = (u >> np.uint64(11)).astype(np.float64) * 2.0**-53
+        return (lo + (hi - lo) * f).astype(dtype).reshape(shape)
+    if "integers" in record:
+        if dtype.kind == "f":
+            raise ValueError(f"integers for a {dtype} input")
+        lo, hi = (int(v) for v in record["integers"])
+        if hi < lo:
+            raise ValueError(f"integers range [{lo}, {hi}] is empty")
+        span = np.uint64(hi - lo + 1)
+        return ((u % span).astype(np.int64) + lo).astype(dtype).reshape(shape)
+    if "choice" in record:
+        values = np.asarray(record["choice"])
+        if values.size == 0 or values.ndim != 1:
+            raise ValueError("choice needs a list of values")
+        return values[(u % np.uint64(values.size)).astype(np.int64)].astype(dtype).reshape(shape)
+    raise ValueError(f"a seeded input needs uniform, integers or choice, got keys {sorted(record)}")
+
+
+def compare(got: np.ndarray, want: np.ndarray, dtype: str) -> tuple[bool, float, float]:
+    """(passes, max abs error, scaled error) of one output against its recorded value."""
+    if got.shape != want.shape:
+        return False, float("inf"), float("inf")
+    if dtype not in TOLERANCE:
+        bad = got != want
+        return not bool(bad.any()), float(np.abs(got.astype(np.float64) - want.astype(np.float64)).max(initial=0)), 0.0
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    finite = np.isfinite(w)
+    same_special = np.array_equal(np.isnan(g), np.isnan(w)) and np.array_equal(g[np.isinf(w)], w[np.isinf(w)])
+    d = np.abs(g[finite] - w[finite])
+    err = float(d.max(initial=0.0)) if not np.isnan(d).any() else float("inf")
+    scale = max(1.0, float(np.abs(w[finite]).max(initial=0.0)))
+    return same_special and err <= TOLERANCE[dtype] * scale, err, err / scale
+
+
+def all_items(m: dict[str, Any]) -> list[str]:
+    """Every coverage item of the artifact, in manifest order."""
+    items = []
+    for k in m.get("kernels", ()):
+        items += [f"{k.get('target', 'cpu')} {k['name']} {v['name']}" for v in k["variants"]]
+    for g in m.get("gemm_configs", ()):
+        for table in ("dispatch", "dispatch_sm90"):
+            items += [f"gemm %{g['node']} {table} {e}" for e in range(len(g.get(table, ())))]
+    return items
+
+
+def covered(m: dict[str, Any], regs: Sequence[int]) -> list[str]:
+    """The coverage items a call with these registers exercises (Note [Reference cases])."""
+    items = []
+    rows: dict[str, int] = {}
+    for k in m.get("kernels", ()):
+        target = k.get("target", "cpu")
+        row = rows.get(target, 0)
+        rows[target] = row + 1
+        plan = m.get("native_cpu" if target == "cpu" else "native_cuda") or {}
+        launches = [lr for lr in plan.get("launches", ()) if lr.get("op") == "kernel" and lr.get("k") == row]
+        if not any(_may_run(lr, regs) for lr in launches):
+            continue
+        v = next((v for v in k["variants"] if regs[v["pred"]]), None)
+        if v is not None:
+            items.append(f"{target} {k['name']} {v['name']}")
+    cutlass = [g for g in m.get("gemm_configs", ()) if g.get("library") == "cutlass"]
+    launches = [lr for lr in (m.get("native_cuda") or {}).get("launches", ()) if lr.get("op") == "cutlass"]
+    for g, lr in zip(cutlass, launches):  # the plan's CUTLASS launches follow its CUTLASS rows, in order
+        if not _may_run(lr, regs):
+            continue
+        for table, entries in (("dispatch", "entries"), ("dispatch_sm90", "entries_sm90")):
+            e = next((e for e, row in enumerate(lr.get(entries, ())) if regs[row["pred"]]), None)
+            if e is not None:
+                items.append(f"gemm %{g['node']} {table} {e}")
+    return items
+
+
+def _may_run(launch: dict[str, Any], regs: Sequence[int]) -> bool:
+    """False when a shape condition rules the launch out at these registers (data conditions may hold)."""
+    return all(bool(regs[c["r"]]) == c["is"] for c in launch.get("when", ()) if "r" in c)

@@ -1,0 +1,265 @@
+"""Which dynamic dims are batch-like: proven on the IR, so a batch above the range may run in pieces.
+
+In: an optimized `Program`. Out: per symbol, a `BatchProof` — either the axis the symbol occupies in
+every input and output (-1: the tensor does not carry it), or the first reason it is not batch-like,
+naming the op and its source line.
+
+Note [Batch-like dims]: a symbol s is batch-like when the program computes row b of every output
+(along s) from row b of the inputs alone, whatever the other rows hold and however many there are.
+Then a call with s above its maximum equals the concatenation of calls on consecutive pieces of the
+batch (the out-of-range "split" policy; docs/format.md "Batch-like dims"). The proof walks the graph
+once and gives every value either one axis whose dim is exactly s (its batch axis) or none:
+- a value whose shape mentions s in any other way (2*s, s + 1, s twice) fails, as does a shape
+  assertion, an attribute or a constant value that mentions s (the computation would depend on how
+  many rows there are) and an `arange` along s (its values are row numbers);
+- elementwise and broadcasting ops keep the batch axis of their operands aligned from the right;
+  layout ops move it (a reshape only where the dims before it keep their product, a permute as its
+  permutation says); slicing, padding, concatenating, gathering or indexing along it fail;
+- reductions, scans, softmax, norms, top-k and arg-reductions fail when their axes include it;
+- matmul fails when s is the contracted dim; convolution and pooling need it as the batch (N) axis;
+- an op reading a batch-carrying operand whose result carries no batch axis fails (a total over rows).
+The rules are conservative: a failure means "not proven", with the first reason found.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+import sympy
+
+from bladepack.ir.graph import Node, Program
+from bladepack.ir.ops import (
+    ArgReduceAttrs,
+    AxisAttrs,
+    Conv2dAttrs,
+    IndexAttrs,
+    MatmulAttrs,
+    NormAttrs,
+    OpKind,
+    PadAttrs,
+    PermuteAttrs,
+    ReduceAttrs,
+    SliceAttrs,
+    TopkAttrs,
+)
+from bladepack.ir.types import IRDim
+
+K = OpKind
+
+_ELEMENTWISE_LIKE = frozenset(
+    {
+        K.NEG, K.ABS, K.EXP, K.LOG, K.SQRT, K.RSQRT, K.RECIPROCAL, K.TANH, K.SIGMOID, K.RELU, K.GELU, K.SILU,
+        K.ERF, K.SIN, K.COS, K.FLOOR, K.LEAKY_RELU, K.CLAMP, K.CAST, K.LOGICAL_NOT, K.BITWISE_NOT, K.ADD,
+        K.SUB, K.MUL, K.DIV, K.POW, K.MAXIMUM, K.MINIMUM, K.FMOD, K.EQ, K.NE, K.LT, K.LE, K.GT, K.GE,
+        K.LOGICAL_AND, K.LOGICAL_OR, K.BITWISE_AND, K.BITWISE_OR, K.BITWISE_XOR, K.WHERE, K.EXPAND,
+        K.FULL, K.CONSTANT,
+    }
+)  # fmt: skip
+_REDUCE = frozenset({K.SUM, K.MEAN, K.AMAX, K.AMIN, K.PROD})
+_ALONG_AXIS = frozenset({K.CUMSUM, K.SOFTMAX, K.LOG_SOFTMAX})
+
+
+@dataclass(frozen=True)
+class BatchProof:
+    symbol: str
+    reason: str  # "" when proven
+    inputs: tuple[int, ...] = ()  # per input, its batch axis (-1: none)
+    outputs: tuple[int, ...] = ()  # per output, its batch axis (-1: none)
+
+    @property
+    def proven(self) -> bool:
+        return not self.reason
+
+    def to_manifest(self) -> dict[str, object]:
+        if self.reason:
+            return {"split": False, "reason": self.reason}
+        return {"split": True, "inputs": list(self.inputs), "outputs": list(self.outputs)}
+
+
+class _NotBatchLike(Exception):
+    pass
+
+
+def _mentions(v: object, s: sympy.Symbol) -> bool:
+    if isinstance(v, sympy.Basic):
+        return s in v.free_symbols
+    if isinstance(v, (tuple, list)):
+        return any(_mentions(x, s) for x in v)
+    return False
+
+
+def _axis_of(shape: Sequence[IRDim], s: sympy.Symbol, what: str) -> int:
+    """The batch axis of a value of this shape (-1: none); fails when s appears any other way."""
+    axes = [k for k, d in enumerate(shape) if isinstance(d, sympy.Basic) and s in d.free_symbols]
+    if not axes:
+        return -1
+    if len(axes) > 1 or shape[axes[0]] != s:
+        raise _NotBatchLike(
+            f"{what} has shape {tuple(str(d) for d in shape)}, which holds {s} other than as one whole axis"
+        )
+    return axes[0]
+
+
+def _product_equal(a: Sequence[IRDim], b: Sequence[IRDim]) -> bool:
+    pa = sympy.expand(sympy.Mul(*[sympy.sympify(d) for d in a]))
+    pb = sympy.expand(sympy.Mul(*[sympy.sympify(d) for d in b]))
+    return bool(sympy.simplify(pa - pb) == 0)
+
+
+def _expected(n: Node, ins: list[int], ranks: list[int], out_rank: int) -> int | None:
+    """The output's batch axis the op's rule gives from its operands' (None: the rule has no opinion,
+    e.g. no operand carries the batch); raises when the op mixes rows."""
+    a = n.attrs
+    carried = [(k, ax) for k, ax in enumerate(ins) if ax >= 0]
+    if not carried:
+        return None
+    op = n.op
+    if op in _ELEMENTWISE_LIKE:
+        outs = {ax + out_rank - ranks[k] for k, ax in carried}
+        if len(outs) != 1:
+            raise _NotBatchLike("its operands hold the dim on different axes")
+        return outs.pop()
+    x = ins[0]
+    if op is K.RESHAPE:
+        return -2  # decided against the output's own axis by the caller
+    if op is K.PERMUTE:
+        assert isinstance(a, PermuteAttrs)
+        return a.perm.index(x)
+    if op is K.SLICE:
+        assert isinstance(a, SliceAttrs)
+        if a.axis == x:
+            raise _NotBatchLike("it slices along the dim's axis")
+        return x
+    if op is K.PAD:
+        assert isinstance(a, PadAttrs)
+        if x >= 0 and tuple(a.pads[x]) != (0, 0):
+            raise _NotBatchLike("it pads along the dim's axis")
+        return x
+    if op is K.CONCAT:
+        assert isinstance(a, AxisAttrs)
+        if len(carried) != len(ins) or len({ax for _, ax in carried}) != 1:
+            raise _NotBatchLike("it concatenates values that do not all hold the dim on one axis")
+        if a.axis == x:
+            raise _NotBatchLike("it concatenates along the dim's axis")
+        return x
+    if op is K.TAKE:
+        assert isinstance(a, AxisAttrs)
+        idx = ins[1]
+        if x >= 0 and (x == a.axis or idx >= 0):
+            raise _NotBatchLike("it takes rows along the dim's axis")
+        if x >= 0:
+            return x if x < a.axis else x + ranks[1] - 1
+        return a.axis + idx
+    if op is K.GATHER:
+        assert isinstance(a, AxisAttrs)
+        if x == a.axis or ins[1] < 0 or (x >= 0 and x != ins[1]):
+            raise _NotBatchLike("it gathers along the dim's axis, or with indices that do not follow the dim")
+        return ins[1]
+    if op is K.INDEX:
+        assert isinstance(a, IndexAttrs)
+        if any(ax >= 0 for ax in ins[1:]) or x < 0 or any(ax <= x for ax in a.axes):
+            raise _NotBatchLike("it indexes along or before the dim's axis, or with indices that hold the dim")
+        return x
+    if op in _REDUCE:
+        assert isinstance(a, ReduceAttrs)
+        if x in a.axes:
+            raise _NotBatchLike(f"it reduces over the dim's axis ({op.value} over axes {list(a.axes)})")
+        return x if a.keepdim else x - sum(1 for ax in a.axes if ax < x)
+    if op in (K.ARGMAX, K.ARGMIN):
+        assert isinstance(a, ArgReduceAttrs)
+        if a.axis == x:
+            raise _NotBatchLike(f"it reduces over the dim's axis ({op.value})")
+        return x if a.keepdim or a.axis > x else x - 1
+    if op in _ALONG_AXIS or op is K.TOPK:
+        assert isinstance(a, (AxisAttrs, TopkAttrs))
+        if a.axis == x:
+            raise _NotBatchLike(f"it runs {op.value} along the dim's axis")
+        return x
+    if op in (K.LAYER_NORM, K.RMS_NORM):
+        assert isinstance(a, NormAttrs)
+        if x < 0 or any(ax >= 0 for ax in ins[1:]) or x >= ranks[0] - a.num_axes:
+            raise _NotBatchLike(f"it normalizes over the dim's axis ({op.value})")
+        return x
+    if op is K.MATMUL:
+        assert isinstance(a, MatmulAttrs)
+        ra, rb = ranks
+        kb = rb - 1 if a.transpose_b else rb - 2
+        nb = rb - 2 if a.transpose_b else rb - 1
+        outs = set()
+        if x >= 0:
+            if x == ra - 1:
+                raise _NotBatchLike("the dim is a matmul's contracted dim")
+            outs.add(out_rank - 2 if x == ra - 2 else x + out_rank - ra)
+        y = ins[1]
+        if y >= 0:
+            if y == kb:
+                raise _NotBatchLike("the dim is a matmul's contracted dim")
+            outs.add(out_rank - 1 if y == nb else y + out_rank - rb)
+        if len(outs) != 1:
+            raise _NotBatchLike("its operands hold the dim on different axes")
+        return outs.pop()
+    if op is K.CONV2D:
+        assert isinstance(a, Conv2dAttrs)
+        if x != 0 or any(ax >= 0 for ax in ins[1:]):
+            raise _NotBatchLike("a convolution whose batch (N) axis is not the dim")
+        return 1 if a.out_layout == "cnhw" else 0
+    if op in (K.MAX_POOL2D, K.AVG_POOL2D):
+        if x != 0:
+            raise _NotBatchLike("pooling whose batch (N) axis is not the dim")
+        return 0
+    raise _NotBatchLike(f"no batch rule for {op.value}")
+
+
+def prove_batch_like(p: Program, s: sympy.Symbol) -> BatchProof:
+    """Note [Batch-like dims] for symbol `s`."""
+    g = p.graph
+    types = g.value_types()
+    try:
+        for cond, msg in p.assertions:
+            if _mentions(cond, s):
+                raise _NotBatchLike(f"a shape constraint involves it ({msg})")
+        axis: dict[int, int] = {}
+        for prm in g.inputs:
+            axis[prm.id] = _axis_of(prm.type.shape, s, f"input '{prm.name}'")
+        for w in g.weights:
+            axis[w.id] = _axis_of(w.type.shape, s, f"weight '{w.name}'")
+        for n in g.nodes:
+            where = f"{n.op.value} at {n.loc or f'%{n.id}'}"
+            try:
+                out = _axis_of(n.type.shape, s, "its result")
+                for f in fields(n.attrs):
+                    if _mentions(getattr(n.attrs, f.name), s):
+                        raise _NotBatchLike(f"its {f.name} depends on {s}")
+                if n.op is K.ARANGE and out >= 0:
+                    raise _NotBatchLike("its values count along the dim")
+                ins = [axis[i] for i in n.inputs]
+                want = _expected(n, ins, [len(types[i].shape) for i in n.inputs], len(n.type.shape))
+                if want is None:
+                    if out >= 0 and n.op not in _ELEMENTWISE_LIKE:
+                        raise _NotBatchLike("its result holds the dim while none of its operands does")
+                elif want == -2:  # a reshape: the result's own axis, checked against the dims before it
+                    x = ins[0]
+                    if out < 0 or not _product_equal(types[n.inputs[0]].shape[:x], n.type.shape[:out]):
+                        raise _NotBatchLike("it merges the dim with other dims, or moves the dims before it")
+                elif want != out:
+                    raise _NotBatchLike(
+                        "its result does not hold the dim where the rows of its operands go"
+                        if out >= 0
+                        else "it combines rows along the dim into a result without a batch axis"
+                    )
+                axis[n.id] = out
+            except _NotBatchLike as e:
+                raise _NotBatchLike(f"{where}: {e}") from None
+        ins_axes = tuple(axis[prm.id] for prm in g.inputs)
+        if all(ax < 0 for ax in ins_axes):
+            raise _NotBatchLike("no input has it as a dim")
+        return BatchProof(s.name, "", ins_axes, tuple(axis[o] for o in g.outputs))
+    except _NotBatchLike as e:
+        return BatchProof(s.name, str(e))
+
+
+def batch_proofs(p: Program) -> tuple[BatchProof, ...]:
+    """Note [Batch-like dims] for every symbol an input binds."""
+    bound = {d for prm in p.graph.inputs for d in prm.type.shape if isinstance(d, sympy.Symbol)}
+    return tuple(prove_batch_like(p, s) for s in p.shape_env.symbols if s in bound)

@@ -1,0 +1,147 @@
+"""Run an artifact's reference cases where it is loaded (Note [Reference cases] in
+artifact/reference_cases.py): `LoadedModule.verify()` and `bladepack verify`.
+
+In: the manifest's `reference_cases` record, its sections, and a function that runs the loaded module.
+Out: a report — per case its dims, input shapes, the kernel variants and GEMM dispatch entries it ran
+(the loader's own shape-program evaluation, which must agree with the record), per output the max
+abs and scaled error against the recorded output and a verdict — and the record's uncovered items.
+A malformed record is a BpkFormatError; an error while running a case fails that case.
+"""
+
+from __future__ import annotations
+
+import reprlib
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from bladepack.artifact.reference_cases import TOLERANCE, compare, covered, generate
+from bladepack.errors import BladepackError, BpkFormatError
+from bladepack.loader.manifest import Manifest, host_dtype
+
+
+def verify_report(
+    raw: dict[str, Any], m: Manifest, section: Callable[[str], memoryview], run: Callable[[list[Any]], list[Any]]
+) -> dict[str, Any]:
+    record = raw.get("reference_cases")
+    if record is None:
+        return {"oracle": None, "cases": [], "uncovered": [], "passed": None, "reason": "no reference cases recorded"}
+    try:
+        cases = [_case(c, raw, m, section) for c in record["cases"]]
+        uncovered = [{"item": str(u["item"]), "why": str(u["why"])} for u in record["uncovered"]]
+        oracle = str(record["oracle"])
+    except BpkFormatError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+        raise BpkFormatError(
+            f"{m.source}: malformed manifest: reference_cases ({type(e).__name__}: {reprlib.repr(str(e))})"
+        ) from None
+    reports = [_run_case(k, c, raw, m, run) for k, c in enumerate(cases)]
+    return {
+        "oracle": oracle,
+        "cases": reports,
+        "uncovered": uncovered,
+        "passed": all(r["passed"] for r in reports),
+    }
+
+
+def _case(c: dict[str, Any], raw: dict[str, Any], m: Manifest, section: Callable[[str], memoryview]) -> dict[str, Any]:
+    names = [t.name for t in m.signature.inputs]
+    dims = {str(k): int(v) for k, v in c["dims"].items()}
+    ranges = {s["name"]: (s["min"], s["max"]) for s in raw["symbols"]}
+    if set(dims) != set(ranges) or any(
+        not ranges[k][0] <= v <= (ranges[k][1] if ranges[k][1] is not None else v) for k, v in dims.items()
+    ):
+        raise ValueError(f"a case's dims {dims} are not the symbols inside their ranges")
+    shapes = [[dims[d] if isinstance(d, str) else int(d) for d in t["shape"]] for t in raw["inputs"]]
+    if len(c["inputs"]) != len(names) or len(c["outputs"]) != len(m.outputs):
+        raise ValueError("a case's inputs or outputs do not match the signature")
+    inputs = []
+    for rec, shape, t in zip(c["inputs"], shapes, raw["inputs"]):
+        dt = host_dtype(t["dtype"])
+        if dt is None:
+            raise ValueError("a bfloat16 input")
+        inputs.append(generate(rec, shape, dt))
+    outputs = []
+    for k, o in enumerate(c["outputs"]):
+        dt = host_dtype(o["dtype"])
+        if dt is None or o["dtype"] != raw["outputs"][k]["dtype"]:
+            raise ValueError(f"output {k}'s dtype {o['dtype']!r}")
+        view = section(o["section"])
+        shape = [int(d) for d in o["shape"]]
+        count = int(np.prod(shape, dtype=np.int64))
+        if view.nbytes != count * dt.itemsize:
+            raise ValueError(
+                f"section {o['section']!r} has {view.nbytes} bytes, its shape {shape} needs {count * dt.itemsize}"
+            )
+        outputs.append(np.frombuffer(view, dtype=dt.newbyteorder("<"), count=count).reshape(shape))
+    return {"dims": dims, "inputs": inputs, "outputs": outputs, "covers": [str(i) for i in c["covers"]]}
+
+
+def _run_case(
+    k: int, c: dict[str, Any], raw: dict[str, Any], m: Manifest, run: Callable[[list[Any]], list[Any]]
+) -> dict[str, Any]:
+    report: dict[str, Any] = {
+        "case": k,
+        "dims": c["dims"],
+        "shapes": [list(x.shape) for x in c["inputs"]],
+        "ran": c["covers"],
+        "outputs": [],
+        "passed": False,
+        "error": None,
+    }
+    try:
+        regs = m.registers(tuple(tuple(x.shape) for x in c["inputs"]))
+        ran = covered(raw, regs)
+        if sorted(ran) != sorted(c["covers"]):
+            report["error"] = f"the shape program picks {sorted(ran)}, the record says {sorted(c['covers'])}"
+            return report
+        got = run(c["inputs"])
+    except BladepackError as e:
+        report["error"] = f"{type(e).__name__}: {e}"
+        return report
+    ok = True
+    for spec, g, w in zip(m.signature.outputs, got, c["outputs"]):
+        passed, err, scaled = compare(np.asarray(g), w, spec.dtype)
+        tol = TOLERANCE.get(spec.dtype, 0.0)
+        report["outputs"].append(
+            {"name": spec.name, "max_abs": err, "scaled": scaled, "tolerance": tol, "passed": passed}
+        )
+        ok = ok and passed
+    report["passed"] = ok
+    return report
+
+
+def report_text(source: str, executor: str, r: dict[str, Any]) -> str:
+    """The report as `bladepack verify` prints it (`bpk-run --verify` prints the same verdict lines)."""
+    if r["oracle"] is None:
+        return f"{source}: no reference cases recorded (optimize with reference_cases=True)\n"
+    items = sorted({i for c in r["cases"] for i in c["ran"]})
+    lines = [
+        f"{source}: {len(r['cases'])} reference cases (oracle: {r['oracle']}) on {executor}; "
+        f"{len(items)} variants and dispatch entries ran, {len(r['uncovered'])} not covered"
+    ]
+    for c in r["cases"]:
+        lines.append(verdict_line(c))
+        for o in c["outputs"]:
+            lines.append(
+                f"  {o['name']}: max abs {o['max_abs']:.3g}, scaled {o['scaled']:.3g} (tolerance {o['tolerance']:.0e})"
+                + ("" if o["passed"] else "  FAIL")
+            )
+        if c["ran"]:
+            lines.append("  ran: " + ", ".join(c["ran"]))
+    lines += [f"not covered: {u['item']} ({u['why']})" for u in r["uncovered"]]
+    passed = sum(c["passed"] for c in r["cases"])
+    lines.append(f"verify: {'passed' if r['passed'] else 'FAILED'} ({passed} of {len(r['cases'])} cases)")
+    return "\n".join(lines) + "\n"
+
+
+def verdict_line(c: dict[str, Any]) -> str:
+    """`case K: DIMS (input shapes): pass|FAIL[: the first failing output, or the error]`."""
+    dims = ", ".join(f"{k}={v}" for k, v in sorted(c["dims"].items())) or "static shapes"
+    shapes = " ".join("x".join(str(d) for d in s) or "scalar" for s in c["shapes"])
+    if c["passed"]:
+        return f"case {c['case']}: {dims} ({shapes}): pass"
+    bad = c["error"] or next(f"output '{o['name']}' differs" for o in c["outputs"] if not o["passed"])
+    return f"case {c['case']}: {dims} ({shapes}): FAIL: {bad}"

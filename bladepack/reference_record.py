@@ -1,0 +1,242 @@
+"""Record reference cases in an artifact at optimize time (Note [Reference cases] in
+artifact/reference_cases.py).
+
+In: the artifact's manifest, an oracle (the model itself: torch eager, or onnx's reference evaluator)
+and the sample inputs. Out: the `reference_cases` manifest record and its sections. The cases are
+chosen from probe shapes — per symbol its range ends, the samples, powers of two and their
+neighbours, one symbol varied at a time around the samples, plus all-minimum and all-maximum — by
+the coverage items the shape program says each probe exercises: first the all-minimum case (size 1),
+the all-maximum case and each bounded symbol at its maximum (the range ends), then greedily the probe that adds the most items, the
+smaller first, within `budget` bytes of recorded data. Items no probe reaches, or only probes over
+the budget, are listed under `uncovered` with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bladepack.artifact.reference_cases import all_items, covered, generate
+from bladepack.artifact.shape_program import ShapeProgram
+from bladepack.dtypes import DType
+from bladepack.errors import ShapeGuardError
+
+Oracle = Callable[[list[np.ndarray]], list[np.ndarray]]
+DEFAULT_BUDGET = 2 << 20  # bytes of recorded outputs (inputs are seeded)
+UNBOUNDED_CAP = 64  # an unbounded symbol is probed up to max(this, 4 x its largest sample)
+MAX_CHOICES = 4  # an input whose samples hold at most this many distinct values draws from them
+
+
+def input_records(m: dict[str, Any], samples: Sequence[Sequence[np.ndarray]]) -> list[dict[str, Any]] | str:
+    """Per input, how its seeded values are drawn (the seed is set per case), from the samples' values;
+    or why inputs cannot be seeded."""
+    out = []
+    for i, decl in enumerate(m["inputs"]):
+        dtype = decl["dtype"]
+        if dtype in ("float16", "bfloat16"):
+            return f"input '{decl['name']}' is {dtype}: reference cases are recorded for 32- and 64-bit inputs only"
+        values = [np.asarray(s[i]).ravel() for s in samples if i < len(s)]
+        vals = np.concatenate(values) if values else np.zeros(0)
+        is_float = DType(dtype).is_floating
+        if vals.size == 0:
+            out.append({"uniform": [-1.0, 1.0]} if is_float else {"integers": [0, 1]})
+            continue
+        distinct = np.unique(vals[: 1 << 20])
+        if distinct.size <= MAX_CHOICES:
+            out.append({"choice": [float(v) if is_float else int(v) for v in distinct]})
+        elif is_float:
+            finite = vals[np.isfinite(vals)]
+            lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (-1.0, 1.0)
+            out.append({"uniform": [lo, hi]})
+        else:
+            out.append({"integers": [int(vals.min()), int(vals.max())]})
+    return out
+
+
+def _candidates(lo: int, hi: int, seen: Sequence[int]) -> list[int]:
+    vals = {lo, lo + 1, hi, hi - 1, (lo + hi) // 2, *seen}
+    p = 1
+    while p <= hi + 1:
+        vals |= {p - 1, p, p + 1}
+        p *= 2
+    return sorted(v for v in vals if lo <= v <= hi)
+
+
+def _bindings(
+    m: dict[str, Any], samples: Sequence[Sequence[np.ndarray]], sample_dims: Sequence[Mapping[str, int]]
+) -> list[tuple[dict[str, int], bool]]:
+    """Probe bindings of the symbols, each with whether it is a range end: all-minimum, all-maximum, and
+    each bounded symbol at its maximum with the others at their smallest sample."""
+    seen: dict[str, list[int]] = {s["name"]: [] for s in m["symbols"]}
+    for sample in samples:
+        for decl, x in zip(m["inputs"], sample):
+            for d, size in zip(decl["shape"], np.shape(x)):
+                if isinstance(d, str) and d in seen:
+                    seen[d].append(int(size))
+    for binding in sample_dims:
+        for name, size in binding.items():
+            if name in seen:
+                seen[name].append(int(size))
+    lo = {s["name"]: int(s["min"]) for s in m["symbols"]}
+    hi = {
+        s["name"]: int(s["max"]) if s["max"] is not None else max(UNBOUNDED_CAP, 4 * max(seen[s["name"]], default=1))
+        for s in m["symbols"]
+    }
+    base = {name: min(seen[name], default=lo[name]) for name in lo}
+    bounded = [s["name"] for s in m["symbols"] if s["max"] is not None]
+    ends = [dict(lo), dict(hi), *({**base, name: hi[name]} for name in bounded)]
+    probes = [*ends, dict(base)]
+    for name in lo:
+        probes += [{**base, name: v} for v in _candidates(lo[name], hi[name], seen[name])]
+    unique: dict[tuple[tuple[str, int], ...], tuple[dict[str, int], bool]] = {}
+    for k, b in enumerate(probes):
+        unique.setdefault(tuple(sorted(b.items())), (b, k < len(ends)))
+    return list(unique.values())
+
+
+@dataclass(frozen=True)
+class _Probe:
+    binding: dict[str, int]
+    dims: list[list[int]]  # per input its shape
+    items: frozenset[str]  # the coverage items it exercises
+    shapes: list[tuple[int, ...]]  # per output its shape
+    size: int  # bytes of its outputs
+    end: bool  # a range end (taken first, as the budget allows)
+
+
+def _output_bytes(m: dict[str, Any], regs: Sequence[int]) -> tuple[list[tuple[int, ...]], int]:
+    values = {v["id"]: v for v in m["values"]}
+    shapes, total = [], 0
+    for o in m["outputs"]:
+        enc = values[o["id"]]["shape"] if o["id"] in values else []
+        shape = tuple(int(regs[d["r"]]) if isinstance(d, dict) else int(d) for d in enc)
+        shapes.append(shape)
+        total += int(np.prod(shape, dtype=np.int64)) * DType(o["dtype"]).itemsize
+    return shapes, total
+
+
+def record_cases(
+    m: dict[str, Any],
+    oracle: Oracle,
+    oracle_name: str,
+    samples: Sequence[Sequence[np.ndarray]] = (),
+    budget: int = DEFAULT_BUDGET,
+    carried: tuple[str, Sequence[tuple[dict[str, Any], list[bytes]]]] | None = None,
+    sample_dims: Sequence[Mapping[str, int]] = (),
+) -> tuple[tuple[dict[str, Any], dict[str, bytes]] | None, str | None]:
+    """(the record and its sections, or None; a note for the user, or None). `carried` (extend): the
+    oracle and the cases of an earlier record, each with its output bytes; those whose dims the ranges
+    still hold are kept first (their outputs stay valid: the model is the same), and the new cases
+    draw their inputs as the first of them did and name their own oracle. `sample_dims`: symbol values
+    the samples had, when the samples themselves are not at hand (extend)."""
+    old_cases = list(carried[1]) if carried else []
+    dists: list[dict[str, Any]] | str
+    if old_cases:
+        dists = [{k: v for k, v in r.items() if k != "seed"} for r in old_cases[0][0]["inputs"]]
+    else:
+        dists = input_records(m, samples)
+    if isinstance(dists, str):
+        return None, f"no reference cases recorded: {dists}"
+    program = ShapeProgram.from_manifest(m["shape_program"])
+    if any(isinstance(d, str) and d not in {s["name"] for s in m["symbols"]} for t in m["inputs"] for d in t["shape"]):
+        return None, "no reference cases recorded: an input dim is an expression, not one symbol"
+    probes = []
+    for b, end in _bindings(m, samples, sample_dims):
+        dims = [[b[d] if isinstance(d, str) else int(d) for d in t["shape"]] for t in m["inputs"]]
+        try:
+            regs = program.evaluate(dims)
+        except ShapeGuardError:
+            continue  # the symbols' relations rule this binding out
+        shapes, size = _output_bytes(m, regs)
+        probes.append(_Probe(b, dims, frozenset(covered(m, regs)), shapes, size, end))
+    chosen: list[_Probe] = []
+    have: set[str] = set()
+    spent = 0
+    kept: list[dict[str, Any]] = []
+    sections: dict[str, bytes] = {}
+    ranges = {s["name"]: (s["min"], s["max"]) for s in m["symbols"]}
+    for case, blobs in old_cases:
+        b = case["dims"]
+        if set(b) != set(ranges) or any(
+            not ranges[k][0] <= v <= (v if ranges[k][1] is None else ranges[k][1]) for k, v in b.items()
+        ):
+            continue
+        try:
+            regs = program.evaluate([[b[d] if isinstance(d, str) else int(d) for d in t["shape"]] for t in m["inputs"]])
+        except ShapeGuardError:
+            continue
+        if spent + sum(map(len, blobs)) > budget:
+            continue
+        spent += sum(map(len, blobs))
+        ran = covered(m, regs)
+        have.update(ran)
+        rows = []
+        for k, blob in enumerate(blobs):
+            name = f"reference/{len(kept)}/output{k}"
+            sections[name] = blob
+            rows.append({**case["outputs"][k], "section": name})
+        kept.append({**case, "outputs": rows, "covers": sorted(ran)})
+
+    def take(p: _Probe) -> None:
+        nonlocal spent
+        chosen.append(p)
+        have.update(p.items)
+        spent += p.size
+
+    kept_dims = [c["dims"] for c in kept]
+    for p in probes:  # the range ends, as the budget allows
+        if p.end and spent + p.size <= budget and p.binding not in kept_dims:
+            take(p)
+    while True:
+        best = max(
+            (p for p in probes if p.items - have and spent + p.size <= budget),
+            key=lambda p: (len(p.items - have), -p.size),
+            default=None,
+        )
+        if best is None:
+            break
+        take(best)
+    over = {i for p in probes if spent + p.size > budget for i in p.items - have}
+    cases = kept
+    notes: list[str] = []
+    for c, (binding, dims, items, shapes) in enumerate((p.binding, p.dims, p.items, p.shapes) for p in chosen):
+        ins = [{**dist, "seed": 1000003 * (len(old_cases) + c + 1) + i} for i, dist in enumerate(dists)]
+        arrays = [generate(r, d, DType(t["dtype"]).to_numpy()) for r, d, t in zip(ins, dims, m["inputs"])]
+        try:
+            outs = oracle(arrays)
+        except Exception as e:  # the user's model on generated data: anything may go wrong
+            notes.append(f"{_dims_text(binding)}: the oracle failed ({type(e).__name__}: {e})")
+            continue
+        want = [(tuple(s), t["dtype"]) for s, t in zip(shapes, m["outputs"])]
+        got = [(tuple(o.shape), o.dtype.name) for o in outs]
+        if got != want:
+            notes.append(f"{_dims_text(binding)}: the oracle gave {got}, the artifact declares {want}")
+            continue
+        rows = []
+        for k, o in enumerate(outs):
+            name = f"reference/{len(cases)}/output{k}"
+            sections[name] = np.ascontiguousarray(o).astype(o.dtype.newbyteorder("<")).tobytes()
+            rows.append({"section": name, "dtype": m["outputs"][k]["dtype"], "shape": list(o.shape)})
+        case = {"dims": dict(sorted(binding.items())), "inputs": ins, "outputs": rows, "covers": sorted(items)}
+        cases.append({**case, "oracle": oracle_name} if carried else case)
+    reached = {i for c in cases for i in c["covers"]}
+    uncovered = [
+        {"item": i, "why": "over the reference-case budget" if i in over else "no probed shape reaches it"}
+        for i in all_items(m)
+        if i not in reached
+    ]
+    record = {
+        "oracle": carried[0] if carried else oracle_name,
+        "budget": budget,
+        "cases": cases,
+        "uncovered": uncovered,
+    }
+    note = f"reference cases: {'; '.join(notes)}" if notes else None
+    return (record, sections), note
+
+
+def _dims_text(binding: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(binding.items())) or "static shapes"

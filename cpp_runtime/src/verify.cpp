@@ -1,0 +1,357 @@
+// Reference cases (Note [Reference cases] in bladepack/artifact/reference_cases.py; docs/format.md
+// "Reference cases"): Model::verify runs each recorded case with its seeded inputs and compares the
+// results with the recorded outputs by the Python loader's rule, writing the report lines
+// bladepack/loader/verify.py's report_text writes (the verdict lines are the same text).
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "dtype.h"
+#include "errors.h"
+#include "model.h"
+#include "util.h"
+
+namespace bpk {
+namespace {
+
+using Obj = msgpack::object;
+
+[[noreturn]] void malformed(const std::string& what) {
+  fail(BPK_ERR_FORMAT, "malformed manifest: reference_cases (" + what + ")");
+}
+
+const Obj& get(const Obj& m, const char* key) {
+  const Obj* v = map_find(m, key);
+  if (v == nullptr) malformed(std::string("KeyError: '") + key + "'");
+  return *v;
+}
+
+const Obj* list(const Obj& o, const char* what) {
+  if (o.type != msgpack::type::ARRAY) malformed(std::string(what) + " is not a list");
+  return o.via.array.ptr;
+}
+
+std::string str(const Obj& o) {
+  if (o.type != msgpack::type::STR) malformed("expected a string");
+  return std::string(o.via.str.ptr, o.via.str.size);
+}
+
+int64_t integer(const Obj& o) {
+  if (o.type == msgpack::type::POSITIVE_INTEGER && o.via.u64 <= uint64_t(INT64_MAX)) return int64_t(o.via.u64);
+  if (o.type == msgpack::type::NEGATIVE_INTEGER) return o.via.i64;
+  if (o.type == msgpack::type::BOOLEAN) return o.via.boolean;
+  malformed("expected an integer");
+}
+
+uint64_t seed_of(const Obj& o) {  // Python: int(seed) % 2**64
+  if (o.type == msgpack::type::POSITIVE_INTEGER) return o.via.u64;
+  if (o.type == msgpack::type::NEGATIVE_INTEGER) return uint64_t(o.via.i64);
+  malformed("seed is not an integer");
+}
+
+double real(const Obj& o) {
+  if (o.type == msgpack::type::FLOAT32 || o.type == msgpack::type::FLOAT64) return o.via.f64;
+  return double(integer(o));
+}
+
+uint64_t splitmix64(uint64_t x) {
+  uint64_t z = x + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+bool is_float(int32_t d) { return d == BPK_FLOAT32 || d == BPK_FLOAT64; }
+
+template <class T>
+void put(void* out, size_t i, T v) {
+  std::memcpy(static_cast<char*>(out) + i * sizeof(T), &v, sizeof(T));
+}
+
+// Stores an integer (C conversion, as numpy's astype) or a double into element i of dtype d.
+void store_int(void* out, size_t i, int32_t d, int64_t v) {
+  switch (d) {
+    case BPK_INT64: return put<int64_t>(out, i, v);
+    case BPK_INT32: return put<int32_t>(out, i, int32_t(v));
+    case BPK_INT16: return put<int16_t>(out, i, int16_t(v));
+    case BPK_INT8: return put<int8_t>(out, i, int8_t(v));
+    case BPK_UINT8: return put<uint8_t>(out, i, uint8_t(v));
+    case BPK_BOOL: return put<uint8_t>(out, i, uint8_t(v != 0));
+    default: malformed("an integer input of a floating dtype");
+  }
+}
+
+void store_real(void* out, size_t i, int32_t d, double v) {
+  if (d == BPK_FLOAT32) return put<float>(out, i, float(v));
+  if (d == BPK_FLOAT64) return put<double>(out, i, v);
+  malformed("a real-valued input of an integer dtype");
+}
+
+// Note [Reference cases]: a seeded input.
+void generate(const Obj& rec, int32_t dtype, size_t n, void* out) {
+  const uint64_t seed = seed_of(get(rec, "seed"));
+  if (const Obj* r = map_find(rec, "uniform")) {
+    if (r->type != msgpack::type::ARRAY || r->via.array.size != 2 || !is_float(dtype)) malformed("uniform");
+    const double lo = real(r->via.array.ptr[0]), hi = real(r->via.array.ptr[1]);
+    for (size_t i = 0; i < n; ++i) {
+      const double f = double(splitmix64(seed + i) >> 11) * 0x1p-53;
+      store_real(out, i, dtype, lo + (hi - lo) * f);
+    }
+  } else if (const Obj* r = map_find(rec, "integers")) {
+    if (r->type != msgpack::type::ARRAY || r->via.array.size != 2 || is_float(dtype)) malformed("integers");
+    const int64_t lo = integer(r->via.array.ptr[0]), hi = integer(r->via.array.ptr[1]);
+    if (hi < lo) malformed("integers range is empty");
+    const uint64_t span = uint64_t(hi) - uint64_t(lo) + 1;
+    for (size_t i = 0; i < n; ++i) store_int(out, i, dtype, lo + int64_t(splitmix64(seed + i) % span));
+  } else if (const Obj* r = map_find(rec, "choice")) {
+    if (r->type != msgpack::type::ARRAY || r->via.array.size == 0) malformed("choice");
+    const uint32_t k = r->via.array.size;
+    for (size_t i = 0; i < n; ++i) {
+      const Obj& v = r->via.array.ptr[splitmix64(seed + i) % k];
+      if (is_float(dtype))
+        store_real(out, i, dtype, real(v));
+      else
+        store_int(out, i, dtype, integer(v));
+    }
+  } else {
+    malformed("a seeded input needs uniform, integers or choice");
+  }
+}
+
+double half_to_double(uint16_t h) {
+  const int e = (h >> 10) & 31, f = h & 1023;
+  const double s = (h & 0x8000) ? -1.0 : 1.0;
+  if (e == 0) return s * std::ldexp(double(f), -24);
+  if (e == 31) return f ? std::numeric_limits<double>::quiet_NaN() : s * std::numeric_limits<double>::infinity();
+  return s * std::ldexp(double(f | 1024), e - 25);
+}
+
+double element(const void* p, size_t i, int32_t d) {
+  const char* c = static_cast<const char*>(p);
+  auto at = [&](auto v) {
+    std::memcpy(&v, c + i * sizeof(v), sizeof(v));
+    return v;
+  };
+  switch (d) {
+    case BPK_FLOAT32: return at(float());
+    case BPK_FLOAT64: return at(double());
+    case BPK_FLOAT16: return half_to_double(at(uint16_t()));
+    case BPK_BFLOAT16: {
+      const uint32_t bits = uint32_t(at(uint16_t())) << 16;
+      float f;
+      std::memcpy(&f, &bits, 4);
+      return f;
+    }
+    case BPK_INT64: return double(at(int64_t()));
+    case BPK_INT32: return at(int32_t());
+    case BPK_INT16: return at(int16_t());
+    case BPK_INT8: return at(int8_t());
+    default: return at(uint8_t());
+  }
+}
+
+double tolerance(int32_t d) {  // bladepack/artifact/reference_cases.py TOLERANCE
+  switch (d) {
+    case BPK_FLOAT64: return 1e-9;
+    case BPK_FLOAT32: return 1e-4;
+    case BPK_FLOAT16: return 1e-2;
+    case BPK_BFLOAT16: return 4e-2;
+    default: return 0;
+  }
+}
+
+struct Verdict {
+  bool passed;
+  double err, scaled;
+};
+
+// bladepack/artifact/reference_cases.py compare()
+Verdict compare(const void* got, const void* want, size_t n, int32_t d) {
+  const bool fl = d == BPK_FLOAT32 || d == BPK_FLOAT64 || d == BPK_FLOAT16 || d == BPK_BFLOAT16;
+  double err = 0, scale = 1;
+  bool special_ok = true, exact = true;
+  for (size_t i = 0; i < n; ++i) {
+    const double g = element(got, i, d), w = element(want, i, d);
+    if (!fl) {
+      exact = exact && g == w;
+      err = std::max(err, std::fabs(g - w));
+      continue;
+    }
+    if (std::isnan(g) != std::isnan(w)) special_ok = false;
+    if (std::isinf(w)) {
+      if (g != w) special_ok = false;
+      continue;
+    }
+    if (std::isnan(w)) continue;
+    const double diff = std::fabs(g - w);
+    err = std::isnan(diff) ? std::numeric_limits<double>::infinity() : std::max(err, diff);
+    scale = std::max(scale, std::fabs(w));
+  }
+  if (!fl) return {exact, err, 0};
+  return {special_ok && err <= tolerance(d) * scale, err, err / scale};
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+}  // namespace
+
+bool Model::verify(std::string& report) const {
+  const Obj* rec = map_find(artifact_->manifest(), "reference_cases");
+  const std::string& src = artifact_->source();
+  if (rec == nullptr) {
+    report = src + ": no reference cases recorded (optimize with reference_cases=True)\n";
+    return true;
+  }
+  struct Case {
+    std::map<std::string, int64_t> dims;
+    std::vector<std::vector<int64_t>> shapes;
+    const Obj* inputs;
+    const Obj* outputs;
+    std::vector<std::string> covers;
+  };
+  std::vector<Case> cases;
+  std::vector<std::string> uncovered;
+  std::string oracle;
+  try {
+    oracle = str(get(*rec, "oracle"));
+    const Obj& cs = get(*rec, "cases");
+    const Obj* c = list(cs, "cases");
+    for (uint32_t k = 0; k < cs.via.array.size; ++k) {
+      Case x;
+      const Obj& dims = get(c[k], "dims");
+      if (dims.type != msgpack::type::MAP) malformed("dims is not a map");
+      for (uint32_t i = 0; i < dims.via.map.size; ++i) x.dims[str(dims.via.map.ptr[i].key)] = integer(dims.via.map.ptr[i].val);
+      bool inside = x.dims.size() == m_.symbols.size();
+      for (const auto& sym : m_.symbols) {
+        auto it = x.dims.find(sym.name);
+        inside = inside && it != x.dims.end() && it->second >= sym.min && (!sym.max || it->second <= *sym.max);
+      }
+      if (!inside) malformed("ValueError: a case's dims are not the symbols inside their ranges");
+      for (const auto& t : m_.inputs) {
+        x.shapes.emplace_back();
+        for (const auto& d : t.shape) {
+          if (d.is_static) {
+            x.shapes.back().push_back(d.size);
+            continue;
+          }
+          auto it = x.dims.find(d.text);
+          if (it == x.dims.end()) malformed("KeyError: " + py_repr(d.text));
+          x.shapes.back().push_back(it->second);
+        }
+      }
+      x.inputs = &get(c[k], "inputs");
+      x.outputs = &get(c[k], "outputs");
+      list(*x.inputs, "inputs");
+      list(*x.outputs, "outputs");
+      if (x.inputs->via.array.size != m_.inputs.size() || x.outputs->via.array.size != m_.outputs.size())
+        malformed("ValueError: a case's inputs or outputs do not match the signature");
+      const Obj& covers = get(c[k], "covers");
+      const Obj* cv = list(covers, "covers");
+      for (uint32_t i = 0; i < covers.via.array.size; ++i) x.covers.push_back(str(cv[i]));
+      cases.push_back(std::move(x));
+    }
+    const Obj& un = get(*rec, "uncovered");
+    const Obj* u = list(un, "uncovered");
+    for (uint32_t i = 0; i < un.via.array.size; ++i)
+      uncovered.push_back(str(get(u[i], "item")) + " (" + str(get(u[i], "why")) + ")");
+  } catch (const Error& e) {
+    fail(e.status(), src + ": " + e.what());
+  }
+
+  std::vector<std::string> lines;
+  std::set<std::string> ran;
+  for (const auto& c : cases) ran.insert(c.covers.begin(), c.covers.end());
+  lines.push_back(src + ": " + std::to_string(cases.size()) + " reference cases (oracle: " + oracle + ") on " +
+                  executor_ + "; " + std::to_string(ran.size()) + " variants and dispatch entries ran, " +
+                  std::to_string(uncovered.size()) + " not covered");
+  size_t passed_cases = 0;
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const Case& c = cases[k];
+    std::string dims, shapes;
+    for (const auto& [name, v] : c.dims) dims += (dims.empty() ? "" : ", ") + name + "=" + std::to_string(v);
+    for (const auto& s : c.shapes) {
+      std::string one;
+      for (int64_t d : s) one += (one.empty() ? "" : "x") + std::to_string(d);
+      shapes += (shapes.empty() ? "" : " ") + (one.empty() ? std::string("scalar") : one);
+    }
+    const std::string head =
+        "case " + std::to_string(k) + ": " + (dims.empty() ? "static shapes" : dims) + " (" + shapes + "): ";
+    std::vector<std::string> detail;
+    std::string failure;
+    std::vector<bpk_tensor> in(m_.inputs.size()), out(m_.outputs.size());
+    std::vector<std::unique_ptr<void, void (*)(void*)>> owned;
+    try {
+      for (size_t i = 0; i < in.size(); ++i) {
+        bpk_tensor& t = in[i];
+        std::memset(&t, 0, sizeof t);
+        t.dtype = m_.inputs[i].dtype;
+        t.ndim = int32_t(c.shapes[i].size());
+        std::copy(c.shapes[i].begin(), c.shapes[i].end(), t.shape);
+        size_t bytes = 0;
+        if (t.ndim > BPK_MAX_RANK || !byte_count(t.shape, t.ndim, dtype_size(t.dtype), &bytes))
+          malformed("an input shape");
+        owned.emplace_back(alloc_aligned(bytes), std::free);
+        if (!owned.back()) fail(BPK_ERR_MEMORY, "cannot allocate a reference input");
+        t.data = owned.back().get();
+        generate(c.inputs->via.array.ptr[i], t.dtype, bytes / dtype_size(t.dtype), t.data);
+      }
+      for (auto& o : out) std::memset(&o, 0, sizeof o);
+    } catch (const Error& e) {
+      fail(e.status(), src + ": " + e.what());
+    }
+    try {
+      run(in.data(), int64_t(in.size()), out.data(), int64_t(out.size()));
+    } catch (const Error& e) {
+      failure = std::string(bpk_status_name(e.status())) + ": " + e.what();
+    }
+    for (auto& o : out)
+      if (o.data) owned.emplace_back(o.data, std::free);
+    bool ok = failure.empty();
+    for (size_t j = 0; ok && j < out.size(); ++j) {
+      const Obj& rec_out = c.outputs->via.array.ptr[j];
+      std::vector<int64_t> shape;
+      const Obj& sh = get(rec_out, "shape");
+      const Obj* s = list(sh, "shape");
+      for (uint32_t a = 0; a < sh.via.array.size; ++a) shape.push_back(integer(s[a]));
+      const int32_t d = out[j].dtype;
+      const Bytes want = artifact_->section(str(get(rec_out, "section")));
+      size_t bytes = 0;
+      if (str(get(rec_out, "dtype")) != dtype_name(m_.outputs[j].dtype) ||
+          !byte_count(shape.data(), int32_t(shape.size()), dtype_size(d), &bytes) || want.size != bytes)
+        fail(BPK_ERR_FORMAT, src + ": malformed manifest: reference_cases (ValueError: output " + std::to_string(j) + ")");
+      const bool same_shape = shape == std::vector<int64_t>(out[j].shape, out[j].shape + out[j].ndim);
+      const Verdict v = same_shape ? compare(out[j].data, want.data, bytes / dtype_size(d), d)
+                                   : Verdict{false, INFINITY, INFINITY};
+      detail.push_back("  " + m_.outputs[j].name + ": max abs " + fmt("%.3g", v.err) + ", scaled " +
+                       fmt("%.3g", v.scaled) + " (tolerance " + fmt("%.0e", tolerance(d)) + ")" +
+                       (v.passed ? "" : "  FAIL"));
+      if (!v.passed && failure.empty()) failure = "output '" + m_.outputs[j].name + "' differs";
+    }
+    ok = failure.empty();
+    passed_cases += ok;
+    lines.push_back(head + (ok ? "pass" : "FAIL: " + failure));
+    lines.insert(lines.end(), detail.begin(), detail.end());
+    if (!c.covers.empty()) {
+      std::string r;
+      for (const auto& i : c.covers) r += (r.empty() ? "" : ", ") + i;
+      lines.push_back("  ran (recorded): " + r);
+    }
+  }
+  for (const auto& u : uncovered) lines.push_back("not covered: " + u);
+  const bool all = passed_cases == cases.size();
+  lines.push_back(std::string("verify: ") + (all ? "passed" : "FAILED") + " (" + std::to_string(passed_cases) + " of " +
+                  std::to_string(cases.size()) + " cases)");
+  report.clear();
+  for (const auto& l : lines) report += l + "\n";
+  return all;
+}
+
+}  // namespace bpk
