@@ -310,9 +310,27 @@ def _record(
         else:
             manifest, _ = art._parts()
             art.reference_cases, note = record_cases(manifest, oracle(), oracle_name, samples, budget)
+            if art.reference_cases is not None and art.cpu_libraries:
+                note = "; ".join(n for n in (note, _self_check(art, oracle_name)) if n) or None
     if note:
         log.warning("bladepack: %s", note)
         art.notes.append(note)
+
+
+def _self_check(art: Artifact, oracle_name: str) -> str | None:
+    """Note [Reference cases]: the new artifact's CPU kernels run the cases it records; a case they fail
+    is said at once (it would fail `bladepack verify` everywhere: the artifact differs from the model)."""
+    from bladepack.loader import load
+    from bladepack.loader.verify import verdict_line
+
+    try:
+        report = load(art.to_bytes(), executor="native").verify()
+    except BladepackError as e:
+        return f"the recorded reference cases could not be run here ({e})"
+    bad = [verdict_line(c) for c in report["cases"] if not c["passed"]]
+    if not bad:
+        return None
+    return f"the artifact differs from {oracle_name} in reference cases ({'; '.join(bad)}): please report it"
 
 
 def _stage_count(target: Target, gemm_library: str) -> int:
@@ -386,9 +404,7 @@ def optimize_program(
     if progress is None:  # called directly (the ONNX path): this call owns the progress report
         configure_logging(options.log_level)
         with contextlib.closing(Progress(_stage_count(target, gemm_library), options.progress)) as own:
-            return optimize_program(
-                program, notes, frontend, target, dtype, gemm_library, samples, own, producer
-            )
+            return optimize_program(program, notes, frontend, target, dtype, gemm_library, samples, own, producer)
     source: tuple[dict[str, Any], dict[str, np.ndarray], dict[str, Any]] | None = None
     try:  # Note [Extending an artifact]: the program as the front end gave it
         data, weights = encode_program(program)

@@ -354,3 +354,69 @@ def test_onnx_models_verify_against_onnx_reference(tmp_path: Path) -> None:
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "reference cases: none" in r.stdout
+
+
+def test_optimize_runs_the_cases_it_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An artifact whose kernels disagree with the oracle is said at optimize time (here the oracle is
+    made 10% off, as a model whose eager path differs from its exported graph would be)."""
+    import bladepack.export.oracle as oracle_module
+
+    real = oracle_module.torch_oracle
+
+    def off(model: nn.Module) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
+        run = real(model)
+        return lambda arrays: [o * np.float32(1.1) for o in run(arrays)]
+
+    monkeypatch.setattr(oracle_module, "torch_oracle", off)
+    s = SAMPLES["mlp"]
+    art = bladepack.optimize(s.build(), s.export_samples(), s.dynamic_shapes)
+    assert any(
+        "the artifact differs from torch eager in reference cases (case 0: batch=1 (1x64): FAIL: output 'output0' differs"
+        in n
+        for n in art.notes
+    ), art.notes
+
+
+def test_coverage_items_of_cutlass_dispatch_and_guarded_launches() -> None:
+    """CUTLASS dispatch entries (the first entry whose predicate register holds, per table) and kernels
+    whose launches a shape condition rules out, on a hand-written manifest (docs/format.md)."""
+    from bladepack.artifact.reference_cases import all_items
+
+    m = {
+        "kernels": [
+            {"name": "k0", "target": "cpu", "variants": [{"name": "k0_v8", "pred": 2}, {"name": "k0", "pred": 1}]},
+            {
+                "name": "k0",
+                "target": "cuda",
+                "variants": [{"name": "k0_warp", "pred": 3}, {"name": "k0_block", "pred": 1}],
+            },
+        ],
+        "gemm_configs": [
+            {"node": 7, "library": "blas"},
+            {"node": 9, "library": "cutlass", "dispatch": [{}, {}, {}], "dispatch_sm90": [{}, {}]},
+        ],
+        "native_cpu": {"launches": [{"op": "kernel", "k": 0, "when": [{"r": 4, "is": True}]}]},
+        "native_cuda": {
+            "launches": [
+                {"op": "kernel", "k": 0},
+                {
+                    "op": "cutlass",
+                    "entries": [{"pred": 2}, {"pred": 3}, {"pred": 1}],
+                    "entries_sm90": [{"pred": 3}, {"pred": 1}],
+                },
+            ]
+        },
+    }
+    assert all_items(m) == [
+        "cpu k0 k0_v8", "cpu k0 k0", "cuda k0 k0_warp", "cuda k0 k0_block",
+        "gemm %9 dispatch 0", "gemm %9 dispatch 1", "gemm %9 dispatch 2",
+        "gemm %9 dispatch_sm90 0", "gemm %9 dispatch_sm90 1",
+    ]  # fmt: skip
+    # registers: r1 = 1 (always), r2, r3 the predicates, r4 the CPU launch's shape condition
+    assert covered(m, [0, 1, 1, 0, 1]) == [
+        "cpu k0 k0_v8",
+        "cuda k0 k0_block",
+        "gemm %9 dispatch 0",
+        "gemm %9 dispatch_sm90 1",
+    ]
+    assert covered(m, [0, 1, 0, 1, 0]) == ["cuda k0 k0_warp", "gemm %9 dispatch 1", "gemm %9 dispatch_sm90 0"]

@@ -139,7 +139,7 @@ def _export_sample(samples: list[tuple[Any, ...]], dynamic: list[set[int]]) -> t
 
 
 @contextlib.contextmanager
-def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
     """Inference mode while exporting; afterwards every submodule's own mode back (a recursive
     `train(was)` would switch an eval-mode submodule of a training-mode model to training)."""
     modes = [(m, m.training) for m in model.modules()]
@@ -152,7 +152,7 @@ def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _no_cache_object(model: torch.nn.Module, notes: list[str]) -> Iterator[None]:
+def no_cache_object(model: torch.nn.Module, notes: list[str]) -> Iterator[None]:
     """A Hugging Face model whose config asks for a KV cache returns a cache object (DynamicCache),
     which no artifact can hold: exported with `config.use_cache = False` (restored after), and said so.
     Cached decoding passes the past keys and values as inputs instead."""
@@ -211,7 +211,7 @@ def capture(model: torch.nn.Module, sample_inputs: Any, dynamic_shapes: Any = No
                 dynamic[i].add(axis)
     args = _export_sample(samples, dynamic)
     notes: list[str] = []
-    with _eval_mode(model), _no_cache_object(model, notes), torch.no_grad():
+    with eval_mode(model), no_cache_object(model, notes), torch.no_grad():
         if not any(dynamic):
             return Captured(_finish(_run(model, args, None)), names, {}, notes)
         auto = [{a: TorchDim.AUTO for a in sorted(dynamic[i])} or None for i in range(len(names))]

@@ -12,13 +12,13 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from bladepack.export.capture import _eval_mode, _no_cache_object
+from bladepack.export.capture import eval_mode, no_cache_object
 
 
 def torch_oracle(model: torch.nn.Module) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
         args = [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
-        with _eval_mode(model), _no_cache_object(model, []), torch.no_grad():
+        with eval_mode(model), no_cache_object(model, []), torch.no_grad():
             out = model(*args)
         leaves = torch.utils._pytree.tree_leaves(out)
         return [x.detach().contiguous().numpy() for x in leaves if isinstance(x, torch.Tensor)]

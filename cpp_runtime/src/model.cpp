@@ -547,30 +547,7 @@ void Model::run(const bpk_tensor* in, int64_t n_in, bpk_tensor* out, int64_t n_o
     byte_count(in[i].shape, in[i].ndim, dtype_size(in[i].dtype), &bytes);
     if (in[i].data == nullptr && bytes > 0) fail(BPK_ERR_ARGUMENT, "input '" + m_.inputs[i].name + "' has no data");
   }
-  // runtime-allocated outputs; released again if the run fails
-  std::vector<size_t> owned;
-  struct Release {
-    bpk_tensor* out;
-    std::vector<size_t>* owned;
-    bool armed = true;
-    ~Release() {
-      if (!armed) return;
-      for (size_t k : *owned) {
-        std::free(out[k].data);
-        out[k].data = nullptr;
-      }
-    }
-  } release{out, &owned};
-  for (size_t k = 0; k < n_outputs; ++k) {
-    if (out[k].data != nullptr) continue;
-    const OutSpec& s = p->outs[k];
-    out[k].data = alloc_aligned(s.nbytes);
-    if (out[k].data == nullptr) fail(BPK_ERR_MEMORY, "cannot allocate output '" + m_.outputs[k].name + "'");
-    owned.push_back(k);
-    out[k].dtype = s.dtype;
-    out[k].ndim = s.ndim;
-    std::copy(s.shape, s.shape + s.ndim, out[k].shape);
-  }
+  OwnedOutputs owned(*this, p->outs, out);
   const size_t n_slots = size_t(m_.num_slots());
   void* stack_slots[64];
   std::vector<void*> heap_slots;
@@ -625,7 +602,27 @@ void Model::run(const bpk_tensor* in, int64_t n_in, bpk_tensor* out, int64_t n_o
   }
   give_arena(arena);
   if (rc != 0) native_error(rc, status);
-  release.armed = false;
+  owned.keep();
+}
+
+Model::OwnedOutputs::OwnedOutputs(const Model& m, const std::vector<OutSpec>& specs, bpk_tensor* out) : out_(out) {
+  for (size_t k = 0; k < specs.size(); ++k) {
+    if (out[k].data != nullptr) continue;
+    const OutSpec& s = specs[k];
+    out[k].data = alloc_aligned(s.nbytes);
+    if (out[k].data == nullptr) fail(BPK_ERR_MEMORY, "cannot allocate output '" + m.m_.outputs[k].name + "'");
+    owned_.push_back(k);
+    out[k].dtype = s.dtype;
+    out[k].ndim = s.ndim;
+    std::copy(s.shape, s.shape + s.ndim, out[k].shape);
+  }
+}
+
+Model::OwnedOutputs::~OwnedOutputs() {
+  for (size_t k : owned_) {
+    std::free(out_[k].data);
+    out_[k].data = nullptr;
+  }
 }
 
 }  // namespace bpk

@@ -92,6 +92,20 @@ class Model {
   void check_inputs(const bpk_tensor* inputs, int64_t num_inputs) const;
   std::shared_ptr<const Prepared> prepare(const bpk_tensor* inputs) const;
   void check_outputs(const std::vector<OutSpec>& outs, const bpk_tensor* outputs, int64_t num_outputs) const;
+  // The outputs a call leaves to the runtime (data NULL), allocated by their specs; freed again when the
+  // call fails (the guard is destroyed before keep()).
+  class OwnedOutputs {
+   public:
+    OwnedOutputs(const Model& m, const std::vector<OutSpec>& specs, bpk_tensor* outputs);
+    ~OwnedOutputs();
+    OwnedOutputs(const OwnedOutputs&) = delete;
+    OwnedOutputs& operator=(const OwnedOutputs&) = delete;
+    void keep() { owned_.clear(); }
+
+   private:
+    bpk_tensor* out_;
+    std::vector<size_t> owned_;
+  };
   // Note [Batch-like dims] (out_of_range.cpp): a call whose split dim is above its range, run in pieces
   void run_split(const Pieces& pieces, const bpk_tensor* inputs, bpk_tensor* outputs, int64_t num_outputs) const;
   void split_shapes(const Pieces& pieces, const bpk_tensor* inputs, bpk_tensor* outputs, int64_t num_outputs) const;

@@ -229,33 +229,11 @@ void Model::run_split(const Pieces& pc, const bpk_tensor* in, bpk_tensor* out, i
     specs[k].dtype = whole[k].dtype;
     specs[k].ndim = whole[k].ndim;
     std::copy(whole[k].shape, whole[k].shape + whole[k].ndim, specs[k].shape);
+    if (!byte_count(specs[k].shape, specs[k].ndim, dtype_size(specs[k].dtype), &specs[k].nbytes))
+      fail(BPK_ERR_MEMORY, "cannot allocate output '" + m_.outputs[k].name + "'");
   }
   check_outputs(specs, out, n_out);
-
-  std::vector<size_t> owned;  // runtime-allocated results, released again if a piece fails
-  struct Release {
-    bpk_tensor* out;
-    std::vector<size_t>* owned;
-    bool armed = true;
-    ~Release() {
-      if (!armed) return;
-      for (size_t k : *owned) {
-        std::free(out[k].data);
-        out[k].data = nullptr;
-      }
-    }
-  } release{out, &owned};
-  for (size_t k = 0; k < size_t(n_out); ++k) {
-    if (out[k].data != nullptr) continue;
-    size_t bytes = 0;
-    if (!byte_count(whole[k].shape, whole[k].ndim, dtype_size(whole[k].dtype), &bytes) ||
-        (out[k].data = alloc_aligned(bytes)) == nullptr)
-      fail(BPK_ERR_MEMORY, "cannot allocate output '" + m_.outputs[k].name + "'");
-    owned.push_back(k);
-    out[k].dtype = whole[k].dtype;
-    out[k].ndim = whole[k].ndim;
-    std::copy(whole[k].shape, whole[k].shape + whole[k].ndim, out[k].shape);
-  }
+  OwnedOutputs owned(*this, specs, out);  // released again if a piece fails
   for (size_t p = 0; p < pc.bounds.size(); ++p) {
     const auto [lo, hi] = pc.bounds[p];
     FreeAll mem;
@@ -283,7 +261,7 @@ void Model::run_split(const Pieces& pc, const bpk_tensor* in, bpk_tensor* out, i
     for (const auto& [k, r] : scatter)
       copy_rows(r, lo, hi, static_cast<char*>(out[k].data), static_cast<char*>(pout[k].data), false);
   }
-  release.armed = false;
+  owned.keep();
 }
 
 void Model::split_shapes(const Pieces& pc, const bpk_tensor* in, bpk_tensor* out, int64_t n_out) const {
