@@ -1,6 +1,7 @@
 """Structural mutations of a real manifest, re-hashed, against both loaders: crashes, hangs, stray errors.
 
     python scripts/mutation_campaign.py [--count 500] [--seed 0] [--sample mlp] [--bpk-run PATH] [--jobs 2]
+                                        [--verify]
 
 Each case edits the sample's manifest at random (an integer set to an edge value, a list cut, emptied
 or grown, a map key dropped, a value replaced by another type or by a deeply nested list), recomputes
@@ -8,6 +9,8 @@ every checksum, and runs one call of the artifact in its own process: the Python
 --bpk-run, the C++ runtime. Outcomes per loader: `ok` (it ran), `refused` (a BladepackError / exit 1
 with the runtime's reason), `stray` (another exception escaped), `crash` (a signal), `hang` (past 30 s).
 Prints the counts and the first stray, crash and hang cases (with the mutation that made them).
+With --verify the mutations edit only the reference cases (docs/format.md "Reference cases") and each
+case runs `verify()` / `bpk-run --verify` instead of a call; a verify that reports failing cases is `ok`.
 """
 
 from __future__ import annotations
@@ -46,6 +49,15 @@ try:
 except bladepack.BladepackError as e:
     print("refused", type(e).__name__)
 """
+VERIFY_CHILD = """
+import sys
+import bladepack
+try:
+    bladepack.load(sys.argv[1]).verify()
+    print("ok")
+except bladepack.BladepackError as e:
+    print("refused", type(e).__name__)
+"""
 
 
 def _paths(x: Any, at: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -65,9 +77,9 @@ def _get(x: Any, path: tuple[Any, ...]) -> Any:
     return x
 
 
-def mutate(manifest: dict[str, Any], rng: random.Random) -> tuple[dict[str, Any], str]:
+def mutate(manifest: dict[str, Any], rng: random.Random, under: str = "") -> tuple[dict[str, Any], str]:
     m = copy.deepcopy(manifest)
-    paths = [p for p in _paths(m) if p]
+    paths = [p for p in _paths(m) if p and (not under or (p[0] == under and len(p) > 1))]
     path = rng.choice(paths)
     parent, key = _get(m, path[:-1]), path[-1]
     value = parent[key]
@@ -109,6 +121,8 @@ def _run(cmd: list[str]) -> tuple[str, str]:
         return "refused", out[-1]
     if cmd[0].endswith("bpk-run") and r.returncode == 0:
         return "ok", ""
+    if cmd[0].endswith("bpk-run") and r.returncode == 1 and "\nverify: FAILED (" in r.stdout:
+        return "ok", ""
     if cmd[0].endswith("bpk-run") and r.returncode == 1 and r.stderr.startswith("bpk-run: "):
         return "refused", r.stderr.strip()[:200]
     return "stray", (r.stderr.strip().splitlines() or ["?"])[-1][:300]
@@ -124,8 +138,11 @@ class Cases:
     input_files: list[Path]
 
 
-def make_cases(artifact: bytes, inputs: Sequence[np.ndarray], count: int, seed: int, work: Path) -> Cases:
-    """`count` structural mutations of `artifact`'s manifest, every checksum recomputed."""
+def make_cases(
+    artifact: bytes, inputs: Sequence[np.ndarray], count: int, seed: int, work: Path, under: str = ""
+) -> Cases:
+    """`count` structural mutations of `artifact`'s manifest (of its `under` entry only, when given),
+    every checksum recomputed."""
     bpk = bpk_format.read(artifact)
     sections = [bpk_format.Section(n, bytes(bpk.section(n))) for n in bpk.section_names]
     base = {k: v for k, v in bpk.manifest.items() if k != "sections"}
@@ -137,7 +154,7 @@ def make_cases(artifact: bytes, inputs: Sequence[np.ndarray], count: int, seed: 
     rng = random.Random(seed)
     files, mutations = [], []
     for k in range(count):
-        manifest, what = mutate(base, rng)
+        manifest, what = mutate(base, rng, under)
         path = work / f"{k}.bpk"
         path.write_bytes(b"".join(bytes(c) for c in bpk_format.encode(manifest, sections)))
         files.append(path)
@@ -145,11 +162,18 @@ def make_cases(artifact: bytes, inputs: Sequence[np.ndarray], count: int, seed: 
     return Cases(files, mutations, names, in_files)
 
 
-def run_cases(cases: Cases, bpk_run: str | None, jobs: int, work: Path) -> list[tuple[str, str, str, str]]:
+def run_cases(
+    cases: Cases, bpk_run: str | None, jobs: int, work: Path, verify: bool = False
+) -> list[tuple[str, str, str, str]]:
     """Each case in its own process, per loader: rows (loader, outcome, detail, mutation)."""
 
     def one(k: int) -> list[tuple[str, str, str, str]]:
         path, what = cases.files[k], cases.mutations[k]
+        if verify:
+            rows = [("python", *_run([sys.executable, "-c", VERIFY_CHILD, str(path)]), what)]
+            if bpk_run:
+                rows.append(("bpk-run", *_run([bpk_run, str(path), "--verify"]), what))
+            return rows
         rows = [("python", *_run([sys.executable, "-c", CHILD, str(path), *map(str, cases.input_files)]), what)]
         if bpk_run:
             flags = [x for n, f in zip(cases.input_names, cases.input_files) for x in ("--input", f"{n}={f}")]
@@ -184,14 +208,16 @@ def main() -> int:
     p.add_argument("--sample", default="mlp", choices=sorted(SAMPLES))
     p.add_argument("--bpk-run", help="also run each case with this bpk-run")
     p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--verify", action="store_true", help="mutate the reference cases and run verify")
     args = p.parse_args()
     s = SAMPLES[args.sample]
     torch.manual_seed(0)
     art = bladepack.optimize(s.build(), s.export_samples(), s.dynamic_shapes)
     work = Path(tempfile.mkdtemp(prefix="bladepack-mutations-"))
     inputs = [t.numpy() for t in s.make_inputs(torch.Generator().manual_seed(1), **s.base_dims)]
-    cases = make_cases(art.to_bytes(), inputs, args.count, args.seed, work)
-    results = run_cases(cases, args.bpk_run, args.jobs, work)
+    under = "reference_cases" if args.verify else ""
+    cases = make_cases(art.to_bytes(), inputs, args.count, args.seed, work, under)
+    results = run_cases(cases, args.bpk_run, args.jobs, work, args.verify)
     print(report(results))
     return 1 if any(r[1] in ("stray", "crash", "hang") for r in results) else 0
 

@@ -29,8 +29,8 @@ def verify_report(
         return {"oracle": None, "cases": [], "uncovered": [], "passed": None, "reason": "no reference cases recorded"}
     try:
         cases = [_case(c, raw, m, section) for c in record["cases"]]
-        uncovered = [{"item": str(u["item"]), "why": str(u["why"])} for u in record["uncovered"]]
-        oracle = str(record["oracle"])
+        uncovered = [{"item": _text(u["item"]), "why": _text(u["why"])} for u in record["uncovered"]]
+        oracle = _text(record["oracle"])
     except BpkFormatError:
         raise
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
@@ -48,7 +48,7 @@ def verify_report(
 
 def _case(c: dict[str, Any], raw: dict[str, Any], m: Manifest, section: Callable[[str], memoryview]) -> dict[str, Any]:
     names = [t.name for t in m.signature.inputs]
-    dims = {str(k): int(v) for k, v in c["dims"].items()}
+    dims = {_text(k): int(v) for k, v in c["dims"].items()}
     ranges = {s["name"]: (s["min"], s["max"]) for s in raw["symbols"]}
     if set(dims) != set(ranges) or any(
         not ranges[k][0] <= v <= (ranges[k][1] if ranges[k][1] is not None else v) for k, v in dims.items()
@@ -76,7 +76,13 @@ def _case(c: dict[str, Any], raw: dict[str, Any], m: Manifest, section: Callable
                 f"section {o['section']!r} has {view.nbytes} bytes, its shape {shape} needs {count * dt.itemsize}"
             )
         outputs.append(np.frombuffer(view, dtype=dt.newbyteorder("<"), count=count).reshape(shape))
-    return {"dims": dims, "inputs": inputs, "outputs": outputs, "covers": [str(i) for i in c["covers"]]}
+    return {"dims": dims, "inputs": inputs, "outputs": outputs, "covers": [_text(i) for i in c["covers"]]}
+
+
+def _text(v: Any) -> str:
+    if not isinstance(v, str):
+        raise TypeError(f"expected a string, got {type(v).__name__}")
+    return v
 
 
 def _run_case(
