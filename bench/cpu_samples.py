@@ -1,4 +1,5 @@
-"""CPU benchmark: bladepack against PyTorch eager, torch.compile(dynamic=True), AOTInductor and ONNX Runtime.
+"""CPU benchmark: bladepack against PyTorch eager, torch.compile(dynamic=True), AOTInductor, ONNX Runtime and
+OpenVINO.
 
 In: the samples (samples/registry.py) at a spread of shapes. Out: a markdown table of median latencies
 and speedups (printed), bench/results/cpu_samples.json and bench/results/cpu_samples.png. Every
@@ -6,7 +7,11 @@ runner measures in this one process, interleaved per shape: three rounds with th
 each a block of `--repeat` calls after a 50 ms pause (the previous runtime's spinning threads go to
 sleep); a peer's figure is its best block median (Note [Rounds]).
 
-    python -m bench.cpu_samples [--samples encoder,llama,cnn] [--repeat 20] [--peers eager,compile,aoti,ort]
+    python -m bench.cpu_samples [--samples encoder,llama,cnn,mlp] [--repeat 20]
+                                [--peers eager,compile,aoti,ort,openvino]
+
+ONNX Runtime and OpenVINO run the same .onnx file (torch's TorchScript exporter, every dim dynamic);
+OpenVINO with its CPU plugin and the latency hint, both with the threads torch uses.
 
 A peer that cannot build a sample (an exporter or compiler failure) is reported with its error, not
 silently dropped.
@@ -88,22 +93,43 @@ def build_peers(
             runners["aoti"] = lambda x: aoti(*x)
         except Exception as e:
             errors["aoti"] = f"{type(e).__name__}: {e}"[:300]
+    if "ort" in peers or "openvino" in peers:
+        path = Path(tempfile.mkdtemp()) / f"{name}.onnx"
+        try:
+            names = [f"in{k}" for k in range(len(samples[-1]))]
+            axes = {n: {d: f"{n}_d{d}" for d in range(t.dim())} for n, t in zip(names, samples[-1])}
+            torch.onnx.export(model, samples[-1], str(path), input_names=names, dynamic_axes=axes, dynamo=False)
+        except Exception as e:
+            errors["onnx export"] = f"{type(e).__name__}: {e}"[:300]
+        else:
+            onnx_peers(peers, path, runners, errors)
+    return runners, errors
+
+
+def onnx_peers(peers: list[str], path: Path, runners: dict[str, Runner], errors: dict[str, str]) -> None:
+    """ONNX Runtime ("ort") and OpenVINO ("openvino", CPU plugin, latency hint) on one .onnx file, each
+    with torch's thread count, where `peers` asks for them; a failure goes into `errors`."""
+    threads = torch.get_num_threads()
     if "ort" in peers:
         try:
             import onnxruntime as ort
 
-            path = Path(tempfile.mkdtemp()) / f"{name}.onnx"
-            names = [f"in{k}" for k in range(len(samples[-1]))]
-            axes = {n: {d: f"{n}_d{d}" for d in range(t.dim())} for n, t in zip(names, samples[-1])}
-            torch.onnx.export(model, samples[-1], str(path), input_names=names, dynamic_axes=axes, dynamo=False)
             so = ort.SessionOptions()
-            so.intra_op_num_threads = torch.get_num_threads()
+            so.intra_op_num_threads = threads
             sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
             ort_names = [i.name for i in sess.get_inputs()]
             runners["onnxruntime"] = lambda x: sess.run(None, {n: t.numpy() for n, t in zip(ort_names, x)})
         except Exception as e:
             errors["onnxruntime"] = f"{type(e).__name__}: {e}"[:300]
-    return runners, errors
+    if "openvino" in peers:
+        try:
+            import openvino as ov
+
+            config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads}
+            request = ov.Core().compile_model(str(path), "CPU", config).create_infer_request()
+            runners["openvino"] = lambda x: request.infer([np.ascontiguousarray(t.numpy()) for t in x])
+        except Exception as e:
+            errors["openvino"] = f"{type(e).__name__}: {e}"[:300]
 
 
 def torch_peers(
@@ -233,8 +259,8 @@ def chart(report: dict[str, Any], path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--samples", default="encoder,llama,cnn")
-    ap.add_argument("--peers", default="eager,compile,aoti,ort")
+    ap.add_argument("--samples", default="encoder,llama,cnn,mlp")
+    ap.add_argument("--peers", default="eager,compile,aoti,ort,openvino")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--out", default=str(RESULTS / "cpu_samples"))
     a = ap.parse_args()

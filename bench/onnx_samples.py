@@ -1,9 +1,9 @@
-"""CPU benchmark of the ONNX front end: one .onnx file per sample, run by bladepack and by ONNX Runtime.
+"""CPU benchmark of the ONNX front end: one .onnx file per sample, run by bladepack, ONNX Runtime and OpenVINO.
 
 In: the samples, each exported once to ONNX with its dynamic axes (torch's TorchScript exporter, opset
 17). Out: a markdown table (printed) and bench/results/onnx_samples.{json,md}: per shape the median
-latency of bladepack built from that .onnx file, of ONNX Runtime on the same file, and of bladepack
-built from the torch module (the two bladepack artifacts should be the same kernels), with geomean
+latency of bladepack built from that .onnx file, of ONNX Runtime and OpenVINO (CPU plugin, latency
+hint) on the same file, and of bladepack built from the torch module (the two bladepack artifacts should be the same kernels), with geomean
 ratios. Measured like bench.cpu_samples: in one process, rotated rounds, best block median.
 
     python -m bench.onnx_samples [--samples encoder,llama,cnn,mlp] [--repeat 20]
@@ -22,14 +22,12 @@ from typing import Any
 import torch
 
 import bladepack
-from bench.cpu_samples import RESULTS, Runner, geomean, measure
+from bench.cpu_samples import RESULTS, Runner, geomean, measure, onnx_peers
 from samples.onnx_export import export_onnx, sample_axes
 from samples.registry import SAMPLES
 
 
 def build(name: str) -> tuple[torch.nn.Module, dict[str, Runner], dict[str, int]]:
-    import onnxruntime as ort
-
     s = SAMPLES[name]
     torch.manual_seed(0)
     model = s.build()
@@ -39,15 +37,12 @@ def build(name: str) -> tuple[torch.nn.Module, dict[str, Runner], dict[str, int]
     from_onnx = bladepack.optimize(path, dynamic_shapes=s.dynamic_shapes)
     from_torch = bladepack.optimize(model, samples, s.dynamic_shapes)
     m_onnx, m_torch = bladepack.load(from_onnx.to_bytes()), bladepack.load(from_torch.to_bytes())
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = torch.get_num_threads()
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    names = [i.name for i in sess.get_inputs()]
-    runners: dict[str, Runner] = {
-        "bladepack (onnx)": lambda x: m_onnx(*[t.numpy() for t in x]),
-        "onnxruntime": lambda x: sess.run(None, {n: t.numpy() for n, t in zip(names, x)}),
-        "bladepack (torch)": lambda x: m_torch(*[t.numpy() for t in x]),
-    }
+    runners: dict[str, Runner] = {"bladepack (onnx)": lambda x: m_onnx(*[t.numpy() for t in x])}
+    errors: dict[str, str] = {}
+    onnx_peers(["ort", "openvino"], path, runners, errors)
+    if errors:  # both engines must read the file: a failure is a finding to look at
+        raise RuntimeError(f"{name}: {errors}")
+    runners["bladepack (torch)"] = lambda x: m_torch(*[t.numpy() for t in x])
     kernels = {"bladepack (onnx)": len(from_onnx.plan.kernels), "bladepack (torch)": len(from_torch.plan.kernels)}
     return model, runners, kernels
 
@@ -78,19 +73,25 @@ def markdown(report: dict[str, Any]) -> str:
         rows = data["rows"]
         out += [
             f"\n### {name} (fused kernels: {data['kernels']})\n",
-            "| dims | bladepack (onnx) µs | onnxruntime µs (x) | bladepack (torch) µs (x) |",
-            "|---|---|---|---|",
+            "| dims | bladepack (onnx) µs | onnxruntime µs (x) | openvino µs (x) | bladepack (torch) µs (x) |",
+            "|---|---|---|---|---|",
         ]
         for r in rows:
             b = r["bladepack (onnx)"]
-            ort_, tor = r["onnxruntime"], r["bladepack (torch)"]
-            out.append(f"| {r['dims']} | {b:.0f} | {ort_:.0f} ({ort_ / b:.2f}x) | {tor:.0f} ({tor / b:.2f}x) |")
-        vs_ort = geomean([r["onnxruntime"] / r["bladepack (onnx)"] for r in rows])
+            cells = " | ".join(
+                f"{r[p]:.0f} ({r[p] / b:.2f}x)" for p in ("onnxruntime", "openvino", "bladepack (torch)")
+            )
+            out.append(f"| {r['dims']} | {b:.0f} | {cells} |")
+        vs = {p: geomean([r[p] / r["bladepack (onnx)"] for r in rows]) for p in ("onnxruntime", "openvino")}
         vs_torch = geomean([r["bladepack (torch)"] / r["bladepack (onnx)"] for r in rows])
-        data["geomean"] = {"vs onnxruntime": vs_ort, "vs bladepack (torch)": vs_torch}
+        data["geomean"] = {
+            "vs onnxruntime": vs["onnxruntime"],
+            "vs openvino": vs["openvino"],
+            "vs bladepack (torch)": vs_torch,
+        }
         out.append(
-            f"\ngeomean: bladepack from the .onnx is {vs_ort:.2f}x ONNX Runtime's speed on the same file; "
-            f"{vs_torch:.2f}x bladepack's from the torch module"
+            f"\ngeomean: bladepack from the .onnx is {vs['onnxruntime']:.2f}x ONNX Runtime's speed and "
+            f"{vs['openvino']:.2f}x OpenVINO's on the same file; {vs_torch:.2f}x bladepack's from the torch module"
         )
     return "\n".join(out) + "\n"
 
@@ -106,8 +107,8 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     blas = os.environ.get("OPENBLAS_CORETYPE", "not set")
     head = (
-        "# bladepack from ONNX vs ONNX Runtime (CPU)\n\n`python -m bench.onnx_samples`; numpy's OpenBLAS with "
-        f"OPENBLAS_CORETYPE={blas} (ONNX Runtime uses its own GEMMs, unaffected).\n\n"
+        "# bladepack from ONNX vs ONNX Runtime and OpenVINO (CPU)\n\n`python -m bench.onnx_samples`; numpy's "
+        f"OpenBLAS with OPENBLAS_CORETYPE={blas} (ONNX Runtime and OpenVINO use their own GEMMs, unaffected).\n\n"
     )
     (RESULTS / "onnx_samples.md").write_text(head + text)
     (RESULTS / "onnx_samples.json").write_text(json.dumps(report, indent=1, sort_keys=True))

@@ -19,11 +19,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 import bladepack
-from bench.cpu_samples import Runner, geomean, measure, torch_peers
+from bench.cpu_samples import Runner, geomean, measure, onnx_peers, torch_peers
 from samples.zoo import ZOO, ZooModel
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -55,26 +54,8 @@ def build(name: str, peers: list[str]) -> tuple[ZooModel, dict[str, Runner], dic
             path = _onnx(z, model, samples[0])
         except Exception as e:
             errors["onnx export"] = f"{type(e).__name__}: {e}"[:300]
-    if "ort" in peers and path is not None:
-        try:
-            import onnxruntime as ort
-
-            so = ort.SessionOptions()
-            so.intra_op_num_threads = torch.get_num_threads()
-            sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-            names = [i.name for i in sess.get_inputs()]
-            runners["onnxruntime"] = lambda x: sess.run(None, {n: t.numpy() for n, t in zip(names, x)})
-        except Exception as e:
-            errors["onnxruntime"] = f"{type(e).__name__}: {e}"[:300]
-    if "openvino" in peers and path is not None:
-        try:
-            import openvino as ov
-
-            compiled_ov = ov.Core().compile_model(str(path), "CPU", {"INFERENCE_NUM_THREADS": torch.get_num_threads()})
-            request = compiled_ov.create_infer_request()
-            runners["openvino"] = lambda x: request.infer([np.ascontiguousarray(t.numpy()) for t in x])
-        except Exception as e:
-            errors["openvino"] = f"{type(e).__name__}: {e}"[:300]
+    if path is not None:
+        onnx_peers(peers, path, runners, errors)
     return z, runners, errors
 
 
