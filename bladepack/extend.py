@@ -68,16 +68,23 @@ def extend(
             f"{bpk.source} does not hold its program (it was built by an older bladepack, or its program "
             "had no encoding: `bladepack inspect` says which); optimize the model again"
         )
-    data = msgpack.unpackb(bpk.section(meta["section"]), raw=False, strict_map_key=False)
-    weights = {
-        name: np.frombuffer(bpk.section(row["section"]), dtype=np.dtype(row["dtype"]).newbyteorder("<"))
-        .reshape(row["shape"])
-        .copy()
-        for name, row in meta["weights"].items()
-    }
-    old = {name: (int(lo), hi) for name, lo, hi in data["symbols"]}
-    wanted = _check_ranges(dict(ranges or {}), old, data.get("limits", {}), bpk.source)
-    program, facts = decode_program(data, weights, wanted)
+    try:
+        data = msgpack.unpackb(bpk.section(meta["section"]), raw=False, strict_map_key=False)
+        weights = {
+            name: np.frombuffer(bpk.section(row["section"]), dtype=np.dtype(row["dtype"]).newbyteorder("<"))
+            .reshape(row["shape"])
+            .copy()
+            for name, row in meta["weights"].items()
+        }
+        old = {name: (int(lo), hi) for name, lo, hi in data["symbols"]}
+        limits = data.get("limits", {})
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, msgpack.UnpackException) as e:
+        raise ExtendError(f"{bpk.source}: malformed source_program ({type(e).__name__}: {e})") from None
+    wanted = _check_ranges(dict(ranges or {}), old, limits, bpk.source)
+    try:
+        program, facts = decode_program(data, weights, wanted)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+        raise ExtendError(f"{bpk.source}: malformed source_program ({type(e).__name__}: {e})") from None
     broken = [f for f in facts if not program.shape_env.holds(f)]
     if broken:
         raise ExtendError(

@@ -6,9 +6,9 @@ and the sample inputs. Out: the `reference_cases` manifest record and its sectio
 chosen from probe shapes — per symbol its range ends, the samples, powers of two and their
 neighbours, one symbol varied at a time around the samples, plus all-minimum and all-maximum — by
 the coverage items the shape program says each probe exercises: first the all-minimum case (size 1),
-the all-maximum case and each bounded symbol at its maximum (the range ends), then greedily the probe that adds the most items, the
-smaller first, within `budget` bytes of recorded data. Items no probe reaches, or only probes over
-the budget, are listed under `uncovered` with the reason.
+the all-maximum case and each bounded symbol at its maximum (the range ends), then greedily the probe
+that adds the most items, the smaller first, within `budget` bytes of recorded data. Items no probe
+reaches, or only probes over the budget, are listed under `uncovered` with the reason.
 """
 
 from __future__ import annotations

@@ -165,9 +165,16 @@ def test_parse_range_and_artifacts_without_a_program() -> None:
         parse_range("seq=1-2")
     s = SAMPLES["mlp"]
     art = bladepack.optimize(s.build(), s.export_samples(), s.dynamic_shapes, reference_cases=False)
+    program = art.source_program
     art.source_program = None
     with pytest.raises(ExtendError, match="does not hold its program"):
         extend(art.to_bytes())
+    assert program is not None
+    data, weights, meta = program
+    for broken in ({**data, "nodes": [[1, "no such op"]]}, {**data, "symbols": 3}, {**data, "schema": 99}):
+        art.source_program = (broken, weights, meta)
+        with pytest.raises(ExtendError, match="malformed source_program"):
+            extend(art.to_bytes())
 
 
 def test_cli_extend_runs_without_torch(tmp_path: Path) -> None:
