@@ -99,11 +99,18 @@ def _run_case(
     }
     try:
         regs = m.registers(tuple(tuple(x.shape) for x in c["inputs"]))
-        ran = covered(raw, regs)
+        try:
+            ran = covered(raw, regs)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+            raise BpkFormatError(
+                f"{m.source}: malformed manifest: reference_cases ({type(e).__name__}: {reprlib.repr(str(e))})"
+            ) from None
         if sorted(ran) != sorted(c["covers"]):
             report["error"] = f"the shape program picks {sorted(ran)}, the record says {sorted(c['covers'])}"
             return report
         got = run(c["inputs"])
+    except BpkFormatError:
+        raise
     except BladepackError as e:
         report["error"] = f"{type(e).__name__}: {e}"
         return report

@@ -1,7 +1,10 @@
 // Reference cases (Note [Reference cases] in bladepack/artifact/reference_cases.py; docs/format.md
 // "Reference cases"): Model::verify runs each recorded case with its seeded inputs and compares the
 // results with the recorded outputs by the Python loader's rule, writing the report lines
-// bladepack/loader/verify.py's report_text writes (the verdict lines are the same text).
+// bladepack/loader/verify.py's report_text writes (the verdict lines are the same text). Each case's
+// coverage items are derived again from this runtime's shape-program registers and must be the recorded
+// ones, as the Python loader requires.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -195,6 +198,94 @@ Verdict compare(const void* got, const void* want, size_t n, int32_t d) {
   return {special_ok && err <= tolerance(d) * scale, err, err / scale};
 }
 
+bool truthy(const Obj& o) { return o.type == msgpack::type::BOOLEAN ? o.via.boolean : integer(o) != 0; }
+
+int64_t reg(const Obj& o, const std::vector<int64_t>& regs) {
+  const int64_t r = integer(o);
+  if (r < 0 || size_t(r) >= regs.size()) malformed("IndexError: register " + std::to_string(r));
+  return regs[size_t(r)];
+}
+
+const Obj* items_of(const Obj* list) {
+  return list != nullptr && list->type == msgpack::type::ARRAY ? list->via.array.ptr : nullptr;
+}
+uint32_t count(const Obj* list) { return list != nullptr && list->type == msgpack::type::ARRAY ? list->via.array.size : 0; }
+
+// False when a shape condition rules the launch out at these registers (data conditions may hold).
+bool may_run(const Obj& launch, const std::vector<int64_t>& regs) {
+  const Obj* when = map_find(launch, "when");
+  for (uint32_t i = 0; i < count(when); ++i) {
+    const Obj& c = items_of(when)[i];
+    const Obj* r = map_find(c, "r");
+    if (r != nullptr && (reg(*r, regs) != 0) != truthy(get(c, "is"))) return false;
+  }
+  return true;
+}
+
+// bladepack/artifact/reference_cases.py covered(): the coverage items these registers exercise.
+std::vector<std::string> covered(const Obj& root, const std::vector<int64_t>& regs) {
+  std::vector<std::string> items;
+  std::map<std::string, int64_t> rows;
+  const Obj* kernels = map_find(root, "kernels");
+  for (uint32_t i = 0; i < count(kernels); ++i) {
+    const Obj& k = items_of(kernels)[i];
+    const Obj* t = map_find(k, "target");
+    const std::string target = t == nullptr ? "cpu" : str(*t);
+    const int64_t row = rows[target]++;
+    const Obj* plan = map_find(root, target == "cpu" ? "native_cpu" : "native_cuda");
+    const Obj* launches = plan != nullptr ? map_find(*plan, "launches") : nullptr;
+    bool runs = false;
+    for (uint32_t j = 0; j < count(launches) && !runs; ++j) {
+      const Obj& l = items_of(launches)[j];
+      const Obj *op = map_find(l, "op"), *kk = map_find(l, "k");
+      runs = op != nullptr && op->type == msgpack::type::STR && str(*op) == "kernel" && kk != nullptr &&
+             integer(*kk) == row && may_run(l, regs);
+    }
+    if (!runs) continue;
+    const Obj& variants = get(k, "variants");
+    for (uint32_t v = 0; v < count(&variants); ++v) {
+      const Obj& var = items_of(&variants)[v];
+      if (reg(get(var, "pred"), regs)) {
+        items.push_back(target + " " + str(get(k, "name")) + " " + str(get(var, "name")));
+        break;
+      }
+    }
+  }
+  std::vector<const Obj*> cutlass, launches;
+  const Obj* gemms = map_find(root, "gemm_configs");
+  for (uint32_t i = 0; i < count(gemms); ++i) {
+    const Obj* lib = map_find(items_of(gemms)[i], "library");
+    if (lib != nullptr && lib->type == msgpack::type::STR && str(*lib) == "cutlass") cutlass.push_back(&items_of(gemms)[i]);
+  }
+  const Obj* cuda = map_find(root, "native_cuda");
+  const Obj* cl = cuda != nullptr ? map_find(*cuda, "launches") : nullptr;
+  for (uint32_t i = 0; i < count(cl); ++i) {
+    const Obj* op = map_find(items_of(cl)[i], "op");
+    if (op != nullptr && op->type == msgpack::type::STR && str(*op) == "cutlass") launches.push_back(&items_of(cl)[i]);
+  }
+  for (size_t i = 0; i < std::min(cutlass.size(), launches.size()); ++i) {
+    if (!may_run(*launches[i], regs)) continue;
+    for (const auto& [table, key] : {std::pair<const char*, const char*>{"dispatch", "entries"},
+                                     std::pair<const char*, const char*>{"dispatch_sm90", "entries_sm90"}}) {
+      const Obj* entries = map_find(*launches[i], key);
+      for (uint32_t e = 0; e < count(entries); ++e)
+        if (reg(get(items_of(entries)[e], "pred"), regs)) {
+          items.push_back("gemm %" + std::to_string(integer(get(*cutlass[i], "node"))) + " " + table + " " +
+                          std::to_string(e));
+          break;
+        }
+    }
+  }
+  return items;
+}
+
+std::string py_list(std::vector<std::string> v) {  // Python's repr of sorted(v)
+  std::sort(v.begin(), v.end());
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + py_repr(v[i]);
+  return s + "]";
+}
+
 std::string fmt(const char* f, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, v);
@@ -308,8 +399,20 @@ bool Model::verify(std::string& report) const {
       fail(e.status(), src + ": " + e.what());
     }
     try {
-      run(in.data(), int64_t(in.size()), out.data(), int64_t(out.size()));
+      // the items the loader's own shape program picks must be the recorded ones (as in Python)
+      std::vector<int64_t> regs = prepared(in.data())->regs;
+      std::vector<std::string> ran;
+      try {
+        ran = covered(artifact_->manifest(), regs);
+      } catch (const Error& e) {
+        fail(e.status(), src + ": " + e.what());
+      }
+      if (py_list(ran) != py_list(c.covers))
+        failure = "the shape program picks " + py_list(ran) + ", the record says " + py_list(c.covers);
+      else
+        run(in.data(), int64_t(in.size()), out.data(), int64_t(out.size()));
     } catch (const Error& e) {
+      if (e.status() == BPK_ERR_FORMAT && std::string(e.what()).find("reference_cases") != std::string::npos) throw;
       failure = std::string(bpk_status_name(e.status())) + ": " + e.what();
     }
     for (auto& o : out)
@@ -342,7 +445,7 @@ bool Model::verify(std::string& report) const {
     if (!c.covers.empty()) {
       std::string r;
       for (const auto& i : c.covers) r += (r.empty() ? "" : ", ") + i;
-      lines.push_back("  ran (recorded): " + r);
+      lines.push_back("  ran: " + r);
     }
   }
   for (const auto& u : uncovered) lines.push_back("not covered: " + u);
