@@ -275,26 +275,36 @@ def optimize(
         progress.close()
 
 
-def _numpy_samples(sample_inputs: Any) -> list[list[np.ndarray]]:
-    """The sample inputs as lists of arrays (torch tensors or numpy arrays; other values are left out)."""
+def _sample_tuples(sample_inputs: Any) -> list[tuple[Any, ...]]:
+    """`optimize`'s sample inputs as a list of argument tuples (one tuple, or a list of them)."""
 
     def as_tuple(x: Any) -> tuple[Any, ...]:
         return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
     many = isinstance(sample_inputs, list) and all(isinstance(s, (tuple, list)) for s in sample_inputs)
-    samples = [as_tuple(s) for s in sample_inputs] if many else [as_tuple(sample_inputs)]
-    out = []
-    for sample in samples:
-        arrays = [x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x) for x in sample]
-        out.append([a for a in arrays if a.dtype != object])
-    return out
+    return [as_tuple(s) for s in sample_inputs] if many else [as_tuple(sample_inputs)]
+
+
+def _numpy_samples(sample_inputs: Any) -> list[list[np.ndarray | None]]:
+    """The sample inputs as arrays, by position (torch tensors or numpy arrays; None for anything else;
+    bfloat16 tensors widened to float32, which numpy can hold)."""
+
+    def array(x: Any) -> np.ndarray | None:
+        if hasattr(x, "detach"):
+            x = x.detach().cpu()
+            held: np.ndarray = (x.float() if str(x.dtype) == "torch.bfloat16" else x).numpy()
+            return held
+        a = np.asarray(x)
+        return None if a.dtype == object else a
+
+    return [[array(x) for x in sample] for sample in _sample_tuples(sample_inputs)]
 
 
 def _record(
     art: Artifact,
     oracle: Any,
     oracle_name: str,
-    samples: list[list[np.ndarray]],
+    samples: list[list[np.ndarray | None]],
     budget: int,
     dtype: str | None,
     progress: Progress,
@@ -345,13 +355,8 @@ def _sample_bindings(program: Program, sample_inputs: Any) -> tuple[dict[str, in
         return ()
     import sympy
 
-    def as_tuple(x: Any) -> tuple[Any, ...]:
-        return tuple(x) if isinstance(x, (tuple, list)) else (x,)
-
-    many = isinstance(sample_inputs, list) and all(isinstance(s, (tuple, list)) for s in sample_inputs)
-    samples = [as_tuple(s) for s in sample_inputs] if many else [as_tuple(sample_inputs)]
     out = []
-    for sample in samples:  # torch tensors or numpy arrays (ONNX); checked by the front ends already
+    for sample in _sample_tuples(sample_inputs):  # torch tensors or numpy arrays (ONNX); checked already
         if len(sample) != len(program.graph.inputs):
             continue
         binding: dict[str, int] = {}

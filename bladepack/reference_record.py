@@ -30,7 +30,7 @@ UNBOUNDED_CAP = 64  # an unbounded symbol is probed up to max(this, 4 x its larg
 MAX_CHOICES = 4  # an input whose samples hold at most this many distinct values draws from them
 
 
-def input_records(m: dict[str, Any], samples: Sequence[Sequence[np.ndarray]]) -> list[dict[str, Any]] | str:
+def input_records(m: dict[str, Any], samples: Sequence[Sequence[np.ndarray | None]]) -> list[dict[str, Any]] | str:
     """Per input, how its seeded values are drawn (the seed is set per case), from the samples' values;
     or why inputs cannot be seeded."""
     out = []
@@ -38,7 +38,7 @@ def input_records(m: dict[str, Any], samples: Sequence[Sequence[np.ndarray]]) ->
         dtype = decl["dtype"]
         if dtype in ("float16", "bfloat16"):
             return f"input '{decl['name']}' is {dtype}: reference cases are recorded for 32- and 64-bit inputs only"
-        values = [np.asarray(s[i]).ravel() for s in samples if i < len(s)]
+        values = [np.asarray(s[i]).ravel() for s in samples if i < len(s) and s[i] is not None]
         vals = np.concatenate(values) if values else np.zeros(0)
         is_float = DType(dtype).is_floating
         if vals.size == 0:
@@ -66,14 +66,14 @@ def _candidates(lo: int, hi: int, seen: Sequence[int]) -> list[int]:
 
 
 def _bindings(
-    m: dict[str, Any], samples: Sequence[Sequence[np.ndarray]], sample_dims: Sequence[Mapping[str, int]]
+    m: dict[str, Any], samples: Sequence[Sequence[np.ndarray | None]], sample_dims: Sequence[Mapping[str, int]]
 ) -> list[tuple[dict[str, int], bool]]:
     """Probe bindings of the symbols, each with whether it is a range end: all-minimum, all-maximum, and
     each bounded symbol at its maximum with the others at their smallest sample."""
     seen: dict[str, list[int]] = {s["name"]: [] for s in m["symbols"]}
     for sample in samples:
         for decl, x in zip(m["inputs"], sample):
-            for d, size in zip(decl["shape"], np.shape(x)):
+            for d, size in zip(decl["shape"], () if x is None else x.shape):
                 if isinstance(d, str) and d in seen:
                     seen[d].append(int(size))
     for binding in sample_dims:
@@ -122,7 +122,7 @@ def record_cases(
     m: dict[str, Any],
     oracle: Oracle,
     oracle_name: str,
-    samples: Sequence[Sequence[np.ndarray]] = (),
+    samples: Sequence[Sequence[np.ndarray | None]] = (),
     budget: int = DEFAULT_BUDGET,
     carried: tuple[str, Sequence[tuple[dict[str, Any], list[bytes]]]] | None = None,
     sample_dims: Sequence[Mapping[str, int]] = (),

@@ -424,3 +424,13 @@ def test_coverage_items_of_cutlass_dispatch_and_guarded_launches() -> None:
         "gemm %9 dispatch_sm90 1",
     ]
     assert covered(m, [0, 1, 0, 1, 0]) == ["cuda k0 k0_warp", "gemm %9 dispatch 1", "gemm %9 dispatch_sm90 0"]
+
+
+def test_16_bit_inputs_record_no_cases_and_say_why() -> None:
+    """bfloat16 sample tensors (numpy has no bfloat16) reach the recorder without an error escaping; the
+    artifact records no cases and its notes say why."""
+    model = nn.Sequential(nn.Linear(8, 4), nn.ReLU()).to(torch.bfloat16).eval()
+    samples = [(torch.randn(b, 8, dtype=torch.bfloat16),) for b in (2, 3)]
+    art = bladepack.optimize(model, samples)
+    assert art.reference_cases is None
+    assert any("input 'input' is bfloat16" in n or "is bfloat16: reference cases" in n for n in art.notes), art.notes
