@@ -7,8 +7,8 @@ optimizes the .onnx file instead of the module. With --cpp the C++ runtime is bu
 system packages of scripts/system_deps.sh) and `bpk-run` runs the same artifact at the same shapes,
 checked against eager too.
 
-The child process blocks `import torch` and `import sympy`, loads the .bpk with the numpy loader and
-runs it at shapes the optimizer never saw; the parent compares with PyTorch eager and exits non-zero
+The child process blocks `import torch` and `import sympy`, loads the .bpk with the numpy loader, runs
+the reference cases recorded in it (`verify()`) and runs it at shapes the optimizer never saw; the parent compares with PyTorch eager and exits non-zero
 when the maximum relative error exceeds 1e-5.
 """
 
@@ -37,6 +37,12 @@ import bladepack
 t0 = time.perf_counter()
 m = bladepack.load(sys.argv[1])
 print(f"  child: loaded in {1e3 * (time.perf_counter() - t0):.1f} ms without torch: {m.signature}")
+report = m.verify()  # the reference cases optimize recorded, run on this machine
+passed = sum(c["passed"] for c in report["cases"])
+print(f"  child: bladepack verify: {passed} of {len(report['cases'])} reference cases pass here "
+      f"(oracle: {report['oracle']})")
+if report["passed"] is False:
+    sys.exit("  child: the artifact does not reproduce its recorded outputs here")
 cases = np.load(sys.argv[2])
 n = int(cases["n"])
 outs = {}
@@ -131,6 +137,10 @@ def _run_cpp(
     subprocess.run(["bash", str(cpp_build.ROOT / "scripts" / "system_deps.sh")], check=True)
     print("[cpp] build cpp_runtime (CMake) and run bpk-run on the same artifact, no Python involved")
     bpk_run = cpp_build.build("release") / "bpk-run"
+    verify = subprocess.run([str(bpk_run), str(path), "--verify"], capture_output=True, text=True)
+    print(
+        f"      bpk-run --verify: {verify.stdout.strip().splitlines()[-1] if verify.stdout else verify.stderr.strip()}"
+    )
     sig = bladepack.load(path).signature
     for k in range(len(cases)):
         flags = []
@@ -143,7 +153,7 @@ def _run_cpp(
         subprocess.run([str(bpk_run), str(path), *flags, "--output-dir", str(d)], check=True, capture_output=True)
     names = [t.name for t in sig.outputs]
     worst = _compare(cases, refs, lambda k, j: np.load(out / f"cpp_{k}" / f"{names[j]}.npy"))
-    ok = worst <= 1e-5
+    ok = worst <= 1e-5 and verify.returncode == 0
     print(f"C++ runtime: max relative error {worst:.2e} over {len(cases)} shapes: {'OK' if ok else 'FAILED'}")
     return ok
 
