@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 # Build only the kernel library for this CPU's best ISA level in tests (one test builds all levels).
 os.environ.setdefault("BLADEPACK_CPU_ISAS", "host")
@@ -37,3 +38,11 @@ def two_input_artifact() -> bladepack.api.Artifact:
 
     samples = [(torch.randn(2, 5, 3), torch.ones(2, 5)), (torch.randn(3, 7, 3), torch.ones(3, 7))]
     return bladepack.optimize(M(), samples)
+
+
+@pytest.fixture(scope="session")
+def release() -> Path:
+    """cpp_runtime built in its release configuration with the test programs (tests/cpp_build.py)."""
+    from tests import cpp_build
+
+    return cpp_build.build("release")

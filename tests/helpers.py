@@ -53,3 +53,45 @@ def check_against_eager(
         assert e <= tol, f"relative error {e:.3g} > {tol} at input shapes {[tuple(a.shape) for a in args]}"
         worst = max(worst, e)
     return worst
+
+
+def with_manifest(art: Any, edit: Any) -> bytes:
+    """The artifact's bytes with `edit(manifest)` applied to a copy of its manifest (checksums recomputed)."""
+    import copy
+
+    from bladepack.artifact import format as bpk_format
+
+    manifest, sections = art._parts()
+    manifest = copy.deepcopy(manifest)
+    edit(manifest)
+    return b"".join(bytes(c) for c in bpk_format.encode(manifest, sections))
+
+
+def reachable_items(m: dict[str, Any], count: int = 300) -> set[str]:
+    """Note [Reference cases]: the coverage items some shape of the range reaches — the range ends and
+    `count` random bindings (log-uniform per symbol, unbounded symbols up to 4096), each through the
+    shape program. Independent of how optimize chose its cases."""
+    import random
+
+    from bladepack.artifact.reference_cases import covered
+    from bladepack.artifact.shape_program import ShapeProgram
+    from bladepack.errors import ShapeGuardError
+
+    program = ShapeProgram.from_manifest(m["shape_program"])
+    rng = random.Random(7)
+    syms = m["symbols"]
+
+    def pick(s: dict[str, Any]) -> int:
+        hi = s["max"] if s["max"] is not None else 4096
+        return round(float(np.exp(rng.uniform(np.log(s["min"]), np.log(hi)))))
+
+    bindings = [{s["name"]: s["min"] for s in syms}, {s["name"]: s["max"] or 4096 for s in syms}]
+    bindings += [{s["name"]: pick(s) for s in syms} for _ in range(count)]
+    seen: set[str] = set()
+    for b in bindings:
+        dims = [[b[d] if isinstance(d, str) else d for d in t["shape"]] for t in m["inputs"]]
+        try:
+            seen |= set(covered(m, program.evaluate(dims)))
+        except ShapeGuardError:
+            continue
+    return seen

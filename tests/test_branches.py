@@ -10,7 +10,6 @@ conditions in a manifest refused at load.
 
 from __future__ import annotations
 
-import copy
 import os
 import re
 import shutil
@@ -23,13 +22,12 @@ import torch
 from torch import nn
 
 import bladepack
-from bladepack.artifact import format as bpk_format
 from bladepack.dtypes import DType
 from bladepack.errors import BpkFormatError
 from bladepack.ir import GraphBuilder, Guard, OpKind, TensorType, print_graph
 from bladepack.ir.guards import effective_guards
 from bladepack.loader.native_cpu import OP_KERNEL
-from tests.helpers import as_tuple
+from tests.helpers import as_tuple, with_manifest
 
 
 class _Branchy(nn.Module):
@@ -191,13 +189,6 @@ def test_guards_in_ir_text() -> None:
     )
 
 
-def _with_manifest(art: Any, edit: Any) -> bytes:
-    manifest, sections = art._parts()
-    manifest = copy.deepcopy(manifest)
-    edit(manifest)
-    return b"".join(bytes(c) for c in bpk_format.encode(manifest, sections))
-
-
 def test_corrupt_conditions_are_refused(branchy: tuple[nn.Module, Any]) -> None:
     _, art = branchy
 
@@ -219,7 +210,7 @@ def test_corrupt_conditions_are_refused(branchy: tuple[nn.Module, Any]) -> None:
         (bad_step, "not a boolean value computed before"),
     ):
         with pytest.raises(BpkFormatError, match=what):
-            bladepack.load(_with_manifest(art, edit))
+            bladepack.load(with_manifest(art, edit))
 
 
 def test_cpp_runtime_refuses_corrupt_conditions(branchy: tuple[nn.Module, Any], tmp_path: Path) -> None:
@@ -239,7 +230,7 @@ def test_cpp_runtime_refuses_corrupt_conditions(branchy: tuple[nn.Module, Any], 
     np.save(x, np.ones((6, 8), np.float32))
     for edit, what in ((bad_register, "register 1000000 out of range"), (bad_slot, "reads slot 999")):
         path = tmp_path / f"{edit.__name__}.bpk"
-        path.write_bytes(_with_manifest(art, edit))
+        path.write_bytes(with_manifest(art, edit))
         r = bpk_run(release, str(path), "--input", f"x={x}")
         assert r.returncode != 0 and what in r.stderr, r.stderr
 

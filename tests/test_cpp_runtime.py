@@ -39,11 +39,6 @@ TMP = Path(tempfile.mkdtemp(prefix="bladepack-cpp-"))
 atexit.register(shutil.rmtree, TMP, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def release() -> Path:
-    return cpp_build.build("release")
-
-
 def bpk_run(build: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(build / "bpk-run"), *args], capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})}

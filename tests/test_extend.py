@@ -24,8 +24,7 @@ from bladepack.ir.serialize import decode_program, encode_program
 from samples.registry import SAMPLES
 from samples.zoo import ZOO
 from tests.cuda_harness import FakeGpu, needs_nvcc
-from tests.helpers import as_tuple
-from tests.test_reference_cases import _sweep
+from tests.helpers import as_tuple, reachable_items
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,7 +73,7 @@ def test_adding_a_cuda_target(tmp_path_factory: pytest.TempPathFactory) -> None:
     art = extend(bladepack.optimize(model, samples, s.dynamic_shapes).to_bytes(), targets)
     record, _ = art.reference_cases  # type: ignore[misc]
     items = {i for c in record["cases"] for i in c["covers"]}
-    reachable = _sweep(art._parts()[0])
+    reachable = reachable_items(art._parts()[0])
     assert any(i.startswith("cuda ") for i in items) and reachable <= items, sorted(reachable - items)
     # what stays uncovered no shape reaches (the block-per-row softmax wants rows longer than seq's 512)
     assert all(u["why"] == "no probed shape reaches it" for u in record["uncovered"]), record["uncovered"]

@@ -4,10 +4,7 @@ maximum batch, through numpy and torch, with caller buffers, and its refusals.""
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -16,13 +13,10 @@ from torch import nn
 
 import bladepack
 from bladepack.api import Artifact
-from bladepack.artifact import format as bpk_format
 from bladepack.errors import BpkFormatError, InputError, ShapeGuardError
 from samples.registry import SAMPLES
-from tests.helpers import as_tuple
-from tests.test_cpp_runtime import bpk_run, release, save_inputs
-
-__all__ = ["release"]  # the C++ runtime's build fixture
+from tests.helpers import as_tuple, with_manifest
+from tests.test_cpp_runtime import bpk_run, save_inputs
 
 
 def _dims_with_batch_max(dyn: dict[str, dict[int, bladepack.Dim]], top: int) -> dict[str, dict[int, bladepack.Dim]]:
@@ -152,13 +146,6 @@ def axes() -> tuple[_Axes, Artifact]:
     return model, bladepack.optimize(model, samples, ({0: batch}, {1: batch}))
 
 
-def _with_manifest(art: Artifact, edit: Callable[[dict[str, Any]], None]) -> bytes:
-    manifest, sections = art._parts()
-    manifest = copy.deepcopy(manifest)
-    edit(manifest)
-    return b"".join(bytes(c) for c in bpk_format.encode(manifest, sections))
-
-
 def test_output_shapes_and_axes_beyond_the_first(axes: tuple[_Axes, Artifact]) -> None:
     model, art = axes
     loaded = bladepack.load(art.to_bytes(), on_out_of_range={"batch": "split"})
@@ -179,7 +166,7 @@ def test_output_shapes_and_axes_beyond_the_first(axes: tuple[_Axes, Artifact]) -
 def test_malformed_proof_record_is_a_format_error(axes: tuple[_Axes, Artifact]) -> None:
     _, art = axes
     for axes_edit in ([0, 0], [0], [1, 1], [-1, -1], "x"):
-        edited = _with_manifest(art, lambda m: m["batch_dims"]["batch"].__setitem__("inputs", axes_edit))
+        edited = with_manifest(art, lambda m: m["batch_dims"]["batch"].__setitem__("inputs", axes_edit))
         with pytest.raises(BpkFormatError, match=r"batch_dims\['batch'\] does not give the axis of 'batch'"):
             bladepack.load(edited, on_out_of_range={"batch": "split"})
         # without the policy nothing reads the record
@@ -259,7 +246,7 @@ def test_cpp_axes_and_refusals_match_python(release: Path, axes: tuple[_Axes, Ar
     cpp, py = refusal("batch=split", rows.to_bytes())
     assert cpp == py and "cannot be split, because it is not proven batch-like" in py, (cpp, py)
     cpp, py = refusal(
-        "batch=split", _with_manifest(art, lambda m: m["batch_dims"]["batch"].__setitem__("outputs", [0, 0, 0]))
+        "batch=split", with_manifest(art, lambda m: m["batch_dims"]["batch"].__setitem__("outputs", [0, 0, 0]))
     )
     assert cpp.endswith(py.split(": ", 1)[1]) and "does not give the axis" in py, (cpp, py)
     tight = bladepack.optimize(

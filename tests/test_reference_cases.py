@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import json
-import random
 import subprocess
 import sys
 from collections.abc import Callable
@@ -22,16 +21,13 @@ from torch import nn
 
 import bladepack
 from bladepack.api import Artifact
-from bladepack.artifact import format as bpk_format
 from bladepack.artifact.reference_cases import compare, covered, generate
-from bladepack.artifact.shape_program import ShapeProgram
 from bladepack.cli import main as cli
-from bladepack.errors import BpkFormatError, ShapeGuardError
+from bladepack.errors import BpkFormatError
 from bladepack.loader.verify import report_text, verdict_line
 from samples.registry import SAMPLES
-from tests.test_cpp_runtime import bpk_run, release
-
-__all__ = ["release"]  # the C++ runtime's build fixture
+from tests.helpers import reachable_items, with_manifest
+from tests.test_cpp_runtime import bpk_run
 
 
 @pytest.fixture(scope="module")
@@ -42,36 +38,6 @@ def artifacts() -> dict[str, Artifact]:
     }
 
 
-def _with_manifest(art: Artifact, edit: Callable[[dict[str, Any]], None]) -> bytes:
-    manifest, sections = art._parts()
-    manifest = copy.deepcopy(manifest)
-    edit(manifest)
-    return b"".join(bytes(c) for c in bpk_format.encode(manifest, sections))
-
-
-def _sweep(m: dict[str, Any], count: int = 300) -> set[str]:
-    """The coverage items that some shape of the range reaches: range ends, and `count` random
-    bindings (log-uniform per symbol, unbounded symbols up to 4096), each through the shape program."""
-    program = ShapeProgram.from_manifest(m["shape_program"])
-    rng = random.Random(7)
-    syms = m["symbols"]
-
-    def pick(s: dict[str, Any]) -> int:
-        hi = s["max"] if s["max"] is not None else 4096
-        return round(float(np.exp(rng.uniform(np.log(s["min"]), np.log(hi)))))
-
-    bindings = [{s["name"]: s["min"] for s in syms}, {s["name"]: s["max"] or 4096 for s in syms}]
-    bindings += [{s["name"]: pick(s) for s in syms} for _ in range(count)]
-    seen: set[str] = set()
-    for b in bindings:
-        dims = [[b[d] if isinstance(d, str) else d for d in t["shape"]] for t in m["inputs"]]
-        try:
-            seen |= set(covered(m, program.evaluate(dims)))
-        except ShapeGuardError:
-            continue
-    return seen
-
-
 @pytest.mark.parametrize("name", sorted(SAMPLES))
 def test_samples_verify_and_cover_every_reachable_variant(artifacts: dict[str, Artifact], name: str) -> None:
     art = artifacts[name]
@@ -79,7 +45,7 @@ def test_samples_verify_and_cover_every_reachable_variant(artifacts: dict[str, A
     record, _ = art.reference_cases
     manifest, _ = art._parts()
     recorded = {i for c in record["cases"] for i in c["covers"]}
-    assert _sweep(manifest) <= recorded, sorted(_sweep(manifest) - recorded)
+    assert reachable_items(manifest) <= recorded, sorted(reachable_items(manifest) - recorded)
     assert record["uncovered"] == [], record["uncovered"]
     assert record["oracle"] == "torch eager"
     lows = {s["name"]: s["min"] for s in manifest["symbols"]}
@@ -106,7 +72,7 @@ def test_variants_picked_by_thresholds_are_covered() -> None:
     variants = {f"cpu {k['name']} {v['name']}" for k in manifest["kernels"] for v in k["variants"]}
     recorded = {i for c in record["cases"] for i in c["covers"]}
     assert len([v for v in variants if "softmax" in v or "_simd" in v or "_scalar" in v]) >= 2, variants
-    assert _sweep(manifest) <= recorded and variants <= recorded, (variants, recorded)
+    assert reachable_items(manifest) <= recorded and variants <= recorded, (variants, recorded)
     assert bladepack.load(art.to_bytes()).verify()["passed"] is True
 
 
@@ -292,7 +258,7 @@ def test_records_without_cases_and_malformed_records(
         lambda m: m["reference_cases"]["cases"][0]["outputs"][0].__setitem__("shape", [3]),
         lambda m: m["reference_cases"]["cases"][0]["dims"].__setitem__("batch", 10**12),
     ):
-        data = _with_manifest(art, edit)
+        data = with_manifest(art, edit)
         with pytest.raises(BpkFormatError, match="malformed manifest: reference_cases"):
             bladepack.load(data).verify()
         path = tmp_path / "edited.bpk"
@@ -312,7 +278,7 @@ def test_records_without_cases_and_malformed_records(
     def lie(m: dict[str, Any]) -> None:
         m["reference_cases"]["cases"][0]["covers"] = ["cpu k0 k0_nothing"]
 
-    data = _with_manifest(art, lie)
+    data = with_manifest(art, lie)
     report = bladepack.load(data).verify()
     assert report["cases"][0]["passed"] is False and "the shape program picks" in report["cases"][0]["error"]
     path.write_bytes(data)

@@ -197,7 +197,6 @@ void Model::run_split(const Pieces& pc, const bpk_tensor* in, bpk_tensor* out, i
       fail(BPK_ERR_INPUT, "input '" + m_.inputs[i].name + "' has more elements than memory holds");
     if (in[i].data == nullptr && bytes > 0) fail(BPK_ERR_ARGUMENT, "input '" + m_.inputs[i].name + "' has no data");
   }
-  const int64_t n = pc.bounds.back().second;
   auto piece_inputs = [&](int64_t lo, int64_t hi, FreeAll& mem) {
     std::vector<bpk_tensor> t(in, in + n_in);
     for (size_t i = 0; i < n_in; ++i) {
@@ -215,15 +214,8 @@ void Model::run_split(const Pieces& pc, const bpk_tensor* in, bpk_tensor* out, i
     }
     return t;
   };
-  // the whole results' shapes: the first piece's, with the dim's full size
   std::vector<bpk_tensor> whole(static_cast<size_t>(n_out));
-  {
-    FreeAll mem;
-    std::vector<bpk_tensor> first = piece_inputs(pc.bounds[0].first, pc.bounds[0].second, mem);
-    output_shapes(first.data(), int64_t(n_in), whole.data(), n_out);
-  }
-  for (size_t k = 0; k < size_t(n_out); ++k)
-    if (sp.outputs[k] >= 0) whole[k].shape[sp.outputs[k]] = n;
+  split_shapes(pc, in, whole.data(), n_out);
   std::vector<OutSpec> specs(static_cast<size_t>(n_out));
   for (size_t k = 0; k < specs.size(); ++k) {
     specs[k].dtype = whole[k].dtype;
