@@ -198,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     ps.add_argument("--key", required=True, help="the private key (PEM, from `bladepack keygen`)")
     ps.add_argument("-o", "--output", help="write the signed artifact here (default: in place)")
     ps.set_defaults(fn=_sign)
+    from bladepack.serving.cli import add_commands
+
+    add_commands(sub)
     args = p.parse_args(argv)
     try:
         return int(args.fn(args))

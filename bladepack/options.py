@@ -27,6 +27,9 @@ BLADEPACK_CUBLAS        the cuBLAS library (else the nvidia wheels', the system'
 BLADEPACK_NUM_THREADS=N CPU kernel threads (default: the cores this process may run on)
 BLADEPACK_SHAPE_CACHE=N input-shape signatures a loaded module keeps prepared (default 4096, as the C++ runtime)
 
+Serving (`ServeOptions`; bladepack serve, serving/triton_server.py):
+BLADEPACK_TRITONSERVER  the tritonserver binary (else tritonserver on PATH, else the nvidia-pytriton wheel's)
+
 No other module reads the environment (tests/test_architecture.py checks it).
 """
 
@@ -132,3 +135,23 @@ def _positive(name: str, default: int) -> int:
     if not raw.isdigit() or int(raw) < 1:
         raise ValueError(f"{name}={raw!r}: expected a positive integer")
     return int(raw)
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Where `bladepack serve` finds Triton Inference Server (None: look on PATH, then in the wheel)."""
+
+    tritonserver: str | None
+
+    @staticmethod
+    def from_env() -> ServeOptions:
+        return ServeOptions(tritonserver=os.environ.get("BLADEPACK_TRITONSERVER") or None)
+
+
+def child_environment(prepend: dict[str, list[str]]) -> dict[str, str]:
+    """This process's environment for a server it starts, with paths put before each named variable's
+    own (LD_LIBRARY_PATH, PYTHONPATH)."""
+    env = dict(os.environ)
+    for name, paths in prepend.items():
+        env[name] = os.pathsep.join([*paths, *([env[name]] if env.get(name) else [])])
+    return env

@@ -15,7 +15,12 @@ fi
 stamp="$venv/.bladepack-installed"
 if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
   log="$(mktemp)"
-  if ! "$py" -m pip install -q -e "$root[export,dev]" >"$log" 2>&1; then
+  if ! "$py" -m pip install -q -e "$root[export,dev,serve,ray]" >"$log" 2>&1; then
+    cat "$log" >&2
+    exit 1
+  fi
+  # the Triton server the serving tests start (Note [Finding Triton] in bladepack/serving/triton_server.py)
+  if ! "$py" -m pip install -q --no-deps "nvidia-pytriton==0.7.0" >"$log" 2>&1; then
     cat "$log" >&2
     exit 1
   fi

@@ -50,7 +50,8 @@ ALLOWED: dict[str, set[str]] = {
     },
     "extend": {"api", "artifact", "ir", "loader", "reference_record", "target"},
     "onnx_backend": {"api", "loader"},
-    "cli": {"api", "artifact", "extend", "inspect", "loader"},
+    "serving": {"artifact", "loader"},
+    "cli": {"api", "artifact", "extend", "inspect", "loader", "serving"},
     "__init__": {"api", "loader"},
 }
 

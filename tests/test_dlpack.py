@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import weakref
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from bladepack.loader.dlpack import DLPackError, Exported, import_tensor
+from bladepack.loader.dlpack import DLPackError, Exported, _Managed, import_tensor
 
 
 def test_import_numpy_views() -> None:
@@ -97,11 +98,61 @@ def test_export_capsule_dropped_unconsumed_releases_the_owner() -> None:
     assert ref() is None
 
 
+def test_export_legacy_capsules() -> None:
+    """A consumer that asks for no version gets a legacy capsule: numpy reads it, an unconsumed one
+    releases the owner when dropped, and one a consumer renamed to a non-standard name (Triton's
+    Python-backend stub uses "used_dlpack") is left to that consumer's call of the deleter."""
+    data = np.arange(6, dtype=np.float32).reshape(2, 3)
+    owner = Owner(data)
+    ref = weakref.ref(owner)
+
+    class Legacy:  # numpy asks for a versioned capsule first; a legacy-only producer refuses
+        def __init__(self, e: Exported) -> None:
+            self.e = e
+
+        def __dlpack__(self, stream: object = None) -> object:
+            return self.e.__dlpack__()
+
+        def __dlpack_device__(self) -> tuple[int, int]:
+            return self.e.__dlpack_device__()
+
+    got = np.from_dlpack(Legacy(Exported(data.ctypes.data, (1, 0), "float32", (2, 3), owner)))
+    np.testing.assert_array_equal(got, data)
+    del owner, data
+    gc.collect()
+    assert ref() is not None  # numpy's array holds it
+    del got
+    gc.collect()
+    assert ref() is None
+
+    owner = Owner(np.zeros(4, np.int64))
+    ref = weakref.ref(owner)
+    cap = Exported(owner.data.ctypes.data, (1, 0), "int64", (4,), owner).__dlpack__()
+    del owner
+    del cap
+    gc.collect()
+    assert ref() is None
+
+    owner = Owner(np.zeros(4, np.int64))
+    ref = weakref.ref(owner)
+    cap = Exported(owner.data.ctypes.data, (1, 0), "int64", (4,), owner).__dlpack__()
+    api = ctypes.pythonapi
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    managed = ctypes.cast(api.PyCapsule_GetPointer(cap, b"dltensor"), ctypes.POINTER(_Managed))
+    api.PyCapsule_SetName(cap, b"used_dlpack")
+    del owner, cap
+    gc.collect()
+    assert ref() is not None  # the consumer owns it now
+    managed.contents.deleter(managed)
+    gc.collect()
+    assert ref() is None
+
+
 def test_export_errors() -> None:
     with pytest.raises(DLPackError, match="dtype 'complex64' has no DLPack code"):
         Exported(0, (1, 0), "complex64", (1,), None)
     e = Exported(0, (1, 0), "float32", (0,), None)
-    with pytest.raises(BufferError, match="legacy"):
-        e.__dlpack__()
     with pytest.raises(BufferError, match="copy=True"):
         e.__dlpack__(max_version=(1, 0), copy=True)

@@ -6,7 +6,8 @@ that keeps the producer's memory alive until `close()` calls the producer's dele
 protocol (DLPack 1.x) is asked for first; a producer that only speaks the legacy one is read too.
 
 In (export): a pointer, device, dtype and shape, and the Python object that owns the memory. Out:
-`Exported`, an object with `__dlpack__` / `__dlpack_device__`, so `torch.from_dlpack(x)` or
+`Exported`, an object with `__dlpack__` / `__dlpack_device__` (DLPack 1.x capsules, legacy ones for a
+consumer that asks for no version), so `torch.from_dlpack(x)` or
 `numpy.from_dlpack(x)` takes the memory without a copy; the owner stays alive until the consumer's
 deleter runs (or the capsule is dropped unconsumed).
 
@@ -199,10 +200,10 @@ def import_tensor(obj: Any, stream: int | None = None) -> Imported:
 class _Keeper:
     """What an exported tensor's manager_ctx keeps alive: the ctypes structures and the memory's owner."""
 
-    def __init__(self, owner: Any, shape: tuple[int, ...]) -> None:
+    def __init__(self, owner: Any, shape: tuple[int, ...], versioned: bool) -> None:
         self.owner = owner
         self.shape = (ctypes.c_int64 * max(len(shape), 1))(*shape)
-        self.managed = _ManagedVersioned()
+        self.managed: _ManagedVersioned | _Managed = _ManagedVersioned() if versioned else _Managed()
 
 
 def _delete(managed: Any) -> None:
@@ -219,9 +220,20 @@ def _drop_capsule(capsule: int) -> None:
         _delete(managed)
 
 
-# the C entry points of the two callbacks (module constants: C holds their addresses)
+def _drop_legacy_capsule(capsule: int) -> None:
+    """A legacy capsule's destructor: frees only an unconsumed one. A consumer renames what it takes —
+    to "used_dltensor", or, as Triton's Python-backend stub does, to another name — and calls the
+    deleter itself, so any name but the unused one means "not ours to free"."""
+    obj = ctypes.cast(capsule, ctypes.py_object)
+    if _api.PyCapsule_IsValid(obj, _LEGACY):
+        _delete(ctypes.cast(_api.PyCapsule_GetPointer(obj, _LEGACY), ctypes.POINTER(_Managed)))
+
+
+# the C entry points of the callbacks (module constants: C holds their addresses)
 _DELETE_C: Any = _DELETER_V(_delete)
+_DELETE_LEGACY_C: Any = _DELETER(_delete)
 _DROP_CAPSULE_C: Any = _CAPSULE_DESTRUCTOR(_drop_capsule)
+_DROP_LEGACY_CAPSULE_C: Any = _CAPSULE_DESTRUCTOR(_drop_legacy_capsule)
 
 
 class Exported:
@@ -238,15 +250,17 @@ class Exported:
     def __dlpack__(
         self, *, stream: Any = None, max_version: tuple[int, int] | None = None, dl_device: Any = None, copy: Any = None
     ) -> Any:
-        """A DLPack 1.0 capsule. `stream` is accepted and not waited on: the exporter hands out memory
-        whose writes are complete (host memory, or device memory after the producing stream synchronized)."""
+        """A DLPack 1.0 capsule, or a legacy (0.x) one for a consumer that gives no `max_version` (or
+        one below 1.0). `stream` is accepted and not waited on: the exporter hands out memory whose
+        writes are complete (host memory, or device memory after the producing stream synchronized)."""
         if copy:
             raise BufferError("bladepack exports without copying (copy=True is not supported)")
-        if max_version is None or max_version[0] < 1:
-            raise BufferError("bladepack exports DLPack 1.x capsules; the consumer asked for a legacy one")
-        keeper = _Keeper(self.owner, self.shape)
+        versioned = max_version is not None and max_version[0] >= 1
+        keeper = _Keeper(self.owner, self.shape, versioned)
         m = keeper.managed
-        m.version.major, m.version.minor = 1, 0
+        if isinstance(m, _ManagedVersioned):
+            m.version.major, m.version.minor = 1, 0
+            m.flags = 0
         code, bits = _CODES[self.dtype]
         t = m.dl_tensor
         t.data = self.ptr
@@ -256,8 +270,10 @@ class Exported:
         t.shape = ctypes.cast(keeper.shape, ctypes.POINTER(ctypes.c_int64))
         t.strides = None  # compact row-major
         t.byte_offset = 0
-        m.deleter = _DELETE_C
-        m.flags = 0
         _api.Py_IncRef(keeper)  # Note [DLPack ownership]: released by _delete
         m.manager_ctx = id(keeper)
-        return _api.PyCapsule_New(ctypes.addressof(m), _VERSIONED, _DROP_CAPSULE_C)
+        if isinstance(m, _ManagedVersioned):
+            m.deleter = _DELETE_C
+            return _api.PyCapsule_New(ctypes.addressof(m), _VERSIONED, _DROP_CAPSULE_C)
+        m.deleter = _DELETE_LEGACY_C
+        return _api.PyCapsule_New(ctypes.addressof(m), _LEGACY, _DROP_LEGACY_CAPSULE_C)

@@ -1,0 +1,149 @@
+"""`bladepack triton-repo` and `bladepack serve`: the command-line side of serving.
+
+In: parsed arguments. Out: a model repository on disk, or a running server (Triton Inference Server
+or a local Ray Serve) that prints its endpoints and stops cleanly on SIGINT / SIGTERM (exit 0; exit 1
+when the server itself died, with its log's last lines).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bladepack.errors import BladepackError
+
+
+def add_commands(sub: Any) -> None:
+    pt = sub.add_parser("triton-repo", help="write a Triton Inference Server model repository for an artifact")
+    pt.add_argument("model", help="the .bpk artifact")
+    pt.add_argument("out_dir", help="the model repository (created; other models in it are kept)")
+    _model_options(pt)
+    pt.add_argument("--force", action="store_true", help="replace OUT_DIR/NAME if it exists")
+    pt.set_defaults(fn=_triton_repo)
+    ps = sub.add_parser("serve", help="serve an artifact over HTTP / gRPC (Triton) or HTTP (Ray Serve)")
+    ps.add_argument("model", help="the .bpk artifact")
+    ps.add_argument("--engine", choices=("triton", "ray"), default="triton")
+    _model_options(ps)
+    ps.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: loopback only)")
+    ps.add_argument("--http-port", type=int, default=8000)
+    ps.add_argument("--grpc-port", type=int, default=8001, help="Triton only")
+    ps.add_argument("--metrics-port", type=int, default=8002, help="Triton only")
+    ps.add_argument("--tritonserver", help="the tritonserver binary (default: BLADEPACK_TRITONSERVER, PATH, the wheel)")
+    ps.add_argument("--replicas", type=int, default=1, help="Ray Serve replicas (default 1)")
+    ps.set_defaults(fn=_serve)
+
+
+def _model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--name", help="the model's name (default: the artifact's file name without .bpk)")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    p.add_argument("--instances", type=int, default=1, help="Triton model instances (default 1)")
+    p.add_argument("--max-queue-delay-us", type=int, default=100, help="dynamic batching's queue delay")
+    p.add_argument("--max-batch-size", type=int, help="cap the server's batch (default: the batch dim's maximum)")
+
+
+def _triton_repo(args: argparse.Namespace) -> int:
+    from bladepack.serving.triton_repo import write_repository
+
+    config = write_repository(
+        args.model,
+        args.out_dir,
+        args.name,
+        args.device,
+        args.instances,
+        args.max_queue_delay_us,
+        args.max_batch_size,
+        overwrite=args.force,
+    )
+    print(f"wrote {Path(args.out_dir) / config.name}: {_batching(config.max_batch_size, config.layout)}")
+    return 0
+
+
+def _batching(top: int, layout: Any) -> str:
+    if top:
+        return f"dynamic batching along {layout.dim!r}, up to {top}"
+    return f"no server-side batching ({layout.reason})"
+
+
+def _wait_for_signal(alive: Callable[[], bool]) -> bool:
+    """Block until SIGINT / SIGTERM (True) or until `alive()` turns False (False)."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.is_set():
+        if not alive():
+            return False
+        stop.wait(0.5)
+    return True
+
+
+def _serve(args: argparse.Namespace) -> int:
+    need = ("ray", "ray") if args.engine == "ray" else ("tritonclient", "serve")
+    if importlib.util.find_spec(need[0]) is None:
+        raise BladepackError(f"serving with {args.engine} needs {need[0]}: pip install 'bladepack[{need[1]}]'")
+    return _serve_ray(args) if args.engine == "ray" else _serve_triton(args)
+
+
+def _serve_triton(args: argparse.Namespace) -> int:
+    from bladepack.serving.triton_repo import write_repository
+    from bladepack.serving.triton_server import TritonServer
+
+    with tempfile.TemporaryDirectory(prefix="bladepack-repo-") as repo:
+        config = write_repository(
+            args.model, repo, args.name, args.device, args.instances, args.max_queue_delay_us, args.max_batch_size
+        )
+        server = TritonServer(repo, args.http_port, args.grpc_port, args.metrics_port, args.host, args.tritonserver)
+        try:
+            server.start()
+            name = config.name
+            print(f"serving {name} with Triton Inference Server ({server.install.where})", flush=True)
+            print(f"  {_batching(config.max_batch_size, config.layout)}")
+            print(f"  HTTP     http://{server.http_url}/v2/models/{name}/infer")
+            print(f"  gRPC     {server.grpc_url} (model {name!r})")
+            print(f"  metrics  {server.metrics_url}")
+            print("  stop with Ctrl-C or SIGTERM", flush=True)
+            stopped = _wait_for_signal(server.running)
+            if not stopped:
+                print(f"bladepack: tritonserver exited:\n{server.log_tail()}", file=sys.stderr)
+                return 1
+            print("stopping", flush=True)
+            return 0
+        finally:
+            server.stop()
+            server.cleanup()
+
+
+def _serve_ray(args: argparse.Namespace) -> int:
+    import ray
+    from ray import serve
+
+    from bladepack.serving.ray import deployment
+
+    app = deployment(
+        args.model,
+        name=args.name,
+        num_replicas=args.replicas,
+        device=args.device,
+        max_batch_size=args.max_batch_size,
+        batch_wait_timeout_s=args.max_queue_delay_us / 1e6,
+    )
+    name = args.name or Path(args.model).stem
+    ray.init(include_dashboard=False)
+    try:
+        serve.start(http_options={"host": args.host, "port": args.http_port})
+        serve.run(app, name=name, route_prefix=f"/{name}")
+        print(f"serving {name} with Ray Serve ({args.replicas} replica(s))", flush=True)
+        print(f"  HTTP     http://{args.host}:{args.http_port}/{name} (KServe v2 JSON body)")
+        print("  stop with Ctrl-C or SIGTERM", flush=True)
+        _wait_for_signal(lambda: True)
+        print("stopping", flush=True)
+        return 0
+    finally:
+        serve.shutdown()  # type: ignore[no-untyped-call]
+        ray.shutdown()

@@ -1,0 +1,120 @@
+"""Ray Serve: an artifact as a replicated deployment with cross-request batching.
+
+In: an artifact path and the deployment's choices (replicas, device, batch limits). Out:
+`deployment(...)`, a Ray Serve application (`serve.run(app)` starts it), whose replicas each load the
+artifact once with the torch-free loader. Callers use a handle (`handle.infer.remote(arrays)`:
+the input arrays in signature order, or a dict by name; the result is the list of outputs) or HTTP
+(a KServe v2 JSON body at the route prefix: serving/v2_json.py; input errors answer 400).
+
+Batching follows Note [Serving batches] (serving/batching.py): `@serve.batch` collects concurrent
+calls on a replica, and only requests that agree on every dim but a proven batch-like axis 0 share a
+call; the batch limit is the dim's range maximum (or `max_batch_size`, if smaller). An artifact with
+no such dim runs each call alone. `ray` is imported here only: the loader never needs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from ray import serve
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from bladepack.artifact.format import read
+from bladepack.errors import InputError
+from bladepack.loader.module import LoadedModule
+from bladepack.serving.batching import BatchLayout, run_requests
+from bladepack.serving.triton_config import DEFAULT_MAX_BATCH
+from bladepack.serving.v2_json import decode_request, encode_response
+
+
+class BladepackReplica:
+    """One replica: the loaded artifact and its batching rule."""
+
+    def __init__(self, model_path: str, name: str, device: str, max_batch: int, wait_s: float) -> None:
+        bpk = read(model_path)
+        self._module = LoadedModule(bpk, device)
+        self._name = name
+        self._layout = BatchLayout.from_manifest(bpk.manifest) if max_batch > 1 else BatchLayout(None, 1, None, "off")
+        self._inputs = list(bpk.manifest["inputs"])
+        self._outputs = [t["name"] for t in bpk.manifest["outputs"]]
+        self._batched.set_max_batch_size(max(max_batch, 1))  # type: ignore[attr-defined]  # serve.batch's setters
+        self._batched.set_batch_wait_timeout_s(wait_s)  # type: ignore[attr-defined]
+        self.calls = 0  # engine calls made (a merged batch counts once)
+
+    def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        self.calls += 1
+        return self._module.run(arrays)
+
+    @serve.batch(max_batch_size=DEFAULT_MAX_BATCH, batch_wait_timeout_s=0.002)
+    async def _batched(self, requests: list[list[np.ndarray]]) -> list[list[np.ndarray] | Exception]:
+        return await asyncio.to_thread(run_requests, self._layout, self._run, requests)
+
+    async def infer(self, inputs: list[np.ndarray] | dict[str, np.ndarray]) -> list[np.ndarray]:
+        """The outputs for one request (inputs in signature order, or by name)."""
+        if isinstance(inputs, dict):
+            names = [t["name"] for t in self._inputs]
+            if sorted(inputs) != sorted(names):
+                raise InputError(f"request inputs {sorted(inputs)}; the model's inputs are {names}")
+            inputs = [inputs[n] for n in names]
+        arrays = [np.asarray(x) for x in inputs]
+        if self._layout.dim is None:
+            result = (await asyncio.to_thread(run_requests, self._layout, self._run, [arrays]))[0]
+        else:
+            result = await self._batched(arrays)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    async def engine_calls(self) -> int:
+        return self.calls
+
+    async def __call__(self, request: Request) -> JSONResponse:
+        try:
+            arrays = decode_request(await request.json(), self._inputs)
+            outs = await self.infer(arrays)
+        except InputError as e:
+            return JSONResponse({"error": str(e)}, status_code=400)
+        except ValueError as e:  # a body that is not JSON
+            return JSONResponse({"error": f"bad request: {e}"}, status_code=400)
+        return JSONResponse(encode_response(self._name, self._outputs, outs))
+
+
+def deployment(
+    model_path: str | os.PathLike[str],
+    *,
+    name: str | None = None,
+    num_replicas: int = 1,
+    device: str = "cpu",
+    max_batch_size: int | None = None,
+    batch_wait_timeout_s: float = 0.002,
+    num_cpus: float = 1.0,
+) -> Any:
+    """A Ray Serve application serving the artifact (`serve.run(app, route_prefix=...)` starts it).
+    `device` "cuda" gives each replica one GPU; `max_batch_size` 1 turns batching off."""
+    path = Path(model_path).resolve()
+    bpk = read(str(path))  # a missing or corrupt artifact fails here, not in every replica
+    model = name or path.stem
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu or cuda (each replica gets its own GPU), got {device!r}")
+    if num_replicas < 1:
+        raise ValueError(f"num_replicas must be at least 1, got {num_replicas}")
+    layout = BatchLayout.from_manifest(bpk.manifest)
+    top = 1
+    if layout.dim is not None:
+        top = layout.max if layout.max is not None else DEFAULT_MAX_BATCH
+        if max_batch_size is not None:
+            if max_batch_size < 1:
+                raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
+            top = min(top, max_batch_size)
+    options: dict[str, Any] = {"num_cpus": num_cpus}
+    if device == "cuda":
+        options["num_gpus"] = 1
+    cls = serve.deployment(
+        name=model, num_replicas=num_replicas, ray_actor_options=options, max_ongoing_requests=max(2 * top, 8)
+    )(BladepackReplica)
+    return cls.bind(str(path), model, device, top, batch_wait_timeout_s)

@@ -1,0 +1,45 @@
+"""`bladepack triton-repo`: a Triton Inference Server model repository for one artifact.
+
+In: an artifact file and the serving choices. Out: OUT_DIR/NAME/config.pbtxt (serving/triton_config.py),
+OUT_DIR/NAME/1/model.bpk (the artifact, copied and checked) and OUT_DIR/NAME/1/model.py (the Python
+backend's model: serving/triton_python.py). Other models already in OUT_DIR are left alone; an
+existing OUT_DIR/NAME is replaced only with `overwrite=True`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from bladepack.artifact.format import read
+from bladepack.serving.triton_config import TritonModelConfig
+from bladepack.serving.triton_python import ARTIFACT, MODEL_PY
+
+
+def write_repository(
+    artifact: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    name: str | None = None,
+    device: str = "cpu",
+    instances: int = 1,
+    max_queue_delay_us: int = 100,
+    max_batch_size: int | None = None,
+    overwrite: bool = False,
+) -> TritonModelConfig:
+    """Write the model repository entry; returns its configuration (`.text()` is config.pbtxt)."""
+    src = Path(artifact)
+    bpk = read(str(src))  # a corrupt or truncated artifact fails here, before anything is written
+    model = name or src.stem
+    config = TritonModelConfig.build(bpk.manifest, model, device, instances, max_queue_delay_us, max_batch_size)
+    target = Path(out_dir) / model
+    if target.exists():
+        if not overwrite:
+            raise FileExistsError(f"{target} exists; pass --force to replace it")
+        shutil.rmtree(target)
+    version = target / "1"
+    version.mkdir(parents=True)
+    shutil.copyfile(src, version / ARTIFACT)
+    (version / "model.py").write_text(MODEL_PY)
+    (target / "config.pbtxt").write_text(config.text())
+    return config

@@ -1,0 +1,215 @@
+"""Starting and stopping Triton Inference Server on a model repository (`bladepack serve`).
+
+In: a model repository (serving/triton_repo.py), ports and an address. Out: `TritonServer`, a running
+`tritonserver` process that answers KServe v2 over HTTP and gRPC and Prometheus metrics, stopped by
+`stop()` (or leaving its `with` block).
+
+Note [Finding Triton]: the binary is, in order, the one named (`--tritonserver`,
+BLADEPACK_TRITONSERVER), `tritonserver` on PATH (an NGC container: its own backends), or the copy the
+nvidia-pytriton wheel bundles. The wheel ships the Python backend's stub once per Python version
+(`python_backend_stubs/3.X`); Triton looks for the stub beside the backend library, so `prepare`
+builds a backends directory of links with this Python's stub in it. The stub embeds libpython: the
+library of the interpreter running bladepack is put first on its LD_LIBRARY_PATH. The stub's Python
+ignores PYTHONPATH (it starts isolated), so this interpreter's site-packages and bladepack's own
+directory travel in BLADEPACK_SERVE_PATH, which the generated model.py puts first on sys.path: model.py
+imports the same bladepack and numpy as the process that started the server. The wheel's metadata pins numpy<2,
+which neither bladepack nor the server needs: install it with `pip install --no-deps nvidia-pytriton`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from bladepack.errors import BladepackError
+from bladepack.options import ServeOptions, child_environment
+
+
+class ServerError(BladepackError):
+    """Triton could not be found or started (the message has the reason, or the server log's tail)."""
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    binary: Path
+    backends: Path | None  # the backends directory to pass (None: the binary's default)
+    libs: tuple[Path, ...]  # put on LD_LIBRARY_PATH
+    where: str  # how it was found, for messages
+
+
+def find_tritonserver(explicit: str | None = None) -> TritonInstall:
+    """Note [Finding Triton]."""
+    named = explicit or ServeOptions.from_env().tritonserver
+    if named:
+        path = Path(named)
+        if not path.is_file():
+            raise ServerError(f"no tritonserver at {path}")
+        return TritonInstall(path, None, (), f"named: {path}")
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        return TritonInstall(Path(on_path), None, (), f"on PATH: {on_path}")
+    spec = importlib.util.find_spec("pytriton")  # finds the package without importing it
+    if spec is not None and spec.submodule_search_locations:
+        root = Path(next(iter(spec.submodule_search_locations)))
+        binary = root / "tritonserver" / "bin" / "tritonserver"
+        if binary.is_file():
+            libs = root.parent / "nvidia_pytriton.libs"
+            return TritonInstall(
+                binary, root / "tritonserver" / "backends", (libs,), f"nvidia-pytriton wheel: {binary}"
+            )
+    raise ServerError(
+        "no Triton Inference Server found: put tritonserver on PATH, set BLADEPACK_TRITONSERVER, or "
+        "`pip install --no-deps nvidia-pytriton` (its bundled server runs on the CPU)"
+    )
+
+
+def prepare_backends(install: TritonInstall, workdir: Path) -> Path | None:
+    """A backends directory whose Python backend has this interpreter's stub (Note [Finding Triton])."""
+    if install.backends is None:
+        return None
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = install.backends.parent / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        have = sorted(p.name for p in (install.backends.parent / "python_backend_stubs").glob("3.*"))
+        raise ServerError(f"the bundled Triton has Python-backend stubs for {', '.join(have)}, not Python {version}")
+    out = workdir / "backends"
+    for backend in install.backends.iterdir():
+        if backend.is_dir():
+            (out / backend.name).mkdir(parents=True)
+            for f in backend.iterdir():
+                (out / backend.name / f.name).symlink_to(f)
+    (out / "python" / "triton_python_backend_stub").symlink_to(stub)
+    return out
+
+
+def _python_paths() -> tuple[list[str], list[str]]:
+    """(LD_LIBRARY_PATH, PYTHONPATH) entries that make the stub embed this interpreter."""
+    libdir = sysconfig.get_config_var("LIBDIR")
+    libs = [libdir] if libdir and sysconfig.get_config_var("Py_ENABLE_SHARED") else []
+    paths = sysconfig.get_paths()
+    root = str(Path(__file__).resolve().parents[2])  # the directory holding the bladepack package
+    return libs, list(dict.fromkeys([root, paths["purelib"], paths["platlib"]]))
+
+
+class TritonServer:
+    """A tritonserver process on `repository`, listening on `host` (loopback by default)."""
+
+    def __init__(
+        self,
+        repository: str | Path,
+        http_port: int = 8000,
+        grpc_port: int = 8001,
+        metrics_port: int = 8002,
+        host: str = "127.0.0.1",
+        tritonserver: str | None = None,
+        log: str | Path | None = None,
+        ready_timeout_s: float = 120.0,
+    ) -> None:
+        self.repository = Path(repository)
+        self.host = host
+        self.ports = (http_port, grpc_port, metrics_port)
+        self.install = find_tritonserver(tritonserver)
+        self._workdir = Path(tempfile.mkdtemp(prefix="bladepack-triton-"))
+        self._log_path = Path(log) if log is not None else self._workdir / "tritonserver.log"
+        self._timeout = ready_timeout_s
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.ports[0]}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.ports[1]}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.ports[2]}/metrics"
+
+    def command(self, backends: Path | None) -> list[str]:
+        http, grpc, metrics = self.ports
+        cmd = [
+            str(self.install.binary),
+            f"--model-repository={self.repository}",
+            f"--http-address={self.host}",
+            f"--http-port={http}",
+            f"--grpc-address={self.host}",
+            f"--grpc-port={grpc}",
+            f"--metrics-address={self.host}",
+            f"--metrics-port={metrics}",
+            "--allow-gpu-metrics=false",
+            "--exit-timeout-secs=10",
+        ]
+        if backends is not None:
+            cmd.append(f"--backend-directory={backends}")
+        return cmd
+
+    def start(self) -> TritonServer:
+        backends = prepare_backends(self.install, self._workdir)
+        libs, pythonpath = _python_paths()
+        env = child_environment(
+            {"LD_LIBRARY_PATH": [*libs, *(str(p) for p in self.install.libs)], "BLADEPACK_SERVE_PATH": pythonpath}
+        )
+        with open(self._log_path, "wb") as log:
+            self._proc = subprocess.Popen(
+                self.command(backends), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        deadline = time.monotonic() + self._timeout
+        url = f"http://{self.http_url}/v2/health/ready"
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                tail = self.log_tail()
+                self.stop()
+                raise ServerError(f"tritonserver exited with status {self._proc.returncode}:\n{tail}")
+            try:
+                with urllib.request.urlopen(url, timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.2)
+        tail = self.log_tail()
+        self.stop()
+        raise ServerError(f"tritonserver was not ready after {self._timeout:.0f} s:\n{tail}")
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self._log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM (Triton finishes the requests in flight), then SIGKILL after `timeout_s`."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def cleanup(self) -> None:
+        """Remove the backends directory of links (and the log, unless it was placed elsewhere)."""
+        shutil.rmtree(self._workdir, ignore_errors=True)
+
+    def __enter__(self) -> TritonServer:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+        self.cleanup()
