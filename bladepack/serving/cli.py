@@ -46,6 +46,7 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--instances", type=int, default=1, help="Triton model instances (default 1)")
     p.add_argument("--max-queue-delay-us", type=int, default=100, help="dynamic batching's queue delay")
     p.add_argument("--max-batch-size", type=int, help="cap the server's batch (default: the batch dim's maximum)")
+    p.add_argument("--no-batching", action="store_true", help="no dynamic batching: each request runs alone")
 
 
 def _triton_repo(args: argparse.Namespace) -> int:
@@ -60,15 +61,18 @@ def _triton_repo(args: argparse.Namespace) -> int:
         args.max_queue_delay_us,
         args.max_batch_size,
         overwrite=args.force,
+        dynamic_batching=not args.no_batching,
     )
-    print(f"wrote {Path(args.out_dir) / config.name}: {_batching(config.max_batch_size, config.layout)}")
+    print(f"wrote {Path(args.out_dir) / config.name}: {_batching(config)}")
     return 0
 
 
-def _batching(top: int, layout: Any) -> str:
-    if top:
-        return f"dynamic batching along {layout.dim!r}, up to {top}"
-    return f"no server-side batching ({layout.reason})"
+def _batching(config: Any) -> str:
+    if config.dynamic_batching:
+        return f"dynamic batching along {config.layout.dim!r}, up to {config.max_batch_size}"
+    if config.max_batch_size:
+        return "dynamic batching off (--no-batching)"
+    return f"no server-side batching ({config.layout.reason})"
 
 
 def _wait_for_signal(alive: Callable[[], bool]) -> bool:
@@ -96,14 +100,21 @@ def _serve_triton(args: argparse.Namespace) -> int:
 
     with tempfile.TemporaryDirectory(prefix="bladepack-repo-") as repo:
         config = write_repository(
-            args.model, repo, args.name, args.device, args.instances, args.max_queue_delay_us, args.max_batch_size
+            args.model,
+            repo,
+            args.name,
+            args.device,
+            args.instances,
+            args.max_queue_delay_us,
+            args.max_batch_size,
+            dynamic_batching=not args.no_batching,
         )
         server = TritonServer(repo, args.http_port, args.grpc_port, args.metrics_port, args.host, args.tritonserver)
         try:
             server.start()
             name = config.name
             print(f"serving {name} with Triton Inference Server ({server.install.where})", flush=True)
-            print(f"  {_batching(config.max_batch_size, config.layout)}")
+            print(f"  {_batching(config)}")
             print(f"  HTTP     http://{server.http_url}/v2/models/{name}/infer")
             print(f"  gRPC     {server.grpc_url} (model {name!r})")
             print(f"  metrics  {server.metrics_url}")
@@ -130,7 +141,7 @@ def _serve_ray(args: argparse.Namespace) -> int:
         name=args.name,
         num_replicas=args.replicas,
         device=args.device,
-        max_batch_size=args.max_batch_size,
+        max_batch_size=1 if args.no_batching else args.max_batch_size,
         batch_wait_timeout_s=args.max_queue_delay_us / 1e6,
     )
     name = args.name or Path(args.model).stem

@@ -44,15 +44,10 @@ class BladepackReplica:
         self._outputs = [t["name"] for t in bpk.manifest["outputs"]]
         self._batched.set_max_batch_size(max(max_batch, 1))  # type: ignore[attr-defined]  # serve.batch's setters
         self._batched.set_batch_wait_timeout_s(wait_s)  # type: ignore[attr-defined]
-        self.calls = 0  # engine calls made (a merged batch counts once)
-
-    def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        self.calls += 1
-        return self._module.run(arrays)
 
     @serve.batch(max_batch_size=DEFAULT_MAX_BATCH, batch_wait_timeout_s=0.002)
     async def _batched(self, requests: list[list[np.ndarray]]) -> list[list[np.ndarray] | Exception]:
-        return await asyncio.to_thread(run_requests, self._layout, self._run, requests)
+        return await asyncio.to_thread(run_requests, self._layout, self._module.run, requests)
 
     async def infer(self, inputs: list[np.ndarray] | dict[str, np.ndarray]) -> list[np.ndarray]:
         """The outputs for one request (inputs in signature order, or by name)."""
@@ -63,15 +58,12 @@ class BladepackReplica:
             inputs = [inputs[n] for n in names]
         arrays = [np.asarray(x) for x in inputs]
         if self._layout.dim is None:
-            result = (await asyncio.to_thread(run_requests, self._layout, self._run, [arrays]))[0]
+            result = (await asyncio.to_thread(run_requests, self._layout, self._module.run, [arrays]))[0]
         else:
             result = await self._batched(arrays)
         if isinstance(result, Exception):
             raise result
         return result
-
-    async def engine_calls(self) -> int:
-        return self.calls
 
     async def __call__(self, request: Request) -> JSONResponse:
         try:

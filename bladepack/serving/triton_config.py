@@ -44,7 +44,8 @@ class TritonModelConfig:
     instances: int
     max_queue_delay_us: int
     layout: BatchLayout
-    max_batch_size: int  # 0: no batching
+    max_batch_size: int  # 0: the tensors have no batch dim
+    dynamic_batching: bool  # False: each request runs alone (its own batch)
     preferred: tuple[int, ...]
     inputs: tuple[tuple[str, str, tuple[int, ...], bool], ...]  # name, TYPE_*, dims, reshape to []
     outputs: tuple[tuple[str, str, tuple[int, ...], bool], ...]
@@ -58,6 +59,7 @@ class TritonModelConfig:
         max_queue_delay_us: int = 100,
         max_batch_size: int | None = None,
         backend: str = "python",
+        dynamic_batching: bool = True,
     ) -> TritonModelConfig:
         if device.split(":")[0] not in DEVICES or (":" in device and not device.split(":", 1)[1].isdigit()):
             raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}")
@@ -91,6 +93,7 @@ class TritonModelConfig:
             max_queue_delay_us,
             layout,
             top,
+            batched and dynamic_batching,
             preferred_batch_sizes(m, layout, top) if batched else (),
             tuple(_tensor(t, batched) for t in m["inputs"]),
             tuple(_tensor(t, batched) for t in m["outputs"]),
@@ -102,8 +105,10 @@ class TritonModelConfig:
             f'name: "{self.name}"',
             f'backend: "{self.backend}"',
         ]
-        if self.max_batch_size:
+        if self.max_batch_size and self.dynamic_batching:
             lines.append(f"# the server batches along {self.layout.dim!r} (proven batch-like, axis 0 of every tensor)")
+        elif self.max_batch_size:
+            lines.append(f"# {self.layout.dim!r} is the batch dim; dynamic batching is off: each request runs alone")
         else:
             lines.append(f"# no server-side batching: {self.layout.reason}")
         lines.append(f"max_batch_size: {self.max_batch_size}")
@@ -117,7 +122,7 @@ class TritonModelConfig:
                 )
             lines.append(",\n".join(body))
             lines.append("]")
-        if self.max_batch_size:
+        if self.dynamic_batching:
             lines.append("dynamic_batching {")
             if self.preferred:
                 lines.append(f"  preferred_batch_size: [ {', '.join(map(str, self.preferred))} ]")

@@ -43,7 +43,7 @@ class BladepackTritonModel:
         device = f"cuda:{int(args.get('model_instance_device_id', 0))}" if kind == "GPU" else "cpu"
         bpk = read(str(path))
         self._module = LoadedModule(bpk, device)
-        batched = int(config.get("max_batch_size", 0)) > 0
+        batched = int(config.get("max_batch_size", 0)) > 0 and "dynamic_batching" in config
         self._layout = BatchLayout.from_manifest(bpk.manifest) if batched else BatchLayout(None, 1, None, "off")
         self._inputs = [t["name"] for t in bpk.manifest["inputs"]]
         self._outputs = [t["name"] for t in bpk.manifest["outputs"]]

@@ -26,12 +26,15 @@ def write_repository(
     max_queue_delay_us: int = 100,
     max_batch_size: int | None = None,
     overwrite: bool = False,
+    dynamic_batching: bool = True,
 ) -> TritonModelConfig:
     """Write the model repository entry; returns its configuration (`.text()` is config.pbtxt)."""
     src = Path(artifact)
     bpk = read(str(src))  # a corrupt or truncated artifact fails here, before anything is written
     model = name or src.stem
-    config = TritonModelConfig.build(bpk.manifest, model, device, instances, max_queue_delay_us, max_batch_size)
+    config = TritonModelConfig.build(
+        bpk.manifest, model, device, instances, max_queue_delay_us, max_batch_size, dynamic_batching=dynamic_batching
+    )
     target = Path(out_dir) / model
     if target.exists():
         if not overwrite:

@@ -1,0 +1,276 @@
+"""Serving load test: Triton Inference Server (Python backend) and Ray Serve, dynamic batching on and off.
+
+In: samples (samples/registry.py), optimized once each. Out: a markdown table of throughput and p50 /
+p99 latency per engine and batching mode (printed), bench/results/serving.json and serving.png.
+
+Each configuration gets the same load: `--clients` threads on this machine, each sending its share
+of `--requests` requests back to back (closed loop, loopback only), every request at a shape drawn
+from a small mixed set (batch 1-2; for a sample with a sequence dim, three lengths: only requests of
+equal length may merge, Note [Serving batches]). Triton is driven over HTTP with binary tensors
+(tritonclient); Ray Serve through its Python handle (its native API; its HTTP route takes JSON). For
+Triton, "requests per execution" comes from the server's own metrics (nv_inference_request_success /
+nv_inference_exec_count). Every response is checked against the Python loader (to float32 rounding:
+a merged call may sum in another order).
+
+    python -m bench.serving [--samples mlp,encoder] [--clients 8] [--requests 400] [--engines triton,ray]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import socket
+import statistics
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import bladepack
+from samples.registry import SAMPLES
+
+RESULTS = Path(__file__).resolve().parent / "results"
+QUEUE_DELAY_US = 0  # batch what is already queued when the instance frees: no idle wait under load
+DTYPES = {"int64": "INT64", "float32": "FP32", "bool": "BOOL", "int32": "INT32", "float16": "FP16"}
+
+
+def _ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _workload(name: str, count: int, seed: int = 0) -> list[list[np.ndarray]]:
+    s = SAMPLES[name]
+    g = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    seqs = [5, 9, 16] if "seq" in s.base_dims else [None]
+    cases = []
+    for _ in range(count):
+        dims = {**s.base_dims, "batch": int(rng.integers(1, 3))}
+        seq = seqs[int(rng.integers(0, len(seqs)))]
+        if seq is not None:
+            dims["seq"] = seq
+        cases.append([t.numpy() for t in s.make_inputs(g, **dims)])
+    return cases
+
+
+def _drive(call: Callable[[list[np.ndarray]], list[np.ndarray]], cases: list[list[np.ndarray]], clients: int) -> Any:
+    """Closed-loop load: per request its latency (ms) and outputs; the wall time of the whole run."""
+    lat: list[float] = [0.0] * len(cases)
+    outs: list[Any] = [None] * len(cases)
+
+    def worker(k0: int) -> None:
+        for k in range(k0, len(cases), clients):
+            t = time.perf_counter()
+            outs[k] = call(cases[k])
+            lat[k] = (time.perf_counter() - t) * 1e3
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return lat, outs, time.perf_counter() - t0
+
+
+def _row(engine: str, batching: str, lat: list[float], wall: float, per_exec: float | None) -> dict[str, Any]:
+    q = statistics.quantiles(lat, n=100)
+    return {
+        "engine": engine,
+        "batching": batching,
+        "requests": len(lat),
+        "throughput_rps": len(lat) / wall,
+        "p50_ms": q[49],
+        "p99_ms": q[98],
+        "requests_per_exec": per_exec,
+    }
+
+
+def _check(outs: list[Any], cases: list[list[np.ndarray]], loader: Any) -> None:
+    for got, arrays in zip(outs, cases):
+        for g, w in zip(got, loader.run(arrays)):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+def bench_triton(name: str, path: Path, cases: list[list[np.ndarray]], clients: int) -> list[dict[str, Any]]:
+    import tritonclient.http as th
+
+    from bladepack.serving.triton_repo import write_repository
+    from bladepack.serving.triton_server import TritonServer
+
+    loader = bladepack.load(path)
+    rows = []
+    with tempfile.TemporaryDirectory() as repo:
+        write_repository(path, repo, "on", max_queue_delay_us=QUEUE_DELAY_US, instances=1)
+        write_repository(path, repo, "off", dynamic_batching=False, instances=1)
+        names = [t.name for t in loader.signature.inputs]
+        with TritonServer(repo, *_ports(3)) as server:
+            local = threading.local()
+
+            def infer(model: str, arrays: list[np.ndarray]) -> list[np.ndarray]:
+                client = getattr(local, "client", None)
+                if client is None:
+                    client = local.client = th.InferenceServerClient(server.http_url)
+                ins = []
+                for n, a in zip(names, arrays):
+                    t = th.InferInput(n, list(a.shape), DTYPES[a.dtype.name])
+                    t.set_data_from_numpy(a)
+                    ins.append(t)
+                r = client.infer(model, ins)
+                return [r.as_numpy(o.name) for o in loader.signature.outputs]
+
+            for model in ("on", "off"):
+                _drive(lambda a, m=model: infer(m, a), cases[:clients], clients)  # warm
+                before = _counts(server.metrics_url, model)
+                lat, outs, wall = _drive(lambda a, m=model: infer(m, a), cases, clients)
+                after = _counts(server.metrics_url, model)
+                _check(outs, cases, loader)
+                per_exec = (after[0] - before[0]) / max(after[1] - before[1], 1)
+                rows.append(_row("triton (python backend)", model, lat, wall, per_exec))
+    return rows
+
+
+def _counts(url: str, model: str) -> tuple[float, float]:
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+
+    def get(metric: str) -> float:
+        m = re.search(rf'^{metric}{{model="{model}",version="1"}} (\S+)$', text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+    return get("nv_inference_request_success"), get("nv_inference_exec_count")
+
+
+def bench_ray(name: str, path: Path, cases: list[list[np.ndarray]], clients: int) -> list[dict[str, Any]]:
+    import ray
+    from ray import serve
+
+    from bladepack.serving.ray import deployment
+
+    loader = bladepack.load(path)
+    rows = []
+    ray.init(include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": _ports(1)[0]})
+        for mode, top in (("on", None), ("off", 1)):
+            handle = serve.run(
+                deployment(path, name=f"{name}_{mode}", max_batch_size=top, batch_wait_timeout_s=0.0005),
+                name=f"{name}_{mode}",
+                route_prefix=f"/{name}_{mode}",
+            )
+
+            def call(arrays: list[np.ndarray], h: Any = handle) -> list[np.ndarray]:
+                return list(h.infer.remote(arrays).result(timeout_s=120))
+
+            _drive(call, cases[:clients], clients)
+            lat, outs, wall = _drive(call, cases, clients)
+            _check(outs, cases, loader)
+            rows.append(_row("ray serve (handle)", mode, lat, wall, None))
+            serve.delete(f"{name}_{mode}")
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--samples", default="mlp,encoder")
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--requests", type=int, default=400)
+    p.add_argument("--engines", default="triton,ray")
+    args = p.parse_args()
+    results: dict[str, Any] = {
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
+        "clients": args.clients,
+        "requests": args.requests,
+        "samples": {},
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.samples.split(","):
+            s = SAMPLES[name]
+            path = Path(tmp) / f"{name}.bpk"
+            bladepack.optimize(s.build().eval(), s.export_samples(), s.dynamic_shapes).save(path)
+            cases = _workload(name, args.requests)
+            rows: list[dict[str, Any]] = []
+            if "triton" in args.engines:
+                rows += bench_triton(name, path, cases, args.clients)
+            if "ray" in args.engines:
+                rows += bench_ray(name, path, cases, args.clients)
+            results["samples"][name] = rows
+            print(f"\n{name}")
+            print(_table(rows))
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "serving.json").write_text(json.dumps(results, indent=1) + "\n")
+    (RESULTS / "serving.md").write_text(_markdown(results))
+    _chart(results, RESULTS / "serving.png")
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    head = "| engine | dynamic batching | throughput (req/s) | p50 (ms) | p99 (ms) | requests per execution |"
+    lines = [head, "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        per = "" if r["requests_per_exec"] is None else f"{r['requests_per_exec']:.2f}"
+        lines.append(
+            f"| {r['engine']} | {r['batching']} | {r['throughput_rps']:.0f} | {r['p50_ms']:.2f} | "
+            f"{r['p99_ms']:.2f} | {per} |"
+        )
+    return "\n".join(lines)
+
+
+def _markdown(results: dict[str, Any]) -> str:
+    out = [
+        "# Serving load test (`python -m bench.serving`)",
+        "",
+        f"Machine: {results['machine']}; {results['clients']} closed-loop clients on the same machine, "
+        f"{results['requests']} requests per configuration, batch 1-2 per request, loopback.",
+        "",
+    ]
+    for name, rows in results["samples"].items():
+        out += [f"## {name}", "", _table(rows), ""]
+    return "\n".join(out)
+
+
+def _chart(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results["samples"])
+    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        rows = results["samples"][name]
+        labels = [f"{r['engine'].split(' ')[0]}\nbatching {r['batching']}" for r in rows]
+        ax.bar(labels, [r["throughput_rps"] for r in rows], color=["#4c72b0", "#9bb0d6", "#dd8452", "#f0c0a0"])
+        for k, r in enumerate(rows):
+            ax.text(
+                k,
+                r["throughput_rps"],
+                f"p50 {r['p50_ms']:.1f} ms\np99 {r['p99_ms']:.1f} ms",
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
+        ax.set_title(f"{name}: throughput, {results['clients']} clients")
+        ax.set_ylabel("requests / s")
+        ax.margins(y=0.25)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    main()
