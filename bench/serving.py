@@ -1,4 +1,4 @@
-"""Serving load test: Triton Inference Server (Python backend) and Ray Serve, dynamic batching on and off.
+"""Serving load test: Triton Inference Server (Python and C++ backends) and Ray Serve, batching on and off.
 
 In: samples (samples/registry.py), optimized once each. Out: a markdown table of throughput and p50 /
 p99 latency per engine and batching mode (printed), bench/results/serving.json and serving.png.
@@ -6,10 +6,13 @@ p99 latency per engine and batching mode (printed), bench/results/serving.json a
 Each configuration gets the same load: `--clients` threads on this machine, each sending its share
 of `--requests` requests back to back (closed loop, loopback only), every request at a shape drawn
 from a small mixed set (batch 1-2; for a sample with a sequence dim, three lengths: only requests of
-equal length may merge, Note [Serving batches]). Triton is driven over HTTP with binary tensors
+equal length may merge, Note [Serving batches]). Triton runs the Python backend (the torch-free
+loader) and the C++ backend (libtriton_bladepack.so, from the release build of cpp_runtime/) in one
+server, and is driven over HTTP with binary tensors
 (tritonclient); Ray Serve through its Python handle (its native API; its HTTP route takes JSON). For
 Triton, "requests per execution" comes from the server's own metrics (nv_inference_request_success /
-nv_inference_exec_count). Every response is checked against the Python loader (to float32 rounding:
+nv_inference_exec_count), and "in the server per request" is Triton's own request duration (queue,
+backend, responses: nv_inference_request_duration_us per request), free of the clients' cost. Every response is checked against the Python loader (to float32 rounding:
 a merged call may sum in another order).
 
     python -m bench.serving [--samples mlp,encoder] [--clients 8] [--requests 400] [--engines triton,ray]
@@ -87,7 +90,9 @@ def _drive(call: Callable[[list[np.ndarray]], list[np.ndarray]], cases: list[lis
     return lat, outs, time.perf_counter() - t0
 
 
-def _row(engine: str, batching: str, lat: list[float], wall: float, per_exec: float | None) -> dict[str, Any]:
+def _row(
+    engine: str, batching: str, lat: list[float], wall: float, per_exec: float | None, server_us: float | None = None
+) -> dict[str, Any]:
     q = statistics.quantiles(lat, n=100)
     return {
         "engine": engine,
@@ -97,6 +102,7 @@ def _row(engine: str, batching: str, lat: list[float], wall: float, per_exec: fl
         "p50_ms": q[49],
         "p99_ms": q[98],
         "requests_per_exec": per_exec,
+        "server_us_per_request": server_us,
     }
 
 
@@ -111,14 +117,19 @@ def bench_triton(name: str, path: Path, cases: list[list[np.ndarray]], clients: 
 
     from bladepack.serving.triton_repo import write_repository
     from bladepack.serving.triton_server import TritonServer
+    from tests import cpp_build
 
     loader = bladepack.load(path)
     rows = []
+    configs = [(f"{b}_{m}", b, m) for b in ("python", "cpp") for m in ("on", "off")]
     with tempfile.TemporaryDirectory() as repo:
-        write_repository(path, repo, "on", max_queue_delay_us=QUEUE_DELAY_US, instances=1)
-        write_repository(path, repo, "off", dynamic_batching=False, instances=1)
+        for model, backend, mode in configs:
+            write_repository(
+                path, repo, model, max_queue_delay_us=QUEUE_DELAY_US, dynamic_batching=mode == "on", backend=backend
+            )
         names = [t.name for t in loader.signature.inputs]
-        with TritonServer(repo, *_ports(3)) as server:
+        cpp = cpp_build.build("release") / "libtriton_bladepack.so"
+        with TritonServer(repo, *_ports(3), cpp_backend=cpp) as server:
             local = threading.local()
 
             def infer(model: str, arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -133,25 +144,28 @@ def bench_triton(name: str, path: Path, cases: list[list[np.ndarray]], clients: 
                 r = client.infer(model, ins)
                 return [r.as_numpy(o.name) for o in loader.signature.outputs]
 
-            for model in ("on", "off"):
+            for model, backend, mode in configs:
                 _drive(lambda a, m=model: infer(m, a), cases[:clients], clients)  # warm
                 before = _counts(server.metrics_url, model)
                 lat, outs, wall = _drive(lambda a, m=model: infer(m, a), cases, clients)
                 after = _counts(server.metrics_url, model)
                 _check(outs, cases, loader)
-                per_exec = (after[0] - before[0]) / max(after[1] - before[1], 1)
-                rows.append(_row("triton (python backend)", model, lat, wall, per_exec))
+                served = max(after[0] - before[0], 1)
+                per_exec = served / max(after[1] - before[1], 1)
+                rows.append(
+                    _row(f"triton ({backend} backend)", mode, lat, wall, per_exec, (after[2] - before[2]) / served)
+                )
     return rows
 
 
-def _counts(url: str, model: str) -> tuple[float, float]:
+def _counts(url: str, model: str) -> tuple[float, float, float]:
     text = urllib.request.urlopen(url, timeout=10).read().decode()
 
     def get(metric: str) -> float:
         m = re.search(rf'^{metric}{{model="{model}",version="1"}} (\S+)$', text, re.M)
         return float(m.group(1)) if m else 0.0
 
-    return get("nv_inference_request_success"), get("nv_inference_exec_count")
+    return get("nv_inference_request_success"), get("nv_inference_exec_count"), get("nv_inference_request_duration_us")
 
 
 def bench_ray(name: str, path: Path, cases: list[list[np.ndarray]], clients: int) -> list[dict[str, Any]]:
@@ -220,13 +234,17 @@ def main() -> None:
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    head = "| engine | dynamic batching | throughput (req/s) | p50 (ms) | p99 (ms) | requests per execution |"
-    lines = [head, "| --- | --- | ---: | ---: | ---: | ---: |"]
+    head = (
+        "| engine | dynamic batching | throughput (req/s) | p50 (ms) | p99 (ms) | requests per execution "
+        "| in the server per request (µs) |"
+    )
+    lines = [head, "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         per = "" if r["requests_per_exec"] is None else f"{r['requests_per_exec']:.2f}"
+        inside = "" if r.get("server_us_per_request") is None else f"{r['server_us_per_request']:.0f}"
         lines.append(
             f"| {r['engine']} | {r['batching']} | {r['throughput_rps']:.0f} | {r['p50_ms']:.2f} | "
-            f"{r['p99_ms']:.2f} | {per} |"
+            f"{r['p99_ms']:.2f} | {per} | {inside} |"
         )
     return "\n".join(lines)
 
@@ -251,11 +269,14 @@ def _chart(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = list(results["samples"])
-    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(names), figsize=(8 * len(names), 4.5), squeeze=False)
     for ax, name in zip(axes[0], names):
         rows = results["samples"][name]
-        labels = [f"{r['engine'].split(' ')[0]}\nbatching {r['batching']}" for r in rows]
-        ax.bar(labels, [r["throughput_rps"] for r in rows], color=["#4c72b0", "#9bb0d6", "#dd8452", "#f0c0a0"])
+        labels = [
+            f"{r['engine'].replace(' backend', '').replace(' (handle)', '')}\nbatching {r['batching']}" for r in rows
+        ]
+        colors = ["#4c72b0", "#9bb0d6", "#55a868", "#a8d5b5", "#dd8452", "#f0c0a0"]
+        ax.bar(labels, [r["throughput_rps"] for r in rows], color=colors[: len(rows)])
         for k, r in enumerate(rows):
             ax.text(
                 k,

@@ -29,6 +29,7 @@ BLADEPACK_SHAPE_CACHE=N input-shape signatures a loaded module keeps prepared (d
 
 Serving (`ServeOptions`; bladepack serve, serving/triton_server.py):
 BLADEPACK_TRITONSERVER  the tritonserver binary (else tritonserver on PATH, else the nvidia-pytriton wheel's)
+BLADEPACK_TRITON_BACKEND  libtriton_bladepack.so, the C++ backend `serve --backend cpp` links into Triton
 
 No other module reads the environment (tests/test_architecture.py checks it).
 """
@@ -142,10 +143,12 @@ class ServeOptions:
     """Where `bladepack serve` finds Triton Inference Server (None: look on PATH, then in the wheel)."""
 
     tritonserver: str | None
+    cpp_backend: str | None  # libtriton_bladepack.so
 
     @staticmethod
     def from_env() -> ServeOptions:
-        return ServeOptions(tritonserver=os.environ.get("BLADEPACK_TRITONSERVER") or None)
+        get = os.environ.get
+        return ServeOptions(get("BLADEPACK_TRITONSERVER") or None, get("BLADEPACK_TRITON_BACKEND") or None)
 
 
 def child_environment(prepend: dict[str, list[str]]) -> dict[str, str]:

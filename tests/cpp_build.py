@@ -20,11 +20,17 @@ SOURCE = ROOT / "cpp_runtime"
 
 VARIANTS: dict[str, list[str]] = {
     "release": ["-DCMAKE_BUILD_TYPE=Release", "-DBPK_BUILD_TESTS=ON"],
-    "sanitize": ["-DCMAKE_BUILD_TYPE=RelWithDebInfo", "-DBPK_BUILD_TESTS=ON", "-DBPK_SANITIZE=ON"],
+    "sanitize": [
+        "-DCMAKE_BUILD_TYPE=RelWithDebInfo",
+        "-DBPK_BUILD_TESTS=ON",
+        "-DBPK_SANITIZE=ON",
+        "-DBPK_BUILD_TRITON_BACKEND=OFF",
+    ],
     "fuzz": [
         "-DCMAKE_BUILD_TYPE=RelWithDebInfo",
         "-DBPK_FUZZ=ON",
         "-DBPK_BUILD_TOOLS=OFF",
+        "-DBPK_BUILD_TRITON_BACKEND=OFF",
         "-DCMAKE_C_COMPILER=clang-14",
         "-DCMAKE_CXX_COMPILER=clang++-14",
     ],

@@ -101,6 +101,12 @@ def test_config_batches_along_the_proven_batch_dim(tagger: Path) -> None:
         "instance_group [ { kind: KIND_CPU count: 2 } ]\n"
         'parameters { key: "device" value: { string_value: "cpu" } }\n'
     )
+    cpp = TritonModelConfig.build(m, "tagger", backend="cpp").text()
+    assert cpp == text.replace('backend: "python"', 'backend: "bladepack"').replace("count: 2", "count: 1").replace(
+        "delay_microseconds: 250", "delay_microseconds: 100"
+    )
+    with pytest.raises(ValueError, match="the C\\+\\+ backend runs CPU plans"):
+        TritonModelConfig.build(m, "tagger", "cuda", backend="cpp").text()
     capped = TritonModelConfig.build(m, "tagger", "cuda:1", max_batch_size=4).text()
     assert "max_batch_size: 4\n" in capped
     off = TritonModelConfig.build(m, "tagger", dynamic_batching=False).text()
@@ -135,8 +141,11 @@ def test_config_refusals(tagger: Path) -> None:
     with pytest.raises(ValueError, match="model name 'a b'"):
         TritonModelConfig.build(m, "a b")
     bf16 = {**m, "outputs": [{**m["outputs"][0], "dtype": "bfloat16"}, m["outputs"][1]]}
-    with pytest.raises(ValueError, match=r"cannot hand bfloat16 tensors to numpy: output0 \(bfloat16\)"):
+    with pytest.raises(
+        ValueError, match=r"cannot hand bfloat16 tensors to numpy: output0 \(bfloat16\); .*--backend cpp"
+    ):
         TritonModelConfig.build(bf16, "tagger")
+    assert "data_type: TYPE_BF16" in TritonModelConfig.build(bf16, "tagger", backend="cpp").text()
 
 
 def test_preferred_batch_sizes_from_gemm_dispatch_intervals() -> None:
@@ -214,7 +223,8 @@ def test_write_repository(tagger: Path, tmp_path: Path) -> None:
     assert "from bladepack.serving.triton_python import BladepackTritonModel as TritonPythonModel" in source
     with pytest.raises(FileExistsError, match="pass --force"):
         write_repository(tagger, tmp_path, "tg")
-    write_repository(tagger, tmp_path, "tg", overwrite=True)
+    write_repository(tagger, tmp_path, "tg", overwrite=True, backend="cpp")
+    assert not (model / "1" / "model.py").exists() and 'backend: "bladepack"' in (model / "config.pbtxt").read_text()
     bad = tmp_path / "bad.bpk"
     bad.write_bytes(tagger.read_bytes()[:100])
     with pytest.raises(BpkFormatError, match="truncated"):
@@ -266,7 +276,9 @@ def _metric(url: str, name: str, model: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def triton(tagger: Path, sum_rows: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def triton(tagger: Path, sum_rows: Path, tmp_path_factory: pytest.TempPathFactory, release: Path) -> Iterator[Any]:
+    """One server: the tagger on the Python backend ("tagger") and on the C++ backend ("tagger_cpp",
+    libtriton_bladepack.so from the release build of cpp_runtime), and sum_rows (no batch dim)."""
     pytest.importorskip("tritonclient")
     from bladepack.serving.triton_server import ServerError, TritonServer, find_tritonserver
 
@@ -276,23 +288,25 @@ def triton(tagger: Path, sum_rows: Path, tmp_path_factory: pytest.TempPathFactor
         pytest.skip(str(e))
     repo = tmp_path_factory.mktemp("repo")
     write_repository(tagger, repo, "tagger", max_queue_delay_us=2000)
+    write_repository(tagger, repo, "tagger_cpp", max_queue_delay_us=2000, backend="cpp")
     write_repository(sum_rows, repo, "sum_rows")
-    with TritonServer(repo, *_free_ports(3)) as server:
+    with TritonServer(repo, *_free_ports(3), cpp_backend=release / "libtriton_bladepack.so") as server:
         yield server
 
 
 @pytest.mark.serving
-def test_triton_serves_every_request_like_the_loader(triton: Any, tagger: Path) -> None:
-    """Sequential requests (never merged) equal the loader bit for bit; 48 concurrent requests over
-    HTTP and gRPC at mixed batch and sequence sizes (range ends included) are each answered once, with
-    the loader's result (merged calls: to float32 rounding, the GEMM over more rows may sum in another
-    order), and the metrics count every one."""
+@pytest.mark.parametrize("model", ["tagger", "tagger_cpp"])
+def test_triton_serves_every_request_like_the_loader(triton: Any, tagger: Path, model: str) -> None:
+    """Python and C++ backends: sequential requests (never merged) equal the loader bit for bit; 48
+    concurrent requests over HTTP and gRPC at mixed batch and sequence sizes (range ends included) are
+    each answered once, with the loader's result (merged calls: to float32 rounding, the GEMM over
+    more rows may sum in another order), and the metrics count every one."""
     import tritonclient.grpc as tg
     import tritonclient.http as th
 
     loader = bladepack.load(tagger)
     rng = np.random.default_rng(7)
-    before = _metric(triton.metrics_url, "nv_inference_request_success", "tagger")
+    before = _metric(triton.metrics_url, "nv_inference_request_success", model)
 
     def infer(module: Any, client: Any, arrays: list[np.ndarray]) -> list[np.ndarray]:
         ins = []
@@ -300,7 +314,7 @@ def test_triton_serves_every_request_like_the_loader(triton: Any, tagger: Path) 
             t = module.InferInput(name, list(a.shape), "INT64" if a.dtype == np.int64 else "BOOL")
             t.set_data_from_numpy(a)
             ins.append(t)
-        r = client.infer("tagger", ins)
+        r = client.infer(model, ins)
         return [r.as_numpy("output0"), r.as_numpy("output1")]
 
     http = th.InferenceServerClient(triton.http_url)
@@ -308,19 +322,20 @@ def test_triton_serves_every_request_like_the_loader(triton: Any, tagger: Path) 
         arrays = _tagger_inputs(rng, b, s)
         for got, want in zip(infer(th, http, arrays), loader.run(arrays)):
             np.testing.assert_array_equal(got, want)
+    http.close()
 
     shapes = [(int(rng.integers(1, 4)), s) for s in (1, 5, SEQ_MAX) for _ in range(16)]
     cases = [_tagger_inputs(rng, b, s) for b, s in shapes]
     results: list[Any] = [None] * len(cases)
 
     def worker(k: int) -> None:
+        client = tg.InferenceServerClient(triton.grpc_url) if k % 2 else th.InferenceServerClient(triton.http_url)
         try:
-            if k % 2:
-                results[k] = infer(tg, tg.InferenceServerClient(triton.grpc_url), cases[k])
-            else:
-                results[k] = infer(th, th.InferenceServerClient(triton.http_url, concurrency=1), cases[k])
+            results[k] = infer(tg if k % 2 else th, client, cases[k])
         except Exception as e:  # reported below, per request
             results[k] = e
+        finally:
+            client.close()
 
     threads = [threading.Thread(target=worker, args=(k,)) for k in range(len(cases))]
     for t in threads:
@@ -332,12 +347,16 @@ def test_triton_serves_every_request_like_the_loader(triton: Any, tagger: Path) 
         for g, w in zip(got, loader.run(arrays)):
             assert g.shape == w.shape
             np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
-    after = _metric(triton.metrics_url, "nv_inference_request_success", "tagger")
+    after = _metric(triton.metrics_url, "nv_inference_request_success", model)
     assert after - before == 3 + len(cases)
 
 
 @pytest.mark.serving
 def test_triton_answers_bad_requests_with_400_and_keeps_serving(triton: Any, sum_rows: Path) -> None:
+    """Wrong dtype or rank (Triton's own checks), a dim out of range and a missing input (the
+    loader's): 400 with the reason, the same text from the Python and the C++ backend; then both
+    serve again."""
+
     def post(model: str, inputs: list[dict[str, Any]]) -> tuple[int, str]:
         body = json.dumps({"inputs": inputs}).encode()
         req = urllib.request.Request(f"http://{triton.http_url}/v2/models/{model}/infer", data=body)
@@ -354,13 +373,19 @@ def test_triton_answers_bad_requests_with_400_and_keeps_serving(triton: Any, sum
     for inputs, message in [
         ([{**ids, "datatype": "FP32"}, mask], "data-type is 'FP32', but model 'tagger' expects 'INT64'"),
         ([{**ids, "shape": [1, 1, 2]}, mask], "unexpected shape for input 'ids'"),
-        ([long_ids, long_mask], f"the allowed range is \\[1, {SEQ_MAX}\\]"),
+        (
+            [long_ids, long_mask],
+            f"input 'ids' dimension 1 \\(symbol 'seq'\\) is 25; the allowed range is \\[1, {SEQ_MAX}\\]",
+        ),
         ([ids], "expected 2 inputs"),
     ]:
         status, text = post("tagger", inputs)
         assert status == 400 and re.search(message, text), (status, text)
-    status, text = post("tagger", [ids, mask])
-    assert status == 200 and json.loads(text)["outputs"][1]["shape"] == [1, 8]
+        status_cpp, text_cpp = post("tagger_cpp", inputs)
+        assert (status_cpp, text_cpp.replace("tagger_cpp", "tagger")) == (status, text)
+    for model in ("tagger", "tagger_cpp"):
+        status, text = post(model, [ids, mask])
+        assert status == 200 and json.loads(text)["outputs"][1]["shape"] == [1, 8]
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     status, text = post("sum_rows", [{"name": "x", "shape": [2, 3], "datatype": "FP32", "data": x.ravel().tolist()}])
     assert status == 200

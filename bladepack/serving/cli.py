@@ -36,6 +36,9 @@ def add_commands(sub: Any) -> None:
     ps.add_argument("--grpc-port", type=int, default=8001, help="Triton only")
     ps.add_argument("--metrics-port", type=int, default=8002, help="Triton only")
     ps.add_argument("--tritonserver", help="the tritonserver binary (default: BLADEPACK_TRITONSERVER, PATH, the wheel)")
+    ps.add_argument(
+        "--cpp-backend", help="libtriton_bladepack.so for --backend cpp (default: BLADEPACK_TRITON_BACKEND)"
+    )
     ps.add_argument("--replicas", type=int, default=1, help="Ray Serve replicas (default 1)")
     ps.set_defaults(fn=_serve)
 
@@ -47,6 +50,12 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue-delay-us", type=int, default=100, help="dynamic batching's queue delay")
     p.add_argument("--max-batch-size", type=int, help="cap the server's batch (default: the batch dim's maximum)")
     p.add_argument("--no-batching", action="store_true", help="no dynamic batching: each request runs alone")
+    p.add_argument(
+        "--backend",
+        choices=("python", "cpp"),
+        default="python",
+        help="Triton backend: python (the torch-free loader; CPU or GPU) or cpp (libtriton_bladepack.so on the C++ runtime; CPU)",
+    )
 
 
 def _triton_repo(args: argparse.Namespace) -> int:
@@ -62,6 +71,7 @@ def _triton_repo(args: argparse.Namespace) -> int:
         args.max_batch_size,
         overwrite=args.force,
         dynamic_batching=not args.no_batching,
+        backend=args.backend,
     )
     print(f"wrote {Path(args.out_dir) / config.name}: {_batching(config)}")
     return 0
@@ -75,11 +85,17 @@ def _batching(config: Any) -> str:
     return f"no server-side batching ({config.layout.reason})"
 
 
-def _wait_for_signal(alive: Callable[[], bool]) -> bool:
-    """Block until SIGINT / SIGTERM (True) or until `alive()` turns False (False)."""
+def _stop_on_signal() -> threading.Event:
+    """An event SIGINT / SIGTERM set from now on (installed before the server starts, so a signal
+    during start-up stops it cleanly too)."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def _wait(stop: threading.Event, alive: Callable[[], bool]) -> bool:
+    """Block until `stop` is set (True) or `alive()` turns False (False)."""
     while not stop.is_set():
         if not alive():
             return False
@@ -91,13 +107,16 @@ def _serve(args: argparse.Namespace) -> int:
     need = ("ray", "ray") if args.engine == "ray" else ("tritonclient", "serve")
     if importlib.util.find_spec(need[0]) is None:
         raise BladepackError(f"serving with {args.engine} needs {need[0]}: pip install 'bladepack[{need[1]}]'")
+    if args.engine == "ray" and args.backend != "python":
+        raise BladepackError("--backend chooses Triton's backend; Ray Serve replicas run the Python loader")
     return _serve_ray(args) if args.engine == "ray" else _serve_triton(args)
 
 
 def _serve_triton(args: argparse.Namespace) -> int:
     from bladepack.serving.triton_repo import write_repository
-    from bladepack.serving.triton_server import TritonServer
+    from bladepack.serving.triton_server import TritonServer, find_cpp_backend
 
+    stop = _stop_on_signal()
     with tempfile.TemporaryDirectory(prefix="bladepack-repo-") as repo:
         config = write_repository(
             args.model,
@@ -108,18 +127,23 @@ def _serve_triton(args: argparse.Namespace) -> int:
             args.max_queue_delay_us,
             args.max_batch_size,
             dynamic_batching=not args.no_batching,
+            backend=args.backend,
         )
-        server = TritonServer(repo, args.http_port, args.grpc_port, args.metrics_port, args.host, args.tritonserver)
+        cpp = find_cpp_backend(args.cpp_backend) if args.backend == "cpp" else None
+        server = TritonServer(
+            repo, args.http_port, args.grpc_port, args.metrics_port, args.host, args.tritonserver, cpp_backend=cpp
+        )
         try:
             server.start()
             name = config.name
-            print(f"serving {name} with Triton Inference Server ({server.install.where})", flush=True)
+            backend = "C++ backend" if args.backend == "cpp" else "Python backend"
+            print(f"serving {name} with Triton Inference Server, {backend} ({server.install.where})", flush=True)
             print(f"  {_batching(config)}")
             print(f"  HTTP     http://{server.http_url}/v2/models/{name}/infer")
             print(f"  gRPC     {server.grpc_url} (model {name!r})")
             print(f"  metrics  {server.metrics_url}")
             print("  stop with Ctrl-C or SIGTERM", flush=True)
-            stopped = _wait_for_signal(server.running)
+            stopped = _wait(stop, server.running)
             if not stopped:
                 print(f"bladepack: tritonserver exited:\n{server.log_tail()}", file=sys.stderr)
                 return 1
@@ -145,6 +169,7 @@ def _serve_ray(args: argparse.Namespace) -> int:
         batch_wait_timeout_s=args.max_queue_delay_us / 1e6,
     )
     name = args.name or Path(args.model).stem
+    stop = _stop_on_signal()
     ray.init(include_dashboard=False)
     try:
         serve.start(http_options={"host": args.host, "port": args.http_port})
@@ -152,7 +177,7 @@ def _serve_ray(args: argparse.Namespace) -> int:
         print(f"serving {name} with Ray Serve ({args.replicas} replica(s))", flush=True)
         print(f"  HTTP     http://{args.host}:{args.http_port}/{name} (KServe v2 JSON body)")
         print("  stop with Ctrl-C or SIGTERM", flush=True)
-        _wait_for_signal(lambda: True)
+        _wait(stop, lambda: True)
         print("stopping", flush=True)
         return 0
     finally:

@@ -1,8 +1,9 @@
 """`bladepack triton-repo`: a Triton Inference Server model repository for one artifact.
 
 In: an artifact file and the serving choices. Out: OUT_DIR/NAME/config.pbtxt (serving/triton_config.py),
-OUT_DIR/NAME/1/model.bpk (the artifact, copied and checked) and OUT_DIR/NAME/1/model.py (the Python
-backend's model: serving/triton_python.py). Other models already in OUT_DIR are left alone; an
+OUT_DIR/NAME/1/model.bpk (the artifact, copied and checked) and, for the Python backend,
+OUT_DIR/NAME/1/model.py (serving/triton_python.py); the C++ backend (backend "bladepack",
+cpp_runtime/triton/backend.cpp) reads model.bpk itself. Other models already in OUT_DIR are left alone; an
 existing OUT_DIR/NAME is replaced only with `overwrite=True`.
 """
 
@@ -27,14 +28,16 @@ def write_repository(
     max_batch_size: int | None = None,
     overwrite: bool = False,
     dynamic_batching: bool = True,
+    backend: str = "python",
 ) -> TritonModelConfig:
     """Write the model repository entry; returns its configuration (`.text()` is config.pbtxt)."""
     src = Path(artifact)
     bpk = read(str(src))  # a corrupt or truncated artifact fails here, before anything is written
     model = name or src.stem
     config = TritonModelConfig.build(
-        bpk.manifest, model, device, instances, max_queue_delay_us, max_batch_size, dynamic_batching=dynamic_batching
+        bpk.manifest, model, device, instances, max_queue_delay_us, max_batch_size, backend, dynamic_batching
     )
+    text = config.text()  # refuses what the backend cannot serve, before anything is written
     target = Path(out_dir) / model
     if target.exists():
         if not overwrite:
@@ -43,6 +46,7 @@ def write_repository(
     version = target / "1"
     version.mkdir(parents=True)
     shutil.copyfile(src, version / ARTIFACT)
-    (version / "model.py").write_text(MODEL_PY)
-    (target / "config.pbtxt").write_text(config.text())
+    if backend == "python":
+        (version / "model.py").write_text(MODEL_PY)
+    (target / "config.pbtxt").write_text(text)
     return config

@@ -35,6 +35,8 @@ from types import TracebackType
 from bladepack.errors import BladepackError
 from bladepack.options import ServeOptions, child_environment
 
+DEFAULT_BACKENDS = "/opt/tritonserver/backends"  # where Triton's containers keep their backends
+
 
 class ServerError(BladepackError):
     """Triton could not be found or started (the message has the reason, or the server log's tail)."""
@@ -74,22 +76,46 @@ def find_tritonserver(explicit: str | None = None) -> TritonInstall:
     )
 
 
-def prepare_backends(install: TritonInstall, workdir: Path) -> Path | None:
-    """A backends directory whose Python backend has this interpreter's stub (Note [Finding Triton])."""
-    if install.backends is None:
+def find_cpp_backend(explicit: str | Path | None = None) -> Path:
+    """libtriton_bladepack.so: the one named, else BLADEPACK_TRITON_BACKEND."""
+    named = explicit or ServeOptions.from_env().cpp_backend
+    if not named:
+        raise ServerError(
+            "the C++ backend needs libtriton_bladepack.so (built with cpp_runtime/): pass --cpp-backend PATH "
+            "or set BLADEPACK_TRITON_BACKEND"
+        )
+    path = Path(named)
+    if not path.is_file():
+        raise ServerError(f"no C++ Triton backend at {path}")
+    return path
+
+
+def prepare_backends(install: TritonInstall, workdir: Path, cpp_backend: Path | None = None) -> Path | None:
+    """A backends directory of links: the server's own backends (the wheel's, with this interpreter's
+    Python-backend stub: Note [Finding Triton]; else Triton's default /opt/tritonserver/backends) and,
+    given `cpp_backend`, bladepack/libtriton_bladepack.so. None: the server's default will do."""
+    source = install.backends or (Path(DEFAULT_BACKENDS) if cpp_backend is not None else None)
+    if source is None:
         return None
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    stub = install.backends.parent / "python_backend_stubs" / version / "triton_python_backend_stub"
-    if not stub.is_file():
-        have = sorted(p.name for p in (install.backends.parent / "python_backend_stubs").glob("3.*"))
-        raise ServerError(f"the bundled Triton has Python-backend stubs for {', '.join(have)}, not Python {version}")
     out = workdir / "backends"
-    for backend in install.backends.iterdir():
-        if backend.is_dir():
-            (out / backend.name).mkdir(parents=True)
-            for f in backend.iterdir():
-                (out / backend.name / f.name).symlink_to(f)
-    (out / "python" / "triton_python_backend_stub").symlink_to(stub)
+    out.mkdir(parents=True)
+    if source.is_dir():
+        for backend in source.iterdir():
+            if backend.is_dir() and backend.name != "bladepack":
+                (out / backend.name).mkdir()
+                for f in backend.iterdir():
+                    (out / backend.name / f.name).symlink_to(f)
+    if install.backends is not None:
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        stubs = install.backends.parent / "python_backend_stubs"
+        stub = stubs / version / "triton_python_backend_stub"
+        if not stub.is_file():
+            have = ", ".join(sorted(p.name for p in stubs.glob("3.*")))
+            raise ServerError(f"the bundled Triton has Python-backend stubs for {have}, not Python {version}")
+        (out / "python" / "triton_python_backend_stub").symlink_to(stub)
+    if cpp_backend is not None:
+        (out / "bladepack").mkdir()
+        (out / "bladepack" / "libtriton_bladepack.so").symlink_to(cpp_backend.resolve())
     return out
 
 
@@ -115,11 +141,13 @@ class TritonServer:
         tritonserver: str | None = None,
         log: str | Path | None = None,
         ready_timeout_s: float = 120.0,
+        cpp_backend: str | Path | None = None,
     ) -> None:
         self.repository = Path(repository)
         self.host = host
         self.ports = (http_port, grpc_port, metrics_port)
         self.install = find_tritonserver(tritonserver)
+        self.cpp_backend = find_cpp_backend(cpp_backend) if cpp_backend is not None else None
         self._workdir = Path(tempfile.mkdtemp(prefix="bladepack-triton-"))
         self._log_path = Path(log) if log is not None else self._workdir / "tritonserver.log"
         self._timeout = ready_timeout_s
@@ -149,14 +177,14 @@ class TritonServer:
             f"--metrics-address={self.host}",
             f"--metrics-port={metrics}",
             "--allow-gpu-metrics=false",
-            "--exit-timeout-secs=10",
+            "--exit-timeout-secs=5",
         ]
         if backends is not None:
             cmd.append(f"--backend-directory={backends}")
         return cmd
 
     def start(self) -> TritonServer:
-        backends = prepare_backends(self.install, self._workdir)
+        backends = prepare_backends(self.install, self._workdir, self.cpp_backend)
         libs, pythonpath = _python_paths()
         env = child_environment(
             {"LD_LIBRARY_PATH": [*libs, *(str(p) for p in self.install.libs)], "BLADEPACK_SERVE_PATH": pythonpath}

@@ -1,0 +1,367 @@
+// libtriton_bladepack.so: a Triton Inference Server backend that runs .bpk artifacts on the C++
+// runtime, with no Python in the server process.
+//
+// A model directory written by `bladepack triton-repo --backend cpp` holds config.pbtxt (backend
+// "bladepack") and <version>/model.bpk. Each model instance loads the artifact once
+// (bpk_model_load: memory-mapped, kernels for this CPU). Each execute merges the requests that may
+// share a call and answers every request with its own rows or its own error, as the Python backend
+// does (Note [Serving batches] in bladepack/serving/batching.py): merging happens only when the
+// config has max_batch_size > 0 — which triton-repo writes only for a dim the compiler proved
+// batch-like at axis 0 of every tensor — and only among requests whose other dims and dtypes agree;
+// a merged call that fails is retried request by request. Input errors (count, dtype, rank, a dim out
+// of range) are INVALID_ARG (HTTP 400); anything else is INTERNAL. The C++ runtime runs CPU plans:
+// a KIND_GPU instance is refused at load with that reason.
+
+#include <bladepack/runtime.h>
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "triton_abi.h"
+
+namespace {
+
+uint64_t now_ns() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
+}
+
+TRITONSERVER_Error* error(TRITONSERVER_Error_Code code, const std::string& msg) {
+  return TRITONSERVER_ErrorNew(code, msg.c_str());
+}
+
+void ignore(TRITONSERVER_Error* e) {
+  if (e != nullptr) TRITONSERVER_ErrorDelete(e);
+}
+
+TRITONSERVER_Error_Code code_of(bpk_status s) {
+  return s == BPK_ERR_INPUT || s == BPK_ERR_SHAPE_GUARD || s == BPK_ERR_ARGUMENT ? TRITONSERVER_ERROR_INVALID_ARG
+                                                                               : TRITONSERVER_ERROR_INTERNAL;
+}
+
+int triton_to_bpk(TRITONSERVER_DataType t) {
+  switch (t) {
+    case TRITONSERVER_TYPE_BOOL: return BPK_BOOL;
+    case TRITONSERVER_TYPE_UINT8: return BPK_UINT8;
+    case TRITONSERVER_TYPE_INT8: return BPK_INT8;
+    case TRITONSERVER_TYPE_INT16: return BPK_INT16;
+    case TRITONSERVER_TYPE_INT32: return BPK_INT32;
+    case TRITONSERVER_TYPE_INT64: return BPK_INT64;
+    case TRITONSERVER_TYPE_FP16: return BPK_FLOAT16;
+    case TRITONSERVER_TYPE_FP32: return BPK_FLOAT32;
+    case TRITONSERVER_TYPE_FP64: return BPK_FLOAT64;
+    case TRITONSERVER_TYPE_BF16: return BPK_BFLOAT16;
+    default: return -1;
+  }
+}
+
+TRITONSERVER_DataType bpk_to_triton(int32_t d) {
+  switch (d) {
+    case BPK_BOOL: return TRITONSERVER_TYPE_BOOL;
+    case BPK_UINT8: return TRITONSERVER_TYPE_UINT8;
+    case BPK_INT8: return TRITONSERVER_TYPE_INT8;
+    case BPK_INT16: return TRITONSERVER_TYPE_INT16;
+    case BPK_INT32: return TRITONSERVER_TYPE_INT32;
+    case BPK_INT64: return TRITONSERVER_TYPE_INT64;
+    case BPK_FLOAT16: return TRITONSERVER_TYPE_FP16;
+    case BPK_FLOAT32: return TRITONSERVER_TYPE_FP32;
+    case BPK_FLOAT64: return TRITONSERVER_TYPE_FP64;
+    case BPK_BFLOAT16: return TRITONSERVER_TYPE_BF16;
+    default: return TRITONSERVER_TYPE_INVALID;
+  }
+}
+
+struct ModelState {
+  std::string path;
+  int64_t max_batch_size = 0;
+};
+
+struct InstanceState {
+  bpk_model* model = nullptr;
+  const bpk_signature* sig = nullptr;
+  int64_t max_batch_size = 0;
+  ~InstanceState() { bpk_model_free(model); }
+};
+
+// One request's inputs in signature order, in host memory (borrowed from Triton or gathered).
+struct Request {
+  TRITONBACKEND_Request* handle = nullptr;
+  std::vector<bpk_tensor> inputs;
+  std::vector<std::vector<uint8_t>> owned;
+  TRITONSERVER_Error* error = nullptr;
+  std::vector<bpk_tensor> outputs;  // runtime-allocated (bpk_free) or views into a merged call's
+  std::vector<int64_t> offsets;     // per output, the byte offset of this request's rows (merged calls)
+};
+
+size_t bytes_of(const bpk_tensor& t) {
+  size_t n = bpk_dtype_size(t.dtype);
+  for (int i = 0; i < t.ndim; ++i) n *= static_cast<size_t>(t.shape[i]);
+  return n;
+}
+
+TRITONSERVER_Error* read_request(const InstanceState& st, Request& req) {
+  uint32_t count = 0;
+  if (auto* e = TRITONBACKEND_RequestInputCount(req.handle, &count)) return e;
+  const bpk_signature& sig = *st.sig;
+  if (count != sig.num_inputs)
+    return error(TRITONSERVER_ERROR_INVALID_ARG, "expected " + std::to_string(sig.num_inputs) + " inputs, got " +
+                                                     std::to_string(count));
+  req.inputs.assign(static_cast<size_t>(sig.num_inputs), bpk_tensor{});
+  req.owned.resize(static_cast<size_t>(sig.num_inputs));
+  std::vector<bool> seen(static_cast<size_t>(sig.num_inputs), false);
+  for (uint32_t i = 0; i < count; ++i) {
+    TRITONBACKEND_Input* in = nullptr;
+    if (auto* e = TRITONBACKEND_RequestInputByIndex(req.handle, i, &in)) return e;
+    const char* name = nullptr;
+    TRITONSERVER_DataType dt;
+    const int64_t* shape = nullptr;
+    uint32_t ndim = 0, buffers = 0;
+    uint64_t byte_size = 0;
+    if (auto* e = TRITONBACKEND_InputProperties(in, &name, &dt, &shape, &ndim, &byte_size, &buffers)) return e;
+    int64_t k = 0;
+    while (k < sig.num_inputs && std::strcmp(sig.inputs[k].name, name) != 0) ++k;
+    if (k == sig.num_inputs) return error(TRITONSERVER_ERROR_INVALID_ARG, std::string("unknown input '") + name + "'");
+    if (ndim > BPK_MAX_RANK) return error(TRITONSERVER_ERROR_INVALID_ARG, std::string("input '") + name + "': rank too large");
+    bpk_tensor& t = req.inputs[static_cast<size_t>(k)];
+    t.ndim = static_cast<int32_t>(ndim);
+    t.dtype = triton_to_bpk(dt);
+    for (uint32_t d = 0; d < ndim; ++d) t.shape[d] = shape[d];
+    seen[static_cast<size_t>(k)] = true;
+    if (t.dtype < 0) return error(TRITONSERVER_ERROR_INVALID_ARG, std::string("input '") + name + "': unsupported datatype");
+    std::vector<uint8_t>& owned = req.owned[static_cast<size_t>(k)];
+    for (uint32_t b = 0; b < buffers; ++b) {
+      const void* data = nullptr;
+      uint64_t size = 0;
+      TRITONSERVER_MemoryType mem = TRITONSERVER_MEMORY_CPU;
+      int64_t mem_id = 0;
+      if (auto* e = TRITONBACKEND_InputBuffer(in, b, &data, &size, &mem, &mem_id)) return e;
+      if (mem == TRITONSERVER_MEMORY_GPU)
+        return error(TRITONSERVER_ERROR_UNSUPPORTED, std::string("input '") + name + "' is in GPU memory; the C++ runtime runs CPU plans");
+      if (buffers == 1) {
+        t.data = const_cast<void*>(data);
+      } else {
+        owned.insert(owned.end(), static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + size);
+      }
+    }
+    if (buffers != 1) t.data = owned.data();
+    if (bytes_of(t) != byte_size)
+      return error(TRITONSERVER_ERROR_INVALID_ARG, std::string("input '") + name + "': its bytes do not fill its shape");
+  }
+  return nullptr;
+}
+
+// Runs `inputs` and leaves the runtime-allocated outputs in `outs` (nullptr: success).
+TRITONSERVER_Error* run(const InstanceState& st, const std::vector<bpk_tensor>& inputs, std::vector<bpk_tensor>& outs) {
+  outs.assign(static_cast<size_t>(st.sig->num_outputs), bpk_tensor{});
+  bpk_status s = bpk_model_run(st.model, inputs.data(), static_cast<int64_t>(inputs.size()), outs.data(),
+                               static_cast<int64_t>(outs.size()));
+  if (s != BPK_OK) {
+    std::string msg = bpk_last_error();
+    for (auto& o : outs) bpk_free(o.data);
+    outs.clear();
+    return error(code_of(s), msg);
+  }
+  return nullptr;
+}
+
+// The key requests must share to merge: every dim but the first, and the dtypes ("" : never merge).
+std::string merge_key(const Request& r) {
+  std::string key;
+  for (const auto& t : r.inputs) {
+    if (t.ndim == 0 || t.shape[0] != r.inputs[0].shape[0]) return "";
+    key += std::to_string(t.dtype) + ":";
+    for (int d = 1; d < t.ndim; ++d) key += std::to_string(t.shape[d]) + ",";
+    key += ";";
+  }
+  return key;
+}
+
+void send(TRITONBACKEND_ModelInstance* instance, const InstanceState& st, Request& r, const std::vector<bpk_tensor>& outs,
+          const std::vector<int64_t>& row_offsets, int64_t rows, uint64_t t0, uint64_t t1, uint64_t t2) {
+  TRITONBACKEND_Response* resp = nullptr;
+  TRITONSERVER_Error* e = TRITONBACKEND_ResponseNew(&resp, r.handle);
+  if (e == nullptr && r.error == nullptr) {
+    for (size_t k = 0; k < outs.size() && e == nullptr; ++k) {
+      bpk_tensor view = outs[k];
+      if (rows >= 0) view.shape[0] = rows;  // this request's rows of a merged call
+      TRITONBACKEND_Output* out = nullptr;
+      e = TRITONBACKEND_ResponseOutput(resp, &out, st.sig->outputs[k].name, bpk_to_triton(view.dtype), view.shape,
+                                       static_cast<uint32_t>(view.ndim));
+      if (e != nullptr) break;
+      void* buf = nullptr;
+      TRITONSERVER_MemoryType mem = TRITONSERVER_MEMORY_CPU;
+      int64_t mem_id = 0;
+      size_t n = bytes_of(view);
+      e = TRITONBACKEND_OutputBuffer(out, &buf, n, &mem, &mem_id);
+      if (e == nullptr && mem == TRITONSERVER_MEMORY_GPU) e = error(TRITONSERVER_ERROR_INTERNAL, "output buffer in GPU memory");
+      if (e == nullptr && n > 0) std::memcpy(buf, static_cast<uint8_t*>(outs[k].data) + row_offsets[k], n);
+    }
+  }
+  TRITONSERVER_Error* outcome = r.error != nullptr ? r.error : e;
+  uint64_t t3 = now_ns();
+  ignore(TRITONBACKEND_ModelInstanceReportStatistics(instance, r.handle, outcome == nullptr, t0, t1, t2, t3));
+  if (resp != nullptr) ignore(TRITONBACKEND_ResponseSend(resp, kTritonResponseCompleteFinal, outcome));
+  ignore(r.error);  // the sender keeps ownership of the error it sent
+  ignore(e);
+  r.error = nullptr;
+  ignore(TRITONBACKEND_RequestRelease(r.handle, kTritonRequestReleaseAll));
+}
+
+void run_alone(TRITONBACKEND_ModelInstance* instance, const InstanceState& st, Request& r, uint64_t t0) {
+  std::vector<bpk_tensor> outs;
+  uint64_t t1 = now_ns();
+  if (r.error == nullptr) r.error = run(st, r.inputs, outs);
+  uint64_t t2 = now_ns();
+  if (r.error == nullptr) ignore(TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, 1, t0, t1, t2, now_ns()));
+  send(instance, st, r, outs, std::vector<int64_t>(outs.size(), 0), -1, t0, t1, t2);
+  for (auto& o : outs) bpk_free(o.data);
+}
+
+void run_group(TRITONBACKEND_ModelInstance* instance, const InstanceState& st, std::vector<Request*>& group, uint64_t t0) {
+  int64_t total = 0;
+  for (auto* r : group) total += r->inputs[0].shape[0];
+  if (group.size() == 1 || (st.max_batch_size > 0 && total > st.max_batch_size)) {
+    for (auto* r : group) run_alone(instance, st, *r, t0);
+    return;
+  }
+  std::vector<std::vector<uint8_t>> merged(group[0]->inputs.size());
+  std::vector<bpk_tensor> inputs = group[0]->inputs;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    inputs[i].shape[0] = total;
+    for (auto* r : group) {
+      auto* p = static_cast<const uint8_t*>(r->inputs[i].data);
+      merged[i].insert(merged[i].end(), p, p + bytes_of(r->inputs[i]));
+    }
+    inputs[i].data = merged[i].data();
+  }
+  std::vector<bpk_tensor> outs;
+  uint64_t t1 = now_ns();
+  TRITONSERVER_Error* e = run(st, inputs, outs);
+  uint64_t t2 = now_ns();
+  if (e != nullptr) {  // one request's error must reach only that request
+    TRITONSERVER_ErrorDelete(e);
+    for (auto* r : group) run_alone(instance, st, *r, t0);
+    return;
+  }
+  ignore(TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, static_cast<uint64_t>(total), t0, t1, t2, now_ns()));
+  std::vector<int64_t> row_bytes(outs.size());
+  for (size_t k = 0; k < outs.size(); ++k) row_bytes[k] = static_cast<int64_t>(bytes_of(outs[k])) / total;
+  int64_t row = 0;
+  for (auto* r : group) {
+    std::vector<int64_t> offsets(outs.size());
+    for (size_t k = 0; k < outs.size(); ++k) offsets[k] = row * row_bytes[k];
+    send(instance, st, *r, outs, offsets, r->inputs[0].shape[0], t0, t1, t2);
+    row += r->inputs[0].shape[0];
+  }
+  for (auto& o : outs) bpk_free(o.data);
+}
+
+int64_t max_batch_size(const std::string& json) {
+  const std::string key = "\"max_batch_size\":";
+  size_t at = json.find(key);
+  if (at == std::string::npos) return 0;
+  return std::strtoll(json.c_str() + at + key.size(), nullptr, 10);
+}
+
+}  // namespace
+
+extern "C" {
+
+__attribute__((visibility("default"))) TRITONSERVER_Error* TRITONBACKEND_Initialize(TRITONBACKEND_Backend*) {
+  uint32_t major = 0, minor = 0;
+  if (auto* e = TRITONBACKEND_ApiVersion(&major, &minor)) return e;
+  if (major != kTritonBackendApiMajor)
+    return error(TRITONSERVER_ERROR_UNSUPPORTED, "built for Triton backend API 1.x, the server has " +
+                                                     std::to_string(major) + "." + std::to_string(minor));
+  return nullptr;
+}
+
+__attribute__((visibility("default"))) TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
+  TRITONBACKEND_ArtifactType type;
+  const char* location = nullptr;
+  uint64_t version = 0;
+  if (auto* e = TRITONBACKEND_ModelRepository(model, &type, &location)) return e;
+  if (auto* e = TRITONBACKEND_ModelVersion(model, &version)) return e;
+  TRITONSERVER_Message* config = nullptr;
+  if (auto* e = TRITONBACKEND_ModelConfig(model, 1, &config)) return e;
+  const char* base = nullptr;
+  size_t size = 0;
+  TRITONSERVER_Error* e = TRITONSERVER_MessageSerializeToJson(config, &base, &size);
+  auto state = std::make_unique<ModelState>();
+  if (e == nullptr) state->max_batch_size = max_batch_size(std::string(base, size));
+  TRITONSERVER_MessageDelete(config);
+  if (e != nullptr) return e;
+  state->path = std::string(location) + "/" + std::to_string(version) + "/model.bpk";
+  if (auto* e2 = TRITONBACKEND_ModelSetState(model, state.get())) return e2;
+  state.release();
+  return nullptr;
+}
+
+__attribute__((visibility("default"))) TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model) {
+  void* state = nullptr;
+  if (auto* e = TRITONBACKEND_ModelState(model, &state)) return e;
+  delete static_cast<ModelState*>(state);
+  return nullptr;
+}
+
+__attribute__((visibility("default"))) TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(
+    TRITONBACKEND_ModelInstance* instance) {
+  TRITONSERVER_InstanceGroupKind kind;
+  if (auto* e = TRITONBACKEND_ModelInstanceKind(instance, &kind)) return e;
+  if (kind == TRITONSERVER_INSTANCEGROUPKIND_GPU)
+    return error(TRITONSERVER_ERROR_UNSUPPORTED,
+                 "the C++ runtime runs CPU plans; serve on a GPU with the Python backend (triton-repo --backend python)");
+  TRITONBACKEND_Model* model = nullptr;
+  void* ms = nullptr;
+  if (auto* e = TRITONBACKEND_ModelInstanceModel(instance, &model)) return e;
+  if (auto* e = TRITONBACKEND_ModelState(model, &ms)) return e;
+  auto state = std::make_unique<InstanceState>();
+  const auto* mstate = static_cast<ModelState*>(ms);
+  state->max_batch_size = mstate->max_batch_size;
+  bpk_status s = bpk_model_load(mstate->path.c_str(), nullptr, &state->model);
+  if (s != BPK_OK) return error(TRITONSERVER_ERROR_INVALID_ARG, mstate->path + ": " + bpk_last_error());
+  if (bpk_model_signature(state->model, &state->sig) != BPK_OK)
+    return error(TRITONSERVER_ERROR_INTERNAL, bpk_last_error());
+  if (auto* e = TRITONBACKEND_ModelInstanceSetState(instance, state.get())) return e;
+  state.release();
+  return nullptr;
+}
+
+__attribute__((visibility("default"))) TRITONSERVER_Error* TRITONBACKEND_ModelInstanceFinalize(
+    TRITONBACKEND_ModelInstance* instance) {
+  void* state = nullptr;
+  if (auto* e = TRITONBACKEND_ModelInstanceState(instance, &state)) return e;
+  delete static_cast<InstanceState*>(state);
+  return nullptr;
+}
+
+__attribute__((visibility("default"))) TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
+    TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests, const uint32_t count) {
+  uint64_t t0 = now_ns();
+  void* vs = nullptr;
+  if (auto* e = TRITONBACKEND_ModelInstanceState(instance, &vs)) return e;
+  const auto& st = *static_cast<InstanceState*>(vs);
+  std::vector<Request> reqs(count);
+  std::map<std::string, std::vector<Request*>> groups;
+  std::vector<Request*> alone;
+  for (uint32_t i = 0; i < count; ++i) {
+    reqs[i].handle = requests[i];
+    reqs[i].error = read_request(st, reqs[i]);
+    std::string key = reqs[i].error == nullptr && st.max_batch_size > 0 ? merge_key(reqs[i]) : "";
+    if (key.empty()) {
+      alone.push_back(&reqs[i]);
+    } else {
+      groups[key].push_back(&reqs[i]);
+    }
+  }
+  for (auto* r : alone) run_alone(instance, st, *r, t0);
+  for (auto& [key, group] : groups) run_group(instance, st, group, t0);
+  return nullptr;
+}
+
+}  // extern "C"
