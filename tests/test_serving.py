@@ -6,6 +6,7 @@ local Ray Serve with two replicas. Every served result is compared with the Pyth
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import socket
@@ -206,6 +207,16 @@ def test_run_requests_isolates_a_failing_merge_and_respects_the_maximum() -> Non
     calls = _Calls()
     run_requests(BatchLayout(None, 1, None, "no batch dim"), calls, reqs)
     assert calls.shapes == [(3, 3)] * 3
+
+    class Totals(_Calls):  # outputs without the rows first: never cut into requests
+        def __call__(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+            self.shapes.append(arrays[0].shape)
+            return [arrays[0].sum(0)]
+
+    calls = Totals()
+    out = run_requests(BatchLayout("batch", 1, 16, ""), calls, reqs)
+    assert calls.shapes == [(9, 3), (3, 3), (3, 3), (3, 3)]
+    assert all(np.array_equal(r[0], q[0].sum(0)) for r, q in zip(out, reqs))
     ragged = [[rng.random((2, 3)), rng.random((3, 3))]]
     out = run_requests(BatchLayout("batch", 1, 8, ""), _Calls(), ragged + ragged)
     assert len(out) == 2  # requests whose own inputs disagree on rows run alone (the loader says why)
@@ -467,3 +478,125 @@ def test_ray_serve_two_replicas(tagger: Path, sum_rows: Path) -> None:
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+def test_cli_triton_repo(tagger: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from bladepack.cli import main
+
+    assert main(["triton-repo", str(tagger), str(tmp_path), "--name", "tg", "--instances", "2"]) == 0
+    assert "dynamic batching along 'batch', up to 16" in capsys.readouterr().out
+    assert "count: 2" in (tmp_path / "tg" / "config.pbtxt").read_text()
+    assert main(["triton-repo", str(tagger), str(tmp_path), "--name", "tg", "--backend", "cpp", "--no-batching"]) == 1
+    assert "pass --force" in capsys.readouterr().err
+    assert (
+        main(
+            ["triton-repo", str(tagger), str(tmp_path), "--name", "tg", "--backend", "cpp", "--force", "--no-batching"]
+        )
+        == 0
+    )
+    assert "dynamic batching off" in capsys.readouterr().out
+    assert main(["triton-repo", str(tagger), str(tmp_path), "--device", "cuda", "--backend", "cpp"]) == 1
+    assert "the C++ backend runs CPU plans" in capsys.readouterr().err
+    assert not (tmp_path / "tagger").exists()
+    assert main(["serve", str(tagger), "--engine", "ray", "--backend", "cpp"]) == 1
+    assert "Ray Serve replicas run the Python loader" in capsys.readouterr().err
+
+
+# -- the C++ backend against a fake Triton server (cpp_runtime/tests/triton_fake.cpp)
+
+
+def _fake_triton(
+    build: Path, model_dir: Path, requests: list[list[tuple[str, np.ndarray]]], tmp: Path, **kw: Any
+) -> Any:
+    """Runs one execute of `requests` through the backend; (process, per request outputs or error text)."""
+    out = tmp / "out"
+    out.mkdir(exist_ok=True)
+    for f in out.iterdir():
+        f.unlink()
+    specs = []
+    for k, req in enumerate(requests):
+        items = []
+        for name, a in req:
+            path = tmp / f"q{k}_{name}.npy"
+            np.save(path, a)
+            items.append(f"{name}={path}")
+        specs.append(",".join(items))
+    cmd = [str(build / "triton_fake"), str(model_dir), str(kw.get("max_batch", 16)), kw.get("kind", "cpu")]
+    cmd += ["1" if kw.get("split") else "0", str(out), *specs]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=kw.get("env"))
+    results: list[Any] = []
+    for k in range(len(requests)):
+        err = out / f"r{k}.error"
+        if err.exists():
+            results.append(err.read_text())
+        else:
+            results.append([np.load(out / f"r{k}_output{j}.npy") for j in range(2)] if proc.returncode == 0 else None)
+    return proc, results
+
+
+def _fake_requests(rng: np.random.Generator) -> tuple[list[list[tuple[str, np.ndarray]]], list[list[int]]]:
+    """Seven requests: seq 5 (three, 5 rows), seq 7 (two, 4 rows), seq 25 (out of range) and one
+    missing its mask; and the groups the backend must merge."""
+    dims = [(2, 5), (1, 5), (3, 7), (1, SEQ_MAX + 1), (2, 5), (1, 7), (1, 3)]
+    reqs = [list(zip(("ids", "mask"), _tagger_inputs(rng, b, s))) for b, s in dims]
+    reqs[6] = reqs[6][:1]
+    return reqs, [[0, 1, 4], [2, 5]]
+
+
+def _expected(loader: Any, reqs: list[list[tuple[str, np.ndarray]]], groups: list[list[int]]) -> dict[int, Any]:
+    want: dict[int, Any] = {}
+    for group in groups:
+        merged = [np.concatenate([reqs[k][i][1] for k in group]) for i in range(2)]
+        outs, lo = loader.run(merged), 0
+        for k in group:
+            n = reqs[k][0][1].shape[0]
+            want[k] = [o[lo : lo + n] for o in outs]
+            lo += n
+    return want
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_cpp_backend_on_a_fake_server(release: Path, tagger: Path, tmp_path: Path, split: bool) -> None:
+    """One execute of seven requests: the backend merges the two groups of equal sequence length
+    (Triton's statistics: two executions, 5 and 4 rows), answers each request with exactly its rows of
+    the merged call (equal to the Python loader on the same merged batch), answers the out-of-range
+    and the incomplete request with the loader's own error texts, and releases and reports every
+    request once — with inputs in one buffer or split across two."""
+    model_dir = tmp_path / "m"
+    write_repository(tagger, tmp_path, "m", backend="cpp")
+    loader = bladepack.load(tagger)
+    reqs, groups = _fake_requests(np.random.default_rng(5))
+    proc, got = _fake_triton(release, model_dir, reqs, tmp_path, split=split)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split(":")[0] == "executions 2" and sorted(proc.stdout.split()[-2:]) == ["4", "5"], proc.stdout
+    for k, want in _expected(loader, reqs, groups).items():
+        for g, w in zip(got[k], want):
+            np.testing.assert_array_equal(g, w)
+    with pytest.raises(InputError) as e:
+        loader.run([a for _, a in reqs[3]])
+    assert got[3] == f"INVALID_ARG {e.value}"
+    with pytest.raises(InputError) as e:
+        loader.run([a for _, a in reqs[6]])
+    assert got[6] == f"INVALID_ARG {e.value}" == "INVALID_ARG expected 2 inputs (ids, mask), got 1"
+    proc, got = _fake_triton(release, model_dir, reqs[:3], tmp_path, max_batch=0)  # no merging: each alone
+    assert proc.returncode == 0 and proc.stdout.strip() == "executions 3: batch sizes 1 1 1", proc.stdout
+    for k in range(3):
+        for g, w in zip(got[k], loader.run([a for _, a in reqs[k]])):
+            np.testing.assert_array_equal(g, w)
+    proc, _ = _fake_triton(release, model_dir, reqs[:1], tmp_path, kind="gpu")
+    assert proc.returncode == 3 and "load error: UNSUPPORTED the C++ runtime runs CPU plans" in proc.stderr
+
+
+@pytest.mark.slow
+def test_cpp_backend_under_sanitizers(tagger: Path, tmp_path: Path) -> None:
+    from tests import cpp_build
+
+    build = cpp_build.build("sanitize")
+    write_repository(tagger, tmp_path, "m", backend="cpp")
+    env = {**os.environ, "ASAN_OPTIONS": "detect_leaks=1", "UBSAN_OPTIONS": "halt_on_error=1"}
+    reqs, _ = _fake_requests(np.random.default_rng(6))
+    for split in (False, True):
+        proc, _ = _fake_triton(build, tmp_path / "m", reqs, tmp_path, split=split, env=env)
+        assert proc.returncode == 0 and "Sanitizer" not in proc.stderr and "runtime error" not in proc.stderr, (
+            proc.stderr
+        )

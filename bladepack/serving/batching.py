@@ -88,7 +88,9 @@ def run_requests(
         try:
             outs = call(merged)
         except Exception:
-            for k in members:
+            outs = None
+        if outs is None or any(o.ndim == 0 or o.shape[0] != sum(counts) for o in outs):
+            for k in members:  # a failed call, or outputs without the rows first (a config set by hand)
                 results[k] = _alone(call, requests[k])
             continue
         lo = 0

@@ -108,9 +108,12 @@ TRITONSERVER_Error* read_request(const InstanceState& st, Request& req) {
   uint32_t count = 0;
   if (auto* e = TRITONBACKEND_RequestInputCount(req.handle, &count)) return e;
   const bpk_signature& sig = *st.sig;
-  if (count != sig.num_inputs)
-    return error(TRITONSERVER_ERROR_INVALID_ARG, "expected " + std::to_string(sig.num_inputs) + " inputs, got " +
-                                                     std::to_string(count));
+  if (count != sig.num_inputs) {  // the loader's words: "expected 2 inputs (ids, mask), got 1"
+    std::string names;
+    for (int64_t k = 0; k < sig.num_inputs; ++k) names += (k ? ", " : "") + std::string(sig.inputs[k].name);
+    return error(TRITONSERVER_ERROR_INVALID_ARG, "expected " + std::to_string(sig.num_inputs) + " inputs (" + names +
+                                                     "), got " + std::to_string(count));
+  }
   req.inputs.assign(static_cast<size_t>(sig.num_inputs), bpk_tensor{});
   req.owned.resize(static_cast<size_t>(sig.num_inputs));
   std::vector<bool> seen(static_cast<size_t>(sig.num_inputs), false);
@@ -243,8 +246,11 @@ void run_group(TRITONBACKEND_ModelInstance* instance, const InstanceState& st, s
   uint64_t t1 = now_ns();
   TRITONSERVER_Error* e = run(st, inputs, outs);
   uint64_t t2 = now_ns();
-  if (e != nullptr) {  // one request's error must reach only that request
-    TRITONSERVER_ErrorDelete(e);
+  bool rows_first = e == nullptr;
+  for (const auto& o : outs) rows_first = rows_first && o.ndim > 0 && o.shape[0] == total;
+  if (!rows_first) {  // one request's error must reach only that request; outputs without the rows
+    ignore(e);        // first (a config edited by hand) cannot be cut into requests
+    for (auto& o : outs) bpk_free(o.data);
     for (auto* r : group) run_alone(instance, st, *r, t0);
     return;
   }
