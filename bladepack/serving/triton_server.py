@@ -199,6 +199,7 @@ class TritonServer:
             if self._proc.poll() is not None:
                 tail = self.log_tail()
                 self.stop()
+                self.cleanup()
                 raise ServerError(f"tritonserver exited with status {self._proc.returncode}:\n{tail}")
             try:
                 with urllib.request.urlopen(url, timeout=1) as r:
@@ -209,6 +210,7 @@ class TritonServer:
             time.sleep(0.2)
         tail = self.log_tail()
         self.stop()
+        self.cleanup()
         raise ServerError(f"tritonserver was not ready after {self._timeout:.0f} s:\n{tail}")
 
     def log_tail(self, lines: int = 60) -> str:
