@@ -4,7 +4,9 @@ In: numpy's bundled OpenBLAS (always) and MKL's libmkl_rt (the `mkl` wheel: `pip
 `--mkl PATH`; sequential threading layer). Out: a markdown table of median µs per call and the ratio
 OpenBLAS / MKL (printed; `--out FILE` also writes it). Both are called through cblas_sgemm, row-major,
 A [M, K] times the weight W [N, K] transposed — how the CPU kernels call BLAS for a linear layer —
-one library after the other at each shape, results checked against each other.
+one library after the other at each shape, results checked against each other. Each figure includes
+the cost of a ctypes call, printed first (the median of an empty call, M = 0): figures within a few µs
+of it say little about the library. The kernel library's own GEMM times are in m.profile().
 
     python -m bench.blas_small_m [--mkl /path/to/libmkl_rt.so.3] [--out bench/results/blas_small_m.md]
 """
@@ -88,6 +90,10 @@ def main() -> None:
     args = ap.parse_args()
     libs = {"OpenBLAS": _openblas(), "MKL": _mkl(args.mkl)}
     rng = np.random.default_rng(0)
+    empty = (np.zeros((0, 8), np.float32), np.zeros((8, 8), np.float32), np.zeros((0, 8), np.float32))
+    call = {name: _median_us(lambda g=g: g(*empty)) for name, g in libs.items()}
+    overhead = "an empty call (ctypes' own cost): " + ", ".join(f"{k} {v:.1f} µs" for k, v in call.items())
+    print(overhead)
     lines = ["| K x N | " + " | ".join(f"M={m}" for m in ROWS) + " |", "|---" * (len(ROWS) + 1) + "|"]
     for k, n in SHAPES:
         w = rng.random((n, k), dtype=np.float32)
@@ -105,7 +111,9 @@ def main() -> None:
     if args.out:
         Path(args.out).write_text(
             "# Single-threaded sgemm, OpenBLAS (numpy's) / MKL (`python -m bench.blas_small_m`)\n\n"
-            "µs per call, A [M, K] @ W [N, K]^T; in brackets OpenBLAS time over MKL time.\n\n" + table + "\n"
+            f"µs per call, A [M, K] @ W [N, K]^T; in brackets OpenBLAS time over MKL time; {overhead}.\n\n"
+            + table
+            + "\n"
         )
 
 

@@ -146,6 +146,43 @@ def _pick(libs: list[dict], isa: str) -> dict:
     return next(li for li in libs if li["isa"] == isa)
 
 
+class _Linears(torch.nn.Module):
+    """Linear layers (B^T [N, K]) in float32 on contiguous and strided rows, and in float64."""
+
+    def __init__(self, k: int, n: int) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(k + n)
+        self.w = torch.nn.Parameter(torch.randn(n, k, generator=g) / k**0.5)
+        self.w64 = torch.nn.Parameter(torch.randn(n, k, generator=g, dtype=torch.float64) / k**0.5)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return x[:, 0] @ self.w.t(), x[:, 1] @ self.w.t(), x[:, 0].double() @ self.w64.t()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k,n", [(256, 256), (261, 259), (1024, 67)])
+def test_mid_m_gemms(monkeypatch, k: int, n: int) -> None:
+    """Note [Mid-M GEMMs]: linear layers with W of 64K elements and more at 4 rows up to min(64, K / 8)
+    run on the library's register-blocked kernel — a K tail shorter than a vector (261), column blocks
+    cut short (259, 67), strided rows, float64 — against eager, below and across the bounds (3 and 4
+    rows, K / 8 and one more, 64 and 65), in the library of every ISA level this CPU runs (the AVX-512
+    and AVX2 blockings and the portable one)."""
+    monkeypatch.setenv("BLADEPACK_CPU_ISAS", "x86-64,x86-64-v3,x86-64-v4")
+    model = _Linears(k, n)
+    art = bladepack.optimize(model, [(torch.randn(2, 2, k),), (torch.randn(5, 2, k),)])
+    have = cpu_flags()
+    rows = sorted({3, 4, 5, 7, 13, k // 8, k // 8 + 1, 64, 65} - {0})
+    for lib in art.cpu_libraries:
+        if not set(lib[1]) <= have:
+            continue
+        monkeypatch.setattr("bladepack.loader.native_cpu.choose_library", lambda libs, isa=lib[0]: _pick(libs, isa))
+        nat = bladepack.load(art.to_bytes(), executor="native")
+        for m in rows:
+            x = torch.randn(m, 2, k, generator=torch.Generator().manual_seed(m))
+            for got, ref in zip(nat(x), model(x)):
+                assert rel_err(got, ref) <= (1e-12 if ref.dtype == torch.float64 else 1e-5), (lib[0], m, k, n)
+
+
 @pytest.mark.slow
 def test_every_isa_level_builds_and_the_ones_this_cpu_has_run(monkeypatch) -> None:
     monkeypatch.setenv("BLADEPACK_CPU_ISAS", "x86-64,x86-64-v3,x86-64-v4")

@@ -505,10 +505,122 @@ static void small_m_gemm(RunState* st, bool tb, int64_t M, int64_t N, int64_t K,
   }
 }
 
+// Note [Mid-M GEMMs]: a linear layer's product A [M, K] @ W [N, K]^T (B transposed, as nn.Linear and
+// ONNX Gemm(transB=1) store weights) with a large W and 4 <= M <= min(MID_M_ROWS, K / MID_M_K_PER_ROW)
+// rows runs on a register-blocked kernel here rather than BLAS: OpenBLAS leaves its small-matrix path
+// above four rows and packs all of W on every call. A block is MID_R rows x MID_C columns of C held in
+// vector accumulators across the whole of K (each lane a partial dot product over K), so each vector
+// of A and of W loaded feeds MID_C or MID_R multiply-adds; the lanes are summed once per output at the
+// end, which is what a short K pays for. Columns split over the pool in chunks of MID_CHUNK; inside a
+// chunk every row block reuses the chunk's W rows from L1 / L2. The bounds are measured, in the kernel
+// library against numpy's OpenBLAS on the samples' and larger weight shapes at 1 and 2 threads
+// (bench/results/profiles.md "Mid-M GEMMs"): with W of 64K elements or more (256 x 256 up) this kernel
+// took 1.5-9x less time up to 32 rows at K = 256 and up to 64 rows at K = 1024 (about even at K = 256,
+// 48-64 rows); with smaller W (64 x 172, 128 x 128, 256 x 64) OpenBLAS, whose packing then fits in
+// cache, was faster at most row counts, so those stay on BLAS.
+#if defined(__AVX512F__)
+constexpr int MID_VBYTES = 64;
+constexpr int MID_C = 4;
+#else
+constexpr int MID_VBYTES = 32;
+constexpr int MID_C = 2;
+#endif
+constexpr int MID_R = 4;
+constexpr int64_t MID_CHUNK = 16;
+constexpr int64_t MID_M_ROWS = 64;      // products with SMALL_M_ROWS+1 .. this many rows ...
+constexpr int64_t MID_M_K_PER_ROW = 8;  // ... and at most K / this many ...
+constexpr int64_t MID_M_MIN_K = 32;     // ... a reduction at least this long ...
+constexpr int64_t MID_M_MIN_N = 32;     // ... at least this many columns ...
+constexpr int64_t MID_M_MIN_NK = 65536;  // ... and at least this much of W take this path (smaller: BLAS)
+
+template <class T>
+struct MidVec {
+  typedef T V __attribute__((vector_size(MID_VBYTES)));
+  static constexpr int64_t L = MID_VBYTES / sizeof(T);
+  static V load(const T* p) {
+    V v;
+    __builtin_memcpy(&v, p, sizeof v);
+    return v;
+  }
+  static T sum(V v) {
+    T s = T(0);
+    for (int64_t q = 0; q < L; ++q) s += v[q];
+    return s;
+  }
+};
+
+// C[rows, cols] = A[rows, K] . B[cols, K] for rows <= MID_R and cols <= MID_C (R, CN: the full block)
+template <class T, int R, int CN>
+static void mid_m_block(int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc) {
+  typedef MidVec<T> M;
+  typename M::V acc[R][CN];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < CN; ++c) acc[r][c] = typename M::V{};
+  int64_t p = 0;
+  for (; p + M::L <= K; p += M::L) {
+    typename M::V a[R];
+    for (int r = 0; r < R; ++r) a[r] = M::load(A + r * lda + p);
+    for (int c = 0; c < CN; ++c) {
+      const typename M::V b = M::load(B + c * ldb + p);
+      for (int r = 0; r < R; ++r) acc[r][c] += a[r] * b;
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < CN; ++c) {
+      T s = M::sum(acc[r][c]);
+      for (int64_t q = p; q < K; ++q) s += A[r * lda + q] * B[c * ldb + q];
+      C[r * ldc + c] = s;
+    }
+}
+
+template <class T, int R>
+static void mid_m_cols(int64_t cols, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc) {
+  switch (cols) {
+    case 1: mid_m_block<T, R, 1>(K, A, lda, B, ldb, C, ldc); break;
+#if defined(__AVX512F__)
+    case 2: mid_m_block<T, R, 2>(K, A, lda, B, ldb, C, ldc); break;
+    case 3: mid_m_block<T, R, 3>(K, A, lda, B, ldb, C, ldc); break;
+#endif
+    default: mid_m_block<T, R, MID_C>(K, A, lda, B, ldb, C, ldc); break;
+  }
+}
+
+template <class T>
+static void mid_m_gemm(RunState* st, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,
+                       int64_t ldb, T* C, int64_t ldc) {
+  const int64_t chunks = (N + MID_CHUNK - 1) / MID_CHUNK;
+  parallel_for(st, chunks, MID_CHUNK * K * M, [&](int64_t lo, int64_t hi) {
+    const int64_t n1 = std::min(N, hi * MID_CHUNK);
+    for (int64_t j = lo * MID_CHUNK; j < n1; j += MID_C) {
+      const int64_t cols = std::min<int64_t>(MID_C, n1 - j);
+      for (int64_t i = 0; i < M; i += MID_R) {
+        const T* a = A + i * lda;
+        const T* b = B + j * ldb;
+        T* c = C + i * ldc + j;
+        switch (std::min<int64_t>(MID_R, M - i)) {
+          case 1: mid_m_cols<T, 1>(cols, K, a, lda, b, ldb, c, ldc); break;
+          case 2: mid_m_cols<T, 2>(cols, K, a, lda, b, ldb, c, ldc); break;
+          case 3: mid_m_cols<T, 3>(cols, K, a, lda, b, ldb, c, ldc); break;
+          default: mid_m_cols<T, MID_R>(cols, K, a, lda, b, ldb, c, ldc); break;
+        }
+      }
+    }
+  });
+}
+
+static inline bool mid_m_applies(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
+  return !ta && tb && M > SMALL_M_ROWS && M <= MID_M_ROWS && M * MID_M_K_PER_ROW <= K && K >= MID_M_MIN_K &&
+         N >= MID_M_MIN_N && N * K >= MID_M_MIN_NK;
+}
+
 // Splits M over the pool when the GEMM is large enough; each piece is one single-threaded BLAS call.
 template <class T>
 static void gemm_one(RunState* st, const Blas& blas, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A,
                      int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc) {
+  if (mid_m_applies(ta, tb, M, N, K)) {  // Note [Mid-M GEMMs]: splits its columns over the pool itself
+    mid_m_gemm<T>(st, M, N, K, A, lda, B, ldb, C, ldc);
+    return;
+  }
   const int threads = st->pool ? st->pool->nthreads : 1;
   if (threads > 1 && M >= 2 * threads && M * N * K >= (int64_t(1) << 18) && blas.sgemm != nullptr) {
     const int64_t parts = threads;
@@ -535,6 +647,10 @@ static void gemm_call(RunState* st, const Blas& blas, bool ta, bool tb, int64_t 
   }
   if (!ta && M <= SMALL_M_ROWS && N * K >= SMALL_M_MIN_NK) {  // Note [Small-M GEMMs]
     small_m_gemm<T>(st, tb, M, N, K, A, lda, B, ldb, C, ldc);
+    return;
+  }
+  if (mid_m_applies(ta, tb, M, N, K)) {  // Note [Mid-M GEMMs] (a batch entry, or a piece of rows)
+    mid_m_gemm<T>(st, M, N, K, A, lda, B, ldb, C, ldc);
     return;
   }
   const int no_trans = 111, trans = 112;
