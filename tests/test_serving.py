@@ -600,3 +600,28 @@ def test_cpp_backend_under_sanitizers(tagger: Path, tmp_path: Path) -> None:
         assert proc.returncode == 0 and "Sanitizer" not in proc.stderr and "runtime error" not in proc.stderr, (
             proc.stderr
         )
+
+
+@pytest.mark.serving
+def test_a_server_that_cannot_start_says_why(tagger: Path, tmp_path: Path) -> None:
+    pytest.importorskip("tritonclient")
+    from bladepack.serving.triton_server import ServerError, TritonServer, find_tritonserver
+
+    try:
+        find_tritonserver()
+    except ServerError as e:
+        pytest.skip(str(e))
+    write_repository(tagger, tmp_path, "tg")
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    http = busy.getsockname()[1]
+    try:
+        server = TritonServer(tmp_path, http, *_free_ports(2))
+        with pytest.raises(
+            ServerError, match=f"tritonserver exited with status 1:\n(.|\n)*'127.0.0.1:{http}' already in use"
+        ):
+            server.start()
+        assert not server._workdir.exists()
+    finally:
+        busy.close()

@@ -19,6 +19,7 @@ which neither bladepack nor the server needs: install it with `pip install --no-
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 import signal
 import subprocess
@@ -213,11 +214,15 @@ class TritonServer:
         self.cleanup()
         raise ServerError(f"tritonserver was not ready after {self._timeout:.0f} s:\n{tail}")
 
-    def log_tail(self, lines: int = 60) -> str:
+    def log_tail(self, lines: int = 20) -> str:
+        """The server log's error lines (Triton's "E..." lines and "error: ..."), else its last lines."""
         try:
-            return "\n".join(self._log_path.read_text(errors="replace").splitlines()[-lines:])
+            text = self._log_path.read_text(errors="replace").splitlines()
         except OSError:
             return "(no log)"
+        errors = [ln for ln in text if re.match(r"E\d{4} |error: ", ln) or "UNAVAILABLE:" in ln]
+        where = "" if self._log_path.parent == self._workdir else f"\n(full log: {self._log_path})"
+        return "\n".join(errors[-lines:] if errors else text[-lines:]) + where
 
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
