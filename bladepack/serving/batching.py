@@ -26,6 +26,8 @@ import numpy as np
 
 from bladepack.errors import InputError
 
+DEFAULT_MAX_BATCH = 64  # the batch cap where the batch dim has no maximum (servers need a number)
+
 
 @dataclass(frozen=True)
 class BatchLayout:
@@ -53,6 +55,17 @@ class BatchLayout:
         if not proofs:
             reasons.append("the artifact has no dynamic dims")
         return BatchLayout(None, 1, None, "; ".join(reasons))
+
+
+    def limit(self, requested: int | None = None) -> int:
+        """The largest batch a server may form: the dim's maximum (DEFAULT_MAX_BATCH when it has none),
+        capped by `requested`; 0 when there is no batch dim."""
+        if requested is not None and requested < 1:
+            raise ValueError(f"max batch size must be at least 1, got {requested}")
+        if self.dim is None:
+            return 0
+        top = self.max if self.max is not None else DEFAULT_MAX_BATCH
+        return top if requested is None else min(top, requested)
 
 
 def rows(request: Sequence[np.ndarray]) -> int:

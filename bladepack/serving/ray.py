@@ -27,8 +27,7 @@ from starlette.responses import JSONResponse
 from bladepack.artifact.format import read
 from bladepack.errors import InputError
 from bladepack.loader.module import LoadedModule
-from bladepack.serving.batching import BatchLayout, run_requests
-from bladepack.serving.triton_config import DEFAULT_MAX_BATCH
+from bladepack.serving.batching import DEFAULT_MAX_BATCH, BatchLayout, run_requests
 from bladepack.serving.v2_json import decode_request, encode_response
 
 
@@ -95,14 +94,7 @@ def deployment(
         raise ValueError(f"device must be cpu or cuda (each replica gets its own GPU), got {device!r}")
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be at least 1, got {num_replicas}")
-    layout = BatchLayout.from_manifest(bpk.manifest)
-    top = 1
-    if layout.dim is not None:
-        top = layout.max if layout.max is not None else DEFAULT_MAX_BATCH
-        if max_batch_size is not None:
-            if max_batch_size < 1:
-                raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
-            top = min(top, max_batch_size)
+    top = max(BatchLayout.from_manifest(bpk.manifest).limit(max_batch_size), 1)
     options: dict[str, Any] = {"num_cpus": num_cpus}
     if device == "cuda":
         options["num_gpus"] = 1

@@ -31,7 +31,6 @@ TRITON_DTYPES = {
     "float64": "TYPE_FP64",
     "bfloat16": "TYPE_BF16",
 }
-DEFAULT_MAX_BATCH = 64  # Triton needs a number where the batch dim has no maximum
 DEVICES = ("cpu", "cuda")
 BACKENDS = ("python", "cpp")
 
@@ -78,14 +77,8 @@ class TritonModelConfig:
                 "serve this artifact with the C++ backend (--backend cpp)"
             )
         layout = BatchLayout.from_manifest(m)
-        top = 0
-        if layout.dim is not None:
-            top = layout.max if layout.max is not None else DEFAULT_MAX_BATCH
-            if max_batch_size is not None:
-                if max_batch_size < 1:
-                    raise ValueError(f"max batch size must be at least 1, got {max_batch_size}")
-                top = min(top, max_batch_size)
-        elif max_batch_size:
+        top = layout.limit(max_batch_size)
+        if layout.dim is None and max_batch_size is not None:
             raise ValueError(f"this artifact cannot be batched by the server: {layout.reason}")
         batched = top > 0
         return TritonModelConfig(
