@@ -24,7 +24,6 @@ import argparse
 import json
 import platform
 import re
-import socket
 import statistics
 import tempfile
 import threading
@@ -38,21 +37,12 @@ import numpy as np
 import torch
 
 import bladepack
+from bladepack.serving.v2_json import V2_DATATYPES
 from samples.registry import SAMPLES
+from tests.helpers import free_ports
 
 RESULTS = Path(__file__).resolve().parent / "results"
 QUEUE_DELAY_US = 0  # batch what is already queued when the instance frees: no idle wait under load
-DTYPES = {"int64": "INT64", "float32": "FP32", "bool": "BOOL", "int32": "INT32", "float16": "FP16"}
-
-
-def _ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def _workload(name: str, count: int, seed: int = 0) -> list[list[np.ndarray]]:
@@ -129,7 +119,7 @@ def bench_triton(name: str, path: Path, cases: list[list[np.ndarray]], clients: 
             )
         names = [t.name for t in loader.signature.inputs]
         cpp = cpp_build.build("release") / "libtriton_bladepack.so"
-        with TritonServer(repo, *_ports(3), cpp_backend=cpp) as server:
+        with TritonServer(repo, *free_ports(3), cpp_backend=cpp) as server:
             local = threading.local()
 
             def infer(model: str, arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -138,7 +128,7 @@ def bench_triton(name: str, path: Path, cases: list[list[np.ndarray]], clients: 
                     client = local.client = th.InferenceServerClient(server.http_url)
                 ins = []
                 for n, a in zip(names, arrays):
-                    t = th.InferInput(n, list(a.shape), DTYPES[a.dtype.name])
+                    t = th.InferInput(n, list(a.shape), V2_DATATYPES[a.dtype.name])
                     t.set_data_from_numpy(a)
                     ins.append(t)
                 r = client.infer(model, ins)
@@ -178,7 +168,7 @@ def bench_ray(name: str, path: Path, cases: list[list[np.ndarray]], clients: int
     rows = []
     ray.init(include_dashboard=False, log_to_driver=False)
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": _ports(1)[0]})
+        serve.start(http_options={"host": "127.0.0.1", "port": free_ports(1)[0]})
         for mode, top in (("on", None), ("off", 1)):
             handle = serve.run(
                 deployment(path, name=f"{name}_{mode}", max_batch_size=top, batch_wait_timeout_s=0.0005),

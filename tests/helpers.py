@@ -95,3 +95,16 @@ def reachable_items(m: dict[str, Any], count: int = 300) -> set[str]:
         except ShapeGuardError:
             continue
     return seen
+
+
+def free_ports(n: int) -> list[int]:
+    """n TCP ports on 127.0.0.1 that were free a moment ago (for servers tests and benchmarks start)."""
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports

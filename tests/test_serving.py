@@ -30,6 +30,7 @@ from bladepack.serving.batching import BatchLayout, run_requests
 from bladepack.serving.triton_config import TritonModelConfig, preferred_batch_sizes
 from bladepack.serving.triton_repo import write_repository
 from bladepack.serving.v2_json import decode_request, encode_response
+from tests.helpers import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 SEQ_MAX, BATCH_MAX = 24, 16
@@ -269,16 +270,6 @@ def test_v2_json_round_trip_and_errors(tagger: Path) -> None:
 # -- real servers
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def _metric(url: str, name: str, model: str) -> float:
     text = urllib.request.urlopen(url, timeout=10).read().decode()
     match = re.search(rf'^{name}{{model="{model}",version="1"}} (\S+)$', text, re.M)
@@ -301,7 +292,7 @@ def triton(tagger: Path, sum_rows: Path, tmp_path_factory: pytest.TempPathFactor
     write_repository(tagger, repo, "tagger", max_queue_delay_us=2000)
     write_repository(tagger, repo, "tagger_cpp", max_queue_delay_us=2000, backend="cpp")
     write_repository(sum_rows, repo, "sum_rows")
-    with TritonServer(repo, *_free_ports(3), cpp_backend=release / "libtriton_bladepack.so") as server:
+    with TritonServer(repo, *free_ports(3), cpp_backend=release / "libtriton_bladepack.so") as server:
         yield server
 
 
@@ -413,7 +404,7 @@ def test_bladepack_serve_prints_endpoints_and_stops_on_sigterm(tagger: Path) -> 
         find_tritonserver()
     except ServerError as e:
         pytest.skip(str(e))
-    http, grpc, metrics = _free_ports(3)
+    http, grpc, metrics = free_ports(3)
     cmd = [sys.executable, "-m", "bladepack.cli", "serve", str(tagger), "--name", "tg"]
     cmd += ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
@@ -445,7 +436,7 @@ def test_ray_serve_two_replicas(tagger: Path, sum_rows: Path) -> None:
 
     from bladepack.serving.ray import deployment
 
-    (port,) = _free_ports(1)
+    (port,) = free_ports(1)
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -617,7 +608,7 @@ def test_a_server_that_cannot_start_says_why(tagger: Path, tmp_path: Path) -> No
     busy.listen()
     http = busy.getsockname()[1]
     try:
-        server = TritonServer(tmp_path, http, *_free_ports(2))
+        server = TritonServer(tmp_path, http, *free_ports(2))
         with pytest.raises(
             ServerError, match=f"tritonserver exited with status 1:\n(.|\n)*'127.0.0.1:{http}' already in use"
         ):
