@@ -5,6 +5,10 @@ same CUDA C nvcc compiled into its cubins, compiled by g++ with -DBPK_EMULATE; s
 tests/fake_cuda/cuda_emulation.h), and in a fresh process loads it with `device="cuda"` against
 tests/fake_cuda/fake_libcuda.c (first on LD_LIBRARY_PATH) and fake_libcublas.c, calls it on every case
 and returns the outputs and the fake's log (launch grids, blocks, shared memory, parameter bytes).
+`FakeGpu.run_cpp(artifact, cases)` does the same through the C++ runtime: `bpk-run --device cuda`
+(cpp_runtime, built by tests/cpp_build.py) per case, on the same fake driver, cuBLAS and emulation, with
+the same return contract; its error texts are mapped to the Python exception names
+(`_CPP_ERRORS`) so that both can be compared as they are.
 What this proves: the whole CUDA path — plan, variant choice, geometry, parameter packing, the
 generated kernels' arithmetic, GEMM argument mapping — on any machine. What it cannot: timing, and
 behaviour that only real hardware has (memory ordering between warps, the driver's JIT).
@@ -15,12 +19,14 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,6 +68,28 @@ def require_cutlass() -> None:
         pytest.skip("nvcc not found")
 
 
+# bpk-run's "bpk-run: <status>: <reason>" -> the Python loader's exception class for that reason
+_CPP_ERRORS = {
+    "input error": "InputError",
+    "shape guard": "ShapeGuardError",
+    "execution error": "ExecutionError",
+    "format error": "BpkFormatError",
+    "unsupported": "CudaUnavailable",
+    "invalid argument": "InputError",
+}
+_DRIVER_FAILURE = re.compile(r"^(cu[A-Za-z0-9]+(\(.*?\))?|CUTLASS GEMM \S+:.*) failed: |^CUTLASS GEMM ")
+
+
+def cpp_error_text(stderr: str) -> str:
+    """bpk-run's error line in the Python loader's "ClassName: reason" form."""
+    line = stderr.strip().splitlines()[-1] if stderr.strip() else "bpk-run: (no message)"
+    status, _, reason = line.removeprefix("bpk-run: ").partition(": ")
+    name = _CPP_ERRORS.get(status, status)
+    if status == "execution error" and _DRIVER_FAILURE.match(reason):
+        name = "CudaError"
+    return f"{name}: {reason}"
+
+
 class FakeGpu:
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -72,7 +100,7 @@ class FakeGpu:
             pytest.skip("nvcc not found")
         pytest.importorskip("cuda.bindings.driver")
         subprocess.run(
-            [cc, "-shared", "-fPIC", "-O1", "-o", str(root / "libcuda.so.1"), str(FAKE / "fake_libcuda.c"), "-ldl"],
+            [cc, "-shared", "-fPIC", "-O1", "-o", str(root / "libcuda.so.1"), str(FAKE / "fake_libcuda.c"), "-ldl", "-lpthread"],
             check=True,
         )
         subprocess.run(
@@ -102,6 +130,64 @@ class FakeGpu:
         """(executor, per case the output arrays or the error text, the fake's log)."""
         return self._launch(artifact, cases, device, cc, _SCRIPT)
 
+    def run_cpp(
+        self, artifact: Any, cases: list[tuple[Any, ...]], device: str = "cuda", cc: str = "90"
+    ) -> tuple[str, list[Any], str]:
+        """`run`'s contract through the C++ runtime (`bpk-run --device DEVICE`, one process per case)."""
+        from tests.cpp_build import build
+
+        bpk_run = build("release") / "bpk-run"
+        work = self.root / hashlib.sha256(os.urandom(8)).hexdigest()[:12]
+        work.mkdir()
+        bpk = work / "model.bpk"
+        artifact.save(bpk)
+        log = work / "cuda.log"
+        env = {**self._env(artifact, log, cc)}
+
+        def run(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [str(bpk_run), str(bpk), "--device", device, *args],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=300,
+            )
+
+        head = run()
+        if head.returncode:
+            raise AssertionError(f"bpk-run could not load the model: {head.stderr.strip()}")
+        executor = next(line for line in head.stdout.splitlines() if line.startswith("executor: "))[10:]
+        ins = [t.name for t in artifact.plan.inputs]
+        outs = [t.name for t in artifact.plan.outputs]
+        results: list[Any] = []
+        for k, args in enumerate(cases):
+            flags = []
+            for name, a in zip(ins, args):
+                f = work / f"case{k}-{name}.npy"
+                np.save(f, np.asarray(a))
+                flags += ["--input", f"{name}={f}"]
+            out_dir = work / f"out{k}"
+            out_dir.mkdir()
+            r = run(*flags, "--output-dir", str(out_dir))
+            if r.returncode == 0:
+                results.append([np.load(out_dir / f"{name}.npy") for name in outs])
+            elif r.returncode == 1:
+                results.append(cpp_error_text(r.stderr))
+            else:
+                raise AssertionError(f"bpk-run exited {r.returncode}: {r.stderr[-4000:]}")
+        return executor, results, log.read_text() if log.exists() else ""
+
+    def _env(self, artifact: Any, log: Path, cc: str) -> dict[str, str]:
+        return {
+            **os.environ,
+            "LD_LIBRARY_PATH": str(self.root),
+            "FAKE_CUDA_EMU": str(self.emulation(artifact.sources.cuda_source)),
+            "FAKE_CUDA_LOG": str(log),
+            "FAKE_CUDA_CC": cc,
+            "BLADEPACK_CUBLAS": str(self.root / "libcublas.so"),
+            "PYTHONPATH": str(ROOT),
+        }
+
     def verify(self, artifact: Any, device: str = "cuda", cc: str = "90") -> tuple[str, dict[str, Any], str]:
         """(executor, `LoadedModule.verify()`'s report on the fake GPU, the fake's log)."""
         executor, report, log = self._launch(artifact, [], device, cc, _VERIFY)
@@ -114,15 +200,7 @@ class FakeGpu:
         artifact.save(bpk)
         ins, outs, log = work / "in.pkl", work / "out.pkl", work / "cuda.log"
         ins.write_bytes(pickle.dumps(cases))
-        env = {
-            **os.environ,
-            "LD_LIBRARY_PATH": str(self.root),
-            "FAKE_CUDA_EMU": str(self.emulation(artifact.sources.cuda_source)),
-            "FAKE_CUDA_LOG": str(log),
-            "FAKE_CUDA_CC": cc,
-            "BLADEPACK_CUBLAS": str(self.root / "libcublas.so"),
-            "PYTHONPATH": str(ROOT),
-        }
+        env = self._env(artifact, log, cc)
         r = subprocess.run(
             [sys.executable, "-c", script, str(bpk), str(ins), str(outs), device],
             capture_output=True,

@@ -194,7 +194,11 @@ def test_signature_and_usage(release: Path) -> None:
     r = bpk_run(release, str(path), *args)
     assert r.returncode == 2 and "missing --input attention_mask=FILE.npy" in r.stderr
     r = bpk_run(release, str(path), "--device", "cuda")
-    assert r.returncode == 1 and "the C++ runtime runs the CPU plan only" in r.stderr
+    assert r.returncode == 1 and r.stderr.strip() == (
+        f"bpk-run: unsupported: {path} has no CUDA kernels; optimize it with targets=('cpu', 'cuda') to run it on a GPU"
+    )
+    r = bpk_run(release, str(path), "--device", "cuda:x")
+    assert r.returncode == 2 and "--device is cpu, cuda or cuda:N, got 'cuda:x'" in r.stderr
 
 
 # -- errors: the same text as the Python loader
@@ -460,10 +464,18 @@ def test_under_sanitizers() -> None:
 def fuzz_seeds(directory: Path) -> None:
     """Real manifests (samples) with small sections: the encoder's and the CNN's kernel libraries
     emptied, so the fuzzer spends most of its time on the parser, not on copying code; the MLP keeps
-    its library (and its weights), so mutated plans are checked, prepared and run by real kernels."""
+    its library (and its weights), so mutated plans are checked, prepared and run by real kernels. With
+    nvcc, the encoder built for the CPU and sm_90 too, so that mutations reach the CUDA plan's keys."""
     directory.mkdir(parents=True, exist_ok=True)
-    for name in ("mlp", "encoder", "cnn"):
-        art = bpk_format.read(sample_artifact(name))
+    paths = {name: sample_artifact(name) for name in ("mlp", "encoder", "cnn")}
+    if shutil.which("nvcc"):
+        s = SAMPLES["encoder"]
+        paths["encoder-cuda"] = TMP / "encoder-cuda.bpk"
+        bladepack.optimize(s.build(), s.export_samples(), s.dynamic_shapes, targets=("cpu", "cuda:sm_90")).save(
+            paths["encoder-cuda"]
+        )
+    for name, path in paths.items():
+        art = bpk_format.read(path)
         sections = [
             bpk_format.Section(
                 e["name"],

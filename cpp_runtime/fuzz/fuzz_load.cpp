@@ -1,5 +1,7 @@
 // libFuzzer target: the artifact reader, the manifest parser, the shape program, and the model: kernel
-// library loaded, plans checked and prepared, and each prepared plan run.
+// library loaded, plans checked and prepared, and each prepared plan run; the CUDA plan's keys
+// (native_cuda, the CUDA kernel rows and their operand check programs) parsed and validated as a CUDA
+// load does before it opens the driver.
 //
 // Built with FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION, where the manifest checksum is ignored so that
 // mutations reach the msgpack parser, the manifest checks and the plan checks (Note [Plan checks] in
@@ -75,6 +77,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         m.shape_program.evaluate(ptrs.data(), regs.data());
       } catch (const bpk::Error&) {
       }
+    }
+    // the CUDA plan, as a load with device "cuda" reads it (no driver here: nothing is launched)
+    try {
+      bpk::parse_cuda_plan(artifact->manifest(), m);
+      for (const auto& l : m.native_cuda->launches)
+        if (l.op == bpk::LaunchDecl::kKernel && m.cuda_kernels[size_t(l.kernel)].check)
+          m.cuda_kernels[size_t(l.kernel)].check->validate({int32_t(l.ints.size()), int32_t(l.ptrs.size())});
+    } catch (const bpk::Error&) {
     }
     // the whole model: library, plan checks at load, then per shape the plan and its run
     bpk_load_options options{0, 1, nullptr, nullptr, 0, nullptr};

@@ -49,7 +49,7 @@ bpk_status guarded(F&& f) {
 // Only the two original fields unless BPK_LOAD_TRUST / BPK_LOAD_OUT_OF_RANGE say the caller's struct has
 // the others.
 bpk_load_options options_or_default(const bpk_load_options* o) {
-  bpk_load_options out{0, 0, nullptr, nullptr, 0, nullptr};
+  bpk_load_options out{0, 0, nullptr, nullptr, 0, nullptr, nullptr};
   if (o == nullptr) return out;
   out.flags = o->flags;
   out.num_threads = o->num_threads;
@@ -59,6 +59,7 @@ bpk_load_options options_or_default(const bpk_load_options* o) {
     out.n_trusted_keys = o->n_trusted_keys;
   }
   if (o->flags & BPK_LOAD_OUT_OF_RANGE) out.on_out_of_range = o->on_out_of_range;
+  if (o->flags & BPK_LOAD_DEVICE) out.device = o->device;
   return out;
 }
 
@@ -109,7 +110,7 @@ static bpk_status load(std::unique_ptr<bpk::Artifact> (*open)(const void*, size_
   *model = nullptr;
   return guarded([&] {
     const bpk_load_options o = options_or_default(options);
-    if (o.flags & ~uint32_t(BPK_LOAD_SKIP_SECTION_CHECKSUMS | BPK_LOAD_TRUST | BPK_LOAD_OUT_OF_RANGE))
+    if (o.flags & ~uint32_t(BPK_LOAD_SKIP_SECTION_CHECKSUMS | BPK_LOAD_TRUST | BPK_LOAD_OUT_OF_RANGE | BPK_LOAD_DEVICE))
       bpk::fail(BPK_ERR_ARGUMENT, "unknown load flags " + std::to_string(o.flags));
     auto artifact = open(a, b, (o.flags & BPK_LOAD_SKIP_SECTION_CHECKSUMS) == 0, trust_of(o));
     auto m = std::make_unique<bpk_model>();

@@ -122,20 +122,24 @@ std::vector<TensorDecl> tensor_decls(const Obj& root, const char* key) {
   return out;
 }
 
-void parse_program(const Obj& root, Manifest& m) {
-  const Obj& sp = field(root, "shape_program", "");
-  ShapeProgram& prog = m.shape_program;
-  prog.num_registers = get_int(sp, "num_registers", "shape_program");
+ShapeProgram parse_program_map(const Obj& sp, const std::string& where) {
+  ShapeProgram prog;
+  prog.num_registers = get_int(sp, "num_registers", where);
   if (prog.num_registers < 0 || prog.num_registers > (int64_t(1) << 20))
-    malformed("shape_program.num_registers", "out of range");
-  const Obj& code = field(sp, "code", "shape_program");
-  if (code.type != msgpack::type::BIN) malformed("shape_program.code", "expected bytes");
+    malformed(where + ".num_registers", "out of range");
+  const Obj& code = field(sp, "code", where);
+  if (code.type != msgpack::type::BIN) malformed(where + ".code", "expected bytes");
   if (code.via.bin.size % 40) fail(BPK_ERR_FORMAT, "shape program code must be a multiple of 40 bytes");
   prog.code.resize(code.via.bin.size / 8);
   if (code.via.bin.size) std::memcpy(prog.code.data(), code.via.bin.ptr, code.via.bin.size);
-  const Obj& msgs = field(sp, "messages", "shape_program");
-  const Obj* p = as_array(msgs, "shape_program.messages");
-  for (uint32_t i = 0; i < len(msgs); ++i) prog.messages.push_back(as_str(p[i], at("shape_program.messages", i)));
+  const Obj& msgs = field(sp, "messages", where);
+  const Obj* p = as_array(msgs, where + ".messages");
+  for (uint32_t i = 0; i < len(msgs); ++i) prog.messages.push_back(as_str(p[i], at(where + ".messages", i)));
+  return prog;
+}
+
+void parse_program(const Obj& root, Manifest& m) {
+  m.shape_program = parse_program_map(field(root, "shape_program", ""), "shape_program");
 }
 
 void parse_signature(const Obj& root, Manifest& m) {
@@ -181,6 +185,49 @@ void parse_signature(const Obj& root, Manifest& m) {
   }
 }
 
+// The kernel rows of one target ("cpu": rows without a target or with "cpu"; "cuda"), in manifest
+// order: a plan's launches index them.
+void parse_kernel_rows(const Obj& root, const std::string& target, const Ctx& c, std::vector<KernelDecl>& out) {
+  const Obj* ks = map_find(root, "kernels");
+  if (ks == nullptr) return;
+  const Obj* k = as_array(*ks, "kernels");
+  for (uint32_t i = 0; i < len(*ks); ++i) {
+    const std::string where = at("kernels", i);
+    std::string t = opt_str(k[i], "target", where);
+    if ((t.empty() ? std::string("cpu") : t) != target) continue;
+    const bool cuda = target == "cuda";
+    KernelDecl d;
+    d.name = get_str(k[i], "name", where);
+    d.kind = opt_str(k[i], "kind", where);
+    d.loc = opt_str(k[i], "loc", where);
+    const Obj& vars = field(k[i], "variants", where);
+    const Obj* p = as_array(vars, where + ".variants");
+    for (uint32_t j = 0; j < len(vars); ++j) {
+      const std::string vw = at(where + ".variants", j);
+      KernelDecl::Variant var;
+      var.fn = get_int(p[j], "fn", vw);
+      var.pred = get_int(p[j], "pred", vw);
+      if (var.pred < 0 || var.pred >= c.num_registers) malformed(vw + ".pred", "register out of range");
+      if (cuda) {
+        var.name = get_str(p[j], "name", vw);
+        var.grid = as_symint(field(p[j], "grid", vw), vw + ".grid", c);
+        var.smem = as_symint(field(p[j], "smem", vw), vw + ".smem", c);
+        var.block = get_int(p[j], "block", vw);
+        if (var.block < 1 || var.block > 1024) malformed(vw + ".block", "threads per block are 1 to 1024");
+      }
+      d.variants.push_back(var);
+    }
+    if (d.variants.empty()) corrupt_plan("kernel " + std::to_string(out.size()) + " has no variants");
+    if (const Obj* errs = map_find(k[i], "errors")) {
+      const Obj* e = as_array(*errs, where + ".errors");
+      for (uint32_t j = 0; j < len(*errs); ++j) d.errors.push_back(as_str(e[j], at(where + ".errors", j)));
+    }
+    if (const Obj* chk = map_find(k[i], "check"); cuda && chk != nullptr && !is_nil(*chk))
+      d.check = parse_program_map(*chk, where + ".check");
+    out.push_back(std::move(d));
+  }
+}
+
 void parse_plan(const Obj& root, Manifest& m, const Ctx& c) {
   const Obj& vals = field(root, "values", "");
   const Obj* v = as_array(vals, "values");
@@ -200,31 +247,7 @@ void parse_plan(const Obj& root, Manifest& m, const Ctx& c) {
     d.loc = opt_str(s[i], "loc", where);
     m.steps.push_back(std::move(d));
   }
-  if (const Obj* ks = map_find(root, "kernels")) {
-    const Obj* k = as_array(*ks, "kernels");
-    for (uint32_t i = 0; i < len(*ks); ++i) {
-      const std::string where = at("kernels", i);
-      // CUDA rows (target "cuda") belong to the native_cuda plan; launches index the CPU rows in order
-      if (opt_str(k[i], "target", where) == "cuda") continue;
-      KernelDecl d;
-      d.name = get_str(k[i], "name", where);
-      d.kind = opt_str(k[i], "kind", where);
-      d.loc = opt_str(k[i], "loc", where);
-      const Obj& vars = field(k[i], "variants", where);
-      const Obj* p = as_array(vars, where + ".variants");
-      for (uint32_t j = 0; j < len(vars); ++j) {
-        const std::string vw = at(where + ".variants", j);
-        KernelDecl::Variant var{get_int(p[j], "fn", vw), get_int(p[j], "pred", vw)};
-        if (var.pred < 0 || var.pred >= c.num_registers) malformed(vw + ".pred", "register out of range");
-        d.variants.push_back(var);
-      }
-      if (const Obj* errs = map_find(k[i], "errors")) {
-        const Obj* e = as_array(*errs, where + ".errors");
-        for (uint32_t j = 0; j < len(*errs); ++j) d.errors.push_back(as_str(e[j], at(where + ".errors", j)));
-      }
-      m.kernels.push_back(std::move(d));
-    }
-  }
+  parse_kernel_rows(root, "cpu", c, m.kernels);
 }
 
 std::vector<CondDecl> parse_when(const Obj& o, const std::string& where, const Manifest& m, const Ctx& c) {
@@ -256,8 +279,11 @@ std::vector<CondDecl> parse_when(const Obj& o, const std::string& where, const M
   return out;
 }
 
-LaunchDecl parse_launch(const Obj& o, size_t index, const Manifest& m, const Ctx& c) {
-  const std::string where = at("native_cpu.launches", uint32_t(index)), launch = "launch " + std::to_string(index);
+// A launch of plan `plan` ("native_cpu" / "native_cuda") whose kernels are `kernels`.
+LaunchDecl parse_launch(const Obj& o, size_t index, const Manifest& m, const Ctx& c, const std::string& plan,
+                        size_t kernels, size_t gemm_kernels) {
+  const bool cuda = plan == "native_cuda";
+  const std::string where = at(plan + ".launches", uint32_t(index)), launch = "launch " + std::to_string(index);
   LaunchDecl l;
   l.when = parse_when(o, where, m, c);
   const std::string op = get_str(o, "op", where);
@@ -270,11 +296,10 @@ LaunchDecl parse_launch(const Obj& o, size_t index, const Manifest& m, const Ctx
   if (op == "kernel") {
     l.op = LaunchDecl::kKernel;
     l.kernel = get_int(o, "k", where);
-    if (l.kernel < 0 || l.kernel >= int64_t(m.kernels.size()))
-      corrupt_plan(launch + " runs kernel " + std::to_string(l.kernel) + "; the plan has " +
-                   std::to_string(m.kernels.size()));
-  } else if (op == "gemm") {
-    l.op = LaunchDecl::kGemm;
+    if (l.kernel < 0 || l.kernel >= int64_t(kernels))
+      corrupt_plan(launch + " runs kernel " + std::to_string(l.kernel) + "; the plan has " + std::to_string(kernels));
+  } else if (op == "gemm" || (cuda && op == "cutlass")) {
+    l.op = op == "gemm" ? LaunchDecl::kGemm : LaunchDecl::kCutlass;
     const std::string dt = get_str(o, "dtype", where);
     static const char* const kGemmDTypes[] = {"float32", "float64", "float16", "bfloat16"};  // record codes
     l.gemm_dtype = -1;
@@ -285,7 +310,8 @@ LaunchDecl parse_launch(const Obj& o, size_t index, const Manifest& m, const Ctx
     l.gemm_item = int64_t(dtype_size(dtype_from_name(dt)));
   } else {
     // the plan ABI is versioned: under ABI 1 an unknown op is corruption, not a newer format
-    corrupt_plan(launch + " has op " + py_repr(op) + "; a cpu plan runs kernel, gemm, ref launches");
+    corrupt_plan(launch + " has op " + py_repr(op) + "; a " + (cuda ? "cuda" : "cpu") +
+                 " plan runs kernel, gemm, ref launches");
   }
   const Obj& ptrs = field(o, "ptrs", where);
   const Obj* p = as_array(ptrs, where + ".ptrs");
@@ -299,36 +325,77 @@ LaunchDecl parse_launch(const Obj& o, size_t index, const Manifest& m, const Ctx
     l.ptrs.emplace_back(slot, as_symint(p[i].via.array.ptr[1], pw, c));
   }
   l.ints = symints(field(o, "ints", where), where + ".ints", c);
-  if (l.op == LaunchDecl::kGemm && (l.ptrs.size() != 3 || l.ints.size() != 20))
+  const size_t np = l.ptrs.size(), ni = l.ints.size();
+  if ((l.op == LaunchDecl::kGemm && (np != 3 || ni != 20)) ||
+      (l.op == LaunchDecl::kCutlass && !(np == 3 && ni == 20) && !(np == 4 && ni == 24)))
     corrupt_plan(launch + ": a GEMM takes 3 pointers and 20 integers, not " + std::to_string(l.ptrs.size()) + " / " +
                  std::to_string(l.ints.size()));
+  if (l.op == LaunchDecl::kCutlass) {
+    for (const char* table : {"entries", "entries_sm90"}) {
+      const Obj* es = map_find(o, table);
+      if (es == nullptr) continue;
+      const std::string ew = where + "." + table;
+      const Obj* e = as_array(*es, ew);
+      std::vector<GemmEntry>& into = std::string(table) == "entries" ? l.entries : l.entries_sm90;
+      for (uint32_t i = 0; i < len(*es); ++i) {
+        const std::string iw = at(ew, i);
+        GemmEntry g{get_int(e[i], "kernel", iw), get_int(e[i], "split", iw), get_int(e[i], "pred", iw),
+                    get_int(e[i], "align", iw)};
+        if (g.pred < 0 || g.pred >= c.num_registers)
+          corrupt_plan(launch + "'s dispatch predicate: register " + std::to_string(g.pred) + " is not below " +
+                       std::to_string(c.num_registers));
+        if (g.kernel < 0 || g.kernel >= int64_t(gemm_kernels))
+          corrupt_plan(launch + " dispatches to GEMM kernel " + std::to_string(g.kernel));
+        if (g.split < 1 || g.align < 1) malformed(iw, "split and align are positive");
+        into.push_back(g);
+      }
+    }
+    if (l.entries.empty()) malformed(where + ".entries", "a CUTLASS launch needs at least one dispatch entry");
+  }
   if (l.ptrs.size() > 256) malformed(where, "more than 256 pointer arguments");
   return l;
 }
 
-void parse_native(const Obj& root, Manifest& m, const Ctx& c) {
-  const Obj* nat = map_find(root, "native_cpu");
-  if (nat == nullptr || is_nil(*nat)) return;
-  const std::string w = "native_cpu";
+// `key` is "native_cpu" or "native_cuda"; `kernels` the target's kernel rows.
+NativePlan parse_native_plan(const Obj& nat, const Manifest& m, const Ctx& c, const std::string& key, size_t kernels) {
+  const std::string& w = key;
+  const bool cuda = key == "native_cuda";
   NativePlan plan;
-  const int64_t abi = get_int(*nat, "abi", w);
-  if (abi != 1) fail(BPK_ERR_FORMAT, "native CPU plan ABI " + std::to_string(abi) + " is not 1");
-  const Obj& libs = field(*nat, "libraries", w);
-  const Obj* l = as_array(libs, w + ".libraries");
-  for (uint32_t i = 0; i < len(libs); ++i) {
-    const std::string lw = at(w + ".libraries", i);
-    LibraryDecl d;
-    d.isa = get_str(l[i], "isa", lw);
-    d.section = get_str(l[i], "section", lw);
-    const Obj& req = field(l[i], "requires", lw);
-    const Obj* r = as_array(req, lw + ".requires");
-    for (uint32_t j = 0; j < len(req); ++j) d.requires_flags.push_back(as_str(r[j], at(lw + ".requires", j)));
-    plan.libraries.push_back(std::move(d));
+  const int64_t abi = get_int(nat, "abi", w);
+  if (abi != 1) fail(BPK_ERR_FORMAT, std::string("native ") + (cuda ? "CUDA" : "CPU") + " plan ABI " + std::to_string(abi) + " is not 1");
+  if (!cuda) {
+    const Obj& libs = field(nat, "libraries", w);
+    const Obj* l = as_array(libs, w + ".libraries");
+    for (uint32_t i = 0; i < len(libs); ++i) {
+      const std::string lw = at(w + ".libraries", i);
+      LibraryDecl d;
+      d.isa = get_str(l[i], "isa", lw);
+      d.section = get_str(l[i], "section", lw);
+      const Obj& req = field(l[i], "requires", lw);
+      const Obj* r = as_array(req, lw + ".requires");
+      for (uint32_t j = 0; j < len(req); ++j) d.requires_flags.push_back(as_str(r[j], at(lw + ".requires", j)));
+      plan.libraries.push_back(std::move(d));
+    }
+  } else {
+    const Obj& imgs = field(nat, "images", w);
+    const Obj* im = as_array(imgs, w + ".images");
+    for (uint32_t i = 0; i < len(imgs); ++i)
+      plan.images.push_back({get_str(im[i], "arch", at(w + ".images", i)), get_str(im[i], "section", at(w + ".images", i))});
+    if (const Obj* gk = map_find(nat, "gemm_kernels"); gk && !is_nil(*gk)) {
+      const Obj* g = as_array(*gk, w + ".gemm_kernels");
+      for (uint32_t i = 0; i < len(*gk); ++i) {
+        const std::string gw = at(w + ".gemm_kernels", i);
+        std::string arch = opt_str(g[i], "arch", gw);
+        plan.gemm_kernels.push_back({get_str(g[i], "name", gw), get_str(g[i], "section", gw), arch.empty() ? "sm_80" : arch});
+      }
+      plan.gemm_packer = get_str(field(nat, "gemm_packer", w), "section", w + ".gemm_packer");
+    }
   }
-  const Obj& ls = field(*nat, "launches", w);
+  const Obj& ls = field(nat, "launches", w);
   const Obj* p = as_array(ls, w + ".launches");
-  for (uint32_t i = 0; i < len(ls); ++i) plan.launches.push_back(parse_launch(p[i], i, m, c));
-  const Obj& bs = field(*nat, "buffers", w);
+  for (uint32_t i = 0; i < len(ls); ++i)
+    plan.launches.push_back(parse_launch(p[i], i, m, c, key, kernels, plan.gemm_kernels.size()));
+  const Obj& bs = field(nat, "buffers", w);
   const Obj* b = as_array(bs, w + ".buffers");
   for (uint32_t i = 0; i < len(bs); ++i) {
     const std::string bw = at(w + ".buffers", i);
@@ -339,8 +406,8 @@ void parse_native(const Obj& root, Manifest& m, const Ctx& c) {
     d.offset = as_symint(field(b[i], "offset", bw), bw + ".offset", c);
     plan.buffers.push_back(std::move(d));
   }
-  plan.arena_bytes = as_symint(field(*nat, "arena_bytes", w), w + ".arena_bytes", c);
-  const Obj& outs = field(*nat, "outputs", w);
+  plan.arena_bytes = as_symint(field(nat, "arena_bytes", w), w + ".arena_bytes", c);
+  const Obj& outs = field(nat, "outputs", w);
   const Obj* o = as_array(outs, w + ".outputs");
   if (len(outs) != m.outputs.size()) malformed(w + ".outputs", "one slot per output expected");
   for (uint32_t k = 0; k < len(outs); ++k) {
@@ -350,7 +417,13 @@ void parse_native(const Obj& root, Manifest& m, const Ctx& c) {
                    std::to_string(1 + m.inputs.size() + k));
     plan.outputs.push_back(slot);
   }
-  m.native = std::move(plan);
+  return plan;
+}
+
+void parse_native(const Obj& root, Manifest& m, const Ctx& c) {
+  const Obj* nat = map_find(root, "native_cpu");
+  if (nat == nullptr || is_nil(*nat)) return;
+  m.native = parse_native_plan(*nat, m, c, "native_cpu", m.kernels.size());
 }
 
 const char* const kPlanOps[] = {
@@ -395,6 +468,15 @@ Manifest parse_manifest(const msgpack::object& root) {
     fail(BPK_ERR_UNSUPPORTED, "the plan uses ops this loader does not know: [" + list + "]; upgrade bladepack");
   }
   return m;
+}
+
+void parse_cuda_plan(const msgpack::object& root, Manifest& m) {
+  const Obj* nat = map_find(root, "native_cuda");
+  if (nat == nullptr || is_nil(*nat)) fail(BPK_ERR_UNSUPPORTED, "no CUDA plan");
+  Ctx c{m.shape_program.num_registers};
+  m.cuda_kernels.clear();
+  parse_kernel_rows(root, "cuda", c, m.cuda_kernels);
+  m.native_cuda = parse_native_plan(*nat, m, c, "native_cuda", m.cuda_kernels.size());
 }
 
 }  // namespace bpk

@@ -66,10 +66,22 @@ struct KernelDecl {
   struct Variant {
     int64_t fn = 0;
     int64_t pred = 0;  // register
+    // CUDA rows (docs/format.md "Native CUDA plan"): the function's symbol and launch geometry
+    std::string name;
+    SymInt grid, smem;
+    int64_t block = 0;
   };
   std::string name, kind, loc;
   std::vector<Variant> variants;
   std::vector<std::string> errors;
+  // CUDA rows: Note [Kernel operand checks] as a shape program over (ints, room per pointer)
+  std::optional<ShapeProgram> check;
+};
+
+// A CUTLASS dispatch entry: kernel `kernel` (index into NativePlan::gemm_kernels) with `split` split-K
+// slices when register `pred` is non-zero, for operands aligned to `align` elements.
+struct GemmEntry {
+  int64_t kernel = 0, split = 1, pred = 0, align = 1;
 };
 
 // Note [Guarded launches] (bladepack/lowering/lower_native.py): a launch runs when each condition holds,
@@ -83,7 +95,7 @@ struct CondDecl {
 };
 
 struct LaunchDecl {
-  enum Op { kKernel, kGemm, kRef } op = kKernel;
+  enum Op { kKernel, kGemm, kRef, kCutlass } op = kKernel;
   std::vector<CondDecl> when;
   int64_t kernel = 0;   // kKernel: index into Manifest::kernels
   int64_t gemm_dtype = 0;  // kGemm: the record's dtype code, 0 float32, 1 float64, 2 float16, 3 bfloat16
@@ -92,6 +104,7 @@ struct LaunchDecl {
   std::vector<SymInt> ints;
   int64_t node = 0;  // kRef
   std::string reason;
+  std::vector<GemmEntry> entries, entries_sm90;  // kCutlass
 };
 
 struct BufferDecl {
@@ -106,8 +119,19 @@ struct LibraryDecl {
   std::vector<std::string> requires_flags;
 };
 
+struct ImageDecl {
+  std::string arch, section;  // "sm_90" / "sm_90a" (cubin) or "compute_90" (PTX)
+};
+
+struct GemmKernelDecl {
+  std::string name, section, arch;  // arch "sm_80" (runs everywhere) or "sm_90a" (compute capability 9.0)
+};
+
 struct NativePlan {
-  std::vector<LibraryDecl> libraries;
+  std::vector<LibraryDecl> libraries;  // native_cpu
+  std::vector<ImageDecl> images;       // native_cuda, with the CUTLASS kernels and their Params packer:
+  std::vector<GemmKernelDecl> gemm_kernels;
+  std::string gemm_packer;  // its section ("" when the plan has no CUTLASS GEMMs)
   std::vector<LaunchDecl> launches;
   std::vector<BufferDecl> buffers;
   SymInt arena_bytes;
@@ -126,6 +150,9 @@ struct Manifest {
   std::vector<StepDecl> steps;
   std::vector<KernelDecl> kernels;
   std::optional<NativePlan> native;
+  // read by parse_cuda_plan only (a CPU load never looks at them, as the Python loader does not)
+  std::vector<KernelDecl> cuda_kernels;
+  std::optional<NativePlan> native_cuda;
 
   // The slots of the native plan: arena, inputs, outputs, weights.
   int64_t num_slots() const { return 1 + int64_t(inputs.size() + outputs.size() + weights.size()); }
@@ -133,6 +160,9 @@ struct Manifest {
 
 // Throws bpk::Error(BPK_ERR_FORMAT) with text that the caller prefixes with the artifact's source.
 Manifest parse_manifest(const msgpack::object& root);
+// The `native_cuda` plan and the CUDA kernel rows into `m` (parsed by parse_manifest); BPK_ERR_FORMAT
+// as above, BPK_ERR_UNSUPPORTED when the artifact has no CUDA plan.
+void parse_cuda_plan(const msgpack::object& root, Manifest& m);
 
 // The plan ops of format 1.2 (docs/format.md "Plan ops").
 bool known_plan_op(const std::string& op);

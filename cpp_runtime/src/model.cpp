@@ -54,12 +54,30 @@ Model::Model(std::unique_ptr<Artifact> artifact, const bpk_load_options& options
   }
   build_signature();
   split_ = SplitPolicy(artifact_->manifest(), m_, options.on_out_of_range, src);
+  const std::string device = options.device ? options.device : "cpu";
+  if (device != "cpu") {
+    load_cuda(device);
+    plan_outputs();
+    return;
+  }
   if (!m_.native)
     fail(BPK_ERR_UNSUPPORTED, src +
                                   " has no CPU kernel library (it was built without a C++ compiler); the C++ "
                                   "runtime runs native plans only");
+  refuse_ref_launches(*m_.native, "CPU");
+  lib_ = std::make_unique<KernelLibrary>(*artifact_, m_.native->libraries, options.num_threads);
+  for (size_t k = 0; k < m_.kernels.size(); ++k)
+    for (const auto& v : m_.kernels[k].variants)
+      if (v.fn < 0 || v.fn >= lib_->num_functions())
+        artifact_->fail("corrupt plan: kernel " + std::to_string(k) + " names function " +
+                        std::to_string(v.fn) + "; the library has " + std::to_string(lib_->num_functions()));
+  executor_ = "native (" + lib_->isa() + ")";
+  plan_outputs();
+}
+
+void Model::refuse_ref_launches(const NativePlan& plan, const char* target) const {
   std::string refs;
-  for (const auto& l : m_.native->launches) {
+  for (const auto& l : plan.launches) {
     if (l.op != LaunchDecl::kRef) continue;
     std::string what = "%" + std::to_string(l.node), loc;
     for (const auto& s : m_.steps)
@@ -70,16 +88,45 @@ Model::Model(std::unique_ptr<Artifact> artifact, const bpk_load_options& options
     refs += "\n  " + what + ": " + l.reason + " (from " + (loc.empty() ? "unknown source" : loc) + ")";
   }
   if (!refs.empty())
-    fail(BPK_ERR_UNSUPPORTED, src + ": these plan steps have no generated CPU kernel and run on the Python "
-                                    "reference executor, which the C++ runtime does not have:" + refs);
-  lib_ = std::make_unique<KernelLibrary>(*artifact_, m_.native->libraries, options.num_threads);
-  for (size_t k = 0; k < m_.kernels.size(); ++k)
-    for (const auto& v : m_.kernels[k].variants)
-      if (v.fn < 0 || v.fn >= lib_->num_functions())
-        artifact_->fail("corrupt plan: kernel " + std::to_string(k) + " names function " +
-                        std::to_string(v.fn) + "; the library has " + std::to_string(lib_->num_functions()));
-  executor_ = "native (" + lib_->isa() + ")";
-  plan_outputs();
+    fail(BPK_ERR_UNSUPPORTED, artifact_->source() + ": these plan steps have no generated " + target +
+                                  " kernel and run on the Python reference executor, which the C++ runtime does "
+                                  "not have:" + refs);
+}
+
+void Model::load_cuda(const std::string& device) {
+  const std::string& src = artifact_->source();
+  int ordinal = 0;
+  const bool digits = device.size() > 5 && device.size() < 15 &&
+                      std::all_of(device.begin() + 5, device.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (device == "cuda")
+    ordinal = 0;
+  else if (device.rfind("cuda:", 0) == 0 && digits)
+    ordinal = std::stoi(device.substr(5));
+  else
+    fail(BPK_ERR_ARGUMENT, "device must be 'cpu', 'cuda' or 'cuda:N', got " + py_repr(device));
+  try {
+    parse_cuda_plan(artifact_->manifest(), m_);
+  } catch (const Error& e) {
+    if (e.status() == BPK_ERR_UNSUPPORTED)
+      fail(BPK_ERR_UNSUPPORTED,
+           src + " has no CUDA kernels; optimize it with targets=('cpu', 'cuda') to run it on a GPU");
+    fail(e.status(), src + ": " + e.what());
+  }
+  refuse_ref_launches(*m_.native_cuda, "CUDA");
+  const NativePlan& plan = *m_.native_cuda;
+  for (size_t i = 0; i < plan.launches.size(); ++i) {  // Note [Kernel operand checks]: validated at load
+    const LaunchDecl& l = plan.launches[i];
+    if (l.op != LaunchDecl::kKernel || !m_.cuda_kernels[size_t(l.kernel)].check) continue;
+    const KernelDecl& k = m_.cuda_kernels[size_t(l.kernel)];
+    try {
+      k.check->validate({int32_t(l.ints.size()), int32_t(l.ptrs.size())});
+    } catch (const Error& e) {
+      artifact_->fail("corrupt plan: launch " + std::to_string(i) + " (kernel " + k.name +
+                      "): its operand check is malformed (" + e.what() + ")");
+    }
+  }
+  cuda_ = std::make_unique<cuda::NativeCuda>(*artifact_, m_, ordinal);
+  executor_ = cuda_->description();
 }
 
 Model::~Model() {
@@ -98,7 +145,7 @@ int64_t find_id(const std::vector<T>& items, int64_t id, Ok ok) {
 }
 
 void Model::plan_outputs() {
-  const auto& slots = m_.native->outputs;
+  const auto& slots = plan().outputs;
   const auto any = [](size_t) { return true; };
   for (size_t k = 0; k < slots.size(); ++k) {
     const int64_t id = m_.outputs[k].id;
@@ -116,7 +163,7 @@ void Model::plan_outputs() {
       out_source_.push_back({OutSource::kWeight, at});
     } else if ((at = find_id(m_.outputs, id, written)) >= 0) {
       out_source_.push_back({OutSource::kOutput, at});
-    } else if ((at = find_id(m_.native->buffers, id, any)) >= 0) {
+    } else if ((at = find_id(plan().buffers, id, any)) >= 0) {
       out_source_.push_back({OutSource::kArena, at});
     } else {
       artifact_->fail("malformed manifest: output " + std::to_string(k) + " (value %" + std::to_string(id) +
@@ -217,12 +264,13 @@ std::shared_ptr<const Model::Prepared> Model::prepare(const bpk_tensor* in) cons
   prog.evaluate(dims.data(), p->regs.data());
   const int64_t* r = p->regs.data();
   auto corrupt = [this](const std::string& what) { artifact_->fail("corrupt plan: " + what); };
-  const NativePlan& nat = *m_.native;
+  const NativePlan& nat = plan();
 
   const int64_t arena = nat.arena_bytes.resolve(r);
   if (arena < 0) corrupt("negative arena size");
   p->arena_bytes = size_t(arena);
-  for (size_t li = 0; li < nat.launches.size(); ++li) {
+  if (cuda_) p->cuda = cuda_->prepare(r);
+  for (size_t li = 0; li < (cuda_ ? 0 : nat.launches.size()); ++li) {
     const LaunchDecl& l = nat.launches[li];
     bool skip = false;
     std::vector<Prepared::ByteCond> when;
@@ -326,7 +374,7 @@ std::shared_ptr<const Model::Prepared> Model::prepare(const bpk_tensor* in) cons
 // messages are the Python loader's.
 void Model::check_launches(const Prepared& p, const bpk_tensor* in) const {
   auto corrupt = [this](const std::string& what) { artifact_->fail("corrupt plan: " + what); };
-  const NativePlan& nat = *m_.native;
+  const NativePlan& nat = plan();
   std::vector<uint64_t> slots{uint64_t(p.arena_bytes)};
   for (size_t i = 0; i < m_.inputs.size(); ++i) {
     size_t n = 0;
@@ -362,10 +410,16 @@ void Model::check_launches(const Prepared& p, const bpk_tensor* in) const {
                 "'s slot, which the plan does not write");
       room.push_back(slots[size_t(slot)] - uint64_t(at));
     }
-    if (l.op != LaunchDecl::kGemm) continue;
+    if (l.op != LaunchDecl::kGemm && l.op != LaunchDecl::kCutlass) continue;
     std::vector<int64_t> v;
     for (const auto& s : l.ints) v.push_back(s.resolve(r));
     check_gemm(i, v, room, l.gemm_item);
+  }
+  if (cuda_) {
+    // the CUDA kernels' check programs, on the same slot sizes (a slot of 2^63 bytes or more is refused
+    // when the call allocates it, as on the CPU)
+    if (*std::max_element(slots.begin(), slots.end()) <= uint64_t(INT64_MAX)) check_cuda_operands(p, slots);
+    return;
   }
   // Note [Kernel operand checks]: the kernel library checks its kernels' integers and extents
   // a slot of 2^63 bytes or more cannot be allocated: the call fails there, before any launch
@@ -384,11 +438,11 @@ void Model::check_launches(const Prepared& p, const bpk_tensor* in) const {
 
 // The messages of bladepack/loader/plan_check.py's operand_error (docs/format.md, "Kernel operand checks").
 void Model::operand_error(const int64_t* status, const int64_t* r, const std::vector<uint64_t>& slots) const {
-  const NativePlan& nat = *m_.native;
+  const NativePlan& nat = plan();
   const int64_t i = status[0], code = status[1], value = status[2], extra = status[3];
   const LaunchDecl* l = i >= 0 && size_t(i) < nat.launches.size() ? &nat.launches[size_t(i)] : nullptr;
   std::string where = "launch " + std::to_string(i);
-  if (l && l->op == LaunchDecl::kKernel) where += " (kernel " + m_.kernels[size_t(l->kernel)].name + ")";
+  if (l && l->op == LaunchDecl::kKernel) where += " (kernel " + kernels()[size_t(l->kernel)].name + ")";
   const size_t np = l ? l->ptrs.size() : 0, ni = l ? l->ints.size() : 0;
   std::string what;
   if (code == 1 && value >= 0) {
@@ -417,7 +471,8 @@ void Model::operand_error(const int64_t* status, const int64_t* r, const std::ve
 
 void Model::check_gemm(size_t i, const std::vector<int64_t>& v, const std::vector<uint64_t>& room, int64_t item) const {
   auto corrupt = [this](const std::string& what) { artifact_->fail("corrupt plan: " + what); };
-  if (v.size() != 20 || room.size() != 3)
+  const bool has_c = v.size() == 24 && room.size() == 4;  // a CUTLASS epilogue source (Note [GEMM epilogue])
+  if (!has_c && (v.size() != 20 || room.size() != 3))
     corrupt("launch " + std::to_string(i) + ": a GEMM takes 3 pointers and 20 integers, not " +
             std::to_string(room.size()) + " / " + std::to_string(v.size()));
   const int64_t *b = &v[0], *sa = &v[3], *sb = &v[6], *sc = &v[9];
@@ -449,10 +504,16 @@ void Model::check_gemm(size_t i, const std::vector<int64_t>& v, const std::vecto
     for (size_t k = 0; k < 3; ++k) last += __int128(b[k] - 1) * s[k];
     return last * item;
   };
-  const __int128 need[3] = {K ? extent(sa, a_rows, a_cols, lda) : 0, K ? extent(sb, b_rows, b_cols, ldb) : 0,
-                            extent(sc, M, N, ldc)};
-  const char* names[3] = {"A", "B", "D"};
-  for (size_t k = 0; k < 3; ++k)
+  __int128 need[4] = {K ? extent(sa, a_rows, a_cols, lda) : 0, K ? extent(sb, b_rows, b_cols, ldb) : 0,
+                      extent(sc, M, N, ldc), 0};
+  const char* names[4] = {"A", "B", "D", "C"};
+  if (has_c) {
+    const int64_t* ss = &v[20];
+    const int64_t ld_c = v[23];
+    if (std::min({ss[0], ss[1], ss[2], ld_c}) < 0) corrupt(where + ": negative epilogue source stride");
+    need[3] = extent(ss, ld_c ? M : 1, N, std::max<int64_t>(ld_c, 1));
+  }
+  for (size_t k = 0; k < (has_c ? 4u : 3u); ++k)
     if (need[k] > __int128(room[k])) {
       const __int128 n = need[k];
       const std::string bytes = n > __int128(INT64_MAX) ? std::string("more than 2^63") : std::to_string(int64_t(n));
@@ -548,6 +609,11 @@ void Model::run(const bpk_tensor* in, int64_t n_in, bpk_tensor* out, int64_t n_o
     if (in[i].data == nullptr && bytes > 0) fail(BPK_ERR_ARGUMENT, "input '" + m_.inputs[i].name + "' has no data");
   }
   OwnedOutputs owned(*this, p->outs, out);
+  if (cuda_) {
+    run_cuda(*p, in, out);
+    owned.keep();
+    return;
+  }
   const size_t n_slots = size_t(m_.num_slots());
   void* stack_slots[64];
   std::vector<void*> heap_slots;
@@ -603,6 +669,108 @@ void Model::run(const bpk_tensor* in, int64_t n_in, bpk_tensor* out, int64_t n_o
   give_arena(arena);
   if (rc != 0) native_error(rc, status);
   owned.keep();
+}
+
+void Model::check_cuda_operands(const Prepared& p, const std::vector<uint64_t>& slots) const {
+  const NativePlan& nat = *m_.native_cuda;
+  const int64_t* r = p.regs.data();
+  std::vector<int64_t> regs;
+  for (size_t i = 0; i < nat.launches.size(); ++i) {
+    const LaunchDecl& l = nat.launches[i];
+    if (l.op != LaunchDecl::kKernel || !m_.cuda_kernels[size_t(l.kernel)].check) continue;
+    const KernelDecl& k = m_.cuda_kernels[size_t(l.kernel)];
+    std::vector<int64_t> ints, room;
+    for (const SymInt& v : l.ints) ints.push_back(v.resolve(r));
+    for (const auto& [slot, off] : l.ptrs) room.push_back(int64_t(slots[size_t(slot)]) - off.resolve(r));
+    const int64_t* dims[2] = {ints.data(), room.data()};
+    regs.assign(size_t(k.check->num_registers), 0);
+    try {
+      k.check->evaluate(dims, regs.data());
+    } catch (const Error& e) {
+      const std::string text = e.what();
+      artifact_->fail("corrupt plan: launch " + std::to_string(i) + " (kernel " + k.name + "): " +
+                      (text.find("overflowed") == std::string::npos ? text : "its integers overflow int64"));
+    }
+  }
+}
+
+void Model::index_error(const KernelDecl& k, int64_t code, int64_t value, int64_t size) const {
+  const int64_t site = floordiv(code - 1, 16);
+  const std::string what = site >= 0 && site < int64_t(k.errors.size()) ? k.errors[size_t(site)] : "an index";
+  fail(BPK_ERR_EXECUTION, "index out of range in " + what + ": " + std::to_string(value) + " is not in [-" +
+                              std::to_string(size) + ", " + std::to_string(size - 1) + "] (kernel " + k.name +
+                              ", from " + (k.loc.empty() ? "unknown source" : k.loc) + ")");
+}
+
+void Model::run_cuda(const Prepared& p, const bpk_tensor* in, bpk_tensor* out) const {
+  const NativePlan& nat = *m_.native_cuda;
+  const cuda::Driver& drv = cuda_->driver();
+  const size_t n_in = m_.inputs.size(), n_out = m_.outputs.size();
+  constexpr size_t kRound = 256, kCodeBits = 24;  // Note [CUDA error codes] in codegen/cuda_emitter.py
+  auto round = [](size_t n) { return (n + kRound - 1) / kRound * kRound; };
+  // the call's device memory: status words | arena | inputs | the outputs the plan writes
+  std::vector<size_t> in_bytes(n_in), at(n_in + n_out);
+  size_t total = kRound;
+  const size_t arena_at = total;
+  total += round(p.arena_bytes);
+  for (size_t i = 0; i < n_in; ++i) {
+    byte_count(in[i].shape, in[i].ndim, dtype_size(in[i].dtype), &in_bytes[i]);
+    at[i] = total;
+    total += round(in_bytes[i]);
+  }
+  for (size_t k = 0; k < n_out; ++k) {
+    at[n_in + k] = total;
+    if (nat.outputs[k] >= 0) total += round(p.outs[k].nbytes);
+  }
+  cuda::NativeCuda::CallContext* c = cuda_->take(total);
+  struct GiveBack {
+    const cuda::NativeCuda& exe;
+    cuda::NativeCuda::CallContext* c;
+    ~GiveBack() {  // on an error the stream may still hold work: wait for it before reuse
+      exe.driver().StreamSynchronize(c->stream);
+      exe.give(c);
+    }
+  } give_back{*cuda_, c};
+  const cuda::CUdeviceptr base = c->memory->ptr();
+  std::vector<cuda::CUdeviceptr> slots(size_t(m_.num_slots()), 0);
+  slots[0] = base + arena_at;
+  for (size_t i = 0; i < n_in; ++i) {
+    slots[1 + i] = base + at[i];
+    if (in_bytes[i])
+      drv.check(drv.MemcpyHtoDAsync(slots[1 + i], in[i].data, in_bytes[i], c->stream), "cuMemcpyHtoDAsync");
+  }
+  for (size_t k = 0; k < n_out; ++k) slots[1 + n_in + k] = nat.outputs[k] >= 0 ? base + at[n_in + k] : 0;
+  const auto& w = cuda_->weight_ptrs();
+  std::copy(w.begin(), w.end(), slots.begin() + int64_t(1 + n_in + n_out));
+  cuda_->run(*p.cuda, slots.data(), base, *c);
+  if (cuda_->checks_errors()) {
+    int64_t status[3] = {0, 0, 0};
+    drv.check(drv.MemcpyDtoHAsync(status, base, sizeof status, c->stream), "cuMemcpyDtoHAsync");
+    drv.check(drv.StreamSynchronize(c->stream), "cuStreamSynchronize");
+    if (status[0]) {
+      const int64_t k = status[0] >> kCodeBits;
+      static const KernelDecl kUnknown{"?", "", "", {}, {}, std::nullopt};
+      const KernelDecl& row = k >= 0 && k < int64_t(m_.cuda_kernels.size()) ? m_.cuda_kernels[size_t(k)] : kUnknown;
+      index_error(row, status[0] & ((int64_t(1) << kCodeBits) - 1), status[1], status[2]);
+    }
+  }
+  for (size_t k = 0; k < n_out; ++k) {  // an input, a weight or an arena value: copied, never aliased
+    const OutSource& s = out_source_[k];
+    cuda::CUdeviceptr from = 0;
+    switch (s.kind) {
+      case OutSource::kNative: from = slots[1 + n_in + k]; break;
+      case OutSource::kInput: from = slots[1 + size_t(s.index)]; break;
+      case OutSource::kWeight: from = w[size_t(s.index)]; break;
+      case OutSource::kArena: from = slots[0] + uint64_t(p.copy_offset[k]); break;
+      case OutSource::kOutput: continue;  // copied on the host below, once the others are there
+    }
+    if (p.outs[k].nbytes)
+      drv.check(drv.MemcpyDtoHAsync(out[k].data, from, p.outs[k].nbytes, c->stream), "cuMemcpyDtoHAsync");
+  }
+  drv.check(drv.StreamSynchronize(c->stream), "cuStreamSynchronize");
+  for (size_t k = 0; k < n_out; ++k)
+    if (out_source_[k].kind == OutSource::kOutput && p.outs[k].nbytes)
+      std::memmove(out[k].data, out[size_t(out_source_[k].index)].data, p.outs[k].nbytes);
 }
 
 Model::OwnedOutputs::OwnedOutputs(const Model& m, const std::vector<OutSpec>& specs, bpk_tensor* out) : out_(out) {

@@ -20,6 +20,7 @@
 #include "bladepack/runtime.h"
 #include "manifest.h"
 #include "native_cpu.h"
+#include "native_cuda.h"
 #include "out_of_range.h"
 
 namespace bpk {
@@ -63,10 +64,12 @@ class Model {
     size_t arena_bytes = 0;
     std::vector<OutSpec> outs;
     std::vector<int64_t> copy_offset;  // per output copied from the arena: its byte offset there
+    std::shared_ptr<const cuda::CudaPrepared> cuda;  // a CUDA model's launches (`words` is then empty)
   };
   // The prepared launch list for these (checked) inputs, and the library that runs it: for benchmarks.
   std::shared_ptr<const Prepared> prepared(const bpk_tensor* inputs) const;
-  const KernelLibrary& library() const { return *lib_; }
+  const KernelLibrary& library() const { return *lib_; }  // CPU models
+  bool on_cuda() const { return cuda_ != nullptr; }
   const std::vector<const void*>& weight_ptrs() const { return weight_ptrs_; }
 
  private:
@@ -111,6 +114,16 @@ class Model {
   void split_shapes(const Pieces& pieces, const bpk_tensor* inputs, bpk_tensor* outputs, int64_t num_outputs) const;
   [[noreturn]] void native_error(int64_t rc, const int64_t* status) const;
   std::string spec_text(const TensorDecl& t) const;
+  // the plan this model runs (native_cpu, or native_cuda on a CUDA device) and its kernel rows
+  const NativePlan& plan() const { return cuda_ ? *m_.native_cuda : *m_.native; }
+  const std::vector<KernelDecl>& kernels() const { return cuda_ ? m_.cuda_kernels : m_.kernels; }
+  [[noreturn]] void index_error(const KernelDecl& k, int64_t code, int64_t value, int64_t size) const;
+  void refuse_ref_launches(const NativePlan& plan, const char* target) const;
+  void load_cuda(const std::string& device);
+  // Note [CUDA calls] (native_cuda.h): host tensors staged through the call context's device memory
+  void run_cuda(const Prepared& p, const bpk_tensor* inputs, bpk_tensor* outputs) const;
+  // Note [Kernel operand checks] for CUDA kernels: their check programs over (ints, room)
+  void check_cuda_operands(const Prepared& p, const std::vector<uint64_t>& slots) const;
   void build_signature();
   void plan_outputs();
   Arena* take_arena(size_t bytes) const;
@@ -119,6 +132,7 @@ class Model {
   std::unique_ptr<Artifact> artifact_;
   Manifest m_;
   std::unique_ptr<KernelLibrary> lib_;
+  std::unique_ptr<cuda::NativeCuda> cuda_;
   std::string executor_;
   std::vector<const void*> weight_ptrs_;
   std::vector<OutSource> out_source_;

@@ -84,16 +84,6 @@ int default_threads() {
   return 1;
 }
 
-bool write_all(int fd, const uint8_t* p, size_t n) {
-  while (n) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w <= 0) return false;
-    p += w;
-    n -= size_t(w);
-  }
-  return true;
-}
-
 // Note [BLAS threads]: the kernel library splits large GEMMs over its own pool and wants every BLAS
 // call on one thread; it asks for that per thread through openblas_set_num_threads_local. OpenBLAS
 // builds without that entry point (Debian 12's 0.3.21) would otherwise start their own threads inside
@@ -122,35 +112,9 @@ KernelLibrary::KernelLibrary(const Artifact& artifact, const std::vector<Library
   const LibraryDecl& row = choose(libraries);
   isa_ = row.isa;
   const Bytes so = artifact.section(row.section);
-  // Note [Library from memory]: the dynamic loader identifies an object by its path, so the memfd
-  // stays open while the library is loaded (its /proc/self/fd path cannot name another file meanwhile).
-  std::string err;
-  memfd_ = memfd_create(("bladepack-" + isa_).c_str(), MFD_CLOEXEC);
-  if (memfd_ >= 0 && write_all(memfd_, so.data, so.size)) {
-    const std::string path = "/proc/self/fd/" + std::to_string(memfd_);
-    handle_ = dlopen(path.c_str(), kDlopenFlags);
-    if (!handle_) err = dlerror();
-  }
-  if (!handle_) {  // no memfd, or executing it is forbidden here: an unlinked temporary file
-    const char* tmp = std::getenv("TMPDIR");
-    std::string path = std::string(tmp && *tmp ? tmp : "/tmp") + "/bladepack-XXXXXX";
-    std::vector<char> name(path.begin(), path.end());
-    name.push_back('\0');
-    const int fd = mkstemp(name.data());
-    if (fd >= 0) {
-      const bool ok = write_all(fd, so.data, so.size);
-      ::close(fd);
-      if (ok) {
-        handle_ = dlopen(name.data(), kDlopenFlags);
-        if (!handle_) err = dlerror();
-      }
-      ::unlink(name.data());
-    }
-  }
-  if (!handle_) {
-    if (memfd_ >= 0) ::close(memfd_);
-    unavailable("the " + isa_ + " CPU kernel library failed to load: " + (err.empty() ? "cannot write it out" : err));
-  }
+  lib_ = std::make_unique<MemoryLibrary>(so, isa_, kDlopenFlags);  // Note [Library from memory]
+  handle_ = lib_->handle();
+  if (!handle_) unavailable("the " + isa_ + " CPU kernel library failed to load: " + lib_->error());
   auto sym = [this](const char* name) {
     void* p = dlsym(handle_, name);
     if (!p) unavailable(std::string("the CPU kernel library lacks ") + name);
@@ -213,8 +177,6 @@ KernelLibrary::KernelLibrary(const Artifact& artifact, const std::vector<Library
   } catch (...) {
     if (ctx_) destroy_(ctx_);
     if (blas_handle_) dlclose(blas_handle_);
-    dlclose(handle_);
-    ::close(memfd_);
     throw;
   }
 }
@@ -223,10 +185,9 @@ KernelLibrary::~KernelLibrary() {
   if (ctx_) destroy_(ctx_);
   if (handle_) {  // Note [Unloading kernel libraries]
     if (auto release = reinterpret_cast<void (*)()>(dlsym(handle_, "bpk_library_release"))) release();
-    dlclose(handle_);
+    lib_->close();
   }
   if (blas_handle_) dlclose(blas_handle_);
-  if (memfd_ >= 0) ::close(memfd_);
 }
 
 }  // namespace bpk

@@ -13,7 +13,10 @@
 #include <string>
 #include <vector>
 
+#include <memory>
+
 #include "artifact.h"
+#include "library_memory.h"
 #include "manifest.h"
 
 namespace bpk {
@@ -43,9 +46,9 @@ class KernelLibrary {
  private:
   using RunFn = int64_t (*)(void*, const int64_t*, int64_t, void* const*, int64_t*, int64_t*);
   std::string isa_, blas_;
-  void* handle_ = nullptr;
+  std::unique_ptr<MemoryLibrary> lib_;
+  void* handle_ = nullptr;  // lib_'s
   void* blas_handle_ = nullptr;
-  int memfd_ = -1;
   void* ctx_ = nullptr;
   void (*destroy_)(void*) = nullptr;
   RunFn run_ = nullptr;

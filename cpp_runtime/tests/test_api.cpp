@@ -1,7 +1,10 @@
 // The C ABI and the C++ header on a real artifact (tests/test_cpp_runtime.py passes the MLP sample:
 // x: float32[batch, 64] -> float32[batch, 10], batch in [1, 4096]).
 //
-//   test_api MLP.bpk   -> "test_api: N checks passed", exit 0; else each failure and exit 1
+//   test_api MLP.bpk          -> "test_api: N checks passed", exit 0; else each failure and exit 1
+//   test_api MLP.bpk cuda[:N] -> the same for a model on that device (tests/test_cuda_cpp.py runs it on
+//                                the fake driver): its executor, results against the CPU model, and 8
+//                                threads on their own streams bit-identical to serial calls
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -161,7 +164,7 @@ void truncations(const std::string& bytes) {
   }
 }
 
-void threads(bpk_model* m) {
+void threads(bpk_model* m, double tolerance = 1e-6) {
   // serial references, then 8 threads running mixed shapes at once
   const int64_t batches[] = {1, 2, 5, 17, 64, 257};
   std::vector<std::vector<float>> ref;
@@ -173,7 +176,7 @@ void threads(bpk_model* m) {
       for (int r = 0; r < 40; ++r) {
         const size_t k = size_t(t + r) % 6;
         std::vector<float> y = run_alloc(m, batches[k], int(batches[k]));
-        if (y.size() != ref[k].size() || max_rel(y.data(), ref[k].data(), y.size()) > 1e-6) ++mismatches;
+        if (y.size() != ref[k].size() || max_rel(y.data(), ref[k].data(), y.size()) > tolerance) ++mismatches;
       }
     });
   for (auto& t : ts) t.join();
@@ -211,14 +214,58 @@ void cpp_header(const std::string& path) {
   CHECK(threw, "C++ errors throw bladepack::Error with the reason");
 }
 
+// A model on a CUDA device: its executor, results within float32 rounding of the CPU model's, errors
+// as on the CPU, and concurrent calls (each on a stream of its own) equal to serial ones bit for bit.
+void on_device(const std::string& path, const char* device) {
+  bpk_load_options opts{BPK_LOAD_DEVICE, 0, nullptr, nullptr, 0, nullptr, device};
+  bpk_model *gpu = nullptr, *cpu = nullptr;
+  if (bpk_model_load(path.c_str(), &opts, &gpu) != BPK_OK || bpk_model_load(path.c_str(), nullptr, &cpu) != BPK_OK) {
+    CHECK(false, "load on %s: %s", device, bpk_last_error());
+    return;
+  }
+  CHECK(std::strncmp(bpk_model_executor(gpu), "cuda (", 6) == 0, "executor %s", bpk_model_executor(gpu));
+  for (int64_t b : {1, 2, 5, 17, 64, 257, 4096}) {
+    std::vector<float> y = run_alloc(gpu, b, int(b)), want = run_alloc(cpu, b, int(b));
+    CHECK(y.size() == size_t(b) * 10 && max_rel(y.data(), want.data(), y.size()) < 1e-5, "batch %lld on %s",
+          static_cast<long long>(b), device);
+  }
+  std::vector<float> x = input(4097, 0);
+  bpk_tensor in = tensor(x.data(), BPK_FLOAT32, {4097, 64});
+  bpk_tensor out = tensor(nullptr, 0, {});
+  CHECK(bpk_model_run(gpu, &in, 1, &out, 1) == BPK_ERR_SHAPE_GUARD && out.data == nullptr, "batch 4097: %s",
+        bpk_last_error());
+  std::vector<float> y(20);
+  bpk_tensor in2 = tensor(x.data(), BPK_FLOAT32, {2, 64}), small = tensor(y.data(), BPK_FLOAT32, {2, 9});
+  CHECK(bpk_model_run(gpu, &in2, 1, &small, 1) == BPK_ERR_INPUT &&
+            contains(bpk_last_error(), "output buffer 'output0' is float32[2, 9]; the result is float32[2, 10]"),
+        "%s", bpk_last_error());
+  threads(gpu, 0.0);
+  bpk_model_free(gpu);
+  bpk_model_free(cpu);
+  bpk_load_options bad{BPK_LOAD_DEVICE, 0, nullptr, nullptr, 0, nullptr, "gpu"};
+  bpk_model* none = nullptr;
+  CHECK(bpk_model_load(path.c_str(), &bad, &none) == BPK_ERR_ARGUMENT &&
+            contains(bpk_last_error(), "device must be 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
+        "%s", bpk_last_error());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: test_api MLP.bpk\n");
+  if (argc != 2 && argc != 3) {
+    std::fprintf(stderr, "usage: test_api MLP.bpk [cuda[:N]]\n");
     return 2;
   }
   const std::string path = argv[1];
+  if (argc == 3) {
+    on_device(path, argv[2]);
+    if (g_failed) {
+      std::fprintf(stderr, "test_api: %d of %d checks failed\n", g_failed, g_checks);
+      return 1;
+    }
+    std::printf("test_api: %d checks passed\n", g_checks);
+    return 0;
+  }
   std::ifstream f(path, std::ios::binary);
   const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   bpk_model *a = nullptr, *b = nullptr;

@@ -1,6 +1,6 @@
 // bpk-run: run a .bpk artifact on .npy inputs without Python.
 //
-//   bpk-run MODEL.bpk --input NAME=FILE.npy ... [--output-dir DIR] [--device cpu|cuda] [--repeat N]
+//   bpk-run MODEL.bpk --input NAME=FILE.npy ... [--output-dir DIR] [--device cpu|cuda[:N]] [--repeat N]
 //           [--threads N] [--no-verify] [--sha256 HEX] [--trusted-key KEY ...]
 //           [--on-out-of-range DIM=POLICY ...]
 //   bpk-run MODEL.bpk --verify
@@ -11,6 +11,9 @@
 // several calls whose results are concatenated, where the compiler proved DIM batch-like
 // (docs/format.md "Batch-like dims"). --verify runs the reference cases recorded at optimize time and
 // prints the report `bladepack verify` prints (exit status 1 when a case fails).
+//
+// --device cuda[:N] runs the artifact's native CUDA plan on that GPU (the inputs are copied to the
+// device and the outputs back per call; latency statistics then include those copies).
 //
 // Without inputs it prints the signature. Each output is written as DIR/<name>.npy; with --repeat N
 // the model runs N more times and latency statistics are printed. Exit status: 0, 1 for a load or run
@@ -34,7 +37,7 @@
 namespace {
 
 const char kUsage[] =
-    "usage: bpk-run MODEL.bpk [--input NAME=FILE.npy ...] [--output-dir DIR] [--device cpu|cuda]\n"
+    "usage: bpk-run MODEL.bpk [--input NAME=FILE.npy ...] [--output-dir DIR] [--device cpu|cuda[:N]]\n"
     "               [--repeat N] [--threads N] [--no-verify] [--sha256 HEX] [--trusted-key KEY ...]\n"
     "               [--on-out-of-range DIM=POLICY ...]\n"
     "       bpk-run MODEL.bpk --verify [--threads N] [--no-verify] [--sha256 HEX] [--trusted-key KEY ...]\n";
@@ -184,7 +187,14 @@ int main(int argc, char** argv) {
   opts.trusted_keys = keys.empty() ? nullptr : keys.data();
   opts.n_trusted_keys = keys.size() / 32;
   opts.on_out_of_range = policies.empty() ? nullptr : policies.c_str();
-  if (device != "cpu" && device != "cuda") return usage("--device is cpu or cuda, got '" + device + "'");
+  const bool cuda_n = device.rfind("cuda:", 0) == 0 && device.size() > 5 &&
+                      device.find_first_not_of("0123456789", 5) == std::string::npos;
+  if (device != "cpu" && device != "cuda" && !cuda_n)
+    return usage("--device is cpu, cuda or cuda:N, got '" + device + "'");
+  if (device != "cpu") {
+    opts.flags |= BPK_LOAD_DEVICE;
+    opts.device = device.c_str();
+  }
 
   bpk_model* model = nullptr;
   const auto t0 = std::chrono::steady_clock::now();
@@ -192,14 +202,6 @@ int main(int argc, char** argv) {
   const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   const bpk_signature* sig = nullptr;
   bpk_model_signature(model, &sig);
-  if (device == "cuda") {
-    std::fprintf(stderr,
-                 "bpk-run: the C++ runtime runs the CPU plan only (%s runs on: %s); CUDA plans run in the "
-                 "Python loader (bladepack.load(path, device='cuda'))\n",
-                 model_path.c_str(), bpk_model_executor(model));
-    bpk_model_free(model);
-    return 1;
-  }
   if (verify) {
     if (!inputs.empty()) {
       bpk_model_free(model);

@@ -12,10 +12,16 @@
  * unknown name fails as the real driver's CUDA_ERROR_NOT_FOUND), and a launch runs the grid on the CPU
  * with the launch's parameter words. Without it the fake checks the ABI the loaders use, not numbers.
  *
+ * Calls may come from several threads (the C++ runtime runs calls on their own streams at once): the
+ * log and every emulated grid are serialized by one lock, since the emulation's thread and block
+ * indices and `__shared__` variables are process-wide. Copies and launches complete before they return,
+ * so each stream's work is ordered as the driver orders it.
+ *
  * Time is simulated for CUDA events: every launch advances a clock by the microseconds FAKE_CUDA_KERNEL_US
  * gives the first pattern found in the kernel's name ("tile_128x64=5,simt=90"), else by 50.
  */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -30,33 +36,41 @@ typedef void* CUmodule;
 typedef void* CUstream;
 typedef void (*EmuEntry)(const uint64_t*);
 typedef void (*EmuLaunch)(EmuEntry, int, const unsigned*, const unsigned*, size_t, const uint64_t*);
-typedef struct {
+typedef struct FakeFunction {
   char name[256];
   void* module;
   EmuEntry emu;
   int coop;
+  struct FakeFunction* next; /* the module's functions, freed when it unloads (as the driver's are) */
 } FakeFunction;
 typedef struct {
   int kind; /* 0 cubin (ELF), 1 PTX, 2 fatbin */
   size_t size;
   void* emu; /* dlopen handle of FAKE_CUDA_EMU */
+  FakeFunction* functions;
 } FakeModule;
 
 enum { OK = 0, ERR_INVALID_VALUE = 1, ERR_NOT_FOUND = 500, ERR_INVALID_DEVICE = 101 };
 
 static int g_context = 1; /* the one primary context */
 
+static pthread_mutex_t g_log_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t g_emu_lock = PTHREAD_MUTEX_INITIALIZER;
+
 static void logf_(const char* fmt, ...) {
   const char* path = getenv("FAKE_CUDA_LOG");
   if (!path) return;
+  pthread_mutex_lock(&g_log_lock);
   FILE* f = fopen(path, "a");
-  if (!f) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vfprintf(f, fmt, ap);
-  va_end(ap);
-  fputc('\n', f);
-  fclose(f);
+  if (f) {
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(f, fmt, ap);
+    va_end(ap);
+    fputc('\n', f);
+    fclose(f);
+  }
+  pthread_mutex_unlock(&g_log_lock);
 }
 
 static int cc(void) {
@@ -174,6 +188,11 @@ CUresult cuModuleUnload(CUmodule m) {
   logf_("module_unload");
   FakeModule* mod = (FakeModule*)m;
   if (mod->emu) dlclose(mod->emu);
+  while (mod->functions) {
+    FakeFunction* next = mod->functions->next;
+    free(mod->functions);
+    mod->functions = next;
+  }
   free(m);
   return OK;
 }
@@ -192,6 +211,8 @@ CUresult cuModuleGetFunction(void** f, CUmodule m, const char* name) {
       /* a CUTLASS GEMM: its launches are logged (grid, block, shared memory, Params bytes), not run */
       fn->emu = NULL;
       logf_("get_function %s no_emulation", name);
+      fn->next = mod->functions;
+      mod->functions = fn;
       *f = fn;
       return OK;
     }
@@ -203,6 +224,8 @@ CUresult cuModuleGetFunction(void** f, CUmodule m, const char* name) {
     fn->coop = *coop;
   }
   logf_("get_function %s", name);
+  fn->next = mod->functions;
+  mod->functions = fn;
   *f = fn;
   return OK;
 }
@@ -284,7 +307,9 @@ CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned
     memcpy(words, buf, size);
     EmuLaunch launch = (EmuLaunch)dlsym(((FakeModule*)fn->module)->emu, "bpk_emu_launch");
     const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+    pthread_mutex_lock(&g_emu_lock);
     launch(fn->emu, fn->coop, grid, block, smem, words);
+    pthread_mutex_unlock(&g_emu_lock);
     free(words);
   }
   return OK;

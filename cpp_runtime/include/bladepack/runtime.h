@@ -107,6 +107,9 @@ typedef struct bpk_signature {
 /* The on_out_of_range field is set (read only with this flag, as the trust fields are). */
 #define BPK_LOAD_OUT_OF_RANGE 4u
 
+/* The device field is set (read only with this flag). */
+#define BPK_LOAD_DEVICE 8u
+
 typedef struct bpk_load_options {
   uint32_t flags;
   int32_t num_threads; /* kernel threads; 0: BLADEPACK_NUM_THREADS, else the CPUs this process may use */
@@ -120,6 +123,10 @@ typedef struct bpk_load_options {
    * refused at load (BPK_ERR_ARGUMENT, with the reason) unless the compiler proved the dim batch-like
    * (docs/format.md "Batch-like dims"; `bladepack inspect` lists them). NULL: every dim "error". */
   const char* on_out_of_range;
+  /* read only with BPK_LOAD_DEVICE: "cpu" (the default), "cuda" or "cuda:N". A CUDA model runs the
+   * artifact's native CUDA plan through the driver API (libcuda.so.1 is loaded at run time; nothing
+   * links against CUDA); bpk_tensor data are host memory, copied to the device and back per call. */
+  const char* device;
 } bpk_load_options;
 
 typedef struct bpk_model bpk_model;
@@ -139,7 +146,8 @@ BPK_API void bpk_model_free(bpk_model* model);
 
 /* Owned by the model; valid until bpk_model_free. */
 BPK_API bpk_status bpk_model_signature(const bpk_model* model, const bpk_signature** signature);
-/* "native (x86-64-v4)": what runs the model's steps here. */
+/* "native (x86-64-v4)", or "cuda (sm_90 image on NVIDIA H100 80GB HBM3, sm_90)": what runs the
+ * model's steps here. */
 BPK_API const char* bpk_model_executor(const bpk_model* model);
 
 /* Result shapes for the given inputs (only ndim / shape / dtype are read; data may be NULL), with every

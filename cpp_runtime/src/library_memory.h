@@ -1,0 +1,35 @@
+// A shared object held in memory (an artifact section), loaded with dlopen.
+//
+// In: the bytes and a tag for the file name. Out: `MemoryLibrary` (the dlopen handle, closed on
+// destruction). Note [Library from memory]: the dynamic loader identifies an object by its path, so
+// the bytes go to a memfd that stays open while the library is loaded (its /proc/self/fd path cannot
+// name another file meanwhile); where memfd is missing or executing it is forbidden, an unlinked
+// temporary file under $TMPDIR. Used for the CPU kernel libraries and the CUTLASS Params packer.
+#pragma once
+
+#include <string>
+
+#include "artifact.h"
+
+namespace bpk {
+
+class MemoryLibrary {
+ public:
+  // Empty handle() and `error` set when neither way loads it.
+  MemoryLibrary(const Bytes& so, const std::string& tag, int flags);
+  ~MemoryLibrary();
+  MemoryLibrary(const MemoryLibrary&) = delete;
+  MemoryLibrary& operator=(const MemoryLibrary&) = delete;
+
+  void* handle() const { return handle_; }
+  const std::string& error() const { return error_; }
+  // dlclose now (the destructor then does nothing but close the memfd)
+  void close();
+
+ private:
+  void* handle_ = nullptr;
+  int memfd_ = -1;
+  std::string error_;
+};
+
+}  // namespace bpk

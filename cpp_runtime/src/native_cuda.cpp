@@ -1,0 +1,240 @@
+#include "native_cuda.h"
+
+#include <algorithm>
+#include <map>
+
+#include "dtype.h"
+#include "errors.h"
+#include "util.h"
+
+namespace bpk::cuda {
+namespace {
+
+constexpr size_t kWeightAlign = 256;  // weights and arena buffers start on 256-byte boundaries
+constexpr int64_t kStatusSlot = -1;   // a pointer word that holds the call's status words
+
+size_t round_up(size_t n) { return (n + kWeightAlign - 1) / kWeightAlign * kWeightAlign; }
+
+}  // namespace
+
+NativeCuda::NativeCuda(const Artifact& artifact, const Manifest& m, int ordinal) : m_(m) {
+  const NativePlan& plan = *m.native_cuda;
+  drv_ = std::make_unique<Driver>();
+  device_ = std::make_unique<Device>(*drv_, ordinal);
+  const DeviceInfo& info = device_->info();
+  std::vector<std::string> arches;
+  for (const ImageDecl& im : plan.images) arches.push_back(im.arch);
+  const auto [arch, at] = choose_image(arches, info.major, info.minor);
+  image_ = arch;
+  const Bytes image = artifact.section(plan.images[at].section);
+  module_ = std::make_unique<Module>(*drv_, image.data, image.size);
+  std::map<int64_t, std::string> names;
+  for (const KernelDecl& k : m.cuda_kernels)
+    for (const auto& v : k.variants) names[v.fn] = v.name;
+  int64_t expect = 0;
+  for (const auto& [fn, name] : names)
+    if (fn != expect++)
+      artifact.fail("the CUDA kernel table is not numbered 0.." + std::to_string(int64_t(names.size()) - 1));
+  for (const auto& [fn, name] : names) functions_.push_back(std::make_unique<Kernel>(*drv_, *module_, name));
+
+  // the weights, in manifest order, in one device buffer
+  std::vector<size_t> offsets;
+  size_t total = 0;
+  std::vector<Bytes> sections;
+  for (const WeightDecl& w : m.weights) {
+    sections.push_back(artifact.section("weight/" + w.name));
+    offsets.push_back(total);
+    total += round_up(sections.back().size);
+  }
+  weights_ = std::make_unique<DeviceBuffer>(*drv_, std::max<size_t>(total, 1));
+  std::vector<uint8_t> staging(std::max<size_t>(total, 1), 0);
+  for (size_t i = 0; i < sections.size(); ++i)
+    if (sections[i].size) std::copy(sections[i].data, sections[i].data + sections[i].size, staging.data() + offsets[i]);
+  CUstream upload = nullptr;
+  drv_->check(drv_->StreamCreate(&upload, kStreamNonBlocking), "cuStreamCreate");
+  drv_->check(drv_->MemcpyHtoDAsync(weights_->ptr(), staging.data(), staging.size(), upload), "cuMemcpyHtoDAsync");
+  const CUresult synced = drv_->StreamSynchronize(upload);
+  drv_->StreamDestroy(upload);
+  drv_->check(synced, "cuStreamSynchronize");
+  for (size_t off : offsets) weight_ptrs_.push_back(weights_->ptr() + off);
+
+  for (const KernelDecl& k : m.cuda_kernels) checks_errors_ = checks_errors_ || !k.errors.empty();
+  bool gemm = false;
+  for (const LaunchDecl& l : plan.launches) gemm = gemm || l.op == LaunchDecl::kGemm;
+  if (gemm) cublas_ = std::make_unique<Cublas>();
+  if (!plan.gemm_kernels.empty()) cutlass_ = std::make_unique<CutlassGemms>(artifact, plan, *device_);
+}
+
+NativeCuda::~NativeCuda() {
+  for (CallContext* c : idle_) destroy(c);
+}
+
+std::string NativeCuda::description() const {
+  const DeviceInfo& info = device_->info();
+  return "cuda (" + image_ + " image on " + info.name + ", " + info.arch() + ")";
+}
+
+std::shared_ptr<const CudaPrepared> NativeCuda::prepare(const int64_t* r) const {
+  auto p = std::make_shared<CudaPrepared>();
+  const NativePlan& plan = *m_.native_cuda;
+  for (size_t li = 0; li < plan.launches.size(); ++li) {
+    const LaunchDecl& l = plan.launches[li];
+    std::vector<ByteCond> when;
+    bool skip = false;
+    for (const CondDecl& c : l.when) {
+      if (c.reg >= 0)
+        skip = skip || (r[c.reg] != 0) != c.is;
+      else
+        when.push_back({c.slot, c.offset.resolve(r), c.is});
+    }
+    if (skip) continue;  // Note [Guarded launches]: not at this signature
+    CudaPrepared::Launch out;
+    out.plan_index = int64_t(li);
+    out.when = std::move(when);
+    std::vector<int64_t> ints;
+    for (const SymInt& v : l.ints) ints.push_back(v.resolve(r));
+    for (const auto& [slot, off] : l.ptrs) out.ptrs.emplace_back(slot, off.resolve(r));
+    if (l.op == LaunchDecl::kGemm || l.op == LaunchDecl::kCutlass) {
+      out.kind = l.op == LaunchDecl::kGemm ? CudaPrepared::Launch::kGemm : CudaPrepared::Launch::kCutlass;
+      out.dtype = l.gemm_dtype;
+      if (l.op == LaunchDecl::kGemm)
+        out.gemm = gemm_args(ints, l.gemm_item);
+      else
+        out.cutlass = cutlass_->prepare(l, r, ints, l.gemm_item);
+      p->launches.push_back(std::move(out));
+      continue;
+    }
+    const KernelDecl& row = m_.cuda_kernels[size_t(l.kernel)];
+    const KernelDecl::Variant* var = nullptr;
+    for (const auto& v : row.variants)
+      if (r[v.pred]) {
+        var = &v;
+        break;
+      }
+    if (var == nullptr) fail(BPK_ERR_FORMAT, "kernel " + row.name + ": no variant applies (corrupt plan)");
+    out.fn = size_t(var->fn);
+    const int64_t grid = var->grid.resolve(r), smem = var->smem.resolve(r);
+    if (grid < 1 || grid > 0x7fffffff || smem < 0 || smem > 0x7fffffff)
+      fail(BPK_ERR_FORMAT, "corrupt plan: launch " + std::to_string(li) + " (kernel " + row.name + ") has grid " +
+                               std::to_string(grid) + " and " + std::to_string(smem) + " bytes of shared memory");
+    out.grid = unsigned(grid), out.block = unsigned(var->block), out.smem = unsigned(smem);
+    out.start = p->words.size();
+    p->ptr_words.push_back({p->words.size(), kStatusSlot, 0});
+    p->words.push_back(0);
+    for (const auto& [slot, off] : out.ptrs) {
+      p->ptr_words.push_back({p->words.size(), slot, off});
+      p->words.push_back(0);
+    }
+    for (int64_t v : ints) p->words.push_back(uint64_t(v));
+    out.count = p->words.size() - out.start;
+    p->launches.push_back(std::move(out));
+  }
+  return p;
+}
+
+NativeCuda::CallContext* NativeCuda::take(size_t bytes) const {
+  device_->activate();
+  CallContext* c = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    if (!idle_.empty()) {
+      c = idle_.back();
+      idle_.pop_back();
+    }
+  }
+  if (c == nullptr) {
+    c = new CallContext;
+    if (const CUresult rc = drv_->StreamCreate(&c->stream, kStreamNonBlocking)) {
+      delete c;
+      drv_->check(rc, "cuStreamCreate");
+    }
+  }
+  try {
+    if (!c->memory || c->memory->bytes() < bytes) {
+      c->memory.reset();
+      c->memory = std::make_unique<DeviceBuffer>(*drv_, bytes);
+    }
+  } catch (...) {
+    destroy(c);
+    throw;
+  }
+  return c;
+}
+
+void NativeCuda::give(CallContext* c) const {
+  {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    if (idle_.size() < kIdleContexts) {
+      idle_.push_back(c);
+      return;
+    }
+  }
+  destroy(c);
+}
+
+void NativeCuda::destroy(CallContext* c) const {
+  drv_->StreamSynchronize(c->stream);
+  c->memory.reset();
+  c->semaphores.reset();
+  drv_->StreamDestroy(c->stream);
+  delete c;
+}
+
+CUdeviceptr NativeCuda::semaphores(CallContext& c, size_t bytes) const {
+  const size_t want = std::max<size_t>(bytes, 256);
+  if (!c.semaphores || c.semaphores->bytes() < want) {
+    drv_->check(drv_->StreamSynchronize(c.stream), "cuStreamSynchronize");
+    c.semaphores.reset();
+    c.semaphores = std::make_unique<DeviceBuffer>(*drv_, want);
+    drv_->check(drv_->MemsetD8Async(c.semaphores->ptr(), 0, want, c.stream), "cuMemsetD8Async");
+  }
+  return c.semaphores->ptr();
+}
+
+bool NativeCuda::holds(const std::vector<ByteCond>& when, const CUdeviceptr* slots, CUstream stream) const {
+  // Note [Branch predicates] (bladepack/ir/guards.py): each byte read once the launches before it
+  // have run, outermost first, stopping at the first that fails
+  for (const ByteCond& c : when) {
+    uint8_t byte = 0;
+    drv_->check(drv_->MemcpyDtoHAsync(&byte, slots[c.slot] + uint64_t(c.offset), 1, stream), "cuMemcpyDtoHAsync");
+    drv_->check(drv_->StreamSynchronize(stream), "cuStreamSynchronize");
+    if ((byte != 0) != c.is) return false;
+  }
+  return true;
+}
+
+void NativeCuda::run(const CudaPrepared& p, const CUdeviceptr* slots, CUdeviceptr status, CallContext& c) const {
+  std::vector<uint64_t> words(p.words);
+  for (const auto& w : p.ptr_words) words[w.pos] = w.slot == kStatusSlot ? status : slots[w.slot] + uint64_t(w.offset);
+  if (checks_errors_) drv_->check(drv_->MemsetD8Async(status, 0, 32, c.stream), "cuMemsetD8Async");
+  const std::vector<ByteCond>* last = nullptr;
+  static const std::vector<ByteCond> kNone;
+  last = &kNone;
+  bool wanted = true;
+  for (const CudaPrepared::Launch& l : p.launches) {
+    if (!(l.when == *last)) {  // a run of launches under new data conditions
+      last = &l.when;
+      wanted = holds(l.when, slots, c.stream);
+    }
+    if (!wanted) continue;
+    auto addr = [&](size_t k) { return slots[l.ptrs[k].first] + uint64_t(l.ptrs[k].second); };
+    switch (l.kind) {
+      case CudaPrepared::Launch::kKernel: {
+        const unsigned grid[3] = {l.grid, 1, 1}, block[3] = {l.block, 1, 1};
+        functions_[l.fn]->launch(grid, block, words.data() + l.start, l.count * 8, l.smem, c.stream);
+        break;
+      }
+      case CudaPrepared::Launch::kGemm:
+        cublas_->gemm(l.dtype, addr(0), addr(1), addr(2), l.gemm, c.stream);
+        break;
+      case CudaPrepared::Launch::kCutlass: {
+        const bool src = l.ptrs.size() > 3;
+        cutlass_->launch(l.cutlass, addr(0), addr(1), addr(2), src ? addr(3) : 0, src, c.stream,
+                         [&](size_t n) { return semaphores(c, n); });
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace bpk::cuda

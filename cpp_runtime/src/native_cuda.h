@@ -1,0 +1,112 @@
+// The CUDA executor of the C++ runtime: an artifact's `native_cuda` plan through the driver API, with
+// the Python loader's choices (bladepack/loader/native_cuda.py, cuda_module.py).
+//
+// In: the artifact (cubin / PTX / CUTLASS sections), the parsed plan and CUDA kernel rows, the weights
+// and a device ordinal. Out: `NativeCuda` — the image for this GPU (Note [Kernel images]) loaded once
+// into the device's primary context, a function per kernel variant, the weights in one device buffer,
+// cuBLAS and the CUTLASS kernels loaded when the plan has such GEMMs; per input-shape signature a
+// `CudaPrepared` (every launch's function, geometry and parameter words with the pointer words left as
+// (slot, byte offset) to fill per call); per call `run`, which enqueues the launches on the call's
+// stream. Note [CUDA calls]: each concurrent call takes a `CallContext` from a pool — its own stream
+// and one device buffer holding its status words, arena and staged host tensors, grown on demand —
+// and gives it back when it returns; at most kIdleContexts idle contexts are kept.
+//
+// Not here: `ref` launches (steps without a CUDA kernel) need the Python reference executor; such
+// plans are refused at load, as the CPU plan's are.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "artifact.h"
+#include "cuda_driver.h"
+#include "cuda_gemm.h"
+#include "manifest.h"
+
+namespace bpk::cuda {
+
+struct ByteCond {
+  int64_t slot, offset;
+  bool is;
+  bool operator==(const ByteCond& o) const { return slot == o.slot && offset == o.offset && is == o.is; }
+};
+
+struct CudaPrepared {
+  struct Launch {
+    enum Kind { kKernel, kGemm, kCutlass } kind = kKernel;
+    int64_t plan_index = 0;
+    // kKernel: function, geometry, parameter words [start, start + count)
+    size_t fn = 0;
+    unsigned grid = 1, block = 1, smem = 0;
+    size_t start = 0, count = 0;
+    // kGemm / kCutlass: operands (slot, byte offset): A, B, D and the epilogue source if any
+    int64_t dtype = 0;
+    std::vector<std::pair<int64_t, int64_t>> ptrs;
+    GemmArgs gemm;
+    CutlassLaunch cutlass;
+    // Note [Guarded launches]: the data conditions to read before it (shape conditions already applied)
+    std::vector<ByteCond> when;
+  };
+  std::vector<Launch> launches;
+  std::vector<uint64_t> words;  // every kernel launch's parameter words, pointer words zero
+  struct PtrWord {
+    size_t pos;
+    int64_t slot, offset;
+  };
+  std::vector<PtrWord> ptr_words;
+};
+
+class NativeCuda {
+ public:
+  NativeCuda(const Artifact& artifact, const Manifest& m, int ordinal);
+  ~NativeCuda();
+  NativeCuda(const NativeCuda&) = delete;
+  NativeCuda& operator=(const NativeCuda&) = delete;
+
+  // "cuda (sm_90 image on NVIDIA H100 80GB HBM3, sm_90)", as the Python loader describes it
+  std::string description() const;
+  const Driver& driver() const { return *drv_; }
+  const Device& device() const { return *device_; }
+  bool checks_errors() const { return checks_errors_; }
+  const std::vector<CUdeviceptr>& weight_ptrs() const { return weight_ptrs_; }
+
+  std::shared_ptr<const CudaPrepared> prepare(const int64_t* regs) const;
+
+  struct CallContext {
+    CUstream stream = nullptr;
+    std::unique_ptr<DeviceBuffer> memory;      // status words, arena, staged inputs and outputs
+    std::unique_ptr<DeviceBuffer> semaphores;  // split-K semaphores (zeroed when allocated)
+  };
+  static constexpr size_t kIdleContexts = 16;
+  // A context whose memory holds at least `bytes` (made current on this thread); give it back after.
+  CallContext* take(size_t bytes) const;
+  void give(CallContext* c) const;
+
+  // Enqueue every launch of `p` on c.stream; `slots`: the device address of each slot. Data
+  // conditions read their byte after the launches before them (a synchronisation).
+  void run(const CudaPrepared& p, const CUdeviceptr* slots, CUdeviceptr status, CallContext& c) const;
+
+ private:
+  void destroy(CallContext* c) const;
+  CUdeviceptr semaphores(CallContext& c, size_t bytes) const;
+  bool holds(const std::vector<ByteCond>& when, const CUdeviceptr* slots, CUstream stream) const;
+
+  const Manifest& m_;
+  std::unique_ptr<Driver> drv_;
+  std::unique_ptr<Device> device_;
+  std::string image_;
+  std::unique_ptr<Module> module_;
+  std::vector<std::unique_ptr<Kernel>> functions_;  // by the variants' `fn`
+  std::unique_ptr<DeviceBuffer> weights_;
+  std::vector<CUdeviceptr> weight_ptrs_;
+  std::unique_ptr<Cublas> cublas_;
+  std::unique_ptr<CutlassGemms> cutlass_;
+  bool checks_errors_ = false;
+  mutable std::mutex pool_mu_;
+  mutable std::vector<CallContext*> idle_;
+};
+
+}  // namespace bpk::cuda

@@ -1,0 +1,215 @@
+"""The C++ runtime's CUDA path without a GPU: `bpk-run --device cuda` and the C ABI on the fake driver,
+with the generated kernels emulated (tests/cuda_harness.py: `FakeGpu.run_cpp`), against the Python
+loader's CUDA path on the same fake.
+
+What must hold: every sample's outputs bit-identical between the two at shapes including 1, odd sizes
+and range ends; the same launches (kernel, grid, block, shared memory) in the same order; the same
+error texts (shape guards, input errors, index errors from a kernel, device and image errors); 8
+threads on their own streams equal to serial calls bit for bit; ASan + UBSan clean.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import bladepack
+from samples.registry import SAMPLES
+from tests.cpp_build import BuildError, build
+from tests.cuda_harness import FakeGpu
+from tests.test_cuda_backend import TARGETS, _ConvPool, _Ops
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("NVCC") is None and subprocess.run(["which", "nvcc"], capture_output=True).returncode != 0,
+    reason="nvcc not found (CUDA targets need it)",
+)
+
+
+@pytest.fixture(scope="module")
+def gpu(tmp_path_factory: pytest.TempPathFactory) -> FakeGpu:
+    try:
+        build("release")
+    except BuildError as e:
+        pytest.skip(f"cpp_runtime does not build here: {e}")
+    return FakeGpu(tmp_path_factory.mktemp("fake_gpu_cpp"))
+
+
+def _same(a: list[Any], b: list[Any]) -> list[str]:
+    """Where two result lists differ (arrays bit for bit, dtype and shape; error texts exactly)."""
+    problems = []
+    for k, (x, y) in enumerate(zip(a, b, strict=True)):
+        if isinstance(x, str) or isinstance(y, str):
+            if x != y:
+                problems.append(f"case {k}: {x!r} != {y!r}")
+            continue
+        for j, (u, v) in enumerate(zip(x, y, strict=True)):
+            if u.dtype != v.dtype or u.shape != v.shape or not np.array_equal(u, v, equal_nan=True):
+                problems.append(f"case {k} output {j}: {u.dtype}{u.shape} vs {v.dtype}{v.shape}, not bit-identical")
+    return problems
+
+
+def _launches(log: str) -> list[str]:
+    """The fake driver's launch lines without the argument bytes (addresses differ between processes)."""
+    return [" ".join(ln.split()[:12]) for ln in log.splitlines() if ln.startswith("launch ")]
+
+
+@pytest.mark.parametrize("name", ["mlp", "encoder", "llama", "cnn"])
+def test_samples_match_the_python_cuda_path(gpu: FakeGpu, name: str) -> None:
+    s = SAMPLES[name]
+    art = bladepack.optimize(s.build().eval(), s.export_samples(), s.dynamic_shapes, targets=TARGETS)
+    g = torch.Generator().manual_seed(5)
+    cases = [tuple(a.numpy() for a in s.make_inputs(g, **d)) for d in s.test_cases()]
+    py_exe, py_out, py_log = gpu.run(art, cases)
+    cpp_exe, cpp_out, cpp_log = gpu.run_cpp(art, cases)
+    assert cpp_exe == py_exe
+    assert not [r for r in cpp_out if isinstance(r, str)], cpp_out
+    assert _same(py_out, cpp_out) == []
+    assert _launches(cpp_log) == _launches(py_log)
+    assert any(ln.startswith("gemm ") for ln in cpp_log.splitlines()) == (name != "cnn" or "gemm" in py_log)
+
+
+def test_op_table_and_errors_match(gpu: FakeGpu) -> None:
+    """Every CUDA schedule (loops, warp / block rows, the row cache, scans, gathers, concat / pad), a
+    kernel's index error, shape guards and input errors: the same results and texts."""
+    b, n = torch.export.Dim("b", min=1, max=64), torch.export.Dim("n", min=2, max=20000)
+    art = bladepack.optimize(
+        _Ops(), [(torch.randn(3, 40), torch.tensor([0, 5, 39]))], ({0: b, 1: n}, None), targets=TARGETS
+    )
+    rng = np.random.default_rng(1)
+    cases: list[tuple[Any, ...]] = []
+    for rows, cols in [(1, 2), (3, 7), (5, 33), (3, 1025), (2, 9001), (64, 20000)]:
+        x = (rng.standard_normal((rows, cols)) * 3).astype(np.float32)
+        cases.append((x, np.array([0, cols - 1, cols // 2])))
+    x = rng.standard_normal((2, 10)).astype(np.float32)
+    cases += [
+        (x, np.array([0, 10, 1])),  # a kernel reports the index: ExecutionError naming it
+        (x, np.array([0, -10, 1])),  # wraps to 0
+        (rng.standard_normal((65, 10)).astype(np.float32), np.array([0, 1, 2])),  # b above its range
+        (rng.standard_normal((2, 1)).astype(np.float32), np.array([0, 0, 0])),  # n below its range
+        (x.astype(np.float64), np.array([0, 1, 2])),  # wrong dtype
+        (x[None], np.array([0, 1, 2])),  # wrong rank
+    ]
+    _, py_out, py_log = gpu.run(art, cases)
+    _, cpp_out, cpp_log = gpu.run_cpp(art, cases)
+    assert _same(py_out, cpp_out) == []
+    errors = [r for r in cpp_out if isinstance(r, str)]
+    assert len(errors) == 5, errors
+    assert errors[0].startswith("ExecutionError: index out of range in ") and "10 is not in [-10, 9]" in errors[0]
+    assert errors[1].startswith("ShapeGuardError: ") and errors[3].startswith("InputError: input 'x' has dtype")
+    assert _launches(cpp_log) == _launches(py_log)
+
+
+def test_convolutions_and_pooling_match(gpu: FakeGpu) -> None:
+    b, h, w = (torch.export.Dim(d, min=1, max=64) for d in ("b", "h", "w"))
+    model = _ConvPool().eval()
+    art = bladepack.optimize(model, [(torch.randn(2, 6, 9, 11),)], ({0: b, 2: h, 3: w},), targets=TARGETS)
+    rng = np.random.default_rng(2)
+    cases = [(rng.standard_normal(s).astype(np.float32),) for s in [(1, 6, 5, 7), (2, 6, 9, 11), (3, 6, 16, 8)]]
+    _, py_out, py_log = gpu.run(art, cases)
+    _, cpp_out, cpp_log = gpu.run_cpp(art, cases)
+    assert not [r for r in cpp_out if isinstance(r, str)], cpp_out
+    assert _same(py_out, cpp_out) == []
+    assert _launches(cpp_log) == _launches(py_log)
+
+
+def test_device_and_image_errors_match(gpu: FakeGpu) -> None:
+    class Mul(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+    x = torch.randn(2, 3)
+    cpu_only = bladepack.optimize(Mul(), [(x,)])
+    art = bladepack.optimize(Mul(), [(x,)], targets=TARGETS)
+    for artifact, device, cc, want in [
+        (cpu_only, "cuda", "90", "has no CUDA kernels; optimize it with targets=('cpu', 'cuda') to run it on a GPU"),
+        (art, "cuda:1", "90", "cuda:1 requested; this machine has 1 CUDA device(s)"),
+        (art, "cuda", "80", "no kernel image runs on sm_80: the artifact has sm_90"),
+    ]:
+        with pytest.raises(Exception, match=re.escape(want)) as py:
+            gpu.run(artifact, [], device=device, cc=cc)
+        with pytest.raises(AssertionError, match=re.escape(want)) as cpp:
+            gpu.run_cpp(artifact, [], device=device, cc=cc)
+        assert "unsupported" in str(cpp.value) and want in str(py.value)
+    assert gpu.run_cpp(art, [], device="cuda:0")[0] == "cuda (sm_90 image on Fake GPU 0 (sm_90), sm_90)"
+
+
+def _fake_env(gpu: FakeGpu, artifact: Any, log: Path) -> dict[str, str]:
+    return gpu._env(artifact, log, "90")
+
+
+def test_c_api_threads_on_their_own_streams(gpu: FakeGpu, tmp_path: Path) -> None:
+    """test_api's device checks: results against the CPU model, errors, the bad device text, and 8 threads
+    running mixed batches at once equal to serial calls bit for bit; each call on its own stream."""
+    s = SAMPLES["mlp"]
+    art = bladepack.optimize(s.build().eval(), s.export_samples(), s.dynamic_shapes, targets=TARGETS)
+    path = tmp_path / "mlp.bpk"
+    art.save(path)
+    log = tmp_path / "cuda.log"
+    r = subprocess.run(
+        [str(build("release") / "test_api"), str(path), "cuda"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_fake_env(gpu, art, log),
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "checks passed" in r.stdout
+    streams = {ln.split()[13] for ln in log.read_text().splitlines() if ln.startswith("launch ")}
+    assert len(streams) >= 2 and "0" not in streams  # the runtime's own streams, never the legacy default
+
+
+@pytest.mark.slow
+def test_cuda_path_under_sanitizers(gpu: FakeGpu, tmp_path: Path) -> None:
+    """ASan + UBSan: bpk-run --device cuda on the LLaMA step (GEMMs, cooperative row kernels) and the
+    threads of test_api on the MLP, with no report."""
+    try:
+        sanitize = build("sanitize")
+    except BuildError as e:
+        pytest.skip(f"no sanitizer build here: {e}")
+    s = SAMPLES["llama"]
+    art = bladepack.optimize(s.build().eval(), s.export_samples(), s.dynamic_shapes, targets=TARGETS)
+    path = tmp_path / "llama.bpk"
+    art.save(path)
+    g = torch.Generator().manual_seed(9)
+    arrays = [a.numpy() for a in s.make_inputs(g, batch=3, past=31)]
+    names = [t.name for t in art.plan.inputs]
+    flags = []
+    for n, a in zip(names, arrays):
+        np.save(tmp_path / f"{n}.npy", a)
+        flags += ["--input", f"{n}={tmp_path / f'{n}.npy'}"]
+    env = {
+        **_fake_env(gpu, art, tmp_path / "cuda.log"),
+        "ASAN_OPTIONS": "detect_leaks=1",
+        "UBSAN_OPTIONS": "print_stacktrace=1",
+    }
+    out = tmp_path / "out"
+    out.mkdir()
+    r = subprocess.run(
+        [str(sanitize / "bpk-run"), str(path), "--device", "cuda", *flags, "--output-dir", str(out), "--repeat", "3"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert r.returncode == 0 and "Sanitizer" not in r.stderr and "runtime error" not in r.stderr, r.stderr[-4000:]
+    _, py_out, _ = gpu.run(art, [tuple(arrays)])
+    got = [np.load(out / f"{t.name}.npy") for t in art.plan.outputs]
+    assert _same(py_out, [got]) == []
+    mlp = SAMPLES["mlp"]
+    small = bladepack.optimize(mlp.build().eval(), mlp.export_samples(), mlp.dynamic_shapes, targets=TARGETS)
+    small.save(tmp_path / "mlp.bpk")
+    r = subprocess.run(
+        [str(sanitize / "test_api"), str(tmp_path / "mlp.bpk"), "cuda"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**env, **_fake_env(gpu, small, tmp_path / "mlp.log")},
+    )
+    assert r.returncode == 0 and "Sanitizer" not in r.stderr and "runtime error" not in r.stderr, r.stderr[-4000:]
