@@ -223,6 +223,39 @@ def test_cutlass_launches_on_the_fake_driver(
 
 
 @needs_nvcc
+def test_cutlass_launches_from_the_cpp_runtime(
+    cutlass_artifact: bladepack.api.Artifact, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The C++ runtime's CUTLASS path (src/cuda_gemm.cpp) hands the driver what the Python loader does:
+    per call the same kernels in the same order, grids, blocks, shared memory, Params sizes and problem /
+    tiling words (the rest of the Params are addresses), the shared-memory opt-in, the same results."""
+    from tests.cpp_build import BuildError
+
+    gpu = FakeGpu(tmp_path_factory.mktemp("fake_gpu_cutlass_cpp"))
+    batches = [1, 7, 300, 8192]
+    cases = [(np.random.default_rng(b).standard_normal((b, 64)).astype(np.float16),) for b in batches]
+    _, _, py_log = gpu.run(cutlass_artifact, cases)
+    try:
+        _, results, cpp_log = gpu.run_cpp(cutlass_artifact, cases)
+    except BuildError as e:
+        pytest.skip(f"cpp_runtime does not build here: {e}")
+    assert all(not isinstance(r, str) for r in results), results
+
+    def launches(log: str) -> list[tuple[str, ...]]:
+        out = []
+        for ln in log.splitlines():
+            if ln.startswith("launch bpk_gemm_"):
+                f = ln.split()
+                params = bytes.fromhex(f[-1])
+                out.append((*f[1:12], str(len(params)), params[:24].hex()))
+        return out
+
+    assert launches(cpp_log) == launches(py_log) and len(launches(py_log)) == 4 * len(batches)
+    opt_in = sorted({ln for ln in py_log.splitlines() if ln.startswith("func_attribute")})
+    assert opt_in and sorted({ln for ln in cpp_log.splitlines() if ln.startswith("func_attribute")}) == opt_in
+
+
+@needs_nvcc
 def test_cutlass_packer_takes_the_epilogue_source(cutlass_artifact: bladepack.api.Artifact, tmp_path: Path) -> None:
     """The packer puts C (the bias / residual) and beta into the Params: without a source C is D, beta 0."""
     import ctypes
