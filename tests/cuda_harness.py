@@ -104,7 +104,7 @@ class FakeGpu:
             check=True,
         )
         subprocess.run(
-            [cc, "-shared", "-fPIC", "-O2", "-o", str(root / "libcublas.so"), str(FAKE / "fake_libcublas.c")],
+            [cc, "-shared", "-fPIC", "-O2", "-o", str(root / "libcublas.so"), str(FAKE / "fake_libcublas.c"), "-ldl"],
             check=True,
         )
 
@@ -131,9 +131,17 @@ class FakeGpu:
         return self._launch(artifact, cases, device, cc, _SCRIPT)
 
     def run_cpp(
-        self, artifact: Any, cases: list[tuple[Any, ...]], device: str = "cuda", cc: str = "90"
+        self,
+        artifact: Any,
+        cases: list[tuple[Any, ...]],
+        device: str = "cuda",
+        cc: str = "90",
+        graphs: bool = True,
+        calls: int = 3,
     ) -> tuple[str, list[Any], str]:
-        """`run`'s contract through the C++ runtime (`bpk-run --device DEVICE`, one process per case)."""
+        """`run`'s contract through the C++ runtime: `bpk-run --device DEVICE` per case, each case called
+        `calls` times in one process (the results are the last call's: with `graphs`, the third call
+        of a signature replays its CUDA graph, Note [CUDA graphs] in cpp_runtime/src/native_cuda.h)."""
         from tests.cpp_build import build
 
         bpk_run = build("release") / "bpk-run"
@@ -168,7 +176,8 @@ class FakeGpu:
                 flags += ["--input", f"{name}={f}"]
             out_dir = work / f"out{k}"
             out_dir.mkdir()
-            r = run(*flags, "--output-dir", str(out_dir))
+            extra = ["--repeat", str(calls - 1)] + ([] if graphs else ["--cuda-graphs", "-1"])
+            r = run(*flags, "--output-dir", str(out_dir), *extra)
             if r.returncode == 0:
                 results.append([np.load(out_dir / f"{name}.npy") for name in outs])
             elif r.returncode == 1:

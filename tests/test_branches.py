@@ -27,6 +27,7 @@ from bladepack.errors import BpkFormatError
 from bladepack.ir import GraphBuilder, Guard, OpKind, TensorType, print_graph
 from bladepack.ir.guards import effective_guards
 from bladepack.loader.native_cpu import OP_KERNEL
+from tests.cpp_build import BuildError
 from tests.helpers import as_tuple, with_manifest
 
 
@@ -148,6 +149,18 @@ def test_fake_gpu_runs_the_taken_branch(tmp_path_factory: pytest.TempPathFactory
             np.testing.assert_allclose(o, w, rtol=1e-5, atol=1e-6)
         per_case.append({n for n in names if f"launch {n}" in log or f"launch {n}_" in log})
     assert per_case[0] != per_case[1] and per_case[0] != per_case[2], per_case
+    # the C++ runtime's CUDA path: the same results; a data predicate keeps the plan off CUDA graphs
+    # (Note [CUDA graphs]) when the shape condition lets it through (batch > 4), never otherwise
+    cases = [(x,) for x in (np.full((6, 8), 0.5, np.float32), np.full((6, 8), -0.5, np.float32))]
+    _, py, _ = gpu.run(art, cases)
+    try:
+        _, cpp, log = gpu.run_cpp(art, cases)
+    except BuildError as e:
+        pytest.skip(f"cpp_runtime does not build here: {e}")
+    assert all(np.array_equal(a, b) for want, got in zip(py, cpp) for a, b in zip(want, got))
+    assert "capture_begin" not in log and "graph_launch" not in log
+    _, _, log = gpu.run_cpp(art, [(np.full((3, 8), 0.5, np.float32),)])
+    assert log.count("graph_launch") == 2  # the small side has no data predicate
 
 
 def _graph_with_branch(reader_outside: bool) -> Any:

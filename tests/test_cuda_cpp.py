@@ -3,7 +3,8 @@ with the generated kernels emulated (tests/cuda_harness.py: `FakeGpu.run_cpp`), 
 loader's CUDA path on the same fake.
 
 What must hold: every sample's outputs bit-identical between the two at shapes including 1, odd sizes
-and range ends; the same launches (kernel, grid, block, shared memory) in the same order; the same
+and range ends, with CUDA graphs on (the third call of a signature replays its graph) and off; the
+same launches (kernel, grid, block, shared memory) in the same order; the same
 error texts (shape guards, input errors, index errors from a kernel, device and image errors); 8
 threads on their own streams equal to serial calls bit for bit; ASan + UBSan clean.
 """
@@ -67,12 +68,26 @@ def test_samples_match_the_python_cuda_path(gpu: FakeGpu, name: str) -> None:
     g = torch.Generator().manual_seed(5)
     cases = [tuple(a.numpy() for a in s.make_inputs(g, **d)) for d in s.test_cases()]
     py_exe, py_out, py_log = gpu.run(art, cases)
-    cpp_exe, cpp_out, cpp_log = gpu.run_cpp(art, cases)
+    cpp_exe, cpp_out, cpp_log = gpu.run_cpp(art, cases, graphs=False, calls=1)
     assert cpp_exe == py_exe
     assert not [r for r in cpp_out if isinstance(r, str)], cpp_out
     assert _same(py_out, cpp_out) == []
     assert _launches(cpp_log) == _launches(py_log)
-    assert any(ln.startswith("gemm ") for ln in cpp_log.splitlines()) == (name != "cnn" or "gemm" in py_log)
+    # graphs: call 1 launches, call 2 captures and launches the graph, call 3 only launches it (on the
+    # smaller half of the cases, size 1 and odd sizes among them: three emulated calls of the largest
+    # would take minutes)
+    small = sorted(sorted(range(len(cases)), key=lambda k: sum(a.size for a in cases[k]))[: max(3, len(cases) // 2)])
+    cases = [cases[k] for k in small]
+    py_out = [py_out[k] for k in small]
+    _, _, py_log = gpu.run(art, cases)
+    _, graph_out, graph_log = gpu.run_cpp(art, cases, graphs=True, calls=3)
+    assert _same(py_out, graph_out) == []
+    kernels = len(_launches(py_log))
+    lines = graph_log.splitlines()
+    assert sum(ln.startswith("launch ") for ln in lines) == kernels
+    assert sum(ln.startswith("capture_launch ") for ln in lines) == kernels
+    assert sum(ln.startswith("graph_launch ") for ln in lines) == 2 * len(cases)
+    assert sum(ln.startswith("graph_instantiate ") for ln in lines) == len(cases)
 
 
 def test_op_table_and_errors_match(gpu: FakeGpu) -> None:
@@ -140,6 +155,20 @@ def test_device_and_image_errors_match(gpu: FakeGpu) -> None:
     assert gpu.run_cpp(art, [], device="cuda:0")[0] == "cuda (sm_90 image on Fake GPU 0 (sm_90), sm_90)"
 
 
+def test_graphs_drop_least_recently_used_and_turn_off(gpu: FakeGpu, tmp_path: Path) -> None:
+    """bpk-run --cuda-graphs: -1 never captures; the default captures at the second call; a bound is
+    checked by test_api (below) through the C ABI's cuda_graphs field."""
+    s = SAMPLES["llama"]
+    art = bladepack.optimize(s.build().eval(), s.export_samples(), s.dynamic_shapes, targets=TARGETS)
+    g = torch.Generator().manual_seed(2)
+    cases = [tuple(a.numpy() for a in s.make_inputs(g, batch=3, past=9))]
+    _, off, log_off = gpu.run_cpp(art, cases, graphs=False, calls=4)
+    _, on, log_on = gpu.run_cpp(art, cases, graphs=True, calls=4)
+    assert _same(off, on) == []
+    assert "capture_begin" not in log_off and "graph_launch" not in log_off
+    assert log_on.count("graph_launch ") == 3 and log_on.count("capture_begin ") == 1
+
+
 def _fake_env(gpu: FakeGpu, artifact: Any, log: Path) -> dict[str, str]:
     return gpu._env(artifact, log, "90")
 
@@ -161,8 +190,12 @@ def test_c_api_threads_on_their_own_streams(gpu: FakeGpu, tmp_path: Path) -> Non
     )
     assert r.returncode == 0, r.stderr[-4000:]
     assert "checks passed" in r.stdout
-    streams = {ln.split()[13] for ln in log.read_text().splitlines() if ln.startswith("launch ")}
+    lines = log.read_text().splitlines()
+    streams = {ln.split()[13] for ln in lines if ln.startswith("launch ")}
     assert len(streams) >= 2 and "0" not in streams  # the runtime's own streams, never the legacy default
+    # with cuda_graphs = 1 (one graph per stream) alternating batches drop graphs as they go
+    assert sum(ln.startswith("graph_exec_destroy") for ln in lines) > 0
+    assert sum(ln.startswith("graph_launch ") for ln in lines) > 0
 
 
 @pytest.mark.slow

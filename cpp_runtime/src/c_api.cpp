@@ -49,7 +49,7 @@ bpk_status guarded(F&& f) {
 // Only the two original fields unless BPK_LOAD_TRUST / BPK_LOAD_OUT_OF_RANGE say the caller's struct has
 // the others.
 bpk_load_options options_or_default(const bpk_load_options* o) {
-  bpk_load_options out{0, 0, nullptr, nullptr, 0, nullptr, nullptr};
+  bpk_load_options out{0, 0, nullptr, nullptr, 0, nullptr, nullptr, 0};
   if (o == nullptr) return out;
   out.flags = o->flags;
   out.num_threads = o->num_threads;
@@ -59,7 +59,10 @@ bpk_load_options options_or_default(const bpk_load_options* o) {
     out.n_trusted_keys = o->n_trusted_keys;
   }
   if (o->flags & BPK_LOAD_OUT_OF_RANGE) out.on_out_of_range = o->on_out_of_range;
-  if (o->flags & BPK_LOAD_DEVICE) out.device = o->device;
+  if (o->flags & BPK_LOAD_DEVICE) {
+    out.device = o->device;
+    out.cuda_graphs = o->cuda_graphs;
+  }
   return out;
 }
 

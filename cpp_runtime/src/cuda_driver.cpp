@@ -58,6 +58,12 @@ Driver::Driver() {
     resolve(handle_, StreamSynchronize, "cuStreamSynchronize");
     resolve(handle_, GetErrorName, "cuGetErrorName");
     resolve(handle_, GetErrorString, "cuGetErrorString");
+    resolve(handle_, StreamBeginCapture, "cuStreamBeginCapture_v2");
+    resolve(handle_, StreamEndCapture, "cuStreamEndCapture");
+    resolve(handle_, GraphInstantiate, "cuGraphInstantiateWithFlags");
+    resolve(handle_, GraphLaunch, "cuGraphLaunch");
+    resolve(handle_, GraphDestroy, "cuGraphDestroy");
+    resolve(handle_, GraphExecDestroy, "cuGraphExecDestroy");
   } catch (...) {
     dlclose(handle_);
     throw;

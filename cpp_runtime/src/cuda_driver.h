@@ -28,6 +28,8 @@ using CUcontext = void*;
 using CUmodule = void*;
 using CUfunction = void*;
 using CUstream = void*;
+using CUgraph = void*;
+using CUgraphExec = void*;
 
 // cuda.h's CUlaunchAttribute (id, padding, a 64-byte value union) and CUlaunchConfig.
 struct LaunchAttribute {
@@ -45,6 +47,7 @@ constexpr int kLaunchAttributeClusterDimension = 4;
 constexpr int kFuncAttributeMaxDynamicSharedBytes = 8;
 constexpr int kAttrComputeCapabilityMajor = 75, kAttrComputeCapabilityMinor = 76, kAttrMultiprocessorCount = 16;
 constexpr unsigned kStreamNonBlocking = 1;
+constexpr int kCaptureModeThreadLocal = 1;
 
 class Driver {
  public:
@@ -85,6 +88,12 @@ class Driver {
   CUresult (*StreamSynchronize)(CUstream) = nullptr;
   CUresult (*GetErrorName)(CUresult, const char**) = nullptr;
   CUresult (*GetErrorString)(CUresult, const char**) = nullptr;
+  CUresult (*StreamBeginCapture)(CUstream, int) = nullptr;
+  CUresult (*StreamEndCapture)(CUstream, CUgraph*) = nullptr;
+  CUresult (*GraphInstantiate)(CUgraphExec*, CUgraph, unsigned long long) = nullptr;
+  CUresult (*GraphLaunch)(CUgraphExec, CUstream) = nullptr;
+  CUresult (*GraphDestroy)(CUgraph) = nullptr;
+  CUresult (*GraphExecDestroy)(CUgraphExec) = nullptr;
 
  private:
   void* handle_ = nullptr;

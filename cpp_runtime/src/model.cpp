@@ -56,7 +56,10 @@ Model::Model(std::unique_ptr<Artifact> artifact, const bpk_load_options& options
   split_ = SplitPolicy(artifact_->manifest(), m_, options.on_out_of_range, src);
   const std::string device = options.device ? options.device : "cpu";
   if (device != "cpu") {
-    load_cuda(device);
+    if (options.cuda_graphs < -1)
+      fail(BPK_ERR_ARGUMENT, "cuda_graphs is " + std::to_string(options.cuda_graphs) +
+                                 "; allowed: -1 (off), 0 (the default, 64) or a positive count");
+    load_cuda(device, options.cuda_graphs == 0 ? 64 : options.cuda_graphs < 0 ? 0 : options.cuda_graphs);
     plan_outputs();
     return;
   }
@@ -93,7 +96,7 @@ void Model::refuse_ref_launches(const NativePlan& plan, const char* target) cons
                                   "not have:" + refs);
 }
 
-void Model::load_cuda(const std::string& device) {
+void Model::load_cuda(const std::string& device, int max_graphs) {
   const std::string& src = artifact_->source();
   int ordinal = 0;
   const bool digits = device.size() > 5 && device.size() < 15 &&
@@ -125,7 +128,7 @@ void Model::load_cuda(const std::string& device) {
                       "): its operand check is malformed (" + e.what() + ")");
     }
   }
-  cuda_ = std::make_unique<cuda::NativeCuda>(*artifact_, m_, ordinal);
+  cuda_ = std::make_unique<cuda::NativeCuda>(*artifact_, m_, ordinal, max_graphs);
   executor_ = cuda_->description();
 }
 
@@ -742,7 +745,7 @@ void Model::run_cuda(const Prepared& p, const bpk_tensor* in, bpk_tensor* out) c
   for (size_t k = 0; k < n_out; ++k) slots[1 + n_in + k] = nat.outputs[k] >= 0 ? base + at[n_in + k] : 0;
   const auto& w = cuda_->weight_ptrs();
   std::copy(w.begin(), w.end(), slots.begin() + int64_t(1 + n_in + n_out));
-  cuda_->run(*p.cuda, slots.data(), base, *c);
+  cuda_->run(p.cuda, slots.data(), base, *c);
   if (cuda_->checks_errors()) {
     int64_t status[3] = {0, 0, 0};
     drv.check(drv.MemcpyDtoHAsync(status, base, sizeof status, c->stream), "cuMemcpyDtoHAsync");

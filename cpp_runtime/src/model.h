@@ -119,7 +119,7 @@ class Model {
   const std::vector<KernelDecl>& kernels() const { return cuda_ ? m_.cuda_kernels : m_.kernels; }
   [[noreturn]] void index_error(const KernelDecl& k, int64_t code, int64_t value, int64_t size) const;
   void refuse_ref_launches(const NativePlan& plan, const char* target) const;
-  void load_cuda(const std::string& device);
+  void load_cuda(const std::string& device, int max_graphs);
   // Note [CUDA calls] (native_cuda.h): host tensors staged through the call context's device memory
   void run_cuda(const Prepared& p, const bpk_tensor* inputs, bpk_tensor* outputs) const;
   // Note [Kernel operand checks] for CUDA kernels: their check programs over (ints, room)

@@ -17,7 +17,8 @@ size_t round_up(size_t n) { return (n + kWeightAlign - 1) / kWeightAlign * kWeig
 
 }  // namespace
 
-NativeCuda::NativeCuda(const Artifact& artifact, const Manifest& m, int ordinal) : m_(m) {
+NativeCuda::NativeCuda(const Artifact& artifact, const Manifest& m, int ordinal, int max_graphs)
+    : m_(m), max_graphs_(max_graphs) {
   const NativePlan& plan = *m.native_cuda;
   drv_ = std::make_unique<Driver>();
   device_ = std::make_unique<Device>(*drv_, ordinal);
@@ -88,6 +89,8 @@ std::shared_ptr<const CudaPrepared> NativeCuda::prepare(const int64_t* r) const 
         when.push_back({c.slot, c.offset.resolve(r), c.is});
     }
     if (skip) continue;  // Note [Guarded launches]: not at this signature
+    if (!when.empty() && p->no_graph.empty())
+      p->no_graph = "launch " + std::to_string(li) + " reads a run-time branch's predicate on the host";
     CudaPrepared::Launch out;
     out.plan_index = int64_t(li);
     out.when = std::move(when);
@@ -151,6 +154,7 @@ NativeCuda::CallContext* NativeCuda::take(size_t bytes) const {
   }
   try {
     if (!c->memory || c->memory->bytes() < bytes) {
+      drop_graphs(*c);  // they address the old buffer
       c->memory.reset();
       c->memory = std::make_unique<DeviceBuffer>(*drv_, bytes);
     }
@@ -172,7 +176,16 @@ void NativeCuda::give(CallContext* c) const {
   destroy(c);
 }
 
+void NativeCuda::drop_graphs(CallContext& c) const {
+  if (c.graphs.empty()) return;
+  drv_->StreamSynchronize(c.stream);
+  for (auto& [key, g] : c.graphs)
+    if (g.exec) drv_->GraphExecDestroy(g.exec);
+  c.graphs.clear();
+}
+
 void NativeCuda::destroy(CallContext* c) const {
+  drop_graphs(*c);
   drv_->StreamSynchronize(c->stream);
   c->memory.reset();
   c->semaphores.reset();
@@ -203,7 +216,56 @@ bool NativeCuda::holds(const std::vector<ByteCond>& when, const CUdeviceptr* slo
   return true;
 }
 
-void NativeCuda::run(const CudaPrepared& p, const CUdeviceptr* slots, CUdeviceptr status, CallContext& c) const {
+void NativeCuda::run(const std::shared_ptr<const CudaPrepared>& p, const CUdeviceptr* slots, CUdeviceptr status,
+                     CallContext& c) const {
+  if (max_graphs_ <= 0 || !p->no_graph.empty()) return launch_all(*p, slots, status, c);
+  Graph& g = c.graphs[p.get()];
+  g.used = ++c.clock;
+  if (!g.prepared) g.prepared = p;
+  if (g.exec) {
+    drv_->check(drv_->GraphLaunch(g.exec, c.stream), "cuGraphLaunch");
+    return;
+  }
+  if (g.refused || g.runs++ == 0) return launch_all(*p, slots, status, c);  // the first call warms up
+  if (c.graphs.size() > size_t(max_graphs_)) {  // drop the least recently used other graph
+    auto victim = c.graphs.end();
+    for (auto it = c.graphs.begin(); it != c.graphs.end(); ++it)
+      if (it->first != p.get() && (victim == c.graphs.end() || it->second.used < victim->second.used)) victim = it;
+    if (victim != c.graphs.end()) {
+      if (victim->second.exec) {
+        drv_->check(drv_->StreamSynchronize(c.stream), "cuStreamSynchronize");
+        drv_->GraphExecDestroy(victim->second.exec);
+      }
+      c.graphs.erase(victim);
+    }
+  }
+  Graph& mine = c.graphs[p.get()];
+  mine.exec = capture(*p, slots, status, c);
+  if (mine.exec == nullptr) {
+    mine.refused = true;
+    return launch_all(*p, slots, status, c);
+  }
+  drv_->check(drv_->GraphLaunch(mine.exec, c.stream), "cuGraphLaunch");
+}
+
+CUgraphExec NativeCuda::capture(const CudaPrepared& p, const CUdeviceptr* slots, CUdeviceptr status,
+                                CallContext& c) const {
+  if (drv_->StreamBeginCapture(c.stream, kCaptureModeThreadLocal) != 0) return nullptr;
+  bool recorded = true;
+  try {
+    launch_all(p, slots, status, c);
+  } catch (const Error&) {
+    recorded = false;  // a launch the driver refuses while capturing: the capture is discarded
+  }
+  CUgraph graph = nullptr;
+  const CUresult ended = drv_->StreamEndCapture(c.stream, &graph);
+  CUgraphExec exec = nullptr;
+  if (recorded && ended == 0 && graph != nullptr && drv_->GraphInstantiate(&exec, graph, 0) != 0) exec = nullptr;
+  if (graph != nullptr) drv_->GraphDestroy(graph);
+  return exec;
+}
+
+void NativeCuda::launch_all(const CudaPrepared& p, const CUdeviceptr* slots, CUdeviceptr status, CallContext& c) const {
   std::vector<uint64_t> words(p.words);
   for (const auto& w : p.ptr_words) words[w.pos] = w.slot == kStatusSlot ? status : slots[w.slot] + uint64_t(w.offset);
   if (checks_errors_) drv_->check(drv_->MemsetD8Async(status, 0, 32, c.stream), "cuMemsetD8Async");

@@ -11,6 +11,18 @@
 // and one device buffer holding its status words, arena and staged host tensors, grown on demand —
 // and gives it back when it returns; at most kIdleContexts idle contexts are kept.
 //
+// Note [CUDA graphs]: the second call of a signature on a call context captures its launches into a
+// graph (stream capture on the context's stream, thread-local mode) and every later one launches that
+// graph: one driver call instead of one per kernel. A graph is exact for later calls because everything
+// it addresses stays put: the context's device buffer (status words, arena, staged inputs and
+// outputs: a caller's tensors are copied in and out around the graph, never captured) and the weights;
+// when the context's buffer grows, its graphs are dropped. Staging was chosen over updating kernel
+// parameters per call because cuBLAS and CUTLASS nodes have parameter layouts this runtime does not
+// know, and a host-memory model stages its tensors anyway. Graphs are per context (so per stream and
+// device), at most `max_graphs` per context (least recently used dropped first); a plan with a data
+// predicate (a launch whose condition reads a byte on the host) is never captured — it runs plain
+// launches, and `bladepack inspect` says why. A capture the driver refuses runs plain instead.
+//
 // Not here: `ref` launches (steps without a CUDA kernel) need the Python reference executor; such
 // plans are refused at load, as the CPU plan's are.
 #pragma once
@@ -19,6 +31,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "artifact.h"
@@ -57,11 +70,13 @@ struct CudaPrepared {
     int64_t slot, offset;
   };
   std::vector<PtrWord> ptr_words;
+  std::string no_graph;  // why this signature is never captured (Note [CUDA graphs]); "" when it may be
 };
 
 class NativeCuda {
  public:
-  NativeCuda(const Artifact& artifact, const Manifest& m, int ordinal);
+  // max_graphs: graphs kept per call context (Note [CUDA graphs]); 0 turns them off
+  NativeCuda(const Artifact& artifact, const Manifest& m, int ordinal, int max_graphs);
   ~NativeCuda();
   NativeCuda(const NativeCuda&) = delete;
   NativeCuda& operator=(const NativeCuda&) = delete;
@@ -75,10 +90,19 @@ class NativeCuda {
 
   std::shared_ptr<const CudaPrepared> prepare(const int64_t* regs) const;
 
+  struct Graph {
+    std::shared_ptr<const CudaPrepared> prepared;  // kept alive: the key is its address
+    CUgraphExec exec = nullptr;
+    uint64_t used = 0;
+    int runs = 0;
+    bool refused = false;  // the driver refused its capture: plain launches
+  };
   struct CallContext {
     CUstream stream = nullptr;
     std::unique_ptr<DeviceBuffer> memory;      // status words, arena, staged inputs and outputs
     std::unique_ptr<DeviceBuffer> semaphores;  // split-K semaphores (zeroed when allocated)
+    std::unordered_map<const CudaPrepared*, Graph> graphs;
+    uint64_t clock = 0;
   };
   static constexpr size_t kIdleContexts = 16;
   // A context whose memory holds at least `bytes` (made current on this thread); give it back after.
@@ -87,10 +111,17 @@ class NativeCuda {
 
   // Enqueue every launch of `p` on c.stream; `slots`: the device address of each slot. Data
   // conditions read their byte after the launches before them (a synchronisation).
-  void run(const CudaPrepared& p, const CUdeviceptr* slots, CUdeviceptr status, CallContext& c) const;
+  // With graphs on, a signature's third and later calls on `c` launch its graph (Note [CUDA graphs]).
+  void run(const std::shared_ptr<const CudaPrepared>& p, const CUdeviceptr* slots, CUdeviceptr status,
+           CallContext& c) const;
+  int max_graphs() const { return max_graphs_; }
 
  private:
   void destroy(CallContext* c) const;
+  void drop_graphs(CallContext& c) const;
+  void launch_all(const CudaPrepared& p, const CUdeviceptr* slots, CUdeviceptr status, CallContext& c) const;
+  // capture `p` on c's stream into an instantiated graph; nullptr when the driver refuses
+  CUgraphExec capture(const CudaPrepared& p, const CUdeviceptr* slots, CUdeviceptr status, CallContext& c) const;
   CUdeviceptr semaphores(CallContext& c, size_t bytes) const;
   bool holds(const std::vector<ByteCond>& when, const CUdeviceptr* slots, CUstream stream) const;
 
@@ -105,6 +136,7 @@ class NativeCuda {
   std::unique_ptr<Cublas> cublas_;
   std::unique_ptr<CutlassGemms> cutlass_;
   bool checks_errors_ = false;
+  int max_graphs_ = 0;
   mutable std::mutex pool_mu_;
   mutable std::vector<CallContext*> idle_;
 };

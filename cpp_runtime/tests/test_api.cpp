@@ -217,7 +217,7 @@ void cpp_header(const std::string& path) {
 // A model on a CUDA device: its executor, results within float32 rounding of the CPU model's, errors
 // as on the CPU, and concurrent calls (each on a stream of its own) equal to serial ones bit for bit.
 void on_device(const std::string& path, const char* device) {
-  bpk_load_options opts{BPK_LOAD_DEVICE, 0, nullptr, nullptr, 0, nullptr, device};
+  bpk_load_options opts{BPK_LOAD_DEVICE, 0, nullptr, nullptr, 0, nullptr, device, 0};
   bpk_model *gpu = nullptr, *cpu = nullptr;
   if (bpk_model_load(path.c_str(), &opts, &gpu) != BPK_OK || bpk_model_load(path.c_str(), nullptr, &cpu) != BPK_OK) {
     CHECK(false, "load on %s: %s", device, bpk_last_error());
@@ -240,9 +240,30 @@ void on_device(const std::string& path, const char* device) {
             contains(bpk_last_error(), "output buffer 'output0' is float32[2, 9]; the result is float32[2, 10]"),
         "%s", bpk_last_error());
   threads(gpu, 0.0);
+  // Note [CUDA graphs]: one graph per stream, batches alternating (each call drops the other's graph),
+  // bit-identical to a model without graphs
+  bpk_load_options one{BPK_LOAD_DEVICE, 0, nullptr, nullptr, 0, nullptr, device, 1};
+  bpk_load_options none_{BPK_LOAD_DEVICE, 0, nullptr, nullptr, 0, nullptr, device, -1};
+  bpk_model *lru = nullptr, *plain = nullptr;
+  CHECK(bpk_model_load(path.c_str(), &one, &lru) == BPK_OK && bpk_model_load(path.c_str(), &none_, &plain) == BPK_OK,
+        "%s", bpk_last_error());
+  int differ = 0;
+  for (int r = 0; r < 12 && lru && plain; ++r) {
+    const int64_t b = r % 2 ? 3 : 40;
+    std::vector<float> y = run_alloc(lru, b, r), want = run_alloc(plain, b, r);
+    differ += y.size() != want.size() || std::memcmp(y.data(), want.data(), y.size() * sizeof(float)) != 0;
+  }
+  CHECK(differ == 0, "%d calls with one graph per stream differ from calls without graphs", differ);
+  bpk_load_options negative{BPK_LOAD_DEVICE, 0, nullptr, nullptr, 0, nullptr, device, -2};
+  bpk_model* refused = nullptr;
+  CHECK(bpk_model_load(path.c_str(), &negative, &refused) == BPK_ERR_ARGUMENT &&
+            contains(bpk_last_error(), "cuda_graphs is -2; allowed: -1 (off), 0 (the default, 64) or a positive count"),
+        "%s", bpk_last_error());
+  bpk_model_free(lru);
+  bpk_model_free(plain);
   bpk_model_free(gpu);
   bpk_model_free(cpu);
-  bpk_load_options bad{BPK_LOAD_DEVICE, 0, nullptr, nullptr, 0, nullptr, "gpu"};
+  bpk_load_options bad{BPK_LOAD_DEVICE, 0, nullptr, nullptr, 0, nullptr, "gpu", 0};
   bpk_model* none = nullptr;
   CHECK(bpk_model_load(path.c_str(), &bad, &none) == BPK_ERR_ARGUMENT &&
             contains(bpk_last_error(), "device must be 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),

@@ -3,6 +3,7 @@
  * double precision from the operands' own types, rounding once to the result type. Calls are logged
  * to FAKE_CUDA_LOG like the fake driver's ("gemm" with transposes, sizes, leading dims, batch, types).
  */
+#include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,7 +60,7 @@ static void store(void* p, long long i, int t, double v) {
 }
 
 int cublasCreate_v2(void** handle) {
-  *handle = malloc(16);
+  *handle = calloc(1, 16); /* the stream set last */
   logf_("cublas_create");
   return 0;
 }
@@ -68,9 +69,37 @@ int cublasDestroy_v2(void* handle) {
   return 0;
 }
 int cublasSetStream_v2(void* handle, void* stream) {
-  (void)handle;
-  (void)stream;
+  *(void**)handle = stream;
   return 0;
+}
+
+/* A GEMM's arguments, run now or, when its stream is capturing a graph (the fake driver's
+ * fake_cuda_host_work), recorded as a node that runs when the graph is launched. */
+typedef struct {
+  int transa, transb, m, n, k;
+  double al, be;
+  const void *A, *B;
+  void* C;
+  int atype, btype, ctype, lda, ldb, ldc, batch;
+  long long sa, sb, sc;
+} Gemm;
+
+static void gemm_run(void* data) {
+  const Gemm* g = (const Gemm*)data;
+  for (int b = 0; b < g->batch; ++b)
+    for (int j = 0; j < g->n; ++j)
+      for (int i = 0; i < g->m; ++i) {
+        double acc = 0;
+        for (int p = 0; p < g->k; ++p) {
+          const double a =
+              load(g->A, b * g->sa + (g->transa ? (long long)i * g->lda + p : (long long)p * g->lda + i), g->atype);
+          const double x =
+              load(g->B, b * g->sb + (g->transb ? (long long)p * g->ldb + j : (long long)j * g->ldb + p), g->btype);
+          acc += a * x;
+        }
+        const long long at = b * g->sc + (long long)j * g->ldc + i;
+        store(g->C, at, g->ctype, g->al * acc + (g->be != 0 ? g->be * load(g->C, at, g->ctype) : 0));
+      }
 }
 
 /* column-major: C (m x n, ldc) = op(A) (m x k) . op(B) (k x n), per batch */
@@ -84,19 +113,18 @@ int cublasGemmStridedBatchedEx(void* handle, int transa, int transb, int m, int 
   snprintf(line, sizeof line, "gemm %c%c m %d n %d k %d lda %d ldb %d ldc %d batch %d types %d %d %d compute %d",
            transa ? 'T' : 'N', transb ? 'T' : 'N', m, n, k, lda, ldb, ldc, batch, atype, btype, ctype, compute);
   logf_(line);
-  const double al = compute == 70 ? *(const double*)alpha : *(const float*)alpha;
-  const double be = compute == 70 ? *(const double*)beta : *(const float*)beta;
-  for (int b = 0; b < batch; ++b)
-    for (int j = 0; j < n; ++j)
-      for (int i = 0; i < m; ++i) {
-        double acc = 0;
-        for (int p = 0; p < k; ++p) {
-          const double a = load(A, b * sa + (transa ? (long long)i * lda + p : (long long)p * lda + i), atype);
-          const double x = load(B, b * sb + (transb ? (long long)p * ldb + j : (long long)j * ldb + p), btype);
-          acc += a * x;
-        }
-        const long long at = b * sc + (long long)j * ldc + i;
-        store(C, at, ctype, al * acc + (be != 0 ? be * load(C, at, ctype) : 0));
-      }
+  Gemm* g = (Gemm*)malloc(sizeof *g);
+  *g = (Gemm){transa, transb, m, n, k, compute == 70 ? *(const double*)alpha : *(const float*)alpha,
+              compute == 70 ? *(const double*)beta : *(const float*)beta, A, B, C, atype, btype, ctype, lda, ldb, ldc,
+              batch, sa, sb, sc};
+  typedef int (*HostWork)(void*, void (*)(void*), void*, void (*)(void*));
+  void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  HostWork record = cuda ? (HostWork)dlsym(cuda, "fake_cuda_host_work") : NULL;
+  const int recorded = record && record(*(void**)handle, gemm_run, g, free);
+  if (cuda) dlclose(cuda);
+  if (!recorded) {
+    gemm_run(g);
+    free(g);
+  }
   return 0;
 }

@@ -277,41 +277,220 @@ CUresult cuEventDestroy_v2(void* e) {
   return OK;
 }
 
+/* -- stream capture and graphs (CUDA graphs): a capturing stream records launches, memsets,
+ * device-to-device copies and host work (the fake cuBLAS's GEMMs) as nodes instead of running them;
+ * a host synchronisation or a copy to or from host memory on it fails as the driver's does
+ * (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED); cuGraphLaunch replays the nodes in order, logging
+ * "graph_launch" once and "graph_node NAME ..." per kernel node (never "launch"), so a test counts the
+ * driver launches of a call. */
+enum { ERR_CAPTURE_UNSUPPORTED = 900, ERR_CAPTURE_INVALIDATED = 901 };
+typedef struct {
+  int kind; /* 0 kernel, 1 memset, 2 device copy, 3 host function */
+  FakeFunction* fn;
+  unsigned grid[3], block[3], smem;
+  unsigned char* params;
+  size_t size;
+  CUdeviceptr dst, src;
+  unsigned char value;
+  void (*host)(void*);
+  void* data;
+  void (*release)(void*);
+} FakeNode;
+typedef struct {
+  int n, cap;
+  FakeNode* nodes;
+  int exec; /* an instantiated copy: the first takes over the host nodes' data from its graph */
+} FakeGraph;
+static pthread_mutex_t g_capture_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+  CUstream stream;
+  FakeGraph* graph;
+  int invalid;
+} g_captures[64];
+
+/* the graph `stream` is capturing into, or NULL */
+static FakeGraph* capturing(CUstream stream, int** invalid) {
+  FakeGraph* g = NULL;
+  pthread_mutex_lock(&g_capture_lock);
+  for (int i = 0; i < 64; ++i)
+    if (g_captures[i].graph && g_captures[i].stream == stream) {
+      g = g_captures[i].graph;
+      if (invalid) *invalid = &g_captures[i].invalid;
+    }
+  pthread_mutex_unlock(&g_capture_lock);
+  return g;
+}
+static FakeNode* add_node(FakeGraph* g) {
+  if (g->n == g->cap) {
+    g->cap = g->cap ? 2 * g->cap : 16;
+    g->nodes = (FakeNode*)realloc(g->nodes, sizeof(FakeNode) * (size_t)g->cap);
+  }
+  FakeNode* node = &g->nodes[g->n++];
+  memset(node, 0, sizeof *node);
+  return node;
+}
+static CUresult refuse_in_capture(CUstream stream, const char* what) {
+  int* invalid = NULL;
+  if (!capturing(stream, &invalid)) return OK;
+  *invalid = 1;
+  logf_("capture_refused %s stream %llu", what, (unsigned long long)(uintptr_t)stream);
+  return ERR_CAPTURE_UNSUPPORTED;
+}
+
+/* For the fake cuBLAS: run `host(data)` now, or record it as a node when `stream` is capturing
+ * (`release(data)` when the graph goes). Returns 1 when recorded. */
+int fake_cuda_host_work(CUstream stream, void (*host)(void*), void* data, void (*release)(void*)) {
+  FakeGraph* g = capturing(stream, NULL);
+  if (!g) return 0;
+  FakeNode* node = add_node(g);
+  node->kind = 3;
+  node->host = host;
+  node->data = data;
+  node->release = release;
+  logf_("capture_host stream %llu", (unsigned long long)(uintptr_t)stream);
+  return 1;
+}
+
+static CUresult run_kernel(FakeFunction* fn, const unsigned grid[3], const unsigned block[3], unsigned smem,
+                           const unsigned char* buf, size_t size) {
+  g_clock_us += kernel_us(fn->name);
+  if (!fn->emu) return OK;
+  if (!buf || size % 8) return ERR_INVALID_VALUE;
+  uint64_t* words = (uint64_t*)malloc(size + 8);
+  memcpy(words, buf, size);
+  EmuLaunch launch = (EmuLaunch)dlsym(((FakeModule*)fn->module)->emu, "bpk_emu_launch");
+  pthread_mutex_lock(&g_emu_lock);
+  launch(fn->emu, fn->coop, grid, block, smem, words);
+  pthread_mutex_unlock(&g_emu_lock);
+  free(words);
+  return OK;
+}
+
 CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned smem, CUstream stream, void** params, void** extra) {
   char hex[8192] = "";
-  if (extra) {
-    const unsigned char* buf = NULL;
-    size_t size = 0;
-    for (int i = 0; extra[i] != NULL; i += 2) {
-      if (extra[i] == (void*)1) buf = (const unsigned char*)extra[i + 1];
-      if (extra[i] == (void*)2) size = *(size_t*)extra[i + 1];
-    }
-    for (size_t i = 0; buf && i < size && 2 * i + 2 < sizeof hex; ++i) snprintf(hex + 2 * i, 3, "%02x", buf[i]);
+  const unsigned char* buf = NULL;
+  size_t size = 0;
+  for (int i = 0; extra && extra[i] != NULL; i += 2) {
+    if (extra[i] == (void*)1) buf = (const unsigned char*)extra[i + 1];
+    if (extra[i] == (void*)2) size = *(size_t*)extra[i + 1];
   }
-  logf_("launch %s grid %u %u %u block %u %u %u smem %u stream %llu params %s args %s", ((FakeFunction*)f)->name,
-        gx, gy, gz, bx, by, bz, smem, (unsigned long long)(uintptr_t)stream, params ? "array" : "none",
-        hex[0] ? hex : "-");
+  for (size_t i = 0; buf && i < size && 2 * i + 2 < sizeof hex; ++i) snprintf(hex + 2 * i, 3, "%02x", buf[i]);
+  FakeGraph* g = capturing(stream, NULL);
+  logf_("%s %s grid %u %u %u block %u %u %u smem %u stream %llu params %s args %s", g ? "capture_launch" : "launch",
+        ((FakeFunction*)f)->name, gx, gy, gz, bx, by, bz, smem, (unsigned long long)(uintptr_t)stream,
+        params ? "array" : "none", hex[0] ? hex : "-");
   if (bx * by * bz > 1024 || gx == 0 || gy == 0 || gz == 0 || bx * by * bz == 0) return ERR_INVALID_VALUE;
-  FakeFunction* fn = (FakeFunction*)f;
-  g_clock_us += kernel_us(fn->name);
-  if (fn->emu) {
-    const unsigned char* buf = NULL;
-    size_t size = 0;
-    for (int i = 0; extra && extra[i] != NULL; i += 2) {
-      if (extra[i] == (void*)1) buf = (const unsigned char*)extra[i + 1];
-      if (extra[i] == (void*)2) size = *(size_t*)extra[i + 1];
-    }
-    if (!buf || size % 8) return ERR_INVALID_VALUE;
-    uint64_t* words = (uint64_t*)malloc(size + 8);
-    memcpy(words, buf, size);
-    EmuLaunch launch = (EmuLaunch)dlsym(((FakeModule*)fn->module)->emu, "bpk_emu_launch");
-    const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
-    pthread_mutex_lock(&g_emu_lock);
-    launch(fn->emu, fn->coop, grid, block, smem, words);
-    pthread_mutex_unlock(&g_emu_lock);
-    free(words);
+  const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+  if (g) { /* the driver copies the parameters when the launch is recorded */
+    FakeNode* node = add_node(g);
+    node->kind = 0;
+    node->fn = (FakeFunction*)f;
+    memcpy(node->grid, grid, sizeof grid);
+    memcpy(node->block, block, sizeof block);
+    node->smem = smem;
+    node->size = size;
+    node->params = (unsigned char*)malloc(size + 8);
+    if (buf) memcpy(node->params, buf, size);
+    return OK;
   }
+  return run_kernel((FakeFunction*)f, grid, block, smem, buf, size);
+}
+
+CUresult cuStreamBeginCapture_v2(CUstream stream, int mode) {
+  logf_("capture_begin stream %llu mode %d", (unsigned long long)(uintptr_t)stream, mode);
+  if (stream == NULL || capturing(stream, NULL)) return ERR_INVALID_VALUE; /* the legacy stream cannot capture */
+  pthread_mutex_lock(&g_capture_lock);
+  CUresult rc = ERR_INVALID_VALUE;
+  for (int i = 0; i < 64; ++i)
+    if (!g_captures[i].graph) {
+      g_captures[i].stream = stream;
+      g_captures[i].graph = (FakeGraph*)calloc(1, sizeof(FakeGraph));
+      g_captures[i].invalid = 0;
+      rc = OK;
+      break;
+    }
+  pthread_mutex_unlock(&g_capture_lock);
+  return rc;
+}
+static void free_graph(FakeGraph* g) {
+  for (int i = 0; i < g->n; ++i) {
+    free(g->nodes[i].params);
+    if (g->nodes[i].release) g->nodes[i].release(g->nodes[i].data);
+  }
+  free(g->nodes);
+  free(g);
+}
+CUresult cuStreamEndCapture(CUstream stream, void** graph) {
+  FakeGraph* g = NULL;
+  int invalid = 0;
+  pthread_mutex_lock(&g_capture_lock);
+  for (int i = 0; i < 64; ++i)
+    if (g_captures[i].graph && g_captures[i].stream == stream) {
+      g = g_captures[i].graph;
+      invalid = g_captures[i].invalid;
+      g_captures[i].graph = NULL;
+    }
+  pthread_mutex_unlock(&g_capture_lock);
+  if (!g) return ERR_INVALID_VALUE;
+  logf_("capture_end stream %llu nodes %d%s", (unsigned long long)(uintptr_t)stream, g->n, invalid ? " invalidated" : "");
+  if (invalid) {
+    free_graph(g);
+    *graph = NULL;
+    return ERR_CAPTURE_INVALIDATED;
+  }
+  *graph = g;
+  return OK;
+}
+CUresult cuStreamIsCapturing(CUstream stream, int* status) {
+  *status = capturing(stream, NULL) ? 1 : 0; /* CU_STREAM_CAPTURE_STATUS_ACTIVE / NONE */
+  return OK;
+}
+CUresult cuGraphInstantiateWithFlags(void** exec, void* graph, unsigned long long flags) {
+  (void)flags;
+  FakeGraph* g = (FakeGraph*)graph;
+  FakeGraph* e = (FakeGraph*)calloc(1, sizeof(FakeGraph));
+  e->exec = 1;
+  e->n = e->cap = g->n;
+  e->nodes = (FakeNode*)calloc((size_t)(g->n ? g->n : 1), sizeof(FakeNode));
+  for (int i = 0; i < g->n; ++i) {
+    e->nodes[i] = g->nodes[i];
+    g->nodes[i].release = NULL; /* the exec frees it (graphs are destroyed once instantiated) */
+    if (g->nodes[i].params) {
+      e->nodes[i].params = (unsigned char*)malloc(g->nodes[i].size + 8);
+      memcpy(e->nodes[i].params, g->nodes[i].params, g->nodes[i].size);
+    }
+  }
+  logf_("graph_instantiate nodes %d", g->n);
+  *exec = e;
+  return OK;
+}
+CUresult cuGraphLaunch(void* exec, CUstream stream) {
+  const FakeGraph* e = (const FakeGraph*)exec;
+  logf_("graph_launch nodes %d stream %llu", e->n, (unsigned long long)(uintptr_t)stream);
+  if (capturing(stream, NULL)) return ERR_CAPTURE_UNSUPPORTED;
+  for (int i = 0; i < e->n; ++i) {
+    const FakeNode* node = &e->nodes[i];
+    switch (node->kind) {
+      case 0:
+        logf_("graph_node %s grid %u %u %u block %u %u %u smem %u", node->fn->name, node->grid[0], node->grid[1],
+              node->grid[2], node->block[0], node->block[1], node->block[2], node->smem);
+        if (run_kernel(node->fn, node->grid, node->block, node->smem, node->params, node->size)) return ERR_INVALID_VALUE;
+        break;
+      case 1: memset((void*)(uintptr_t)node->dst, node->value, node->size); break;
+      case 2: memmove((void*)(uintptr_t)node->dst, (const void*)(uintptr_t)node->src, node->size); break;
+      case 3: node->host(node->data); break;
+    }
+  }
+  return OK;
+}
+CUresult cuGraphDestroy(void* graph) {
+  free_graph((FakeGraph*)graph);
+  return OK;
+}
+CUresult cuGraphExecDestroy(void* exec) {
+  logf_("graph_exec_destroy");
+  free_graph((FakeGraph*)exec);
   return OK;
 }
 
@@ -398,17 +577,25 @@ CUresult cuMemcpyDtoH_v2(void* d, CUdeviceptr s, size_t n) {
   return OK;
 }
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* s, size_t n, CUstream st) {
-  (void)st;
+  if (refuse_in_capture(st, "copy_htod")) return ERR_CAPTURE_UNSUPPORTED;
   return cuMemcpyHtoD_v2(d, s, n);
 }
 CUresult cuMemcpyDtoHAsync_v2(void* d, CUdeviceptr s, size_t n, CUstream st) {
-  (void)st;
+  if (refuse_in_capture(st, "copy_dtoh")) return ERR_CAPTURE_UNSUPPORTED;
   return cuMemcpyDtoH_v2(d, s, n);
 }
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {
-  (void)st;
+  FakeGraph* g = capturing(st, NULL);
+  logf_("%s %zu", g ? "capture_dtod" : "copy_dtod", n);
+  if (g) {
+    FakeNode* node = add_node(g);
+    node->kind = 2;
+    node->dst = d;
+    node->src = s;
+    node->size = n;
+    return OK;
+  }
   memmove((void*)(uintptr_t)d, (const void*)(uintptr_t)s, n);
-  logf_("copy_dtod %zu", n);
   return OK;
 }
 CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) {
@@ -416,13 +603,21 @@ CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) {
   return OK;
 }
 CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream st) {
-  (void)st;
+  FakeGraph* g = capturing(st, NULL);
+  if (g) {
+    FakeNode* node = add_node(g);
+    node->kind = 1;
+    node->dst = d;
+    node->value = v;
+    node->size = n;
+    return OK;
+  }
   return cuMemsetD8_v2(d, v, n);
 }
 CUresult cuStreamCreate(CUstream* s, unsigned flags) {
   (void)flags;
   static int streams = 0;
-  *s = (CUstream)(uintptr_t)(0x1000 + ++streams);
+  *s = (CUstream)(uintptr_t)(0x1000 + __atomic_add_fetch(&streams, 1, __ATOMIC_RELAXED));
   return OK;
 }
 CUresult cuStreamDestroy_v2(CUstream s) {
@@ -431,10 +626,14 @@ CUresult cuStreamDestroy_v2(CUstream s) {
 }
 CUresult cuStreamSynchronize(CUstream s) {
   logf_("stream_sync %llu", (unsigned long long)(uintptr_t)s);
-  return OK;
+  return refuse_in_capture(s, "stream_sync");
 }
 CUresult cuGetErrorName(CUresult e, const char** s) {
-  *s = e == OK ? "CUDA_SUCCESS" : e == ERR_INVALID_VALUE ? "CUDA_ERROR_INVALID_VALUE" : "CUDA_ERROR_UNKNOWN";
+  *s = e == OK                        ? "CUDA_SUCCESS"
+       : e == ERR_INVALID_VALUE         ? "CUDA_ERROR_INVALID_VALUE"
+       : e == ERR_CAPTURE_UNSUPPORTED   ? "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
+       : e == ERR_CAPTURE_INVALIDATED   ? "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"
+                                        : "CUDA_ERROR_UNKNOWN";
   return OK;
 }
 CUresult cuGetErrorString(CUresult e, const char** s) {
@@ -467,7 +666,10 @@ static const struct Entry kEntries[] = {
     E("cuGetErrorName", cuGetErrorName), E("cuGetErrorString", cuGetErrorString),
     E("cuEventCreate", cuEventCreate), E("cuEventRecord", cuEventRecord), E("cuEventSynchronize", cuEventSynchronize),
     E("cuEventElapsedTime", cuEventElapsedTime), E("cuEventDestroy", cuEventDestroy_v2),
-    E("cuGetProcAddress", cuGetProcAddress_v2),
+    E("cuGetProcAddress", cuGetProcAddress_v2), E("cuStreamBeginCapture", cuStreamBeginCapture_v2),
+    E("cuStreamEndCapture", cuStreamEndCapture), E("cuStreamIsCapturing", cuStreamIsCapturing),
+    E("cuGraphInstantiateWithFlags", cuGraphInstantiateWithFlags), E("cuGraphInstantiate", cuGraphInstantiateWithFlags),
+    E("cuGraphLaunch", cuGraphLaunch), E("cuGraphDestroy", cuGraphDestroy), E("cuGraphExecDestroy", cuGraphExecDestroy),
 };
 
 CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, unsigned long long flags, int* status) {

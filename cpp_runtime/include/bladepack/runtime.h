@@ -127,6 +127,11 @@ typedef struct bpk_load_options {
    * artifact's native CUDA plan through the driver API (libcuda.so.1 is loaded at run time; nothing
    * links against CUDA); bpk_tensor data are host memory, copied to the device and back per call. */
   const char* device;
+  /* read only with BPK_LOAD_DEVICE: CUDA graphs kept per stream. From its second call on a stream, a
+   * shape signature's launches replay as one captured graph (one driver call per run; plans with a
+   * run-time branch read on the host never are); 0: the default (64, least recently used dropped
+   * first), -1: off (every kernel launched by itself). */
+  int32_t cuda_graphs;
 } bpk_load_options;
 
 typedef struct bpk_model bpk_model;
