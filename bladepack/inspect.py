@@ -2,7 +2,7 @@
 
 In: a manifest (from `bladepack.artifact.read`). Out: a dict with the keys documented in
 docs/format.md (format_version, producer, inputs, outputs, symbols, plan, kernels, gemm_configs,
-cpu_libraries, reference_steps, cuda_images, cuda_reference_steps, cuda_arena_bytes, weights_bytes,
+cpu_libraries, reference_steps, cuda_images, cuda_reference_steps, cuda_arena_bytes, cuda_graphs, weights_bytes,
 arena_bytes), and its text rendering.
 """
 
@@ -46,6 +46,7 @@ def manifest_summary(m: dict[str, Any]) -> dict[str, Any]:
         "cuda_images": [i["arch"] for i in m.get("native_cuda", {}).get("images", [])],
         "cuda_reference_steps": _reference_steps(m, "native_cuda"),
         "cuda_arena_bytes": m.get("native_cuda", {}).get("arena_bytes_expr"),
+        "cuda_graphs": _cuda_graphs(m),
         "weights_bytes": weights_bytes,
         "weights": len(m["weights"]),
         "arena_bytes": m["arena_bytes"]["expr"],
@@ -147,6 +148,27 @@ def _reference_steps(m: dict[str, Any], plan: str) -> list[dict[str, Any]]:
     return out
 
 
+def _cuda_graphs(m: dict[str, Any]) -> dict[str, str] | None:
+    """Whether the loaders replay the CUDA plan as graphs (Note [CUDA graphs] in loader/cuda_graphs.py):
+    "always", "some" (signatures that reach a branch read on the host run plain launches) or "never"
+    (a step runs on the host), with the reason."""
+    plan = m.get("native_cuda")
+    if not plan:
+        return None
+    steps = {s["out"]: s for s in m["plan"]["steps"]}
+    for lr in plan.get("launches", []):
+        if lr["op"] == "ref":
+            st = steps.get(lr["node"], {})
+            return {"captured": "never", "reason": f"step %{lr['node']} {st.get('op')} runs on the host"}
+    reads = [i for i, lr in enumerate(plan.get("launches", [])) if any("ptr" in c for c in lr.get("when", ()))]
+    if reads:
+        return {
+            "captured": "some",
+            "reason": f"a signature that runs launch {reads[0]} (a run-time branch read on the host) uses plain launches",
+        }
+    return {"captured": "always", "reason": "each signature replays as one graph from its second call on a stream"}
+
+
 def _prod(shape: list[int]) -> int:
     n = 1
     for d in shape:
@@ -227,6 +249,9 @@ def inspect_text(s: dict[str, Any]) -> str:
         for r in crefs:
             lines.append(f"  %{r['node']} {r['op']}: {r['reason']} (from {r['loc'] or 'unknown source'})")
         lines.append(f"cuda arena bytes: {s['cuda_arena_bytes']}")
+        graphs = s.get("cuda_graphs")
+        if graphs:
+            lines.append(f"cuda graphs: {graphs['captured']} ({graphs['reason']})")
     lines.append(f"kernels: {len(s['kernels']) or 'none'}")
     for k in s["kernels"]:
         target = f"{k['target']}{'/' + k['arch'] if k['arch'] else ''}"

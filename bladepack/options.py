@@ -103,6 +103,7 @@ class LoaderOptions:
     cuda_home: str | None
     num_threads: int
     shape_cache: int = 4096
+    cuda_graphs: int = 64  # CUDA graphs kept per stream (Note [CUDA graphs] in loader/cuda_graphs.py)
 
     @staticmethod
     def from_env() -> LoaderOptions:
@@ -114,6 +115,7 @@ class LoaderOptions:
             cuda_home=get("CUDA_HOME") or None,
             num_threads=int(get("BLADEPACK_NUM_THREADS", "0") or 0),
             shape_cache=_positive("BLADEPACK_SHAPE_CACHE", 4096),
+            cuda_graphs=_positive("BLADEPACK_CUDA_GRAPHS", 64),
         )
 
 

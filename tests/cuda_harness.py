@@ -36,10 +36,12 @@ _SCRIPT = r"""
 import pickle, sys, numpy as np, bladepack
 from bladepack.errors import BladepackError
 cases = pickle.load(open(sys.argv[2], "rb"))
-m = bladepack.load(sys.argv[1], device=sys.argv[4])
+m = bladepack.load(sys.argv[1], device=sys.argv[4], graphs=sys.argv[5] == "1")
 results = []
 for args in cases:
     try:
+        for _ in range(int(sys.argv[6]) - 1):
+            m(*args)
         out = m(*args)
         results.append([np.asarray(o) for o in (out if isinstance(out, tuple) else (out,))])
     except BladepackError as e:
@@ -125,10 +127,18 @@ class FakeGpu:
         return lib
 
     def run(
-        self, artifact: Any, cases: list[tuple[Any, ...]], device: str = "cuda", cc: str = "90"
+        self,
+        artifact: Any,
+        cases: list[tuple[Any, ...]],
+        device: str = "cuda",
+        cc: str = "90",
+        graphs: bool = True,
+        calls: int = 1,
     ) -> tuple[str, list[Any], str]:
-        """(executor, per case the output arrays or the error text, the fake's log)."""
-        return self._launch(artifact, cases, device, cc, _SCRIPT)
+        """(executor, per case the output arrays or the error text, the fake's log). Each case is called
+        `calls` times (the last call's results; with `graphs`, a signature's third call replays its CUDA
+        graph: Note [CUDA graphs] in bladepack/loader/cuda_graphs.py)."""
+        return self._launch(artifact, cases, device, cc, _SCRIPT, graphs, calls)
 
     def run_cpp(
         self,
@@ -199,10 +209,12 @@ class FakeGpu:
 
     def verify(self, artifact: Any, device: str = "cuda", cc: str = "90") -> tuple[str, dict[str, Any], str]:
         """(executor, `LoadedModule.verify()`'s report on the fake GPU, the fake's log)."""
-        executor, report, log = self._launch(artifact, [], device, cc, _VERIFY)
+        executor, report, log = self._launch(artifact, [], device, cc, _VERIFY, True, 1)
         return executor, report, log
 
-    def _launch(self, artifact: Any, cases: Any, device: str, cc: str, script: str) -> tuple[str, Any, str]:
+    def _launch(
+        self, artifact: Any, cases: Any, device: str, cc: str, script: str, graphs: bool, calls: int
+    ) -> tuple[str, Any, str]:
         work = self.root / hashlib.sha256(os.urandom(8)).hexdigest()[:12]
         work.mkdir()
         bpk = work / "model.bpk"
@@ -211,7 +223,7 @@ class FakeGpu:
         ins.write_bytes(pickle.dumps(cases))
         env = self._env(artifact, log, cc)
         r = subprocess.run(
-            [sys.executable, "-c", script, str(bpk), str(ins), str(outs), device],
+            [sys.executable, "-c", script, str(bpk), str(ins), str(outs), device, "1" if graphs else "0", str(calls)],
             capture_output=True,
             text=True,
             env=env,

@@ -159,8 +159,15 @@ def test_fake_gpu_runs_the_taken_branch(tmp_path_factory: pytest.TempPathFactory
         pytest.skip(f"cpp_runtime does not build here: {e}")
     assert all(np.array_equal(a, b) for want, got in zip(py, cpp) for a, b in zip(want, got))
     assert "capture_begin" not in log and "graph_launch" not in log
+    from bladepack.inspect import inspect_text, manifest_summary
+
+    text = inspect_text(manifest_summary(art._parts()[0]))
+    assert re.search(r"cuda graphs: some \(a signature that runs launch \d+ \(a run-time branch read on the host\)", text)
     _, _, log = gpu.run_cpp(art, [(np.full((3, 8), 0.5, np.float32),)])
     assert log.count("graph_launch") == 2  # the small side has no data predicate
+    _, again, log = gpu.run(art, cases, calls=3)  # the Python loader decides the same
+    assert all(np.array_equal(a, b) for want, got in zip(py, again) for a, b in zip(want, got))
+    assert "capture_begin" not in log and "graph_launch" not in log
 
 
 def _graph_with_branch(reader_outside: bool) -> Any:

@@ -66,6 +66,45 @@ def test_samples_float32(gpu: FakeGpu, name: str) -> None:
             assert rel_err(o, r) <= 1e-4, f"{name} at {dims}: relative error {rel_err(o, r):.3g}"
 
 
+@pytest.mark.parametrize("name", ["mlp", "encoder", "llama", "cnn"])
+def test_cuda_graphs_replay_each_signature(gpu: FakeGpu, name: str) -> None:
+    """Note [CUDA graphs] (loader/cuda_graphs.py): per signature the first call launches each kernel, the
+    second captures them and launches the graph, the third only launches the graph (one driver launch
+    per call); results bit-identical to calls without graphs. The smaller half of the test shapes (size
+    1 and odd sizes among them), three emulated calls each."""
+    s = SAMPLES[name]
+    art = bladepack.optimize(s.build().eval(), s.export_samples(), s.dynamic_shapes, targets=TARGETS)
+    g = torch.Generator().manual_seed(4)
+    cases = [_numpy(s.make_inputs(g, **d)) for d in s.test_cases()]
+    cases = sorted(cases, key=lambda c: sum(a.size for a in c))[: max(3, len(cases) // 2)]
+    _, plain, plain_log = gpu.run(art, cases, graphs=False)
+    _, replayed, log = gpu.run(art, cases, graphs=True, calls=3)
+    for k, (want, got) in enumerate(zip(plain, replayed)):
+        assert not isinstance(got, str), got
+        assert all(np.array_equal(a, b) for a, b in zip(want, got)), f"case {k} differs with graphs"
+    lines = log.splitlines()
+    kernels = sum(ln.startswith("launch ") for ln in plain_log.splitlines())
+    assert sum(ln.startswith("launch ") for ln in lines) == kernels  # first calls only
+    assert sum(ln.startswith("capture_launch ") for ln in lines) == kernels
+    assert sum(ln.startswith("graph_launch ") for ln in lines) == 2 * len(cases)
+    assert "capture_refused" not in log
+
+
+def test_cuda_graphs_bound_and_off(gpu: FakeGpu, monkeypatch: pytest.MonkeyPatch) -> None:
+    """BLADEPACK_CUDA_GRAPHS=1: alternating signatures drop each other's graph (least recently used);
+    graphs=False never captures."""
+    s = SAMPLES["mlp"]
+    art = bladepack.optimize(s.build().eval(), s.export_samples(), s.dynamic_shapes, targets=TARGETS)
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((n, 64)).astype(np.float32) for n in (3, 5))
+    monkeypatch.setenv("BLADEPACK_CUDA_GRAPHS", "1")
+    _, out, log = gpu.run(art, [(a,), (b,), (a,)], calls=3)
+    _, plain, off_log = gpu.run(art, [(a,), (b,), (a,)], graphs=False, calls=3)
+    assert all(np.array_equal(x, y) for u, v in zip(out, plain) for x, y in zip(u, v))
+    assert log.count("graph_exec_destroy") >= 2 and log.count("capture_begin") == 3
+    assert "capture_begin" not in off_log and "graph_launch" not in off_log
+
+
 def _fp64_error(out: np.ndarray, ref64: np.ndarray) -> float:
     return float(np.abs(out.astype(np.float64) - ref64).max() / max(np.abs(ref64).max(), 1e-30))
 
@@ -356,6 +395,7 @@ def test_inspect_lists_cuda_kernels(ops_artifact: bladepack.api.Artifact) -> Non
     text = inspect_text(manifest_summary(manifest))
     assert "cuda kernel images: sm_90\n" in text
     assert "cuda host steps: none (every step runs on the GPU)" in text
+    assert "cuda graphs: always (each signature replays as one graph from its second call on a stream)" in text
     assert re.search(r"  k\d+ \[cuda\] row, \d+ ops, variants: k\d+_warp_smem, k\d+_block_smem, k\d+_block", text)
     assert "via cublas" not in text  # the op table has no GEMM
 

@@ -20,6 +20,7 @@ def load(
     sha256: str | None = None,
     trusted_keys: Sequence[Any] | None = None,
     on_out_of_range: dict[str, str] | None = None,
+    graphs: bool = True,
 ) -> LoadedModule:
     """Load an artifact from a path (memory-mapped) or from bytes.
 
@@ -35,11 +36,15 @@ def load(
     `on_out_of_range` sets a policy per dynamic dim for sizes above its range: "error" (the default) or
     "split", which runs a larger batch as several calls and concatenates the results; allowed only for
     a dim the compiler proved batch-like (`bladepack inspect` lists them), else ValueError with why.
+
+    `graphs` (device="cuda"): from a shape signature's second call on a stream its kernels replay as one
+    CUDA graph (Note [CUDA graphs] in loader/cuda_graphs.py; at most BLADEPACK_CUDA_GRAPHS per stream,
+    default 64); False launches every kernel by itself.
     """
     bpk = read(source, verify=verify or trusted_keys is not None, sha256=sha256)
     if trusted_keys is not None:
         check_signature(bpk.header, bpk.signature, list(trusted_keys), bpk.source)
-    return LoadedModule(bpk, device, executor, on_out_of_range)
+    return LoadedModule(bpk, device, executor, on_out_of_range, graphs)
 
 
 __all__ = ["ExecutionError", "LoadedModule", "Signature", "TensorSpec", "TrustError", "load"]

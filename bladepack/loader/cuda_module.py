@@ -14,6 +14,7 @@ a device ordinal. Out: `CudaExecutor` (the `Executor` contract of executor.py). 
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ from bladepack.artifact.writer import weight_section_name
 from bladepack.dtypes import DType
 from bladepack.errors import ExecutionError, InputError
 from bladepack.loader.cuda_driver import CudaUnavailable, DeviceBuffer
+from bladepack.loader.cuda_graphs import DEFAULT_GRAPHS, CudaGraphs
 from bladepack.loader.dlpack import KDL_CUDA, KDL_CUDA_MANAGED, Exported, Imported, import_tensor
 from bladepack.loader.executor import ShapeCache
 from bladepack.loader.manifest import Key, Manifest, index_error
@@ -90,7 +92,17 @@ class Prepared:
 
 
 class CudaExecutor:
-    def __init__(self, m: Manifest, bpk: BpkFile, reference: ReferenceExecutor, ordinal: int, cache_limit: int) -> None:
+    def __init__(
+        self,
+        m: Manifest,
+        bpk: BpkFile,
+        reference: ReferenceExecutor,
+        ordinal: int,
+        cache_limit: int,
+        graphs: int = DEFAULT_GRAPHS,
+    ) -> None:
+        """`graphs`: CUDA graphs kept per caller stream (Note [CUDA graphs] in loader/cuda_graphs.py);
+        0 turns them off."""
         native = m.native["cuda"]
         if native is None:
             raise CudaUnavailable(
@@ -111,6 +123,9 @@ class CudaExecutor:
         self.weight_slot = {w["id"]: first_weight + k for k, w in enumerate(m.weight_rows)}
         self.n_slots = first_weight + len(self.weight_slot)
         self.prepare = ShapeCache(self._build, cache_limit)
+        self.graphs = CudaGraphs(self.exe.device, graphs) if graphs > 0 else None
+        self._stream_locks: dict[int, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
 
     @property
     def description(self) -> str:
@@ -167,13 +182,23 @@ class CudaExecutor:
         return metas, held, hosts
 
     # -- a call
+    def _stream_lock(self, stream: int) -> threading.Lock:
+        """Calls on one stream enqueue their work one at a time: the stream's arena and graph buffer
+        are reused by the next call, which is safe only in stream order."""
+        with self._locks_lock:
+            lock = self._stream_locks.get(stream)
+            if lock is None:
+                lock = self._stream_locks[stream] = threading.Lock()
+            return lock
+
     def run(self, inputs: Sequence[Any], outputs: Sequence[Any] | None) -> list[Any]:
         torch = sys.modules.get("torch") if any(is_torch_tensor(x) for x in inputs) else None
         stream = int(torch.cuda.current_stream(self.ordinal).cuda_stream) if torch is not None else 0
         self.exe.device.activate()
         metas, held, hosts = self._take(inputs, stream)
         try:
-            return self._run(metas, held, hosts, outputs, torch, stream)
+            with self._stream_lock(stream):
+                return self._run(metas, held, hosts, outputs, torch, stream)
         finally:
             for imp in held:
                 imp.close()
@@ -193,6 +218,8 @@ class CudaExecutor:
         cp = prep.cuda
         out_specs = [(shape, m.values[o]["dtype"]) for (shape, _), o in zip(prep.ref.outputs, m.outputs)]
         on_host = all(h is not None for h in hosts) and torch is None and not held
+        if self.graphs is not None and not cp.no_graph:
+            return self._run_graph(key, prep, out_specs, held, hosts, outputs, torch, stream)
         # staging for host inputs and (host or non-torch) outputs, one buffer per call
         staging_bytes = sum(_round(h.nbytes) for h in hosts if h is not None)
         if torch is None:
@@ -227,12 +254,7 @@ class CudaExecutor:
             if self.out_slot[k] != 1 + self.n_in + k:
                 dst = int(slots[1 + self.n_in + k])
                 self.exe.copy(self._locate(o, cp, slots), dst, _nbytes(*out_specs[k]), stream)
-        if self.exe.checks_errors:
-            code, value, size = self.exe.read_status(stream)
-            if code:
-                k = code >> KERNEL_SHIFT
-                row = self.kernels[k] if 0 <= k < len(self.kernels) else {"name": "?", "errors": []}
-                raise index_error(row, code & ((1 << KERNEL_SHIFT) - 1), value, size)
+        self._check_status(stream)
         if torch is not None:
             return results if outputs is None else self._copy_out(results, outputs)
         if on_host:
@@ -249,6 +271,109 @@ class CudaExecutor:
             DeviceTensor(int(slots[1 + self.n_in + k]), (KDL_CUDA, self.ordinal), dt, tuple(shape), staging)
             for k, (shape, dt) in enumerate(out_specs)
         ]
+
+    def _run_graph(
+        self,
+        key: Key,
+        prep: Prepared,
+        out_specs: list[tuple[tuple[int, ...], str]],
+        held: list[Imported],
+        hosts: list[np.ndarray | None],
+        outputs: Sequence[Any] | None,
+        torch: Any,
+        stream: int,
+    ) -> list[Any]:
+        """Note [CUDA graphs]: the call through the stream's graph buffer (arena, inputs, outputs)."""
+        assert self.graphs is not None
+        m, cp, exe = self.m, prep.cuda, self.exe
+        ctx = self.graphs.context(stream)
+        in_bytes = [h.nbytes if h is not None else 0 for h in hosts]
+        dev_iter = iter(held)
+        dev_src: list[int] = []
+        for k, h in enumerate(hosts):
+            if h is None:
+                imp = next(dev_iter)
+                in_bytes[k] = _nbytes(imp.view.shape, imp.view.dtype)
+                dev_src.append(imp.view.ptr)
+        at, cursor = [], _round(cp.arena_bytes)
+        for n in [*in_bytes, *(_nbytes(s, d) for s, d in out_specs)]:
+            at.append(cursor)
+            cursor += _round(n)
+        base = self.graphs.memory(ctx, cursor)
+        slots = np.zeros(self.n_slots, dtype=np.uint64)
+        slots[0] = base
+        slots[1 : 1 + len(at)] = [base + a for a in at]
+        slots[1 + len(at) :] = exe.weight_ptrs
+        src_iter = iter(dev_src)
+        for k, h in enumerate(hosts):  # the caller's tensors into the graph's buffer
+            if h is not None:
+                exe.to_device(h, int(slots[1 + k]), stream)
+            else:
+                exe.copy(next(src_iter), int(slots[1 + k]), in_bytes[k], stream)
+
+        def refuse(node: int) -> None:
+            raise AssertionError(f"step %{node} in a captured plan")  # graph_obstacle keeps these out
+
+        entry = self.graphs.entry(ctx, key)
+        if entry.exec is None and not entry.refused and entry.runs > 0:
+            entry.exec = self.graphs.capture(lambda s: exe.run(cp, slots, s, refuse, workspace_stream=stream))
+            entry.refused = entry.exec is None
+        entry.runs += 1
+        if entry.exec is not None:
+            self.graphs.launch(entry.exec, stream)
+        else:  # the first call of the signature on this stream, or a capture the driver refused
+            exe.run(cp, slots, stream, refuse)
+        for k, o in enumerate(m.outputs):  # outputs that are inputs, weights or repeats: copies
+            if self.out_slot[k] != 1 + self.n_in + k:
+                exe.copy(self._locate(o, cp, slots), int(slots[1 + self.n_in + k]), _nbytes(*out_specs[k]), stream)
+        self._check_status(stream)
+        return self._results(slots, out_specs, outputs, torch, stream, held)
+
+    def _check_status(self, stream: int) -> None:
+        if self.exe.checks_errors:
+            code, value, size = self.exe.read_status(stream)
+            if code:
+                k = code >> KERNEL_SHIFT
+                row = self.kernels[k] if 0 <= k < len(self.kernels) else {"name": "?", "errors": []}
+                raise index_error(row, code & ((1 << KERNEL_SHIFT) - 1), value, size)
+
+    def _results(
+        self,
+        slots: np.ndarray,
+        out_specs: list[tuple[tuple[int, ...], str]],
+        outputs: Sequence[Any] | None,
+        torch: Any,
+        stream: int,
+        held: list[Imported],
+    ) -> list[Any]:
+        """The results, copied out of the graph buffer: torch tensors (device to device, on the
+        stream), numpy arrays (host inputs) or DeviceTensors owning a fresh device buffer."""
+        exe, n_in = self.exe, self.n_in
+        src = [int(slots[1 + n_in + k]) for k in range(len(out_specs))]
+        if torch is not None:
+            results = []
+            for (shape, dt), ptr in zip(out_specs, src):
+                t = torch.empty(shape, dtype=getattr(torch, dt), device=f"cuda:{self.ordinal}")
+                exe.copy(ptr, int(t.data_ptr()), _nbytes(shape, dt), stream)
+                results.append(t)
+            return results if outputs is None else self._copy_out(results, outputs)
+        if not held:
+            host_out = []
+            for (shape, dt), ptr in zip(out_specs, src):
+                a = np.empty(shape, dtype=DType(dt).storage_numpy())  # Note [bfloat16 on the host]
+                exe.to_host(ptr, a, stream)
+                host_out.append(a)
+            exe.synchronize(stream)
+            return host_out if outputs is None else self._copy_out(host_out, outputs)
+        sizes = [_round(_nbytes(s, d)) for s, d in out_specs]
+        owner = exe.alloc(max(sum(sizes), 1))
+        results, cursor = [], owner.ptr
+        for (shape, dt), ptr, n in zip(out_specs, src, sizes):
+            exe.copy(ptr, cursor, _nbytes(shape, dt), stream)
+            results.append(DeviceTensor(cursor, (KDL_CUDA, self.ordinal), dt, tuple(shape), owner))
+            cursor += n
+        exe.synchronize(stream)
+        return results
 
     def _copy_out(self, results: list[Any], outputs: Sequence[Any]) -> list[Any]:
         if len(outputs) != len(results):

@@ -165,9 +165,13 @@ class CutlassGemms:
             loc.scalars = (ctypes.c_double * 2)(1.0, 0.0)
         return loc.params, loc.geometry, loc.ins, loc.ptrs, loc.scalars
 
-    def launch(self, launch: CutlassLaunch, a: int, b: int, d: int, c: int | None, stream: int) -> None:
+    def launch(
+        self, launch: CutlassLaunch, a: int, b: int, d: int, c: int | None, stream: int, workspace_stream: int | None = None
+    ) -> None:
         """D = act(A.B [+ C]) for one launch record (A, B, D, C: device addresses of the operand views;
-        C None without an epilogue source)."""
+        C None without an epilogue source). The split-K semaphores are those of `workspace_stream`
+        (default `stream`): a CUDA graph captured on another stream uses its caller stream's."""
+        ws = stream if workspace_stream is None else workspace_stream
         if not launch.steps:
             return
         kernel = launch.kernel
@@ -181,7 +185,7 @@ class CutlassGemms:
         def pack(k: int) -> int:
             return int(self.pack[k](cin, cptrs, scalars, sms, params, PARAMS_CAPACITY, geometry))
 
-        semaphores = self._workspaces.get(0, stream) if launch.split > 1 else 0
+        semaphores = self._workspaces.get(0, ws) if launch.split > 1 else 0
         for da, db, dd, dc in launch.steps:
             cptrs[:] = [a + da, b + db, d + dd if c is None else c + dc, d + dd, semaphores]
             rc = pack(kernel)
@@ -189,7 +193,7 @@ class CutlassGemms:
                 kernel = launch.fallback
                 rc = pack(kernel)
             if rc == 0 and launch.split > 1 and geometry[6] > 0:
-                cptrs[4] = semaphores = self._workspaces.get(int(geometry[6]), stream)
+                cptrs[4] = semaphores = self._workspaces.get(int(geometry[6]), ws)
                 rc = pack(kernel)
             function = self.functions[kernel]
             if rc != 0 or function is None:

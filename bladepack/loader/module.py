@@ -32,7 +32,12 @@ class LoadedModule:
     "reference" runs the numpy reference executor (the oracle)."""
 
     def __init__(
-        self, bpk: BpkFile, device: str = "cpu", executor: str = "auto", on_out_of_range: dict[str, str] | None = None
+        self,
+        bpk: BpkFile,
+        device: str = "cpu",
+        executor: str = "auto",
+        on_out_of_range: dict[str, str] | None = None,
+        graphs: bool = True,
     ) -> None:
         if executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
@@ -43,7 +48,8 @@ class LoadedModule:
         self._split = SplitPolicy(bpk.manifest, on_out_of_range or {}, bpk.source)
         self._bpk = bpk
         self.signature = m.signature
-        limit = LoaderOptions.from_env().shape_cache
+        options = LoaderOptions.from_env()
+        limit = options.shape_cache
         reference = ReferenceExecutor(m, limit)
         self._executor: Executor = reference
         if kind == "cpu" and m.bfloat16 and (executor == "reference" or m.native["cpu"] is None):
@@ -54,7 +60,7 @@ class LoadedModule:
         if kind == "cuda":
             if executor == "reference":
                 raise ValueError("executor='reference' runs on the CPU; load with device='cpu'")
-            self._executor = CudaExecutor(m, bpk, reference, ordinal, limit)
+            self._executor = CudaExecutor(m, bpk, reference, ordinal, limit, options.cuda_graphs if graphs else 0)
         elif executor != "reference" and m.native["cpu"] is not None:
             try:
                 self._executor = NativeExecutor(m, bpk, reference, limit)

@@ -83,6 +83,7 @@ class CudaPrepared:
     buffers: dict[int, tuple[int, tuple[int, ...], str]]  # arena value -> (byte offset, shape, dtype)
     # per launch, its data conditions (slot, byte offset, expected): Note [Guarded launches]
     when: tuple[tuple[tuple[int, int, bool], ...], ...] = ()
+    no_graph: str = ""  # why this signature is never captured into a CUDA graph ("" when it may be)
 
 
 class NativeCuda:
@@ -187,6 +188,7 @@ class NativeCuda:
             b["id"]: (_resolve(b["offset"], regs), tuple(_resolve(d, regs) for d in b["shape"]), b["dtype"])
             for b in self.plan["buffers"]
         }
+        no_graph = graph_obstacle(launches, when)
         return CudaPrepared(
             tuple(launches),
             np.array(words, dtype=np.uint64),
@@ -196,6 +198,7 @@ class NativeCuda:
             _resolve(self.plan["arena_bytes"], regs),
             buffers,
             tuple(when) if any(when) else (),
+            no_graph,
         )
 
     # -- per call
@@ -209,9 +212,11 @@ class NativeCuda:
         slots: np.ndarray,
         stream: int,
         reference: Callable[[int], None],
+        workspace_stream: int | None = None,
     ) -> None:
         """Enqueue every launch on `stream` (`slots`: uint64 base addresses); `reference(node)` runs a
-        reference step (the stream has been synchronized). Raises ExecutionError-ready CudaError."""
+        reference step (the stream has been synchronized). Raises ExecutionError-ready CudaError.
+        `workspace_stream`: whose split-K semaphores CUTLASS uses (a graph capture's caller stream)."""
         drv = self._drv
         words = prep.words.copy()
         if prep.ptr_pos.size:
@@ -243,7 +248,9 @@ class NativeCuda:
             elif isinstance(launch, CutlassLaunch):
                 assert self._cutlass is not None
                 addr = [int(slots[s]) + o for s, o in launch.ptrs]  # A, B, D and the epilogue source if any
-                self._cutlass.launch(launch, addr[0], addr[1], addr[2], addr[3] if len(addr) > 3 else None, stream)
+                self._cutlass.launch(
+                    launch, addr[0], addr[1], addr[2], addr[3] if len(addr) > 3 else None, stream, workspace_stream
+                )
             else:
                 self.device.synchronize(stream)
                 reference(launch.node)
@@ -291,4 +298,16 @@ class NativeCuda:
         self.device.synchronize(stream)
 
 
-__all__ = ["CudaError", "CudaPrepared", "NativeCuda"]
+def graph_obstacle(launches: Sequence[Launch], when: Sequence[tuple[tuple[int, int, bool], ...]]) -> str:
+    """Why a prepared signature cannot be one CUDA graph (Note [CUDA graphs] in loader/cuda_graphs.py):
+    a step that synchronizes with the host — a reference step, or a run-time branch whose predicate is
+    read on the host. "" when nothing stops it."""
+    for k, launch in enumerate(launches):
+        if isinstance(launch, RefLaunch):
+            return f"step %{launch.node} runs on the host (no CUDA kernel)"
+        if k < len(when) and when[k]:
+            return "a run-time branch reads its predicate on the host"
+    return ""
+
+
+__all__ = ["CudaError", "CudaPrepared", "NativeCuda", "graph_obstacle"]

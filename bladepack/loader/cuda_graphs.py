@@ -1,0 +1,139 @@
+"""CUDA graphs for the Python loader's CUDA path: one graph launch per call at a repeated signature.
+
+In: the device and a bound (graphs kept per caller stream). Out: `CudaGraphs`, whose `context(stream)`
+gives the caller stream's `GraphContext`: one device buffer that the captured launches address (the
+arena and every input and output the plan reads or writes) and its graphs, least recently used first.
+
+Note [CUDA graphs] (the C++ runtime's, cpp_runtime/src/native_cuda.h, makes the same choices): a
+signature's first call on a stream runs plain launches (it warms the shape cache, cuBLAS and the
+CUTLASS semaphores up); its second is captured (stream capture, thread-local mode, on a private
+non-blocking stream, since the legacy default stream cannot capture) into a graph that is instantiated
+and launched on the caller's stream; every later call launches that graph only. The graph stays exact
+because nothing it addresses moves: the caller's tensors are copied into the context's buffer before
+the launch and the results copied out after (host tensors are copied anyway; a device tensor costs one
+device-to-device copy each way). Staging was chosen over updating each kernel node's parameters per
+call because cuBLAS and CUTLASS nodes have parameter layouts the loader does not know, so their
+pointers could not be updated, and because a parameter update per node costs a driver call per kernel,
+which is what graphs exist to remove. When the buffer must grow (a larger signature), the stream's
+graphs are dropped. A plan with a step that synchronizes with the host (a reference step, a run-time
+branch read on the host) is never captured (`graph_obstacle`; `bladepack inspect` says why); a capture
+the driver refuses leaves that signature on plain launches.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bladepack.loader.cuda_driver import CudaError, Device, DeviceBuffer, _check
+
+DEFAULT_GRAPHS = 64  # per caller stream
+
+
+@dataclass
+class GraphEntry:
+    runs: int = 0
+    exec: Any = None  # CUgraphExec
+    refused: bool = False
+
+
+@dataclass
+class GraphContext:
+    """A caller stream's staging buffer and graphs (key: the input-shape signature)."""
+
+    stream: int
+    buffer: DeviceBuffer | None = None
+    graphs: OrderedDict[Any, GraphEntry] = field(default_factory=OrderedDict)
+
+
+class CudaGraphs:
+    def __init__(self, device: Device, limit: int = DEFAULT_GRAPHS) -> None:
+        if limit < 1:
+            raise ValueError(f"the CUDA graph bound must be positive, got {limit}")
+        self.device = device
+        self.limit = limit
+        self._drv = device._drv
+        self._contexts: dict[int, GraphContext] = {}
+        self._lock = threading.Lock()
+        self._local = threading.local()  # each thread's capture stream
+
+    def context(self, stream: int) -> GraphContext:
+        with self._lock:
+            ctx = self._contexts.get(stream)
+            if ctx is None:
+                ctx = self._contexts[stream] = GraphContext(stream)
+            return ctx
+
+    def memory(self, ctx: GraphContext, nbytes: int) -> int:
+        """The context's buffer, at least `nbytes` (a new one drops the graphs that addressed the old)."""
+        if ctx.buffer is None or ctx.buffer.nbytes < nbytes:
+            self._drop(ctx)
+            if ctx.buffer is not None:
+                ctx.buffer.free()
+            ctx.buffer = self.device.alloc(max(nbytes, 256))
+        return ctx.buffer.ptr
+
+    def entry(self, ctx: GraphContext, key: Any) -> GraphEntry:
+        """The signature's entry, made the most recently used; beyond the bound the least recently used
+        other graph is destroyed."""
+        e = ctx.graphs.get(key)
+        if e is None:
+            e = ctx.graphs[key] = GraphEntry()
+        ctx.graphs.move_to_end(key)
+        while len(ctx.graphs) > self.limit:
+            _, old = ctx.graphs.popitem(last=False)
+            if old.exec is not None:
+                self.device.synchronize(ctx.stream)
+                self._drv.cuGraphExecDestroy(old.exec)
+        return e
+
+    def capture(self, enqueue: Callable[[int], None]) -> Any:
+        """An instantiated graph of what `enqueue(stream)` enqueues on this thread's capture stream, or
+        None when the driver refuses the capture (the work is then not done: run it plainly)."""
+        drv = self._drv
+        stream = getattr(self._local, "stream", None)
+        if stream is None:
+            flags = drv.CUstream_flags.CU_STREAM_NON_BLOCKING
+            stream = self._local.stream = _check(drv, drv.cuStreamCreate(flags), "cuStreamCreate")
+        mode = drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        if drv.cuStreamBeginCapture(stream, mode)[0] != drv.CUresult.CUDA_SUCCESS:
+            return None
+        ok = True
+        try:
+            enqueue(int(stream))
+        except CudaError:
+            ok = False  # a launch refused while capturing: the capture is discarded below
+        err, graph = drv.cuStreamEndCapture(stream)
+        if not ok or err != drv.CUresult.CUDA_SUCCESS or graph is None or not int(graph):
+            if graph is not None and int(graph):
+                drv.cuGraphDestroy(graph)
+            return None
+        err, exec_ = drv.cuGraphInstantiate(graph, 0)
+        drv.cuGraphDestroy(graph)
+        return exec_ if err == drv.CUresult.CUDA_SUCCESS else None
+
+    def launch(self, exec_: Any, stream: int) -> None:
+        drv = self._drv
+        _check(drv, drv.cuGraphLaunch(exec_, drv.CUstream(stream)), "cuGraphLaunch")
+
+    def _drop(self, ctx: GraphContext) -> None:
+        if any(e.exec is not None for e in ctx.graphs.values()):
+            self.device.synchronize(ctx.stream)
+        for e in ctx.graphs.values():
+            if e.exec is not None:
+                self._drv.cuGraphExecDestroy(e.exec)
+        ctx.graphs.clear()
+
+    def close(self) -> None:
+        with self._lock:
+            for ctx in self._contexts.values():
+                self._drop(ctx)
+                if ctx.buffer is not None:
+                    ctx.buffer.free()
+            self._contexts.clear()
+
+
+__all__ = ["DEFAULT_GRAPHS", "CudaGraphs", "GraphContext", "GraphEntry"]
