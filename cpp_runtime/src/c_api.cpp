@@ -8,6 +8,7 @@
 
 #include "artifact.h"
 #include "bladepack/runtime.h"
+#include "dlpack.h"
 #include "dtype.h"
 #include "errors.h"
 #include "model.h"
@@ -158,6 +159,13 @@ bpk_status bpk_model_run(const bpk_model* model, const bpk_tensor* inputs, int64
                          int64_t num_outputs) {
   if (model == nullptr) return record(BPK_ERR_ARGUMENT, "model is NULL");
   return guarded([&] { model->impl->run(inputs, num_inputs, outputs, num_outputs); });
+}
+
+bpk_status bpk_model_run_dlpack(const bpk_model* model, const DLTensor* const* inputs, int64_t num_inputs,
+                                DLManagedTensorVersioned** outputs, int64_t num_outputs,
+                                const bpk_run_options* options) {
+  if (model == nullptr) return record(BPK_ERR_ARGUMENT, "model is NULL");
+  return guarded([&] { bpk::run_dlpack(*model->impl, inputs, num_inputs, outputs, num_outputs, options); });
 }
 
 bpk_status bpk_model_verify(const bpk_model* model, char** report) {

@@ -600,8 +600,13 @@ void Model::native_error(int64_t rc, const int64_t* status) const {
 }
 
 void Model::run(const bpk_tensor* in, int64_t n_in, bpk_tensor* out, int64_t n_out) const {
+  run(in, n_in, out, n_out, Placement{});
+}
+
+void Model::run(const bpk_tensor* in, int64_t n_in, bpk_tensor* out, int64_t n_out, const Placement& where) const {
   check_inputs(in, n_in);
-  if (split_)
+  const bool placed = where.in_device || where.out_device || where.stream;
+  if (split_ && !placed)
     if (std::optional<Pieces> pc = split_.pieces(in)) return run_split(*pc, in, out, n_out);
   std::shared_ptr<const Prepared> p = prepared(in);
   check_outputs(p->outs, out, n_out);
@@ -613,7 +618,7 @@ void Model::run(const bpk_tensor* in, int64_t n_in, bpk_tensor* out, int64_t n_o
   }
   OwnedOutputs owned(*this, p->outs, out);
   if (cuda_) {
-    run_cuda(*p, in, out);
+    run_cuda(*p, in, out, where);
     owned.keep();
     return;
   }
@@ -705,13 +710,15 @@ void Model::index_error(const KernelDecl& k, int64_t code, int64_t value, int64_
                               ", from " + (k.loc.empty() ? "unknown source" : k.loc) + ")");
 }
 
-void Model::run_cuda(const Prepared& p, const bpk_tensor* in, bpk_tensor* out) const {
+void Model::run_cuda(const Prepared& p, const bpk_tensor* in, bpk_tensor* out, const Placement& where) const {
   const NativePlan& nat = *m_.native_cuda;
   const cuda::Driver& drv = cuda_->driver();
   const size_t n_in = m_.inputs.size(), n_out = m_.outputs.size();
   constexpr size_t kRound = 256, kCodeBits = 24;  // Note [CUDA error codes] in codegen/cuda_emitter.py
   auto round = [](size_t n) { return (n + kRound - 1) / kRound * kRound; };
-  // the call's device memory: status words | arena | inputs | the outputs the plan writes
+  auto on_device = [](const uint8_t* flags, size_t i) { return flags != nullptr && flags[i] != 0; };
+  // the call's device memory: status words | arena | inputs | the outputs the plan writes; a device
+  // tensor is used in place unless the call launches a graph (Note [CUDA graphs]: staged)
   std::vector<size_t> in_bytes(n_in), at(n_in + n_out);
   size_t total = kRound;
   const size_t arena_at = total;
@@ -725,24 +732,38 @@ void Model::run_cuda(const Prepared& p, const bpk_tensor* in, bpk_tensor* out) c
     at[n_in + k] = total;
     if (nat.outputs[k] >= 0) total += round(p.outs[k].nbytes);
   }
-  cuda::NativeCuda::CallContext* c = cuda_->take(total);
+  auto* stream = static_cast<cuda::CUstream>(where.stream);
+  cuda::NativeCuda::CallContext* c = cuda_->take(total, stream);
   struct GiveBack {
     const cuda::NativeCuda& exe;
     cuda::NativeCuda::CallContext* c;
-    ~GiveBack() {  // on an error the stream may still hold work: wait for it before reuse
-      exe.driver().StreamSynchronize(c->stream);
+    ~GiveBack() {  // on an error a pool stream may still hold work: wait for it before reuse
+      if (!c->callers) exe.driver().StreamSynchronize(c->stream);
       exe.give(c);
     }
   } give_back{*cuda_, c};
+  const bool staged = cuda_->will_graph(p.cuda, *c);
   const cuda::CUdeviceptr base = c->memory->ptr();
   std::vector<cuda::CUdeviceptr> slots(size_t(m_.num_slots()), 0);
   slots[0] = base + arena_at;
   for (size_t i = 0; i < n_in; ++i) {
+    const auto src = reinterpret_cast<cuda::CUdeviceptr>(in[i].data);
+    if (on_device(where.in_device, i) && !staged) {
+      slots[1 + i] = src;
+      continue;
+    }
     slots[1 + i] = base + at[i];
-    if (in_bytes[i])
+    if (in_bytes[i] == 0) continue;
+    if (on_device(where.in_device, i))
+      drv.check(drv.MemcpyDtoDAsync(slots[1 + i], src, in_bytes[i], c->stream), "cuMemcpyDtoDAsync");
+    else
       drv.check(drv.MemcpyHtoDAsync(slots[1 + i], in[i].data, in_bytes[i], c->stream), "cuMemcpyHtoDAsync");
   }
-  for (size_t k = 0; k < n_out; ++k) slots[1 + n_in + k] = nat.outputs[k] >= 0 ? base + at[n_in + k] : 0;
+  for (size_t k = 0; k < n_out; ++k) {
+    if (nat.outputs[k] < 0) continue;
+    slots[1 + n_in + k] = on_device(where.out_device, k) && !staged ? reinterpret_cast<cuda::CUdeviceptr>(out[k].data)
+                                                                    : base + at[n_in + k];
+  }
   const auto& w = cuda_->weight_ptrs();
   std::copy(w.begin(), w.end(), slots.begin() + int64_t(1 + n_in + n_out));
   cuda_->run(p.cuda, slots.data(), base, *c);
@@ -757,23 +778,34 @@ void Model::run_cuda(const Prepared& p, const bpk_tensor* in, bpk_tensor* out) c
       index_error(row, status[0] & ((int64_t(1) << kCodeBits) - 1), status[1], status[2]);
     }
   }
-  for (size_t k = 0; k < n_out; ++k) {  // an input, a weight or an arena value: copied, never aliased
+  // each output from where the plan left it (an input, a weight or an arena value is copied, never
+  // aliased) to where the caller wants it
+  std::vector<cuda::CUdeviceptr> from(n_out, 0);
+  bool host_out = false;
+  for (size_t k = 0; k < n_out; ++k) {
     const OutSource& s = out_source_[k];
-    cuda::CUdeviceptr from = 0;
     switch (s.kind) {
-      case OutSource::kNative: from = slots[1 + n_in + k]; break;
-      case OutSource::kInput: from = slots[1 + size_t(s.index)]; break;
-      case OutSource::kWeight: from = w[size_t(s.index)]; break;
-      case OutSource::kArena: from = slots[0] + uint64_t(p.copy_offset[k]); break;
-      case OutSource::kOutput: continue;  // copied on the host below, once the others are there
+      case OutSource::kNative: from[k] = slots[1 + n_in + k]; break;
+      case OutSource::kInput: from[k] = slots[1 + size_t(s.index)]; break;
+      case OutSource::kWeight: from[k] = w[size_t(s.index)]; break;
+      case OutSource::kArena: from[k] = slots[0] + uint64_t(p.copy_offset[k]); break;
+      case OutSource::kOutput: break;
     }
-    if (p.outs[k].nbytes)
-      drv.check(drv.MemcpyDtoHAsync(out[k].data, from, p.outs[k].nbytes, c->stream), "cuMemcpyDtoHAsync");
   }
-  drv.check(drv.StreamSynchronize(c->stream), "cuStreamSynchronize");
   for (size_t k = 0; k < n_out; ++k)
-    if (out_source_[k].kind == OutSource::kOutput && p.outs[k].nbytes)
-      std::memmove(out[k].data, out[size_t(out_source_[k].index)].data, p.outs[k].nbytes);
+    if (out_source_[k].kind == OutSource::kOutput) from[k] = from[size_t(out_source_[k].index)];
+  for (size_t k = 0; k < n_out; ++k) {
+    const size_t n = p.outs[k].nbytes;
+    const auto dst = reinterpret_cast<cuda::CUdeviceptr>(out[k].data);
+    if (n == 0) continue;
+    if (!on_device(where.out_device, k)) {
+      host_out = true;
+      drv.check(drv.MemcpyDtoHAsync(out[k].data, from[k], n, c->stream), "cuMemcpyDtoHAsync");
+    } else if (dst != from[k]) {
+      drv.check(drv.MemcpyDtoDAsync(dst, from[k], n, c->stream), "cuMemcpyDtoDAsync");
+    }
+  }
+  if (host_out || stream == nullptr) drv.check(drv.StreamSynchronize(c->stream), "cuStreamSynchronize");
 }
 
 Model::OwnedOutputs::OwnedOutputs(const Model& m, const std::vector<OutSpec>& specs, bpk_tensor* out) : out_(out) {

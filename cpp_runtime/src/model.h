@@ -35,6 +35,18 @@ class Model {
   const Manifest& manifest() const { return m_; }
   void output_shapes(const bpk_tensor* inputs, int64_t num_inputs, bpk_tensor* outputs, int64_t num_outputs) const;
   void run(const bpk_tensor* inputs, int64_t num_inputs, bpk_tensor* outputs, int64_t num_outputs) const;
+  // Where a call's tensors live (bpk_model_run_dlpack): in_device[i] / out_device[k] non-zero for
+  // memory of this model's device (a CUDA model only), and the caller's CUstream (NULL: the runtime's).
+  struct Placement {
+    const uint8_t* in_device = nullptr;
+    const uint8_t* out_device = nullptr;
+    void* stream = nullptr;
+  };
+  void run(const bpk_tensor* inputs, int64_t num_inputs, bpk_tensor* outputs, int64_t num_outputs,
+           const Placement& where) const;
+  // -1 for a CPU model, else the CUDA device ordinal
+  int device_ordinal() const { return cuda_ ? cuda_->device().info().ordinal : -1; }
+  const cuda::NativeCuda* cuda() const { return cuda_.get(); }
   // Note [Reference cases] (verify.cpp): runs them; the report text; true when every case passed
   bool verify(std::string& report) const;
 
@@ -121,7 +133,7 @@ class Model {
   void refuse_ref_launches(const NativePlan& plan, const char* target) const;
   void load_cuda(const std::string& device, int max_graphs);
   // Note [CUDA calls] (native_cuda.h): host tensors staged through the call context's device memory
-  void run_cuda(const Prepared& p, const bpk_tensor* inputs, bpk_tensor* outputs) const;
+  void run_cuda(const Prepared& p, const bpk_tensor* inputs, bpk_tensor* outputs, const Placement& where) const;
   // Note [Kernel operand checks] for CUDA kernels: their check programs over (ints, room)
   void check_cuda_operands(const Prepared& p, const std::vector<uint64_t>& slots) const;
   void build_signature();

@@ -20,8 +20,8 @@ size_t round_up(size_t n) { return (n + kWeightAlign - 1) / kWeightAlign * kWeig
 NativeCuda::NativeCuda(const Artifact& artifact, const Manifest& m, int ordinal, int max_graphs)
     : m_(m), max_graphs_(max_graphs) {
   const NativePlan& plan = *m.native_cuda;
-  drv_ = std::make_unique<Driver>();
-  device_ = std::make_unique<Device>(*drv_, ordinal);
+  drv_ = std::make_shared<Driver>();
+  device_ = std::make_shared<Device>(*drv_, ordinal);
   const DeviceInfo& info = device_->info();
   std::vector<std::string> arches;
   for (const ImageDecl& im : plan.images) arches.push_back(im.arch);
@@ -68,6 +68,32 @@ NativeCuda::NativeCuda(const Artifact& artifact, const Manifest& m, int ordinal,
 
 NativeCuda::~NativeCuda() {
   for (CallContext* c : idle_) destroy(c);
+  for (auto& [stream, c] : by_stream_) destroy(c);
+}
+
+namespace {
+
+// Device memory that holds the driver and the primary context it belongs to (Note [Owned outputs]).
+struct OwnedBuffer {
+  std::shared_ptr<Driver> drv;
+  std::shared_ptr<Device> device;
+  std::unique_ptr<DeviceBuffer> buffer;
+  ~OwnedBuffer() {
+    buffer.reset();  // before the context can go
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<DeviceBuffer> NativeCuda::alloc_owned(size_t bytes) const {
+  // Note [Owned outputs]: the aliasing shared_ptr points at the buffer and owns the driver, the
+  // device (its retained primary context) and the buffer, released in that order's reverse
+  auto owner = std::make_shared<OwnedBuffer>();
+  owner->drv = drv_;
+  owner->device = device_;
+  owner->buffer = std::make_unique<DeviceBuffer>(*drv_, bytes);
+  DeviceBuffer* raw = owner->buffer.get();
+  return std::shared_ptr<DeviceBuffer>(std::move(owner), raw);
 }
 
 std::string NativeCuda::description() const {
@@ -135,9 +161,33 @@ std::shared_ptr<const CudaPrepared> NativeCuda::prepare(const int64_t* r) const 
   return p;
 }
 
-NativeCuda::CallContext* NativeCuda::take(size_t bytes) const {
+NativeCuda::CallContext* NativeCuda::take(size_t bytes, CUstream stream) const {
   device_->activate();
   CallContext* c = nullptr;
+  if (stream != nullptr) {
+    {
+      std::lock_guard<std::mutex> lock(pool_mu_);
+      CallContext*& slot = by_stream_[stream];
+      if (slot == nullptr) {
+        slot = new CallContext;
+        slot->stream = stream;
+        slot->callers = true;
+      }
+      c = slot;
+    }
+    c->busy.lock();  // one call at a time enqueues on a stream (given back in give)
+    try {
+      if (!c->memory || c->memory->bytes() < bytes) {
+        drop_graphs(*c);
+        c->memory.reset();
+        c->memory = std::make_unique<DeviceBuffer>(*drv_, bytes);
+      }
+    } catch (...) {
+      c->busy.unlock();
+      throw;
+    }
+    return c;
+  }
   {
     std::lock_guard<std::mutex> lock(pool_mu_);
     if (!idle_.empty()) {
@@ -166,6 +216,10 @@ NativeCuda::CallContext* NativeCuda::take(size_t bytes) const {
 }
 
 void NativeCuda::give(CallContext* c) const {
+  if (c->callers) {
+    c->busy.unlock();
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(pool_mu_);
     if (idle_.size() < kIdleContexts) {
@@ -189,8 +243,14 @@ void NativeCuda::destroy(CallContext* c) const {
   drv_->StreamSynchronize(c->stream);
   c->memory.reset();
   c->semaphores.reset();
-  drv_->StreamDestroy(c->stream);
+  if (!c->callers) drv_->StreamDestroy(c->stream);
   delete c;
+}
+
+bool NativeCuda::will_graph(const std::shared_ptr<const CudaPrepared>& p, const CallContext& c) const {
+  if (max_graphs_ <= 0 || !p->no_graph.empty()) return false;
+  const auto it = c.graphs.find(p.get());
+  return it != c.graphs.end() && !it->second.refused && (it->second.exec != nullptr || it->second.runs > 0);
 }
 
 CUdeviceptr NativeCuda::semaphores(CallContext& c, size_t bytes) const {

@@ -85,6 +85,9 @@ class NativeCuda {
   std::string description() const;
   const Driver& driver() const { return *drv_; }
   const Device& device() const { return *device_; }
+  // `bytes` of device memory that keeps the driver and the device's primary context alive until it is
+  // freed (an output the caller releases, maybe after the model): bpk_model_run_dlpack's results
+  std::shared_ptr<DeviceBuffer> alloc_owned(size_t bytes) const;
   bool checks_errors() const { return checks_errors_; }
   const std::vector<CUdeviceptr>& weight_ptrs() const { return weight_ptrs_; }
 
@@ -99,6 +102,8 @@ class NativeCuda {
   };
   struct CallContext {
     CUstream stream = nullptr;
+    bool callers = false;  // the caller's stream: not created, not destroyed here
+    std::mutex busy;       // a caller-stream context: held from take to give
     std::unique_ptr<DeviceBuffer> memory;      // status words, arena, staged inputs and outputs
     std::unique_ptr<DeviceBuffer> semaphores;  // split-K semaphores (zeroed when allocated)
     std::unordered_map<const CudaPrepared*, Graph> graphs;
@@ -106,8 +111,12 @@ class NativeCuda {
   };
   static constexpr size_t kIdleContexts = 16;
   // A context whose memory holds at least `bytes` (made current on this thread); give it back after.
-  CallContext* take(size_t bytes) const;
+  // `stream` NULL: one of the pool's, with a stream of its own, used by one call at a time; else the
+  // context of the caller's stream (its memory reused in that stream's order), held until given back.
+  CallContext* take(size_t bytes, CUstream stream = nullptr) const;
   void give(CallContext* c) const;
+  // Note [CUDA graphs]: whether this call of `p` on `c` will launch a graph (so its tensors are staged)
+  bool will_graph(const std::shared_ptr<const CudaPrepared>& p, const CallContext& c) const;
 
   // Enqueue every launch of `p` on c.stream; `slots`: the device address of each slot. Data
   // conditions read their byte after the launches before them (a synchronisation).
@@ -126,8 +135,8 @@ class NativeCuda {
   bool holds(const std::vector<ByteCond>& when, const CUdeviceptr* slots, CUstream stream) const;
 
   const Manifest& m_;
-  std::unique_ptr<Driver> drv_;
-  std::unique_ptr<Device> device_;
+  std::shared_ptr<Driver> drv_;
+  std::shared_ptr<Device> device_;
   std::string image_;
   std::unique_ptr<Module> module_;
   std::vector<std::unique_ptr<Kernel>> functions_;  // by the variants' `fn`
@@ -139,6 +148,7 @@ class NativeCuda {
   int max_graphs_ = 0;
   mutable std::mutex pool_mu_;
   mutable std::vector<CallContext*> idle_;
+  mutable std::unordered_map<CUstream, CallContext*> by_stream_;  // caller-stream contexts
 };
 
 }  // namespace bpk::cuda

@@ -5,6 +5,8 @@
 //   test_api MLP.bpk cuda[:N] -> the same for a model on that device (tests/test_cuda_cpp.py runs it on
 //                                the fake driver): its executor, results against the CPU model, and 8
 //                                threads on their own streams bit-identical to serial calls
+#include <dlfcn.h>
+
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -39,6 +41,18 @@ std::vector<float> input(int64_t batch, int seed) {
   std::vector<float> x(size_t(batch * 64));
   for (size_t i = 0; i < x.size(); ++i) x[i] = float(std::sin(0.37 * double(i) + seed));
   return x;
+}
+
+DLTensor dl(void* data, DLDevice device, DLDataType dtype, int64_t* shape, int32_t ndim, int64_t* strides = nullptr) {
+  DLTensor t;
+  std::memset(&t, 0, sizeof t);
+  t.data = data;
+  t.device = device;
+  t.dtype = dtype;
+  t.shape = shape;
+  t.ndim = ndim;
+  t.strides = strides;
+  return t;
 }
 
 bpk_tensor tensor(void* data, int32_t dtype, std::initializer_list<int64_t> shape) {
@@ -212,6 +226,152 @@ void cpp_header(const std::string& path) {
     threw = e.status() == BPK_ERR_INPUT && contains(e.what(), "dimension 1 is 63; it is static and must be 64");
   }
   CHECK(threw, "C++ errors throw bladepack::Error with the reason");
+  bladepack::Model on_cpu = bladepack::Model::load(path, "cpu");
+  int64_t shape[2] = {5, 64};
+  const DLTensor in = dl(x.data(), {kDLCPU, 0}, {kDLFloat, 32, 1}, shape, 2);
+  std::vector<bladepack::DLPackTensor> r = on_cpu.run_dlpack({&in});
+  CHECK(r.size() == 1 && r[0] && std::memcmp(r[0]->dl_tensor.data, outs[0].data<float>(), 50 * sizeof(float)) == 0,
+        "C++ DLPack run");
+}
+
+// bpk_model_run_dlpack on a CPU model: host tensors in, a runtime-allocated kDLCPU result out (its
+// deleter frees it), the caller's output written in place; device and layout errors name the tensor.
+void dlpack_cpu(bpk_model* m) {
+  std::vector<float> x = input(5, 2);
+  int64_t shape[2] = {5, 64};
+  const DLTensor in = dl(x.data(), {kDLCPU, 0}, {kDLFloat, 32, 1}, shape, 2);
+  const DLTensor* ins[1] = {&in};
+  DLManagedTensorVersioned* out[1] = {nullptr};
+  CHECK(bpk_model_run_dlpack(m, ins, 1, out, 1, nullptr) == BPK_OK, "%s", bpk_last_error());
+  std::vector<float> want = run_alloc(m, 5, 2);
+  if (out[0] != nullptr) {
+    const DLTensor& r = out[0]->dl_tensor;
+    CHECK(r.device.device_type == kDLCPU && r.ndim == 2 && r.shape[0] == 5 && r.shape[1] == 10 &&
+              r.dtype.code == kDLFloat && r.dtype.bits == 32 && out[0]->version.major == 1,
+          "result tensor");
+    CHECK(std::memcmp(r.data, want.data(), 50 * sizeof(float)) == 0, "DLPack result equals bpk_model_run's");
+    out[0]->deleter(out[0]);
+  }
+  std::vector<float> y(50);
+  int64_t yshape[2] = {5, 10};
+  DLManagedTensorVersioned mine;
+  std::memset(&mine, 0, sizeof mine);
+  mine.dl_tensor = dl(y.data(), {kDLCPU, 0}, {kDLFloat, 32, 1}, yshape, 2);
+  DLManagedTensorVersioned* into[1] = {&mine};
+  CHECK(bpk_model_run_dlpack(m, ins, 1, into, 1, nullptr) == BPK_OK && into[0] == &mine &&
+            std::memcmp(y.data(), want.data(), 50 * sizeof(float)) == 0,
+        "caller output: %s", bpk_last_error());
+  int64_t strides[2] = {1, 5};
+  const DLTensor strided = dl(x.data(), {kDLCPU, 0}, {kDLFloat, 32, 1}, shape, 2, strides);
+  const DLTensor* bad[1] = {&strided};
+  CHECK(bpk_model_run_dlpack(m, bad, 1, out, 1, nullptr) == BPK_ERR_INPUT &&
+            contains(bpk_last_error(), "input 'x' is not contiguous (strides [1, 5]); pass a C-contiguous tensor"),
+        "%s", bpk_last_error());
+  const DLTensor gpu = dl(x.data(), {kDLCUDA, 0}, {kDLFloat, 32, 1}, shape, 2);
+  const DLTensor* on_gpu[1] = {&gpu};
+  CHECK(bpk_model_run_dlpack(m, on_gpu, 1, out, 1, nullptr) == BPK_ERR_INPUT &&
+            contains(bpk_last_error(), "input 'x' is on cuda:0; this model runs on cpu"),
+        "%s", bpk_last_error());
+  const DLTensor half = dl(x.data(), {kDLCPU, 0}, {kDLFloat, 16, 1}, shape, 2);
+  const DLTensor* halves[1] = {&half};
+  CHECK(bpk_model_run_dlpack(m, halves, 1, out, 1, nullptr) == BPK_ERR_INPUT &&
+            contains(bpk_last_error(), "input 'x' has dtype float16; expected float32"),
+        "%s", bpk_last_error());
+}
+
+// The driver calls a test needs to hold device memory (the fake driver's, under test_cuda_cpp.py).
+struct Driver {
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  int (*alloc)(uint64_t*, size_t) = nullptr;
+  int (*free_)(uint64_t) = nullptr;
+  int (*htod)(uint64_t, const void*, size_t) = nullptr;
+  int (*dtoh)(void*, uint64_t, size_t) = nullptr;
+  int (*stream_create)(void**, unsigned) = nullptr;
+  int (*sync)(void*) = nullptr;
+  Driver() {
+    if (!lib) return;
+    alloc = reinterpret_cast<decltype(alloc)>(dlsym(lib, "cuMemAlloc_v2"));
+    free_ = reinterpret_cast<decltype(free_)>(dlsym(lib, "cuMemFree_v2"));
+    htod = reinterpret_cast<decltype(htod)>(dlsym(lib, "cuMemcpyHtoD_v2"));
+    dtoh = reinterpret_cast<decltype(dtoh)>(dlsym(lib, "cuMemcpyDtoH_v2"));
+    stream_create = reinterpret_cast<decltype(stream_create)>(dlsym(lib, "cuStreamCreate"));
+    sync = reinterpret_cast<decltype(sync)>(dlsym(lib, "cuStreamSynchronize"));
+  }
+  ~Driver() {
+    if (lib) dlclose(lib);
+  }
+};
+
+// bpk_model_run_dlpack on a CUDA model: device inputs and outputs (runtime-allocated kDLCUDA results,
+// the caller's device buffer), mixed host / device, the caller's stream, repeated calls (graphs),
+// results equal to bpk_model_run's bit for bit; a result released after the model.
+void dlpack_cuda(bpk_model* m, const std::string& path, const char* device) {
+  Driver d;
+  if (!d.lib || !d.alloc || !d.stream_create) {
+    CHECK(false, "no driver to allocate device memory with");
+    return;
+  }
+  for (int64_t b : {1, 7, 64}) {
+    std::vector<float> x = input(b, int(b)), want = run_alloc(m, b, int(b));
+    uint64_t dx = 0, dy = 0;
+    d.alloc(&dx, x.size() * sizeof(float));
+    d.alloc(&dy, size_t(b) * 10 * sizeof(float));
+    d.htod(dx, x.data(), x.size() * sizeof(float));
+    int64_t shape[2] = {b, 64}, yshape[2] = {b, 10};
+    const DLTensor on_device = dl(reinterpret_cast<void*>(dx), {kDLCUDA, 0}, {kDLFloat, 32, 1}, shape, 2);
+    const DLTensor on_host = dl(x.data(), {kDLCPU, 0}, {kDLFloat, 32, 1}, shape, 2);
+    void* stream = nullptr;
+    d.stream_create(&stream, 1);
+    for (int call = 0; call < 4; ++call) {  // calls 3 and 4 replay the signature's graph
+      const DLTensor* ins[1] = {call % 2 ? &on_host : &on_device};
+      DLManagedTensorVersioned* out[1] = {nullptr};
+      bpk_run_options opts{0, call >= 2 ? stream : nullptr};
+      CHECK(bpk_model_run_dlpack(m, ins, 1, out, 1, &opts) == BPK_OK, "batch %lld call %d: %s",
+            static_cast<long long>(b), call, bpk_last_error());
+      if (out[0] == nullptr) continue;
+      CHECK(out[0]->dl_tensor.device.device_type == kDLCUDA && out[0]->dl_tensor.device.device_id == 0,
+            "a CUDA model's results are device tensors");
+      if (opts.stream) d.sync(stream);
+      std::vector<float> y(size_t(b) * 10);
+      d.dtoh(y.data(), reinterpret_cast<uint64_t>(out[0]->dl_tensor.data), y.size() * sizeof(float));
+      CHECK(std::memcmp(y.data(), want.data(), y.size() * sizeof(float)) == 0, "batch %lld call %d differs",
+            static_cast<long long>(b), call);
+      out[0]->deleter(out[0]);
+    }
+    DLManagedTensorVersioned mine;  // the caller's device buffer, written in place
+    std::memset(&mine, 0, sizeof mine);
+    mine.dl_tensor = dl(reinterpret_cast<void*>(dy), {kDLCUDA, 0}, {kDLFloat, 32, 1}, yshape, 2);
+    DLManagedTensorVersioned* into[1] = {&mine};
+    const DLTensor* ins[1] = {&on_device};
+    CHECK(bpk_model_run_dlpack(m, ins, 1, into, 1, nullptr) == BPK_OK, "%s", bpk_last_error());
+    std::vector<float> y(size_t(b) * 10);
+    d.dtoh(y.data(), dy, y.size() * sizeof(float));
+    CHECK(std::memcmp(y.data(), want.data(), y.size() * sizeof(float)) == 0, "caller device output differs");
+    d.free_(dx);
+    d.free_(dy);
+  }
+  int64_t shape[2] = {2, 64};
+  std::vector<float> x = input(2, 0);
+  const DLTensor other = dl(x.data(), {kDLCUDA, 3}, {kDLFloat, 32, 1}, shape, 2);
+  const DLTensor* ins[1] = {&other};
+  DLManagedTensorVersioned* out[1] = {nullptr};
+  CHECK(bpk_model_run_dlpack(m, ins, 1, out, 1, nullptr) == BPK_ERR_INPUT &&
+            contains(bpk_last_error(), "input 'x' is on cuda:3; this model runs on cuda:0"),
+        "%s", bpk_last_error());
+  // a result outlives its model
+  bpk_load_options opts{BPK_LOAD_DEVICE, 0, nullptr, nullptr, 0, nullptr, device, 0};
+  bpk_model* brief = nullptr;
+  CHECK(bpk_model_load(path.c_str(), &opts, &brief) == BPK_OK, "%s", bpk_last_error());
+  const DLTensor host = dl(x.data(), {kDLCPU, 0}, {kDLFloat, 32, 1}, shape, 2);
+  const DLTensor* hs[1] = {&host};
+  CHECK(bpk_model_run_dlpack(brief, hs, 1, out, 1, nullptr) == BPK_OK, "%s", bpk_last_error());
+  bpk_model_free(brief);
+  if (out[0]) {
+    std::vector<float> y(20), want = run_alloc(m, 2, 0);
+    d.dtoh(y.data(), reinterpret_cast<uint64_t>(out[0]->dl_tensor.data), y.size() * sizeof(float));
+    CHECK(std::memcmp(y.data(), want.data(), y.size() * sizeof(float)) == 0, "result after bpk_model_free");
+    out[0]->deleter(out[0]);
+  }
 }
 
 // A model on a CUDA device: its executor, results within float32 rounding of the CPU model's, errors
@@ -240,6 +400,7 @@ void on_device(const std::string& path, const char* device) {
             contains(bpk_last_error(), "output buffer 'output0' is float32[2, 9]; the result is float32[2, 10]"),
         "%s", bpk_last_error());
   threads(gpu, 0.0);
+  dlpack_cuda(gpu, path, device);
   // Note [CUDA graphs]: one graph per stream, batches alternating (each call drops the other's graph),
   // bit-identical to a model without graphs
   bpk_load_options one{BPK_LOAD_DEVICE, 0, nullptr, nullptr, 0, nullptr, device, 1};
@@ -301,6 +462,7 @@ int main(int argc, char** argv) {
   errors(a);
   truncations(bytes);
   threads(a);
+  dlpack_cpu(a);
   cpp_header(path);
   load_unload(path);
   bpk_model_free(a);

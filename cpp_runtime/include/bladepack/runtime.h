@@ -62,7 +62,7 @@ typedef enum bpk_dtype {
   BPK_BOOL = 9 /* one byte, 0 or 1 */
 } bpk_dtype;
 
-/* A C-contiguous tensor in host memory. */
+/* A C-contiguous tensor in host memory (bpk_model_run_dlpack takes device memory too). */
 typedef struct bpk_tensor {
   void* data;
   int64_t shape[BPK_MAX_RANK];
@@ -136,6 +136,56 @@ typedef struct bpk_load_options {
 
 typedef struct bpk_model bpk_model;
 
+/* DLPack 1.x (https://dmlc.github.io/dlpack/latest/c_api.html): the tensors of bpk_model_run_dlpack.
+ * Declared here with dlpack.h's layout unless dlpack.h was included first (its include guard). */
+#ifndef DLPACK_DLPACK_H_
+#define DLPACK_DLPACK_H_
+#define DLPACK_MAJOR_VERSION 1
+#define DLPACK_MINOR_VERSION 0
+typedef enum { kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLCUDAManaged = 13 } DLDeviceType;
+typedef struct {
+  DLDeviceType device_type;
+  int32_t device_id;
+} DLDevice;
+typedef enum { kDLInt = 0U, kDLUInt = 1U, kDLFloat = 2U, kDLBfloat = 4U, kDLBool = 6U } DLDataTypeCode;
+typedef struct {
+  uint8_t code;
+  uint8_t bits;
+  uint16_t lanes;
+} DLDataType;
+typedef struct {
+  void* data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;
+  int64_t* strides;
+  uint64_t byte_offset;
+} DLTensor;
+typedef struct {
+  uint32_t major;
+  uint32_t minor;
+} DLPackVersion;
+typedef struct DLManagedTensorVersioned {
+  DLPackVersion version;
+  void* manager_ctx;
+  void (*deleter)(struct DLManagedTensorVersioned* self);
+  uint64_t flags;
+  DLTensor dl_tensor;
+} DLManagedTensorVersioned;
+#endif
+
+/* Per-call options of bpk_model_run_dlpack (options may be NULL: all zero). */
+typedef struct bpk_run_options {
+  uint32_t flags; /* none defined: 0 */
+  /* A CUDA model: the CUstream the call's work is enqueued on, in that stream's order (its inputs may
+   * be written by earlier work on it, its results read by later work); the call returns once the work
+   * is enqueued, unless some output is in host memory or the plan's kernels check indices (then it
+   * waits for the stream). NULL: a stream of the runtime's own; the call returns with the results
+   * complete. Ignored by CPU models. */
+  void* stream;
+} bpk_run_options;
+
 /* The reason the last failing call on this thread failed ("" if none). Valid until the next call. */
 BPK_API const char* bpk_last_error(void);
 BPK_API const char* bpk_status_name(bpk_status status);
@@ -166,6 +216,20 @@ BPK_API bpk_status bpk_model_output_shapes(const bpk_model* model, const bpk_ten
  * Output buffers must not overlap inputs or each other. Thread-safe. */
 BPK_API bpk_status bpk_model_run(const bpk_model* model, const bpk_tensor* inputs, int64_t num_inputs,
                                  bpk_tensor* outputs, int64_t num_outputs);
+
+/* Runs the model on DLPack tensors. inputs[i]: host memory (kDLCPU, kDLCUDAHost) or, for a CUDA model,
+ * memory of its device (kDLCUDA / kDLCUDAManaged with that device_id), C-contiguous (strides NULL or
+ * row-major compact), byte_offset honoured; the dtype is the DLPack spelling of the signature's
+ * (float32 {kDLFloat, 32, 1}, bfloat16 {kDLBfloat, 16, 1}, bool {kDLBool, 8, 1}, ...). outputs[k]:
+ * NULL, and the runtime stores a tensor it allocated on the model's device (kDLCUDA for a CUDA model,
+ * kDLCPU for a CPU model; release it with its deleter, which may run after bpk_model_free); or the
+ * caller's tensor (host or device, the result's dtype and shape, contiguous), written in place and
+ * never released by the runtime. A CUDA model reads host inputs and writes host outputs through its
+ * own device buffer. Thread-safe; on failure no output the runtime allocated is left behind.
+ * on_out_of_range "split" is not applied here (a dim above its range is a shape-guard error). */
+BPK_API bpk_status bpk_model_run_dlpack(const bpk_model* model, const DLTensor* const* inputs, int64_t num_inputs,
+                                        DLManagedTensorVersioned** outputs, int64_t num_outputs,
+                                        const bpk_run_options* options);
 
 /* Runs the reference cases recorded in the artifact at optimize time (docs/format.md "Reference
  * cases") on this machine and compares the results with the recorded outputs. *report (release with

@@ -95,8 +95,21 @@ class Tensor {
   std::shared_ptr<void> owned_;  // runtime-allocated data (shared by copies of this Tensor)
 };
 
+// A DLPack result of Model::run_dlpack, released (its deleter run) when destroyed.
+struct DLPackDeleter {
+  void operator()(DLManagedTensorVersioned* t) const {
+    if (t != nullptr && t->deleter != nullptr) t->deleter(t);
+  }
+};
+using DLPackTensor = std::unique_ptr<DLManagedTensorVersioned, DLPackDeleter>;
+
 class Model {
  public:
+  // device: "cpu", "cuda" or "cuda:N"; cuda_graphs as bpk_load_options.cuda_graphs (0: 64 per stream)
+  static Model load(const std::string& path, const std::string& device, int32_t cuda_graphs = 0) {
+    bpk_load_options options{BPK_LOAD_DEVICE, 0, nullptr, nullptr, 0, nullptr, device.c_str(), cuda_graphs};
+    return load(path, &options);
+  }
   static Model load(const std::string& path, const bpk_load_options* options = nullptr) {
     bpk_model* m = nullptr;
     check(bpk_model_load(path.c_str(), options, &m));
@@ -143,6 +156,17 @@ class Model {
     check(bpk_model_output_shapes(m_.get(), in.data(), int64_t(in.size()), out.data(), int64_t(out.size())));
     std::vector<Tensor> result(out.size());
     for (size_t k = 0; k < out.size(); ++k) result[k].t_ = out[k];
+    return result;
+  }
+  // DLPack tensors in (host, or the model's device), results allocated by the runtime on the model's
+  // device; `stream`: the caller's CUstream (bpk_run_options.stream).
+  std::vector<DLPackTensor> run_dlpack(const std::vector<const DLTensor*>& inputs, void* stream = nullptr) const {
+    std::vector<DLManagedTensorVersioned*> out(size_t(signature().num_outputs), nullptr);
+    const bpk_run_options options{0, stream};
+    check(bpk_model_run_dlpack(m_.get(), inputs.data(), int64_t(inputs.size()), out.data(), int64_t(out.size()),
+                               &options));
+    std::vector<DLPackTensor> result;
+    for (auto* t : out) result.emplace_back(t);
     return result;
   }
   bpk_model* handle() const { return m_.get(); }
