@@ -114,14 +114,14 @@ class CudaExecutor:
         kernels = m.kernels["cuda"]
         check_plan(m, "cuda", None)  # Note [Plan checks]: before anything is launched
         self.operand_checks = operand_programs(m)
-        self.exe = NativeCuda(bpk, native, kernels, ordinal)
-        self.exe.upload_weights([bpk.section(weight_section_name(w["name"])) for w in m.weight_rows])
         self.kernels = kernels
         self.n_in = len(m.input_ids)
         self.out_slot = list(native["outputs"])
         first_weight = 1 + self.n_in + len(self.out_slot)
         self.weight_slot = {w["id"]: first_weight + k for k, w in enumerate(m.weight_rows)}
-        self.n_slots = first_weight + len(self.weight_slot)
+        self.n_slots = first_weight + len(self.weight_slot)  # then one more: the stream's status words
+        self.exe = NativeCuda(bpk, native, kernels, ordinal, self.n_slots)
+        self.exe.upload_weights([bpk.section(weight_section_name(w["name"])) for w in m.weight_rows])
         self.prepare = ShapeCache(self._build, cache_limit)
         self.graphs = CudaGraphs(self.exe.device, graphs) if graphs > 0 else None
         self._stream_locks: dict[int, threading.Lock] = {}
@@ -226,7 +226,8 @@ class CudaExecutor:
             staging_bytes += sum(_round(_nbytes(s, d)) for s, d in out_specs)
         staging: DeviceBuffer | None = self.exe.alloc(staging_bytes) if staging_bytes else None
         cursor = staging.ptr if staging is not None else 0
-        slots = np.zeros(self.n_slots, dtype=np.uint64)
+        slots = np.zeros(self.n_slots + 1, dtype=np.uint64)
+        slots[self.n_slots] = self.exe.status(stream)
         slots[0] = self.exe.arena(cp.arena_bytes, stream)
         dev_iter = iter(held)
         for k, h in enumerate(hosts):
@@ -247,7 +248,7 @@ class CudaExecutor:
                 cursor += _round(_nbytes(shape, dt))
                 results.append(None)
             slots[1 + self.n_in + k] = ptr
-        slots[1 + self.n_in + len(out_specs) :] = self.exe.weight_ptrs
+        slots[1 + self.n_in + len(out_specs) : self.n_slots] = self.exe.weight_ptrs
         self.exe.run(cp, slots, stream, lambda node: self._reference(node, prep, slots, stream, key))
         # outputs that are inputs, weights or repeated outputs: device-to-device copies, never aliases
         for k, o in enumerate(m.outputs):
@@ -300,10 +301,11 @@ class CudaExecutor:
             at.append(cursor)
             cursor += _round(n)
         base = self.graphs.memory(ctx, cursor)
-        slots = np.zeros(self.n_slots, dtype=np.uint64)
+        slots = np.zeros(self.n_slots + 1, dtype=np.uint64)
         slots[0] = base
         slots[1 : 1 + len(at)] = [base + a for a in at]
-        slots[1 + len(at) :] = exe.weight_ptrs
+        slots[1 + len(at) : self.n_slots] = exe.weight_ptrs
+        slots[self.n_slots] = exe.status(stream)
         src_iter = iter(dev_src)
         for k, h in enumerate(hosts):  # the caller's tensors into the graph's buffer
             if h is not None:

@@ -87,8 +87,12 @@ class CudaPrepared:
 
 
 class NativeCuda:
-    def __init__(self, bpk: BpkFile, plan: dict[str, Any], kernels: Sequence[dict[str, Any]], ordinal: int) -> None:
-        """`kernels`: the manifest's kernel rows of target "cuda", in order (launches index them)."""
+    def __init__(
+        self, bpk: BpkFile, plan: dict[str, Any], kernels: Sequence[dict[str, Any]], ordinal: int, n_slots: int
+    ) -> None:
+        """`kernels`: the manifest's kernel rows of target "cuda", in order (launches index them);
+        `n_slots`: the plan's slots (arena, inputs, outputs, weights); slot `n_slots` holds the call's
+        status words."""
         if plan.get("abi") != ABI_VERSION:
             raise BpkFormatError(f"{bpk.source}: native CUDA plan ABI {plan.get('abi')} is not {ABI_VERSION}")
         self.plan = plan
@@ -107,8 +111,10 @@ class NativeCuda:
         self.functions = [self.module.function(names[i]) for i in range(len(names))]
         self.weight_ptrs: list[int] = []
         self._weights: DeviceBuffer | None = None
-        self._status = self.device.alloc(64)
-        self._status.copy_from_host(bytes(64))
+        # the status words of each stream's calls (a pointer word of every kernel launch, filled per call
+        # from the extra slot `status_slot`: calls on different streams never share them)
+        self._status = StreamBuffers(self.device, 64, zeroed=True)
+        self.status_slot = n_slots
         self.checks_errors = any(k.get("errors") for k in self.kernels)
         self._arenas = StreamBuffers(self.device, _ALIGN)
         self._cublas: Any = None
@@ -143,7 +149,6 @@ class NativeCuda:
         pos: list[int] = []
         slots: list[int] = []
         offs: list[int] = []
-        status = self._status.ptr
         when: list[tuple[tuple[int, int, bool], ...]] = []
         for lr in self.plan["launches"]:
             op = lr["op"]
@@ -173,7 +178,10 @@ class NativeCuda:
             if var is None:
                 raise BpkFormatError(f"kernel {row['name']}: no variant applies (corrupt plan)")
             start = len(words)
-            words.append(status)
+            pos.append(len(words))  # the status words: per call, from the stream's buffer
+            slots.append(self.status_slot)
+            offs.append(0)
+            words.append(0)
             for s, o in ptrs:
                 pos.append(len(words))
                 slots.append(s)
@@ -223,7 +231,8 @@ class NativeCuda:
             words[prep.ptr_pos] = slots[prep.ptr_slot] + prep.ptr_off
         base = words.ctypes.data
         if self.checks_errors:
-            _check(drv, drv.cuMemsetD8Async(self._status.ptr, 0, 32, drv.CUstream(stream)), "cuMemsetD8Async")
+            status = int(slots[self.status_slot])
+            _check(drv, drv.cuMemsetD8Async(status, 0, 32, drv.CUstream(stream)), "cuMemsetD8Async")
         last: tuple[tuple[int, int, bool], ...] = ()
         wanted = True
         for k, launch in enumerate(prep.launches):
@@ -266,10 +275,16 @@ class NativeCuda:
                 return False
         return True
 
+    def status(self, stream: int) -> int:
+        """The device address of `stream`'s status words (the value of slot `status_slot`)."""
+        return self._status.get(64, stream)
+
     def read_status(self, stream: int) -> tuple[int, int, int]:
         """(code, value, size) of the first error the last call's kernels reported (code 0: none)."""
         self.device.synchronize(stream)
-        raw = np.frombuffer(self._status.copy_to_host(24), dtype=np.int64)
+        raw = np.zeros(3, dtype=np.int64)
+        self.to_host(self.status(stream), raw, stream)
+        self.device.synchronize(stream)
         return int(raw[0]), int(raw[1]), int(raw[2])
 
     # -- host <-> device copies
