@@ -296,3 +296,41 @@ def test_hopper_launches_on_the_fake_driver(
     ran = {ln.split()[1] for ln in log.splitlines() if ln.startswith("launch bpk_gemm_")}
     assert ran and all(kernels[n]["arch"] == "sm_80" for n in ran)
     assert "tensor_map" not in log and "_wgmma_" not in log  # nothing Hopper was loaded
+
+
+@needs_nvcc
+def test_hopper_launches_from_the_cpp_runtime(
+    hopper_artifact: bladepack.api.Artifact, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The C++ runtime on compute capability 9.0 and 8.0: the same kernels, geometry, cluster launches and
+    TMA descriptors (but their addresses) as the Python loader, call for call, and the same shared-memory
+    opt-ins."""
+    from tests.cpp_build import BuildError
+
+    gpu = FakeGpu(tmp_path_factory.mktemp("fake_gpu_hopper_cpp"))
+    batches = [64, 77, 4096, 16384]
+    cases = [(np.random.default_rng(b).standard_normal((b, 128)).astype(np.float16),) for b in batches]
+
+    def driver_calls(log: str) -> list[str]:
+        out = []
+        for ln in log.splitlines():
+            f = ln.split()
+            if ln.startswith("launch bpk_gemm_"):
+                out.append(" ".join(f[:12]))
+            elif ln.startswith("launch_ex "):
+                out.append(ln)
+            elif ln.startswith("tensor_map "):
+                out.append(" ".join(f[:5] + f[7:]))  # without "addr N"
+        return out
+
+    for cc in ("90", "80"):
+        _, _, py_log = gpu.run(hopper_artifact, cases, cc=cc, graphs=False)
+        try:
+            _, cpp_results, cpp_log = gpu.run_cpp(hopper_artifact, cases, cc=cc, graphs=False, calls=1)
+        except BuildError as e:
+            pytest.skip(f"cpp_runtime does not build here: {e}")
+        assert all(not isinstance(r, str) for r in cpp_results), cpp_results
+        assert driver_calls(cpp_log) == driver_calls(py_log), cc
+        opt_in = {ln for ln in py_log.splitlines() if ln.startswith("func_attribute ")}  # once per process
+        assert {ln for ln in cpp_log.splitlines() if ln.startswith("func_attribute ")} == opt_in
+        assert ("launch_ex" in cpp_log) == (cc == "90") and ("tensor_map" in cpp_log) == (cc == "90")
