@@ -173,6 +173,27 @@ def test_graphs_drop_least_recently_used_and_turn_off(gpu: FakeGpu, tmp_path: Pa
     assert log_on.count("graph_launch ") == 3 and log_on.count("capture_begin ") == 1
 
 
+def test_verify_report_matches_python(gpu: FakeGpu, tmp_path: Path) -> None:
+    """`bpk-run --device cuda --verify` prints the Python loader's report on the same device, text for text."""
+    from bladepack.loader.verify import report_text
+
+    s = SAMPLES["llama"]
+    art = bladepack.optimize(s.build().eval(), s.export_samples(), s.dynamic_shapes, targets=TARGETS)
+    path = tmp_path / "llama.bpk"
+    art.save(path)
+    executor, report, _ = gpu.verify(art)
+    r = subprocess.run(
+        [str(build("release") / "bpk-run"), str(path), "--device", "cuda", "--verify"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_fake_env(gpu, art, tmp_path / "cuda.log"),
+    )
+    assert r.returncode == 0, r.stderr
+    assert report["passed"] is True
+    assert r.stdout == report_text(str(path), executor, report)
+
+
 def _fake_env(gpu: FakeGpu, artifact: Any, log: Path) -> dict[str, str]:
     return gpu._env(artifact, log, "90")
 
