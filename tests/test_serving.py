@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -107,9 +108,12 @@ def test_config_batches_along_the_proven_batch_dim(tagger: Path) -> None:
     assert cpp == text.replace('backend: "python"', 'backend: "bladepack"').replace("count: 2", "count: 1").replace(
         "delay_microseconds: 250", "delay_microseconds: 100"
     )
-    with pytest.raises(ValueError, match="the C\\+\\+ backend runs CPU plans"):
-        TritonModelConfig.build(m, "tagger", "cuda", backend="cpp").text()
-    capped = TritonModelConfig.build(m, "tagger", "cuda:1", max_batch_size=4).text()
+    for backend in ("python", "cpp"):
+        with pytest.raises(ValueError, match="model 'tagger' has no CUDA kernels; optimize it with targets"):
+            TritonModelConfig.build(m, "tagger", "cuda", backend=backend)
+    gpu = {**m, "native_cuda": {"abi": 1}}  # only its presence is read here
+    assert "kind: KIND_GPU count: 1 gpus: [ 1 ]" in TritonModelConfig.build(gpu, "tagger", "cuda:1", backend="cpp").text()
+    capped = TritonModelConfig.build(gpu, "tagger", "cuda:1", max_batch_size=4).text()
     assert "max_batch_size: 4\n" in capped
     off = TritonModelConfig.build(m, "tagger", dynamic_batching=False).text()
     assert f"max_batch_size: {BATCH_MAX}\n" in off and "dynamic_batching" not in off
@@ -487,7 +491,7 @@ def test_cli_triton_repo(tagger: Path, tmp_path: Path, capsys: pytest.CaptureFix
     )
     assert "dynamic batching off" in capsys.readouterr().out
     assert main(["triton-repo", str(tagger), str(tmp_path), "--device", "cuda", "--backend", "cpp"]) == 1
-    assert "the C++ backend runs CPU plans" in capsys.readouterr().err
+    assert "has no CUDA kernels" in capsys.readouterr().err
     assert not (tmp_path / "tagger").exists()
     assert main(["serve", str(tagger), "--engine", "ray", "--backend", "cpp"]) == 1
     assert "Ray Serve replicas run the Python loader" in capsys.readouterr().err
@@ -574,8 +578,47 @@ def test_cpp_backend_on_a_fake_server(release: Path, tagger: Path, tmp_path: Pat
     for k in range(3):
         for g, w in zip(got[k], loader.run([a for _, a in reqs[k]])):
             np.testing.assert_array_equal(g, w)
-    proc, _ = _fake_triton(release, model_dir, reqs[:1], tmp_path, kind="gpu")
-    assert proc.returncode == 3 and "load error: UNSUPPORTED the C++ runtime runs CPU plans" in proc.stderr
+    proc, _ = _fake_triton(release, model_dir, reqs[:1], tmp_path, kind="gpu")  # no CUDA plan in this one
+    assert proc.returncode == 3 and "load error: UNSUPPORTED" in proc.stderr and "has no CUDA kernels" in proc.stderr
+
+
+def test_cpp_backend_on_a_gpu_instance(release: Path, tmp_path: Path) -> None:
+    """A KIND_GPU instance (device 0) loads the artifact's CUDA plan on the fake driver with the kernels
+    emulated (tests/cuda_harness.py): the same merging, each request's rows bit-identical to the Python
+    loader's CUDA path on the same merged batch, the loader's error texts, launches on the runtime's own
+    streams."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not found (CUDA targets need it)")
+    from tests.cuda_harness import FakeGpu
+
+    (tmp_path / "fake").mkdir()
+    gpu = FakeGpu(tmp_path / "fake")
+    torch.manual_seed(0)
+    samples = [(torch.randint(0, 50, (b, s)), torch.ones(b, s, dtype=torch.bool)) for b, s in ((2, 5), (3, 7))]
+    batch, seq = bladepack.Dim("batch", 1, BATCH_MAX), bladepack.Dim("seq", 1, SEQ_MAX)
+    dyn = {"ids": {0: batch, 1: seq}, "mask": {0: batch, 1: seq}}
+    art = bladepack.optimize(Tagger().eval(), samples, dyn, targets=("cpu", "cuda:sm_90"))
+    path = tmp_path / "tagger.bpk"
+    art.save(path)
+    config = write_repository(path, tmp_path, "m", backend="cpp", device="cuda")
+    assert "kind: KIND_GPU" in config.text()
+    reqs, groups = _fake_requests(np.random.default_rng(7))
+    env = gpu._env(art, tmp_path / "cuda.log", "90")
+    proc, got = _fake_triton(release, tmp_path / "m", reqs, tmp_path, kind="gpu", env=env)
+    assert proc.returncode == 0, proc.stderr
+    merged = [[np.concatenate([reqs[k][i][1] for k in group]) for i in range(2)] for group in groups]
+    _, want, _ = gpu.run(art, [tuple(m) for m in merged], graphs=False)
+    for group, outs in zip(groups, want):
+        lo = 0
+        for k in group:
+            n = reqs[k][0][1].shape[0]
+            for g, w in zip(got[k], outs):
+                np.testing.assert_array_equal(g, w[lo : lo + n])
+            lo += n
+    assert got[3].startswith("INVALID_ARG input 'ids' dimension 1 (symbol 'seq') is 25")
+    assert got[6] == "INVALID_ARG expected 2 inputs (ids, mask), got 1"
+    streams = {ln.split()[13] for ln in (tmp_path / "cuda.log").read_text().splitlines() if ln.startswith("launch ")}
+    assert streams and "0" not in streams
 
 
 @pytest.mark.slow

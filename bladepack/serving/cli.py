@@ -54,7 +54,7 @@ def _model_options(p: argparse.ArgumentParser) -> None:
         "--backend",
         choices=("python", "cpp"),
         default="python",
-        help="Triton backend: python (the torch-free loader; CPU or GPU) or cpp (libtriton_bladepack.so on the C++ runtime; CPU)",
+        help="Triton backend: python (the torch-free loader; CPU or GPU) or cpp (libtriton_bladepack.so on the C++ runtime, no Python in the server; CPU or GPU)",
     )
 
 

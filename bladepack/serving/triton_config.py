@@ -68,6 +68,10 @@ class TritonModelConfig:
             raise ValueError(f"model name {name!r}: use letters, digits, '_', '.' and '-'")
         if instances < 1:
             raise ValueError(f"instances must be at least 1, got {instances}")
+        if device.startswith("cuda") and not m.get("native_cuda"):
+            raise ValueError(
+                f"model {name!r} has no CUDA kernels; optimize it with targets=('cpu', 'cuda') to serve it on a GPU"
+            )
         if max_queue_delay_us < 0:
             raise ValueError(f"max queue delay must be at least 0 µs, got {max_queue_delay_us}")
         unsupported = [f"{t['name']} ({t['dtype']})" for t in (*m["inputs"], *m["outputs"]) if t["dtype"] == "bfloat16"]
@@ -125,8 +129,6 @@ class TritonModelConfig:
             lines.append(f"  max_queue_delay_microseconds: {self.max_queue_delay_us}")
             lines.append("}")
         kind, _, ordinal = self.device.partition(":")
-        if self.backend == "cpp" and kind == "cuda":
-            raise ValueError("the C++ backend runs CPU plans (the C++ runtime has no CUDA yet); use --backend python")
         group = f"kind: {'KIND_GPU' if kind == 'cuda' else 'KIND_CPU'} count: {self.instances}"
         if ordinal:
             group += f" gpus: [ {ordinal} ]"

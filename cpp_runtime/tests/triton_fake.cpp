@@ -146,6 +146,10 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceKind(TRITONBACKEND_ModelInstance*
   *k = i->kind;
   return nullptr;
 }
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceDeviceId(TRITONBACKEND_ModelInstance*, int32_t* id) {
+  *id = 0;
+  return nullptr;
+}
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceSetState(TRITONBACKEND_ModelInstance* i, void* s) {
   i->state = s;
   return nullptr;

@@ -9,8 +9,9 @@
 // config has max_batch_size > 0 — which triton-repo writes only for a dim the compiler proved
 // batch-like at axis 0 of every tensor — and only among requests whose other dims and dtypes agree;
 // a merged call that fails is retried request by request. Input errors (count, dtype, rank, a dim out
-// of range) are INVALID_ARG (HTTP 400); anything else is INTERNAL. The C++ runtime runs CPU plans:
-// a KIND_GPU instance is refused at load with that reason.
+// of range) are INVALID_ARG (HTTP 400); anything else is INTERNAL. A KIND_GPU instance on device N
+// loads the artifact with device "cuda:N" (its CUDA plan, CUDA graphs per call context: Note [CUDA
+// graphs] in cpp_runtime/src/native_cuda.h); tensors cross in host memory, copied to the GPU and back.
 
 #include <bladepack/runtime.h>
 
@@ -144,7 +145,7 @@ TRITONSERVER_Error* read_request(const InstanceState& st, Request& req) {
       int64_t mem_id = 0;
       if (auto* e = TRITONBACKEND_InputBuffer(in, b, &data, &size, &mem, &mem_id)) return e;
       if (mem == TRITONSERVER_MEMORY_GPU)
-        return error(TRITONSERVER_ERROR_UNSUPPORTED, std::string("input '") + name + "' is in GPU memory; the C++ runtime runs CPU plans");
+        return error(TRITONSERVER_ERROR_UNSUPPORTED, std::string("input '") + name + "' is in GPU memory; this backend takes inputs in CPU memory");
       if (buffers == 1) {
         t.data = const_cast<void*>(data);
       } else {
@@ -319,9 +320,12 @@ __attribute__((visibility("default"))) TRITONSERVER_Error* TRITONBACKEND_ModelIn
     TRITONBACKEND_ModelInstance* instance) {
   TRITONSERVER_InstanceGroupKind kind;
   if (auto* e = TRITONBACKEND_ModelInstanceKind(instance, &kind)) return e;
-  if (kind == TRITONSERVER_INSTANCEGROUPKIND_GPU)
-    return error(TRITONSERVER_ERROR_UNSUPPORTED,
-                 "the C++ runtime runs CPU plans; serve on a GPU with the Python backend (triton-repo --backend python)");
+  std::string device = "cpu";
+  if (kind == TRITONSERVER_INSTANCEGROUPKIND_GPU) {
+    int32_t id = 0;
+    if (auto* e = TRITONBACKEND_ModelInstanceDeviceId(instance, &id)) return e;
+    device = "cuda:" + std::to_string(id);
+  }
   TRITONBACKEND_Model* model = nullptr;
   void* ms = nullptr;
   if (auto* e = TRITONBACKEND_ModelInstanceModel(instance, &model)) return e;
@@ -329,8 +333,11 @@ __attribute__((visibility("default"))) TRITONSERVER_Error* TRITONBACKEND_ModelIn
   auto state = std::make_unique<InstanceState>();
   const auto* mstate = static_cast<ModelState*>(ms);
   state->max_batch_size = mstate->max_batch_size;
-  bpk_status s = bpk_model_load(mstate->path.c_str(), nullptr, &state->model);
-  if (s != BPK_OK) return error(TRITONSERVER_ERROR_INVALID_ARG, mstate->path + ": " + bpk_last_error());
+  bpk_load_options options{BPK_LOAD_DEVICE, 0, nullptr, nullptr, 0, nullptr, device.c_str(), 0};
+  bpk_status s = bpk_model_load(mstate->path.c_str(), &options, &state->model);
+  if (s != BPK_OK)
+    return error(s == BPK_ERR_UNSUPPORTED ? TRITONSERVER_ERROR_UNSUPPORTED : TRITONSERVER_ERROR_INVALID_ARG,
+                 mstate->path + ": " + bpk_last_error());
   if (bpk_model_signature(state->model, &state->sig) != BPK_OK)
     return error(TRITONSERVER_ERROR_INTERNAL, bpk_last_error());
   if (auto* e = TRITONBACKEND_ModelInstanceSetState(instance, state.get())) return e;
