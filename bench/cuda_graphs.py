@@ -8,7 +8,13 @@ CUDA device and torch with CUDA) it measures host time per call on the GPU inste
 on torch tensors (median of `--repeat` calls, wall clock, the stream synchronized once at the end:
 enqueue cost) and `bpk-run --repeat` (whole calls from host memory), graphs on and off.
 
-    python -m bench.cuda_graphs [--samples mlp,llama] [--gpu] [--repeat 200]
+`--host` (no GPU) times what bladepack itself does per call — on the fake driver with the kernels
+not run and nothing logged, so the driver's calls cost next to nothing — for the samples and a chain of
+50 kernels (the issue's "50-kernel plan"): Python loader and C++ runtime (`bpk-run --repeat`), graphs on
+and off, host tensors in and out. A real driver adds its own cost per launch (a few µs each, one
+graph launch with graphs), which only a GPU run measures.
+
+    python -m bench.cuda_graphs [--samples mlp,llama] [--gpu | --host] [--repeat 200]
 Out: bench/results/cuda_graphs.md (fake) or cuda_graphs_<device>.md (GPU), and .json.
 """
 
@@ -133,6 +139,104 @@ def gpu_times(names: list[str], repeat: int) -> list[dict[str, Any]]:
     return rows
 
 
+class Chain50(torch.nn.Module):
+    """50 CUDA kernels that do not fuse: softmax rows alternating with scans."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i in range(50):
+            x = torch.softmax(x * (1.0 + 0.01 * i), dim=-1) if i % 2 else torch.cumsum(x, dim=-1) * 0.1
+        return x
+
+
+_HOST_SCRIPT = r"""
+import sys, time, numpy as np, bladepack
+m = bladepack.load(sys.argv[1], device="cuda", graphs=sys.argv[2] == "1")
+xs = [np.load(f) for f in sys.argv[4:]]
+for _ in range(50):
+    m(*xs)
+n = int(sys.argv[3])
+times = []
+for _ in range(n):
+    t0 = time.perf_counter()
+    m(*xs)
+    times.append(time.perf_counter() - t0)
+times.sort()
+print(times[len(times) // 2] * 1e6)
+"""
+
+
+def host_cost(names: list[str], repeat: int) -> list[dict[str, Any]]:
+    import os
+    import sys
+
+    from tests import cpp_build
+    from tests.cuda_harness import FakeGpu
+
+    bpk_run = cpp_build.build("release") / "bpk-run"
+    work = Path(tempfile.mkdtemp(prefix="bpk-host-"))
+    gpu = FakeGpu(work)
+    env = {**os.environ, "LD_LIBRARY_PATH": str(work), "BLADEPACK_CUBLAS": str(work / "libcublas.so")}
+    for key in ("FAKE_CUDA_EMU", "FAKE_CUDA_LOG"):
+        env.pop(key, None)
+    models: list[tuple[str, Any, dict[str, int], tuple[np.ndarray, ...]]] = []
+    b = torch.export.Dim("b", min=1, max=64)
+    chain = bladepack.optimize(Chain50(), [(torch.randn(4, 32),)], ({0: b},), targets=("cpu", "cuda:sm_90"))
+    models.append(
+        (
+            "chain of 50 kernels",
+            chain,
+            {"b": 4},
+            (np.random.default_rng(0).standard_normal((4, 32)).astype(np.float32),),
+        )
+    )
+    for name in names:
+        s = SAMPLES[name]
+        art = bladepack.optimize(s.build().eval(), s.export_samples(), s.dynamic_shapes, targets=("cpu", "cuda:sm_90"))
+        dims = _small_case(name)
+        g = torch.Generator().manual_seed(0)
+        models.append((name, art, dims, tuple(a.numpy() for a in s.make_inputs(g, **dims))))
+    rows = []
+    for label, art, dims, arrays in models:
+        path = work / f"{label.split()[0]}.bpk"
+        art.save(path)
+        files, flags = [], []
+        for t, a in zip(art.plan.inputs, arrays):
+            f = work / f"{path.stem}-{t.name}.npy"
+            np.save(f, a)
+            files.append(str(f))
+            flags += ["--input", f"{t.name}={f}"]
+        launches = sum(1 for lr in art._parts()[0]["native_cuda"]["launches"] if lr["op"] != "ref")
+        for graphs in (False, True):
+            py = subprocess.run(
+                [sys.executable, "-c", _HOST_SCRIPT, str(path), "1" if graphs else "0", str(repeat), *files],
+                capture_output=True,
+                text=True,
+                env={**env, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+            )
+            cpp = subprocess.run(
+                [str(bpk_run), str(path), "--device", "cuda", *flags, "--repeat", str(repeat)]
+                + ([] if graphs else ["--cuda-graphs", "-1"]),
+                capture_output=True,
+                text=True,
+                env=env,
+            )
+            med = re.search(r"median ([\d.]+)", cpp.stdout)
+            rows.append(
+                {
+                    "model": label,
+                    "shape": dims,
+                    "launches in the plan": launches,
+                    "graphs": graphs,
+                    "python us/call": round(float(py.stdout.strip().splitlines()[-1]), 1)
+                    if py.returncode == 0
+                    else py.stderr[-200:],
+                    "c++ us/call": float(med.group(1)) if med else cpp.stderr[-200:],
+                }
+            )
+    del gpu
+    return rows
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
     keys = list(rows[0])
     out = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
@@ -145,12 +249,25 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--samples", default="mlp,encoder,llama,cnn")
     ap.add_argument("--gpu", action="store_true", help="measure on a real GPU (else: count on the fake driver)")
+    ap.add_argument("--host", action="store_true", help="no GPU: bladepack's own host time per call on the fake")
     ap.add_argument("--repeat", type=int, default=200)
     ap.add_argument("--calls", type=int, default=3, help="fake driver: calls counted after warm-up")
     args = ap.parse_args()
     names = args.samples.split(",")
     RESULTS.mkdir(exist_ok=True)
-    if args.gpu:
+    if args.host:
+        rows = host_cost(names, args.repeat)
+        tag = "cuda_host_cost"
+        head = (
+            "# Host time per call on the fake driver (kernels not run, nothing logged): bladepack's own work\n\n"
+            "Median of the calls after 50 warm-up calls, one process per loader and setting, host tensors in\n"
+            "and out. A real driver adds its per-launch cost (one graph launch per call with graphs), which\n"
+            "only a GPU run measures. Without graphs the fake's own launch (it formats each launch's\n"
+            "arguments) inflates the figures; the samples' GEMMs run on the fake cuBLAS on the host, inside\n"
+            "the graph too, so only the chain and the CNN show bladepack's own cost. Machine: the 2-core\n"
+            "CPU box (noisy).\n\n"
+        )
+    elif args.gpu:
         rows = gpu_times(names, args.repeat)
         tag = "cuda_graphs_" + re.sub(r"[^A-Za-z0-9]+", "_", torch.cuda.get_device_name()).strip("_")
         head = f"# CUDA graphs on {torch.cuda.get_device_name()}: host time per call\n\n"

@@ -90,6 +90,21 @@ def test_cuda_graphs_replay_each_signature(gpu: FakeGpu, name: str) -> None:
     assert "capture_refused" not in log
 
 
+def test_index_errors_from_a_replayed_graph(gpu: FakeGpu, ops_artifact: bladepack.api.Artifact) -> None:
+    """Note [Graph replay]: a signature's third call replays its graph on the short path; when a kernel
+    reports a bad index there, the full path runs the call again and raises the same error as a plain
+    call; a good call afterwards replays again."""
+    x = np.random.default_rng(0).standard_normal((2, 10)).astype(np.float32)
+    good, bad = (x, np.array([0, 9, 1])), (x, np.array([0, 10, 1]))
+    _, plain, _ = gpu.run(ops_artifact, [good, bad], graphs=False)
+    _, replayed, log = gpu.run(ops_artifact, [good, good, good, bad, good])
+    assert isinstance(plain[1], str) and plain[1].startswith("ExecutionError: index out of range")
+    assert replayed[3] == plain[1]
+    for k in (0, 1, 2, 4):
+        assert all(np.array_equal(a, b) for a, b in zip(replayed[k], plain[0]))
+    assert log.count("graph_launch ") == 5  # calls 2, 3, 4 (short path, then full path) and 5
+
+
 def test_cuda_graphs_bound_and_off(gpu: FakeGpu, monkeypatch: pytest.MonkeyPatch) -> None:
     """BLADEPACK_CUDA_GRAPHS=1: alternating signatures drop each other's graph (least recently used);
     graphs=False never captures."""

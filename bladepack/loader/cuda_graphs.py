@@ -18,6 +18,12 @@ which is what graphs exist to remove. When the buffer must grow (a larger signat
 graphs are dropped. A plan with a step that synchronizes with the host (a reference step, a run-time
 branch read on the host) is never captured (`graph_obstacle`; `bladepack inspect` says why); a capture
 the driver refuses leaves that signature on plain launches.
+
+Note [Graph replay]: a call on host arrays (numpy, the default stream) whose signature has a graph
+takes a short path (`CudaExecutor._replay`): its shapes were checked, prepared and staged by the full
+path when the graph was made, so the call only copies its inputs in, launches the graph and copies the
+outputs out — about a dozen driver calls and no per-call Python bookkeeping. Anything else (another
+type, dtype or layout, caller output buffers, an index error to report) takes the full path.
 """
 
 from __future__ import annotations
@@ -33,11 +39,25 @@ from bladepack.loader.cuda_driver import CudaError, Device, DeviceBuffer, _check
 DEFAULT_GRAPHS = 64  # per caller stream
 
 
+@dataclass(frozen=True)
+class Replay:
+    """Note [Graph replay]: what a later call with host arrays of the same shapes does, precomputed:
+    copy each input to its staging address, launch the graph, make the device copies of outputs that
+    are inputs / weights / repeats, copy each output back (address, shape, numpy dtype, bytes)."""
+
+    inputs: tuple[tuple[int, int], ...]  # staging address, bytes
+    copies: tuple[tuple[int, int, int], ...]  # source, destination, bytes
+    outputs: tuple[tuple[int, tuple[int, ...], Any, int], ...]
+    status: int  # the status words' address when the plan's kernels check indices, else 0
+
+
 @dataclass
 class GraphEntry:
     runs: int = 0
     exec: Any = None  # CUgraphExec
     refused: bool = False
+    replay: Replay | None = None
+    buffer_ptr: int = 0  # the context buffer the replay addresses
 
 
 @dataclass
@@ -66,6 +86,17 @@ class CudaGraphs:
             if ctx is None:
                 ctx = self._contexts[stream] = GraphContext(stream)
             return ctx
+
+    def peek(self, stream: int) -> GraphContext | None:
+        """The stream's context if it has one (no lock: a dict read)."""
+        return self._contexts.get(stream)
+
+    def note_memory(self, ctx: GraphContext, entry: GraphEntry) -> None:
+        """Record which buffer `entry`'s replay addresses (Note [Graph replay])."""
+        entry.buffer_ptr = ctx.buffer.ptr if ctx.buffer is not None else 0
+
+    def memory_changed(self, ctx: GraphContext, entry: GraphEntry) -> bool:
+        return ctx.buffer is None or ctx.buffer.ptr != entry.buffer_ptr
 
     def memory(self, ctx: GraphContext, nbytes: int) -> int:
         """The context's buffer, at least `nbytes` (a new one drops the graphs that addressed the old)."""
@@ -136,4 +167,4 @@ class CudaGraphs:
             self._contexts.clear()
 
 
-__all__ = ["DEFAULT_GRAPHS", "CudaGraphs", "GraphContext", "GraphEntry"]
+__all__ = ["DEFAULT_GRAPHS", "CudaGraphs", "GraphContext", "GraphEntry", "Replay"]

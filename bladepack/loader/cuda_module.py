@@ -26,7 +26,7 @@ from bladepack.artifact.writer import weight_section_name
 from bladepack.dtypes import DType
 from bladepack.errors import ExecutionError, InputError
 from bladepack.loader.cuda_driver import CudaUnavailable, DeviceBuffer
-from bladepack.loader.cuda_graphs import DEFAULT_GRAPHS, CudaGraphs
+from bladepack.loader.cuda_graphs import DEFAULT_GRAPHS, CudaGraphs, Replay
 from bladepack.loader.dlpack import KDL_CUDA, KDL_CUDA_MANAGED, Exported, Imported, import_tensor
 from bladepack.loader.executor import ShapeCache
 from bladepack.loader.manifest import Key, Manifest, index_error
@@ -126,6 +126,11 @@ class CudaExecutor:
         self.graphs = CudaGraphs(self.exe.device, graphs) if graphs > 0 else None
         self._stream_locks: dict[int, threading.Lock] = {}
         self._locks_lock = threading.Lock()
+        # Note [Graph replay]: the dtypes a host array must have (None: no short path, bfloat16 inputs)
+        in_types = [DType(t.dtype) for t in m.signature.inputs]
+        self._replay_dtypes = (
+            None if any(d.value == "bfloat16" for d in in_types) else tuple(np.dtype(d.to_numpy()) for d in in_types)
+        )
 
     @property
     def description(self) -> str:
@@ -192,6 +197,10 @@ class CudaExecutor:
             return lock
 
     def run(self, inputs: Sequence[Any], outputs: Sequence[Any] | None) -> list[Any]:
+        if outputs is None and self.graphs is not None and self._replay_dtypes is not None:
+            fast = self._replay(inputs)
+            if fast is not None:
+                return fast
         torch = sys.modules.get("torch") if any(is_torch_tensor(x) for x in inputs) else None
         stream = int(torch.cuda.current_stream(self.ordinal).cuda_stream) if torch is not None else 0
         self.exe.device.activate()
@@ -329,7 +338,58 @@ class CudaExecutor:
             if self.out_slot[k] != 1 + self.n_in + k:
                 exe.copy(self._locate(o, cp, slots), int(slots[1 + self.n_in + k]), _nbytes(*out_specs[k]), stream)
         self._check_status(stream)
+        if entry.exec is not None and entry.replay is None and torch is None and not held and stream == 0:
+            entry.replay = Replay(
+                tuple((int(slots[1 + k]), in_bytes[k]) for k in range(len(hosts))),
+                tuple(
+                    (self._locate(o, cp, slots), int(slots[1 + self.n_in + k]), _nbytes(*out_specs[k]))
+                    for k, o in enumerate(m.outputs)
+                    if self.out_slot[k] != 1 + self.n_in + k
+                ),
+                tuple(
+                    (int(slots[1 + self.n_in + k]), tuple(shape), DType(dt).storage_numpy(), _nbytes(shape, dt))
+                    for k, (shape, dt) in enumerate(out_specs)
+                ),
+                int(slots[self.n_slots]) if exe.checks_errors else 0,
+            )
+            self.graphs.note_memory(ctx, entry)
         return self._results(slots, out_specs, outputs, torch, stream, held)
+
+    def _replay(self, inputs: Sequence[Any]) -> list[np.ndarray] | None:
+        """Note [Graph replay]: None when this call must take the full path."""
+        assert self.graphs is not None and self._replay_dtypes is not None
+        ctx = self.graphs.peek(0)
+        if ctx is None or len(inputs) != len(self._replay_dtypes):
+            return None
+        shapes = []
+        for x, dt in zip(inputs, self._replay_dtypes):
+            if type(x) is not np.ndarray or x.dtype != dt or not x.flags.c_contiguous:
+                return None
+            shapes.append(x.shape)
+        key = tuple(shapes)
+        with self._stream_lock(0):
+            entry = ctx.graphs.get(key)
+            if entry is None or entry.replay is None or self.graphs.memory_changed(ctx, entry):
+                return None
+            ctx.graphs.move_to_end(key)
+            r = entry.replay
+            exe = self.exe
+            drv, stream, ok = exe._drv, exe.null_stream, exe._drv.CUresult.CUDA_SUCCESS
+            errs = [drv.cuMemcpyHtoDAsync(addr, x.ctypes.data, n, stream)[0] for x, (addr, n) in zip(inputs, r.inputs)]
+            errs.append(drv.cuGraphLaunch(entry.exec, stream)[0])
+            errs += [drv.cuMemcpyDtoDAsync(dst, src, n, stream)[0] for src, dst, n in r.copies]
+            outs = []
+            for addr, shape, dt, n in r.outputs:
+                a = np.empty(shape, dtype=dt)
+                errs.append(drv.cuMemcpyDtoHAsync(a.ctypes.data, addr, n, stream)[0])
+                outs.append(a)
+            status = np.zeros(1, dtype=np.int64)
+            if r.status:
+                errs.append(drv.cuMemcpyDtoHAsync(status.ctypes.data, r.status, 8, stream)[0])
+            errs.append(drv.cuStreamSynchronize(stream)[0])
+            if any(e != ok for e in errs) or status[0]:
+                return None  # the full path runs the call again and raises the detailed error
+            return outs
 
     def _check_status(self, stream: int) -> None:
         if self.exe.checks_errors:

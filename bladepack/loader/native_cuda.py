@@ -117,6 +117,7 @@ class NativeCuda:
         self.status_slot = n_slots
         self.checks_errors = any(k.get("errors") for k in self.kernels)
         self._arenas = StreamBuffers(self.device, _ALIGN)
+        self.null_stream = self._drv.CUstream(0)  # the legacy default stream, made once
         self._cublas: Any = None
         if any(lr["op"] == "gemm" for lr in plan["launches"]):
             from bladepack.loader.cublas import Cublas
