@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The checks and benchmarks that need an NVIDIA GPU (H100 / H200; see bench/README.md), in one command:
 # the GPU-marked tests (real-hardware numerics of the generated kernels, every CUTLASS config and
-# epilogue, the samples), then bench.cutlass_gemm and bench.cuda_samples. Results land in
+# epilogue, the samples, the C++ runtime's CUDA path against the Python loader), then bench.cutlass_gemm,
+# bench.cuda_samples and bench.cuda_graphs --gpu (host time per call, graphs on / off, both loaders). Results land in
 # bench/results/ and, when $OUT is set (the device tool), are copied there with the test log.
 #
 # The GPU machines have torch, cuda-bindings, pytest, hypothesis, sympy and msgpack but not
@@ -23,8 +24,12 @@ log="${OUT:-/tmp}/gpu_tests.log"
 "$py" -m pytest -q -m cuda -p no:cacheprovider tests/ 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 benches=("$@")
-[ ${#benches[@]} -eq 0 ] && benches=(cutlass_gemm cuda_samples)  # or name them: scripts/gpu_checks.sh cutlass_gemm
-for b in "${benches[@]}"; do "$py" -m "bench.$b" || status=1; done
+[ ${#benches[@]} -eq 0 ] && benches=(cutlass_gemm cuda_samples cuda_graphs)  # or name them: scripts/gpu_checks.sh cutlass_gemm
+for b in "${benches[@]}"; do
+  extra=()
+  [ "$b" = cuda_graphs ] && extra=(--gpu)
+  "$py" -m "bench.$b" ${extra[@]+"${extra[@]}"} || status=1
+done
 if [ -n "${OUT:-}" ]; then
   cp bench/results/*.md bench/results/*.json "$OUT"/ 2>/dev/null || true
 fi

@@ -271,3 +271,47 @@ def test_cuda_path_under_sanitizers(gpu: FakeGpu, tmp_path: Path) -> None:
         env={**env, **_fake_env(gpu, small, tmp_path / "mlp.log")},
     )
     assert r.returncode == 0 and "Sanitizer" not in r.stderr and "runtime error" not in r.stderr, r.stderr[-4000:]
+
+
+@pytest.mark.cuda
+def test_cpp_runtime_on_a_real_gpu(tmp_path: Path) -> None:
+    """On a GPU machine: every sample through bpk-run --device cuda (graphs on, the third call's results)
+    against the Python loader on the same GPU (graphs off) within float32 rounding, and eager within 1e-4."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    try:
+        bpk_run = build("release") / "bpk-run"
+    except BuildError as e:
+        pytest.skip(f"cpp_runtime does not build here: {e}")
+    from tests.helpers import as_tuple, rel_err
+
+    for name in ("mlp", "encoder", "llama", "cnn"):
+        s = SAMPLES[name]
+        model = s.build().eval()
+        art = bladepack.optimize(model, s.export_samples(), s.dynamic_shapes, targets=("cpu", "cuda"))
+        path = tmp_path / f"{name}.bpk"
+        art.save(path)
+        m = bladepack.load(path, device="cuda", graphs=False)
+        g = torch.Generator().manual_seed(0)
+        for k, dims in enumerate(s.test_cases()):
+            args = s.make_inputs(g, **dims)
+            flags = []
+            for t, a in zip(art.plan.inputs, args):
+                np.save(tmp_path / f"{name}{k}-{t.name}.npy", a.numpy())
+                flags += ["--input", f"{t.name}={tmp_path / f'{name}{k}-{t.name}.npy'}"]
+            out = tmp_path / f"{name}{k}"
+            out.mkdir()
+            r = subprocess.run(
+                [str(bpk_run), str(path), "--device", "cuda", *flags, "--output-dir", str(out), "--repeat", "2"],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert r.returncode == 0, r.stderr
+            want = m(*[a.numpy() for a in args])
+            with torch.no_grad():
+                ref = as_tuple(model(*args))
+            for t, w, e in zip(art.plan.outputs, as_tuple(want), ref):
+                got = np.load(out / f"{t.name}.npy")
+                assert rel_err(got, w) <= 1e-6, f"{name} at {dims}: C++ vs Python"
+                assert rel_err(got, e.numpy()) <= 1e-4, f"{name} at {dims}: C++ vs eager"
