@@ -105,6 +105,59 @@ def test_index_errors_from_a_replayed_graph(gpu: FakeGpu, ops_artifact: bladepac
     assert log.count("graph_launch ") == 5  # calls 2, 3, 4 (short path, then full path) and 5
 
 
+_DEVICE_TENSORS = r"""
+import ctypes, pickle, sys, numpy as np, bladepack
+from bladepack.loader.dlpack import Exported
+m = bladepack.load(sys.argv[1], device="cuda", graphs=sys.argv[3] == "1")
+dev = m._executor.exe.device
+results = []
+for x in pickle.load(open(sys.argv[2], "rb")):
+    buf = dev.alloc(x.nbytes)  # under the fake driver device memory is host memory
+    buf.copy_from_host(x.tobytes())
+    t = Exported(buf.ptr, (2, 0), "float32", x.shape, buf)  # a kDLCUDA tensor of another framework
+    for _ in range(3):
+        out = m(t)
+    outs = out if isinstance(out, tuple) else (out,)
+    got = []
+    for o in outs:
+        assert o.__dlpack_device__() == (2, 0), o.__dlpack_device__()
+        n = int(np.prod(o.shape)) * 4
+        got.append(np.frombuffer(ctypes.string_at(o.ptr, n), dtype=np.float32).reshape(o.shape).copy())
+    results.append(got)
+pickle.dump(results, open(sys.argv[4], "wb"))
+"""
+
+
+def test_device_tensors_of_another_framework(gpu: FakeGpu, tmp_path: Path) -> None:
+    """kDLCUDA inputs that are not torch tensors: read in place (graphs off) or staged through the
+    graph buffer (graphs on, three calls each); the results are DeviceTensors on the device, equal bit
+    for bit to the host path's."""
+    import pickle
+    import subprocess
+    import sys
+
+    s = SAMPLES["mlp"]
+    art = bladepack.optimize(s.build().eval(), s.export_samples(), s.dynamic_shapes, targets=TARGETS)
+    path = tmp_path / "mlp.bpk"
+    art.save(path)
+    xs = [np.random.default_rng(n).standard_normal((n, 64)).astype(np.float32) for n in (1, 5, 17)]
+    (tmp_path / "in.pkl").write_bytes(pickle.dumps(xs))
+    _, want, _ = gpu.run(art, [(x,) for x in xs], graphs=False)
+    for graphs in ("0", "1"):
+        log = tmp_path / f"cuda{graphs}.log"
+        r = subprocess.run(
+            [sys.executable, "-c", _DEVICE_TENSORS, str(path), str(tmp_path / "in.pkl"), graphs, str(tmp_path / "o.pkl")],
+            capture_output=True,
+            text=True,
+            env=gpu._env(art, log, "90"),
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        got = pickle.loads((tmp_path / "o.pkl").read_bytes())
+        for w, g in zip(want, got):
+            assert all(np.array_equal(a, b) for a, b in zip(w, g))
+        assert (log.read_text().count("graph_launch ") == 2 * len(xs)) == (graphs == "1")
+
+
 def test_cuda_graphs_bound_and_off(gpu: FakeGpu, monkeypatch: pytest.MonkeyPatch) -> None:
     """BLADEPACK_CUDA_GRAPHS=1: alternating signatures drop each other's graph (least recently used);
     graphs=False never captures."""

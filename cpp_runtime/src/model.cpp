@@ -591,12 +591,7 @@ void Model::native_error(int64_t rc, const int64_t* status) const {
   if (rc != 1 || launch < 0 || launch >= int64_t(ls.size()) || ls[size_t(launch)].op != LaunchDecl::kKernel)
     fail(BPK_ERR_EXECUTION, "native launch " + std::to_string(launch) + " failed (code " + std::to_string(rc) +
                                 "); the artifact may be corrupt");
-  const KernelDecl& k = m_.kernels[size_t(ls[size_t(launch)].kernel)];
-  const int64_t site = floordiv(code - 1, 16);
-  const std::string what = site >= 0 && site < int64_t(k.errors.size()) ? k.errors[size_t(site)] : "an index";
-  fail(BPK_ERR_EXECUTION, "index out of range in " + what + ": " + std::to_string(value) + " is not in [-" +
-                              std::to_string(size) + ", " + std::to_string(size - 1) + "] (kernel " + k.name +
-                              ", from " + (k.loc.empty() ? "unknown source" : k.loc) + ")");
+  index_error(m_.kernels[size_t(ls[size_t(launch)].kernel)], code, value, size);
 }
 
 void Model::run(const bpk_tensor* in, int64_t n_in, bpk_tensor* out, int64_t n_out) const {
