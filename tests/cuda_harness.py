@@ -175,8 +175,11 @@ class FakeGpu:
         if head.returncode:
             raise AssertionError(f"bpk-run could not load the model: {head.stderr.strip()}")
         executor = next(line for line in head.stdout.splitlines() if line.startswith("executor: "))[10:]
-        ins = [t.name for t in artifact.plan.inputs]
-        outs = [t.name for t in artifact.plan.outputs]
+        from bladepack.artifact import format as bpk_format
+
+        manifest = bpk_format.read(bpk, verify=False).manifest
+        ins = [t["name"] for t in manifest["inputs"]]
+        outs = [t["name"] for t in manifest["outputs"]]
         results: list[Any] = []
         for k, args in enumerate(cases):
             flags = []

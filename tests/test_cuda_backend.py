@@ -547,6 +547,31 @@ def test_cuda_kernel_operand_checks(gpu: FakeGpu) -> None:
             assert isinstance(results[0], str) and results[0].startswith("BpkFormatError"), (name, results[0])
             assert re.search(message, results[0]), (name, results[0])
             assert not any(line.startswith("launch ") for line in log.splitlines()), name
+    # the C++ runtime's CUDA path refuses the same edits with the same texts, and so do both for plan
+    # records the load-time checks name (a kernel or a slot out of range)
+    def kernel_out_of_range(m: dict[str, Any]) -> None:
+        _cuda_kernel(m)["k"] = 99
+
+    def slot_out_of_range(m: dict[str, Any]) -> None:
+        _cuda_kernel(m)["ptrs"][0][0] = 1000
+
+    edits["kernel index"] = (kernel_out_of_range, r"launch 0 runs kernel 99; the plan has \d+")
+    edits["slot"] = (slot_out_of_range, r"launch 0 points at slot 1000; slots are 0 to \d+")
+    for name, (edit, message) in edits.items():
+        bad_art = _Rehashed(art, edit)
+        try:
+            _, cpp, _ = gpu.run_cpp(bad_art, [(x,)], graphs=False, calls=1)
+        except AssertionError as e:  # refused at load: bpk-run's line, as run() gives a load error
+            cpp = [f"BpkFormatError: {str(e).split('format error: ', 1)[-1]}"]
+        try:
+            _, py, _ = gpu.run(bad_art, [(x,)], graphs=False)
+        except AssertionError as e:  # the Python loader refused it at load (a traceback)
+            py = [f"BpkFormatError: {str(e).rsplit('BpkFormatError: ', 1)[-1].strip()}"]
+        if message is None:
+            assert not isinstance(cpp[0], str) and np.array_equal(cpp[0][0], py[0][0]), name
+            continue
+        assert isinstance(cpp[0], str) and re.search(message, cpp[0]), (name, cpp[0])
+        assert cpp[0].split("model.bpk: ", 1)[-1] == py[0].split("model.bpk: ", 1)[-1], name
     m = bladepack.artifact.format.read(art.to_bytes()).manifest
     assert all("check" in k for k in m["kernels"] if k["target"] == "cuda")
     # at load: a launch with fewer integers than its check program reads
