@@ -282,12 +282,7 @@ void NativeCuda::run(const std::shared_ptr<const CudaPrepared>& p, const CUdevic
   Graph& g = c.graphs[p.get()];
   g.used = ++c.clock;
   if (!g.prepared) g.prepared = p;
-  if (g.exec) {
-    drv_->check(drv_->GraphLaunch(g.exec, c.stream), "cuGraphLaunch");
-    return;
-  }
-  if (g.refused || g.runs++ == 0) return launch_all(*p, slots, status, c);  // the first call warms up
-  if (c.graphs.size() > size_t(max_graphs_)) {  // drop the least recently used other graph
+  if (c.graphs.size() > size_t(max_graphs_)) {  // drop the least recently used other signature
     auto victim = c.graphs.end();
     for (auto it = c.graphs.begin(); it != c.graphs.end(); ++it)
       if (it->first != p.get() && (victim == c.graphs.end() || it->second.used < victim->second.used)) victim = it;
@@ -299,13 +294,17 @@ void NativeCuda::run(const std::shared_ptr<const CudaPrepared>& p, const CUdevic
       c.graphs.erase(victim);
     }
   }
-  Graph& mine = c.graphs[p.get()];
-  mine.exec = capture(*p, slots, status, c);
-  if (mine.exec == nullptr) {
-    mine.refused = true;
+  if (g.exec) {
+    drv_->check(drv_->GraphLaunch(g.exec, c.stream), "cuGraphLaunch");
+    return;
+  }
+  if (g.refused || g.runs++ == 0) return launch_all(*p, slots, status, c);  // the first call warms up
+  g.exec = capture(*p, slots, status, c);
+  if (g.exec == nullptr) {
+    g.refused = true;
     return launch_all(*p, slots, status, c);
   }
-  drv_->check(drv_->GraphLaunch(mine.exec, c.stream), "cuGraphLaunch");
+  drv_->check(drv_->GraphLaunch(g.exec, c.stream), "cuGraphLaunch");
 }
 
 CUgraphExec NativeCuda::capture(const CudaPrepared& p, const CUdeviceptr* slots, CUdeviceptr status,

@@ -19,7 +19,8 @@
 // when the context's buffer grows, its graphs are dropped. Staging was chosen over updating kernel
 // parameters per call because cuBLAS and CUTLASS nodes have parameter layouts this runtime does not
 // know, and a host-memory model stages its tensors anyway. Graphs are per context (so per stream and
-// device), at most `max_graphs` per context (least recently used dropped first); a plan with a data
+// device), at most `max_graphs` signatures per context, warming or captured (least recently used
+// dropped first, so a stream cycling through more signatures than that never captures); a plan with a data
 // predicate (a launch whose condition reads a byte on the host) is never captured — it runs plain
 // launches, and `bladepack inspect` says why. A capture the driver refuses runs plain instead.
 //
