@@ -38,6 +38,32 @@ from samples.registry import SAMPLES
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def _npy_inputs(work: Path, stem: str, names: list[str], arrays: tuple[np.ndarray, ...]) -> tuple[list[str], list[str]]:
+    """The arrays saved as .npy files: (their paths, bpk-run's --input flags)."""
+    files, flags = [], []
+    for name, a in zip(names, arrays):
+        f = work / f"{stem}-{name}.npy"
+        np.save(f, a)
+        files.append(str(f))
+        flags += ["--input", f"{name}={f}"]
+    return files, flags
+
+
+def _bpk_run_median(
+    bpk_run: Path, path: Path, flags: list[str], repeat: int, graphs: bool, env: dict[str, str] | None = None
+) -> tuple[float | None, str]:
+    """`bpk-run --device cuda --repeat` on the inputs: (its median µs per call or None, its stderr)."""
+    r = subprocess.run(
+        [str(bpk_run), str(path), "--device", "cuda", *flags, "--repeat", str(repeat)]
+        + ([] if graphs else ["--cuda-graphs", "-1"]),
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    med = re.search(r"median ([\d.]+)", r.stdout)
+    return (float(med.group(1)) if med and r.returncode == 0 else None), r.stderr
+
+
 def _small_case(name: str) -> dict[str, int]:
     """The sample's smallest test shape: where per-call host cost matters most."""
     s = SAMPLES[name]
@@ -114,26 +140,17 @@ def gpu_times(names: list[str], repeat: int) -> list[dict[str, Any]]:
                 m(*dev)
             enqueue = (time.perf_counter() - t0) / repeat * 1e6
             torch.cuda.synchronize()
-            flags = []
-            for t, a in zip(art.plan.inputs, host):
-                f = work / f"{name}-{t.name}.npy"
-                np.save(f, a.numpy())
-                flags += ["--input", f"{t.name}={f}"]
-            r = subprocess.run(
-                [str(bpk_run), str(path), "--device", "cuda", *flags, "--repeat", str(repeat)]
-                + ([] if graphs else ["--cuda-graphs", "-1"]),
-                capture_output=True,
-                text=True,
-            )
-            med = re.search(r"median ([\d.]+)", r.stdout)
+            names = [t.name for t in art.plan.inputs]
+            _, flags = _npy_inputs(work, name, names, tuple(a.numpy() for a in host))
+            median, err = _bpk_run_median(bpk_run, path, flags, repeat, graphs)
             rows.append(
                 {
                     "sample": name,
                     "shape": dims,
                     "graphs": graphs,
                     "python enqueue us/call (torch tensors)": round(enqueue, 1),
-                    "c++ whole call us (host tensors)": float(med.group(1)) if med else None,
-                    "error": None if r.returncode == 0 else r.stderr.strip()[-300:],
+                    "c++ whole call us (host tensors)": median,
+                    "error": None if median is not None else err.strip()[-300:],
                 }
             )
     return rows
@@ -199,12 +216,7 @@ def host_cost(names: list[str], repeat: int) -> list[dict[str, Any]]:
     for label, art, dims, arrays in models:
         path = work / f"{label.split()[0]}.bpk"
         art.save(path)
-        files, flags = [], []
-        for t, a in zip(art.plan.inputs, arrays):
-            f = work / f"{path.stem}-{t.name}.npy"
-            np.save(f, a)
-            files.append(str(f))
-            flags += ["--input", f"{t.name}={f}"]
+        files, flags = _npy_inputs(work, path.stem, [t.name for t in art.plan.inputs], arrays)
         launches = sum(1 for lr in art._parts()[0]["native_cuda"]["launches"] if lr["op"] != "ref")
         for graphs in (False, True):
             py = subprocess.run(
@@ -213,14 +225,7 @@ def host_cost(names: list[str], repeat: int) -> list[dict[str, Any]]:
                 text=True,
                 env={**env, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
             )
-            cpp = subprocess.run(
-                [str(bpk_run), str(path), "--device", "cuda", *flags, "--repeat", str(repeat)]
-                + ([] if graphs else ["--cuda-graphs", "-1"]),
-                capture_output=True,
-                text=True,
-                env=env,
-            )
-            med = re.search(r"median ([\d.]+)", cpp.stdout)
+            median, err = _bpk_run_median(bpk_run, path, flags, repeat, graphs, env)
             rows.append(
                 {
                     "model": label,
@@ -230,7 +235,7 @@ def host_cost(names: list[str], repeat: int) -> list[dict[str, Any]]:
                     "python us/call": round(float(py.stdout.strip().splitlines()[-1]), 1)
                     if py.returncode == 0
                     else py.stderr[-200:],
-                    "c++ us/call": float(med.group(1)) if med else cpp.stderr[-200:],
+                    "c++ us/call": median if median is not None else err[-200:],
                 }
             )
     del gpu

@@ -159,7 +159,7 @@ def test_device_and_image_errors_match(gpu: FakeGpu) -> None:
     assert gpu.run_cpp(art, [], device="cuda:0")[0] == "cuda (sm_90 image on Fake GPU 0 (sm_90), sm_90)"
 
 
-def test_graphs_drop_least_recently_used_and_turn_off(gpu: FakeGpu, tmp_path: Path) -> None:
+def test_bpk_run_graphs_on_and_off(gpu: FakeGpu, tmp_path: Path) -> None:
     """bpk-run --cuda-graphs: -1 never captures; the default captures at the second call; a bound is
     checked by test_api (below) through the C ABI's cuda_graphs field."""
     s = SAMPLES["llama"]

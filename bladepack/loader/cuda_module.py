@@ -268,13 +268,7 @@ class CudaExecutor:
         if torch is not None:
             return results if outputs is None else self._copy_out(results, outputs)
         if on_host:
-            host_out = []
-            for k, (shape, dt) in enumerate(out_specs):
-                a = np.empty(shape, dtype=DType(dt).storage_numpy())  # Note [bfloat16 on the host]
-                self.exe.to_host(int(slots[1 + self.n_in + k]), a, stream)
-                host_out.append(a)
-            self.exe.synchronize(stream)
-            return host_out if outputs is None else self._copy_out(host_out, outputs)
+            return self._to_host(slots, out_specs, outputs, stream)
         # device inputs of another framework: results stay on the device, owned by the staging buffer
         self.exe.synchronize(stream)
         return [
@@ -334,18 +328,18 @@ class CudaExecutor:
             self.graphs.launch(entry.exec, stream)
         else:  # the first call of the signature on this stream, or a capture the driver refused
             exe.run(cp, slots, stream, refuse)
-        for k, o in enumerate(m.outputs):  # outputs that are inputs, weights or repeats: copies
-            if self.out_slot[k] != 1 + self.n_in + k:
-                exe.copy(self._locate(o, cp, slots), int(slots[1 + self.n_in + k]), _nbytes(*out_specs[k]), stream)
+        copies = tuple(  # outputs that are inputs, weights or repeats: (source, destination, bytes)
+            (self._locate(o, cp, slots), int(slots[1 + self.n_in + k]), _nbytes(*out_specs[k]))
+            for k, o in enumerate(m.outputs)
+            if self.out_slot[k] != 1 + self.n_in + k
+        )
+        for src, dst, n in copies:
+            exe.copy(src, dst, n, stream)
         self._check_status(stream)
         if entry.exec is not None and entry.replay is None and torch is None and not held and stream == 0:
             entry.replay = Replay(
                 tuple((int(slots[1 + k]), in_bytes[k]) for k in range(len(hosts))),
-                tuple(
-                    (self._locate(o, cp, slots), int(slots[1 + self.n_in + k]), _nbytes(*out_specs[k]))
-                    for k, o in enumerate(m.outputs)
-                    if self.out_slot[k] != 1 + self.n_in + k
-                ),
+                copies,
                 tuple(
                     (int(slots[1 + self.n_in + k]), tuple(shape), DType(dt).storage_numpy(), _nbytes(shape, dt))
                     for k, (shape, dt) in enumerate(out_specs)
@@ -420,13 +414,7 @@ class CudaExecutor:
                 results.append(t)
             return results if outputs is None else self._copy_out(results, outputs)
         if not held:
-            host_out = []
-            for (shape, dt), ptr in zip(out_specs, src):
-                a = np.empty(shape, dtype=DType(dt).storage_numpy())  # Note [bfloat16 on the host]
-                exe.to_host(ptr, a, stream)
-                host_out.append(a)
-            exe.synchronize(stream)
-            return host_out if outputs is None else self._copy_out(host_out, outputs)
+            return self._to_host(slots, out_specs, outputs, stream)
         sizes = [_round(_nbytes(s, d)) for s, d in out_specs]
         owner = exe.alloc(max(sum(sizes), 1))
         results, cursor = [], owner.ptr
@@ -436,6 +424,22 @@ class CudaExecutor:
             cursor += n
         exe.synchronize(stream)
         return results
+
+    def _to_host(
+        self,
+        slots: np.ndarray,
+        out_specs: list[tuple[tuple[int, ...], str]],
+        outputs: Sequence[Any] | None,
+        stream: int,
+    ) -> list[Any]:
+        """The outputs in their slots copied to numpy arrays (the call waits for the stream)."""
+        host_out = []
+        for k, (shape, dt) in enumerate(out_specs):
+            a = np.empty(shape, dtype=DType(dt).storage_numpy())  # Note [bfloat16 on the host]
+            self.exe.to_host(int(slots[1 + self.n_in + k]), a, stream)
+            host_out.append(a)
+        self.exe.synchronize(stream)
+        return host_out if outputs is None else self._copy_out(host_out, outputs)
 
     def _copy_out(self, results: list[Any], outputs: Sequence[Any]) -> list[Any]:
         if len(outputs) != len(results):

@@ -177,11 +177,7 @@ NativeCuda::CallContext* NativeCuda::take(size_t bytes, CUstream stream) const {
     }
     c->busy.lock();  // one call at a time enqueues on a stream (given back in give)
     try {
-      if (!c->memory || c->memory->bytes() < bytes) {
-        drop_graphs(*c);
-        c->memory.reset();
-        c->memory = std::make_unique<DeviceBuffer>(*drv_, bytes);
-      }
+      reserve(*c, bytes);
     } catch (...) {
       c->busy.unlock();
       throw;
@@ -203,16 +199,19 @@ NativeCuda::CallContext* NativeCuda::take(size_t bytes, CUstream stream) const {
     }
   }
   try {
-    if (!c->memory || c->memory->bytes() < bytes) {
-      drop_graphs(*c);  // they address the old buffer
-      c->memory.reset();
-      c->memory = std::make_unique<DeviceBuffer>(*drv_, bytes);
-    }
+    reserve(*c, bytes);
   } catch (...) {
     destroy(c);
     throw;
   }
   return c;
+}
+
+void NativeCuda::reserve(CallContext& c, size_t bytes) const {
+  if (c.memory && c.memory->bytes() >= bytes) return;
+  drop_graphs(c);  // they address the old buffer
+  c.memory.reset();
+  c.memory = std::make_unique<DeviceBuffer>(*drv_, bytes);
 }
 
 void NativeCuda::give(CallContext* c) const {

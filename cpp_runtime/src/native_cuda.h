@@ -129,6 +129,8 @@ class NativeCuda {
  private:
   void destroy(CallContext* c) const;
   void drop_graphs(CallContext& c) const;
+  // c's memory grown to at least `bytes` (its graphs dropped when it moves)
+  void reserve(CallContext& c, size_t bytes) const;
   void launch_all(const CudaPrepared& p, const CUdeviceptr* slots, CUdeviceptr status, CallContext& c) const;
   // capture `p` on c's stream into an instantiated graph; nullptr when the driver refuses
   CUgraphExec capture(const CudaPrepared& p, const CUdeviceptr* slots, CUdeviceptr status, CallContext& c) const;
