@@ -11,7 +11,11 @@ sleep); a peer's figure is its best block median (Note [Rounds]).
                                 [--peers eager,compile,aoti,ort,openvino]
 
 ONNX Runtime and OpenVINO run the same .onnx file (torch's TorchScript exporter, every dim dynamic);
-OpenVINO with its CPU plugin and the latency hint, both with the threads torch uses.
+OpenVINO with its CPU plugin, the latency hint and float32 inference precision, both with the threads
+torch uses. Note [Peer precision]: on a CPU with AVX512_BF16 or AMX, OpenVINO's default inference
+precision is bfloat16 (errors ~1e-2 where every other runner is within ~1e-5 of eager); every runner
+here is asked for float32, and each sample's table records every runner's largest error against eager so
+a runner that computes in a lower precision shows.
 
 A peer that cannot build a sample (an exporter or compiler failure) is reported with its error, not
 silently dropped.
@@ -74,6 +78,44 @@ def measure(runners: dict[str, Runner], x: Any, repeat: int, errors: dict[str, s
     return row
 
 
+def flat_outputs(y: Any) -> list[np.ndarray]:
+    """A runner's result as a list of float64 arrays: a tensor, an array, a sequence of them, or a
+    mapping of them (ONNX Runtime returns a list, OpenVINO a mapping, bladepack and torch tensors)."""
+    if isinstance(y, torch.Tensor):
+        return [y.detach().to(torch.float64).numpy()]
+    if isinstance(y, np.ndarray):
+        return [y.astype(np.float64)]
+    if hasattr(y, "values") and callable(y.values):
+        return [a for v in y.values() for a in flat_outputs(v)]
+    if isinstance(y, (list, tuple)):
+        return [a for v in y for a in flat_outputs(v)]
+    return [np.asarray(y, dtype=np.float64)]
+
+
+def max_errors(
+    runners: dict[str, Runner], x: Any, errors: dict[str, str], reference: Runner | None = None
+) -> dict[str, float]:
+    """Each runner's largest |output - eager| / (1 + max |eager|) on `x` (Note [Peer precision]); the
+    reference is eager float32 (`reference`, else the "eager" runner)."""
+    ref_fn = reference or runners.get("eager")
+    ref = flat_outputs(ref_fn(x)) if ref_fn is not None else None
+    out: dict[str, float] = {}
+    if ref is None:
+        return out
+    for peer, fn in runners.items():
+        if peer == "eager" or peer in errors:
+            continue
+        try:
+            got = flat_outputs(fn(x))
+        except Exception:
+            continue  # measure() reports the failure
+        if len(got) != len(ref) or any(g.shape != r.shape for g, r in zip(got, ref)):
+            errors.setdefault(peer, f"{len(got)} outputs of other shapes than eager's")
+            continue
+        out[peer] = max(float(np.abs(g - r).max() / (1 + np.abs(r).max())) for g, r in zip(got, ref))
+    return out
+
+
 def build_peers(
     name: str, peers: list[str], model: torch.nn.Module, samples: list[tuple[torch.Tensor, ...]]
 ) -> tuple[dict[str, Runner], dict[str, str]]:
@@ -125,7 +167,7 @@ def onnx_peers(peers: list[str], path: Path, runners: dict[str, Runner], errors:
         try:
             import openvino as ov
 
-            config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads}
+            config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32"}
             request = ov.Core().compile_model(str(path), "CPU", config).create_infer_request()
             runners["openvino"] = lambda x: request.infer([np.ascontiguousarray(t.numpy()) for t in x])
         except Exception as e:
@@ -192,7 +234,8 @@ def run(names: list[str], peers: list[str], repeat: int) -> dict[str, Any]:
             rows = []
             for dims in s.test_cases():
                 x = s.make_inputs(g, **dims)
-                rows.append({"dims": dims, **measure(runners, x, repeat, errors, f"at {dims}")})
+                err = max_errors(runners, x, errors)
+                rows.append({"dims": dims, **measure(runners, x, repeat, errors, f"at {dims}"), "max_error": err})
         report["samples"][name] = {"rows": rows, "errors": errors, "peers": list(runners)}
     return report
 
@@ -225,8 +268,14 @@ def markdown(report: dict[str, Any]) -> str:
             + ", ".join(f"vs {p} {v:.2f}x" for p, v in gm.items())
             + f"; vs best peer per shape {geomean(best):.2f}x"
         )
+        worst = {p: max((r.get("max_error", {}).get(p, 0.0) for r in data["rows"]), default=0.0) for p in data["peers"]}
+        out.append(
+            "\nlargest error vs eager, |y - eager| / (1 + max |eager|): "
+            + ", ".join(f"{p} {v:.1e}" for p, v in worst.items() if p != "eager")
+        )
         data["geomean"] = gm
         data["geomean_vs_best"] = geomean(best)
+        data["max_error"] = worst
         for p, e in data["errors"].items():
             out.append(f"\n{p} unavailable: {e}")
     return "\n".join(out) + "\n"

@@ -3,7 +3,7 @@
 In: the samples, each exported once to ONNX with its dynamic axes (torch's TorchScript exporter, opset
 17). Out: a markdown table (printed) and bench/results/onnx_samples.{json,md}: per shape the median
 latency of bladepack built from that .onnx file, of ONNX Runtime and OpenVINO (CPU plugin, latency
-hint) on the same file, and of bladepack built from the torch module (the two bladepack artifacts should be the same kernels), with geomean
+hint, float32 precision: Note [Peer precision] in bench/cpu_samples.py) on the same file, and of bladepack built from the torch module (the two bladepack artifacts should be the same kernels), with geomean
 ratios. Measured like bench.cpu_samples: in one process, rotated rounds, best block median.
 
     python -m bench.onnx_samples [--samples encoder,llama,cnn,mlp] [--repeat 20]
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 import bladepack
-from bench.cpu_samples import RESULTS, Runner, geomean, measure, onnx_peers
+from bench.cpu_samples import RESULTS, Runner, geomean, max_errors, measure, onnx_peers
 from samples.onnx_export import export_onnx, sample_axes
 from samples.registry import SAMPLES
 
@@ -54,13 +54,14 @@ def run(names: list[str], repeat: int) -> dict[str, Any]:
     }
     for name in names:
         s = SAMPLES[name]
-        _, runners, kernels = build(name)
+        model, runners, kernels = build(name)
         g = torch.Generator().manual_seed(1)
         rows, errors = [], {}
         with torch.no_grad():
             for dims in s.test_cases():
                 x = s.make_inputs(g, **dims)
-                rows.append({"dims": dims, **measure(runners, x, repeat, errors, f"at {dims}")})
+                err = max_errors(runners, x, errors, reference=lambda x: model(*x))
+                rows.append({"dims": dims, **measure(runners, x, repeat, errors, f"at {dims}"), "max_error": err})
         if errors:  # every runner here must work at every shape; a failure is a bug to look at
             raise RuntimeError(f"{name}: {errors}")
         report["samples"][name] = {"rows": rows, "kernels": kernels}
@@ -89,6 +90,12 @@ def markdown(report: dict[str, Any]) -> str:
             "vs openvino": vs["openvino"],
             "vs bladepack (torch)": vs_torch,
         }
+        worst = {p: max(r["max_error"].get(p, 0.0) for r in rows) for p in rows[0]["max_error"]}
+        data["max_error"] = worst
+        out.append(
+            "\nlargest error vs eager, |y - eager| / (1 + max |eager|): "
+            + ", ".join(f"{p} {v:.1e}" for p, v in worst.items())
+        )
         out.append(
             f"\ngeomean: bladepack from the .onnx is {vs['onnxruntime']:.2f}x ONNX Runtime's speed and "
             f"{vs['openvino']:.2f}x OpenVINO's on the same file; {vs_torch:.2f}x bladepack's from the torch module"
