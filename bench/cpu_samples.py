@@ -167,7 +167,11 @@ def onnx_peers(peers: list[str], path: Path, runners: dict[str, Runner], errors:
         try:
             import openvino as ov
 
-            config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32"}
+            config = {
+                "PERFORMANCE_HINT": "LATENCY",
+                "INFERENCE_NUM_THREADS": threads,
+                "INFERENCE_PRECISION_HINT": "f32",
+            }
             request = ov.Core().compile_model(str(path), "CPU", config).create_infer_request()
             runners["openvino"] = lambda x: request.infer([np.ascontiguousarray(t.numpy()) for t in x])
         except Exception as e:
