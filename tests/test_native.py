@@ -275,6 +275,49 @@ def test_convolution_paths(conv: torch.nn.Module) -> None:
         assert rel_err(m(x), conv(x)) <= 1e-5, shape
 
 
+class _ConvBlock(torch.nn.Module):
+    """A CNN block whose convolutions end in elementwise chains (Note [Convolution epilogue]): bias, batch
+    norm, ReLU, a residual, a literal scale, GELU; a stride-2 stem and a dilated convolution."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.stem = torch.nn.Conv2d(3, 16, 3, stride=2, padding=1)
+        self.bn1 = torch.nn.BatchNorm2d(16)
+        self.conv = torch.nn.Conv2d(16, 16, 3, padding=1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(16)
+        self.wide = torch.nn.Conv2d(16, 24, 3, padding=2, dilation=2)
+        for bn in (self.bn1, self.bn2):
+            bn.running_mean.copy_(0.1 * torch.randn(16, generator=g))
+            bn.running_var.copy_(0.5 + torch.rand(16, generator=g))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.relu(self.bn1(self.stem(x)))
+        y = torch.relu(y + self.bn2(self.conv(y)) * 0.5)
+        return y, torch.nn.functional.gelu(self.wide(y))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_convolution_epilogues(dtype: torch.dtype) -> None:
+    """Note [Convolution epilogue] and Note [Padded rows]: every direct convolution stores its chain's
+    end, equal to eager at widths below, at and above a register tile, at size 1 and odd sizes."""
+    model = _ConvBlock().eval().to(dtype)
+    art = bladepack.optimize(
+        model, [(torch.randn(2, 3, 9, 8, dtype=dtype),), (torch.randn(3, 3, 11, 13, dtype=dtype),)]
+    )
+    m = bladepack.load(art.to_bytes(), executor="native")
+    # three convolution kernels and nothing else: every chain runs in a convolution's store
+    assert [k["kind"] for k in m._manifest.kernels["cpu"]] == ["conv"] * 3
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    for shape in [(1, 1, 1), (2, 5, 5), (1, 9, 8), (3, 17, 6), (1, 2, 33), (2, 31, 40)]:
+        x = torch.randn(shape[0], 3, *shape[1:], dtype=dtype)
+        with torch.no_grad():
+            want = model(x)
+        got = m(x)
+        for g_, w_ in zip(got, want):
+            assert rel_err(g_, w_) <= tol, shape
+
+
 class _Products(torch.nn.Module):
     """A linear layer (B^T [N, K]) and a matmul with a [K, N] weight, on rows that may be a strided view."""
 

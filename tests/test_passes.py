@@ -137,3 +137,43 @@ def test_gemm_epilogue_golden() -> None:
         """)
     # without the flag (CPU, cuBLAS) every add and activation stays in a generated kernel
     assert "epilogue" not in fusion_for(p, target="cuda").text(p.graph)
+
+
+class _ConvChains(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.b = torch.nn.Conv2d(8, 8, 3, padding=2, dilation=2, bias=False)
+        self.c = torch.nn.Conv2d(8, 8, (3, 2), padding=(1, 0), bias=False)
+        self.d = torch.nn.Conv2d(8, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = torch.relu(self.bn(self.a(x)))  # bias, batch norm's scale and shift, ReLU
+        z = torch.relu(y + self.b(y) * 0.5)  # a literal, then a residual read from memory
+        u = self.c(z)  # read by two ops: stored as it is
+        w = torch.nn.functional.gelu(self.d(u.sigmoid()))  # bias + GELU, an output read again
+        return u + 1, u * u, w, w * 2
+
+
+def test_conv_epilogue_golden() -> None:
+    """Note [Convolution epilogue]: the elementwise chains direct convolutions compute before storing
+    (CPU plans only; the CUDA direct kernel stores its product)."""
+    from bladepack.lowering.lower_native import fusion_for
+    from bladepack.options import Options
+    from bladepack.passes.pipeline import run_pipeline
+
+    samples = [(torch.randn(2, 3, 9, 8),), (torch.randn(3, 3, 11, 13),)]
+    p = run_pipeline(_program(_ConvChains(), samples), Options.from_env())
+    assert fusion_for(p, target="cpu").text(p.graph) == textwrap.dedent("""\
+        fusion plan: 4 kernels, 0 library calls, 4 direct convolutions, 0 reference steps
+          conv2d%10 (direct kernel) -> %15 = {add%12 mul%13 add%14 relu%15} (epilogue: inline)
+          conv2d%17 (direct kernel) -> %21 = {constant%18 mul%19 add%20 relu%21} (epilogue: inline)
+          conv2d (direct kernel) -> %23
+          k0: loop[x_dim0, 8, x_dim2, x_dim3-1] -> %24 = {sigmoid%24}
+          conv2d%26 (direct kernel) -> %29 = {add%28 gelu%29} (epilogue: inline)
+          k1: loop[x_dim0, 8, x_dim2, x_dim3-1] -> %31 = {constant%30 add%31}
+          k2: loop[x_dim0, 8, x_dim2, x_dim3-1] -> %32 = {mul%32}
+          k3: loop[x_dim0, 4, x_dim2, x_dim3-1] -> %34 = {constant%33 mul%34}
+        """)
+    assert "epilogue" not in fusion_for(p, target="cuda").text(p.graph)

@@ -120,17 +120,25 @@ def pool_kernel(em: Emitter) -> None:
     em.rows_loop([nb, c, oh], f"{em.args.ref(w)} * {kh + kw}", body)
 
 
-_CONV_PIXELS = 4  # output pixels per register tile of the direct convolution
+def _conv_pixels(oc: int) -> int:
+    """Output pixels per register tile of the direct convolution: about 8 accumulator vectors of 16
+    floats (AVX-512), enough independent FMAs to hide their latency without spilling."""
+    return 8 if oc <= 16 else 4
 
 
 def direct_conv_kernel(em: Emitter) -> None:
     """Note [Direct convolution] (passes/direct_conv.py): one parallel row per (image, output row);
-    per tile of _CONV_PIXELS output pixels, acc[pixel][C_out] stays in registers while the taps
-    (c_in, ky, kx) are walked, each tap's C_out packed weights read as one contiguous vector. Taps outside
-    the input contribute zero (rows skipped, columns masked)."""
+    per tile of `_conv_pixels` output pixels, acc[pixel][C_out] stays in registers while the taps
+    (c_in, ky, kx) are walked, each tap's C_out packed weights read as one contiguous vector. Note
+    [Padded rows]: the row's input rows are first copied into a thread-local buffer with the padding's
+    zero columns and the columns past the last whole tile, so every tile reads without masks; rows
+    outside the input are skipped. Note [Convolution epilogue]: when the kernel
+    stores a chain after the convolution (spec.roots[0] is not the convolution), each accumulator is
+    bound as the convolution's value at its output index and the chain is evaluated there."""
     from bladepack.ir.ops import Conv2dAttrs
 
-    n = em.ctx.nodes[em.spec.roots[0]]
+    n = em.ctx.nodes[em.spec.nodes[0]]
+    root = em.spec.roots[0]
     a = n.attrs
     assert isinstance(a, Conv2dAttrs) and a.weight_layout == "ihwo" and a.out_layout == "nchw"
     xv, wv = em.ctx.view(n.inputs[0]), em.ctx.view(n.inputs[1])
@@ -142,8 +150,9 @@ def direct_conv_kernel(em: Emitter) -> None:
     (sh, sw), (ph, pwd), (dh, dw) = a.stride, a.padding, a.dilation
     t, mt = CTYPE[n.type.dtype], CPU_MEMTYPE[n.type.dtype]
     r = em.args.ref
-    tile = _CONV_PIXELS
-    out = em.ptr_store(n.id)
+    tile = _conv_pixels(oc)
+    out = em.ptr_store(root)
+    x0, co, pix = Loop("x0"), Loop("co"), Loop("px")
 
     def body(outer: tuple[Loop, ...]) -> None:
         i_n, i_y = outer
@@ -155,47 +164,63 @@ def direct_conv_kernel(em: Emitter) -> None:
         em.line(f"const {mt}* BPK_RESTRICT wp_ = {pw_} + {r(wv.offset)};")
         em.line(f"{mt}* BPK_RESTRICT orow_ = {out} + {store};")
         em.line(f"const int64_t iy0 = {i_y.name} * {sh} - {ph};")
-        em.line(f"for (int64_t x0 = 0; x0 < {r(ow)}; x0 += {tile}) {{")
-        em.line(f"  const int64_t np_ = std::min<int64_t>({tile}, {r(ow)} - x0);")
-        em.line(f"  {t} acc[{tile}][{oc}] = {{}};")
-        # a tile whose every tap column lies inside the input loads without masks (the common case)
-        em.line(
-            f"  const bool inside_ = np_ == {tile} && x0 * {sw} - {pwd} >= 0 && "
-            f"(x0 + {tile - 1}) * {sw} - {pwd} + {(kw - 1) * dw} < {r(w)};"
-        )
+        # Note [Padded rows]: the input rows this output row reads, zero-padded to every column a whole
+        # tile touches, so the tap loops have no masks and no border tiles
+        em.line(f"const int64_t span_ = (({r(ow)} + {tile - 1}) / {tile} * {tile} - 1) * {sw} + {(kw - 1) * dw + 1};")
+        em.line(f"static thread_local std::vector<{mt}> rows_buf_;")
+        em.line(f"if (int64_t(rows_buf_.size()) < {cin * kh} * span_) rows_buf_.resize({cin * kh} * span_);")
+        em.line(f"{mt}* BPK_RESTRICT rows_ = rows_buf_.data();")
+        em.line(f"const int64_t lo_x_ = std::min<int64_t>({pwd}, span_);")
+        em.line(f"const int64_t hi_x_ = std::max<int64_t>(lo_x_, std::min<int64_t>(span_, {r(w)} + {pwd}));")
+        em.line(f"for (int64_t ci = 0; ci < {cin}; ++ci) {{")
+        em.line(f"  for (int64_t ky = 0; ky < {kh}; ++ky) {{")
+        em.line(f"    {mt}* BPK_RESTRICT dst_ = rows_ + (ci * {kh} + ky) * span_;")
+        em.line(f"    const int64_t iy = iy0 + ky * {dh};")
+        em.line(f"    if (iy < 0 || iy >= {r(h)}) continue;")
+        em.line(f"    const {mt}* BPK_RESTRICT xr = xn_ + ci * {s1} + iy * {s2};")
+        em.line(f"    for (int64_t c = 0; c < lo_x_; ++c) dst_[c] = {mt}(0);")
+        em.line(f"    if ({s3} == 1) {{")
+        em.line(f"      std::memcpy(dst_ + lo_x_, xr + (lo_x_ - {pwd}), size_t(hi_x_ - lo_x_) * sizeof({mt}));")
+        em.line("    } else {")
+        em.line(f"      for (int64_t c = lo_x_; c < hi_x_; ++c) dst_[c] = xr[(c - {pwd}) * {s3}];")
+        em.line("    }")
+        em.line(f"    for (int64_t c = hi_x_; c < span_; ++c) dst_[c] = {mt}(0);")
+        em.line("  }")
+        em.line("}")
 
-        def taps(masked: bool) -> None:
-            em.line(f"    for (int64_t ci = 0; ci < {cin}; ++ci) {{")
-            em.line(f"      for (int64_t ky = 0; ky < {kh}; ++ky) {{")
-            em.line(f"        const int64_t iy = iy0 + ky * {dh};")
-            em.line(f"        if (iy < 0 || iy >= {r(h)}) continue;")
-            em.line(f"        const {mt}* BPK_RESTRICT xr = xn_ + ci * {s1} + iy * {s2};")
-            em.line(f"        for (int64_t kx = 0; kx < {kw}; ++kx) {{")
-            em.line(f"          const {mt}* BPK_RESTRICT wt = wp_ + ((ci * {kh} + ky) * {kw} + kx) * {oc};")
-            em.line(f"          {t} xv_[{tile}];")
-            em.line(f"          for (int p = 0; p < {tile}; ++p) {{")
-            em.line(f"            const int64_t ix = (x0 + p) * {sw} - {pwd} + kx * {dw};")
-            if masked:
-                em.line(f"            xv_[p] = (p < np_ && ix >= 0 && ix < {r(w)}) ? xr[ix * {s3}] : {t}(0);")
-            else:
-                em.line(f"            xv_[p] = xr[ix * {s3}];")
-            em.line("          }")
-            em.line(f"          for (int p = 0; p < {tile}; ++p) {{")
-            em.line("            #pragma omp simd")
-            em.line(f"            for (int64_t co = 0; co < {oc}; ++co) acc[p][co] += xv_[p] * wt[co];")
-            em.line("          }")
-            em.line("        }")
+        def store_pixel() -> None:
+            idx = (i_n, co, i_y, x0 + pix)
+            value = "acc[px][co]"
+            if root != n.id:  # Note [Convolution epilogue]: the accumulator is the convolution's value here
+                em.scopes[-1].memo[(n.id, tuple(sympy.sympify(i) for i in idx))] = value
+                value = em.eval(root, idx)
+            em.line(f"orow_[co * {plane} + x0 + px] = {value};")
+
+        def tile_body() -> None:
+            em.line(f"const int64_t np_ = std::min<int64_t>({tile}, {r(ow)} - x0);")
+            em.line(f"{t} acc[{tile}][{oc}] = {{}};")
+            em.line(f"for (int64_t ci = 0; ci < {cin}; ++ci) {{")
+            em.line(f"  for (int64_t ky = 0; ky < {kh}; ++ky) {{")
+            em.line(f"    const int64_t iy = iy0 + ky * {dh};")
+            em.line(f"    if (iy < 0 || iy >= {r(h)}) continue;  // a zero row: no contribution")
+            em.line(f"    const {mt}* BPK_RESTRICT xr = rows_ + (ci * {kh} + ky) * span_ + x0 * {sw};")
+            em.line(f"    for (int64_t kx = 0; kx < {kw}; ++kx) {{")
+            em.line(f"      const {mt}* BPK_RESTRICT wt = wp_ + ((ci * {kh} + ky) * {kw} + kx) * {oc};")
+            em.line(f"      for (int p = 0; p < {tile}; ++p) {{")
+            em.line(f"        const {t} xv_ = xr[p * {sw} + kx * {dw}];")
+            em.line("        #pragma omp simd")
+            em.line(f"        for (int64_t co = 0; co < {oc}; ++co) acc[p][co] += xv_ * wt[co];")
             em.line("      }")
             em.line("    }")
+            em.line("  }")
+            em.line("}")
+            em.loop(
+                [f"for (int64_t co = 0; co < {oc}; ++co) {{"],
+                [co],
+                lambda: em.loop(["for (int64_t px = 0; px < np_; ++px) {"], [pix], store_pixel),
+            )
 
-        em.line("  if (inside_) {")
-        taps(False)
-        em.line("  } else {")
-        taps(True)
-        em.line("  }")
-        em.line(f"  for (int64_t co = 0; co < {oc}; ++co)")
-        em.line(f"    for (int64_t p = 0; p < np_; ++p) orow_[co * {plane} + x0 + p] = acc[p][co];")
-        em.line("}")
+        em.loop([f"for (int64_t x0 = 0; x0 < {r(ow)}; x0 += {tile}) {{"], [x0], tile_body)
 
     em.rows_loop([nb, oh], f"{r(ow)} * {cin * kh * kw * oc // 8 + 1}", body)
 

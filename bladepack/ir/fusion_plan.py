@@ -32,6 +32,18 @@ class GemmEpilogue:
 
 
 @dataclass(frozen=True)
+class ConvEpilogue:
+    """Note [Convolution epilogue] (passes/conv_epilogue.py): the elementwise chain after a direct
+    convolution that its kernel computes on the accumulators before storing `out`."""
+
+    out: int  # the value the convolution kernel stores: the chain's last op
+    nodes: tuple[int, ...]  # the chain after the convolution and the constants it reads, in order
+
+    def describe(self) -> str:
+        return "inline"
+
+
+@dataclass(frozen=True)
 class KernelSpec:
     """A generated kernel: it stores `roots` and computes every node of `nodes` inline."""
 
@@ -49,7 +61,9 @@ class LibraryStep:
     node: int
     op: str  # "matmul" | "conv2d"
     loc: str = ""
-    epilogue: GemmEpilogue | None = None  # Note [GEMM epilogue]: the GEMM stores epilogue.out
+    # Note [GEMM epilogue] / Note [Convolution epilogue]: the library call (or direct convolution kernel)
+    # stores epilogue.out
+    epilogue: GemmEpilogue | ConvEpilogue | None = None
 
 
 @dataclass(frozen=True)
@@ -98,7 +112,8 @@ class FusionPlan:
                 if s.epilogue is not None:
                     ops = " ".join(f"{nodes[i].op.value}%{i}" for i in s.epilogue.nodes)
                     lines.append(
-                        f"  {s.op}%{s.node} -> %{s.epilogue.out} = {{{ops}}} (epilogue: {s.epilogue.describe()})"
+                        f"  {s.op}%{s.node}{' (direct kernel)' if direct(s) else ''} -> %{s.epilogue.out} = {{{ops}}} "
+                        f"(epilogue: {s.epilogue.describe()})"
                     )
                 else:
                     lines.append(f"  {s.op}{' (direct kernel)' if direct(s) else ''} -> %{s.node}")

@@ -45,7 +45,7 @@ from bladepack.codegen.cuda_emitter import CudaKernel, emit_cuda_kernel
 from bladepack.codegen.kernel import EmittedKernel, KernelContext, KernelEmitError
 from bladepack.codegen.operand_check import operand_buffers
 from bladepack.ir import OpKind, Program
-from bladepack.ir.fusion_plan import FusionPlan, GemmEpilogue, KernelSpec, LibraryStep, ReferenceStep
+from bladepack.ir.fusion_plan import ConvEpilogue, FusionPlan, GemmEpilogue, KernelSpec, LibraryStep, ReferenceStep
 from bladepack.ir.graph import Guard
 from bladepack.ir.guards import effective_guards, pruned, shape_predicate
 from bladepack.ir.ops import Conv2dAttrs
@@ -74,7 +74,16 @@ class NativeLowering:
 def fusion_for(
     p: Program, forced: frozenset[int] = frozenset(), target: str = "cpu", gemm_epilogues: bool = False
 ) -> FusionPlan:
-    return plan_fusion(p, lambda node, k, view: operand_ok(p.shape_env, node, k, view), forced, target, gemm_epilogues)
+    """The fusion plan for `target`; direct convolutions compute their epilogues on CPU (Note
+    [Convolution epilogue]; the CUDA direct kernel stores plainly)."""
+    return plan_fusion(
+        p,
+        lambda node, k, view: operand_ok(p.shape_env, node, k, view),
+        forced,
+        target,
+        gemm_epilogues,
+        conv_epilogues=target == "cpu",
+    )
 
 
 class _Lowerer:
@@ -241,7 +250,11 @@ class _Lowerer:
         w = self.view(n.inputs[1])
         assert x is not None and w is not None
         if a.weight_layout == "ihwo":  # Note [Direct convolution] in passes/direct_conv.py
-            spec = KernelSpec(f"k{len(self.kernels)}", "conv", (n.id,), (n.id,), n.type.shape, 0, n.loc)
+            # Note [Convolution epilogue]: the kernel stores the chain's end, computing it inline
+            ep = step.epilogue
+            assert ep is None or isinstance(ep, ConvEpilogue)
+            out, chain = (n.id, ()) if ep is None else (ep.out, ep.nodes)
+            spec = KernelSpec(f"k{len(self.kernels)}", "conv", (out,), (n.id, *chain), n.type.shape, 0, n.loc)
             self._kernel(spec)
             return
         kh, kw = self.types[n.inputs[1]].shape[2:]
@@ -328,6 +341,7 @@ class _Lowerer:
                 assert va is not None and vb is not None
                 call = lower_matmul(self.p.shape_env, n, va, vb)
                 assert call is not None, f"matmul %{n.id}: operands were planned as BLAS views"
+                assert step.epilogue is None or isinstance(step.epilogue, GemmEpilogue)
                 self._gemm(call, step.epilogue)
         else:
             assert isinstance(step, ReferenceStep)

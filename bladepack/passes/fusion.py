@@ -17,6 +17,9 @@ How it decides (BladeDISC's kinds, decided from shape facts only, so every shape
 - GEMM epilogues: with CUTLASS GEMMs, a bias or residual add and an activation after a matmul run in
   the GEMM's epilogue (Note [GEMM epilogue] in gemm_epilogue.py); BLAS cannot take them, so on CPU
   and with cuBLAS they fuse into the kernel that consumes the GEMM output.
+- Convolution epilogues: on CPU, the elementwise chain after a direct convolution (bias, batch norm,
+  residual, activation) runs in the convolution kernel before its store (Note [Convolution epilogue]
+  in conv_epilogue.py).
 
 Note [Materialize or recompute]: a non-materialized value used by several kernels is recomputed in
 each when it is cheap (a few arithmetic ops over loads); an expensive one (transcendental, gather,
@@ -29,11 +32,20 @@ from collections.abc import Callable, Sequence
 from enum import Enum
 
 from bladepack.ir import Node, OpKind, Program
-from bladepack.ir.fusion_plan import FusionPlan, GemmEpilogue, KernelSpec, LibraryStep, PlanStep, ReferenceStep
+from bladepack.ir.fusion_plan import (
+    ConvEpilogue,
+    FusionPlan,
+    GemmEpilogue,
+    KernelSpec,
+    LibraryStep,
+    PlanStep,
+    ReferenceStep,
+)
 from bladepack.ir.guards import data_predicates, effective_guards
 from bladepack.ir.ops import OP_INFO, AxisAttrs, IndexAttrs, NormAttrs, OpClass, ReduceAttrs
 from bladepack.ir.types import IRDim, TensorType
 from bladepack.ir.views import LAYOUT_OPS, View, sym_eq, view_of
+from bladepack.passes.conv_epilogue import find_conv_epilogue
 from bladepack.passes.gemm_epilogue import find_epilogue
 from bladepack.target import BACKENDS
 
@@ -126,9 +138,11 @@ class _Planner:
         forced: frozenset[int],
         target: str,
         gemm_epilogues: bool,
+        conv_epilogues: bool,
     ) -> None:
-        self.gemm_epilogues = gemm_epilogues
-        self.epilogues: dict[int, tuple[int, GemmEpilogue]] = {}  # stored value -> (matmul, epilogue)
+        self.gemm_epilogues, self.conv_epilogues = gemm_epilogues, conv_epilogues
+        # stored value -> (matmul or convolution, its epilogue)
+        self.epilogues: dict[int, tuple[int, GemmEpilogue | ConvEpilogue]] = {}
         self.g = p.graph
         self.env = p.shape_env
         self.nodes = {n.id: n for n in self.g.nodes}
@@ -293,27 +307,47 @@ class _Planner:
                     changed = True
 
     def absorb_epilogues(self) -> None:
-        """Note [GEMM epilogue]: each matmul stores the end of its epilogue chain instead of its product."""
+        """Note [GEMM epilogue] / Note [Convolution epilogue]: each matmul (with CUTLASS) or direct
+        convolution (on CPU) stores the end of its epilogue chain instead of its product."""
         sources: set[int] = set()  # values epilogues read: they stay materialized
         outputs = set(self.g.outputs)
         for v in sorted(self.mat & set(self.nodes), key=self.order.__getitem__):
             n = self.nodes[v]
             if self.roles[v] is not Role.LIBRARY or v in sources:
                 continue
-            ep = find_epilogue(n, self.nodes, self.users, self.types, self.view, self.is_mat, outputs)
-            if ep is None or any(self.guards[u] != self.guards[v] for u in ep.nodes):
+            ep: GemmEpilogue | ConvEpilogue | None = None
+            if self.gemm_epilogues and n.op is OpKind.MATMUL:
+                ep = find_epilogue(n, self.nodes, self.users, self.types, self.view, self.is_mat, outputs)
+                if ep is not None and any(self.guards[u] != self.guards[v] for u in ep.nodes):
+                    ep = None
+            elif self.conv_epilogues and n.op is OpKind.CONV2D:
+                ep = find_conv_epilogue(
+                    n,
+                    self.nodes,
+                    self.users,
+                    self.types,
+                    self.view,
+                    self.is_mat,
+                    outputs,
+                    lambda a, b: self.guards[a] == self.guards[b],
+                )
+            if ep is None:
                 continue
             self.mat.discard(v)
             self.mat.add(ep.out)
             self.epilogues[ep.out] = (v, ep)
-            if ep.source is not None:
-                src = self.view(ep.source)
-                assert src is not None
-                sources.add(src.base)
+            reads = [ep.source] if isinstance(ep, GemmEpilogue) and ep.source is not None else []
+            if isinstance(ep, ConvEpilogue):
+                chain = set(ep.nodes)
+                reads = [i for u in ep.nodes for i in self.nodes[u].inputs if i != v and i not in chain]
+            for r in reads:
+                src = self.view(r)
+                if src is not None:
+                    sources.add(src.base)
 
     def plan(self) -> FusionPlan:
         self.solve()
-        if self.gemm_epilogues:
+        if self.gemm_epilogues or self.conv_epilogues:
             self.absorb_epilogues()
         steps: list[PlanStep] = []
         count = 0
@@ -353,9 +387,11 @@ def plan_fusion(
     forced: frozenset[int] = frozenset(),
     target: str = "cpu",
     gemm_epilogues: bool = False,
+    conv_epilogues: bool = False,
 ) -> FusionPlan:
     """`gemm_operand_ok(node, k, view)`: can the library read operand k of `node` as this view;
     `forced` nodes run as reference steps; `target` ("cpu" or "cuda") decides which ops and dtypes
     have kernels; `gemm_epilogues`: the GEMM library computes bias / residual adds and activations
-    after a matmul (Note [GEMM epilogue])."""
-    return _Planner(p, gemm_operand_ok, forced, target, gemm_epilogues).plan()
+    after a matmul (Note [GEMM epilogue]); `conv_epilogues`: direct convolution kernels compute the
+    elementwise chain after them (Note [Convolution epilogue])."""
+    return _Planner(p, gemm_operand_ok, forced, target, gemm_epilogues, conv_epilogues).plan()
