@@ -429,7 +429,7 @@ def optimize_program(
             from bladepack.passes.mixed_precision import to_precision
 
             program = to_precision(program, dtype)
-        program = run_pipeline(program, options)
+        program = run_pipeline(program, options, frozenset(target.kinds))
     notes = list(notes)
     with _stage(progress, "plan: kernels, GEMMs, memory, shape program"):
         gemm, profiler = _gemm_policy(options, gemm_library, target, tuple(samples), notes)

@@ -318,6 +318,37 @@ def test_convolution_epilogues(dtype: torch.dtype) -> None:
             assert rel_err(g_, w_) <= tol, shape
 
 
+class _Linear(torch.nn.Module):
+    """nn.Linear layers (packed [K, N] at optimize time) on contiguous and strided rows."""
+
+    def __init__(self, k: int, n: int) -> None:
+        super().__init__()
+        torch.manual_seed(k * 1000 + n)
+        self.a = torch.nn.Linear(k, n)
+        self.b = torch.nn.Linear(k, n, bias=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.a(x[:, 0]), torch.relu(self.b(x[:, 1]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("k,n", [(64, 256), (7, 33), (65, 100), (300, 100)])
+def test_packed_linear_layers(k: int, n: int, dtype: torch.dtype) -> None:
+    """Note [Packed linear weights]: linear layers read [K, N] copies of their weights, equal to eager
+    from 1 row through the small-M kernels' bound (64) and past it on BLAS, K and column tails included."""
+    model = _Linear(k, n).to(dtype).eval()
+    art = bladepack.optimize(model, [(torch.randn(2, 2, k, dtype=dtype),), (torch.randn(5, 2, k, dtype=dtype),)])
+    nat = bladepack.load(art.to_bytes(), executor="native")
+    assert {w["name"] for w in nat._manifest.weight_rows if w["name"].endswith(".kn")} == {"a.weight.kn", "b.weight.kn"}
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    for m in (1, 2, 3, 4, 5, 8, 17, 63, 64, 65, 130):
+        x = torch.randn(m, 2, k, dtype=dtype, generator=torch.Generator().manual_seed(m))
+        with torch.no_grad():
+            want = model(x)
+        for got, ref in zip(nat(x), want):
+            assert rel_err(got, ref) <= tol, (m, k, n)
+
+
 class _Products(torch.nn.Module):
     """A linear layer (B^T [N, K]) and a matmul with a [K, N] weight, on rows that may be a strided view."""
 
@@ -335,11 +366,12 @@ class _Products(torch.nn.Module):
 @pytest.mark.parametrize("k,n", [(64, 100), (300, 31), (300, 33), (256, 256), (7, 1000)])
 def test_small_m_gemms(k: int, n: int) -> None:
     """Note [Small-M GEMMs]: products of 1-3 rows run on the library's own kernels (B and B^T layouts,
-    a column tail shorter than a chunk, strided rows, float64); 4 rows and more on BLAS."""
+    a column tail shorter than a chunk, strided rows, float64), B [K, N] products up to 64 rows too
+    (register blocks of 4 rows and a tail block); more rows, and 4 and more of B^T, on BLAS."""
     model = _Products(k, n)
     art = bladepack.optimize(model, [(torch.randn(2, 2, k),), (torch.randn(5, 2, k),)])
     nat = bladepack.load(art.to_bytes(), executor="native")
-    for m in (1, 2, 3, 4, 9):
+    for m in (1, 2, 3, 4, 9, 63, 64, 65):
         x = torch.randn(m, 2, k, generator=torch.Generator().manual_seed(m))
         want = model(x)
         for got, ref in zip(nat(x), want):

@@ -114,7 +114,8 @@ def test_gemm_epilogue_golden() -> None:
     from bladepack.options import Options
     from bladepack.passes.pipeline import run_pipeline
 
-    p = run_pipeline(_program(_Epilogues(), [(torch.randn(2, 16),), (torch.randn(3, 16),)]), Options.from_env())
+    samples = [(torch.randn(2, 16),), (torch.randn(3, 16),)]
+    p = run_pipeline(_program(_Epilogues(), samples), Options.from_env(), frozenset({"cuda"}))
     assert fusion_for(p, target="cuda", gemm_epilogues=True).text(p.graph) == textwrap.dedent("""\
         fusion plan: 7 kernels, 10 library calls, 0 reference steps
           matmul%15 -> %17 = {add%16 relu%17} (epilogue: bias %2 + relu)
@@ -177,3 +178,42 @@ def test_conv_epilogue_golden() -> None:
           k3: loop[x_dim0, 4, x_dim2, x_dim3-1] -> %34 = {constant%33 mul%34}
         """)
     assert "epilogue" not in fusion_for(p, target="cuda").text(p.graph)
+
+
+class _Linears(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(40, 16)
+        self.a = torch.nn.Linear(16, 32)
+        self.head = torch.nn.Linear(32, 10)  # narrower than one vector chunk: stays [N, K]
+
+    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.emb(ids)
+        tied = torch.nn.functional.linear(h, self.emb.weight)  # a tied table, also gathered from: [N, K]
+        return self.head(torch.relu(self.a(h))), tied
+
+
+def test_pack_linear_golden() -> None:
+    """Note [Packed linear weights]: nn.Linear weights of 32 rows or more become [K, N] constants in
+    CPU-only plans; narrow heads, weights read otherwise and CUDA plans keep [N, K]."""
+    from bladepack.options import Options
+    from bladepack.passes.pipeline import run_pipeline
+
+    p = _program(_Linears(), [(torch.randint(0, 40, (2, 5)),), (torch.randint(0, 40, (3, 7)),)])
+    q = run_pipeline(p, Options.from_env())
+    assert print_graph(q.graph, q.shape_env) == textwrap.dedent("""\
+        symbols { ids_dim0: [1, inf], ids_dim1: [1, inf] }
+        graph(%0 ids: i64[ids_dim0, ids_dim1]) weights(%1 emb.weight: f32[40, 16], %3 a.bias: f32[32], %4 head.weight: f32[10, 32], %5 head.bias: f32[10], %8 a.weight.kn: f32[16, 32]) {
+          %6: f32[ids_dim0, ids_dim1, 16] = take(%1, %0) {axis=0}
+          %7: f32[ids_dim0, ids_dim1, 40] = matmul(%6, %1) {transpose_b=True}
+          %9: f32[ids_dim0, ids_dim1, 32] = matmul(%6, %8) {transpose_b=False}
+          %10: f32[ids_dim0, ids_dim1, 32] = add(%9, %3)
+          %11: f32[ids_dim0, ids_dim1, 32] = relu(%10)
+          %12: f32[ids_dim0, ids_dim1, 10] = matmul(%11, %4) {transpose_b=True}
+          %13: f32[ids_dim0, ids_dim1, 10] = add(%12, %5)
+          return %13, %7
+        }
+        """)
+    assert (q.weight_data["a.weight.kn"] == p.weight_data["a.weight"].T).all()
+    both = run_pipeline(p, Options.from_env(), frozenset({"cpu", "cuda"}))
+    assert "a.weight.kn" not in both.weight_data and "a.weight" in both.weight_data

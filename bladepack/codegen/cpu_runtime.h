@@ -403,19 +403,54 @@ static void gemm_call(RunState* st, const Blas& blas, bool ta, bool tb, int64_t 
 // linear layer) is a few multiply-adds per weight element; BLAS libraries pack B for it first, which
 // costs more than the product (OpenBLAS's Haswell kernels: 23 us for 3x256x256). Here B [K, N] is
 // streamed once with rows x SMALL_CH accumulators in registers, and B^T [N, K] gives rows dot products
-// per column sharing each load; columns split over the pool when the product is large enough.
-// Measured on the MLP sample (2-core AVX-512): GEMM time at batch 1 17.3 -> 4.4 us, batch 3 26.7 ->
-// 10.2 us; LLaMA step at batch 1 10.4 -> 6.1 us. From four rows on, BLAS was as fast or faster (batch 8
-// 18 against 25 us), so those stay on BLAS.
-constexpr int64_t SMALL_M = 4;
+// per column sharing each load. Columns split over the pool in chunks of SMALL_CH; inside a chunk every
+// block of SMALL_M rows reuses the chunk's columns of B from L1. Measured on the MLP sample (2-core
+// AVX-512): GEMM time at batch 1 17.3 -> 4.4 us, batch 3 26.7 -> 10.2 us; LLaMA step at batch 1 10.4 ->
+// 6.1 us. From four rows on, BLAS was as fast or faster than the B^T kernel (batch 8 18 against 25 us),
+// so B^T products of more rows stay on BLAS. B [K, N] products (linear layers' weights are stored so,
+// Note [Packed linear weights] in passes/pack_linear.py) take this path up to SMALL_M_NN_ROWS rows:
+// against OpenBLAS on the same [K, N] weights the MLP's layers took 1.4-2.1x less time from 8 to 64 rows.
+#if defined(__AVX512F__)
+constexpr int64_t SMALL_M = 4;  // rows per register block: SMALL_M x SMALL_CH accumulators (8 zmm)
+#else
+constexpr int64_t SMALL_M = 2;  // 8 ymm accumulators: AVX2 has 16 registers
+#endif
 constexpr int64_t SMALL_CH = 32;
-constexpr int64_t SMALL_M_ROWS = BPK_SMALL_M_ROWS;  // products with at most this many rows ...
+constexpr int64_t SMALL_M_ROWS = BPK_SMALL_M_ROWS;  // B^T products with at most this many rows ...
+constexpr int64_t SMALL_M_NN_ROWS = 64;             // B products with at most this many rows ...
 constexpr int64_t SMALL_M_MIN_NK = 4096;            // ... and at least this much of B take this path
+
+static inline bool small_m_applies(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
+  return !ta && M <= (tb ? SMALL_M_ROWS : SMALL_M_NN_ROWS) && N * K >= SMALL_M_MIN_NK;
+}
 
 template <class T, int R>
 static void small_m_nn(int64_t n0, int64_t n1, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, T* C,
                        int64_t ldc) {
   int64_t j = n0;
+  if (R == 1) {  // one row: two partial sums over alternate k, so the multiply-adds do not wait on each other
+    for (; j + SMALL_CH <= n1; j += SMALL_CH) {
+      T acc0[SMALL_CH] = {}, acc1[SMALL_CH] = {};
+      int64_t p = 0;
+      for (; p + 2 <= K; p += 2) {
+        const T a0 = A[p], a1 = A[p + 1];
+        const T* b0 = B + p * ldb + j;
+        const T* b1 = b0 + ldb;
+#pragma omp simd
+        for (int64_t q = 0; q < SMALL_CH; ++q) {
+          acc0[q] += a0 * b0[q];
+          acc1[q] += a1 * b1[q];
+        }
+      }
+      if (p < K) {
+        const T a0 = A[p];
+        const T* b0 = B + p * ldb + j;
+#pragma omp simd
+        for (int64_t q = 0; q < SMALL_CH; ++q) acc0[q] += a0 * b0[q];
+      }
+      for (int64_t q = 0; q < SMALL_CH; ++q) C[j + q] = acc0[q] + acc1[q];
+    }
+  }
   for (; j + SMALL_CH <= n1; j += SMALL_CH) {
     T acc[R][SMALL_CH] = {};
     for (int64_t p = 0; p < K; ++p) {
@@ -478,31 +513,33 @@ static void small_m_nt(int64_t n0, int64_t n1, int64_t K, const T* A, int64_t ld
 }
 
 template <class T, int R>
-static void small_m_block(RunState* st, bool tb, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,
-                          int64_t ldb, T* C, int64_t ldc) {
-  const int64_t chunks = (N + SMALL_CH - 1) / SMALL_CH;
-  parallel_for(st, chunks, SMALL_CH * K * R, [&](int64_t lo, int64_t hi) {
-    const int64_t n0 = lo * SMALL_CH, n1 = std::min(N, hi * SMALL_CH);
-    if (tb)
-      small_m_nt<T, R>(n0, n1, K, A, lda, B, ldb, C, ldc);
-    else
-      small_m_nn<T, R>(n0, n1, K, A, lda, B, ldb, C, ldc);
-  });
+static void small_m_rows(bool tb, int64_t n0, int64_t n1, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
+                         T* C, int64_t ldc) {
+  if (tb)
+    small_m_nt<T, R>(n0, n1, K, A, lda, B, ldb, C, ldc);
+  else
+    small_m_nn<T, R>(n0, n1, K, A, lda, B, ldb, C, ldc);
 }
 
 template <class T>
 static void small_m_gemm(RunState* st, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda,
                          const T* B, int64_t ldb, T* C, int64_t ldc) {
-  for (int64_t i = 0; i < M; i += SMALL_M) {
-    const T* a = A + i * lda;
-    T* c = C + i * ldc;
-    switch (std::min(SMALL_M, M - i)) {
-      case 1: small_m_block<T, 1>(st, tb, N, K, a, lda, B, ldb, c, ldc); break;
-      case 2: small_m_block<T, 2>(st, tb, N, K, a, lda, B, ldb, c, ldc); break;
-      case 3: small_m_block<T, 3>(st, tb, N, K, a, lda, B, ldb, c, ldc); break;
-      default: small_m_block<T, 4>(st, tb, N, K, a, lda, B, ldb, c, ldc); break;
+  const int64_t chunks = (N + SMALL_CH - 1) / SMALL_CH;
+  parallel_for(st, chunks, SMALL_CH * K * M, [&](int64_t lo, int64_t hi) {
+    for (int64_t ch = lo; ch < hi; ++ch) {
+      const int64_t n0 = ch * SMALL_CH, n1 = std::min(N, n0 + SMALL_CH);
+      for (int64_t i = 0; i < M; i += SMALL_M) {
+        const T* a = A + i * lda;
+        T* c = C + i * ldc;
+        switch (std::min(SMALL_M, M - i)) {
+          case 1: small_m_rows<T, 1>(tb, n0, n1, K, a, lda, B, ldb, c, ldc); break;
+          case 2: small_m_rows<T, 2>(tb, n0, n1, K, a, lda, B, ldb, c, ldc); break;
+          case 3: small_m_rows<T, 3>(tb, n0, n1, K, a, lda, B, ldb, c, ldc); break;
+          default: small_m_rows<T, SMALL_M>(tb, n0, n1, K, a, lda, B, ldb, c, ldc); break;
+        }
+      }
     }
-  }
+  });
 }
 
 // Note [Mid-M GEMMs]: a linear layer's product A [M, K] @ W [N, K]^T (B transposed, as nn.Linear and
@@ -621,6 +658,10 @@ static void gemm_one(RunState* st, const Blas& blas, bool ta, bool tb, int64_t M
     mid_m_gemm<T>(st, M, N, K, A, lda, B, ldb, C, ldc);
     return;
   }
+  if (small_m_applies(ta, tb, M, N, K)) {  // Note [Small-M GEMMs]: splits its columns over the pool itself
+    small_m_gemm<T>(st, tb, M, N, K, A, lda, B, ldb, C, ldc);
+    return;
+  }
   const int threads = st->pool ? st->pool->nthreads : 1;
   if (threads > 1 && M >= 2 * threads && M * N * K >= (int64_t(1) << 18) && blas.sgemm != nullptr) {
     const int64_t parts = threads;
@@ -645,7 +686,7 @@ static void gemm_call(RunState* st, const Blas& blas, bool ta, bool tb, int64_t 
       for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = T(0);
     return;
   }
-  if (!ta && M <= SMALL_M_ROWS && N * K >= SMALL_M_MIN_NK) {  // Note [Small-M GEMMs]
+  if (small_m_applies(ta, tb, M, N, K)) {  // Note [Small-M GEMMs]
     small_m_gemm<T>(st, tb, M, N, K, A, lda, B, ldb, C, ldc);
     return;
   }
@@ -683,7 +724,7 @@ static void gemm_batched(RunState* st, const Blas& blas, const T* A, const T* B,
   // pool) and the batch runs faster serially; measured on the encoder's per-head products. Products
   // the small-M kernels take (Note [Small-M GEMMs]) call no BLAS: a decoder step's per-head attention
   // over its KV cache (M = 1) splits its batch over the pool whatever its size.
-  const bool small_m = !ta && M <= SMALL_M_ROWS && N * K >= SMALL_M_MIN_NK;
+  const bool small_m = small_m_applies(ta, tb, M, N, K);
   if (nb >= 2 && ((work >= (int64_t(1) << 14) && work < (int64_t(1) << 18)) || small_m)) {
     parallel_for(st, nb, work + 1, [&](int64_t lo, int64_t hi) {
       for (int64_t b = lo; b < hi; ++b) {

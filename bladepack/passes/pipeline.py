@@ -1,7 +1,9 @@
 """The optimization pipeline: one visible list of passes, each with the reason it runs.
 
-In: an IR `Program` from a front end. Out: the optimized `Program` (then `build_plan` lowers it to an
-`ExecPlan`). With BLADEPACK_DUMP=dir, the IR after every pass is written to dir/NN-<pass>.ir.
+In: an IR `Program` from a front end and the plan's targets. Out: the optimized `Program` (then
+`build_plan` lowers it to an `ExecPlan`). With BLADEPACK_DUMP=dir, the IR after every pass is written to
+dir/NN-<pass>.ir. Passes in CPU_ONLY run only when "cpu" is the one target (their layouts suit the
+CPU's kernels, not the CUDA plan's).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from bladepack.passes.conv_layout import conv_layout
 from bladepack.passes.dce import dead_code_elimination
 from bladepack.passes.decompose import decompose
 from bladepack.passes.direct_conv import direct_conv
+from bladepack.passes.pack_linear import pack_linear
 
 Pass = Callable[[Program], Program]
 
@@ -24,10 +27,12 @@ PIPELINE: list[tuple[Pass, str]] = [
     (decompose, "split convolution biases into adds, which fuse as GEMM epilogues"),
     (direct_conv, "small convolutions as direct kernels on weights packed at optimize time"),
     (conv_layout, "channel-major convolution results, so one GEMM covers the whole batch"),
+    (pack_linear, "linear layers' weights stored [K, N], so few-row products need no lane sums (CPU only)"),
 ]
+CPU_ONLY = frozenset({pack_linear})
 
 
-def run_pipeline(p: Program, options: Options) -> Program:
+def run_pipeline(p: Program, options: Options, targets: frozenset[str] = frozenset({"cpu"})) -> Program:
     dump = options.dump_dir
     if dump is not None:
         dump.mkdir(parents=True, exist_ok=True)
@@ -35,6 +40,8 @@ def run_pipeline(p: Program, options: Options) -> Program:
     if options.verify:
         verify(p.graph, p.shape_env)
     for i, (fn, _reason) in enumerate(PIPELINE, start=1):
+        if fn in CPU_ONLY and targets != {"cpu"}:
+            continue
         p = fn(p)
         if options.verify:
             verify(p.graph, p.shape_env)
