@@ -194,6 +194,7 @@ def test_dump_writes_every_stage(tmp_path, monkeypatch: pytest.MonkeyPatch) -> N
         "03-decompose.ir",
         "04-direct_conv.ir",
         "05-conv_layout.ir",
+        "06-pack_linear.ir",
         "fusion_plan.txt",
         "kernels_cpu.cc",
         "plan.txt",
