@@ -66,9 +66,6 @@ def pool_kernel(em: Emitter) -> None:
         em.line(
             f"const int64_t ki1 = std::max<int64_t>(ki0, std::min<int64_t>({kh}, ({r(h)} - hh0 + {dh} - 1) / {dh}));"
         )
-        em.line(f"static thread_local std::vector<{t}> vrow_;")
-        em.line(f"if (int64_t(vrow_.size()) < {r(w)}) vrow_.resize({r(w)});")
-        em.line(f"{t}* BPK_RESTRICT vm_ = vrow_.data();")
         em.line("#pragma omp simd")
         em.line(f"for (int64_t x = 0; x < {r(w)}; ++x) vm_[x] = {init};")
         em.line("for (int64_t ki = ki0; ki < ki1; ++ki) {")
@@ -117,7 +114,12 @@ def pool_kernel(em: Emitter) -> None:
             cell(interior)
             em.line("}")
 
-    em.rows_loop([nb, c, oh], f"{em.args.ref(w)} * {kh + kw}", body)
+    scratch = [  # Note [Chunk scratch] in cpu_loops.py
+        f"static thread_local std::vector<{t}> vrow_;",
+        f"if (int64_t(vrow_.size()) < {r(w)}) vrow_.resize({r(w)});",
+        f"{t}* BPK_RESTRICT vm_ = vrow_.data();",
+    ]
+    em.rows_loop([nb, c, oh], f"{em.args.ref(w)} * {kh + kw}", body, scratch)
 
 
 def _conv_pixels(oc: int) -> int:
@@ -166,10 +168,6 @@ def direct_conv_kernel(em: Emitter) -> None:
         em.line(f"const int64_t iy0 = {i_y.name} * {sh} - {ph};")
         # Note [Padded rows]: the input rows this output row reads, zero-padded to every column a whole
         # tile touches, so the tap loops have no masks and no border tiles
-        em.line(f"const int64_t span_ = (({r(ow)} + {tile - 1}) / {tile} * {tile} - 1) * {sw} + {(kw - 1) * dw + 1};")
-        em.line(f"static thread_local std::vector<{mt}> rows_buf_;")
-        em.line(f"if (int64_t(rows_buf_.size()) < {cin * kh} * span_) rows_buf_.resize({cin * kh} * span_);")
-        em.line(f"{mt}* BPK_RESTRICT rows_ = rows_buf_.data();")
         em.line(f"const int64_t lo_x_ = std::min<int64_t>({pwd}, span_);")
         em.line(f"const int64_t hi_x_ = std::max<int64_t>(lo_x_, std::min<int64_t>(span_, {r(w)} + {pwd}));")
         em.line(f"for (int64_t ci = 0; ci < {cin}; ++ci) {{")
@@ -222,7 +220,13 @@ def direct_conv_kernel(em: Emitter) -> None:
 
         em.loop([f"for (int64_t x0 = 0; x0 < {r(ow)}; x0 += {tile}) {{"], [x0], tile_body)
 
-    em.rows_loop([nb, oh], f"{r(ow)} * {cin * kh * kw * oc // 8 + 1}", body)
+    scratch = [  # Note [Padded rows]; Note [Chunk scratch] in cpu_loops.py
+        f"const int64_t span_ = (({r(ow)} + {tile - 1}) / {tile} * {tile} - 1) * {sw} + {(kw - 1) * dw + 1};",
+        f"static thread_local std::vector<{mt}> rows_buf_;",
+        f"if (int64_t(rows_buf_.size()) < {cin * kh} * span_) rows_buf_.resize({cin * kh} * span_);",
+        f"{mt}* BPK_RESTRICT rows_ = rows_buf_.data();",
+    ]
+    em.rows_loop([nb, oh], f"{r(ow)} * {cin * kh * kw * oc // 2 + 1}", body, scratch)
 
 
 def im2col_kernel(em: Emitter, conv: Node, x_view: View, cols: int) -> None:

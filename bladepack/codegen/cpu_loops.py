@@ -17,15 +17,30 @@ from bladepack.ir.views import simplify
 class CpuEmitter(Emitter):
     """The CPU backend's emitter: rows run in parallel chunks (`rows_loop`)."""
 
-    def rows_loop(self, outer_dims: Sequence[IRDim], cost: str, body: Callable[[tuple[Loop, ...]], None]) -> None:
-        rows_loop(self, outer_dims, cost, body)
+    def rows_loop(
+        self,
+        outer_dims: Sequence[IRDim],
+        cost: str,
+        body: Callable[[tuple[Loop, ...]], None],
+        chunk_setup: Sequence[str] = (),
+    ) -> None:
+        rows_loop(self, outer_dims, cost, body, chunk_setup)
 
 
-def rows_loop(em: Emitter, outer_dims: Sequence[IRDim], cost: str, body: Callable[[tuple[Loop, ...]], None]) -> None:
+def rows_loop(
+    em: Emitter,
+    outer_dims: Sequence[IRDim],
+    cost: str,
+    body: Callable[[tuple[Loop, ...]], None],
+    chunk_setup: Sequence[str] = (),
+) -> None:
     """parallel_for over the flattened outer dims; `body` runs once per row with the row's symbols.
 
     The row symbols are split from the chunk's first row once (divisions) and then advanced like an
-    odometer in the loop increment, so a short row costs no division (a `continue` in the body is safe)."""
+    odometer in the loop increment, so a short row costs no division (a `continue` in the body is safe).
+    `chunk_setup`: statements run once per chunk before its rows (Note [Chunk scratch]: a kernel's
+    thread-local scratch buffer is looked up there — a thread_local in a dlopen'ed library costs a
+    call to the TLS resolver per access, more than a short row's work)."""
     syms = tuple(Loop(f"i{k}") for k in range(len(outer_dims)))
     rows: IRDim = 1
     for d in outer_dims:
@@ -50,6 +65,7 @@ def rows_loop(em: Emitter, outer_dims: Sequence[IRDim], cost: str, body: Callabl
             f"bpk::parallel_for(st, {em.args.ref(rows)}, {cost}, [&](int64_t lo_, int64_t hi_) {{",
             DECLS,
             *split,
+            *(f"  {line}" for line in chunk_setup),
             f"  for (int64_t row_ = lo_; row_ < hi_; ++row_{advance}) {{",
         ],
         syms,

@@ -169,7 +169,14 @@ class _CudaEmitter(Emitter):
         return super().eval(vid, idx)
 
     # -- schedules shared with the CPU emitter's reduce and scan kernels: one thread per row
-    def rows_loop(self, outer_dims: Sequence[IRDim], cost: str, body: Callable[[tuple[Loop, ...]], None]) -> None:
+    def rows_loop(
+        self,
+        outer_dims: Sequence[IRDim],
+        cost: str,
+        body: Callable[[tuple[Loop, ...]], None],
+        chunk_setup: Sequence[str] = (),
+    ) -> None:
+        assert not chunk_setup, "CUDA rows are threads: no per-chunk scratch"
         syms = tuple(Loop(f"i{k}") for k in range(len(outer_dims)))
         rows = _volume(outer_dims)
         header = [

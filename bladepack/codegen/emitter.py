@@ -167,8 +167,15 @@ class Emitter:
         """Write `val` (a register value of vid's type) to element `off` of vid's buffer."""
         self.line(f"{self.ptr_store(vid)}[{self.args.index(off)}] = {val};")
 
-    def rows_loop(self, outer_dims: Sequence[IRDim], cost: str, body: Callable[[tuple[Loop, ...]], None]) -> None:
-        """Run `body` once per row of `outer_dims` (the schedule's parallel loop; each backend's own)."""
+    def rows_loop(
+        self,
+        outer_dims: Sequence[IRDim],
+        cost: str,
+        body: Callable[[tuple[Loop, ...]], None],
+        chunk_setup: Sequence[str] = (),
+    ) -> None:
+        """Run `body` once per row of `outer_dims` (the schedule's parallel loop; each backend's own);
+        `chunk_setup`: statements a CPU chunk of rows runs first (Note [Chunk scratch] in cpu_loops.py)."""
         raise NotImplementedError
 
     def for_loop(self, sym: Loop, extent: IRDim, gen: Callable[[], None]) -> None:
