@@ -68,6 +68,21 @@ def test_fast_path_matches_full_path(mlp_artifact) -> None:
     assert isinstance(yt, torch.Tensor) and rel_err(yt, ref(xs[2])) <= 1e-6
     yt2 = nat(t.clone().requires_grad_(True))
     assert isinstance(yt2, torch.Tensor) and not yt2.requires_grad and rel_err(yt2, yt) == 0.0
+    frozen = xs[1].copy()
+    frozen.flags.writeable = False  # Note [Array addresses]: a read-only input takes the general route
+    assert nat._executor.fast([frozen]) is not None and rel_err(nat(frozen), again[1]) == 0.0
+
+
+def test_array_addresses() -> None:
+    """Note [Array addresses]: the fast path's address of an array is numpy's own, for writable,
+    read-only, empty and offset (sliced) arrays."""
+    from bladepack.loader.fast_call import _address
+
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    frozen = a.copy()
+    frozen.flags.writeable = False
+    for x in (a, frozen, np.zeros((0, 4), np.float32), a[1:], np.zeros((), np.int64)):
+        assert _address(x) == x.ctypes.data
 
 
 def test_fast_path_leaves_unusual_inputs_to_the_full_path(mlp_artifact) -> None:
