@@ -18,13 +18,15 @@ from __future__ import annotations
 import ctypes
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from bladepack.loader.native_cpu import NativeCpu, Prepared
+
+_view_of: Callable[[Any], ctypes.c_char] = ctypes.c_char.from_buffer  # numpy arrays export the buffer protocol
 
 
 def _address(a: np.ndarray) -> int:
@@ -33,7 +35,7 @@ def _address(a: np.ndarray) -> int:
     a ctypes view of a writable buffer costs a third of that. Read-only or empty arrays take the
     general route."""
     try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+        return ctypes.addressof(_view_of(a))
     except (TypeError, ValueError, BufferError):
         return int(a.ctypes.data)
 
