@@ -408,74 +408,89 @@ static void gemm_call(RunState* st, const Blas& blas, bool ta, bool tb, int64_t 
 // AVX-512): GEMM time at batch 1 17.3 -> 4.4 us, batch 3 26.7 -> 10.2 us; LLaMA step at batch 1 10.4 ->
 // 6.1 us. From four rows on, BLAS was as fast or faster than the B^T kernel (batch 8 18 against 25 us),
 // so B^T products of more rows stay on BLAS. B [K, N] products (linear layers' weights are stored so,
-// Note [Packed linear weights] in passes/pack_linear.py) take this path up to SMALL_M_NN_ROWS rows:
-// against OpenBLAS on the same [K, N] weights the MLP's layers took 1.4-2.1x less time from 8 to 64 rows.
+// Note [Packed linear weights] in passes/pack_linear.py) of more rows take this path where measured
+// faster than OpenBLAS on the same weights (`small_m_applies`): up to 16 rows on B of 8K elements and
+// more whose columns are whole chunks (a column tail is copied into a padded chunk per row block, which
+// costs more than OpenBLAS there), up to 64 rows on B of 64K elements and more.
 #if defined(__AVX512F__)
 constexpr int64_t SMALL_M = 4;  // rows per register block: SMALL_M x SMALL_CH accumulators (8 zmm)
 #else
 constexpr int64_t SMALL_M = 2;  // 8 ymm accumulators: AVX2 has 16 registers
 #endif
 constexpr int64_t SMALL_CH = 32;
-constexpr int64_t SMALL_M_ROWS = BPK_SMALL_M_ROWS;  // B^T products with at most this many rows ...
-constexpr int64_t SMALL_M_NN_ROWS = 64;             // B products with at most this many rows ...
+constexpr int64_t SMALL_M_ROWS = BPK_SMALL_M_ROWS;  // products with at most this many rows ...
 constexpr int64_t SMALL_M_MIN_NK = 4096;            // ... and at least this much of B take this path
+constexpr int64_t SMALL_M_NN_ROWS = 16;             // B [K, N] products up to this many rows ...
+constexpr int64_t SMALL_M_NN_MIN_NK = 8192;         // ... with at least this much of B, whole chunks of columns
+constexpr int64_t SMALL_M_NN_WIDE_ROWS = 64;        // ... and up to this many rows ...
+constexpr int64_t SMALL_M_NN_WIDE_NK = 65536;       // ... with at least this much of B
 
+// The B [K, N] bounds are measured (bench/results/profiles.md "Small-M GEMMs on [K, N] weights"): this
+// kernel against OpenBLAS on the same weights, 10 weight shapes x 10 row counts, in the kernel library.
 static inline bool small_m_applies(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
-  return !ta && M <= (tb ? SMALL_M_ROWS : SMALL_M_NN_ROWS) && N * K >= SMALL_M_MIN_NK;
+  if (ta) return false;
+  if (M <= SMALL_M_ROWS) return N * K >= SMALL_M_MIN_NK;
+  if (tb) return false;
+  if (M <= SMALL_M_NN_ROWS && N * K >= SMALL_M_NN_MIN_NK && N % SMALL_CH == 0) return true;
+  return M <= SMALL_M_NN_WIDE_ROWS && N * K >= SMALL_M_NN_WIDE_NK;
+}
+
+// One chunk of SMALL_CH columns: C[R, :w] = A[R, K] . b[K, SMALL_CH] (b's rows ldb apart; all SMALL_CH
+// columns are read, the first w stored).
+template <class T, int R>
+static void small_m_nn_chunk(int64_t K, const T* A, int64_t lda, const T* b, int64_t ldb, T* C, int64_t ldc,
+                             int64_t w) {
+  T acc[R][SMALL_CH] = {};
+  if (R == 1) {  // one row: two partial sums over alternate k, so the multiply-adds do not wait on each other
+    T acc1[SMALL_CH] = {};
+    int64_t p = 0;
+    for (; p + 2 <= K; p += 2) {
+      const T a0 = A[p], a1 = A[p + 1];
+      const T* b0 = b + p * ldb;
+      const T* b1 = b0 + ldb;
+#pragma omp simd
+      for (int64_t q = 0; q < SMALL_CH; ++q) {
+        acc[0][q] += a0 * b0[q];
+        acc1[q] += a1 * b1[q];
+      }
+    }
+    if (p < K) {
+      const T a0 = A[p];
+      const T* b0 = b + p * ldb;
+#pragma omp simd
+      for (int64_t q = 0; q < SMALL_CH; ++q) acc[0][q] += a0 * b0[q];
+    }
+#pragma omp simd
+    for (int64_t q = 0; q < SMALL_CH; ++q) acc[0][q] += acc1[q];
+  } else {
+    for (int64_t p = 0; p < K; ++p) {
+      const T* bp = b + p * ldb;
+      for (int r = 0; r < R; ++r) {
+        const T a = A[r * lda + p];
+#pragma omp simd
+        for (int64_t q = 0; q < SMALL_CH; ++q) acc[r][q] += a * bp[q];
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int64_t q = 0; q < w; ++q) C[r * ldc + q] = acc[r][q];
 }
 
 template <class T, int R>
 static void small_m_nn(int64_t n0, int64_t n1, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, T* C,
                        int64_t ldc) {
   int64_t j = n0;
-  if (R == 1) {  // one row: two partial sums over alternate k, so the multiply-adds do not wait on each other
-    for (; j + SMALL_CH <= n1; j += SMALL_CH) {
-      T acc0[SMALL_CH] = {}, acc1[SMALL_CH] = {};
-      int64_t p = 0;
-      for (; p + 2 <= K; p += 2) {
-        const T a0 = A[p], a1 = A[p + 1];
-        const T* b0 = B + p * ldb + j;
-        const T* b1 = b0 + ldb;
-#pragma omp simd
-        for (int64_t q = 0; q < SMALL_CH; ++q) {
-          acc0[q] += a0 * b0[q];
-          acc1[q] += a1 * b1[q];
-        }
-      }
-      if (p < K) {
-        const T a0 = A[p];
-        const T* b0 = B + p * ldb + j;
-#pragma omp simd
-        for (int64_t q = 0; q < SMALL_CH; ++q) acc0[q] += a0 * b0[q];
-      }
-      for (int64_t q = 0; q < SMALL_CH; ++q) C[j + q] = acc0[q] + acc1[q];
-    }
-  }
-  for (; j + SMALL_CH <= n1; j += SMALL_CH) {
-    T acc[R][SMALL_CH] = {};
-    for (int64_t p = 0; p < K; ++p) {
-      const T* b = B + p * ldb + j;
-      for (int r = 0; r < R; ++r) {
-        const T a = A[r * lda + p];
-#pragma omp simd
-        for (int64_t q = 0; q < SMALL_CH; ++q) acc[r][q] += a * b[q];
-      }
-    }
-    for (int r = 0; r < R; ++r)
-      for (int64_t q = 0; q < SMALL_CH; ++q) C[r * ldc + j + q] = acc[r][q];
-  }
-  if (j < n1) {
+  for (; j + SMALL_CH <= n1; j += SMALL_CH) small_m_nn_chunk<T, R>(K, A, lda, B + j, ldb, C + j, ldc, SMALL_CH);
+  if (j < n1) {  // a column tail: its columns of B copied into a zero-padded full-width chunk
     const int64_t w = n1 - j;
-    T acc[R][SMALL_CH] = {};
+    static thread_local std::vector<T> tail_;
+    if (int64_t(tail_.size()) < K * SMALL_CH) tail_.resize(size_t(K * SMALL_CH));
+    T* bt = tail_.data();
     for (int64_t p = 0; p < K; ++p) {
-      const T* b = B + p * ldb + j;
-      for (int r = 0; r < R; ++r) {
-        const T a = A[r * lda + p];
-        for (int64_t q = 0; q < w; ++q) acc[r][q] += a * b[q];
-      }
+      for (int64_t q = 0; q < w; ++q) bt[p * SMALL_CH + q] = B[p * ldb + j + q];
+      for (int64_t q = w; q < SMALL_CH; ++q) bt[p * SMALL_CH + q] = T(0);
     }
-    for (int r = 0; r < R; ++r)
-      for (int64_t q = 0; q < w; ++q) C[r * ldc + j + q] = acc[r][q];
+    small_m_nn_chunk<T, R>(K, A, lda, bt, SMALL_CH, C + j, ldc, w);
   }
 }
 
