@@ -192,7 +192,7 @@ def direct_conv_kernel(em: Emitter) -> None:
             idx = (i_n, co, i_y, x0 + pix)
             value = "acc[px][co]"
             if root != n.id:  # Note [Convolution epilogue]: the accumulator is the convolution's value here
-                em.scopes[-1].memo[(n.id, tuple(sympy.sympify(i) for i in idx))] = value
+                em.bind(n.id, idx, value)
                 value = em.eval(root, idx)
             em.line(f"orow_[co * {plane} + x0 + px] = {value};")
 

@@ -144,6 +144,11 @@ class Emitter:
     def line(self, text: str) -> None:
         self.scopes[-1].lines.append(text)
 
+    def bind(self, vid: int, idx: tuple[sympy.Expr, ...], expr: str) -> None:
+        """In the current scope, value `vid` at `idx` is the C expression `expr` (a register the kernel
+        computed itself, e.g. a convolution's accumulator: Note [Convolution epilogue])."""
+        self.scopes[-1].memo[(vid, tuple(sympy.sympify(i) for i in idx))] = expr
+
     def push(self, syms: Sequence[sympy.Symbol] = (), barrier: bool = False) -> Scope:
         s = Scope(syms, barrier)
         self.scopes.append(s)
