@@ -6,10 +6,10 @@ whose row symbols advance like an odometer, with the restrict-qualified declarat
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from bladepack.codegen.c_render import Loop
-from bladepack.codegen.emitter import Emitter
+from bladepack.codegen.emitter import Emitter, RowBody
 from bladepack.ir.types import IRDim
 from bladepack.ir.views import simplify
 
@@ -17,22 +17,12 @@ from bladepack.ir.views import simplify
 class CpuEmitter(Emitter):
     """The CPU backend's emitter: rows run in parallel chunks (`rows_loop`)."""
 
-    def rows_loop(
-        self,
-        outer_dims: Sequence[IRDim],
-        cost: str,
-        body: Callable[[tuple[Loop, ...]], None],
-        chunk_setup: Sequence[str] = (),
-    ) -> None:
+    def rows_loop(self, outer_dims: Sequence[IRDim], cost: str, body: RowBody, chunk_setup: Sequence[str] = ()) -> None:
         rows_loop(self, outer_dims, cost, body, chunk_setup)
 
 
 def rows_loop(
-    em: Emitter,
-    outer_dims: Sequence[IRDim],
-    cost: str,
-    body: Callable[[tuple[Loop, ...]], None],
-    chunk_setup: Sequence[str] = (),
+    em: Emitter, outer_dims: Sequence[IRDim], cost: str, body: RowBody, chunk_setup: Sequence[str] = ()
 ) -> None:
     """parallel_for over the flattened outer dims; `body` runs once per row with the row's symbols.
 

@@ -47,7 +47,7 @@ import sympy
 from bladepack.codegen.anchor_kernels import reduce_kernel, scan_kernel, topk_kernel
 from bladepack.codegen.c_render import CTYPE, Args, Loop
 from bladepack.codegen.cuda_conv import direct_conv_kernel, im2col_kernel, pool_kernel
-from bladepack.codegen.emitter import Emitter
+from bladepack.codegen.emitter import Emitter, RowBody
 from bladepack.codegen.kernel import ROW_OPS, KernelContext, reduce_init, same_shape, store_offset
 from bladepack.codegen.operand_check import add_atoms, operand_buffers
 from bladepack.dtypes import DType
@@ -169,13 +169,7 @@ class _CudaEmitter(Emitter):
         return super().eval(vid, idx)
 
     # -- schedules shared with the CPU emitter's reduce and scan kernels: one thread per row
-    def rows_loop(
-        self,
-        outer_dims: Sequence[IRDim],
-        cost: str,
-        body: Callable[[tuple[Loop, ...]], None],
-        chunk_setup: Sequence[str] = (),
-    ) -> None:
+    def rows_loop(self, outer_dims: Sequence[IRDim], cost: str, body: RowBody, chunk_setup: Sequence[str] = ()) -> None:
         assert not chunk_setup, "CUDA rows are threads: no per-chunk scratch"
         syms = tuple(Loop(f"i{k}") for k in range(len(outer_dims)))
         rows = _volume(outer_dims)

@@ -49,6 +49,7 @@ from bladepack.ir.types import IRDim
 from bladepack.ir.views import LAYOUT_OPS, View, reshape_groups, simplify
 
 _VAR = re.compile(r"\b[a-z]+\d+\b")
+RowBody = Callable[[tuple[Loop, ...]], None]  # what a row of `rows_loop` emits, given the row's symbols
 
 
 def _site(what: str, n: Node) -> str:
@@ -172,13 +173,7 @@ class Emitter:
         """Write `val` (a register value of vid's type) to element `off` of vid's buffer."""
         self.line(f"{self.ptr_store(vid)}[{self.args.index(off)}] = {val};")
 
-    def rows_loop(
-        self,
-        outer_dims: Sequence[IRDim],
-        cost: str,
-        body: Callable[[tuple[Loop, ...]], None],
-        chunk_setup: Sequence[str] = (),
-    ) -> None:
+    def rows_loop(self, outer_dims: Sequence[IRDim], cost: str, body: RowBody, chunk_setup: Sequence[str] = ()) -> None:
         """Run `body` once per row of `outer_dims` (the schedule's parallel loop; each backend's own);
         `chunk_setup`: statements a CPU chunk of rows runs first (Note [Chunk scratch] in cpu_loops.py)."""
         raise NotImplementedError
