@@ -9,9 +9,11 @@ ends in a horizontal sum of vector lanes, which costs more than its multiply-add
 hundred (the MLP sample's 64 -> 256 layer spent 2.4 us on 16K multiply-adds at one row). Stored
 [K, N], the same product broadcasts one element of x and multiply-adds a contiguous run of W's row
 into vector accumulators that hold whole outputs: no lane sums at all (Note [Small-M GEMMs] in
-codegen/cpu_runtime.h, which now takes up to 64 rows of such products). BLAS reads [K, N] as a plain
-NN product at every other size; measured on the MLP sample against the [N, K] plan (2-core AVX-512,
-numpy's OpenBLAS, one process): 1.1-1.6x less time per call from 1 to 255 rows, even at 1024 and 4096.
+codegen/cpu_runtime.h: such products of up to 16 rows on weights of 8K+ elements, up to 64 on 64K+,
+where measured faster than OpenBLAS; a larger product split over the threads runs it per piece that
+fits). BLAS reads [K, N] as a plain NN product at every other size; measured on the MLP sample against
+the [N, K] plan (2-core AVX-512, numpy's OpenBLAS, one process): 1.16-1.95x less time per call from 1
+to 64 rows, 1.1x at 255, about even at 1024 and 4096.
 Narrow outputs (N < PACK_MIN_N: a classifier head) keep W [N, K]: one vector chunk of columns is
 wider than the output, and BLAS's NT path measured faster there. Only for CPU-only plans: the CUDA
 plan's GEMM configs and their alignment rules are chosen per operand layout, and its profiled choices
