@@ -217,3 +217,42 @@ def test_pack_linear_golden() -> None:
     assert (q.weight_data["a.weight.kn"] == p.weight_data["a.weight"].T).all()
     both = run_pipeline(p, Options.from_env(), frozenset({"cpu", "cuda"}))
     assert "a.weight.kn" not in both.weight_data and "a.weight" in both.weight_data
+
+
+class _AttentionPatterns(torch.nn.Module):
+    """Two attentions: one fused (scale, padding mask, softmax), one whose scores are also returned
+    (stored, so planned as two GEMMs and a row kernel), and a GQA sdpa read in place."""
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, kv: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        s = torch.matmul(q, k.transpose(-1, -2)) / 4.0
+        s = s.masked_fill(mask[:, None, None, :] == 0, -1e9)
+        fused = torch.matmul(torch.softmax(s, dim=-1), k)
+        kept = torch.matmul(q, k.transpose(-1, -2))
+        gqa = torch.nn.functional.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+        return fused, torch.matmul(torch.softmax(kept, dim=-1), q) + kept.sum(-1, keepdim=True), gqa
+
+
+def test_fused_attention_golden() -> None:
+    """Note [Fused attention]: matmul → chain → softmax → matmul is one step on CPU when no inner value
+    is needed elsewhere; GQA's repeated heads are read in place; CUDA plans keep the GEMMs."""
+    from bladepack.lowering.lower_native import fusion_for
+    from bladepack.options import Options
+    from bladepack.passes.pipeline import run_pipeline
+
+    def sample(b: int, s: int) -> tuple[torch.Tensor, ...]:
+        return (torch.randn(b, 4, s, 8), torch.randn(b, 4, s, 8), torch.ones(b, s), torch.randn(b, 2, s, 8))
+
+    p = run_pipeline(_program(_AttentionPatterns(), [sample(2, 5), sample(3, 7)]), Options.from_env())
+    assert fusion_for(p, target="cpu").text(p.graph) == textwrap.dedent("""\
+        fusion plan: 3 kernels, 2 library calls, 2 fused attentions, 0 reference steps
+          attention -> %15 = {matmul%5 constant%6 div%7 reshape%8 reshape%9 constant%10 eq%11 constant%12 where%13 softmax%14 matmul%15}
+          matmul -> %17
+          attention -> %28 = {matmul%24 constant%25 mul%26 softmax%27 matmul%28}
+          k0: row[q_dim0, 4, q_dim2, q_dim2] rows of 1 -> %29 = {softmax%29}
+          matmul -> %30
+          k1: row[q_dim0, 4, q_dim2, q_dim2] rows of 1 -> %31 = {sum%31}
+          k2: loop[q_dim0, 4, q_dim2, 8] -> %32 = {add%32}
+        """)
+    assert "attention" not in fusion_for(p, target="cuda").text(p.graph)

@@ -142,13 +142,21 @@ def _function(name: str, em: Emitter, ptr_types: list[tuple[str, bool]], nints: 
     return "\n".join(head + body + ["}", ""])
 
 
-def emit_kernel(spec: KernelSpec, ctx: KernelContext, conv: tuple[Node, View] | None = None) -> EmittedKernel:
-    """All variants of one kernel. `conv` (the convolution and its input view) makes an im2col kernel."""
+Plans = list[tuple[str, Any, Callable[[Emitter], None]]]  # (name suffix, predicate, body) per variant
+
+
+def emit_kernel(
+    spec: KernelSpec, ctx: KernelContext, conv: tuple[Node, View] | None = None, library: Plans | None = None
+) -> EmittedKernel:
+    """All variants of one kernel. `conv` (the convolution and its input view) makes an im2col kernel;
+    `library` gives a library op's variants (library_ops/: fused attention)."""
     args = Args()
     stores = list(spec.roots)
     loads: list[View] = []
-    plans: list[tuple[str, Any, Callable[[Emitter], None]]]
-    if conv is not None:
+    plans: Plans
+    if library is not None:
+        plans = library
+    elif conv is not None:
         plans = [("", sympy.true, lambda em: im2col_kernel(em, conv[0], conv[1], spec.roots[0]))]
     elif spec.kind == "loop":
         last = spec.domain[-1] if spec.domain else 1

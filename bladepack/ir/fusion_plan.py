@@ -44,6 +44,24 @@ class ConvEpilogue:
 
 
 @dataclass(frozen=True)
+class Attention:
+    """Note [Fused attention] (passes/fuse_attention.py): softmax(chain(q @ k)) @ v computed by one
+    kernel that never stores the scores. Target-neutral: which values, not how a backend runs them."""
+
+    out: int  # the second matmul: [*lead, Sq, Dv]
+    scores: int  # the first matmul: [*lead, Sq, Skv]
+    probs: int  # the softmax over the scores' last axis
+    chain: tuple[int, ...]  # the elementwise ops from the scores to the softmax's input, in order
+    q: int
+    k: int  # read as [*lead, Skv, D] when the first matmul has transpose_b, else [*lead, D, Skv]
+    v: int
+    nodes: tuple[int, ...] = ()  # every node the kernel computes (the chain's side inputs too), in order
+
+    def describe(self) -> str:
+        return "fused attention"
+
+
+@dataclass(frozen=True)
 class KernelSpec:
     """A generated kernel: it stores `roots` and computes every node of `nodes` inline."""
 
@@ -64,6 +82,7 @@ class LibraryStep:
     # Note [GEMM epilogue] / Note [Convolution epilogue]: the library call (or direct convolution kernel)
     # stores epilogue.out
     epilogue: GemmEpilogue | ConvEpilogue | None = None
+    attention: Attention | None = None  # op "attention": Note [Fused attention]
 
 
 @dataclass(frozen=True)
@@ -94,11 +113,16 @@ class FusionPlan:
             a = nodes[s.node].attrs if isinstance(s, LibraryStep) else None
             return isinstance(a, Conv2dAttrs) and a.weight_layout == "ihwo"
 
+        def fused(s: PlanStep) -> bool:
+            return isinstance(s, LibraryStep) and s.attention is not None
+
         n_direct = sum(direct(s) for s in self.steps)
+        n_fused = sum(fused(s) for s in self.steps)
         lines = [
             f"fusion plan: {len(self.kernels)} kernels, "
-            f"{sum(isinstance(s, LibraryStep) and not direct(s) for s in self.steps)} library calls, "
+            f"{sum(isinstance(s, LibraryStep) and not direct(s) and not fused(s) for s in self.steps)} library calls, "
             + (f"{n_direct} direct convolutions, " if n_direct else "")
+            + (f"{n_fused} fused attentions, " if n_fused else "")
             + f"{sum(isinstance(s, ReferenceStep) for s in self.steps)} reference steps"
         ]
         for s in self.steps:
@@ -109,7 +133,10 @@ class FusionPlan:
                 roots = ", ".join(f"%{r}" for r in s.roots)
                 lines.append(f"  {s.name}: {s.kind}[{dom}]{red} -> {roots} = {{{ops}}}")
             elif isinstance(s, LibraryStep):
-                if s.epilogue is not None:
+                if s.attention is not None:
+                    ops = " ".join(f"{nodes[i].op.value}%{i}" for i in s.attention.nodes)
+                    lines.append(f"  attention -> %{s.node} = {{{ops}}}")
+                elif s.epilogue is not None:
                     ops = " ".join(f"{nodes[i].op.value}%{i}" for i in s.epilogue.nodes)
                     lines.append(
                         f"  {s.op}%{s.node}{' (direct kernel)' if direct(s) else ''} -> %{s.epilogue.out} = {{{ops}}} "

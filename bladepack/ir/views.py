@@ -75,6 +75,22 @@ class View:
         want = contiguous_strides(self.shape)
         return all(d == 1 or sym_eq(s, w) for d, s, w in zip(self.shape, self.strides, want))
 
+    def offset_at(self, idx: Sequence[sympy.Expr]) -> sympy.Expr:
+        """The element offset of `idx`; a hierarchical dim's index splits over its sub-modes (outer
+        first: quotient by the inner sizes, remainder by its own size)."""
+        off = sympy.sympify(self.offset)
+        for d, i in enumerate(idx):
+            modes = self._modes(d)
+            inner: sympy.Expr = sympy.Integer(1)
+            for k in range(len(modes) - 1, -1, -1):
+                size, stride = modes[k]
+                part = sympy.sympify(i) if inner == 1 else sympy.floor(sympy.sympify(i) / inner)
+                if k > 0:
+                    part = sympy.Mod(part, size)
+                off += part * stride
+                inner = sympy.expand(inner * size)
+        return sympy.expand(off)
+
     def permute(self, perm: Sequence[int]) -> View:
         sub = None if self.sub is None else tuple(self.sub[p] for p in perm)
         return View(
@@ -208,6 +224,17 @@ def view_of(
     the result has one stride (intermediate values of the chain may be hierarchical)."""
     v = _view_of(g_nodes, types, vid, materialized)
     return v if v is not None and v.flat else None
+
+
+def head_view(
+    g_nodes: dict[int, Node], types: dict[int, TensorType], vid: int, materialized: Callable[[int], bool]
+) -> View | None:
+    """The view `vid` is when its last two dims have one stride each; leading dims may be hierarchical
+    (grouped-query attention's K and V: a KV head repeated over the query heads that share it)."""
+    v = _view_of(g_nodes, types, vid, materialized)
+    if v is None or len(v.shape) < 2 or (v.sub is not None and any(m is not None for m in v.sub[-2:])):
+        return None
+    return v
 
 
 def _view_of(

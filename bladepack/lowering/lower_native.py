@@ -45,12 +45,21 @@ from bladepack.codegen.cuda_emitter import CudaKernel, emit_cuda_kernel
 from bladepack.codegen.kernel import EmittedKernel, KernelContext, KernelEmitError
 from bladepack.codegen.operand_check import operand_buffers
 from bladepack.ir import OpKind, Program
-from bladepack.ir.fusion_plan import ConvEpilogue, FusionPlan, GemmEpilogue, KernelSpec, LibraryStep, ReferenceStep
+from bladepack.ir.fusion_plan import (
+    Attention,
+    ConvEpilogue,
+    FusionPlan,
+    GemmEpilogue,
+    KernelSpec,
+    LibraryStep,
+    ReferenceStep,
+)
 from bladepack.ir.graph import Guard
 from bladepack.ir.guards import effective_guards, pruned, shape_predicate
 from bladepack.ir.ops import Conv2dAttrs
 from bladepack.ir.types import IRDim, TensorType, dim_str
 from bladepack.ir.views import View, simplify, view_of
+from bladepack.library_ops.cpu_attention import attention_variants
 from bladepack.library_ops.cpu_gemm import GemmCall, lower_conv, lower_matmul, operand_ok
 from bladepack.library_ops.cutlass.emitter import GemmInstance
 from bladepack.library_ops.cutlass.select import CUBLAS, GemmDispatch, GemmPolicy, select
@@ -83,6 +92,7 @@ def fusion_for(
         target,
         gemm_epilogues,
         conv_epilogues=target == "cpu",
+        attention=target == "cpu",
     )
 
 
@@ -138,14 +148,15 @@ class _Lowerer:
         self._use(base)
         return (self.slot.get(base, 0), base, elem_offset)
 
-    def _kernel(self, spec: KernelSpec, conv: tuple[Any, View] | None = None) -> None:
+    def _kernel(self, spec: KernelSpec, conv: tuple[Any, View] | None = None, att: Attention | None = None) -> None:
         ctx = KernelContext(self.nodes, self.types, self.view)
         ek: EmittedKernel | CudaKernel
         try:
             if self.target == "cuda":
+                assert att is None, "fused attention is planned for CPU only"
                 ek = emit_cuda_kernel(spec, ctx, len(self.kernels), conv)
             else:
-                ek = emit_kernel(spec, ctx, conv)
+                ek = emit_kernel(spec, ctx, conv, None if att is None else attention_variants(att, ctx))
         except (ValueError, AssertionError, KeyError) as e:
             culprits = frozenset(v for v in spec.nodes if v in self.nodes) or frozenset(spec.roots)
             raise KernelEmitError(f"{spec.name}: {e}", culprits) from e
@@ -334,7 +345,11 @@ class _Lowerer:
             self._kernel(dataclasses.replace(step, name=f"k{len(self.kernels)}"))
         elif isinstance(step, LibraryStep):
             n = self.nodes[step.node]
-            if n.op is OpKind.CONV2D:
+            if step.attention is not None:  # Note [Fused attention]
+                att = step.attention
+                spec = KernelSpec(f"k{len(self.kernels)}", "attention", (n.id,), att.nodes, n.type.shape, 0, n.loc)
+                self._kernel(spec, att=att)
+            elif n.op is OpKind.CONV2D:
                 self._conv(step)
             else:
                 va, vb = self.view(n.inputs[0]), self.view(n.inputs[1])

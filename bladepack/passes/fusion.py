@@ -20,6 +20,8 @@ How it decides (BladeDISC's kinds, decided from shape facts only, so every shape
 - Convolution epilogues: on CPU, the elementwise chain after a direct convolution (bias, batch norm,
   residual, activation) runs in the convolution kernel before its store (Note [Convolution epilogue]
   in conv_epilogue.py).
+- Fused attention: on CPU, matmul → elementwise chain → softmax → matmul is one step whose kernel
+  never stores the scores (Note [Fused attention] in fuse_attention.py).
 
 Note [Materialize or recompute]: a non-materialized value used by several kernels is recomputed in
 each when it is cheap (a few arithmetic ops over loads); an expensive one (transcendental, gather,
@@ -28,11 +30,13 @@ row op, or a long cone) is materialized once instead.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from enum import Enum
 
 from bladepack.ir import Node, OpKind, Program
 from bladepack.ir.fusion_plan import (
+    Attention,
     ConvEpilogue,
     FusionPlan,
     GemmEpilogue,
@@ -44,8 +48,9 @@ from bladepack.ir.fusion_plan import (
 from bladepack.ir.guards import data_predicates, effective_guards
 from bladepack.ir.ops import OP_INFO, AxisAttrs, IndexAttrs, NormAttrs, OpClass, ReduceAttrs
 from bladepack.ir.types import IRDim, TensorType
-from bladepack.ir.views import LAYOUT_OPS, View, sym_eq, view_of
+from bladepack.ir.views import LAYOUT_OPS, View, head_view, sym_eq, view_of
 from bladepack.passes.conv_epilogue import find_conv_epilogue
+from bladepack.passes.fuse_attention import find_attention, side_inputs
 from bladepack.passes.gemm_epilogue import find_epilogue
 from bladepack.target import BACKENDS
 
@@ -139,8 +144,11 @@ class _Planner:
         target: str,
         gemm_epilogues: bool,
         conv_epilogues: bool,
+        attention: bool,
     ) -> None:
-        self.gemm_epilogues, self.conv_epilogues = gemm_epilogues, conv_epilogues
+        self.gemm_epilogues, self.conv_epilogues, self.fuse_attention = gemm_epilogues, conv_epilogues, attention
+        self.attention: dict[int, Attention] = {}  # second matmul -> Note [Fused attention]
+        self.in_attention: set[int] = set()  # the scores' matmuls, chains and softmaxes of those
         # stored value -> (matmul or convolution, its epilogue)
         self.epilogues: dict[int, tuple[int, GemmEpilogue | ConvEpilogue]] = {}
         self.g = p.graph
@@ -177,7 +185,29 @@ class _Planner:
             v = self.nodes[v].inputs[0]
         return v
 
+    def find_attention(self) -> None:
+        """Note [Fused attention]: record each attention; its inner values are never materialized."""
+        outputs = set(self.g.outputs)
+        for n in self.g.nodes:
+            if n.op is not OpKind.MATMUL or self.roles[n.id] is not Role.LIBRARY:
+                continue
+            att = find_attention(
+                n,
+                self.nodes,
+                self.users,
+                self.types,
+                lambda v: self.roles[v] is Role.FUSIBLE,
+                outputs,
+                lambda a, b: self.guards[a] == self.guards[b],
+            )
+            if att is None or self.roles[att.scores] is not Role.LIBRARY or att.scores in self.in_attention:
+                continue
+            self.attention[n.id] = att
+            self.in_attention.update((att.scores, att.probs, *att.chain))
+
     def seed(self) -> None:
+        if self.fuse_attention:
+            self.find_attention()
         # Note [Guarded kernels]: a kernel computes inline only values skipped under the guard of the value
         # it stores, so a value read across a guard boundary is stored; data predicates are stored too
         # (the executor reads them)
@@ -186,6 +216,16 @@ class _Planner:
             self.mat.update(i for i in n.inputs if i in self.nodes and self.guards[i] != self.guards[n.id])
         for n in self.g.nodes:
             role = self.roles[n.id]
+            if n.id in self.in_attention:
+                continue
+            if n.id in self.attention:
+                self.mat.add(n.id)
+                att = self.attention[n.id]
+                for v in (att.q, att.k, att.v):  # read in place where a head view exists
+                    self.mat.add(self._layout_root(v))
+                    if head_view(self.nodes, self.types, v, self.is_mat) is None:
+                        self.mat.add(v)
+                continue
             if role in (Role.LIBRARY, Role.ANCHOR, Role.REFERENCE):
                 self.mat.add(n.id)
             if role is Role.REFERENCE:
@@ -218,6 +258,21 @@ class _Planner:
                 continue
             stack.extend(n.inputs)
         return sorted((v for v in seen if v == root or v not in self.mat), key=self.order.__getitem__)
+
+    def attention_nodes(self, att: Attention) -> tuple[list[int], int | None]:
+        """The nodes the attention kernel computes, in order, and a value its side inputs need in
+        memory (a row op or anchor the chain's masks are computed from), if any."""
+        inline = {att.scores, *att.chain, att.probs, att.out}
+        stack = side_inputs(att, self.nodes)
+        while stack:
+            v = stack.pop()
+            if v in inline or v not in self.nodes or v in self.mat:
+                continue
+            if self.roles[v] is not Role.FUSIBLE:
+                return [], v
+            inline.add(v)
+            stack.extend(self.nodes[v].inputs)
+        return sorted(inline, key=self.order.__getitem__), None
 
     def kernel_roots(self) -> list[int]:
         return [
@@ -301,6 +356,13 @@ class _Planner:
                         uses.setdefault(v, set()).add(r)
             if changed:
                 continue
+            for att in self.attention.values():
+                _, need = self.attention_nodes(att)
+                if need is not None:
+                    self.mat.add(need)
+                    changed = True
+            if changed:
+                continue
             for v, rs in sorted(uses.items()):
                 if len(rs) > 1 and self._expensive(v):
                     self.mat.add(v)
@@ -354,7 +416,10 @@ class _Planner:
         for v in sorted(self.mat & set(self.nodes), key=self.order.__getitem__):
             n = self.nodes[v]
             role = self.roles[v]
-            if v in self.epilogues:
+            if v in self.attention:
+                att = dataclasses.replace(self.attention[v], nodes=tuple(self.attention_nodes(self.attention[v])[0]))
+                steps.append(LibraryStep(v, "attention", n.loc, attention=att))
+            elif v in self.epilogues:
                 mm, ep = self.epilogues[v]
                 steps.append(LibraryStep(mm, self.nodes[mm].op.value, self.nodes[mm].loc, ep))
             elif role is Role.LIBRARY:
@@ -388,10 +453,12 @@ def plan_fusion(
     target: str = "cpu",
     gemm_epilogues: bool = False,
     conv_epilogues: bool = False,
+    attention: bool = False,
 ) -> FusionPlan:
     """`gemm_operand_ok(node, k, view)`: can the library read operand k of `node` as this view;
     `forced` nodes run as reference steps; `target` ("cpu" or "cuda") decides which ops and dtypes
     have kernels; `gemm_epilogues`: the GEMM library computes bias / residual adds and activations
     after a matmul (Note [GEMM epilogue]); `conv_epilogues`: direct convolution kernels compute the
-    elementwise chain after them (Note [Convolution epilogue])."""
-    return _Planner(p, gemm_operand_ok, forced, target, gemm_epilogues, conv_epilogues).plan()
+    elementwise chain after them (Note [Convolution epilogue]); `attention`: matmul → chain → softmax →
+    matmul runs as one fused attention kernel (Note [Fused attention])."""
+    return _Planner(p, gemm_operand_ok, forced, target, gemm_epilogues, conv_epilogues, attention).plan()

@@ -1,0 +1,302 @@
+"""Fused attention on CPU: one generated kernel per `Attention` record (Note [Fused attention]).
+
+In: the kernel spec of an attention step (kind "attention": the second matmul is the root, every node
+it computes inline listed) and the record. Out: the kernel's variants for `codegen.emit_kernel`, each a
+(name suffix, shape predicate, body emitter).
+
+Note [Online softmax on CPU]: one parallel row per (leading index, block of query rows). The row walks
+the keys in blocks of KB; per query row and key block it computes the KB scores into registers-sized
+scratch, applies the graph's chain to each (scale, masks: `Emitter.eval` of the softmax's input with
+the first matmul's value bound to the score), and folds the block into a running maximum m, sum l and
+output accumulator acc[Dv] (acc and l rescaled by exp(m_old - m_new) when the maximum grows). So no
+[Sq, Skv] tensor is written, and the scores are read once. Accumulation is in the kernel's type
+(float32 or float64), as torch's softmax and matmul accumulate. Rows that stay entirely -inf end with
+l = 0: a safe softmax (sdpa) gives 0 there, a plain one NaN — what torch gives; a NaN score makes its
+row NaN; a +inf score makes it NaN (exp(inf - inf)), as in torch.
+
+Variants (chosen by the shape program on the query rows): "_blocked" for Sq >= 4 packs each key block
+transposed ([D][KB]) once per block of 16 query rows, so a score vector is D broadcast FMAs over
+contiguous lanes; "_rows" for fewer query rows (decoding: one new token against the whole KV cache)
+takes each score as a dot product over the head dim straight from K, with no packing to amortize.
+Head dims are compile-time constants; the key block KB is 64 (32 / 16 for head dims past 128 / 256).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sympy
+
+from bladepack.codegen.c_render import CTYPE, Loop
+from bladepack.codegen.emitter import Emitter
+from bladepack.codegen.kernel import KernelContext, store_offset
+from bladepack.ir.fusion_plan import Attention
+from bladepack.ir.ops import MatmulAttrs, SafeSoftmaxAttrs
+from bladepack.ir.types import IRDim
+from bladepack.ir.views import View, head_view, simplify
+
+BLOCK_ROWS = 16  # query rows per parallel row in the blocked variant
+ROWS_MIN = 4  # the blocked variant from this many query rows
+
+
+def _key_block(d: int) -> int:
+    return 64 if d <= 128 else (32 if d <= 256 else 16)
+
+
+def _head_view(ctx: KernelContext, v: int) -> View:
+    def materialized(u: int) -> bool:
+        w = ctx.view(u)
+        return w is not None and w.base == u
+
+    view = head_view(ctx.nodes, ctx.types, v, materialized)
+    assert view is not None, f"attention operand %{v} is not a view with strided rows"
+    return view
+
+
+def _lead_index(shape: Sequence[IRDim], lead: Sequence[IRDim], syms: Sequence[sympy.Expr]) -> list[sympy.Expr]:
+    """The operand's leading indices for the output's leading index `syms` (matmul broadcasting)."""
+    own = shape[:-2]
+    off = len(lead) - len(own)
+    return [sympy.Integer(0) if (d == 1 and lead[k + off] != 1) else syms[k + off] for k, d in enumerate(own)]
+
+
+def attention_variants(att: Attention, ctx: KernelContext) -> list[tuple[str, Any, Callable[[Emitter], None]]]:
+    sq = ctx.types[att.scores].shape[-2]
+    blocked = sympy.Ge(sq, ROWS_MIN) if not isinstance(sq, int) else sympy.sympify(sq >= ROWS_MIN)
+    if blocked is sympy.true:
+        return [("", sympy.true, lambda em: _kernel(em, att, True))]
+    if blocked is sympy.false:
+        return [("", sympy.true, lambda em: _kernel(em, att, False))]
+    return [
+        ("_blocked", blocked, lambda em: _kernel(em, att, True)),
+        ("_rows", sympy.true, lambda em: _kernel(em, att, False)),
+    ]
+
+
+def _kernel(em: Emitter, att: Attention, blocked: bool) -> None:
+    ctx = em.ctx
+    out_t = ctx.types[att.out]
+    scores_t = ctx.types[att.scores]
+    dt = out_t.dtype
+    t = CTYPE[dt]
+    r = em.args.ref
+    lead = scores_t.shape[:-2]
+    sq, skv = scores_t.shape[-2], scores_t.shape[-1]
+    d = ctx.types[att.q].shape[-1]
+    dv = out_t.shape[-1]
+    assert isinstance(d, int) and isinstance(dv, int)
+    kb = _key_block(d)
+    qb = BLOCK_ROWS if blocked else ROWS_MIN
+    qv, kv, vv = (_head_view(ctx, x) for x in (att.q, att.k, att.v))
+    pq, pk, pv = (em.ptr_load(x.base) for x in (qv, kv, vv))
+    s_qi, s_qd = qv.strides[-2], qv.strides[-1]
+    a = ctx.nodes[att.scores].attrs
+    assert isinstance(a, MatmulAttrs)
+    s_kj, s_kd = (kv.strides[-2], kv.strides[-1]) if a.transpose_b else (kv.strides[-1], kv.strides[-2])
+    s_vj, s_ve = vv.strides[-2], vv.strides[-1]
+    safe = isinstance(ctx.nodes[att.probs].attrs, SafeSoftmaxAttrs)
+    chain_end = ctx.nodes[att.probs].inputs[0]
+    ninf = f"-std::numeric_limits<{t}>::infinity()"
+    blocks = sympy.floor((sympy.sympify(sq) + qb - 1) / qb) if not isinstance(sq, int) else (sq + qb - 1) // qb
+    k0, qi, jj = Loop("k0"), Loop("qi"), Loop("jj")
+
+    def body(outer: tuple[Loop, ...]) -> None:
+        syms, blk = outer[:-1], outer[-1]
+        zero = [sympy.Integer(0)] * 2
+
+        def base(view: View, shape: Sequence[IRDim]) -> str:
+            return em.args.index(view.offset_at([*_lead_index(shape, lead, syms), *zero]))
+
+        em.line(f"const int64_t q0_ = {blk.name} * {qb};")
+        em.line(f"const int64_t nq_ = std::min<int64_t>({qb}, {r(sq)} - q0_);")
+        em.line(f"const {t}* BPK_RESTRICT qp_ = {pq} + {base(qv, ctx.types[att.q].shape)};")
+        em.line(f"const {t}* BPK_RESTRICT kp_ = {pk} + {base(kv, ctx.types[att.k].shape)};")
+        em.line(f"const {t}* BPK_RESTRICT vp_ = {pv} + {base(vv, ctx.types[att.v].shape)};")
+        store = em.args.index(store_offset(out_t.shape, (*syms, sympy.Integer(0), sympy.Integer(0))))
+        em.line(f"{t}* BPK_RESTRICT op_ = {em.ptr_store(att.out)} + {store};")
+        em.line(f"{t} m_[{qb}], l_[{qb}];")
+        em.line(f"alignas(64) {t} acc_[{qb * dv}];")
+        em.line(f"for (int q = 0; q < {qb}; ++q) {{ m_[q] = {ninf}; l_[q] = {t}(0); }}")
+        em.line(f"for (int e = 0; e < {qb * dv}; ++e) acc_[e] = {t}(0);")
+        if blocked:
+            em.line(f"alignas(64) {t} kt_[{d * kb}];")
+        idx = (*syms, blk * qb + qi, k0 + jj)
+
+        vl = 64 // dt.itemsize  # lanes of one 64-byte vector
+
+        def chain(row: str) -> None:
+            em.bind(att.scores, idx, f"{row}[jj]")
+            x = em.eval(chain_end, idx)
+            em.line(f"{row}[jj] = {x};")
+            em.line(f"mb_ = {row}[jj] > mb_ ? {row}[jj] : mb_;")
+
+        def softmax_row(row: str) -> None:
+            """The chain on one query row's block of scores, the running max / sum update, then the
+            scores become probabilities exp(s - m) in place."""
+            em.line(f"{t} mb_ = {ninf};")
+            em.loop(
+                ["#pragma omp simd reduction(max:mb_)", "for (int64_t jj = 0; jj < nk_; ++jj) {"],
+                [jj],
+                lambda: chain(row),
+            )
+            em.line(f"const {t} mo_ = m_[qi], mn_ = mo_ > mb_ ? mo_ : mb_;")
+            em.line("if (mn_ != mo_) {  // the running maximum grew: rescale what the earlier blocks summed")
+            em.line(f"  const {t} al_ = bpk::vexp(mo_ - mn_);")
+            em.line("  l_[qi] *= al_;")
+            em.line(f"  for (int e = 0; e < {dv}; ++e) acc_[qi * {dv} + e] *= al_;")
+            em.line("  m_[qi] = mn_;")
+            em.line("}")
+            em.line(f"{t} ls_ = {t}(0);")
+            em.line("#pragma omp simd reduction(+:ls_)")
+            em.line("for (int64_t jj = 0; jj < nk_; ++jj) {")
+            em.line(f"  const {t} p_ = {row}[jj] == {ninf} ? {t}(0) : bpk::vexp({row}[jj] - mn_);")
+            em.line(f"  {row}[jj] = p_;")
+            em.line("  ls_ += p_;")
+            em.line("}")
+            em.line("l_[qi] += ls_;")
+
+        def row_group() -> None:
+            """Four query rows at once: each packed key vector feeds four FMAs, each V row four
+            independent accumulators (rows past the last are clamped reads, never stored)."""
+            rows = range(4)
+            for q in rows:
+                em.line(
+                    f"const {t}* BPK_RESTRICT qr{q}_ = qp_ + std::min<int64_t>(q0_ + g_ + {q}, {r(sq)} - 1) * {r(s_qi)};"
+                )
+            em.line(f"for (int c = 0; c < {kb}; c += {vl}) {{")
+            em.line(f"  {t} " + ", ".join(f"a{q}_[{vl}] = {{}}" for q in rows) + ";")
+            em.line(f"  for (int d = 0; d < {d}; ++d) {{")
+            em.line(f"    const {t}* BPK_RESTRICT kr_ = kt_ + d * {kb} + c;")
+            em.line(f"    const {t} " + ", ".join(f"x{q}_ = qr{q}_[d * {r(s_qd)}]" for q in rows) + ";")
+            em.line("    #pragma omp simd")
+            em.line(
+                f"    for (int l = 0; l < {vl}; ++l) {{ "
+                + " ".join(f"a{q}_[l] += x{q}_ * kr_[l];" for q in rows)
+                + " }"
+            )
+            em.line("  }")
+            em.line(
+                f"  for (int l = 0; l < {vl}; ++l) {{ " + " ".join(f"s_[{q}][c + l] = a{q}_[l];" for q in rows) + " }"
+            )
+            em.line("}")
+            # the chain on the four rows' scores in one pass: what it reads per key (a padding mask)
+            # is loaded once for the four (Note [Online softmax on CPU]); rows past the last are
+            # evaluated at the last row, so the chain never reads outside its operands
+            qc = [Loop(f"qc{q}_") for q in rows]
+            for q in rows:
+                em.declare(f"const int64_t qc{q}_ = std::min<int64_t>(q0_ + g_ + {q}, {r(sq)} - 1);", f"qc{q}_")
+            em.scopes[-1].syms.update(qc)
+            em.line(f"{t} " + ", ".join(f"mb{q}_ = {ninf}" for q in rows) + ";")
+
+            def chain4() -> None:
+                for q in rows:
+                    at = (*syms, qc[q], k0 + jj)
+                    em.bind(att.scores, at, f"s_[{q}][jj]")
+                    x = em.eval(chain_end, at)
+                    em.line(f"s_[{q}][jj] = {x};")
+                    em.line(f"mb{q}_ = s_[{q}][jj] > mb{q}_ ? s_[{q}][jj] : mb{q}_;")
+
+            maxes = ",".join(f"mb{q}_" for q in rows)
+            em.loop(
+                [f"#pragma omp simd reduction(max:{maxes})", "for (int64_t jj = 0; jj < nk_; ++jj) {"], [jj], chain4
+            )
+            for q in rows:
+                em.line("{")
+                em.line(f"  const int64_t qi_ = g_ + {q};")
+                em.line(f"  const {t} mo_ = m_[qi_], mn_ = mo_ > mb{q}_ ? mo_ : mb{q}_;")
+                em.line("  if (mn_ != mo_) {  // the running maximum grew: rescale what earlier blocks summed")
+                em.line(f"    const {t} al_ = bpk::vexp(mo_ - mn_);")
+                em.line("    l_[qi_] *= al_;")
+                em.line(f"    for (int e = 0; e < {dv}; ++e) acc_[qi_ * {dv} + e] *= al_;")
+                em.line("    m_[qi_] = mn_;")
+                em.line("  }")
+                em.line("}")
+            em.line(f"const {t} " + ", ".join(f"mx{q}_ = m_[g_ + {q}]" for q in rows) + ";")
+            em.line(f"{t} " + ", ".join(f"ls{q}_ = {t}(0)" for q in rows) + ";")
+            em.line(f"#pragma omp simd reduction(+:{','.join(f'ls{q}_' for q in rows)})")
+            em.line("for (int64_t jj = 0; jj < nk_; ++jj) {")
+            for q in rows:
+                em.line(f"  const {t} p{q}_ = s_[{q}][jj] == {ninf} ? {t}(0) : bpk::vexp(s_[{q}][jj] - mx{q}_);")
+                em.line(f"  s_[{q}][jj] = p{q}_;")
+                em.line(f"  ls{q}_ += p{q}_;")
+            em.line("}")
+            for q in rows:
+                em.line(f"l_[g_ + {q}] += ls{q}_;")
+            em.line(f"{t} " + ", ".join(f"o{q}_[{dv}]" for q in rows) + ";")
+            em.line(
+                f"for (int e = 0; e < {dv}; ++e) {{ "
+                + " ".join(f"o{q}_[e] = acc_[(g_ + {q}) * {dv} + e];" for q in rows)
+                + " }"
+            )
+            em.line("for (int64_t jj = 0; jj < nk_; ++jj) {")
+            em.line(f"  const {t}* BPK_RESTRICT vr_ = vp_ + (k0 + jj) * {r(s_vj)};")
+            em.line(f"  const {t} " + ", ".join(f"p{q}_ = s_[{q}][jj]" for q in rows) + ";")
+            em.line("  #pragma omp simd")
+            em.line(
+                f"  for (int e = 0; e < {dv}; ++e) {{ const {t} v_ = vr_[e * {r(s_ve)}]; "
+                + " ".join(f"o{q}_[e] += p{q}_ * v_;" for q in rows)
+                + " }"
+            )
+            em.line("}")
+            em.line(
+                f"for (int e = 0; e < {dv}; ++e) {{ "
+                + " ".join(f"acc_[(g_ + {q}) * {dv} + e] = o{q}_[e];" for q in rows)
+                + " }"
+            )
+
+        def query_row() -> None:
+            """One query row (decoding): each score a dot product straight from K; the probabilities
+            times V summed into four partial accumulators over alternating keys."""
+            em.line(f"const {t}* BPK_RESTRICT qr_ = qp_ + (q0_ + qi) * {r(s_qi)};")
+            em.line(f"alignas(64) {t} s_[{kb}];")
+            em.line("for (int64_t jj = 0; jj < nk_; ++jj) {")
+            em.line(f"  const {t}* BPK_RESTRICT kr_ = kp_ + (k0 + jj) * {r(s_kj)};")
+            em.line(f"  {t} dot_ = {t}(0);")
+            em.line("  #pragma omp simd reduction(+:dot_)")
+            em.line(f"  for (int d = 0; d < {d}; ++d) dot_ += qr_[d * {r(s_qd)}] * kr_[d * {r(s_kd)}];")
+            em.line("  s_[jj] = dot_;")
+            em.line("}")
+            softmax_row("s_")
+            em.line(f"{t} o_[4][{dv}] = {{}};")
+            em.line("int64_t jj = 0;")
+            em.line("for (; jj + 4 <= nk_; jj += 4) {")
+            em.line("  for (int u = 0; u < 4; ++u) {")
+            em.line(f"    const {t}* BPK_RESTRICT vr_ = vp_ + (k0 + jj + u) * {r(s_vj)};")
+            em.line(f"    const {t} p_ = s_[jj + u];")
+            em.line("    #pragma omp simd")
+            em.line(f"    for (int e = 0; e < {dv}; ++e) o_[u][e] += p_ * vr_[e * {r(s_ve)}];")
+            em.line("  }")
+            em.line("}")
+            em.line("for (; jj < nk_; ++jj) {")
+            em.line(f"  const {t}* BPK_RESTRICT vr_ = vp_ + (k0 + jj) * {r(s_vj)};")
+            em.line(f"  for (int e = 0; e < {dv}; ++e) o_[0][e] += s_[jj] * vr_[e * {r(s_ve)}];")
+            em.line("}")
+            em.line(
+                f"for (int e = 0; e < {dv}; ++e) acc_[qi * {dv} + e] += (o_[0][e] + o_[1][e]) + (o_[2][e] + o_[3][e]);"
+            )
+
+        def key_block() -> None:
+            em.line(f"const int64_t nk_ = std::min<int64_t>({kb}, {r(skv)} - k0);")
+            if not blocked:
+                em.loop(["for (int64_t qi = 0; qi < nq_; ++qi) {"], [qi], query_row)
+                return
+            # the block's keys transposed, [D][KB], zero past the last key
+            em.line("for (int64_t jj = 0; jj < nk_; ++jj) {")
+            em.line(f"  const {t}* BPK_RESTRICT kr_ = kp_ + (k0 + jj) * {r(s_kj)};")
+            em.line(f"  for (int d = 0; d < {d}; ++d) kt_[d * {kb} + jj] = kr_[d * {r(s_kd)}];")
+            em.line("}")
+            em.line(f"for (int64_t jj = nk_; jj < {kb}; ++jj)")
+            em.line(f"  for (int d = 0; d < {d}; ++d) kt_[d * {kb} + jj] = {t}(0);")
+            em.line(f"alignas(64) {t} s_[4][{kb}];")
+            em.loop(["for (int64_t g_ = 0; g_ < nq_; g_ += 4) {"], [], row_group)
+
+        em.loop([f"for (int64_t k0 = 0; k0 < {r(skv)}; k0 += {kb}) {{"], [k0], key_block)
+        empty = f"{t}(0)" if safe else f"std::numeric_limits<{t}>::quiet_NaN()"
+        em.line("for (int64_t q = 0; q < nq_; ++q) {  // a row with every score -inf: l = 0")
+        em.line(f"  const {t} inv_ = l_[q] == {t}(0) ? {empty} : {t}(1) / l_[q];")
+        em.line(f"  for (int e = 0; e < {dv}; ++e) op_[(q0_ + q) * {dv} + e] = acc_[q * {dv} + e] * inv_;")
+        em.line("}")
+
+    cost = f"{qb} * {r(skv)} * {d + dv + 24}"
+    em.rows_loop([*lead, simplify(blocks) if not isinstance(blocks, int) else blocks], cost, body)

@@ -1,0 +1,143 @@
+"""Fused attention (Note [Fused attention], Note [Online softmax on CPU]) against eager.
+
+Every model here must plan its attention as one "attention" kernel (no scores in memory); outputs are
+compared with torch at query / key lengths 1, odd, across the key-block size (64) and at the declared
+maximum, with boolean, additive, causal and padding masks, GQA, decoding, and fully masked rows.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import bladepack
+from bladepack import Dim
+from tests.helpers import rel_err
+
+MAX = 200
+LENGTHS = (1, 2, 7, 63, 64, 65, 130, MAX)
+
+
+def _kinds(m: bladepack.LoadedModule) -> list[str]:
+    return [k["kind"] for k in m._manifest.kernels["cpu"]]
+
+
+def _check(model: torch.nn.Module, make, dims: dict, lengths, tol: float) -> bladepack.LoadedModule:
+    g = torch.Generator().manual_seed(0)
+    art = bladepack.optimize(model, make(g, 2, 9), dynamic_shapes=dims)
+    m = bladepack.load(art.to_bytes(), executor="native")
+    assert "attention" in _kinds(m), _kinds(m)
+    for n in lengths:
+        for b in (1, 3):
+            x = make(g, b, n)
+            with torch.no_grad():
+                want = model(*x)
+            got = m(*x)
+            assert rel_err(got, want) <= tol, (b, n, rel_err(got, want))
+    return m
+
+
+class _Padded(torch.nn.Module):
+    """The encoder's pattern: scale by division, a [batch, seq] padding mask through masked_fill with
+    the dtype's lowest value (a fully padded row attends uniformly, as in eager)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        s = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        s = s.masked_fill(mask[:, None, None, :] == 0, torch.finfo(s.dtype).min)
+        return torch.matmul(F.softmax(s, dim=-1), v)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_padding_mask(dtype: torch.dtype) -> None:
+    def make(g: torch.Generator, b: int, n: int) -> tuple[torch.Tensor, ...]:
+        q, k, v = (torch.randn(b, 4, n, 16, generator=g, dtype=dtype) for _ in range(3))
+        mask = (torch.rand(b, n, generator=g) > 0.3).long()
+        mask[0] = 0  # every key of the first sequence masked
+        return q, k, v, mask
+
+    seq = Dim("seq", max=MAX)
+    b = Dim("batch")
+    dims = {"q": {0: b, 2: seq}, "k": {0: b, 2: seq}, "v": {0: b, 2: seq}, "mask": {0: b, 1: seq}}
+    _check(_Padded().eval(), make, dims, LENGTHS, 1e-5 if dtype == torch.float32 else 1e-12)
+
+
+class _Sdpa(torch.nn.Module):
+    def __init__(self, causal: bool = False, gqa: bool = False) -> None:
+        super().__init__()
+        self.causal, self.gqa = causal, gqa
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=self.gqa)
+
+
+class _SdpaMask(torch.nn.Module):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _qkv(g: torch.Generator, b: int, sq: int, skv: int, d: int = 40, dv: int = 24, h: int = 3, hkv: int = 3):
+    q = torch.randn(b, h, sq, d, generator=g)
+    k = torch.randn(b, hkv, skv, d, generator=g)
+    v = torch.randn(b, hkv, skv, dv, generator=g)
+    return q, k, v
+
+
+def test_causal_prefill_odd_head_dims() -> None:
+    """is_causal over a square score matrix; head dims 40 (scores) and 24 (values), not vector multiples."""
+    seq = Dim("seq", max=MAX)
+    dims = {"q": {0: Dim("batch"), 2: seq}, "k": {0: Dim("batch"), 2: seq}, "v": {0: Dim("batch"), 2: seq}}
+    _check(_Sdpa(causal=True), lambda g, b, n: _qkv(g, b, n, n), dims, LENGTHS, 1e-5)
+
+
+def test_bool_mask_fully_masked_rows_give_zero() -> None:
+    """sdpa with a boolean mask: a query row whose every key is masked gives 0 in torch (its safe
+    softmax), and 0 here; other rows attend to their unmasked keys."""
+
+    def make(g: torch.Generator, b: int, n: int) -> tuple[torch.Tensor, ...]:
+        q, k, v = _qkv(g, b, n, n, 16, 16, 2, 2)
+        mask = torch.rand(b, 1, n, n, generator=g) > 0.5
+        mask[:, :, 0] = False  # query row 0 sees nothing
+        return q, k, v, mask
+
+    b, seq = Dim("batch"), Dim("seq", max=MAX)
+    dims = {"q": {0: b, 2: seq}, "k": {0: b, 2: seq}, "v": {0: b, 2: seq}, "mask": {0: b, 2: seq, 3: seq}}
+    m = _check(_SdpaMask(), make, dims, LENGTHS, 1e-5)
+    q, k, v, mask = make(torch.Generator().manual_seed(3), 2, 65)
+    assert not m(q, k, v, mask)[:, :, 0].any()
+
+
+def test_additive_mask_and_plain_softmax_nan_rows() -> None:
+    """A float mask added to the scores; rows entirely -inf under a plain softmax are NaN, as in eager."""
+
+    class _Additive(torch.nn.Module):
+        def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+            s = torch.matmul(q, k.transpose(-1, -2)) * 0.125 + bias
+            return torch.matmul(torch.softmax(s, dim=-1), v)
+
+    def make(g: torch.Generator, b: int, n: int) -> tuple[torch.Tensor, ...]:
+        q, k, v = _qkv(g, b, n, n, 16, 8, 2, 2)
+        bias = torch.randn(b, 1, n, n, generator=g)
+        bias[0, 0, -1] = -math.inf  # the last query row of the first sequence: every score -inf
+        return q, k, v, bias
+
+    b, seq = Dim("batch"), Dim("seq", max=MAX)
+    dims = {"q": {0: b, 2: seq}, "k": {0: b, 2: seq}, "v": {0: b, 2: seq}, "bias": {0: b, 2: seq, 3: seq}}
+    m = _check(_Additive(), make, dims, LENGTHS, 1e-5)
+    q, k, v, bias = make(torch.Generator().manual_seed(4), 2, 7)
+    assert torch.isnan(torch.as_tensor(m(q, k, v, bias))[0, :, -1]).all()
+
+
+@pytest.mark.parametrize("new", [1, 3, 5])
+def test_gqa_decode_against_a_growing_cache(new: int) -> None:
+    """Grouped-query attention (8 query heads over 2 KV heads, read in place) of 1, 3 or 5 new rows
+    against a KV cache of 1 .. 1024 positions (both variants: rows and blocked)."""
+    past = Dim("past", max=1024)
+    dims = {"q": {0: Dim("batch")}, "k": {0: Dim("batch"), 2: past}, "v": {0: Dim("batch"), 2: past}}
+
+    def make(g: torch.Generator, b: int, n: int) -> tuple[torch.Tensor, ...]:
+        return _qkv(g, b, new, n, 8, 8, 8, 2)
+
+    _check(_Sdpa(gqa=True), make, dims, (1, 2, 31, 64, 65, 200, 1023, 1024), 1e-5)
