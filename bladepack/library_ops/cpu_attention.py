@@ -164,7 +164,7 @@ def _kernel(em: Emitter, att: Attention, blocked: bool) -> None:
                 em.line(
                     f"const {t}* BPK_RESTRICT qr{q}_ = qp_ + std::min<int64_t>(q0_ + g_ + {q}, {r(sq)} - 1) * {r(s_qi)};"
                 )
-            em.line(f"for (int c = 0; c < {kb}; c += {vl}) {{")
+            em.line(f"for (int c = 0; c < nk_; c += {vl}) {{  // whole vectors up to the last key")
             em.line(f"  {t} " + ", ".join(f"a{q}_[{vl}] = {{}}" for q in rows) + ";")
             em.line(f"  for (int d = 0; d < {d}; ++d) {{")
             em.line(f"    const {t}* BPK_RESTRICT kr_ = kt_ + d * {kb} + c;")
@@ -281,12 +281,12 @@ def _kernel(em: Emitter, att: Attention, blocked: bool) -> None:
             if not blocked:
                 em.loop(["for (int64_t qi = 0; qi < nq_; ++qi) {"], [qi], query_row)
                 return
-            # the block's keys transposed, [D][KB], zero past the last key
+            # the block's keys transposed, [D][KB], zero from the last key to the end of its vector
             em.line("for (int64_t jj = 0; jj < nk_; ++jj) {")
             em.line(f"  const {t}* BPK_RESTRICT kr_ = kp_ + (k0 + jj) * {r(s_kj)};")
             em.line(f"  for (int d = 0; d < {d}; ++d) kt_[d * {kb} + jj] = kr_[d * {r(s_kd)}];")
             em.line("}")
-            em.line(f"for (int64_t jj = nk_; jj < {kb}; ++jj)")
+            em.line(f"for (int64_t jj = nk_; jj < (nk_ + {vl - 1}) / {vl} * {vl}; ++jj)")
             em.line(f"  for (int d = 0; d < {d}; ++d) kt_[d * {kb} + jj] = {t}(0);")
             em.line(f"alignas(64) {t} s_[4][{kb}];")
             em.loop(["for (int64_t g_ = 0; g_ < nq_; g_ += 4) {"], [], row_group)
