@@ -23,6 +23,7 @@ Head dims are compile-time constants; the key block KB is 64 (32 / 16 for head d
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -189,18 +190,31 @@ def _kernel(em: Emitter, att: Attention, blocked: bool) -> None:
             em.scopes[-1].syms.update(qc)
             em.line(f"{t} " + ", ".join(f"mb{q}_ = {ninf}" for q in rows) + ";")
 
-            def chain4() -> None:
+            def chain4(key: sympy.Expr, last: bool) -> None:
+                """`last`: the last, partial key block, run over whole vectors: lanes past the last key
+                read the chain's operands at the last key and score -inf (no scalar remainder)."""
+                if last:
+                    em.declare("const int64_t jc_ = k0 + (jj < nk_ ? jj : nk_ - 1);", "jc_")
+                    em.scopes[-1].syms.add(key)
                 for q in rows:
-                    at = (*syms, qc[q], k0 + jj)
+                    at = (*syms, qc[q], key)
                     em.bind(att.scores, at, f"s_[{q}][jj]")
                     x = em.eval(chain_end, at)
-                    em.line(f"s_[{q}][jj] = {x};")
+                    em.line(f"s_[{q}][jj] = {f'jj < nk_ ? {x} : {ninf}' if last else x};")
                     em.line(f"mb{q}_ = s_[{q}][jj] > mb{q}_ ? s_[{q}][jj] : mb{q}_;")
 
             maxes = ",".join(f"mb{q}_" for q in rows)
-            em.loop(
-                [f"#pragma omp simd reduction(max:{maxes})", "for (int64_t jj = 0; jj < nk_; ++jj) {"], [jj], chain4
-            )
+            whole = (f"for (int64_t jj = 0; jj < {kb}; ++jj) {{", k0 + jj, False)
+            last = ("for (int64_t jj = 0; jj < nkv_; ++jj) {", Loop("jc_"), True)
+            for head, (loop, key, partial) in zip((f"if (nk_ == {kb}) {{", "} else {"), (whole, last)):
+                em.line(head)
+                branch = em.push(barrier=True)  # nothing either branch computes is visible to the other
+                em.loop(
+                    [f"#pragma omp simd reduction(max:{maxes})", loop], [jj], functools.partial(chain4, key, partial)
+                )
+                em.pop()
+                em.scopes[-1].lines.extend("  " + ln for ln in branch.lines)
+            em.line("}")
             for q in rows:
                 em.line("{")
                 em.line(f"  const int64_t qi_ = g_ + {q};")
@@ -215,7 +229,7 @@ def _kernel(em: Emitter, att: Attention, blocked: bool) -> None:
             em.line(f"const {t} " + ", ".join(f"mx{q}_ = m_[g_ + {q}]" for q in rows) + ";")
             em.line(f"{t} " + ", ".join(f"ls{q}_ = {t}(0)" for q in rows) + ";")
             em.line(f"#pragma omp simd reduction(+:{','.join(f'ls{q}_' for q in rows)})")
-            em.line("for (int64_t jj = 0; jj < nk_; ++jj) {")
+            em.line("for (int64_t jj = 0; jj < nkv_; ++jj) {  // lanes past the last key are -inf: 0")
             for q in rows:
                 em.line(f"  const {t} p{q}_ = s_[{q}][jj] == {ninf} ? {t}(0) : bpk::vexp(s_[{q}][jj] - mx{q}_);")
                 em.line(f"  s_[{q}][jj] = p{q}_;")
@@ -286,7 +300,8 @@ def _kernel(em: Emitter, att: Attention, blocked: bool) -> None:
             em.line(f"  const {t}* BPK_RESTRICT kr_ = kp_ + (k0 + jj) * {r(s_kj)};")
             em.line(f"  for (int d = 0; d < {d}; ++d) kt_[d * {kb} + jj] = kr_[d * {r(s_kd)}];")
             em.line("}")
-            em.line(f"for (int64_t jj = nk_; jj < (nk_ + {vl - 1}) / {vl} * {vl}; ++jj)")
+            em.line(f"const int64_t nkv_ = (nk_ + {vl - 1}) / {vl} * {vl};")
+            em.line("for (int64_t jj = nk_; jj < nkv_; ++jj)")
             em.line(f"  for (int d = 0; d < {d}; ++d) kt_[d * {kb} + jj] = {t}(0);")
             em.line(f"alignas(64) {t} s_[4][{kb}];")
             em.loop(["for (int64_t g_ = 0; g_ < nq_; g_ += 4) {"], [], row_group)
