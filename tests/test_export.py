@@ -195,6 +195,7 @@ def test_dump_writes_every_stage(tmp_path, monkeypatch: pytest.MonkeyPatch) -> N
         "04-direct_conv.ir",
         "05-conv_layout.ir",
         "06-pack_linear.ir",
+        "07-matmul_scalars.ir",
         "fusion_plan.txt",
         "kernels_cpu.cc",
         "plan.txt",

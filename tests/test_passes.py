@@ -256,3 +256,38 @@ def test_fused_attention_golden() -> None:
           k2: loop[q_dim0, 4, q_dim2, 8] -> %32 = {add%32}
         """)
     assert "attention" not in fusion_for(p, target="cuda").text(p.graph)
+
+
+class _ScaledOperands(torch.nn.Module):
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        a = torch.matmul(q * 0.5, (k * 0.25).transpose(-1, -2))
+        kk = k * 3.0
+        return a, torch.matmul(q, kk.transpose(-1, -2)), kk
+
+
+def test_matmul_scalars_golden() -> None:
+    """Scalar factors move from a matmul's operands (directly or under a transpose) onto its product;
+    a scaled operand that is also returned keeps its mul."""
+    from bladepack.passes.matmul_scalars import matmul_scalars
+
+    def sample(b: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(b, n, 8), torch.randn(b, n, 8)
+
+    p = _program(_ScaledOperands(), [sample(2, 5), sample(3, 7)])
+    q = matmul_scalars(p)
+    assert print_graph(q.graph, q.shape_env) == textwrap.dedent("""\
+        symbols { k_dim1: [1, inf], q_dim0: [1, inf], q_dim1: [1, inf] }
+        graph(%0 q: f32[q_dim0, q_dim1, 8], %1 k: f32[q_dim0, k_dim1, 8]) {
+          %2: f32[] = constant() {value=0.5}
+          %3: f32[] = constant() {value=0.25}
+          %4: f32[q_dim0, 8, k_dim1] = permute(%1) {perm=(0, 2, 1)}
+          %5: f32[q_dim0, q_dim1, k_dim1] = matmul(%0, %4) {transpose_b=False}
+          %6: f32[q_dim0, q_dim1, k_dim1] = mul(%5, %2)
+          %7: f32[q_dim0, q_dim1, k_dim1] = mul(%6, %3)
+          %8: f32[] = constant() {value=3.0}
+          %9: f32[q_dim0, k_dim1, 8] = mul(%1, %8)
+          %10: f32[q_dim0, 8, k_dim1] = permute(%9) {perm=(0, 2, 1)}
+          %11: f32[q_dim0, q_dim1, k_dim1] = matmul(%0, %10) {transpose_b=False}
+          return %7, %11, %9
+        }
+        """)

@@ -14,10 +14,12 @@ output accumulator acc[Dv] (acc and l rescaled by exp(m_old - m_new) when the ma
 l = 0: a safe softmax (sdpa) gives 0 there, a plain one NaN — what torch gives; a NaN score makes its
 row NaN; a +inf score makes it NaN (exp(inf - inf)), as in torch.
 
-Variants (chosen by the shape program on the query rows): "_blocked" for Sq >= 4 packs each key block
-transposed ([D][KB]) once per block of 16 query rows, so a score vector is D broadcast FMAs over
-contiguous lanes; "_rows" for fewer query rows (decoding: one new token against the whole KV cache)
-takes each score as a dot product over the head dim straight from K, with no packing to amortize.
+Variants (chosen by the shape program on the query rows Sq): "_wide" for Sq >= 64 and "_blocked" for
+Sq >= 4 pack each key block transposed ([D][KB]) once for 64 / 16 query rows and take the rows four
+at a time (each packed key vector feeds four FMAs, each V row four accumulators, the chain's loads
+shared by the four); "_rows" for fewer query rows (decoding: a few new tokens against the whole KV
+cache) takes each score as a dot product over the head dim straight from K, with no packing to
+amortize. The last, partial key block runs over whole vectors (lanes past the last key score -inf).
 Head dims are compile-time constants; the key block KB is 64 (32 / 16 for head dims past 128 / 256).
 """
 
@@ -38,6 +40,7 @@ from bladepack.ir.types import IRDim
 from bladepack.ir.views import View, head_view, simplify
 
 BLOCK_ROWS = 16  # query rows per parallel row in the blocked variant
+WIDE_ROWS = 64  # ... in the wide variant, from this many query rows
 ROWS_MIN = 4  # the blocked variant from this many query rows
 
 
@@ -63,19 +66,29 @@ def _lead_index(shape: Sequence[IRDim], lead: Sequence[IRDim], syms: Sequence[sy
 
 
 def attention_variants(att: Attention, ctx: KernelContext) -> list[tuple[str, Any, Callable[[Emitter], None]]]:
-    sq = ctx.types[att.scores].shape[-2]
-    blocked = sympy.Ge(sq, ROWS_MIN) if not isinstance(sq, int) else sympy.sympify(sq >= ROWS_MIN)
-    if blocked is sympy.true:
-        return [("", sympy.true, lambda em: _kernel(em, att, True))]
-    if blocked is sympy.false:
-        return [("", sympy.true, lambda em: _kernel(em, att, False))]
-    return [
-        ("_blocked", blocked, lambda em: _kernel(em, att, True)),
-        ("_rows", sympy.true, lambda em: _kernel(em, att, False)),
-    ]
+    """Note [Online softmax on CPU]: `_wide` (Sq >= 64: 64 query rows share each packed key block),
+    `_blocked` (Sq >= 4: 16 rows), `_rows` (decoding); the first whose predicate holds runs."""
+    sq = sympy.sympify(att_rows(att, ctx))
+    plans: list[tuple[str, Any, Callable[[Emitter], None]]] = []
+    for name, lo, blocked, rows in (("_wide", WIDE_ROWS, True, WIDE_ROWS), ("_blocked", ROWS_MIN, True, BLOCK_ROWS)):
+        pred = sympy.Ge(sq, lo)
+        if pred is not sympy.false:
+            plans.append((name, pred, functools.partial(_kernel, att=att, blocked=blocked, qb=rows)))
+        if pred is sympy.true:
+            break
+    if not plans or plans[-1][1] is not sympy.true:
+        plans.append(("_rows", sympy.true, functools.partial(_kernel, att=att, blocked=False, qb=ROWS_MIN)))
+    if len(plans) == 1:
+        return [("", sympy.true, plans[0][2])]
+    return plans
 
 
-def _kernel(em: Emitter, att: Attention, blocked: bool) -> None:
+def att_rows(att: Attention, ctx: KernelContext) -> IRDim:
+    """The query rows Sq of an attention."""
+    return ctx.types[att.scores].shape[-2]
+
+
+def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
     ctx = em.ctx
     out_t = ctx.types[att.out]
     scores_t = ctx.types[att.scores]
@@ -88,7 +101,6 @@ def _kernel(em: Emitter, att: Attention, blocked: bool) -> None:
     dv = out_t.shape[-1]
     assert isinstance(d, int) and isinstance(dv, int)
     kb = _key_block(d)
-    qb = BLOCK_ROWS if blocked else ROWS_MIN
     qv, kv, vv = (_head_view(ctx, x) for x in (att.q, att.k, att.v))
     pq, pk, pv = (em.ptr_load(x.base) for x in (qv, kv, vv))
     s_qi, s_qd = qv.strides[-2], qv.strides[-1]

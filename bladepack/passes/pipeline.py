@@ -17,6 +17,7 @@ from bladepack.passes.conv_layout import conv_layout
 from bladepack.passes.dce import dead_code_elimination
 from bladepack.passes.decompose import decompose
 from bladepack.passes.direct_conv import direct_conv
+from bladepack.passes.matmul_scalars import matmul_scalars
 from bladepack.passes.pack_linear import pack_linear
 
 Pass = Callable[[Program], Program]
@@ -28,6 +29,7 @@ PIPELINE: list[tuple[Pass, str]] = [
     (direct_conv, "small convolutions as direct kernels on weights packed at optimize time"),
     (conv_layout, "channel-major convolution results, so one GEMM covers the whole batch"),
     (pack_linear, "linear layers' weights stored [K, N], so few-row products need no lane sums (CPU only)"),
+    (matmul_scalars, "scalar factors of matmul operands onto the product, so attention reads its operands in place"),
 ]
 CPU_ONLY = frozenset({pack_linear})
 
