@@ -60,7 +60,9 @@ def test_encoder_layer_is_at_most_eight_kernels_plus_gemms() -> None:
     head = plan.fusion_text.splitlines()[0]
     kernels, gemms = (int(w) for w in head.split(":")[1].replace(",", "").split()[0:4:2])
     assert head.endswith("0 reference steps"), plan.fusion_text
-    assert kernels <= 8 and gemms == 6, plan.fusion_text
+    # six GEMMs: the QKV and output projections and the feed-forward's two as library calls, the two
+    # of attention inside its fused kernel (Note [Fused attention])
+    assert kernels <= 8 and gemms == 4 and "1 fused attentions" in head, plan.fusion_text
 
 
 def test_direct_conv_packs_weights_golden() -> None:

@@ -137,7 +137,8 @@ def test_tampered_weight_is_caught(artifacts: dict[str, Artifact], tmp_path: Pat
     assert report["passed"] is False and not any(c["passed"] for c in report["cases"]), report
     assert cli(["verify", str(path)]) == 1
     out = capsys.readouterr().out
-    assert "FAIL: output 'output0' differs" in out and "verify: FAILED (0 of 2 cases)" in out, out
+    cases = len(report["cases"])
+    assert "FAIL: output 'output0' differs" in out and f"verify: FAILED (0 of {cases} cases)" in out, out
     good = tmp_path / "good.bpk"
     art.save(good)
     assert cli(["verify", str(good), "--json"]) == 0
@@ -196,14 +197,14 @@ def test_wrong_blas_is_caught(
 
 
 def test_miscompiled_variant_is_caught_and_named(artifacts: dict[str, Artifact]) -> None:
-    """The encoder's softmax has a SIMD and a scalar variant; a library whose SIMD variant scales the
-    scores by the wrong constant (a miscompile) fails exactly the cases that ran it."""
+    """The encoder's fused attention has a wide, a blocked and a rows variant; a library whose wide
+    variant scales the scores by the wrong constant (a miscompile) fails exactly the cases that ran it."""
     from bladepack.codegen.toolchain import build_libraries, find_compiler
     from bladepack.options import Options
 
     art = artifacts["encoder"]
     src = art.sources.cpu_source
-    start = src.index("k2_simd(")
+    start = src.index("k2_wide(")
     body_end = src.index("\n}\n", start)
     body = src[start:body_end]
     assert "= 4.0f;" in body, body[:1500]  # 1 / sqrt(head dim 16)
@@ -215,9 +216,9 @@ def test_miscompiled_variant_is_caught_and_named(artifacts: dict[str, Artifact])
     bad.cpu_libraries = [(lib.isa.name, lib.isa.requires, lib.data) for lib in libs]
     report = bladepack.load(bad.to_bytes()).verify()
     for case in report["cases"]:
-        ran_simd = "cpu k2 k2_simd" in case["ran"]
-        assert case["passed"] is not ran_simd, case
-    assert any("cpu k2 k2_simd" in c["ran"] for c in report["cases"])
+        ran_wide = "cpu k2 k2_wide" in case["ran"]
+        assert case["passed"] is not ran_wide, case
+    assert any("cpu k2 k2_wide" in c["ran"] for c in report["cases"])
 
 
 def _verdicts(text: str) -> list[str]:
@@ -295,8 +296,9 @@ def test_budget_limits_the_cases(tmp_path: Path) -> None:
     from bladepack.inspect import inspect_text, manifest_summary
 
     text = inspect_text(manifest_summary(small._parts()[0]))
-    assert "reference cases: 1 (batch=1, seq=1), oracle torch eager;" in text, text
-    assert "  not covered: cpu k2 k2_simd (over the reference-case budget)" in text, text
+    # two small cases fit: seq 1 runs the fused attention's rows variant, seq 8 its blocked one
+    assert "reference cases: 2 (batch=1, seq=1; batch=1, seq=8), oracle torch eager;" in text, text
+    assert "  not covered: cpu k2 k2_wide (over the reference-case budget)" in text, text
 
 
 def test_onnx_models_verify_against_onnx_reference(tmp_path: Path) -> None:
