@@ -68,7 +68,7 @@ def _lead_index(shape: Sequence[IRDim], lead: Sequence[IRDim], syms: Sequence[sy
 def attention_variants(att: Attention, ctx: KernelContext) -> list[tuple[str, Any, Callable[[Emitter], None]]]:
     """Note [Online softmax on CPU]: `_wide` (Sq >= 64: 64 query rows share each packed key block),
     `_blocked` (Sq >= 4: 16 rows), `_rows` (decoding); the first whose predicate holds runs."""
-    sq = sympy.sympify(att_rows(att, ctx))
+    sq = sympy.sympify(ctx.types[att.scores].shape[-2])  # the query rows
     plans: list[tuple[str, Any, Callable[[Emitter], None]]] = []
     for name, lo, blocked, rows in (("_wide", WIDE_ROWS, True, WIDE_ROWS), ("_blocked", ROWS_MIN, True, BLOCK_ROWS)):
         pred = sympy.Ge(sq, lo)
@@ -81,11 +81,6 @@ def attention_variants(att: Attention, ctx: KernelContext) -> list[tuple[str, An
     if len(plans) == 1:
         return [("", sympy.true, plans[0][2])]
     return plans
-
-
-def att_rows(att: Attention, ctx: KernelContext) -> IRDim:
-    """The query rows Sq of an attention."""
-    return ctx.types[att.scores].shape[-2]
 
 
 def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
