@@ -141,3 +141,25 @@ def test_gqa_decode_against_a_growing_cache(new: int) -> None:
         return _qkv(g, b, new, n, 8, 8, 8, 2)
 
     _check(_Sdpa(gqa=True), make, dims, (1, 2, 31, 64, 65, 200, 1023, 1024), 1e-5)
+
+
+def test_empty_key_range_gives_zero() -> None:
+    """With no keys (a KV length of 0 in range) the product is an empty sum: 0 under a plain softmax,
+    as torch gives, not the NaN of a row whose scores are all -inf."""
+
+    class _Plain(torch.nn.Module):
+        def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return torch.matmul(torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * 0.125, dim=-1), v)
+
+    kv = Dim("kv", min=0, max=100)
+
+    def make(g: torch.Generator, b: int, n: int) -> tuple[torch.Tensor, ...]:
+        return _qkv(g, b, 3, n, 8, 8, 2, 2)
+
+    _check(
+        _Plain(),
+        make,
+        {"q": {0: Dim("batch")}, "k": {0: Dim("batch"), 2: kv}, "v": {0: Dim("batch"), 2: kv}},
+        (0, 1, 5, 100),
+        1e-5,
+    )

@@ -11,8 +11,9 @@ the first matmul's value bound to the score), and folds the block into a running
 output accumulator acc[Dv] (acc and l rescaled by exp(m_old - m_new) when the maximum grows). So no
 [Sq, Skv] tensor is written, and the scores are read once. Accumulation is in the kernel's type
 (float32 or float64), as torch's softmax and matmul accumulate. Rows that stay entirely -inf end with
-l = 0: a safe softmax (sdpa) gives 0 there, a plain one NaN — what torch gives; a NaN score makes its
-row NaN; a +inf score makes it NaN (exp(inf - inf)), as in torch.
+l = 0: a safe softmax (sdpa) gives 0 there, a plain one NaN — what torch gives (with no keys at all,
+Skv = 0, both give 0: an empty matmul); a NaN score makes its row NaN; a +inf score makes it NaN
+(exp(inf - inf)), as in torch.
 
 Variants (chosen by the shape program on the query rows Sq): "_wide" for Sq >= 64 and "_blocked" for
 Sq >= 4 pack each key block transposed ([D][KB]) once for 64 / 16 query rows and take the rows four
@@ -314,8 +315,11 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
             em.loop(["for (int64_t g_ = 0; g_ < nq_; g_ += 4) {"], [], row_group)
 
         em.loop([f"for (int64_t k0 = 0; k0 < {r(skv)}; k0 += {kb}) {{"], [k0], key_block)
-        empty = f"{t}(0)" if safe else f"std::numeric_limits<{t}>::quiet_NaN()"
-        em.line("for (int64_t q = 0; q < nq_; ++q) {  // a row with every score -inf: l = 0")
+        # a row with every score -inf (l = 0) is 0 under a safe softmax, NaN under a plain one; with no
+        # keys at all the product is an empty sum: 0, as torch's matmul gives
+        nan = f"std::numeric_limits<{t}>::quiet_NaN()"
+        empty = f"{t}(0)" if safe else f"({r(skv)} == 0 ? {t}(0) : {nan})"
+        em.line("for (int64_t q = 0; q < nq_; ++q) {")
         em.line(f"  const {t} inv_ = l_[q] == {t}(0) ? {empty} : {t}(1) / l_[q];")
         em.line(f"  for (int e = 0; e < {dv}; ++e) op_[(q0_ + q) * {dv} + e] = acc_[q * {dv} + e] * inv_;")
         em.line("}")
