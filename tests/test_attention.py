@@ -86,10 +86,11 @@ def _qkv(g: torch.Generator, b: int, sq: int, skv: int, d: int = 40, dv: int = 2
 
 
 def test_causal_prefill_odd_head_dims() -> None:
-    """is_causal over a square score matrix; head dims 40 (scores) and 24 (values), not vector multiples."""
+    """is_causal over a square score matrix; head dims 40 (scores) and 48 (values: three vectors, so the
+    wide variant takes its rows four at a time), not vector multiples."""
     seq = Dim("seq", max=MAX)
     dims = {"q": {0: Dim("batch"), 2: seq}, "k": {0: Dim("batch"), 2: seq}, "v": {0: Dim("batch"), 2: seq}}
-    _check(_Sdpa(causal=True), lambda g, b, n: _qkv(g, b, n, n), dims, LENGTHS, 1e-5)
+    _check(_Sdpa(causal=True), lambda g, b, n: _qkv(g, b, n, n, 40, 48), dims, LENGTHS, 1e-5)
 
 
 def test_bool_mask_fully_masked_rows_give_zero() -> None:
@@ -118,7 +119,7 @@ def test_additive_mask_and_plain_softmax_nan_rows() -> None:
             return torch.matmul(torch.softmax(s, dim=-1), v)
 
     def make(g: torch.Generator, b: int, n: int) -> tuple[torch.Tensor, ...]:
-        q, k, v = _qkv(g, b, n, n, 16, 8, 2, 2)
+        q, k, v = _qkv(g, b, n, n, 16, 24, 2, 2)
         bias = torch.randn(b, 1, n, n, generator=g)
         bias[0, 0, -1] = -math.inf  # the last query row of the first sequence: every score -inf
         return q, k, v, bias
