@@ -164,3 +164,23 @@ def test_empty_key_range_gives_zero() -> None:
         (0, 1, 5, 100),
         1e-5,
     )
+
+
+def test_attention_whose_output_is_the_next_ones_scores() -> None:
+    """softmax(softmax(q @ kT) @ v) @ w: the second softmax's scores are the first attention's output;
+    the first fuses, the second runs as GEMMs and a row kernel; both equal eager."""
+
+    class _Chained(torch.nn.Module):
+        def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            a = torch.matmul(torch.softmax(torch.matmul(q, k.transpose(-1, -2)), dim=-1), v)
+            return torch.matmul(torch.softmax(a, dim=-1), w)
+
+    def make(g: torch.Generator, b: int, n: int) -> tuple[torch.Tensor, ...]:
+        q, k, v = _qkv(g, b, n, 8, 8, 8, 2, 2)  # eight keys: the second's head dims are constants too
+        return q, k, v, torch.randn(b, 2, 8, 8, generator=g)
+
+    b, seq = Dim("batch"), Dim("seq", max=MAX)
+    dims = {"q": {0: b, 2: seq}, "k": {0: b}, "v": {0: b}, "w": {0: b}}
+    m = _check(_Chained(), make, dims, (1, 5, 64, 65), 1e-5)
+    # the fused first attention and the second's softmax; nothing left to the reference executor
+    assert sorted(_kinds(m)) == ["attention", "row"], _kinds(m)

@@ -200,7 +200,10 @@ class _Planner:
                 outputs,
                 lambda a, b: self.guards[a] == self.guards[b],
             )
-            if att is None or self.roles[att.scores] is not Role.LIBRARY or att.scores in self.in_attention:
+            if att is None or self.roles[att.scores] is not Role.LIBRARY:
+                continue
+            # attentions chained through their matmuls (one's output the other's scores): the first fuses
+            if att.scores in self.in_attention or att.scores in self.attention or n.id in self.in_attention:
                 continue
             self.attention[n.id] = att
             self.in_attention.update((att.scores, att.probs, *att.chain))
