@@ -57,9 +57,6 @@ class Attention:
     v: int
     nodes: tuple[int, ...] = ()  # every node the kernel computes (the chain's side inputs too), in order
 
-    def describe(self) -> str:
-        return "fused attention"
-
 
 @dataclass(frozen=True)
 class KernelSpec:

@@ -72,10 +72,10 @@ def attention_variants(att: Attention, ctx: KernelContext) -> list[tuple[str, An
     `_blocked` (Sq >= 4: 16 rows), `_rows` (decoding); the first whose predicate holds runs."""
     sq = sympy.sympify(ctx.types[att.scores].shape[-2])  # the query rows
     plans: list[tuple[str, Any, Callable[[Emitter], None]]] = []
-    for name, lo, blocked, rows in (("_wide", WIDE_ROWS, True, WIDE_ROWS), ("_blocked", ROWS_MIN, True, BLOCK_ROWS)):
+    for name, lo, rows in (("_wide", WIDE_ROWS, WIDE_ROWS), ("_blocked", ROWS_MIN, BLOCK_ROWS)):
         pred = sympy.Ge(sq, lo)
         if pred is not sympy.false:
-            plans.append((name, pred, functools.partial(_kernel, att=att, blocked=blocked, qb=rows)))
+            plans.append((name, pred, functools.partial(_kernel, att=att, blocked=True, qb=rows)))
         if pred is sympy.true:
             break
     if not plans or plans[-1][1] is not sympy.true:
@@ -144,6 +144,17 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
             em.line(f"{row}[jj] = {x};")
             em.line(f"mb_ = {row}[jj] > mb_ ? {row}[jj] : mb_;")
 
+        def grow_max(row: str, block_max: str) -> None:
+            """Row `row`'s running maximum takes the block's; when it grows, what the earlier blocks
+            summed (l and the accumulator row) is rescaled by exp(m_old - m_new)."""
+            em.line(f"const {t} mo_ = m_[{row}], mn_ = mo_ > {block_max} ? mo_ : {block_max};")
+            em.line("if (mn_ != mo_) {")
+            em.line(f"  const {t} al_ = bpk::vexp(mo_ - mn_);")
+            em.line(f"  l_[{row}] *= al_;")
+            em.line(f"  for (int e = 0; e < {dv}; ++e) acc_[{row} * {dv} + e] *= al_;")
+            em.line(f"  m_[{row}] = mn_;")
+            em.line("}")
+
         def softmax_row(row: str) -> None:
             """The chain on one query row's block of scores, the running max / sum update, then the
             scores become probabilities exp(s - m) in place."""
@@ -153,13 +164,7 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
                 [jj],
                 lambda: chain(row),
             )
-            em.line(f"const {t} mo_ = m_[qi], mn_ = mo_ > mb_ ? mo_ : mb_;")
-            em.line("if (mn_ != mo_) {  // the running maximum grew: rescale what the earlier blocks summed")
-            em.line(f"  const {t} al_ = bpk::vexp(mo_ - mn_);")
-            em.line("  l_[qi] *= al_;")
-            em.line(f"  for (int e = 0; e < {dv}; ++e) acc_[qi * {dv} + e] *= al_;")
-            em.line("  m_[qi] = mn_;")
-            em.line("}")
+            grow_max("qi", "mb_")
             em.line(f"{t} ls_ = {t}(0);")
             em.line("#pragma omp simd reduction(+:ls_)")
             em.line("for (int64_t jj = 0; jj < nk_; ++jj) {")
@@ -202,7 +207,7 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
             em.scopes[-1].syms.update(qc)
             em.line(f"{t} " + ", ".join(f"mb{q}_ = {ninf}" for q in rows) + ";")
 
-            def chain4(key: sympy.Expr, last: bool) -> None:
+            def chain_group(key: sympy.Expr, last: bool) -> None:
                 """`last`: the last, partial key block, run over whole vectors: lanes past the last key
                 read the chain's operands at the last key and score -inf (no scalar remainder)."""
                 if last:
@@ -222,21 +227,16 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
                 em.line(head)
                 branch = em.push(barrier=True)  # nothing either branch computes is visible to the other
                 em.loop(
-                    [f"#pragma omp simd reduction(max:{maxes})", loop], [jj], functools.partial(chain4, key, partial)
+                    [f"#pragma omp simd reduction(max:{maxes})", loop],
+                    [jj],
+                    functools.partial(chain_group, key, partial),
                 )
                 em.pop()
                 em.scopes[-1].lines.extend("  " + ln for ln in branch.lines)
             em.line("}")
             for q in rows:
                 em.line("{")
-                em.line(f"  const int64_t qi_ = g_ + {q};")
-                em.line(f"  const {t} mo_ = m_[qi_], mn_ = mo_ > mb{q}_ ? mo_ : mb{q}_;")
-                em.line("  if (mn_ != mo_) {  // the running maximum grew: rescale what earlier blocks summed")
-                em.line(f"    const {t} al_ = bpk::vexp(mo_ - mn_);")
-                em.line("    l_[qi_] *= al_;")
-                em.line(f"    for (int e = 0; e < {dv}; ++e) acc_[qi_ * {dv} + e] *= al_;")
-                em.line("    m_[qi_] = mn_;")
-                em.line("  }")
+                grow_max(f"(g_ + {q})", f"mb{q}_")
                 em.line("}")
             em.line(f"const {t} " + ", ".join(f"mx{q}_ = m_[g_ + {q}]" for q in rows) + ";")
             em.line(f"{t} " + ", ".join(f"ls{q}_ = {t}(0)" for q in rows) + ";")

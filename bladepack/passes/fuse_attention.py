@@ -62,26 +62,30 @@ def find_attention(
     scores_t = types[probs.id]
     if probs.attrs.axis % scores_t.rank != scores_t.rank - 1 or scores_t.dtype != out.type.dtype:
         return None
-    chain: list[int] = []
-    cur = probs.inputs[0]
-    while True:
-        n = nodes.get(cur)
-        if n is None or not private(cur, probs.id if not chain else chain[-1]):
+
+    def path(v: int, user: int) -> list[int] | None:
+        """[v, ..., the scores' matmul] when v (read by `user`) reaches a matmul through private
+        elementwise ops on the scores' shape and type; the chain goes through exactly one operand."""
+        n = nodes.get(v)
+        if n is None or not private(v, user) or not _same(n.type.shape, scores_t.shape):
             return None
-        if not _same(types[cur].shape, scores_t.shape) or types[cur].dtype != scores_t.dtype:
+        if n.type.dtype != scores_t.dtype:
             return None
         if n.op is OpKind.MATMUL:
-            break
+            return [v]
         cls = OP_INFO[n.op].op_class
-        if cls not in (OpClass.ELEMENTWISE, OpClass.BROADCAST) or n.op is OpKind.EXPAND or not inline_ok(cur):
+        if cls not in (OpClass.ELEMENTWISE, OpClass.BROADCAST) or n.op is OpKind.EXPAND or not inline_ok(v):
             return None
-        # the chain continues through the one operand on the scores' shape that leads to a matmul
-        onward = [i for i in n.inputs if _leads_to_matmul(i, nodes, users, n.id, scores_t)]
-        if len(onward) != 1 or n.inputs.count(onward[0]) != 1:
+        found = [q for i in dict.fromkeys(n.inputs) if (q := path(i, v)) is not None]
+        if len(found) != 1 or n.inputs.count(found[0][0]) != 1:
             return None
-        chain.append(cur)
-        cur = onward[0]
-    scores = nodes[cur]
+        return [v, *found[0]]
+
+    walk = path(probs.inputs[0], probs.id)
+    if walk is None:
+        return None
+    scores = nodes[walk[-1]]
+    chain = walk[-2::-1]  # from the scores to the softmax's input
     a = scores.attrs
     assert isinstance(a, MatmulAttrs)
     q, k = scores.inputs
@@ -97,27 +101,7 @@ def find_attention(
     lead = scores_t.shape[:-2]
     if not _same(out.type.shape[:-1], (*lead, scores_t.shape[-2])):
         return None
-    return Attention(out.id, scores.id, probs.id, tuple(reversed(chain)), q, k, v)
-
-
-def _leads_to_matmul(
-    v: int, nodes: Mapping[int, Node], users: Mapping[int, Sequence[int]], user: int, scores_t: TensorType
-) -> bool:
-    """v is the scores' matmul, or an elementwise op on the scores' shape used only by `user` that
-    leads to it."""
-    while True:
-        n = nodes.get(v)
-        if n is None or list(users.get(v, ())) != [user] or not _same(n.type.shape, scores_t.shape):
-            return False
-        if n.op is OpKind.MATMUL:
-            return True
-        cls = OP_INFO[n.op].op_class
-        if cls not in (OpClass.ELEMENTWISE, OpClass.BROADCAST) or n.op is OpKind.EXPAND:
-            return False
-        nxt = [i for i in n.inputs if i in nodes and _same(nodes[i].type.shape, scores_t.shape)]
-        if len(nxt) != 1:
-            return any(_leads_to_matmul(i, nodes, users, v, scores_t) for i in nxt)
-        user, v = v, nxt[0]
+    return Attention(out.id, scores.id, probs.id, tuple(chain), q, k, v)
 
 
 def side_inputs(att: Attention, nodes: Mapping[int, Node]) -> list[int]:
