@@ -220,3 +220,18 @@ def test_float16_gemm_shapes() -> None:
         for o, e in zip(mod(a, b), Mm()(a.float(), b.float())):
             assert o.dtype == torch.float16
             assert rel_err(o.float().numpy(), e.half().float().numpy()) <= 1e-3, (bsz, m, k, n)
+
+
+def test_bfloat16_device_tensor_metadata_passes_the_input_check() -> None:
+    """A CUDA module reads a device tensor's shape and dtype through DLPack (cuda_module._Meta, dtype
+    named bfloat16, not the host's uint16 bit patterns): a bfloat16 input must pass, another dtype must
+    not. On an H200 every torch bfloat16 CUDA tensor was refused with "has dtype bfloat16; expected
+    bfloat16" before the check knew the device name."""
+    from bladepack.loader.cuda_module import _Dtype, _Meta
+    from bladepack.loader.signature import Signature, SymbolSpec, TensorSpec, check_inputs
+
+    sig = Signature((TensorSpec("x", "bfloat16", ("m", 8)),), (), (SymbolSpec("m", 1, 64),))
+    check_inputs(sig, [_Meta((3, 8), _Dtype("bfloat16"))])
+    check_inputs(sig, [np.zeros((3, 8), np.uint16)])
+    with pytest.raises(InputError, match="input 'x' has dtype float16; expected bfloat16"):
+        check_inputs(sig, [_Meta((3, 8), _Dtype("float16"))])

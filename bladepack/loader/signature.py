@@ -71,8 +71,8 @@ def check_inputs(sig: Signature, arrays: Sequence[np.ndarray]) -> None:
                 f"input '{spec.name}' has rank {a.ndim} (shape {tuple(a.shape)}); expected rank "
                 f"{len(spec.shape)}: {spec}"
             )
-        if spec.dtype == "bfloat16":  # Note [bfloat16 on the host] (loader/tensors.py)
-            if a.dtype != np.uint16:
+        if spec.dtype == "bfloat16":  # Note [bfloat16 on the host] (loader/tensors.py); a device tensor's
+            if a.dtype.name not in ("uint16", "bfloat16"):  # DLPack dtype is named bfloat16
                 raise InputError(
                     f"input '{spec.name}' has dtype {a.dtype.name}; expected bfloat16 (a torch bfloat16 tensor, "
                     "an ml_dtypes bfloat16 array or uint16 bfloat16 bit patterns)"
