@@ -21,7 +21,7 @@ from bladepack.artifact import format as bpk_format
 from bladepack.artifact.plan import ExecPlan
 from bladepack.artifact.writer import assemble
 from bladepack.errors import BladepackError, CompileError
-from bladepack.options import Options
+from bladepack.options import LoaderOptions, Options
 from bladepack.progress import Progress, configure_logging
 from bladepack.reference_record import DEFAULT_BUDGET
 from bladepack.target import CPU_ONLY, Target
@@ -133,7 +133,11 @@ def _gemm_policy(
 
     cuda = target.cuda
     hopper = cuda and library == "cutlass" and hopper_gemms(target.cuda_images)
-    policy = GemmPolicy(library, options.gemm_configs, samples=samples, hopper=hopper)
+    from bladepack.dtypes import DType
+    from bladepack.library_ops.cutlass.configs import VERIFIED_DTYPES
+
+    dtypes = VERIFIED_DTYPES | ({DType.FLOAT32, DType.FLOAT64} if options.cutlass_unverified else set())
+    policy = GemmPolicy(library, options.gemm_configs, samples=samples, hopper=hopper, dtypes=frozenset(dtypes))
     if not cuda or library != "cutlass" or options.gemm_tuning == "model":
         return policy, None
     from bladepack.loader.cuda_driver import CudaUnavailable, Device
@@ -148,7 +152,7 @@ def _gemm_policy(
 
     profiler = GemmProfiler(device, options.cache_dir, jobs=options.nvcc_jobs)
     notes.append(f"CUTLASS configs chosen by profiling on {device.info.name} ({device.info.arch})")
-    on_hopper = hopper and device.info.compute_capability == (9, 0)
+    on_hopper = hopper and device.info.compute_capability == (9, 0) and LoaderOptions.from_env().hopper_gemms
     policy = dataclasses.replace(policy, measure=profiler, tuned_on=device.info.name, measure_hopper=on_hopper)
     return policy, profiler
 

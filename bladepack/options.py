@@ -12,6 +12,8 @@ BLADEPACK_GEMM_CONFIGS=N  at most N aligned CUTLASS configs per GEMM (default 4;
 BLADEPACK_GEMM_TUNING   how CUTLASS configs are chosen: auto (profile when a CUDA device answers, else the
                         cost model; the default), profile (a device is required), model (never profile)
 BLADEPACK_NVCC_JOBS=N   nvcc processes at once (default 2; an sm_90a CUTLASS unit takes ~3.3 GB)
+BLADEPACK_CUTLASS_UNVERIFIED=1  CUTLASS serves float32 / float64 GEMMs too (default: cuBLAS does; they are not
+                        verified on a GPU, and float32 ones returned NaN on an H200: cutlass/configs.py)
 
 Toolchains (compile side, `Toolchains`):
 CXX                     the C++ compiler (else g++, c++, clang++ on PATH)
@@ -26,6 +28,8 @@ BLADEPACK_BLAS          the BLAS library for CPU GEMMs ("none": the loader's own
 BLADEPACK_CUBLAS        the cuBLAS library (else the nvidia wheels', the system's, CUDA_HOME/lib64)
 BLADEPACK_NUM_THREADS=N CPU kernel threads (default: the cores this process may run on)
 BLADEPACK_SHAPE_CACHE=N input-shape signatures a loaded module keeps prepared (default 4096, as the C++ runtime)
+BLADEPACK_HOPPER_GEMMS=1  dispatch an artifact's sm_90a CUTLASS kernels on compute capability 9.0 (default off:
+                        they faulted on an H200, Note [Hopper GEMMs]; the sm80-class kernels run there instead)
 
 Serving (`ServeOptions`; bladepack serve, serving/triton_server.py):
 BLADEPACK_TRITONSERVER  the tritonserver binary (else tritonserver on PATH, else the nvidia-pytriton wheel's)
@@ -52,6 +56,7 @@ class Options:
     gemm_tuning: str = "auto"
     nvcc_jobs: int = 2
     progress: str = "auto"
+    cutlass_unverified: bool = False
 
     @staticmethod
     def from_env() -> Options:
@@ -66,6 +71,7 @@ class Options:
             gemm_tuning=_choice("BLADEPACK_GEMM_TUNING", ("auto", "profile", "model")),
             nvcc_jobs=_positive("BLADEPACK_NVCC_JOBS", 2),
             progress=_choice("BLADEPACK_PROGRESS", ("auto", "1", "0")),
+            cutlass_unverified=os.environ.get("BLADEPACK_CUTLASS_UNVERIFIED", "0") == "1",
         )
 
 
@@ -104,6 +110,7 @@ class LoaderOptions:
     num_threads: int
     shape_cache: int = 4096
     cuda_graphs: int = 64  # CUDA graphs kept per stream (Note [CUDA graphs] in loader/cuda_graphs.py)
+    hopper_gemms: bool = False  # dispatch sm_90a CUTLASS kernels (Note [Hopper GEMMs])
 
     @staticmethod
     def from_env() -> LoaderOptions:
@@ -116,6 +123,7 @@ class LoaderOptions:
             num_threads=int(get("BLADEPACK_NUM_THREADS", "0") or 0),
             shape_cache=_positive("BLADEPACK_SHAPE_CACHE", 4096),
             cuda_graphs=_positive("BLADEPACK_CUDA_GRAPHS", 64),
+            hopper_gemms=get("BLADEPACK_HOPPER_GEMMS", "0") == "1",
         )
 
 

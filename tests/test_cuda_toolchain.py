@@ -31,8 +31,10 @@ extern "C" __global__ void axpy(float* y, const float* x, __half a, long long n)
 
 def test_every_architecture_and_ptx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("BLADEPACK_CUDA_ARCHES", raising=False)
-    assert targets() == [*CUBIN_ARCHES, PTX_ARCH, HOPPER_GEMM_ARCH]  # sm_90a: CUTLASS GEMMs only
-    assert kernel_targets() == [*CUBIN_ARCHES, PTX_ARCH] and hopper_gemms()
+    # sm_90a (the Hopper CUTLASS GEMMs) only when named: Note [Hopper GEMMs]
+    assert targets() == [*CUBIN_ARCHES, PTX_ARCH] and not hopper_gemms()
+    assert hopper_gemms(["sm_90", HOPPER_GEMM_ARCH]) and targets([HOPPER_GEMM_ARCH]) == [HOPPER_GEMM_ARCH]
+    assert kernel_targets() == [*CUBIN_ARCHES, PTX_ARCH]
     assert kernel_targets(["sm_90a"]) == ["sm_90"] and not hopper_gemms(["sm_90", "compute_90"])
     images = build_images(SOURCE, tmp_path)
     assert sorted(images) == sorted([*CUBIN_ARCHES, PTX_ARCH])

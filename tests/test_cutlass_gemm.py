@@ -90,6 +90,31 @@ def test_dispatch_table(n: int, k: int, hi: int, max_configs: int) -> None:
         assert chosen in aligned and chosen.lo <= key and (chosen.hi is None or key <= chosen.hi)
 
 
+@needs_nvcc
+def test_float32_gemms_of_a_cutlass_plan_run_on_cublas(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUTLASS serves the dtypes verified on a GPU (configs.VERIFIED_DTYPES: float16, bfloat16); a float32
+    plan's GEMMs go to cuBLAS and take no epilogue (on an H200 the float32 epilogue artifact returned
+    NaN), unless BLADEPACK_CUTLASS_UNVERIFIED=1 asks for them."""
+    from bladepack.api import _gemm_policy
+    from bladepack.options import Options
+    from bladepack.target import Target
+
+    monkeypatch.delenv("BLADEPACK_CUTLASS_UNVERIFIED", raising=False)
+    lin = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU()).eval()
+    m = torch.export.Dim("m", min=1, max=512)
+    art = bladepack.optimize(lin, [(torch.randn(5, 64),)], ({0: m},), targets=("cuda:sm_90",), gemm_library="cutlass")
+    manifest, _ = art._parts()
+    assert [g["library"] for g in manifest["gemm_configs"]] == ["cublas"]
+    assert not manifest["native_cuda"].get("gemm_kernels") and "epilogue" not in manifest["gemm_configs"][0]
+    target = Target.parse(("cuda:sm_90",))
+    policy, _ = _gemm_policy(Options.from_env(), "cutlass", target, (), [])
+    assert policy.dtypes == {DType.FLOAT16, DType.BFLOAT16}
+    monkeypatch.setenv("BLADEPACK_CUTLASS_UNVERIFIED", "1")
+    monkeypatch.setenv("BLADEPACK_GEMM_TUNING", "model")
+    policy, _ = _gemm_policy(Options.from_env(), "cutlass", target, (), [])
+    assert DType.FLOAT32 in policy.dtypes and DType.FLOAT64 in policy.dtypes
+
+
 def test_static_gemm_gets_one_config() -> None:
     env = ShapeEnv()
     d = select(linear_call(4096, 4096, 4096), env)
@@ -429,6 +454,8 @@ def test_profiling_on_the_fake_driver(tmp_path: Path) -> None:
         "FAKE_CUDA_KERNEL_US": "3xtf32_128x128=3,simt=1000",
         "BLADEPACK_GEMM_TUNING": "profile",
         "BLADEPACK_GEMM_CONFIGS": "4",
+        "BLADEPACK_HOPPER_GEMMS": "1",  # the sm90 table is timed too (Note [Hopper GEMMs])
+        "BLADEPACK_CUTLASS_UNVERIFIED": "1",  # float32 GEMMs on CUTLASS (configs.VERIFIED_DTYPES)
         "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
     }
     script = [sys.executable, "-c", _PROFILE_SCRIPT, "sm_90", "sm_90a"]  # both tables (float32: sm80 configs)

@@ -263,15 +263,24 @@ def test_hopper_packer_builds_tma_descriptors(hopper_artifact: bladepack.api.Art
 
 @needs_nvcc
 def test_hopper_launches_on_the_fake_driver(
-    hopper_artifact: bladepack.api.Artifact, tmp_path_factory: pytest.TempPathFactory
+    hopper_artifact: bladepack.api.Artifact, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On compute capability 9.0 the Hopper entries run: the driver's encoder builds the descriptors, a
-    cluster launches through cuLaunchKernelEx; on 8.0 the sm_90a kernels are not even loaded."""
+    """On compute capability 9.0 with BLADEPACK_HOPPER_GEMMS=1 the Hopper entries run: the driver's encoder
+    builds the descriptors, a cluster launches through cuLaunchKernelEx; without it (the default: Note
+    [Hopper GEMMs]) and on 8.0 the sm_90a kernels are not even loaded."""
     gpu = FakeGpu(tmp_path_factory.mktemp("fake_gpu_hopper"))
     batches = [64, 77, 4096, 16384]
     cases = [(np.random.default_rng(b).standard_normal((b, 128)).astype(np.float16),) for b in batches]
     manifest, _ = _sections(hopper_artifact)
     kernels = {r["name"]: r for r in manifest["native_cuda"]["gemm_kernels"]}
+    monkeypatch.delenv("BLADEPACK_HOPPER_GEMMS", raising=False)
+    for cc in ("90", "80"):
+        _, results, log = gpu.run(hopper_artifact, cases, cc=cc)
+        assert all(not isinstance(r, str) for r in results), results
+        ran = {ln.split()[1] for ln in log.splitlines() if ln.startswith("launch bpk_gemm_")}
+        assert ran and all(kernels[n]["arch"] == "sm_80" for n in ran)
+        assert "tensor_map" not in log and "_wgmma_" not in log  # nothing Hopper was loaded
+    monkeypatch.setenv("BLADEPACK_HOPPER_GEMMS", "1")
     _, results, log = gpu.run(hopper_artifact, cases, cc="90")
     assert all(not isinstance(r, str) for r in results), results
     launches = [ln.split() for ln in log.splitlines() if ln.startswith("launch bpk_gemm_")]
@@ -293,18 +302,16 @@ def test_hopper_launches_on_the_fake_driver(
         assert f"func_attribute {ln[1]} 8" in log  # the mainloop's stages exceed 48 KiB
     _, results, log = gpu.run(hopper_artifact, cases, cc="80")
     assert all(not isinstance(r, str) for r in results), results
-    ran = {ln.split()[1] for ln in log.splitlines() if ln.startswith("launch bpk_gemm_")}
-    assert ran and all(kernels[n]["arch"] == "sm_80" for n in ran)
-    assert "tensor_map" not in log and "_wgmma_" not in log  # nothing Hopper was loaded
+    assert "tensor_map" not in log and "_wgmma_" not in log  # 8.0 ignores the switch
 
 
 @needs_nvcc
 def test_hopper_launches_from_the_cpp_runtime(
-    hopper_artifact: bladepack.api.Artifact, tmp_path_factory: pytest.TempPathFactory
+    hopper_artifact: bladepack.api.Artifact, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The C++ runtime on compute capability 9.0 and 8.0: the same kernels, geometry, cluster launches and
-    TMA descriptors (but their addresses) as the Python loader, call for call, and the same shared-memory
-    opt-ins."""
+    """The C++ runtime on compute capability 9.0 (Hopper GEMMs switched on, and off) and 8.0: the same
+    kernels, geometry, cluster launches and TMA descriptors (but their addresses) as the Python loader,
+    call for call, and the same shared-memory opt-ins."""
     from tests.cpp_build import BuildError
 
     gpu = FakeGpu(tmp_path_factory.mktemp("fake_gpu_hopper_cpp"))
@@ -323,7 +330,8 @@ def test_hopper_launches_from_the_cpp_runtime(
                 out.append(" ".join(f[:5] + f[7:]))  # without "addr N"
         return out
 
-    for cc in ("90", "80"):
+    for cc, switch in (("90", "1"), ("90", "0"), ("80", "1")):
+        monkeypatch.setenv("BLADEPACK_HOPPER_GEMMS", switch)
         _, _, py_log = gpu.run(hopper_artifact, cases, cc=cc, graphs=False)
         try:
             _, cpp_results, cpp_log = gpu.run_cpp(hopper_artifact, cases, cc=cc, graphs=False, calls=1)
@@ -333,4 +341,5 @@ def test_hopper_launches_from_the_cpp_runtime(
         assert driver_calls(cpp_log) == driver_calls(py_log), cc
         opt_in = {ln for ln in py_log.splitlines() if ln.startswith("func_attribute ")}  # once per process
         assert {ln for ln in cpp_log.splitlines() if ln.startswith("func_attribute ")} == opt_in
-        assert ("launch_ex" in cpp_log) == (cc == "90") and ("tensor_map" in cpp_log) == (cc == "90")
+        hopper = cc == "90" and switch == "1"
+        assert ("launch_ex" in cpp_log) == hopper and ("tensor_map" in cpp_log) == hopper, (cc, switch)

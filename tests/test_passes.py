@@ -118,7 +118,11 @@ def test_gemm_epilogue_golden() -> None:
 
     samples = [(torch.randn(2, 16),), (torch.randn(3, 16),)]
     p = run_pipeline(_program(_Epilogues(), samples), Options.from_env(), frozenset({"cuda"}))
-    assert fusion_for(p, target="cuda", gemm_epilogues=True).text(p.graph) == textwrap.dedent("""\
+    from bladepack.dtypes import DType
+
+    # float32 GEMMs stay off CUTLASS by default (library_ops/cutlass/configs.VERIFIED_DTYPES): no epilogues
+    assert "epilogue" not in fusion_for(p, target="cuda", gemm_epilogues=frozenset({DType.FLOAT16})).text(p.graph)
+    assert fusion_for(p, target="cuda", gemm_epilogues=frozenset({DType.FLOAT32})).text(p.graph) == textwrap.dedent("""\
         fusion plan: 7 kernels, 10 library calls, 0 reference steps
           matmul%15 -> %17 = {add%16 relu%17} (epilogue: bias %2 + relu)
           matmul%18 -> %20 = {add%19 gelu%20} (epilogue: bias %4 + gelu)

@@ -61,12 +61,13 @@ def nvcc_version(nvcc: str) -> str:
 
 
 def targets(arches: Sequence[str] | None = None) -> list[str]:
-    """The images to build: `arches`, else BLADEPACK_CUDA_ARCHES, else every cubin architecture, the
-    PTX and the Hopper GEMMs."""
+    """The images to build: `arches`, else BLADEPACK_CUDA_ARCHES, else every cubin architecture and the
+    PTX. The Hopper GEMMs (sm_90a) only when named: Note [Hopper GEMMs] in library_ops/cutlass/emitter.py
+    says why they are off by default."""
     every = [*CUBIN_ARCHES, PTX_ARCH, HOPPER_GEMM_ARCH]
     wanted = ",".join(arches) if arches else Toolchains.from_env().cuda_arches
     if not wanted:
-        return every
+        return [*CUBIN_ARCHES, PTX_ARCH]
     names = [w.strip() for w in wanted.split(",") if w.strip()]
     unknown = [n for n in names if n not in every]
     if unknown:

@@ -8,10 +8,11 @@ the packer for this call's pointers, and the kernel launched with the Params as 
 launch with an epilogue source (a bias row or a residual: Note [GEMM epilogue] in
 passes/gemm_epilogue.py) passes it as CUTLASS's C with beta 1.
 
-On a GPU of compute capability 9.0 an artifact built for sm_90a loads its Hopper kernels too, hands the
-packer the driver's `cuTensorMapEncodeTiled` (Note [Hopper GEMMs] in library_ops/cutlass/emitter.py) and
-dispatches with each record's `entries_sm90`; elsewhere the Hopper kernels are not loaded (their
-sm_90a cubins run nowhere else) and `entries` dispatch.
+On a GPU of compute capability 9.0, with BLADEPACK_HOPPER_GEMMS=1, an artifact built for sm_90a loads its
+Hopper kernels too, hands the packer the driver's `cuTensorMapEncodeTiled` (Note [Hopper GEMMs] in
+library_ops/cutlass/emitter.py) and dispatches with each record's `entries_sm90`; otherwise the Hopper
+kernels are not loaded (their sm_90a cubins run nowhere else, and on an H200 they faulted) and `entries`
+dispatch.
 
 Everything that depends on the shape only (dispatch entry, packer inputs, batch folding: loader/
 gemm_args.py) is resolved in `prepare`; a call adds its addresses and packs. Serial split-K slices share
@@ -33,6 +34,7 @@ from bladepack.dtypes import DType
 from bladepack.errors import BpkFormatError
 from bladepack.loader.cuda_driver import CudaError, CudaUnavailable, Device, Function, StreamBuffers
 from bladepack.loader.gemm_args import gemm_args
+from bladepack.options import LoaderOptions
 
 PARAMS_CAPACITY = 4096
 _INT_MAX = (1 << 31) - 1
@@ -86,7 +88,8 @@ class CutlassGemms:
         self.pack: list[Any] = []
         self.functions: list[Function | None] = []  # None: a Hopper kernel on another GPU
         self._modules = []
-        self.hopper = device.info.compute_capability == (9, 0)  # dispatch with `entries_sm90`
+        # dispatch with `entries_sm90`: compute capability 9.0 and BLADEPACK_HOPPER_GEMMS=1 (Note [Hopper GEMMs])
+        self.hopper = device.info.compute_capability == (9, 0) and LoaderOptions.from_env().hopper_gemms
         if self.hopper and any(arch == HOPPER for _, _, arch in kernels):
             try:
                 setter = self._lib.bpk_set_tensor_map_encoder
@@ -166,7 +169,14 @@ class CutlassGemms:
         return loc.params, loc.geometry, loc.ins, loc.ptrs, loc.scalars
 
     def launch(
-        self, launch: CutlassLaunch, a: int, b: int, d: int, c: int | None, stream: int, workspace_stream: int | None = None
+        self,
+        launch: CutlassLaunch,
+        a: int,
+        b: int,
+        d: int,
+        c: int | None,
+        stream: int,
+        workspace_stream: int | None = None,
     ) -> None:
         """D = act(A.B [+ C]) for one launch record (A, B, D, C: device addresses of the operand views;
         C None without an epilogue source). The split-K semaphores are those of `workspace_stream`

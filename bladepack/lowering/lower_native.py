@@ -44,6 +44,7 @@ from bladepack.codegen.cpu_emitter import emit_kernel
 from bladepack.codegen.cuda_emitter import CudaKernel, emit_cuda_kernel
 from bladepack.codegen.kernel import EmittedKernel, KernelContext, KernelEmitError
 from bladepack.codegen.operand_check import operand_buffers
+from bladepack.dtypes import DType
 from bladepack.ir import OpKind, Program
 from bladepack.ir.fusion_plan import (
     Attention,
@@ -81,7 +82,10 @@ class NativeLowering:
 
 
 def fusion_for(
-    p: Program, forced: frozenset[int] = frozenset(), target: str = "cpu", gemm_epilogues: bool = False
+    p: Program,
+    forced: frozenset[int] = frozenset(),
+    target: str = "cpu",
+    gemm_epilogues: frozenset[DType] = frozenset(),
 ) -> FusionPlan:
     """The fusion plan for `target`; direct convolutions compute their epilogues on CPU (Note
     [Convolution epilogue]; the CUDA direct kernel stores plainly)."""
@@ -187,10 +191,13 @@ class _Lowerer:
 
     def _gemm(self, call: GemmCall, epilogue: GemmEpilogue | None = None) -> None:
         n = self.nodes[call.out]
+        library = self.gemm_library
+        if library == "cutlass" and call.dtype not in self.gemm.dtypes:
+            library = "cublas"  # GemmPolicy.dtypes: CUTLASS serves the dtypes verified on a GPU
         row: dict[str, Any] = {
             "node": call.out,
             "op": n.op.value,
-            "library": self.gemm_library,
+            "library": library,
             "dtype": call.dtype.value,
             "m": dim_str(call.m),
             "n": dim_str(call.n),
@@ -203,7 +210,7 @@ class _Lowerer:
         ptrs: list[Ptr] = [self._ptr(call.a.base, call.a.offset), self._ptr(call.b.base, call.b.offset)]
         ptrs.append(self._ptr(out))
         ints = [self.enc(e) for e in call.ints()]
-        if self.gemm_library != "cutlass":
+        if library != "cutlass":
             assert epilogue is None, "GEMM epilogues are planned for CUTLASS only"
             self.launches.append(GemmLaunch(call.dtype.value, tuple(ptrs), tuple(ints)))
             return
@@ -393,7 +400,8 @@ def lower_native(
     """`enc` encodes a size for the manifest; `pred` compiles a sympy boolean to a register; `forced`
     nodes run on the reference executor; `target` is "cpu" or "cuda"; `gemm` says how a CUDA plan's
     GEMMs are served. Raises KernelEmitError naming the nodes a kernel failed on."""
-    plan = fusion_for(p, forced, target, gemm_epilogues=target == "cuda" and gemm.library == "cutlass")
+    cutlass = target == "cuda" and gemm.library == "cutlass"
+    plan = fusion_for(p, forced, target, gemm_epilogues=gemm.dtypes if cutlass else frozenset())
     low = _Lowerer(p, plan, enc, pred, target, gemm)
     native = low.run()
     instances = list(low.instances)  # the CUTLASS kernels run() dispatched to

@@ -34,6 +34,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from enum import Enum
 
+from bladepack.dtypes import DType
 from bladepack.ir import Node, OpKind, Program
 from bladepack.ir.fusion_plan import (
     Attention,
@@ -142,7 +143,7 @@ class _Planner:
         gemm_operand_ok: Callable[[Node, int, View], bool],
         forced: frozenset[int],
         target: str,
-        gemm_epilogues: bool,
+        gemm_epilogues: frozenset[DType],
         conv_epilogues: bool,
         attention: bool,
     ) -> None:
@@ -382,7 +383,9 @@ class _Planner:
                 continue
             ep: GemmEpilogue | ConvEpilogue | None = None
             if self.gemm_epilogues and n.op is OpKind.MATMUL:
-                ep = find_epilogue(n, self.nodes, self.users, self.types, self.view, self.is_mat, outputs)
+                ep = find_epilogue(
+                    n, self.nodes, self.users, self.types, self.view, self.is_mat, outputs, self.gemm_epilogues
+                )
                 if ep is not None and any(self.guards[u] != self.guards[v] for u in ep.nodes):
                     ep = None
             elif self.conv_epilogues and n.op is OpKind.CONV2D:
@@ -454,14 +457,14 @@ def plan_fusion(
     gemm_operand_ok: Callable[[Node, int, View], bool],
     forced: frozenset[int] = frozenset(),
     target: str = "cpu",
-    gemm_epilogues: bool = False,
+    gemm_epilogues: frozenset[DType] = frozenset(),
     conv_epilogues: bool = False,
     attention: bool = False,
 ) -> FusionPlan:
     """`gemm_operand_ok(node, k, view)`: can the library read operand k of `node` as this view;
     `forced` nodes run as reference steps; `target` ("cpu" or "cuda") decides which ops and dtypes
-    have kernels; `gemm_epilogues`: the GEMM library computes bias / residual adds and activations
-    after a matmul (Note [GEMM epilogue]); `conv_epilogues`: direct convolution kernels compute the
+    have kernels; `gemm_epilogues`: the dtypes of the matmuls whose GEMM library computes bias /
+    residual adds and activations after them (Note [GEMM epilogue]; empty: none); `conv_epilogues`: direct convolution kernels compute the
     elementwise chain after them (Note [Convolution epilogue]); `attention`: matmul → chain → softmax →
     matmul runs as one fused attention kernel (Note [Fused attention])."""
     return _Planner(p, gemm_operand_ok, forced, target, gemm_epilogues, conv_epilogues, attention).plan()

@@ -60,12 +60,14 @@ def find_epilogue(
     view: Callable[[int], View | None],
     materialized: Callable[[int], bool],
     outputs: Collection[int],
+    dtypes: Collection[DType] = EPILOGUE_DTYPES,
 ) -> GemmEpilogue | None:
     """Note [GEMM epilogue]: the epilogue of matmul `mm`, or None. `view(v)` is v as a view of a
     materialized value (None when it is computed inline); `materialized(v)` tells the planner's
-    current choice; `outputs` are the graph's outputs (the matmul must not be one)."""
+    current choice; `outputs` are the graph's outputs (the matmul must not be one); `dtypes` those of
+    the matmuls the GEMM library serves."""
     out_type = types[mm.id]
-    if mm.op is not OpKind.MATMUL or out_type.dtype not in EPILOGUE_DTYPES:
+    if mm.op is not OpKind.MATMUL or out_type.dtype not in EPILOGUE_DTYPES or out_type.dtype not in dtypes:
         return None
     chain: list[int] = []
     source: int | None = None

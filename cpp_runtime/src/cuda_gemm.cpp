@@ -123,7 +123,10 @@ CutlassGemms::CutlassGemms(const Artifact& artifact, const NativePlan& plan, con
   packer_ = std::make_unique<MemoryLibrary>(artifact.section(plan.gemm_packer), "cutlass-packer", RTLD_NOW | RTLD_LOCAL);
   if (!packer_->handle())
     fail(BPK_ERR_UNSUPPORTED, artifact.source() + ": the CUTLASS packer failed to load: " + packer_->error());
-  hopper_ = device.info().major == 9 && device.info().minor == 0;
+  // sm_90a kernels dispatch on compute capability 9.0 only with BLADEPACK_HOPPER_GEMMS=1: they faulted on an
+  // H200 (Note [Hopper GEMMs] in bladepack/library_ops/cutlass/emitter.py); the sm80-class entries run there
+  const char* hopper_env = std::getenv("BLADEPACK_HOPPER_GEMMS");
+  hopper_ = device.info().major == 9 && device.info().minor == 0 && hopper_env && std::string(hopper_env) == "1";
   const bool any_hopper = std::any_of(plan.gemm_kernels.begin(), plan.gemm_kernels.end(),
                                       [](const GemmKernelDecl& k) { return k.arch == "sm_90a"; });
   if (hopper_ && any_hopper) {

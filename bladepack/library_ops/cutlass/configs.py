@@ -137,6 +137,12 @@ def _catalogue() -> dict[tuple[DType, str], tuple[GemmConfig, ...]]:
 
 CATALOGUE = _catalogue()
 
+# The dtypes whose CUTLASS GEMMs have run correctly on a GPU (an NVIDIA H200, 2026-11-26: every sm80-class
+# float16 config, the bfloat16 one and the [K, N] layout at M 1 to 16384, split-K 1 and 2, the bucketed
+# dispatch and the float16 epilogues). A float32 plan's fused epilogues (3xTF32 kernels) returned NaN at every
+# M there and float64 never ran: their GEMMs go to cuBLAS unless BLADEPACK_CUTLASS_UNVERIFIED=1.
+VERIFIED_DTYPES = frozenset({DType.FLOAT16, DType.BFLOAT16})
+
 
 def candidates(dtype: DType, arch: str = "sm80") -> tuple[GemmConfig, ...]:
     """The aligned configs of `arch` for `dtype` (empty when only the fallback exists)."""

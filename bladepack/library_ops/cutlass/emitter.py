@@ -35,6 +35,16 @@ still links no CUDA library; the descriptors depend on the addresses, so every l
 from the SM count the loader passes; a cluster of more than one CTA is launched with cuLaunchKernelEx.
 Unbatched problems get the matrix size as their batch stride (TMA takes no zero stride); a batched
 one with a zero batch stride (a broadcast operand) is refused (1), and so is serial split-K.
+
+Measured on an NVIDIA H200 (2026-11-26, driver 580.159.04, nvcc 13.0.88, CUTLASS 4.2.0): every sm90
+instance faulted at its first launch ("illegal instruction" for the cooperative 128x256 and ping-pong
+64x128 tiles, "unspecified launch failure" for the others; clusters of 1 and 2 alike), while all seven
+sm80-class float16 configs, the bfloat16 one and the [K, N] B layout matched torch at M 1 to 4096 with
+split-K 1 and 2. The PTX shows the Params as a __grid_constant__ parameter (TMA descriptors read from
+parameter space, as CUTLASS requires), so the cause lies elsewhere and is not yet found. Until it is, the
+sm_90a image is built only when a target names it (`cuda:sm_90a`, BLADEPACK_CUDA_ARCHES), and the loaders
+dispatch `entries_sm90` only with BLADEPACK_HOPPER_GEMMS=1 (else the sm80 table runs on 9.0 as on any
+other GPU, and the profiler does not time sm90 candidates).
 """
 
 from __future__ import annotations

@@ -41,10 +41,11 @@ from typing import Any, Protocol
 import numpy as np
 import sympy
 
+from bladepack.dtypes import DType
 from bladepack.ir import ShapeEnv
 from bladepack.ir.types import IRDim
 from bladepack.library_ops.cpu_gemm import GemmCall
-from bladepack.library_ops.cutlass.configs import GemmConfig, candidates, fallback
+from bladepack.library_ops.cutlass.configs import VERIFIED_DTYPES, GemmConfig, candidates, fallback
 
 SMS = 132
 SMEM_PER_SM = 227 * 1024
@@ -76,7 +77,8 @@ class GemmPolicy:
     aligned configs per GEMM, chosen by `measure` (Note [GEMM profiling]; the cost model when None) at
     shapes that include `samples` (symbol name -> value, one dict per sample input). `hopper` adds the
     sm90 table (the plan targets sm_90a), which `measure` times only when `measure_hopper` (the device
-    profiled on has compute capability 9.0)."""
+    profiled on has compute capability 9.0). CUTLASS serves the GEMMs whose dtype is in `dtypes`; the
+    others run on cuBLAS (configs.VERIFIED_DTYPES by default)."""
 
     library: str = "cublas"
     configs: int = 4
@@ -85,6 +87,7 @@ class GemmPolicy:
     samples: tuple[Mapping[str, int], ...] = ()
     hopper: bool = False
     measure_hopper: bool = False
+    dtypes: frozenset[DType] = VERIFIED_DTYPES
 
 
 CUBLAS = GemmPolicy()  # the default: cuBLAS serves CUDA GEMMs
