@@ -223,6 +223,31 @@ def test_c_api_threads_on_their_own_streams(gpu: FakeGpu, tmp_path: Path) -> Non
     assert sum(ln.startswith("graph_launch ") for ln in lines) > 0
 
 
+def test_c_api_large_device_tensors_skip_graphs(gpu: FakeGpu, tmp_path: Path) -> None:
+    """Note [Graph staging cost] in the C++ runtime: test_api's staging mode calls an elementwise model
+    four times with a device input on a caller stream; small tensors replay a graph from the third call,
+    16 MiB ones run plain launches in place every time, as in the Python loader. Results equal the CPU
+    model's."""
+    from tests.test_cuda_backend import elementwise_artifact
+
+    art = elementwise_artifact()
+    path = tmp_path / "ew.bpk"
+    art.save(path)
+    for rows, graphs in (("16", True), (str(1 << 16), False)):
+        log = tmp_path / f"cuda{rows}.log"
+        r = subprocess.run(
+            [str(build("release") / "test_api"), str(path), "cuda", rows],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=_fake_env(gpu, art, log),
+        )
+        assert r.returncode == 0, r.stderr[-4000:]
+        lines = log.read_text().splitlines()
+        assert (sum(ln.startswith("graph_launch ") for ln in lines) > 0) == graphs, rows
+        assert sum(ln.startswith("launch k") for ln in lines) == (1 if graphs else 4), rows
+
+
 @pytest.mark.slow
 def test_cuda_path_under_sanitizers(gpu: FakeGpu, tmp_path: Path) -> None:
     """ASan + UBSan: bpk-run --device cuda on the LLaMA step (GEMMs, cooperative row kernels) and the

@@ -19,6 +19,15 @@ graphs are dropped. A plan with a step that synchronizes with the host (a refere
 branch read on the host) is never captured (`graph_obstacle`; `bladepack inspect` says why); a capture
 the driver refuses leaves that signature on plain launches.
 
+Note [Graph staging cost]: staging a device tensor costs two passes over its bytes (a copy in, a copy
+out), which can cost more than the launches a graph saves. On an H200 a one-kernel gelu(1.5x + y) over
+64M float32 torch tensors ran at 0.27 of a device copy's bandwidth with graphs on: the kernel moves 3N
+bytes, the staging 6N more. So a call whose device tensors (inputs, and outputs when the caller gets
+device tensors) add more than STAGE_BYTES_PER_LAUNCH per launch of its plan runs plain launches on the
+tensors in place, never captured (`stage_pays`). About 4 µs of launch cost saved per kernel against
+~3 TB/s of copy bandwidth for two passes gives ~6 MB; 4 MiB leaves a margin. Host arrays are copied
+in and out either way, so they never count.
+
 Note [Graph replay]: a call on host arrays (numpy, the default stream) whose signature has a graph
 takes a short path (`CudaExecutor._replay`): its shapes were checked, prepared and staged by the full
 path when the graph was made, so the call only copies its inputs in, launches the graph and copies the
@@ -37,6 +46,13 @@ from typing import Any
 from bladepack.loader.cuda_driver import CudaError, Device, DeviceBuffer, _check
 
 DEFAULT_GRAPHS = 64  # per caller stream
+STAGE_BYTES_PER_LAUNCH = 4 << 20  # Note [Graph staging cost]
+
+
+def stage_pays(device_bytes: int, launches: int) -> bool:
+    """Note [Graph staging cost]: whether a call whose device tensors hold `device_bytes` (staged in and
+    out when it runs as a graph) may run as a graph of `launches` launches."""
+    return device_bytes <= STAGE_BYTES_PER_LAUNCH * max(launches, 1)
 
 
 @dataclass(frozen=True)

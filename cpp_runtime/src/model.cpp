@@ -737,7 +737,13 @@ void Model::run_cuda(const Prepared& p, const bpk_tensor* in, bpk_tensor* out, c
       exe.give(c);
     }
   } give_back{*cuda_, c};
-  const bool staged = cuda_->will_graph(p.cuda, *c);
+  size_t device_bytes = 0;  // Note [Graph staging cost]: what staging would copy in and out
+  for (size_t i = 0; i < n_in; ++i)
+    if (on_device(where.in_device, i)) device_bytes += in_bytes[i];
+  for (size_t k = 0; k < n_out; ++k)
+    if (on_device(where.out_device, k)) device_bytes += p.outs[k].nbytes;
+  const bool graphs = cuda::NativeCuda::stage_pays(*p.cuda, device_bytes);
+  const bool staged = graphs && cuda_->will_graph(p.cuda, *c);
   const cuda::CUdeviceptr base = c->memory->ptr();
   std::vector<cuda::CUdeviceptr> slots(size_t(m_.num_slots()), 0);
   slots[0] = base + arena_at;
@@ -761,7 +767,7 @@ void Model::run_cuda(const Prepared& p, const bpk_tensor* in, bpk_tensor* out, c
   }
   const auto& w = cuda_->weight_ptrs();
   std::copy(w.begin(), w.end(), slots.begin() + int64_t(1 + n_in + n_out));
-  cuda_->run(p.cuda, slots.data(), base, *c);
+  cuda_->run(p.cuda, slots.data(), base, *c, graphs);
   if (cuda_->checks_errors()) {
     int64_t status[3] = {0, 0, 0};
     drv.check(drv.MemcpyDtoHAsync(status, base, sizeof status, c->stream), "cuMemcpyDtoHAsync");

@@ -276,8 +276,8 @@ bool NativeCuda::holds(const std::vector<ByteCond>& when, const CUdeviceptr* slo
 }
 
 void NativeCuda::run(const std::shared_ptr<const CudaPrepared>& p, const CUdeviceptr* slots, CUdeviceptr status,
-                     CallContext& c) const {
-  if (max_graphs_ <= 0 || !p->no_graph.empty()) return launch_all(*p, slots, status, c);
+                     CallContext& c, bool graphs) const {
+  if (max_graphs_ <= 0 || !p->no_graph.empty() || !graphs) return launch_all(*p, slots, status, c);
   Graph& g = c.graphs[p.get()];
   g.used = ++c.clock;
   if (!g.prepared) g.prepared = p;

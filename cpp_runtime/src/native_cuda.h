@@ -23,11 +23,15 @@
 // dropped first, so a stream cycling through more signatures than that never captures); a plan with a data
 // predicate (a launch whose condition reads a byte on the host) is never captured — it runs plain
 // launches, and `bladepack inspect` says why. A capture the driver refuses runs plain instead.
+// Note [Graph staging cost] (bladepack/loader/cuda_graphs.py): a call whose device tensors add more than
+// kStageBytesPerLaunch per launch runs plain launches on them in place (staging would cost two passes over
+// their bytes, more than the launches a graph saves); `stage_pays` decides, as in the Python loader.
 //
 // Not here: `ref` launches (steps without a CUDA kernel) need the Python reference executor; such
 // plans are refused at load, as the CPU plan's are.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -118,12 +122,18 @@ class NativeCuda {
   void give(CallContext* c) const;
   // Note [CUDA graphs]: whether this call of `p` on `c` will launch a graph (so its tensors are staged)
   bool will_graph(const std::shared_ptr<const CudaPrepared>& p, const CallContext& c) const;
+  // Note [Graph staging cost]: whether a call of `p` whose device tensors hold `device_bytes` may be a graph
+  static bool stage_pays(const CudaPrepared& p, size_t device_bytes) {
+    return device_bytes <= kStageBytesPerLaunch * std::max<size_t>(p.launches.size(), 1);
+  }
+  static constexpr size_t kStageBytesPerLaunch = size_t(4) << 20;
 
   // Enqueue every launch of `p` on c.stream; `slots`: the device address of each slot. Data
   // conditions read their byte after the launches before them (a synchronisation).
-  // With graphs on, a signature's third and later calls on `c` launch its graph (Note [CUDA graphs]).
+  // With graphs on, a signature's third and later calls on `c` launch its graph (Note [CUDA graphs]);
+  // `graphs` false: plain launches for this call (Note [Graph staging cost]).
   void run(const std::shared_ptr<const CudaPrepared>& p, const CUdeviceptr* slots, CUdeviceptr status,
-           CallContext& c) const;
+           CallContext& c, bool graphs = true) const;
   int max_graphs() const { return max_graphs_; }
 
  private:

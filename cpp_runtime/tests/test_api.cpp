@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -433,14 +434,56 @@ void on_device(const std::string& path, const char* device) {
 
 }  // namespace
 
+// Note [Graph staging cost]: an elementwise MODEL.bpk (x[rows, 64] -> [rows, 64]) called four times with a
+// device input on a caller stream, results equal to the CPU model's; whether the later calls launch a
+// graph (small) or run plain launches in place (large) the caller reads from the fake driver's log.
+void staging(const std::string& path, const char* device, int64_t rows) {
+  Driver d;
+  bpk_load_options opts{BPK_LOAD_DEVICE, 0, nullptr, nullptr, 0, nullptr, device, 0};
+  bpk_model *gpu = nullptr, *cpu = nullptr;
+  if (!d.lib || bpk_model_load(path.c_str(), &opts, &gpu) != BPK_OK ||
+      bpk_model_load(path.c_str(), nullptr, &cpu) != BPK_OK) {
+    CHECK(false, "load on %s: %s", device, bpk_last_error());
+    return;
+  }
+  std::vector<float> x = input(rows, 3), want(x.size()), y(x.size());
+  bpk_tensor in = tensor(x.data(), BPK_FLOAT32, {rows, 64}), out = tensor(want.data(), BPK_FLOAT32, {rows, 64});
+  CHECK(bpk_model_run(cpu, &in, 1, &out, 1) == BPK_OK, "%s", bpk_last_error());
+  uint64_t dx = 0;
+  d.alloc(&dx, x.size() * sizeof(float));
+  d.htod(dx, x.data(), x.size() * sizeof(float));
+  int64_t shape[2] = {rows, 64};
+  const DLTensor on_device = dl(reinterpret_cast<void*>(dx), {kDLCUDA, 0}, {kDLFloat, 32, 1}, shape, 2);
+  void* stream = nullptr;
+  d.stream_create(&stream, 1);
+  for (int call = 0; call < 4; ++call) {
+    const DLTensor* ins[1] = {&on_device};
+    DLManagedTensorVersioned* res[1] = {nullptr};
+    bpk_run_options ro{0, stream};
+    CHECK(bpk_model_run_dlpack(gpu, ins, 1, res, 1, &ro) == BPK_OK, "call %d: %s", call, bpk_last_error());
+    if (res[0] == nullptr) continue;
+    d.sync(stream);
+    d.dtoh(y.data(), reinterpret_cast<uint64_t>(res[0]->dl_tensor.data), y.size() * sizeof(float));
+    CHECK(max_rel(y.data(), want.data(), y.size()) < 1e-5, "rows %lld call %d differs from the CPU model",
+          static_cast<long long>(rows), call);
+    res[0]->deleter(res[0]);
+  }
+  d.free_(dx);
+  bpk_model_free(gpu);
+  bpk_model_free(cpu);
+}
+
 int main(int argc, char** argv) {
-  if (argc != 2 && argc != 3) {
-    std::fprintf(stderr, "usage: test_api MLP.bpk [cuda[:N]]\n");
+  if (argc < 2 || argc > 4) {
+    std::fprintf(stderr, "usage: test_api MLP.bpk [cuda[:N]] | test_api ELEMENTWISE.bpk cuda[:N] ROWS\n");
     return 2;
   }
   const std::string path = argv[1];
-  if (argc == 3) {
-    on_device(path, argv[2]);
+  if (argc >= 3) {
+    if (argc == 4)
+      staging(path, argv[2], std::atoll(argv[3]));
+    else
+      on_device(path, argv[2]);
     if (g_failed) {
       std::fprintf(stderr, "test_api: %d of %d checks failed\n", g_failed, g_checks);
       return 1;
