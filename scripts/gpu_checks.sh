@@ -1,36 +1,71 @@
 #!/usr/bin/env bash
-# The checks and benchmarks that need an NVIDIA GPU (H100 / H200; see bench/README.md), in one command:
-# the GPU-marked tests (real-hardware numerics of the generated kernels, every CUTLASS config and
-# epilogue, the samples, the C++ runtime's CUDA path against the Python loader), then bench.cutlass_gemm,
-# bench.cuda_samples and bench.cuda_graphs --gpu (host time per call, graphs on / off, both loaders). Results land in
-# bench/results/ and, when $OUT is set (the device tool), are copied there with the test log.
+# The checks and benchmarks that need an NVIDIA GPU (H100 / H200; see bench/README.md), in one command.
 #
-# The GPU machines have torch, cuda-bindings, pytest, hypothesis, sympy and msgpack but not
-# nvidia-cutlass: download its pure-Python wheel into .whl/ here
-#   python3 -m pip download --no-deps --only-binary=:all: -d .whl nvidia-cutlass==4.2.0.0
-# and carry .whl; this script installs what it finds there into /tmp/site.
+# Prepare first on the development machine: `bash scripts/gpu_prepare.sh` (the nvidia-cutlass wheel in
+# .whl/, prebuilt artifacts, the compiled CUTLASS units and bpk-run in .gpu-run/), then run this on the
+# lent machine carrying .gpu-run and .whl. In order, each step's output landing in $OUT as it goes (a
+# step cut off by the lease still leaves what it printed):
+#   1. portable.log   artifacts built without a GPU, run on this one four ways (numpy, torch + graphs,
+#                     graphs off, the C++ bpk-run) against float64 references (scripts/gpu_portable.py)
+#   2. gpu_tests.log  the cuda-marked tests: CUTLASS configs, dispatch and epilogues first, then the
+#                     samples in float32 / float16 and the C++ runtime (built here with the carried headers)
+#   3. bench.log      bench.cuda_samples (eager peer), bench.cutlass_gemm, bench.cuda_graphs --gpu;
+#                     results.tgz holds their bench/results/*_<device>.{md,json}
+# Name benchmarks to run only those: scripts/gpu_checks.sh cutlass_gemm. BUDGET (seconds, default 540)
+# bounds the whole run; later steps get what is left.
+# Measured facts of these machines (2026-11-26): torch 2.11, nvcc 13.0.88 (the same build as here, so the
+# CUTLASS cache is reused), cuBLAS in /usr/local/cuda, g++ 13, cmake and ninja, no msgpack-cxx headers.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+start=$(date +%s)
+budget=${BUDGET:-540}
+left() { echo $((budget - ($(date +%s) - start))); }
+out="${OUT:-/tmp/gpu_checks}"
+mkdir -p "$out"
 py="${PYTHON:-python3}"
 export PYTHONPATH="$root" PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" >/dev/null; then
   "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
   export PYTHONPATH="/tmp/site:$root"
+  export CUTLASS_PATH=/tmp/site/cutlass_library/source  # the path the prepared cache was keyed with
 fi
 export BLADEPACK_CACHE_DIR="${BLADEPACK_CACHE_DIR:-$root/.gpu-cache}"
-export BLADEPACK_NVCC_JOBS="${BLADEPACK_NVCC_JOBS:-$(( $(nproc) / 2 > 2 ? $(nproc) / 2 : 2 ))}"
-log="${OUT:-/tmp}/gpu_tests.log"
-"$py" -m pytest -q -m cuda -p no:cacheprovider tests/ 2>&1 | tee "$log"
-status=${PIPESTATUS[0]}
+export BLADEPACK_NVCC_JOBS="${BLADEPACK_NVCC_JOBS:-$(($(nproc) / 2 > 2 ? $(nproc) / 2 : 2))}"
+export BLADEPACK_GEMM_TUNING="${BLADEPACK_GEMM_TUNING:-model}"  # the configs the prepared cache holds
+[ -f .gpu-run/cache.tar.xz ] && tar xJf .gpu-run/cache.tar.xz
+if [ -f .gpu-run/include.tar.xz ]; then
+  mkdir -p .gpu-run/include && tar xJf .gpu-run/include.tar.xz -C .gpu-run/include
+  export CMAKE_INCLUDE_PATH="$root/.gpu-run/include" CPATH="$root/.gpu-run/include"
+fi
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  nvcc --version | tail -1
+  "$py" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
+} 2>&1 | tee "$out/facts.log"
+status=0
+if [ -d .gpu-run/art ]; then
+  timeout $(($(left) / 3)) env LD_LIBRARY_PATH="$root/.gpu-run/bin:${LD_LIBRARY_PATH:-}" "$py" scripts/gpu_portable.py \
+    check .gpu-run/art --bpk-run .gpu-run/bin/bpk-run --out "$out/portable.json" 2>&1 | tee "$out/portable.log" |
+    tail -5 || status=1
+fi
+for tests in tests/test_cutlass_gemm.py "tests/test_cuda_backend.py tests/test_cuda_cpp.py"; do
+  # shellcheck disable=SC2086
+  timeout $(($(left) / 2)) "$py" -m pytest -q -m cuda -p no:cacheprovider -p no:logging -rs $tests 2>&1 |
+    tee -a "$out/gpu_tests.log" | tail -15
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+done
 benches=("$@")
-[ ${#benches[@]} -eq 0 ] && benches=(cutlass_gemm cuda_samples cuda_graphs)  # or name them: scripts/gpu_checks.sh cutlass_gemm
+[ ${#benches[@]} -eq 0 ] && benches=(cuda_samples cutlass_gemm cuda_graphs)
 for b in "${benches[@]}"; do
   extra=()
   [ "$b" = cuda_graphs ] && extra=(--gpu)
-  "$py" -m "bench.$b" ${extra[@]+"${extra[@]}"} || status=1
+  [ "$b" = cuda_samples ] && extra=(--peers eager --repeat 20)
+  [ "$b" = cutlass_gemm ] && extra=(--repeat 10)
+  [ "$(left)" -gt 20 ] || break
+  timeout $(($(left) - 10)) "$py" -m "bench.$b" ${extra[@]+"${extra[@]}"} 2>&1 | tee -a "$out/bench.log" | tail -8
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  tar czf "$out/results.tgz" bench/results/*_NVIDIA_* 2>/dev/null
 done
-if [ -n "${OUT:-}" ]; then
-  cp bench/results/*.md bench/results/*.json "$OUT"/ 2>/dev/null || true
-fi
+echo "gpu_checks: exit $status, $(left) s of the budget left"
 exit "$status"

@@ -9,6 +9,13 @@ at 2. So a first export with `Dim.AUTO` (on a sample whose dynamic dims are all 
 dims are one symbol and what bounds the model itself imposes; a second export declares one named
 `Dim` per symbol with `min=1` (or the user's min), so batch 1 works unless the model forbids it —
 then the dims torch names in its complaint fall back to min 2.
+
+What torch can prove differs between versions. The CNN sample (stride-2 convolutions and pooling)
+exports with height and width from 1 on torch 2.13 (the plain export fails, the size-oblivious retry
+succeeds); torch 2.11 (the GPU machines, measured 2026-11-26) fails both with a guard it cannot
+discharge, `((height - 1) // 2) % 2 != 0`, so there the two dims start at 2 and optimize says so in a
+note. The artifact built there matched eager at heights 2 to 10, 24, 96 and 97 (both parities), and
+refuses height 1 with a ShapeGuardError naming the range.
 """
 
 from __future__ import annotations

@@ -40,8 +40,14 @@ Measured on an NVIDIA H200 (2026-11-26, driver 580.159.04, nvcc 13.0.88, CUTLASS
 instance faulted at its first launch ("illegal instruction" for the cooperative 128x256 and ping-pong
 64x128 tiles, "unspecified launch failure" for the others; clusters of 1 and 2 alike), while all seven
 sm80-class float16 configs, the bfloat16 one and the [K, N] B layout matched torch at M 1 to 4096 with
-split-K 1 and 2. The PTX shows the Params as a __grid_constant__ parameter (TMA descriptors read from
-parameter space, as CUTLASS requires), so the cause lies elsewhere and is not yet found. Until it is, the
+split-K 1 and 2. compute-sanitizer put the fault at the ping-pong kernel's first producer
+`SYNCS.ARRIVE.TRANS64` (the mbarrier arrive carrying the TMA transaction bytes, just before its first
+`UTMALDG`), thread 0 of block 0. Ruled out without a GPU: the PTX has the Params as a __grid_constant__
+parameter (descriptors read from parameter space, as CUTLASS requires), and the Params layout agrees
+between the packer's host compile, the kernel's host pass and its PTX (sizeof 1792, SharedStorageSize
+230400, the mainloop / epilogue / scheduler offsets and tma_transaction_bytes at 640, read off a probe
+kernel's constants). Next, on a GPU: CUTLASS's own device adapter on the same config, and the encoded
+descriptors compared with the ones it builds. Until it is found, the
 sm_90a image is built only when a target names it (`cuda:sm_90a`, BLADEPACK_CUDA_ARCHES), and the loaders
 dispatch `entries_sm90` only with BLADEPACK_HOPPER_GEMMS=1 (else the sm80 table runs on 9.0 as on any
 other GPU, and the profiler does not time sm90 candidates).

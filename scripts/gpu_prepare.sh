@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# On the development machine (no GPU needed): everything a lent GPU machine's check run needs, so its
+# few minutes go to running, not compiling. Writes, all git-ignored:
+#   .whl/                 the nvidia-cutlass wheel (the GPU machines lack it; gpu_checks.sh installs it)
+#   .gpu-run/art/         every sample as a .bpk (float32: cpu + cuda; float16: cuda), its weights, the inputs
+#                         of every test shape and float64 references (scripts/gpu_portable.py prepare)
+#   .gpu-run/cache.tar.xz the CUTLASS units of bench.cutlass_gemm's checks and benchmark, compiled into a cache
+#                         keyed by nvcc's version, flags and source (CUTLASS_PATH is /tmp/site/... on both sides)
+#   .gpu-run/bin/         bpk-run and libbladepack_runtime.so.0 built without BLAS (the C++ CUDA path), and
+#   .gpu-run/include.tar.xz  msgpack-cxx's headers (the GPU machines cannot build the C++ runtime without them)
+# Then, with the device tool: run `bash scripts/gpu_checks.sh` carrying .gpu-run and .whl.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$root/scripts/env.sh"
+cd "$root"
+py="$BLADEPACK_PY"
+mkdir -p .gpu-run .whl
+compgen -G ".whl/nvidia_cutlass-*.whl" >/dev/null ||
+  "$py" -m pip download -q --no-deps --only-binary=:all: -d .whl nvidia-cutlass==4.2.0.0
+"$py" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/nvidia_cutlass-*.whl
+export CUTLASS_PATH=/tmp/site/cutlass_library/source BLADEPACK_GEMM_TUNING=model PYTHONPATH="$root"
+rm -rf .gpu-run/art .gpu-cache
+"$py" scripts/gpu_portable.py prepare .gpu-run/art
+"$py" -m bench.cutlass_gemm --prewarm "$root/.gpu-cache"
+tar cJf .gpu-run/cache.tar.xz .gpu-cache
+cmake -S cpp_runtime -B build/cpp-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_DISABLE_FIND_PACKAGE_BLAS=ON >/dev/null
+cmake --build build/cpp-gpu -j 2 --target bpk-run >/dev/null
+mkdir -p .gpu-run/bin
+cp build/cpp-gpu/bpk-run build/cpp-gpu/libbladepack_runtime.so.0 .gpu-run/bin/
+[ -f /usr/include/msgpack.hpp ] && tar cJf .gpu-run/include.tar.xz -C /usr/include msgpack.hpp msgpack
+du -sh .gpu-run .whl
