@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import bladepack  # noqa: E402
+from bench.cuda_samples import _time_us  # noqa: E402
 from samples.registry import SAMPLES  # noqa: E402
 
 NAMES = ("mlp", "encoder", "llama", "cnn")
@@ -112,21 +112,6 @@ def _rel(out: Any, ref: np.ndarray) -> float:
     return float(np.abs(o64[ok] - r64[ok]).max()) / (scale or 1.0)
 
 
-def _time_us(fn: Any, repeat: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeat):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(times)
-
-
 def _cpp(bpk_run: Path, bpk: Path, meta: dict[str, Any], data: Any, n_in: int, tmp: Path) -> list[np.ndarray]:
     flags = []
     for i, name in enumerate(meta["inputs"][:n_in]):
@@ -199,8 +184,8 @@ def check(d: Path, bpk_run: Path | None, out_json: Path | None) -> int:
                         failures.append(f"{name} {dtype} {case['dims']} {way}: error {err:.3g} > {limit:.3g}")
                 try:
                     with torch.no_grad():
-                        row["eager_us"] = _time_us(lambda: eager(*targs))
-                    row["bladepack_us"] = _time_us(lambda: m(*targs))
+                        row["eager_us"] = _time_us(lambda: eager(*targs), 20)
+                    row["bladepack_us"] = _time_us(lambda: m(*targs), 20)
                 except Exception:
                     failures.append(f"{name} {dtype} {case['dims']} timing: {traceback.format_exc(limit=4)}")
                 rows.append(row)
