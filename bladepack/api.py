@@ -442,6 +442,15 @@ def optimize_program(
         finally:
             if profiler is not None:
                 profiler.close()
+        off = sorted(
+            {r["dtype"] for r in lowered.plan.gemm_configs if gemm.library == "cutlass" and r["library"] == "cublas"}
+        )
+        if off:  # library_ops/cutlass/configs.VERIFIED_DTYPES
+            notes.append(
+                f"CUTLASS serves {' / '.join(sorted(d.value for d in gemm.dtypes))} GEMMs; the {' / '.join(off)} ones "
+                "run on cuBLAS (not verified on a GPU with CUTLASS; BLADEPACK_CUTLASS_UNVERIFIED=1 puts them there)"
+            )
+            log.warning("bladepack: %s", notes[-1])
     with _stage(progress, "CPU kernel libraries"):
         libraries = _build_cpu(lowered, options, notes, progress)
         producer = dict(producer) if producer is not None else _producer(frontend)

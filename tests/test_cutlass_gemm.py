@@ -106,6 +106,7 @@ def test_float32_gemms_of_a_cutlass_plan_run_on_cublas(monkeypatch: pytest.Monke
     manifest, _ = art._parts()
     assert [g["library"] for g in manifest["gemm_configs"]] == ["cublas"]
     assert not manifest["native_cuda"].get("gemm_kernels") and "epilogue" not in manifest["gemm_configs"][0]
+    assert any("the float32 ones run on cuBLAS" in n for n in art.notes), art.notes
     target = Target.parse(("cuda:sm_90",))
     policy, _ = _gemm_policy(Options.from_env(), "cutlass", target, (), [])
     assert policy.dtypes == {DType.FLOAT16, DType.BFLOAT16}
