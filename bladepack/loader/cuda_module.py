@@ -227,11 +227,12 @@ class CudaExecutor:
         cp = prep.cuda
         out_specs = [(shape, m.values[o]["dtype"]) for (shape, _), o in zip(prep.ref.outputs, m.outputs)]
         on_host = all(h is not None for h in hosts) and torch is None and not held
-        device_bytes = sum(_nbytes(imp.view.shape, imp.view.dtype) for imp in held)
-        if torch is not None or held:  # the results are device tensors too
-            device_bytes += sum(_nbytes(s, d) for s, d in out_specs)
-        if self.graphs is not None and not cp.no_graph and stage_pays(device_bytes, len(cp.launches)):
-            return self._run_graph(key, prep, out_specs, held, hosts, outputs, torch, stream)
+        if self.graphs is not None and not cp.no_graph:
+            device_bytes = sum(_nbytes(imp.view.shape, imp.view.dtype) for imp in held)
+            if torch is not None or held:  # the results are device tensors too
+                device_bytes += sum(_nbytes(s, d) for s, d in out_specs)
+            if stage_pays(device_bytes, len(cp.launches)):  # Note [Graph staging cost]
+                return self._run_graph(key, prep, out_specs, held, hosts, outputs, torch, stream)
         # staging for host inputs and (host or non-torch) outputs, one buffer per call
         staging_bytes = sum(_round(h.nbytes) for h in hosts if h is not None)
         if torch is None:
