@@ -442,9 +442,8 @@ def optimize_program(
         finally:
             if profiler is not None:
                 profiler.close()
-        off = sorted(
-            {r["dtype"] for r in lowered.plan.gemm_configs if gemm.library == "cutlass" and r["library"] == "cublas"}
-        )
+        cutlass = gemm.library == "cutlass"
+        off = sorted({r["dtype"] for r in lowered.plan.gemm_configs if r["library"] == "cublas"}) if cutlass else []
         if off:  # library_ops/cutlass/configs.VERIFIED_DTYPES
             notes.append(
                 f"CUTLASS serves {' / '.join(sorted(d.value for d in gemm.dtypes))} GEMMs; the {' / '.join(off)} ones "

@@ -464,7 +464,8 @@ def plan_fusion(
     """`gemm_operand_ok(node, k, view)`: can the library read operand k of `node` as this view;
     `forced` nodes run as reference steps; `target` ("cpu" or "cuda") decides which ops and dtypes
     have kernels; `gemm_epilogues`: the dtypes of the matmuls whose GEMM library computes bias /
-    residual adds and activations after them (Note [GEMM epilogue]; empty: none); `conv_epilogues`: direct convolution kernels compute the
-    elementwise chain after them (Note [Convolution epilogue]); `attention`: matmul → chain → softmax →
-    matmul runs as one fused attention kernel (Note [Fused attention])."""
+    residual adds and activations after them (Note [GEMM epilogue]; empty: none); `conv_epilogues`:
+    direct convolution kernels compute the elementwise chain after them (Note [Convolution epilogue]);
+    `attention`: matmul → chain → softmax → matmul runs as one fused attention kernel (Note [Fused
+    attention])."""
     return _Planner(p, gemm_operand_ok, forced, target, gemm_epilogues, conv_epilogues, attention).plan()
