@@ -165,7 +165,9 @@ class _ConvChains(torch.nn.Module):
 
 def test_conv_epilogue_golden() -> None:
     """Note [Convolution epilogue]: the elementwise chains direct convolutions compute before storing
-    (CPU plans only; the CUDA direct kernel stores its product)."""
+    (CPU plans only; the CUDA direct kernel stores its product). Note [Channels-last chains]: a, b, c and
+    the sigmoid compute [N, H, W, C]; d, whose chain ends at an output, stores NCHW itself reading the
+    sigmoid through its permute; the outputs read from u convert it in their own loops."""
     from bladepack.lowering.lower_native import fusion_for
     from bladepack.options import Options
     from bladepack.passes.pipeline import run_pipeline
@@ -174,14 +176,14 @@ def test_conv_epilogue_golden() -> None:
     p = run_pipeline(_program(_ConvChains(), samples), Options.from_env())
     assert fusion_for(p, target="cpu").text(p.graph) == textwrap.dedent("""\
         fusion plan: 4 kernels, 0 library calls, 4 direct convolutions, 0 reference steps
-          conv2d%10 (direct kernel) -> %15 = {add%12 mul%13 add%14 relu%15} (epilogue: inline)
-          conv2d%17 (direct kernel) -> %21 = {constant%18 mul%19 add%20 relu%21} (epilogue: inline)
-          conv2d (direct kernel) -> %23
-          k0: loop[x_dim0, 8, x_dim2, x_dim3-1] -> %24 = {sigmoid%24}
-          conv2d%26 (direct kernel) -> %29 = {add%28 gelu%29} (epilogue: inline)
-          k1: loop[x_dim0, 8, x_dim2, x_dim3-1] -> %31 = {constant%30 add%31}
-          k2: loop[x_dim0, 8, x_dim2, x_dim3-1] -> %32 = {mul%32}
-          k3: loop[x_dim0, 4, x_dim2, x_dim3-1] -> %34 = {constant%33 mul%34}
+          conv2d%10 (direct kernel) -> %25 = {add%15 mul%19 add%23 relu%25} (epilogue: inline)
+          conv2d%27 (direct kernel) -> %34 = {constant%29 mul%30 add%32 relu%34} (epilogue: inline)
+          conv2d (direct kernel) -> %36
+          k0: loop[x_dim0, x_dim2, x_dim3-1, 8] -> %38 = {sigmoid%38}
+          conv2d%40 (direct kernel) -> %43 = {add%42 gelu%43} (epilogue: inline)
+          k1: loop[x_dim0, 8, x_dim2, x_dim3-1] -> %46 = {constant%44 add%45 permute%46}
+          k2: loop[x_dim0, 8, x_dim2, x_dim3-1] -> %48 = {mul%47 permute%48}
+          k3: loop[x_dim0, 4, x_dim2, x_dim3-1] -> %50 = {constant%49 mul%50}
         """)
     assert "epilogue" not in fusion_for(p, target="cuda").text(p.graph)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sympy
 
 from bladepack.codegen.c_render import CPU_MEMTYPE, CTYPE, Loop
+from bladepack.codegen.cpu_conv_nhwc import nhwc_conv_kernel, nhwc_pool_kernel
 from bladepack.codegen.emitter import Emitter
 from bladepack.codegen.kernel import FLOATS, store_offset
 from bladepack.ir import Node, OpKind
@@ -28,6 +29,9 @@ def pool_kernel(em: Emitter) -> None:
     n = em.ctx.nodes[em.spec.roots[0]]
     a = n.attrs
     assert isinstance(a, Pool2dAttrs)
+    if a.layout == "nhwc":  # Note [Channels-last chains]
+        nhwc_pool_kernel(em)
+        return
     x = n.inputs[0]
     xt = em.ctx.types[x]
     view = em.ctx.view(x)
@@ -144,6 +148,9 @@ def direct_conv_kernel(em: Emitter) -> None:
     n = em.ctx.nodes[em.spec.nodes[0]]
     root = em.spec.roots[0]
     a = n.attrs
+    if isinstance(a, Conv2dAttrs) and a.out_layout == "nhwc":  # Note [Channels-last chains]
+        nhwc_conv_kernel(em)
+        return
     assert isinstance(a, Conv2dAttrs) and a.weight_layout == "ihwo" and a.out_layout == "nchw"
     xv, wv = em.ctx.view(n.inputs[0]), em.ctx.view(n.inputs[1])
     assert xv is not None and wv is not None and wv.is_contiguous()

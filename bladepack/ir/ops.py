@@ -233,8 +233,10 @@ class MatmulAttrs:
 
 @dataclass(frozen=True)
 class Conv2dAttrs:
-    """`out_layout` "nchw" (torch's), or "cnhw": the result's dims are [C_out, N, OH, OW], so one GEMM
-    covers the whole batch (see passes/conv_layout.py); the input is always NCHW. `weight_layout`
+    """`out_layout` "nchw" (torch's); "cnhw": the result's dims are [C_out, N, OH, OW], so one GEMM
+    covers the whole batch (see passes/conv_layout.py), the input NCHW; or "nhwc": the input's dims are
+    [N, H, W, C_in] and the result's [N, OH, OW, C_out] (Note [Channels-last chains] in
+    passes/channels_last.py). `weight_layout`
     "oihw" (torch's), or "ihwo": the weight is stored [C_in, KH, KW, C_out], packed at optimize time
     for the direct convolution kernel (see passes/direct_conv.py)."""
 
@@ -255,6 +257,7 @@ class Pool2dAttrs:
     dilation: tuple[int, int]
     ceil_mode: bool
     count_include_pad: bool = True
+    layout: str = "nchw"  # or "nhwc": input and result dims [N, H, W, C] (Note [Channels-last chains])
 
 
 Attrs = Union[

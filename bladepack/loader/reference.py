@@ -389,16 +389,38 @@ def _pad_hw(
     return np.pad(x, widths, constant_values=value)
 
 
+def _nchw(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """[N, H, W, C] dims as [N, C, H, W]."""
+    return (shape[0], shape[3], shape[1], shape[2])
+
+
+def _channels_last(impl: Impl) -> Impl:
+    """A pooling whose `layout` is "nhwc" computed by its NCHW implementation (Note [Channels-last
+    chains] in passes/channels_last.py)."""
+
+    def wrapped(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+        if attrs.get("layout", "nchw") != "nhwc":
+            return impl(xs, attrs, shape, dt)
+        y = impl([xs[0].transpose(0, 3, 1, 2)], attrs, _nchw(shape), dt)
+        return np.ascontiguousarray(y.transpose(0, 2, 3, 1))
+
+    return wrapped
+
+
 @op("conv2d")
 def _conv2d(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
     x, w = xs[0], xs[1]
     if attrs.get("weight_layout", "oihw") == "ihwo":  # packed [C_in, KH, KW, C_out]
         w = np.ascontiguousarray(w.transpose(3, 0, 1, 2))
+    layout = attrs.get("out_layout", "nchw")
+    if layout == "nhwc":  # input [N, H, W, C_in], result [N, OH, OW, C_out] (Note [Channels-last chains])
+        y = _conv2d([x.transpose(0, 3, 1, 2), *xs[1:]], {**attrs, "out_layout": "nchw"}, _nchw(shape), dt)
+        return np.ascontiguousarray(y.transpose(0, 2, 3, 1))
     n = x.shape[0]
     o, cg, kh, kw = w.shape
     g = attrs["groups"]
     out_hw = shape[2:]
-    cnhw = attrs.get("out_layout", "nchw") == "cnhw"  # result dims [C_out, N, OH, OW]
+    cnhw = layout == "cnhw"  # result dims [C_out, N, OH, OW]
     xp = _pad_hw(x, attrs["padding"], (kh, kw), attrs["stride"], attrs["dilation"], out_hw, 0.0)
     win = _windows(xp, (kh, kw), attrs["stride"], attrs["dilation"], out_hw)  # N C Ho Wo kh kw
     win = win.reshape(n, g, cg, *win.shape[2:])
@@ -412,6 +434,7 @@ def _conv2d(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, .
 
 
 @op("max_pool2d")
+@_channels_last
 def _max_pool(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
     x = xs[0]
     lowest = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
@@ -421,6 +444,7 @@ def _max_pool(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int,
 
 
 @op("avg_pool2d")
+@_channels_last
 def _avg_pool(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
     x = xs[0]
     k, s, p = attrs["kernel"], attrs["stride"], attrs["padding"]

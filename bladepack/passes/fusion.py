@@ -47,7 +47,7 @@ from bladepack.ir.fusion_plan import (
     ReferenceStep,
 )
 from bladepack.ir.guards import data_predicates, effective_guards
-from bladepack.ir.ops import OP_INFO, AxisAttrs, IndexAttrs, NormAttrs, OpClass, ReduceAttrs
+from bladepack.ir.ops import OP_INFO, AxisAttrs, Conv2dAttrs, IndexAttrs, NormAttrs, OpClass, ReduceAttrs
 from bladepack.ir.types import IRDim, TensorType
 from bladepack.ir.views import LAYOUT_OPS, View, head_view, sym_eq, view_of
 from bladepack.passes.conv_epilogue import find_conv_epilogue
@@ -148,6 +148,7 @@ class _Planner:
         attention: bool,
     ) -> None:
         self.gemm_epilogues, self.conv_epilogues, self.fuse_attention = gemm_epilogues, conv_epilogues, attention
+        self.target = target
         self.attention: dict[int, Attention] = {}  # second matmul -> Note [Fused attention]
         self.in_attention: set[int] = set()  # the scores' matmuls, chains and softmaxes of those
         # stored value -> (matmul or convolution, its epilogue)
@@ -237,7 +238,17 @@ class _Planner:
             if n.op in (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D, OpKind.CUMSUM):
                 self.mat.add(n.inputs[0])
             if role is Role.LIBRARY and n.op is OpKind.CONV2D:
-                self.mat.update(n.inputs)
+                self.mat.update(n.inputs[1:])
+                x = n.inputs[0]
+                a = n.attrs
+                # a direct convolution on the CPU reads its input through any view of a stored value
+                # (Note [Channels-last chains]: an NCHW input of a channels-last one, or the reverse)
+                if isinstance(a, Conv2dAttrs) and a.weight_layout == "ihwo" and self.target == "cpu":
+                    self.mat.add(self._layout_root(x))
+                    if self.view(x) is None:
+                        self.mat.add(x)
+                else:
+                    self.mat.add(x)
             if role is Role.LIBRARY and n.op is OpKind.MATMUL:
                 for k, v in enumerate(n.inputs):
                     self.mat.add(self._layout_root(v))

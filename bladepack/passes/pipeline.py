@@ -13,6 +13,7 @@ from collections.abc import Callable
 from bladepack.ir import Program, print_graph, verify
 from bladepack.options import Options
 from bladepack.passes.canonicalize_shapes import canonicalize_shapes
+from bladepack.passes.channels_last import channels_last
 from bladepack.passes.conv_layout import conv_layout
 from bladepack.passes.dce import dead_code_elimination
 from bladepack.passes.decompose import decompose
@@ -28,10 +29,11 @@ PIPELINE: list[tuple[Pass, str]] = [
     (decompose, "split convolution biases into adds, which fuse as GEMM epilogues"),
     (direct_conv, "small convolutions as direct kernels on weights packed at optimize time"),
     (conv_layout, "channel-major convolution results, so one GEMM covers the whole batch"),
+    (channels_last, "direct convolutions and the pooling / elementwise ops after them channels-last (CPU only)"),
     (pack_linear, "linear layers' weights stored [K, N], so few-row products need no lane sums (CPU only)"),
     (matmul_scalars, "scalar factors of matmul operands onto the product, so attention reads its operands in place"),
 ]
-CPU_ONLY = frozenset({pack_linear})
+CPU_ONLY = frozenset({pack_linear, channels_last})
 
 
 def run_pipeline(p: Program, options: Options, targets: frozenset[str] = frozenset({"cpu"})) -> Program:

@@ -276,7 +276,8 @@ def add_graph_facts(cons: ShapeConstraints, g: Graph) -> None:
         elif n.op is OpKind.CONV2D:
             assert isinstance(n.attrs, Conv2dAttrs)
             x, w = ins[0], ins[1]
-            nb, oc = (out[1], out[0]) if n.attrs.out_layout == "cnhw" else (out[0], out[1])
+            layout = n.attrs.out_layout
+            nb, oc = (out[1], out[0]) if layout == "cnhw" else (out[0], out[3] if layout == "nhwc" else out[1])
             cons.equate(x[0], nb, why)
             cons.equate(w[-1] if n.attrs.weight_layout == "ihwo" else w[0], oc, why)
 

@@ -1,0 +1,210 @@
+"""CPU convolution and pooling kernels on channels-last values (Note [Channels-last chains]).
+
+In: a `CpuEmitter` whose spec is a "conv" kernel of a convolution with out_layout "nhwc", or a "pool"
+kernel of a pooling with layout "nhwc" (passes/channels_last.py). Out: the kernel body. Every value
+here has dims [N, H, W, C]; a pixel's channels are contiguous, so the channel loops are the vector
+loops whatever the image's width.
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from bladepack.codegen.c_render import CPU_MEMTYPE, CTYPE, Loop
+from bladepack.codegen.emitter import Emitter
+from bladepack.codegen.kernel import FLOATS, store_offset
+from bladepack.ir import OpKind
+from bladepack.ir.ops import Conv2dAttrs, Pool2dAttrs
+from bladepack.ir.views import simplify, sym_eq
+
+
+def conv_tile_pixels(oc: int) -> int:
+    """Output pixels per register tile: about 8-12 accumulator vectors of 16 floats (AVX-512), enough
+    independent multiply-adds to hide their latency without spilling."""
+    vectors = (oc + 15) // 16
+    return max(2, 12 // vectors) if vectors > 1 else 8
+
+
+def nhwc_conv_kernel(em: Emitter) -> None:
+    """Note [Channels-last convolution]: one parallel row per (image, tile of `conv_tile_pixels`
+    consecutive output pixels, rows included). Per tap (ky, kx) each pixel of the tile gets a pointer
+    to its input pixel's C_in channels, or to a row of zeros when the tap falls in the padding, so the
+    multiply-add loops have no bounds tests and no border cases; per input channel one broadcast of
+    each pixel's value times the tap's C_out packed weights (one contiguous vector run) accumulates
+    into acc[pixel][C_out]. The tile stores each pixel's C_out results as contiguous vectors, the
+    epilogue chain (Note [Convolution epilogue]) evaluated in the same vector loop."""
+    n = em.ctx.nodes[em.spec.nodes[0]]
+    root = em.spec.roots[0]
+    a = n.attrs
+    assert isinstance(a, Conv2dAttrs) and a.weight_layout == "ihwo" and a.out_layout == "nhwc"
+    xv, wv = em.ctx.view(n.inputs[0]), em.ctx.view(n.inputs[1])
+    assert xv is not None and wv is not None and wv.is_contiguous()
+    px, pw_ = em.ptr_load(xv.base), em.ptr_load(wv.base)
+    nb, oh, ow, oc = n.type.shape
+    cin, kh, kw, _ = em.ctx.types[n.inputs[1]].shape
+    h, w = em.ctx.types[n.inputs[0]].shape[1:3]
+    assert isinstance(oc, int) and isinstance(cin, int)
+    (sh, sw), (ph, pwd), (dh, dw) = a.stride, a.padding, a.dilation
+    t, mt = CTYPE[n.type.dtype], CPU_MEMTYPE[n.type.dtype]
+    r = em.args.ref
+    sc = r(xv.strides[3])
+    tile = conv_tile_pixels(oc)
+    pixels = simplify(oh * ow)
+    tiles = simplify((pixels + tile - 1) // tile)
+    out = em.ptr_store(root)
+    co, pix, oy, ox = Loop("co"), Loop("px"), Loop("oy"), Loop("ox")
+
+    def body(outer: tuple[Loop, ...]) -> None:
+        i_n, i_t = outer
+        base = em.args.index(sympy.expand(xv.offset + i_n * xv.strides[0]))
+        sy, sx = r(xv.strides[1]), r(xv.strides[2])
+        em.line(f"const {mt}* BPK_RESTRICT xn_ = {px} + {base};")
+        em.line(f"const {mt}* BPK_RESTRICT wp_ = {pw_} + {r(wv.offset)};")
+        image = em.args.index(store_offset(n.type.shape, (i_n, sympy.Integer(0), sympy.Integer(0), sympy.Integer(0))))
+        em.line(f"const int64_t q0_ = {i_t.name} * {tile};")
+        em.line(f"const int64_t np_ = std::min<int64_t>({tile}, {r(pixels)} - q0_);")
+        em.line(f"int64_t iy0_[{tile}], ix0_[{tile}];")
+        em.line(f"for (int p = 0; p < {tile}; ++p) {{")
+        em.line(f"  const int64_t q = std::min<int64_t>(q0_ + p, {r(pixels)} - 1);  // the tail repeats a pixel")
+        em.line(f"  iy0_[p] = q / {r(ow)} * {sh} - {ph};")
+        em.line(f"  ix0_[p] = q % {r(ow)} * {sw} - {pwd};")
+        em.line("}")
+        em.line(f"{t} acc[{tile}][{oc}] = {{}};")
+        em.line(f"for (int64_t ky = 0; ky < {kh}; ++ky) {{")
+        em.line(f"  for (int64_t kx = 0; kx < {kw}; ++kx) {{")
+        em.line(f"    const {mt}* xp_[{tile}];")
+        em.line(f"    for (int p = 0; p < {tile}; ++p) {{")
+        em.line(f"      const int64_t iy = iy0_[p] + ky * {dh}, ix = ix0_[p] + kx * {dw};")
+        em.line(
+            f"      xp_[p] = uint64_t(iy) < uint64_t({r(h)}) && uint64_t(ix) < uint64_t({r(w)})"
+            f" ? xn_ + iy * {sy} + ix * {sx} : zeros_;"
+        )
+        em.line("    }")
+        em.line(f"    const {mt}* BPK_RESTRICT wt = wp_ + (ky * {kw} + kx) * {oc};")
+        em.line(f"    for (int64_t ci = 0; ci < {cin}; ++ci) {{")
+        em.line(f"      const {mt}* BPK_RESTRICT wc = wt + ci * {kh * kw * oc};")
+        em.line(f"      #pragma GCC unroll {tile}")
+        em.line(f"      for (int p = 0; p < {tile}; ++p) {{")
+        em.line(f"        const {t} xv_ = xp_[p][ci * {sc}];")
+        em.line("        #pragma omp simd")
+        em.line(f"        for (int64_t co = 0; co < {oc}; ++co) acc[p][co] += xv_ * {t}(wc[co]);")
+        em.line("      }")
+        em.line("    }")
+        em.line("  }")
+        em.line("}")
+
+        def store_channel() -> None:
+            idx = (i_n, oy, ox, co)
+            value = "acc[px][co]"
+            if root != n.id:  # Note [Convolution epilogue]: the accumulator is the convolution's value here
+                em.bind(n.id, idx, value)
+                value = em.eval(root, idx)
+            em.line(f"orow_[co] = {value};")
+
+        def store_pixel() -> None:
+            em.loop(["#pragma omp simd", f"for (int64_t co = 0; co < {oc}; ++co) {{"], [co], store_channel)
+
+        # the pixel loop has a constant trip count and is unrolled, so acc[px] is a register, never memory
+        em.loop(
+            [f"#pragma GCC unroll {tile}", f"for (int px = 0; px < {tile}; ++px) {{"],
+            [pix, oy, ox],
+            store_pixel,
+            prologue=[
+                "if (px >= np_) break;",
+                f"const int64_t oy = (q0_ + px) / {r(ow)}, ox = (q0_ + px) % {r(ow)};",
+                f"{mt}* BPK_RESTRICT orow_ = {out} + {image} + (q0_ + px) * {oc};",
+            ],
+        )
+
+    if sym_eq(xv.strides[3], 1):  # what a tap in the padding reads: C_in zeros
+        scratch = [f"static const {mt} zeros_[{cin}] = {{}};"]
+    else:  # C_in zeros as far apart as the input's channels (an NCHW input read in place)
+        scratch = [
+            f"static thread_local std::vector<{mt}> zbuf_;",
+            f"const int64_t zn_ = {cin - 1} * {sc} + 1;",
+            f"if (int64_t(zbuf_.size()) < zn_) zbuf_.assign(size_t(zn_), {mt}{{}});",
+            f"const {mt}* zeros_ = zbuf_.data();",
+        ]
+    em.rows_loop([nb, tiles], f"{tile * cin * kh * kw * oc // 2 + 1}", body, scratch)
+
+
+def nhwc_pool_kernel(em: Emitter) -> None:
+    """Max / average pooling of channels-last values: one parallel row per (image, output row); per
+    output pixel the valid window taps are computed once and each tap combines a whole pixel's
+    channels (a contiguous vector run) into the accumulators."""
+    n = em.ctx.nodes[em.spec.roots[0]]
+    a = n.attrs
+    assert isinstance(a, Pool2dAttrs) and a.layout == "nhwc"
+    x = n.inputs[0]
+    view = em.ctx.view(x)
+    assert view is not None
+    p = em.ptr_load(view.base)
+    nb, oh, ow, c = n.type.shape
+    assert isinstance(c, int)
+    h, w = em.ctx.types[x].shape[1:3]
+    dt = n.type.dtype
+    t, mt = CTYPE[dt], CPU_MEMTYPE[dt]
+    is_max = n.op is OpKind.MAX_POOL2D
+    floats = dt in FLOATS
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = a.kernel, a.stride, a.padding, a.dilation
+    r = em.args.ref
+    if is_max:
+        init = f"-std::numeric_limits<{t}>::infinity()" if floats else f"std::numeric_limits<{t}>::lowest()"
+        comb = f"bpk::fmax_nan<{t}>(acc_[ch], {t}(src_[ch * {r(view.strides[3])}]))"
+        if not floats:
+            comb = f"std::max<{t}>(acc_[ch], {t}(src_[ch * {r(view.strides[3])}]))"
+    else:
+        init = f"{t}(0)"
+        comb = f"acc_[ch] + {t}(src_[ch * {r(view.strides[3])}])"
+
+    def count() -> str:
+        if is_max:
+            return ""
+        if a.count_include_pad:  # window cells inside the padded input
+            hi_h, hi_w = f"{r(h)} + {ph}", f"{r(w)} + {pw}"
+            return (
+                "int64_t cnt_ = 0;\n"
+                f"for (int64_t ki = 0; ki < {kh}; ++ki) {{ const int64_t hh = hh0 + ki * {dh};\n"
+                f"  for (int64_t kj = 0; kj < {kw}; ++kj) {{ const int64_t ww = ww0 + kj * {dw};\n"
+                f"    cnt_ += (hh >= -{ph} && hh < {hi_h} && ww >= -{pw} && ww < {hi_w}); }} }}"
+            )
+        return "const int64_t cnt_ = (ki1 - ki0) * (kj1 - kj0);"  # window cells inside the input
+
+    def body(outer: tuple[Loop, ...]) -> None:
+        i_n, i_h = outer
+        base = em.args.index(sympy.expand(view.offset + i_n * view.strides[0]))
+        sy, sx = r(view.strides[1]), r(view.strides[2])
+        store_row = em.args.index(store_offset(n.type.shape, (i_n, i_h, sympy.Integer(0), sympy.Integer(0))))
+        em.line(f"const {mt}* BPK_RESTRICT plane_ = {p} + {base};")
+        em.line(f"{mt}* BPK_RESTRICT out_ = {em.ptr_store(n.id)} + {store_row};")
+        em.line(f"const int64_t hh0 = {i_h.name} * {sh} - {ph};")
+        em.line(f"const int64_t ki0 = hh0 < 0 ? std::min<int64_t>({kh}, (-hh0 + {dh} - 1) / {dh}) : 0;")
+        em.line(
+            f"const int64_t ki1 = std::max<int64_t>(ki0, std::min<int64_t>({kh}, ({r(h)} - hh0 + {dh} - 1) / {dh}));"
+        )
+        em.line(f"for (int64_t j = 0; j < {r(ow)}; ++j) {{")
+        em.line(f"  const int64_t ww0 = j * {sw} - {pw};")
+        em.line(f"  const int64_t kj0 = ww0 < 0 ? std::min<int64_t>({kw}, (-ww0 + {dw} - 1) / {dw}) : 0;")
+        em.line(
+            f"  const int64_t kj1 = std::max<int64_t>(kj0, std::min<int64_t>({kw}, ({r(w)} - ww0 + {dw} - 1) / {dw}));"
+        )
+        em.line(f"  {t} acc_[{c}];")
+        em.line("  #pragma omp simd")
+        em.line(f"  for (int64_t ch = 0; ch < {c}; ++ch) acc_[ch] = {init};")
+        em.line("  for (int64_t ki = ki0; ki < ki1; ++ki) {")
+        em.line("    for (int64_t kj = kj0; kj < kj1; ++kj) {")
+        em.line(f"      const {mt}* BPK_RESTRICT src_ = plane_ + (hh0 + ki * {dh}) * {sy} + (ww0 + kj * {dw}) * {sx};")
+        em.line("      #pragma omp simd")
+        em.line(f"      for (int64_t ch = 0; ch < {c}; ++ch) acc_[ch] = {comb};")
+        em.line("    }")
+        em.line("  }")
+        scale = ""
+        if not is_max:
+            for ln in count().split("\n"):
+                em.line("  " + ln)
+            scale = f" / {t}(cnt_)"
+        em.line("  #pragma omp simd")
+        em.line(f"  for (int64_t ch = 0; ch < {c}; ++ch) out_[j * {c} + ch] = acc_[ch]{scale};")
+        em.line("}")
+
+    em.rows_loop([nb, oh], f"{r(ow)} * {kh * kw * c} + 64", body)

@@ -1,0 +1,130 @@
+"""Pass: chains of direct convolutions, pooling and elementwise ops compute in channels-last order.
+
+In: a `Program` after `direct_conv` (convolutions on weights packed "ihwo"). Out: each direct
+convolution, and each pooling / elementwise op that reads a value so converted, computes its result
+with dims [N, H, W, C] (`out_layout="nhwc"` on convolutions and pooling), except a convolution whose
+elementwise chain ends at a graph output (it stores NCHW itself, no copy at the exit); a permute to NCHW follows
+each such value that a consumer outside the chain reads, and one from NCHW precedes a convolution whose
+input is not channels-last. Other operands of a converted elementwise op (a batch norm's per-channel
+[C, 1, 1] scale) are read through a reshape to rank 4 and the same permute; an elementwise op with
+a whole NCHW operand stays NCHW and reads the channels-last one through its permute.
+
+Note [Channels-last chains]: in NCHW order a convolution's register tile (pixels x output channels,
+channels in the vector lanes) is stored transposed, one scalar per output, and its epilogue is scalar
+too; pooling vectorizes along a row, which at the widths dynamic-shape CNNs see (1-32) leaves its
+vector loops in their scalar remainders. Channels-last, a pixel's channels are contiguous: the tile
+stores whole vectors with a vectorized epilogue, pooling combines whole vectors of channels whatever
+the width, and a convolution reading a channels-last input tiles any run of output pixels (rows
+included), so a width of 1 does not leave the tile's pixels idle. The permutes are layout ops: they
+cost nothing unless a consumer needs a copy (a graph output, a reshape of a non-contiguous view), so
+the layout is converted once at the chain's edges. This is MLAS's / oneDNN's NCHWc blocking with one
+block per pixel: for the channel counts of the CNNs served here (up to 64) a block of all channels is
+what NCHWc's inner block would hold. CPU plans only: the CUDA kernels index NCHW.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from bladepack.ir import GraphBuilder, Node, OpKind, Program, rebuild_graph
+from bladepack.ir.ops import OP_INFO, Conv2dAttrs, OpClass, PermuteAttrs, Pool2dAttrs
+from bladepack.ir.types import TensorType
+from bladepack.passes.dce import dead_code_elimination
+
+TO_NHWC = (0, 2, 3, 1)
+TO_NCHW = (0, 3, 1, 2)
+
+
+def _nhwc(t: TensorType) -> TensorType:
+    n, c, h, w = t.shape
+    return TensorType(t.dtype, (n, h, w, c))
+
+
+def _direct_conv(n: Node) -> bool:
+    a = n.attrs
+    return (
+        n.op is OpKind.CONV2D
+        and isinstance(a, Conv2dAttrs)
+        and a.weight_layout == "ihwo"
+        and a.out_layout == "nchw"
+        and a.groups == 1
+        and not a.has_bias
+    )
+
+
+def _pool(n: Node) -> bool:
+    return n.op in (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D) and isinstance(n.attrs, Pool2dAttrs)
+
+
+def _elementwise(n: Node) -> bool:
+    cls = OP_INFO[n.op].op_class
+    return (
+        cls in (OpClass.ELEMENTWISE, OpClass.BROADCAST)
+        and n.op not in (OpKind.CONSTANT, OpKind.FULL, OpKind.EXPAND)
+        and n.type.rank == 4
+    )
+
+
+def _stores_an_output(conv: Node, nodes: dict[int, Node], users: dict[int, list[int]], outputs: set[int]) -> bool:
+    """Whether the elementwise chain after `conv` (single users of its shape, what its epilogue would
+    compute) ends at a graph output: that convolution stores NCHW itself rather than leave a copy."""
+    v = conv.id
+    while v not in outputs and len(users.get(v, ())) == 1:
+        u = nodes[users[v][0]]
+        if not _elementwise(u) or u.type.shape != conv.type.shape:
+            break
+        v = u.id
+    return v in outputs
+
+
+def channels_last(p: Program) -> Program:
+    g = p.graph
+    nodes = {n.id: n for n in g.nodes}
+    users: dict[int, list[int]] = {}
+    for n in g.nodes:
+        for i in dict.fromkeys(n.inputs):
+            users.setdefault(i, []).append(n.id)
+    outputs = set(g.outputs)
+    convs = {n.id for n in g.nodes if _direct_conv(n) and not _stores_an_output(n, nodes, users, outputs)}
+    if not convs:
+        return p
+    types = g.value_types()
+    # the channels-last version of a value of the new graph, keyed by its NCHW version (the permute)
+    nhwc_of: dict[int, int] = {}
+
+    def to_nhwc(b: GraphBuilder, v: int, t: TensorType, loc: str) -> int:
+        """v's channels-last version: its own, or a permute of it (after a reshape to rank 4)."""
+        if v in nhwc_of:
+            return nhwc_of[v]
+        if t.rank < 4:
+            t4 = TensorType(t.dtype, (1,) * (4 - t.rank) + tuple(t.shape))
+            v, t = b.add(OpKind.RESHAPE, (v,), t4, loc=loc), t4
+        return b.add(OpKind.PERMUTE, (v,), _nhwc(t), PermuteAttrs(TO_NHWC), loc)
+
+    def ok(v: int, old: int) -> bool:
+        """An operand a converted elementwise op may take: channels-last, a scalar, or constant along
+        N, H and W (a per-channel scale); a whole NCHW tensor keeps the op NCHW (no copy)."""
+        shape = (1,) * (4 - types[old].rank) + tuple(types[old].shape)
+        return v in nhwc_of or types[old].rank == 0 or all(d == 1 for k, d in enumerate(shape) if k != 1)
+
+    def convert(b: GraphBuilder, n: Node, ins: tuple[int, ...]) -> int | None:
+        if n.id in convs:
+            assert isinstance(n.attrs, Conv2dAttrs)
+            x = to_nhwc(b, ins[0], types[n.inputs[0]], n.loc)
+            attrs = dataclasses.replace(n.attrs, out_layout="nhwc")
+            y = b.add(n.op, (x, *ins[1:]), _nhwc(n.type), attrs, n.loc)
+        elif _pool(n) and ins[0] in nhwc_of and isinstance(n.type.shape[1], int):
+            assert isinstance(n.attrs, Pool2dAttrs)
+            attrs_p = dataclasses.replace(n.attrs, layout="nhwc")
+            y = b.add(n.op, (nhwc_of[ins[0]],), _nhwc(n.type), attrs_p, n.loc)
+        elif _elementwise(n) and any(i in nhwc_of for i in ins) and all(ok(i, o) for i, o in zip(ins, n.inputs)):
+            xs = tuple(i if types[o].rank == 0 else to_nhwc(b, i, types[o], n.loc) for i, o in zip(ins, n.inputs))
+            y = b.add(n.op, xs, _nhwc(n.type), n.attrs, n.loc)
+        else:
+            return None
+        back = b.add(OpKind.PERMUTE, (y,), n.type, PermuteAttrs(TO_NCHW), n.loc)
+        nhwc_of[back] = y
+        return back
+
+    graph = rebuild_graph(g, convert)
+    return dead_code_elimination(dataclasses.replace(p, graph=graph))

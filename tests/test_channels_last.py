@@ -1,0 +1,104 @@
+"""Note [Channels-last chains] (passes/channels_last.py): direct convolutions, pooling and elementwise ops
+computing [N, H, W, C] on the CPU, against eager at widths below, at and above a register tile, at size
+1, odd sizes and every window edge case (strides, dilation, padding, ceil mode, non-square kernels)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import bladepack
+from bladepack import Dim
+from bladepack.ir import OpKind
+from bladepack.ir.ops import Conv2dAttrs, Pool2dAttrs
+
+
+class _Chains(torch.nn.Module):
+    """Every layer a channels-last chain meets: a stride-2 stem on the NCHW input, max pooling with
+    padding, a dilated convolution with a residual, average pooling in ceil mode without the padding
+    in its count, 24 and 40 output channels (not a multiple of a vector), a (3, 2) kernel with stride
+    (2, 1), then a global average and a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(5)
+        self.stem = torch.nn.Conv2d(3, 16, 3, stride=2, padding=1)
+        self.bn = torch.nn.BatchNorm2d(16)
+        self.dil = torch.nn.Conv2d(16, 16, 3, padding=2, dilation=2, bias=False)
+        self.wide = torch.nn.Conv2d(16, 24, 3, padding=1)
+        self.odd = torch.nn.Conv2d(24, 40, (3, 2), stride=(2, 1), padding=(1, 1))
+        self.head = torch.nn.Linear(40, 7)
+        self.bn.running_mean.copy_(0.1 * torch.randn(16, generator=g))
+        self.bn.running_var.copy_(0.5 + torch.rand(16, generator=g))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn(self.stem(x)))
+        y = torch.nn.functional.max_pool2d(y, 3, stride=2, padding=1)
+        y = torch.relu(y + self.dil(y))
+        y = torch.nn.functional.gelu(self.wide(y))
+        y = torch.nn.functional.avg_pool2d(y, 3, stride=2, padding=1, ceil_mode=True, count_include_pad=False)
+        y = torch.sigmoid(self.odd(y)) * 2.0
+        return self.head(y.mean(dim=(2, 3)))
+
+
+SHAPES = [(1, 2, 2), (2, 2, 30), (1, 24, 2), (2, 3, 3), (3, 7, 9), (2, 17, 33), (1, 32, 16), (2, 31, 40), (1, 64, 7)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_channels_last_chains_match_eager(dtype: torch.dtype) -> None:
+    model = _Chains().eval().to(dtype)
+    samples = [(torch.randn(2, 3, 20, 24, dtype=dtype),), (torch.randn(3, 3, 26, 18, dtype=dtype),)]
+    dims = {"x": {0: Dim("batch"), 2: Dim("h"), 3: Dim("w")}}
+    art = bladepack.optimize(model, samples, dims)
+    m = bladepack.load(art.to_bytes(), executor="native")
+    kinds = [k["kind"] for k in m._manifest.kernels["cpu"]]
+    assert kinds.count("conv") == 4 and kinds.count("pool") == 2, kinds
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    for n, h, w in SHAPES:
+        x = torch.randn(n, 3, h, w, dtype=dtype)
+        with torch.no_grad():
+            want = model(x).numpy()
+        got = np.asarray(m(x.numpy()))
+        err = float(np.abs(got - want).max() / (1 + np.abs(want).max()))
+        assert err <= tol, ((n, h, w), err)
+
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.conv = torch.nn.Conv2d(16, 16, 3, padding=1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.nn.functional.max_pool2d(torch.relu(self.stem(x)), 2)
+        z = torch.relu(y + self.conv(y))
+        return z.mean(dim=(2, 3)), z + x[:, :1, ::2, ::2]
+
+
+def test_channels_last_golden() -> None:
+    """The stem reads the NCHW input in place; the pooling and the residual chain stay channels-last;
+    the whole-tensor NCHW operand of the last add keeps that add NCHW, reading z through its permute."""
+    from bladepack.export import capture, to_program
+    from bladepack.lowering.lower_native import fusion_for
+    from bladepack.options import Options
+    from bladepack.passes.pipeline import run_pipeline
+
+    samples = [(torch.randn(2, 3, 10, 8),), (torch.randn(3, 3, 12, 14),)]
+    p = run_pipeline(to_program(capture(_Block().eval(), samples, None)), Options.from_env())
+    layouts = [
+        (n.op, n.attrs.out_layout if isinstance(n.attrs, Conv2dAttrs) else n.attrs.layout)
+        for n in p.graph.nodes
+        if isinstance(n.attrs, (Conv2dAttrs, Pool2dAttrs))
+    ]
+    assert layouts == [(OpKind.CONV2D, "nhwc"), (OpKind.MAX_POOL2D, "nhwc"), (OpKind.CONV2D, "nhwc")]
+    assert fusion_for(p, target="cpu").text(p.graph) == textwrap.dedent("""\
+        fusion plan: 3 kernels, 0 library calls, 2 direct convolutions, 0 reference steps
+          conv2d%5 (direct kernel) -> %12 = {add%10 relu%12} (epilogue: inline)
+          k0: pool[x_dim0, floor(x_dim2/2), floor(x_dim3/2), 16] -> %14 = {max_pool2d%14}
+          conv2d%16 (direct kernel) -> %20 = {add%18 relu%20} (epilogue: inline)
+          k1: row[x_dim0, 16, floor(x_dim2/2), floor(x_dim3/2)] rows of 2 -> %22 = {permute%21 mean%22}
+          k2: loop[x_dim0, 16, floor(x_dim2/2), floor(x_dim3/2)] -> %26 = {permute%21 slice%23 slice%24 slice%25 add%26}
+        """)
