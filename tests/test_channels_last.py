@@ -79,8 +79,9 @@ class _Block(torch.nn.Module):
 
 
 def test_channels_last_golden() -> None:
-    """The stem reads the NCHW input in place; the pooling and the residual chain stay channels-last;
-    the whole-tensor NCHW operand of the last add keeps that add NCHW, reading z through its permute."""
+    """The stem reads the NCHW input in place; the pooling, the residual chain and the global mean
+    (over H and W of [N, H, W, C]) stay channels-last; the whole-tensor NCHW operand of the last add
+    keeps that add NCHW, reading z through its permute."""
     from bladepack.export import capture, to_program
     from bladepack.lowering.lower_native import fusion_for
     from bladepack.options import Options
@@ -99,6 +100,34 @@ def test_channels_last_golden() -> None:
           conv2d%5 (direct kernel) -> %12 = {add%10 relu%12} (epilogue: inline)
           k0: pool[x_dim0, floor(x_dim2/2), floor(x_dim3/2), 16] -> %14 = {max_pool2d%14}
           conv2d%16 (direct kernel) -> %20 = {add%18 relu%20} (epilogue: inline)
-          k1: row[x_dim0, 16, floor(x_dim2/2), floor(x_dim3/2)] rows of 2 -> %22 = {permute%21 mean%22}
+          k1: reduce[x_dim0, 16] -> %22 = {mean%22}
           k2: loop[x_dim0, 16, floor(x_dim2/2), floor(x_dim3/2)] -> %26 = {permute%21 slice%23 slice%24 slice%25 add%26}
         """)
+
+
+class _GlobalPools(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 24, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = torch.relu(self.conv(x))
+        return y.sum(dim=(2, 3), keepdim=True), torch.amax(y, dim=(-2, -1)), torch.amin(y, dim=(3, 2), keepdim=True)
+
+
+def test_channels_last_global_reductions() -> None:
+    """Sums, maxima and minima over H and W of a channels-last value reduce [N, H, W, C] over (1, 2),
+    with and without kept dims; at a single pixel and at odd sizes."""
+    model = _GlobalPools().eval()
+    samples = [(torch.randn(2, 3, 10, 8),), (torch.randn(3, 3, 12, 14),)]
+    art = bladepack.optimize(model, samples, {"x": {0: Dim("batch"), 2: Dim("h"), 3: Dim("w")}})
+    m = bladepack.load(art.to_bytes(), executor="native")
+    assert [k["kind"] for k in m._manifest.kernels["cpu"]].count("reduce") == 3
+    for n, h, w in [(1, 1, 1), (2, 5, 3), (3, 17, 31)]:
+        x = torch.randn(n, 3, h, w)
+        with torch.no_grad():
+            want = model(x)
+        got = m(x.numpy())
+        for g, e in zip(got, want):
+            assert g.shape == tuple(e.shape)
+            assert float(np.abs(g - e.numpy()).max() / (1 + e.abs().max())) <= 1e-5, (n, h, w)

@@ -182,15 +182,42 @@ def nhwc_pool_kernel(em: Emitter) -> None:
         em.line(
             f"const int64_t ki1 = std::max<int64_t>(ki0, std::min<int64_t>({kh}, ({r(h)} - hh0 + {dh} - 1) / {dh}));"
         )
+        # interior pixels (the whole window inside the input) get constant-trip, unrolled tap loops
+        em.line(f"const bool rows_in_ = ki0 == 0 && ki1 == {kh};")
+        em.line(f"const int64_t ja_ = std::min<int64_t>({r(ow)}, ({pw} + {sw} - 1) / {sw});")
+        em.line(f"const int64_t jb_num_ = {r(w)} - 1 + {pw} - {(kw - 1) * dw};")
+        em.line(
+            f"const int64_t jb_ = std::max<int64_t>(ja_, jb_num_ < 0 ? 0 : std::min<int64_t>({r(ow)}, jb_num_ / {sw} + 1));"
+        )
         em.line(f"for (int64_t j = 0; j < {r(ow)}; ++j) {{")
         em.line(f"  const int64_t ww0 = j * {sw} - {pw};")
+        em.line(f"  {t} acc_[{c}];")
+        em.line("  #pragma omp simd")
+        em.line(f"  for (int64_t ch = 0; ch < {c}; ++ch) acc_[ch] = {init};")
+        em.line("  if (rows_in_ && j >= ja_ && j < jb_) {")
+        em.line(f"    #pragma GCC unroll {kh}")
+        em.line(f"    for (int64_t ki = 0; ki < {kh}; ++ki) {{")
+        em.line(f"      #pragma GCC unroll {kw}")
+        em.line(f"      for (int64_t kj = 0; kj < {kw}; ++kj) {{")
+        em.line(
+            f"        const {mt}* BPK_RESTRICT src_ = plane_ + (hh0 + ki * {dh}) * {sy} + (ww0 + kj * {dw}) * {sx};"
+        )
+        em.line("        #pragma omp simd")
+        em.line(f"        for (int64_t ch = 0; ch < {c}; ++ch) acc_[ch] = {comb};")
+        em.line("      }")
+        em.line("    }")
+        if not is_max:
+            em.line("    #pragma omp simd")
+            em.line(f"    for (int64_t ch = 0; ch < {c}; ++ch) out_[j * {c} + ch] = acc_[ch] / {t}({kh * kw});")
+        else:
+            em.line("    #pragma omp simd")
+            em.line(f"    for (int64_t ch = 0; ch < {c}; ++ch) out_[j * {c} + ch] = acc_[ch];")
+        em.line("    continue;")
+        em.line("  }")
         em.line(f"  const int64_t kj0 = ww0 < 0 ? std::min<int64_t>({kw}, (-ww0 + {dw} - 1) / {dw}) : 0;")
         em.line(
             f"  const int64_t kj1 = std::max<int64_t>(kj0, std::min<int64_t>({kw}, ({r(w)} - ww0 + {dw} - 1) / {dw}));"
         )
-        em.line(f"  {t} acc_[{c}];")
-        em.line("  #pragma omp simd")
-        em.line(f"  for (int64_t ch = 0; ch < {c}; ++ch) acc_[ch] = {init};")
         em.line("  for (int64_t ki = ki0; ki < ki1; ++ki) {")
         em.line("    for (int64_t kj = kj0; kj < kj1; ++kj) {")
         em.line(f"      const {mt}* BPK_RESTRICT src_ = plane_ + (hh0 + ki * {dh}) * {sy} + (ww0 + kj * {dw}) * {sx};")

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 
 from bladepack.ir import GraphBuilder, Node, OpKind, Program, rebuild_graph
-from bladepack.ir.ops import OP_INFO, Conv2dAttrs, OpClass, PermuteAttrs, Pool2dAttrs
+from bladepack.ir.ops import OP_INFO, Conv2dAttrs, OpClass, PermuteAttrs, Pool2dAttrs, ReduceAttrs
 from bladepack.ir.types import TensorType
 from bladepack.passes.dce import dead_code_elimination
 
@@ -77,6 +77,16 @@ def _stores_an_output(conv: Node, nodes: dict[int, Node], users: dict[int, list[
     return v in outputs
 
 
+def _spatial_reduction(n: Node) -> bool:
+    """A sum / mean / max / min over H and W of an NCHW value (a global pooling)."""
+    a = n.attrs
+    return (
+        n.op in (OpKind.SUM, OpKind.MEAN, OpKind.AMAX, OpKind.AMIN)
+        and isinstance(a, ReduceAttrs)
+        and sorted(ax % 4 for ax in a.axes) == [2, 3]
+    )
+
+
 def channels_last(p: Program) -> Program:
     g = p.graph
     nodes = {n.id: n for n in g.nodes}
@@ -120,6 +130,12 @@ def channels_last(p: Program) -> Program:
         elif _elementwise(n) and any(i in nhwc_of for i in ins) and all(ok(i, o) for i, o in zip(ins, n.inputs)):
             xs = tuple(i if types[o].rank == 0 else to_nhwc(b, i, types[o], n.loc) for i, o in zip(ins, n.inputs))
             y = b.add(n.op, xs, _nhwc(n.type), n.attrs, n.loc)
+        elif _spatial_reduction(n) and ins[0] in nhwc_of:
+            assert isinstance(n.attrs, ReduceAttrs)
+            x = nhwc_of[ins[0]]
+            if not n.attrs.keepdim:  # [N, C] either way
+                return b.add(n.op, (x,), n.type, ReduceAttrs((1, 2), False), n.loc)
+            y = b.add(n.op, (x,), _nhwc(n.type), ReduceAttrs((1, 2), True), n.loc)
         else:
             return None
         back = b.add(OpKind.PERMUTE, (y,), n.type, PermuteAttrs(TO_NCHW), n.loc)
