@@ -131,3 +131,52 @@ def test_channels_last_global_reductions() -> None:
         for g, e in zip(got, want):
             assert g.shape == tuple(e.shape)
             assert float(np.abs(g - e.numpy()).max() / (1 + e.abs().max())) <= 1e-5, (n, h, w)
+
+
+class _Mobile(torch.nn.Module):
+    """MobileNet-style layers: pointwise expansion (24 -> 72, 72 is not a multiple of the 64-channel
+    block), depthwise 3x3, a strided 5x5 and a dilated depthwise, ReLU6, a pointwise projection to 40
+    channels with a residual, and a pointwise layer whose chain ends at an output (kept NCHW)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 24, 3, stride=2, padding=1)
+        self.expand = torch.nn.Conv2d(24, 72, 1, bias=False)
+        self.bn = torch.nn.BatchNorm2d(72)
+        self.dw = torch.nn.Conv2d(72, 72, 3, padding=1, groups=72, bias=False)
+        self.dw5 = torch.nn.Conv2d(72, 72, 5, stride=2, padding=2, groups=72)
+        self.dwd = torch.nn.Conv2d(72, 72, 3, padding=2, dilation=2, groups=72)
+        self.project = torch.nn.Conv2d(72, 24, 1)
+        self.last = torch.nn.Conv2d(24, 40, 1)
+        g = torch.Generator().manual_seed(7)
+        self.bn.running_mean.copy_(0.1 * torch.randn(72, generator=g))
+        self.bn.running_var.copy_(0.5 + torch.rand(72, generator=g))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.nn.functional.relu6(self.stem(x))
+        z = torch.nn.functional.relu6(self.bn(self.expand(y)))
+        z = torch.nn.functional.relu6(self.dw(z))
+        y = y + self.project(self.dwd(z))
+        return self.last(y), self.dw5(z).mean(dim=(2, 3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_channels_last_depthwise_and_pointwise(dtype: torch.dtype) -> None:
+    """Depthwise and pointwise convolutions become channels-last direct kernels on weights packed here
+    (their other plans: a GEMM per channel, one GEMM on the input); the pointwise one whose chain ends
+    at an output stays a GEMM storing NCHW."""
+    model = _Mobile().eval().to(dtype)
+    samples = [(torch.randn(2, 3, 20, 24, dtype=dtype),), (torch.randn(3, 3, 26, 18, dtype=dtype),)]
+    art = bladepack.optimize(model, samples, {"x": {0: Dim("batch"), 2: Dim("h"), 3: Dim("w")}})
+    m = bladepack.load(art.to_bytes(), executor="native")
+    kinds = [k["kind"] for k in m._manifest.kernels["cpu"]]
+    assert kinds.count("conv") == 6 and "im2col" not in kinds, kinds
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    for n, h, w in [(1, 1, 1), (1, 2, 2), (2, 1, 30), (1, 24, 1), (2, 7, 9), (3, 17, 33), (1, 64, 40)]:
+        x = torch.randn(n, 3, h, w, dtype=dtype)
+        with torch.no_grad():
+            want = model(x)
+        got = m(x.numpy())
+        for g, e in zip(got, want):
+            err = float(np.abs(g - e.numpy()).max() / (1 + e.abs().max()))
+            assert err <= tol, ((n, h, w), err)

@@ -89,6 +89,7 @@ CASES = [
             ("clamp", lambda x: torch.clamp(x, -0.5, 0.7)),
             ("clamp_min", lambda x: torch.clamp(x, min=0.1)),
             ("hardtanh", F.hardtanh),
+            ("relu6", lambda x: F.relu6(8 * x)),
             ("dropout_eval", lambda x: F.dropout(x, 0.5, training=False)),
         ]
     ],

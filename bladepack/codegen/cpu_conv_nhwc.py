@@ -8,31 +8,40 @@ loops whatever the image's width.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import sympy
 
 from bladepack.codegen.c_render import CPU_MEMTYPE, CTYPE, Loop
 from bladepack.codegen.emitter import Emitter
-from bladepack.codegen.kernel import FLOATS, store_offset
-from bladepack.ir import OpKind
-from bladepack.ir.ops import Conv2dAttrs, Pool2dAttrs
+from bladepack.codegen.kernel import FLOATS, reduce_init, store_offset
+from bladepack.ir import Node, OpKind
+from bladepack.ir.ops import Conv2dAttrs, Pool2dAttrs, ReduceAttrs
+from bladepack.ir.types import TensorType
 from bladepack.ir.views import simplify, sym_eq
 
 
 def conv_tile_pixels(oc: int) -> int:
-    """Output pixels per register tile: about 8-12 accumulator vectors of 16 floats (AVX-512), enough
-    independent multiply-adds to hide their latency without spilling."""
+    """Output pixels per register tile of `oc` output channels: about 8-12 accumulator vectors of 16
+    floats (AVX-512), enough independent multiply-adds to hide their latency without spilling."""
     vectors = (oc + 15) // 16
     return max(2, 12 // vectors) if vectors > 1 else 8
 
 
+CHANNEL_BLOCK = 64  # output channels per register tile; wider convolutions loop over blocks
+
+
 def nhwc_conv_kernel(em: Emitter) -> None:
     """Note [Channels-last convolution]: one parallel row per (image, tile of `conv_tile_pixels`
-    consecutive output pixels, rows included). Per tap (ky, kx) each pixel of the tile gets a pointer
-    to its input pixel's C_in channels, or to a row of zeros when the tap falls in the padding, so the
-    multiply-add loops have no bounds tests and no border cases; per input channel one broadcast of
-    each pixel's value times the tap's C_out packed weights (one contiguous vector run) accumulates
-    into acc[pixel][C_out]. The tile stores each pixel's C_out results as contiguous vectors, the
-    epilogue chain (Note [Convolution epilogue]) evaluated in the same vector loop."""
+    consecutive output pixels, rows included). For each tap (ky, kx), each pixel of the tile gets a
+    pointer to its input pixel's channels, or to a row of zeros when the tap falls in the padding, so
+    the multiply-add loops have no bounds tests and no border cases; the pointers are made once per
+    tile and serve every block of CHANNEL_BLOCK output channels. Per block, acc[pixel][channel] stays
+    in registers: with groups 1, per input channel one broadcast of each pixel's value times the tap's
+    packed weights (one contiguous vector run); depthwise (groups = C_in = C_out, MobileNet's), each
+    pixel's channel vector times the tap's per-channel weights. The tile stores each pixel's block as
+    contiguous vectors, the epilogue chain (Note [Convolution epilogue]) evaluated in the same vector
+    loop."""
     n = em.ctx.nodes[em.spec.nodes[0]]
     root = em.spec.roots[0]
     a = n.attrs
@@ -41,91 +50,142 @@ def nhwc_conv_kernel(em: Emitter) -> None:
     assert xv is not None and wv is not None and wv.is_contiguous()
     px, pw_ = em.ptr_load(xv.base), em.ptr_load(wv.base)
     nb, oh, ow, oc = n.type.shape
-    cin, kh, kw, _ = em.ctx.types[n.inputs[1]].shape
+    cg, kh, kw, _ = em.ctx.types[n.inputs[1]].shape
     h, w = em.ctx.types[n.inputs[0]].shape[1:3]
-    assert isinstance(oc, int) and isinstance(cin, int)
+    assert isinstance(oc, int) and isinstance(cg, int)
+    depthwise = a.groups > 1
+    assert not depthwise or (a.groups == oc and cg == 1), "grouped convolutions other than depthwise"
+    cin = oc if depthwise else cg  # channels of one input pixel
     (sh, sw), (ph, pwd), (dh, dw) = a.stride, a.padding, a.dilation
     t, mt = CTYPE[n.type.dtype], CPU_MEMTYPE[n.type.dtype]
     r = em.args.ref
     sc = r(xv.strides[3])
-    tile = conv_tile_pixels(oc)
+    block = min(oc, CHANNEL_BLOCK)
+    tile = conv_tile_pixels(block)
+    taps = kh * kw
     pixels = simplify(oh * ow)
     tiles = simplify((pixels + tile - 1) // tile)
     out = em.ptr_store(root)
-    co, pix, oy, ox = Loop("co"), Loop("px"), Loop("oy"), Loop("ox")
+    co, pix, oy, ox, cb = Loop("co"), Loop("px"), Loop("oy"), Loop("ox"), Loop("cb")
 
     def body(outer: tuple[Loop, ...]) -> None:
         i_n, i_t = outer
         base = em.args.index(sympy.expand(xv.offset + i_n * xv.strides[0]))
         sy, sx = r(xv.strides[1]), r(xv.strides[2])
+        image = em.args.index(store_offset(n.type.shape, (i_n, sympy.Integer(0), sympy.Integer(0), sympy.Integer(0))))
         em.line(f"const {mt}* BPK_RESTRICT xn_ = {px} + {base};")
         em.line(f"const {mt}* BPK_RESTRICT wp_ = {pw_} + {r(wv.offset)};")
-        image = em.args.index(store_offset(n.type.shape, (i_n, sympy.Integer(0), sympy.Integer(0), sympy.Integer(0))))
         em.line(f"const int64_t q0_ = {i_t.name} * {tile};")
         em.line(f"const int64_t np_ = std::min<int64_t>({tile}, {r(pixels)} - q0_);")
-        em.line(f"int64_t iy0_[{tile}], ix0_[{tile}];")
+        em.line(f"const {mt}* xp_[{taps}][{tile}];  // per tap, each pixel's input channels (or zeros)")
+        em.line(f"int64_t oy_[{tile}], ox_[{tile}], iy0_[{tile}], ix0_[{tile}];")
+        em.line("bool inside_ = true;  // every tap of every pixel inside the input: no selects")
+        # one division per tile: the pixels' rows and columns advance from the first's
+        em.line(f"int64_t y_ = q0_ / {r(ow)}, x_ = q0_ - y_ * {r(ow)};")
         em.line(f"for (int p = 0; p < {tile}; ++p) {{")
-        em.line(f"  const int64_t q = std::min<int64_t>(q0_ + p, {r(pixels)} - 1);  // the tail repeats a pixel")
-        em.line(f"  iy0_[p] = q / {r(ow)} * {sh} - {ph};")
-        em.line(f"  ix0_[p] = q % {r(ow)} * {sw} - {pwd};")
-        em.line("}")
-        em.line(f"{t} acc[{tile}][{oc}] = {{}};")
-        em.line(f"for (int64_t ky = 0; ky < {kh}; ++ky) {{")
-        em.line(f"  for (int64_t kx = 0; kx < {kw}; ++kx) {{")
-        em.line(f"    const {mt}* xp_[{tile}];")
-        em.line(f"    for (int p = 0; p < {tile}; ++p) {{")
-        em.line(f"      const int64_t iy = iy0_[p] + ky * {dh}, ix = ix0_[p] + kx * {dw};")
+        em.line("  oy_[p] = y_;")
+        em.line("  ox_[p] = x_;")
+        em.line(f"  if (q0_ + p + 1 < {r(pixels)} && ++x_ == {r(ow)}) {{  // the tail repeats the last pixel")
+        em.line("    x_ = 0;")
+        em.line("    ++y_;")
+        em.line("  }")
+        em.line(f"  iy0_[p] = oy_[p] * {sh} - {ph};")
+        em.line(f"  ix0_[p] = ox_[p] * {sw} - {pwd};")
         em.line(
-            f"      xp_[p] = uint64_t(iy) < uint64_t({r(h)}) && uint64_t(ix) < uint64_t({r(w)})"
+            f"  inside_ &= iy0_[p] >= 0 && iy0_[p] + {(kh - 1) * dh} < {r(h)}"
+            f" && ix0_[p] >= 0 && ix0_[p] + {(kw - 1) * dw} < {r(w)};"
+        )
+        em.line("}")
+        em.line("if (inside_) {")
+        em.line(f"  for (int p = 0; p < {tile}; ++p) {{")
+        em.line(f"    const {mt}* xc = xn_ + iy0_[p] * {sy} + ix0_[p] * {sx};")
+        em.line(f"    for (int64_t k = 0; k < {taps}; ++k) xp_[k][p] = xc + tap_[k];")
+        em.line("  }")
+        em.line("} else {")
+        em.line(f"  for (int p = 0; p < {tile}; ++p) {{")
+        em.line(f"    for (int64_t ky = 0; ky < {kh}; ++ky) {{")
+        em.line(f"      for (int64_t kx = 0; kx < {kw}; ++kx) {{")
+        em.line(f"        const int64_t iy = iy0_[p] + ky * {dh}, ix = ix0_[p] + kx * {dw};")
+        em.line(
+            f"        xp_[ky * {kw} + kx][p] = uint64_t(iy) < uint64_t({r(h)}) && uint64_t(ix) < uint64_t({r(w)})"
             f" ? xn_ + iy * {sy} + ix * {sx} : zeros_;"
         )
-        em.line("    }")
-        em.line(f"    const {mt}* BPK_RESTRICT wt = wp_ + (ky * {kw} + kx) * {oc};")
-        em.line(f"    for (int64_t ci = 0; ci < {cin}; ++ci) {{")
-        em.line(f"      const {mt}* BPK_RESTRICT wc = wt + ci * {kh * kw * oc};")
-        em.line(f"      #pragma GCC unroll {tile}")
-        em.line(f"      for (int p = 0; p < {tile}; ++p) {{")
-        em.line(f"        const {t} xv_ = xp_[p][ci * {sc}];")
-        em.line("        #pragma omp simd")
-        em.line(f"        for (int64_t co = 0; co < {oc}; ++co) acc[p][co] += xv_ * {t}(wc[co]);")
         em.line("      }")
         em.line("    }")
         em.line("  }")
         em.line("}")
 
-        def store_channel() -> None:
-            idx = (i_n, oy, ox, co)
-            value = "acc[px][co]"
-            if root != n.id:  # Note [Convolution epilogue]: the accumulator is the convolution's value here
-                em.bind(n.id, idx, value)
-                value = em.eval(root, idx)
-            em.line(f"orow_[co] = {value};")
+        def channel_block(width: int) -> None:
+            """One block of `width` output channels starting at channel cb: accumulate, then store."""
+            em.line(f"{t} acc[{tile}][{width}] = {{}};")
+            em.line(f"for (int64_t k = 0; k < {taps}; ++k) {{")
+            if depthwise:
+                em.line(f"  const {mt}* BPK_RESTRICT wc = wp_ + k * {oc} + cb;")
+                em.line(f"  #pragma GCC unroll {tile}")
+                em.line(f"  for (int p = 0; p < {tile}; ++p) {{")
+                em.line(f"    const {mt}* BPK_RESTRICT xq_ = xp_[k][p] + cb * {sc};")
+                em.line("    #pragma omp simd")
+                em.line(
+                    f"    for (int64_t co = 0; co < {width}; ++co) acc[p][co] += {t}(xq_[co * {sc}]) * {t}(wc[co]);"
+                )
+                em.line("  }")
+            else:
+                em.line(f"  for (int64_t ci = 0; ci < {cin}; ++ci) {{")
+                em.line(f"    const {mt}* BPK_RESTRICT wc = wp_ + (ci * {taps} + k) * {oc} + cb;")
+                em.line(f"    #pragma GCC unroll {tile}")
+                em.line(f"    for (int p = 0; p < {tile}; ++p) {{")
+                em.line(f"      const {t} xv_ = xp_[k][p][ci * {sc}];")
+                em.line("      #pragma omp simd")
+                em.line(f"      for (int64_t co = 0; co < {width}; ++co) acc[p][co] += xv_ * {t}(wc[co]);")
+                em.line("    }")
+                em.line("  }")
+            em.line("}")
 
-        def store_pixel() -> None:
-            em.loop(["#pragma omp simd", f"for (int64_t co = 0; co < {oc}; ++co) {{"], [co], store_channel)
+            def store_channel() -> None:
+                idx = (i_n, oy, ox, cb + co)
+                value = "acc[px][co]"
+                if root != n.id:  # Note [Convolution epilogue]: the accumulator is the convolution's value
+                    em.bind(n.id, idx, value)
+                    value = em.eval(root, idx)
+                em.line(f"orow_[cb + co] = {value};")
 
-        # the pixel loop has a constant trip count and is unrolled, so acc[px] is a register, never memory
-        em.loop(
-            [f"#pragma GCC unroll {tile}", f"for (int px = 0; px < {tile}; ++px) {{"],
-            [pix, oy, ox],
-            store_pixel,
-            prologue=[
-                "if (px >= np_) break;",
-                f"const int64_t oy = (q0_ + px) / {r(ow)}, ox = (q0_ + px) % {r(ow)};",
-                f"{mt}* BPK_RESTRICT orow_ = {out} + {image} + (q0_ + px) * {oc};",
-            ],
-        )
+            def store_pixel() -> None:
+                em.loop(["#pragma omp simd", f"for (int64_t co = 0; co < {width}; ++co) {{"], [co], store_channel)
 
+            # the pixel loop has a constant trip count and is unrolled, so acc[px] is a register, never memory
+            em.loop(
+                [f"#pragma GCC unroll {tile}", f"for (int px = 0; px < {tile}; ++px) {{"],
+                [pix, oy, ox],
+                store_pixel,
+                prologue=[
+                    "if (px >= np_) break;",
+                    "const int64_t oy = oy_[px], ox = ox_[px];",
+                    f"{mt}* BPK_RESTRICT orow_ = {out} + {image} + (q0_ + px) * {oc};",
+                ],
+            )
+
+        full = oc - oc % block
+        em.loop([f"for (int64_t cb = 0; cb < {full}; cb += {block}) {{"], [cb], lambda: channel_block(block))
+        if oc % block:  # the last, narrower block
+            em.loop([f"{{ const int64_t cb = {full};"], [cb], lambda: channel_block(oc % block))
+
+    # each tap's offset from a window's corner pixel
+    sy0, sx0 = r(xv.strides[1]), r(xv.strides[2])
+    tap_offsets = [
+        f"int64_t tap_[{taps}];",
+        f"for (int64_t k = 0; k < {taps}; ++k) tap_[k] = k / {kw} * {dh} * {sy0} + k % {kw} * {dw} * {sx0};",
+    ]
     if sym_eq(xv.strides[3], 1):  # what a tap in the padding reads: C_in zeros
         scratch = [f"static const {mt} zeros_[{cin}] = {{}};"]
     else:  # C_in zeros as far apart as the input's channels (an NCHW input read in place)
         scratch = [
-            f"static thread_local std::vector<{mt}> zbuf_;",
+            "static thread_local std::vector<" + mt + "> zbuf_;",
             f"const int64_t zn_ = {cin - 1} * {sc} + 1;",
             f"if (int64_t(zbuf_.size()) < zn_) zbuf_.assign(size_t(zn_), {mt}{{}});",
             f"const {mt}* zeros_ = zbuf_.data();",
         ]
-    em.rows_loop([nb, tiles], f"{tile * cin * kh * kw * oc // 2 + 1}", body, scratch)
+    macs = tile * taps * oc * (1 if depthwise else cin)
+    em.rows_loop([nb, tiles], f"{macs // 2 + 1}", body, [*scratch, *tap_offsets])
 
 
 def nhwc_pool_kernel(em: Emitter) -> None:
@@ -235,3 +295,80 @@ def nhwc_pool_kernel(em: Emitter) -> None:
         em.line("}")
 
     em.rows_loop([nb, oh], f"{r(ow)} * {kh * kw * c} + 64", body)
+
+
+def spatial_reduction(nodes: Mapping[int, Node], types: Mapping[int, TensorType], root: int) -> bool:
+    """Whether the reduction `root` sums / averages / maxes / mins a channels-last value over H and W
+    with a constant channel count (passes/channels_last.py's global pooling)."""
+    n = nodes[root]
+    a = n.attrs
+    xt = types[n.inputs[0]]
+    return (
+        n.op in (OpKind.SUM, OpKind.MEAN, OpKind.AMAX, OpKind.AMIN)
+        and isinstance(a, ReduceAttrs)
+        and xt.rank == 4
+        and sorted(ax % 4 for ax in a.axes) == [1, 2]
+        and isinstance(xt.shape[3], int)
+        and xt.dtype in FLOATS
+    )
+
+
+SPATIAL_CHANNELS = 16  # channels per parallel row of a spatial reduction (one or two vectors)
+
+
+def nhwc_spatial_reduce_kernel(em: Emitter) -> None:
+    """A global pooling of [N, H, W, C] over H and W: one parallel row per (image, block of
+    SPATIAL_CHANNELS channels); the pixels are walked in memory order and each one's block of channels
+    is combined into vector accumulators (in the reduction's accumulator type, as the generic reduction
+    kernel does), so every load is a contiguous run whatever H and W are."""
+    n = em.ctx.nodes[em.spec.roots[0]]
+    a = n.attrs
+    assert isinstance(a, ReduceAttrs)
+    x = n.inputs[0]
+    xt = em.ctx.types[x]
+    nb, h, w, c = xt.shape
+    assert isinstance(c, int)
+    acc_t = em.accumulator(n)
+    t = CTYPE[acc_t]
+    dt = n.type.dtype
+    kind = {OpKind.AMAX: "max", OpKind.AMIN: "min"}.get(n.op, "sum")
+    init = reduce_init(kind, acc_t)
+    blocks = (c + SPATIAL_CHANNELS - 1) // SPATIAL_CHANNELS
+    ch, yy, xx = Loop("ch"), Loop("yy"), Loop("xx")
+    r = em.args.ref
+
+    c0 = Loop("c0")
+
+    def block(i_n: Loop) -> None:
+        em.line(f"const int64_t nc_ = std::min<int64_t>({SPATIAL_CHANNELS}, {c} - c0);")
+        em.line(f"{t} acc_[{SPATIAL_CHANNELS}];")
+        em.line(f"for (int64_t ch = 0; ch < {SPATIAL_CHANNELS}; ++ch) acc_[ch] = {init};")
+
+        def step() -> None:
+            v = em._as(em.eval(x, (i_n, yy, xx, c0 + ch)), xt.dtype, acc_t)
+            if kind == "sum":
+                em.line(f"acc_[ch] = acc_[ch] + {v};")
+            else:
+                em.line(f"acc_[ch] = bpk::f{kind}_nan<{t}>(acc_[ch], {v});")
+
+        em.for_loop(
+            yy,
+            h,
+            lambda: em.for_loop(
+                xx, w, lambda: em.loop(["#pragma omp simd", "for (int64_t ch = 0; ch < nc_; ++ch) {"], [ch], step)
+            ),
+        )
+        val = f"acc_[ch] / {t}({r(simplify(h * w))})" if n.op is OpKind.MEAN else "acc_[ch]"
+        zero = sympy.Integer(0)
+        out_idx = (i_n, zero, zero, c0 + ch) if a.keepdim else (i_n, c0 + ch)
+        em.loop(
+            ["for (int64_t ch = 0; ch < nc_; ++ch) {"],
+            [ch],
+            lambda: em.store(n.id, store_offset(n.type.shape, out_idx), f"{CTYPE[dt]}({val})"),
+        )
+
+    def body(outer: tuple[Loop, ...]) -> None:
+        i_n, i_b = outer
+        em.loop([f"{{ const int64_t c0 = {i_b.name} * {SPATIAL_CHANNELS};"], [c0], lambda: block(i_n))
+
+    em.rows_loop([nb, blocks], f"{r(simplify(h * w))} * {SPATIAL_CHANNELS} + 16", body)

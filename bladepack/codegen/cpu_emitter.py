@@ -34,6 +34,7 @@ import sympy
 from bladepack.codegen.anchor_kernels import reduce_kernel, scan_kernel, topk_kernel
 from bladepack.codegen.c_render import CPU_MEMTYPE, Args, Loop
 from bladepack.codegen.cpu_conv import direct_conv_kernel, im2col_kernel, pool_kernel
+from bladepack.codegen.cpu_conv_nhwc import nhwc_spatial_reduce_kernel, spatial_reduction
 from bladepack.codegen.cpu_loops import DECLS, CpuEmitter
 from bladepack.codegen.emitter import Emitter
 from bladepack.codegen.kernel import ROW_OPS, EmittedKernel, KernelContext, kernel_cost, same_shape, store_offset
@@ -178,7 +179,8 @@ def emit_kernel(
                 ("_scalar", sympy.true, lambda em: _row_kernel(em, False)),
             ]
     elif spec.kind == "reduce":
-        plans = [("", sympy.true, reduce_kernel)]
+        nhwc = spatial_reduction(ctx.nodes, ctx.types, spec.roots[0])  # Note [Channels-last chains]
+        plans = [("", sympy.true, nhwc_spatial_reduce_kernel if nhwc else reduce_kernel)]
     elif spec.kind == "scan":
         plans = [("", sympy.true, scan_kernel)]
     elif spec.kind == "topk":

@@ -85,7 +85,13 @@ def _clamp_attrs(lo: Any, hi: Any) -> ClampAttrs:
     return ClampAttrs(None if lo is None else float(lo), None if hi is None else float(hi))
 
 
-@converts("aten.clamp.default", "aten.hardtanh.default", "aten.clamp_min.default", "aten.clamp_max.default")
+@converts(
+    "aten.clamp.default",
+    "aten.hardtanh.default",
+    "aten.relu6.default",
+    "aten.clamp_min.default",
+    "aten.clamp_max.default",
+)
 def _clamp(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
     assert ctx.node is not None
     target = str(ctx.node.target)
@@ -95,6 +101,8 @@ def _clamp(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
         lo, hi = None, args[1]
     elif target == "aten.hardtanh.default":
         lo, hi = arg(args, kwargs, 1, "min_val", -1.0), arg(args, kwargs, 2, "max_val", 1.0)
+    elif target == "aten.relu6.default":  # MobileNet's activation (torch 2.11 keeps it; later ones may not)
+        lo, hi = 0.0, 6.0
     else:
         lo, hi = arg(args, kwargs, 1, "min"), arg(args, kwargs, 2, "max")
     out = ctx.out_type()

@@ -26,11 +26,14 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from bladepack.ir import GraphBuilder, Node, OpKind, Program, rebuild_graph
 from bladepack.ir.ops import OP_INFO, Conv2dAttrs, OpClass, PermuteAttrs, Pool2dAttrs, ReduceAttrs
 from bladepack.ir.types import TensorType
 from bladepack.passes.dce import dead_code_elimination
 
+MAX_DEPTHWISE_TAPS = 64  # kernels up to 8 x 8 (the kernel keeps a pointer per tap and pixel)
 TO_NHWC = (0, 2, 3, 1)
 TO_NCHW = (0, 3, 1, 2)
 
@@ -50,6 +53,26 @@ def _direct_conv(n: Node) -> bool:
         and a.groups == 1
         and not a.has_bias
     )
+
+
+def _packable(n: Node, types: dict[int, TensorType], weights: set[int]) -> str | None:
+    """ "depthwise" (groups = C_in = C_out, MobileNet's) or "pointwise" (1x1, stride 1, unpadded, groups
+    1) for a convolution on a constant weight in torch's layout that this pass packs [C_in/groups, KH,
+    KW, C_out] for the channels-last kernel itself (`direct_conv` leaves both: im2col per group, or a
+    GEMM on the input), else None."""
+    a = n.attrs
+    if n.op is not OpKind.CONV2D or not isinstance(a, Conv2dAttrs) or a.weight_layout != "oihw":
+        return None
+    if a.has_bias or a.out_layout != "nchw" or n.inputs[1] not in weights:
+        return None
+    oc, cg, kh, kw = types[n.inputs[1]].shape
+    if not all(isinstance(d, int) for d in (oc, cg, kh, kw)):
+        return None
+    if a.groups > 1 and a.groups == oc and cg == 1 and kh * kw <= MAX_DEPTHWISE_TAPS:
+        return "depthwise"
+    if a.groups == 1 and (kh, kw) == (1, 1) and a.stride == (1, 1) and a.padding == (0, 0):
+        return "pointwise"
+    return None
 
 
 def _pool(n: Node) -> bool:
@@ -95,10 +118,27 @@ def channels_last(p: Program) -> Program:
         for i in dict.fromkeys(n.inputs):
             users.setdefault(i, []).append(n.id)
     outputs = set(g.outputs)
+    types = g.value_types()
+    weights = {w.id: w for w in g.weights}
+    packs = {n.id: k for n in g.nodes if (k := _packable(n, types, set(weights))) is not None}
     convs = {n.id for n in g.nodes if _direct_conv(n) and not _stores_an_output(n, nodes, users, outputs)}
+    # depthwise convolutions always (their other plan is a GEMM per channel); pointwise ones where
+    # their input is channels-last already and their chain does not end at an output (else one GEMM)
+    convs |= {v for v, k in packs.items() if k == "depthwise"}
     if not convs:
         return p
-    types = g.value_types()
+    data = dict(p.weight_data)
+    packed: dict[int, int] = {}  # original weight -> its [C_in/groups, KH, KW, C_out] copy
+
+    def pack(b: GraphBuilder, w_id: int) -> int:
+        if w_id not in packed:
+            w = weights[w_id]
+            name = f"{w.name}.ihwo"
+            data[name] = np.ascontiguousarray(np.asarray(p.weight_data[w.name]).transpose(1, 2, 3, 0))
+            oc, cg, kh, kw = w.type.shape
+            packed[w_id] = b.add_weight(name, TensorType(w.type.dtype, (cg, kh, kw, oc)))
+        return packed[w_id]
+
     # the channels-last version of a value of the new graph, keyed by its NCHW version (the permute)
     nhwc_of: dict[int, int] = {}
 
@@ -118,11 +158,15 @@ def channels_last(p: Program) -> Program:
         return v in nhwc_of or types[old].rank == 0 or all(d == 1 for k, d in enumerate(shape) if k != 1)
 
     def convert(b: GraphBuilder, n: Node, ins: tuple[int, ...]) -> int | None:
-        if n.id in convs:
+        pointwise = packs.get(n.id) == "pointwise" and ins[0] in nhwc_of
+        if pointwise and _stores_an_output(n, nodes, users, outputs):
+            pointwise = False
+        if n.id in convs or pointwise:
             assert isinstance(n.attrs, Conv2dAttrs)
             x = to_nhwc(b, ins[0], types[n.inputs[0]], n.loc)
-            attrs = dataclasses.replace(n.attrs, out_layout="nhwc")
-            y = b.add(n.op, (x, *ins[1:]), _nhwc(n.type), attrs, n.loc)
+            w = ins[1] if n.id not in packs else pack(b, n.inputs[1])
+            attrs = dataclasses.replace(n.attrs, out_layout="nhwc", weight_layout="ihwo")
+            y = b.add(n.op, (x, w, *ins[2:]), _nhwc(n.type), attrs, n.loc)
         elif _pool(n) and ins[0] in nhwc_of and isinstance(n.type.shape[1], int):
             assert isinstance(n.attrs, Pool2dAttrs)
             attrs_p = dataclasses.replace(n.attrs, layout="nhwc")
@@ -143,4 +187,5 @@ def channels_last(p: Program) -> Program:
         return back
 
     graph = rebuild_graph(g, convert)
-    return dead_code_elimination(dataclasses.replace(p, graph=graph))
+    # the original weights nothing reads any more go, with their data
+    return dead_code_elimination(dataclasses.replace(p, graph=graph, weight_data=data))
