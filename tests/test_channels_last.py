@@ -180,3 +180,42 @@ def test_channels_last_depthwise_and_pointwise(dtype: torch.dtype) -> None:
         for g, e in zip(got, want):
             err = float(np.abs(g - e.numpy()).max() / (1 + e.abs().max()))
             assert err <= tol, ((n, h, w), err)
+
+
+class _Hard(torch.nn.Module):
+    """MobileNetV3's activations after convolutions (hardswish reads its input twice: an epilogue DAG,
+    not a chain) and a depthwise convolution that doubles the channels (groups 16, 32 outputs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 16, 3, stride=2, padding=1)
+        self.down = torch.nn.Conv2d(16, 32, 3, stride=2, padding=1, groups=16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.hardswish(self.stem(x))
+        return torch.nn.functional.hardsigmoid(self.down(y)).mean(dim=(2, 3))
+
+
+def test_channels_last_epilogue_dags_and_channel_multipliers() -> None:
+    from bladepack.export import capture, to_program
+    from bladepack.lowering.lower_native import fusion_for
+    from bladepack.options import Options
+    from bladepack.passes.pipeline import run_pipeline
+
+    model = _Hard().eval()
+    samples = [(torch.randn(2, 3, 20, 24),), (torch.randn(3, 3, 26, 18),)]
+    p = run_pipeline(to_program(capture(model, samples, None)), Options.from_env())
+    assert fusion_for(p, target="cpu").text(p.graph) == textwrap.dedent("""\
+        fusion plan: 1 kernels, 0 library calls, 2 direct convolutions, 0 reference steps
+          conv2d%6 (direct kernel) -> %21 = {add%11 constant%13 add%14 clamp%16 mul%18 constant%20 div%21} (epilogue: inline)
+          conv2d%24 (direct kernel) -> %37 = {add%29 constant%31 add%32 clamp%34 constant%36 div%37} (epilogue: inline)
+          k0: reduce[x_dim0, 32] -> %39 = {mean%39}
+        """)
+    art = bladepack.optimize(model, samples, {"x": {0: Dim("batch"), 2: Dim("h"), 3: Dim("w")}})
+    m = bladepack.load(art.to_bytes(), executor="native")
+    for n, h, w in [(1, 1, 1), (2, 3, 5), (1, 8, 31), (3, 33, 17)]:
+        x = torch.randn(n, 3, h, w)
+        with torch.no_grad():
+            want = model(x).numpy()
+        got = np.asarray(m(x.numpy()))
+        assert float(np.abs(got - want).max() / (1 + np.abs(want).max())) <= 1e-5, (n, h, w)

@@ -38,7 +38,7 @@ def nhwc_conv_kernel(em: Emitter) -> None:
     the multiply-add loops have no bounds tests and no border cases; the pointers are made once per
     tile and serve every block of CHANNEL_BLOCK output channels. Per block, acc[pixel][channel] stays
     in registers: with groups 1, per input channel one broadcast of each pixel's value times the tap's
-    packed weights (one contiguous vector run); depthwise (groups = C_in = C_out, MobileNet's), each
+    packed weights (one contiguous vector run); depthwise (groups = C_in, MobileNet's), each
     pixel's channel vector times the tap's per-channel weights. The tile stores each pixel's block as
     contiguous vectors, the epilogue chain (Note [Convolution epilogue]) evaluated in the same vector
     loop."""
@@ -54,8 +54,9 @@ def nhwc_conv_kernel(em: Emitter) -> None:
     h, w = em.ctx.types[n.inputs[0]].shape[1:3]
     assert isinstance(oc, int) and isinstance(cg, int)
     depthwise = a.groups > 1
-    assert not depthwise or (a.groups == oc and cg == 1), "grouped convolutions other than depthwise"
-    cin = oc if depthwise else cg  # channels of one input pixel
+    assert not depthwise or (cg == 1 and oc % a.groups == 0), "grouped convolutions other than depthwise"
+    cin = a.groups if depthwise else cg  # channels of one input pixel
+    mult = oc // a.groups  # depthwise: output channels per input channel (channel c reads c / mult)
     (sh, sw), (ph, pwd), (dh, dw) = a.stride, a.padding, a.dilation
     t, mt = CTYPE[n.type.dtype], CPU_MEMTYPE[n.type.dtype]
     r = em.args.ref
@@ -123,11 +124,14 @@ def nhwc_conv_kernel(em: Emitter) -> None:
                 em.line(f"  const {mt}* BPK_RESTRICT wc = wp_ + k * {oc} + cb;")
                 em.line(f"  #pragma GCC unroll {tile}")
                 em.line(f"  for (int p = 0; p < {tile}; ++p) {{")
-                em.line(f"    const {mt}* BPK_RESTRICT xq_ = xp_[k][p] + cb * {sc};")
+                if mult == 1:
+                    em.line(f"    const {mt}* BPK_RESTRICT xq_ = xp_[k][p] + cb * {sc};")
+                    xin = f"xq_[co * {sc}]"
+                else:
+                    em.line(f"    const {mt}* BPK_RESTRICT xq_ = xp_[k][p];")
+                    xin = f"xq_[(cb + co) / {mult} * {sc}]"
                 em.line("    #pragma omp simd")
-                em.line(
-                    f"    for (int64_t co = 0; co < {width}; ++co) acc[p][co] += {t}(xq_[co * {sc}]) * {t}(wc[co]);"
-                )
+                em.line(f"    for (int64_t co = 0; co < {width}; ++co) acc[p][co] += {t}({xin}) * {t}(wc[co]);")
                 em.line("  }")
             else:
                 em.line(f"  for (int64_t ci = 0; ci < {cin}; ++ci) {{")

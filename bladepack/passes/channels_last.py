@@ -68,7 +68,7 @@ def _packable(n: Node, types: dict[int, TensorType], weights: set[int]) -> str |
     oc, cg, kh, kw = types[n.inputs[1]].shape
     if not all(isinstance(d, int) for d in (oc, cg, kh, kw)):
         return None
-    if a.groups > 1 and a.groups == oc and cg == 1 and kh * kw <= MAX_DEPTHWISE_TAPS:
+    if a.groups > 1 and cg == 1 and oc % a.groups == 0 and kh * kw <= MAX_DEPTHWISE_TAPS:
         return "depthwise"
     if a.groups == 1 and (kh, kw) == (1, 1) and a.stride == (1, 1) and a.padding == (0, 0):
         return "pointwise"

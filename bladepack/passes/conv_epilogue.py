@@ -9,12 +9,13 @@ scale and shift, often a residual add and an activation. Run as a separate kerne
 the convolution's whole output back and writes it again, and costs a launch of the pool — at the
 small images dynamic-shape CNNs serve, as much time as the convolution itself. Unlike a BLAS call,
 the direct kernel has every output value in registers before it stores, so it evaluates the chain
-there (codegen `direct_conv_kernel`). From the convolution, follow single users while each is an
-elementwise or broadcasting op of the convolution's own type whose other operands are in memory
-(views of materialized values: weights, a residual) or literal constants; the chain ends at the first
-value the plan keeps in memory (its stored result). Any elementwise op qualifies — the emitter
-computes the chain with the same code a loop kernel would, so the results are bit-identical to the
-unfused plan. Intermediate ops have exactly one user, so no other kernel needs them.
+there (codegen `direct_conv_kernel`). From the convolution, ops join one at a time while each is an
+elementwise or broadcasting op of the convolution's own type whose operands are the convolution, ops
+already in, values in memory (views of materialized values: weights, a residual) or literal
+constants; the epilogue ends at the first value the plan keeps in memory (its stored result). It may
+be a DAG (hardswish reads its input twice), as long as every op but the last is read only inside it,
+so no other kernel needs an intermediate. Any elementwise op qualifies — the emitter computes the
+epilogue with the same code a loop kernel would, so the results are bit-identical to the unfused plan.
 """
 
 from __future__ import annotations
@@ -45,29 +46,52 @@ def find_conv_epilogue(
 ) -> ConvEpilogue | None:
     """Note [Convolution epilogue]: the epilogue of direct convolution `conv`, or None. `view(v)` is v
     as a view of a materialized value (None when it is computed inline); `materialized(v)` tells the
-    planner's current choice; `same_guard(a, b)`: a and b run under the same guard."""
+    planner's current choice; `same_guard(a, b)`: a and b run under the same guard.
+
+    The epilogue may be a DAG, not only a chain: hardswish's x * clamp(x + 3, 0, 6) / 6 reads its input
+    twice. Ops join one at a time, each once all its operands are the convolution, ops already in, or
+    values in memory / literals; an epilogue is complete when every op in it but the last has all its
+    users in it (the last is the one value stored). The largest complete one is taken, stopping at the
+    first value the plan keeps in memory."""
     a = conv.attrs
     if conv.op is not OpKind.CONV2D or not isinstance(a, Conv2dAttrs) or a.weight_layout != "ihwo":
         return None
+    if conv.id in outputs:
+        return None
     out_type = types[conv.id]
-    chain: list[int] = []
-    cur = conv.id
-    while not (materialized(cur) if chain else cur in outputs):
-        us = users.get(cur, ())
-        if len(us) != 1:
-            break
-        u = nodes[us[0]]
+    members = [conv.id]  # the convolution, then the ops that joined, in order
+    inside = {conv.id}
+    order: list[int] = []  # the epilogue's nodes: each op after the literals it reads first
+    best: ConvEpilogue | None = None
+
+    def complete() -> bool:
+        """Every member but the last is read only inside, is no output, and (past the convolution)
+        is not a value the plan stores."""
+        return all(
+            m not in outputs and (k == 0 or not materialized(m)) and all(u in inside for u in users.get(m, ()))
+            for k, m in enumerate(members[:-1])
+        )
+
+    def ready(u: Node) -> bool:
         cls = OP_INFO[u.op].op_class
         if cls not in (OpClass.ELEMENTWISE, OpClass.BROADCAST) or u.op is OpKind.EXPAND:
+            return False
+        if types[u.id] != out_type or not same_guard(u.id, conv.id):
+            return False
+        return all(i in inside or view(i) is not None or _literal(nodes, i) for i in u.inputs)
+
+    while True:
+        end = members[-1]
+        if end != conv.id and complete():
+            best = ConvEpilogue(end, tuple(order))
+        if end != conv.id and (materialized(end) or end in outputs):
             break
-        if types[u.id] != out_type or u.inputs.count(cur) != 1 or not same_guard(u.id, conv.id):
+        frontier = sorted({u for m in members for u in users.get(m, ()) if u not in inside})
+        nxt = next((nodes[u] for u in frontier if u in nodes and ready(nodes[u])), None)
+        if nxt is None:
             break
-        others = [i for i in u.inputs if i != cur]
-        if not all(view(i) is not None or _literal(nodes, i) for i in others):
-            break
-        chain.extend(i for i in others if _literal(nodes, i) and i not in chain)
-        chain.append(u.id)
-        cur = u.id
-    if not chain:
-        return None
-    return ConvEpilogue(cur, tuple(chain))
+        order.extend(i for i in dict.fromkeys(nxt.inputs) if _literal(nodes, i) and i not in order)
+        order.append(nxt.id)
+        members.append(nxt.id)
+        inside.add(nxt.id)
+    return best
