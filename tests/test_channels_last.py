@@ -171,15 +171,17 @@ def test_channels_last_depthwise_and_pointwise(dtype: torch.dtype) -> None:
     m = bladepack.load(art.to_bytes(), executor="native")
     kinds = [k["kind"] for k in m._manifest.kernels["cpu"]]
     assert kinds.count("conv") == 6 and "im2col" not in kinds, kinds
+    ref = bladepack.load(art.to_bytes(), executor="reference")  # the plan's nhwc ops in numpy
     tol = 1e-5 if dtype == torch.float32 else 1e-12
     for n, h, w in [(1, 1, 1), (1, 2, 2), (2, 1, 30), (1, 24, 1), (2, 7, 9), (3, 17, 33), (1, 64, 40)]:
         x = torch.randn(n, 3, h, w, dtype=dtype)
         with torch.no_grad():
             want = model(x)
-        got = m(x.numpy())
-        for g, e in zip(got, want):
-            err = float(np.abs(g - e.numpy()).max() / (1 + e.abs().max()))
-            assert err <= tol, ((n, h, w), err)
+        for runner in (m, ref):
+            got = runner(x.numpy())
+            for g, e in zip(got, want):
+                err = float(np.abs(g - e.numpy()).max() / (1 + e.abs().max()))
+                assert err <= tol, ((n, h, w), err)
 
 
 class _Hard(torch.nn.Module):

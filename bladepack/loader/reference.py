@@ -399,7 +399,10 @@ def _channels_last(impl: Impl) -> Impl:
     chains] in passes/channels_last.py)."""
 
     def wrapped(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
-        if attrs.get("layout", "nchw") != "nhwc":
+        layout = attrs.get("layout", "nchw")
+        if layout not in ("nchw", "nhwc"):
+            raise ValueError(f"pooling layout {layout!r}: this loader knows nchw and nhwc")
+        if layout == "nchw":
             return impl(xs, attrs, shape, dt)
         y = impl([xs[0].transpose(0, 3, 1, 2)], attrs, _nchw(shape), dt)
         return np.ascontiguousarray(y.transpose(0, 2, 3, 1))
@@ -413,6 +416,8 @@ def _conv2d(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, .
     if attrs.get("weight_layout", "oihw") == "ihwo":  # packed [C_in, KH, KW, C_out]
         w = np.ascontiguousarray(w.transpose(3, 0, 1, 2))
     layout = attrs.get("out_layout", "nchw")
+    if layout not in ("nchw", "cnhw", "nhwc"):
+        raise ValueError(f"conv2d out_layout {layout!r}: this loader knows nchw, cnhw and nhwc")
     if layout == "nhwc":  # input [N, H, W, C_in], result [N, OH, OW, C_out] (Note [Channels-last chains])
         y = _conv2d([x.transpose(0, 3, 1, 2), *xs[1:]], {**attrs, "out_layout": "nchw"}, _nchw(shape), dt)
         return np.ascontiguousarray(y.transpose(0, 2, 3, 1))
