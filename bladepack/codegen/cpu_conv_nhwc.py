@@ -1,7 +1,9 @@
-"""CPU convolution and pooling kernels on channels-last values (Note [Channels-last chains]).
+"""CPU convolution, pooling and global-pooling kernels on channels-last values (Note [Channels-last
+chains]).
 
-In: a `CpuEmitter` whose spec is a "conv" kernel of a convolution with out_layout "nhwc", or a "pool"
-kernel of a pooling with layout "nhwc" (passes/channels_last.py). Out: the kernel body. Every value
+In: a `CpuEmitter` whose spec is a "conv" kernel of a convolution with out_layout "nhwc" (groups 1 or
+depthwise), a "pool" kernel of a pooling with layout "nhwc", or a "reduce" kernel over H and W of an
+[N, H, W, C] value (passes/channels_last.py). Out: the kernel body. Every value
 here has dims [N, H, W, C]; a pixel's channels are contiguous, so the channel loops are the vector
 loops whatever the image's width.
 """

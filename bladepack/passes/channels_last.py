@@ -1,13 +1,16 @@
 """Pass: chains of direct convolutions, pooling and elementwise ops compute in channels-last order.
 
 In: a `Program` after `direct_conv` (convolutions on weights packed "ihwo"). Out: each direct
-convolution, and each pooling / elementwise op that reads a value so converted, computes its result
-with dims [N, H, W, C] (`out_layout="nhwc"` on convolutions and pooling), except a convolution whose
-elementwise chain ends at a graph output (it stores NCHW itself, no copy at the exit); a permute to NCHW follows
-each such value that a consumer outside the chain reads, and one from NCHW precedes a convolution whose
-input is not channels-last. Other operands of a converted elementwise op (a batch norm's per-channel
-[C, 1, 1] scale) are read through a reshape to rank 4 and the same permute; an elementwise op with
-a whole NCHW operand stays NCHW and reads the channels-last one through its permute.
+convolution, each depthwise convolution and each pointwise (1x1) one whose input is already
+channels-last (both on weights packed here), and each pooling, elementwise op or global pooling (sum /
+mean / max / min over H and W) that reads a value so converted, computes with dims [N, H, W, C]
+(`out_layout="nhwc"` on convolutions, `layout="nhwc"` on pooling, axes (1, 2) on reductions). A
+convolution whose elementwise chain ends at a graph output stays NCHW (it stores NCHW itself, no copy
+at the exit). A permute to NCHW follows each converted value that a consumer outside the chain reads,
+and one from NCHW precedes a convolution whose input is not channels-last. Other operands of a
+converted elementwise op (a batch norm's per-channel [C, 1, 1] scale) are read through a reshape to
+rank 4 and the same permute; an elementwise op with a whole NCHW operand stays NCHW and reads the
+channels-last one through its permute.
 
 Note [Channels-last chains]: in NCHW order a convolution's register tile (pixels x output channels,
 channels in the vector lanes) is stored transposed, one scalar per output, and its epilogue is scalar
@@ -56,10 +59,10 @@ def _direct_conv(n: Node) -> bool:
 
 
 def _packable(n: Node, types: dict[int, TensorType], weights: set[int]) -> str | None:
-    """ "depthwise" (groups = C_in = C_out, MobileNet's) or "pointwise" (1x1, stride 1, unpadded, groups
-    1) for a convolution on a constant weight in torch's layout that this pass packs [C_in/groups, KH,
-    KW, C_out] for the channels-last kernel itself (`direct_conv` leaves both: im2col per group, or a
-    GEMM on the input), else None."""
+    """ "depthwise" (groups = C_in, C_out a multiple of it: MobileNet's, and its channel-multiplying
+    downsamplers) or "pointwise" (1x1, stride 1, unpadded, groups 1) for a convolution on a constant
+    weight in torch's layout that this pass packs [C_in/groups, KH, KW, C_out] for the channels-last
+    kernel itself (`direct_conv` leaves both: im2col per group, or a GEMM on the input), else None."""
     a = n.attrs
     if n.op is not OpKind.CONV2D or not isinstance(a, Conv2dAttrs) or a.weight_layout != "oihw":
         return None
@@ -120,7 +123,8 @@ def channels_last(p: Program) -> Program:
     outputs = set(g.outputs)
     types = g.value_types()
     weights = {w.id: w for w in g.weights}
-    packs = {n.id: k for n in g.nodes if (k := _packable(n, types, set(weights))) is not None}
+    weight_ids = set(weights)
+    packs = {n.id: k for n in g.nodes if (k := _packable(n, types, weight_ids)) is not None}
     convs = {n.id for n in g.nodes if _direct_conv(n) and not _stores_an_output(n, nodes, users, outputs)}
     # depthwise convolutions always (their other plan is a GEMM per channel); pointwise ones where
     # their input is channels-last already and their chain does not end at an output (else one GEMM)
