@@ -81,8 +81,7 @@ def nhwc_conv_kernel(em: Emitter) -> None:
         em.line(f"const int64_t q0_ = {i_t.name} * {tile};")
         em.line(f"const int64_t np_ = std::min<int64_t>({tile}, {r(pixels)} - q0_);")
         em.line(f"const {mt}* xp_[{taps}][{tile}];  // per tap, each pixel's input channels (or zeros)")
-        em.line(f"int64_t oy_[{tile}], ox_[{tile}], iy0_[{tile}], ix0_[{tile}];")
-        em.line("bool inside_ = true;  // every tap of every pixel inside the input: no selects")
+        em.line(f"int64_t oy_[{tile}], ox_[{tile}];")
         # one division per tile: the pixels' rows and columns advance from the first's
         em.line(f"int64_t y_ = q0_ / {r(ow)}, x_ = q0_ - y_ * {r(ow)};")
         em.line(f"for (int p = 0; p < {tile}; ++p) {{")
@@ -92,28 +91,14 @@ def nhwc_conv_kernel(em: Emitter) -> None:
         em.line("    x_ = 0;")
         em.line("    ++y_;")
         em.line("  }")
-        em.line(f"  iy0_[p] = oy_[p] * {sh} - {ph};")
-        em.line(f"  ix0_[p] = ox_[p] * {sw} - {pwd};")
+        em.line(f"  const int64_t iy0 = oy_[p] * {sh} - {ph}, ix0 = ox_[p] * {sw} - {pwd};")
+        em.line(f"  for (int64_t ky = 0; ky < {kh}; ++ky) {{")
+        em.line(f"    for (int64_t kx = 0; kx < {kw}; ++kx) {{")
+        em.line(f"      const int64_t iy = iy0 + ky * {dh}, ix = ix0 + kx * {dw};")
         em.line(
-            f"  inside_ &= iy0_[p] >= 0 && iy0_[p] + {(kh - 1) * dh} < {r(h)}"
-            f" && ix0_[p] >= 0 && ix0_[p] + {(kw - 1) * dw} < {r(w)};"
-        )
-        em.line("}")
-        em.line("if (inside_) {")
-        em.line(f"  for (int p = 0; p < {tile}; ++p) {{")
-        em.line(f"    const {mt}* xc = xn_ + iy0_[p] * {sy} + ix0_[p] * {sx};")
-        em.line(f"    for (int64_t k = 0; k < {taps}; ++k) xp_[k][p] = xc + tap_[k];")
-        em.line("  }")
-        em.line("} else {")
-        em.line(f"  for (int p = 0; p < {tile}; ++p) {{")
-        em.line(f"    for (int64_t ky = 0; ky < {kh}; ++ky) {{")
-        em.line(f"      for (int64_t kx = 0; kx < {kw}; ++kx) {{")
-        em.line(f"        const int64_t iy = iy0_[p] + ky * {dh}, ix = ix0_[p] + kx * {dw};")
-        em.line(
-            f"        xp_[ky * {kw} + kx][p] = uint64_t(iy) < uint64_t({r(h)}) && uint64_t(ix) < uint64_t({r(w)})"
+            f"      xp_[ky * {kw} + kx][p] = uint64_t(iy) < uint64_t({r(h)}) && uint64_t(ix) < uint64_t({r(w)})"
             f" ? xn_ + iy * {sy} + ix * {sx} : zeros_;"
         )
-        em.line("      }")
         em.line("    }")
         em.line("  }")
         em.line("}")
@@ -175,12 +160,6 @@ def nhwc_conv_kernel(em: Emitter) -> None:
         if oc % block:  # the last, narrower block
             em.loop([f"{{ const int64_t cb = {full};"], [cb], lambda: channel_block(oc % block))
 
-    # each tap's offset from a window's corner pixel
-    sy0, sx0 = r(xv.strides[1]), r(xv.strides[2])
-    tap_offsets = [
-        f"int64_t tap_[{taps}];",
-        f"for (int64_t k = 0; k < {taps}; ++k) tap_[k] = k / {kw} * {dh} * {sy0} + k % {kw} * {dw} * {sx0};",
-    ]
     if sym_eq(xv.strides[3], 1):  # what a tap in the padding reads: C_in zeros
         scratch = [f"static const {mt} zeros_[{cin}] = {{}};"]
     else:  # C_in zeros as far apart as the input's channels (an NCHW input read in place)
@@ -191,7 +170,7 @@ def nhwc_conv_kernel(em: Emitter) -> None:
             f"const {mt}* zeros_ = zbuf_.data();",
         ]
     macs = tile * taps * oc * (1 if depthwise else cin)
-    em.rows_loop([nb, tiles], f"{macs // 2 + 1}", body, [*scratch, *tap_offsets])
+    em.rows_loop([nb, tiles], f"{macs // 2 + 1}", body, scratch)
 
 
 def nhwc_pool_kernel(em: Emitter) -> None:
@@ -248,38 +227,11 @@ def nhwc_pool_kernel(em: Emitter) -> None:
         em.line(
             f"const int64_t ki1 = std::max<int64_t>(ki0, std::min<int64_t>({kh}, ({r(h)} - hh0 + {dh} - 1) / {dh}));"
         )
-        # interior pixels (the whole window inside the input) get constant-trip, unrolled tap loops
-        em.line(f"const bool rows_in_ = ki0 == 0 && ki1 == {kh};")
-        em.line(f"const int64_t ja_ = std::min<int64_t>({r(ow)}, ({pw} + {sw} - 1) / {sw});")
-        em.line(f"const int64_t jb_num_ = {r(w)} - 1 + {pw} - {(kw - 1) * dw};")
-        em.line(
-            f"const int64_t jb_ = std::max<int64_t>(ja_, jb_num_ < 0 ? 0 : std::min<int64_t>({r(ow)}, jb_num_ / {sw} + 1));"
-        )
         em.line(f"for (int64_t j = 0; j < {r(ow)}; ++j) {{")
         em.line(f"  const int64_t ww0 = j * {sw} - {pw};")
         em.line(f"  {t} acc_[{c}];")
         em.line("  #pragma omp simd")
         em.line(f"  for (int64_t ch = 0; ch < {c}; ++ch) acc_[ch] = {init};")
-        em.line("  if (rows_in_ && j >= ja_ && j < jb_) {")
-        em.line(f"    #pragma GCC unroll {kh}")
-        em.line(f"    for (int64_t ki = 0; ki < {kh}; ++ki) {{")
-        em.line(f"      #pragma GCC unroll {kw}")
-        em.line(f"      for (int64_t kj = 0; kj < {kw}; ++kj) {{")
-        em.line(
-            f"        const {mt}* BPK_RESTRICT src_ = plane_ + (hh0 + ki * {dh}) * {sy} + (ww0 + kj * {dw}) * {sx};"
-        )
-        em.line("        #pragma omp simd")
-        em.line(f"        for (int64_t ch = 0; ch < {c}; ++ch) acc_[ch] = {comb};")
-        em.line("      }")
-        em.line("    }")
-        if not is_max:
-            em.line("    #pragma omp simd")
-            em.line(f"    for (int64_t ch = 0; ch < {c}; ++ch) out_[j * {c} + ch] = acc_[ch] / {t}({kh * kw});")
-        else:
-            em.line("    #pragma omp simd")
-            em.line(f"    for (int64_t ch = 0; ch < {c}; ++ch) out_[j * {c} + ch] = acc_[ch];")
-        em.line("    continue;")
-        em.line("  }")
         em.line(f"  const int64_t kj0 = ww0 < 0 ? std::min<int64_t>({kw}, (-ww0 + {dw} - 1) / {dw}) : 0;")
         em.line(
             f"  const int64_t kj1 = std::max<int64_t>(kj0, std::min<int64_t>({kw}, ({r(w)} - ww0 + {dw} - 1) / {dw}));"
