@@ -14,6 +14,8 @@ BLADEPACK_GEMM_TUNING   how CUTLASS configs are chosen: auto (profile when a CUD
 BLADEPACK_NVCC_JOBS=N   nvcc processes at once (default 2; an sm_90a CUTLASS unit takes ~3.3 GB)
 BLADEPACK_CUTLASS_UNVERIFIED=1  CUTLASS serves float32 / float64 GEMMs too (default: cuBLAS does; they are not
                         verified on a GPU, and float32 ones returned NaN on an H200: cutlass/configs.py)
+BLADEPACK_DENSE_LAYERS=0  CPU linear layers stay BLAS GEMMs with loop-kernel epilogues (default: generated
+                        dense kernels, Note [Dense layers] in passes/dense_layers.py; for comparisons)
 
 Toolchains (compile side, `Toolchains`):
 CXX                     the C++ compiler (else g++, c++, clang++ on PATH)
@@ -57,6 +59,7 @@ class Options:
     nvcc_jobs: int = 2
     progress: str = "auto"
     cutlass_unverified: bool = False
+    dense_layers: bool = True
 
     @staticmethod
     def from_env() -> Options:
@@ -72,6 +75,7 @@ class Options:
             nvcc_jobs=_positive("BLADEPACK_NVCC_JOBS", 2),
             progress=_choice("BLADEPACK_PROGRESS", ("auto", "1", "0")),
             cutlass_unverified=os.environ.get("BLADEPACK_CUTLASS_UNVERIFIED", "0") == "1",
+            dense_layers=os.environ.get("BLADEPACK_DENSE_LAYERS", "1") not in ("0", "false", "no"),
         )
 
 

@@ -4,7 +4,8 @@ artifact/reference_cases.py).
 In: the artifact's manifest, an oracle (the model itself: torch eager, or onnx's reference evaluator)
 and the sample inputs. Out: the `reference_cases` manifest record and its sections. The cases are
 chosen from probe shapes — per symbol its range ends, the samples, powers of two and their
-neighbours, one symbol varied at a time around the samples, plus all-minimum and all-maximum — by
+neighbours, one symbol varied at a time around the samples and around the all-minimum, plus
+all-minimum and all-maximum — by
 the coverage items the shape program says each probe exercises: first the all-minimum case (size 1),
 the all-maximum case and each bounded symbol at its maximum (the range ends), then greedily the probe
 that adds the most items, the smaller first, within `budget` bytes of recorded data. Items no probe
@@ -91,6 +92,8 @@ def _bindings(
     probes = [*ends, dict(base)]
     for name in lo:
         probes += [{**base, name: v} for v in _candidates(lo[name], hi[name], seen[name])]
+    for name in lo:  # and around the all-minimum: a product of symbols (batch x seq rows) takes every small value
+        probes += [{**lo, name: v} for v in _candidates(lo[name], hi[name], seen[name])]
     unique: dict[tuple[tuple[str, int], ...], tuple[dict[str, int], bool]] = {}
     for k, b in enumerate(probes):
         unique.setdefault(tuple(sorted(b.items())), (b, k < len(ends)))

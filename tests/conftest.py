@@ -23,11 +23,24 @@ settings.load_profile("ci")
 
 @pytest.fixture(scope="session")
 def mlp_artifact() -> bladepack.api.Artifact:
+    """The MLP sample's plan with its linear layers as BLAS GEMMs (BLADEPACK_DENSE_LAYERS=0): the loader,
+    format and plan-check tests edit and check its GEMM launch records, which the default plan (dense
+    kernels, Note [Dense layers]: tests/test_dense_layers.py) no longer has for weights this small."""
     torch.manual_seed(0)
     model = MLP().eval()
-    return bladepack.optimize(
-        model, [(torch.randn(2, 64),), (torch.randn(4, 64),)], dynamic_shapes={"x": {0: bladepack.Dim("batch", 1, 64)}}
-    )
+    old = os.environ.get("BLADEPACK_DENSE_LAYERS")
+    os.environ["BLADEPACK_DENSE_LAYERS"] = "0"
+    try:
+        return bladepack.optimize(
+            model,
+            [(torch.randn(2, 64),), (torch.randn(4, 64),)],
+            dynamic_shapes={"x": {0: bladepack.Dim("batch", 1, 64)}},
+        )
+    finally:
+        if old is None:
+            del os.environ["BLADEPACK_DENSE_LAYERS"]
+        else:
+            os.environ["BLADEPACK_DENSE_LAYERS"] = old
 
 
 @pytest.fixture(scope="session")

@@ -195,13 +195,14 @@ def test_dump_writes_every_stage(tmp_path, monkeypatch: pytest.MonkeyPatch) -> N
         "04-direct_conv.ir",
         "05-conv_layout.ir",
         "06-channels_last.ir",
-        "07-pack_linear.ir",
-        "08-matmul_scalars.ir",
+        "07-dense_layers.ir",
+        "08-pack_linear.ir",
+        "09-matmul_scalars.ir",
         "fusion_plan.txt",
         "kernels_cpu.cc",
         "plan.txt",
     ]
-    assert "fusion plan: 2 kernels, 2 library calls" in (tmp_path / "fusion_plan.txt").read_text()
+    assert "fusion plan: 0 kernels, 0 library calls, 2 direct convolutions" in (tmp_path / "fusion_plan.txt").read_text()
     assert "bpk_run" in (tmp_path / "kernels_cpu.cc").read_text()
     ir = (tmp_path / "00-export.ir").read_text()
     assert "symbols { x_dim0: [1, inf] }" in ir and "matmul" in ir and "test_export.py:" in ir

@@ -349,12 +349,14 @@ class _Linear(torch.nn.Module):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("k,n", [(64, 256), (7, 33), (65, 100), (300, 100)])
 def test_packed_linear_layers(k: int, n: int, dtype: torch.dtype) -> None:
-    """Note [Packed linear weights]: linear layers read [K, N] copies of their weights, equal to eager
-    from 1 row through the small-M kernels' bound (64) and past it on BLAS, K and column tails included."""
+    """Note [Dense layers]: linear layers read [K, 1, 1, N] copies of their weights, equal to eager from
+    1 row through every register tile to 130 rows, K and column tails included (a strided row view:
+    x[:, 0] is every other row of x)."""
     model = _Linear(k, n).to(dtype).eval()
     art = bladepack.optimize(model, [(torch.randn(2, 2, k, dtype=dtype),), (torch.randn(5, 2, k, dtype=dtype),)])
     nat = bladepack.load(art.to_bytes(), executor="native")
-    assert {w["name"] for w in nat._manifest.weight_rows if w["name"].endswith(".kn")} == {"a.weight.kn", "b.weight.kn"}
+    packed = {w["name"] for w in nat._manifest.weight_rows if w["name"].endswith(".dense")}
+    assert packed == {"a.weight.dense", "b.weight.dense"}
     tol = 1e-5 if dtype == torch.float32 else 1e-12
     for m in (1, 2, 3, 4, 5, 8, 17, 63, 64, 65, 130):
         x = torch.randn(m, 2, k, dtype=dtype, generator=torch.Generator().manual_seed(m))
@@ -379,10 +381,12 @@ class _Products(torch.nn.Module):
 
 
 @pytest.mark.parametrize("k,n", [(64, 100), (300, 31), (300, 33), (256, 256), (7, 1000)])
-def test_small_m_gemms(k: int, n: int) -> None:
+def test_small_m_gemms(k: int, n: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Note [Small-M GEMMs]: products of 1-3 rows run on the library's own kernels (B and B^T layouts,
     a column tail shorter than a chunk, strided rows, float64), B [K, N] products up to 64 rows too
-    (register blocks of 4 rows and a tail block); more rows, and 4 and more of B^T, on BLAS."""
+    (register blocks of 4 rows and a tail block); more rows, and 4 and more of B^T, on BLAS. (Weights
+    this small would be dense kernels, Note [Dense layers]: the GEMM path serves larger ones.)"""
+    monkeypatch.setenv("BLADEPACK_DENSE_LAYERS", "0")
     model = _Products(k, n)
     art = bladepack.optimize(model, [(torch.randn(2, 2, k),), (torch.randn(5, 2, k),)])
     nat = bladepack.load(art.to_bytes(), executor="native")

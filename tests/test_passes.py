@@ -58,11 +58,12 @@ def test_encoder_layer_is_at_most_eight_kernels_plus_gemms() -> None:
     p = _program(layer, [(torch.randn(2, 5, 64),), (torch.randn(3, 7, 64),)])
     plan = build_plan(run_pipeline(p, Options.from_env())).sources
     head = plan.fusion_text.splitlines()[0]
-    kernels, gemms = (int(w) for w in head.split(":")[1].replace(",", "").split()[0:4:2])
+    words = head.split(":")[1].replace(",", "").split()
+    kernels, gemms, dense = int(words[0]), int(words[2]), int(words[5])
     assert head.endswith("0 reference steps"), plan.fusion_text
-    # six GEMMs: the QKV and output projections and the feed-forward's two as library calls, the two
-    # of attention inside its fused kernel (Note [Fused attention])
-    assert kernels <= 8 and gemms == 4 and "1 fused attentions" in head, plan.fusion_text
+    # six GEMMs: the QKV and output projections and the feed-forward's two as dense kernels with their
+    # epilogues (Note [Dense layers]), the two of attention inside its fused kernel (Note [Fused attention])
+    assert kernels <= 8 and gemms == 0 and dense == 4 and "1 fused attentions" in head, plan.fusion_text
 
 
 def test_direct_conv_packs_weights_golden() -> None:
@@ -203,12 +204,14 @@ class _Linears(torch.nn.Module):
 
 def test_pack_linear_golden() -> None:
     """Note [Packed linear weights]: nn.Linear weights of 32 rows or more become [K, N] constants in
-    CPU-only plans; narrow heads, weights read otherwise and CUDA plans keep [N, K]."""
+    CPU-only plans; narrow heads, weights read otherwise and CUDA plans keep [N, K]. (`pack_linear`
+    alone: in the CPU pipeline `dense_layers` takes these layers first, tests/test_dense_layers.py.)"""
     from bladepack.options import Options
+    from bladepack.passes.pack_linear import pack_linear
     from bladepack.passes.pipeline import run_pipeline
 
     p = _program(_Linears(), [(torch.randint(0, 40, (2, 5)),), (torch.randint(0, 40, (3, 7)),)])
-    q = run_pipeline(p, Options.from_env())
+    q = pack_linear(p)
     assert print_graph(q.graph, q.shape_env) == textwrap.dedent("""\
         symbols { ids_dim0: [1, inf], ids_dim1: [1, inf] }
         graph(%0 ids: i64[ids_dim0, ids_dim1]) weights(%1 emb.weight: f32[40, 16], %3 a.bias: f32[32], %4 head.weight: f32[10, 32], %5 head.bias: f32[10], %8 a.weight.kn: f32[16, 32]) {

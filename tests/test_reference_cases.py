@@ -180,10 +180,10 @@ def wrong_blas(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_wrong_blas_is_caught(
-    artifacts: dict[str, Artifact], wrong_blas: Path, monkeypatch: pytest.MonkeyPatch, release: Path, tmp_path: Path
+    mlp_artifact: Artifact, wrong_blas: Path, monkeypatch: pytest.MonkeyPatch, release: Path, tmp_path: Path
 ) -> None:
     path = tmp_path / "mlp.bpk"
-    artifacts["mlp"].save(path)
+    mlp_artifact.save(path)  # the BLAS-GEMM plan (the samples' linear layers are dense kernels)
     monkeypatch.setenv("BLADEPACK_BLAS", str(wrong_blas))
     report = bladepack.load(path).verify()
     assert report["passed"] is False, report
@@ -296,8 +296,9 @@ def test_budget_limits_the_cases(tmp_path: Path) -> None:
     from bladepack.inspect import inspect_text, manifest_summary
 
     text = inspect_text(manifest_summary(small._parts()[0]))
-    # two small cases fit: seq 1 runs the fused attention's rows variant, seq 8 its blocked one
-    assert "reference cases: 2 (batch=1, seq=1; batch=1, seq=8), oracle torch eager;" in text, text
+    # three small cases fit: seq 1 runs the fused attention's rows variant and the dense kernels' tiles
+    # of one row, seq 4 its blocked variant and tiles of four, batch 2 tiles of two (Note [Dense tiles])
+    assert "reference cases: 3 (batch=1, seq=1; batch=1, seq=4; batch=2, seq=1), oracle torch eager;" in text, text
     assert "  not covered: cpu k2 k2_wide (over the reference-case budget)" in text, text
 
 

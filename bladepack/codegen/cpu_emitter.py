@@ -35,12 +35,14 @@ from bladepack.codegen.anchor_kernels import reduce_kernel, scan_kernel, topk_ke
 from bladepack.codegen.c_render import CPU_MEMTYPE, Args, Loop
 from bladepack.codegen.cpu_conv import direct_conv_kernel, im2col_kernel, pool_kernel
 from bladepack.codegen.cpu_conv_nhwc import nhwc_spatial_reduce_kernel, spatial_reduction
+from bladepack.codegen.cpu_dense import dense_body, dense_tiles
 from bladepack.codegen.cpu_loops import DECLS, CpuEmitter
 from bladepack.codegen.emitter import Emitter
 from bladepack.codegen.kernel import ROW_OPS, EmittedKernel, KernelContext, kernel_cost, same_shape, store_offset
 from bladepack.codegen.operand_check import add_atoms, operand_buffers, operand_check
 from bladepack.ir import Node, OpKind
 from bladepack.ir.fusion_plan import KernelSpec
+from bladepack.ir.ops import is_dense_conv
 from bladepack.ir.types import IRDim
 from bladepack.ir.views import View, simplify
 
@@ -143,6 +145,11 @@ def _function(name: str, em: Emitter, ptr_types: list[tuple[str, bool]], nints: 
     return "\n".join(head + body + ["}", ""])
 
 
+def _dense(ctx: KernelContext, v: int) -> bool:
+    n = ctx.nodes[v]
+    return is_dense_conv(n.attrs, ctx.types[n.inputs[1]].shape)
+
+
 Plans = list[tuple[str, Any, Callable[[Emitter], None]]]  # (name suffix, predicate, body) per variant
 
 
@@ -187,6 +194,8 @@ def emit_kernel(
         plans = [("", sympy.true, topk_kernel)]
     elif spec.kind == "pool":
         plans = [("", sympy.true, pool_kernel)]
+    elif spec.kind == "conv" and _dense(ctx, spec.nodes[0]):  # Note [Dense layers]
+        plans = [(f"_t{tile}", pred, dense_body(tile)) for tile, pred in dense_tiles(ctx.nodes[spec.nodes[0]])]
     elif spec.kind == "conv":
         plans = [("", sympy.true, direct_conv_kernel)]
     else:

@@ -16,7 +16,8 @@ once and gives every value either one axis whose dim is exactly s (its batch axi
   layout ops move it (a reshape only where the dims before it keep their product, a permute as its
   permutation says); slicing, padding, concatenating, gathering or indexing along it fail;
 - reductions, scans, softmax, norms, top-k and arg-reductions fail when their axes include it;
-- matmul fails when s is the contracted dim; convolution and pooling need it as the batch (N) axis;
+- matmul fails when s is the contracted dim; convolution and pooling need it as the batch (N) axis,
+  except a pointwise channels-last convolution (a linear layer), which takes it on N, H or W;
 - an op reading a batch-carrying operand whose result carries no batch axis fails (a total over rows).
 The rules are conservative: a failure means "not proven", with the first reason found.
 """
@@ -42,6 +43,7 @@ from bladepack.ir.ops import (
     ReduceAttrs,
     SliceAttrs,
     TopkAttrs,
+    is_dense_conv,
 )
 from bladepack.ir.types import IRDim
 
@@ -107,7 +109,7 @@ def _product_equal(a: Sequence[IRDim], b: Sequence[IRDim]) -> bool:
     return bool(sympy.simplify(pa - pb) == 0)
 
 
-def _expected(n: Node, ins: list[int], ranks: list[int], out_rank: int) -> int | None:
+def _expected(n: Node, ins: list[int], ranks: list[int], out_rank: int, pointwise: bool = False) -> int | None:
     """The output's batch axis the op's rule gives from its operands' (None: the rule has no opinion,
     e.g. no operand carries the batch); raises when the op mixes rows."""
     a = n.attrs
@@ -201,6 +203,8 @@ def _expected(n: Node, ins: list[int], ranks: list[int], out_rank: int) -> int |
         return outs.pop()
     if op is K.CONV2D:
         assert isinstance(a, Conv2dAttrs)
+        if pointwise and x in (0, 1, 2) and not any(ax >= 0 for ax in ins[1:]):
+            return x  # each pixel on its own: a linear layer over rows (Note [Dense layers])
         if x != 0 or any(ax >= 0 for ax in ins[1:]):
             raise _NotBatchLike("a convolution whose batch (N) axis is not the dim")
         return 1 if a.out_layout == "cnhw" else 0
@@ -234,7 +238,8 @@ def prove_batch_like(p: Program, s: sympy.Symbol) -> BatchProof:
                 if n.op is K.ARANGE and out >= 0:
                     raise _NotBatchLike("its values count along the dim")
                 ins = [axis[i] for i in n.inputs]
-                want = _expected(n, ins, [len(types[i].shape) for i in n.inputs], len(n.type.shape))
+                pointwise = n.op is K.CONV2D and is_dense_conv(n.attrs, types[n.inputs[1]].shape)
+                want = _expected(n, ins, [len(types[i].shape) for i in n.inputs], len(n.type.shape), pointwise)
                 if want is None:
                     if out >= 0 and n.op not in _ELEMENTWISE_LIKE:
                         raise _NotBatchLike("its result holds the dim while none of its operands does")

@@ -249,6 +249,16 @@ class Conv2dAttrs:
     weight_layout: str = "oihw"
 
 
+# A pointwise channels-last convolution on a packed weight [C_in, 1, 1, C_out]: a linear layer over the
+# rows (pixels) of [N, H, W, C_in] (Note [Dense layers] in passes/dense_layers.py), which the CPU
+# emitter gives kernels of their own; channels-last chains make them of 1x1 convolutions too.
+DENSE_CONV = Conv2dAttrs((1, 1), (0, 0), (1, 1), 1, False, "nhwc", "ihwo")
+
+
+def is_dense_conv(attrs: object, weight_shape: tuple[object, ...]) -> bool:
+    return attrs == DENSE_CONV and tuple(weight_shape[1:3]) == (1, 1)
+
+
 @dataclass(frozen=True)
 class Pool2dAttrs:
     kernel: tuple[int, int]

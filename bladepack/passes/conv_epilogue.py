@@ -24,7 +24,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 
 from bladepack.ir import Node, OpKind
 from bladepack.ir.fusion_plan import ConvEpilogue
-from bladepack.ir.ops import OP_INFO, Conv2dAttrs, OpClass
+from bladepack.ir.ops import OP_INFO, Conv2dAttrs, OpClass, is_dense_conv
 from bladepack.ir.types import TensorType
 from bladepack.ir.views import View
 
@@ -94,4 +94,24 @@ def find_conv_epilogue(
         order.append(nxt.id)
         members.append(nxt.id)
         inside.add(nxt.id)
+    if is_dense_conv(a, types[conv.inputs[1]].shape):
+        return _into_output(conv.id, best, nodes, users, outputs) or best
     return best
+
+
+def _into_output(
+    conv: int,
+    best: ConvEpilogue | None,
+    nodes: Mapping[int, Node],
+    users: Mapping[int, Sequence[int]],
+    outputs: Collection[int],
+) -> ConvEpilogue | None:
+    """Note [Dense outputs]: a linear layer's result [N, H, W, C] that only a reshape back to [..., C]
+    reads, a graph output: the dense kernel stores it straight into the output (both are contiguous with
+    the same element order, and the kernel stores by linear offset), not into a buffer a copy kernel
+    then reads. The reshape joins the epilogue as its last node."""
+    end = best.out if best is not None else conv
+    us = users.get(end, ())
+    if len(us) != 1 or us[0] not in outputs or nodes[us[0]].op is not OpKind.RESHAPE or end in outputs:
+        return None
+    return ConvEpilogue(us[0], (*(best.nodes if best is not None else ()), us[0]))

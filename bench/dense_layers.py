@@ -1,0 +1,114 @@
+"""Linear layers on the CPU: the generated dense kernels (Note [Dense layers]) against BLAS GEMMs.
+
+In: a Linear(K, N) + ReLU model per weight shape. Out: a markdown table of the BLAS plan's time / the
+dense plan's time per weight shape (K x N) and row count M (printed; `--out FILE` also writes it).
+Both plans come from the same model, one with BLADEPACK_DENSE_LAYERS=0 (numpy's OpenBLAS, the bias and
+ReLU in a loop kernel), and run in this one process, alternating blocks of calls; a plan's figure is
+its best block median (whole calls, so the epilogue kernel and the launches count).
+
+    python -m bench.dense_layers [--out bench/results/dense_layers.md] [--shapes 64x256,256x256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import bladepack
+
+SHAPES = [
+    (64, 256), (256, 256), (256, 10), (256, 64), (768, 768), (768, 3072), (3072, 768), (1024, 4096), (4096, 1024),
+]  # fmt: skip
+ROWS = [1, 2, 3, 4, 8, 16, 17, 64, 255, 1024, 4096]
+BLOCKS = 5
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self, k: int, n: int) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(k, n)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc(x))
+
+
+def _build(model: torch.nn.Module, k: int, dense: bool) -> Any:
+    old = os.environ.get("BLADEPACK_DENSE_LAYERS")
+    os.environ["BLADEPACK_DENSE_LAYERS"] = "1" if dense else "0"
+    try:
+        samples = [(torch.randn(2, k),), (torch.randn(5, k),)]
+        art = bladepack.optimize(model, samples, {"x": {0: bladepack.Dim("rows", 1, max(ROWS))}})
+    finally:
+        if old is None:
+            del os.environ["BLADEPACK_DENSE_LAYERS"]
+        else:
+            os.environ["BLADEPACK_DENSE_LAYERS"] = old
+    return bladepack.load(art.to_bytes())
+
+
+def _median_us(fn: Callable[[], Any], n: int) -> float:
+    for _ in range(3):
+        fn()
+    ts = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts) * 1e6
+
+
+def measure(k: int, n: int, rows: list[int]) -> dict[int, tuple[float, float]]:
+    """(BLAS plan µs, dense plan µs) per row count, results checked against each other."""
+    torch.manual_seed(0)
+    model = _Layer(k, n).eval()
+    blas, dense = _build(model, k, False), _build(model, k, True)
+    out: dict[int, tuple[float, float]] = {}
+    for m in rows:
+        x = np.random.default_rng(m).standard_normal((m, k), dtype=np.float32)
+        a, b = np.asarray(blas(x)), np.asarray(dense(x))
+        err = float(np.abs(a - b).max() / (1 + np.abs(a).max()))
+        assert err < 1e-5, (k, n, m, err)
+        reps = max(5, min(200, int(20000 / max(1.0, _median_us(lambda: blas(x), 3)))))
+        best = [float("inf"), float("inf")]
+        for _ in range(BLOCKS):
+            best[0] = min(best[0], _median_us(lambda: blas(x), reps))
+            best[1] = min(best[1], _median_us(lambda: dense(x), reps))
+        out[m] = (best[0], best[1])
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in SHAPES))
+    ap.add_argument("--rows", default=",".join(map(str, ROWS)))
+    a = ap.parse_args()
+    shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
+    rows = [int(v) for v in a.rows.split(",")]
+    lines = [
+        f"BLAS plan time / dense plan time (Linear + ReLU, whole calls, {torch.get_num_threads()} threads; "
+        "> 1: the dense kernel is faster)",
+        "",
+        "| K x N | " + " | ".join(f"M={m}" for m in rows) + " |",
+        "|---|" + "---|" * len(rows),
+    ]
+    print("\n".join(lines), flush=True)
+    for k, n in shapes:
+        res = measure(k, n, rows)
+        line = f"| {k}x{n} | " + " | ".join(f"{res[m][0] / res[m][1]:.2f}" for m in rows) + " |"
+        lines.append(line)
+        print(line, "  µs (blas/dense):", {m: (round(b), round(d)) for m, (b, d) in res.items()}, flush=True)
+    if a.out:
+        Path(a.out).write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

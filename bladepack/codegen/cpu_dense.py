@@ -1,0 +1,199 @@
+"""CPU kernels of dense layers: the 1x1 channels-last convolutions `passes/dense_layers.py` makes of
+linear layers, [1, 1, M, K] x W [K, 1, 1, N] -> [1, 1, M, N] (Note [Dense layers]).
+
+In: a `CpuEmitter` whose spec is the "conv" kernel of such a convolution (its epilogue chain included).
+Out: the kernel's variants, chosen at run time by the row count M, and their bodies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import sympy
+
+from bladepack.codegen.c_render import CPU_MEMTYPE, CTYPE, Loop
+from bladepack.codegen.cpu_conv_nhwc import CHANNEL_BLOCK, conv_tile_pixels
+from bladepack.codegen.emitter import Emitter
+from bladepack.ir import Node, OpKind
+from bladepack.ir.views import simplify, sym_eq
+
+VECTOR_BYTES = 64  # an AVX-512 register
+MAX_EXACT_TILE = 5  # row counts below the full tile with a variant of their own (Note [Dense tiles])
+
+
+def dense_tiles(n: Node) -> list[tuple[int, Any]]:
+    """(rows per register tile, predicate on the row count) per variant, the first that holds wins.
+
+    Note [Dense tiles]: the full tile (`conv_tile_pixels`: about 24 accumulator vectors) needs that
+    many rows, or its last rows repeat the last one and their multiply-adds are wasted. Fewer rows
+    take a tile of exactly their count up to MAX_EXACT_TILE, so W streams through once (bench/results/
+    dense_layers.md: three rows as a tile of two and a repeated one read W twice and took up to 2.2x
+    BLAS's time); 6 or 7 rows of a narrow W (full tiles of 8) take a tile of 5 and one of the rest."""
+    nn = n.type.shape[3]
+    m = simplify(n.type.shape[0] * n.type.shape[1] * n.type.shape[2])
+    assert isinstance(nn, int)
+    full = conv_tile_pixels(min(nn, CHANNEL_BLOCK))
+    if isinstance(m, int):
+        return [(max(1, min(full, m)), sympy.true)]
+    ms = sympy.sympify(m)
+    smaller = range(min(full - 1, MAX_EXACT_TILE), 1, -1)
+    return [(full, sympy.Ge(ms, full))] + [(t, sympy.Ge(ms, t)) for t in smaller] + [(1, sympy.true)]
+
+
+def _lanes(width: int, k: int, nn: int, vector: int) -> int:
+    """Accumulator columns of a block of `width` output columns: `width` rounded up to whole vectors
+    of `vector` lanes when every k but the last can read that far inside W [K, N], else `width`.
+
+    Note [Dense column tails]: a block narrower than whole vectors (a classifier head of 10 columns,
+    the last block of 1000) leaves the compiler a mix of vector widths and spills. Reading whole
+    vectors instead, the lanes past the block's columns hold products with the next row's weights:
+    sums no store reads. The last block ends within a vector of W's row end, so every row but the
+    last can be read whole; the last k reads only the block's columns."""
+    lanes = -(-width // vector) * vector
+    if lanes == width or k < 2 or (k - 2) * nn + (nn - width) + lanes > k * nn:
+        return width
+    return lanes
+
+
+def dense_body(tile: int) -> Callable[[Emitter], None]:
+    """The body of the variant with `tile` rows per register tile."""
+    return lambda em: dense_kernel(em, tile)
+
+
+def dense_kernel(em: Emitter, tile: int) -> None:
+    """Note [Dense kernel]: one parallel row per (tile of `tile` rows, block of CHANNEL_BLOCK output
+    columns), so a few rows still split over the pool by their columns. Per row pointers are made
+    once (a tail tile repeats its last row, whose sums it does not store); acc[row][column] stays in
+    registers across K: per k, each row's x[k] broadcast times one contiguous run of W's row k. The
+    tile stores each row's block as vectors, the epilogue chain (Note [Convolution epilogue])
+    evaluated in the same vector loop."""
+    n = em.ctx.nodes[em.spec.nodes[0]]
+    root = em.spec.roots[0]
+    stored = root  # Note [Dense outputs]: a graph output that reshapes the epilogue's value is stored
+    if em.ctx.nodes[root].op is OpKind.RESHAPE:
+        root = em.ctx.nodes[root].inputs[0]
+    xv, wv = em.ctx.view(n.inputs[0]), em.ctx.view(n.inputs[1])
+    assert xv is not None and wv is not None and wv.is_contiguous()
+    whole = sym_eq(wv.offset, 0)  # W's buffer is the weight itself (Note [Dense column tails])
+    px, pw_ = em.ptr_load(xv.base), em.ptr_load(wv.base)
+    nb, oh, ow, nn = n.type.shape
+    m = simplify(nb * oh * ow)
+    k = em.ctx.types[n.inputs[1]].shape[0]
+    assert isinstance(nn, int) and isinstance(k, int)
+    t, mt = CTYPE[n.type.dtype], CPU_MEMTYPE[n.type.dtype]
+    r = em.args.ref
+    s0, s1, s2, sc = (r(d) for d in xv.strides)
+    one_image = nb == 1 and oh == 1  # a linear layer on [M, K]: row q is pixel (0, 0, q)
+    block = min(nn, CHANNEL_BLOCK)
+    blocks = (nn + block - 1) // block
+    tiles = simplify((m + tile - 1) // tile)
+    out = em.ptr_store(stored)
+    co, pix, row, i_y, i_x, i_n = Loop("co"), Loop("px"), Loop("row"), Loop("oy"), Loop("ox"), Loop("on")
+
+    def body(outer: tuple[Loop, ...]) -> None:
+        i_t, i_b = outer
+        em.line(f"const {mt}* BPK_RESTRICT xn_ = {px} + {em.args.index(xv.offset)};")
+        em.line(f"const {mt}* BPK_RESTRICT wp_ = {pw_} + {r(wv.offset)};")
+        em.line(f"const int64_t q0_ = {i_t.name} * {tile};")
+        em.line(f"const int64_t np_ = std::min<int64_t>({tile}, {r(m)} - q0_);")
+        em.line(f"const int64_t cb = {i_b.name} * {block};")
+        em.line(f"const {mt}* ap_[{tile}];  // each row's x; a tail tile repeats its last row")
+        if one_image:
+            em.line(f"for (int p = 0; p < {tile}; ++p) ap_[p] = xn_ + (q0_ + std::min<int64_t>(p, np_ - 1)) * {s2};")
+        else:  # rows are pixels (n, y, x), advanced from the tile's first like an odometer
+            em.line(f"int64_t on_[{tile}], oy_[{tile}], ox_[{tile}];")
+            em.line(f"int64_t x_ = q0_ % {r(ow)}, y_ = q0_ / {r(ow)}, n_ = y_ / {r(oh)};")
+            em.line(f"y_ -= n_ * {r(oh)};")
+            em.line(f"for (int p = 0; p < {tile}; ++p) {{")
+            em.line("  on_[p] = n_;")
+            em.line("  oy_[p] = y_;")
+            em.line("  ox_[p] = x_;")
+            em.line(f"  ap_[p] = xn_ + n_ * {s0} + y_ * {s1} + x_ * {s2};")
+            em.line(f"  if (q0_ + p + 1 < {r(m)} && ++x_ == {r(ow)}) {{")
+            em.line("    x_ = 0;")
+            em.line(f"    if (++y_ == {r(oh)}) {{")
+            em.line("      y_ = 0;")
+            em.line("      ++n_;")
+            em.line("    }")
+            em.line("  }")
+            em.line("}")
+
+        def channel_block(width: int) -> None:
+            vector = VECTOR_BYTES // (8 if t == "double" else 4)
+            lanes = _lanes(width, k, nn, vector) if whole else width
+            # Note [Dense k pairs]: fewer than 8 accumulator vectors cannot hide the multiply-add's
+            # latency (a row or two on 64 columns); a second set takes the odd k, summed at the end
+            pairs = tile * -(-lanes // vector) < 8 and k >= 4
+            em.line(f"{t} acc[{tile}][{lanes}] = {{}};")
+            if pairs:
+                em.line(f"{t} acc2[{tile}][{lanes}] = {{}};")
+
+            def steps(first: int, last: int, w: int, step: int = 1) -> None:
+                em.line(f"for (int64_t k = {first}; k < {last}; k += {step}) {{")
+                em.line(f"  const {mt}* BPK_RESTRICT wc = wp_ + k * {nn} + cb;")
+                em.line(f"  #pragma GCC unroll {tile}")
+                em.line(f"  for (int p = 0; p < {tile}; ++p) {{")
+                em.line(f"    const {t} xv_ = ap_[p][k * {sc}];")
+                if step == 2:
+                    em.line(f"    const {t} xw_ = ap_[p][(k + 1) * {sc}];")
+                em.line("    #pragma omp simd")
+                em.line(f"    for (int64_t co = 0; co < {w}; ++co) {{")
+                em.line(f"      acc[p][co] += xv_ * {t}(wc[co]);")
+                if step == 2:
+                    em.line(f"      acc2[p][co] += xw_ * {t}(wc[co + {nn}]);")
+                em.line("    }")
+                em.line("  }")
+                em.line("}")
+
+            whole_k = k if lanes == width else k - 1  # Note [Dense column tails]: the last k reads its columns only
+            even = whole_k - whole_k % 2 if pairs else 0
+            if even:
+                steps(0, even, lanes, 2)
+            if even < whole_k:
+                steps(even, whole_k, lanes)
+            if whole_k < k:
+                steps(whole_k, k, width)
+            if pairs:
+                em.line(f"for (int p = 0; p < {tile}; ++p)")
+                em.line("  #pragma omp simd")
+                em.line(f"  for (int64_t co = 0; co < {lanes}; ++co) acc[p][co] += acc2[p][co];")
+
+            def store_channel() -> None:
+                idx = (sympy.Integer(0), sympy.Integer(0), row, cb + co) if one_image else (i_n, i_y, i_x, cb + co)
+                value = "acc[px][co]"
+                if root != n.id:  # Note [Convolution epilogue]: the accumulator is the product's value
+                    em.bind(n.id, idx, value)
+                    value = em.eval(root, idx)
+                em.line(f"orow_[cb + co] = {value};")
+
+            def store_row() -> None:
+                em.loop(["#pragma omp simd", f"for (int64_t co = 0; co < {width}; ++co) {{"], [co], store_channel)
+
+            # constant trip count, unrolled: acc[px] is a register, never memory
+            pixel = ["const int64_t on = on_[px], oy = oy_[px], ox = ox_[px];"] if not one_image else []
+            em.loop(
+                [f"#pragma GCC unroll {tile}", f"for (int px = 0; px < {tile}; ++px) {{"],
+                [pix, row] if one_image else [pix, row, i_n, i_y, i_x],
+                store_row,
+                prologue=[
+                    "if (px >= np_) break;",
+                    "const int64_t row = q0_ + px;",
+                    *pixel,
+                    f"{mt}* BPK_RESTRICT orow_ = {out} + row * {nn};",
+                ],
+            )
+
+        cb = Loop("cb")
+        if nn % block == 0:
+            em.loop(["{"], [cb], lambda: channel_block(block))
+        else:  # the last block is narrower
+            em.loop([f"if (cb + {block} <= {nn}) {{"], [cb], lambda: channel_block(block))
+            em.loop(["else {"], [cb], lambda: channel_block(nn % block))
+
+    # Note [Dense threads]: multiply-adds run ~32 per cycle, so a product splits over the pool from
+    # 2^18 of them (what the GEMM path asks of a BLAS product): below that the hand-off costs more
+    # (the LLaMA step's 16 x 64 x 172 products: 3.9 against 2.6 us). A tile of one or two rows is
+    # bound by streaming W instead, so it splits from 32K weight elements (256 x 128 and up).
+    cost = k * block if tile <= 2 else tile * k * block // 8
+    em.rows_loop([tiles, blocks], f"{cost + 1}", body)

@@ -1,0 +1,161 @@
+"""Pass: linear layers as channels-last pointwise convolutions, with their elementwise chains, for CPU plans.
+
+In: a `Program` after `channels_last`. Out: each product `x @ W` of a value x [..., K] and a 2-D constant
+weight (W [K, N], or W [N, K] read transposed as nn.Linear and ONNX Gemm(transB=1) store it) becomes a 1x1 convolution (stride 1, no padding, out_layout "nhwc", weight_layout
+"ihwo") of x's rows viewed as the pixels of a channels-last image (`pixels`: [M, K] as [1, 1, M, K],
+[B, S, K] as [1, B, S, K]), on the weight stored [K, 1, 1, N]. Each elementwise op that reads such a
+result, and whose other operands are such results, scalars, constant along every dim but the last (a
+bias), or a whole value of the result's shape (a residual), computes on the [N, H, W, C] views as
+well. A reshape back to [..., N] (a view) follows each converted value for the consumers outside.
+
+Note [Dense layers]: a BLAS GEMM stores its product and stops, so a linear layer's bias, activation and
+residual add run as a separate loop kernel that reads the product back and writes it again, with a
+launch of the pool of its own; a classifier head of 10 columns takes OpenBLAS's slowest path. As a
+pointwise convolution the product is the channels-last kernel's register tile (Note [Channels-last
+convolution], codegen/cpu_conv_nhwc.py): rows x output channels in vector accumulators across K, the
+elementwise chain evaluated before one vector store (Note [Convolution epilogue]), the rows and column
+blocks split over the pool together (codegen/cpu_dense.py picks the tile from the run-time row count).
+Only for CPU-only plans, like the other channels-last ops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from bladepack.dtypes import DType
+from bladepack.ir import GraphBuilder, Node, OpKind, Program, rebuild_graph
+from bladepack.ir.ops import DENSE_CONV, OP_INFO, MatmulAttrs, OpClass
+from bladepack.ir.types import IRDim, TensorType
+from bladepack.ir.views import simplify
+from bladepack.passes.dce import dead_code_elimination
+
+# Note [Dense weight sizes]: the dense kernel streams W's [K, 64] column panel once per tile of rows,
+# with no blocking of K, so W must stay in the core's L2. Measured (bench/results/dense_layers.md,
+# Linear + ReLU, whole calls, against the BLAS plan): weights up to 512 KB (256 x 512 float32) as fast
+# or faster at every row count from 1 to 4096; 512 x 512 and larger 0.5-0.95x at most row counts
+# (768 x 3072: 0.3x at 1024 rows, where OpenBLAS's packed, cache-blocked kernels run near peak).
+MAX_WEIGHT_BYTES = 512 * 1024
+DENSE_DTYPES = frozenset({DType.FLOAT32, DType.FLOAT64, DType.FLOAT16, DType.BFLOAT16})
+
+
+def _product(dims: tuple[IRDim, ...]) -> IRDim:
+    m: IRDim = 1
+    for d in dims:
+        m = simplify(m * d)
+    return m
+
+
+def pixels(shape: tuple[IRDim, ...]) -> tuple[IRDim, IRDim, IRDim, IRDim]:
+    """[..., C] as the [N, H, W, C] of a channels-last image whose pixels are its rows: [M, C] is
+    [1, 1, M, C], [B, S, C] is [1, B, S, C], and more leading dims merge into N. A batch or sequence
+    dim stays a dim of its own, so the rows stay provably independent along it (Note [Batch-like dims]
+    in ir/batch_dims.py)."""
+    lead = tuple(shape[:-1])
+    padded = (1,) * max(0, 3 - len(lead)) + lead
+    return (_product(padded[:-2]), padded[-2], padded[-1], shape[-1])
+
+
+def _linear(n: Node, weights: dict[int, TensorType], types: dict[int, TensorType]) -> bool:
+    """`x @ W` with W a 2-D constant of int dims and x [..., K] of the result's leading dims."""
+    a = n.attrs
+    if n.op is not OpKind.MATMUL or not isinstance(a, MatmulAttrs) or n.inputs[1] not in weights:
+        return False
+    wt = weights[n.inputs[1]]
+    if wt.rank != 2 or not all(isinstance(d, int) for d in wt.shape) or n.type.dtype not in DENSE_DTYPES:
+        return False
+    if wt.shape[0] * wt.shape[1] * wt.dtype.itemsize > MAX_WEIGHT_BYTES:  # Note [Dense weight sizes]
+        return False
+    xt = types[n.inputs[0]]
+    return n.type.rank >= 2 and xt.shape[:-1] == n.type.shape[:-1] and n.inputs[0] != n.inputs[1]
+
+
+def _elementwise(n: Node) -> bool:
+    cls = OP_INFO[n.op].op_class
+    return cls in (OpClass.ELEMENTWISE, OpClass.BROADCAST) and n.op not in (OpKind.CONSTANT, OpKind.FULL, OpKind.EXPAND)
+
+
+def dense_layers(p: Program) -> Program:
+    g = p.graph
+    weights = {w.id: w.type for w in g.weights}
+    by_id = {w.id: w for w in g.weights}
+    types = g.value_types()
+    readers: dict[int, list[Node]] = {}
+    for n in g.nodes:
+        for i in dict.fromkeys(n.inputs):
+            if i in weights:
+                readers.setdefault(i, []).append(n)
+    # a weight converts when every reader is a linear layer reading it as W (one layout serves them all)
+    convertible = {
+        w
+        for w, ns in readers.items()
+        if w not in g.outputs
+        and all(_linear(n, weights, types) and n.inputs[1] == w and n.inputs.count(w) == 1 for n in ns)
+        and len({n.attrs.transpose_b for n in ns if isinstance(n.attrs, MatmulAttrs)}) == 1
+    }
+    if not convertible:
+        return p
+    data = dict(p.weight_data)
+    packed: dict[int, int] = {}  # original weight -> its [K, 1, 1, N] copy
+    # a run-time branch's merge `where(pred, a, b)` keeps its operands, so each branch's guard holds
+    # (Note [Guarded nodes] in ir/graph.py: a value's guard counts where all its readers share it)
+    preds = {c.pred for n in g.nodes for c in n.guard}
+    # the [1, 1, M, N] version of a value of the new graph, keyed by its [..., N] version (the reshape)
+    dense_of: dict[int, int] = {}
+
+    def pack(b: GraphBuilder, w_id: int, transposed: bool) -> int:
+        if w_id not in packed:
+            w = by_id[w_id]
+            arr = np.asarray(p.weight_data[w.name])
+            kn = arr.T if transposed else arr
+            k, nn = kn.shape
+            name = f"{w.name}.dense"
+            data[name] = np.ascontiguousarray(kn).reshape(k, 1, 1, nn)
+            packed[w_id] = b.add_weight(name, TensorType(w.type.dtype, (k, 1, 1, nn)))
+        return packed[w_id]
+
+    def flat(t: TensorType) -> TensorType:
+        return TensorType(t.dtype, pixels(t.shape))
+
+    def as_pixels(b: GraphBuilder, v: int, t: TensorType, loc: str) -> int:
+        """v [..., C] viewed as [N, H, W, C]: a reshape, unless v is 4-D already."""
+        return v if t.rank == 4 else b.add(OpKind.RESHAPE, (v,), flat(t), loc=loc)
+
+    def operand(b: GraphBuilder, v: int, old: int, out: TensorType, loc: str) -> int | None:
+        """v as an operand of a converted elementwise op of result type `out` ([..., N]), or None."""
+        t = types[old]
+        if v in dense_of:
+            return dense_of[v] if t.shape == out.shape else None
+        if t.rank == 0:
+            return v
+        shape = (1,) * (out.rank - t.rank) + tuple(t.shape)
+        if all(d == 1 for d in shape[:-1]):  # a bias: constant along every dim but the last
+            return b.add(OpKind.RESHAPE, (v,), TensorType(t.dtype, (1, 1, 1, shape[-1])), loc=loc)
+        if t.shape == out.shape:  # a whole value of the result's shape (a residual)
+            return as_pixels(b, v, t, loc)
+        return None
+
+    def convert(b: GraphBuilder, n: Node, ins: tuple[int, ...]) -> int | None:
+        if n.op is OpKind.MATMUL and n.inputs[1] in convertible:
+            assert isinstance(n.attrs, MatmulAttrs)
+            xt = types[n.inputs[0]]
+            x4 = dense_of[ins[0]] if ins[0] in dense_of else as_pixels(b, ins[0], xt, n.loc)
+            w4 = pack(b, n.inputs[1], n.attrs.transpose_b)
+            y = b.add(OpKind.CONV2D, (x4, w4), flat(n.type), DENSE_CONV, n.loc)
+        elif (
+            _elementwise(n) and any(i in dense_of for i in ins) and not (n.op is OpKind.WHERE and n.inputs[0] in preds)
+        ):
+            xs = [operand(b, i, o, n.type, n.loc) for i, o in zip(ins, n.inputs)]
+            if any(x is None for x in xs):
+                return None
+            y = b.add(n.op, tuple(x for x in xs if x is not None), flat(n.type), n.attrs, n.loc)
+        else:
+            return None
+        back = y if n.type.rank == 4 else b.add(OpKind.RESHAPE, (y,), n.type, loc=n.loc)
+        dense_of[back] = y
+        return back
+
+    graph = rebuild_graph(g, convert)
+    # the weights nothing reads any more go, with their data
+    return dead_code_elimination(dataclasses.replace(p, graph=graph, weight_data=data))

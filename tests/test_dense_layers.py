@@ -1,0 +1,175 @@
+"""Note [Dense layers] (passes/dense_layers.py, codegen/cpu_dense.py): linear layers as channels-last
+pointwise convolutions with their bias / activation / residual in the store, against eager at row
+counts on both sides of every register tile (1, 2, the tile, odd sizes, the range's end), narrow and
+ragged column counts (Note [Dense column tails]), 3-D inputs, shared weights and a product that is
+itself a graph output, on the native and the reference executors."""
+
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import bladepack
+from bladepack import Dim
+
+
+class _Layers(torch.nn.Module):
+    """A 64 -> 200 layer (three whole blocks and a tail of 8), a residual 200 -> 200 one with GELU, a
+    bias-free 200 -> 10 head (narrower than a vector) and a 200 -> 3 one reading the same hidden state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(64, 200)
+        self.fc2 = torch.nn.Linear(200, 200)
+        self.head = torch.nn.Linear(200, 10, bias=False)
+        self.side = torch.nn.Linear(200, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.relu(self.fc1(x))
+        h = torch.nn.functional.gelu(self.fc2(h)) + h
+        return torch.log_softmax(self.head(h), dim=-1), torch.tanh(self.side(h)) * 0.5
+
+
+ROWS = [1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 31, 64, 97, 300]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_dense_layers_match_eager(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    model = _Layers().eval().to(dtype)
+    samples = [(torch.randn(2, 64, dtype=dtype),), (torch.randn(9, 64, dtype=dtype),)]
+    art = bladepack.optimize(model, samples, {"x": {0: Dim("rows", 1, 300)}})
+    m = bladepack.load(art.to_bytes(), executor="native")
+    kernels = m._manifest.kernels["cpu"]
+    assert [k["kind"] for k in kernels].count("conv") == 4, kernels
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    for rows in ROWS:
+        x = torch.randn(rows, 64, dtype=dtype)
+        with torch.no_grad():
+            want = [t.numpy() for t in model(x)]
+        got = m(x.numpy())
+        for g, w in zip(got, want):
+            err = float(np.abs(np.asarray(g) - w).max() / (1 + np.abs(w).max()))
+            assert err <= tol, (rows, err)
+
+
+class _Tokens(torch.nn.Module):
+    """Linear layers on [batch, seq, hidden] (rows = batch x seq): a shared weight read twice, a residual
+    from the input, and a projection that is itself a graph output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(48, 48)
+        self.out = torch.nn.Linear(48, 20)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.relu(self.proj(x)) + x
+        y = self.proj(y) * torch.sigmoid(y)
+        return self.out(y), self.proj(x)
+
+
+def test_dense_layers_three_dims_and_reference_executor() -> None:
+    torch.manual_seed(1)
+    model = _Tokens().eval()
+    samples = [(torch.randn(2, 5, 48),), (torch.randn(3, 7, 48),)]
+    art = bladepack.optimize(model, samples, {"x": {0: Dim("batch", 1, 8), 1: Dim("seq", 1, 40)}})
+    native = bladepack.load(art.to_bytes(), executor="native")
+    ref = bladepack.load(art.to_bytes(), executor="reference")  # the plan's nhwc convolutions in numpy
+    for b, s in [(1, 1), (1, 5), (2, 3), (3, 7), (8, 40), (5, 13)]:
+        x = torch.randn(b, s, 48)
+        with torch.no_grad():
+            want = [t.numpy() for t in model(x)]
+        for m in (native, ref):
+            for g, w in zip(m(x.numpy()), want):
+                err = float(np.abs(np.asarray(g) - w).max() / (1 + np.abs(w).max()))
+                assert err <= 1e-5, ((b, s), err)
+
+
+class _Head(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 40)
+        self.head = torch.nn.Linear(40, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.head(torch.relu(self.fc(x))), dim=-1)
+
+
+def test_dense_layers_golden() -> None:
+    """Each linear layer is one kernel with its bias and activation in the store, on rows viewed as
+    [1, 1, M, K]; the softmax reads the head's [1, 1, M, N] through its reshape. One variant per tile
+    of rows, chosen by the run-time row count (Note [Dense tiles])."""
+    from bladepack.export import capture, to_program
+    from bladepack.lowering.lower_native import fusion_for
+    from bladepack.options import Options
+    from bladepack.passes.pipeline import run_pipeline
+
+    samples = [(torch.randn(2, 32),), (torch.randn(5, 32),)]
+    p = run_pipeline(to_program(capture(_Head().eval(), samples, None)), Options.from_env())
+    assert fusion_for(p, target="cpu").text(p.graph) == textwrap.dedent("""\
+        fusion plan: 1 kernels, 0 library calls, 2 direct convolutions, 0 reference steps
+          conv2d%7 (direct kernel) -> %12 = {add%10 relu%12} (epilogue: inline)
+          conv2d%15 (direct kernel) -> %18 = {add%18} (epilogue: inline)
+          k0: row[x_dim0, 10] rows of 1 -> %20 = {reshape%19 softmax%20}
+        """)
+    art = bladepack.optimize(_Head().eval(), samples, {"x": {0: Dim("rows", 1, 64)}})
+    m = bladepack.load(art.to_bytes(), executor="native")
+    variants = [[v["name"] for v in k["variants"]] for k in m._manifest.kernels["cpu"] if k["kind"] == "conv"]
+    tiles = ["t8", "t5", "t4", "t3", "t2", "t1"]
+    assert variants == [[f"k{k}_{t}" for t in tiles] for k in (0, 1)], variants
+
+
+@pytest.mark.parametrize("k,n", [(1, 17), (3, 20), (5, 64), (600, 300)])
+def test_dense_layers_edges(k: int, n: int) -> None:
+    """K below the k-pair and column-tail bounds (1, 3, 5: Note [Dense k pairs], Note [Dense column
+    tails]) on the dense kernel; a weight above MAX_WEIGHT_BYTES (600 x 300 float32) stays a BLAS GEMM
+    (Note [Dense weight sizes])."""
+    from bladepack.passes.dense_layers import MAX_WEIGHT_BYTES
+
+    torch.manual_seed(k)
+    model = torch.nn.Sequential(torch.nn.Linear(k, n), torch.nn.SiLU()).eval()
+    art = bladepack.optimize(model, [(torch.randn(2, k),), (torch.randn(5, k),)], {"input": {0: Dim("rows", 1, 64)}})
+    m = bladepack.load(art.to_bytes(), executor="native")
+    dense = [kk for kk in m._manifest.kernels["cpu"] if kk["kind"] == "conv"]
+    assert bool(dense) == (k * n * 4 <= MAX_WEIGHT_BYTES), dense
+    for rows in (1, 2, 4, 6, 9, 64):
+        x = torch.randn(rows, k)
+        with torch.no_grad():
+            want = model(x).numpy()
+        got = np.asarray(m(x.numpy()))
+        assert float(np.abs(got - want).max() / (1 + np.abs(want).max())) <= 1e-5, rows
+
+
+def test_dense_layers_pass_golden() -> None:
+    """The pass alone: each linear layer on constant weights becomes a 1x1 channels-last convolution on
+    [1, B, S, K] (the batch and sequence dims stay dims: Note [Batch-like dims]), its bias and ReLU
+    follow on [1, B, S, N] with the bias viewed [1, 1, 1, N], and the head reads the ReLU's result
+    directly; the tied embedding table, also gathered from, keeps its matmul."""
+    from bladepack.ir import print_graph
+    from bladepack.passes.dense_layers import dense_layers
+    from tests.test_passes import _Linears, _program
+
+    p = _program(_Linears(), [(torch.randint(0, 40, (2, 5)),), (torch.randint(0, 40, (3, 7)),)])
+    q = dense_layers(p)
+    assert print_graph(q.graph, q.shape_env) == textwrap.dedent("""\
+        symbols { ids_dim0: [1, inf], ids_dim1: [1, inf] }
+        graph(%0 ids: i64[ids_dim0, ids_dim1]) weights(%1 emb.weight: f32[40, 16], %3 a.bias: f32[32], %5 head.bias: f32[10], %9 a.weight.dense: f32[16, 1, 1, 32], %17 head.weight.dense: f32[32, 1, 1, 10]) {
+          %6: f32[ids_dim0, ids_dim1, 16] = take(%1, %0) {axis=0}
+          %7: f32[ids_dim0, ids_dim1, 40] = matmul(%6, %1) {transpose_b=True}
+          %8: f32[1, ids_dim0, ids_dim1, 16] = reshape(%6)
+          %10: f32[1, ids_dim0, ids_dim1, 32] = conv2d(%8, %9) {stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, has_bias=False, out_layout='nhwc', weight_layout='ihwo'}
+          %12: f32[1, 1, 1, 32] = reshape(%3)
+          %13: f32[1, ids_dim0, ids_dim1, 32] = add(%10, %12)
+          %15: f32[1, ids_dim0, ids_dim1, 32] = relu(%13)
+          %18: f32[1, ids_dim0, ids_dim1, 10] = conv2d(%15, %17) {stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, has_bias=False, out_layout='nhwc', weight_layout='ihwo'}
+          %20: f32[1, 1, 1, 10] = reshape(%5)
+          %21: f32[1, ids_dim0, ids_dim1, 10] = add(%18, %20)
+          %22: f32[ids_dim0, ids_dim1, 10] = reshape(%21)
+          return %22, %7
+        }
+        """)
+    w = np.asarray(p.weight_data["a.weight"])
+    assert (np.asarray(q.weight_data["a.weight.dense"]) == w.T.reshape(16, 1, 1, 32)).all()
