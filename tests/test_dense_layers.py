@@ -6,6 +6,7 @@ itself a graph output, on the native and the reference executors."""
 
 from __future__ import annotations
 
+import copy
 import textwrap
 
 import numpy as np
@@ -173,3 +174,24 @@ def test_dense_layers_pass_golden() -> None:
         """)
     w = np.asarray(p.weight_data["a.weight"])
     assert (np.asarray(q.weight_data["a.weight.dense"]) == w.T.reshape(16, 1, 1, 32)).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_dense_layers_16_bit(dtype: torch.dtype) -> None:
+    """16-bit weights and activations: read widened, accumulated in float32, each layer's result rounded
+    once at its store; against the float32 model on the same (rounded) inputs, within the format's
+    rounding of the result."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 40), torch.nn.GELU(), torch.nn.Linear(40, 10)).eval().to(dtype)
+    samples = [(torch.randn(2, 32, dtype=dtype),), (torch.randn(5, 32, dtype=dtype),)]
+    art = bladepack.optimize(model, samples, {"input": {0: Dim("rows", 1, 64)}})
+    m = bladepack.load(art.to_bytes(), executor="native")
+    assert [k["kind"] for k in m._manifest.kernels["cpu"]] == ["conv", "conv"]
+    wide = torch.nn.Sequential(*(copy.deepcopy(layer) for layer in model)).float()
+    tol = 2e-3 if dtype == torch.float16 else 1.6e-2
+    for rows in (1, 3, 7, 64):
+        x = torch.randn(rows, 32, dtype=dtype)
+        with torch.no_grad():
+            want = wide(x.float()).numpy()
+        got = torch.as_tensor(m(x)).float().numpy()
+        assert float(np.abs(got - want).max() / (1 + np.abs(want).max())) <= tol, rows
