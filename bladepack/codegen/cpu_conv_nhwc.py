@@ -37,6 +37,20 @@ def conv_tile_pixels(oc: int) -> int:
 CHANNEL_BLOCK = 64  # output channels per register tile; wider convolutions loop over blocks
 
 
+def store_block(em: Emitter, conv: int, root: int, idx: tuple[sympy.Expr, ...], co: Loop, width: int) -> None:
+    """A tile row's vector loop over `width` channels: acc[px][co], the convolution's value at `idx`,
+    through the epilogue chain up to `root` (Note [Convolution epilogue]), stored at orow_[cb + co]."""
+
+    def store_channel() -> None:
+        value = "acc[px][co]"
+        if root != conv:  # the accumulator is the convolution's value
+            em.bind(conv, idx, value)
+            value = em.eval(root, idx)
+        em.line(f"orow_[cb + co] = {value};")
+
+    em.loop(["#pragma omp simd", f"for (int64_t co = 0; co < {width}; ++co) {{"], [co], store_channel)
+
+
 def nhwc_conv_kernel(em: Emitter) -> None:
     """Note [Channels-last convolution]: one parallel row per (image, tile of `conv_tile_pixels`
     consecutive output pixels, rows included). For each tap (ky, kx), each pixel of the tile gets a
@@ -136,16 +150,8 @@ def nhwc_conv_kernel(em: Emitter) -> None:
                 em.line("  }")
             em.line("}")
 
-            def store_channel() -> None:
-                idx = (i_n, oy, ox, cb + co)
-                value = "acc[px][co]"
-                if root != n.id:  # Note [Convolution epilogue]: the accumulator is the convolution's value
-                    em.bind(n.id, idx, value)
-                    value = em.eval(root, idx)
-                em.line(f"orow_[cb + co] = {value};")
-
             def store_pixel() -> None:
-                em.loop(["#pragma omp simd", f"for (int64_t co = 0; co < {width}; ++co) {{"], [co], store_channel)
+                store_block(em, n.id, root, (i_n, oy, ox, cb + co), co, width)
 
             # the pixel loop has a constant trip count and is unrolled, so acc[px] is a register, never memory
             em.loop(

@@ -13,7 +13,7 @@ from typing import Any
 import sympy
 
 from bladepack.codegen.c_render import CPU_MEMTYPE, CTYPE, Loop
-from bladepack.codegen.cpu_conv_nhwc import CHANNEL_BLOCK, conv_tile_pixels
+from bladepack.codegen.cpu_conv_nhwc import CHANNEL_BLOCK, conv_tile_pixels, store_block
 from bladepack.codegen.emitter import Emitter
 from bladepack.ir import Node, OpKind
 from bladepack.ir.views import simplify, sym_eq
@@ -159,16 +159,10 @@ def dense_kernel(em: Emitter, tile: int) -> None:
                 em.line("  #pragma omp simd")
                 em.line(f"  for (int64_t co = 0; co < {lanes}; ++co) acc[p][co] += acc2[p][co];")
 
-            def store_channel() -> None:
-                idx = (sympy.Integer(0), sympy.Integer(0), row, cb + co) if one_image else (i_n, i_y, i_x, cb + co)
-                value = "acc[px][co]"
-                if root != n.id:  # Note [Convolution epilogue]: the accumulator is the product's value
-                    em.bind(n.id, idx, value)
-                    value = em.eval(root, idx)
-                em.line(f"orow_[cb + co] = {value};")
-
             def store_row() -> None:
-                em.loop(["#pragma omp simd", f"for (int64_t co = 0; co < {width}; ++co) {{"], [co], store_channel)
+                zero = sympy.Integer(0)
+                idx = (zero, zero, row, cb + co) if one_image else (i_n, i_y, i_x, cb + co)
+                store_block(em, n.id, root, idx, co, width)
 
             # constant trip count, unrolled: acc[px] is a register, never memory
             pixel = ["const int64_t on = on_[px], oy = oy_[px], ox = ox_[px];"] if not one_image else []
