@@ -16,10 +16,16 @@ from bladepack.codegen.c_render import CPU_MEMTYPE, CTYPE, Loop
 from bladepack.codegen.cpu_conv_nhwc import CHANNEL_BLOCK, conv_tile_pixels, store_block
 from bladepack.codegen.emitter import Emitter
 from bladepack.ir import Node, OpKind
+from bladepack.ir.types import IRDim
 from bladepack.ir.views import simplify, sym_eq
 
 VECTOR_BYTES = 64  # an AVX-512 register
 MAX_EXACT_TILE = 5  # row counts below the full tile with a variant of their own (Note [Dense tiles])
+
+
+def _rows(n: Node) -> IRDim:
+    """M: the pixels of the product's [N, H, W, C] result, each a row of the linear layer."""
+    return simplify(n.type.shape[0] * n.type.shape[1] * n.type.shape[2])
 
 
 def dense_tiles(n: Node) -> list[tuple[int, Any]]:
@@ -30,8 +36,7 @@ def dense_tiles(n: Node) -> list[tuple[int, Any]]:
     take a tile of exactly their count up to MAX_EXACT_TILE, so W streams through once (bench/results/
     dense_layers.md: three rows as a tile of two and a repeated one read W twice and took up to 2.2x
     BLAS's time); 6 or 7 rows of a narrow W (full tiles of 8) take a tile of 5 and one of the rest."""
-    nn = n.type.shape[3]
-    m = simplify(n.type.shape[0] * n.type.shape[1] * n.type.shape[2])
+    nn, m = n.type.shape[3], _rows(n)
     assert isinstance(nn, int)
     full = conv_tile_pixels(min(nn, CHANNEL_BLOCK))
     if isinstance(m, int):
@@ -78,7 +83,7 @@ def dense_kernel(em: Emitter, tile: int) -> None:
     whole = sym_eq(wv.offset, 0)  # W's buffer is the weight itself (Note [Dense column tails])
     px, pw_ = em.ptr_load(xv.base), em.ptr_load(wv.base)
     nb, oh, ow, nn = n.type.shape
-    m = simplify(nb * oh * ow)
+    m = _rows(n)
     k = em.ctx.types[n.inputs[1]].shape[0]
     assert isinstance(nn, int) and isinstance(k, int)
     t, mt = CTYPE[n.type.dtype], CPU_MEMTYPE[n.type.dtype]

@@ -21,6 +21,7 @@ Only for CPU-only plans, like the other channels-last ops.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 
 import numpy as np
 
@@ -28,7 +29,6 @@ from bladepack.dtypes import DType
 from bladepack.ir import GraphBuilder, Node, OpKind, Program, rebuild_graph
 from bladepack.ir.ops import DENSE_CONV, OP_INFO, MatmulAttrs, OpClass
 from bladepack.ir.types import IRDim, TensorType
-from bladepack.ir.views import simplify
 from bladepack.passes.dce import dead_code_elimination
 
 # Note [Dense weight sizes]: the dense kernel streams W's [K, 64] column panel once per tile of rows,
@@ -40,13 +40,6 @@ MAX_WEIGHT_BYTES = 512 * 1024
 DENSE_DTYPES = frozenset({DType.FLOAT32, DType.FLOAT64, DType.FLOAT16, DType.BFLOAT16})
 
 
-def _product(dims: tuple[IRDim, ...]) -> IRDim:
-    m: IRDim = 1
-    for d in dims:
-        m = simplify(m * d)
-    return m
-
-
 def pixels(shape: tuple[IRDim, ...]) -> tuple[IRDim, IRDim, IRDim, IRDim]:
     """[..., C] as the [N, H, W, C] of a channels-last image whose pixels are its rows: [M, C] is
     [1, 1, M, C], [B, S, C] is [1, B, S, C], and more leading dims merge into N. A batch or sequence
@@ -54,15 +47,15 @@ def pixels(shape: tuple[IRDim, ...]) -> tuple[IRDim, IRDim, IRDim, IRDim]:
     in ir/batch_dims.py)."""
     lead = tuple(shape[:-1])
     padded = (1,) * max(0, 3 - len(lead)) + lead
-    return (_product(padded[:-2]), padded[-2], padded[-1], shape[-1])
+    return (TensorType(DType.INT64, padded[:-2]).numel(), padded[-2], padded[-1], shape[-1])
 
 
-def _linear(n: Node, weights: dict[int, TensorType], types: dict[int, TensorType]) -> bool:
+def _linear(n: Node, weights: Collection[int], types: dict[int, TensorType]) -> bool:
     """`x @ W` with W a 2-D constant of int dims and x [..., K] of the result's leading dims."""
     a = n.attrs
     if n.op is not OpKind.MATMUL or not isinstance(a, MatmulAttrs) or n.inputs[1] not in weights:
         return False
-    wt = weights[n.inputs[1]]
+    wt = types[n.inputs[1]]
     if wt.rank != 2 or not all(isinstance(d, int) for d in wt.shape) or n.type.dtype not in DENSE_DTYPES:
         return False
     if wt.shape[0] * wt.shape[1] * wt.dtype.itemsize > MAX_WEIGHT_BYTES:  # Note [Dense weight sizes]
@@ -78,20 +71,19 @@ def _elementwise(n: Node) -> bool:
 
 def dense_layers(p: Program) -> Program:
     g = p.graph
-    weights = {w.id: w.type for w in g.weights}
     by_id = {w.id: w for w in g.weights}
     types = g.value_types()
     readers: dict[int, list[Node]] = {}
     for n in g.nodes:
         for i in dict.fromkeys(n.inputs):
-            if i in weights:
+            if i in by_id:
                 readers.setdefault(i, []).append(n)
     # a weight converts when every reader is a linear layer reading it as W (one layout serves them all)
     convertible = {
         w
         for w, ns in readers.items()
         if w not in g.outputs
-        and all(_linear(n, weights, types) and n.inputs[1] == w and n.inputs.count(w) == 1 for n in ns)
+        and all(_linear(n, by_id, types) and n.inputs[1] == w and n.inputs.count(w) == 1 for n in ns)
         and len({n.attrs.transpose_b for n in ns if isinstance(n.attrs, MatmulAttrs)}) == 1
     }
     if not convertible:
