@@ -85,20 +85,24 @@ def check_configs(cache: Path, layers: tuple[tuple[int, int], ...] = LAYERS[:2])
     return failures
 
 
-def each_config_cases(hopper: bool) -> list[tuple[Any, bool, list[Any]]]:
+def each_config_cases(
+    hopper: bool, dtypes: tuple[str, ...] = ("float16", "bfloat16")
+) -> list[tuple[Any, bool, list[Any]]]:
     """check_each_config's cases: (dtype, B stored [N, K], configs); `hopper` adds the sm90 configs."""
     from bladepack.dtypes import DType
     from bladepack.library_ops.cutlass.configs import candidates
 
     cases = []
-    for dt in (DType.FLOAT16, DType.BFLOAT16):
+    for dt in map(DType, dtypes):
         firsts = [candidates(dt)[0], *(candidates(dt, "sm90")[:1] if hopper else ())]
         every = [*candidates(dt), *(candidates(dt, "sm90") if hopper else ())]
         cases += [(dt, True, every if dt is DType.FLOAT16 else firsts), (dt, False, firsts)]
     return cases
 
 
-def check_each_config(cache: Path, n: int = 392, k: int = 1000) -> list[str]:
+def check_each_config(
+    cache: Path, n: int = 392, k: int = 1000, dtypes: tuple[str, ...] = ("float16", "bfloat16")
+) -> list[str]:
     """Every catalogue config launched on its own (the sm80 ones on any GPU, the sm90 ones where the
     compute capability is 9.0; float16 on a linear layout, and the first config of each arch also in
     bfloat16 and with B row-major), split-K 2 at small M, against torch over the M sweep."""
@@ -112,8 +116,8 @@ def check_each_config(cache: Path, n: int = 392, k: int = 1000) -> list[str]:
     device = Device(torch.cuda.current_device())
     hopper = device.info.compute_capability == (9, 0) and LoaderOptions.from_env().hopper_gemms
     failures = []
-    for dt, tb, cfgs in each_config_cases(hopper):
-        tdt = torch.float16 if dt is DType.FLOAT16 else torch.bfloat16
+    for dt, tb, cfgs in each_config_cases(hopper, dtypes):
+        tdt = {DType.FLOAT16: torch.float16, DType.BFLOAT16: torch.bfloat16, DType.FLOAT32: torch.float32}[dt]
         insts = [GemmInstance(c, False, tb) for c in cfgs]
         images, packer = build_gemms(insts, cache, jobs=int(os.environ.get("BLADEPACK_NVCC_JOBS", "2")))
         kernels = [(i.name, images[i.name], i.arch) for i in insts]

@@ -30,8 +30,9 @@ BLADEPACK_BLAS          the BLAS library for CPU GEMMs ("none": the loader's own
 BLADEPACK_CUBLAS        the cuBLAS library (else the nvidia wheels', the system's, CUDA_HOME/lib64)
 BLADEPACK_NUM_THREADS=N CPU kernel threads (default: the cores this process may run on)
 BLADEPACK_SHAPE_CACHE=N input-shape signatures a loaded module keeps prepared (default 4096, as the C++ runtime)
-BLADEPACK_HOPPER_GEMMS=1  dispatch an artifact's sm_90a CUTLASS kernels on compute capability 9.0 (default off:
-                        they faulted on an H200, Note [Hopper GEMMs]; the sm80-class kernels run there instead)
+BLADEPACK_HOPPER_GEMMS=1  dispatch an artifact's sm_90a CUTLASS kernels on compute capability 9.0 (default off
+                        until their epilogues and speed are measured, Note [Hopper GEMMs]; the sm80-class
+                        kernels run there instead)
 
 Serving (`ServeOptions`; bladepack serve, serving/triton_server.py):
 BLADEPACK_TRITONSERVER  the tritonserver binary (else tritonserver on PATH, else the nvidia-pytriton wheel's)

@@ -7,9 +7,10 @@
 # step cut off by the lease still leaves what it printed):
 #   1. portable.log   artifacts built without a GPU, run on this one four ways (numpy, torch + graphs,
 #                     graphs off, the C++ bpk-run) against float64 references (scripts/gpu_portable.py)
-#   2. gpu_tests.log  the cuda-marked tests: CUTLASS configs, dispatch and epilogues first, then the
+#   2. hopper.log     the sm_90a GEMM probe, where prepared (scripts/hopper_probe.py; Note [Hopper GEMMs])
+#   3. gpu_tests.log  the cuda-marked tests: CUTLASS configs, dispatch and epilogues first, then the
 #                     samples in float32 / float16 and the C++ runtime (built here with the carried headers)
-#   3. bench.log      bench.cuda_samples (eager peer), bench.cutlass_gemm, bench.cuda_graphs --gpu;
+#   4. bench.log      bench.cuda_samples (eager peer), bench.cutlass_gemm, bench.cuda_graphs --gpu;
 #                     results.tgz holds their bench/results/*_<device>.{md,json}
 # Name benchmarks to run only those: scripts/gpu_checks.sh cutlass_gemm. BUDGET (seconds, default 540)
 # bounds the whole run; later steps get what is left.
@@ -49,9 +50,12 @@ if [ -d .gpu-run/art ]; then
     check .gpu-run/art --bpk-run .gpu-run/bin/bpk-run --out "$out/portable.json" 2>&1 | tee "$out/portable.log" |
     tail -5 || status=1
 fi
+if [ -f .gpu-run/hopper/instances.json ]; then
+  timeout $(($(left) / 4)) "$py" scripts/hopper_probe.py check .gpu-run/hopper 2>&1 | tee "$out/hopper.log" | tail -20
+fi
 for tests in tests/test_cutlass_gemm.py "tests/test_cuda_backend.py tests/test_cuda_cpp.py"; do
   # shellcheck disable=SC2086
-  timeout $(($(left) / 2)) "$py" -m pytest -q -m cuda -p no:cacheprovider -p no:logging -rs $tests 2>&1 |
+  timeout $(($(left) / 2)) "$py" -m pytest -q -x --tb=short -m cuda -p no:cacheprovider -p no:logging -rs $tests 2>&1 |
     tee -a "$out/gpu_tests.log" | tail -15
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 done

@@ -8,6 +8,7 @@
 #                         keyed by nvcc's version, flags and source (CUTLASS_PATH is /tmp/site/... on both sides)
 #   .gpu-run/bin/         bpk-run and libbladepack_runtime.so.0 built without BLAS (the C++ CUDA path), and
 #   .gpu-run/include.tar.xz  msgpack-cxx's headers (the GPU machines cannot build the C++ runtime without them)
+#   .gpu-run/hopper/      the sm_90a GEMM probe's builds (scripts/hopper_probe.py prepare)
 # Then, with the device tool: run `bash scripts/gpu_checks.sh` carrying .gpu-run and .whl.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,6 +23,7 @@ export CUTLASS_PATH=/tmp/site/cutlass_library/source BLADEPACK_GEMM_TUNING=model
 rm -rf .gpu-run/art .gpu-cache
 "$py" scripts/gpu_portable.py prepare .gpu-run/art
 "$py" -m bench.cutlass_gemm --prewarm "$root/.gpu-cache"
+BLADEPACK_CACHE_DIR="$root/.gpu-cache" "$py" scripts/hopper_probe.py prepare .gpu-run/hopper
 tar cJf .gpu-run/cache.tar.xz .gpu-cache
 cmake -S cpp_runtime -B build/cpp-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_DISABLE_FIND_PACKAGE_BLAS=ON >/dev/null
 cmake --build build/cpp-gpu -j 2 --target bpk-run >/dev/null

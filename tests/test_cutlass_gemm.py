@@ -352,6 +352,7 @@ def _stub_gemms(refuse_first: bool = False) -> tuple[Any, list[Any], list[str]]:
     g.device = SimpleNamespace(info=SimpleNamespace(sm_count=132))  # type: ignore[assignment]
     g.names = ["tensorop", "simt"]
     g.hopper = False
+    g.grid_constant = [False, False]
     g.pack = [_RecordingPack(calls, "tensorop", refuse_first), _RecordingPack(calls, "simt")]
     g.functions = [
         SimpleNamespace(launch_packed=lambda *a, n=n: launched.append(n))  # type: ignore[misc]

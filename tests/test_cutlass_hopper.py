@@ -300,6 +300,8 @@ def test_hopper_launches_on_the_fake_driver(
         if cluster != [1, 1, 1]:
             assert f"launch_ex {ln[1]} cluster {cluster[0]} {cluster[1]} {cluster[2]}" in log
         assert f"func_attribute {ln[1]} 8" in log  # the mainloop's stages exceed 48 KiB
+    for ln in launches:  # Note [Grid-constant parameters]: the Hopper Params go through kernelParams
+        assert ln[ln.index("params") + 1] == ("array" if ln in hopper_launches else "none"), ln
     _, results, log = gpu.run(hopper_artifact, cases, cc="80")
     assert all(not isinstance(r, str) for r in results), results
     assert "tensor_map" not in log and "_wgmma_" not in log  # 8.0 ignores the switch
@@ -323,7 +325,7 @@ def test_hopper_launches_from_the_cpp_runtime(
         for ln in log.splitlines():
             f = ln.split()
             if ln.startswith("launch bpk_gemm_"):
-                out.append(" ".join(f[:12]))
+                out.append(" ".join(f[:12] + f[14:16]))  # with how the parameters were passed
             elif ln.startswith("launch_ex "):
                 out.append(ln)
             elif ln.startswith("tensor_map "):

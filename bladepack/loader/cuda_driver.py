@@ -187,6 +187,14 @@ class Module:
 
 _BUFFER_POINTER, _BUFFER_SIZE, _END = 1, 2, 0  # CU_LAUNCH_PARAM_*
 
+# Note [Grid-constant parameters]: generated kernels and the sm80 CUTLASS GEMMs take their parameters as
+# one packed buffer (`extra`, CU_LAUNCH_PARAM_BUFFER_POINTER). A kernel whose parameter is declared
+# `__grid_constant__` — the Hopper GEMMs, whose Params hold TMA descriptors that the kernel reads from
+# parameter space by address — launches through `kernelParams` instead. Measured on an NVIDIA H100
+# (2026-11-26, driver 580.159.04, scripts/hopper_probe.py): the same sm_90a kernel with the same Params
+# faulted ("illegal instruction", or "unspecified launch failure") when launched through the buffer,
+# and matched torch when launched through kernelParams, as CUTLASS's own launch does.
+
 
 class Function:
     def __init__(self, drv: Any, name: str, handle: Any) -> None:
@@ -231,10 +239,36 @@ class Function:
         """Launch with `nbytes` of packed parameters at `address` (CU_LAUNCH_PARAM_BUFFER_POINTER); the
         driver copies them at launch, so the memory may be reused on return. A thread-block `cluster` of
         more than one CTA launches through cuLaunchKernelEx."""
-        drv = self._drv
-        self.prepare_shared(shared_bytes)
         size = ctypes.c_size_t(nbytes)
         extra = (ctypes.c_void_p * 5)(_BUFFER_POINTER, address, _BUFFER_SIZE, ctypes.addressof(size), _END)
+        self._launch(grid, block, 0, ctypes.addressof(extra), shared_bytes, stream, cluster)
+
+    def launch_grid_constant(
+        self,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        address: int,
+        shared_bytes: int,
+        stream: int,
+        cluster: tuple[int, int, int] = (1, 1, 1),
+    ) -> None:
+        """Launch a kernel whose one parameter is a `__grid_constant__` struct at `address`, through
+        kernelParams (Note [Grid-constant parameters])."""
+        argv = (ctypes.c_void_p * 1)(address)
+        self._launch(grid, block, ctypes.addressof(argv), 0, shared_bytes, stream, cluster)
+
+    def _launch(
+        self,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        kernel_params: int,
+        extra: int,
+        shared_bytes: int,
+        stream: int,
+        cluster: tuple[int, int, int],
+    ) -> None:
+        drv = self._drv
+        self.prepare_shared(shared_bytes)
         if cluster != (1, 1, 1):
             config = drv.CUlaunchConfig()
             config.gridDimX, config.gridDimY, config.gridDimZ = grid
@@ -248,15 +282,13 @@ class Function:
             config.numAttrs = 1
             _check(
                 drv,
-                drv.cuLaunchKernelEx(config, self.handle, 0, ctypes.addressof(extra)),
+                drv.cuLaunchKernelEx(config, self.handle, kernel_params, extra),
                 f"cuLaunchKernelEx({self.name}, cluster {cluster})",
             )
             return
         _check(
             drv,
-            drv.cuLaunchKernel(
-                self.handle, *grid, *block, shared_bytes, drv.CUstream(stream), 0, ctypes.addressof(extra)
-            ),
+            drv.cuLaunchKernel(self.handle, *grid, *block, shared_bytes, drv.CUstream(stream), kernel_params, extra),
             f"cuLaunchKernel({self.name})",
         )
 

@@ -11,8 +11,9 @@ passes/gemm_epilogue.py) passes it as CUTLASS's C with beta 1.
 On a GPU of compute capability 9.0, with BLADEPACK_HOPPER_GEMMS=1, an artifact built for sm_90a loads its
 Hopper kernels too, hands the packer the driver's `cuTensorMapEncodeTiled` (Note [Hopper GEMMs] in
 library_ops/cutlass/emitter.py) and dispatches with each record's `entries_sm90`; otherwise the Hopper
-kernels are not loaded (their sm_90a cubins run nowhere else, and on an H200 they faulted) and `entries`
-dispatch.
+kernels are not loaded (their sm_90a cubins run nowhere else, and their epilogues and speed are not
+measured yet) and `entries` dispatch. Hopper kernels take their Params as `__grid_constant__` and launch
+through kernelParams (Note [Grid-constant parameters] in loader/cuda_driver.py).
 
 Everything that depends on the shape only (dispatch entry, packer inputs, batch folding: loader/
 gemm_args.py) is resolved in `prepare`; a call adds its addresses and packs. Serial split-K slices share
@@ -87,6 +88,7 @@ class CutlassGemms:
         self._lib = open_library(packer, digest, f"{source}: the CUTLASS packer")
         self.pack: list[Any] = []
         self.functions: list[Function | None] = []  # None: a Hopper kernel on another GPU
+        self.grid_constant = [arch == HOPPER for _, _, arch in kernels]  # Params passed as __grid_constant__
         self._modules = []
         # dispatch with `entries_sm90`: compute capability 9.0 and BLADEPACK_HOPPER_GEMMS=1 (Note [Hopper GEMMs])
         self.hopper = device.info.compute_capability == (9, 0) and LoaderOptions.from_env().hopper_gemms
@@ -209,12 +211,12 @@ class CutlassGemms:
             if rc != 0 or function is None:
                 why = _PACK_ERRORS.get(rc, f"packer error {rc}") if rc else "its sm_90a kernel is not loaded"
                 raise CudaError(f"CUTLASS GEMM {self.names[kernel]}: {why} (in = {list(launch.ins)})")
-            function.launch_packed(
-                (int(geometry[0]), int(geometry[1]), int(geometry[2])),
-                (int(geometry[3]), 1, 1),
-                ctypes.addressof(params),
-                int(geometry[5]),
-                int(geometry[4]),
-                stream,
-                (int(geometry[7]), int(geometry[8]), int(geometry[9])),
-            )
+            grid = (int(geometry[0]), int(geometry[1]), int(geometry[2]))
+            block = (int(geometry[3]), 1, 1)
+            cluster = (int(geometry[7]), int(geometry[8]), int(geometry[9]))
+            if self.grid_constant[kernel]:  # Note [Grid-constant parameters] in loader/cuda_driver.py
+                function.launch_grid_constant(grid, block, ctypes.addressof(params), int(geometry[4]), stream, cluster)
+            else:
+                function.launch_packed(
+                    grid, block, ctypes.addressof(params), int(geometry[5]), int(geometry[4]), stream, cluster
+                )

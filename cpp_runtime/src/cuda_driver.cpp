@@ -147,6 +147,19 @@ Kernel::Kernel(const Driver& drv, const Module& module, const std::string& name)
 
 void Kernel::launch(const unsigned grid[3], const unsigned block[3], const void* params, size_t nbytes, unsigned smem,
                     CUstream stream, const unsigned cluster[3]) const {
+  size_t size = nbytes;
+  void* extra[5] = {reinterpret_cast<void*>(1), const_cast<void*>(params), reinterpret_cast<void*>(2), &size, nullptr};
+  launch_with(grid, block, nullptr, extra, smem, stream, cluster);
+}
+
+void Kernel::launch_grid_constant(const unsigned grid[3], const unsigned block[3], const void* params, unsigned smem,
+                                  CUstream stream, const unsigned cluster[3]) const {
+  void* argv[1] = {const_cast<void*>(params)};
+  launch_with(grid, block, argv, nullptr, smem, stream, cluster);
+}
+
+void Kernel::launch_with(const unsigned grid[3], const unsigned block[3], void** kernel_params, void** extra,
+                         unsigned smem, CUstream stream, const unsigned cluster[3]) const {
   if (smem > 48 * 1024) {
     std::lock_guard<std::mutex> lock(mu_);
     if (smem > optin_) {
@@ -154,8 +167,6 @@ void Kernel::launch(const unsigned grid[3], const unsigned block[3], const void*
       optin_ = smem;
     }
   }
-  size_t size = nbytes;
-  void* extra[5] = {reinterpret_cast<void*>(1), const_cast<void*>(params), reinterpret_cast<void*>(2), &size, nullptr};
   if (cluster != nullptr && (cluster[0] != 1 || cluster[1] != 1 || cluster[2] != 1)) {
     LaunchAttribute attr{};
     attr.id = kLaunchAttributeClusterDimension;
@@ -163,13 +174,14 @@ void Kernel::launch(const unsigned grid[3], const unsigned block[3], const void*
     attr.value[1] = cluster[1];
     attr.value[2] = cluster[2];
     LaunchConfig config{grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream, &attr, 1};
-    drv_.check(drv_.LaunchKernelEx(&config, fn_, nullptr, extra),
+    drv_.check(drv_.LaunchKernelEx(&config, fn_, kernel_params, extra),
                "cuLaunchKernelEx(" + name_ + ", cluster (" + std::to_string(cluster[0]) + ", " +
                    std::to_string(cluster[1]) + ", " + std::to_string(cluster[2]) + "))");
     return;
   }
-  drv_.check(drv_.LaunchKernel(fn_, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream, nullptr, extra),
-             "cuLaunchKernel(" + name_ + ")");
+  drv_.check(
+      drv_.LaunchKernel(fn_, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream, kernel_params, extra),
+      "cuLaunchKernel(" + name_ + ")");
 }
 
 std::pair<std::string, size_t> choose_image(const std::vector<std::string>& arches, int major, int minor) {

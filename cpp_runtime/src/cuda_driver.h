@@ -157,9 +157,11 @@ class Module {
 };
 
 // A function of a module, launched with its parameters packed in one buffer
-// (CU_LAUNCH_PARAM_BUFFER_POINTER: the driver copies them at launch). Above 48 KiB of dynamic shared
-// memory the function's limit is raised first (once per size); a thread-block cluster of more than one
-// CTA launches through cuLaunchKernelEx. Thread-safe.
+// (CU_LAUNCH_PARAM_BUFFER_POINTER: the driver copies them at launch), or, for a kernel whose one
+// parameter is a __grid_constant__ struct (the Hopper GEMMs), through kernelParams (Note [Grid-constant
+// parameters] in bladepack/loader/cuda_driver.py). Above 48 KiB of dynamic shared memory the function's
+// limit is raised first (once per size); a thread-block cluster of more than one CTA launches through
+// cuLaunchKernelEx. Thread-safe.
 class Kernel {
  public:
   Kernel(const Driver& drv, const Module& module, const std::string& name);
@@ -167,11 +169,15 @@ class Kernel {
   CUfunction handle() const { return fn_; }
   void launch(const unsigned grid[3], const unsigned block[3], const void* params, size_t nbytes, unsigned smem,
               CUstream stream, const unsigned cluster[3] = nullptr) const;
+  void launch_grid_constant(const unsigned grid[3], const unsigned block[3], const void* params, unsigned smem,
+                            CUstream stream, const unsigned cluster[3] = nullptr) const;
 
  private:
   const Driver& drv_;
   std::string name_;
   CUfunction fn_ = nullptr;
+  void launch_with(const unsigned grid[3], const unsigned block[3], void** kernel_params, void** extra, unsigned smem,
+                   CUstream stream, const unsigned cluster[3]) const;
   mutable std::mutex mu_;
   mutable unsigned optin_ = 0;
 };

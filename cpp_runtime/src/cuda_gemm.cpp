@@ -123,8 +123,9 @@ CutlassGemms::CutlassGemms(const Artifact& artifact, const NativePlan& plan, con
   packer_ = std::make_unique<MemoryLibrary>(artifact.section(plan.gemm_packer), "cutlass-packer", RTLD_NOW | RTLD_LOCAL);
   if (!packer_->handle())
     fail(BPK_ERR_UNSUPPORTED, artifact.source() + ": the CUTLASS packer failed to load: " + packer_->error());
-  // sm_90a kernels dispatch on compute capability 9.0 only with BLADEPACK_HOPPER_GEMMS=1: they faulted on an
-  // H200 (Note [Hopper GEMMs] in bladepack/library_ops/cutlass/emitter.py); the sm80-class entries run there
+  // sm_90a kernels dispatch on compute capability 9.0 only with BLADEPACK_HOPPER_GEMMS=1, until their epilogues
+  // and speed are measured on a GPU (Note [Hopper GEMMs] in bladepack/library_ops/cutlass/emitter.py); the
+  // sm80-class entries run there
   const char* hopper_env = std::getenv("BLADEPACK_HOPPER_GEMMS");
   hopper_ = device.info().major == 9 && device.info().minor == 0 && hopper_env && std::string(hopper_env) == "1";
   const bool any_hopper = std::any_of(plan.gemm_kernels.begin(), plan.gemm_kernels.end(),
@@ -141,6 +142,7 @@ CutlassGemms::CutlassGemms(const Artifact& artifact, const NativePlan& plan, con
     if (!pack) artifact.fail("the GEMM packer has no entry for " + k.name);
     names_.push_back(k.name);
     pack_.push_back(pack);
+    grid_constant_.push_back(k.arch == "sm_90a");
     if (k.arch == "sm_90a" && !hopper_) {
       kernels_.emplace_back();
       continue;
@@ -216,7 +218,10 @@ void CutlassGemms::launch(const CutlassLaunch& l, CUdeviceptr a, CUdeviceptr b, 
     const unsigned grid[3] = {unsigned(geometry[0]), unsigned(geometry[1]), unsigned(geometry[2])};
     const unsigned block[3] = {unsigned(geometry[3]), 1, 1};
     const unsigned cluster[3] = {unsigned(geometry[7]), unsigned(geometry[8]), unsigned(geometry[9])};
-    fn->launch(grid, block, params, size_t(geometry[5]), unsigned(geometry[4]), stream, cluster);
+    if (grid_constant_[size_t(kernel)])  // Note [Grid-constant parameters] in bladepack/loader/cuda_driver.py
+      fn->launch_grid_constant(grid, block, params, unsigned(geometry[4]), stream, cluster);
+    else
+      fn->launch(grid, block, params, size_t(geometry[5]), unsigned(geometry[4]), stream, cluster);
   }
 }
 

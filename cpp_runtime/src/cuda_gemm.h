@@ -88,6 +88,7 @@ class CutlassGemms {
   std::vector<PackFn> pack_;
   std::vector<std::unique_ptr<Module>> modules_;
   std::vector<std::unique_ptr<Kernel>> kernels_;  // nullptr: a Hopper kernel on another GPU
+  std::vector<bool> grid_constant_;               // Params passed as __grid_constant__ (the Hopper kernels)
 };
 
 }  // namespace bpk::cuda

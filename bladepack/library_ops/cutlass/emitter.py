@@ -36,21 +36,24 @@ from the SM count the loader passes; a cluster of more than one CTA is launched 
 Unbatched problems get the matrix size as their batch stride (TMA takes no zero stride); a batched
 one with a zero batch stride (a broadcast operand) is refused (1), and so is serial split-K.
 
-Measured on an NVIDIA H200 (2026-11-26, driver 580.159.04, nvcc 13.0.88, CUTLASS 4.2.0): every sm90
-instance faulted at its first launch ("illegal instruction" for the cooperative 128x256 and ping-pong
-64x128 tiles, "unspecified launch failure" for the others; clusters of 1 and 2 alike), while all seven
-sm80-class float16 configs, the bfloat16 one and the [K, N] B layout matched torch at M 1 to 4096 with
-split-K 1 and 2. compute-sanitizer put the fault at the ping-pong kernel's first producer
-`SYNCS.ARRIVE.TRANS64` (the mbarrier arrive carrying the TMA transaction bytes, just before its first
-`UTMALDG`), thread 0 of block 0. Ruled out without a GPU: the PTX has the Params as a __grid_constant__
-parameter (descriptors read from parameter space, as CUTLASS requires), and the Params layout agrees
-between the packer's host compile, the kernel's host pass and its PTX (sizeof 1792, SharedStorageSize
-230400, the mainloop / epilogue / scheduler offsets and tma_transaction_bytes at 640, read off a probe
-kernel's constants). Next, on a GPU: CUTLASS's own device adapter on the same config, and the encoded
-descriptors compared with the ones it builds. Until it is found, the
-sm_90a image is built only when a target names it (`cuda:sm_90a`, BLADEPACK_CUDA_ARCHES), and the loaders
-dispatch `entries_sm90` only with BLADEPACK_HOPPER_GEMMS=1 (else the sm80 table runs on 9.0 as on any
-other GPU, and the profiler does not time sm90 candidates).
+On an NVIDIA H200 (2026-11-26, driver 580.159.04, nvcc 13.0.88, CUTLASS 4.2.0) every sm90 instance
+faulted at its first launch ("illegal instruction" or "unspecified launch failure"; compute-sanitizer:
+the producer's first mbarrier arrive before its first TMA load). The cause, found on an H100 with
+scripts/hopper_probe.py, was the launch: the loaders passed the Params as a packed parameter buffer
+(CU_LAUNCH_PARAM_BUFFER_POINTER), and a `__grid_constant__` parameter must go through kernelParams.
+The probe ran each step in its own process on one ping-pong (cluster 1) and one cooperative (cluster
+2) config: CUTLASS's own adapter ran; CUTLASS's device_kernel ran with the packer's Params; our cubin
+ran with CUTLASS's Params through kernelParams and faulted through the buffer. The loaders now launch
+sm_90a kernels through kernelParams (Note [Grid-constant parameters] in loader/cuda_driver.py). With
+that, on the H100, every sm90 float16 config, the first bfloat16 one and the [K, N] B layout matched
+torch at M 1 to 16384 (bench/cutlass_gemm.py's check_each_config, through the Python loader).
+
+Not yet measured on a GPU: the sm90 instances with an epilogue source (bias, residual) or activation,
+the C++ runtime's launch of them (checked only on the fake driver, call for call against the Python
+loader), and their speed against the sm80 configs and cuBLAS. Until then the sm_90a image is built
+only when a target names it (`cuda:sm_90a`, BLADEPACK_CUDA_ARCHES), and the loaders dispatch
+`entries_sm90` only with BLADEPACK_HOPPER_GEMMS=1 (else the sm80 table runs on 9.0 as on any other GPU,
+and the profiler does not time sm90 candidates).
 """
 
 from __future__ import annotations
