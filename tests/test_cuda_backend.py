@@ -524,8 +524,9 @@ def test_inspect_lists_cuda_kernels(ops_artifact: bladepack.api.Artifact) -> Non
 @pytest.mark.cuda
 def test_samples_on_a_real_gpu() -> None:
     """On a GPU machine: every sample in float32 and float16 on torch CUDA tensors, at every test shape,
-    against eager: float32 within 1e-4 of eager float32, float16 no further from a float64 eager than
-    eager float16 (within 2x, + 1e-3). A shape below the artifact's range (torch 2.11 cannot export the
+    against eager: float32 within 1e-4 of a float64 eager (not of eager float32: its convolutions run in
+    TF32 by default, cudnn.allow_tf32, 2.2e-4 off on the CNN on an H100), float16 no further from a
+    float64 eager than eager float16 (within 2x, + 1e-3). A shape below the artifact's range (torch 2.11 cannot export the
     CNN with height / width 1: Note [Two exports] in export/capture.py) must be refused with a
     ShapeGuardError, and only where optimize said why in a note."""
     if not torch.cuda.is_available():
@@ -561,7 +562,7 @@ def test_samples_on_a_real_gpu() -> None:
                 for o, w, r in zip(as_tuple(m(*args)), want, ref):
                     assert o.is_cuda and o.dtype == w.dtype
                     if dtype == torch.float32:
-                        assert rel_err(o.cpu(), w.cpu()) <= 1e-4, f"{name} at {dims}"
+                        assert rel_err(o.cpu().double(), r.cpu()) <= 1e-4, f"{name} at {dims}"
                     else:
                         yard = rel_err(w.cpu().double(), r.cpu())
                         assert rel_err(o.cpu().double(), r.cpu()) <= 2 * yard + 1e-3, f"{name} float16 at {dims}"
