@@ -4,8 +4,8 @@ OpenVINO.
 In: the samples (samples/registry.py) at a spread of shapes. Out: a markdown table of median latencies
 and speedups (printed), bench/results/cpu_samples.json and bench/results/cpu_samples.png. Every
 runner measures in this one process, interleaved per shape: three rounds with the peers' order rotated,
-each a block of `--repeat` calls after a 50 ms pause (the previous runtime's spinning threads go to
-sleep); a peer's figure is its best block median (Note [Rounds]).
+each a block of at least `--repeat` calls and 0.1 s after a 50 ms pause (the previous runtime's spinning
+threads go to sleep); a peer's figure is its best block median (Note [Rounds]).
 
     python -m bench.cpu_samples [--samples encoder,llama,cnn,mlp] [--repeat 20]
                                 [--peers eager,compile,aoti,ort,openvino]
@@ -46,12 +46,16 @@ Runner = Callable[[tuple[torch.Tensor, ...]], Any]
 ROUNDS = 3
 
 
+BLOCK_SECONDS = 0.1  # Note [Rounds]: a block runs at least `repeat` calls and at least this long
+
+
 def _median_us(fn: Callable[[], Any], repeat: int) -> float:
     time.sleep(0.05)  # let the previous runner's spinning worker threads go to sleep
     for _ in range(3):
         fn()
-    ts = []
-    for _ in range(repeat):
+    ts: list[float] = []
+    start = time.perf_counter()
+    while len(ts) < repeat or time.perf_counter() - start < BLOCK_SECONDS:
         t = time.perf_counter()
         fn()
         ts.append(time.perf_counter() - t)
@@ -62,7 +66,10 @@ def measure(runners: dict[str, Runner], x: Any, repeat: int, errors: dict[str, s
     """Each runner's latency (µs) on `x`, None for one that failed (its error goes into `errors`).
 
     Note [Rounds]: ROUNDS rounds, the runners' order rotated each round; a runner's figure is its best
-    block median, so a burst of machine noise costs a round, not the comparison."""
+    block median, so a burst of machine noise costs a round, not the comparison. A block is at least
+    `repeat` calls and at least BLOCK_SECONDS of them, the same rule for every runner: a 20 µs call gets
+    a median of thousands of calls, not of 20 (which a few milliseconds of noise could move), while a
+    20 ms call still runs its `repeat`."""
     row: dict[str, Any] = {}
     order = list(runners)
     for rnd in range(ROUNDS):
