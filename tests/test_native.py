@@ -397,6 +397,23 @@ def test_small_m_gemms(k: int, n: int, monkeypatch: pytest.MonkeyPatch) -> None:
             assert rel_err(got, ref) <= 1e-5, (m, k, n)
 
 
+@pytest.mark.parametrize("k,n", [(512, 1024), (1024, 1024)])
+def test_small_m_gemms_on_large_weights(k: int, n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [Small-M GEMMs]: on B [K, N] of 2 MB (4 MB) and more the small-M kernel takes up to 16 (8)
+    rows per thread and BLAS the rest; both sides of each cap at one and two threads match eager."""
+    monkeypatch.setenv("BLADEPACK_DENSE_LAYERS", "0")
+    model = _Products(k, n)
+    art = bladepack.optimize(model, [(torch.randn(2, 2, k),), (torch.randn(5, 2, k),)])
+    for threads in ("1", "2"):
+        monkeypatch.setenv("BLADEPACK_NUM_THREADS", threads)
+        nat = bladepack.load(art.to_bytes(), executor="native")
+        for m in (8, 9, 16, 17, 32, 33):
+            x = torch.randn(m, 2, k, generator=torch.Generator().manual_seed(m))
+            want = model(x)
+            for got, ref in zip(nat(x), want):
+                assert rel_err(got, ref) <= 1e-5, (threads, m, k, n)
+
+
 def test_arena_released_after_a_huge_call(mlp_artifact) -> None:
     """Note [Arena high-water mark]: a thread's arena shrinks back once calls need far less."""
     from bladepack.loader.native_cpu import ARENA_KEEP

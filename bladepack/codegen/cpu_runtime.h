@@ -411,7 +411,17 @@ static void gemm_call(RunState* st, const Blas& blas, bool ta, bool tb, int64_t 
 // Note [Packed linear weights] in passes/pack_linear.py) of more rows take this path where measured
 // faster than OpenBLAS on the same weights (`small_m_applies`): up to 16 rows on B of 8K elements and
 // more whose columns are whole chunks (a column tail is copied into a padded chunk per row block, which
-// costs more than OpenBLAS there), up to 64 rows on B of 64K elements and more.
+// costs more than OpenBLAS there), up to 64 rows on B of 64K elements and more — but on B of 512K
+// elements (2 MB) and more only up to 16 rows per thread the kernel runs on, and on 1M (4 MB) and more
+// up to 8 per thread. Those caps are measured in the kernel library, this kernel against the BLAS path
+// (OpenBLAS on the same [K, N] weights; at two threads the rows split over the pool, each piece one
+// BLAS call), built both ways and timed alternately in one process:
+//   - One thread: on 768 x 3072 and 1024 x 1024 this kernel took 1.2-1.4x less time at 8 rows, the
+//     same at 12 and 1.25-3x more at 16-64. On 512 x 1024, 1024 x 768 and 768 x 768 it won up to 16
+//     rows (1.1-1.7x) and lost at 32-64 (0.53-0.80x; 768 x 768 still won 1.07x at 32).
+//   - Two threads (columns split, against rows split): it won at 17 and 32 rows (1.17-1.53x) and lost
+//     or tied at 64 (0.78-0.98x) on the 2 MB weights, and won at 8-12 rows, tied at 16 and lost at 32
+//     (0.59-0.65x) on the 4 MB and larger ones.
 #if defined(__AVX512F__)
 constexpr int64_t SMALL_M = 4;  // rows per register block: SMALL_M x SMALL_CH accumulators (8 zmm)
 #else
@@ -424,13 +434,19 @@ constexpr int64_t SMALL_M_NN_ROWS = 16;             // B [K, N] products up to t
 constexpr int64_t SMALL_M_NN_MIN_NK = 8192;         // ... with at least this much of B, whole chunks of columns
 constexpr int64_t SMALL_M_NN_WIDE_ROWS = 64;        // ... and up to this many rows ...
 constexpr int64_t SMALL_M_NN_WIDE_NK = 65536;       // ... with at least this much of B
+constexpr int64_t SMALL_M_NN_LARGE = int64_t(1) << 19;  // B of at least this many elements ...
+constexpr int64_t SMALL_M_NN_LARGE_ROWS = 16;           // ... up to this many rows per thread,
+constexpr int64_t SMALL_M_NN_HUGE = int64_t(1) << 20;   // of at least this many ...
+constexpr int64_t SMALL_M_NN_HUGE_ROWS = 8;             // ... up to this many per thread
 
 // The B [K, N] bounds are measured (bench/results/profiles.md "Small-M GEMMs on [K, N] weights"): this
 // kernel against OpenBLAS on the same weights, 10 weight shapes x 10 row counts, in the kernel library.
-static inline bool small_m_applies(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
+// `threads`: how many threads the kernel would run on (a piece of rows inside a parallel loop: one).
+static inline bool small_m_applies(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int threads = 1) {
   if (ta) return false;
   if (M <= SMALL_M_ROWS) return N * K >= SMALL_M_MIN_NK;
-  if (tb) return false;
+  if (tb || (N * K >= SMALL_M_NN_LARGE && M > SMALL_M_NN_LARGE_ROWS * threads)) return false;
+  if (N * K >= SMALL_M_NN_HUGE && M > SMALL_M_NN_HUGE_ROWS * threads) return false;
   if (M <= SMALL_M_NN_ROWS && N * K >= SMALL_M_NN_MIN_NK && N % SMALL_CH == 0) return true;
   return M <= SMALL_M_NN_WIDE_ROWS && N * K >= SMALL_M_NN_WIDE_NK;
 }
@@ -673,11 +689,11 @@ static void gemm_one(RunState* st, const Blas& blas, bool ta, bool tb, int64_t M
     mid_m_gemm<T>(st, M, N, K, A, lda, B, ldb, C, ldc);
     return;
   }
-  if (small_m_applies(ta, tb, M, N, K)) {  // Note [Small-M GEMMs]: splits its columns over the pool itself
+  const int threads = st->pool ? st->pool->nthreads : 1;
+  if (small_m_applies(ta, tb, M, N, K, threads)) {  // Note [Small-M GEMMs]: splits its columns over the pool
     small_m_gemm<T>(st, tb, M, N, K, A, lda, B, ldb, C, ldc);
     return;
   }
-  const int threads = st->pool ? st->pool->nthreads : 1;
   if (threads > 1 && M >= 2 * threads && M * N * K >= (int64_t(1) << 18) && blas.sgemm != nullptr) {
     const int64_t parts = threads;
     parallel_for(st, parts, int64_t(1) << 20, [&](int64_t lo, int64_t hi) {
