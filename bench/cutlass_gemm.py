@@ -10,6 +10,10 @@ median). Out: bench/results/cutlass_gemm_<device>.{md,json} with per-M ratios an
     python -m bench.cutlass_gemm [--repeat 50]
     python -m bench.cutlass_gemm --prewarm DIR   # no GPU: compile every unit into the cache DIR
 
+With BLADEPACK_HOPPER_GEMMS=1 the artifacts are built for `cuda:sm_90a` too and, on compute capability
+9.0, dispatch their Hopper tables (Note [Hopper GEMMs]); the results are then named
+cutlass_gemm_hopper_<device>, and --prewarm compiles those units as well.
+
 Measured on an NVIDIA H200 (bench/results/cutlass_gemm_NVIDIA_H200.md): every result correct, 0.21x of
 cuBLAS in geomean, the Python loader's per-call cost dominating up to M = 1024.
 """
@@ -36,6 +40,14 @@ SWEEP = (1, 2, 3, 7, 8, 16, 33, 64, 127, 128, 255, 512, 1000, 1024, 2047, 4096, 
 DTYPES = (torch.float16, torch.bfloat16)
 
 
+def _targets() -> tuple[str, ...]:
+    """The CUDA targets of the checks' and benchmark's artifacts: `cuda:sm_90a` too with
+    BLADEPACK_HOPPER_GEMMS=1 (Note [Hopper GEMMs])."""
+    from bladepack.options import LoaderOptions
+
+    return ("cuda", "cuda:sm_90a") if LoaderOptions.from_env().hopper_gemms else ("cuda",)
+
+
 def _linear(n: int, k: int, dtype: torch.dtype, configs: int | None) -> tuple[torch.nn.Linear, Any]:
     """A bias-free linear layer and its CUTLASS artifact (at most `configs` configs per GEMM)."""
     lin = torch.nn.Linear(k, n, bias=False).eval()
@@ -45,7 +57,7 @@ def _linear(n: int, k: int, dtype: torch.dtype, configs: int | None) -> tuple[to
         os.environ["BLADEPACK_GEMM_CONFIGS"] = str(configs)
     try:
         art = bladepack.optimize(
-            lin, [(torch.randn(5, k),)], ({0: m},), targets=("cuda",), dtype=str(dtype)[6:], gemm_library="cutlass"
+            lin, [(torch.randn(5, k),)], ({0: m},), targets=_targets(), dtype=str(dtype)[6:], gemm_library="cutlass"
         )
     finally:
         if old is None:
@@ -166,12 +178,13 @@ def _epilogue_dtypes() -> tuple[torch.dtype, ...]:
     return (torch.float16, torch.bfloat16, *((torch.float32,) if Options.from_env().cutlass_unverified else ()))
 
 
-def _epilogue_block(dtype: torch.dtype, d: int) -> tuple[EpilogueBlock, Any]:
+def epilogue_block(dtype: torch.dtype, d: int = 256) -> tuple[EpilogueBlock, Any]:
+    """EpilogueBlock and its CUTLASS artifact in `dtype` (built for `_targets()`)."""
     torch.manual_seed(0)
     model = EpilogueBlock(d).eval()
     m = torch.export.Dim("m", min=1, max=max(SWEEP))
     art = bladepack.optimize(
-        model, [(torch.randn(5, d),)], ({0: m},), targets=("cuda",), dtype=str(dtype)[6:], gemm_library="cutlass"
+        model, [(torch.randn(5, d),)], ({0: m},), targets=_targets(), dtype=str(dtype)[6:], gemm_library="cutlass"
     )
     return model, art
 
@@ -189,7 +202,7 @@ def prewarm(cache: Path) -> None:
     for _dt, tb, cfgs in each_config_cases(LoaderOptions.from_env().hopper_gemms):
         build_gemms([GemmInstance(c, False, tb) for c in cfgs], cache, jobs=jobs)
     for dtype in _epilogue_dtypes():
-        _epilogue_block(dtype, 256)
+        epilogue_block(dtype, 256)
     for dtype in DTYPES:
         for n, k in LAYERS:
             for configs in (None, 1):
@@ -201,7 +214,7 @@ def check_epilogues(cache: Path, d: int = 256) -> list[str]:
     os.environ.setdefault("BLADEPACK_CACHE_DIR", str(cache))
     failures = []
     for dtype in _epilogue_dtypes():
-        model, art = _epilogue_block(dtype, d)
+        model, art = epilogue_block(dtype, d)
         kind = str(dtype)[6:]
         with tempfile.TemporaryDirectory() as tmp:
             art.save(Path(tmp) / "e.bpk")
@@ -231,7 +244,10 @@ def main() -> None:
     if args.prewarm:
         prewarm(args.prewarm)
         return
+    from bladepack.options import LoaderOptions
+
     device = torch.cuda.get_device_name().replace(" ", "_")
+    name = f"cutlass_gemm_hopper_{device}" if LoaderOptions.from_env().hopper_gemms else f"cutlass_gemm_{device}"
     rows = []
     for dtype in DTYPES:
         for n, k in LAYERS:
@@ -263,7 +279,7 @@ def main() -> None:
         return math.exp(statistics.fmean(math.log(r[key]) for r in rows))
 
     lines = [
-        f"# CUTLASS GEMMs on {device}",
+        f"# CUTLASS GEMMs on {device}" + (" (Hopper tables: BLADEPACK_HOPPER_GEMMS=1)" if "hopper" in name else ""),
         "",
         f"geomean vs cuBLAS {geo('vs_cublas'):.2f}x, vs one fixed config {geo('vs_fixed'):.2f}x, "
         f"min vs cuBLAS {min(r['vs_cublas'] for r in rows):.2f}x",
@@ -277,8 +293,8 @@ def main() -> None:
             f"{r['fixed_us']:.1f} | {r['vs_cublas']:.2f} | {r['vs_fixed']:.2f} | {r['tflops']:.1f} |"
         )
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"cutlass_gemm_{device}.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / f"cutlass_gemm_{device}.json").write_text(json.dumps(rows, indent=1))
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{name}.json").write_text(json.dumps(rows, indent=1))
     print("\n".join(lines[:3]))
 
 

@@ -8,9 +8,11 @@
 #   1. portable.log   artifacts built without a GPU, run on this one four ways (numpy, torch + graphs,
 #                     graphs off, the C++ bpk-run) against float64 references (scripts/gpu_portable.py)
 #   2. hopper.log     the sm_90a GEMM probe, where prepared (scripts/hopper_probe.py; Note [Hopper GEMMs])
-#   3. gpu_tests.log  the cuda-marked tests: CUTLASS configs, dispatch and epilogues first, then the
-#                     samples in float32 / float16 and the C++ runtime (built here with the carried headers)
-#   4. bench.log      bench.cuda_samples (eager peer), bench.cutlass_gemm, bench.cuda_graphs --gpu;
+#   3. gpu_tests.log  the cuda-marked tests: CUTLASS configs, dispatch and epilogues first (then again with
+#                     the Hopper tables on, C++ runtime included), then the samples in float32 / float16
+#                     and the C++ runtime (built here with the carried headers)
+#   4. bench.log      bench.cuda_samples (eager peer), bench.cutlass_gemm (sm80 tables, then Hopper's:
+#                     cutlass_gemm_hopper), bench.cuda_graphs --gpu;
 #                     results.tgz holds their bench/results/*_<device>.{md,json}
 # Name benchmarks to run only those: scripts/gpu_checks.sh cutlass_gemm. BUDGET (seconds, default 540)
 # bounds the whole run; later steps get what is left.
@@ -53,21 +55,24 @@ fi
 if [ -f .gpu-run/hopper/instances.json ]; then
   timeout $(($(left) / 4)) "$py" scripts/hopper_probe.py check .gpu-run/hopper 2>&1 | tee "$out/hopper.log" | tail -20
 fi
-for tests in tests/test_cutlass_gemm.py "tests/test_cuda_backend.py tests/test_cuda_cpp.py"; do
+for tests in "tests/test_cutlass_gemm.py tests/test_cutlass_hopper.py" "tests/test_cuda_backend.py tests/test_cuda_cpp.py"; do
   # shellcheck disable=SC2086
   timeout $(($(left) / 2)) "$py" -m pytest -q -x --tb=short -m cuda -p no:cacheprovider -p no:logging -rs $tests 2>&1 |
     tee -a "$out/gpu_tests.log" | tail -15
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 done
 benches=("$@")
-[ ${#benches[@]} -eq 0 ] && benches=(cuda_samples cutlass_gemm cuda_graphs)
+[ ${#benches[@]} -eq 0 ] && benches=(cuda_samples cutlass_gemm cutlass_gemm_hopper cuda_graphs)
 for b in "${benches[@]}"; do
   extra=()
+  hopper=0
   [ "$b" = cuda_graphs ] && extra=(--gpu)
   [ "$b" = cuda_samples ] && extra=(--peers eager --repeat 20)
   [ "$b" = cutlass_gemm ] && extra=(--repeat 10)
+  [ "$b" = cutlass_gemm_hopper ] && b=cutlass_gemm && hopper=1 && extra=(--repeat 10)
   [ "$(left)" -gt 20 ] || break
-  timeout $(($(left) - 10)) "$py" -m "bench.$b" ${extra[@]+"${extra[@]}"} 2>&1 | tee -a "$out/bench.log" | tail -8
+  BLADEPACK_HOPPER_GEMMS=$hopper timeout $(($(left) - 10)) "$py" -m "bench.$b" ${extra[@]+"${extra[@]}"} 2>&1 |
+    tee -a "$out/bench.log" | tail -8
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   tar czf "$out/results.tgz" bench/results/*_NVIDIA_* 2>/dev/null
 done

@@ -4,7 +4,7 @@
 #   .whl/                 the nvidia-cutlass wheel (the GPU machines lack it; gpu_checks.sh installs it)
 #   .gpu-run/art/         every sample as a .bpk (float32: cpu + cuda; float16: cuda), its weights, the inputs
 #                         of every test shape and float64 references (scripts/gpu_portable.py prepare)
-#   .gpu-run/cache.tar.xz the CUTLASS units of bench.cutlass_gemm's checks and benchmark, compiled into a cache
+#   .gpu-run/cache.tar.xz the CUTLASS units of bench.cutlass_gemm's checks and benchmark (sm80 and Hopper tables), compiled into a cache
 #                         keyed by nvcc's version, flags and source (CUTLASS_PATH is /tmp/site/... on both sides)
 #   .gpu-run/bin/         bpk-run and libbladepack_runtime.so.0 built without BLAS (the C++ CUDA path), and
 #   .gpu-run/include.tar.xz  msgpack-cxx's headers (the GPU machines cannot build the C++ runtime without them)
@@ -23,6 +23,7 @@ export CUTLASS_PATH=/tmp/site/cutlass_library/source BLADEPACK_GEMM_TUNING=model
 rm -rf .gpu-run/art .gpu-cache
 "$py" scripts/gpu_portable.py prepare .gpu-run/art
 "$py" -m bench.cutlass_gemm --prewarm "$root/.gpu-cache"
+BLADEPACK_HOPPER_GEMMS=1 "$py" -m bench.cutlass_gemm --prewarm "$root/.gpu-cache"  # the sm_90a units too
 BLADEPACK_CACHE_DIR="$root/.gpu-cache" "$py" scripts/hopper_probe.py prepare .gpu-run/hopper
 tar cJf .gpu-run/cache.tar.xz .gpu-cache
 cmake -S cpp_runtime -B build/cpp-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_DISABLE_FIND_PACKAGE_BLAS=ON >/dev/null

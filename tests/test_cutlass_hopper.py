@@ -345,3 +345,60 @@ def test_hopper_launches_from_the_cpp_runtime(
         assert {ln for ln in cpp_log.splitlines() if ln.startswith("func_attribute ")} == opt_in
         hopper = cc == "90" and switch == "1"
         assert ("launch_ex" in cpp_log) == hopper and ("tensor_map" in cpp_log) == hopper, (cc, switch)
+
+
+@pytest.mark.cuda
+def test_hopper_gemms_on_a_real_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On compute capability 9.0 with BLADEPACK_HOPPER_GEMMS=1 (Note [Hopper GEMMs]): artifacts built
+    for cuda:sm_90a too dispatch their Hopper tables — the bucketed linear layers and every fused
+    epilogue form (bias + ReLU / GELU, SiLU, residual, bias) against torch over the M sweep through the
+    Python loader, and the C++ runtime's bpk-run on the float16 epilogue artifact equal to the Python
+    loader."""
+    import os
+    import subprocess
+
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs a GPU of compute capability 9.0")
+    from bench.cutlass_gemm import check_configs, check_epilogues, epilogue_block
+    from tests.cpp_build import BuildError, build
+    from tests.helpers import rel_err
+
+    monkeypatch.setenv("BLADEPACK_HOPPER_GEMMS", "1")
+    cache = Path(os.environ.get("BLADEPACK_CACHE_DIR", "/tmp/bladepack-cache"))
+    failures = check_configs(cache) + check_epilogues(cache)
+    assert not failures, failures
+    _, art = epilogue_block(torch.float16)
+    manifest, _ = _sections(art)
+    assert any(r["arch"] == "sm_90a" for r in manifest["native_cuda"]["gemm_kernels"])
+    path = tmp_path / "e.bpk"
+    art.save(path)
+    try:
+        bpk_run = build("release") / "bpk-run"
+    except BuildError as e:
+        pytest.skip(f"cpp_runtime does not build here: {e}")
+    m = bladepack.load(path, device="cuda", graphs=False)
+    name, out_name = art.plan.inputs[0].name, art.plan.outputs[0].name
+    for rows in (1, 77, 4096):
+        x = np.random.default_rng(rows).standard_normal((rows, 256)).astype(np.float16)
+        np.save(tmp_path / f"x{rows}.npy", x)
+        out = tmp_path / f"out{rows}"
+        out.mkdir()
+        r = subprocess.run(
+            [
+                str(bpk_run),
+                str(path),
+                "--device",
+                "cuda",
+                "--input",
+                f"{name}={tmp_path / f'x{rows}.npy'}",
+                "--output-dir",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert r.returncode == 0, r.stderr
+        want = m(x)
+        want = want[0] if isinstance(want, (tuple, list)) else want
+        assert rel_err(np.load(out / f"{out_name}.npy").astype(np.float32), np.asarray(want).astype(np.float32)) <= 1e-6

@@ -50,7 +50,9 @@ torch at M 1 to 16384 (bench/cutlass_gemm.py's check_each_config, through the Py
 
 Not yet measured on a GPU: the sm90 instances with an epilogue source (bias, residual) or activation,
 the C++ runtime's launch of them (checked only on the fake driver, call for call against the Python
-loader), and their speed against the sm80 configs and cuBLAS. Until then the sm_90a image is built
+loader), and their speed against the sm80 configs and cuBLAS: tests/test_cutlass_hopper.py's
+test_hopper_gemms_on_a_real_gpu and bench/cutlass_gemm.py under the switch measure them, and
+scripts/gpu_checks.sh runs both. Until then the sm_90a image is built
 only when a target names it (`cuda:sm_90a`, BLADEPACK_CUDA_ARCHES), and the loaders dispatch
 `entries_sm90` only with BLADEPACK_HOPPER_GEMMS=1 (else the sm80 table runs on 9.0 as on any other GPU,
 and the profiler does not time sm90 candidates).
