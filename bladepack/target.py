@@ -60,9 +60,11 @@ class Target:
         bad = [t for t in targets if t not in allowed]
         if bad or not targets:
             raise ValueError(f"unsupported targets {bad or list(targets)}; this version supports {allowed}")
-        images = tuple(t.split(":", 1)[1] for t in targets if t.startswith("cuda:"))
+        images = tuple(dict.fromkeys(t.split(":", 1)[1] for t in targets if t.startswith("cuda:")))
         kinds = tuple(dict.fromkeys("cuda" if t.startswith("cuda") else t for t in targets))
-        return Target(kinds, images if images and "cuda" not in targets else None)
+        if images and "cuda" in targets:  # every default image and the named ones (sm_90a: Note [Hopper GEMMs])
+            images = tuple(dict.fromkeys((*CUBIN_ARCHES, PTX_ARCH, *images)))
+        return Target(kinds, images or None)
 
     def spec(self) -> list[str]:
         """The `targets` list that parses back to this Target."""

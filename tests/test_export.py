@@ -131,6 +131,26 @@ def test_bad_targets_and_inputs() -> None:
         bladepack.optimize(TwoLayer(), [(torch.randn(2, 8),), (torch.randn(2, 8, 1),)])
 
 
+def test_cuda_targets_name_images() -> None:
+    """`cuda` alone is every default image; named images alone are those; `cuda` and named images are
+    the defaults plus the named ones (`("cuda", "cuda:sm_90a")` adds the Hopper GEMMs: Note [Hopper
+    GEMMs]); every Target survives the manifest's spec round trip."""
+    from bladepack.target import CUBIN_ARCHES, PTX_ARCH, Target
+
+    defaults = (*CUBIN_ARCHES, PTX_ARCH)
+    cases = {
+        ("cuda",): None,
+        ("cuda:sm_90a",): ("sm_90a",),
+        ("cuda", "cuda:sm_90a"): (*defaults, "sm_90a"),
+        ("cpu", "cuda:sm_90", "cuda"): defaults,
+        ("cuda:sm_80", "cuda:sm_80"): ("sm_80",),
+    }
+    for targets, images in cases.items():
+        t = Target.parse(targets)
+        assert t.cuda_images == images, targets
+        assert Target.parse(t.spec()) == t
+
+
 def test_transformer_encoder_layer() -> None:
     for norm_first in (False, True):
         m = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1, batch_first=True, norm_first=norm_first).eval()
