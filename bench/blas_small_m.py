@@ -50,7 +50,8 @@ def _cblas(lib: ctypes.CDLL, names: tuple[str, ...]) -> Gemm:
     return gemm
 
 
-def _openblas() -> Gemm:
+def openblas_library() -> ctypes.CDLL:
+    """numpy's bundled OpenBLAS, set to one thread."""
     found = sorted(glob.glob(str(Path(np.__file__).parent.parent / "numpy.libs" / "libscipy_openblas*.so*")))
     if not found:
         raise SystemExit("numpy's bundled OpenBLAS not found")
@@ -58,7 +59,11 @@ def _openblas() -> Gemm:
     for name in ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads"):
         if hasattr(lib, name):
             getattr(lib, name)(1)
-    return _cblas(lib, ("scipy_cblas_sgemm64_", "scipy_cblas_sgemm", "cblas_sgemm"))
+    return lib
+
+
+def _openblas() -> Gemm:
+    return _cblas(openblas_library(), ("scipy_cblas_sgemm64_", "scipy_cblas_sgemm", "cblas_sgemm"))
 
 
 def _mkl(path: str | None) -> Gemm:

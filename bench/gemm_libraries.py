@@ -42,13 +42,9 @@ def _addr(a: np.ndarray) -> int:
 
 
 def _openblas(a: np.ndarray, w: np.ndarray, c: np.ndarray) -> Call:
-    found = sorted(glob.glob(str(Path(np.__file__).parent.parent / "numpy.libs" / "libscipy_openblas*.so*")))
-    if not found:
-        raise SystemExit("numpy's bundled OpenBLAS not found")
-    lib = ctypes.CDLL(found[0])
-    for name in ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads"):
-        if hasattr(lib, name):
-            getattr(lib, name)(1)
+    from bench.blas_small_m import openblas_library
+
+    lib = openblas_library()
     f = getattr(lib, "scipy_cblas_sgemm64_", None) or lib.cblas_sgemm
     i = ctypes.c_int64
     f.restype = None
