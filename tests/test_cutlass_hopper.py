@@ -8,7 +8,9 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import itertools
+import os
 import struct
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -354,9 +356,6 @@ def test_hopper_gemms_on_a_real_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     epilogue form (bias + ReLU / GELU, SiLU, residual, bias) against torch over the M sweep through the
     Python loader, and the C++ runtime's bpk-run on the float16 epilogue artifact equal to the Python
     loader."""
-    import os
-    import subprocess
-
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs a GPU of compute capability 9.0")
     from bench.cutlass_gemm import check_configs, check_epilogues, epilogue_block
