@@ -52,18 +52,16 @@ def _linear(n: int, k: int, dtype: torch.dtype, configs: int | None) -> tuple[to
     """A bias-free linear layer and its CUTLASS artifact (at most `configs` configs per GEMM)."""
     lin = torch.nn.Linear(k, n, bias=False).eval()
     m = torch.export.Dim("m", min=1, max=max(SWEEP))
-    old = os.environ.get("BLADEPACK_GEMM_CONFIGS")
-    if configs is not None:
-        os.environ["BLADEPACK_GEMM_CONFIGS"] = str(configs)
-    try:
-        art = bladepack.optimize(
-            lin, [(torch.randn(5, k),)], ({0: m},), targets=_targets(), dtype=str(dtype)[6:], gemm_library="cutlass"
-        )
-    finally:
-        if old is None:
-            os.environ.pop("BLADEPACK_GEMM_CONFIGS", None)
-        else:
-            os.environ["BLADEPACK_GEMM_CONFIGS"] = old
+    options = bladepack.CompileOptions.from_env(**({} if configs is None else {"gemm_configs": configs}))
+    art = bladepack.optimize(
+        lin,
+        [(torch.randn(5, k),)],
+        ({0: m},),
+        targets=_targets(),
+        dtype=str(dtype)[6:],
+        gemm_library="cutlass",
+        options=options,
+    )
     return lin, art
 
 
@@ -126,14 +124,16 @@ def check_each_config(
     from bladepack.options import LoaderOptions
 
     device = Device(torch.cuda.current_device())
-    hopper = device.info.compute_capability == (9, 0) and LoaderOptions.from_env().hopper_gemms
+    loader = LoaderOptions.from_env()
+    hopper = device.info.compute_capability == (9, 0) and loader.hopper_gemms
+    jobs = bladepack.CompileOptions.from_env().nvcc_jobs
     failures = []
     for dt, tb, cfgs in each_config_cases(hopper, dtypes):
         tdt = {DType.FLOAT16: torch.float16, DType.BFLOAT16: torch.bfloat16, DType.FLOAT32: torch.float32}[dt]
         insts = [GemmInstance(c, False, tb) for c in cfgs]
-        images, packer = build_gemms(insts, cache, jobs=int(os.environ.get("BLADEPACK_NVCC_JOBS", "2")))
+        images, packer = build_gemms(insts, cache, jobs=jobs)
         kernels = [(i.name, images[i.name], i.arch) for i in insts]
-        gemms = CutlassGemms(device, packer, kernels, "check_each_config")
+        gemms = CutlassGemms(device, packer, kernels, "check_each_config", loader)
         stream = torch.cuda.current_stream().cuda_stream
         w = torch.randn((n, k) if tb else (k, n), device="cuda", dtype=tdt)
         for mv in SWEEP:
@@ -173,9 +173,8 @@ class EpilogueBlock(torch.nn.Module):
 
 def _epilogue_dtypes() -> tuple[torch.dtype, ...]:
     """The dtypes CUTLASS serves (configs.VERIFIED_DTYPES; float32 too with BLADEPACK_CUTLASS_UNVERIFIED=1)."""
-    from bladepack.options import Options
-
-    return (torch.float16, torch.bfloat16, *((torch.float32,) if Options.from_env().cutlass_unverified else ()))
+    unverified = bladepack.CompileOptions.from_env().cutlass_unverified
+    return (torch.float16, torch.bfloat16, *((torch.float32,) if unverified else ()))
 
 
 def epilogue_block(dtype: torch.dtype, d: int = 256) -> tuple[EpilogueBlock, Any]:
@@ -195,10 +194,10 @@ def prewarm(cache: Path) -> None:
     same CUTLASS_PATH reuses it). BLADEPACK_HOPPER_GEMMS=1 adds the sm90 configs (~35 s each)."""
     from bladepack.library_ops.cutlass.emitter import GemmInstance
     from bladepack.library_ops.cutlass.toolchain import build_gemms
-    from bladepack.options import LoaderOptions, Options
+    from bladepack.options import LoaderOptions
 
-    os.environ["BLADEPACK_CACHE_DIR"] = str(cache)
-    jobs = Options.from_env().nvcc_jobs
+    os.environ["BLADEPACK_CACHE_DIR"] = str(cache)  # the epilogue artifacts' optimize reads it
+    jobs = bladepack.CompileOptions.from_env().nvcc_jobs
     for _dt, tb, cfgs in each_config_cases(LoaderOptions.from_env().hopper_gemms):
         build_gemms([GemmInstance(c, False, tb) for c in cfgs], cache, jobs=jobs)
     for dtype in _epilogue_dtypes():

@@ -12,7 +12,6 @@ its best block median (whole calls, so the epilogue kernel and the launches coun
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -41,16 +40,9 @@ class _Layer(torch.nn.Module):
 
 
 def _build(model: torch.nn.Module, k: int, dense: bool) -> Any:
-    old = os.environ.get("BLADEPACK_DENSE_LAYERS")
-    os.environ["BLADEPACK_DENSE_LAYERS"] = "1" if dense else "0"
-    try:
-        samples = [(torch.randn(2, k),), (torch.randn(5, k),)]
-        art = bladepack.optimize(model, samples, {"x": {0: bladepack.Dim("rows", 1, max(ROWS))}})
-    finally:
-        if old is None:
-            del os.environ["BLADEPACK_DENSE_LAYERS"]
-        else:
-            os.environ["BLADEPACK_DENSE_LAYERS"] = old
+    samples = [(torch.randn(2, k),), (torch.randn(5, k),)]
+    options = bladepack.CompileOptions.from_env(dense_layers=dense)
+    art = bladepack.optimize(model, samples, {"x": {0: bladepack.Dim("rows", 1, max(ROWS))}}, options=options)
     return bladepack.load(art.to_bytes())
 
 

@@ -23,6 +23,7 @@ from bladepack.errors import (
     UnsupportedOpsError,
 )
 from bladepack.loader import LoadedModule, TrustError, load
+from bladepack.options import CompileOptions, LoaderOptions
 from bladepack.version import __version__
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ def optimize(
     dtype: str | None = None,
     gemm_library: str = "cublas",
     reference_cases: bool | int = True,
+    options: CompileOptions | None = None,
 ) -> Artifact:
     """See `bladepack.api.optimize`: a torch module with sample inputs, or an ONNX model (path or
     ModelProto). Imported lazily so that loading never needs torch or onnx."""
@@ -50,6 +52,7 @@ def optimize(
         dtype=dtype,
         gemm_library=gemm_library,
         reference_cases=reference_cases,
+        options=options,
     )
 
 
@@ -60,11 +63,13 @@ def save(artifact: Artifact, path: Any) -> None:
 __all__ = [
     "BladepackError",
     "BpkFormatError",
+    "CompileOptions",
     "Dim",
     "ExecutionError",
     "ExportError",
     "InputError",
     "LoadedModule",
+    "LoaderOptions",
     "ShapeGuardError",
     "TrustError",
     "UnsupportedOpsError",

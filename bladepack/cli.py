@@ -118,7 +118,8 @@ def _optimize(args: argparse.Namespace) -> int:
 
 
 def _keygen(args: argparse.Namespace) -> int:
-    from bladepack.artifact.trust import generate_key, key_id
+    from bladepack.artifact.signing import generate_key
+    from bladepack.artifact.trust import key_id
 
     public = generate_key(args.key)
     print(f"wrote {args.key} (private, mode 0600) and {args.key}.pub; key {key_id(public)}, public key {public.hex()}")
@@ -126,7 +127,7 @@ def _keygen(args: argparse.Namespace) -> int:
 
 
 def _sign(args: argparse.Namespace) -> int:
-    from bladepack.artifact.trust import sign_file
+    from bladepack.artifact.signing import sign_file
 
     kid = sign_file(args.file, args.key, args.output)
     print(f"signed {args.output or args.file} with Ed25519 key {kid}")

@@ -34,6 +34,7 @@ from bladepack.artifact.format import BpkFile, read
 from bladepack.errors import BladepackError
 from bladepack.ir.serialize import decode_program
 from bladepack.ir.shape_env import RangeFact
+from bladepack.options import CompileOptions, LoaderOptions
 from bladepack.reference_record import record_cases
 from bladepack.target import Target
 
@@ -57,9 +58,12 @@ def extend(
     source: str | os.PathLike[str] | bytes,
     targets: Sequence[str] | None = None,
     ranges: Mapping[str, Range] | None = None,
+    options: CompileOptions | None = None,
 ) -> Artifact:
     """The artifact rebuilt for `targets` (default: the ones it was built for) with the symbol ranges
-    in `ranges` ({name: (min, max or None)}) — Note [Extending an artifact]."""
+    in `ranges` ({name: (min, max or None)}) — Note [Extending an artifact]; `options` as `optimize`
+    takes them (None: from the environment, read once here)."""
+    options = options or CompileOptions.from_env()
     bpk = read(source, verify=True)
     m = bpk.manifest
     meta = m.get("source_program")
@@ -103,10 +107,11 @@ def extend(
         meta["gemm_library"],
         [dict(s) for s in meta["samples"]],
         producer=producer,
+        options=options,
     )
     record = m.get("reference_cases")
     if record is not None:
-        _extend_cases(art, bpk, record, meta["samples"])
+        _extend_cases(art, bpk, record, meta["samples"], options)
     return art
 
 
@@ -140,12 +145,14 @@ def _check_ranges(
     return {**old, **wanted}
 
 
-def _extend_cases(art: Artifact, bpk: BpkFile, record: dict[str, Any], sample_dims: list[dict[str, int]]) -> None:
+def _extend_cases(
+    art: Artifact, bpk: BpkFile, record: dict[str, Any], sample_dims: list[dict[str, int]], options: CompileOptions
+) -> None:
     """Note [Extending an artifact]: keep the old cases the new ranges hold, add cases for the rest."""
     from bladepack.loader import load
 
     carried = [(c, [bytes(bpk.section(o["section"])) for o in c["outputs"]]) for c in record["cases"]]
-    reference = load(art.to_bytes(), executor="reference")
+    reference = load(art.to_bytes(), executor="reference", options=LoaderOptions(cache_dir=options.cache_dir))
     manifest, _ = art._parts()
 
     def oracle(arrays: list[np.ndarray]) -> list[np.ndarray]:

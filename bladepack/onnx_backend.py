@@ -6,6 +6,7 @@ the ONNX backend node tests exercise the front end, the generated kernels and th
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,7 @@ import onnx
 from onnx.backend.base import Backend, BackendRep
 
 from bladepack.loader import LoadedModule, load
+from bladepack.options import CompileOptions
 
 
 class BladepackRep(BackendRep):
@@ -27,11 +29,16 @@ class BladepackRep(BackendRep):
 class BladepackBackend(Backend):
     @classmethod
     def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> BladepackRep:
-        """`executor` ("auto", "native" or "reference") chooses what runs the artifact's steps."""
+        """`executor` ("auto", "native" or "reference") chooses what runs the artifact's steps (for the
+        reference executor no kernel library is built); `options` are `optimize`'s (`CompileOptions`)."""
         from bladepack.api import optimize
 
-        art = optimize(model)
-        return BladepackRep(load(art.to_bytes(), executor=kwargs.get("executor", "auto")))
+        executor = kwargs.get("executor", "auto")
+        options = kwargs.get("options") or CompileOptions.from_env()
+        if executor == "reference":
+            options = dataclasses.replace(options, native=False)
+        art = optimize(model, options=options)
+        return BladepackRep(load(art.to_bytes(), executor=executor))
 
     @classmethod
     def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[Any, ...]:

@@ -1,10 +1,10 @@
-"""Compile targets: the user's `targets` parsed once into a frozen `Target`, and each backend's table.
+"""Compile targets: the user's `targets` parsed once into a frozen `Target`, and what a backend can do.
 
 In: `targets` as given to `optimize` — "cpu", "cuda" (every CUDA image), "cuda:<image>" (one image:
 a cubin architecture, the PTX, or "sm_90a" for the Hopper CUTLASS GEMMs). Out: `Target` — the plan
-kinds in order and the CUDA images asked for (None: all) — and `BACKENDS`, what each plan kind
-computes natively (dtypes with generated kernels, GEMM dtypes, the name used in messages).
-Imports only dtypes: every compile stage may use it.
+kinds in order and the CUDA images asked for (None: all) — and `Capabilities`, the form in which a
+backend (bladepack/backends) says what it computes natively. Imports only dtypes: every compile
+stage may use it.
 """
 
 from __future__ import annotations
@@ -22,26 +22,22 @@ KINDS = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
-class Backend:
-    """What one plan kind computes natively."""
+class Capabilities:
+    """What one backend computes natively: what the graph passes and fusion may plan for it. Each
+    backend plug-in (bladepack/backends) holds its own; the passes read it without knowing which
+    backend it is."""
 
-    name: str  # "cpu" | "cuda": the plan kind, as the manifest names it
-    title: str  # how messages name it
+    kind: str  # the plan kind, as the manifest names it
+    title: str  # how messages name the backend
     dtypes: frozenset[DType]  # dtypes with generated kernels
     gemm_dtypes: tuple[DType, ...]  # dtypes its GEMM libraries take
-
-
-_HOST_DTYPES = frozenset(
-    {DType.FLOAT32, DType.FLOAT64, DType.INT64, DType.INT32, DType.INT16, DType.INT8, DType.UINT8, DType.BOOL}
-)
-_DTYPES = _HOST_DTYPES | {DType.FLOAT16, DType.BFLOAT16}
-_GEMM_DTYPES = (DType.FLOAT32, DType.FLOAT64, DType.FLOAT16, DType.BFLOAT16)
-BACKENDS = {
-    # CPU: 16-bit floats stored 16-bit, computed in float registers (Note [16-bit floats on CPU] in
-    # codegen/cpu_runtime.h); their GEMMs widen to float32 BLAS (Note [16-bit GEMMs])
-    "cpu": Backend("cpu", "CPU", _DTYPES, _GEMM_DTYPES),
-    "cuda": Backend("cuda", "CUDA", _DTYPES, _GEMM_DTYPES),
-}
+    gemm_title: str  # how messages name its GEMM library
+    conv_epilogues: bool  # direct convolutions compute the elementwise chain after them (Note [Convolution epilogue])
+    fused_attention: bool  # matmul → chain → softmax → matmul as one kernel (Note [Fused attention])
+    conv_input_views: bool  # a direct convolution reads its input through any view of a stored value
+    operand_programs: bool  # the plan carries each kernel's operand check (Note [Kernel operand checks])
+    host_arena: bool  # its arena is host memory: the artifact's arena figure is this plan's
+    layout_passes: frozenset[str] = frozenset()  # graph passes whose layouts suit only its kernels
 
 
 @dataclass(frozen=True)
@@ -75,14 +71,6 @@ class Target:
             else:
                 out.append(kind)
         return out
-
-    @property
-    def cpu(self) -> bool:
-        return "cpu" in self.kinds
-
-    @property
-    def cuda(self) -> bool:
-        return "cuda" in self.kinds
 
 
 CPU_ONLY = Target()

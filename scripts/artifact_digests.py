@@ -37,7 +37,10 @@ def _line(label: str, art: Any) -> str:
     manifest, sections = art._parts()
     whole = b"".join(bytes(c) for c in bpk_format.encode(manifest, sections))
     head = bpk_format.encode(manifest, [])
-    return f"{label:<32} bpk {_sha(whole)}  manifest {_sha(b''.join(bytes(c) for c in head))}"
+    src = art.sources
+    gemms = "\0".join(i.name for u in src.units.values() for i in u.gemm_instances)
+    kernels = _sha(src.unit("cpu") + "\0" + src.unit("cuda") + "\0" + gemms)
+    return f"{label:<32} bpk {_sha(whole)}  manifest {_sha(b''.join(bytes(c) for c in head))}  kernels {kernels}"
 
 
 def _build(name: str) -> Any:

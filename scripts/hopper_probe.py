@@ -136,13 +136,15 @@ def prepare(out: Path) -> None:
         build_gemms,
         cutlass_include,
     )
+    from bladepack.options import CompileOptions
 
     out.mkdir(parents=True, exist_ok=True)
     cache = Path(os.environ.get("BLADEPACK_CACHE_DIR", "/tmp/bladepack-cache"))
-    nvcc = find_nvcc()
+    tools = CompileOptions.from_env()
+    nvcc = find_nvcc(tools.nvcc, tools.cuda_home)
     version = nvcc_version(nvcc)
     insts = _instances()
-    images, packer = build_gemms(insts, cache)
+    images, packer = build_gemms(insts, cache, nvcc, cutlass_path=tools.cutlass_path)
     (out / "packer.so").write_bytes(packer)
     for inst in insts:
         (out / f"{inst.name}.fatbin").write_bytes(images[inst.name])
@@ -160,14 +162,14 @@ def prepare(out: Path) -> None:
                 cz=cz,
             )
         )
-        flags = [*FLAGS, *cutlass_include(), *HOPPER_TARGETS, *PACKER_FLAGS]
+        flags = [*FLAGS, *cutlass_include(tools.cutlass_path), *HOPPER_TARGETS, *PACKER_FLAGS]
         lib = nvcc_cached(nvcc, version, flags, source, cache / "probe" / "so", f"the reference {inst.name}")
         (out / f"ref_{inst.name}.so").write_bytes(lib)
         print(f"prepared {inst.name}", flush=True)
     from bench.cutlass_gemm import each_config_cases
 
     for _dt, tb, cfgs in each_config_cases(False, ("float32",)):
-        build_gemms([emitter.GemmInstance(c, False, tb) for c in cfgs], cache)
+        build_gemms([emitter.GemmInstance(c, False, tb) for c in cfgs], cache, nvcc, cutlass_path=tools.cutlass_path)
     (out / "instances.json").write_text(json.dumps([[i.name, list(i.config.cluster)] for i in insts]))
 
 
@@ -265,11 +267,11 @@ def step(out: Path, name: str, which: str, m: int, n: int, k: int) -> str:
     elif which == "ours":
         from bladepack.dtypes import DType
         from bladepack.loader.cutlass_gemm import HOPPER, CutlassGemms
+        from bladepack.options import LoaderOptions
 
-        os.environ["BLADEPACK_HOPPER_GEMMS"] = "1"
-        gemms = CutlassGemms(
-            device, (out / "packer.so").read_bytes(), [(name, (out / f"{name}.fatbin").read_bytes(), HOPPER)], "probe"
-        )
+        kernel = [(name, (out / f"{name}.fatbin").read_bytes(), HOPPER)]
+        options = LoaderOptions.from_env(hopper_gemms=True)
+        gemms = CutlassGemms(device, (out / "packer.so").read_bytes(), kernel, "probe", options)
         ints = (1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, m, n, k, 0, 1, k, k, n)
         entry = {"kernel": 0, "split": 1, "pred": 0, "align": 8}
         launch = gemms.prepare({"dtype": DType.FLOAT16.value, "entries": [entry]}, [1], ((0, 0),) * 3, ints)

@@ -12,6 +12,7 @@ from hypothesis import settings
 
 import bladepack
 from samples.mlp import MLP
+from tests.helpers import no_dense_layers
 
 # Property tests draw the same examples on every run of the suite (CI must not go red on a draw it never
 # made before); `pytest --hypothesis-profile=explore` draws fresh ones and finds new counterexamples,
@@ -28,19 +29,12 @@ def mlp_artifact() -> bladepack.api.Artifact:
     kernels, Note [Dense layers]: tests/test_dense_layers.py) no longer has for weights this small."""
     torch.manual_seed(0)
     model = MLP().eval()
-    old = os.environ.get("BLADEPACK_DENSE_LAYERS")
-    os.environ["BLADEPACK_DENSE_LAYERS"] = "0"
-    try:
-        return bladepack.optimize(
-            model,
-            [(torch.randn(2, 64),), (torch.randn(4, 64),)],
-            dynamic_shapes={"x": {0: bladepack.Dim("batch", 1, 64)}},
-        )
-    finally:
-        if old is None:
-            del os.environ["BLADEPACK_DENSE_LAYERS"]
-        else:
-            os.environ["BLADEPACK_DENSE_LAYERS"] = old
+    return bladepack.optimize(
+        model,
+        [(torch.randn(2, 64),), (torch.randn(4, 64),)],
+        dynamic_shapes={"x": {0: bladepack.Dim("batch", 1, 64)}},
+        options=no_dense_layers(),
+    )
 
 
 @pytest.fixture(scope="session")

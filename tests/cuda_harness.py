@@ -203,7 +203,7 @@ class FakeGpu:
         return {
             **os.environ,
             "LD_LIBRARY_PATH": str(self.root),
-            "FAKE_CUDA_EMU": str(self.emulation(artifact.sources.cuda_source)),
+            "FAKE_CUDA_EMU": str(self.emulation(artifact.sources.unit("cuda"))),
             "FAKE_CUDA_LOG": str(log),
             "FAKE_CUDA_CC": cc,
             "BLADEPACK_CUBLAS": str(self.root / "libcublas.so"),

@@ -8,8 +8,19 @@ import numpy as np
 import torch
 
 import bladepack
+from bladepack.options import CompileOptions
 
 TOL = 1e-5
+
+
+def all_isas() -> CompileOptions:
+    """The environment's compile options, building the library of every x86-64 ISA level."""
+    return CompileOptions.from_env(cpu_isas="x86-64,x86-64-v3,x86-64-v4")
+
+
+def no_dense_layers() -> CompileOptions:
+    """The environment's compile options, linear layers kept as BLAS GEMMs (Note [Dense layers])."""
+    return CompileOptions.from_env(dense_layers=False)
 
 
 def rel_err(out: Any, ref: Any) -> float:

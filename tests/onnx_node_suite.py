@@ -23,7 +23,6 @@ import argparse
 import collections
 import dataclasses
 import functools
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -268,8 +267,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report")
     ap.add_argument("filter", nargs="?", default="")
     args = ap.parse_args(argv)
-    if args.executor == "reference":
-        os.environ["BLADEPACK_NATIVE"] = "0"
     cases = [c for c in node_cases() if in_scope(c) and args.filter in c.name]
     t0 = time.time()
     outcomes, variants = run_all(cases, args.executor, log=True)

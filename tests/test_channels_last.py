@@ -82,20 +82,23 @@ def test_channels_last_golden() -> None:
     """The stem reads the NCHW input in place; the pooling, the residual chain and the global mean
     (over H and W of [N, H, W, C]) stay channels-last; the whole-tensor NCHW operand of the last add
     keeps that add NCHW, reading z through its permute."""
+    from bladepack.backends import backend
     from bladepack.export import capture, to_program
     from bladepack.lowering.lower_native import fusion_for
-    from bladepack.options import Options
+    from bladepack.options import CompileOptions
     from bladepack.passes.pipeline import run_pipeline
 
     samples = [(torch.randn(2, 3, 10, 8),), (torch.randn(3, 3, 12, 14),)]
-    p = run_pipeline(to_program(capture(_Block().eval(), samples, None)), Options.from_env())
+    p = run_pipeline(
+        to_program(capture(_Block().eval(), samples, None)), CompileOptions.from_env(), [backend("cpu").caps]
+    )
     layouts = [
         (n.op, n.attrs.out_layout if isinstance(n.attrs, Conv2dAttrs) else n.attrs.layout)
         for n in p.graph.nodes
         if isinstance(n.attrs, (Conv2dAttrs, Pool2dAttrs))
     ]
     assert layouts == [(OpKind.CONV2D, "nhwc"), (OpKind.MAX_POOL2D, "nhwc"), (OpKind.CONV2D, "nhwc")]
-    assert fusion_for(p, target="cpu").text(p.graph) == textwrap.dedent("""\
+    assert fusion_for(p, backend("cpu")).text(p.graph) == textwrap.dedent("""\
         fusion plan: 3 kernels, 0 library calls, 2 direct convolutions, 0 reference steps
           conv2d%5 (direct kernel) -> %12 = {add%10 relu%12} (epilogue: inline)
           k0: pool[x_dim0, floor(x_dim2/2), floor(x_dim3/2), 16] -> %14 = {max_pool2d%14}
@@ -199,15 +202,16 @@ class _Hard(torch.nn.Module):
 
 
 def test_channels_last_epilogue_dags_and_channel_multipliers() -> None:
+    from bladepack.backends import backend
     from bladepack.export import capture, to_program
     from bladepack.lowering.lower_native import fusion_for
-    from bladepack.options import Options
+    from bladepack.options import CompileOptions
     from bladepack.passes.pipeline import run_pipeline
 
     model = _Hard().eval()
     samples = [(torch.randn(2, 3, 20, 24),), (torch.randn(3, 3, 26, 18),)]
-    p = run_pipeline(to_program(capture(model, samples, None)), Options.from_env())
-    assert fusion_for(p, target="cpu").text(p.graph) == textwrap.dedent("""\
+    p = run_pipeline(to_program(capture(model, samples, None)), CompileOptions.from_env(), [backend("cpu").caps])
+    assert fusion_for(p, backend("cpu")).text(p.graph) == textwrap.dedent("""\
         fusion plan: 1 kernels, 0 library calls, 2 direct convolutions, 0 reference steps
           conv2d%6 (direct kernel) -> %21 = {add%11 constant%13 add%14 clamp%16 mul%18 constant%20 div%21} (epilogue: inline)
           conv2d%24 (direct kernel) -> %37 = {add%29 constant%31 add%32 clamp%34 constant%36 div%37} (epilogue: inline)

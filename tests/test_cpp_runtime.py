@@ -31,6 +31,7 @@ import bladepack
 from bladepack.artifact import format as bpk_format
 from bladepack.artifact.shape_program import Op, ShapeProgram
 from bladepack.errors import ShapeGuardError
+from bladepack.options import CompileOptions
 from samples.registry import SAMPLES
 from tests import cpp_build
 from tests.helpers import rel_err
@@ -289,7 +290,7 @@ def test_no_verify_skips_section_checksums(release: Path) -> None:
     assert rel_err(np.load(out_dir / "output0.npy"), want) <= 1e-6
 
 
-def test_artifacts_the_runtime_refuses(release: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_artifacts_the_runtime_refuses(release: Path) -> None:
     class IntMatmul(torch.nn.Module):  # an integer matmul has no BLAS routine: a reference step
         def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
             return (x @ w) + 1
@@ -305,9 +306,8 @@ def test_artifacts_the_runtime_refuses(release: Path, monkeypatch: pytest.Monkey
     r = subprocess.run([sys.executable, "-m", "bladepack.cli", "inspect", str(ref)], capture_output=True, text=True)
     assert "reference steps: 1 (numpy, Python loader only; the C++ runtime refuses the artifact)" in r.stdout
     assert "matmul: matmul on int64 has no BLAS routine (from " in r.stdout
-    monkeypatch.setenv("BLADEPACK_NATIVE", "0")
     plain = TMP / "no-library.bpk"
-    bladepack.optimize(IntMatmul(), samples).save(plain)
+    bladepack.optimize(IntMatmul(), samples, options=CompileOptions.from_env(native=False)).save(plain)
     r = bpk_run(release, str(plain))
     assert r.returncode == 1 and "has no CPU kernel library" in r.stderr
 

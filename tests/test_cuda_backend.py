@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import bladepack
-from bladepack.codegen.cuda_emitter import KERNEL_SHIFT
+from bladepack.codegen.cuda_loops import KERNEL_SHIFT
 from bladepack.codegen.cuda_toolchain import build_images, cubin_arch
 from bladepack.loader import native_cuda
 from bladepack.passes.mixed_precision import bfloat16_bits
@@ -458,7 +458,7 @@ def test_every_arch_builds(tmp_path: Path) -> None:
 
     n = torch.export.Dim("n", min=1, max=4096)
     art = bladepack.optimize(Norm(), [(torch.randn(3, 16),)], ({1: n},), targets=("cuda",), dtype="float16")
-    images = build_images(art.sources.cuda_source, tmp_path)
+    images = build_images(art.sources.unit("cuda"), tmp_path)
     assert sorted(images) == sorted([*CUBIN_ARCHES, PTX_ARCH])
     for arch in CUBIN_ARCHES:
         assert cubin_arch(images[arch]) == arch
@@ -484,7 +484,7 @@ def test_bfloat16_weights_and_loading(gpu: FakeGpu) -> None:
 
     art = bladepack.optimize(Lin(), [(torch.randn(2, 8),)], targets=("cpu", "cuda:sm_90"), dtype="bfloat16")
     assert {w.dtype for w in art.plan.weights} == {"bfloat16"}
-    assert "__nv_bfloat16" in art.sources.cuda_source
+    assert "__nv_bfloat16" in art.sources.unit("cuda")
     with pytest.raises(ValueError, match="computes in bfloat16, which the numpy reference executor cannot"):
         bladepack.load(art.to_bytes(), executor="reference")
     x = torch.randn(2, 8).bfloat16()

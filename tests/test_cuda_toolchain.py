@@ -29,8 +29,7 @@ extern "C" __global__ void axpy(float* y, const float* x, __half a, long long n)
 """
 
 
-def test_every_architecture_and_ptx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("BLADEPACK_CUDA_ARCHES", raising=False)
+def test_every_architecture_and_ptx(tmp_path: Path) -> None:
     # sm_90a (the Hopper CUTLASS GEMMs) only when named: Note [Hopper GEMMs]
     assert targets() == [*CUBIN_ARCHES, PTX_ARCH] and not hopper_gemms()
     assert hopper_gemms(["sm_90", HOPPER_GEMM_ARCH]) and targets([HOPPER_GEMM_ARCH]) == [HOPPER_GEMM_ARCH]
@@ -55,33 +54,28 @@ def test_every_architecture_and_ptx(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     }
 
 
-def test_cache_and_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("BLADEPACK_CUDA_ARCHES", "sm_90")
-    first = build_images(SOURCE, tmp_path)
+def test_cache_and_errors(tmp_path: Path) -> None:
+    first = build_images(SOURCE, tmp_path, configured="sm_90")
     assert len(list((tmp_path / "cuda").glob("*.cubin"))) == 1
     # an nvcc that reports the same version but cannot compile: the second build must come from the cache
     fake = tmp_path / "nvcc"
     fake.write_text(f'#!/bin/sh\n[ "$1" = --version ] && exec {shutil.which("nvcc")} --version\nexit 1\n')
     fake.chmod(0o755)
-    assert build_images(SOURCE, tmp_path, nvcc=str(fake)) == first
+    assert build_images(SOURCE, tmp_path, nvcc=str(fake), configured="sm_90") == first
     with pytest.raises(ToolchainError, match="nvcc failed building the sm_90 kernels"):
-        build_images(SOURCE + "\n// changed", tmp_path, nvcc=str(fake))
+        build_images(SOURCE + "\n// changed", tmp_path, nvcc=str(fake), configured="sm_90")
     with pytest.raises(ToolchainError, match=r"nvcc failed building the sm_90 kernels:\n.*undefined"):
-        build_images(SOURCE.replace("__half2float(a)", "undefined_fn(a)"), tmp_path)
-    monkeypatch.setenv("BLADEPACK_CUDA_ARCHES", "sm_75")
+        build_images(SOURCE.replace("__half2float(a)", "undefined_fn(a)"), tmp_path, configured="sm_90")
     with pytest.raises(ToolchainError, match=r"BLADEPACK_CUDA_ARCHES names \['sm_75'\]"):
-        build_images(SOURCE, tmp_path)
+        build_images(SOURCE, tmp_path, configured="sm_75")
     with pytest.raises(ValueError, match="not a cubin"):
         cubin_arch(b"//ptx")
 
 
-def test_nvcc_jobs_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from bladepack.options import Options
+def test_nvcc_jobs_from_the_environment() -> None:
+    from bladepack.options import CompileOptions
 
-    monkeypatch.delenv("BLADEPACK_NVCC_JOBS", raising=False)
-    assert Options.from_env().nvcc_jobs == 2
-    monkeypatch.setenv("BLADEPACK_NVCC_JOBS", "12")
-    assert Options.from_env().nvcc_jobs == 12
-    monkeypatch.setenv("BLADEPACK_NVCC_JOBS", "0")
+    assert CompileOptions.from_env({}).nvcc_jobs == 2
+    assert CompileOptions.from_env({"BLADEPACK_NVCC_JOBS": "12"}).nvcc_jobs == 12
     with pytest.raises(ValueError, match="BLADEPACK_NVCC_JOBS='0': expected a positive integer"):
-        Options.from_env()
+        CompileOptions.from_env({"BLADEPACK_NVCC_JOBS": "0"})

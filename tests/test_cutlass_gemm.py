@@ -31,6 +31,7 @@ from bladepack.library_ops.cpu_gemm import GemmCall
 from bladepack.library_ops.cutlass.configs import CATALOGUE, candidates, check, fallback
 from bladepack.library_ops.cutlass.emitter import GemmInstance, kernel_source, packer_source
 from bladepack.library_ops.cutlass.select import Option, estimate, select
+from bladepack.options import CompileOptions
 from tests.cuda_harness import FakeGpu, needs_nvcc, require_cutlass
 from tests.gemm_calls import bmm_call, linear_call
 
@@ -91,28 +92,33 @@ def test_dispatch_table(n: int, k: int, hi: int, max_configs: int) -> None:
 
 
 @needs_nvcc
-def test_float32_gemms_of_a_cutlass_plan_run_on_cublas(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_float32_gemms_of_a_cutlass_plan_run_on_cublas() -> None:
     """CUTLASS serves the dtypes verified on a GPU (configs.VERIFIED_DTYPES: float16, bfloat16); a float32
     plan's GEMMs go to cuBLAS and take no epilogue (on an H200 the float32 epilogue artifact returned
     NaN), unless BLADEPACK_CUTLASS_UNVERIFIED=1 asks for them."""
-    from bladepack.api import _gemm_policy
-    from bladepack.options import Options
+    from bladepack.backends import backend
+    from bladepack.library_ops.cutlass.select import GemmPolicy
+    from bladepack.options import CompileOptions
     from bladepack.target import Target
 
-    monkeypatch.delenv("BLADEPACK_CUTLASS_UNVERIFIED", raising=False)
+    options = CompileOptions.from_env(cutlass_unverified=False)
     lin = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU()).eval()
     m = torch.export.Dim("m", min=1, max=512)
-    art = bladepack.optimize(lin, [(torch.randn(5, 64),)], ({0: m},), targets=("cuda:sm_90",), gemm_library="cutlass")
+    art = bladepack.optimize(
+        lin, [(torch.randn(5, 64),)], ({0: m},), targets=("cuda:sm_90",), gemm_library="cutlass", options=options
+    )
     manifest, _ = art._parts()
     assert [g["library"] for g in manifest["gemm_configs"]] == ["cublas"]
     assert not manifest["native_cuda"].get("gemm_kernels") and "epilogue" not in manifest["gemm_configs"][0]
     assert any("the float32 ones run on cuBLAS" in n for n in art.notes), art.notes
     target = Target.parse(("cuda:sm_90",))
-    policy, _ = _gemm_policy(Options.from_env(), "cutlass", target, (), [])
+    cuda = backend("cuda")
+    policy, profiler = cuda.gemm_policy(GemmPolicy("cutlass"), target, options, [])
+    if profiler is not None:
+        profiler.close()
     assert policy.dtypes == {DType.FLOAT16, DType.BFLOAT16}
-    monkeypatch.setenv("BLADEPACK_CUTLASS_UNVERIFIED", "1")
-    monkeypatch.setenv("BLADEPACK_GEMM_TUNING", "model")
-    policy, _ = _gemm_policy(Options.from_env(), "cutlass", target, (), [])
+    unverified = CompileOptions.from_env(cutlass_unverified=True, gemm_tuning="model")
+    policy, _ = cuda.gemm_policy(GemmPolicy("cutlass"), target, unverified, [])
     assert DType.FLOAT32 in policy.dtypes and DType.FLOAT64 in policy.dtypes
 
 
@@ -168,16 +174,15 @@ _EPILOGUES = {128: ("bias", "relu"), 2048: ("none", "silu"), 64: ("residual", "n
 def cutlass_artifact() -> bladepack.api.Artifact:
     require_cutlass()
     b = torch.export.Dim("b", min=1, max=8192)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("BLADEPACK_GEMM_CONFIGS", "1")  # one tensor-op config + the fallback: CI compile time
-        return bladepack.optimize(
-            _Mlp().eval(),
-            [(torch.randn(5, 64),)],
-            ({0: b},),
-            targets=("cpu", "cuda:sm_90"),
-            dtype="float16",
-            gemm_library="cutlass",
-        )
+    return bladepack.optimize(
+        _Mlp().eval(),
+        [(torch.randn(5, 64),)],
+        ({0: b},),
+        targets=("cpu", "cuda:sm_90"),
+        dtype="float16",
+        gemm_library="cutlass",
+        options=CompileOptions.from_env(gemm_configs=1),  # one tensor-op config + the fallback: CI compile time
+    )
 
 
 @needs_nvcc

@@ -145,16 +145,17 @@ def hopper_artifact() -> bladepack.api.Artifact:
     b = torch.export.Dim("b", min=64, max=16384)
     # two configs per table + the fallback (CI compile time): each GEMM's sm90 table then has a wgmma
     # config for its large-M bucket, one of them with a 2-CTA cluster (the cost model's choice)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("BLADEPACK_GEMM_CONFIGS", "2")
-        return bladepack.optimize(
-            _Mlp().eval(),
-            [(torch.randn(80, 128),)],
-            ({0: b},),
-            targets=("cuda:sm_80", "cuda:sm_90", "cuda:sm_90a"),
-            dtype="float16",
-            gemm_library="cutlass",
-        )
+    from bladepack.options import CompileOptions
+
+    return bladepack.optimize(
+        _Mlp().eval(),
+        [(torch.randn(80, 128),)],
+        ({0: b},),
+        targets=("cuda:sm_80", "cuda:sm_90", "cuda:sm_90a"),
+        dtype="float16",
+        gemm_library="cutlass",
+        options=CompileOptions.from_env(gemm_configs=2),
+    )
 
 
 def _sections(art: bladepack.api.Artifact) -> tuple[dict[str, Any], dict[str, bytes]]:

@@ -103,14 +103,17 @@ def test_dense_layers_golden() -> None:
     """Each linear layer is one kernel with its bias and activation in the store, on rows viewed as
     [1, 1, M, K]; the softmax reads the head's [1, 1, M, N] through its reshape. One variant per tile
     of rows, chosen by the run-time row count (Note [Dense tiles])."""
+    from bladepack.backends import backend
     from bladepack.export import capture, to_program
     from bladepack.lowering.lower_native import fusion_for
-    from bladepack.options import Options
+    from bladepack.options import CompileOptions
     from bladepack.passes.pipeline import run_pipeline
 
     samples = [(torch.randn(2, 32),), (torch.randn(5, 32),)]
-    p = run_pipeline(to_program(capture(_Head().eval(), samples, None)), Options.from_env())
-    assert fusion_for(p, target="cpu").text(p.graph) == textwrap.dedent("""\
+    p = run_pipeline(
+        to_program(capture(_Head().eval(), samples, None)), CompileOptions.from_env(), [backend("cpu").caps]
+    )
+    assert fusion_for(p, backend("cpu")).text(p.graph) == textwrap.dedent("""\
         fusion plan: 1 kernels, 0 library calls, 2 direct convolutions, 0 reference steps
           conv2d%7 (direct kernel) -> %12 = {add%10 relu%12} (epilogue: inline)
           conv2d%15 (direct kernel) -> %18 = {add%18} (epilogue: inline)

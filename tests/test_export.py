@@ -203,30 +203,47 @@ def test_hugging_face_style_model() -> None:
         check_against_eager(m, loaded, inputs(b, s))
 
 
-def test_dump_writes_every_stage(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("BLADEPACK_DUMP", str(tmp_path))
-    bladepack.optimize(TwoLayer().eval(), [(torch.randn(2, 8),), (torch.randn(3, 8),)])
+def test_dump_writes_every_stage(tmp_path) -> None:
+    """CompileOptions.dump_dir (BLADEPACK_DUMP): what each stage of optimize produced (bladepack/stages.py)."""
+    from bladepack.options import CompileOptions
+
+    options = CompileOptions.from_env(dump_dir=tmp_path)
+    bladepack.optimize(TwoLayer().eval(), [(torch.randn(2, 8),), (torch.randn(3, 8),)], options=options)
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == [
-        "00-export.ir",
-        "01-canonicalize_shapes.ir",
-        "02-dead_code_elimination.ir",
-        "03-decompose.ir",
-        "04-direct_conv.ir",
-        "05-conv_layout.ir",
-        "06-channels_last.ir",
-        "07-dense_layers.ir",
-        "08-pack_linear.ir",
-        "09-matmul_scalars.ir",
-        "fusion_plan.txt",
-        "kernels_cpu.cc",
-        "plan.txt",
+        "01-frontend.ir",
+        "03-pass-01-canonicalize_shapes.ir",
+        "03-pass-02-dead_code_elimination.ir",
+        "03-pass-03-decompose.ir",
+        "03-pass-04-direct_conv.ir",
+        "03-pass-05-conv_layout.ir",
+        "03-pass-06-channels_last.ir",
+        "03-pass-07-dense_layers.ir",
+        "03-pass-08-pack_linear.ir",
+        "03-pass-09-matmul_scalars.ir",
+        "04-shape_guards.txt",
+        "05-fusion.cpu.txt",
+        "06-lowering.cpu.cc",
+        "06-lowering.cpu.launches.txt",
+        "07-memory_plan.cpu.txt",
+        "08-plan.txt",
+        "09-build.cpu.txt",
+        "10-reference_cases.txt",
     ]
-    assert "fusion plan: 0 kernels, 0 library calls, 2 direct convolutions" in (tmp_path / "fusion_plan.txt").read_text()
-    assert "bpk_run" in (tmp_path / "kernels_cpu.cc").read_text()
-    ir = (tmp_path / "00-export.ir").read_text()
+    assert (
+        "fusion plan: 0 kernels, 0 library calls, 2 direct convolutions" in (tmp_path / "05-fusion.cpu.txt").read_text()
+    )
+    assert "bpk_run" in (tmp_path / "06-lowering.cpu.cc").read_text()
+    ir = (tmp_path / "01-frontend.ir").read_text()
     assert "symbols { x_dim0: [1, inf] }" in ir and "matmul" in ir and "test_export.py:" in ir
-    assert "plan:" in (tmp_path / "plan.txt").read_text()
+    assert "assert" in (tmp_path / "04-shape_guards.txt").read_text()
+    assert "arena:" in (tmp_path / "07-memory_plan.cpu.txt").read_text()
+    assert "plan:" in (tmp_path / "08-plan.txt").read_text()
+    assert (
+        "kernel library" in (tmp_path / "09-build.cpu.txt").read_text()
+        or "cpu_libraries" in (tmp_path / "09-build.cpu.txt").read_text()
+    )
+    assert "cases" in (tmp_path / "10-reference_cases.txt").read_text()
 
 
 def test_fallback_reason_quotes_the_symbols_own_guard() -> None:

@@ -14,6 +14,7 @@ import torch
 
 import bladepack
 from bladepack import InputError, ShapeGuardError
+from bladepack.options import LoaderOptions
 from tests.helpers import rel_err
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,11 +113,10 @@ def test_shape_program_cached_per_signature(mlp, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("executor", ["native", "reference"])
-def test_shape_cache_is_bounded(mlp_artifact, monkeypatch, executor: str) -> None:
-    """Note [Prepared plans]: at most BLADEPACK_SHAPE_CACHE signatures stay prepared (fast path too),
+def test_shape_cache_is_bounded(mlp_artifact, executor: str) -> None:
+    """Note [Prepared plans]: at most LoaderOptions.shape_cache signatures stay prepared (fast path too),
     least recently used out first; evicted signatures still run, prepared again."""
-    monkeypatch.setenv("BLADEPACK_SHAPE_CACHE", "3")
-    m = bladepack.load(mlp_artifact.to_bytes(), executor=executor)
+    m = bladepack.load(mlp_artifact.to_bytes(), executor=executor, options=LoaderOptions.from_env(shape_cache=3))
     ref = bladepack.load(mlp_artifact.to_bytes(), executor="reference")
     rng = np.random.default_rng(3)
     for b in (1, 2, 3, 1, 4, 5, 6, 2, 64):

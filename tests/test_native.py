@@ -12,7 +12,8 @@ from bladepack import InputError
 from bladepack.cpu_features import cpu_flags
 from bladepack.loader import ExecutionError
 from bladepack.loader.native_cpu import NativeUnavailable
-from tests.helpers import rel_err
+from bladepack.options import LoaderOptions
+from tests.helpers import all_isas, no_dense_layers, rel_err
 
 
 class _Softmax(torch.nn.Module):
@@ -134,9 +135,8 @@ def test_index_error_names_the_lookup_not_the_kernel_root() -> None:
         assert "sparse.py" not in str(e.value), str(e.value)  # torch's own line is not the model's
 
 
-def test_portable_gemm_without_blas(mlp_artifact, monkeypatch) -> None:
-    monkeypatch.setenv("BLADEPACK_BLAS", "none")
-    nat = bladepack.load(mlp_artifact.to_bytes(), executor="native")
+def test_portable_gemm_without_blas(mlp_artifact) -> None:
+    nat = bladepack.load(mlp_artifact.to_bytes(), executor="native", options=LoaderOptions.from_env(blas="none"))
     assert nat._executor.native.blas is None
     ref = bladepack.load(mlp_artifact.to_bytes(), executor="reference")
     for b in (1, 5, 64):
@@ -145,7 +145,7 @@ def test_portable_gemm_without_blas(mlp_artifact, monkeypatch) -> None:
 
 
 def test_no_compiler_warns_and_runs_on_the_reference_executor(monkeypatch, caplog) -> None:
-    monkeypatch.setattr("bladepack.codegen.toolchain.find_compiler", lambda: None)
+    monkeypatch.setattr("bladepack.backends.cpu.find_compiler", lambda preferred=None: None)
     art = bladepack.optimize(_Softmax(), [(torch.randn(2, 5),), (torch.randn(3, 9),)])
     assert "no C++ compiler found (set CXX or install g++)" in caplog.text
     assert art.cpu_libraries == []
@@ -182,9 +182,8 @@ def test_mid_m_gemms(monkeypatch, k: int, n: int) -> None:
     cut short (259, 67), strided rows, float64 — against eager, below and across the bounds (3 and 4
     rows, K / 8 and one more, 64 and 65), in the library of every ISA level this CPU runs (the AVX-512
     and AVX2 blockings and the portable one)."""
-    monkeypatch.setenv("BLADEPACK_CPU_ISAS", "x86-64,x86-64-v3,x86-64-v4")
     model = _Linears(k, n)
-    art = bladepack.optimize(model, [(torch.randn(2, 2, k),), (torch.randn(5, 2, k),)])
+    art = bladepack.optimize(model, [(torch.randn(2, 2, k),), (torch.randn(5, 2, k),)], options=all_isas())
     have = cpu_flags()
     rows = sorted({3, 4, 5, 7, 13, k // 8, k // 8 + 1, 64, 65} - {0})
     for lib in art.cpu_libraries:
@@ -200,8 +199,7 @@ def test_mid_m_gemms(monkeypatch, k: int, n: int) -> None:
 
 @pytest.mark.slow
 def test_every_isa_level_builds_and_the_ones_this_cpu_has_run(monkeypatch) -> None:
-    monkeypatch.setenv("BLADEPACK_CPU_ISAS", "x86-64,x86-64-v3,x86-64-v4")
-    art = bladepack.optimize(_Softmax(), [(torch.randn(2, 5),), (torch.randn(3, 9),)])
+    art = bladepack.optimize(_Softmax(), [(torch.randn(2, 5),), (torch.randn(3, 9),)], options=all_isas())
     levels = [isa for isa, _, _ in art.cpu_libraries]
     assert levels == ["x86-64", "x86-64-v3", "x86-64-v4"]
     x = np.random.default_rng(0).standard_normal((3, 37), dtype=np.float32)
@@ -381,14 +379,13 @@ class _Products(torch.nn.Module):
 
 
 @pytest.mark.parametrize("k,n", [(64, 100), (300, 31), (300, 33), (256, 256), (7, 1000)])
-def test_small_m_gemms(k: int, n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_small_m_gemms(k: int, n: int) -> None:
     """Note [Small-M GEMMs]: products of 1-3 rows run on the library's own kernels (B and B^T layouts,
     a column tail shorter than a chunk, strided rows, float64), B [K, N] products up to 64 rows too
     (register blocks of 4 rows and a tail block); more rows, and 4 and more of B^T, on BLAS. (Weights
     this small would be dense kernels, Note [Dense layers]: the GEMM path serves larger ones.)"""
-    monkeypatch.setenv("BLADEPACK_DENSE_LAYERS", "0")
     model = _Products(k, n)
-    art = bladepack.optimize(model, [(torch.randn(2, 2, k),), (torch.randn(5, 2, k),)])
+    art = bladepack.optimize(model, [(torch.randn(2, 2, k),), (torch.randn(5, 2, k),)], options=no_dense_layers())
     nat = bladepack.load(art.to_bytes(), executor="native")
     for m in (1, 2, 3, 4, 9, 63, 64, 65):
         x = torch.randn(m, 2, k, generator=torch.Generator().manual_seed(m))
@@ -398,15 +395,13 @@ def test_small_m_gemms(k: int, n: int, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("k,n", [(512, 1024), (1024, 1024)])
-def test_small_m_gemms_on_large_weights(k: int, n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_small_m_gemms_on_large_weights(k: int, n: int) -> None:
     """Note [Small-M GEMMs]: on B [K, N] of 2 MB (4 MB) and more the small-M kernel takes up to 16 (8)
     rows per thread and BLAS the rest; both sides of each cap at one and two threads match eager."""
-    monkeypatch.setenv("BLADEPACK_DENSE_LAYERS", "0")
     model = _Products(k, n)
-    art = bladepack.optimize(model, [(torch.randn(2, 2, k),), (torch.randn(5, 2, k),)])
-    for threads in ("1", "2"):
-        monkeypatch.setenv("BLADEPACK_NUM_THREADS", threads)
-        nat = bladepack.load(art.to_bytes(), executor="native")
+    art = bladepack.optimize(model, [(torch.randn(2, 2, k),), (torch.randn(5, 2, k),)], options=no_dense_layers())
+    for threads in (1, 2):
+        nat = bladepack.load(art.to_bytes(), executor="native", options=LoaderOptions.from_env(num_threads=threads))
         for m in (8, 9, 16, 17, 32, 33):
             x = torch.randn(m, 2, k, generator=torch.Generator().manual_seed(m))
             want = model(x)

@@ -50,20 +50,22 @@ def test_canonicalize_shapes_is_the_identity_on_torch_programs() -> None:
 
 
 def test_encoder_layer_is_at_most_eight_kernels_plus_gemms() -> None:
+    from bladepack.backends import backend
     from bladepack.lowering.build_plan import build_plan
-    from bladepack.options import Options
+    from bladepack.options import CompileOptions
     from bladepack.passes.pipeline import run_pipeline
 
     layer = torch.nn.TransformerEncoderLayer(64, 4, 256, dropout=0.0, batch_first=True)
     p = _program(layer, [(torch.randn(2, 5, 64),), (torch.randn(3, 7, 64),)])
-    plan = build_plan(run_pipeline(p, Options.from_env())).sources
-    head = plan.fusion_text.splitlines()[0]
+    plan = build_plan(run_pipeline(p, CompileOptions.from_env(), [backend("cpu").caps]), [backend("cpu")]).sources
+    fusion = plan.fusion_text("cpu")
+    head = fusion.splitlines()[0]
     words = head.split(":")[1].replace(",", "").split()
     kernels, gemms, dense = int(words[0]), int(words[2]), int(words[5])
-    assert head.endswith("0 reference steps"), plan.fusion_text
+    assert head.endswith("0 reference steps"), fusion
     # six GEMMs: the QKV and output projections and the feed-forward's two as dense kernels with their
     # epilogues (Note [Dense layers]), the two of attention inside its fused kernel (Note [Fused attention])
-    assert kernels <= 8 and gemms == 0 and dense == 4 and "1 fused attentions" in head, plan.fusion_text
+    assert kernels <= 8 and gemms == 0 and dense == 4 and "1 fused attentions" in head, fusion
 
 
 def test_direct_conv_packs_weights_golden() -> None:
@@ -113,17 +115,23 @@ class _Epilogues(torch.nn.Module):
 
 def test_gemm_epilogue_golden() -> None:
     """Note [GEMM epilogue]: which adds and activations the CUTLASS epilogue takes over (CUDA plans)."""
+    from bladepack.backends import backend
     from bladepack.lowering.lower_native import fusion_for
-    from bladepack.options import Options
+    from bladepack.options import CompileOptions
     from bladepack.passes.pipeline import run_pipeline
 
     samples = [(torch.randn(2, 16),), (torch.randn(3, 16),)]
-    p = run_pipeline(_program(_Epilogues(), samples), Options.from_env(), frozenset({"cuda"}))
+    p = run_pipeline(_program(_Epilogues(), samples), CompileOptions.from_env(), [backend("cuda").caps])
     from bladepack.dtypes import DType
+    from bladepack.library_ops.cutlass.select import GemmPolicy
 
     # float32 GEMMs stay off CUTLASS by default (library_ops/cutlass/configs.VERIFIED_DTYPES): no epilogues
-    assert "epilogue" not in fusion_for(p, target="cuda", gemm_epilogues=frozenset({DType.FLOAT16})).text(p.graph)
-    assert fusion_for(p, target="cuda", gemm_epilogues=frozenset({DType.FLOAT32})).text(p.graph) == textwrap.dedent("""\
+    assert "epilogue" not in fusion_for(
+        p, backend("cuda"), GemmPolicy("cutlass", dtypes=frozenset({DType.FLOAT16}))
+    ).text(p.graph)
+    assert fusion_for(p, backend("cuda"), GemmPolicy("cutlass", dtypes=frozenset({DType.FLOAT32}))).text(
+        p.graph
+    ) == textwrap.dedent("""\
         fusion plan: 7 kernels, 10 library calls, 0 reference steps
           matmul%15 -> %17 = {add%16 relu%17} (epilogue: bias %2 + relu)
           matmul%18 -> %20 = {add%19 gelu%20} (epilogue: bias %4 + gelu)
@@ -144,7 +152,7 @@ def test_gemm_epilogue_golden() -> None:
           matmul -> %46
         """)
     # without the flag (CPU, cuBLAS) every add and activation stays in a generated kernel
-    assert "epilogue" not in fusion_for(p, target="cuda").text(p.graph)
+    assert "epilogue" not in fusion_for(p, backend("cuda")).text(p.graph)
 
 
 class _ConvChains(torch.nn.Module):
@@ -169,13 +177,14 @@ def test_conv_epilogue_golden() -> None:
     (CPU plans only; the CUDA direct kernel stores its product). Note [Channels-last chains]: a, b, c and
     the sigmoid compute [N, H, W, C]; d, whose chain ends at an output, stores NCHW itself reading the
     sigmoid through its permute; the outputs read from u convert it in their own loops."""
+    from bladepack.backends import backend
     from bladepack.lowering.lower_native import fusion_for
-    from bladepack.options import Options
+    from bladepack.options import CompileOptions
     from bladepack.passes.pipeline import run_pipeline
 
     samples = [(torch.randn(2, 3, 9, 8),), (torch.randn(3, 3, 11, 13),)]
-    p = run_pipeline(_program(_ConvChains(), samples), Options.from_env())
-    assert fusion_for(p, target="cpu").text(p.graph) == textwrap.dedent("""\
+    p = run_pipeline(_program(_ConvChains(), samples), CompileOptions.from_env(), [backend("cpu").caps])
+    assert fusion_for(p, backend("cpu")).text(p.graph) == textwrap.dedent("""\
         fusion plan: 4 kernels, 0 library calls, 4 direct convolutions, 0 reference steps
           conv2d%10 (direct kernel) -> %25 = {add%15 mul%19 add%23 relu%25} (epilogue: inline)
           conv2d%27 (direct kernel) -> %34 = {constant%29 mul%30 add%32 relu%34} (epilogue: inline)
@@ -186,7 +195,7 @@ def test_conv_epilogue_golden() -> None:
           k2: loop[x_dim0, 8, x_dim2, x_dim3-1] -> %48 = {mul%47 permute%48}
           k3: loop[x_dim0, 4, x_dim2, x_dim3-1] -> %50 = {constant%49 mul%50}
         """)
-    assert "epilogue" not in fusion_for(p, target="cuda").text(p.graph)
+    assert "epilogue" not in fusion_for(p, backend("cuda")).text(p.graph)
 
 
 class _Linears(torch.nn.Module):
@@ -206,7 +215,8 @@ def test_pack_linear_golden() -> None:
     """Note [Packed linear weights]: nn.Linear weights of 32 rows or more become [K, N] constants in
     CPU-only plans; narrow heads, weights read otherwise and CUDA plans keep [N, K]. (`pack_linear`
     alone: in the CPU pipeline `dense_layers` takes these layers first, tests/test_dense_layers.py.)"""
-    from bladepack.options import Options
+    from bladepack.backends import backend
+    from bladepack.options import CompileOptions
     from bladepack.passes.pack_linear import pack_linear
     from bladepack.passes.pipeline import run_pipeline
 
@@ -226,7 +236,7 @@ def test_pack_linear_golden() -> None:
         }
         """)
     assert (q.weight_data["a.weight.kn"] == p.weight_data["a.weight"].T).all()
-    both = run_pipeline(p, Options.from_env(), frozenset({"cpu", "cuda"}))
+    both = run_pipeline(p, CompileOptions.from_env(), [backend("cpu").caps, backend("cuda").caps])
     assert "a.weight.kn" not in both.weight_data and "a.weight" in both.weight_data
 
 
@@ -248,15 +258,18 @@ class _AttentionPatterns(torch.nn.Module):
 def test_fused_attention_golden() -> None:
     """Note [Fused attention]: matmul → chain → softmax → matmul is one step on CPU when no inner value
     is needed elsewhere; GQA's repeated heads are read in place; CUDA plans keep the GEMMs."""
+    from bladepack.backends import backend
     from bladepack.lowering.lower_native import fusion_for
-    from bladepack.options import Options
+    from bladepack.options import CompileOptions
     from bladepack.passes.pipeline import run_pipeline
 
     def sample(b: int, s: int) -> tuple[torch.Tensor, ...]:
         return (torch.randn(b, 4, s, 8), torch.randn(b, 4, s, 8), torch.ones(b, s), torch.randn(b, 2, s, 8))
 
-    p = run_pipeline(_program(_AttentionPatterns(), [sample(2, 5), sample(3, 7)]), Options.from_env())
-    assert fusion_for(p, target="cpu").text(p.graph) == textwrap.dedent("""\
+    p = run_pipeline(
+        _program(_AttentionPatterns(), [sample(2, 5), sample(3, 7)]), CompileOptions.from_env(), [backend("cpu").caps]
+    )
+    assert fusion_for(p, backend("cpu")).text(p.graph) == textwrap.dedent("""\
         fusion plan: 3 kernels, 2 library calls, 2 fused attentions, 0 reference steps
           attention -> %15 = {matmul%5 constant%6 div%7 reshape%8 reshape%9 constant%10 eq%11 constant%12 where%13 softmax%14 matmul%15}
           matmul -> %17
@@ -266,7 +279,7 @@ def test_fused_attention_golden() -> None:
           k1: row[q_dim0, 4, q_dim2, q_dim2] rows of 1 -> %31 = {sum%31}
           k2: loop[q_dim0, 4, q_dim2, 8] -> %32 = {add%32}
         """)
-    assert "attention" not in fusion_for(p, target="cuda").text(p.graph)
+    assert "attention" not in fusion_for(p, backend("cuda")).text(p.graph)
 
 
 class _ScaledOperands(torch.nn.Module):

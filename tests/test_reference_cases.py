@@ -25,6 +25,7 @@ from bladepack.artifact.reference_cases import compare, covered, generate
 from bladepack.cli import main as cli
 from bladepack.errors import BpkFormatError
 from bladepack.loader.verify import report_text, verdict_line
+from bladepack.options import LoaderOptions
 from samples.registry import SAMPLES
 from tests.helpers import reachable_items, with_manifest
 from tests.test_cpp_runtime import bpk_run
@@ -179,20 +180,16 @@ def wrong_blas(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d / "libwrong.so"
 
 
-def test_wrong_blas_is_caught(
-    mlp_artifact: Artifact, wrong_blas: Path, monkeypatch: pytest.MonkeyPatch, release: Path, tmp_path: Path
-) -> None:
+def test_wrong_blas_is_caught(mlp_artifact: Artifact, wrong_blas: Path, release: Path, tmp_path: Path) -> None:
     path = tmp_path / "mlp.bpk"
     mlp_artifact.save(path)  # the BLAS-GEMM plan (the samples' linear layers are dense kernels)
-    monkeypatch.setenv("BLADEPACK_BLAS", str(wrong_blas))
-    report = bladepack.load(path).verify()
+    report = bladepack.load(path, options=LoaderOptions.from_env(blas=str(wrong_blas))).verify()
     assert report["passed"] is False, report
     failing = [c for c in report["cases"] if not c["passed"]]
     assert failing and all(c["error"] is None for c in failing), failing  # wrong numbers, not an error
-    r = bpk_run(release, str(path), "--verify")
+    r = bpk_run(release, str(path), "--verify", env={"BLADEPACK_BLAS": str(wrong_blas)})  # bpk-run's process
     assert r.returncode == 1, r.stdout + r.stderr
     assert _verdicts(r.stdout) == [verdict_line(c) for c in report["cases"]], r.stdout
-    monkeypatch.delenv("BLADEPACK_BLAS")
     assert bladepack.load(path).verify()["passed"] is True
 
 
@@ -200,18 +197,19 @@ def test_miscompiled_variant_is_caught_and_named(artifacts: dict[str, Artifact])
     """The encoder's fused attention has a wide, a blocked and a rows variant; a library whose wide
     variant scales the scores by the wrong constant (a miscompile) fails exactly the cases that ran it."""
     from bladepack.codegen.toolchain import build_libraries, find_compiler
-    from bladepack.options import Options
+    from bladepack.options import CompileOptions
 
     art = artifacts["encoder"]
-    src = art.sources.cpu_source
+    src = art.sources.unit("cpu")
     start = src.index("k2_wide(")
     body_end = src.index("\n}\n", start)
     body = src[start:body_end]
     assert "= 4.0f;" in body, body[:1500]  # 1 / sqrt(head dim 16)
     broken = src[:start] + body.replace("= 4.0f;", "= 4.5f;", 1) + src[body_end:]
-    cxx = find_compiler()
+    options = CompileOptions.from_env()
+    cxx = find_compiler(options.cxx)
     assert cxx is not None
-    libs = build_libraries(broken, Options.from_env().cache_dir, cxx, lambda *_: None)
+    libs = build_libraries(broken, options.cache_dir, cxx, options.cpu_isas)
     bad = copy.copy(art)
     bad.cpu_libraries = [(lib.isa.name, lib.isa.requires, lib.data) for lib in libs]
     report = bladepack.load(bad.to_bytes()).verify()

@@ -16,8 +16,10 @@ import pytest
 
 import bladepack
 from bladepack.artifact import format as bpk_format
-from bladepack.artifact.trust import SIG_SIZE, TrustError, generate_key, key_id, sign_file
+from bladepack.artifact.signing import generate_key, sign_file
+from bladepack.artifact.trust import SIG_SIZE, TrustError, key_id
 from bladepack.errors import BpkFormatError
+from bladepack.options import LoaderOptions
 from tests import cpp_build
 from tests.helpers import rel_err
 
@@ -136,13 +138,11 @@ def test_bpk_run_trust_matches_python(signed: dict[str, Path]) -> None:
         assert r.returncode == 1 and r.stderr.strip() == f"bpk-run: untrusted artifact: {e.value}", (r.stderr, e.value)
 
 
-def test_planted_library_in_the_cache_is_never_run(
-    mlp_artifact: bladepack.api.Artifact, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_planted_library_in_the_cache_is_never_run(mlp_artifact: bladepack.api.Artifact, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     (cache / "lib").mkdir(parents=True)
     os.chmod(cache / "lib", 0o755)
-    monkeypatch.setenv("BLADEPACK_CACHE_DIR", str(cache))
+    options = LoaderOptions.from_env(cache_dir=cache)
     data = mlp_artifact.to_bytes()
     bpk = bpk_format.read(data)
     lib = bpk.manifest["native_cpu"]["libraries"][0]["section"]
@@ -150,7 +150,7 @@ def test_planted_library_in_the_cache_is_never_run(
     planted = cache / "lib" / f"{digest}.so"
     planted.write_bytes(b"\x7fELF planted, not the artifact's library")
     x = np.random.default_rng(1).standard_normal((2, 64), dtype=np.float32)
-    m = bladepack.load(data, executor="native")
+    m = bladepack.load(data, executor="native", options=options)
     assert rel_err(m(x), bladepack.load(data, executor="reference")(x)) <= 1e-6
     assert hashlib.sha256(planted.read_bytes()).hexdigest() == digest  # replaced by the real library
     assert stat.S_IMODE(os.stat(cache / "lib").st_mode) == 0o700  # made private

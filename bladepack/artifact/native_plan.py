@@ -3,7 +3,7 @@
 In: built by `bladepack.lowering.lower_native`. Out: `NativePlan.to_manifest()`, the manifest's
 `native_cpu` / `native_cuda` map that docs/format.md specifies ("Native CPU plan", "Native CUDA
 plan") and both loaders read. Plain data: no sympy, no torch; sizes are ints or register references
-(Note [SymInt encoding] in plan.py).
+(Note [SymInt encoding] in symint.py).
 
 A plan is a list of launches over a slot table (slot 0 the arena, then inputs, outputs, weights):
 a generated kernel (`KernelLaunch`), a BLAS / cuBLAS GEMM (`GemmLaunch`), a CUTLASS GEMM with its
@@ -18,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Union
 
-from bladepack.artifact.plan import SymIntEnc
+from bladepack.artifact.symint import SymIntEnc
 
 ABI = 1
 

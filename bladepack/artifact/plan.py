@@ -3,19 +3,16 @@
 In: produced by `bladepack.lowering.build_plan` from an IR program. Out: plain data (no sympy, no
 torch) that the artifact writer packs into the manifest and the loaders read back.
 
-Note [SymInt encoding]: wherever a size or an attribute may be symbolic, the plan stores either a
-plain int or a one-key map {"r": k} meaning "register k of the shape program's result".
+Sizes and attributes that may be symbolic are `SymIntEnc` (Note [SymInt encoding] in symint.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any
 
-if TYPE_CHECKING:
-    from bladepack.artifact.native_plan import KernelRow, NativePlan
-
-SymIntEnc = Union[int, dict[str, int]]
+from bladepack.artifact.native_plan import KernelRow, NativePlan
+from bladepack.artifact.symint import SymIntEnc
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,23 @@ class ShapeProgram:
             "messages": list(self.messages),
         }
 
+    def text(self) -> str:
+        """One instruction a line, as `rD = OP a b c` (BLADEPACK_DUMP's shape-program texts)."""
+        lines = [f"shape program: {self.num_registers} registers, {len(self.code)} instructions"]
+        for op, d, a, b, c in self.code:
+            name = Op(op).name.lower()
+            if op == Op.CONST:
+                lines.append(f"  r{d} = {a}")
+            elif op == Op.DIM:
+                lines.append(f"  r{d} = dim(input {a}, axis {b})")
+            elif op == Op.SELECT:
+                lines.append(f"  r{d} = r{b} if r{a} else r{c}")
+            elif op == Op.ASSERT:
+                lines.append(f"  assert r{a} (value r{b}, other r{d}): {self.messages[c]}")
+            else:
+                lines.append(f"  r{d} = {name}(r{a}, r{b})")
+        return "\n".join(lines) + "\n"
+
     @staticmethod
     def from_manifest(m: dict[str, object]) -> ShapeProgram:
         raw = m["code"]

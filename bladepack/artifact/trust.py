@@ -103,7 +103,7 @@ def public_key_bytes(key: Any) -> bytes:
             return raw
         text = raw.strip()
         if text.startswith(b"-----BEGIN"):
-            serialization = _crypto("reading a PEM public key").serialization
+            serialization = crypto("reading a PEM public key").serialization
             loaded = serialization.load_pem_public_key(text)
             return bytes(loaded.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw))
         if len(text) == 64:
@@ -127,50 +127,14 @@ def check_signature(header: memoryview, sig: Signature | None, trusted: Sequence
         raise TrustError(f"{source} is not signed; trusted keys: {ids} (sign it with `bladepack sign`)")
     if sig.public_key not in keys:
         raise TrustError(f"{source} is signed by key {sig.key_id}, which is not among the trusted keys ({ids})")
-    ed = _crypto("checking an artifact's signature").ed25519
+    ed = crypto("checking an artifact's signature").ed25519
     try:
         ed.Ed25519PublicKey.from_public_bytes(sig.public_key).verify(sig.signature, signed_message(header))
     except Exception:  # cryptography raises InvalidSignature
         raise TrustError(f"{source}: the signature by key {sig.key_id} does not match the artifact") from None
 
 
-def generate_key(path: str | os.PathLike[str]) -> bytes:
-    """Write a new Ed25519 private key to `path` (PEM, mode 0600) and its public key to `path`.pub (PEM);
-    return the raw public key."""
-    c = _crypto("generating a signing key")
-    private = c.ed25519.Ed25519PrivateKey.generate()
-    s = c.serialization
-    pem = private.private_bytes(s.Encoding.PEM, s.PrivateFormat.PKCS8, s.NoEncryption())
-    target = Path(path)
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(pem)
-    public = private.public_key()
-    Path(f"{target}.pub").write_bytes(public.public_bytes(s.Encoding.PEM, s.PublicFormat.SubjectPublicKeyInfo))
-    return bytes(public.public_bytes(s.Encoding.Raw, s.PublicFormat.Raw))
-
-
-def sign_file(
-    path: str | os.PathLike[str], key_path: str | os.PathLike[str], out: str | os.PathLike[str] | None
-) -> str:
-    """Sign the artifact at `path` with the PEM Ed25519 private key at `key_path` (a signature already
-    there is replaced); write it to `out` (default: in place, atomically). Returns the key id."""
-    from bladepack.artifact.format import read, write_chunks
-
-    c = _crypto("signing an artifact")
-    private = c.serialization.load_pem_private_key(Path(key_path).read_bytes(), password=None)
-    if not isinstance(private, c.ed25519.Ed25519PrivateKey):
-        raise ValueError(f"{key_path} is not an Ed25519 private key (make one with `bladepack keygen`)")
-    bpk = read(path)  # every checksum verified: sign only what is intact
-    body = bytes(bpk.buffer[: bpk.data_end])
-    public = private.public_key().public_bytes(c.serialization.Encoding.Raw, c.serialization.PublicFormat.Raw)
-    signed = body + block(bytes(public), private.sign(signed_message(body)))
-    del bpk  # the file may be replaced in place: drop the mapping first
-    write_chunks(out if out is not None else path, [signed])
-    return key_id(bytes(public))
-
-
-def _crypto(what: str) -> Any:
+def crypto(what: str) -> Any:
     """The `cryptography` primitives, or a BladepackError saying how to get them."""
     try:
         from cryptography.hazmat.primitives import serialization

@@ -21,7 +21,7 @@ from typing import Any
 import sympy
 
 from bladepack.dtypes import DType
-from bladepack.ir import OpKind
+from bladepack.opset import OP_INFO, CSpelling, OpKind
 
 # C types of values in registers: float16 and bfloat16 compute in float (only their memory type is
 # 16-bit: CPU_MEMTYPE here, cuda_emitter.MEMTYPE), so a fused kernel rounds once, when it stores.
@@ -44,13 +44,23 @@ CPU_MEMTYPE = {**CTYPE, DType.FLOAT16: "bpk::f16", DType.BFLOAT16: "bpk::bf16"}
 
 
 def prelude(name: str) -> str:
-    """The runtime prelude `name` of this directory with the shared scalar helpers (scalar_ops.h)
-    spliced in at its "// @scalar_ops" line."""
+    """The runtime prelude `name` of this directory with every "// @splice <file>" line replaced by that
+    file's text (the shared scalar helpers scalar_ops.h, the CPU GEMMs cpu_gemm.h); a spliced file's
+    leading "//!" lines describe the file and are left out."""
     here = Path(__file__).parent
-    text = (here / name).read_text()
-    marker = "// @scalar_ops\n"
-    assert text.count(marker) == 1, f"{name} must have one {marker.strip()!r} line"
-    return text.replace(marker, (here / "scalar_ops.h").read_text())
+    out = []
+    for line in (here / name).read_text().splitlines(keepends=True):
+        if line.startswith(_SPLICE):
+            body = (here / line[len(_SPLICE) :].strip()).read_text().splitlines(keepends=True)
+            while body and body[0].startswith("//!"):
+                body.pop(0)
+            out += body
+        else:
+            out.append(line)
+    return "".join(out)
+
+
+_SPLICE = "// @splice "
 
 
 class Loop(sympy.Symbol):  # type: ignore[misc]
@@ -134,90 +144,29 @@ class Args:
         raise ValueError(f"cannot render index expression {e}")
 
 
-def _f(dt: DType) -> bool:
-    return dt.is_floating
-
-
 def unary(op: OpKind, x: str, dt: DType, attrs: Any) -> str:
-    """C text of a unary elementwise op on a value already converted to the result type `dt`."""
-    t = CTYPE[dt]
-    if op is OpKind.NEG:
-        return f"{t}(-{x})" if dt is not DType.BOOL else f"(!{x})"
-    if op is OpKind.ABS:
-        return f"std::abs({x})" if dt is not DType.BOOL else x
-    if op in (OpKind.LOGICAL_NOT,):
-        return f"(!{x})"
-    if op is OpKind.BITWISE_NOT:
-        return f"(!{x})" if dt is DType.BOOL else f"{t}(~{x})"
-    if op is OpKind.RELU:
-        return f"({x} < {t}(0) ? {t}(0) : {x})" if _f(dt) else f"{t}({x} > 0 ? {x} : 0)"  # NaN stays NaN
-    if op is OpKind.FLOOR:
-        return f"std::floor({x})" if _f(dt) else x
-    if op is OpKind.CAST:
-        return x
-    fn = {
-        OpKind.EXP: "bpk::vexp({x})",
-        OpKind.LOG: "std::log({x})",
-        OpKind.SQRT: "std::sqrt({x})",
-        OpKind.RSQRT: "({t}(1) / std::sqrt({x}))",
-        OpKind.RECIPROCAL: "({t}(1) / {x})",
-        OpKind.TANH: "std::tanh({x})",
-        OpKind.SIGMOID: "bpk::sigmoid({x})",
-        OpKind.SILU: "({x} * bpk::sigmoid({x}))",
-        OpKind.ERF: "bpk::verf({x})",
-        OpKind.SIN: "std::sin({x})",
-        OpKind.COS: "std::cos({x})",
-    }.get(op)
-    if fn is not None:
-        return fn.format(x=x, t=t)
-    if op is OpKind.GELU:
-        return f"bpk::gelu_{'tanh' if attrs.approximate == 'tanh' else 'erf'}({x})"
-    if op is OpKind.LEAKY_RELU:
-        return f"({x} > {t}(0) ? {x} : {t}({x} * {literal(attrs.slope, dt)}))"
-    if op is OpKind.CLAMP:
-        out = x
-        if attrs.min is not None:
-            lo = literal(attrs.min, dt)
-            out = f"({out} < {lo} ? {lo} : {out})" if not _f(dt) else f"bpk::fmax_nan<{t}>({out}, {lo})"
-        if attrs.max is not None:
-            hi = literal(attrs.max, dt)
-            out = f"({out} > {hi} ? {hi} : {out})" if not _f(dt) else f"bpk::fmin_nan<{t}>({out}, {hi})"
-        return out
-    raise ValueError(f"no C rendering for unary {op.value}")
-
-
-COMPARE = {OpKind.EQ: "==", OpKind.NE: "!=", OpKind.LT: "<", OpKind.LE: "<=", OpKind.GT: ">", OpKind.GE: ">="}
+    """C text of a unary elementwise op on a value already converted to the result type `dt` (the op
+    table's spelling, opset/table.py)."""
+    return _spell(op, dt, attrs, x=x)
 
 
 def binary(op: OpKind, a: str, b: str, dt: DType) -> str:
     """C text of a binary op; operands are already in the computation type (`dt` for arithmetic)."""
+    return _spell(op, dt, None, a=a, b=b)
+
+
+def where(c: str, a: str, b: str, dt: DType) -> str:
+    return _spell(OpKind.WHERE, dt, None, c=c, a=a, b=b)
+
+
+def _spell(op: OpKind, dt: DType, attrs: Any, **operands: str) -> str:
+    spelling = OP_INFO[op].c
     t = CTYPE[dt]
-    if op in COMPARE:
-        return f"({a} {COMPARE[op]} {b})"
-    if op is OpKind.LOGICAL_AND:
-        return f"(bool({a}) && bool({b}))"
-    if op is OpKind.LOGICAL_OR:
-        return f"(bool({a}) || bool({b}))"
-    if op in (OpKind.BITWISE_AND, OpKind.BITWISE_OR, OpKind.BITWISE_XOR):
-        sym = {OpKind.BITWISE_AND: "&", OpKind.BITWISE_OR: "|", OpKind.BITWISE_XOR: "^"}[op]
-        return f"{t}({a} {sym} {b})"
-    if op is OpKind.ADD:
-        return f"{t}({a} + {b})" if dt is not DType.BOOL else f"({a} || {b})"
-    if op is OpKind.SUB:
-        return f"{t}({a} - {b})"
-    if op is OpKind.MUL:
-        return f"{t}({a} * {b})" if dt is not DType.BOOL else f"({a} && {b})"
-    if op is OpKind.DIV:
-        return f"({a} / {b})" if _f(dt) else f"bpk::div_trunc<{t}>({a}, {b})"
-    if op is OpKind.POW:
-        return f"{t}(std::pow({a}, {b}))" if _f(dt) else f"bpk::ipow<{t}>({a}, {b})"
-    if op is OpKind.MAXIMUM:
-        return f"bpk::fmax_nan<{t}>({a}, {b})" if _f(dt) else f"({a} > {b} ? {a} : {b})"
-    if op is OpKind.FMOD:
-        return f"{t}(std::fmod({a}, {b}))" if _f(dt) else f"bpk::fmod_i<{t}>({a}, {b})"
-    if op is OpKind.MINIMUM:
-        return f"bpk::fmin_nan<{t}>({a}, {b})" if _f(dt) else f"({a} < {b} ? {a} : {b})"
-    raise ValueError(f"no C rendering for binary {op.value}")
+    if spelling is None:
+        raise ValueError(f"no C rendering for {op.value}")
+    if isinstance(spelling, CSpelling):
+        return spelling.template(dt.is_floating, dt is DType.BOOL).format(t=t, **operands)
+    return spelling(operands["x"], t, dt.is_floating, attrs, lambda v: literal(v, dt))
 
 
 def promote(dts: Sequence[DType]) -> DType:

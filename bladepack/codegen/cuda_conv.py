@@ -1,6 +1,6 @@
 """CUDA kernels for convolution and pooling: pooling windows, direct convolutions, im2col columns.
 
-In: the CUDA emitter of one kernel (cuda_emitter._CudaEmitter) and the convolution or pooling node its
+In: the CUDA emitter of one kernel (cuda_loops.CudaEmitter) and the convolution or pooling node its
 spec anchors. Out: the kernel body, one thread per output element (pooling, im2col) or per output
 pixel (direct convolution), grid-striding over the rest (`rows_loop`).
 
@@ -15,21 +15,17 @@ float32 for float16 / bfloat16 (Note [Register types]).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import sympy
 
 from bladepack.codegen.c_render import CTYPE, Loop
+from bladepack.codegen.cuda_loops import CudaEmitter
 from bladepack.codegen.kernel import FLOATS, reduce_init, store_offset
 from bladepack.ir import Node, OpKind
 from bladepack.ir.ops import Conv2dAttrs, Pool2dAttrs
 from bladepack.ir.views import View, simplify
 
-if TYPE_CHECKING:
-    from bladepack.codegen.cuda_emitter import _CudaEmitter
 
-
-def _window(em: _CudaEmitter, o: str, pos: str, k: int, s: int, p: int, d: int, size: str) -> None:
+def _window(em: CudaEmitter, o: str, pos: str, k: int, s: int, p: int, d: int, size: str) -> None:
     """`o`0 / `o`1: the window taps [lo, hi) of output position `pos` that fall inside [0, size)."""
     em.line(f"const int64_t {o}s_ = {pos} * {s} - {p};")
     em.line(f"const int64_t {o}a_ = (-{o}s_ + {d} - 1) / {d}, {o}b_ = ({size} - {o}s_ + {d} - 1) / {d};")
@@ -37,7 +33,7 @@ def _window(em: _CudaEmitter, o: str, pos: str, k: int, s: int, p: int, d: int, 
     em.line(f"const int64_t {o}1 = {o}b_ < {o}0 ? {o}0 : ({o}b_ < {k} ? {o}b_ : {k});")
 
 
-def pool_kernel(em: _CudaEmitter) -> None:
+def pool_kernel(em: CudaEmitter) -> None:
     """Max / average pooling: one thread per output element, bounds computed once per window."""
     n = em.ctx.nodes[em.spec.roots[0]]
     a = n.attrs
@@ -85,7 +81,7 @@ def pool_kernel(em: _CudaEmitter) -> None:
     em.rows_loop(n.type.shape, "", body)
 
 
-def direct_conv_kernel(em: _CudaEmitter) -> None:
+def direct_conv_kernel(em: CudaEmitter) -> None:
     """Note [CUDA convolution]: one thread per output pixel, its C_out accumulators in registers."""
     n = em.ctx.nodes[em.spec.roots[0]]
     a = n.attrs
@@ -130,7 +126,7 @@ def direct_conv_kernel(em: _CudaEmitter) -> None:
     em.rows_loop([nb, oh, ow], "", body)
 
 
-def im2col_kernel(em: _CudaEmitter, conv: Node, x_view: View, cols: int) -> None:
+def im2col_kernel(em: CudaEmitter, conv: Node, x_view: View, cols: int) -> None:
     """cols[n, c*KH*KW + ki*KW + kj, oh*OW + ow] = x[n, c, oh*s - p + ki*d, ...] (0 outside the input);
     channel-major results (Note [Batch-folded convolution]) put the tap first: cols[tap, n, pixel].
     One thread per column element: the threads of a warp write adjacent pixels."""

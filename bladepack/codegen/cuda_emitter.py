@@ -38,7 +38,7 @@ Schedules and variants:
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,22 +47,13 @@ import sympy
 from bladepack.codegen.anchor_kernels import reduce_kernel, scan_kernel, topk_kernel
 from bladepack.codegen.c_render import CTYPE, Args, Loop
 from bladepack.codegen.cuda_conv import direct_conv_kernel, im2col_kernel, pool_kernel
-from bladepack.codegen.emitter import Emitter, RowBody
-from bladepack.codegen.kernel import ROW_OPS, KernelContext, reduce_init, same_shape, store_offset
+from bladepack.codegen.cuda_loops import MEMTYPE, CudaEmitter, inner_syms, split_index, volume
+from bladepack.codegen.kernel import ROW_OPS, KernelContext, same_shape, store_offset
 from bladepack.codegen.operand_check import add_atoms, operand_buffers
 from bladepack.dtypes import DType
 from bladepack.ir import Node, OpKind
 from bladepack.ir.fusion_plan import KernelSpec
-from bladepack.ir.types import IRDim
 from bladepack.ir.views import View, simplify
-
-# memory types of pointers (registers use c_render.CTYPE; Note [Register types])
-MEMTYPE = {**CTYPE, DType.FLOAT16: "__half", DType.BFLOAT16: "__nv_bfloat16"}
-
-# Note [CUDA error codes]: a launch's status words hold the first error; its code is the CPU emitter's
-# (ERR_INDEX + 16 x error site) plus the kernel's index in the CUDA plan shifted left by KERNEL_SHIFT,
-# so the loader names the kernel without knowing which launch failed.
-KERNEL_SHIFT = 24
 
 LOOP_BLOCK = 256
 CONV_BLOCK = 128  # direct convolution: up to 64 accumulators per thread
@@ -73,6 +64,10 @@ CACHE_WARP_MAX = 1024  # Note [Row cache]: 8 rows x 1024 x 4 bytes = 32 KiB
 CACHE_BLOCK_MAX = 8192  # 32 KiB
 MAX_GRID = 1 << 20  # grid-stride loops cover the rest
 _MULTI_PASS = (OpKind.SOFTMAX, OpKind.LOG_SOFTMAX, OpKind.LAYER_NORM, OpKind.RMS_NORM)
+
+
+def _grid(work: Any, per_block: int) -> Any:
+    return sympy.Max(1, sympy.Min(sympy.ceiling(sympy.sympify(work) / per_block), MAX_GRID))
 
 
 @dataclass(frozen=True)
@@ -96,147 +91,10 @@ class CudaKernel:
     error_sites: list[str] = field(default_factory=list)
 
 
-def _volume(shape: Sequence[IRDim]) -> IRDim:
-    out: IRDim = 1
-    for d in shape:
-        out = simplify(out * d)
-    return out
-
-
-def _grid(work: Any, per_block: int) -> Any:
-    return sympy.Max(1, sympy.Min(sympy.ceiling(sympy.sympify(work) / per_block), MAX_GRID))
-
-
-class _CudaEmitter(Emitter):
-    def __init__(
-        self, spec: KernelSpec, ctx: KernelContext, args: Args, stores: list[int], loads: list[View], index: int = 0
-    ) -> None:
-        super().__init__(spec, ctx, args, stores, loads)
-        self.index = index
-        self.lane: Loop | None = None
-        self.width = 1
-        self.thread = "threadIdx.x"  # the row schedules' thread index within the row and its stride
-        self.stride = "blockDim.x"
-        self.block_reduce = False
-        self.cache: tuple[int, tuple[sympy.Expr, ...], str] | None = None  # (value, row index, C array)
-        self.cache_ready = False
-        self.position = ""  # C expression of the element's position within the row (row loops)
-        self.uses_barriers = False
-
-    # -- memory
-    def load(self, base: int, dt: DType, off: sympy.Expr, syms: set[sympy.Symbol], key: Any) -> str:
-        p = self.ptr_load(base)
-        lane = self.lane
-        if lane is not None and self.width > 1 and lane in off.free_symbols:
-            rest = sympy.expand(off - lane)
-            if self._vector_ok(lane, rest):  # contiguous across the lanes: one vector load
-                vkey = ("vec", base, rest)
-                buf = self.lookup(vkey)
-                if buf is None:
-                    buf = self.fresh("b")
-                    stmt = f"{CTYPE[dt]} {buf}[{self.width}]; bpk::ldv<{self.width}>({buf}, {p} + {self.args.index(rest)});"
-                    self.define_stmt(stmt, buf, syms - {lane}, vkey)
-                return self.define(CTYPE[dt], f"{buf}[{lane.name}]", syms, key)
-        return self.define(CTYPE[dt], f"bpk::ld({p} + {self.args.index(off)})", syms, key)
-
-    def _vector_ok(self, lane: Loop, rest: sympy.Expr) -> bool:
-        """A vector load at `rest` is hoisted above the lane loop: only when `rest` is known there and
-        no branch (concat, pad: its guard may exclude some lanes' elements) lies between."""
-        pos = next(k for k, s in enumerate(self.scopes) if lane in s.syms)
-        if any(s.barrier for s in self.scopes[pos:]):
-            return False
-        known: set[sympy.Symbol] = set().union(*(s.syms for s in self.scopes[:pos]))
-        return all(s in known for s in rest.free_symbols if isinstance(s, Loop))
-
-    def store(self, vid: int, off: sympy.Expr, val: str) -> None:
-        self.line(f"bpk::st({self.ptr_store(vid)} + {self.args.index(off)}, {val});")
-
-    def fail(self, code: str, value: str, size: str) -> str:
-        return f"bpk::fail(st, ({code}) + {self.index << KERNEL_SHIFT}LL, {value}, {size});"
-
-    def accumulator(self, n: Node) -> DType:
-        dt = n.type.dtype
-        wide = DType.FLOAT64 if dt is DType.FLOAT64 else DType.FLOAT32
-        if n.op in (OpKind.SUM, OpKind.MEAN, OpKind.PROD):
-            return wide if dt.is_floating else DType.INT64
-        return wide if dt.is_floating else dt
-
-    def eval(self, vid: int, idx: tuple[sympy.Expr, ...]) -> str:
-        c = self.cache
-        if c is not None and self.cache_ready and vid == c[0] and tuple(sympy.sympify(i) for i in idx) == c[1]:
-            syms = {s for e in idx for s in sympy.sympify(e).free_symbols if isinstance(s, Loop)}
-            return self.define(CTYPE[self.ctx.types[vid].dtype], f"{c[2]}[{self.position}]", syms, ("cache", c[1]))
-        return super().eval(vid, idx)
-
-    # -- schedules shared with the CPU emitter's reduce and scan kernels: one thread per row
-    def rows_loop(self, outer_dims: Sequence[IRDim], cost: str, body: RowBody, chunk_setup: Sequence[str] = ()) -> None:
-        assert not chunk_setup, "CUDA rows are threads: no per-chunk scratch"
-        syms = tuple(Loop(f"i{k}") for k in range(len(outer_dims)))
-        rows = _volume(outer_dims)
-        header = [
-            "for (int64_t t_ = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; "
-            f"t_ < {self.args.ref(rows)}; t_ += int64_t(gridDim.x) * blockDim.x) {{"
-        ]
-        self.loop(header, syms, lambda: body(syms), prologue=_split("t_", syms, outer_dims, self.args))
-
-    # -- row reductions across the threads of a warp or block
-    def _elements(self, gen: Callable[[tuple[Loop, ...]], None]) -> None:
-        """The strided loop of this thread over the current row; `gen(inner symbols)` is its body."""
-        dom = self.spec.domain
-        k = self.spec.reduced
-        r = len(dom) - k
-        inner = _inner_syms(self.spec)
-        length = self.args.ref(self._row_len())
-        q = inner[0].name if k == 1 else "q_"
-        header = [f"for (int64_t {q} = {self.thread}; {q} < {length}; {q} += {self.stride}) {{"]
-        prologue = [] if k == 1 else _split("q_", inner, dom[r:], self.args)
-        self.position = q
-        self.loop(header, inner, lambda: gen(inner), prologue=prologue)
-
-    def reduce_pass(
-        self,
-        dt: DType,
-        kind: str,
-        body: Callable[[tuple[sympy.Expr, ...]], str],
-        store: Callable[[tuple[sympy.Expr, ...], str], None] | None = None,
-    ) -> str:
-        t = CTYPE[dt]
-        saved = self.scopes
-        self.scopes = saved[:2]  # passes are emitted at row scope, whatever scope asked for them
-        acc = self.fresh("acc")
-        self.declare(f"{t} {acc} = {reduce_init(kind, dt)};", acc)
-        functor = {"sum": "bpk::Sum()", "prod": "bpk::Prod()", "max": "bpk::Max()", "min": "bpk::Min()"}[kind]
-
-        assert store is None, "softmax in place is off on CUDA (the row cache or L2 serves the last pass)"
-        self._elements(lambda inner: self.line(f"{acc} = {functor}({acc}, {t}({body((*self.outer, *inner))}));"))
-        self.uses_barriers = True
-        if self.block_reduce:
-            self.line(f"{acc} = bpk::block_all({acc}, {functor}, reinterpret_cast<{t}*>(bpk_scratch));")
-        else:
-            self.line(f"{acc} = bpk::warp_all({acc}, {functor});")
-        self.depth[acc] = 1
-        self.scopes = saved
-        return acc
-
-
-def _split(var: str, syms: Sequence[Loop], dims: Sequence[IRDim], args: Args) -> list[str]:
-    """Statements defining `syms` (row-major position in `dims`) from the linear index `var`."""
-    if not syms:
-        return []
-    if len(syms) == 1:
-        return [f"const int64_t {syms[0].name} = {var};"]
-    out = [f"int64_t s_{var} = {var};"]
-    for k in range(len(syms) - 1, 0, -1):
-        d = args.ref(dims[k])
-        out.append(f"const int64_t {syms[k].name} = s_{var} % {d}; s_{var} /= {d};")
-    out.append(f"const int64_t {syms[0].name} = s_{var};")
-    return out
-
-
 # --------------------------------------------------------------------------- kernel bodies
 
 
-def _loop_kernel(em: _CudaEmitter, width: int) -> None:
+def _loop_kernel(em: CudaEmitter, width: int) -> None:
     dom = em.spec.domain
     if not dom:
         em.line("if (blockIdx.x == 0 && threadIdx.x == 0) {")
@@ -248,7 +106,7 @@ def _loop_kernel(em: _CudaEmitter, width: int) -> None:
     j = Loop(f"i{len(dom) - 1}")
     lane = Loop("l0")
     em.lane, em.width = lane, width
-    total = _volume(dom[:-1])
+    total = volume(dom[:-1])
     chunks = simplify(sympy.sympify(dom[-1]) / width) if width > 1 else dom[-1]
     threads = em.args.ref(simplify(total * chunks))
     header = [
@@ -257,7 +115,7 @@ def _loop_kernel(em: _CudaEmitter, width: int) -> None:
     ]
     chunk_ref = em.args.ref(chunks)
     prologue = [f"const int64_t {j.name} = (t_ % {chunk_ref}) * {width};", f"const int64_t u_ = t_ / {chunk_ref};"]
-    prologue += _split("u_", outer, dom[:-1], em.args)
+    prologue += split_index("u_", outer, dom[:-1], em.args)
 
     def body() -> None:
         idx = (*outer, j + lane)
@@ -281,7 +139,7 @@ def _loop_kernel(em: _CudaEmitter, width: int) -> None:
     em.loop(header, (*outer, j), body, prologue=prologue)
 
 
-def _row_kernel(em: _CudaEmitter, warp: bool, cached: bool) -> None:
+def _row_kernel(em: CudaEmitter, warp: bool, cached: bool) -> None:
     dom = em.spec.domain
     k = em.spec.reduced
     r = len(dom) - k
@@ -290,7 +148,7 @@ def _row_kernel(em: _CudaEmitter, warp: bool, cached: bool) -> None:
     em.block_reduce = not warp
     full_roots = [v for v in em.spec.roots if same_shape(em.ctx.types[v].shape, dom)]
     row_roots = [v for v in em.spec.roots if v not in full_roots]
-    rows = _volume(dom[:r])
+    rows = volume(dom[:r])
     outer = tuple(Loop(f"i{m}") for m in range(r))
     length = em.args.ref(em._row_len())
     if warp:
@@ -318,7 +176,7 @@ def _row_kernel(em: _CudaEmitter, warp: bool, cached: bool) -> None:
                 val = em._as(em.eval(cache_vid, (*outer, *inner)), x_t, DType.FLOAT32)
                 em.line(f"{arr}[{em.position}] = {val};")
 
-            em.cache = (cache_vid, tuple(sympy.sympify(s) for s in (*outer, *_inner_syms(em.spec))), arr)
+            em.cache = (cache_vid, tuple(sympy.sympify(s) for s in (*outer, *inner_syms(em.spec))), arr)
             em._elements(fill)
             em.cache_ready = True
         for v in row_roots:
@@ -338,13 +196,7 @@ def _row_kernel(em: _CudaEmitter, warp: bool, cached: bool) -> None:
 
         em._elements(store)
 
-    em.loop(header, outer, body, prologue=_split("row_", outer, dom[:r], em.args))
-
-
-def _inner_syms(spec: KernelSpec) -> tuple[Loop, ...]:
-    """The symbols of a row's position (the reduced trailing dims)."""
-    r = len(spec.domain) - spec.reduced
-    return tuple(Loop(f"r{r + m}") for m in range(spec.reduced))
+    em.loop(header, outer, body, prologue=split_index("row_", outer, dom[:r], em.args))
 
 
 def _cache_value(spec: KernelSpec, ctx: KernelContext) -> int | None:
@@ -363,7 +215,7 @@ def _cache_value(spec: KernelSpec, ctx: KernelContext) -> int | None:
 # --------------------------------------------------------------------------- entry points
 
 
-def _function(name: str, em: _CudaEmitter, ptr_types: list[tuple[str, bool]], nints: int, block: int) -> str:
+def _function(name: str, em: CudaEmitter, ptr_types: list[tuple[str, bool]], nints: int, block: int) -> str:
     params = ["int64_t* __restrict__ st"]
     for k, (mt, writable) in enumerate(ptr_types):
         params.append(f"{'' if writable else 'const '}{mt}* __restrict__ p{k}")
@@ -405,21 +257,21 @@ def emit_cuda_kernel(
     args = Args()
     stores = list(spec.roots)
     loads: list[View] = []
-    plans: list[tuple[str, Any, Callable[[_CudaEmitter], None], Any, int, Any]] = []
+    plans: list[tuple[str, Any, Callable[[CudaEmitter], None], Any, int, Any]] = []
     if conv is not None:
         cols = spec.roots[0]
         body = functools.partial(im2col_kernel, conv=conv[0], x_view=conv[1], cols=cols)
-        plans.append(("", sympy.true, body, _grid(_volume(ctx.types[cols].shape), LOOP_BLOCK), LOOP_BLOCK, 0))
+        plans.append(("", sympy.true, body, _grid(volume(ctx.types[cols].shape), LOOP_BLOCK), LOOP_BLOCK, 0))
     elif spec.kind == "pool":
         n = ctx.nodes[spec.roots[0]]
-        plans.append(("", sympy.true, pool_kernel, _grid(_volume(n.type.shape), LOOP_BLOCK), LOOP_BLOCK, 0))
+        plans.append(("", sympy.true, pool_kernel, _grid(volume(n.type.shape), LOOP_BLOCK), LOOP_BLOCK, 0))
     elif spec.kind == "conv":
         nb, _oc, oh, ow = ctx.nodes[spec.roots[0]].type.shape
-        plans.append(("", sympy.true, direct_conv_kernel, _grid(_volume((nb, oh, ow)), CONV_BLOCK), CONV_BLOCK, 0))
+        plans.append(("", sympy.true, direct_conv_kernel, _grid(volume((nb, oh, ow)), CONV_BLOCK), CONV_BLOCK, 0))
     elif spec.kind == "loop":
         dom = spec.domain
         last = dom[-1] if dom else 1
-        total = _volume(dom)
+        total = volume(dom)
         for w in _widths(spec, ctx) if dom else [1]:
             if isinstance(last, int) and last % w:
                 continue
@@ -438,7 +290,7 @@ def emit_cuda_kernel(
                 break
     elif spec.kind == "row":
         r = len(spec.domain) - spec.reduced
-        rows, length = _volume(spec.domain[:r]), _volume(spec.domain[r:])
+        rows, length = volume(spec.domain[:r]), volume(spec.domain[r:])
         cacheable = _cache_value(spec, ctx) is not None
         candidates = []
         if cacheable:
@@ -468,21 +320,21 @@ def emit_cuda_kernel(
     elif spec.kind in ("reduce", "scan", "topk"):
         n = ctx.nodes[spec.roots[0]]
         x_t = ctx.types[n.inputs[0]]
-        fn: Callable[[_CudaEmitter], None] = {"reduce": reduce_kernel, "scan": scan_kernel, "topk": topk_kernel}[
+        fn: Callable[[CudaEmitter], None] = {"reduce": reduce_kernel, "scan": scan_kernel, "topk": topk_kernel}[
             spec.kind
         ]
         if spec.kind == "reduce":
-            outputs = _volume(n.type.shape)
+            outputs = volume(n.type.shape)
         else:  # one thread per scanned (or selected-from) line
             axis = getattr(n.attrs, "axis", 0) % max(len(n.type.shape), 1)
-            outputs = _volume([d for k, d in enumerate(x_t.shape) if k != axis])
+            outputs = volume([d for k, d in enumerate(x_t.shape) if k != axis])
         plans.append(("", sympy.true, fn, _grid(outputs, LOOP_BLOCK), LOOP_BLOCK, 0))
     else:
         raise ValueError(f"{spec.kind} kernels have no CUDA schedule yet")
-    bodies: list[tuple[CudaVariant, _CudaEmitter]] = []
+    bodies: list[tuple[CudaVariant, CudaEmitter]] = []
     errors: list[str] = []
     for suffix, pred, fn, grid, block, smem in plans:
-        em = _CudaEmitter(spec, ctx, args, stores, loads, index)
+        em = CudaEmitter(spec, ctx, args, stores, loads, index)
         fn(em)
         bodies.append((CudaVariant(f"{spec.name}{suffix}", pred, grid, block, sympy.sympify(smem)), em))
         errors = em.error_sites

@@ -142,7 +142,7 @@ BPK_D double vexp(double x) { return exp(x); }
 BPK_D float verf(float x) { return erff(x); }
 BPK_D double verf(double x) { return erf(x); }
 #define BPK_SCALAR BPK_D
-// @scalar_ops
+// @splice scalar_ops.h
 
 // -------------------------------------------------------------------------- reductions
 struct Sum {

@@ -4,9 +4,9 @@ plus PTX for newer GPUs. No GPU is needed.
 In: CUDA C source (every kernel of a model in one unit: nvcc costs ~0.6 s per process, whatever the
 size). Out: `{"sm_80": cubin, "sm_86": ..., "sm_89": ..., "sm_90": ..., "compute_90": PTX}` — the
 names `loader.cuda_driver.choose_image` picks from — each cached under
-BLADEPACK_CACHE_DIR/cuda/<sha256 of nvcc version, flags, target and source>. Compiles run two at a
-time unless BLADEPACK_NVCC_JOBS says otherwise (ptxas is memory-hungry). BLADEPACK_CUDA_ARCHES=sm_90,
-compute_90 limits the targets (tests).
+<cache>/cuda/<sha256 of nvcc version, flags, target and source>. Compiles run two at a time unless
+CompileOptions.nvcc_jobs (BLADEPACK_NVCC_JOBS) says otherwise (ptxas is memory-hungry);
+CompileOptions.cuda_arches (BLADEPACK_CUDA_ARCHES=sm_90,compute_90) limits the targets (tests).
 The target "sm_90a" names the Hopper-only CUTLASS GEMM kernels (Note [GEMM config space] in
 library_ops/cutlass/configs.py): generated kernels build no sm_90a image (their sm_90 cubin runs there;
 asked for alone, it builds sm_90), and it is among the default targets.
@@ -26,7 +26,6 @@ from pathlib import Path
 from bladepack.codegen import c_render
 from bladepack.codegen.cuda_emitter import CudaKernel
 from bladepack.codegen.toolchain import ToolchainError, cache_put
-from bladepack.options import Toolchains
 from bladepack.target import CUBIN_ARCHES, HOPPER_GEMM_ARCH, PTX_ARCH
 
 FLAGS = ("-std=c++17", "-O3", "--expt-relaxed-constexpr", "-DNDEBUG")
@@ -41,10 +40,9 @@ def cuda_source(kernels: Sequence[CudaKernel]) -> str:
     return "\n".join([prelude(), *(k.source for k in kernels)])
 
 
-def find_nvcc() -> str:
-    """NVCC, else CUDA_HOME/bin/nvcc, else nvcc on PATH."""
-    tools = Toolchains.from_env()
-    for cand in (tools.nvcc, os.path.join(tools.cuda_home or "", "bin", "nvcc")):
+def find_nvcc(nvcc: str | None = None, cuda_home: str | None = None) -> str:
+    """`nvcc` (CompileOptions.nvcc), else `cuda_home`/bin/nvcc, else nvcc on PATH."""
+    for cand in (nvcc, os.path.join(cuda_home or "", "bin", "nvcc")):
         if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
             return cand
     found = shutil.which("nvcc")
@@ -60,12 +58,12 @@ def nvcc_version(nvcc: str) -> str:
     return r.stdout.strip().splitlines()[-1]
 
 
-def targets(arches: Sequence[str] | None = None) -> list[str]:
-    """The images to build: `arches`, else BLADEPACK_CUDA_ARCHES, else every cubin architecture and the
-    PTX. The Hopper GEMMs (sm_90a) only when named: Note [Hopper GEMMs] in library_ops/cutlass/emitter.py
-    says why they are off by default."""
+def targets(arches: Sequence[str] | None = None, configured: str | None = None) -> list[str]:
+    """The images to build: `arches`, else `configured` (CompileOptions.cuda_arches: comma-separated),
+    else every cubin architecture and the PTX. The Hopper GEMMs (sm_90a) only when named: Note [Hopper
+    GEMMs] in library_ops/cutlass/emitter.py says why they are off by default."""
     every = [*CUBIN_ARCHES, PTX_ARCH, HOPPER_GEMM_ARCH]
-    wanted = ",".join(arches) if arches else Toolchains.from_env().cuda_arches
+    wanted = ",".join(arches) if arches else configured
     if not wanted:
         return [*CUBIN_ARCHES, PTX_ARCH]
     names = [w.strip() for w in wanted.split(",") if w.strip()]
@@ -107,24 +105,30 @@ def _compile_one(nvcc: str, version: str, target: str, source: str, cache: Path)
 
 
 def build_images(
-    source: str, cache: Path, nvcc: str | None = None, arches: Sequence[str] | None = None, jobs: int = 2
+    source: str,
+    cache: Path,
+    nvcc: str | None = None,
+    arches: Sequence[str] | None = None,
+    jobs: int = 2,
+    configured: str | None = None,
 ) -> dict[str, bytes]:
     """Every target's image for `source` (from the cache where it is there), `jobs` nvcc at once."""
     nvcc = nvcc or find_nvcc()
     version = nvcc_version(nvcc)
+    wanted = kernel_targets(arches, configured)
     with ThreadPoolExecutor(jobs) as pool:
-        return dict(pool.map(lambda t: _compile_one(nvcc, version, t, source, cache), kernel_targets(arches)))
+        return dict(pool.map(lambda t: _compile_one(nvcc, version, t, source, cache), wanted))
 
 
-def kernel_targets(arches: Sequence[str] | None = None) -> list[str]:
-    """The images of generated kernels among `targets(arches)` (sm_90a alone asks for sm_90)."""
-    wanted = targets(arches)
+def kernel_targets(arches: Sequence[str] | None = None, configured: str | None = None) -> list[str]:
+    """The images of generated kernels among `targets(...)` (sm_90a alone asks for sm_90)."""
+    wanted = targets(arches, configured)
     return [t for t in wanted if t != HOPPER_GEMM_ARCH] or ["sm_90"]
 
 
-def hopper_gemms(arches: Sequence[str] | None = None) -> bool:
+def hopper_gemms(arches: Sequence[str] | None = None, configured: str | None = None) -> bool:
     """Whether the targets include the Hopper-only GEMM kernels."""
-    return HOPPER_GEMM_ARCH in targets(arches)
+    return HOPPER_GEMM_ARCH in targets(arches, configured)
 
 
 def cubin_arch(image: bytes) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 
 import sympy
 
-from bladepack.codegen.c_render import COMPARE, CTYPE, Args, Loop, binary, literal, promote, unary
+from bladepack.codegen.c_render import CTYPE, Args, Loop, binary, literal, promote, unary, where
 from bladepack.codegen.kernel import (
     ERR_INDEX,
     FLOATS,
@@ -47,6 +47,7 @@ from bladepack.ir.ops import (
 )
 from bladepack.ir.types import IRDim
 from bladepack.ir.views import LAYOUT_OPS, View, reshape_groups, simplify
+from bladepack.opset import COMPARISONS
 
 _VAR = re.compile(r"\b[a-z]+\d+\b")
 RowBody = Callable[[tuple[Loop, ...]], None]  # what a row of `rows_loop` emits, given the row's symbols
@@ -260,8 +261,8 @@ class Emitter:
             c = self.operand(n, 0, idx, DType.BOOL)
             a = self.operand(n, 1, idx, dt)
             b = self.operand(n, 2, idx, dt)
-            return f"({c} ? {a} : {b})"
-        if op in COMPARE:
+            return where(c, a, b, dt)
+        if op in COMPARISONS:
             ct = promote([self.ctx.types[i].dtype for i in n.inputs])
             return binary(op, self.operand(n, 0, idx, ct), self.operand(n, 1, idx, ct), dt)
         if cls is OpClass.BROADCAST and len(n.inputs) == 2:

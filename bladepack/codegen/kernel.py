@@ -15,7 +15,7 @@ import sympy
 
 from bladepack.codegen.c_render import CTYPE, Args
 from bladepack.dtypes import DType
-from bladepack.ir import Node, OpKind
+from bladepack.ir import OP_INFO, Node, OpKind
 from bladepack.ir.fusion_plan import KernelSpec
 from bladepack.ir.types import IRDim, TensorType
 from bladepack.ir.views import View, contiguous_strides, sym_eq
@@ -56,8 +56,8 @@ class KernelContext:
 
 
 def kernel_cost(nodes: Sequence[Node]) -> int:
-    heavy = {OpKind.EXP, OpKind.LOG, OpKind.TANH, OpKind.ERF, OpKind.GELU, OpKind.SIGMOID, OpKind.SILU, OpKind.POW}
-    return 1 + sum(8 if n.op in heavy else 1 for n in nodes)
+    """A kernel's work per element, for the threads' chunk size: each op's `Cost.weight` (opset/table.py)."""
+    return 1 + sum(OP_INFO[n.op].cost.weight for n in nodes)
 
 
 def store_offset(shape: Sequence[IRDim], idx: Sequence[sympy.Expr]) -> sympy.Expr:

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bladepack.cpu_features import cpu_flags
-from bladepack.options import Toolchains
 
 BASE_FLAGS = [
     "-std=c++17",
@@ -84,8 +83,9 @@ class CompiledLibrary:
     cached: bool
 
 
-def find_compiler() -> str | None:
-    for cand in (Toolchains.from_env().cxx, "g++", "c++", "clang++"):
+def find_compiler(preferred: str | None = None) -> str | None:
+    """`preferred` (CompileOptions.cxx), else g++, c++, clang++ on PATH."""
+    for cand in (preferred, "g++", "c++", "clang++"):
         if cand and shutil.which(cand):
             return shutil.which(cand)
     return None
@@ -109,11 +109,12 @@ def _accepts(cxx: str, flags: tuple[str, ...]) -> bool:
         return r.returncode == 0
 
 
-def isa_levels(cxx: str) -> list[IsaLevel]:
+def isa_levels(cxx: str, wanted: str | None = None) -> list[IsaLevel]:
+    """The levels this compiler builds, limited to `wanted` (CompileOptions.cpu_isas: comma-separated
+    names, "host" for this CPU's) when given."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return [GENERIC]
     levels = [lv for lv in X86_LEVELS if _accepts(cxx, lv.flags)]
-    wanted = Toolchains.from_env().cpu_isas
     if wanted:
         names = {w.strip() for w in wanted.split(",") if w.strip()}
         if "host" in names:
@@ -162,12 +163,16 @@ def cache_put(path: Path, data: bytes) -> None:
 
 
 def build_libraries(
-    source: str, cache: Path, cxx: str, on_done: Callable[[str], None] | None = None
+    source: str,
+    cache: Path,
+    cxx: str,
+    isas: str | None = None,
+    on_done: Callable[[str], None] | None = None,
 ) -> list[CompiledLibrary]:
-    """One library per ISA level, compiled in parallel (or taken from the cache); `on_done` hears of
-    each as it finishes (Note [Progress] in bladepack/progress.py)."""
+    """One library per ISA level (`isas` as `isa_levels` takes it), compiled in parallel (or taken
+    from the cache); `on_done` hears of each as it finishes (Note [Progress] in bladepack/progress.py)."""
     version = compiler_version(cxx)
-    levels = isa_levels(cxx)
+    levels = isa_levels(cxx, isas)
     workers = max(1, min(len(levels), os.cpu_count() or 1))
 
     def one(lv: IsaLevel) -> CompiledLibrary:

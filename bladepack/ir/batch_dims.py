@@ -19,7 +19,8 @@ once and gives every value either one axis whose dim is exactly s (its batch axi
 - matmul fails when s is the contracted dim; convolution and pooling need it as the batch (N) axis,
   except a pointwise channels-last convolution (a linear layer), which takes it on N, H or W;
 - an op reading a batch-carrying operand whose result carries no batch axis fails (a total over rows).
-The rules are conservative: a failure means "not proven", with the first reason found.
+The rules are conservative: a failure means "not proven", with the first reason found. Which rule an
+op follows is its `Batch` in the op table (opset/table.py); the `Batch.OWN` rules are written per op.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import sympy
 
 from bladepack.ir.graph import Node, Program
 from bladepack.ir.ops import (
+    OP_INFO,
     ArgReduceAttrs,
     AxisAttrs,
     Conv2dAttrs,
@@ -46,20 +48,9 @@ from bladepack.ir.ops import (
     is_dense_conv,
 )
 from bladepack.ir.types import IRDim
+from bladepack.opset import Batch
 
 K = OpKind
-
-_ELEMENTWISE_LIKE = frozenset(
-    {
-        K.NEG, K.ABS, K.EXP, K.LOG, K.SQRT, K.RSQRT, K.RECIPROCAL, K.TANH, K.SIGMOID, K.RELU, K.GELU, K.SILU,
-        K.ERF, K.SIN, K.COS, K.FLOOR, K.LEAKY_RELU, K.CLAMP, K.CAST, K.LOGICAL_NOT, K.BITWISE_NOT, K.ADD,
-        K.SUB, K.MUL, K.DIV, K.POW, K.MAXIMUM, K.MINIMUM, K.FMOD, K.EQ, K.NE, K.LT, K.LE, K.GT, K.GE,
-        K.LOGICAL_AND, K.LOGICAL_OR, K.BITWISE_AND, K.BITWISE_OR, K.BITWISE_XOR, K.WHERE, K.EXPAND,
-        K.FULL, K.CONSTANT,
-    }
-)  # fmt: skip
-_REDUCE = frozenset({K.SUM, K.MEAN, K.AMAX, K.AMIN, K.PROD})
-_ALONG_AXIS = frozenset({K.CUMSUM, K.SOFTMAX, K.LOG_SOFTMAX})
 
 
 @dataclass(frozen=True)
@@ -117,7 +108,8 @@ def _expected(n: Node, ins: list[int], ranks: list[int], out_rank: int, pointwis
     if not carried:
         return None
     op = n.op
-    if op in _ELEMENTWISE_LIKE:
+    rule = OP_INFO[op].batch
+    if rule is Batch.ALIGNED:
         outs = {ax + out_rank - ranks[k] for k, ax in carried}
         if len(outs) != 1:
             raise _NotBatchLike("its operands hold the dim on different axes")
@@ -163,22 +155,22 @@ def _expected(n: Node, ins: list[int], ranks: list[int], out_rank: int, pointwis
         if any(ax >= 0 for ax in ins[1:]) or x < 0 or any(ax <= x for ax in a.axes):
             raise _NotBatchLike("it indexes along or before the dim's axis, or with indices that hold the dim")
         return x
-    if op in _REDUCE:
+    if rule is Batch.REDUCE:
         assert isinstance(a, ReduceAttrs)
         if x in a.axes:
             raise _NotBatchLike(f"it reduces over the dim's axis ({op.value} over axes {list(a.axes)})")
         return x if a.keepdim else x - sum(1 for ax in a.axes if ax < x)
-    if op in (K.ARGMAX, K.ARGMIN):
+    if rule is Batch.ARG_REDUCE:
         assert isinstance(a, ArgReduceAttrs)
         if a.axis == x:
             raise _NotBatchLike(f"it reduces over the dim's axis ({op.value})")
         return x if a.keepdim or a.axis > x else x - 1
-    if op in _ALONG_AXIS or op is K.TOPK:
+    if rule is Batch.ALONG_AXIS:
         assert isinstance(a, (AxisAttrs, TopkAttrs))
         if a.axis == x:
             raise _NotBatchLike(f"it runs {op.value} along the dim's axis")
         return x
-    if op in (K.LAYER_NORM, K.RMS_NORM):
+    if rule is Batch.NORM:
         assert isinstance(a, NormAttrs)
         if x < 0 or any(ax >= 0 for ax in ins[1:]) or x >= ranks[0] - a.num_axes:
             raise _NotBatchLike(f"it normalizes over the dim's axis ({op.value})")
@@ -241,7 +233,7 @@ def prove_batch_like(p: Program, s: sympy.Symbol) -> BatchProof:
                 pointwise = n.op is K.CONV2D and is_dense_conv(n.attrs, types[n.inputs[1]].shape)
                 want = _expected(n, ins, [len(types[i].shape) for i in n.inputs], len(n.type.shape), pointwise)
                 if want is None:
-                    if out >= 0 and n.op not in _ELEMENTWISE_LIKE:
+                    if out >= 0 and OP_INFO[n.op].batch is not Batch.ALIGNED:
                         raise _NotBatchLike("its result holds the dim while none of its operands does")
                 elif want == -2:  # a reshape: the result's own axis, checked against the dims before it
                     x = ins[0]

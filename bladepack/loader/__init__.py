@@ -10,6 +10,7 @@ from bladepack.artifact.format import read
 from bladepack.artifact.trust import TrustError, check_signature
 from bladepack.loader.module import ExecutionError, LoadedModule
 from bladepack.loader.signature import Signature, TensorSpec
+from bladepack.options import LoaderOptions
 
 
 def load(
@@ -21,6 +22,7 @@ def load(
     trusted_keys: Sequence[Any] | None = None,
     on_out_of_range: dict[str, str] | None = None,
     graphs: bool = True,
+    options: LoaderOptions | None = None,
 ) -> LoadedModule:
     """Load an artifact from a path (memory-mapped) or from bytes.
 
@@ -40,11 +42,14 @@ def load(
     `graphs` (device="cuda"): from a shape signature's second call on a stream its kernels replay as one
     CUDA graph (Note [CUDA graphs] in loader/cuda_graphs.py; at most BLADEPACK_CUDA_GRAPHS per stream,
     default 64); False launches every kernel by itself.
+
+    `options`: how the module runs (`LoaderOptions`: threads, BLAS, cuBLAS, caches; docs/configuration.md);
+    None reads them from the environment, once, here.
     """
     bpk = read(source, verify=verify or trusted_keys is not None, sha256=sha256)
     if trusted_keys is not None:
         check_signature(bpk.header, bpk.signature, list(trusted_keys), bpk.source)
-    return LoadedModule(bpk, device, executor, on_out_of_range, graphs)
+    return LoadedModule(bpk, device, executor, on_out_of_range, graphs, options or LoaderOptions.from_env())
 
 
-__all__ = ["ExecutionError", "LoadedModule", "Signature", "TensorSpec", "TrustError", "load"]
+__all__ = ["ExecutionError", "LoadedModule", "LoaderOptions", "Signature", "TensorSpec", "TrustError", "load"]

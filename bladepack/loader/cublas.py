@@ -31,8 +31,7 @@ _GEMM_DEFAULT = -1
 _INT_MAX = 2**31 - 1
 
 
-def _candidates() -> Iterator[str]:
-    options = LoaderOptions.from_env()
+def _candidates(options: LoaderOptions) -> Iterator[str]:
     env = options.cublas
     if env:
         yield env
@@ -53,10 +52,11 @@ def _candidates() -> Iterator[str]:
 class Cublas:
     """One cuBLAS handle on the current device's primary context."""
 
-    def __init__(self) -> None:
+    def __init__(self, options: LoaderOptions) -> None:
+        """`options.cublas` names the library (else the nvidia wheels', the system's, `cuda_home`/lib64)."""
         lib = None
         tried = []
-        for path in _candidates():
+        for path in _candidates(options):
             tried.append(path)
             try:
                 lib = ctypes.CDLL(path)

@@ -41,6 +41,7 @@ from bladepack.loader.plan_check import (
 from bladepack.loader.reference_executor import ReferenceExecutor, RefPrepared
 from bladepack.loader.signature import check_inputs
 from bladepack.loader.tensors import is_torch_tensor, resolve_views, to_numpy
+from bladepack.options import LoaderOptions
 
 _ALIGN = 256
 
@@ -99,10 +100,11 @@ class CudaExecutor:
         reference: ReferenceExecutor,
         ordinal: int,
         cache_limit: int,
+        options: LoaderOptions,
         graphs: int = DEFAULT_GRAPHS,
     ) -> None:
         """`graphs`: CUDA graphs kept per caller stream (Note [CUDA graphs] in loader/cuda_graphs.py);
-        0 turns them off."""
+        0 turns them off; `options`: where the libraries are found and kept."""
         native = m.native["cuda"]
         if native is None:
             raise CudaUnavailable(
@@ -120,7 +122,7 @@ class CudaExecutor:
         first_weight = 1 + self.n_in + len(self.out_slot)
         self.weight_slot = {w["id"]: first_weight + k for k, w in enumerate(m.weight_rows)}
         self.n_slots = first_weight + len(self.weight_slot)  # then one more: the stream's status words
-        self.exe = NativeCuda(bpk, native, kernels, ordinal, self.n_slots)
+        self.exe = NativeCuda(bpk, native, kernels, ordinal, self.n_slots, options)
         self.exe.upload_weights([bpk.section(weight_section_name(w["name"])) for w in m.weight_rows])
         self.prepare = ShapeCache(self._build, cache_limit)
         self.graphs = CudaGraphs(self.exe.device, graphs) if graphs > 0 else None

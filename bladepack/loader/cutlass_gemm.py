@@ -70,9 +70,11 @@ class CutlassGemms:
         packer: bytes | memoryview,
         kernels: Sequence[tuple[str, bytes, str]],
         source: str,
+        options: LoaderOptions,
         packer_sha256: str | None = None,
     ) -> None:
-        """`packer_sha256`: the digest the manifest gives the packer (None: bytes built here)."""
+        """`packer_sha256`: the digest the manifest gives the packer (None: bytes built here); `options`:
+        where the packer is kept (cache_dir) and whether sm_90a kernels dispatch (hopper_gemms)."""
         from bladepack.loader.library_file import open_library
 
         machine = platform.machine().lower()
@@ -85,13 +87,13 @@ class CutlassGemms:
         self.names = [name for name, _, _ in kernels]
         packer = memoryview(packer)
         digest = packer_sha256 or hashlib.sha256(packer).hexdigest()
-        self._lib = open_library(packer, digest, f"{source}: the CUTLASS packer")
+        self._lib = open_library(packer, digest, f"{source}: the CUTLASS packer", options.cache_dir)
         self.pack: list[Any] = []
         self.functions: list[Function | None] = []  # None: a Hopper kernel on another GPU
         self.grid_constant = [arch == HOPPER for _, _, arch in kernels]  # Params passed as __grid_constant__
         self._modules = []
         # dispatch with `entries_sm90`: compute capability 9.0 and BLADEPACK_HOPPER_GEMMS=1 (Note [Hopper GEMMs])
-        self.hopper = device.info.compute_capability == (9, 0) and LoaderOptions.from_env().hopper_gemms
+        self.hopper = device.info.compute_capability == (9, 0) and options.hopper_gemms
         if self.hopper and any(arch == HOPPER for _, _, arch in kernels):
             try:
                 setter = self._lib.bpk_set_tensor_map_encoder
@@ -117,13 +119,13 @@ class CutlassGemms:
         self._workspaces = StreamBuffers(device, 256, zeroed=True)  # split-K semaphores
 
     @classmethod
-    def from_artifact(cls, bpk: BpkFile, plan: dict[str, Any], device: Device) -> CutlassGemms:
+    def from_artifact(cls, bpk: BpkFile, plan: dict[str, Any], device: Device, options: LoaderOptions) -> CutlassGemms:
         """The plan's `gemm_kernels` and `gemm_packer` sections."""
         kernels = [
             (row["name"], bytes(bpk.section(row["section"])), row.get("arch", "sm_80")) for row in plan["gemm_kernels"]
         ]
         section = plan["gemm_packer"]["section"]
-        return cls(device, bpk.section(section), kernels, str(bpk.source), bpk.section_digest(section))
+        return cls(device, bpk.section(section), kernels, str(bpk.source), options, bpk.section_digest(section))
 
     def close(self) -> None:
         """Free the split-K semaphores and unload the kernels (the packer library stays mapped: ctypes

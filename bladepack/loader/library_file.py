@@ -23,15 +23,15 @@ import tempfile
 from pathlib import Path
 
 from bladepack.errors import BpkFormatError
-from bladepack.options import LoaderOptions
 
 
-def open_library(data: memoryview, sha256: str, what: str) -> ctypes.CDLL:
-    """dlopen `data` (which must hash to `sha256`); OSError when the dynamic loader refuses it."""
+def open_library(data: memoryview, sha256: str, what: str, cache_dir: Path) -> ctypes.CDLL:
+    """dlopen `data` (which must hash to `sha256`), kept under `cache_dir`/lib by content (LoaderOptions.
+    cache_dir); OSError when the dynamic loader refuses it."""
     digest = hashlib.sha256(data).hexdigest()
     if not hmac.compare_digest(digest, str(sha256)):
         raise BpkFormatError(f"{what}: its bytes do not match the manifest's checksum: the file is corrupt")
-    cache = _private_dir(LoaderOptions.from_env().cache_dir / "lib")
+    cache = _private_dir(cache_dir / "lib")
     if cache is not None:
         path = cache / f"{digest}.so"
         try:

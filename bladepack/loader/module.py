@@ -38,6 +38,7 @@ class LoadedModule:
         executor: str = "auto",
         on_out_of_range: dict[str, str] | None = None,
         graphs: bool = True,
+        options: LoaderOptions | None = None,
     ) -> None:
         if executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
@@ -48,7 +49,7 @@ class LoadedModule:
         self._split = SplitPolicy(bpk.manifest, on_out_of_range or {}, bpk.source)
         self._bpk = bpk
         self.signature = m.signature
-        options = LoaderOptions.from_env()
+        options = options or LoaderOptions()  # the defaults: `load` reads the environment's
         limit = options.shape_cache
         reference = ReferenceExecutor(m, limit)
         self._executor: Executor = reference
@@ -60,10 +61,12 @@ class LoadedModule:
         if kind == "cuda":
             if executor == "reference":
                 raise ValueError("executor='reference' runs on the CPU; load with device='cpu'")
-            self._executor = CudaExecutor(m, bpk, reference, ordinal, limit, options.cuda_graphs if graphs else 0)
+            self._executor = CudaExecutor(
+                m, bpk, reference, ordinal, limit, options, options.cuda_graphs if graphs else 0
+            )
         elif executor != "reference" and m.native["cpu"] is not None:
             try:
-                self._executor = NativeExecutor(m, bpk, reference, limit)
+                self._executor = NativeExecutor(m, bpk, reference, limit, options)
             except NativeUnavailable as e:
                 if executor == "native" or m.bfloat16:
                     raise

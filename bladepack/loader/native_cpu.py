@@ -101,9 +101,9 @@ def _blas_candidates(env: str | None) -> Iterator[tuple[str, str, str, bool]]:
             yield found, "cblas_sgemm", "cblas_dgemm", False
 
 
-def find_blas() -> Blas | None:
-    """Function pointers of a cblas_sgemm / cblas_dgemm (see the module docstring for the order)."""
-    env = LoaderOptions.from_env().blas
+def find_blas(env: str | None = None) -> Blas | None:
+    """Function pointers of a cblas_sgemm / cblas_dgemm (see the module docstring for the order); `env`:
+    LoaderOptions.blas (a library path, or "none")."""
     if env == "none":
         return None
     for path, s, d, ilp64 in _blas_candidates(env):
@@ -174,8 +174,11 @@ def _check_features(lib: ctypes.CDLL, isa: str) -> None:
 
 
 class NativeCpu:
-    def __init__(self, bpk: BpkFile, native: dict[str, Any], weights: Sequence[np.ndarray]) -> None:
-        """`weights`: the weight arrays in manifest order (their slots follow the outputs')."""
+    def __init__(
+        self, bpk: BpkFile, native: dict[str, Any], weights: Sequence[np.ndarray], options: LoaderOptions
+    ) -> None:
+        """`weights`: the weight arrays in manifest order (their slots follow the outputs'); `options`:
+        the library cache, the BLAS and the thread count."""
         self.plan = native
         if native.get("abi") != ABI_VERSION:
             raise BpkFormatError(f"{bpk.source}: native CPU plan ABI {native.get('abi')} is not {ABI_VERSION}")
@@ -186,6 +189,7 @@ class NativeCpu:
                 bpk.section(lib_row["section"]),
                 bpk.section_digest(lib_row["section"]),
                 f"{bpk.source}: the {self.isa} CPU kernel library",
+                options.cache_dir,
             )
         except OSError as e:
             raise NativeUnavailable(f"the {self.isa} CPU kernel library failed to load: {e}") from None
@@ -215,14 +219,14 @@ class NativeCpu:
             ctypes.c_void_p,
         ]
         nfn = lib.bpk_num_functions()
-        threads = LoaderOptions.from_env().num_threads or len(os.sched_getaffinity(0))
+        threads = options.num_threads or len(os.sched_getaffinity(0))
         self.threads = threads
         ctx = lib.bpk_ctx_create(threads)
         if not ctx:
             raise NativeUnavailable("the CPU kernel library could not start its thread pool")
         self._ctx = ctypes.c_void_p(ctx)
         self._destroy: Callable[[Any], None] = lib.bpk_ctx_destroy
-        self.blas = find_blas()
+        self.blas = find_blas(options.blas)
         if self.blas is not None:
             lib.bpk_ctx_set_blas(
                 self._ctx, self.blas.sgemm, self.blas.dgemm, int(self.blas.ilp64), self.blas.set_threads_local

@@ -34,9 +34,10 @@ from bladepack.loader.cuda_driver import CudaError, Device, DeviceBuffer, Stream
 from bladepack.loader.cutlass_gemm import CutlassGemms, CutlassLaunch
 from bladepack.loader.gemm_args import GemmArgs, gemm_args
 from bladepack.loader.manifest import conditions_hold
+from bladepack.options import LoaderOptions
 
 ABI_VERSION = 1
-KERNEL_SHIFT = 24  # Note [CUDA error codes] in codegen/cuda_emitter.py
+KERNEL_SHIFT = 24  # Note [CUDA error codes] in codegen/cuda_loops.py
 _ALIGN = 256  # weights and arena buffers start on 256-byte boundaries
 
 
@@ -88,11 +89,17 @@ class CudaPrepared:
 
 class NativeCuda:
     def __init__(
-        self, bpk: BpkFile, plan: dict[str, Any], kernels: Sequence[dict[str, Any]], ordinal: int, n_slots: int
+        self,
+        bpk: BpkFile,
+        plan: dict[str, Any],
+        kernels: Sequence[dict[str, Any]],
+        ordinal: int,
+        n_slots: int,
+        options: LoaderOptions,
     ) -> None:
         """`kernels`: the manifest's kernel rows of target "cuda", in order (launches index them);
         `n_slots`: the plan's slots (arena, inputs, outputs, weights); slot `n_slots` holds the call's
-        status words."""
+        status words; `options`: where cuBLAS is found, the CUTLASS kernels' settings."""
         if plan.get("abi") != ABI_VERSION:
             raise BpkFormatError(f"{bpk.source}: native CUDA plan ABI {plan.get('abi')} is not {ABI_VERSION}")
         self.plan = plan
@@ -122,8 +129,8 @@ class NativeCuda:
         if any(lr["op"] == "gemm" for lr in plan["launches"]):
             from bladepack.loader.cublas import Cublas
 
-            self._cublas = Cublas()
-        self._cutlass = CutlassGemms.from_artifact(bpk, plan, self.device) if "gemm_kernels" in plan else None
+            self._cublas = Cublas(options)
+        self._cutlass = CutlassGemms.from_artifact(bpk, plan, self.device, options) if "gemm_kernels" in plan else None
 
     @property
     def arch(self) -> str:

@@ -24,6 +24,7 @@ from bladepack.loader.plan_check import check_launches, check_plan, operand_erro
 from bladepack.loader.reference_executor import ReferenceExecutor, RefPrepared
 from bladepack.loader.signature import check_inputs
 from bladepack.loader.tensors import BFLOAT16_BITS, to_numpy
+from bladepack.options import LoaderOptions
 
 
 def _check_bfloat16_steps(m: Manifest, plan: dict[str, Any]) -> None:
@@ -55,12 +56,14 @@ class NativePrepared:
 class NativeExecutor:
     """Raises NativeUnavailable when the artifact's kernel library cannot run here."""
 
-    def __init__(self, m: Manifest, bpk: BpkFile, reference: ReferenceExecutor, cache_limit: int) -> None:
+    def __init__(
+        self, m: Manifest, bpk: BpkFile, reference: ReferenceExecutor, cache_limit: int, options: LoaderOptions
+    ) -> None:
         plan = m.native["cpu"]
         assert plan is not None, "the caller checks that the artifact has a native CPU plan"
         self.m = m
         self.reference = reference
-        self.native = NativeCpu(bpk, plan, [m.weights[w["id"]] for w in m.weight_rows])
+        self.native = NativeCpu(bpk, plan, [m.weights[w["id"]] for w in m.weight_rows], options)
         check_plan(m, "cpu", self.native.nfn)  # Note [Plan checks]: before any launch can run
         _check_bfloat16_steps(m, plan)
         self.prepare = ShapeCache(self._build, cache_limit)

@@ -2,18 +2,20 @@
 
 In: an op name, its input arrays, its attributes (symbolic ones already resolved to ints) and the
 result's shape and dtype. Out: the result array. This is the oracle that generated kernels are
-checked against, so clarity and accuracy beat speed: transcendental functions that numpy lacks
-(erf) are computed in float64, and float16 values in float32.
+checked against, so clarity and accuracy beat speed: elementwise ops are the op table's numpy
+references (opset/table.py: functions numpy lacks are computed in float64), and float16 values are
+computed in float32.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
+
+from bladepack.opset import OP_INFO
 
 Impl = Callable[[Sequence[np.ndarray], dict[str, Any], tuple[int, ...], np.dtype], np.ndarray]
 OPS: dict[str, Impl] = {}
@@ -28,168 +30,23 @@ def op(*names: str) -> Callable[[Impl], Impl]:
     return register
 
 
-# --------------------------------------------------------------------------- special functions
-
-_ERFC_COEF = (
-    -1.26551223,
-    1.00002368,
-    0.37409196,
-    0.09678418,
-    -0.18628806,
-    0.27886807,
-    -1.13520398,
-    1.48851587,
-    -0.82215223,
-    0.17087277,
-)
-
-
-def erfc(x: np.ndarray) -> np.ndarray:
-    """Complementary error function in float64, relative error < 1.2e-7 everywhere (Chebyshev fit)
-    and a series near zero so that erf keeps its relative accuracy for tiny arguments."""
-    z = np.abs(x.astype(np.float64))
-    t = 1.0 / (1.0 + 0.5 * z)
-    poly = np.zeros_like(t)
-    for c in reversed(_ERFC_COEF):
-        poly = poly * t + c
-    ans = t * np.exp(-z * z + poly)
-    out = np.where(x >= 0, ans, 2.0 - ans)
-    small = z < 0.5
-    if np.any(small):
-        out = np.where(small, 1.0 - _erf_series(x.astype(np.float64)), out)
-    return out
-
-
-def _erf_series(x: np.ndarray) -> np.ndarray:
-    term, total, x2 = x.copy(), x.copy(), x * x
-    for n in range(1, 14):
-        term = term * (-x2) / n
-        total = total + term / (2 * n + 1)
-    return total * (2.0 / math.sqrt(math.pi))
-
-
-def erf(x: np.ndarray) -> np.ndarray:
-    x64 = x.astype(np.float64)
-    return np.where(np.abs(x64) < 0.5, _erf_series(x64), 1.0 - erfc(x64))
-
-
 # --------------------------------------------------------------------------- elementwise
 
 
-def _unary(fn: Callable[[np.ndarray], np.ndarray]) -> Impl:
+def _elementwise(fn: Callable[..., np.ndarray]) -> Impl:
+    """An elementwise op from its numpy reference in the op table: fn(*inputs, **attrs), cast to the
+    result dtype."""
+
     def impl(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
         with np.errstate(all="ignore"):
-            return np.asarray(fn(xs[0])).astype(dt, copy=False)
+            return np.asarray(fn(*xs, **attrs)).astype(dt, copy=False)
 
     return impl
 
 
-_UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "neg": np.negative,
-    "abs": np.abs,
-    "exp": np.exp,
-    "log": np.log,
-    "sqrt": np.sqrt,
-    "rsqrt": lambda x: 1.0 / np.sqrt(x),
-    "reciprocal": lambda x: 1.0 / x,
-    "tanh": np.tanh,
-    "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
-    "relu": lambda x: np.maximum(x, 0).astype(x.dtype),
-    "silu": lambda x: x / (1.0 + np.exp(-x)),
-    "erf": erf,
-    "sin": np.sin,
-    "cos": np.cos,
-    "floor": np.floor,
-    "logical_not": np.logical_not,
-    "bitwise_not": np.invert,
-    "cast": lambda x: x,
-}
-for _name, _fn in _UNARY.items():
-    OPS[_name] = _unary(_fn)
-
-
-@op("gelu")
-def _gelu(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
-    x = xs[0].astype(np.float64)
-    if attrs["approximate"] == "tanh":
-        y = 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
-    else:
-        y = 0.5 * x * erfc(-x / math.sqrt(2.0))
-    return y.astype(dt)
-
-
-@op("leaky_relu")
-def _leaky_relu(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
-    x = xs[0]
-    return np.where(x > 0, x, x * np.asarray(attrs["slope"], dtype=x.dtype)).astype(dt)
-
-
-@op("clamp")
-def _clamp(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
-    x = xs[0]
-    if attrs["min"] is not None:
-        x = np.maximum(x, np.asarray(attrs["min"]).astype(dt))
-    if attrs["max"] is not None:
-        x = np.minimum(x, np.asarray(attrs["max"]).astype(dt))
-    return np.asarray(x, dtype=dt)
-
-
-def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """True division; on integers, truncation toward zero with x / 0 = 0 (as the kernels do)."""
-    if a.dtype.kind in "iub" and b.dtype.kind in "iub":
-        a64, b64 = np.broadcast_arrays(a.astype(np.int64), b.astype(np.int64))
-        safe = np.where(b64 == 0, 1, b64)
-        q = np.abs(a64) // np.abs(safe)
-        return np.where(b64 == 0, 0, np.where((a64 < 0) != (safe < 0), -q, q))
-    return np.true_divide(a, b)
-
-
-def _fmod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """C's fmod: the remainder has the dividend's sign; on integers x % 0 is 0 (as the kernels do)."""
-    if a.dtype.kind in "iub" and b.dtype.kind in "iub":
-        a64, b64 = np.broadcast_arrays(a.astype(np.int64), b.astype(np.int64))
-        return np.where(b64 == 0, 0, np.fmod(a64, np.where(b64 == 0, 1, b64)))
-    return np.fmod(a, b)
-
-
-_BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
-    "add": np.add,
-    "sub": np.subtract,
-    "mul": np.multiply,
-    "div": _div,
-    "pow": np.power,
-    "maximum": np.maximum,
-    "minimum": np.minimum,
-    "fmod": _fmod,
-    "eq": np.equal,
-    "ne": np.not_equal,
-    "lt": np.less,
-    "le": np.less_equal,
-    "gt": np.greater,
-    "ge": np.greater_equal,
-    "logical_and": np.logical_and,
-    "logical_or": np.logical_or,
-    "bitwise_and": np.bitwise_and,
-    "bitwise_or": np.bitwise_or,
-    "bitwise_xor": np.bitwise_xor,
-}
-
-
-def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Impl:
-    def impl(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
-        with np.errstate(all="ignore"):
-            return np.asarray(fn(xs[0], xs[1])).astype(dt, copy=False)
-
-    return impl
-
-
-for _name, _fn2 in _BINARY.items():
-    OPS[_name] = _binary(_fn2)
-
-
-@op("where")
-def _where(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
-    return np.where(xs[0], xs[1], xs[2]).astype(dt, copy=False)
+for _kind, _info in OP_INFO.items():
+    if _info.numpy is not None:
+        OPS[_kind.value] = _elementwise(_info.numpy)
 
 
 # --------------------------------------------------------------------------- generators

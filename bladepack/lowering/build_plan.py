@@ -1,14 +1,17 @@
-"""Lower an optimized IR program to an `ExecPlan`: steps, value table and the shape program.
+"""Lower an optimized IR program to an `ExecPlan`: steps, value table, the shape program and a native
+plan per backend (`PlanBuilder`, whose steps are stages of optimize; `build_plan` runs them all).
 
-In: an IR `Program`. Out: an `ExecPlan` in which every symbolic size or attribute is a register of
-the shape program (Note [SymInt encoding]), plus the guards that bind symbols from input dims:
-a symbol's first occurrence binds it and checks its range; later occurrences must agree.
+In: an IR `Program` and the backends to plan for. Out: an `ExecPlan` in which every symbolic size or
+attribute is a register of the shape program (Note [SymInt encoding]), plus the guards that bind
+symbols from input dims: a symbol's first occurrence binds it and checks its range; later
+occurrences must agree.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import sympy
@@ -17,25 +20,21 @@ from bladepack.artifact.plan import (
     ExecPlan,
     Step,
     SymbolDecl,
-    SymIntEnc,
     TensorDecl,
     ValueDecl,
     WeightDecl,
 )
 from bladepack.artifact.shape_program import Op
-from bladepack.codegen.cpu_library import library_source
-from bladepack.codegen.cuda_toolchain import cuda_source
-from bladepack.codegen.kernel import KernelEmitError
+from bladepack.artifact.symint import SymIntEnc
+from bladepack.backends import Backend, Sources
 from bladepack.errors import UnsupportedOpsError
 from bladepack.ir import Graph, Guard, OpKind, Program, ShapeEnv, Tri
 from bladepack.ir.batch_dims import batch_proofs
 from bladepack.ir.guards import effective_guards, pruned, shape_predicate
 from bladepack.ir.types import IRDim, dim_str
-from bladepack.library_ops.cutlass.emitter import GemmInstance
 from bladepack.library_ops.cutlass.select import CUBLAS, GemmPolicy
-from bladepack.lowering.lower_native import NativeLowering, lower_native
+from bladepack.lowering.lower_native import Lowerer, NativeLowering, emit_launches, fusion_for, memory_plan
 from bladepack.lowering.shape_compiler import ShapeCompileError, ShapeProgramBuilder
-from bladepack.target import CPU_ONLY, Target
 
 
 def _range_text(lo: int, hi: int | None) -> str:
@@ -197,29 +196,20 @@ def _max_of(env: ShapeEnv, terms: list[sympy.Expr]) -> sympy.Expr:
     return kept[0] if len(kept) == 1 else sympy.Max(*kept)
 
 
-def _lower(p: Program, b: ShapeProgramBuilder, target: str = "cpu", gemm: GemmPolicy = CUBLAS) -> NativeLowering:
-    """The native lowering for `target`; nodes whose kernels cannot be generated run on the reference
-    executor."""
-    forced: set[int] = set()
-    while True:
-        try:
-            return lower_native(p, lambda e: _enc(b, e), b.expr, frozenset(forced), target, gemm)
-        except KernelEmitError as e:
-            if not e.nodes or e.nodes <= forced:
-                raise
-            forced |= e.nodes
-
-
 @dataclass(frozen=True)
 class KernelSources:
-    """What the compile side builds the plan's kernels from; never written to the manifest (the
-    fusion texts are BLADEPACK_DUMP's fusion_plan*.txt)."""
+    """What the compile side builds the plan's kernels from, per backend kind (`Sources`: the
+    translation unit and the CUTLASS instances), and each backend's fusion plan as text; never written
+    to the manifest (the fusion texts are what BLADEPACK_DUMP writes)."""
 
-    cpu_source: str = ""  # C++ of the CPU kernel library
-    fusion_text: str = ""
-    cuda_source: str = ""  # CUDA C of every CUDA kernel (compiled into cubins and PTX)
-    cuda_fusion_text: str = ""
-    gemm_instances: tuple[GemmInstance, ...] = ()  # the CUDA plan's CUTLASS kernels
+    units: Mapping[str, Sources] = field(default_factory=dict)
+    fusion_texts: Mapping[str, str] = field(default_factory=dict)
+
+    def unit(self, kind: str) -> str:
+        return self.units[kind].unit if kind in self.units else ""
+
+    def fusion_text(self, kind: str) -> str:
+        return self.fusion_texts.get(kind, "")
 
 
 @dataclass(frozen=True)
@@ -228,83 +218,110 @@ class LoweredPlan:
     sources: KernelSources
 
 
-def build_plan(
-    p: Program,
-    native: bool = True,
-    target: Target = CPU_ONLY,
-    gemm: GemmPolicy = CUBLAS,
-) -> LoweredPlan:
-    """The execution plan and the kernel sources it needs built: shape program, reference steps, and a native plan per plan kind of `target`
-    ("cpu", "cuda"); `native=False` leaves the CPU plan out (the reference executor runs it); `gemm`
-    says how the CUDA plan's GEMMs are served (library, CUTLASS configs and how they are chosen)."""
-    g, env = p.graph, p.shape_env
-    b = ShapeProgramBuilder()
-    binder = _Binder(b, env)
-    binder.bind_inputs(g)
-    for cond, msg in p.assertions:
-        b.check(b.expr(cond), b.const(0), f"shape constraint recorded at export failed: {msg}")
-    _size_guards(b, g)
-    symbols = tuple(
-        SymbolDecl(s.name, env.range_of(s).min, env.range_of(s).max, b.expr(s)) for s in env.symbols if b.is_bound(s)
-    )
-    values = tuple(ValueDecl(n.id, n.type.dtype.value, tuple(_enc(b, d) for d in n.type.shape)) for n in g.nodes)
-    guards = effective_guards(g)
-    nodes = {n.id: n for n in g.nodes}
+class PlanBuilder:
+    """The plan stages of optimize, in order, over one shape-program builder (registers are allotted in
+    the order they run): `guards()` (input dims bound, shape constraints and sizes checked, the
+    symbols, values and steps), then per backend `fusion()` (a `Lowerer` for its fusion plan), the
+    launches (`lower_native.emit_launches`) and `memory_plan()`, then `finish()`, the `ExecPlan`."""
 
-    def condition(c: Guard) -> dict[str, Any]:
-        shape = shape_predicate(nodes, c.pred)
-        return {"v": c.pred, "is": c.taken} if shape is None else {"r": b.expr(shape), "is": c.taken}
+    def __init__(self, p: Program) -> None:
+        self.p = p
+        self.b = ShapeProgramBuilder()
+        self.natives: dict[str, NativeLowering] = {}
 
-    steps = tuple(
-        Step(
-            n.op.value,
-            n.id,
-            n.inputs,
-            {f.name: _encode_attr(b, getattr(n.attrs, f.name)) for f in dataclasses.fields(n.attrs)},
-            n.loc,
-            tuple(condition(c) for c in pruned(nodes, guards[n.id])),
+    def enc(self, d: IRDim) -> SymIntEnc:
+        return _enc(self.b, d)
+
+    def guards(self) -> None:
+        g, env, b = self.p.graph, self.p.shape_env, self.b
+        _Binder(b, env).bind_inputs(g)
+        for cond, msg in self.p.assertions:
+            b.check(b.expr(cond), b.const(0), f"shape constraint recorded at export failed: {msg}")
+        _size_guards(b, g)
+        self.symbols = tuple(
+            SymbolDecl(s.name, env.range_of(s).min, env.range_of(s).max, b.expr(s))
+            for s in env.symbols
+            if b.is_bound(s)
         )
-        for n in g.nodes
-    )
+        self.values = tuple(
+            ValueDecl(n.id, n.type.dtype.value, tuple(_enc(b, d) for d in n.type.shape)) for n in g.nodes
+        )
+        guards = effective_guards(g)
+        nodes = {n.id: n for n in g.nodes}
 
-    def decl(name: str, vid: int) -> TensorDecl:
-        t = types[vid]
-        return TensorDecl(name, vid, t.dtype.value, tuple(d if isinstance(d, int) else dim_str(d) for d in t.shape))
+        def condition(c: Guard) -> dict[str, Any]:
+            shape = shape_predicate(nodes, c.pred)
+            return {"v": c.pred, "is": c.taken} if shape is None else {"r": b.expr(shape), "is": c.taken}
 
-    types = g.value_types()
-    low = _lower(p, b) if native and target.cpu else None
-    cuda = _lower(p, b, "cuda", gemm) if target.cuda else None
-    if low is not None:
-        arena_text, arena_enc = low.plan.arena_bytes_expr, low.plan.arena_bytes
-    else:
-        arena = _arena_expr(p)
-        arena_text, arena_enc = dim_str(arena), _enc(b, arena)
-    program = b.finish().to_manifest()
-    plan = ExecPlan(
-        symbols=symbols,
-        inputs=tuple(decl(i.name, i.id) for i in g.inputs),
-        outputs=tuple(decl(n, o) for n, o in zip(g.output_names, g.outputs)),
-        weights=tuple(
-            WeightDecl(w.name, w.id, w.type.dtype.value, tuple(int(d) for d in w.type.shape), k)
-            for k, w in enumerate(g.weights)
-        ),
-        values=values,
-        steps=steps,
-        shape_program=program,
-        arena_bytes_expr=arena_text,
-        arena_bytes=arena_enc,
-        output_structure=p.output_structure,
-        kernels=tuple(low.kernel_rows if low else ()) + tuple(cuda.kernel_rows if cuda else ()),
-        gemm_configs=tuple(low.gemm_rows if low else ()) + tuple(cuda.gemm_rows if cuda else ()),
-        native_cpu=low.plan if low else None,
-        native_cuda=cuda.plan if cuda else None,
-        batch_dims={proof.symbol: proof.to_manifest() for proof in batch_proofs(p)},
-    )
-    sources = KernelSources(
-        cpu_source=library_source(low.kernels) if low else "",  # type: ignore[arg-type]
-        fusion_text=low.fusion.text(g) if low else "",
-        cuda_source=cuda_source(cuda.kernels) if cuda else "",  # type: ignore[arg-type]
-        cuda_fusion_text=cuda.fusion.text(g) if cuda else "",
-        gemm_instances=tuple(cuda.gemm_instances) if cuda else (),
-    )
-    return LoweredPlan(plan, sources)
+        self.steps = tuple(
+            Step(
+                n.op.value,
+                n.id,
+                n.inputs,
+                {f.name: _encode_attr(b, getattr(n.attrs, f.name)) for f in dataclasses.fields(n.attrs)},
+                n.loc,
+                tuple(condition(c) for c in pruned(nodes, guards[n.id])),
+            )
+            for n in g.nodes
+        )
+
+    def fusion(self, backend: Backend, gemm: GemmPolicy = CUBLAS) -> Lowerer:
+        return Lowerer(self.p, fusion_for(self.p, backend, gemm), self.enc, self.b.expr, backend, gemm)
+
+    def memory_plan(self, lowerer: Lowerer) -> NativeLowering:
+        low = self.natives[lowerer.backend.kind] = memory_plan(lowerer)
+        return low
+
+    def finish(self) -> LoweredPlan:
+        p, g, b = self.p, self.p.graph, self.b
+        natives = self.natives
+        host = next((low for low in natives.values() if low.backend.caps.host_arena), None)
+        if host is not None:  # the host plan's arena, else the liveness estimate of the reference executor
+            arena_text, arena_enc = host.plan.arena_bytes_expr, host.plan.arena_bytes
+        else:
+            arena = _arena_expr(p)
+            arena_text, arena_enc = dim_str(arena), _enc(b, arena)
+        program = b.finish().to_manifest()
+        types = g.value_types()
+
+        def decl(name: str, vid: int) -> TensorDecl:
+            t = types[vid]
+            return TensorDecl(name, vid, t.dtype.value, tuple(d if isinstance(d, int) else dim_str(d) for d in t.shape))
+
+        plan = ExecPlan(
+            symbols=self.symbols,
+            inputs=tuple(decl(i.name, i.id) for i in g.inputs),
+            outputs=tuple(decl(n, o) for n, o in zip(g.output_names, g.outputs)),
+            weights=tuple(
+                WeightDecl(w.name, w.id, w.type.dtype.value, tuple(int(d) for d in w.type.shape), k)
+                for k, w in enumerate(g.weights)
+            ),
+            values=self.values,
+            steps=self.steps,
+            shape_program=program,
+            arena_bytes_expr=arena_text,
+            arena_bytes=arena_enc,
+            output_structure=p.output_structure,
+            kernels=tuple(row for low in natives.values() for row in low.kernel_rows),
+            gemm_configs=tuple(row for low in natives.values() for row in low.gemm_rows),
+            batch_dims={proof.symbol: proof.to_manifest() for proof in batch_proofs(p)},
+            **{f"native_{kind}": low.plan for kind, low in natives.items()},
+        )
+        sources = KernelSources(
+            {kind: low.sources for kind, low in natives.items()},
+            {kind: low.fusion.text(g) for kind, low in natives.items()},
+        )
+        return LoweredPlan(plan, sources)
+
+
+def build_plan(p: Program, backends: Sequence[Backend] = (), gemm: GemmPolicy = CUBLAS) -> LoweredPlan:
+    """The execution plan and the kernel sources it needs built: the shape program, reference steps,
+    and a native plan per backend (none: the reference executor runs every step); `gemm` says how the
+    backends' GEMMs are served. The plan stages of optimize (PlanBuilder) in one call."""
+    builder = PlanBuilder(p)
+    builder.guards()
+    for backend in backends:
+        lowerer = builder.fusion(backend, gemm)
+        emit_launches(lowerer)
+        builder.memory_plan(lowerer)
+    return builder.finish()

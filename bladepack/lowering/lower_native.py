@@ -1,12 +1,15 @@
-"""Lower a fusion plan to a native plan (CPU or CUDA): kernel sources, launch records, arena layout.
+"""Lower a fusion plan to one backend's native plan: kernel sources, launch records, arena layout.
 
-In: the optimized `Program`, its `FusionPlan` for the target and the shape-program builder of
-`build_plan`. Out: `NativeLowering` — the C++ or CUDA source of every kernel (variants included; CUDA
-variants also carry their grid, block and shared-memory size as registers), and the manifest part the
-loaders read: the kernel table (variant functions with their predicates), one launch record per step
-(pointer arguments as (slot, byte offset), int arguments), the arena buffers and the arena size. Every
+In: the optimized `Program`, the backend (bladepack/backends), its `FusionPlan` (`fusion_for`) and the
+shape-program builder of `build_plan`. Three stages of optimize: fusion (`fusion_for`), lowering
+(`emit_launches`: the backend emits each kernel) and the memory plan (`memory_plan`: arena offsets,
+pointers resolved). Out: `NativeLowering` — the source of every kernel (variants included; variants
+with a launch geometry also carry their grid, block and shared-memory size as registers), what the
+backend builds (`Sources`), and the manifest part the loaders read: the kernel table (variant
+functions with their predicates), one launch record per step (pointer arguments as (slot, byte
+offset), int arguments), the arena buffers and the arena size. Every
 size, offset, stride and predicate is a shape-program register (Note [SymInt encoding] in
-artifact/plan.py), so a loader resolves the whole launch list once per input-shape signature.
+artifact/symint.py), so a loader resolves the whole launch list once per input-shape signature.
 
 Note [Guarded launches]: a launch that stores a value under an effective guard (ir/guards.py) carries
 its conditions, outermost first: {"r": register, "is": bool} for a shape predicate, {"ptr": [slot,
@@ -39,12 +42,11 @@ from bladepack.artifact.native_plan import (
     RefLaunch,
     with_ptrs,
 )
-from bladepack.artifact.plan import SymIntEnc
-from bladepack.codegen.cpu_emitter import emit_kernel
-from bladepack.codegen.cuda_emitter import CudaKernel, emit_cuda_kernel
-from bladepack.codegen.kernel import EmittedKernel, KernelContext, KernelEmitError
+from bladepack.artifact.symint import SymIntEnc
+from bladepack.backends import Backend, Sources
+from bladepack.codegen.kernel import KernelContext, KernelEmitError
 from bladepack.codegen.operand_check import operand_buffers
-from bladepack.dtypes import DType
+from bladepack.errors import CompileError
 from bladepack.ir import OpKind, Program
 from bladepack.ir.fusion_plan import (
     Attention,
@@ -60,7 +62,6 @@ from bladepack.ir.guards import effective_guards, pruned, shape_predicate
 from bladepack.ir.ops import Conv2dAttrs
 from bladepack.ir.types import IRDim, TensorType, dim_str
 from bladepack.ir.views import View, simplify, view_of
-from bladepack.library_ops.cpu_attention import attention_variants
 from bladepack.library_ops.cpu_gemm import GemmCall, lower_conv, lower_matmul, operand_ok
 from bladepack.library_ops.cutlass.emitter import GemmInstance
 from bladepack.library_ops.cutlass.select import CUBLAS, GemmDispatch, GemmPolicy, select
@@ -73,46 +74,48 @@ Enc = Callable[[Any], SymIntEnc]
 
 @dataclass
 class NativeLowering:
+    """One backend's plan: its fusion plan, emitted kernels, the native plan the manifest holds and
+    what the backend builds."""
+
+    backend: Backend
     fusion: FusionPlan
-    kernels: list[EmittedKernel] | list[CudaKernel]
+    kernels: list[Any]
     plan: NativePlan
     kernel_rows: list[KernelRow] = field(default_factory=list)
     gemm_rows: list[dict[str, Any]] = field(default_factory=list)
     gemm_instances: list[GemmInstance] = field(default_factory=list)  # CUTLASS kernels (CUDA plans)
+    sources: Sources = field(default_factory=Sources)
 
 
-def fusion_for(
-    p: Program,
-    forced: frozenset[int] = frozenset(),
-    target: str = "cpu",
-    gemm_epilogues: frozenset[DType] = frozenset(),
-) -> FusionPlan:
-    """The fusion plan for `target`; direct convolutions compute their epilogues on CPU (Note
-    [Convolution epilogue]; the CUDA direct kernel stores plainly)."""
+def fusion_for(p: Program, backend: Backend, gemm: GemmPolicy = CUBLAS) -> FusionPlan:
+    """The fusion plan for `backend`: what its kernels compute, with its capabilities (convolution
+    epilogues, fused attention) and its GEMM library's epilogues."""
+    types = p.graph.value_types()
     return plan_fusion(
         p,
         lambda node, k, view: operand_ok(p.shape_env, node, k, view),
-        forced,
-        target,
-        gemm_epilogues,
-        conv_epilogues=target == "cpu",
-        attention=target == "cpu",
+        backend.caps,
+        lambda node: backend.can_emit(node, types),
+        backend.gemm_epilogues(gemm),
     )
 
 
-class _Lowerer:
+class Lowerer:
+    """Lowers one backend's fusion plan: `lower()` emits every kernel and launch record, `place()` then
+    lays out the arena (the memory plan) and resolves every pointer into it."""
+
     def __init__(
         self,
         p: Program,
         plan: FusionPlan,
         enc: Enc,
         pred: Callable[[Any], int],
-        target: str,
+        backend: Backend,
         gemm: GemmPolicy,
     ) -> None:
         self.gemm = gemm
-        self.p, self.plan, self.enc, self.pred, self.target = p, plan, enc, pred, target
-        self.gemm_library = gemm.library if target == "cuda" else "blas"
+        self.p, self.plan, self.enc, self.pred, self.backend = p, plan, enc, pred, backend
+        self.gemm_library = backend.gemm_library(gemm)
         self.instances: dict[GemmInstance, int] = {}
         g = p.graph
         self.nodes = {n.id: n for n in g.nodes}
@@ -154,36 +157,34 @@ class _Lowerer:
 
     def _kernel(self, spec: KernelSpec, conv: tuple[Any, View] | None = None, att: Attention | None = None) -> None:
         ctx = KernelContext(self.nodes, self.types, self.view)
-        ek: EmittedKernel | CudaKernel
         try:
-            if self.target == "cuda":
-                assert att is None, "fused attention is planned for CPU only"
-                ek = emit_cuda_kernel(spec, ctx, len(self.kernels), conv)
-            else:
-                ek = emit_kernel(spec, ctx, conv, None if att is None else attention_variants(att, ctx))
+            ek = self.backend.emit(spec, ctx, len(self.kernels), conv, att)
         except (ValueError, AssertionError, KeyError) as e:
             culprits = frozenset(v for v in spec.nodes if v in self.nodes) or frozenset(spec.roots)
             raise KernelEmitError(f"{spec.name}: {e}", culprits) from e
         variants = []
-        if isinstance(ek, CudaKernel):
-            for cv in ek.variants:
+        for v in self.backend.variants(ek):
+            if v.grid is None:
+                variants.append(KernelVariant(v.name, self.fn_count, self.pred(v.pred)))
+            else:
                 variants.append(
-                    KernelVariant(
-                        cv.name, self.fn_count, self.pred(cv.pred), self.enc(cv.grid), cv.block, self.enc(cv.smem)
-                    )
+                    KernelVariant(v.name, self.fn_count, self.pred(v.pred), self.enc(v.grid), v.block, self.enc(v.smem))
                 )
-                self.fn_count += 1
-        else:
-            for name, pred in ek.variants:
-                variants.append(KernelVariant(name, self.fn_count, self.pred(pred)))
-                self.fn_count += 1
+            self.fn_count += 1
         ptrs = [self._ptr(v) for v in ek.stores] + [self._ptr(v.base) for v in ek.loads]
         check = None
-        if isinstance(ek, CudaKernel):  # Note [Kernel operand checks]: the CPU library checks its own
+        if self.backend.caps.operand_programs:  # Note [Kernel operand checks]: else the library checks its own
             check = operand_program(ek.args.exprs, operand_buffers(ctx, ek.stores, ek.loads)).to_manifest()
         self.kernel_rows.append(
             KernelRow(
-                spec.name, self.target, spec.kind, spec.loc, spec.nodes, tuple(variants), tuple(ek.error_sites), check
+                spec.name,
+                self.backend.kind,
+                spec.kind,
+                spec.loc,
+                spec.nodes,
+                tuple(variants),
+                tuple(ek.error_sites),
+                check,
             )
         )
         self.launches.append(KernelLaunch(len(self.kernels), tuple(ptrs), tuple(self.enc(e) for e in ek.args.exprs)))
@@ -313,13 +314,17 @@ class _Lowerer:
             return {"r": self.pred(shape), "is": c.taken}
         return {"ptr": self._resolve_ptr(self.slot.get(c.pred, 0), c.pred, 0, arena), "is": c.taken}
 
-    def run(self) -> NativePlan:
-        g = self.p.graph
+    def lower(self) -> None:
+        """Every step's kernels, GEMMs and reference steps as launch records (pointers unresolved)."""
         for step in self.plan.steps:
             first = len(self.launches)
             self._run_step(step)
             self._guard_launches(first, pruned(self.nodes, self.guards.get(self._stored(step), ())))
-        # arena buffers: every materialized value that is neither a parameter nor an output
+
+    def place(self) -> NativePlan:
+        """The memory plan: arena buffers for every materialized value that is neither a parameter nor
+        an output, then every pointer resolved to (slot, byte offset)."""
+        g = self.p.graph
         buffers = []
         for v, uses in sorted(self.touch.items()):
             t = self.types[v]
@@ -390,21 +395,34 @@ class _Lowerer:
 
 
 def lower_native(
-    p: Program,
-    enc: Enc,
-    pred: Callable[[Any], int],
-    forced: frozenset[int] = frozenset(),
-    target: str = "cpu",
-    gemm: GemmPolicy = CUBLAS,
+    p: Program, enc: Enc, pred: Callable[[Any], int], backend: Backend, gemm: GemmPolicy = CUBLAS
 ) -> NativeLowering:
-    """`enc` encodes a size for the manifest; `pred` compiles a sympy boolean to a register; `forced`
-    nodes run on the reference executor; `target` is "cpu" or "cuda"; `gemm` says how a CUDA plan's
-    GEMMs are served. Raises KernelEmitError naming the nodes a kernel failed on."""
-    cutlass = target == "cuda" and gemm.library == "cutlass"
-    plan = fusion_for(p, forced, target, gemm_epilogues=gemm.dtypes if cutlass else frozenset())
-    low = _Lowerer(p, plan, enc, pred, target, gemm)
-    native = low.run()
-    instances = list(low.instances)  # the CUTLASS kernels run() dispatched to
+    """`backend`'s whole plan (fusion, lowering, memory plan: `lower` and `place` in one); `enc` encodes a
+    size for the manifest, `pred` compiles a sympy boolean to a register, `gemm` says how the GEMMs are
+    served."""
+    lowerer = Lowerer(p, fusion_for(p, backend, gemm), enc, pred, backend, gemm)
+    emit_launches(lowerer)
+    return memory_plan(lowerer)
+
+
+def emit_launches(lowerer: Lowerer) -> None:
+    """Emit the plan's kernels and launches; an emission failure is a bladepack bug (fusion asked the
+    backend's `can_emit` of every node it gave a kernel), said with the kernel and its source."""
+    try:
+        lowerer.lower()
+    except KernelEmitError as e:
+        n = next((lowerer.nodes[v] for v in sorted(e.nodes) if v in lowerer.nodes), None)
+        where = f" at {n.loc}" if n is not None and n.loc else ""
+        raise CompileError(
+            f"internal error: the {lowerer.backend.caps.title} backend could not generate kernel {e}{where} "
+            "(a bladepack bug: please report it with the model)"
+        ) from e
+
+
+def memory_plan(lowerer: Lowerer) -> NativeLowering:
+    """The memory plan and the finished native plan, with the CUTLASS kernels it dispatches to."""
+    native = lowerer.place()
+    instances = list(lowerer.instances)
     native = dataclasses.replace(
         native,
         gemm_kernels=tuple(
@@ -429,4 +447,14 @@ def lower_native(
             for i in instances
         ),
     )
-    return NativeLowering(plan, low.kernels, native, low.kernel_rows, low.gemm_rows, instances)
+    sources = Sources(lowerer.backend.source(lowerer.kernels), tuple(instances))
+    return NativeLowering(
+        lowerer.backend,
+        lowerer.plan,
+        lowerer.kernels,
+        native,
+        lowerer.kernel_rows,
+        lowerer.gemm_rows,
+        instances,
+        sources,
+    )

@@ -61,8 +61,12 @@ class ShapeProgramBuilder:
         other_reg = other if other is not None else value
         self.code.append((int(Op.ASSERT), other_reg, cond, value, self.messages.index(message)))
 
+    def program(self) -> ShapeProgram:
+        """The program so far (not validated: registers may still be bound later)."""
+        return ShapeProgram(tuple(self.code), self._nregs, tuple(self.messages))
+
     def finish(self) -> ShapeProgram:
-        prog = ShapeProgram(tuple(self.code), self._nregs, tuple(self.messages))
+        prog = self.program()
         prog.validate()
         return prog
 

@@ -24,8 +24,9 @@ How it decides (BladeDISC's kinds, decided from shape facts only, so every shape
   never stores the scores (Note [Fused attention] in fuse_attention.py).
 
 Note [Materialize or recompute]: a non-materialized value used by several kernels is recomputed in
-each when it is cheap (a few arithmetic ops over loads); an expensive one (transcendental, gather,
-row op, or a long cone) is materialized once instead.
+each when it is cheap (a few arithmetic ops over loads: ops of `Cost.CHEAP` in the op table); an
+expensive one (a transcendental or an indexed load, a row op, or a long cone) is materialized once
+instead.
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ from bladepack.ir.views import LAYOUT_OPS, View, head_view, sym_eq, view_of
 from bladepack.passes.conv_epilogue import find_conv_epilogue
 from bladepack.passes.fuse_attention import find_attention, side_inputs
 from bladepack.passes.gemm_epilogue import find_epilogue
-from bladepack.target import BACKENDS
+from bladepack.target import Capabilities
+
+CanEmit = Callable[[Node], str | None]  # why a backend cannot compute this node in a kernel, or None
 
 
 class Role(Enum):
@@ -64,24 +67,7 @@ class Role(Enum):
     REFERENCE = "reference"
 
 
-_EXPENSIVE = frozenset(
-    {
-        OpKind.EXP,
-        OpKind.LOG,
-        OpKind.TANH,
-        OpKind.SIGMOID,
-        OpKind.GELU,
-        OpKind.SILU,
-        OpKind.ERF,
-        OpKind.SIN,
-        OpKind.COS,
-        OpKind.POW,
-        OpKind.TAKE,
-        OpKind.GATHER,
-        OpKind.INDEX,
-    }
-)
-_CHEAP_CONE = 6  # a shared cone up to this many nodes (none expensive) is recomputed per use
+_CHEAP_CONE = 6  # a shared cone up to this many nodes (all of Cost.CHEAP) is recomputed per use
 
 
 # --------------------------------------------------------------------------- classification
@@ -105,17 +91,20 @@ def row_reduced_axes(n: Node, in_type: TensorType) -> int | None:
     return None
 
 
-def classify(n: Node, types: dict[int, TensorType], target: str = "cpu") -> tuple[Role, str]:
+def classify(
+    n: Node, types: dict[int, TensorType], caps: Capabilities, can_emit: CanEmit = lambda n: None
+) -> tuple[Role, str]:
     dts = [types[i].dtype for i in n.inputs] + [n.type.dtype]
-    backend = BACKENDS[target]
-    where = backend.title
-    bad = sorted({d.value for d in dts if d not in backend.dtypes})
+    where = caps.title
+    bad = sorted({d.value for d in dts if d not in caps.dtypes})
     if bad:
         return Role.REFERENCE, f"dtype {', '.join(bad)} has no {where} kernels yet"
+    why = can_emit(n)
+    if why is not None:
+        return Role.REFERENCE, why
     if n.op in (OpKind.MATMUL, OpKind.CONV2D):
-        if n.type.dtype not in backend.gemm_dtypes or any(types[i].dtype != n.type.dtype for i in n.inputs):
-            lib = "BLAS" if target == "cpu" else "cuBLAS"
-            return Role.REFERENCE, f"{n.op.value} on {n.type.dtype.value} has no {lib} routine"
+        if n.type.dtype not in caps.gemm_dtypes or any(types[i].dtype != n.type.dtype for i in n.inputs):
+            return Role.REFERENCE, f"{n.op.value} on {n.type.dtype.value} has no {caps.gemm_title} routine"
         return Role.LIBRARY, ""
     if n.op in (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D, OpKind.CUMSUM, OpKind.ARGMAX, OpKind.ARGMIN, OpKind.TOPK):
         return Role.ANCHOR, ""
@@ -141,14 +130,11 @@ class _Planner:
         self,
         p: Program,
         gemm_operand_ok: Callable[[Node, int, View], bool],
-        forced: frozenset[int],
-        target: str,
+        caps: Capabilities,
+        can_emit: CanEmit,
         gemm_epilogues: frozenset[DType],
-        conv_epilogues: bool,
-        attention: bool,
     ) -> None:
-        self.gemm_epilogues, self.conv_epilogues, self.fuse_attention = gemm_epilogues, conv_epilogues, attention
-        self.target = target
+        self.gemm_epilogues, self.caps = gemm_epilogues, caps
         self.attention: dict[int, Attention] = {}  # second matmul -> Note [Fused attention]
         self.in_attention: set[int] = set()  # the scores' matmuls, chains and softmaxes of those
         # stored value -> (matmul or convolution, its epilogue)
@@ -161,12 +147,7 @@ class _Planner:
         self.roles: dict[int, Role] = {}
         self.reasons: dict[int, str] = {}
         for n in self.g.nodes:
-            self.roles[n.id], self.reasons[n.id] = classify(n, self.types, target)
-            if n.id in forced:
-                self.roles[n.id], self.reasons[n.id] = (
-                    Role.REFERENCE,
-                    f"no {BACKENDS[target].title} kernel could be generated",
-                )
+            self.roles[n.id], self.reasons[n.id] = classify(n, self.types, caps, can_emit)
         self.params = {p_.id for p_ in self.g.inputs + self.g.weights}
         self.users: dict[int, list[int]] = {}
         for n in self.g.nodes:
@@ -211,7 +192,7 @@ class _Planner:
             self.in_attention.update((att.scores, att.probs, *att.chain))
 
     def seed(self) -> None:
-        if self.fuse_attention:
+        if self.caps.fused_attention:
             self.find_attention()
         # Note [Guarded kernels]: a kernel computes inline only values skipped under the guard of the value
         # it stores, so a value read across a guard boundary is stored; data predicates are stored too
@@ -243,7 +224,7 @@ class _Planner:
                 a = n.attrs
                 # a direct convolution on the CPU reads its input through any view of a stored value
                 # (Note [Channels-last chains]: an NCHW input of a channels-last one, or the reverse)
-                if isinstance(a, Conv2dAttrs) and a.weight_layout == "ihwo" and self.target == "cpu":
+                if isinstance(a, Conv2dAttrs) and a.weight_layout == "ihwo" and self.caps.conv_input_views:
                     self.mat.add(self._layout_root(x))
                     if self.view(x) is None:
                         self.mat.add(x)
@@ -298,7 +279,9 @@ class _Planner:
 
     def _expensive(self, v: int) -> bool:
         c = self.cone(v)
-        return len(c) > _CHEAP_CONE or any(self.nodes[u].op in _EXPENSIVE or self.roles[u] is Role.ROW for u in c)
+        return len(c) > _CHEAP_CONE or any(
+            not OP_INFO[self.nodes[u].op].cost.recompute or self.roles[u] is Role.ROW for u in c
+        )
 
     def _row_problem(self, root: int, cone: list[int]) -> int | None:
         """A row op whose output must be materialized for this kernel to be one legal row kernel."""
@@ -399,7 +382,7 @@ class _Planner:
                 )
                 if ep is not None and any(self.guards[u] != self.guards[v] for u in ep.nodes):
                     ep = None
-            elif self.conv_epilogues and n.op is OpKind.CONV2D:
+            elif self.caps.conv_epilogues and n.op is OpKind.CONV2D:
                 ep = find_conv_epilogue(
                     n,
                     self.nodes,
@@ -426,7 +409,7 @@ class _Planner:
 
     def plan(self) -> FusionPlan:
         self.solve()
-        if self.gemm_epilogues or self.conv_epilogues:
+        if self.gemm_epilogues or self.caps.conv_epilogues:
             self.absorb_epilogues()
         steps: list[PlanStep] = []
         count = 0
@@ -466,17 +449,14 @@ class _Planner:
 def plan_fusion(
     p: Program,
     gemm_operand_ok: Callable[[Node, int, View], bool],
-    forced: frozenset[int] = frozenset(),
-    target: str = "cpu",
+    caps: Capabilities,
+    can_emit: CanEmit = lambda n: None,
     gemm_epilogues: frozenset[DType] = frozenset(),
-    conv_epilogues: bool = False,
-    attention: bool = False,
 ) -> FusionPlan:
-    """`gemm_operand_ok(node, k, view)`: can the library read operand k of `node` as this view;
-    `forced` nodes run as reference steps; `target` ("cpu" or "cuda") decides which ops and dtypes
-    have kernels; `gemm_epilogues`: the dtypes of the matmuls whose GEMM library computes bias /
-    residual adds and activations after them (Note [GEMM epilogue]; empty: none); `conv_epilogues`:
-    direct convolution kernels compute the elementwise chain after them (Note [Convolution epilogue]);
-    `attention`: matmul → chain → softmax → matmul runs as one fused attention kernel (Note [Fused
-    attention])."""
-    return _Planner(p, gemm_operand_ok, forced, target, gemm_epilogues, conv_epilogues, attention).plan()
+    """`gemm_operand_ok(node, k, view)`: can the library read operand k of `node` as this view; `caps`:
+    what the backend computes natively (dtypes and GEMMs with kernels, convolution epilogues — Note
+    [Convolution epilogue] —, fused attention — Note [Fused attention]); `can_emit(node)`: why the
+    backend's kernels cannot compute a node (a reference step then computes it), or None;
+    `gemm_epilogues`: the dtypes of the matmuls whose GEMM library computes bias / residual adds and
+    activations after them (Note [GEMM epilogue]; empty: none)."""
+    return _Planner(p, gemm_operand_ok, caps, can_emit, gemm_epilogues).plan()

@@ -5,7 +5,7 @@ planner's view function (views of materialized values only). Out: a `GemmEpilogu
 after the matmul that the CUTLASS epilogue `D = act(A.B + C)` computes — or None.
 
 Note [GEMM epilogue]: from the matmul, follow single users while they fit the epilogue's one form:
-at most one `add` with a materialized tensor C, then at most one activation (ReLU, GELU with the erf
+at most one `add` with a materialized tensor C, then at most one activation (ReLU, GELU in its exact
 form, SiLU: the ones CUTLASS evaluates in float32 without approximations). C is a *bias* when its
 view broadcast to the output has strides (0, ..., 0, 1) — a row read again for every output row
 (ldc 0) — or a *residual* when it has the output's own contiguous strides (ldc = N). The last op of the

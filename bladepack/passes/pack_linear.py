@@ -9,7 +9,7 @@ ends in a horizontal sum of vector lanes, which costs more than its multiply-add
 hundred (the MLP sample's 64 -> 256 layer spent 2.4 us on 16K multiply-adds at one row). Stored
 [K, N], the same product broadcasts one element of x and multiply-adds a contiguous run of W's row
 into vector accumulators that hold whole outputs: no lane sums at all (Note [Small-M GEMMs] in
-codegen/cpu_runtime.h: such products of up to 16 rows on weights of 8K+ elements, up to 64 on 64K+,
+codegen/cpu_gemm.h: such products of up to 16 rows on weights of 8K+ elements, up to 64 on 64K+,
 where measured faster than OpenBLAS; a larger product split over the threads runs it per piece that
 fits). BLAS reads [K, N] as a plain NN product at every other size; measured on the MLP sample against
 the [N, K] plan (2-core AVX-512, numpy's OpenBLAS, one process): 1.16-1.95x less time per call from 1

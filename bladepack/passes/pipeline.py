@@ -1,17 +1,20 @@
-"""The optimization pipeline: one visible list of passes, each with the reason it runs.
+"""The graph passes: one visible list, each with the reason it runs.
 
-In: an IR `Program` from a front end and the plan's targets. Out: the optimized `Program` (then
-`build_plan` lowers it to an `ExecPlan`). With BLADEPACK_DUMP=dir, the IR after every pass is written to
-dir/NN-<pass>.ir. Passes in CPU_ONLY run only when "cpu" is the one target (their layouts suit the
-CPU's kernels, not the CUDA plan's); BLADEPACK_DENSE_LAYERS=0 skips `dense_layers`.
+In: an IR `Program` from a front end, the options and the capabilities of the backends it is built for.
+Out: the optimized `Program` (the "graph passes" stage of optimize, bladepack/stages.py; the plan
+stages then lower it). A pass in `LAYOUT_PASSES` changes layouts that suit some backends' kernels
+only: it runs when every backend built for lists it (`Capabilities.layout_passes`); `dense_layers`
+also needs `CompileOptions.dense_layers`. With a dump directory, the IR after every pass is written to
+<dir>/<prefix>NN-<pass>.ir.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from bladepack.ir import Program, print_graph, verify
-from bladepack.options import Options
+from bladepack.options import CompileOptions
 from bladepack.passes.canonicalize_shapes import canonicalize_shapes
 from bladepack.passes.channels_last import channels_last
 from bladepack.passes.conv_layout import conv_layout
@@ -21,6 +24,7 @@ from bladepack.passes.dense_layers import dense_layers
 from bladepack.passes.direct_conv import direct_conv
 from bladepack.passes.matmul_scalars import matmul_scalars
 from bladepack.passes.pack_linear import pack_linear
+from bladepack.target import Capabilities
 
 Pass = Callable[[Program], Program]
 
@@ -30,29 +34,36 @@ PIPELINE: list[tuple[Pass, str]] = [
     (decompose, "split convolution biases into adds, which fuse as GEMM epilogues"),
     (direct_conv, "small convolutions as direct kernels on weights packed at optimize time"),
     (conv_layout, "channel-major convolution results, so one GEMM covers the whole batch"),
-    (channels_last, "direct convolutions and the pooling / elementwise ops after them channels-last (CPU only)"),
-    (dense_layers, "linear layers as pointwise convolutions with their bias / activation in the store (CPU only)"),
-    (pack_linear, "linear layers' weights stored [K, N], so few-row products need no lane sums (CPU only)"),
+    (channels_last, "direct convolutions and the pooling / elementwise ops after them channels-last"),
+    (dense_layers, "linear layers as pointwise convolutions with their bias / activation in the store"),
+    (pack_linear, "linear layers' weights stored [K, N], so few-row products need no lane sums"),
     (matmul_scalars, "scalar factors of matmul operands onto the product, so attention reads its operands in place"),
 ]
-CPU_ONLY = frozenset({pack_linear, channels_last, dense_layers})
+LAYOUT_PASSES = frozenset({channels_last, dense_layers, pack_linear})
 
 
-def run_pipeline(p: Program, options: Options, targets: frozenset[str] = frozenset({"cpu"})) -> Program:
-    dump = options.dump_dir
-    if dump is not None:
-        dump.mkdir(parents=True, exist_ok=True)
-        (dump / "00-export.ir").write_text(print_graph(p.graph, p.shape_env, with_loc=True))
+def runs(fn: Pass, options: CompileOptions, caps: Sequence[Capabilities]) -> bool:
+    """Whether `fn` runs for a plan built for backends of these capabilities."""
+    if fn in LAYOUT_PASSES and not all(fn.__name__ in c.layout_passes for c in caps):
+        return False
+    return fn is not dense_layers or options.dense_layers
+
+
+def run_pipeline(
+    p: Program, options: CompileOptions, caps: Sequence[Capabilities], dump: tuple[Path, str] | None = None
+) -> Program:
     if options.verify:
         verify(p.graph, p.shape_env)
     for i, (fn, _reason) in enumerate(PIPELINE, start=1):
-        if fn in CPU_ONLY and targets != {"cpu"}:
-            continue
-        if fn is dense_layers and not options.dense_layers:
+        if not runs(fn, options, caps):
             continue
         p = fn(p)
         if options.verify:
             verify(p.graph, p.shape_env)
         if dump is not None:
-            (dump / f"{i:02d}-{fn.__name__}.ir").write_text(print_graph(p.graph, p.shape_env, with_loc=True))
+            directory, prefix = dump
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / f"{prefix}{i:02d}-{fn.__name__}.ir").write_text(
+                print_graph(p.graph, p.shape_env, with_loc=True)
+            )
     return p

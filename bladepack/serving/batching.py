@@ -56,7 +56,6 @@ class BatchLayout:
             reasons.append("the artifact has no dynamic dims")
         return BatchLayout(None, 1, None, "; ".join(reasons))
 
-
     def limit(self, requested: int | None = None) -> int:
         """The largest batch a server may form: the dim's maximum (DEFAULT_MAX_BATCH when it has none),
         capped by `requested`; 0 when there is no batch dim."""

@@ -113,9 +113,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _serve_triton(args: argparse.Namespace) -> int:
+    from bladepack.options import ServeOptions
     from bladepack.serving.triton_repo import write_repository
     from bladepack.serving.triton_server import TritonServer, find_cpp_backend
 
+    found = ServeOptions.from_env()
     stop = _stop_on_signal()
     with tempfile.TemporaryDirectory(prefix="bladepack-repo-") as repo:
         config = write_repository(
@@ -129,9 +131,10 @@ def _serve_triton(args: argparse.Namespace) -> int:
             dynamic_batching=not args.no_batching,
             backend=args.backend,
         )
-        cpp = find_cpp_backend(args.cpp_backend) if args.backend == "cpp" else None
+        cpp = find_cpp_backend(args.cpp_backend or found.cpp_backend) if args.backend == "cpp" else None
+        binary = args.tritonserver or found.tritonserver
         server = TritonServer(
-            repo, args.http_port, args.grpc_port, args.metrics_port, args.host, args.tritonserver, cpp_backend=cpp
+            repo, args.http_port, args.grpc_port, args.metrics_port, args.host, binary, cpp_backend=cpp
         )
         try:
             server.start()

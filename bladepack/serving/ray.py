@@ -27,6 +27,7 @@ from starlette.responses import JSONResponse
 from bladepack.artifact.format import read
 from bladepack.errors import InputError
 from bladepack.loader.module import LoadedModule
+from bladepack.options import LoaderOptions
 from bladepack.serving.batching import DEFAULT_MAX_BATCH, BatchLayout, run_requests
 from bladepack.serving.v2_json import decode_request, encode_response
 
@@ -36,7 +37,7 @@ class BladepackReplica:
 
     def __init__(self, model_path: str, name: str, device: str, max_batch: int, wait_s: float) -> None:
         bpk = read(model_path)
-        self._module = LoadedModule(bpk, device)
+        self._module = LoadedModule(bpk, device, options=LoaderOptions.from_env())  # a server process starts here
         self._name = name
         self._layout = BatchLayout.from_manifest(bpk.manifest) if max_batch > 1 else BatchLayout(None, 1, None, "off")
         self._inputs = list(bpk.manifest["inputs"])

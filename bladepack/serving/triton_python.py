@@ -27,6 +27,7 @@ from bladepack.artifact.format import read
 from bladepack.errors import InputError
 from bladepack.loader.dlpack import KDL_CPU, Exported
 from bladepack.loader.module import LoadedModule
+from bladepack.options import LoaderOptions
 from bladepack.serving.batching import BatchLayout, run_requests
 
 ARTIFACT = "model.bpk"
@@ -42,7 +43,7 @@ class BladepackTritonModel:
         kind = str(args.get("model_instance_kind", "CPU"))
         device = f"cuda:{int(args.get('model_instance_device_id', 0))}" if kind == "GPU" else "cpu"
         bpk = read(str(path))
-        self._module = LoadedModule(bpk, device)
+        self._module = LoadedModule(bpk, device, options=LoaderOptions.from_env())  # a server process starts here
         batched = int(config.get("max_batch_size", 0)) > 0 and "dynamic_batching" in config
         self._layout = BatchLayout.from_manifest(bpk.manifest) if batched else BatchLayout(None, 1, None, "off")
         self._inputs = [t["name"] for t in bpk.manifest["inputs"]]

@@ -34,7 +34,7 @@ from pathlib import Path
 from types import TracebackType
 
 from bladepack.errors import BladepackError
-from bladepack.options import ServeOptions, child_environment
+from bladepack.options import child_environment
 
 DEFAULT_BACKENDS = "/opt/tritonserver/backends"  # where Triton's containers keep their backends
 
@@ -52,8 +52,8 @@ class TritonInstall:
 
 
 def find_tritonserver(explicit: str | None = None) -> TritonInstall:
-    """Note [Finding Triton]."""
-    named = explicit or ServeOptions.from_env().tritonserver
+    """Note [Finding Triton]; `explicit`: the binary named (ServeOptions.tritonserver, the command line)."""
+    named = explicit
     if named:
         path = Path(named)
         if not path.is_file():
@@ -78,8 +78,8 @@ def find_tritonserver(explicit: str | None = None) -> TritonInstall:
 
 
 def find_cpp_backend(explicit: str | Path | None = None) -> Path:
-    """libtriton_bladepack.so: the one named, else BLADEPACK_TRITON_BACKEND."""
-    named = explicit or ServeOptions.from_env().cpp_backend
+    """libtriton_bladepack.so: the one named (the command line's, else ServeOptions.cpp_backend)."""
+    named = explicit
     if not named:
         raise ServerError(
             "the C++ backend needs libtriton_bladepack.so (built with cpp_runtime/): pass --cpp-backend PATH "

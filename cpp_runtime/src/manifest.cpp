@@ -6,6 +6,7 @@
 #include "artifact.h"
 #include "dtype.h"
 #include "errors.h"
+#include "plan_ops.h"
 #include "util.h"
 
 namespace bpk {
@@ -425,16 +426,6 @@ void parse_native(const Obj& root, Manifest& m, const Ctx& c) {
   if (nat == nullptr || is_nil(*nat)) return;
   m.native = parse_native_plan(*nat, m, c, "native_cpu", m.kernels.size());
 }
-
-const char* const kPlanOps[] = {
-    "neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "tanh", "sigmoid", "relu", "silu", "erf", "sin",
-    "cos", "floor", "gelu", "leaky_relu", "clamp", "cast", "logical_not", "bitwise_not", "add", "sub", "mul",
-    "div", "pow", "maximum", "minimum", "fmod", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
-    "bitwise_and", "bitwise_or", "bitwise_xor", "where", "constant", "full", "arange", "reshape", "expand",
-    "permute", "slice", "concat", "take", "gather", "index", "pad", "sum", "mean", "amax", "amin", "prod",
-    "argmax", "argmin", "cumsum", "topk", "softmax", "log_softmax", "layer_norm", "rms_norm", "matmul", "conv2d",
-    "max_pool2d", "avg_pool2d",
-};
 
 }  // namespace
 

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 import sympy
 
+from bladepack.codegen.cuda_toolchain import find_nvcc
 from bladepack.library_ops.cpu_gemm import GemmCall
 from bladepack.library_ops.cutlass.configs import GemmConfig
 from bladepack.library_ops.cutlass.emitter import GemmInstance
@@ -33,6 +33,7 @@ from bladepack.library_ops.cutlass.toolchain import build_gemms
 from bladepack.loader.cuda_driver import CudaError, Device, DeviceBuffer
 from bladepack.loader.cutlass_gemm import CutlassGemms, CutlassLaunch
 from bladepack.loader.gemm_args import GemmArgs, gemm_args
+from bladepack.options import CompileOptions, LoaderOptions
 
 REPEAT = 5
 
@@ -47,8 +48,9 @@ def _span(rows: int, cols: int, ld: int, g: GemmArgs, stride: int, step_bytes: i
 class GemmProfiler:
     """`select`'s `measure` on one device; kernels and scratch buffers are kept across GEMMs."""
 
-    def __init__(self, device: Device, cache: Path, repeat: int = REPEAT, jobs: int = 2) -> None:
-        self.device, self.cache, self.repeat, self.jobs = device, cache, repeat, jobs
+    def __init__(self, device: Device, options: CompileOptions, repeat: int = REPEAT) -> None:
+        """`options`: where the candidates are built (cache, nvcc, CUTLASS headers, nvcc jobs)."""
+        self.device, self.options, self.repeat = device, options, repeat
         self._kernels: dict[tuple[tuple[GemmConfig, ...], bool, bool], CutlassGemms] = {}
         self._scratch: list[DeviceBuffer | None] = [None, None, None]
         self._times: dict[tuple[Option, bool, bool, tuple[int, ...]], float] = {}  # the option fixes the dtype
@@ -68,9 +70,12 @@ class GemmProfiler:
         key = (configs, ta, tb)
         if key not in self._kernels:
             instances = [GemmInstance(c, ta, tb) for c in configs]
-            images, packer = build_gemms(instances, self.cache, jobs=self.jobs)
+            o = self.options
+            nvcc = find_nvcc(o.nvcc, o.cuda_home)
+            images, packer = build_gemms(instances, o.cache_dir, nvcc, o.nvcc_jobs, o.cutlass_path)
             kernels = [(i.name, images[i.name], i.arch) for i in instances]
-            self._kernels[key] = CutlassGemms(self.device, packer, kernels, "the GEMM profiler")
+            loader = LoaderOptions(cache_dir=o.cache_dir, hopper_gemms=o.hopper_gemms)
+            self._kernels[key] = CutlassGemms(self.device, packer, kernels, "the GEMM profiler", loader)
         return self._kernels[key]
 
     def _buffer(self, k: int, nbytes: int) -> int:

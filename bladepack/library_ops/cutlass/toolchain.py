@@ -5,12 +5,12 @@ cubins plus compute_90 PTX for sm80 configs, one sm_90a cubin for sm90 ones (Not
 in library_ops/cutlass/configs.py) — and the
 packer shared library (Note [GEMM packer]; x86-64 Linux, libstdc++ and the CUDA runtime linked
 statically, so it needs nothing at run time beyond glibc). Every output is cached under
-BLADEPACK_CACHE_DIR/cutlass/<sha256 of nvcc version, flags and source>; a warm optimize compiles
-nothing. At most two nvcc processes run at once unless BLADEPACK_NVCC_JOBS says otherwise (an sm_80 +
-sm_90 GEMM unit takes ~7 s and ~0.7 GB, an sm_90a one ~30 s and ~3.3 GB).
+<cache>/cutlass/<sha256 of nvcc version, flags and source>; a warm optimize compiles nothing. At most
+`jobs` nvcc processes run at once (CompileOptions.nvcc_jobs, default 2: an sm_80 + sm_90 GEMM unit
+takes ~7 s and ~0.7 GB, an sm_90a one ~30 s and ~3.3 GB).
 
-The CUTLASS headers come from the `nvidia-cutlass` wheel (`cutlass_library.source_path`), or from
-CUTLASS_PATH (a CUTLASS checkout); neither is needed where the artifact runs.
+The CUTLASS headers come from the `nvidia-cutlass` wheel (`cutlass_library.source_path`), or from a
+CUTLASS checkout (CompileOptions.cutlass_path, CUTLASS_PATH); neither is needed where the artifact runs.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from pathlib import Path
 from bladepack.codegen.cuda_toolchain import find_nvcc, nvcc_cached, nvcc_version
 from bladepack.codegen.toolchain import ToolchainError
 from bladepack.library_ops.cutlass.emitter import GemmInstance, kernel_source, packer_source
-from bladepack.options import Toolchains
 
 FLAGS = ("-std=c++17", "-O3", "--expt-relaxed-constexpr", "-DNDEBUG", "-w")
 KERNEL_TARGETS = (
@@ -38,9 +37,9 @@ PACKER_FLAGS = (
 )
 
 
-def cutlass_include() -> list[str]:
-    """-I flags for the CUTLASS headers; ToolchainError naming how to get them when absent."""
-    root = Toolchains.from_env().cutlass_path
+def cutlass_include(root: str | None = None) -> list[str]:
+    """-I flags for the CUTLASS headers of `root` (CompileOptions.cutlass_path: a CUTLASS checkout),
+    else of the nvidia-cutlass wheel; ToolchainError naming how to get them when absent."""
     if root:
         src = Path(root)
     else:
@@ -59,13 +58,17 @@ def cutlass_include() -> list[str]:
 
 
 def build_gemms(
-    instances: Sequence[GemmInstance], cache: Path, nvcc: str | None = None, jobs: int = 2
+    instances: Sequence[GemmInstance],
+    cache: Path,
+    nvcc: str | None = None,
+    jobs: int = 2,
+    cutlass_path: str | None = None,
 ) -> tuple[dict[str, bytes], bytes]:
     """({instance name: fatbin}, packer library) for `instances` (from the cache where built before),
     `jobs` nvcc at once."""
     nvcc = nvcc or find_nvcc()
     version = nvcc_version(nvcc)
-    inc = cutlass_include()
+    inc = cutlass_include(cutlass_path)
     kflags = [*FLAGS, *inc, "-fatbin"]
     pflags = [*FLAGS, *inc, *PACKER_FLAGS]
     out = cache / "cutlass"

@@ -1,0 +1,123 @@
+"""The backend interface: what a plan kind plugs into the compiler.
+
+In: the fusion plan's kernel specs, the lowered plan's sources, the options. Out: `Backend`, which
+says what the backend computes (`caps`, read by the graph passes and fusion; `can_emit`, asked once
+per node before fusion), emits each kernel and its launch variants, assembles its translation unit
+and builds it into the images the artifact carries. The compile side (passes, lowering, the stages
+of optimize) asks the chosen backends and never names one; they are registered in backends/__init__.py.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bladepack.codegen.kernel import KernelContext
+from bladepack.dtypes import DType
+from bladepack.ir import Node, OpKind
+from bladepack.ir.fusion_plan import Attention, KernelSpec
+from bladepack.ir.types import TensorType
+from bladepack.ir.views import View
+from bladepack.library_ops.cutlass.emitter import GemmInstance
+from bladepack.library_ops.cutlass.select import GemmPolicy
+from bladepack.options import CompileOptions
+from bladepack.progress import Progress
+from bladepack.target import Capabilities, Target
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One variant of an emitted kernel: its function, the predicate that picks it (first true wins)
+    and, for a backend whose launches have a geometry, the grid and dynamic shared memory (sympy
+    expressions over the shape symbols) and the block size."""
+
+    name: str
+    pred: Any
+    grid: Any = None
+    block: int = 0
+    smem: Any = None
+
+
+@dataclass(frozen=True)
+class Sources:
+    """What a backend builds: the translation unit of its kernels (empty: the plan has no kernels to
+    build) and the CUTLASS GEMM kernels its plan dispatches to."""
+
+    unit: str = ""
+    gemm_instances: tuple[GemmInstance, ...] = ()
+
+
+@dataclass
+class Built:
+    """What a backend's build adds to the artifact: `Artifact` fields by name, and the versions of
+    the tools that built them (the manifest's producer)."""
+
+    fields: dict[str, Any] = field(default_factory=dict)
+    producer: dict[str, str] = field(default_factory=dict)
+
+
+class Backend(ABC):
+    caps: Capabilities
+    source_suffix: str  # the file suffix of its translation unit (BLADEPACK_DUMP)
+
+    @property
+    def kind(self) -> str:
+        """The plan kind, as the manifest names it."""
+        return self.caps.kind
+
+    def can_emit(self, n: Node, types: Mapping[int, TensorType]) -> str | None:
+        """Why this backend's kernels cannot compute `n` (a reference step computes it then), or None.
+        Fusion asks once per node; what it accepts must then emit. The shared emitter (codegen/emitter.py)
+        indexes with integer tensors only."""
+        if n.op is OpKind.INDEX and any(types[i].dtype is DType.BOOL for i in n.inputs[1:]):
+            return "boolean mask indexing has a data-dependent shape"
+        return None
+
+    def gemm_library(self, policy: GemmPolicy) -> str:
+        """The library that serves this backend's GEMMs: "blas", "cublas" or "cutlass"."""
+        return policy.library
+
+    def gemm_epilogues(self, policy: GemmPolicy) -> frozenset[DType]:
+        """The dtypes of the GEMMs whose library computes the bias / activation after them (Note [GEMM
+        epilogue] in passes/gemm_epilogue.py); empty: none."""
+        return frozenset()
+
+    def gemm_policy(
+        self,
+        policy: GemmPolicy,
+        target: Target,
+        options: CompileOptions,
+        notes: list[str],
+    ) -> tuple[GemmPolicy, Any]:
+        """How this backend's GEMMs are chosen, and a resource to close when the plan is done (None)."""
+        return policy, None
+
+    @abstractmethod
+    def emit(
+        self,
+        spec: KernelSpec,
+        ctx: KernelContext,
+        index: int,
+        conv: tuple[Node, View] | None,
+        attention: Attention | None,
+    ) -> Any:
+        """Every variant of one kernel (the `index`-th of the plan): an object with `variants`, `stores`,
+        `loads`, `args`, `source` and `error_sites`; `conv` asks for an im2col kernel, `attention` for a
+        fused attention."""
+
+    @abstractmethod
+    def variants(self, kernel: Any) -> Sequence[Variant]:
+        """The launch variants of an emitted kernel."""
+
+    @abstractmethod
+    def source(self, kernels: Sequence[Any]) -> str:
+        """The translation unit of every kernel of the plan, in launch order."""
+
+    @abstractmethod
+    def build(
+        self, sources: Sources, target: Target, options: CompileOptions, progress: Progress, notes: list[str]
+    ) -> Built:
+        """Compile the plan's sources (cached by content) into what the artifact carries; `notes` hears
+        of what the artifact lacks for it."""

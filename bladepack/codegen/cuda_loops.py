@@ -1,0 +1,171 @@
+"""The CUDA backend's emitter: `CudaEmitter`, the index algebra of `Emitter` with GPU memory access.
+
+In: a kernel spec and its context (as every emitter). Out: the emitter the CUDA schedules
+(cuda_emitter.py) and the convolution kernels (cuda_conv.py) drive: vector loads across the lanes of
+a thread, stores, error reports with the kernel's index (Note [CUDA error codes]), one thread per row
+for the shared reduce / scan kernels, warp and block reductions over a row, and the row cache of Note
+[Row cache] read back in place of recomputation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sympy
+
+from bladepack.codegen.c_render import CTYPE, Args, Loop
+from bladepack.codegen.emitter import Emitter, RowBody
+from bladepack.codegen.kernel import KernelContext, reduce_init
+from bladepack.dtypes import DType
+from bladepack.ir import Node, OpKind
+from bladepack.ir.fusion_plan import KernelSpec
+from bladepack.ir.types import IRDim
+from bladepack.ir.views import View, simplify
+
+# memory types of pointers (registers use c_render.CTYPE; Note [Register types])
+MEMTYPE = {**CTYPE, DType.FLOAT16: "__half", DType.BFLOAT16: "__nv_bfloat16"}
+
+# Note [CUDA error codes]: a launch's status words hold the first error; its code is the CPU emitter's
+# (ERR_INDEX + 16 x error site) plus the kernel's index in the CUDA plan shifted left by KERNEL_SHIFT,
+# so the loader names the kernel without knowing which launch failed.
+KERNEL_SHIFT = 24
+
+
+def volume(shape: Sequence[IRDim]) -> IRDim:
+    out: IRDim = 1
+    for d in shape:
+        out = simplify(out * d)
+    return out
+
+
+def inner_syms(spec: KernelSpec) -> tuple[Loop, ...]:
+    """The symbols of a row's position (the reduced trailing dims)."""
+    r = len(spec.domain) - spec.reduced
+    return tuple(Loop(f"r{r + m}") for m in range(spec.reduced))
+
+
+class CudaEmitter(Emitter):
+    def __init__(
+        self, spec: KernelSpec, ctx: KernelContext, args: Args, stores: list[int], loads: list[View], index: int = 0
+    ) -> None:
+        super().__init__(spec, ctx, args, stores, loads)
+        self.index = index
+        self.lane: Loop | None = None
+        self.width = 1
+        self.thread = "threadIdx.x"  # the row schedules' thread index within the row and its stride
+        self.stride = "blockDim.x"
+        self.block_reduce = False
+        self.cache: tuple[int, tuple[sympy.Expr, ...], str] | None = None  # (value, row index, C array)
+        self.cache_ready = False
+        self.position = ""  # C expression of the element's position within the row (row loops)
+        self.uses_barriers = False
+
+    # -- memory
+    def load(self, base: int, dt: DType, off: sympy.Expr, syms: set[sympy.Symbol], key: Any) -> str:
+        p = self.ptr_load(base)
+        lane = self.lane
+        if lane is not None and self.width > 1 and lane in off.free_symbols:
+            rest = sympy.expand(off - lane)
+            if self._vector_ok(lane, rest):  # contiguous across the lanes: one vector load
+                vkey = ("vec", base, rest)
+                buf = self.lookup(vkey)
+                if buf is None:
+                    buf = self.fresh("b")
+                    stmt = f"{CTYPE[dt]} {buf}[{self.width}]; bpk::ldv<{self.width}>({buf}, {p} + {self.args.index(rest)});"
+                    self.define_stmt(stmt, buf, syms - {lane}, vkey)
+                return self.define(CTYPE[dt], f"{buf}[{lane.name}]", syms, key)
+        return self.define(CTYPE[dt], f"bpk::ld({p} + {self.args.index(off)})", syms, key)
+
+    def _vector_ok(self, lane: Loop, rest: sympy.Expr) -> bool:
+        """A vector load at `rest` is hoisted above the lane loop: only when `rest` is known there and
+        no branch (concat, pad: its guard may exclude some lanes' elements) lies between."""
+        pos = next(k for k, s in enumerate(self.scopes) if lane in s.syms)
+        if any(s.barrier for s in self.scopes[pos:]):
+            return False
+        known: set[sympy.Symbol] = set().union(*(s.syms for s in self.scopes[:pos]))
+        return all(s in known for s in rest.free_symbols if isinstance(s, Loop))
+
+    def store(self, vid: int, off: sympy.Expr, val: str) -> None:
+        self.line(f"bpk::st({self.ptr_store(vid)} + {self.args.index(off)}, {val});")
+
+    def fail(self, code: str, value: str, size: str) -> str:
+        return f"bpk::fail(st, ({code}) + {self.index << KERNEL_SHIFT}LL, {value}, {size});"
+
+    def accumulator(self, n: Node) -> DType:
+        dt = n.type.dtype
+        wide = DType.FLOAT64 if dt is DType.FLOAT64 else DType.FLOAT32
+        if n.op in (OpKind.SUM, OpKind.MEAN, OpKind.PROD):
+            return wide if dt.is_floating else DType.INT64
+        return wide if dt.is_floating else dt
+
+    def eval(self, vid: int, idx: tuple[sympy.Expr, ...]) -> str:
+        c = self.cache
+        if c is not None and self.cache_ready and vid == c[0] and tuple(sympy.sympify(i) for i in idx) == c[1]:
+            syms = {s for e in idx for s in sympy.sympify(e).free_symbols if isinstance(s, Loop)}
+            return self.define(CTYPE[self.ctx.types[vid].dtype], f"{c[2]}[{self.position}]", syms, ("cache", c[1]))
+        return super().eval(vid, idx)
+
+    # -- schedules shared with the CPU emitter's reduce and scan kernels: one thread per row
+    def rows_loop(self, outer_dims: Sequence[IRDim], cost: str, body: RowBody, chunk_setup: Sequence[str] = ()) -> None:
+        assert not chunk_setup, "CUDA rows are threads: no per-chunk scratch"
+        syms = tuple(Loop(f"i{k}") for k in range(len(outer_dims)))
+        rows = volume(outer_dims)
+        header = [
+            "for (int64_t t_ = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; "
+            f"t_ < {self.args.ref(rows)}; t_ += int64_t(gridDim.x) * blockDim.x) {{"
+        ]
+        self.loop(header, syms, lambda: body(syms), prologue=split_index("t_", syms, outer_dims, self.args))
+
+    # -- row reductions across the threads of a warp or block
+    def _elements(self, gen: Callable[[tuple[Loop, ...]], None]) -> None:
+        """The strided loop of this thread over the current row; `gen(inner symbols)` is its body."""
+        dom = self.spec.domain
+        k = self.spec.reduced
+        r = len(dom) - k
+        inner = inner_syms(self.spec)
+        length = self.args.ref(self._row_len())
+        q = inner[0].name if k == 1 else "q_"
+        header = [f"for (int64_t {q} = {self.thread}; {q} < {length}; {q} += {self.stride}) {{"]
+        prologue = [] if k == 1 else split_index("q_", inner, dom[r:], self.args)
+        self.position = q
+        self.loop(header, inner, lambda: gen(inner), prologue=prologue)
+
+    def reduce_pass(
+        self,
+        dt: DType,
+        kind: str,
+        body: Callable[[tuple[sympy.Expr, ...]], str],
+        store: Callable[[tuple[sympy.Expr, ...], str], None] | None = None,
+    ) -> str:
+        t = CTYPE[dt]
+        saved = self.scopes
+        self.scopes = saved[:2]  # passes are emitted at row scope, whatever scope asked for them
+        acc = self.fresh("acc")
+        self.declare(f"{t} {acc} = {reduce_init(kind, dt)};", acc)
+        functor = {"sum": "bpk::Sum()", "prod": "bpk::Prod()", "max": "bpk::Max()", "min": "bpk::Min()"}[kind]
+
+        assert store is None, "softmax in place is off on CUDA (the row cache or L2 serves the last pass)"
+        self._elements(lambda inner: self.line(f"{acc} = {functor}({acc}, {t}({body((*self.outer, *inner))}));"))
+        self.uses_barriers = True
+        if self.block_reduce:
+            self.line(f"{acc} = bpk::block_all({acc}, {functor}, reinterpret_cast<{t}*>(bpk_scratch));")
+        else:
+            self.line(f"{acc} = bpk::warp_all({acc}, {functor});")
+        self.depth[acc] = 1
+        self.scopes = saved
+        return acc
+
+
+def split_index(var: str, syms: Sequence[Loop], dims: Sequence[IRDim], args: Args) -> list[str]:
+    """Statements defining `syms` (row-major position in `dims`) from the linear index `var`."""
+    if not syms:
+        return []
+    if len(syms) == 1:
+        return [f"const int64_t {syms[0].name} = {var};"]
+    out = [f"int64_t s_{var} = {var};"]
+    for k in range(len(syms) - 1, 0, -1):
+        d = args.ref(dims[k])
+        out.append(f"const int64_t {syms[k].name} = s_{var} % {d}; s_{var} /= {d};")
+    out.append(f"const int64_t {syms[0].name} = s_{var};")
+    return out

@@ -1,0 +1,199 @@
+"""The attributes of IR ops: one frozen dataclass per attribute shape (loader-safe: no sympy at run time).
+
+In: nothing. Out: the attribute types `OP_INFO` (table.py) names per op, `Attrs` (their union),
+`DENSE_CONV` / `is_dense_conv` and `MAX_TOPK`. Sizes that may be symbolic are `SymInt` (ir/ops.py gives
+the run-time alias: sympy stays a compile-side dependency).
+
+Note [Shapes come from types]: ops whose result shape is fully described by the result type
+(reshape, expand, full, arange's length, slice's length) do not repeat it in their attributes; the
+shape program computes the result type's dims and the executor reads them from there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
+
+if TYPE_CHECKING:
+    import sympy
+
+    # An integer that may be symbolic: a plain int or a sympy expression over shape symbols.
+    SymInt = Union[int, sympy.Expr]
+    Scalar = Union[bool, int, float]
+
+
+@dataclass(frozen=True)
+class NoAttrs:
+    pass
+
+
+@dataclass(frozen=True)
+class GeluAttrs:
+    approximate: str = "none"  # "none" (the exact form) or "tanh"
+
+
+@dataclass(frozen=True)
+class LeakyReluAttrs:
+    slope: float
+
+
+@dataclass(frozen=True)
+class ClampAttrs:
+    min: float | None
+    max: float | None
+
+
+@dataclass(frozen=True)
+class ConstantAttrs:
+    value: Scalar | sympy.Expr  # a symbolic value is computed by the shape program
+
+
+@dataclass(frozen=True)
+class ArangeAttrs:
+    start: SymInt | float
+    step: SymInt | float
+
+
+@dataclass(frozen=True)
+class PermuteAttrs:
+    perm: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SliceAttrs:
+    """result[..., i, ...] = x[..., start + i * step, ...] along `axis`; the length is the type's."""
+
+    axis: int
+    start: SymInt
+    step: int
+
+
+@dataclass(frozen=True)
+class AxisAttrs:
+    axis: int
+
+
+@dataclass(frozen=True)
+class SafeSoftmaxAttrs(AxisAttrs):
+    """Softmax whose rows that are entirely -inf give 0, not NaN: torch's scaled_dot_product_attention
+    (aten._safe_softmax), where a fully masked query row (a left-padded position) attends to nothing."""
+
+    safe: bool = True
+
+
+@dataclass(frozen=True)
+class IndexAttrs:
+    """Advanced indexing: the index tensors (inputs 1..) stand at `axes`; other axes are taken whole."""
+
+    axes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PadAttrs:
+    """Constant padding; `pads` is (before, after) per axis, outermost first."""
+
+    pads: tuple[tuple[SymInt, SymInt], ...]
+    value: float
+
+
+@dataclass(frozen=True)
+class ReduceAttrs:
+    axes: tuple[int, ...]
+    keepdim: bool
+
+
+@dataclass(frozen=True)
+class ArgReduceAttrs:
+    axis: int
+    keepdim: bool
+
+
+MAX_TOPK = 1024  # the kernels keep the best k of a line in registers
+
+
+@dataclass(frozen=True)
+class TopkAttrs:
+    """The int64 positions of the k largest (or smallest) elements along `axis`, best first; ties keep
+    the earlier position, NaN counts as larger than any number. The values are a GATHER of these."""
+
+    axis: int
+    k: int
+    largest: bool
+
+
+@dataclass(frozen=True)
+class NormAttrs:
+    """layer_norm / rms_norm over the trailing `num_axes` axes; optional weight and bias inputs follow x."""
+
+    num_axes: int
+    eps: float
+    has_weight: bool
+    has_bias: bool
+
+
+@dataclass(frozen=True)
+class MatmulAttrs:
+    """torch.matmul semantics for operands of rank >= 2; `transpose_b` reads b as its last-two transpose."""
+
+    transpose_b: bool = False
+
+
+@dataclass(frozen=True)
+class Conv2dAttrs:
+    """`out_layout` "nchw" (torch's); "cnhw": the result's dims are [C_out, N, OH, OW], so one GEMM
+    covers the whole batch (see passes/conv_layout.py), the input NCHW; or "nhwc": the input's dims are
+    [N, H, W, C_in] and the result's [N, OH, OW, C_out] (Note [Channels-last chains] in
+    passes/channels_last.py). `weight_layout`
+    "oihw" (torch's), or "ihwo": the weight is stored [C_in, KH, KW, C_out], packed at optimize time
+    for the direct convolution kernel (see passes/direct_conv.py)."""
+
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    groups: int
+    has_bias: bool
+    out_layout: str = "nchw"
+    weight_layout: str = "oihw"
+
+
+# A pointwise channels-last convolution on a packed weight [C_in, 1, 1, C_out]: a linear layer over the
+# rows (pixels) of [N, H, W, C_in] (Note [Dense layers] in passes/dense_layers.py), which the CPU
+# emitter gives kernels of their own; channels-last chains make them of 1x1 convolutions too.
+DENSE_CONV = Conv2dAttrs((1, 1), (0, 0), (1, 1), 1, False, "nhwc", "ihwo")
+
+
+def is_dense_conv(attrs: object, weight_shape: tuple[object, ...]) -> bool:
+    return attrs == DENSE_CONV and tuple(weight_shape[1:3]) == (1, 1)
+
+
+@dataclass(frozen=True)
+class Pool2dAttrs:
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    ceil_mode: bool
+    count_include_pad: bool = True
+    layout: str = "nchw"  # or "nhwc": input and result dims [N, H, W, C] (Note [Channels-last chains])
+
+
+Attrs = Union[
+    NoAttrs,
+    GeluAttrs,
+    LeakyReluAttrs,
+    ClampAttrs,
+    ConstantAttrs,
+    ArangeAttrs,
+    PermuteAttrs,
+    SliceAttrs,
+    AxisAttrs,
+    IndexAttrs,
+    PadAttrs,
+    ReduceAttrs,
+    ArgReduceAttrs,
+    TopkAttrs,
+    NormAttrs,
+    MatmulAttrs,
+    Conv2dAttrs,
+    Pool2dAttrs,
+]

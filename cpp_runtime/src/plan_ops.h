@@ -1,0 +1,16 @@
+// Generated from the op table (bladepack/opset/table.py) by scripts/generate.py: do not edit.
+// The IR ops a plan may name; parse_manifest refuses a plan with any other (manifest.cpp).
+#pragma once
+
+namespace bpk {
+
+inline constexpr const char* kPlanOps[] = {
+    "neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "tanh", "sigmoid", "relu", "gelu", "silu", "erf", "sin",
+    "cos", "floor", "leaky_relu", "clamp", "cast", "logical_not", "bitwise_not", "add", "sub", "mul", "div", "pow",
+    "maximum", "minimum", "fmod", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "bitwise_and",
+    "bitwise_or", "bitwise_xor", "where", "constant", "full", "arange", "reshape", "expand", "permute", "slice",
+    "concat", "take", "gather", "index", "pad", "sum", "mean", "amax", "amin", "prod", "argmax", "argmin", "cumsum",
+    "topk", "softmax", "log_softmax", "layer_norm", "rms_norm", "matmul", "conv2d", "max_pool2d", "avg_pool2d",
+};
+
+}  // namespace bpk
