@@ -94,6 +94,9 @@ Dump = Callable[[Compilation, Backend], Mapping[str, str]]
 
 @dataclass(frozen=True)
 class Stage:
+    """A stage: its name (progress lines, dump files), what it runs, what it dumps, whether it runs once
+    per backend, and whether it applies to this compilation at all."""
+
     name: str
     run: Run
     dump: Dump = lambda c, b: {}
@@ -249,7 +252,9 @@ STAGES: tuple[Stage, ...] = (
     Stage("shape guards", _shape_guards, lambda c, b: {"04-shape_guards.txt": _guards_text(c)}),
     Stage("fusion", _fusion, lambda c, b: {f"05-fusion.{b.kind}.txt": _fusion_text(c, b)}, per_backend=True),
     Stage("lowering", _lowering, lambda c, b: _lowering_dump(c, b), per_backend=True),
-    Stage("memory plan", _memory_plan, lambda c, b: {f"07-memory_plan.{b.kind}.txt": _arena_text(c, b)}, True),
+    Stage(
+        "memory plan", _memory_plan, lambda c, b: {f"07-memory_plan.{b.kind}.txt": _arena_text(c, b)}, per_backend=True
+    ),
     Stage("plan", _plan, lambda c, b: {"08-plan.txt": _plan_text(c)}),
     Stage("build", _build, lambda c, b: {f"09-build.{b.kind}.txt": _build_text(c, b)}, per_backend=True),
     Stage(
