@@ -347,3 +347,37 @@ def test_cpp_runtime_on_a_real_gpu(tmp_path: Path) -> None:
                 got = np.load(out / f"{t.name}.npy")
                 assert rel_err(got, w) <= 1e-6, f"{name} at {dims}: C++ vs Python"
                 assert rel_err(got, e.numpy()) <= 1e-4, f"{name} at {dims}: C++ vs eager"
+
+
+class _Lookups(torch.nn.Module):
+    """An embedding (a negative id is out of range, as eager says) beside advanced indexing (a negative
+    index counts from the end): Note [Negative indices] in bladepack/opset/attrs.py."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 4)
+
+    def forward(self, ids: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.emb(ids) * 2.0, self.emb.weight[idx] + 1.0
+
+
+def test_negative_indices_on_the_gpu(gpu: FakeGpu) -> None:
+    """The CUDA kernels check indices as the CPU's do, and both loaders say the same: -1 to an
+    embedding is out of [0, 9]; -10 in advanced indexing is row 0, -11 is out of [-10, 9]."""
+    model = _Lookups().eval()
+    samples = [
+        (torch.tensor([[1, 2, 3]]), torch.tensor([1, 2])),
+        (torch.tensor([[4, 5, 6, 7]]), torch.tensor([0, 3, 9])),
+    ]
+    art = bladepack.optimize(model, samples, targets=TARGETS)
+    good = (np.array([[0, 9, 3]]), np.array([-10, -1, 9]))
+    cases = [good, (np.array([[1, -1, 3]]), good[1]), (good[0], np.array([2, -11]))]
+    _, py_out, _ = gpu.run(art, cases, graphs=False)
+    _, cpp_out, _ = gpu.run_cpp(art, cases, graphs=False, calls=1)
+    assert _same(py_out, cpp_out) == []
+    with torch.no_grad():
+        want = model(*(torch.from_numpy(a) for a in good))
+    for o, r in zip(py_out[0], want):
+        assert np.allclose(o, r.numpy(), rtol=1e-6, atol=0)
+    assert isinstance(py_out[1], str) and "-1 is not in [0, 9]" in py_out[1] and "emb(ids)" in py_out[1], py_out[1]
+    assert isinstance(py_out[2], str) and "-11 is not in [-10, 9]" in py_out[2], py_out[2]

@@ -189,7 +189,7 @@ def test_index_out_of_table_is_a_clear_error() -> None:
     emb = torch.nn.Embedding(10, 4)
     art = bladepack.optimize(emb, [(torch.tensor([[1, 2]]),), (torch.tensor([[1, 2, 3]]),)])
     m = bladepack.load(art.to_bytes())
-    with pytest.raises(bladepack.loader.ExecutionError, match=r"index out of range.*\[-10, 9\]"):
+    with pytest.raises(bladepack.loader.ExecutionError, match=r"index out of range.*\[0, 9\]"):
         m(np.array([[1, 11]]))
     assert rel_err(m(torch.tensor([[3, 4, 5]])), emb(torch.tensor([[3, 4, 5]]))) == 0.0
 

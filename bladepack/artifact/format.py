@@ -36,7 +36,7 @@ from bladepack.errors import BpkFormatError
 
 MAGIC = b"\x89BPK\r\n\x1a\n"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 3
+FORMAT_MINOR = 4
 HEADER_SIZE = 64
 ALIGN = 64
 _HEADER = struct.Struct("<8sHHIQQ32s")

@@ -40,6 +40,7 @@ from bladepack.codegen.cpu_loops import DECLS, CpuEmitter
 from bladepack.codegen.emitter import Emitter
 from bladepack.codegen.kernel import ROW_OPS, EmittedKernel, KernelContext, kernel_cost, same_shape, store_offset
 from bladepack.codegen.operand_check import add_atoms, operand_buffers, operand_check
+from bladepack.codegen.row_emitter import RowEmitter
 from bladepack.ir import Node, OpKind
 from bladepack.ir.fusion_plan import KernelSpec
 from bladepack.ir.ops import is_dense_conv
@@ -74,6 +75,7 @@ def _loop_kernel(em: Emitter, simd: bool) -> None:
 
 
 def _row_kernel(em: Emitter, simd: bool) -> None:
+    assert isinstance(em, RowEmitter), "row kernels need the row-op statistics"
     dom = em.spec.domain
     k = em.spec.reduced
     r = len(dom) - k

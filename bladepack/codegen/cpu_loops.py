@@ -10,11 +10,12 @@ from collections.abc import Sequence
 
 from bladepack.codegen.c_render import Loop
 from bladepack.codegen.emitter import Emitter, RowBody
+from bladepack.codegen.row_emitter import RowEmitter
 from bladepack.ir.types import IRDim
 from bladepack.ir.views import simplify
 
 
-class CpuEmitter(Emitter):
+class CpuEmitter(RowEmitter):
     """The CPU backend's emitter: rows run in parallel chunks (`rows_loop`)."""
 
     def rows_loop(self, outer_dims: Sequence[IRDim], cost: str, body: RowBody, chunk_setup: Sequence[str] = ()) -> None:

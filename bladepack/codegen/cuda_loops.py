@@ -15,8 +15,9 @@ from typing import Any
 import sympy
 
 from bladepack.codegen.c_render import CTYPE, Args, Loop
-from bladepack.codegen.emitter import Emitter, RowBody
+from bladepack.codegen.emitter import RowBody
 from bladepack.codegen.kernel import KernelContext, reduce_init
+from bladepack.codegen.row_emitter import RowEmitter
 from bladepack.dtypes import DType
 from bladepack.ir import Node, OpKind
 from bladepack.ir.fusion_plan import KernelSpec
@@ -45,7 +46,7 @@ def inner_syms(spec: KernelSpec) -> tuple[Loop, ...]:
     return tuple(Loop(f"r{r + m}") for m in range(spec.reduced))
 
 
-class CudaEmitter(Emitter):
+class CudaEmitter(RowEmitter):
     def __init__(
         self, spec: KernelSpec, ctx: KernelContext, args: Args, stores: list[int], loads: list[View], index: int = 0
     ) -> None:

@@ -20,8 +20,11 @@ from bladepack.ir.fusion_plan import KernelSpec
 from bladepack.ir.types import IRDim, TensorType
 from bladepack.ir.views import View, contiguous_strides, sym_eq
 
-# error codes a kernel reports through RunState::fail (the loader turns them into messages)
+# error codes a kernel reports through RunState::fail, plus 16 x its error site (the loader turns them into
+# messages): an index out of [-size, size - 1], or out of [0, size - 1] where negatives are not allowed
+# (Note [Negative indices] in opset/attrs.py)
 ERR_INDEX = 1
+ERR_INDEX_NONNEG = 2
 
 
 FLOATS = (DType.FLOAT32, DType.FLOAT64, DType.FLOAT16, DType.BFLOAT16)

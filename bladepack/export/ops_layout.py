@@ -13,7 +13,7 @@ import sympy
 from bladepack.dtypes import DType
 from bladepack.export.context import Ctx, Unsupported, Value, arg, converts, norm_axis
 from bladepack.ir import OpKind, TensorType
-from bladepack.ir.ops import ArangeAttrs, AxisAttrs, IndexAttrs, PadAttrs, PermuteAttrs, SliceAttrs, SymInt
+from bladepack.ir.ops import ArangeAttrs, AxisAttrs, IndexAttrs, PadAttrs, PermuteAttrs, SliceAttrs, SymInt, TakeAttrs
 from bladepack.ir.types import IRDim
 from bladepack.ir.views import simplify
 
@@ -224,19 +224,19 @@ def _repeat(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
 def _index_select(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
     x = ctx.v(args[0])
     axis = norm_axis(args[1], ctx.t(x).rank)
-    return ctx.emit(K.TAKE, (x, ctx.cast(ctx.v(args[2]), DType.INT64)), attrs=AxisAttrs(axis))
+    return ctx.emit(K.TAKE, (x, ctx.cast(ctx.v(args[2]), DType.INT64)), attrs=TakeAttrs(axis))  # Note [Negative indices]
 
 
 @converts("aten.embedding.default")
 def _embedding(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
-    return ctx.emit(K.TAKE, (ctx.v(args[0]), ctx.cast(ctx.v(args[1]), DType.INT64)), attrs=AxisAttrs(0))
+    return ctx.emit(K.TAKE, (ctx.v(args[0]), ctx.cast(ctx.v(args[1]), DType.INT64)), attrs=TakeAttrs(0))
 
 
 @converts("aten.gather.default")
 def _gather(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
     x = ctx.v(args[0])
     axis = norm_axis(args[1], ctx.t(x).rank)
-    return ctx.emit(K.GATHER, (x, ctx.cast(ctx.v(args[2]), DType.INT64)), attrs=AxisAttrs(axis))
+    return ctx.emit(K.GATHER, (x, ctx.cast(ctx.v(args[2]), DType.INT64)), attrs=TakeAttrs(axis))
 
 
 @converts("aten.index.Tensor")

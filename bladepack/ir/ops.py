@@ -33,6 +33,7 @@ from bladepack.opset.attrs import (
     ReduceAttrs,
     SafeSoftmaxAttrs,
     SliceAttrs,
+    TakeAttrs,
     TopkAttrs,
     is_dense_conv,
 )
@@ -70,6 +71,7 @@ __all__ = [
     "Scalar",
     "SliceAttrs",
     "SymInt",
+    "TakeAttrs",
     "TopkAttrs",
     "is_dense_conv",
 ]

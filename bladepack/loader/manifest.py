@@ -276,10 +276,15 @@ def _weight(bpk: BpkFile, w: dict[str, Any]) -> np.ndarray:
 
 
 def index_error(k: dict[str, Any], code: int, value: int, size: int) -> ExecutionError:
-    """The error a kernel (row `k`) reported through its status words (ERR_INDEX + 16 x site)."""
+    """The error a kernel (row `k`) reported through its status words: ERR_INDEX (an index may count from
+    the end) or ERR_INDEX_NONNEG (it may not: Note [Negative indices] in opset/attrs.py), + 16 x site."""
     site = (code - 1) // 16
     what = k["errors"][site] if 0 <= site < len(k["errors"]) else "an index"
+    lowest = 0 if code - 16 * site == _ERR_INDEX_NONNEG else -size
     return ExecutionError(
-        f"index out of range in {what}: {value} is not in [-{size}, {size - 1}] "
+        f"index out of range in {what}: {value} is not in [{lowest}, {size - 1}] "
         f"(kernel {k['name']}, from {k.get('loc') or 'unknown source'})"
     )
+
+
+_ERR_INDEX_NONNEG = 2  # codegen/kernel.py

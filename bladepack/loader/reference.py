@@ -98,8 +98,9 @@ def _concat(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, .
 def _take(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
     x, idx, axis = xs[0], xs[1], attrs["axis"]
     size = x.shape[axis]
-    if idx.size and (idx.min() < -size or idx.max() >= size):
-        raise IndexError(f"index out of range: indices must lie in [-{size}, {size - 1}]")
+    lowest = -size if attrs.get("wrap", True) else 0  # Note [Negative indices] in opset/attrs.py
+    if idx.size and (idx.min() < lowest or idx.max() >= size):
+        raise IndexError(f"index out of range: indices must lie in [{lowest}, {size - 1}]")
     return np.take(x, idx, axis=axis)
 
 
@@ -108,8 +109,9 @@ def _gather(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, .
     x, idx, axis = xs[0], xs[1], attrs["axis"]
     key = tuple(slice(None) if d == axis else slice(0, idx.shape[d]) for d in range(x.ndim))
     size = x.shape[axis]
-    if idx.size and (idx.min() < -size or idx.max() >= size):
-        raise IndexError(f"gather index out of range: indices must lie in [-{size}, {size - 1}]")
+    lowest = -size if attrs.get("wrap", True) else 0
+    if idx.size and (idx.min() < lowest or idx.max() >= size):
+        raise IndexError(f"gather index out of range: indices must lie in [{lowest}, {size - 1}]")
     return np.take_along_axis(x[key], idx, axis=axis)
 
 
@@ -117,6 +119,9 @@ def _gather(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, .
 def _index(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
     key: list[Any] = [slice(None)] * xs[0].ndim
     for axis, idx in zip(attrs["axes"], xs[1:]):
+        size = xs[0].shape[axis]
+        if idx.size and idx.dtype != np.bool_ and (idx.min() < -size or idx.max() >= size):
+            raise IndexError(f"index out of range: indices must lie in [-{size}, {size - 1}]")
         key[axis] = idx
     return xs[0][tuple(key)]
 

@@ -4,6 +4,14 @@ In: nothing. Out: the attribute types `OP_INFO` (table.py) names per op, `Attrs`
 `DENSE_CONV` / `is_dense_conv` and `MAX_TOPK`. Sizes that may be symbolic are `SymInt` (ir/ops.py gives
 the run-time alias: sympy stays a compile-side dependency).
 
+Note [Negative indices]: an index operand of take, gather and index (advanced indexing) may be
+negative and counts from the end of its axis, as ONNX and torch's `x[idx]` say — unless the op's
+attributes are `TakeAttrs` with `wrap=False` (torch's embedding, index_select, gather), where a
+negative index is out of range like one past the end: the kernels report it (ERR_INDEX_NONNEG,
+codegen/kernel.py) and the loaders raise ExecutionError naming the op and its source line, as eager
+raises IndexError. Every other index the front ends or passes make (interpolation, topk's values) is
+in range by construction.
+
 Note [Shapes come from types]: ops whose result shape is fully described by the result type
 (reshape, expand, full, arange's length, slice's length) do not repeat it in their attributes; the
 shape program computes the result type's dims and the executor reads them from there.
@@ -79,6 +87,15 @@ class SafeSoftmaxAttrs(AxisAttrs):
     (aten._safe_softmax), where a fully masked query row (a left-padded position) attends to nothing."""
 
     safe: bool = True
+
+
+@dataclass(frozen=True)
+class TakeAttrs(AxisAttrs):
+    """take / gather whose indices may not be negative: torch's embedding, index_select and gather raise
+    on a negative index, where ONNX's Gather and torch's advanced indexing count it from the end (plain
+    `AxisAttrs`: Note [Negative indices])."""
+
+    wrap: bool = False
 
 
 @dataclass(frozen=True)
@@ -187,6 +204,7 @@ Attrs = Union[
     PermuteAttrs,
     SliceAttrs,
     AxisAttrs,
+    TakeAttrs,
     IndexAttrs,
     PadAttrs,
     ReduceAttrs,

@@ -486,12 +486,16 @@ void Model::run(const bpk_tensor* in, int64_t n_in, bpk_tensor* out, int64_t n_o
   owned.keep();
 }
 
+// Note [Negative indices] (bladepack/opset/attrs.py): code 1 + 16 x site for an index that may count from
+// the end, 2 + 16 x site for one that may not (torch's embedding, index_select, gather)
 void Model::index_error(const KernelDecl& k, int64_t code, int64_t value, int64_t size) const {
+  constexpr int64_t kErrIndexNonneg = 2;
   const int64_t site = floordiv(code - 1, 16);
   const std::string what = site >= 0 && site < int64_t(k.errors.size()) ? k.errors[size_t(site)] : "an index";
-  fail(BPK_ERR_EXECUTION, "index out of range in " + what + ": " + std::to_string(value) + " is not in [-" +
-                              std::to_string(size) + ", " + std::to_string(size - 1) + "] (kernel " + k.name +
-                              ", from " + (k.loc.empty() ? "unknown source" : k.loc) + ")");
+  const std::string lowest = code - 16 * site == kErrIndexNonneg ? "0" : "-" + std::to_string(size);
+  fail(BPK_ERR_EXECUTION, "index out of range in " + what + ": " + std::to_string(value) + " is not in [" + lowest +
+                              ", " + std::to_string(size - 1) + "] (kernel " + k.name + ", from " +
+                              (k.loc.empty() ? "unknown source" : k.loc) + ")");
 }
 
 

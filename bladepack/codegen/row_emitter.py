@@ -1,0 +1,195 @@
+"""Row ops in a kernel: `RowEmitter`, the `Emitter` whose row ops (reductions over trailing axes,
+softmax, log-softmax, layer / RMS norm) read statistics their row passes computed.
+
+In: the emitter of a row kernel (a backend's subclass: cpu_loops.CpuEmitter, cuda_loops.CudaEmitter).
+Out: `reduce_pass` (one pass over the current row, combined with sum / prod / max / min; the CUDA
+emitter reduces across a warp or block instead), the statistics of each row op (`_stats`: sums,
+maxima, means, reciprocal standard deviations, computed once per row) and a row op's value at an
+element (`_row_value`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import sympy
+
+from bladepack.codegen.c_render import CTYPE, Loop, literal
+from bladepack.codegen.emitter import Emitter
+from bladepack.codegen.kernel import FLOATS, reduce_init, store_offset
+from bladepack.dtypes import DType
+from bladepack.ir import Node, OpKind
+from bladepack.ir.ops import NormAttrs, SafeSoftmaxAttrs
+from bladepack.ir.types import IRDim
+from bladepack.ir.views import simplify
+
+
+class RowEmitter(Emitter):
+    def _row_len(self) -> IRDim:
+        k = self.spec.reduced
+        length: IRDim = 1
+        for d in self.spec.domain[len(self.spec.domain) - k :]:
+            length = simplify(length * d)
+        return length
+
+    def reduce_pass(
+        self,
+        dt: DType,
+        kind: str,
+        body: Callable[[tuple[sympy.Expr, ...]], str],
+        store: Callable[[tuple[sympy.Expr, ...], str], None] | None = None,
+    ) -> str:
+        """One pass over the current row, combining `body` with `kind` ("sum", "prod", "max", "min");
+        returns the C variable holding the result. With `self.simd` the innermost loop carries
+        `#pragma omp simd reduction(...)` (max / min track NaN in a separate flag, like torch).
+        `store(idx, var)` may also write each element's value (`var`) in the same pass."""
+        t = CTYPE[dt]
+        dom = self.spec.domain
+        k = self.spec.reduced
+        inner = [Loop(f"r{len(dom) - k + m}") for m in range(k)]
+        saved = self.scopes
+        self.scopes = saved[:2]  # passes are emitted at row scope, whatever scope asked for them
+        acc = self.fresh("acc")
+        floats = dt in FLOATS
+        self.declare(f"{t} {acc} = {reduce_init(kind, dt)};", acc)
+        track_nan = kind in ("max", "min") and floats
+        if track_nan:
+            self.declare(f"int {acc}_nan = 0;", acc + "_nan")
+        full = (*self.outer, *inner)
+        op = {"sum": "+", "prod": "*", "max": "max", "min": "min"}[kind]
+
+        def innermost() -> None:
+            v = body(full)
+            if store is not None:
+                named = self.fresh("e")
+                self.line(f"const {t} {named} = {v};")
+                store(full, named)
+                v = named
+            if kind == "sum":
+                self.line(f"{acc} = {acc} + {v};")
+            elif kind == "prod":
+                self.line(f"{acc} = {acc} * {v};")
+            else:
+                cmp = ">" if kind == "max" else "<"
+                self.line(f"{acc} = {v} {cmp} {acc} ? {v} : {acc};")
+                if track_nan:
+                    self.line(f"{acc}_nan = {acc}_nan | int({v} != {v});")
+
+        def nest(m: int) -> None:
+            sym = inner[m]
+            header = [
+                f"for (int64_t {sym.name} = 0; {sym.name} < {self.args.ref(dom[len(dom) - k + m])}; ++{sym.name}) {{"
+            ]
+            if m == k - 1:
+                if self.simd:
+                    red = f"reduction({op}:{acc})" + (f" reduction(|:{acc}_nan)" if track_nan else "")
+                    header.insert(0, f"#pragma omp simd {red}")
+                self.loop(header, [sym], innermost)
+            else:
+                self.loop(header, [sym], lambda: nest(m + 1))
+
+        nest(0)
+        if track_nan:
+            self.line(f"if ({acc}_nan) {acc} = std::numeric_limits<{t}>::quiet_NaN();")
+        self.depth[acc] = 1
+        self.scopes = saved
+        return acc
+
+    def _stats(self, n: Node) -> dict[str, str]:
+        got = self.row_stats.get(n.id)
+        if got is not None:
+            return got
+        x = n.inputs[0]
+        xt = self.ctx.types[x].dtype
+        acc_t = self.accumulator(n)
+        t = CTYPE[acc_t]
+        length = self.args.ref(self._row_len())
+
+        def load(idx: tuple[sympy.Expr, ...]) -> str:
+            return self._as(self.eval(x, idx), xt, acc_t)
+
+        stats: dict[str, str] = {}
+        if n.op in (OpKind.SUM, OpKind.MEAN):
+            stats["acc"] = self.reduce_pass(acc_t, "sum", load)
+        elif n.op is OpKind.PROD:
+            stats["acc"] = self.reduce_pass(acc_t, "prod", load)
+        elif n.op in (OpKind.AMAX, OpKind.AMIN):
+            stats["acc"] = self.reduce_pass(acc_t, "max" if n.op is OpKind.AMAX else "min", load)
+        elif n.op in (OpKind.SOFTMAX, OpKind.LOG_SOFTMAX):
+            m = self.reduce_pass(acc_t, "max", load)
+            masked = ""
+            if isinstance(n.attrs, SafeSoftmaxAttrs):
+                # Note [Safe softmax]: a row that is entirely -inf (attention with every key masked) gives
+                # 0: the max is taken as 0 so the exponentials are exp(-inf) = 0, and the scale is 0
+                masked = self.fresh("masked")
+                self.scopes[1].lines.append(f"const bool {masked} = {m} == {literal(-math.inf, acc_t)};")
+                safe = self.fresh("m")
+                self.scopes[1].lines.append(f"const {t} {safe} = {masked} ? {t}(0) : {m};")
+                m = safe
+            keep = self.softmax_in_place == n.id  # Note [Softmax in place]
+            s = self.reduce_pass(
+                acc_t, "sum", lambda idx: f"bpk::vexp({load(idx)} - {m})", self._store_root(n.id) if keep else None
+            )
+            stats["max"] = m
+            if n.op is OpKind.SOFTMAX:
+                inv = self.fresh("inv")
+                scale = f"{masked} ? {t}(0) : {t}(1) / {s}" if masked else f"{t}(1) / {s}"
+                self.scopes[1].lines.append(f"const {t} {inv} = {scale};")
+                stats["inv"] = inv
+            else:
+                lse = self.fresh("lse")
+                self.scopes[1].lines.append(f"const {t} {lse} = {m} + std::log({s});")
+                stats["lse"] = lse
+        elif n.op in (OpKind.LAYER_NORM, OpKind.RMS_NORM):
+            assert isinstance(n.attrs, NormAttrs)
+            eps = literal(n.attrs.eps, acc_t)
+            rstd = self.fresh("rstd")
+            if n.op is OpKind.LAYER_NORM:
+                s = self.reduce_pass(acc_t, "sum", load)
+                mean = self.fresh("mean")
+                self.scopes[1].lines.append(f"const {t} {mean} = {s} / {t}({length});")
+                v = self.reduce_pass(acc_t, "sum", lambda idx: f"(({load(idx)} - {mean}) * ({load(idx)} - {mean}))")
+                self.scopes[1].lines.append(f"const {t} {rstd} = {t}(1) / std::sqrt({v} / {t}({length}) + {eps});")
+                stats["mean"] = mean
+            else:
+                s = self.reduce_pass(acc_t, "sum", lambda idx: f"({load(idx)} * {load(idx)})")
+                self.scopes[1].lines.append(f"const {t} {rstd} = {t}(1) / std::sqrt({s} / {t}({length}) + {eps});")
+            stats["rstd"] = rstd
+        else:
+            raise ValueError(f"{n.op.value} is not a row op")
+        self.row_stats[n.id] = stats
+        return stats
+
+    def _store_root(self, v: int) -> Callable[[tuple[sympy.Expr, ...], str], None]:
+        dom = self.spec.domain
+
+        def store(idx: tuple[sympy.Expr, ...], var: str) -> None:
+            self.line(f"{self.ptr_store(v)}[{self.args.index(store_offset(dom, idx))}] = {var};")
+
+        return store
+
+    def _row_value(self, n: Node, idx: tuple[sympy.Expr, ...]) -> str:
+        st = self._stats(n)
+        dt = n.type.dtype
+        t = CTYPE[dt]
+        if n.op in (OpKind.SUM, OpKind.PROD, OpKind.AMAX, OpKind.AMIN):
+            return self._as(st["acc"], self.accumulator(n), dt)
+        if n.op is OpKind.MEAN:
+            return f"{t}({st['acc']} / double({self.args.ref(self._row_len())}))"
+        x = self._as(self.eval(n.inputs[0], idx), self.ctx.types[n.inputs[0]].dtype, dt)
+        if n.op is OpKind.SOFTMAX:
+            return f"(bpk::vexp({x} - {st['max']}) * {st['inv']})"
+        if n.op is OpKind.LOG_SOFTMAX:
+            return f"({x} - {st['lse']})"
+        assert isinstance(n.attrs, NormAttrs)
+        y = f"(({x} - {st['mean']}) * {st['rstd']})" if n.op is OpKind.LAYER_NORM else f"({x} * {st['rstd']})"
+        k = n.attrs.num_axes
+        trail = idx[len(idx) - k :]
+        rest = list(n.inputs[1:])
+        if n.attrs.has_weight:
+            y = f"({y} * {self._as(self.eval(rest.pop(0), trail), self.ctx.types[n.inputs[1]].dtype, dt)})"
+        if n.attrs.has_bias:
+            b = rest.pop(0)
+            y = f"({y} + {self._as(self.eval(b, trail), self.ctx.types[b].dtype, dt)})"
+        return y
