@@ -161,7 +161,7 @@ def test_dense_layers_pass_golden() -> None:
     assert print_graph(q.graph, q.shape_env) == textwrap.dedent("""\
         symbols { ids_dim0: [1, inf], ids_dim1: [1, inf] }
         graph(%0 ids: i64[ids_dim0, ids_dim1]) weights(%1 emb.weight: f32[40, 16], %3 a.bias: f32[32], %5 head.bias: f32[10], %9 a.weight.dense: f32[16, 1, 1, 32], %17 head.weight.dense: f32[32, 1, 1, 10]) {
-          %6: f32[ids_dim0, ids_dim1, 16] = take(%1, %0) {axis=0}
+          %6: f32[ids_dim0, ids_dim1, 16] = take(%1, %0) {axis=0, wrap=False}
           %7: f32[ids_dim0, ids_dim1, 40] = matmul(%6, %1) {transpose_b=True}
           %8: f32[1, ids_dim0, ids_dim1, 16] = reshape(%6)
           %10: f32[1, ids_dim0, ids_dim1, 32] = conv2d(%8, %9) {stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, has_bias=False, out_layout='nhwc', weight_layout='ihwo'}

@@ -225,7 +225,7 @@ def test_pack_linear_golden() -> None:
     assert print_graph(q.graph, q.shape_env) == textwrap.dedent("""\
         symbols { ids_dim0: [1, inf], ids_dim1: [1, inf] }
         graph(%0 ids: i64[ids_dim0, ids_dim1]) weights(%1 emb.weight: f32[40, 16], %3 a.bias: f32[32], %4 head.weight: f32[10, 32], %5 head.bias: f32[10], %8 a.weight.kn: f32[16, 32]) {
-          %6: f32[ids_dim0, ids_dim1, 16] = take(%1, %0) {axis=0}
+          %6: f32[ids_dim0, ids_dim1, 16] = take(%1, %0) {axis=0, wrap=False}
           %7: f32[ids_dim0, ids_dim1, 40] = matmul(%6, %1) {transpose_b=True}
           %9: f32[ids_dim0, ids_dim1, 32] = matmul(%6, %8) {transpose_b=False}
           %10: f32[ids_dim0, ids_dim1, 32] = add(%9, %3)
