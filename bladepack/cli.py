@@ -1,4 +1,6 @@
-"""The `bladepack` command line. `inspect` is loader-safe; `optimize` needs the export extra.
+"""The `bladepack` command line (also `python -m bladepack`). `inspect` is loader-safe; `optimize` needs
+the export extra. Every error is one line on stderr, `bladepack: error: ...`, exit status 1 (2 for a
+command line argparse refuses).
 
 bladepack optimize MODEL.onnx -o MODEL.bpk [--dim INPUT:AXIS=NAME[:MIN:MAX]] ... [--reference-cases BYTES]
 bladepack inspect FILE [--json]
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,11 @@ import numpy as np
 from bladepack.artifact.format import read
 from bladepack.errors import BladepackError
 from bladepack.inspect import inspect_text, manifest_summary
+from bladepack.version import __version__
+
+
+class UsageError(Exception):
+    """A command-line value the command cannot use (printed as `bladepack: error: ...`)."""
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -44,12 +52,12 @@ def _run(args: argparse.Namespace) -> int:
     for item in args.input:
         name, _, path = item.partition("=")
         if not path:
-            raise SystemExit(f"--input takes NAME=FILE.npy, got {item!r}")
+            raise UsageError(f"--input takes NAME=FILE.npy, got {item!r}")
         given[name] = np.load(path)
     names = [t.name for t in m.signature.inputs]
     unknown = sorted(set(given) - set(names))
     if unknown:
-        raise SystemExit(f"unknown --input {', '.join(unknown)}; the inputs are {', '.join(names)}")
+        raise UsageError(f"unknown --input {', '.join(unknown)}; the inputs are {', '.join(names)}")
     outs = m.run([given[t.name] if t.name in given else _missing(t.name) for t in m.signature.inputs])
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -94,7 +102,7 @@ def _parse_dims(items: list[str]) -> dict[str, dict[int, Any]]:
         name_, _, axis = where.rpartition(":")
         parts = spec.split(":")
         if not name_ or not axis.lstrip("-").isdigit() or len(parts) not in (1, 3):
-            raise SystemExit(f"--dim takes INPUT:AXIS=NAME or INPUT:AXIS=NAME:MIN:MAX, got {item!r}")
+            raise UsageError(f"--dim takes INPUT:AXIS=NAME or INPUT:AXIS=NAME:MIN:MAX, got {item!r}")
         lo = int(parts[1]) if len(parts) == 3 and parts[1] else 1
         hi = int(parts[2]) if len(parts) == 3 and parts[2] else None
         out.setdefault(name_, {})[int(axis)] = Dim(parts[0], lo, hi)
@@ -105,7 +113,7 @@ def _optimize(args: argparse.Namespace) -> int:
     from bladepack.api import optimize
 
     if not str(args.model).lower().endswith(".onnx"):
-        raise SystemExit(
+        raise UsageError(
             f"bladepack optimize takes an .onnx file (torch models go through the Python API), got {args.model}"
         )
     budget = True if args.reference_cases is None else args.reference_cases
@@ -135,11 +143,12 @@ def _sign(args: argparse.Namespace) -> int:
 
 
 def _missing(name: str) -> np.ndarray:
-    raise SystemExit(f"missing --input {name}=FILE.npy")
+    raise UsageError(f"missing --input {name}=FILE.npy")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bladepack", description="Ahead-of-time packaging of dynamic-shape models.")
+    p.add_argument("--version", action="version", version=f"bladepack {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     po = sub.add_parser("optimize", help="optimize an ONNX model into a .bpk artifact")
     po.add_argument("model", help="a .onnx file (external-data files beside it are read)")
@@ -205,9 +214,19 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         return int(args.fn(args))
-    except (BladepackError, FileNotFoundError, FileExistsError, ValueError) as e:
+    except (BladepackError, UsageError, OSError, ValueError) as e:
+        if isinstance(e, BrokenPipeError):  # the reader went away (`bladepack verify --json | head`)
+            _quiet_stdout()
+            return 1
         print(f"bladepack: error: {e}", file=sys.stderr)
         return 1
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not fail again on the closed pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":

@@ -21,9 +21,10 @@ if TYPE_CHECKING:
     from bladepack.lowering.build_plan import KernelSources
 
 
-@dataclass
+@dataclass(repr=False)
 class Artifact:
-    """A compiled model in memory. `save(path)` writes the .bpk; `to_bytes()` returns its bytes."""
+    """A compiled model in memory. `save(path)` writes the .bpk; `to_bytes()` returns its bytes; its repr
+    is a one-line summary (`bladepack inspect` on the saved file says the rest)."""
 
     plan: ExecPlan
     weights: Mapping[str, np.ndarray]
@@ -43,6 +44,25 @@ class Artifact:
     # Note [Extending an artifact]: the front end's program (ir/serialize.py), its weights and how it
     # was optimized, or None
     source_program: tuple[dict[str, Any], dict[str, np.ndarray], dict[str, Any]] | None = None
+
+    def __repr__(self) -> str:
+        def decls(ds: Any) -> str:
+            return ", ".join(f"{d.name}: {d.dtype}[{', '.join(str(x) for x in d.shape)}]" for d in ds)
+
+        nbytes = sum(int(np.asarray(w).nbytes) for w in self.weights.values())
+        parts = [
+            f"inputs ({decls(self.plan.inputs)})",
+            f"outputs ({decls(self.plan.outputs)})",
+            f"{len(self.weights)} weights ({nbytes / 2**20:.1f} MiB)",
+            "cpu kernels: " + (", ".join(isa for isa, _, _ in self.cpu_libraries) or "none"),
+        ]
+        if self.cuda_images:
+            parts.append("cuda images: " + ", ".join(sorted(self.cuda_images)))
+        if self.reference_cases is not None:
+            parts.append(f"{len(self.reference_cases[0]['cases'])} reference cases")
+        if self.notes:
+            parts.append(f"{len(self.notes)} notes")
+        return f"<bladepack Artifact: {'; '.join(parts)}>"
 
     def _parts(self) -> tuple[dict[str, Any], list[bpk_format.Section]]:
         return assemble(

@@ -90,8 +90,13 @@ def _reference_cases(m: dict[str, Any]) -> dict[str, Any] | None:
     if rec is None:
         return None
     ran = {i for c in rec["cases"] for i in c["covers"]}
+    oracles: dict[str, int] = {}
+    for c in rec["cases"]:  # extend's new cases name their own oracle; carried ones have the record's
+        name = str(c.get("oracle", rec["oracle"]))
+        oracles[name] = oracles.get(name, 0) + 1
     return {
         "oracle": rec["oracle"],
+        "oracles": oracles,
         "budget": rec["budget"],
         "cases": [c["dims"] for c in rec["cases"]],
         "covered": len(ran),
@@ -285,8 +290,13 @@ def inspect_text(s: dict[str, Any]) -> str:
         lines.append("reference cases: none (bladepack verify has nothing to run)")
     else:
         dims = "; ".join(", ".join(f"{k}={v}" for k, v in sorted(c.items())) or "static" for c in rc["cases"])
+        oracles = rc.get("oracles") or {rc["oracle"]: len(rc["cases"])}
+        if len(oracles) > 1:
+            oracle = "oracles " + ", ".join(f"{k} ({v} case{'s' * (v != 1)})" for k, v in oracles.items())
+        else:
+            oracle = f"oracle {next(iter(oracles), rc['oracle'])}"
         lines.append(
-            f"reference cases: {len(rc['cases'])} ({dims}), oracle {rc['oracle']}; {rc['covered']} kernel "
+            f"reference cases: {len(rc['cases'])} ({dims}), {oracle}; {rc['covered']} kernel "
             f"variants and GEMM dispatch entries covered, {len(rc['uncovered'])} not"
         )
         lines += [f"  not covered: {u['item']} ({u['why']})" for u in rc["uncovered"]]

@@ -116,6 +116,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("BLADEPACK_GEMM_TUNING", _C, "gemm_tuning", _choice("auto", "profile", "model"), "auto", "how CUTLASS configs are chosen: auto (profile where a CUDA device answers, else the cost model), profile (a device is required), model"),
     Knob("BLADEPACK_NVCC_JOBS", _C, "nvcc_jobs", _positive(2), "2", "nvcc processes at once (an sm_90a CUTLASS unit takes ~3.3 GB)"),
     Knob("BLADEPACK_CUTLASS_UNVERIFIED", _C, "cutlass_unverified", _flag, "0", "1: CUTLASS serves float32 / float64 GEMMs too (default: cuBLAS does; not verified on a GPU)"),
+    Knob("BLADEPACK_SELF_CHECK", _C, "self_check", _choice("warn", "error"), "warn", "a reference case the new artifact's CPU kernels fail: warn (keep the artifact, the failure in its notes and a warning), error (CompileError; Note [Self-check])"),
     Knob("BLADEPACK_DENSE_LAYERS", _C, "dense_layers", _on, "1", "0: CPU linear layers stay BLAS GEMMs with loop-kernel epilogues (Note [Dense layers]; for comparisons)"),
     Knob("BLADEPACK_HOPPER_GEMMS", _C, "hopper_gemms", _flag, "0", "1: GEMM profiling at optimize times the sm_90a kernels on compute capability 9.0 (the loader's switch of the same name dispatches them)"),
     Knob("CXX", _C, "cxx", _text, "g++, c++, clang++ on PATH", "the C++ compiler of the CPU kernel libraries"),
@@ -128,6 +129,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("BLADEPACK_BLAS", _L, "blas", _text, "numpy's OpenBLAS, then the system's", "the BLAS library for CPU GEMMs; none: the kernel library's own loops"),
     Knob("BLADEPACK_CUBLAS", _L, "cublas", _text, "the nvidia wheels', the system's, CUDA_HOME/lib64", "the cuBLAS library"),
     Knob("CUDA_HOME", _L, "cuda_home", _text, "unset", "where cuBLAS is looked for last (lib64)"),
+    Knob("BLADEPACK_CPU_ISA", _L, "cpu_isa", _text, "the highest level this CPU runs", "the CPU kernel library to run, by ISA level (x86-64, x86-64-v3, ...; it must run on this CPU): for comparing levels on one machine"),
     Knob("BLADEPACK_NUM_THREADS", _L, "num_threads", _count, "0 (every core this process may run on)", "CPU kernel threads"),
     Knob("BLADEPACK_SHAPE_CACHE", _L, "shape_cache", _positive(4096), "4096", "input-shape signatures a loaded module keeps prepared (as the C++ runtime)"),
     Knob("BLADEPACK_CUDA_GRAPHS", _L, "cuda_graphs", _positive(64), "64", "CUDA graphs kept per stream (Note [CUDA graphs])"),
@@ -161,6 +163,7 @@ class CompileOptions:
     nvcc_jobs: int = 2
     cutlass_unverified: bool = False
     dense_layers: bool = True
+    self_check: str = "warn"
     hopper_gemms: bool = False
     # toolchains: None searches the usual places
     cxx: str | None = None
@@ -183,6 +186,7 @@ class LoaderOptions:
     blas: str | None = None
     cublas: str | None = None
     cuda_home: str | None = None
+    cpu_isa: str | None = None
     num_threads: int = 0
     shape_cache: int = 4096
     cuda_graphs: int = 64

@@ -102,7 +102,17 @@ class FakeGpu:
             pytest.skip("nvcc not found")
         pytest.importorskip("cuda.bindings.driver")
         subprocess.run(
-            [cc, "-shared", "-fPIC", "-O1", "-o", str(root / "libcuda.so.1"), str(FAKE / "fake_libcuda.c"), "-ldl", "-lpthread"],
+            [
+                cc,
+                "-shared",
+                "-fPIC",
+                "-O1",
+                "-o",
+                str(root / "libcuda.so.1"),
+                str(FAKE / "fake_libcuda.c"),
+                "-ldl",
+                "-lpthread",
+            ],
             check=True,
         )
         subprocess.run(

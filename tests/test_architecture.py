@@ -56,6 +56,7 @@ ALLOWED: dict[str, set[str]] = {
     "serving": {"artifact", "loader"},
     "cli": {"api", "artifact", "extend", "inspect", "loader", "serving"},
     "__init__": {"api", "loader"},
+    "__main__": {"cli"},
 }
 
 

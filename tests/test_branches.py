@@ -162,7 +162,9 @@ def test_fake_gpu_runs_the_taken_branch(tmp_path_factory: pytest.TempPathFactory
     from bladepack.inspect import inspect_text, manifest_summary
 
     text = inspect_text(manifest_summary(art._parts()[0]))
-    assert re.search(r"cuda graphs: some \(a signature that runs launch \d+ \(a run-time branch read on the host\)", text)
+    assert re.search(
+        r"cuda graphs: some \(a signature that runs launch \d+ \(a run-time branch read on the host\)", text
+    )
     _, _, log = gpu.run_cpp(art, [(np.full((3, 8), 0.5, np.float32),)])
     assert log.count("graph_launch") == 2  # the small side has no data predicate
     _, again, log = gpu.run(art, cases, calls=3)  # the Python loader decides the same

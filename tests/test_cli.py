@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 import bladepack
 from bladepack.cli import main
@@ -75,10 +75,52 @@ def test_run_writes_npy(mlp_artifact, tmp_path: Path) -> None:
     assert np.array_equal(np.load(tmp_path / "out" / "output0.npy"), bladepack.load(path)(x))
 
 
-def test_run_refuses_unknown_input_names(mlp_artifact, tmp_path: Path) -> None:
+def test_run_refuses_unknown_input_names(mlp_artifact, tmp_path: Path, capsys) -> None:
     path = tmp_path / "m.bpk"
     mlp_artifact.save(path)
     np.save(tmp_path / "x.npy", np.ones((3, 64), np.float32))
     given = ["--input", f"x={tmp_path / 'x.npy'}", "--input", f"y={tmp_path / 'x.npy'}"]
-    with pytest.raises(SystemExit, match="unknown --input y; the inputs are x"):
-        main(["run", str(path), *given, "--output-dir", str(tmp_path / "out")])
+    assert main(["run", str(path), *given, "--output-dir", str(tmp_path / "out")]) == 1
+    assert capsys.readouterr().err == "bladepack: error: unknown --input y; the inputs are x\n"
+
+
+def test_version_and_python_m_bladepack() -> None:
+    r = subprocess.run([sys.executable, "-m", "bladepack", "--version"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout == f"bladepack {bladepack.__version__}\n", (r.stdout, r.stderr)
+
+
+def test_errors_are_one_prefixed_line(mlp_artifact, tmp_path: Path) -> None:
+    """Usage and file errors alike: `bladepack: error: ...` on stderr, exit status 1, no traceback."""
+    path = tmp_path / "m.bpk"
+    mlp_artifact.save(path)
+    for argv in (
+        ["inspect", str(tmp_path / "missing.bpk")],
+        ["run", str(path), "--input", "x"],
+        ["run", str(path)],
+        ["optimize", str(path), "-o", str(tmp_path / "o.bpk")],
+    ):
+        r = subprocess.run([sys.executable, "-m", "bladepack", *argv], capture_output=True, text=True)
+        assert r.returncode == 1 and r.stderr.startswith("bladepack: error: "), (argv, r.stderr)
+        assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, (argv, r.stderr)
+
+
+def test_output_into_a_closed_pipe_is_quiet(mlp_artifact, tmp_path: Path) -> None:
+    """`bladepack verify --json | head -c 10`: the reader has gone; exit 1 with no BrokenPipeError traceback
+    (here the pipe's read end is closed before the command starts, so its first write fails)."""
+    path = tmp_path / "m.bpk"
+    mlp_artifact.save(path)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        cmd = [sys.executable, "-m", "bladepack", "verify", "--json", str(path)]
+        r = subprocess.run(cmd, stdout=write_end, stderr=subprocess.PIPE, text=True)
+    finally:
+        os.close(write_end)
+    assert r.returncode == 1 and r.stderr == "", r.stderr
+
+
+def test_artifact_repr_is_a_summary(mlp_artifact) -> None:
+    """print(artifact) is one line naming the signature, not every weight and kernel source."""
+    text = repr(mlp_artifact)
+    assert text.startswith("<bladepack Artifact: inputs (x: float32[batch, 64]); outputs (output0: float32[batch, 10])")
+    assert "weights (" in text and "cpu kernels: " in text and len(text) < 500 and str(mlp_artifact) == text

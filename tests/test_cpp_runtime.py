@@ -551,4 +551,4 @@ def test_demo_with_cpp(release: Path) -> None:
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "C++ runtime: max relative error" in r.stdout and r.stdout.rstrip().endswith("OK")
     assert "child: bladepack verify: 6 of 6 reference cases pass here (oracle: torch eager)" in r.stdout, r.stdout
-    assert "bpk-run --verify: verify: passed (6 of 6 cases)" in r.stdout, r.stdout
+    assert "bpk-run --verify: verify: passed (6 of 6 cases passed)" in r.stdout, r.stdout

@@ -17,8 +17,10 @@ import torch
 from torch import nn
 
 import bladepack
+from bladepack.artifact.format import read
 from bladepack.export import capture, to_program
 from bladepack.extend import ExtendError, extend, parse_range
+from bladepack.inspect import inspect_text, manifest_summary
 from bladepack.ir import print_graph
 from bladepack.ir.serialize import decode_program, encode_program
 from samples.registry import SAMPLES
@@ -80,6 +82,14 @@ def test_adding_a_cuda_target(tmp_path_factory: pytest.TempPathFactory) -> None:
     assert not {u["item"] for u in record["uncovered"]} & reachable
     added = [c for c in record["cases"] if c.get("oracle") == "bladepack reference executor"]
     assert record["oracle"] == "torch eager" and len(added) < len(record["cases"])
+    text = inspect_text(manifest_summary(read(art.to_bytes()).manifest))
+    kept = len(record["cases"]) - len(added)
+    if added:  # inspect names each oracle with its cases
+        assert (
+            f"oracles torch eager ({kept} case" in text and f"bladepack reference executor ({len(added)} case" in text
+        )
+    else:
+        assert "), oracle torch eager; " in text, text
     gpu = FakeGpu(tmp_path_factory.mktemp("fake_gpu_extend"))
     executor, report, log = gpu.verify(art, cc="80")
     assert executor.startswith("cuda") and report["passed"] is True, report
@@ -192,3 +202,21 @@ def test_cli_extend_runs_without_torch(tmp_path: Path) -> None:
     m = bladepack.load(out)
     x = np.random.default_rng(0).standard_normal((50, 64)).astype(np.float32)
     assert m(x).shape == (50, 10) and m.verify()["passed"] is True
+
+
+def test_inspect_counts_the_cases_of_each_oracle() -> None:
+    """After extend, carried cases keep the record's oracle and new ones name their own: inspect counts each."""
+    from bladepack.inspect import _reference_cases
+
+    record = {
+        "oracle": "torch eager",
+        "budget": 1,
+        "uncovered": [],
+        "cases": [
+            {"dims": {"b": 1}, "covers": ["k0"]},
+            {"dims": {"b": 2}, "covers": ["k0"]},
+            {"dims": {"b": 9}, "covers": ["k1"], "oracle": "bladepack reference executor"},
+        ],
+    }
+    rc = _reference_cases({"reference_cases": record})
+    assert rc is not None and rc["oracles"] == {"torch eager": 2, "bladepack reference executor": 1}

@@ -159,10 +159,6 @@ def test_no_compiler_warns_and_runs_on_the_reference_executor(monkeypatch, caplo
         bladepack.load(art.to_bytes(), executor="native")
 
 
-def _pick(libs: list[dict], isa: str) -> dict:
-    return next(li for li in libs if li["isa"] == isa)
-
-
 class _Linears(torch.nn.Module):
     """Linear layers (B^T [N, K]) in float32 on contiguous and strided rows, and in float64."""
 
@@ -178,7 +174,7 @@ class _Linears(torch.nn.Module):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("k,n", [(256, 256), (261, 259), (1024, 67)])
-def test_mid_m_gemms(monkeypatch, k: int, n: int) -> None:
+def test_mid_m_gemms(k: int, n: int) -> None:
     """Note [Mid-M GEMMs]: linear layers with W of 64K elements and more at 4 rows up to min(64, K / 8)
     run on the library's register-blocked kernel — a K tail shorter than a vector (261), column blocks
     cut short (259, 67), strided rows, float64 — against eager, below and across the bounds (3 and 4
@@ -191,8 +187,7 @@ def test_mid_m_gemms(monkeypatch, k: int, n: int) -> None:
     for lib in art.cpu_libraries:
         if not set(lib[1]) <= have:
             continue
-        monkeypatch.setattr("bladepack.loader.native_cpu.choose_library", lambda libs, isa=lib[0]: _pick(libs, isa))
-        nat = bladepack.load(art.to_bytes(), executor="native")
+        nat = bladepack.load(art.to_bytes(), executor="native", options=LoaderOptions(cpu_isa=lib[0]))
         for m in rows:
             x = torch.randn(m, 2, k, generator=torch.Generator().manual_seed(m))
             for got, ref in zip(nat(x), model(x)):
@@ -200,7 +195,7 @@ def test_mid_m_gemms(monkeypatch, k: int, n: int) -> None:
 
 
 @pytest.mark.slow
-def test_every_isa_level_builds_and_the_ones_this_cpu_has_run(monkeypatch) -> None:
+def test_every_isa_level_builds_and_the_ones_this_cpu_has_run() -> None:
     art = bladepack.optimize(_Softmax(), [(torch.randn(2, 5),), (torch.randn(3, 9),)], options=all_isas())
     levels = [isa for isa, _, _ in art.cpu_libraries]
     assert levels == ["x86-64", "x86-64-v3", "x86-64-v4"]
@@ -210,9 +205,7 @@ def test_every_isa_level_builds_and_the_ones_this_cpu_has_run(monkeypatch) -> No
     for lib in art.cpu_libraries:
         if not set(lib[1]) <= have:
             continue
-        # load each level by offering only it and the ones below
-        monkeypatch.setattr("bladepack.loader.native_cpu.choose_library", lambda libs, isa=lib[0]: _pick(libs, isa))
-        m = bladepack.load(art.to_bytes(), executor="native")
+        m = bladepack.load(art.to_bytes(), executor="native", options=LoaderOptions(cpu_isa=lib[0]))
         assert m.executor == f"native ({lib[0]})"
         assert rel_err(m(x), want) <= 1e-5
 

@@ -23,9 +23,9 @@ import bladepack
 from bladepack.api import Artifact
 from bladepack.artifact.reference_cases import compare, covered, generate
 from bladepack.cli import main as cli
-from bladepack.errors import BpkFormatError
+from bladepack.errors import BpkFormatError, CompileError
 from bladepack.loader.verify import report_text, verdict_line
-from bladepack.options import LoaderOptions
+from bladepack.options import CompileOptions, LoaderOptions
 from samples.registry import SAMPLES
 from tests.helpers import reachable_items, with_manifest
 from tests.test_cpp_runtime import bpk_run
@@ -139,7 +139,9 @@ def test_tampered_weight_is_caught(artifacts: dict[str, Artifact], tmp_path: Pat
     assert cli(["verify", str(path)]) == 1
     out = capsys.readouterr().out
     cases = len(report["cases"])
-    assert "FAIL: output 'output0' differs" in out and f"verify: FAILED (0 of {cases} cases)" in out, out
+    assert (
+        "FAIL: output 'output0' differs" in out and f"verify: FAILED ({cases} of {cases} cases failed, 0 passed)" in out
+    ), out
     good = tmp_path / "good.bpk"
     art.save(good)
     assert cli(["verify", str(good), "--json"]) == 0
@@ -237,7 +239,7 @@ def test_cpp_verify_gives_the_same_verdicts(
     # coverage items derived by both shape-program evaluators
     executor = bladepack.load(path).executor
     assert r.stdout == report_text(str(path), executor, report)
-    assert r.stdout.endswith(f"verify: passed ({len(report['cases'])} of {len(report['cases'])} cases)\n")
+    assert r.stdout.endswith(f"verify: passed ({len(report['cases'])} of {len(report['cases'])} cases passed)\n")
 
 
 def test_records_without_cases_and_malformed_records(
@@ -329,7 +331,8 @@ def test_onnx_models_verify_against_onnx_reference(tmp_path: Path) -> None:
 
 def test_optimize_runs_the_cases_it_records(monkeypatch: pytest.MonkeyPatch) -> None:
     """An artifact whose kernels disagree with the oracle is said at optimize time (here the oracle is
-    made 10% off, as a model whose eager path differs from its exported graph would be)."""
+    made 10% off, as a model whose eager path differs from its exported graph would be): a warning and a
+    note by default, a CompileError naming the case with self_check="error" (Note [Self-check])."""
     import bladepack.export.oracle as oracle_module
 
     real = oracle_module.torch_oracle
@@ -340,12 +343,14 @@ def test_optimize_runs_the_cases_it_records(monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(oracle_module, "torch_oracle", off)
     s = SAMPLES["mlp"]
+    said = "the artifact differs from torch eager in reference cases (case 0: batch=1 (1x64): FAIL: output 'output0' differs"
     art = bladepack.optimize(s.build(), s.export_samples(), s.dynamic_shapes)
-    assert any(
-        "the artifact differs from torch eager in reference cases (case 0: batch=1 (1x64): FAIL: output 'output0' differs"
-        in n
-        for n in art.notes
-    ), art.notes
+    assert any(said in n and n.endswith("please report it") for n in art.notes), art.notes
+    with pytest.raises(CompileError) as e:
+        bladepack.optimize(
+            s.build(), s.export_samples(), s.dynamic_shapes, options=CompileOptions.from_env(self_check="error")
+        )
+    assert said in str(e.value) and "BLADEPACK_SELF_CHECK=error" in str(e.value), e.value
 
 
 def test_coverage_items_of_cutlass_dispatch_and_guarded_launches() -> None:

@@ -112,7 +112,9 @@ def test_config_batches_along_the_proven_batch_dim(tagger: Path) -> None:
         with pytest.raises(ValueError, match="model 'tagger' has no CUDA kernels; optimize it with targets"):
             TritonModelConfig.build(m, "tagger", "cuda", backend=backend)
     gpu = {**m, "native_cuda": {"abi": 1}}  # only its presence is read here
-    assert "kind: KIND_GPU count: 1 gpus: [ 1 ]" in TritonModelConfig.build(gpu, "tagger", "cuda:1", backend="cpp").text()
+    assert (
+        "kind: KIND_GPU count: 1 gpus: [ 1 ]" in TritonModelConfig.build(gpu, "tagger", "cuda:1", backend="cpp").text()
+    )
     capped = TritonModelConfig.build(gpu, "tagger", "cuda:1", max_batch_size=4).text()
     assert "max_batch_size: 4\n" in capped
     off = TritonModelConfig.build(m, "tagger", dynamic_batching=False).text()

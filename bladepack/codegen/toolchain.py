@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bladepack.cpu_features import cpu_flags
+from bladepack.errors import CompileError
 
 BASE_FLAGS = [
     "-std=c++17",
@@ -111,19 +112,22 @@ def _accepts(cxx: str, flags: tuple[str, ...]) -> bool:
 
 def isa_levels(cxx: str, wanted: str | None = None) -> list[IsaLevel]:
     """The levels this compiler builds, limited to `wanted` (CompileOptions.cpu_isas: comma-separated
-    names, "host" for this CPU's) when given."""
+    names, "host" for this CPU's, "all" for every one) when given."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return [GENERIC]
     levels = [lv for lv in X86_LEVELS if _accepts(cxx, lv.flags)]
     if wanted:
         names = {w.strip() for w in wanted.split(",") if w.strip()}
+        if "all" in names:
+            names = (names - {"all"}) | {lv.name for lv in levels}
         if "host" in names:
             host = host_level(levels)
             names = (names - {"host"}) | ({host.name} if host else set())
         unknown = names - {lv.name for lv in levels}
         if unknown:
-            raise ToolchainError(
-                f"BLADEPACK_CPU_ISAS names {sorted(unknown)}; this compiler builds {[lv.name for lv in levels]}"
+            raise CompileError(
+                f"cpu_isas (BLADEPACK_CPU_ISAS) names {', '.join(sorted(unknown))}; allowed: all, host and the "
+                f"levels this compiler builds: {', '.join(lv.name for lv in levels)}"
             )
         levels = [lv for lv in levels if lv.name in names]
     return levels or [GENERIC]

@@ -224,7 +224,8 @@ def _repeat(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
 def _index_select(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
     x = ctx.v(args[0])
     axis = norm_axis(args[1], ctx.t(x).rank)
-    return ctx.emit(K.TAKE, (x, ctx.cast(ctx.v(args[2]), DType.INT64)), attrs=TakeAttrs(axis))  # Note [Negative indices]
+    index = ctx.cast(ctx.v(args[2]), DType.INT64)
+    return ctx.emit(K.TAKE, (x, index), attrs=TakeAttrs(axis))  # Note [Negative indices]: wrap=False
 
 
 @converts("aten.embedding.default")

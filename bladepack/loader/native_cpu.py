@@ -51,8 +51,9 @@ def _machine_is_x86() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64")
 
 
-def choose_library(libraries: Any) -> dict[str, Any]:
-    """The highest ISA level whose CPU features this machine has (`libraries`: the manifest record, checked)."""
+def choose_library(libraries: Any, isa: str | None = None) -> dict[str, Any]:
+    """The highest ISA level whose CPU features this machine has, or the level `isa` names (LoaderOptions.
+    cpu_isa; it must run here); `libraries`: the manifest record, checked."""
     if not isinstance(libraries, list) or not all(
         isinstance(lib, dict)
         and isinstance(lib.get("isa"), str)
@@ -72,7 +73,14 @@ def choose_library(libraries: Any) -> dict[str, Any]:
     if not fits:
         built = ", ".join(lib["isa"] for lib in libraries) or "none"
         raise NativeUnavailable(f"the artifact's CPU kernels were built for {built}; none runs on this CPU")
-    return fits[-1]
+    if isa is None:
+        return fits[-1]
+    for lib in fits:
+        if lib["isa"] == isa:
+            return lib
+    why = "does not run on this CPU" if any(lib["isa"] == isa for lib in libraries) else "is not in the artifact"
+    runs = ", ".join(lib["isa"] for lib in fits)
+    raise NativeUnavailable(f"cpu_isa={isa!r}: that CPU kernel library {why}; choose one of {runs}")
 
 
 @dataclass(frozen=True)
@@ -182,7 +190,7 @@ class NativeCpu:
         self.plan = native
         if native.get("abi") != ABI_VERSION:
             raise BpkFormatError(f"{bpk.source}: native CPU plan ABI {native.get('abi')} is not {ABI_VERSION}")
-        lib_row = choose_library(native.get("libraries"))  # its shape is checked there
+        lib_row = choose_library(native.get("libraries"), options.cpu_isa)  # its shape is checked there
         self.isa = lib_row["isa"]
         try:
             self.lib = open_library(

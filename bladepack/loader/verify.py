@@ -146,7 +146,11 @@ def report_text(source: str, executor: str, r: dict[str, Any]) -> str:
             lines.append("  ran: " + ", ".join(c["ran"]))
     lines += [f"not covered: {u['item']} ({u['why']})" for u in r["uncovered"]]
     passed = sum(c["passed"] for c in r["cases"])
-    lines.append(f"verify: {'passed' if r['passed'] else 'FAILED'} ({passed} of {len(r['cases'])} cases)")
+    total = len(r["cases"])
+    if r["passed"]:
+        lines.append(f"verify: passed ({passed} of {total} cases passed)")
+    else:
+        lines.append(f"verify: FAILED ({total - passed} of {total} cases failed, {passed} passed)")
     return "\n".join(lines) + "\n"
 
 

@@ -450,8 +450,10 @@ bool Model::verify(std::string& report) const {
   }
   for (const auto& u : uncovered) lines.push_back("not covered: " + u);
   const bool all = passed_cases == cases.size();
-  lines.push_back(std::string("verify: ") + (all ? "passed" : "FAILED") + " (" + std::to_string(passed_cases) + " of " +
-                  std::to_string(cases.size()) + " cases)");
+  const std::string total = std::to_string(cases.size()), passed = std::to_string(passed_cases);
+  lines.push_back(all ? "verify: passed (" + passed + " of " + total + " cases passed)"
+                      : "verify: FAILED (" + std::to_string(cases.size() - passed_cases) + " of " + total +
+                            " cases failed, " + passed + " passed)");
   report.clear();
   for (const auto& l : lines) report += l + "\n";
   return all;
