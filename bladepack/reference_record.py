@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from bladepack.artifact.reference_cases import all_items, covered, generate
+from bladepack.artifact.reference_cases import all_items, computed_in, covered, generate
 from bladepack.artifact.shape_program import ShapeProgram
 from bladepack.dtypes import DType
 from bladepack.errors import ShapeGuardError
@@ -236,6 +236,7 @@ def record_cases(
         "budget": budget,
         "cases": cases,
         "uncovered": uncovered,
+        "tolerance": computed_in(m),
     }
     note = f"reference cases: {'; '.join(notes)}" if notes else None
     return (record, sections), note

@@ -31,13 +31,14 @@ def verify_report(
         cases = [_case(c, raw, m, section) for c in record["cases"]]
         uncovered = [{"item": _text(u["item"]), "why": _text(u["why"])} for u in record["uncovered"]]
         oracle = _text(record["oracle"])
+        tolerances = _tolerances(record.get("tolerance"), m)
     except BpkFormatError:
         raise
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
         raise BpkFormatError(
             f"{m.source}: malformed manifest: reference_cases ({type(e).__name__}: {reprlib.repr(str(e))})"
         ) from None
-    reports = [_run_case(k, c, raw, m, run) for k, c in enumerate(cases)]
+    reports = [_run_case(k, c, raw, m, run, tolerances) for k, c in enumerate(cases)]
     return {
         "oracle": oracle,
         "cases": reports,
@@ -79,6 +80,21 @@ def _case(c: dict[str, Any], raw: dict[str, Any], m: Manifest, section: Callable
     return {"dims": dims, "inputs": inputs, "outputs": outputs, "covers": [_text(i) for i in c["covers"]]}
 
 
+def _tolerances(v: Any, m: Manifest) -> list[float]:
+    """The record's tolerance per output (Note [Verdict tolerance]; format 1.4 records may lack it: then
+    TOLERANCE of each output's dtype)."""
+    if v is None:
+        return [TOLERANCE.get(spec.dtype, 0.0) for spec in m.signature.outputs]
+    if not isinstance(v, list) or len(v) != len(m.signature.outputs):
+        raise ValueError("tolerance is not a list with one number per output")
+    out = []
+    for t in v:
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.0 <= float(t) < 1.0:
+            raise ValueError(f"tolerance {t!r} is not a number in [0, 1)")
+        out.append(float(t))
+    return out
+
+
 def _text(v: Any) -> str:
     if not isinstance(v, str):
         raise TypeError(f"expected a string, got {type(v).__name__}")
@@ -86,7 +102,12 @@ def _text(v: Any) -> str:
 
 
 def _run_case(
-    k: int, c: dict[str, Any], raw: dict[str, Any], m: Manifest, run: Callable[[list[Any]], list[Any]]
+    k: int,
+    c: dict[str, Any],
+    raw: dict[str, Any],
+    m: Manifest,
+    run: Callable[[list[Any]], list[Any]],
+    tolerances: list[float],
 ) -> dict[str, Any]:
     report: dict[str, Any] = {
         "case": k,
@@ -115,9 +136,8 @@ def _run_case(
         report["error"] = f"{type(e).__name__}: {e}"
         return report
     ok = True
-    for spec, g, w in zip(m.signature.outputs, got, c["outputs"]):
-        passed, err, scaled = compare(np.asarray(g), w, spec.dtype)
-        tol = TOLERANCE.get(spec.dtype, 0.0)
+    for spec, g, w, tol in zip(m.signature.outputs, got, c["outputs"], tolerances):
+        passed, err, scaled = compare(np.asarray(g), w, spec.dtype, tol)
         report["outputs"].append(
             {"name": spec.name, "max_abs": err, "scaled": scaled, "tolerance": tol, "passed": passed}
         )

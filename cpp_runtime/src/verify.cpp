@@ -172,8 +172,8 @@ struct Verdict {
   double err, scaled;
 };
 
-// bladepack/artifact/reference_cases.py compare()
-Verdict compare(const void* got, const void* want, size_t n, int32_t d) {
+// bladepack/artifact/reference_cases.py compare(); `tol`: the record's tolerance of this output
+Verdict compare(const void* got, const void* want, size_t n, int32_t d, double tol) {
   const bool fl = d == BPK_FLOAT32 || d == BPK_FLOAT64 || d == BPK_FLOAT16 || d == BPK_BFLOAT16;
   double err = 0, scale = 1;
   bool special_ok = true, exact = true;
@@ -195,7 +195,7 @@ Verdict compare(const void* got, const void* want, size_t n, int32_t d) {
     scale = std::max(scale, std::fabs(w));
   }
   if (!fl) return {exact, err, 0};
-  return {special_ok && err <= tolerance(d) * scale, err, err / scale};
+  return {special_ok && err <= tol * scale, err, err / scale};
 }
 
 bool truthy(const Obj& o) { return o.type == msgpack::type::BOOLEAN ? o.via.boolean : integer(o) != 0; }
@@ -311,8 +311,23 @@ bool Model::verify(std::string& report) const {
   std::vector<Case> cases;
   std::vector<std::string> uncovered;
   std::string oracle;
+  // Note [Verdict tolerance] (reference_cases.py computed_in): the record's tolerance per output, or
+  // (a record without one) the output dtype's
+  std::vector<double> tol;
+  for (const auto& o : m_.outputs) tol.push_back(tolerance(o.dtype));
   try {
     oracle = str(get(*rec, "oracle"));
+    if (const Obj* t = map_find(*rec, "tolerance")) {
+      const Obj* ts = list(*t, "tolerance");
+      if (t->via.array.size != m_.outputs.size())
+        malformed("ValueError: tolerance is not a list with one number per output");
+      for (uint32_t j = 0; j < t->via.array.size; ++j) {
+        if (ts[j].type == msgpack::type::BOOLEAN) malformed("ValueError: tolerance is not a number in [0, 1)");
+        const double v = real(ts[j]);
+        if (!(v >= 0.0 && v < 1.0)) malformed("ValueError: tolerance is not a number in [0, 1)");
+        tol[j] = v;
+      }
+    }
     const Obj& cs = get(*rec, "cases");
     const Obj* c = list(cs, "cases");
     for (uint32_t k = 0; k < cs.via.array.size; ++k) {
@@ -431,10 +446,10 @@ bool Model::verify(std::string& report) const {
           !byte_count(shape.data(), int32_t(shape.size()), dtype_size(d), &bytes) || want.size != bytes)
         fail(BPK_ERR_FORMAT, src + ": malformed manifest: reference_cases (ValueError: output " + std::to_string(j) + ")");
       const bool same_shape = shape == std::vector<int64_t>(out[j].shape, out[j].shape + out[j].ndim);
-      const Verdict v = same_shape ? compare(out[j].data, want.data, bytes / dtype_size(d), d)
+      const Verdict v = same_shape ? compare(out[j].data, want.data, bytes / dtype_size(d), d, tol[j])
                                    : Verdict{false, INFINITY, INFINITY};
       detail.push_back("  " + m_.outputs[j].name + ": max abs " + fmt("%.3g", v.err) + ", scaled " +
-                       fmt("%.3g", v.scaled) + " (tolerance " + fmt("%.0e", tolerance(d)) + ")" +
+                       fmt("%.3g", v.scaled) + " (tolerance " + fmt("%.0e", tol[j]) + ")" +
                        (v.passed ? "" : "  FAIL"));
       if (!v.passed && failure.empty()) failure = "output '" + m_.outputs[j].name + "' differs";
     }
