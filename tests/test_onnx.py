@@ -323,6 +323,31 @@ def test_resize_to_symbolic_sizes(mode: str) -> None:
     _check_dynamic(m, [[(2, 3, h, w), (1, 1, oh, ow)] for h, w, oh, ow in [(4, 4, 7, 3), (1, 5, 1, 9), (6, 3, 2, 2)]])
 
 
+def test_oracle_resizes_one_pixel_axes_as_the_specification_says() -> None:
+    """Note [pytorch_half_pixel at one pixel]: an output axis of length 1 reads input position 0 (the
+    ONNX specification, ONNX Runtime and bladepack's kernels), where onnx's reference evaluator reads
+    -0.5; the reference-case oracle follows the specification, and agrees with the evaluator elsewhere."""
+    from onnx.reference import ReferenceEvaluator
+
+    from bladepack.onnx_import.oracle import onnx_oracle
+
+    def model(ctm: str) -> onnx.ModelProto:
+        node = helper.make_node(
+            "Resize", ["x", "", "", "sizes"], ["y"], mode="cubic", coordinate_transformation_mode=ctm
+        )
+        inputs = [_vi("x", TensorProto.FLOAT, [1, 1, "h", "w"]), _vi("sizes", TensorProto.INT64, [4])]
+        return _model([node], inputs, ["y"], [], opset=19)
+
+    x = np.array([[[[1.0, 3.0, 4.0], [2.0, 8.0, 5.0]]]], dtype=np.float32)
+    one = onnx_oracle(model("pytorch_half_pixel"))
+    assert one([x, np.array([1, 1, 1, 1], np.int64)])[0].ravel().tolist() == [1.0]
+    assert one([x, np.array([1, 1, 2, 1], np.int64)])[0].ravel().tolist() == [1.0, 2.0]
+    for ctm, sizes in (("pytorch_half_pixel", [1, 1, 3, 5]), ("half_pixel", [1, 1, 1, 1])):
+        want = ReferenceEvaluator(model(ctm)).run(None, {"x": x, "sizes": np.array(sizes, np.int64)})[0]
+        got = onnx_oracle(model(ctm))([x, np.array(sizes, np.int64)])[0]
+        assert np.array_equal(got, want), (ctm, got, want)
+
+
 def test_unsupported_ops_listed_at_once() -> None:
     nodes = [
         helper.make_node("NonZero", ["x"], ["nz"], name="find"),
