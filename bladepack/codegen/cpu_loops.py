@@ -1,4 +1,4 @@
-"""The CPU schedule's parallel loop: `CpuEmitter.rows_loop` over `bpk::parallel_for`.
+"""The CPU schedule: `CpuEmitter.rows_loop` over `bpk::parallel_for`, and its row passes.
 
 In: the outer dims of a kernel's domain and a body to run per row. Out: the chunked parallel loop
 whose row symbols advance like an odometer, with the restrict-qualified declarations the body needs.
@@ -6,20 +6,84 @@ whose row symbols advance like an odometer, with the restrict-qualified declarat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from bladepack.codegen.c_render import Loop
+import sympy
+
+from bladepack.codegen.c_render import CTYPE, Loop
 from bladepack.codegen.emitter import Emitter, RowBody
+from bladepack.codegen.kernel import FLOATS
 from bladepack.codegen.row_emitter import RowEmitter
+from bladepack.dtypes import DType
 from bladepack.ir.types import IRDim
 from bladepack.ir.views import simplify
 
 
 class CpuEmitter(RowEmitter):
-    """The CPU backend's emitter: rows run in parallel chunks (`rows_loop`)."""
+    """The CPU backend's emitter: rows run in parallel chunks (`rows_loop`); a row pass is a loop nest
+    over the row in one thread (`reduce_pass`)."""
 
     def rows_loop(self, outer_dims: Sequence[IRDim], cost: str, body: RowBody, chunk_setup: Sequence[str] = ()) -> None:
         rows_loop(self, outer_dims, cost, body, chunk_setup)
+
+    def reduce_pass(
+        self,
+        dt: DType,
+        kind: str,
+        body: Callable[[tuple[sympy.Expr, ...]], str],
+        store: Callable[[tuple[sympy.Expr, ...], str], None] | None = None,
+    ) -> str:
+        """One pass over the current row, combining `body` with `kind` ("sum", "prod", "max", "min");
+        returns the C variable holding the result. The innermost loop carries (with `self.simd`)
+        `#pragma omp simd reduction(...)` (max / min track NaN in a separate flag, like torch).
+        `store(idx, var)` may also write each element's value (`var`) in the same pass."""
+        t = CTYPE[dt]
+        dom = self.spec.domain
+        k = self.spec.reduced
+        inner = [Loop(f"r{len(dom) - k + m}") for m in range(k)]
+        acc, saved = self._pass_accumulator(dt, kind)
+        track_nan = kind in ("max", "min") and dt in FLOATS
+        if track_nan:
+            self.declare(f"int {acc}_nan = 0;", acc + "_nan")
+        full = (*self.outer, *inner)
+        op = {"sum": "+", "prod": "*", "max": "max", "min": "min"}[kind]
+
+        def innermost() -> None:
+            v = body(full)
+            if store is not None:
+                named = self.fresh("e")
+                self.line(f"const {t} {named} = {v};")
+                store(full, named)
+                v = named
+            if kind == "sum":
+                self.line(f"{acc} = {acc} + {v};")
+            elif kind == "prod":
+                self.line(f"{acc} = {acc} * {v};")
+            else:
+                cmp = ">" if kind == "max" else "<"
+                self.line(f"{acc} = {v} {cmp} {acc} ? {v} : {acc};")
+                if track_nan:
+                    self.line(f"{acc}_nan = {acc}_nan | int({v} != {v});")
+
+        def nest(m: int) -> None:
+            sym = inner[m]
+            header = [
+                f"for (int64_t {sym.name} = 0; {sym.name} < {self.args.ref(dom[len(dom) - k + m])}; ++{sym.name}) {{"
+            ]
+            if m == k - 1:
+                if self.simd:
+                    red = f"reduction({op}:{acc})" + (f" reduction(|:{acc}_nan)" if track_nan else "")
+                    header.insert(0, f"#pragma omp simd {red}")
+                self.loop(header, [sym], innermost)
+            else:
+                self.loop(header, [sym], lambda: nest(m + 1))
+
+        nest(0)
+        if track_nan:
+            self.line(f"if ({acc}_nan) {acc} = std::numeric_limits<{t}>::quiet_NaN();")
+        self.depth[acc] = 1
+        self.scopes = saved
+        return acc
 
 
 def rows_loop(

@@ -16,7 +16,7 @@ import sympy
 
 from bladepack.codegen.c_render import CTYPE, Args, Loop
 from bladepack.codegen.emitter import RowBody
-from bladepack.codegen.kernel import KernelContext, reduce_init
+from bladepack.codegen.kernel import KernelContext
 from bladepack.codegen.row_emitter import RowEmitter
 from bladepack.dtypes import DType
 from bladepack.ir import Node, OpKind
@@ -140,10 +140,7 @@ class CudaEmitter(RowEmitter):
         store: Callable[[tuple[sympy.Expr, ...], str], None] | None = None,
     ) -> str:
         t = CTYPE[dt]
-        saved = self.scopes
-        self.scopes = saved[:2]  # passes are emitted at row scope, whatever scope asked for them
-        acc = self.fresh("acc")
-        self.declare(f"{t} {acc} = {reduce_init(kind, dt)};", acc)
+        acc, saved = self._pass_accumulator(dt, kind)
         functor = {"sum": "bpk::Sum()", "prod": "bpk::Prod()", "max": "bpk::Max()", "min": "bpk::Min()"}[kind]
 
         assert store is None, "softmax in place is off on CUDA (the row cache or L2 serves the last pass)"

@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 import sympy
 
-from bladepack.codegen.c_render import CTYPE, Loop, literal
-from bladepack.codegen.emitter import Emitter
-from bladepack.codegen.kernel import FLOATS, reduce_init, store_offset
+from bladepack.codegen.c_render import CTYPE, literal
+from bladepack.codegen.emitter import Emitter, Scope
+from bladepack.codegen.kernel import reduce_init, store_offset
 from bladepack.dtypes import DType
 from bladepack.ir import Node, OpKind
 from bladepack.ir.ops import NormAttrs, SafeSoftmaxAttrs
@@ -41,60 +41,18 @@ class RowEmitter(Emitter):
         store: Callable[[tuple[sympy.Expr, ...], str], None] | None = None,
     ) -> str:
         """One pass over the current row, combining `body` with `kind` ("sum", "prod", "max", "min");
-        returns the C variable holding the result. With `self.simd` the innermost loop carries
-        `#pragma omp simd reduction(...)` (max / min track NaN in a separate flag, like torch).
-        `store(idx, var)` may also write each element's value (`var`) in the same pass."""
-        t = CTYPE[dt]
-        dom = self.spec.domain
-        k = self.spec.reduced
-        inner = [Loop(f"r{len(dom) - k + m}") for m in range(k)]
+        returns the C variable holding the result. `store(idx, var)` may also write each element's
+        value (`var`) in the same pass. Each backend's schedule implements it."""
+        raise NotImplementedError
+
+    def _pass_accumulator(self, dt: DType, kind: str) -> tuple[str, list[Scope]]:
+        """A row pass's accumulator, declared at row scope (passes are emitted there, whatever scope
+        asked for them), and the scopes to restore once the pass is emitted."""
         saved = self.scopes
-        self.scopes = saved[:2]  # passes are emitted at row scope, whatever scope asked for them
+        self.scopes = saved[:2]
         acc = self.fresh("acc")
-        floats = dt in FLOATS
-        self.declare(f"{t} {acc} = {reduce_init(kind, dt)};", acc)
-        track_nan = kind in ("max", "min") and floats
-        if track_nan:
-            self.declare(f"int {acc}_nan = 0;", acc + "_nan")
-        full = (*self.outer, *inner)
-        op = {"sum": "+", "prod": "*", "max": "max", "min": "min"}[kind]
-
-        def innermost() -> None:
-            v = body(full)
-            if store is not None:
-                named = self.fresh("e")
-                self.line(f"const {t} {named} = {v};")
-                store(full, named)
-                v = named
-            if kind == "sum":
-                self.line(f"{acc} = {acc} + {v};")
-            elif kind == "prod":
-                self.line(f"{acc} = {acc} * {v};")
-            else:
-                cmp = ">" if kind == "max" else "<"
-                self.line(f"{acc} = {v} {cmp} {acc} ? {v} : {acc};")
-                if track_nan:
-                    self.line(f"{acc}_nan = {acc}_nan | int({v} != {v});")
-
-        def nest(m: int) -> None:
-            sym = inner[m]
-            header = [
-                f"for (int64_t {sym.name} = 0; {sym.name} < {self.args.ref(dom[len(dom) - k + m])}; ++{sym.name}) {{"
-            ]
-            if m == k - 1:
-                if self.simd:
-                    red = f"reduction({op}:{acc})" + (f" reduction(|:{acc}_nan)" if track_nan else "")
-                    header.insert(0, f"#pragma omp simd {red}")
-                self.loop(header, [sym], innermost)
-            else:
-                self.loop(header, [sym], lambda: nest(m + 1))
-
-        nest(0)
-        if track_nan:
-            self.line(f"if ({acc}_nan) {acc} = std::numeric_limits<{t}>::quiet_NaN();")
-        self.depth[acc] = 1
-        self.scopes = saved
-        return acc
+        self.declare(f"{CTYPE[dt]} {acc} = {reduce_init(kind, dt)};", acc)
+        return acc, saved
 
     def _stats(self, n: Node) -> dict[str, str]:
         got = self.row_stats.get(n.id)
