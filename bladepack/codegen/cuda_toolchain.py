@@ -25,7 +25,7 @@ from pathlib import Path
 
 from bladepack.codegen import c_render
 from bladepack.codegen.cuda_emitter import CudaKernel
-from bladepack.codegen.toolchain import ToolchainError, cache_put
+from bladepack.codegen.toolchain import ToolchainError, cached_build
 from bladepack.target import CUBIN_ARCHES, HOPPER_GEMM_ARCH, PTX_ARCH
 
 FLAGS = ("-std=c++17", "-O3", "--expt-relaxed-constexpr", "-DNDEBUG")
@@ -83,19 +83,17 @@ def nvcc_cached(nvcc: str, version: str, flags: Sequence[str], source: str, path
     """nvcc `flags` on `source`, cached at `path_stem`/<sha256 of version, flags, source>.<suffix of the
     stem's name>; ToolchainError with nvcc's message (naming `what`) when it fails."""
     key = hashlib.sha256("\0".join([version, *flags, source]).encode()).hexdigest()
-    path = path_stem.parent / f"{key}.{path_stem.name}"
-    if path.exists():
-        return path.read_bytes()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as d:
-        src, out = Path(d) / "unit.cu", Path(d) / "unit.out"
-        src.write_text(source)
-        r = subprocess.run([nvcc, *flags, str(src), "-o", str(out)], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise ToolchainError(f"nvcc failed building {what}:\n{(r.stderr or r.stdout)[-4000:]}")
-        data = out.read_bytes()
-    cache_put(path, data)
-    return data
+
+    def build() -> bytes:
+        with tempfile.TemporaryDirectory() as d:
+            src, out = Path(d) / "unit.cu", Path(d) / "unit.out"
+            src.write_text(source)
+            r = subprocess.run([nvcc, *flags, str(src), "-o", str(out)], capture_output=True, text=True)
+            if r.returncode != 0:
+                raise ToolchainError(f"nvcc failed building {what}:\n{(r.stderr or r.stdout)[-4000:]}")
+            return out.read_bytes()
+
+    return cached_build(path_stem.parent, f"{key}.{path_stem.name}", build, f"nvcc builds ({what})")[0]
 
 
 def _compile_one(nvcc: str, version: str, target: str, source: str, cache: Path) -> tuple[str, bytes]:

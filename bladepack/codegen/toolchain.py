@@ -2,7 +2,9 @@
 
 In: the full C++ source of a model's CPU library. Out: `CompiledLibrary` per ISA level (name, the CPU
 features it needs, the shared-object bytes). Compiles run in parallel (bounded by the core count) and
-are cached under BLADEPACK_CACHE_DIR/cpu/<sha256 of source, flags and compiler version>.so.
+are cached under BLADEPACK_CACHE_DIR/cpu/<sha256 of source, flags and compiler version>.so, an entry
+used only when this user wrote it (Note [Cache ownership] in bladepack/private_files.py: the key is
+predictable, so a file another user could plant would be packed, signed and run everywhere).
 
 ISA levels (x86-64 psABI names): "x86-64" (baseline SSE2), "x86-64-v3" (AVX2, FMA, BMI2) and
 "x86-64-v4" (AVX-512 F/BW/CD/DQ/VL), each built when the compiler accepts its -march. Other hosts build
@@ -21,7 +23,6 @@ import platform
 import shutil
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from bladepack.cpu_features import cpu_flags
 from bladepack.errors import CompileError
+from bladepack.private_files import PrivateDir
 
 BASE_FLAGS = [
     "-std=c++17",
@@ -142,28 +144,35 @@ def host_level(levels: list[IsaLevel]) -> IsaLevel | None:
 def _compile_one(cxx: str, version: str, isa: IsaLevel, source: str, cache: Path) -> CompiledLibrary:
     flags = [*BASE_FLAGS, *isa.flags]
     key = hashlib.sha256("\0".join([version, *flags, source]).encode()).hexdigest()
-    path = cache / "cpu" / f"{key}.so"
-    if path.exists():
-        return CompiledLibrary(isa, path.read_bytes(), True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as d:
-        src = Path(d) / "kernels.cc"
-        src.write_text(source)
-        out = Path(d) / "kernels.so"
-        r = subprocess.run([cxx, *flags, str(src), "-o", str(out)], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise ToolchainError(f"{cxx} failed building the {isa.name} kernel library:\n{r.stderr[-4000:]}")
-        data = out.read_bytes()
-    cache_put(path, data)
-    return CompiledLibrary(isa, data, False)
+
+    def build() -> bytes:
+        with tempfile.TemporaryDirectory() as d:
+            src = Path(d) / "kernels.cc"
+            src.write_text(source)
+            out = Path(d) / "kernels.so"
+            r = subprocess.run([cxx, *flags, str(src), "-o", str(out)], capture_output=True, text=True)
+            if r.returncode != 0:
+                raise ToolchainError(f"{cxx} failed building the {isa.name} kernel library:\n{r.stderr[-4000:]}")
+            return out.read_bytes()
+
+    data, cached = cached_build(cache / "cpu", f"{key}.so", build, "CPU kernel libraries")
+    return CompiledLibrary(isa, data, cached)
 
 
-def cache_put(path: Path, data: bytes) -> None:
-    """Store a build output in the cache atomically (a temporary file renamed over `path`), so
-    concurrent builders of the same content never see a partial file."""
-    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+def cached_build(directory: Path, name: str, build: Callable[[], bytes], what: str) -> tuple[bytes, bool]:
+    """(entry `name` of the build cache `directory`, True) when it is there and this user's own (Note
+    [Cache ownership]), else (`build()`, False), stored for next time when the directory is private
+    (written under a fresh name and renamed, so concurrent builders never see a partial entry)."""
+    cache = PrivateDir.open(directory, what)
+    if cache is None:
+        return build(), False
+    with cache:
+        held = cache.read(name)
+        if held is not None:
+            return held, True
+        data = build()
+        cache.write(name, data)
+        return data, False
 
 
 def build_libraries(
