@@ -44,10 +44,23 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mmap_options(p: argparse.ArgumentParser) -> None:
+    how = p.add_mutually_exclusive_group()
+    how.add_argument(
+        "--mmap", action="store_true", default=None, help="map the file (shared pages; it must not change)"
+    )
+    how.add_argument(
+        "--no-mmap",
+        dest="mmap",
+        action="store_false",
+        help="read it once into private memory (default for --sha256 / --trusted-key loads)",
+    )
+
+
 def _run(args: argparse.Namespace) -> int:
     from bladepack.loader import load
 
-    m = load(args.file, sha256=args.sha256, trusted_keys=args.trusted_key or None)
+    m = load(args.file, sha256=args.sha256, trusted_keys=args.trusted_key or None, mmap=args.mmap)
     given = {}
     for item in args.input:
         name, _, path = item.partition("=")
@@ -71,7 +84,7 @@ def _verify(args: argparse.Namespace) -> int:
     from bladepack.loader import load
     from bladepack.loader.verify import report_text
 
-    m = load(args.file, device=args.device, sha256=args.sha256, trusted_keys=args.trusted_key or None)
+    m = load(args.file, device=args.device, sha256=args.sha256, trusted_keys=args.trusted_key or None, mmap=args.mmap)
     report = m.verify()
     if args.json:
         print(json.dumps({"file": str(args.file), "executor": m.executor, **report}, indent=2, sort_keys=True))
@@ -184,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY",
         help="refuse the file unless signed by this Ed25519 public key (hex or .pub file; repeatable)",
     )
+    _mmap_options(pr)
     pr.set_defaults(fn=_run)
     pv = sub.add_parser("verify", help="run an artifact's reference cases here and compare with the recorded outputs")
     pv.add_argument("file")
@@ -191,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     pv.add_argument("--json", action="store_true", help="machine-readable report")
     pv.add_argument("--sha256", help="refuse the file unless its SHA-256 is this (hex)")
     pv.add_argument("--trusted-key", action="append", default=[], metavar="KEY", help="as for run")
+    _mmap_options(pv)
     pv.set_defaults(fn=_verify)
     pe = sub.add_parser("extend", help="rebuild an artifact for new targets or ranges, without the model")
     pe.add_argument("file")

@@ -1,8 +1,18 @@
 """The .bpk container: fixed header, msgpack manifest, 64-byte-aligned checksummed sections.
 
 In (writer): a manifest dict and a list of named byte sections. Out: one file, written atomically and
-byte-for-byte reproducible. In (reader): a path (memory-mapped) or a bytes-like object. Out: the
-manifest and zero-copy views of the sections, or `BpkFormatError` saying exactly what is wrong.
+byte-for-byte reproducible. In (reader): a path (memory-mapped, or read once into private memory) or
+a bytes-like object. Out: the manifest and zero-copy views of the sections, or `BpkFormatError` saying
+exactly what is wrong.
+
+Note [Mapped or private] (docs/format.md "Trust"): a mapped file is read where it lies, so another
+process that rewrites it in place changes what later reads see, and one that truncates it makes a
+later read fault (SIGBUS). The reader therefore copies the header and the manifest once and checks
+and parses only the copies, and `section_copy` gives code (kernel libraries, GPU images) as a private
+copy checked against the manifest's digest; but weights read through a mapping are the file's bytes
+at the time of use. `read(..., map_file=False)` reads the whole file once into private anonymous
+memory instead: then nothing later depends on the file at all (it may be rewritten, truncated or
+deleted), at the cost of one copy of the file in this process's memory.
 
 Layout (all integers little-endian; see docs/format.md):
 
@@ -19,6 +29,7 @@ Layout (all integers little-endian; see docs/format.md):
 from __future__ import annotations
 
 import hashlib
+import hmac
 import mmap
 import os
 import struct
@@ -117,11 +128,12 @@ class BpkFile:
 
     def _read_manifest(self) -> dict[str, Any]:
         buf = self._buf
+        self._header = bytes(buf[:HEADER_SIZE])  # Note [Mapped or private]: checked and signed as copied
         if len(buf) < HEADER_SIZE:
             if bytes(buf[: len(MAGIC)]) != MAGIC[: len(buf)]:
                 raise self._fail("not a .bpk artifact (bad magic)")
             raise self._fail(f"truncated: the file has {len(buf)} bytes, the header alone needs {HEADER_SIZE}")
-        magic, major, minor, hsize, moff, mlen, digest = _HEADER.unpack_from(buf, 0)
+        magic, major, minor, hsize, moff, mlen, digest = _HEADER.unpack_from(self._header, 0)
         if magic != MAGIC:
             raise self._fail(f"not a .bpk artifact (bad magic {bytes(magic)!r}, expected {MAGIC!r})")
         if major > FORMAT_MAJOR:
@@ -133,7 +145,7 @@ class BpkFile:
             raise self._fail(f"corrupt header (version {major}.{minor}, header size {hsize}, manifest offset {moff})")
         if moff + mlen > len(buf):
             raise self._fail(f"truncated: the manifest needs bytes up to {moff + mlen}, the file has {len(buf)}")
-        body = buf[moff : moff + mlen]
+        body = bytes(buf[moff : moff + mlen])
         if hashlib.sha256(body).digest() != digest:
             raise self._fail("manifest checksum mismatch: the file is corrupt")
         try:
@@ -152,7 +164,8 @@ class BpkFile:
 
     @property
     def header(self) -> memoryview:
-        return self._buf[:HEADER_SIZE]
+        """The header as read when the file was opened (what the manifest's checksum was checked against)."""
+        return memoryview(self._header)
 
     def section_digest(self, name: str) -> str:
         """The SHA-256 (hex) the manifest gives section `name`."""
@@ -202,6 +215,14 @@ class BpkFile:
             if got != digest:
                 raise self._fail(f"checksum mismatch in section {name!r}: the file is corrupt")
 
+    def section_copy(self, name: str) -> bytes:
+        """Section `name` copied once into private memory and checked against the manifest's digest:
+        what native code (kernel libraries, GPU images) is loaded from (Note [Mapped or private])."""
+        data = bytes(self.section(name))
+        if not hmac.compare_digest(hashlib.sha256(data).hexdigest(), str(self._digests[name])):
+            raise self._fail(f"checksum mismatch in section {name!r}: the file is corrupt (or changed while loading)")
+        return data
+
     def section(self, name: str) -> memoryview:
         try:
             return self._sections[name]
@@ -214,10 +235,14 @@ class BpkFile:
 
 
 def read(
-    source: str | os.PathLike[str] | bytes | bytearray | memoryview, verify: bool = True, sha256: str | None = None
+    source: str | os.PathLike[str] | bytes | bytearray | memoryview,
+    verify: bool = True,
+    sha256: str | None = None,
+    map_file: bool = True,
 ) -> BpkFile:
-    """Open an artifact from a path (memory-mapped, read-only) or from bytes in memory. `sha256` pins
-    the whole file's digest (Note [Trust model] in trust.py), checked before anything is parsed."""
+    """Open an artifact from a path (memory-mapped read-only, or with `map_file=False` read once into
+    private memory: Note [Mapped or private]) or from bytes in memory. `sha256` pins the whole file's
+    digest (Note [Trust model] in trust.py), checked before anything is parsed."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         buf = memoryview(source).cast("B")
         if sha256 is not None:
@@ -229,9 +254,28 @@ def read(
             size = os.fstat(f.fileno()).st_size
             if size == 0:
                 raise BpkFormatError(f"{path}: empty file, not a .bpk artifact")
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if map_file else _read_private(f, size, path)
     except FileNotFoundError:
         raise FileNotFoundError(f"no artifact at {path}") from None
+    view = memoryview(mm).toreadonly()
     if sha256 is not None:
-        trust.check_digest(memoryview(mm), sha256, path)
-    return BpkFile(memoryview(mm), path, verify, keepalive=mm)
+        trust.check_digest(view, sha256, path)
+    return BpkFile(view, path, verify, keepalive=mm)
+
+
+def _read_private(f: Any, size: int, path: str) -> mmap.mmap:
+    """The file's `size` bytes read into anonymous memory (page-aligned, like a mapping); BpkFormatError
+    when it shrinks while being read."""
+    mm = mmap.mmap(-1, size)
+    view = memoryview(mm)
+    done = 0
+    while done < size:
+        n = f.readinto(view[done:])
+        if not n:
+            view.release()
+            raise BpkFormatError(
+                f"{path}: the file shrank while being read ({done} of {size} bytes); it changed under the loader"
+            )
+        done += n
+    view.release()
+    return mm

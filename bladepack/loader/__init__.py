@@ -12,6 +12,11 @@ from bladepack.loader.module import ExecutionError, LoadedModule
 from bladepack.loader.signature import Signature, TensorSpec
 from bladepack.options import LoaderOptions
 
+_PINNED_MAPPED = (
+    "sha256 pins the bytes read, so a pinned load reads the file privately (mmap=False); "
+    "to map a large file, sign it and load it with trusted_keys"
+)
+
 
 def load(
     source: str | os.PathLike[str] | bytes | bytearray | memoryview,
@@ -23,8 +28,9 @@ def load(
     on_out_of_range: dict[str, str] | None = None,
     graphs: bool = True,
     options: LoaderOptions | None = None,
+    mmap: bool | None = None,
 ) -> LoadedModule:
-    """Load an artifact from a path (memory-mapped) or from bytes.
+    """Load an artifact from a path (memory-mapped, or read into private memory) or from bytes.
 
     `verify=False` skips the per-section sha256 check (the manifest is always verified).
     `executor`: "auto" (generated kernels when they run on this CPU), "native" or "reference".
@@ -34,6 +40,14 @@ def load(
     `trusted_keys` (Ed25519 public keys: 32 bytes, hex, PEM, or a .pub file) refuses an artifact that
     is not signed by one of them, before any native code is loaded, and checks every section. Both
     raise `TrustError`.
+
+    `mmap` (a path only): True maps the file, so its pages are shared with other processes, but the
+    file must not change while loaded (weights are read from it when used; truncating it faults the
+    process); False reads it once into private memory, after which the file may be rewritten,
+    truncated or deleted (a pinned load must: the pin covers the bytes read, not a mapping that may
+    change after the check). None (the default) reads a pinned or signed load privately, so what was
+    checked is what runs, weights included, and maps every other (Note [Mapped or private] in
+    artifact/format.py; kernel code is always loaded from a checked private copy).
 
     `on_out_of_range` sets a policy per dynamic dim for sizes above its range: "error" (the default) or
     "split", which runs a larger batch as several calls and concatenates the results; allowed only for
@@ -46,7 +60,10 @@ def load(
     `options`: how the module runs (`LoaderOptions`: threads, BLAS, cuBLAS, caches; docs/configuration.md);
     None reads them from the environment, once, here.
     """
-    bpk = read(source, verify=verify or trusted_keys is not None, sha256=sha256)
+    if sha256 is not None and mmap:
+        raise ValueError(_PINNED_MAPPED)
+    map_file = mmap if mmap is not None else (sha256 is None and trusted_keys is None)
+    bpk = read(source, verify=verify or trusted_keys is not None, sha256=sha256, map_file=map_file)
     if trusted_keys is not None:
         check_signature(bpk.header, bpk.signature, list(trusted_keys), bpk.source)
     return LoadedModule(bpk, device, executor, on_out_of_range, graphs, options or LoaderOptions.from_env())

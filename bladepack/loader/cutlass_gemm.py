@@ -122,7 +122,7 @@ class CutlassGemms:
     def from_artifact(cls, bpk: BpkFile, plan: dict[str, Any], device: Device, options: LoaderOptions) -> CutlassGemms:
         """The plan's `gemm_kernels` and `gemm_packer` sections."""
         kernels = [
-            (row["name"], bytes(bpk.section(row["section"])), row.get("arch", "sm_80")) for row in plan["gemm_kernels"]
+            (row["name"], bpk.section_copy(row["section"]), row.get("arch", "sm_80")) for row in plan["gemm_kernels"]
         ]
         section = plan["gemm_packer"]["section"]
         return cls(device, bpk.section(section), kernels, str(bpk.source), options, bpk.section_digest(section))

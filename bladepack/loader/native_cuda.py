@@ -106,7 +106,7 @@ class NativeCuda:
         self.kernels = list(kernels)
         self.device = Device(ordinal)
         self._drv = self.device._drv
-        images = {row["arch"]: bytes(bpk.section(row["section"])) for row in plan["images"]}
+        images = {row["arch"]: bpk.section_copy(row["section"]) for row in plan["images"]}  # Note [Hash what runs]
         self.image, data = choose_image(images, self.device.info.compute_capability)
         self.module = self.device.load_module(data)
         names: dict[int, str] = {}

@@ -27,7 +27,17 @@ class TensorSpec:
 
     @staticmethod
     def from_manifest(m: dict[str, Any]) -> TensorSpec:
-        return TensorSpec(m["name"], m["dtype"], tuple(m["shape"]))
+        """TypeError (a malformed manifest) unless the entry has a string name and dtype and a shape of
+        integers and dim expressions."""
+        name, dtype, shape = m["name"], m["dtype"], m["shape"]
+        if not (
+            isinstance(name, str)
+            and isinstance(dtype, str)
+            and isinstance(shape, list)
+            and all(isinstance(d, str) or (isinstance(d, int) and not isinstance(d, bool)) for d in shape)
+        ):
+            raise TypeError("a tensor's name and dtype must be strings and its shape integers or dim expressions")
+        return TensorSpec(name, dtype, tuple(shape))
 
 
 @dataclass(frozen=True)
@@ -57,8 +67,20 @@ class Signature:
         return Signature(
             tuple(TensorSpec.from_manifest(t) for t in m["inputs"]),
             tuple(TensorSpec.from_manifest(t) for t in m["outputs"]),
-            tuple(SymbolSpec(s["name"], s["min"], s["max"]) for s in m["symbols"]),
+            tuple(_symbol(s) for s in m["symbols"]),
         )
+
+
+def _integer(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _symbol(s: dict[str, Any]) -> SymbolSpec:
+    """TypeError (a malformed manifest) unless the symbol has a string name and integer bounds."""
+    name, lo, hi = s["name"], s["min"], s["max"]
+    if not (isinstance(name, str) and _integer(lo) and (hi is None or _integer(hi))):
+        raise TypeError("a symbol's name must be a string and its min and max integers (max may be None)")
+    return SymbolSpec(name, lo, hi)
 
 
 def check_inputs(sig: Signature, arrays: Sequence[np.ndarray]) -> None:

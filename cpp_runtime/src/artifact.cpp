@@ -116,7 +116,7 @@ Artifact::~Artifact() {
 
 void Artifact::fail(const std::string& what) const { bpk::fail(BPK_ERR_FORMAT, source_ + ": " + what); }
 
-std::unique_ptr<Artifact> Artifact::open(const std::string& path, bool verify, const Trust& trust) {
+std::unique_ptr<Artifact> Artifact::open(const std::string& path, bool verify, const Trust& trust, bool map_file) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) bpk::fail(BPK_ERR_IO, "no artifact at " + path);
@@ -131,11 +131,38 @@ std::unique_ptr<Artifact> Artifact::open(const std::string& path, bool verify, c
     ::close(fd);
     bpk::fail(BPK_ERR_FORMAT, path + ": empty file, not a .bpk artifact");
   }
-  void* p = mmap(nullptr, size_t(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+  const size_t size = size_t(st.st_size);
+  if (!map_file) {  // Note [Mapped or private]: one read into private memory; the file is not used again
+    void* buf = std::aligned_alloc(kAlign, align64(size));
+    if (buf == nullptr) {
+      ::close(fd);
+      bpk::fail(BPK_ERR_MEMORY, "cannot allocate " + std::to_string(size) + " bytes for the artifact");
+    }
+    size_t done = 0;
+    while (done < size) {
+      const ssize_t r = ::read(fd, static_cast<uint8_t*>(buf) + done, size - done);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) break;
+      done += size_t(r);
+    }
+    const int err = errno;
+    ::close(fd);
+    if (done < size) {
+      std::free(buf);
+      if (err != 0 && done == 0) bpk::fail(BPK_ERR_IO, "cannot read " + path + ": " + std::strerror(err));
+      bpk::fail(BPK_ERR_FORMAT, path + ": the file shrank while being read (" + std::to_string(done) + " of " +
+                                    std::to_string(size) + " bytes); it changed under the loader");
+    }
+    std::unique_ptr<Artifact> a(new Artifact(path, static_cast<const uint8_t*>(buf), size));
+    a->owned_ = buf;
+    a->parse(verify, trust);
+    return a;
+  }
+  void* p = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   const int err = errno;
   ::close(fd);
   if (p == MAP_FAILED) bpk::fail(BPK_ERR_IO, "cannot map " + path + ": " + std::strerror(err));
-  std::unique_ptr<Artifact> a(new Artifact(path, static_cast<const uint8_t*>(p), size_t(st.st_size)));
+  std::unique_ptr<Artifact> a(new Artifact(path, static_cast<const uint8_t*>(p), size));
   a->mapping_ = p;
   a->parse(verify, trust);
   return a;
@@ -155,11 +182,12 @@ std::unique_ptr<Artifact> Artifact::copy_from(const void* data, size_t size, boo
 void Artifact::parse(bool verify, const Trust& trust) {
   if (!trust.sha256.empty()) check_digest(trust.sha256);  // before anything in the file is read
   verify = verify || !trust.keys.empty();
-  const uint8_t* b = base_;
   if (size_ < kHeaderSize) {
-    if (std::memcmp(b, kMagic, size_ < 8 ? size_ : 8) != 0) fail("not a .bpk artifact (bad magic)");
+    if (std::memcmp(base_, kMagic, size_ < 8 ? size_ : 8) != 0) fail("not a .bpk artifact (bad magic)");
     fail("truncated: the file has " + std::to_string(size_) + " bytes, the header alone needs 64");
   }
+  std::memcpy(header_.data(), base_, kHeaderSize);  // Note [Mapped or private]
+  const uint8_t* b = header_.data();
   if (std::memcmp(b, kMagic, 8) != 0)
     fail("not a .bpk artifact (bad magic " + py_bytes_repr(b, 8) + ", expected " + py_bytes_repr(kMagic, 8) + ")");
   const uint16_t major = load_le<uint16_t>(b + 8), minor = load_le<uint16_t>(b + 10);
@@ -175,8 +203,10 @@ void Artifact::parse(bool verify, const Trust& trust) {
   if (mlen > size_ - moff)
     fail("truncated: the manifest needs bytes up to " + std::to_string(moff + mlen) + ", the file has " +
          std::to_string(size_));
+  manifest_bytes_.assign(reinterpret_cast<const char*>(base_ + moff), reinterpret_cast<const char*>(base_ + moff + mlen));
+  const char* body = manifest_bytes_.data();
   uint8_t digest[32];
-  sha256(b + moff, mlen, digest);
+  sha256(reinterpret_cast<const uint8_t*>(body), mlen, digest);
 #ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION  // fuzzing: reach the parser behind the checksum
   if (std::memcmp(digest, b + 32, 32) != 0) fail("manifest checksum mismatch: the file is corrupt");
 #endif
@@ -186,7 +216,7 @@ void Artifact::parse(bool verify, const Trust& trust) {
   const msgpack::unpack_limit limit(cap, cap, cap, cap, cap, 64);
   try {
     size_t off = 0;
-    handle_ = msgpack::unpack(reinterpret_cast<const char*>(b + moff), size_t(mlen), off, nullptr, nullptr, limit);
+    handle_ = msgpack::unpack(body, size_t(mlen), off, nullptr, nullptr, limit);
     if (off != mlen) fail("manifest is not valid msgpack (extra data after the map)");
   } catch (const Error&) {
     throw;
@@ -251,7 +281,7 @@ void Artifact::check_signature(const std::vector<std::array<uint8_t, 32>>& keys)
     bpk::fail(BPK_ERR_TRUST, source_ + " is signed by key " + key_id(key) + ", which is not among the trusted keys (" +
                                  ids + ")");
   std::vector<uint8_t> msg(kSigDomain, kSigDomain + sizeof kSigDomain);  // with the NUL
-  msg.insert(msg.end(), base_, base_ + kHeaderSize);
+  msg.insert(msg.end(), header_.begin(), header_.end());
   if (!ed25519_verify(key, blk + 48, msg.data(), msg.size()))
     bpk::fail(BPK_ERR_TRUST, source_ + ": the signature by key " + key_id(key) + " does not match the artifact");
 }
@@ -278,6 +308,7 @@ void Artifact::read_sections(bool verify, uint64_t data_start) {
            ", the file has " + std::to_string(size_));
     const bool digest_ok = digest->type == msgpack::type::STR && digest->via.str.size == 64;
     views_[sname] = Bytes{base_ + start, size_t(n)};
+    digests_[sname] = digest_ok ? std::string(digest->via.str.ptr, 64) : std::string();
     data_end_ = std::max(data_end_, start + uint64_t(n));
     if (verify) checks.push_back({base_ + start, size_t(n), digest_ok ? digest->via.str.ptr : nullptr, sname});
   }
@@ -322,6 +353,17 @@ void Artifact::verify_sections(const std::vector<Check>& checks) const {
     // kept when fuzzing too: a section may be a kernel library, whose bytes are code
     if (bad[i]) fail("checksum mismatch in section " + py_repr(checks[i].name) + ": the file is corrupt");
   }
+}
+
+std::vector<uint8_t> Artifact::section_copy(const std::string& name) const {
+  const Bytes view = section(name);
+  std::vector<uint8_t> out(view.data, view.data + view.size);
+  uint8_t got[32];
+  sha256(out.data(), out.size(), got);
+  const std::string& want = digests_.at(name);
+  if (want.size() != 64 || hex(got, 32) != want)
+    fail("checksum mismatch in section " + py_repr(name) + ": the file is corrupt (or changed while loading)");
+  return out;
 }
 
 Bytes Artifact::section(const std::string& name) const {

@@ -1,8 +1,13 @@
 // The .bpk container (docs/format.md "Layout"): header, checksummed msgpack manifest, sections.
 //
-// In: a path (memory-mapped read-only) or bytes (copied into 64-byte aligned storage). Out: the
-// manifest as a msgpack object and bounds-checked views of the sections, or bpk::Error
-// (BPK_ERR_FORMAT / BPK_ERR_IO) with the same text the Python reader raises.
+// In: a path (memory-mapped read-only, or read once into private memory) or bytes (copied into 64-byte
+// aligned storage). Out: the manifest as a msgpack object and bounds-checked views of the sections, or
+// bpk::Error (BPK_ERR_FORMAT / BPK_ERR_IO) with the same text the Python reader raises.
+//
+// Note [Mapped or private] (bladepack/artifact/format.py): the header and the manifest are copied once
+// and only the copies are checked and parsed; code (kernel libraries, GPU images) is taken with
+// `section_copy`, a private copy checked against the manifest's digest; weights of a mapped file are
+// the file's bytes when used. `open(..., map_file=false)` reads the whole file privately instead.
 #pragma once
 
 #include <msgpack.hpp>
@@ -31,7 +36,8 @@ struct Trust {
 
 class Artifact {
  public:
-  static std::unique_ptr<Artifact> open(const std::string& path, bool verify, const Trust& trust = {});
+  static std::unique_ptr<Artifact> open(const std::string& path, bool verify, const Trust& trust = {},
+                                        bool map_file = true);
   static std::unique_ptr<Artifact> copy_from(const void* data, size_t size, bool verify, const Trust& trust = {});
   ~Artifact();
   Artifact(const Artifact&) = delete;
@@ -40,6 +46,8 @@ class Artifact {
   const std::string& source() const { return source_; }
   const msgpack::object& manifest() const { return handle_.get(); }
   Bytes section(const std::string& name) const;  // BPK_ERR_FORMAT "missing section 'NAME'"
+  // the section copied once and checked against the manifest's digest: what native code is loaded from
+  std::vector<uint8_t> section_copy(const std::string& name) const;
   [[noreturn]] void fail(const std::string& what) const;
 
  private:
@@ -64,6 +72,9 @@ class Artifact {
   void* owned_ = nullptr;    // freed in the destructor (memory loads)
   msgpack::object_handle handle_;
   std::unordered_map<std::string, Bytes> views_;
+  std::unordered_map<std::string, std::string> digests_;  // the manifest's SHA-256 (hex) per section
+  std::array<uint8_t, 64> header_{};                       // Note [Mapped or private]: as first read
+  std::vector<char> manifest_bytes_;                       // the manifest as first read (handle_ may point in)
 };
 
 // Python's repr() of a str or bytes, so messages read exactly as the Python loader's.

@@ -50,7 +50,7 @@ bpk_status guarded(F&& f) {
 // Only the two original fields unless BPK_LOAD_TRUST / BPK_LOAD_OUT_OF_RANGE say the caller's struct has
 // the others.
 bpk_load_options options_or_default(const bpk_load_options* o) {
-  bpk_load_options out{0, 0, nullptr, nullptr, 0, nullptr, nullptr, 0};
+  bpk_load_options out{0, 0, nullptr, nullptr, 0, nullptr, nullptr, 0, -1};
   if (o == nullptr) return out;
   out.flags = o->flags;
   out.num_threads = o->num_threads;
@@ -64,6 +64,7 @@ bpk_load_options options_or_default(const bpk_load_options* o) {
     out.device = o->device;
     out.cuda_graphs = o->cuda_graphs;
   }
+  if (o->flags & BPK_LOAD_MAPPING) out.mmap = o->mmap;
   return out;
 }
 
@@ -101,6 +102,7 @@ const char* bpk_status_name(bpk_status s) {
     case BPK_ERR_MEMORY: return "out of memory";
     case BPK_ERR_TRUST: return "untrusted artifact";
     case BPK_ERR_VERIFY: return "verification failed";
+    case BPK_ERR_INDEX: return "bad index";
   }
   return "unknown status";
 }
@@ -108,15 +110,26 @@ const char* bpk_status_name(bpk_status s) {
 const char* bpk_dtype_name(int32_t dtype) { return bpk::dtype_name(dtype); }
 size_t bpk_dtype_size(int32_t dtype) { return bpk::dtype_size(dtype); }
 
-static bpk_status load(std::unique_ptr<bpk::Artifact> (*open)(const void*, size_t, bool, const bpk::Trust&),
+static bpk_status load(std::unique_ptr<bpk::Artifact> (*open)(const void*, size_t, bool, const bpk::Trust&, bool),
                        const void* a, size_t b, const bpk_load_options* options, bpk_model** model) {
   if (model == nullptr) return record(BPK_ERR_ARGUMENT, "model is NULL");
   *model = nullptr;
   return guarded([&] {
     const bpk_load_options o = options_or_default(options);
-    if (o.flags & ~uint32_t(BPK_LOAD_SKIP_SECTION_CHECKSUMS | BPK_LOAD_TRUST | BPK_LOAD_OUT_OF_RANGE | BPK_LOAD_DEVICE))
+    if (o.flags & ~uint32_t(BPK_LOAD_SKIP_SECTION_CHECKSUMS | BPK_LOAD_TRUST | BPK_LOAD_OUT_OF_RANGE | BPK_LOAD_DEVICE |
+                            BPK_LOAD_MAPPING))
       bpk::fail(BPK_ERR_ARGUMENT, "unknown load flags " + std::to_string(o.flags));
-    auto artifact = open(a, b, (o.flags & BPK_LOAD_SKIP_SECTION_CHECKSUMS) == 0, trust_of(o));
+    if (o.mmap < -1 || o.mmap > 1)
+      bpk::fail(BPK_ERR_ARGUMENT, "mmap must be 1 (map the file), 0 (read it privately) or -1 (the default), got " +
+                                      std::to_string(o.mmap));
+    const bpk::Trust trust = trust_of(o);
+    if (!trust.sha256.empty() && o.mmap == 1)
+      bpk::fail(BPK_ERR_ARGUMENT,
+                "sha256 pins the bytes read, so a pinned load reads the file privately (mmap=False); "
+                "to map a large file, sign it and load it with trusted_keys");
+    // Note [Mapped or private]: a pinned or signed load reads privately unless told to map
+    const bool map_file = o.mmap == -1 ? trust.sha256.empty() && trust.keys.empty() : o.mmap == 1;
+    auto artifact = open(a, b, (o.flags & BPK_LOAD_SKIP_SECTION_CHECKSUMS) == 0, trust, map_file);
     auto m = std::make_unique<bpk_model>();
     m->impl = std::make_unique<bpk::Model>(std::move(artifact), o);
     *model = m.release();
@@ -126,8 +139,8 @@ static bpk_status load(std::unique_ptr<bpk::Artifact> (*open)(const void*, size_
 bpk_status bpk_model_load(const char* path, const bpk_load_options* options, bpk_model** model) {
   if (path == nullptr) return record(BPK_ERR_ARGUMENT, "path is NULL");
   return load(
-      [](const void* p, size_t, bool verify, const bpk::Trust& t) {
-        return bpk::Artifact::open(static_cast<const char*>(p), verify, t);
+      [](const void* p, size_t, bool verify, const bpk::Trust& t, bool map_file) {
+        return bpk::Artifact::open(static_cast<const char*>(p), verify, t, map_file);
       },
       path, 0, options, model);
 }
@@ -135,7 +148,9 @@ bpk_status bpk_model_load(const char* path, const bpk_load_options* options, bpk
 bpk_status bpk_model_load_from_memory(const void* data, size_t size, const bpk_load_options* options,
                                       bpk_model** model) {
   return load(
-      [](const void* p, size_t n, bool verify, const bpk::Trust& t) { return bpk::Artifact::copy_from(p, n, verify, t); },
+      [](const void* p, size_t n, bool verify, const bpk::Trust& t, bool) {
+        return bpk::Artifact::copy_from(p, n, verify, t);
+      },
       data, size, options, model);
 }
 

@@ -120,7 +120,7 @@ CutlassGemms::CutlassGemms(const Artifact& artifact, const NativePlan& plan, con
                                 "gemm_library='cublas' for this machine)");
 #endif
   const Driver& drv = device.driver();
-  packer_ = std::make_unique<MemoryLibrary>(artifact.section(plan.gemm_packer), "cutlass-packer", RTLD_NOW | RTLD_LOCAL);
+  packer_ = std::make_unique<MemoryLibrary>(artifact.section_copy(plan.gemm_packer), "cutlass-packer", RTLD_NOW | RTLD_LOCAL);
   if (!packer_->handle())
     fail(BPK_ERR_UNSUPPORTED, artifact.source() + ": the CUTLASS packer failed to load: " + packer_->error());
   // sm_90a kernels dispatch on compute capability 9.0 only with BLADEPACK_HOPPER_GEMMS=1, until their epilogues
@@ -147,8 +147,8 @@ CutlassGemms::CutlassGemms(const Artifact& artifact, const NativePlan& plan, con
       kernels_.emplace_back();
       continue;
     }
-    const Bytes image = artifact.section(k.section);
-    modules_.push_back(std::make_unique<Module>(drv, image.data, image.size));
+    const std::vector<uint8_t> image = artifact.section_copy(k.section);  // Note [Hash what runs]
+    modules_.push_back(std::make_unique<Module>(drv, image.data(), image.size()));
     kernels_.push_back(std::make_unique<Kernel>(drv, *modules_.back(), k.name));
   }
 }

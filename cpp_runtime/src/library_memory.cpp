@@ -1,6 +1,7 @@
 #include "library_memory.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -22,9 +23,10 @@ bool write_all(int fd, const uint8_t* p, size_t n) {
 
 }  // namespace
 
-MemoryLibrary::MemoryLibrary(const Bytes& so, const std::string& tag, int flags) {
-  memfd_ = memfd_create(("bladepack-" + tag).c_str(), MFD_CLOEXEC);
-  if (memfd_ >= 0 && write_all(memfd_, so.data, so.size)) {
+MemoryLibrary::MemoryLibrary(const std::vector<uint8_t>& so, const std::string& tag, int flags) {
+  memfd_ = memfd_create(("bladepack-" + tag).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (memfd_ >= 0 && write_all(memfd_, so.data(), so.size()) &&
+      fcntl(memfd_, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) == 0) {
     const std::string path = "/proc/self/fd/" + std::to_string(memfd_);
     handle_ = dlopen(path.c_str(), flags);
     if (!handle_) error_ = dlerror();
@@ -36,7 +38,7 @@ MemoryLibrary::MemoryLibrary(const Bytes& so, const std::string& tag, int flags)
     name.push_back('\0');
     const int fd = mkstemp(name.data());
     if (fd >= 0) {
-      const bool ok = write_all(fd, so.data, so.size);
+      const bool ok = write_all(fd, so.data(), so.size());
       ::close(fd);
       if (ok) {
         handle_ = dlopen(name.data(), flags);

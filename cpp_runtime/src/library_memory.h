@@ -1,13 +1,18 @@
 // A shared object held in memory (an artifact section), loaded with dlopen.
 //
-// In: the bytes and a tag for the file name. Out: `MemoryLibrary` (the dlopen handle, closed on
-// destruction). Note [Library from memory]: the dynamic loader identifies an object by its path, so
-// the bytes go to a memfd that stays open while the library is loaded (its /proc/self/fd path cannot
-// name another file meanwhile); where memfd is missing or executing it is forbidden, an unlinked
-// temporary file under $TMPDIR. Used for the CPU kernel libraries and the CUTLASS Params packer.
+// In: the bytes (a private copy already checked against the manifest: Artifact::section_copy, Note
+// [Hash what runs] in bladepack/loader/library_file.py) and a tag for the file name. Out:
+// `MemoryLibrary` (the dlopen handle, closed on destruction). Note [Library from memory]: the dynamic
+// loader identifies an object by its path, so the bytes go to a memfd, sealed against writing,
+// growing and shrinking before it is loaded, that stays open while the library is loaded (its
+// /proc/self/fd path cannot name another file meanwhile); where memfd is missing or executing it is
+// forbidden, an unlinked 0600 temporary file under $TMPDIR. Used for the CPU kernel libraries and the
+// CUTLASS Params packer.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "artifact.h"
 
@@ -16,7 +21,7 @@ namespace bpk {
 class MemoryLibrary {
  public:
   // Empty handle() and `error` set when neither way loads it.
-  MemoryLibrary(const Bytes& so, const std::string& tag, int flags);
+  MemoryLibrary(const std::vector<uint8_t>& so, const std::string& tag, int flags);
   ~MemoryLibrary();
   MemoryLibrary(const MemoryLibrary&) = delete;
   MemoryLibrary& operator=(const MemoryLibrary&) = delete;

@@ -111,7 +111,7 @@ std::vector<std::string> cpu_flags() {
 KernelLibrary::KernelLibrary(const Artifact& artifact, const std::vector<LibraryDecl>& libraries, int num_threads) {
   const LibraryDecl& row = choose(libraries);
   isa_ = row.isa;
-  const Bytes so = artifact.section(row.section);
+  const std::vector<uint8_t> so = artifact.section_copy(row.section);  // Note [Hash what runs]
   lib_ = std::make_unique<MemoryLibrary>(so, isa_, kDlopenFlags);  // Note [Library from memory]
   handle_ = lib_->handle();
   if (!handle_) unavailable("the " + isa_ + " CPU kernel library failed to load: " + lib_->error());

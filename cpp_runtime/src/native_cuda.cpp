@@ -27,8 +27,8 @@ NativeCuda::NativeCuda(const Artifact& artifact, const Manifest& m, int ordinal,
   for (const ImageDecl& im : plan.images) arches.push_back(im.arch);
   const auto [arch, at] = choose_image(arches, info.major, info.minor);
   image_ = arch;
-  const Bytes image = artifact.section(plan.images[at].section);
-  module_ = std::make_unique<Module>(*drv_, image.data, image.size);
+  const std::vector<uint8_t> image = artifact.section_copy(plan.images[at].section);  // Note [Hash what runs]
+  module_ = std::make_unique<Module>(*drv_, image.data(), image.size());
   std::map<int64_t, std::string> names;
   for (const KernelDecl& k : m.cuda_kernels)
     for (const auto& v : k.variants) names[v.fn] = v.name;

@@ -211,6 +211,32 @@ void load_unload(const std::string& path) {
   CHECK(ok == 50, "%d of 50 loads succeeded", ok);
 }
 
+// Note [Mapped or private]: a model loaded with mmap = 0 keeps running, with the same results, after its
+// file is overwritten and truncated to nothing (a mapped one would fault); a bad mmap value is refused.
+void private_copy(const std::string& bytes) {
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string path = std::string(tmp && *tmp ? tmp : "/tmp") + "/bladepack-test-api-private.bpk";
+  std::ofstream(path, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
+  bpk_load_options opts{BPK_LOAD_MAPPING, 2, nullptr, nullptr, 0, nullptr, nullptr, 0, 0};
+  bpk_model* m = nullptr;
+  CHECK(bpk_model_load(path.c_str(), &opts, &m) == BPK_OK, "%s", bpk_last_error());
+  const std::vector<float> before = run_alloc(m, 5, 3);
+  {
+    std::ofstream zeros(path, std::ios::binary | std::ios::in);
+    const std::string z(bytes.size(), '\0');
+    zeros.write(z.data(), std::streamsize(z.size()));
+  }
+  CHECK(run_alloc(m, 5, 3) == before, "results changed after the file was overwritten");
+  CHECK(std::ofstream(path, std::ios::binary | std::ios::trunc).good(), "truncate");
+  CHECK(run_alloc(m, 5, 3) == before && before.size() == 50, "results changed after the file was truncated");
+  bpk_model_free(m);
+  opts.mmap = 2;
+  CHECK(bpk_model_load(path.c_str(), &opts, &m) == BPK_ERR_ARGUMENT, "mmap = 2 accepted");
+  CHECK(contains(bpk_last_error(), "mmap must be 1 (map the file), 0 (read it privately) or -1"), "%s",
+        bpk_last_error());
+  std::remove(path.c_str());
+}
+
 void cpp_header(const std::string& path) {
   bladepack::Model model = bladepack::Model::load(path);
   std::vector<float> x = input(5, 1);
@@ -504,6 +530,7 @@ int main(int argc, char** argv) {
   runs(a, b);
   errors(a);
   truncations(bytes);
+  private_copy(bytes);
   threads(a);
   dlpack_cpu(a);
   cpp_header(path);

@@ -2,14 +2,15 @@
 //
 //   bpk-run MODEL.bpk --input NAME=FILE.npy ... [--output-dir DIR] [--device cpu|cuda[:N]] [--repeat N]
 //           [--cuda-graphs N] [--threads N] [--no-verify] [--sha256 HEX] [--trusted-key KEY ...]
-//           [--on-out-of-range DIM=POLICY ...]
+//           [--on-out-of-range DIM=POLICY ...] [--mmap | --no-mmap]
 //   bpk-run MODEL.bpk --verify
 //
 // --sha256 refuses the file unless its SHA-256 is HEX; --trusted-key (64 hex digits, or a file holding
 // them or a PEM Ed25519 public key such as `bladepack keygen` writes) refuses it unless one of the keys
 // signed it (docs/format.md "Trust"). --on-out-of-range DIM=split runs a batch above DIM's maximum as
 // several calls whose results are concatenated, where the compiler proved DIM batch-like
-// (docs/format.md "Batch-like dims"). --verify runs the reference cases recorded at optimize time and
+// (docs/format.md "Batch-like dims"). --mmap maps the file, --no-mmap reads it once into private memory
+// (the default: private with --sha256 / --trusted-key, else mapped; bpk_load_options.mmap). --verify runs the reference cases recorded at optimize time and
 // prints the report `bladepack verify` prints (exit status 1 when a case fails).
 //
 // --device cuda[:N] runs the artifact's native CUDA plan on that GPU (the inputs are copied to the
@@ -40,7 +41,7 @@ namespace {
 const char kUsage[] =
     "usage: bpk-run MODEL.bpk [--input NAME=FILE.npy ...] [--output-dir DIR] [--device cpu|cuda[:N]]\n"
     "               [--repeat N] [--cuda-graphs N] [--threads N] [--no-verify] [--sha256 HEX] [--trusted-key KEY ...]\n"
-    "               [--on-out-of-range DIM=POLICY ...]\n"
+    "               [--on-out-of-range DIM=POLICY ...] [--mmap | --no-mmap]\n"
     "       bpk-run MODEL.bpk --verify [--threads N] [--no-verify] [--sha256 HEX] [--trusted-key KEY ...]\n";
 
 int usage(const std::string& why) {
@@ -122,7 +123,7 @@ int main(int argc, char** argv) {
   long repeat = 0;
   long graphs = 0;
   bool verify = false;
-  bpk_load_options opts{0, 0, nullptr, nullptr, 0, nullptr, nullptr, 0};
+  bpk_load_options opts{0, 0, nullptr, nullptr, 0, nullptr, nullptr, 0, -1};
   std::string pinned, policies;
   std::vector<uint8_t> keys;
   for (int i = 1; i < argc; ++i) {
@@ -161,6 +162,9 @@ int main(int argc, char** argv) {
       if (*end || opts.num_threads < 1) return usage("--threads takes a positive count, got '" + v + "'");
     } else if (a == "--no-verify") {
       opts.flags |= BPK_LOAD_SKIP_SECTION_CHECKSUMS;
+    } else if (a == "--mmap" || a == "--no-mmap") {
+      opts.flags |= BPK_LOAD_MAPPING;
+      opts.mmap = a == "--mmap" ? 1 : 0;
     } else if (a == "--sha256") {
       pinned = value("--sha256");
       opts.flags |= BPK_LOAD_TRUST;

@@ -46,7 +46,8 @@ typedef enum bpk_status {
   BPK_ERR_EXECUTION = 7,   /* a kernel failed (an index outside its table) */
   BPK_ERR_MEMORY = 8,
   BPK_ERR_TRUST = 9, /* not the pinned file, unsigned, or not signed by a trusted key (docs/format.md "Trust") */
-  BPK_ERR_VERIFY = 10 /* a reference case gave results other than the recorded ones (bpk_model_verify) */
+  BPK_ERR_VERIFY = 10, /* a reference case gave results other than the recorded ones (bpk_model_verify) */
+  BPK_ERR_INDEX = 11   /* an index read from an input is outside its table (embedding, gather): a bad input */
 } bpk_status;
 
 typedef enum bpk_dtype {
@@ -110,6 +111,9 @@ typedef struct bpk_signature {
 /* The device field is set (read only with this flag). */
 #define BPK_LOAD_DEVICE 8u
 
+/* The mmap field is set (read only with this flag). */
+#define BPK_LOAD_MAPPING 16u
+
 typedef struct bpk_load_options {
   uint32_t flags;
   int32_t num_threads; /* kernel threads; 0: BLADEPACK_NUM_THREADS, else the CPUs this process may use */
@@ -132,6 +136,15 @@ typedef struct bpk_load_options {
    * run-time branch read on the host never are); 0: the default (64, least recently used dropped
    * first), -1: off (every kernel launched by itself). */
   int32_t cuda_graphs;
+  /* read only with BPK_LOAD_MAPPING (bpk_model_load; bpk_model_load_from_memory always copies): 1 maps the
+   * file, so its pages are shared with other processes, but the file must not change while the model
+   * is loaded (weights are read from it when used; truncating it faults the process); 0 reads it once
+   * into private memory, after which the file may be rewritten, truncated or deleted; -1 (the default
+   * without the flag): private when sha256 or trusted_keys are set, so what was checked is what runs,
+   * else mapped; 1 with sha256 is BPK_ERR_ARGUMENT (the pin covers the bytes read, not a mapping that
+   * may change after the check: sign a large file to map it). Kernel code is always loaded from a
+   * checked private copy (docs/format.md "Trust"). */
+  int32_t mmap;
 } bpk_load_options;
 
 typedef struct bpk_model bpk_model;

@@ -107,7 +107,7 @@ class Model {
  public:
   // device: "cpu", "cuda" or "cuda:N"; cuda_graphs as bpk_load_options.cuda_graphs (0: 64 per stream)
   static Model load(const std::string& path, const std::string& device, int32_t cuda_graphs = 0) {
-    bpk_load_options options{BPK_LOAD_DEVICE, 0, nullptr, nullptr, 0, nullptr, device.c_str(), cuda_graphs};
+    bpk_load_options options{BPK_LOAD_DEVICE, 0, nullptr, nullptr, 0, nullptr, device.c_str(), cuda_graphs, -1};
     return load(path, &options);
   }
   static Model load(const std::string& path, const bpk_load_options* options = nullptr) {
