@@ -22,6 +22,12 @@ class ExecutionError(BladepackError, RuntimeError):
     """A step failed at run time (for example an index outside its table)."""
 
 
+class IndexRangeError(ExecutionError, InputError):
+    """An index read from an input is outside its table (embedding, index_select, gather, take): the
+    call fails like any step (ExecutionError), and the input is what was wrong (InputError: a server
+    answers 400)."""
+
+
 class ShapeGuardError(InputError):
     """A dynamic dimension is outside its declared range, or dimensions that must agree do not."""
 

@@ -75,6 +75,7 @@ _CPP_ERRORS = {
     "input error": "InputError",
     "shape guard": "ShapeGuardError",
     "execution error": "ExecutionError",
+    "bad index": "IndexRangeError",
     "format error": "BpkFormatError",
     "unsupported": "CudaUnavailable",
     "invalid argument": "InputError",

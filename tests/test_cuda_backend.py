@@ -98,7 +98,7 @@ def test_index_errors_from_a_replayed_graph(gpu: FakeGpu, ops_artifact: bladepac
     good, bad = (x, np.array([0, 9, 1])), (x, np.array([0, 10, 1]))
     _, plain, _ = gpu.run(ops_artifact, [good, bad], graphs=False)
     _, replayed, log = gpu.run(ops_artifact, [good, good, good, bad, good])
-    assert isinstance(plain[1], str) and plain[1].startswith("ExecutionError: index out of range")
+    assert isinstance(plain[1], str) and plain[1].startswith("IndexRangeError: index out of range")
     assert replayed[3] == plain[1]
     for k in (0, 1, 2, 4):
         assert all(np.array_equal(a, b) for a, b in zip(replayed[k], plain[0]))
@@ -369,7 +369,7 @@ def test_convolutions_and_pooling_run_on_the_gpu(gpu: FakeGpu, conv_artifact: bl
 def test_index_errors_name_the_kernel(gpu: FakeGpu, ops_artifact: bladepack.api.Artifact) -> None:
     x = np.random.default_rng(0).standard_normal((2, 10)).astype(np.float32)
     _, results, _ = gpu.run(ops_artifact, [(x, np.array([0, 10, 1])), (x, np.array([0, -10, 1]))])
-    assert isinstance(results[0], str) and results[0].startswith("ExecutionError: index out of range in ")
+    assert isinstance(results[0], str) and results[0].startswith("IndexRangeError: index out of range in ")
     assert "10 is not in [-10, 9]" in results[0] and "(kernel k" in results[0] and "test_cuda_backend.py" in results[0]
     assert not isinstance(results[1], str)  # -10 wraps to 0, as torch's indexing does
     assert native_cuda.KERNEL_SHIFT == KERNEL_SHIFT

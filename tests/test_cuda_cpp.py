@@ -120,7 +120,7 @@ def test_op_table_and_errors_match(gpu: FakeGpu) -> None:
     assert _same(py_out, replayed) == []
     errors = [r for r in cpp_out if isinstance(r, str)]
     assert len(errors) == 5, errors
-    assert errors[0].startswith("ExecutionError: index out of range in ") and "10 is not in [-10, 9]" in errors[0]
+    assert errors[0].startswith("IndexRangeError: index out of range in ") and "10 is not in [-10, 9]" in errors[0]
     assert errors[1].startswith("ShapeGuardError: ") and errors[3].startswith("InputError: input 'x' has dtype")
     assert _launches(cpp_log) == _launches(py_log)
 

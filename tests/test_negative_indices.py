@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import bladepack
-from bladepack.errors import ExecutionError
+from bladepack.errors import IndexRangeError
 from tests.test_cpp_runtime import TMP, bpk_run, save_inputs
 
 SIZE = 10
@@ -85,7 +85,7 @@ def test_python_loader_reads_indices_as_eager(case: Any, executor: str) -> None:
         want = _eager(model, ids)
         assert (want is not None) == (lowest <= v < SIZE), (name, v)  # the rule is eager's
         if want is None:
-            with pytest.raises(ExecutionError, match=rf"index out of range.*\[{lowest}, {SIZE - 1}\]") as e:
+            with pytest.raises(IndexRangeError, match=rf"index out of range.*\[{lowest}, {SIZE - 1}\]") as e:
                 m(ids)
             assert "test_negative_indices.py" in str(e.value), str(e.value)  # the model's own line
         else:
@@ -104,7 +104,7 @@ def test_cpp_runtime_reads_indices_as_eager(case: Any, release: Path) -> None:
         r = bpk_run(release, str(path), *args)
         try:
             m(ids)
-        except ExecutionError as e:
-            assert r.returncode == 1 and f"execution error: {e}" in r.stderr, (name, v, r.stderr)
+        except IndexRangeError as e:
+            assert r.returncode == 1 and f"bad index: {e}" in r.stderr, (name, v, r.stderr)
         else:
             assert r.returncode == 0, (name, v, r.stderr)

@@ -19,7 +19,7 @@ from bladepack.artifact.format import BpkFile
 from bladepack.artifact.shape_program import ShapeProgram
 from bladepack.artifact.writer import weight_section_name
 from bladepack.dtypes import DType
-from bladepack.errors import BpkFormatError, ExecutionError
+from bladepack.errors import BpkFormatError, IndexRangeError
 from bladepack.loader import reference
 from bladepack.loader.signature import Signature
 
@@ -275,13 +275,13 @@ def _weight(bpk: BpkFile, w: dict[str, Any]) -> np.ndarray:
     return np.frombuffer(view, dtype=dt.newbyteorder("<"), count=count).reshape(w["shape"])
 
 
-def index_error(k: dict[str, Any], code: int, value: int, size: int) -> ExecutionError:
+def index_error(k: dict[str, Any], code: int, value: int, size: int) -> IndexRangeError:
     """The error a kernel (row `k`) reported through its status words: ERR_INDEX (an index may count from
     the end) or ERR_INDEX_NONNEG (it may not: Note [Negative indices] in opset/attrs.py), + 16 x site."""
     site = (code - 1) // 16
     what = k["errors"][site] if 0 <= site < len(k["errors"]) else "an index"
     lowest = 0 if code - 16 * site == _ERR_INDEX_NONNEG else -size
-    return ExecutionError(
+    return IndexRangeError(
         f"index out of range in {what}: {value} is not in [{lowest}, {size - 1}] "
         f"(kernel {k['name']}, from {k.get('loc') or 'unknown source'})"
     )

@@ -75,6 +75,11 @@ class LoadedModule:
             raise NativeUnavailable(f"{bpk.source} has no CPU kernel library (it was built without a C++ compiler)")
 
     @property
+    def manifest(self) -> dict[str, Any]:
+        """The artifact's manifest as read (docs/format.md): its signature, plans and records."""
+        return self._bpk.manifest
+
+    @property
     def executor(self) -> str:
         """ "native (<isa>)", "cuda (<image> on <device>)" or "reference": what runs this module's steps."""
         return self._executor.description

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from bladepack.errors import IndexRangeError
 from bladepack.opset import OP_INFO
 
 Impl = Callable[[Sequence[np.ndarray], dict[str, Any], tuple[int, ...], np.dtype], np.ndarray]
@@ -100,7 +101,7 @@ def _take(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...
     size = x.shape[axis]
     lowest = -size if attrs.get("wrap", True) else 0  # Note [Negative indices] in opset/attrs.py
     if idx.size and (idx.min() < lowest or idx.max() >= size):
-        raise IndexError(f"index out of range: indices must lie in [{lowest}, {size - 1}]")
+        raise IndexRangeError(f"index out of range: indices must lie in [{lowest}, {size - 1}]")
     return np.take(x, idx, axis=axis)
 
 
@@ -111,7 +112,7 @@ def _gather(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, .
     size = x.shape[axis]
     lowest = -size if attrs.get("wrap", True) else 0
     if idx.size and (idx.min() < lowest or idx.max() >= size):
-        raise IndexError(f"gather index out of range: indices must lie in [{lowest}, {size - 1}]")
+        raise IndexRangeError(f"gather index out of range: indices must lie in [{lowest}, {size - 1}]")
     return np.take_along_axis(x[key], idx, axis=axis)
 
 
@@ -121,7 +122,7 @@ def _index(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ..
     for axis, idx in zip(attrs["axes"], xs[1:]):
         size = xs[0].shape[axis]
         if idx.size and idx.dtype != np.bool_ and (idx.min() < -size or idx.max() >= size):
-            raise IndexError(f"index out of range: indices must lie in [-{size}, {size - 1}]")
+            raise IndexRangeError(f"index out of range: indices must lie in [-{size}, {size - 1}]")
         key[axis] = idx
     return xs[0][tuple(key)]
 

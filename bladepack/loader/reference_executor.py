@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from bladepack.errors import BladepackError, ExecutionError
+from bladepack.errors import BladepackError, ExecutionError, IndexRangeError
 from bladepack.loader import reference
 from bladepack.loader.executor import ShapeCache, check_memory, host_call
 from bladepack.loader.manifest import Key, Manifest, conditions_hold, element_count, host_dtype, resolve
@@ -53,6 +53,8 @@ class Step:
             raise ExecutionError(f"step {self.op} -> %{self.out} computes in bfloat16, which numpy cannot {where}")
         try:
             y = self.impl(xs, self.attrs, self.shape, self.dtype)
+        except IndexRangeError as e:
+            raise IndexRangeError(f"step {self.op} -> %{self.out} failed: {e} {where}") from None
         except BladepackError:
             raise
         except Exception as e:  # a step's numpy code on operands or attributes the plan got wrong

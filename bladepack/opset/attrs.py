@@ -8,8 +8,9 @@ Note [Negative indices]: an index operand of take, gather and index (advanced in
 negative and counts from the end of its axis, as ONNX and torch's `x[idx]` say — unless the op's
 attributes are `TakeAttrs` with `wrap=False` (torch's embedding, index_select, gather), where a
 negative index is out of range like one past the end: the kernels report it (ERR_INDEX_NONNEG,
-codegen/kernel.py) and the loaders raise ExecutionError naming the op and its source line, as eager
-raises IndexError. Every other index the front ends or passes make (interpolation, topk's values) is
+codegen/kernel.py) and the loaders raise IndexRangeError (an ExecutionError, and an InputError: a
+server answers 400; the C ABI's BPK_ERR_INDEX) naming the op and its source line, as eager raises
+IndexError. Every other index the front ends or passes make (interpolation, topk's values) is
 in range by construction.
 
 Note [Shapes come from types]: ops whose result shape is fully described by the result type

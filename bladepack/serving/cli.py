@@ -1,8 +1,10 @@
 """`bladepack triton-repo` and `bladepack serve`: the command-line side of serving.
 
 In: parsed arguments. Out: a model repository on disk, or a running server (Triton Inference Server
-or a local Ray Serve) that prints its endpoints and stops cleanly on SIGINT / SIGTERM (exit 0; exit 1
-when the server itself died, with its log's last lines).
+or a local Ray Serve) that prints its endpoints and stops cleanly on SIGINT / SIGTERM (exit 0). A
+Triton server that dies is restarted (Note [Supervised server] in serving/triton_server.py: a line on
+stderr names how it ended); exit 1 when it dies too often or cannot be restarted, with its log's last
+lines. `--sha256` / `--trusted-key` say which artifacts the server may load (serving/trust.py).
 """
 
 from __future__ import annotations
@@ -45,6 +47,14 @@ def add_commands(sub: Any) -> None:
 
 def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", help="the model's name (default: the artifact's file name without .bpk)")
+    p.add_argument("--sha256", help="serve the file only if its SHA-256 is this (hex); every instance checks it")
+    p.add_argument(
+        "--trusted-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="serve it only if signed by this Ed25519 public key (hex, PEM or a .pub file); may repeat",
+    )
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     p.add_argument("--instances", type=int, default=1, help="Triton model instances (default 1)")
     p.add_argument("--max-queue-delay-us", type=int, default=100, help="dynamic batching's queue delay")
@@ -72,9 +82,16 @@ def _triton_repo(args: argparse.Namespace) -> int:
         overwrite=args.force,
         dynamic_batching=not args.no_batching,
         backend=args.backend,
+        trust=_trust(args),
     )
     print(f"wrote {Path(args.out_dir) / config.name}: {_batching(config)}")
     return 0
+
+
+def _trust(args: argparse.Namespace) -> Any:
+    from bladepack.serving.trust import ServingTrust
+
+    return ServingTrust.of(args.sha256, args.trusted_key)
 
 
 def _batching(config: Any) -> str:
@@ -130,6 +147,7 @@ def _serve_triton(args: argparse.Namespace) -> int:
             args.max_batch_size,
             dynamic_batching=not args.no_batching,
             backend=args.backend,
+            trust=_trust(args),
         )
         cpp = find_cpp_backend(args.cpp_backend or found.cpp_backend) if args.backend == "cpp" else None
         binary = args.tritonserver or found.tritonserver
@@ -146,9 +164,8 @@ def _serve_triton(args: argparse.Namespace) -> int:
             print(f"  gRPC     {server.grpc_url} (model {name!r})")
             print(f"  metrics  {server.metrics_url}")
             print("  stop with Ctrl-C or SIGTERM", flush=True)
-            stopped = _wait(stop, server.running)
-            if not stopped:
-                print(f"bladepack: tritonserver exited:\n{server.log_tail()}", file=sys.stderr)
+            if not server.supervise(stop, lambda line: print(f"bladepack: {line}", file=sys.stderr, flush=True)):
+                print(server.log_tail(), file=sys.stderr)
                 return 1
             print("stopping", flush=True)
             return 0
@@ -170,6 +187,8 @@ def _serve_ray(args: argparse.Namespace) -> int:
         device=args.device,
         max_batch_size=1 if args.no_batching else args.max_batch_size,
         batch_wait_timeout_s=args.max_queue_delay_us / 1e6,
+        sha256=args.sha256,
+        trusted_keys=args.trusted_key or None,
     )
     name = args.name or Path(args.model).stem
     stop = _stop_on_signal()

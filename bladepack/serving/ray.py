@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,22 +27,26 @@ from starlette.responses import JSONResponse
 
 from bladepack.artifact.format import read
 from bladepack.errors import InputError
-from bladepack.loader.module import LoadedModule
+from bladepack.loader import load
 from bladepack.options import LoaderOptions
 from bladepack.serving.batching import DEFAULT_MAX_BATCH, BatchLayout, run_requests
+from bladepack.serving.trust import ServingTrust
 from bladepack.serving.v2_json import decode_request, encode_response
 
 
 class BladepackReplica:
     """One replica: the loaded artifact and its batching rule."""
 
-    def __init__(self, model_path: str, name: str, device: str, max_batch: int, wait_s: float) -> None:
-        bpk = read(model_path)
-        self._module = LoadedModule(bpk, device, options=LoaderOptions.from_env())  # a server process starts here
+    def __init__(
+        self, model_path: str, name: str, device: str, max_batch: int, wait_s: float, trust: ServingTrust
+    ) -> None:
+        # a server process starts here: the environment's options; the trust checked again, in the replica
+        self._module = load(model_path, device, **trust.load_arguments(), options=LoaderOptions.from_env())
+        manifest = self._module.manifest
         self._name = name
-        self._layout = BatchLayout.from_manifest(bpk.manifest) if max_batch > 1 else BatchLayout(None, 1, None, "off")
-        self._inputs = list(bpk.manifest["inputs"])
-        self._outputs = [t["name"] for t in bpk.manifest["outputs"]]
+        self._layout = BatchLayout.from_manifest(manifest) if max_batch > 1 else BatchLayout(None, 1, None, "off")
+        self._inputs = list(manifest["inputs"])
+        self._outputs = [t["name"] for t in manifest["outputs"]]
         self._batched.set_max_batch_size(max(max_batch, 1))  # type: ignore[attr-defined]  # serve.batch's setters
         self._batched.set_batch_wait_timeout_s(wait_s)  # type: ignore[attr-defined]
 
@@ -85,10 +90,15 @@ def deployment(
     max_batch_size: int | None = None,
     batch_wait_timeout_s: float = 0.002,
     num_cpus: float = 1.0,
+    sha256: str | None = None,
+    trusted_keys: Sequence[Any] | None = None,
 ) -> Any:
     """A Ray Serve application serving the artifact (`serve.run(app, route_prefix=...)` starts it).
-    `device` "cuda" gives each replica one GPU; `max_batch_size` 1 turns batching off."""
+    `device` "cuda" gives each replica one GPU; `max_batch_size` 1 turns batching off; `sha256` /
+    `trusted_keys` as for `bladepack.load`, checked here and by every replica (serving/trust.py)."""
     path = Path(model_path).resolve()
+    trust = ServingTrust.of(sha256, trusted_keys)
+    trust.check(path)  # an untrusted artifact fails here, before any replica starts
     bpk = read(str(path))  # a missing or corrupt artifact fails here, not in every replica
     model = name or path.stem
     if device not in ("cpu", "cuda"):
@@ -102,4 +112,4 @@ def deployment(
     cls = serve.deployment(
         name=model, num_replicas=num_replicas, ray_actor_options=options, max_ongoing_requests=max(2 * top, 8)
     )(BladepackReplica)
-    return cls.bind(str(path), model, device, top, batch_wait_timeout_s)
+    return cls.bind(str(path), model, device, top, batch_wait_timeout_s, trust)

@@ -48,6 +48,7 @@ class TritonModelConfig:
     preferred: tuple[int, ...]
     inputs: tuple[tuple[str, str, tuple[int, ...], bool], ...]  # name, TYPE_*, dims, reshape to []
     outputs: tuple[tuple[str, str, tuple[int, ...], bool], ...]
+    parameters: tuple[tuple[str, str], ...] = ()  # more string parameters (serving/trust.py)
 
     @staticmethod
     def build(
@@ -133,7 +134,8 @@ class TritonModelConfig:
         if ordinal:
             group += f" gpus: [ {ordinal} ]"
         lines.append(f"instance_group [ {{ {group} }} ]")
-        lines.append(f'parameters {{ key: "device" value: {{ string_value: "{kind}" }} }}')
+        for key, value in (("device", kind), *self.parameters):
+            lines.append(f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}')
         return "\n".join(lines) + "\n"
 
 

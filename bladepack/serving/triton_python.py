@@ -4,7 +4,8 @@ In: Triton's `initialize` arguments (the model's repository directory, version, 
 device) and, per `execute`, a batch of requests. Out: one response per request, in order.
 
 The artifact beside model.py (`<version>/model.bpk`) is loaded once per model instance with the
-torch-free loader, on the instance's device (KIND_GPU instance N: "cuda:N"). Each `execute` merges
+torch-free loader, on the instance's device (KIND_GPU instance N: "cuda:N"), with the trust the
+config's "sha256" / "trusted_keys" parameters record (serving/trust.py). Each `execute` merges
 the requests that may share a call (Note [Serving batches] in serving/batching.py) and answers each
 request with its own rows, or with its own error: the loader's input errors (dtype, rank, a dim out
 of range) as INVALID_ARG, which Triton's HTTP front end returns as 400; anything else as INTERNAL.
@@ -23,12 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from bladepack.artifact.format import read
 from bladepack.errors import InputError
+from bladepack.loader import load
 from bladepack.loader.dlpack import KDL_CPU, Exported
-from bladepack.loader.module import LoadedModule
 from bladepack.options import LoaderOptions
 from bladepack.serving.batching import BatchLayout, run_requests
+from bladepack.serving.trust import ServingTrust
 
 ARTIFACT = "model.bpk"
 
@@ -42,12 +43,14 @@ class BladepackTritonModel:
         path = Path(args["model_repository"]) / str(args["model_version"]) / ARTIFACT
         kind = str(args.get("model_instance_kind", "CPU"))
         device = f"cuda:{int(args.get('model_instance_device_id', 0))}" if kind == "GPU" else "cpu"
-        bpk = read(str(path))
-        self._module = LoadedModule(bpk, device, options=LoaderOptions.from_env())  # a server process starts here
+        trust = ServingTrust.from_parameters(config.get("parameters") or {})
+        # a server process starts here: the environment's options
+        self._module = load(str(path), device, **trust.load_arguments(), options=LoaderOptions.from_env())
+        manifest = self._module.manifest
         batched = int(config.get("max_batch_size", 0)) > 0 and "dynamic_batching" in config
-        self._layout = BatchLayout.from_manifest(bpk.manifest) if batched else BatchLayout(None, 1, None, "off")
-        self._inputs = [t["name"] for t in bpk.manifest["inputs"]]
-        self._outputs = [t["name"] for t in bpk.manifest["outputs"]]
+        self._layout = BatchLayout.from_manifest(manifest) if batched else BatchLayout(None, 1, None, "off")
+        self._inputs = [t["name"] for t in manifest["inputs"]]
+        self._outputs = [t["name"] for t in manifest["outputs"]]
 
     def execute(self, requests: list[Any]) -> list[Any]:
         pb = self._pb

@@ -9,6 +9,7 @@ existing OUT_DIR/NAME is replaced only with `overwrite=True`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 from bladepack.artifact.format import read
 from bladepack.serving.triton_config import TritonModelConfig
 from bladepack.serving.triton_python import ARTIFACT, MODEL_PY
+from bladepack.serving.trust import ServingTrust
 
 
 def write_repository(
@@ -29,14 +31,19 @@ def write_repository(
     overwrite: bool = False,
     dynamic_batching: bool = True,
     backend: str = "python",
+    trust: ServingTrust | None = None,
 ) -> TritonModelConfig:
-    """Write the model repository entry; returns its configuration (`.text()` is config.pbtxt)."""
+    """Write the model repository entry; returns its configuration (`.text()` is config.pbtxt). `trust`
+    (serving/trust.py): the artifact must pass it here, and every model instance checks it again."""
     src = Path(artifact)
+    trust = trust or ServingTrust()
+    trust.check(src)  # TrustError before anything is written
     bpk = read(str(src))  # a corrupt or truncated artifact fails here, before anything is written
     model = name or src.stem
     config = TritonModelConfig.build(
         bpk.manifest, model, device, instances, max_queue_delay_us, max_batch_size, backend, dynamic_batching
     )
+    config = dataclasses.replace(config, parameters=tuple(trust.parameters()))
     text = config.text()  # refuses what the backend cannot serve, before anything is written
     target = Path(out_dir) / model
     if target.exists():

@@ -26,9 +26,11 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -153,6 +155,7 @@ class TritonServer:
         self._log_path = Path(log) if log is not None else self._workdir / "tritonserver.log"
         self._timeout = ready_timeout_s
         self._proc: subprocess.Popen[bytes] | None = None
+        self._backends: Path | None = None  # prepared by the first start, reused by restarts
 
     @property
     def http_url(self) -> str:
@@ -184,13 +187,17 @@ class TritonServer:
             cmd.append(f"--backend-directory={backends}")
         return cmd
 
-    def start(self) -> TritonServer:
-        backends = prepare_backends(self.install, self._workdir, self.cpp_backend)
+    def start(self, restart: bool = False) -> TritonServer:
+        """Start the server and wait until it is ready; `restart`: after it died (the log is appended to,
+        so what it said before dying stays in it)."""
+        if not restart or self._backends is None:
+            self._backends = prepare_backends(self.install, self._workdir, self.cpp_backend)
+        backends = self._backends
         libs, pythonpath = _python_paths()
         env = child_environment(
             {"LD_LIBRARY_PATH": [*libs, *(str(p) for p in self.install.libs)], "BLADEPACK_SERVE_PATH": pythonpath}
         )
-        with open(self._log_path, "wb") as log:
+        with open(self._log_path, "ab" if restart else "wb") as log:
             self._proc = subprocess.Popen(
                 self.command(backends), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
@@ -226,6 +233,45 @@ class TritonServer:
 
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
+
+    def exit_reason(self) -> str:
+        """How the server process ended: "exited with status N" or "was killed by SIGSEGV"."""
+        code = self._proc.poll() if self._proc is not None else None
+        if code is None:
+            return "is running"
+        if code < 0:
+            try:
+                return f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"was killed by signal {-code}"
+        return f"exited with status {code}"
+
+    def supervise(
+        self, stop: threading.Event, say: Callable[[str], None], max_restarts: int = 5, window_s: float = 300.0
+    ) -> bool:
+        """Note [Supervised server]: keep the server up until `stop` is set (True). A server that dies
+        (a request that crashes Triton's front end, say) is restarted, with a line through `say` naming
+        how it ended; False (the server left stopped) when it died more than `max_restarts` times within
+        `window_s` seconds, or could not be started again."""
+        deaths: list[float] = []
+        while not stop.is_set():
+            if self.running():
+                stop.wait(0.5)
+                continue
+            now = time.monotonic()
+            deaths = [t for t in deaths if now - t < window_s] + [now]
+            reason = self.exit_reason()
+            if len(deaths) > max_restarts:
+                say(f"tritonserver {reason}; it died {len(deaths)} times in {window_s:.0f} s: not restarting it")
+                return False
+            say(f"tritonserver {reason}; restarting it ({len(deaths)} of at most {max_restarts} in {window_s:.0f} s)")
+            try:
+                self.start(restart=True)
+            except ServerError as e:
+                say(f"tritonserver could not be restarted: {e}")
+                return False
+            say("tritonserver is ready again")
+        return True
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM (Triton finishes the requests in flight), then SIGKILL after `timeout_s`."""

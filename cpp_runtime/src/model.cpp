@@ -493,7 +493,7 @@ void Model::index_error(const KernelDecl& k, int64_t code, int64_t value, int64_
   const int64_t site = floordiv(code - 1, 16);
   const std::string what = site >= 0 && site < int64_t(k.errors.size()) ? k.errors[size_t(site)] : "an index";
   const std::string lowest = code - 16 * site == kErrIndexNonneg ? "0" : "-" + std::to_string(size);
-  fail(BPK_ERR_EXECUTION, "index out of range in " + what + ": " + std::to_string(value) + " is not in [" + lowest +
+  fail(BPK_ERR_INDEX, "index out of range in " + what + ": " + std::to_string(value) + " is not in [" + lowest +
                               ", " + std::to_string(size - 1) + "] (kernel " + k.name + ", from " +
                               (k.loc.empty() ? "unknown source" : k.loc) + ")");
 }

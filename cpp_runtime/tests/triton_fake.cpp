@@ -14,6 +14,7 @@
 #include <bladepack/runtime.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -294,7 +295,10 @@ int main(int argc, char** argv) {
   try {
     TRITONBACKEND_Model model;
     model.dir = argv[1];
-    model.config = std::string("{\"name\":\"m\",\"max_batch_size\":") + argv[2] + ",\"input\":[]}";
+    // TRITON_FAKE_PARAMETERS: the config's "parameters" object as JSON, as Triton serializes it
+    const char* params = std::getenv("TRITON_FAKE_PARAMETERS");
+    model.config = std::string("{\"name\":\"m\",\"max_batch_size\":") + argv[2] + ",\"input\":[]" +
+                   (params ? std::string(",\"parameters\":") + params : std::string()) + "}";
     TRITONBACKEND_ModelInstance instance;
     instance.model = &model;
     instance.kind = std::strcmp(argv[3], "gpu") == 0 ? TRITONSERVER_INSTANCEGROUPKIND_GPU : TRITONSERVER_INSTANCEGROUPKIND_CPU;

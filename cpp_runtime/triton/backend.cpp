@@ -12,6 +12,9 @@
 // of range) are INVALID_ARG (HTTP 400); anything else is INTERNAL. A KIND_GPU instance on device N
 // loads the artifact with device "cuda:N" (its CUDA plan, CUDA graphs per call context: Note [CUDA
 // graphs] in cpp_runtime/src/native_cuda.h); tensors cross in host memory, copied to the GPU and back.
+// The config's "sha256" and "trusted_keys" parameters (bladepack/serving/trust.py) are the load's trust
+// (BPK_LOAD_TRUST): an instance refuses an artifact that is not the pinned file or not signed by one
+// of the keys, before any of its code runs. A bad index in an input is INVALID_ARG too.
 
 #include <bladepack/runtime.h>
 
@@ -41,7 +44,8 @@ void ignore(TRITONSERVER_Error* e) {
 }
 
 TRITONSERVER_Error_Code code_of(bpk_status s) {
-  return s == BPK_ERR_INPUT || s == BPK_ERR_SHAPE_GUARD || s == BPK_ERR_ARGUMENT ? TRITONSERVER_ERROR_INVALID_ARG
+  return s == BPK_ERR_INPUT || s == BPK_ERR_SHAPE_GUARD || s == BPK_ERR_ARGUMENT || s == BPK_ERR_INDEX
+             ? TRITONSERVER_ERROR_INVALID_ARG
                                                                                : TRITONSERVER_ERROR_INTERNAL;
 }
 
@@ -80,6 +84,8 @@ TRITONSERVER_DataType bpk_to_triton(int32_t d) {
 struct ModelState {
   std::string path;
   int64_t max_batch_size = 0;
+  std::string sha256;         // the "sha256" parameter, or empty
+  std::vector<uint8_t> keys;  // the "trusted_keys" parameter: 32 bytes per key
 };
 
 struct InstanceState {
@@ -268,6 +274,37 @@ void run_group(TRITONBACKEND_ModelInstance* instance, const InstanceState& st, s
   for (auto& o : outs) bpk_free(o.data);
 }
 
+// The string value of parameter `key` in Triton's JSON model config ("key":{"string_value":"..."}), or
+// empty; values bladepack writes are hex digits and commas, so no escapes are read.
+std::string string_parameter(const std::string& json, const std::string& key) {
+  const std::string quoted = "\"" + key + "\"";
+  for (size_t at = json.find(quoted); at != std::string::npos; at = json.find(quoted, at + 1)) {
+    size_t p = json.find_first_not_of(" \t\n", at + quoted.size());
+    if (p == std::string::npos || json[p] != ':') continue;  // a value such as an input's name
+    const size_t sv = json.find("\"string_value\"", p);
+    const size_t close = json.find('}', p);
+    if (sv == std::string::npos || sv > close) return "";
+    const size_t open = json.find('"', json.find(':', sv + 14) + 1);
+    const size_t end = open == std::string::npos ? open : json.find('"', open + 1);
+    return end == std::string::npos ? "" : json.substr(open + 1, end - open - 1);
+  }
+  return "";
+}
+
+// 64 hex digits per key, comma-separated, appended to `out` as bytes; false when malformed.
+bool parse_keys(const std::string& text, std::vector<uint8_t>* out) {
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string hex = text.substr(start, end - start);
+    if (hex.size() != 64 || hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) return false;
+    for (size_t i = 0; i < 64; i += 2) out->push_back(uint8_t(std::stoul(hex.substr(i, 2), nullptr, 16)));
+    start = end + 1;
+  }
+  return true;
+}
+
 int64_t max_batch_size(const std::string& json) {
   const std::string key = "\"max_batch_size\":";
   size_t at = json.find(key);
@@ -300,9 +337,19 @@ __attribute__((visibility("default"))) TRITONSERVER_Error* TRITONBACKEND_ModelIn
   size_t size = 0;
   TRITONSERVER_Error* e = TRITONSERVER_MessageSerializeToJson(config, &base, &size);
   auto state = std::make_unique<ModelState>();
-  if (e == nullptr) state->max_batch_size = max_batch_size(std::string(base, size));
+  std::string keys;
+  if (e == nullptr) {
+    const std::string json(base, size);
+    state->max_batch_size = max_batch_size(json);
+    state->sha256 = string_parameter(json, "sha256");
+    keys = string_parameter(json, "trusted_keys");
+  }
   TRITONSERVER_MessageDelete(config);
   if (e != nullptr) return e;
+  if (!parse_keys(keys, &state->keys))
+    return error(TRITONSERVER_ERROR_INVALID_ARG,
+                 "the config's trusted_keys parameter must list Ed25519 public keys as 64 hex digits, "
+                 "comma-separated; got '" + keys + "'");
   state->path = std::string(location) + "/" + std::to_string(version) + "/model.bpk";
   if (auto* e2 = TRITONBACKEND_ModelSetState(model, state.get())) return e2;
   state.release();
@@ -333,7 +380,15 @@ __attribute__((visibility("default"))) TRITONSERVER_Error* TRITONBACKEND_ModelIn
   auto state = std::make_unique<InstanceState>();
   const auto* mstate = static_cast<ModelState*>(ms);
   state->max_batch_size = mstate->max_batch_size;
-  bpk_load_options options{BPK_LOAD_DEVICE, 0, nullptr, nullptr, 0, nullptr, device.c_str(), 0};
+  bpk_load_options options{BPK_LOAD_DEVICE | BPK_LOAD_TRUST,
+                           0,
+                           mstate->sha256.empty() ? nullptr : mstate->sha256.c_str(),
+                           mstate->keys.empty() ? nullptr : mstate->keys.data(),
+                           mstate->keys.size() / 32,
+                           nullptr,
+                           device.c_str(),
+                           0,
+                           -1};
   bpk_status s = bpk_model_load(mstate->path.c_str(), &options, &state->model);
   if (s != BPK_OK)
     return error(s == BPK_ERR_UNSUPPORTED ? TRITONSERVER_ERROR_UNSUPPORTED : TRITONSERVER_ERROR_INVALID_ARG,
