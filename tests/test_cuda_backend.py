@@ -690,3 +690,60 @@ def test_decoder_kernels_run_on_the_gpu(gpu: FakeGpu) -> None:
     from bladepack.inspect import manifest_summary
 
     assert manifest_summary(art._parts()[0])["cuda_reference_steps"] == []  # every op a CUDA kernel
+
+
+class _Elementwise(torch.nn.Module):
+    """The elementwise ops added for the core ATen set, every one in the CUDA spelling of the op table."""
+
+    def forward(self, x: torch.Tensor, d: torch.Tensor, i: torch.Tensor, j: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            torch.round(x * 3),
+            torch.sign(x),
+            torch.ceil(x),
+            torch.trunc(x),
+            torch.remainder(x * 5, d),
+            torch.log1p(x.abs()),
+            torch.expm1(x),
+            torch.log2(x.abs() + 1),
+            torch.log10(x.abs() + 1),
+            torch.tan(x),
+            torch.asin(x / 4),
+            torch.acos(x / 4),
+            torch.atan(x),
+            torch.sinh(x),
+            torch.cosh(x),
+            torch.asinh(x),
+            torch.acosh(x.abs() + 1),
+            torch.atanh(x / 4),
+            torch.atan2(x, d),
+            torch.isnan(x),
+            torch.isinf(x),
+            torch.logical_xor(x > 0, d > 0),
+            torch.nn.functional.softplus(x * 8, beta=2, threshold=5),
+            torch.remainder(i, j),
+            torch.sign(i),
+        )
+
+
+def test_elementwise_op_set_on_the_gpu(gpu: FakeGpu) -> None:
+    g = torch.Generator().manual_seed(11)
+
+    def inputs(n: int) -> tuple[torch.Tensor, ...]:
+        j = torch.randint(1, 5, (n,), generator=g) * (1 - 2 * torch.randint(0, 2, (n,), generator=g))
+        return (
+            torch.randn(n, generator=g) * 3,
+            torch.randn(n, generator=g) + 3,
+            torch.randint(-9, 9, (n,), generator=g),
+            j,
+        )
+
+    art = bladepack.optimize(_Elementwise(), [inputs(5), inputs(7)], targets=TARGETS)
+    args = inputs(1000)
+    _, results, _ = gpu.run(art, [tuple(a.numpy() for a in args)])
+    assert not isinstance(results[0], str), results[0]
+    for k, (o, r) in enumerate(zip(results[0], _eager(_Elementwise(), args))):
+        assert o.dtype == r.dtype, k
+        if r.dtype.kind == "f":
+            assert rel_err(o, r) <= 1e-5, f"output {k}: relative error {rel_err(o, r):.3g}"
+        else:
+            np.testing.assert_array_equal(o, r, err_msg=f"output {k}")

@@ -28,7 +28,7 @@ EXPORT = [{"B": 3, "S": 6}, {"B": 4, "S": 9}]
 @dataclass(frozen=True)
 class In:
     shape: tuple[Any, ...]
-    kind: str = "randn"  # randn | pos | int:LO:HI | bool | long01
+    kind: str = "randn"  # randn | pos | unit (in (-0.9, 0.9)) | int:LO:HI | bool | long01
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,8 @@ def make(spec: In, dims: dict[str, int], g: torch.Generator) -> torch.Tensor:
         return torch.randn(shape, generator=g)
     if spec.kind == "pos":
         return torch.rand(shape, generator=g) + 0.1
+    if spec.kind == "unit":
+        return torch.rand(shape, generator=g) * 1.8 - 0.9
     if spec.kind == "bool":
         return torch.rand(shape, generator=g) > 0.5
     if spec.kind.startswith("int:"):
@@ -104,6 +106,49 @@ CASES = [
         ]
     ],
     Case("logical_not", torch.logical_not, (In(("B", "S"), "bool"),)),
+    # the rest of the core ATen elementwise set: a few ops per case (one compile each)
+    Case(
+        "rounding",
+        lambda x: (torch.sign(x), torch.sgn(x * 0), torch.ceil(x * 3), torch.trunc(x * 3), torch.round(x * 3)),
+        (X,),
+    ),
+    Case("rounding_int", lambda i: (torch.sign(i), torch.ceil(i), torch.round(i)), (In(("B", "S"), "int:-5:5"),)),
+    Case(
+        "logs_and_exps",
+        lambda p, x: (torch.log1p(p), torch.expm1(x), torch.log2(p), torch.log10(p)),
+        (POS, X),
+    ),
+    Case(
+        "trigonometric",
+        lambda u: (torch.tan(u), torch.asin(u), torch.acos(u), torch.atan(u * 5), torch.atanh(u)),
+        (In(("B", "S", 8), "unit"),),
+    ),
+    Case(
+        "hyperbolic",
+        lambda x, p: (torch.sinh(x), torch.cosh(x), torch.asinh(x * 4), torch.acosh(p + 1)),
+        (X, POS),
+    ),
+    Case(
+        "atan2_remainder",
+        lambda x, y: (torch.atan2(x, y), torch.remainder(x * 5, y), torch.remainder(x * 5, -1.5)),
+        (X, X),
+    ),
+    Case(
+        "remainder_int",
+        lambda i, j: torch.remainder(i, torch.where(j == 0, 3, j)),
+        (In(("B", "S"), "int:-9:9"), In(("B", "S"), "int:-4:4")),
+    ),
+    Case(
+        "float_classes",
+        lambda x: (
+            torch.isnan(y := torch.where(x > 1, torch.inf, torch.where(x < -1, torch.nan, x))),
+            torch.isinf(-y),
+            torch.isfinite(y),
+            torch.logical_xor(x > 0, x > 0.5),
+        ),
+        (X,),
+    ),
+    Case("softplus", lambda x: (F.softplus(x), F.softplus(x * 10, beta=2, threshold=5)), (X,)),
     Case("bitwise_not", torch.bitwise_not, (In(("B", "S"), "int:-5:5"),)),
     # elementwise, binary
     Case("add_broadcast", lambda x, y: x + y, (X, In((8,)))),
@@ -416,3 +461,36 @@ def test_topk_and_interpolation_errors() -> None:
         loaded(np.zeros((1, 1, 2, 2), np.float32))
     with pytest.raises(ShapeGuardError, match="output size .* must be at least 1"):
         loaded(np.zeros((1, 1, 1, 8), np.float32))
+
+
+@pytest.mark.parametrize("executor", ["native", "reference"])
+def test_rounding_and_special_values_as_eager(executor: str) -> None:
+    """Exact values where the kernels and the numpy reference could disagree with torch: round's ties
+    go to even, sign(NaN) is 0 (numpy's is NaN), remainder takes the divisor's sign, and NaN / inf
+    pass through the inverse and hyperbolic functions as torch's do."""
+
+    def fn(x: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            torch.round(x),
+            torch.sign(x),
+            torch.remainder(x, d),
+            torch.log1p(x),
+            torch.atanh(x / 4),
+            torch.isnan(x),
+            torch.isinf(x),
+            F.softplus(x),
+        )
+
+    special = [0.5, 1.5, 2.5, -0.5, -2.5, -0.0, float("nan"), float("inf"), float("-inf"), 3.0, -7.25, 1e-8]
+    x = torch.tensor(special)
+    d = torch.tensor([2.0, -2.0, 1.5, 3.0, -3.0, 1.0, 2.0, 2.0, -2.0, -1.0, 2.5, -0.75])
+    g = torch.Generator().manual_seed(0)
+    samples = [(torch.randn(n, generator=g), torch.randn(n, generator=g) + 3) for n in (5, 7)]
+    art = bladepack.optimize(Fn(fn), samples)
+    m = bladepack.load(art.to_bytes(), executor=executor)
+    exact = (True, True, True, False, False, True, True, False)  # transcendental results: within 1e-6
+    for got, want, bitwise in zip(m(x, d), fn(x, d), exact):
+        if bitwise:
+            np.testing.assert_array_equal(np.asarray(got), want.numpy())
+        else:
+            np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-6, atol=0, equal_nan=True)

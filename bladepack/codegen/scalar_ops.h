@@ -36,6 +36,18 @@ BPK_SCALAR T fmod_i(T a, T b) {
   if (b == 0 || (std::is_signed<T>::value && b == T(-1))) return T(0);
   return T(a % b);
 }
+// torch.remainder (Python's %): the remainder takes the divisor's sign, from the exact fmod (as torch's
+// kernels compute it); integer x % 0 gives 0, as fmod_i.
+template <class T>
+BPK_SCALAR T remainder_f(T a, T b) {
+  T r = std::fmod(a, b);
+  return (r != T(0) && ((r < T(0)) != (b < T(0)))) ? T(r + b) : r;
+}
+template <class T>
+BPK_SCALAR T remainder_i(T a, T b) {
+  T r = fmod_i(a, b);
+  return (r != 0 && ((r < 0) != (b < 0))) ? T(r + b) : r;
+}
 template <class T>
 BPK_SCALAR T mod_py(T a, T b) {
   T r = a % b;

@@ -43,6 +43,25 @@ _UNARY = {
     "cos": K.COS,
     "floor": K.FLOOR,
     "bitwise_not": K.BITWISE_NOT,
+    "sign": K.SIGN,
+    "sgn": K.SIGN,  # real tensors: the same as sign
+    "ceil": K.CEIL,
+    "trunc": K.TRUNC,
+    "fix": K.TRUNC,
+    "round": K.ROUND,
+    "log1p": K.LOG1P,
+    "expm1": K.EXPM1,
+    "log2": K.LOG2,
+    "log10": K.LOG10,
+    "tan": K.TAN,
+    "asin": K.ASIN,
+    "acos": K.ACOS,
+    "atan": K.ATAN,
+    "sinh": K.SINH,
+    "cosh": K.COSH,
+    "asinh": K.ASINH,
+    "acosh": K.ACOSH,
+    "atanh": K.ATANH,
 }
 
 
@@ -56,6 +75,45 @@ def _unary(op: OpKind) -> Any:
 
 for _name, _op in _UNARY.items():
     converts(f"aten.{_name}.default")(_unary(_op))
+
+
+@converts("aten.round.decimals")
+def _round_decimals(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    decimals = arg(args, kwargs, 1, "decimals", 0)
+    if decimals != 0:
+        raise Unsupported(f"round with decimals={decimals} (decimals=0 is supported)")
+    return _unary(K.ROUND)(ctx, args[:1], {})  # type: ignore[no-any-return]
+
+
+@converts("aten.isnan.default", "aten.isinf.default", "aten.isfinite.default")
+def _float_class(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    """isnan(x) = x != x; isinf(x) = |x| == inf; isfinite(x) = |x| < inf (false for NaN). Integer and
+    bool tensors are never NaN or infinite."""
+    assert ctx.node is not None
+    x, out, which = ctx.v(args[0]), ctx.out_type(), str(ctx.node.target).split(".")[1]
+    t = ctx.t(x)
+    if not t.dtype.is_floating:
+        return ctx.emit(K.FULL, (), out, ConstantAttrs(which == "isfinite"))
+    if which == "isnan":
+        return ctx.emit(K.NE, (x, x), out)
+    size = ctx.emit(K.ABS, (x,), t)
+    return ctx.emit(K.EQ if which == "isinf" else K.LT, (size, ctx.const(float("inf"), t.dtype)), out)
+
+
+@converts("aten.softplus.default")
+def _softplus(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    """torch's softplus: x where beta * x > threshold, else log1p(exp(beta * x)) / beta."""
+    beta, threshold = arg(args, kwargs, 1, "beta", 1.0), arg(args, kwargs, 2, "threshold", 20.0)
+    if not all(isinstance(v, (int, float)) for v in (beta, threshold)):
+        raise Unsupported("softplus with tensor beta or threshold")
+    out = ctx.out_type()
+    x = ctx.cast(ctx.v(args[0]), out.dtype)
+    bx = x if beta == 1 else ctx.emit(K.MUL, (x, ctx.const(beta, out.dtype)), out)
+    soft = ctx.emit(K.LOG1P, (ctx.emit(K.EXP, (bx,), out),), out)
+    if beta != 1:
+        soft = ctx.emit(K.DIV, (soft, ctx.const(beta, out.dtype)), out)
+    big = ctx.emit(K.GT, (bx, ctx.const(threshold, out.dtype)), TensorType(DType.BOOL, out.shape))
+    return ctx.emit(K.WHERE, (big, x, soft), out)
 
 
 @converts("aten.logical_not.default")
@@ -155,6 +213,8 @@ _ARITH = {
     "mul": K.MUL,
     "div": K.DIV,
     "fmod": K.FMOD,
+    "remainder": K.REMAINDER,
+    "atan2": K.ATAN2,
     "maximum": K.MAXIMUM,
     "minimum": K.MINIMUM,
 }
@@ -173,8 +233,9 @@ def _arith(op: OpKind) -> Any:
     return convert
 
 
-for _name in ("add", "sub", "mul", "div", "fmod"):
+for _name in ("add", "sub", "mul", "div", "fmod", "remainder"):
     converts(f"aten.{_name}.Tensor", f"aten.{_name}.Scalar")(_arith(_ARITH[_name]))
+converts("aten.atan2.default")(_arith(K.ATAN2))
 for _name in ("maximum", "minimum"):  # torch.max(a, b) / torch.min(a, b) are the same ops (T5's position buckets)
     converts(f"aten.{_name}.default", f"aten.{_name[:3]}.other")(_arith(_ARITH[_name]))
 
@@ -241,6 +302,7 @@ def _logical(op: OpKind) -> Any:
 
 converts("aten.logical_and.default")(_logical(K.LOGICAL_AND))
 converts("aten.logical_or.default")(_logical(K.LOGICAL_OR))
+converts("aten.logical_xor.default")(_logical(K.LOGICAL_XOR))
 
 _BITWISE = {
     "bitwise_and": K.BITWISE_AND,

@@ -280,8 +280,41 @@ _UNARY = {
     "Erf": K.ERF,
     "Not": K.LOGICAL_NOT,
     "BitwiseNot": K.BITWISE_NOT,
+    "Ceil": K.CEIL,
+    "Round": K.ROUND,  # half to even
+    "Tan": K.TAN,
+    "Asin": K.ASIN,
+    "Acos": K.ACOS,
+    "Atan": K.ATAN,
+    "Sinh": K.SINH,
+    "Cosh": K.COSH,
+    "Asinh": K.ASINH,
+    "Acosh": K.ACOSH,
+    "Atanh": K.ATANH,
 }
-_FLOAT_ONLY = {"Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Reciprocal", "Floor", "Sin", "Cos", "Erf"}
+_FLOAT_ONLY = {
+    "Sigmoid",
+    "Tanh",
+    "Exp",
+    "Log",
+    "Sqrt",
+    "Reciprocal",
+    "Floor",
+    "Sin",
+    "Cos",
+    "Erf",
+    "Ceil",
+    "Round",
+    "Tan",
+    "Asin",
+    "Acos",
+    "Atan",
+    "Sinh",
+    "Cosh",
+    "Asinh",
+    "Acosh",
+    "Atanh",
+}
 
 
 def _unary(op_type: str) -> Any:
@@ -324,14 +357,6 @@ def _identity(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
             mask = ctx.out(K.FULL, (), TensorType(DType.BOOL, x.type.shape), ConstantAttrs(True))
         return [x, mask]
     return [x]
-
-
-@converts("Ceil")
-def _ceil(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
-    x = need(ins, 0)
-    t = x.type
-    n = ctx.emit(K.NEG, (ctx.tensor(x),), t)
-    return [ctx.out(K.NEG, (ctx.emit(K.FLOOR, (n,), t),), t)]
 
 
 @converts("Sign")

@@ -80,6 +80,23 @@ class OpKind(str, Enum):
     CAST = "cast"
     LOGICAL_NOT = "logical_not"
     BITWISE_NOT = "bitwise_not"
+    SIGN = "sign"
+    CEIL = "ceil"
+    TRUNC = "trunc"
+    ROUND = "round"
+    LOG1P = "log1p"
+    EXPM1 = "expm1"
+    LOG2 = "log2"
+    LOG10 = "log10"
+    TAN = "tan"
+    ASIN = "asin"
+    ACOS = "acos"
+    ATAN = "atan"
+    SINH = "sinh"
+    COSH = "cosh"
+    ASINH = "asinh"
+    ACOSH = "acosh"
+    ATANH = "atanh"
     # elementwise, binary and ternary (numpy / torch broadcasting)
     ADD = "add"
     SUB = "sub"
@@ -100,6 +117,9 @@ class OpKind(str, Enum):
     BITWISE_AND = "bitwise_and"
     BITWISE_OR = "bitwise_or"
     BITWISE_XOR = "bitwise_xor"
+    LOGICAL_XOR = "logical_xor"
+    ATAN2 = "atan2"
+    REMAINDER = "remainder"
     WHERE = "where"
     # generators
     CONSTANT = "constant"
@@ -284,6 +304,23 @@ def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.true_divide(a, b)
 
 
+def _remainder(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """torch.remainder (Python's %): the remainder has the divisor's sign; on integers x % 0 is 0 (as
+    the kernels do)."""
+    if a.dtype.kind in "iub" and b.dtype.kind in "iub":
+        a64, b64 = np.broadcast_arrays(a.astype(np.int64), b.astype(np.int64))
+        return np.where(b64 == 0, 0, np.remainder(a64, np.where(b64 == 0, 1, b64)))
+    return np.remainder(a, b)
+
+
+def _sign(x: np.ndarray) -> np.ndarray:
+    """torch.sign: NaN gives 0 (numpy's gives NaN)."""
+    if x.dtype.kind == "b":
+        return x
+    out = np.sign(x)
+    return np.where(np.isnan(out), 0, out) if x.dtype.kind == "f" else out
+
+
 def _fmod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """C's fmod: the remainder has the dividend's sign; on integers x % 0 is 0 (as the kernels do)."""
     if a.dtype.kind in "iub" and b.dtype.kind in "iub":
@@ -354,6 +391,23 @@ OP_INFO: dict[OpKind, OpInfo] = {
     K.CAST: _unary(S("{x}"), lambda x: x),
     K.LOGICAL_NOT: _unary(S("(!{x})"), np.logical_not),
     K.BITWISE_NOT: _unary(S("{t}(~{x})", boolean="(!{x})"), np.invert),
+    K.SIGN: _unary(S("{t}(({x} > {t}(0)) - ({x} < {t}(0)))", boolean="{x}"), _sign),
+    K.CEIL: _unary(S("std::ceil({x})", integer="{x}"), np.ceil),
+    K.TRUNC: _unary(S("std::trunc({x})", integer="{x}"), np.trunc),
+    K.ROUND: _unary(S("std::nearbyint({x})", integer="{x}"), np.rint),  # half to even, as torch.round
+    K.LOG1P: _unary(S("std::log1p({x})"), np.log1p, _HEAVY),
+    K.EXPM1: _unary(S("std::expm1({x})"), np.expm1, _HEAVY),
+    K.LOG2: _unary(S("std::log2({x})"), np.log2, _HEAVY),
+    K.LOG10: _unary(S("std::log10({x})"), np.log10, _HEAVY),
+    K.TAN: _unary(S("std::tan({x})"), np.tan, _LIBM),
+    K.ASIN: _unary(S("std::asin({x})"), np.arcsin, _LIBM),
+    K.ACOS: _unary(S("std::acos({x})"), np.arccos, _LIBM),
+    K.ATAN: _unary(S("std::atan({x})"), np.arctan, _LIBM),
+    K.SINH: _unary(S("std::sinh({x})"), np.sinh, _HEAVY),
+    K.COSH: _unary(S("std::cosh({x})"), np.cosh, _HEAVY),
+    K.ASINH: _unary(S("std::asinh({x})"), np.arcsinh, _HEAVY),
+    K.ACOSH: _unary(S("std::acosh({x})"), np.arccosh, _HEAVY),
+    K.ATANH: _unary(S("std::atanh({x})"), np.arctanh, _HEAVY),
     K.ADD: _binary(S("{t}({a} + {b})", boolean="({a} || {b})"), np.add),
     K.SUB: _binary(S("{t}({a} - {b})"), np.subtract),
     K.MUL: _binary(S("{t}({a} * {b})", boolean="({a} && {b})"), np.multiply),
@@ -373,6 +427,9 @@ OP_INFO: dict[OpKind, OpInfo] = {
     K.BITWISE_AND: _binary(S("{t}({a} & {b})"), np.bitwise_and),
     K.BITWISE_OR: _binary(S("{t}({a} | {b})"), np.bitwise_or),
     K.BITWISE_XOR: _binary(S("{t}({a} ^ {b})"), np.bitwise_xor),
+    K.LOGICAL_XOR: _binary(S("(bool({a}) != bool({b}))"), np.logical_xor),
+    K.ATAN2: _binary(S("std::atan2({a}, {b})"), np.arctan2, _LIBM),
+    K.REMAINDER: _binary(S("bpk::remainder_f<{t}>({a}, {b})", integer="bpk::remainder_i<{t}>({a}, {b})"), _remainder),
     K.WHERE: OpInfo(_B, NoAttrs, 3, 3, Cost.CHEAP, Batch.ALIGNED, S("({c} ? {a} : {b})"), np.where),
     K.CONSTANT: _info(_E, ConstantAttrs, 0, batch=Batch.ALIGNED),
     K.FULL: _info(_B, ConstantAttrs, 0, batch=Batch.ALIGNED),

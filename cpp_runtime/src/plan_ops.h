@@ -6,11 +6,13 @@ namespace bpk {
 
 inline constexpr const char* kPlanOps[] = {
     "neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "tanh", "sigmoid", "relu", "gelu", "silu", "erf", "sin",
-    "cos", "floor", "leaky_relu", "clamp", "cast", "logical_not", "bitwise_not", "add", "sub", "mul", "div", "pow",
-    "maximum", "minimum", "fmod", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "bitwise_and",
-    "bitwise_or", "bitwise_xor", "where", "constant", "full", "arange", "reshape", "expand", "permute", "slice",
-    "concat", "take", "gather", "index", "pad", "sum", "mean", "amax", "amin", "prod", "argmax", "argmin", "cumsum",
-    "topk", "softmax", "log_softmax", "layer_norm", "rms_norm", "matmul", "conv2d", "max_pool2d", "avg_pool2d",
+    "cos", "floor", "leaky_relu", "clamp", "cast", "logical_not", "bitwise_not", "sign", "ceil", "trunc", "round",
+    "log1p", "expm1", "log2", "log10", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "add",
+    "sub", "mul", "div", "pow", "maximum", "minimum", "fmod", "eq", "ne", "lt", "le", "gt", "ge", "logical_and",
+    "logical_or", "bitwise_and", "bitwise_or", "bitwise_xor", "logical_xor", "atan2", "remainder", "where", "constant",
+    "full", "arange", "reshape", "expand", "permute", "slice", "concat", "take", "gather", "index", "pad", "sum",
+    "mean", "amax", "amin", "prod", "argmax", "argmin", "cumsum", "topk", "softmax", "log_softmax", "layer_norm",
+    "rms_norm", "matmul", "conv2d", "max_pool2d", "avg_pool2d",
 };
 
 }  // namespace bpk
