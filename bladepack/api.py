@@ -112,7 +112,7 @@ def optimize_program(
 
 def _compile(c: Compilation) -> Artifact:
     configure_logging(c.options.log_level)
-    with contextlib.closing(Progress(len(runs(c)), c.options.progress)) as progress:
+    with contextlib.closing(Progress(len(runs(c)), c.options.progress, quiet=c.options.quiet)) as progress:
         return compile_model(c, progress)
 
 

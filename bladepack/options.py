@@ -111,6 +111,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("BLADEPACK_CACHE_DIR", _C, "cache_dir", _cache, "~/.cache/bladepack", "the compiled-kernel cache (cpu/, cuda/, cutlass/ by content hash)"),
     Knob("BLADEPACK_LOG", _C, "log_level", _level, "unset", "the `bladepack` logger's level; info / debug print each optimize stage and kernel compile to stderr (Note [Progress])"),
     Knob("BLADEPACK_PROGRESS", _C, "progress", _choice("auto", "1", "0"), "auto", "optimize's progress bar: auto (on a terminal, with tqdm), 1, 0"),
+    Knob("BLADEPACK_QUIET", _C, "quiet", _flag, "0", "1: no line on stderr for an optimize stage that runs over 5 s (Note [Progress])"),
     Knob("BLADEPACK_NATIVE", _C, "native", _on, "1", "0 builds no CPU kernel library (the artifact runs on the reference executor)"),
     Knob("BLADEPACK_GEMM_CONFIGS", _C, "gemm_configs", _positive(4), "4", "at most this many aligned CUTLASS configs per GEMM (the SIMT fallback is extra)"),
     Knob("BLADEPACK_GEMM_TUNING", _C, "gemm_tuning", _choice("auto", "profile", "model"), "auto", "how CUTLASS configs are chosen: auto (profile where a CUDA device answers, else the cost model), profile (a device is required), model"),
@@ -157,6 +158,7 @@ class CompileOptions:
     cache_dir: Path = dataclasses.field(default_factory=_default_cache)
     log_level: str = ""
     progress: str = "auto"
+    quiet: bool = False
     native: bool = True
     gemm_configs: int = 4
     gemm_tuning: str = "auto"

@@ -65,3 +65,25 @@ def test_configure_logging_adds_one_handler() -> None:
     finally:
         log.handlers[:] = before[0]
         log.setLevel(before[1])
+
+
+def test_a_slow_stage_says_so_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    """Note [Progress]: off a terminal and without BLADEPACK_LOG, a stage running past the threshold
+    prints that it runs, the work it finishes, and its end; a fast one and a quiet run print nothing."""
+    import time
+
+    progress = Progress(2, "0", slow_s=0.05)
+    with progress.stage("fast"):
+        pass
+    with progress.stage("build (cpu)"):
+        time.sleep(0.3)
+        progress.done("x86-64 kernel library: compiled in 0.3 s")
+    lines = capsys.readouterr().err.splitlines()
+    assert (
+        lines[0] == "bladepack: build (cpu) ..." and lines[1] == "bladepack:   x86-64 kernel library: compiled in 0.3 s"
+    )
+    assert lines[2].startswith("bladepack: build (cpu) done (") and len(lines) == 3, lines
+    quiet = Progress(1, "0", quiet=True, slow_s=0.05)
+    with quiet.stage("build (cpu)"):
+        time.sleep(0.2)
+    assert capsys.readouterr().err == ""
