@@ -692,7 +692,7 @@ def test_decoder_kernels_run_on_the_gpu(gpu: FakeGpu) -> None:
     assert manifest_summary(art._parts()[0])["cuda_reference_steps"] == []  # every op a CUDA kernel
 
 
-class _Elementwise(torch.nn.Module):
+class _CoreElementwise(torch.nn.Module):
     """The elementwise ops added for the core ATen set, every one in the CUDA spelling of the op table."""
 
     def forward(self, x: torch.Tensor, d: torch.Tensor, i: torch.Tensor, j: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -737,11 +737,11 @@ def test_elementwise_op_set_on_the_gpu(gpu: FakeGpu) -> None:
             j,
         )
 
-    art = bladepack.optimize(_Elementwise(), [inputs(5), inputs(7)], targets=TARGETS)
+    art = bladepack.optimize(_CoreElementwise(), [inputs(5), inputs(7)], targets=TARGETS)
     args = inputs(1000)
     _, results, _ = gpu.run(art, [tuple(a.numpy() for a in args)])
     assert not isinstance(results[0], str), results[0]
-    for k, (o, r) in enumerate(zip(results[0], _eager(_Elementwise(), args))):
+    for k, (o, r) in enumerate(zip(results[0], _eager(_CoreElementwise(), args))):
         assert o.dtype == r.dtype, k
         if r.dtype.kind == "f":
             assert rel_err(o, r) <= 1e-5, f"output {k}: relative error {rel_err(o, r):.3g}"
