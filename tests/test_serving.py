@@ -401,8 +401,11 @@ def test_triton_answers_bad_requests_with_400_and_keeps_serving(triton: Any, sum
     np.testing.assert_array_equal(got, bladepack.load(sum_rows)(x))
 
 
-@pytest.mark.serving
-def test_bladepack_serve_prints_endpoints_and_stops_on_sigterm(tagger: Path) -> None:
+def start_serve(
+    artifact: Path, *options: str, stderr: int = subprocess.STDOUT
+) -> tuple[subprocess.Popen[str], tuple[int, int, int], str]:
+    """`bladepack serve ARTIFACT --name tg OPTIONS` on free ports, once it says it is up: (the process,
+    its HTTP / gRPC / metrics ports, what it printed until then). Skips where Triton is missing."""
     pytest.importorskip("tritonclient")
     from bladepack.serving.triton_server import ServerError, find_tritonserver
 
@@ -410,17 +413,22 @@ def test_bladepack_serve_prints_endpoints_and_stops_on_sigterm(tagger: Path) -> 
         find_tritonserver()
     except ServerError as e:
         pytest.skip(str(e))
-    http, grpc, metrics = free_ports(3)
-    cmd = [sys.executable, "-m", "bladepack.cli", "serve", str(tagger), "--name", "tg"]
-    cmd += ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    ports = free_ports(3)
+    cmd = [sys.executable, "-m", "bladepack", "serve", str(artifact), "--name", "tg", *options]
+    cmd += ["--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=ROOT)
     lines = []
     assert proc.stdout is not None
     for line in proc.stdout:
         lines.append(line)
         if "stop with" in line:
             break
-    text = "".join(lines)
+    return proc, (ports[0], ports[1], ports[2]), "".join(lines)
+
+
+@pytest.mark.serving
+def test_bladepack_serve_prints_endpoints_and_stops_on_sigterm(tagger: Path) -> None:
+    proc, (http, _, metrics), text = start_serve(tagger)
     assert f"HTTP     http://127.0.0.1:{http}/v2/models/tg/infer" in text, text
     assert f"metrics  http://127.0.0.1:{metrics}/metrics" in text
     with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/models/tg/ready", timeout=10) as r:

@@ -31,8 +31,7 @@ from bladepack.artifact.signing import generate_key, sign_file
 from bladepack.loader import TrustError
 from bladepack.serving.triton_repo import write_repository
 from bladepack.serving.trust import ServingTrust
-from tests.helpers import free_ports
-from tests.test_serving import ROOT, _fake_requests, _fake_triton, tagger  # noqa: F401 (a fixture)
+from tests.test_serving import ROOT, _fake_requests, _fake_triton, start_serve, tagger  # noqa: F401 (a fixture)
 
 pytest.importorskip("cryptography")
 
@@ -155,27 +154,12 @@ def test_serve_restarts_triton_after_requests_that_crash_it(signed: dict[str, Pa
     """The reported requests (shapes whose element count overflows, or is far beyond the body) crash
     the bundled tritonserver's JSON front end; `bladepack serve` restarts it, says how it ended, and
     the next valid request succeeds. Also: a bad index is 400 with the reason."""
-    pytest.importorskip("tritonclient")
-    from bladepack.serving.triton_server import ServerError, find_tritonserver
-
-    try:
-        find_tritonserver()
-    except ServerError as e:
-        pytest.skip(str(e))
-    http, grpc, metrics = free_ports(3)
-    cmd = [sys.executable, "-m", "bladepack", "serve", str(signed["signed"]), "--name", "tg"]
-    cmd += ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
-    cmd += ["--trusted-key", str(signed["key"])]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    proc, (http, _, _), _ = start_serve(signed["signed"], "--trusted-key", str(signed["key"]), stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{http}/v2/models/tg/infer"
     ids = {"name": "ids", "shape": [1, 3], "datatype": "INT64", "data": [1, 2, 3]}
     mask = {"name": "mask", "shape": [1, 3], "datatype": "BOOL", "data": [True, True, False]}
     valid = json.dumps({"inputs": [ids, mask]}).encode()
     try:
-        assert proc.stdout is not None and proc.stderr is not None
-        for line in proc.stdout:
-            if "stop with" in line:
-                break
         assert _post(url, valid)[0] == 200
         status, text = _post(url, json.dumps({"inputs": [{**ids, "data": [1, 10**9, 3]}, mask]}).encode())
         assert status == 400 and "index out of range" in text and "1000000000 is not in [0, 49]" in text, text

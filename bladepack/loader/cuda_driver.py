@@ -24,9 +24,11 @@ import struct
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from bladepack.errors import BladepackError
+
+_Image = TypeVar("_Image")
 
 
 class CudaUnavailable(BladepackError, RuntimeError):
@@ -374,8 +376,9 @@ def pack_args(args: Sequence[tuple[str, int | float]]) -> bytes:
 _IMAGE = re.compile(r"^(sm|compute)_(\d+)(\d)(a?)$")
 
 
-def choose_image(images: Mapping[str, bytes], cc: tuple[int, int]) -> tuple[str, bytes]:
-    """Note [Kernel images]: `images` maps "sm_80" / "sm_90a" (cubins) and "compute_90" (PTX) to bytes."""
+def choose_image(images: Mapping[str, _Image], cc: tuple[int, int]) -> tuple[str, _Image]:
+    """Note [Kernel images]: `images` maps "sm_80" / "sm_90a" (cubins) and "compute_90" (PTX) to the
+    image (its bytes, or whatever names them: only the keys are read)."""
     major, minor = cc
     cubins, ptx = [], []
     for key in images:

@@ -106,8 +106,9 @@ class NativeCuda:
         self.kernels = list(kernels)
         self.device = Device(ordinal)
         self._drv = self.device._drv
-        images = {row["arch"]: bpk.section_copy(row["section"]) for row in plan["images"]}  # Note [Hash what runs]
-        self.image, data = choose_image(images, self.device.info.compute_capability)
+        sections = {row["arch"]: row["section"] for row in plan["images"]}
+        self.image, section = choose_image(sections, self.device.info.compute_capability)
+        data = bpk.section_copy(section)  # Note [Hash what runs]: only the image this GPU runs
         self.module = self.device.load_module(data)
         names: dict[int, str] = {}
         for k in self.kernels:

@@ -57,16 +57,19 @@ class ServingTrust:
 
     def load_arguments(self) -> dict[str, Any]:
         """`sha256=` and `trusted_keys=` for `bladepack.load`."""
-        return {
-            "sha256": self.sha256,
-            "trusted_keys": [bytes.fromhex(k) for k in self.trusted_keys] if self.trusted_keys else None,
-        }
+        return {"sha256": self.sha256, "trusted_keys": self._keys() or None}
+
+    def _keys(self) -> list[bytes]:
+        return [bytes.fromhex(k) for k in self.trusted_keys]
 
     def check(self, path: str | os.PathLike[str]) -> None:
-        """TrustError unless the artifact at `path` is one this trusts (nothing in it runs)."""
+        """TrustError unless the artifact at `path` is one this trusts (nothing in it runs); without a
+        pin or keys there is nothing to check, and the file is not read."""
+        if not self.active:
+            return
         bpk = read(path, verify=bool(self.trusted_keys), sha256=self.sha256, map_file=False)
         if self.trusted_keys:
-            check_signature(bpk.header, bpk.signature, [bytes.fromhex(k) for k in self.trusted_keys], bpk.source)
+            check_signature(bpk.header, bpk.signature, self._keys(), bpk.source)
 
     def parameters(self) -> list[tuple[str, str]]:
         """The config.pbtxt parameters that record this."""
