@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from bladepack.dims import Dim
+from bladepack.dims import DerivedDim, Dim
 from bladepack.errors import (
     BladepackError,
     BpkFormatError,
@@ -65,6 +65,7 @@ __all__ = [
     "BladepackError",
     "BpkFormatError",
     "CompileOptions",
+    "DerivedDim",
     "Dim",
     "ExecutionError",
     "ExportError",

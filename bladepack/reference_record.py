@@ -144,11 +144,16 @@ def record_cases(
     if isinstance(dists, str):
         return None, f"no reference cases recorded: {dists}"
     program = ShapeProgram.from_manifest(m["shape_program"])
-    if any(isinstance(d, str) and d not in {s["name"] for s in m["symbols"]} for t in m["inputs"] for d in t["shape"]):
-        return None, "no reference cases recorded: an input dim is an expression, not one symbol"
+    input_dims = _input_dims(m)
+    derived = any(
+        isinstance(d, str) and d not in {s["name"] for s in m["symbols"]} for t in m["inputs"] for d in t["shape"]
+    )
     probes = []
     for b, end in _bindings(m, samples, sample_dims):
-        dims = [[b[d] if isinstance(d, str) else int(d) for d in t["shape"]] for t in m["inputs"]]
+        try:
+            dims = input_dims(b)
+        except ValueError:
+            continue  # a derived input dim below 0
         try:
             regs = program.evaluate(dims)
         except ShapeGuardError:
@@ -168,8 +173,8 @@ def record_cases(
         ):
             continue
         try:
-            regs = program.evaluate([[b[d] if isinstance(d, str) else int(d) for d in t["shape"]] for t in m["inputs"]])
-        except ShapeGuardError:
+            regs = program.evaluate(input_dims(b))
+        except (ShapeGuardError, ValueError):
             continue
         if spent + sum(map(len, blobs)) > budget:
             continue
@@ -224,6 +229,8 @@ def record_cases(
             sections[name] = np.ascontiguousarray(o).astype(o.dtype.newbyteorder("<")).tobytes()
             rows.append({"section": name, "dtype": m["outputs"][k]["dtype"], "shape": list(o.shape)})
         case = {"dims": dict(sorted(binding.items())), "inputs": ins, "outputs": rows, "covers": sorted(items)}
+        if derived:  # an input dim is an expression of the symbols: the loaders read the shapes
+            case["shapes"] = [list(d) for d in dims]
         cases.append({**case, "oracle": oracle_name} if carried else case)
     reached = {i for c in cases for i in c["covers"]}
     uncovered = [
@@ -240,6 +247,38 @@ def record_cases(
     }
     note = f"reference cases: {'; '.join(notes)}" if notes else None
     return (record, sections), note
+
+
+def _input_dims(m: dict[str, Any]) -> Callable[[Mapping[str, int]], list[list[int]]]:
+    """Each input's shape for a binding of the symbols; a dim that is an expression of them (`past+1`,
+    from a derived dim) is evaluated. ValueError when one comes out negative."""
+    import sympy
+
+    names = {s["name"]: sympy.Symbol(s["name"], integer=True) for s in m["symbols"]}
+    exprs = [
+        [d if not isinstance(d, str) or d in names else sympy.sympify(d, locals=names) for d in t["shape"]]
+        for t in m["inputs"]
+    ]
+
+    def shapes(b: Mapping[str, int]) -> list[list[int]]:
+        out = []
+        for row in exprs:
+            dims = []
+            for d in row:
+                v = (
+                    b[d]
+                    if isinstance(d, str)
+                    else int(d.subs({names[k]: b[k] for k in b}))
+                    if isinstance(d, sympy.Basic)
+                    else int(d)
+                )
+                if v < 0:
+                    raise ValueError(f"a dim is {v}")
+                dims.append(v)
+            out.append(dims)
+        return out
+
+    return shapes
 
 
 def _dims_text(binding: dict[str, int]) -> str:

@@ -243,17 +243,19 @@ def _self_check(art: Artifact, oracle_name: str, options: CompileOptions) -> str
     have = cpu_flags()
     levels: list[str | None] = [isa for isa, requires, _ in art.cpu_libraries if set(requires) <= have] or [None]
     data = art.to_bytes()
-    bad: list[str] = []
+    failed: dict[str, list[str]] = {}  # a failing case's verdict -> the ISA levels it failed in
     for isa in levels:
         loader_options = LoaderOptions(cache_dir=options.cache_dir, cpu_isa=isa)
         try:
             report = load(data, executor="native", options=loader_options).verify()
         except BladepackError as e:
             return f"the recorded reference cases could not be run here ({e})"
-        where = f" ({isa} kernels)" if isa is not None and len(levels) > 1 else ""
-        bad += [verdict_line(case) + where for case in report["cases"] if not case["passed"]]
-    if not bad:
+        for case in report["cases"]:
+            if not case["passed"]:
+                failed.setdefault(verdict_line(case), []).append(str(isa))
+    if not failed:
         return None
+    bad = [line + (f" ({', '.join(isas)} kernels)" if len(levels) > 1 else "") for line, isas in failed.items()]
     what = f"the artifact differs from {oracle_name} in reference cases ({'; '.join(bad)})"
     if options.self_check == "warn":
         return f"{what}: please report it"

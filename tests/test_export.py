@@ -374,3 +374,24 @@ def test_cond_on_a_run_time_predicate_becomes_a_branch() -> None:
                     want = as_tuple(model(x))
                 for o, w in zip(as_tuple(mod(x)), want):
                     assert torch.allclose(o, w, rtol=1e-5, atol=1e-6), (type(model).__name__, n, sign)
+
+
+class _ScaledEmbedding(nn.Module):
+    """A decoder's scaled embedding: the scale is a 0-d buffer (Gemma's and others' embed_scale)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.register_buffer("embed_scale", torch.tensor(2.5), persistent=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embed(ids) * self.embed_scale.to(self.embed.weight.dtype)
+
+
+def test_a_zero_dim_weight_stays_zero_dim() -> None:
+    """np.ascontiguousarray makes a 0-d array 1-d: the artifact writer refused the 0-d scale it declared
+    ("weight embed_scale: array float32(1,) does not match float32()")."""
+    model = _ScaledEmbedding().eval()
+    loaded = compile_model(model, [(torch.randint(0, 10, (2, 5)),), (torch.randint(0, 10, (3, 7)),)])
+    for shape in [(1, 1), (4, 9)]:
+        check_against_eager(model, loaded, (torch.randint(0, 10, shape),))

@@ -50,7 +50,8 @@ def assemble(
     artifact])."""
     sections = []
     for w in plan.weights:
-        arr = np.ascontiguousarray(weights[w.name])
+        given = np.asarray(weights[w.name])
+        arr = np.ascontiguousarray(given).reshape(given.shape)  # ascontiguousarray makes a 0-d array 1-d
         # bfloat16 weights travel as their uint16 bit patterns (numpy has no bfloat16)
         held = "bfloat16" if arr.dtype == np.uint16 and w.dtype == "bfloat16" else arr.dtype.name
         if held != w.dtype or tuple(arr.shape) != w.shape:
@@ -119,7 +120,7 @@ def _source_program(
     final = {s.name: s.data for s in sections}
     rows = {}
     for name, arr in sorted(weights.items()):
-        arr = np.ascontiguousarray(arr)
+        arr = np.ascontiguousarray(arr).reshape(np.shape(arr))  # a 0-d weight stays 0-d
         if arr.dtype.byteorder == ">":
             arr = arr.astype(arr.dtype.newbyteorder("<"))
         blob = memoryview(arr.data).cast("B")

@@ -31,10 +31,17 @@ from typing import Any
 import torch
 from torch.export import Dim as TorchDim
 
-from bladepack.dims import Dim
 from bladepack.errors import ExportError
-
-AxisSpec = dict[int, Any]  # axis -> bladepack.Dim | torch Dim | "auto"
+from bladepack.export.declared_dims import (
+    AxisSpec,
+    declared_relations,
+    derived_spec,
+    hold_declared,
+    spec_range,
+    user_specs,
+)
+from bladepack.export.related_dims import Place, RelatedDims, Relation, traced_probe
+from bladepack.export.specialized import refuse_specialized
 
 
 @dataclass(frozen=True)
@@ -89,42 +96,6 @@ def input_names(model: torch.nn.Module, n: int) -> list[str]:
         params = []
     names = [p.name for p in params[:n]]
     return names + [f"input{i}" for i in range(len(names), n)]
-
-
-def _user_specs(dynamic_shapes: Any, names: list[str], ranks: list[int]) -> list[AxisSpec]:
-    specs: list[AxisSpec] = [{} for _ in names]
-    if dynamic_shapes is None:
-        return specs
-    if isinstance(dynamic_shapes, dict):
-        unknown = set(dynamic_shapes) - set(names)
-        if unknown:
-            raise ValueError(f"dynamic_shapes names unknown inputs {sorted(unknown)}; inputs are {names}")
-        per_input = [dynamic_shapes.get(n) for n in names]
-    else:
-        per_input = list(dynamic_shapes)
-        if len(per_input) != len(names):
-            raise ValueError(f"dynamic_shapes has {len(per_input)} entries for {len(names)} inputs")
-    for i, entry in enumerate(per_input):
-        if entry is None:
-            continue
-        items = entry.items() if isinstance(entry, dict) else enumerate(entry)
-        for axis, d in items:
-            if d is None:
-                continue
-            if not -ranks[i] <= axis < ranks[i]:
-                raise ValueError(f"dynamic_shapes: input {names[i]!r} has rank {ranks[i]}, no axis {axis}")
-            specs[i][axis % ranks[i]] = d
-    return specs
-
-
-def _spec_range(d: Any) -> tuple[str | None, int | None, int | None]:
-    if isinstance(d, Dim):
-        return d.name, d.min, d.max
-    name = getattr(d, "__name__", None)
-    if name is None or not hasattr(d, "min"):
-        return None, None, None  # Dim.AUTO / Dim.DYNAMIC
-    lo, hi = int(d.min), d.max
-    return name, lo, (None if hi is None or hi >= 2**62 else int(hi))
 
 
 def _export_sample(samples: list[tuple[Any, ...]], dynamic: list[set[int]]) -> tuple[Any, ...]:
@@ -210,23 +181,32 @@ def capture(model: torch.nn.Module, sample_inputs: Any, dynamic_shapes: Any = No
     samples = normalize_samples(sample_inputs)
     names = input_names(model, len(samples[0]))
     ranks = [t.dim() for t in samples[0]]
-    user = _user_specs(dynamic_shapes, names, ranks)
+    user = user_specs(dynamic_shapes, names, ranks)
+    declared = {(i, a): spec for i, u in enumerate(user) for a, d in u.items() if (spec := derived_spec(d))}
     dynamic = [set(u) for u in user]
     for i in range(len(names)):
         for axis in range(ranks[i]):
             if len({s[i].shape[axis] for s in samples}) > 1:
                 dynamic[i].add(axis)
-    args = _export_sample(samples, dynamic)
+    args = hold_declared(samples, _export_sample(samples, dynamic), user, declared, names)
     notes: list[str] = []
     with eval_mode(model), no_cache_object(model, notes), torch.no_grad():
         if not any(dynamic):
             return Captured(_finish(_run(model, args, None)), names, {}, notes)
         auto = [{a: TorchDim.AUTO for a in sorted(dynamic[i])} or None for i in range(len(names))]
         first = _run(model, args, tuple(auto))
-        groups, bounds = _symbol_groups(first, names, dynamic)
-        infos = _named_dims(groups, bounds, user, names, notes)
-        ep, fallbacks = _export_min1(model, args, infos, names, groups)
-        symbols = _symbol_map(ep, groups, infos)
+        dims, specialized = _symbol_groups(first, dynamic)
+        for i, axis, size in specialized:
+            refuse_specialized(lambda: _export(model, args, tuple(auto)), names, user, samples, i, axis, size)
+        infos = _named_dims(dims.groups, dims.bounds, user, names, notes)
+        declared_relations(dims, declared, {sym: info.name for sym, info in infos.items()}, names)
+        group_names = {sym: info.name for sym, info in infos.items()}
+        current = {sym: int(args[ps[0][0]].shape[ps[0][1]]) for sym, ps in dims.groups.items()}
+        seen = {sym: [int(s[ps[0][0]].shape[ps[0][1]]) for s in samples] for sym, ps in dims.groups.items()}
+        dims.infer(traced_probe(model, first.module(), args, names), current, seen, group_names, notes)
+        infos = _narrow_roots(infos, dims)
+        ep, fallbacks = _export_min1(model, args, infos, names, dims)
+        symbols = _symbol_map(ep, dims, infos)
         for name, reason in sorted(fallbacks.items()):
             lo = min((i.min for i in symbols.values() if i.name == name), default=2)
             notes.append(
@@ -268,21 +248,69 @@ def _placeholder_dims(ep: torch.export.ExportedProgram) -> list[list[Any]]:
     return [list(nodes[u].meta["val"].shape) for u in user]
 
 
+def _affine(expr: Any) -> tuple[str, int, int] | None:
+    """(symbol, coeff, offset) when a torch size expression is `coeff * symbol + offset`."""
+    free = list(expr.free_symbols)
+    if len(free) != 1:
+        return None
+    sym = free[0]
+    coeff = expr.coeff(sym)
+    offset = expr.subs(sym, 0)
+    if not (coeff.is_Integer and offset.is_Integer and int(coeff) >= 1) or (expr - coeff * sym - offset) != 0:
+        return None
+    return str(sym), int(coeff), int(offset)
+
+
 def _symbol_groups(
-    ep: torch.export.ExportedProgram, names: list[str], dynamic: list[set[int]]
-) -> tuple[dict[str, list[tuple[int, int]]], dict[str, tuple[int, int | None]]]:
-    """torch symbol name -> the (input, axis) pairs that carry it, and the symbol's discovered range."""
-    groups: dict[str, list[tuple[int, int]]] = {}
+    ep: torch.export.ExportedProgram, dynamic: list[set[int]]
+) -> tuple[RelatedDims, list[tuple[int, int, int]]]:
+    """The discovery export's groups (torch symbol -> the (input, axis) pairs that carry it), the input
+    dims it gave as expressions of a symbol, the symbols' discovered ranges; and the dynamic dims it
+    fixed, as (input, axis, size)."""
+    groups: dict[str, list[Place]] = {}
+    derived: dict[Place, Relation] = {}
+    fixed: list[tuple[int, int, int]] = []
     for i, dims in enumerate(_placeholder_dims(ep)):
         for axis, d in enumerate(dims):
+            if isinstance(d, torch.SymInt) and d.node.expr.is_number:
+                d = int(d.node.expr)  # a symbol the export fixed to a constant
             if isinstance(d, torch.SymInt) and d.node.expr.is_Symbol:
                 groups.setdefault(str(d.node.expr), []).append((i, axis))
-            elif axis in dynamic[i] and not isinstance(d, torch.SymInt):
-                raise ExportError(
-                    f"input {names[i]!r} dimension {axis} varies between samples, but the model fixes it to {d}"
-                )
+            elif isinstance(d, torch.SymInt):
+                form = _affine(d.node.expr)
+                if form is None:
+                    raise ExportError(
+                        f"torch.export gave input {i} dimension {axis} the size {d.node.expr}, which is not a "
+                        "multiple of one dim plus a constant; bladepack binds input dims of that form only"
+                    )
+                derived[(i, axis)] = Relation(*form)
+            elif axis in dynamic[i]:
+                fixed.append((i, axis, int(d)))
+    missing = {r.root for r in derived.values()} - set(groups)
+    if missing:
+        raise ExportError(
+            f"torch.export related input dims to {sorted(missing)}, which no input dimension is by itself"
+        )
     bounds = {str(sym): (_finite(vr.lower) or 0, _finite(vr.upper)) for sym, vr in ep.range_constraints.items()}
-    return groups, bounds
+    return RelatedDims(groups, derived, {}, bounds), fixed
+
+
+def _narrow_roots(infos: dict[str, SymbolInfo], dims: RelatedDims) -> dict[str, SymbolInfo]:
+    """A related dim's range bounds its root's: `past + 1 <= 128` makes past <= 127, and a dependent
+    dim is at least its own min (1 unless declared)."""
+    out = dict(infos)
+    for dep, rel in dims.relations.items():
+        d, r = infos[dep], out[rel.root]
+        lo = max(r.min, -(-(d.min - rel.offset) // rel.coeff))
+        hi = r.max
+        for cap in (d.max, d.model_max):
+            if cap is not None:
+                top = (cap - rel.offset) // rel.coeff
+                hi = top if hi is None else min(hi, top)
+        for sym, info in out.items():
+            if info.name == r.name:
+                out[sym] = SymbolInfo(info.name, lo, hi, info.model_max)
+    return out
 
 
 def _named_dims(
@@ -299,7 +327,7 @@ def _named_dims(
         model_max = hi
         for i, a in places:
             if a in user[i]:
-                uname, ulo, uhi = _spec_range(user[i][a])
+                uname, ulo, uhi = spec_range(user[i][a])
                 if uname is not None:
                     name, lo = uname, ulo if ulo is not None else 1
                     if uhi is not None:
@@ -326,20 +354,34 @@ def _named_dims(
     return infos
 
 
-def _build_shapes(
-    groups: dict[str, list[tuple[int, int]]], infos: dict[str, SymbolInfo], n: int, hinted: set[str]
-) -> tuple[Any, ...]:
+def _build_shapes(dims: RelatedDims, infos: dict[str, SymbolInfo], n: int, hinted: set[str]) -> tuple[Any, ...]:
+    """One named torch Dim per independent group (a shared name: the same Dim), a derived Dim
+    (`past + 1`) for every related group and every input dim the discovery export gave as an
+    expression; a hinted symbol (and what derives from it) gets Dim.AUTO with its range."""
     shapes: list[dict[int, Any]] = [{} for _ in range(n)]
-    dims: dict[str, Any] = {}
-    for sym, places in groups.items():
+    named: dict[str, Any] = {}
+    roots: dict[str, Any] = {}
+    for sym, places in dims.groups.items():
+        if sym in dims.relations:
+            continue
         info = infos[sym]
         hi = info.max if info.max is not None else 2**62
         if sym in hinted:
             d = TorchDim.AUTO(min=info.min, max=hi)
         else:
-            d = dims.setdefault(info.name, TorchDim(info.name, min=info.min, max=hi))
+            d = named.setdefault(info.name, TorchDim(info.name, min=info.min, max=hi))
+        roots[sym] = d
         for i, a in places:
             shapes[i][a] = d
+    related = [(p, rel) for sym, rel in dims.relations.items() for p in dims.groups[sym]]
+    for (i, a), rel in [*related, *dims.derived.items()]:
+        root = roots[rel.root]
+        if rel.root in hinted:
+            shapes[i][a] = TorchDim.AUTO
+        elif (rel.coeff, rel.offset) == (1, 0):
+            shapes[i][a] = root
+        else:
+            shapes[i][a] = root * rel.coeff + rel.offset if rel.coeff != 1 else root + rel.offset
     return tuple(s or None for s in shapes)
 
 
@@ -348,25 +390,27 @@ def _export_min1(
     args: tuple[Any, ...],
     infos: dict[str, SymbolInfo],
     names: list[str],
-    groups: dict[str, list[tuple[int, int]]],
+    dims: RelatedDims,
 ) -> tuple[torch.export.ExportedProgram, dict[str, str]]:
-    """Export with one named Dim per symbol (ranges from the user and the discovery export).
+    """Export with one named Dim per symbol (ranges from the user and the discovery export) and derived
+    Dims for related dims.
 
     torch's guard solver sometimes cannot prove a true guard (e.g. `min(8+8*s, 32+32*s) == 8+8*s`
     from strides after a cat); size-oblivious tracing (torch's own mode for sizes it must not
     specialize) then usually succeeds, with our ranges put back explicitly. Where even that fails, the
     symbols torch names fall back to an AUTO hint and the range torch infers.
     Returns the program and, per fallen-back symbol name, torch's reason."""
-    shapes = _build_shapes(groups, infos, len(names), set())
+    shapes = _build_shapes(dims, infos, len(names), set())
     text = ""
     for oblivious in (False, True):
         try:
             return _export(model, args, shapes, oblivious), {}
         except Exception as e:
             text = str(e)
-    culprits = {s for s, info in infos.items() if re.search(rf"\b{re.escape(info.name)}\b", text)} or set(infos)
+    roots = {s: info for s, info in infos.items() if s not in dims.relations}
+    culprits = {s for s, info in roots.items() if re.search(rf"\b{re.escape(info.name)}\b", text)} or set(roots)
     try:
-        ep = _export(model, args, _build_shapes(groups, infos, len(names), culprits))
+        ep = _export(model, args, _build_shapes(dims, infos, len(names), culprits))
     except Exception as e:
         raise ExportError(f"torch.export could not capture the model: {type(e).__name__}: {e}") from e
     return ep, {infos[s].name: fallback_reason(text, infos[s].name) for s in culprits}
@@ -382,14 +426,19 @@ def fallback_reason(text: str, name: str) -> str:
 
 
 def _symbol_map(
-    ep: torch.export.ExportedProgram, groups: dict[str, list[tuple[int, int]]], infos: dict[str, SymbolInfo]
+    ep: torch.export.ExportedProgram, dims: RelatedDims, infos: dict[str, SymbolInfo]
 ) -> dict[str, SymbolInfo]:
-    """Map the final program's torch symbols (they are renamed between exports) to bladepack symbols."""
-    place_to_info = {p: infos[s] for s, places in groups.items() for p in places}
+    """Map the final program's torch symbols (they are renamed between exports) to bladepack symbols; a
+    group made equal to another (Note [Related dims]) is its root's symbol."""
+    place_to_info: dict[Place, SymbolInfo] = {}
+    for s, places in dims.groups.items():
+        rel = dims.relations.get(s)
+        info = infos[rel.root] if rel is not None else infos[s]
+        place_to_info.update((p, info) for p in places)
     out: dict[str, SymbolInfo] = {}
     ranges = {str(k): v for k, v in ep.range_constraints.items()}
-    for i, dims in enumerate(_placeholder_dims(ep)):
-        for a, d in enumerate(dims):
+    for i, shape in enumerate(_placeholder_dims(ep)):
+        for a, d in enumerate(shape):
             if isinstance(d, torch.SymInt) and d.node.expr.is_Symbol and (i, a) in place_to_info:
                 info = place_to_info[(i, a)]
                 sym = str(d.node.expr)

@@ -17,7 +17,7 @@ from bladepack.export.capture import eval_mode, no_cache_object
 
 def torch_oracle(model: torch.nn.Module) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        args = [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
+        args = [torch.from_numpy(np.ascontiguousarray(a).reshape(a.shape)) for a in arrays]
         with eval_mode(model), no_cache_object(model, []), torch.no_grad():
             out = model(*args)
         leaves = torch.utils._pytree.tree_leaves(out)

@@ -47,6 +47,32 @@ def verify_report(
     }
 
 
+def _case_shapes(c: dict[str, Any], dims: dict[str, int], raw: dict[str, Any]) -> list[list[int]]:
+    """Each input's shape in a case: static dims, symbols from the case's dims; an input dim that is an
+    expression of the symbols (`past+1`) from the case's `shapes`, which must agree with the rest."""
+    given = c.get("shapes")
+    if given is not None and (
+        not isinstance(given, list)
+        or len(given) != len(raw["inputs"])
+        or any(not isinstance(g, list) or len(g) != len(t["shape"]) for g, t in zip(given, raw["inputs"]))
+    ):
+        raise ValueError("a case's shapes do not match the inputs' ranks")
+    shapes = []
+    for k, t in enumerate(raw["inputs"]):
+        row = []
+        for axis, d in enumerate(t["shape"]):
+            size = int(d) if not isinstance(d, str) else dims.get(d)
+            if size is None:
+                if given is None:
+                    raise ValueError(f"input {k} dimension {axis} is {d!r}, and the case records no shapes")
+                size = int(given[k][axis])
+            elif given is not None and int(given[k][axis]) != size:
+                raise ValueError(f"a case's shapes give input {k} dimension {axis} as {given[k][axis]}, not {size}")
+            row.append(size)
+        shapes.append(row)
+    return shapes
+
+
 def _case(c: dict[str, Any], raw: dict[str, Any], m: Manifest, section: Callable[[str], memoryview]) -> dict[str, Any]:
     names = [t.name for t in m.signature.inputs]
     dims = {_text(k): int(v) for k, v in c["dims"].items()}
@@ -55,7 +81,7 @@ def _case(c: dict[str, Any], raw: dict[str, Any], m: Manifest, section: Callable
         not ranges[k][0] <= v <= (ranges[k][1] if ranges[k][1] is not None else v) for k, v in dims.items()
     ):
         raise ValueError(f"a case's dims {dims} are not the symbols inside their ranges")
-    shapes = [[dims[d] if isinstance(d, str) else int(d) for d in t["shape"]] for t in raw["inputs"]]
+    shapes = _case_shapes(c, dims, raw)
     if len(c["inputs"]) != len(names) or len(c["outputs"]) != len(m.outputs):
         raise ValueError("a case's inputs or outputs do not match the signature")
     inputs = []

@@ -174,7 +174,7 @@ class OnnxCtx:
         else:
             self._const_count += 1
             name = f"onnx_constant:{self._const_count}"
-            self.weight_data[name] = np.ascontiguousarray(v.data)
+            self.weight_data[name] = np.ascontiguousarray(v.data).reshape(v.data.shape)
             v.ir = self.b.add_weight(name, v.type)
         return v.ir
 

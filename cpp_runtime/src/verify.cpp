@@ -341,16 +341,39 @@ bool Model::verify(std::string& report) const {
         inside = inside && it != x.dims.end() && it->second >= sym.min && (!sym.max || it->second <= *sym.max);
       }
       if (!inside) malformed("ValueError: a case's dims are not the symbols inside their ranges");
-      for (const auto& t : m_.inputs) {
+      // an input dim that is an expression of the symbols (past+1) comes from the case's shapes, which
+      // must agree with the static dims and the symbols (reference_record.py records them then)
+      const Obj* given = map_find(c[k], "shapes");
+      const Obj* rows = nullptr;
+      if (given != nullptr) {
+        rows = list(*given, "shapes");
+        if (given->via.array.size != m_.inputs.size()) malformed("ValueError: a case's shapes do not match the inputs' ranks");
+      }
+      for (size_t i = 0; i < m_.inputs.size(); ++i) {
+        const auto& t = m_.inputs[i];
+        const Obj* row = nullptr;
+        if (rows != nullptr) {
+          row = list(rows[i], "shapes");
+          if (rows[i].via.array.size != t.shape.size()) malformed("ValueError: a case's shapes do not match the inputs' ranks");
+        }
         x.shapes.emplace_back();
-        for (const auto& d : t.shape) {
-          if (d.is_static) {
-            x.shapes.back().push_back(d.size);
-            continue;
-          }
+        for (size_t axis = 0; axis < t.shape.size(); ++axis) {
+          const auto& d = t.shape[axis];
+          int64_t size;
           auto it = x.dims.find(d.text);
-          if (it == x.dims.end()) malformed("KeyError: " + py_repr(d.text));
-          x.shapes.back().push_back(it->second);
+          if (d.is_static) {
+            size = d.size;
+          } else if (it != x.dims.end()) {
+            size = it->second;
+          } else if (row != nullptr) {
+            size = integer(row[axis]);
+          } else {
+            malformed("ValueError: input " + std::to_string(i) + " dimension " + std::to_string(axis) + " is " +
+                      py_repr(d.text) + ", and the case records no shapes");
+          }
+          if (row != nullptr && integer(row[axis]) != size)
+            malformed("ValueError: a case's shapes disagree with its dims");
+          x.shapes.back().push_back(size);
         }
       }
       x.inputs = &get(c[k], "inputs");
