@@ -300,6 +300,73 @@ CASES = [
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True, scale=0.3),
         (In(("B", 4, "S", 8)), In(("B", 2, "S", 8)), In(("B", 2, "S", 8))),
     ),
+    # core ATen ops as compositions (bladepack/export/ops_core.py)
+    Case(
+        "flip_roll_diagonal",
+        lambda x: (
+            torch.flip(x, [0, 1]),
+            torch.flip(x, [-1]),
+            torch.roll(x, 3, 1),
+            torch.roll(x, (-2, 1), (0, 2)),
+            torch.roll(x, 5),
+            torch.diagonal(x, 0, 1, 2),
+            torch.diagonal(x, 2, 1, 2),
+            torch.diagonal(x, -1, 2, 1),
+        ),
+        (X,),
+    ),
+    Case(
+        "edge_pads",
+        lambda x: (
+            F.pad(x[:, 0], (2, 1), mode="reflect"),
+            F.pad(x.unsqueeze(1), (1, 1, 0, 0, 0, 0), mode="reflect"),
+            F.pad(x[:, 0], (2, 3), mode="circular"),
+            F.pad(x, (1, 2, 3, 0), mode="replicate"),
+            F.pad(x[:, 0], (0, 3), mode="replicate"),
+            F.pad(x, (1, 1, 0, 0), mode="reflect"),
+            F.pad(x.unsqueeze(1), (1, 0, 2, 1, 0, 2), mode="replicate"),
+        ),
+        (In(("B", 4, "S", 5)),),
+    ),
+    Case(
+        "scatter_fill_copy",
+        lambda x, s: (
+            torch.slice_scatter(x, s[:, :, :2], dim=2, start=1, end=3),
+            torch.slice_scatter(x, s[:, :, :3], dim=2, start=-4, end=-1),
+            torch.slice_scatter(x, s[:, 1:], dim=1, start=1),
+            torch.select_scatter(x, s[:, 0], 1, -1),
+            torch.select_scatter(x, s[:, :, 0], 2, 2),
+            torch.full_like(x, 0.5),
+            torch.zeros_like(x).fill_(2.0),
+            torch.empty_like(s).copy_(x[:, :1, :1]),
+        ),
+        (In(("B", "S", 8)), In(("B", "S", 8))),
+    ),
+    Case(
+        "any_var_std_norm",
+        lambda x, m: (
+            torch.any(m),
+            torch.any(m, dim=1),
+            torch.any(m, dim=(0, 2), keepdim=True),
+            torch.var(x, dim=1),
+            torch.var(x, dim=(1, 2), correction=0, keepdim=True),
+            torch.var(x, dim=-1, correction=2.5),
+            torch.std(x, dim=1, unbiased=False),
+            torch.std(x),
+            F.normalize(x, dim=-1),
+            F.normalize(x, p=1.0, dim=1),
+            torch.linalg.vector_norm(x, ord=float("inf"), dim=(1, 2)),
+            torch.linalg.vector_norm(x, ord=3),
+            torch.linalg.vector_norm(torch.where(m, x, 0.0), ord=0, dim=-1),
+        ),
+        (In(("B", "S", 8)), In(("B", "S", 8), "bool")),
+    ),
+    Case("batch_stats_norm_cdist", lambda x: x, (IMG, X), module=lambda: _batch_stats_and_distances()),
+    Case(
+        "elu_celu",
+        lambda x: (F.elu(x), F.elu(x, alpha=0.5), F.selu(x), F.celu(x, alpha=2.0)),
+        (X,),
+    ),
 ]
 
 
@@ -366,6 +433,37 @@ def _conv_transpose() -> nn.Module:
             return self.grouped(self.up(x)), self.dilated(x), self.one_d(x[:, :, 0])
 
     return M().eval()
+
+
+def _batch_stats_and_distances() -> nn.Module:
+    """Batch norm over the batch's statistics (no running stats), torch's functional group norm, cdist
+    at p = 2, 1, 3 and inf."""
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bn = nn.BatchNorm2d(4, track_running_stats=False)
+            self.plain = nn.BatchNorm2d(4, affine=False, track_running_stats=False)
+
+        def forward(self, img: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            n, c, h, w = img.shape
+            xt = x.transpose(1, 2)
+            grouped = torch.ops.aten.native_group_norm(img, None, None, n, c, h * w, 2, 1e-5)[0]
+            return (
+                self.bn(img),
+                self.plain(img * 2.0),
+                grouped,
+                torch.cdist(xt, xt[:, :3]),  # rows static: torch's p = 2 form switches to a GEMM past 25 rows
+                torch.cdist(x, x, p=1.0),
+                torch.cdist(x[0], x[-1], p=3.0),
+                torch.cdist(x, x[:, :2], p=float("inf")),
+            )
+
+    m = M().eval()
+    with torch.no_grad():
+        m.bn.weight.copy_(torch.linspace(0.5, 1.5, 4))
+        m.bn.bias.copy_(torch.linspace(-0.2, 0.2, 4))
+    return m
 
 
 def _bn() -> nn.Module:

@@ -154,10 +154,13 @@ def test_dims_that_only_happen_to_fit_stay_independent() -> None:
 def test_declared_relations_that_the_samples_or_the_model_break() -> None:
     past = bladepack.Dim("past", 1, 100)
     shapes = (None, {1: past}, None, {1: past + 2})
-    with pytest.raises(ExportError, match=r"sample 0: input 'mask' dimension 1 is 6, but dynamic_shapes declares it past \+ 2 = 7"):
+    with pytest.raises(
+        ExportError, match=r"sample 0: input 'mask' dimension 1 is 6, but dynamic_shapes declares it past \+ 2 = 7"
+    ):
         capture(CachedStep(), [_step_sample(2, 5)], shapes)
     with pytest.raises(ExportError, match=r"'mask' dimension 1 is past \+ 1, but no input dimension is past itself"):
         capture(CachedStep(), [_step_sample(2, 5)], (None, None, None, {1: past + 1}))
+
     class Doubled(nn.Module):
         def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             return torch.cat([a, a]) + b
@@ -224,7 +227,11 @@ class Gpt2Step(nn.Module):
 def _gpt2_sample(b: int, past: int) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(b * 1000 + past)
     ids = torch.randint(0, 100, (b, 1), generator=g)
-    return (ids, torch.ones(b, past + 1, dtype=torch.int64), *(torch.randn(b, 4, past, 16, generator=g) for _ in range(4)))
+    return (
+        ids,
+        torch.ones(b, past + 1, dtype=torch.int64),
+        *(torch.randn(b, 4, past, 16, generator=g) for _ in range(4)),
+    )
 
 
 def _verified(art: bladepack.api.Artifact, release: Path, path: Path) -> bladepack.LoadedModule:

@@ -19,10 +19,18 @@ import torch
 from torch.export.graph_signature import InputKind
 
 from bladepack.errors import UnsupportedOpsError
-from bladepack.export import ops_conv, ops_elementwise, ops_layout, ops_nn, ops_resize  # noqa: F401  (registers converters)
+from bladepack.export import (  # noqa: F401  (registers converters)
+    ops_conv,
+    ops_core,
+    ops_elementwise,
+    ops_layout,
+    ops_nn,
+    ops_resize,
+)
 from bladepack.export.capture import Captured
 from bladepack.export.context import TABLE, Ctx, Unsupported, dtype_of
 from bladepack.export.control_flow import inline_cond
+from bladepack.export.core_aten import REASONS
 from bladepack.ir import GraphBuilder, Program, ShapeEnv, TensorType
 
 # Nodes that carry no tensor computation at inference time.
@@ -104,7 +112,7 @@ def to_program(cap: Captured) -> Program:
                 return
             _convert_node(ctx, node, target, node.meta.get("val"))
         except Unsupported as e:
-            name = target if target in TABLE else f"{target} (no converter)"
+            name = target if target in TABLE else f"{target} ({REASONS.get(target, 'no converter')})"
             name = "torch.cond" if node.target is torch.ops.higher_order.cond else name
             detail = str(e)
             problems.append((name if not detail else f"{name}: {detail}", ctx.loc))

@@ -359,6 +359,7 @@ def _masked_fill(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Val
     "aten.empty.memory_format",
     "aten.new_empty.default",
     "aten.empty_like.default",
+    "aten.empty_strided.default",
 )
 def _full(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
     assert ctx.node is not None
@@ -366,7 +367,7 @@ def _full(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
     value: Any
     if name in ("ones", "new_ones", "ones_like"):
         value = 1
-    elif name in ("zeros", "new_zeros", "zeros_like", "empty", "new_empty", "empty_like"):
+    elif name in ("zeros", "new_zeros", "zeros_like", "empty", "new_empty", "empty_like", "empty_strided"):
         value = 0
     elif name == "scalar_tensor":
         value = args[0]

@@ -261,9 +261,9 @@ def _index(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
 def _pad(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
     assert ctx.node is not None
     mode = arg(args, kwargs, 2, "mode", "constant") if "aten.pad" in str(ctx.node.target) else "constant"
-    if mode != "constant":
-        raise Unsupported(f"pad mode {mode!r}")
     x = ctx.v(args[0])
+    if mode != "constant":
+        return edge_pad(ctx, x, list(args[1]), mode)
     rank = ctx.t(x).rank
     flat = ctx.dims(args[1])
     value = arg(args, kwargs, 3 if "aten.pad" in str(ctx.node.target) else 2, "value", 0.0) or 0.0
@@ -275,6 +275,70 @@ def _pad(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
             if isinstance(p, int) and p < 0:
                 raise Unsupported("negative padding (cropping)")
     return ctx.emit(K.PAD, (x,), attrs=PadAttrs(tuple(pads), float(value)))
+
+
+def with_dim(t: TensorType, axis: int, size: IRDim) -> TensorType:
+    shape = list(t.shape)
+    shape[axis] = size
+    return TensorType(t.dtype, tuple(shape))
+
+
+def concat_along(ctx: Ctx, parts: list[Value], axis: int) -> Value:
+    parts = [p for p in parts if ctx.t(p).shape[axis] != 0]
+    if len(parts) == 1:
+        return parts[0]
+    t = ctx.t(parts[0])
+    size: IRDim = 0
+    for p in parts:
+        size = simplify(size + ctx.t(p).shape[axis])
+    return ctx.emit(K.CONCAT, tuple(parts), with_dim(t, axis, size), AxisAttrs(axis))
+
+
+def reverse(ctx: Ctx, x: Value, axis: int) -> Value:
+    """x read backwards along `axis`: a TAKE at positions n-1, n-2, .., 0."""
+    t = ctx.t(x)
+    n = t.shape[axis]
+    if n == 1 or n == 0:
+        return x
+    start = n - 1 if isinstance(n, int) else simplify(n - 1)
+    index = ctx.emit(K.ARANGE, (), TensorType(DType.INT64, (n,)), ArangeAttrs(start, -1))
+    return ctx.emit(K.TAKE, (x, index), t, TakeAttrs(axis))
+
+
+def edge_pad(ctx: Ctx, x: Value, pads: list[Any], mode: str) -> Value:
+    """Reflection (the entries next to the edge, mirrored), replication (the edge repeated) or circular
+    (the other end's entries) padding of the last len(pads) / 2 dims, innermost first as torch lists
+    them."""
+    if not all(isinstance(p, int) and p >= 0 for p in pads):
+        raise Unsupported(f"{mode} padding {pads} (constant, non-negative only)")
+    rank = ctx.t(x).rank
+    for k in range(len(pads) // 2):
+        axis = rank - 1 - k
+        lo, hi = pads[2 * k], pads[2 * k + 1]
+        if lo == hi == 0:
+            continue
+        t = ctx.t(x)
+        n = t.shape[axis]
+        if mode in ("reflect", "circular"):
+            need = max(lo, hi) + (1 if mode == "reflect" else 0)  # reflection skips the edge entry
+            if isinstance(n, int) and n < need:
+                raise Unsupported(f"{mode} padding {max(lo, hi)} on a dim of size {n}")
+            if not isinstance(n, int):
+                ctx.assume(sympy.Ge(n, need), f"{mode} padding {max(lo, hi)} needs a dim of at least {need}")
+        if mode == "reflect":
+            left = reverse(ctx, slice_axis(ctx, x, axis, 1, 1, lo), axis) if lo else None
+            right = reverse(ctx, slice_axis(ctx, x, axis, simplify(n - 1 - hi), 1, hi), axis) if hi else None
+        elif mode == "circular":
+            left = slice_axis(ctx, x, axis, simplify(n - lo), 1, lo) if lo else None
+            right = slice_axis(ctx, x, axis, 0, 1, hi) if hi else None
+        elif mode == "replicate":
+            left = ctx.emit(K.EXPAND, (slice_axis(ctx, x, axis, 0, 1, 1),), with_dim(t, axis, lo)) if lo else None
+            last = slice_axis(ctx, x, axis, simplify(n - 1), 1, 1)
+            right = ctx.emit(K.EXPAND, (last,), with_dim(t, axis, hi)) if hi else None
+        else:
+            raise Unsupported(f"pad mode {mode!r}")
+        x = concat_along(ctx, [p for p in (left, x, right) if p is not None], axis)
+    return x
 
 
 def _tri(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any], upper: bool) -> Value:

@@ -231,7 +231,7 @@ def _addmm(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
 # --------------------------------------------------------------------------- pooling
 
 
-def _batch_norm(ctx: Ctx, x: Any, w: Any, b: Any, mean: Any, var: Any, eps: float, out: TensorType) -> Value:
+def batch_norm(ctx: Ctx, x: Any, w: Any, b: Any, mean: Any, var: Any, eps: float, out: TensorType) -> Value:
     xv = ctx.v(x)
     c = ctx.t(xv).shape[1]
     if not isinstance(c, int):
@@ -258,7 +258,7 @@ def _batch_norm(ctx: Ctx, x: Any, w: Any, b: Any, mean: Any, var: Any, eps: floa
 @converts("aten._native_batch_norm_legit_no_training.default")
 def _bn_no_training(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Value, None, None]:
     x, w, b, mean, var, _momentum, eps = args[:7]
-    return _batch_norm(ctx, x, w, b, mean, var, eps, ctx.out_type(0)), None, None
+    return batch_norm(ctx, x, w, b, mean, var, eps, ctx.out_type(0)), None, None
 
 
 @converts("aten.batch_norm.default")
@@ -266,29 +266,29 @@ def _bn(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
     x, w, b, mean, var, training, _momentum, eps = args[:8]
     if training:
         raise Unsupported("batch norm in training mode (call model.eval())")
-    return _batch_norm(ctx, x, w, b, mean, var, eps, ctx.out_type())
+    return batch_norm(ctx, x, w, b, mean, var, eps, ctx.out_type())
 
 
 @converts("aten.group_norm.default")
 def _group_norm(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
     x, groups = ctx.v(args[0]), int(args[1])
     w, b = arg(args, kwargs, 2, "weight"), arg(args, kwargs, 3, "bias")
-    return _grouped_norm(ctx, x, groups, w, b, float(arg(args, kwargs, 4, "eps", 1e-5)), ctx.out_type())
+    return grouped_norm(ctx, x, groups, w, b, float(arg(args, kwargs, 4, "eps", 1e-5)), ctx.out_type())
 
 
 @converts("aten.instance_norm.default")
 def _instance_norm(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
     x, w, b, mean, var, use_input_stats, _momentum, eps = args[:8]
     if not use_input_stats:  # track_running_stats in eval: batch norm's inference form
-        return _batch_norm(ctx, x, w, b, mean, var, eps, ctx.out_type())
+        return batch_norm(ctx, x, w, b, mean, var, eps, ctx.out_type())
     xv = ctx.v(x)
     c = ctx.t(xv).shape[1]
     if not isinstance(c, int):
         raise Unsupported("instance norm over a dynamic channel dim")
-    return _grouped_norm(ctx, xv, c, w, b, float(eps), ctx.out_type())
+    return grouped_norm(ctx, xv, c, w, b, float(eps), ctx.out_type())
 
 
-def _grouped_norm(ctx: Ctx, xv: Value, groups: int, w: Any, b: Any, eps: float, out: TensorType) -> Value:
+def grouped_norm(ctx: Ctx, xv: Value, groups: int, w: Any, b: Any, eps: float, out: TensorType) -> Value:
     """Group norm (instance norm: one group per channel): each [C / groups, *spatial] block of a
     sample normalized as one layer-norm row, then the per-channel scale and shift."""
     t = ctx.t(xv)

@@ -53,7 +53,7 @@ def resized(args: Sequence[Any], sizes: Mapping[Place, int]) -> tuple[Any, ...]:
         t = out[i]
         cur = int(t.shape[axis])
         if n < cur:
-            out[i] = t.narrow(axis, 0, n)
+            out[i] = t.narrow(axis, 0, n).contiguous()  # a fresh input, as a caller would pass it
         elif n > cur:
             index = torch.cat([torch.arange(cur), torch.full((n - cur,), cur - 1, dtype=torch.long)])
             out[i] = t.index_select(axis, index)
@@ -136,7 +136,9 @@ class RelatedDims:
                 break
             if root in self.relations or any(r.root == root for r in self.relations.values()):
                 continue
-            cluster = self._cluster(root, [d for d in lone if d != root and d not in self.relations], current, seen)
+            roots = {r.root for r in self.relations.values()}
+            deps = [d for d in lone if d != root and d not in self.relations and d not in roots]
+            cluster = self._cluster(root, deps, current, seen)
             if cluster and self._holds(probe, root, cluster, current):
                 self.relations.update(cluster)
                 texts = ", ".join(f"{names[dep]} = {rel.text(names[root])}" for dep, rel in cluster.items())

@@ -1,0 +1,64 @@
+"""PyTorch's core ATen opset (the ops tagged `torch.Tag.core`, what torch.export lowers to for
+backends) against the torch front end: every core op has a converter, is handled without one, or is
+listed here with the reason it is not converted. tests/test_core_aten.py enumerates the set from
+torch's tags and fails on an op none of these explains; the reasons are what an UnsupportedOpsError
+says, and docs/ops.md lists them.
+"""
+
+from __future__ import annotations
+
+# Evaluated, not converted: symbolic sizes are sympy expressions the shape program computes.
+SYMBOLIC = {
+    "aten.sym_size.int",
+    "aten.sym_numel.default",
+    "aten.sym_stride.int",
+    "aten.sym_storage_offset.default",
+}
+
+_BACKWARD = "a training (backward) op: an artifact runs inference"
+_RANDOM = "a random op: an artifact computes the same result for the same inputs"
+_NEEDS_KERNEL = "not converted yet: it needs a kernel of its own"
+
+# By design: what an inference artifact with data-independent shapes does not do.
+BY_DESIGN = {
+    "aten._adaptive_avg_pool2d_backward.default": _BACKWARD,
+    "aten.avg_pool2d_backward.default": _BACKWARD,
+    "aten.convolution_backward.default": _BACKWARD,
+    "aten.embedding_dense_backward.default": _BACKWARD,
+    "aten.max_pool2d_with_indices_backward.default": _BACKWARD,
+    "aten.native_group_norm_backward.default": _BACKWARD,
+    "aten.native_layer_norm_backward.default": _BACKWARD,
+    "aten.rand.default": _RANDOM,
+    "aten.randn.default": _RANDOM,
+    "aten.randperm.default": _RANDOM,
+    "aten.nonzero.default": "its result's shape depends on the input's values",
+    "aten._local_scalar_dense.default": "a tensor's value read into Python (.item()): shapes or control flow "
+    "that depend on the input's values",
+    "aten.as_strided.default": "a view by raw strides over storage (bladepack values have no storage to alias)",
+    "aten.atan2.out": "an out= variant (exported programs are functional; atan2 itself converts)",
+    "aten._fft_r2c.default": "complex tensors (bladepack has no complex dtype)",
+    "aten._fft_c2r.default": "complex tensors (bladepack has no complex dtype)",
+}
+
+# Not yet: inference ops that need kernels (or index machinery) of their own.
+NOT_YET = {
+    op: _NEEDS_KERNEL
+    for op in (
+        "aten._adaptive_avg_pool3d.default",
+        "aten.avg_pool3d.default",
+        "aten.max_pool3d_with_indices.default",
+        "aten._embedding_bag.default",
+        "aten._pdist_forward.default",
+        "aten.col2im.default",
+        "aten.grid_sampler_2d.default",
+        "aten.index_put.default",
+        "aten.masked_scatter.default",
+        "aten.scatter.src",
+        "aten.scatter.value",
+        "aten.scatter_add.default",
+        "aten.scatter_reduce.two",
+        "aten.sort.default",
+    )
+}
+
+REASONS = {**BY_DESIGN, **NOT_YET}
