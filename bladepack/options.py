@@ -148,6 +148,14 @@ def _from_env(cls: type[T], group: str, environ: Environ | None, changes: dict[s
     return cls(**{**values, **changes})
 
 
+def _paths(options: object, *fields: str) -> None:
+    """A directory given as a string (`cache_dir="/tmp/cache"`) is held as a Path, `~` expanded."""
+    for name in fields:
+        value = getattr(options, name)
+        if isinstance(value, (str, os.PathLike)):
+            object.__setattr__(options, name, Path(value).expanduser())
+
+
 @dataclass(frozen=True)
 class CompileOptions:
     """How `optimize` builds (KNOBS names each field's variable). `from_env(**changes)`: the
@@ -175,6 +183,9 @@ class CompileOptions:
     cpu_isas: str | None = None
     cutlass_path: str | None = None
 
+    def __post_init__(self) -> None:
+        _paths(self, "cache_dir", "dump_dir")
+
     @classmethod
     def from_env(cls, environ: Environ | None = None, **changes: Any) -> CompileOptions:
         return _from_env(cls, _C, environ, changes)
@@ -193,6 +204,9 @@ class LoaderOptions:
     shape_cache: int = 4096
     cuda_graphs: int = 64
     hopper_gemms: bool = False
+
+    def __post_init__(self) -> None:
+        _paths(self, "cache_dir")
 
     @classmethod
     def from_env(cls, environ: Environ | None = None, **changes: Any) -> LoaderOptions:

@@ -198,3 +198,38 @@ def test_dense_layers_16_bit(dtype: torch.dtype) -> None:
             want = wide(x.float()).numpy()
         got = torch.as_tensor(m(x)).float().numpy()
         assert float(np.abs(got - want).max() / (1 + np.abs(want).max())) <= tol, rows
+
+
+class _Repeated(torch.nn.Module):
+    """Four identical residual blocks (their own weights): one block's kernels, four times."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(48, 48) for _ in range(4))
+        self.norms = torch.nn.ModuleList(torch.nn.LayerNorm(48) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for fc, norm in zip(self.blocks, self.norms):
+            x = norm(torch.nn.functional.gelu(fc(x)) + x)
+        return x
+
+
+def test_repeated_blocks_share_kernel_code() -> None:
+    """Note [Shared kernel code]: the library defines a repeated block's kernels once and names them
+    again per block; every block still reads its own weights."""
+    torch.manual_seed(0)
+    model = _Repeated().eval()
+    samples = [(torch.randn(3, 5, 48),), (torch.randn(2, 9, 48),)]
+    art = bladepack.optimize(model, samples)
+    source = art.sources.unit("cpu")
+    aliased = source.count(" (the code of k")
+    assert aliased >= 6, f"{aliased} kernels share code"  # blocks 2-4: their dense layer and their norm
+    kernels = len(art.plan.kernels)
+    defined = kernels - aliased
+    assert defined <= 3, (kernels, aliased)
+    loaded = bladepack.load(art.to_bytes())
+    for shape in [(1, 1, 48), (4, 7, 48), (2, 33, 48)]:
+        x = torch.randn(shape)
+        with torch.no_grad():
+            want = model(x)
+        np.testing.assert_allclose(loaded(x).numpy(), want.numpy(), rtol=1e-4, atol=1e-5)

@@ -22,6 +22,7 @@ error (an index out of range; status[3] is the dimension size), or 2 when a laun
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from bladepack.codegen import c_render
@@ -200,13 +201,47 @@ def prelude() -> str:
     return c_render.prelude("cpu_runtime.h")
 
 
+def _own_names(name: str) -> re.Pattern[str]:
+    """A kernel's C names: `k3`, `k3_t6`, `k3_check` (not `k30`)."""
+    return re.compile(rf"\b{re.escape(name)}(?:_\w+)?\b")
+
+
+def shared_sources(kernels: Sequence[EmittedKernel]) -> list[str]:
+    """Each kernel's source, or, for a kernel whose code is an earlier one's but for its name (the
+    same layer repeated: a 12-layer encoder's 12 query projections), aliases of that one's functions.
+
+    Note [Shared kernel code]: a kernel's code depends on its ops, dtypes, shapes and strides, never on
+    which weights or buffers it reads (those come in its launch's pointer words), so a model that
+    repeats a block emits the same function once per repetition. The compiler would compile each
+    copy; the library instead defines it once and names it again per kernel (`kTable` keeps one entry
+    per kernel and variant, so the launch words and the plan are unchanged). The first line (the
+    kernel's comment, naming its source line) is not compared."""
+    seen: dict[str, str] = {}  # code with the name replaced -> the kernel that defined it
+    out = []
+    for k in kernels:
+        own = _own_names(k.name)
+        head, _, code = k.source.partition("\n")
+        key = own.sub(lambda m: "@" + m.group(0)[len(k.name) :], code)
+        first = seen.setdefault(key, k.name)
+        if first == k.name:
+            out.append(k.source)
+            continue
+        defined = list(dict.fromkeys(re.findall(rf"^static [^(]*?\b({re.escape(k.name)}(?:_\w+)?)\(", code, re.M)))
+        if not {name for name, _ in k.variants} | ({k.check} if k.check else set()) <= set(defined):
+            out.append(k.source)  # a form this does not recognize: compiled again rather than guessed at
+            continue
+        aliases = [f"static constexpr auto* {n} = &{first}{n[len(k.name) :]};" for n in defined]
+        out.append("\n".join([head.rstrip() + f" (the code of {first})", *aliases]) + "\n")
+    return out
+
+
 def library_source(kernels: Sequence[EmittedKernel]) -> str:
     names = [name for k in kernels for name, _ in k.variants]
     checks = [k.check for k in kernels for _ in k.variants]
     operands = [
         f"{{{len(k.stores) + len(k.loads)}, {len(k.args.exprs)}, {len(k.stores)}}}" for k in kernels for _ in k.variants
     ]
-    body = "\n".join(k.source for k in kernels)
+    body = "\n".join(shared_sources(kernels))
     return (
         prelude()
         + "\n"

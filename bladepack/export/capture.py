@@ -199,6 +199,10 @@ def capture(model: torch.nn.Module, sample_inputs: Any, dynamic_shapes: Any = No
         for i, axis, size in specialized:
             refuse_specialized(lambda: _export(model, args, tuple(auto)), names, user, samples, i, axis, size)
         infos = _named_dims(dims.groups, dims.bounds, user, names, notes)
+        named: dict[str, str] = {}
+        for sym, info in infos.items():  # one name on several groups declares them equal
+            if named.setdefault(info.name, sym) != sym:
+                dims.relations[sym] = Relation(named[info.name], 1, 0)
         declared_relations(dims, declared, {sym: info.name for sym, info in infos.items()}, names)
         group_names = {sym: info.name for sym, info in infos.items()}
         current = {sym: int(args[ps[0][0]].shape[ps[0][1]]) for sym, ps in dims.groups.items()}

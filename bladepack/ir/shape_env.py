@@ -45,6 +45,9 @@ class ShapeEnv:
         self._symbols: dict[str, sympy.Symbol] = {}
         # Note [Range facts]: every answer so far that the ranges decided, in order, without repeats
         self._facts: dict[RangeFact, None] = {}
+        # _eq's answers: a symbol's range never changes once created, so an answer stays true (the
+        # verifier asks the same broadcasts after every pass)
+        self._eq_answers: dict[tuple[sympy.Basic, sympy.Basic], Tri] = {}
 
     # -- building
     def create_symbol(self, name: str, min: int, max: int | None) -> sympy.Symbol:
@@ -104,11 +107,21 @@ class ShapeEnv:
         return Tri.YES if lo >= 0 else Tri.NO if hi < 0 else Tri.UNKNOWN
 
     def _eq(self, a: IRDim, b: IRDim) -> Tri:
-        diff = sympy.simplify(sympy.sympify(a) - sympy.sympify(b))
-        if diff == 0:
+        x, y = sympy.sympify(a), sympy.sympify(b)
+        if x == y:
             return Tri.YES
-        lo, hi = interval(diff, self._ranges)
-        return Tri.NO if lo > 0 or hi < 0 else Tri.UNKNOWN
+        if x.is_Integer and y.is_Integer:
+            return Tri.NO
+        answer = self._eq_answers.get((x, y))
+        if answer is None:
+            diff = sympy.simplify(x - y)
+            if diff == 0:
+                answer = Tri.YES
+            else:
+                lo, hi = interval(diff, self._ranges)
+                answer = Tri.NO if lo > 0 or hi < 0 else Tri.UNKNOWN
+            self._eq_answers[(x, y)] = answer
+        return answer
 
     def holds(self, f: RangeFact) -> bool:
         """Whether fact `f`, recorded under other ranges, is still true under these (Note [Range facts])."""
