@@ -29,6 +29,10 @@ Oracle = Callable[[list[np.ndarray]], list[np.ndarray]]
 DEFAULT_BUDGET = 2 << 20  # bytes of recorded outputs (inputs are seeded)
 UNBOUNDED_CAP = 64  # an unbounded symbol is probed up to max(this, 4 x its largest sample)
 MAX_CHOICES = 4  # an input whose samples hold at most this many distinct values draws from them
+# A case's memory at most (the artifact's arena, inputs and outputs at that shape): the oracle runs at
+# every case, and a probe at an unbounded dim's made-up end (batch 64 of 512 x 448 images: 14 GB and
+# a minute of eager ResNet-18) tests nothing a smaller one does not.
+FOOTPRINT_CAP = 256 << 20
 
 
 def input_records(m: dict[str, Any], samples: Sequence[Sequence[np.ndarray | None]]) -> list[dict[str, Any]] | str:
@@ -110,6 +114,21 @@ class _Probe:
     end: bool  # a range end (taken first, as the budget allows)
 
 
+def _footprint(m: dict[str, Any], regs: Sequence[int], dims: Sequence[Sequence[int]]) -> int:
+    """The artifact's arena (its plan's, the largest of its executors') and input bytes at a shape."""
+    arenas = [m.get("arena_bytes"), (m.get("native_cpu") or {}).get("arena_bytes")]
+    arena = max((_value(a, regs) for a in arenas if a is not None), default=0)
+    inputs = sum(int(np.prod(d, dtype=np.int64)) * DType(t["dtype"]).itemsize for d, t in zip(dims, m["inputs"]))
+    return arena + inputs
+
+
+def _value(enc: Any, regs: Sequence[int]) -> int:
+    """A SymInt's value: an int, {"r": register}, or a record holding one as its `value`."""
+    if isinstance(enc, dict) and "value" in enc:
+        return _value(enc["value"], regs)
+    return int(regs[enc["r"]]) if isinstance(enc, dict) else int(enc)
+
+
 def _output_bytes(m: dict[str, Any], regs: Sequence[int]) -> tuple[list[tuple[int, ...]], int]:
     values = {v["id"]: v for v in m["values"]}
     shapes, total = [], 0
@@ -149,6 +168,7 @@ def record_cases(
         isinstance(d, str) and d not in {s["name"] for s in m["symbols"]} for t in m["inputs"] for d in t["shape"]
     )
     probes = []
+    too_big: set[str] = set()  # items of probes over FOOTPRINT_CAP
     for b, end in _bindings(m, samples, sample_dims):
         try:
             dims = input_dims(b)
@@ -159,7 +179,11 @@ def record_cases(
         except ShapeGuardError:
             continue  # the symbols' relations rule this binding out
         shapes, size = _output_bytes(m, regs)
-        probes.append(_Probe(b, dims, frozenset(covered(m, regs)), shapes, size, end))
+        items = frozenset(covered(m, regs))
+        if size + _footprint(m, regs, dims) > FOOTPRINT_CAP:
+            too_big |= items
+            continue
+        probes.append(_Probe(b, dims, items, shapes, size, end))
     chosen: list[_Probe] = []
     have: set[str] = set()
     spent = 0
@@ -233,11 +257,15 @@ def record_cases(
             case["shapes"] = [list(d) for d in dims]
         cases.append({**case, "oracle": oracle_name} if carried else case)
     reached = {i for c in cases for i in c["covers"]}
-    uncovered = [
-        {"item": i, "why": "over the reference-case budget" if i in over else "no probed shape reaches it"}
-        for i in all_items(m)
-        if i not in reached
-    ]
+
+    def why(item: str) -> str:
+        if item in over:
+            return "over the reference-case budget"
+        if item in too_big:
+            return f"only shapes whose memory exceeds {FOOTPRINT_CAP >> 20} MiB reach it"
+        return "no probed shape reaches it"
+
+    uncovered = [{"item": i, "why": why(i)} for i in all_items(m) if i not in reached]
     record = {
         "oracle": carried[0] if carried else oracle_name,
         "budget": budget,

@@ -10,9 +10,11 @@ simplify `floor`, `Mod` and `Max` with that knowledge; ranges beyond that live h
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from fractions import Fraction
 
 import sympy
 
@@ -162,60 +164,91 @@ def _finite(v: sympy.Expr) -> int | None:
     return None if v in (sympy.oo, -sympy.oo) else int(v)
 
 
-def _mul_bounds(x: Bound, y: Bound) -> Bound:
-    cands = []
+Num = int | Fraction | float  # float only for +-inf (and nan from inf - inf)
+
+
+def _mul_bounds(x: tuple[Num, Num], y: tuple[Num, Num]) -> tuple[Num, Num]:
+    cands: list[Num] = []
     for p in x:
         for q in y:
-            if (p == 0 and q in (sympy.oo, -sympy.oo)) or (q == 0 and p in (sympy.oo, -sympy.oo)):
-                cands.append(sympy.Integer(0))
+            if (p == 0 and math.isinf(q)) or (q == 0 and math.isinf(p)):
+                cands.append(0)
             else:
                 cands.append(p * q)
     return min(cands), max(cands)
 
 
+def _as_sympy(v: Num) -> sympy.Expr:
+    if isinstance(v, float):
+        return sympy.oo if v > 0 else -sympy.oo if v < 0 else sympy.nan
+    if isinstance(v, Fraction):
+        return sympy.Rational(v.numerator, v.denominator)
+    return sympy.Integer(v)
+
+
+def _as_num(v: sympy.Expr) -> Num:
+    if v is sympy.oo or v is -sympy.oo:
+        return math.inf if v is sympy.oo else -math.inf
+    if v.is_Integer:
+        return int(v)
+    if v.is_Rational:
+        return Fraction(int(v.p), int(v.q))
+    try:
+        return Fraction(float(v))
+    except (TypeError, ValueError, OverflowError):  # nan, complex infinity: nothing is known
+        return math.nan
+
+
 def interval(e: sympy.Expr, ranges: dict[str, SymbolRange]) -> Bound:
-    """Inclusive (lo, hi) of `e` by interval arithmetic over the symbol ranges (sympy.oo where unbounded)."""
-    if not e.free_symbols:  # a constant, possibly unevaluated (Max(1, 2)): evaluate it
-        v = e.doit()
-        return v, v
+    """Inclusive (lo, hi) of `e` by interval arithmetic over the symbol ranges (sympy.oo where unbounded).
+    Computed in Python integers and fractions (sympy's numbers are slow), the result in sympy's."""
+    lo, hi = _interval(e, ranges)
+    return _as_sympy(lo), _as_sympy(hi)
+
+
+def _interval(e: sympy.Expr, ranges: dict[str, SymbolRange]) -> tuple[Num, Num]:
     if isinstance(e, sympy.Symbol):
         r = ranges.get(e.name)
         if r is None:
-            return -sympy.oo, sympy.oo
-        return sympy.Integer(r.min), (sympy.oo if r.max is None else sympy.Integer(r.max))
+            return -math.inf, math.inf
+        return r.min, (math.inf if r.max is None else r.max)
+    if isinstance(e, sympy.Number) or not e.free_symbols:  # a constant, possibly unevaluated: evaluate it
+        v = _as_num(e.doit())
+        return v, v
     if isinstance(e, sympy.Add):
-        lo, hi = sympy.Integer(0), sympy.Integer(0)
+        lo: Num = 0
+        hi: Num = 0
         for t in e.args:
-            a, b = interval(t, ranges)
+            a, b = _interval(t, ranges)
             lo, hi = lo + a, hi + b
         return lo, hi
     if isinstance(e, sympy.Mul):
-        acc: Bound = (sympy.Integer(1), sympy.Integer(1))
+        acc: tuple[Num, Num] = (1, 1)
         for t in e.args:
-            acc = _mul_bounds(acc, interval(t, ranges))
+            acc = _mul_bounds(acc, _interval(t, ranges))
         return acc
     if isinstance(e, sympy.Pow) and e.exp.is_Integer and e.exp > 0:
-        acc = (sympy.Integer(1), sympy.Integer(1))
+        acc = (1, 1)
+        base = _interval(e.base, ranges)
         for _ in range(int(e.exp)):
-            acc = _mul_bounds(acc, interval(e.base, ranges))
-        base_lo = interval(e.base, ranges)[0]
-        if int(e.exp) % 2 == 0 and base_lo < 0:
-            acc = (sympy.Integer(0), acc[1])
+            acc = _mul_bounds(acc, base)
+        if int(e.exp) % 2 == 0 and base[0] < 0:
+            acc = (0, acc[1])
         return acc
     if isinstance(e, sympy.Pow) and e.exp == -1:
-        lo, hi = interval(e.base, ranges)
+        lo, hi = _interval(e.base, ranges)
         if lo > 0:
-            return 1 / hi if hi != sympy.oo else sympy.Integer(0), 1 / lo
-        return -sympy.oo, sympy.oo
+            return (Fraction(1) / hi if not math.isinf(hi) else 0), Fraction(1) / lo
+        return -math.inf, math.inf
     if isinstance(e, (sympy.floor, sympy.ceiling)):
-        lo, hi = interval(e.args[0], ranges)
-        f = type(e)
-        return (lo if lo.is_infinite else f(lo)), (hi if hi.is_infinite else f(hi))
+        lo, hi = _interval(e.args[0], ranges)
+        f = math.floor if isinstance(e, sympy.floor) else math.ceil
+        return (lo if math.isinf(lo) else f(lo)), (hi if math.isinf(hi) else f(hi))
     if isinstance(e, (sympy.Max, sympy.Min)):
-        bs = [interval(a, ranges) for a in e.args]
+        bs = [_interval(a, ranges) for a in e.args]
         pick = max if isinstance(e, sympy.Max) else min
         return pick(b[0] for b in bs), pick(b[1] for b in bs)
     if isinstance(e, sympy.Mod):
-        _, m_hi = interval(e.args[1], ranges)
-        return sympy.Integer(0), (m_hi - 1 if not m_hi.is_infinite else sympy.oo)
-    return -sympy.oo, sympy.oo
+        _, m_hi = _interval(e.args[1], ranges)
+        return 0, (m_hi - 1 if not math.isinf(m_hi) else math.inf)
+    return -math.inf, math.inf
