@@ -15,18 +15,18 @@ DOCS = Path(__file__).resolve().parent.parent / "docs" / "ops.md"
 
 
 def _core_ops() -> set[str]:
+    """Every registered aten overload tagged core (from the schema registry: `dir(torch.ops.aten)`
+    lists only the ops loaded so far)."""
     ops = set()
-    for name in dir(torch.ops.aten):
+    for schema in torch._C._jit_get_all_schemas():
+        if not schema.name.startswith("aten::"):
+            continue
         try:
-            packet = getattr(torch.ops.aten, name)
+            op = getattr(getattr(torch.ops.aten, schema.name[6:]), schema.overload_name or "default")
         except (AttributeError, RuntimeError):
             continue
-        if not hasattr(packet, "overloads"):
-            continue
-        for overload in packet.overloads():
-            op = getattr(packet, overload)
-            if torch.Tag.core in op.tags:
-                ops.add(str(op))
+        if torch.Tag.core in op.tags:
+            ops.add(str(op))
     return ops
 
 

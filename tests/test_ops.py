@@ -363,6 +363,17 @@ CASES = [
     ),
     Case("batch_stats_norm_cdist", lambda x: x, (IMG, X), module=lambda: _batch_stats_and_distances()),
     Case(
+        "pool1d",
+        lambda x: (
+            F.avg_pool1d(x, 3),
+            F.avg_pool1d(x, 2, 1, 1, count_include_pad=False),
+            F.avg_pool1d(x, 3, 2, ceil_mode=True),
+            F.adaptive_avg_pool1d(x, 1),
+            F.adaptive_avg_pool1d(x, 8),
+        ),
+        (X,),
+    ),
+    Case(
         "elu_celu",
         lambda x: (F.elu(x), F.elu(x, alpha=0.5), F.selu(x), F.celu(x, alpha=2.0)),
         (X,),

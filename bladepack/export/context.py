@@ -67,9 +67,15 @@ class Ctx:
     def v(self, a: Any) -> Value:
         if not isinstance(a, torch.fx.Node):
             raise Unsupported(f"expected a tensor argument, got {type(a).__name__}")
+        if a not in self.values and a in self.syms:  # a symbolic int where a tensor goes: a 0-d tensor
+            e = self.syms[a]
+            if isinstance(e, (sympy.logic.boolalg.Boolean, sympy.core.relational.Relational)):
+                raise Unsupported("a condition on symbolic sizes used as a tensor")
+            return self.emit(OpKind.CONSTANT, (), TensorType(DType.INT64, ()), ConstantAttrs(e))
         r = self.values.get(a)
         if not isinstance(r, int):
-            raise Unsupported(f"argument {a.name} is not a single tensor value")
+            what = "several tensors (one result of them is wanted)" if isinstance(r, tuple) else "not a tensor"
+            raise Unsupported(f"an argument is {what}")
         return r
 
     def t(self, v: Value) -> TensorType:
@@ -79,7 +85,7 @@ class Ctx:
         """An int argument that may be symbolic (an FX node producing a SymInt)."""
         if isinstance(a, torch.fx.Node):
             if a not in self.syms:
-                raise Unsupported(f"argument {a.name} is not a known symbolic int")
+                raise Unsupported("an integer argument computed from tensor values (sizes must not depend on data)")
             e = self.syms[a]
             return int(e) if getattr(e, "is_Integer", False) else e
         if isinstance(a, torch.SymInt):

@@ -13,6 +13,7 @@ SYMBOLIC = {
     "aten.sym_numel.default",
     "aten.sym_stride.int",
     "aten.sym_storage_offset.default",
+    "aten.sym_is_contiguous.default",
 }
 
 _BACKWARD = "a training (backward) op: an artifact runs inference"
@@ -36,6 +37,7 @@ BY_DESIGN = {
     "that depend on the input's values",
     "aten.as_strided.default": "a view by raw strides over storage (bladepack values have no storage to alias)",
     "aten.atan2.out": "an out= variant (exported programs are functional; atan2 itself converts)",
+    "aten.resize_.default": "an in-place resize of storage (exported programs are functional)",
     "aten._fft_r2c.default": "complex tensors (bladepack has no complex dtype)",
     "aten._fft_c2r.default": "complex tensors (bladepack has no complex dtype)",
 }

@@ -128,7 +128,9 @@ def declared_relations(
 ) -> None:
     """The user's derived dims as relations between the discovery export's groups; one the export
     contradicts (it made the two dims equal, or related them otherwise) is an error."""
-    by_name = {name: sym for sym, name in dim_names.items()}
+    by_name: dict[str, str] = {}
+    for sym, name in dim_names.items():  # a name on several groups: the first is their symbol
+        by_name.setdefault(name, sym)
     for (i, a), spec in declared.items():
         root = by_name[spec.root_name]
         want = Relation(root, spec.coeff, spec.offset)

@@ -26,6 +26,7 @@ from bladepack.opset.attrs import (
     ClampAttrs,
     ConstantAttrs,
     IndexAttrs,
+    Pool2dAttrs,
     ReduceAttrs,
 )
 
@@ -417,3 +418,40 @@ def _cdist(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
         return ctx.emit(K.SUM, (mag,), out, reduce)
     total = ctx.emit(K.SUM, (ctx.emit(K.POW, (mag, ctx.const(p, out.dtype)), full),), out, reduce)
     return ctx.emit(K.POW, (total, ctx.const(1.0 / p, out.dtype)), out)
+
+
+def _one(v: Any, name: str) -> int:
+    v = v[0] if isinstance(v, (list, tuple)) and len(v) == 1 else v
+    if not isinstance(v, int):
+        raise Unsupported(f"1-D pooling {name} {v!r}")
+    return v
+
+
+@converts("aten.avg_pool1d.default")
+def _avg_pool1d(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    """The 2-D average pool over a height-1 image: [.., C, L] as [.., C, 1, L]."""
+    x = ctx.v(args[0])
+    t = ctx.t(x)
+    out = ctx.out_type()
+    kernel = _one(args[1], "kernel_size")
+    stride_arg = arg(args, kwargs, 2, "stride", [])
+    stride = kernel if not stride_arg else _one(stride_arg, "stride")
+    padding = _one(arg(args, kwargs, 3, "padding", 0), "padding")
+    ceil_mode = bool(arg(args, kwargs, 4, "ceil_mode", False))
+    include = bool(arg(args, kwargs, 5, "count_include_pad", True))
+    attrs = Pool2dAttrs((1, kernel), (1, stride), (0, padding), (1, 1), ceil_mode, include)
+    image = reshape(ctx, x, (*t.shape[:-1], 1, t.shape[-1]))
+    pooled = ctx.emit(K.AVG_POOL2D, (image,), TensorType(out.dtype, (*out.shape[:-1], 1, out.shape[-1])), attrs)
+    return reshape(ctx, pooled, out.shape)
+
+
+@converts("aten.adaptive_avg_pool1d.default")
+def _adaptive_avg_pool1d(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    x = ctx.v(args[0])
+    size = _one(args[1], "output_size")
+    out = ctx.out_type()
+    if size == 1:
+        return ctx.emit(K.MEAN, (x,), out, ReduceAttrs((ctx.t(x).rank - 1,), True))
+    if ctx.t(x).shape[-1] == out.shape[-1]:
+        return x
+    raise Unsupported(f"adaptive_avg_pool1d to {size} (only 1 or the identity)")

@@ -104,6 +104,19 @@ class ShapeEnv:
             self._facts[RangeFact("eq", sympy.sympify(a), sympy.sympify(b), answer)] = None
         return answer
 
+    def differ(self, a: IRDim, b: IRDim) -> Tri:
+        """A quick `prove_eq` for checks that act only on a proof: YES when a - b expands to 0, NO when
+        the ranges put it away from 0, else UNKNOWN (never sympy.simplify, which can take seconds on a
+        windowed model's floor expressions). Records no fact: nothing is built on the answer."""
+        x, y = sympy.sympify(a), sympy.sympify(b)
+        if x == y:
+            return Tri.YES
+        diff = sympy.expand(x - y)
+        if diff == 0:
+            return Tri.YES
+        lo, hi = interval(diff, self._ranges)
+        return Tri.NO if lo > 0 or hi < 0 else Tri.UNKNOWN
+
     def _le(self, a: IRDim, b: IRDim) -> Tri:
         lo, hi = interval(sympy.expand(sympy.sympify(b) - a), self._ranges)
         return Tri.YES if lo >= 0 else Tri.NO if hi < 0 else Tri.UNKNOWN

@@ -29,9 +29,9 @@ def _broadcast_problems(env: ShapeEnv, ts: list[TensorType], out: TensorType) ->
             if axis > t.rank:
                 continue
             d = t.shape[-axis]
-            if env.prove_eq(d, 1) is Tri.YES:
+            if env.differ(d, 1) is Tri.YES:
                 continue
-            if env.prove_eq(d, od) is Tri.NO:
+            if env.differ(d, od) is Tri.NO:
                 problems.append(f"operand dim {d} cannot broadcast to result dim {od}")
     return problems
 

@@ -168,7 +168,10 @@ class ShapeConstraints:
         d = _expr(self.canonical(a) - self.canonical(b))
         if d == 0:
             return Tri.YES
+        opaque = d.atoms(sympy.Function)  # floor, Mod, Max, ...: a quotient keeping one is no polynomial
         for r, _ in self._residual:
+            if not opaque <= r.atoms(sympy.Function):
+                continue
             c = sympy.cancel(d / r)
             if c.is_polynomial(*r.free_symbols, *d.free_symbols) and sympy.fraction(c)[1] == 1:
                 return Tri.YES  # d == c * r and r == 0
