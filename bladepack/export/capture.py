@@ -207,7 +207,13 @@ def capture(model: torch.nn.Module, sample_inputs: Any, dynamic_shapes: Any = No
         group_names = {sym: info.name for sym, info in infos.items()}
         current = {sym: int(args[ps[0][0]].shape[ps[0][1]]) for sym, ps in dims.groups.items()}
         seen = {sym: [int(s[ps[0][0]].shape[ps[0][1]]) for s in samples] for sym, ps in dims.groups.items()}
-        dims.infer(traced_probe(model, first.module(), args, names), current, seen, group_names, notes)
+        user_named = frozenset(
+            sym
+            for sym, places in dims.groups.items()
+            if any(a in user[i] and spec_range(user[i][a])[0] is not None for i, a in places)
+        )
+        probe = traced_probe(model, first.module(), args, names)
+        dims.infer(probe, current, seen, group_names, notes, user_named)
         infos = _narrow_roots(infos, dims)
         ep, fallbacks = _export_min1(model, args, infos, names, dims)
         symbols = _symbol_map(ep, dims, infos)

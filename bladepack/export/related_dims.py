@@ -120,12 +120,15 @@ class RelatedDims:
         seen: Mapping[str, Sequence[int]],
         names: Mapping[str, str],
         notes: list[str],
+        named: frozenset[str] = frozenset(),
     ) -> None:
         """Note [Related dims]. `current`: each group's size in the export sample; `seen`: its sizes in
-        the user's samples, in order; `names`: each group's dim name for the notes."""
+        the user's samples, in order; `names`: each group's dim name for the notes; `named`: the
+        groups the user named in dynamic_shapes (never made dependent: the user said what they are)."""
         order = [s for s in self.groups if s not in self.relations]
+        free = [s for s in order if s not in named]  # a dim the user named is not made another's
         lone: dict[str, str] = {}  # group -> what goes wrong when it alone changes
-        for dep in order:
+        for dep in free:
             for step in (-1, 1):
                 size = current[dep] + step
                 if self._allowed(dep, size) and (failure := probe(self.sizes({**current, dep: size}))) is not None:
@@ -167,23 +170,31 @@ class RelatedDims:
                     break
         return out
 
+    def _breaks(self, probe: Probe, current: Mapping[str, int], moved: Callable[[int], dict[str, int]]) -> bool:
+        """Whether the groups `moved(step)` gives, changed without the rest, fail for a step up or
+        down (a mask longer than needed may hold one way)."""
+        for step in (1, -1):
+            alone = moved(step)
+            if all(self._allowed(g, n) for g, n in alone.items()) and probe(self.sizes({**current, **alone})):
+                return True
+        return False
+
     def _holds(self, probe: Probe, root: str, cluster: dict[str, Relation], current: Mapping[str, int]) -> bool:
         """The cluster moves with its root: a step of the root that moves every member as related runs
-        and equals eager, and a step of the members without the root, up or down, does not (else the
-        members only relate among themselves, and the samples' fit to the root is a coincidence). A
-        cluster that does not hold whole is tried one member at a time."""
+        and equals eager, a step of the members without the root does not (else the members only
+        relate among themselves, and the samples' fit to the root is a coincidence), and neither does
+        a step of the root without them (else the members fail for a reason of their own: an index
+        input's values bound them, not the root). A cluster that does not hold whole is tried one
+        member at a time."""
         moved = {**current, root: current[root] + 1}
         saved = dict(self.relations)
         self.relations.update(cluster)
         together = probe(self.sizes(moved)) is None
         self.relations = saved
-        if together:  # and the members alone, a step up or down, do not hold (a mask longer than needed may)
-            for step in (1, -1):
-                alone = {dep: rel.of(current[root] + step) for dep, rel in cluster.items()}
-                inside = all(self._allowed(dep, n) for dep, n in alone.items())
-                if inside and probe(self.sizes({**current, **alone})) is not None:
-                    return True
-            return False
+        if together:  # the members alone, and the root alone, a step up or down, do not hold
+            return self._breaks(
+                probe, current, lambda step: {dep: rel.of(current[root] + step) for dep, rel in cluster.items()}
+            ) and self._breaks(probe, current, lambda step: {root: current[root] + step})
         if len(cluster) == 1:
             return False
         kept = {dep: rel for dep, rel in cluster.items() if self._holds(probe, root, {dep: rel}, current)}
