@@ -13,9 +13,11 @@ end; eager pads the mask and runs). A reference case drawn at an independent len
 correct artifact. The relation is found by asking the traced graph: a group whose size alone cannot
 change by one without the traced model failing or disagreeing with eager depends on another; the
 root is the group that, changed together with it as every sample relates them (`coeff * root +
-offset`, fitted on the samples), leaves the traced model running and equal to eager. Both tests run
-the model at the export sample's size and one step away, so they cost a few forward passes. A dim
-the user relates in `dynamic_shapes` (`past + 1`) is declared, not tested.
+offset`, fitted on the samples), leaves the traced model running and equal to eager, while the
+root changed alone breaks it too (else the group fails for a reason of its own, such as an index
+input whose values bound it). The tests run the model at the export sample's size and one step away,
+so they cost a few forward passes. A dim the user relates in `dynamic_shapes` (`past + 1`) is
+declared, not tested, and a dim the user named is never made another's.
 """
 
 from __future__ import annotations
