@@ -16,7 +16,7 @@ import sympy
 from bladepack.dtypes import DType
 from bladepack.export.context import Ctx, Unsupported, Value, arg, converts, norm_axis
 from bladepack.export.ops_layout import concat_along, edge_pad, permute, reshape, reverse, slice_axis, with_dim
-from bladepack.export.ops_nn import batch_norm, grouped_norm
+from bladepack.export.ops_nn import batch_norm, grouped_norm, reduce_axes
 from bladepack.ir import TensorType
 from bladepack.ir.types import IRDim
 from bladepack.ir.views import simplify
@@ -31,14 +31,6 @@ from bladepack.opset.attrs import (
 )
 
 K = OpKind
-
-
-def _dims(dims: Any, rank: int) -> tuple[int, ...]:
-    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
-        return tuple(range(rank))
-    if isinstance(dims, int):
-        dims = [dims]
-    return tuple(sorted({norm_axis(int(d), rank) for d in dims}))
 
 
 # --------------------------------------------------------------------------- layout
@@ -199,7 +191,7 @@ def _any(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
         K.SUM,
         (ctx.cast(nonzero, DType.INT64),),
         TensorType(DType.INT64, out.shape),
-        ReduceAttrs(_dims(dims, t.rank), keepdim),
+        ReduceAttrs(reduce_axes(dims, t.rank), keepdim),
     )
     return ctx.emit(K.GT, (count, ctx.const(0, DType.INT64)), out)
 
@@ -247,7 +239,7 @@ def _var_args(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[
         c = kwargs.get("correction", args[2] if len(args) > 2 else None)
         correction = 1.0 if c is None else float(c)
     keepdim = bool(kwargs.get("keepdim", args[3] if len(args) > 3 else False))
-    return x, _dims(dims, rank), correction, keepdim
+    return x, reduce_axes(dims, rank), correction, keepdim
 
 
 @converts("aten.var.correction", "aten.var.dim")
@@ -271,7 +263,7 @@ def _vector_norm(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Val
     x = ctx.cast(ctx.v(args[0]), out.dtype)
     t = ctx.t(x)
     p = float(arg(args, kwargs, 1, "ord", 2))
-    axes = _dims(arg(args, kwargs, 2, "dim"), t.rank)
+    axes = reduce_axes(arg(args, kwargs, 2, "dim"), t.rank)
     keepdim = bool(arg(args, kwargs, 3, "keepdim", False))
     if t.rank == 0:
         return ctx.emit(K.ABS, (x,), out)

@@ -40,7 +40,8 @@ K = OpKind
 # --------------------------------------------------------------------------- reductions
 
 
-def _axes(dims: Any, rank: int) -> tuple[int, ...]:
+def reduce_axes(dims: Any, rank: int) -> tuple[int, ...]:
+    """A reduction's `dim` argument as sorted axes; None or empty means every axis."""
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
         return tuple(range(rank))
     if isinstance(dims, int):
@@ -57,7 +58,7 @@ def _reduce(op: OpKind, dims_index: int | None) -> Any:
         keepdim = bool(arg(args, kwargs, 2, "keepdim", False)) if dims_index is not None else False
         if rank == 0:
             return x
-        return ctx.emit(op, (x,), out, ReduceAttrs(_axes(dims, rank), keepdim))
+        return ctx.emit(op, (x,), out, ReduceAttrs(reduce_axes(dims, rank), keepdim))
 
     return convert
 
