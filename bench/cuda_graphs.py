@@ -4,15 +4,20 @@ Without a GPU (the default here) it runs on the fake driver of tests/cuda_harnes
 emulated, and reports what the fake can count honestly: driver launches per call at a repeated
 signature (kernel launches, graph launches, cuBLAS calls) for the Python loader and the C++ runtime,
 graphs on and off. The fake's times say nothing about a GPU and are not reported. With `--gpu` (a
-CUDA device and torch with CUDA) it measures host time per call on the GPU instead: the Python loader
-on torch tensors (median of `--repeat` calls, wall clock, the stream synchronized once at the end:
-enqueue cost) and `bpk-run --repeat` (whole calls from host memory), graphs on and off.
+CUDA device and torch with CUDA) it measures wall time per call on the GPU instead, calls issued back
+to back: the Python loader on torch CUDA tensors, `__cuda_array_interface__` objects and numpy arrays,
+`bpk-run --repeat` (whole calls from host memory), graphs on and off, beside torch eager and a
+hand-captured `torch.cuda.CUDAGraph` of the eager model (the floor).
 
-`--host` (no GPU) times what bladepack itself does per call — on the fake driver with the kernels
-not run and nothing logged, so the driver's calls cost next to nothing — for the samples and a chain of
-50 kernels (the issue's "50-kernel plan"): Python loader and C++ runtime (`bpk-run --repeat`), graphs on
-and off, host tensors in and out. A real driver adds its own cost per launch (a few µs each, one
-graph launch with graphs), which only a GPU run measures.
+`--host` (no GPU) times what bladepack itself does per call on the fake driver — kernels not run,
+cuBLAS's arithmetic skipped (FAKE_CUDA_NO_MATH), nothing logged while timed — for the samples and a
+chain of 50 kernels (the issue's "50-kernel plan"): the Python loader on numpy arrays, torch CUDA
+tensors (tests/fake_torch.py's stand-in; the stand-in's own cost per call is timed alone and
+subtracted), DLPack kDLCUDA producers and `__cuda_array_interface__` objects, and the C++ runtime
+(`bpk-run --repeat`), with the Python functions of bladepack entered per call and the stream
+synchronizations per call (from the fake's log). Thread CPU time, best block of 15 (Note [Rounds]):
+this machine switches between a fast and a slow mode. A real driver adds its own cost per call
+(a few µs per copy and per graph launch), which only a GPU run measures.
 
     python -m bench.cuda_graphs [--samples mlp,llama] [--gpu | --host] [--repeat 200]
 Out: bench/results/cuda_graphs.md (fake) or cuda_graphs_<device>.md (GPU), and .json.
@@ -117,7 +122,34 @@ def fake(names: list[str], calls: int) -> list[dict[str, Any]]:
     return rows
 
 
+class _CaiOf:
+    """A torch CUDA tensor seen only through `__cuda_array_interface__` (what a CuPy array offers)."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t = t
+        self.__cuda_array_interface__ = t.__cuda_array_interface__
+
+
+def _wall_us(fn: Any, repeat: int) -> float:
+    """Wall µs per call of `fn` over `repeat` calls back to back, the device synchronized at the end:
+    the rate a caller issuing calls in a loop gets (host-bound or device-bound, whichever is slower);
+    the best of five rounds."""
+    best = float("inf")
+    for _ in range(5):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / repeat * 1e6)
+    return best
+
+
 def gpu_times(names: list[str], repeat: int) -> list[dict[str, Any]]:
+    """Per sample at its smallest in-range shape: wall µs per call of the Python loader on torch CUDA
+    tensors, CAI objects and numpy arrays (graphs on and off), `bpk-run --repeat` (C++, host tensors),
+    torch eager, and a hand-captured `torch.cuda.CUDAGraph` of eager replayed on static inputs (the
+    floor a graph of the same model reaches)."""
     from tests import cpp_build
 
     bpk_run = cpp_build.build("release") / "bpk-run"
@@ -125,36 +157,48 @@ def gpu_times(names: list[str], repeat: int) -> list[dict[str, Any]]:
     work = Path(tempfile.mkdtemp(prefix="bpk-graphs-"))
     for name in names:
         s = SAMPLES[name]
-        art = bladepack.optimize(s.build().eval(), s.export_samples(), s.dynamic_shapes, targets=("cpu", "cuda"))
+        model = s.build().eval()
+        art = bladepack.optimize(model, s.export_samples(), s.dynamic_shapes, targets=("cpu", "cuda"))
         path = work / f"{name}.bpk"
         art.save(path)
         dims = _small_case(name, {sym.name: sym.min for sym in art.plan.symbols})
         g = torch.Generator().manual_seed(0)
         host = s.make_inputs(g, **dims)
         dev = tuple(t.cuda() for t in host)
-        for graphs in (False, True):
+        arrays = tuple(t.numpy() for t in host)
+        cai = tuple(_CaiOf(t) for t in dev)
+        cuda_model = model.cuda()
+        row: dict[str, Any] = {"sample": name, "shape": dims}
+        with torch.no_grad():
+            for _ in range(3):
+                cuda_model(*dev)
+            row["torch eager"] = round(_wall_us(lambda: cuda_model(*dev), repeat), 1)
+            static = tuple(t.clone() for t in dev)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    cuda_model(*static)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                cuda_model(*static)
+            row["torch CUDA graph (floor)"] = round(_wall_us(graph.replay, repeat), 1)
+        for graphs in (True, False):
             m = bladepack.load(path, device="cuda", graphs=graphs)
-            for _ in range(5):
-                m(*dev)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(repeat):
-                m(*dev)
-            enqueue = (time.perf_counter() - t0) / repeat * 1e6
-            torch.cuda.synchronize()
-            names = [t.name for t in art.plan.inputs]
-            _, flags = _npy_inputs(work, name, names, tuple(a.numpy() for a in host))
+            tag = "graphs" if graphs else "no graphs"
+            for kind, xs in (("torch", dev), ("CAI", cai), ("numpy", arrays)):
+                for _ in range(5):
+                    m(*xs)
+                row[f"bladepack {kind}, {tag}"] = round(_wall_us(lambda: m(*xs), repeat), 1)
+            m.close()
+            names_ = [t.name for t in art.plan.inputs]
+            _, flags = _npy_inputs(work, name, names_, arrays)
             median, err = _bpk_run_median(bpk_run, path, flags, repeat, graphs)
-            rows.append(
-                {
-                    "sample": name,
-                    "shape": dims,
-                    "graphs": graphs,
-                    "python enqueue us/call (torch tensors)": round(enqueue, 1),
-                    "c++ whole call us (host tensors)": median,
-                    "error": None if median is not None else err.strip()[-300:],
-                }
-            )
+            row[f"bpk-run whole call, {tag}"] = median if median is not None else err.strip()[-200:]
+        floor = row["torch CUDA graph (floor)"]
+        row["torch path / floor"] = round(row["bladepack torch, graphs"] / floor, 2) if floor else None
+        rows.append(row)
     return rows
 
 
@@ -168,23 +212,80 @@ class Chain50(torch.nn.Module):
 
 
 _HOST_SCRIPT = r"""
-import sys, time, numpy as np, bladepack
-m = bladepack.load(sys.argv[1], device="cuda", graphs=sys.argv[2] == "1")
-xs = [np.load(f) for f in sys.argv[4:]]
+import os, sys, time, numpy as np
+path, mode, graphs, n, files = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4]), sys.argv[5:]
+if mode == "torch":  # the loader's torch branch, driven by tests/fake_torch.py's stand-in
+    from tests import fake_torch
+    torch = fake_torch.install()
+import bladepack
+from bladepack.loader.dlpack import Exported
+
+class Cai:
+    # a CuPy-style device array: __cuda_array_interface__ version 3 (fake device memory is host memory)
+    def __init__(self, a):
+        self.a = a
+        self.__cuda_array_interface__ = {"shape": a.shape, "typestr": a.dtype.str, "data": (a.ctypes.data, False),
+                                         "version": 3, "strides": None, "stream": 1}
+
+m = bladepack.load(path, device="cuda", graphs=graphs)
+xs = [np.load(f) for f in files]
+if mode == "torch":
+    xs = [torch.cuda_tensor(a) for a in xs]
+elif mode == "dlpack":  # a kDLCUDA producer of another framework
+    xs = [Exported(a.ctypes.data, (2, 0), a.dtype.name, a.shape, a) for a in xs]
+elif mode == "cai":
+    xs = [Cai(a) for a in xs]
 for _ in range(50):
+    outs = m(*xs)
+outs = outs if isinstance(outs, tuple) else (outs,)
+if mode == "torch":  # what a replayed call asks of the stand-in, timed alone: torch's own cost, not ours
+    dev, specs = torch.device("cuda:0"), [(o.shape, o.dtype) for o in outs]
+    def standin():
+        torch._C._cuda_getCurrentRawStream(0)
+        for x in xs:
+            x.dtype; x.get_device(); x.is_contiguous(); x.is_neg(); x.is_conj(); x.shape; x.data_ptr()
+        for shape, dt in specs:
+            torch.empty(shape, dtype=dt, device=dev).data_ptr()
+else:
+    def standin():
+        pass
+# Note [Rounds]-like: blocks of calls, the call and the stand-in alternating, each block's median; the
+# best block of each (this machine switches between a fast and a slow mode for seconds at a time)
+best_call, best_standin = [], []
+for _ in range(15):
+    for fn, best in ((lambda: m(*xs), best_call), (standin, best_standin)):
+        ts = []
+        for _ in range(max(n // 15, 20)):
+            t0 = time.thread_time_ns()
+            fn()
+            ts.append(time.thread_time_ns() - t0)
+        ts.sort()
+        best.append(ts[len(ts) // 2] / 1e3)
+calls = [0]
+def count(frame, event, arg):  # Python functions of bladepack (the stand-ins' own are not ours)
+    if event == "call" and "/bladepack/" in frame.f_code.co_filename:
+        calls[0] += 1
+sys.setprofile(count)
+for _ in range(20):
     m(*xs)
-n = int(sys.argv[3])
-times = []
-for _ in range(n):
-    t0 = time.perf_counter()
+sys.setprofile(None)
+os.environ["FAKE_CUDA_LOG"] = os.environ["BENCH_LOG"]
+for _ in range(10):
     m(*xs)
-    times.append(time.perf_counter() - t0)
-times.sort()
-print(times[len(times) // 2] * 1e6)
+log = open(os.environ["BENCH_LOG"]).read()
+print(min(best_call), min(best_standin), calls[0] / 20, log.count("stream_sync") / 10)
 """
 
 
-def host_cost(names: list[str], repeat: int) -> list[dict[str, Any]]:
+_MODES = {
+    "numpy": "numpy arrays",
+    "torch": "torch CUDA tensors (stand-in)",
+    "dlpack": "DLPack kDLCUDA producer",
+    "cai": "__cuda_array_interface__",
+}
+
+
+def host_cost(names: list[str], repeat: int, modes: list[str], graphs_off: bool) -> list[dict[str, Any]]:
     import os
     import sys
 
@@ -194,7 +295,12 @@ def host_cost(names: list[str], repeat: int) -> list[dict[str, Any]]:
     bpk_run = cpp_build.build("release") / "bpk-run"
     work = Path(tempfile.mkdtemp(prefix="bpk-host-"))
     gpu = FakeGpu(work)
-    env = {**os.environ, "LD_LIBRARY_PATH": str(work), "BLADEPACK_CUBLAS": str(work / "libcublas.so")}
+    env = {
+        **os.environ,
+        "LD_LIBRARY_PATH": str(work),
+        "BLADEPACK_CUBLAS": str(work / "libcublas.so"),
+        "FAKE_CUDA_NO_MATH": "1",
+    }
     for key in ("FAKE_CUDA_EMU", "FAKE_CUDA_LOG"):
         env.pop(key, None)
     models: list[tuple[str, Any, dict[str, int], tuple[np.ndarray, ...]]] = []
@@ -220,13 +326,31 @@ def host_cost(names: list[str], repeat: int) -> list[dict[str, Any]]:
         art.save(path)
         files, flags = _npy_inputs(work, path.stem, [t.name for t in art.plan.inputs], arrays)
         launches = sum(1 for lr in art._parts()[0]["native_cuda"]["launches"] if lr["op"] != "ref")
-        for graphs in (False, True):
-            py = subprocess.run(
-                [sys.executable, "-c", _HOST_SCRIPT, str(path), "1" if graphs else "0", str(repeat), *files],
-                capture_output=True,
-                text=True,
-                env={**env, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
-            )
+        for graphs in (True, False) if graphs_off else (True,):
+            for mode in modes:
+                log = work / f"{path.stem}-{mode}-{int(graphs)}.log"
+                py = subprocess.run(
+                    [sys.executable, "-c", _HOST_SCRIPT, str(path), mode, "1" if graphs else "0", str(repeat), *files],
+                    capture_output=True,
+                    text=True,
+                    env={**env, "BENCH_LOG": str(log), "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+                )
+                ok = py.returncode == 0
+                us, standin, calls, syncs = (float(v) for v in py.stdout.split()[-4:]) if ok else (None,) * 4
+                rows.append(
+                    {
+                        "model": label,
+                        "shape": dims,
+                        "launches in the plan": launches,
+                        "graphs": graphs,
+                        "loader": f"python, {_MODES[mode]}",
+                        "host us/call": round(us, 1) if us is not None else py.stderr.strip()[-300:],
+                        "stand-in us/call": round(standin, 1) if standin is not None else None,
+                        "bladepack + driver us/call": round(us - standin, 1) if us is not None else None,
+                        "bladepack python calls/call": calls,
+                        "stream syncs/call": syncs,
+                    }
+                )
             median, err = _bpk_run_median(bpk_run, path, flags, repeat, graphs, env)
             rows.append(
                 {
@@ -234,10 +358,12 @@ def host_cost(names: list[str], repeat: int) -> list[dict[str, Any]]:
                     "shape": dims,
                     "launches in the plan": launches,
                     "graphs": graphs,
-                    "python us/call": round(float(py.stdout.strip().splitlines()[-1]), 1)
-                    if py.returncode == 0
-                    else py.stderr[-200:],
-                    "c++ us/call": median if median is not None else err[-200:],
+                    "loader": "c++ bpk-run, host arrays (whole call)",
+                    "host us/call": median if median is not None else err[-200:],
+                    "stand-in us/call": None,
+                    "bladepack + driver us/call": median,
+                    "bladepack python calls/call": 0,
+                    "stream syncs/call": None,
                 }
             )
     del gpu
@@ -258,12 +384,14 @@ def main() -> None:
     ap.add_argument("--gpu", action="store_true", help="measure on a real GPU (else: count on the fake driver)")
     ap.add_argument("--host", action="store_true", help="no GPU: bladepack's own host time per call on the fake")
     ap.add_argument("--repeat", type=int, default=200)
+    ap.add_argument("--modes", default="numpy,torch,dlpack,cai", help="--host: the kinds of tensors passed")
+    ap.add_argument("--graphs-off", action="store_true", help="--host: also without CUDA graphs")
     ap.add_argument("--calls", type=int, default=3, help="fake driver: calls counted after warm-up")
     args = ap.parse_args()
     names = args.samples.split(",")
     RESULTS.mkdir(exist_ok=True)
     if args.host:
-        rows = host_cost(names, args.repeat)
+        rows = host_cost(names, args.repeat, args.modes.split(","), args.graphs_off)
         tag = "cuda_host_cost"
         head = (
             "# Host time per call on the fake driver (kernels not run, nothing logged): bladepack's own work\n\n"
@@ -277,7 +405,12 @@ def main() -> None:
     elif args.gpu:
         rows = gpu_times(names, args.repeat)
         tag = "cuda_graphs_" + re.sub(r"[^A-Za-z0-9]+", "_", torch.cuda.get_device_name()).strip("_")
-        head = f"# CUDA graphs on {torch.cuda.get_device_name()}: host time per call\n\n"
+        head = (
+            f"# CUDA graphs on {torch.cuda.get_device_name()}: wall time per call (µs)\n\n"
+            "Calls issued back to back, the device synchronized at the end, best of five rounds; each\n"
+            "sample at its smallest in-range shape. The floor is a torch.cuda.CUDAGraph of the eager model\n"
+            "replayed on static inputs.\n\n"
+        )
     else:
         rows = fake(names, args.calls)
         tag = "cuda_graphs"

@@ -153,6 +153,13 @@ def _reference_steps(m: dict[str, Any], plan: str) -> list[dict[str, Any]]:
     return out
 
 
+# Note [Staging or patching] in loader/cuda_graphs.py
+_STAGED = (
+    "staged: a call copies each input into the graph's buffer and each output out (a device copy each); "
+    "device tensors above 4 MiB per launch run plain launches in place"
+)
+
+
 def _cuda_graphs(m: dict[str, Any]) -> dict[str, str] | None:
     """Whether the loaders replay the CUDA plan as graphs (Note [CUDA graphs] in loader/cuda_graphs.py):
     "always", "some" (signatures that reach a branch read on the host run plain launches) or "never"
@@ -170,8 +177,13 @@ def _cuda_graphs(m: dict[str, Any]) -> dict[str, str] | None:
         return {
             "captured": "some",
             "reason": f"a signature that runs launch {reads[0]} (a run-time branch read on the host) uses plain launches",
+            "tensors": _STAGED,
         }
-    return {"captured": "always", "reason": "each signature replays as one graph from its second call on a stream"}
+    return {
+        "captured": "always",
+        "reason": "each signature replays as one graph from its second call on a stream",
+        "tensors": _STAGED,
+    }
 
 
 def _prod(shape: list[int]) -> int:
@@ -257,6 +269,8 @@ def inspect_text(s: dict[str, Any]) -> str:
         graphs = s.get("cuda_graphs")
         if graphs:
             lines.append(f"cuda graphs: {graphs['captured']} ({graphs['reason']})")
+            if "tensors" in graphs:
+                lines.append(f"cuda graph tensors: {graphs['tensors']}")
     lines.append(f"kernels: {len(s['kernels']) or 'none'}")
     for k in s["kernels"]:
         target = f"{k['target']}{'/' + k['arch'] if k['arch'] else ''}"

@@ -135,6 +135,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("BLADEPACK_SHAPE_CACHE", _L, "shape_cache", _positive(4096), "4096", "input-shape signatures a loaded module keeps prepared (as the C++ runtime)"),
     Knob("BLADEPACK_CUDA_GRAPHS", _L, "cuda_graphs", _positive(64), "64", "CUDA graphs kept per stream (Note [CUDA graphs])"),
     Knob("BLADEPACK_HOPPER_GEMMS", _L, "hopper_gemms", _flag, "0", "1: dispatch an artifact's sm_90a CUTLASS kernels on compute capability 9.0 (off until their epilogues and speed are measured; Note [Hopper GEMMs])"),
+    Knob("BLADEPACK_CUDA_STRICT_ERRORS", _L, "cuda_strict_errors", _flag, "0", "1: a CUDA call whose kernels check indices waits for them and raises its own error (else an index error is raised at the stream's next call, synchronize() or close(): Note [Device errors])"),
     Knob("BLADEPACK_TRITONSERVER", _S, "tritonserver", _text, "tritonserver on PATH, then the nvidia-pytriton wheel's", "the tritonserver binary `bladepack serve` starts"),
     Knob("BLADEPACK_TRITON_BACKEND", _S, "cpp_backend", _text, "unset", "libtriton_bladepack.so, the C++ backend `serve --backend cpp` links into Triton"),
 )  # fmt: skip
@@ -204,6 +205,7 @@ class LoaderOptions:
     shape_cache: int = 4096
     cuda_graphs: int = 64
     hopper_gemms: bool = False
+    cuda_strict_errors: bool = False
 
     def __post_init__(self) -> None:
         _paths(self, "cache_dir")

@@ -248,6 +248,55 @@ def test_c_api_large_device_tensors_skip_graphs(gpu: FakeGpu, tmp_path: Path) ->
         assert sum(ln.startswith("launch k") for ln in lines) == (1 if graphs else 4), rows
 
 
+@pytest.mark.parametrize("strict", [False, True])
+def test_c_api_device_errors(gpu: FakeGpu, tmp_path: Path, strict: bool) -> None:
+    """Note [Device errors] in the C++ runtime (test_api's errors mode): on the caller's stream with
+    device results a bad index is raised by the next call (which runs nothing) or by
+    bpk_model_synchronize, and one nothing raised is printed when the model is freed; no call waits for
+    its kernels; with BLADEPACK_CUDA_STRICT_ERRORS=1 the bad call raises its own."""
+    from tests.test_cuda_host_path import _Gather
+
+    b, n = torch.export.Dim("b", min=1, max=64), torch.export.Dim("n", min=4, max=4096)
+    art = bladepack.optimize(
+        _Gather(), [(torch.randn(3, 40), torch.tensor([0, 5, 3]))], ({0: b, 1: n}, None), targets=TARGETS
+    )
+    path = tmp_path / "gather.bpk"
+    art.save(path)
+    log = tmp_path / "cuda.log"
+    env = {**_fake_env(gpu, art, log), **({"BLADEPACK_CUDA_STRICT_ERRORS": "1"} if strict else {})}
+    r = subprocess.run(
+        [str(build("release") / "test_api"), str(path), "cuda", "errors", *(["strict"] if strict else [])],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert ("a CUDA call reported an error that nothing raised" in r.stderr) == (not strict), r.stderr
+    lines = log.read_text().splitlines()
+    if not strict:  # calls on the caller's stream never wait, but to report an error
+        events = [ln.split()[0] for ln in lines if ln.startswith(("stream_sync", "graph_launch ", "launch ", "mem_"))]
+        events = events[events.index("launch") + 1 :]  # after the first call (it allocates the buffers)
+        # Note [Output pool]: no device memory is allocated or freed by a later call, only by the free
+        assert "mem_alloc" not in events, events
+        frees = [k for k, e in enumerate(events) if e == "mem_free"]
+        assert frees and min(frees) > max(k for k, e in enumerate(events) if e == "graph_launch"), events
+        events = [e for e in events if e != "mem_free"]
+        # good x3 and bad enqueue without a wait; the next call waits to report (twice: the words read,
+        # then cleared) and runs nothing; good, bad; synchronize (waits, reads, clears); bad; the free
+        assert events == ["graph_launch", "graph_launch", "graph_launch", "stream_sync", "stream_sync"] + [
+            "graph_launch",
+            "graph_launch",
+            "stream_sync",
+            "stream_sync",
+            "stream_sync",
+            "graph_launch",
+            "stream_sync",
+            "stream_sync",
+            "stream_sync",
+        ], events
+
+
 @pytest.mark.slow
 def test_cuda_path_under_sanitizers(gpu: FakeGpu, tmp_path: Path) -> None:
     """ASan + UBSan: bpk-run --device cuda on the LLaMA step (GEMMs, cooperative row kernels) and the

@@ -28,11 +28,24 @@ tensors in place, never captured (`stage_pays`). About 4 µs of launch cost save
 ~3 TB/s of copy bandwidth for two passes gives ~6 MB; 4 MiB leaves a margin. Host arrays are copied
 in and out either way, so they never count.
 
+Note [Staging or patching]: a caller's tensors reach a graph by staging (a device copy each way per
+tensor, one driver call each), never by patching the graph's kernel parameters per call. Patching —
+cuGraphExecKernelNodeSetParams per node that reads or writes a caller tensor — is impossible for
+cuBLAS and CUTLASS nodes (their parameter layouts are theirs), and for a plan of generated kernels it
+costs one driver call per node touching a caller tensor: at least as many calls as staging (each
+input and output feeds at least one node, usually more: the first layer's and the residual's), a
+node lookup and a parameter buffer each, so it saves no host time; what it saves is the copies'
+device bandwidth, which the rule above already buys back where it matters (above 4 MiB per launch the
+tensors are used in place with plain launches). So every plan stages; `bladepack inspect` says so
+(`cuda_graphs.tensors`). Measured: the H200's staging cost (Note [Graph staging cost]); not measured:
+patching on a GPU, which would only change this rule for plans of generated kernels alone.
+
 Note [Graph replay]: a call on host arrays (numpy, the default stream) whose signature has a graph
-takes a short path (`CudaExecutor._replay`): its shapes were checked, prepared and staged by the full
-path when the graph was made, so the call only copies its inputs in, launches the graph and copies the
-outputs out — about a dozen driver calls and no per-call Python bookkeeping. Anything else (another
-type, dtype or layout, caller output buffers, an index error to report) takes the full path.
+takes a short path (`CudaExecutor._replay_host`): its shapes were checked, prepared and staged by the
+full path when the graph was made, so the call only copies its inputs in, launches the graph and copies
+the outputs out — about a dozen driver calls and no per-call Python bookkeeping. Anything else
+(another dtype or layout, caller output buffers) takes the full path. Device tensors of every kind
+take the same kind of path (Note [Framework replay] in cuda_module.py).
 """
 
 from __future__ import annotations
@@ -57,14 +70,13 @@ def stage_pays(device_bytes: int, launches: int) -> bool:
 
 @dataclass(frozen=True)
 class Replay:
-    """Note [Graph replay]: what a later call with host arrays of the same shapes does, precomputed:
+    """Note [Framework replay] (cuda_module.py): what a later call of the same shapes does, precomputed:
     copy each input to its staging address, launch the graph, make the device copies of outputs that
-    are inputs / weights / repeats, copy each output back (address, shape, numpy dtype, bytes)."""
+    are inputs / weights / repeats, copy each output out (address, shape, numpy dtype, bytes)."""
 
     inputs: tuple[tuple[int, int], ...]  # staging address, bytes
     copies: tuple[tuple[int, int, int], ...]  # source, destination, bytes
     outputs: tuple[tuple[int, tuple[int, ...], Any, int], ...]
-    status: int  # the status words' address when the plan's kernels check indices, else 0
 
 
 @dataclass
@@ -81,6 +93,7 @@ class GraphContext:
     """A caller stream's staging buffer and graphs (key: the input-shape signature)."""
 
     stream: int
+    handle: Any = None  # the driver's CUstream for `stream`, made once
     buffer: DeviceBuffer | None = None
     graphs: OrderedDict[Any, GraphEntry] = field(default_factory=OrderedDict)
 
@@ -100,7 +113,7 @@ class CudaGraphs:
         with self._lock:
             ctx = self._contexts.get(stream)
             if ctx is None:
-                ctx = self._contexts[stream] = GraphContext(stream)
+                ctx = self._contexts[stream] = GraphContext(stream, self._drv.CUstream(stream))
             return ctx
 
     def peek(self, stream: int) -> GraphContext | None:

@@ -2,19 +2,45 @@
 
 In: a `Manifest`, the artifact, the reference executor (for the steps the plan leaves to numpy) and
 a device ordinal. Out: `CudaExecutor` (the `Executor` contract of executor.py). Inputs:
-- device tensors (torch, CuPy, JAX: anything with `__dlpack__` on a CUDA device) are read in place
-  through DLPack (non-contiguous torch tensors are made contiguous first); with torch tensors the work
-  runs on torch's current stream of that device, and the outputs are torch tensors made by torch's
-  caching allocator (torch is already imported by the caller; this module never imports it);
-- other device tensors give `DeviceTensor` outputs (DLPack exporters owning driver memory);
+- torch CUDA tensors are read in place (non-contiguous ones are made contiguous first); the work runs
+  on torch's current stream of that device, and the outputs are torch tensors made by torch's caching
+  allocator (torch is already imported by the caller; this module never imports it);
+- `__cuda_array_interface__` objects (CuPy, Numba) are read in place and the work runs on their
+  stream; other device tensors (JAX, anything with `__dlpack__` on a CUDA device) are read through
+  DLPack on the legacy default stream; both give `DeviceTensor` outputs (pooled device memory,
+  exported through DLPack and the CUDA array interface);
 - host arrays (numpy, CPU tensors) are copied to the device and the outputs come back as numpy arrays
   (the call waits for the device).
+At a repeated signature with CUDA graphs, each kind takes a replay path (Note [Framework replay]).
+
+Note [Framework replay]: once a signature's graph exists on a stream, everything a later call does
+is fixed except the caller's addresses: the staging address and byte count of each input, the graph,
+the copies of outputs that alias inputs or weights, and each output's address, shape and dtype are
+recorded with the graph (`Replay`). A call then reads its inputs' addresses (torch's data_ptr, a CAI
+dict, a DLPack capsule, or a numpy array's buffer), takes the stream's lock, copies the inputs in,
+launches the graph, makes its outputs (torch.empty, pooled device memory, or numpy arrays) and copies
+them out: no shape checks (the key matched a checked signature), no numpy in the device paths, no
+per-call allocation besides the outputs, no synchronization unless the caller wants host arrays.
+Anything unusual (another dtype, device or layout, caller output buffers, a first or uncaptured
+signature) takes the full path, which checks and explains.
+
+Note [Device errors]: kernels that read indices from data report the first bad one in their stream's
+status words (an atomic compare-and-swap, never reset by a call). Every call ends with a copy of those
+words into page-locked host memory (a node of the graph), so the host reads them without a driver call
+or a wait: a call that waits anyway (host results) raises its own error at its end; a call that does
+not (device results) leaves it to be raised at the next call on that stream (before it runs anything),
+by `synchronize()` and `close()`, or printed at interpreter exit if nobody asked: the error names the
+kernel, the op and its source line, and that the results of the calls on that stream since the last
+check may be wrong. `LoaderOptions.cuda_strict_errors` (BLADEPACK_CUDA_STRICT_ERRORS=1) makes every
+call reset the words, wait for its kernels and raise its own error, as before.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,10 +50,20 @@ import numpy as np
 from bladepack.artifact.format import BpkFile
 from bladepack.artifact.writer import weight_section_name
 from bladepack.dtypes import DType
-from bladepack.errors import ExecutionError, InputError
+from bladepack.errors import ExecutionError, IndexRangeError, InputError
 from bladepack.loader.cuda_driver import CudaUnavailable, DeviceBuffer
 from bladepack.loader.cuda_graphs import DEFAULT_GRAPHS, CudaGraphs, Replay, stage_pays
-from bladepack.loader.dlpack import KDL_CUDA, KDL_CUDA_MANAGED, Exported, Imported, import_tensor
+from bladepack.loader.device_inputs import (
+    CaiView,
+    DeviceTensor,
+    OutputPool,
+    TorchKind,
+    cai_stream,
+    cai_view,
+    read_cai,
+    typestr,
+)
+from bladepack.loader.dlpack import KDL_CUDA, KDL_CUDA_MANAGED, Imported, import_tensor
 from bladepack.loader.executor import ShapeCache
 from bladepack.loader.manifest import Key, Manifest, index_error
 from bladepack.loader.native_cuda import KERNEL_SHIFT, CudaPrepared, NativeCuda
@@ -74,12 +110,8 @@ class _Meta:
         return len(self.shape)
 
 
-class DeviceTensor(Exported):
-    """A result in device memory owned by bladepack; take it with `torch.from_dlpack`, `cupy.from_dlpack`."""
-
-
 def _nbytes(shape: Sequence[int], dtype: str) -> int:
-    return int(np.prod(shape, dtype=np.int64)) * DType(dtype).itemsize
+    return math.prod(shape) * DType(dtype).itemsize
 
 
 def _round(n: int) -> int:
@@ -104,7 +136,7 @@ class CudaExecutor:
         graphs: int = DEFAULT_GRAPHS,
     ) -> None:
         """`graphs`: CUDA graphs kept per caller stream (Note [CUDA graphs] in loader/cuda_graphs.py);
-        0 turns them off; `options`: where the libraries are found and kept."""
+        0 turns them off; `options`: where the libraries are found and kept, strict error checks."""
         native = m.native["cuda"]
         if native is None:
             raise CudaUnavailable(
@@ -128,11 +160,21 @@ class CudaExecutor:
         self.graphs = CudaGraphs(self.exe.device, graphs) if graphs > 0 else None
         self._stream_locks: dict[int, threading.Lock] = {}
         self._locks_lock = threading.Lock()
+        self._in_dtypes = [t.dtype for t in m.signature.inputs]
+        self._out_dtypes = [m.values[o]["dtype"] for o in m.outputs]
         # Note [Graph replay]: the dtypes a host array must have (None: no short path, bfloat16 inputs)
-        in_types = [DType(t.dtype) for t in m.signature.inputs]
+        in_types = [DType(d) for d in self._in_dtypes]
         self._replay_dtypes = (
             None if any(d.value == "bfloat16" for d in in_types) else tuple(np.dtype(d.to_numpy()) for d in in_types)
         )
+        self._typestrs = tuple(typestr(d) for d in self._in_dtypes)
+        self._torch: TorchKind | None = None  # the caller's torch, once a call passed torch tensors
+        self._pool = OutputPool(self.exe.device)
+        self._ok = self.exe._drv.CUresult.CUDA_SUCCESS
+        # Note [Device errors]: each stream's host copy of its status words, and the exit-time report
+        self._errors: dict[int, np.ndarray] = {}
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _unreported, self.exe, self._errors, kernels)
 
     @property
     def description(self) -> str:
@@ -147,16 +189,32 @@ class CudaExecutor:
         return Prepared(ref, self.exe.prepare(ref.registers))
 
     # -- inputs
-    def _take(self, inputs: Sequence[Any], stream: int) -> tuple[list[Any], list[Imported], list[np.ndarray | None]]:
-        """(metas, imported device tensors to release, host arrays or None per input)."""
+    def _take(
+        self, inputs: Sequence[Any], stream: int
+    ) -> tuple[list[Any], list[tuple[int, int] | None], list[Imported], list[np.ndarray | None]]:
+        """(metas, per input its device (address, bytes) or None, imported tensors to release, per
+        input its host array or None)."""
         names = [t.name for t in self.m.signature.inputs]
         if len(inputs) != len(names):
             raise InputError(f"expected {len(names)} inputs ({', '.join(names)}), got {len(inputs)}")
         metas: list[Any] = []
+        devs: list[tuple[int, int] | None] = []
         held: list[Imported] = []
         hosts: list[np.ndarray | None] = []
         for x, name in zip(inputs, names):
             x = resolve_views(x, name)
+            cai = None if is_torch_tensor(x) else getattr(x, "__cuda_array_interface__", None)
+            if cai is not None:
+                try:
+                    view: CaiView | Any = cai_view(cai, name)
+                except (ValueError, KeyError, TypeError) as e:
+                    raise InputError(
+                        f"input '{name}' could not be read through __cuda_array_interface__: {e}"
+                    ) from None
+                metas.append(_Meta(view.shape, _Dtype(view.dtype)))
+                devs.append((view.ptr, _nbytes(view.shape, view.dtype)))
+                hosts.append(None)
+                continue
             try:
                 dev = x.__dlpack_device__() if hasattr(x, "__dlpack_device__") else None
             except (ValueError, TypeError, RuntimeError, BufferError) as e:
@@ -175,6 +233,7 @@ class CudaExecutor:
                     imp = import_tensor(x, stream or 1)
                 held.append(imp)
                 metas.append(_Meta(imp.view.shape, _Dtype(imp.view.dtype)))
+                devs.append((imp.view.ptr, _nbytes(imp.view.shape, imp.view.dtype)))
                 hosts.append(None)
             else:
                 a = to_numpy(x, name)
@@ -184,32 +243,49 @@ class CudaExecutor:
                     else np.ascontiguousarray(a, a.dtype.newbyteorder("="))
                 )
                 metas.append(a)
+                devs.append(None)
                 hosts.append(a)
         check_inputs(self.m.signature, metas)
-        return metas, held, hosts
+        return metas, devs, held, hosts
+
+    def _stream_of(self, inputs: Sequence[Any]) -> tuple[int, Any]:
+        """(the stream a call runs on, the caller's torch module or None): torch's current stream when
+        an input is a torch tensor, else the first CAI input's stream, else the legacy default stream."""
+        if any(is_torch_tensor(x) for x in inputs):
+            torch = sys.modules.get("torch")
+            if self._torch is None and torch is not None:
+                self._torch = TorchKind(torch, self._in_dtypes, self._out_dtypes, self.ordinal)
+            return (self._torch.stream(self.ordinal) if self._torch is not None else 0), torch
+        for x in inputs:
+            cai = getattr(x, "__cuda_array_interface__", None)
+            if isinstance(cai, dict):
+                return cai_stream(cai.get("stream")), None
+        return 0, None
 
     # -- a call
     def _stream_lock(self, stream: int) -> threading.Lock:
         """Calls on one stream enqueue their work one at a time: the stream's arena and graph buffer
         are reused by the next call, which is safe only in stream order."""
-        with self._locks_lock:
-            lock = self._stream_locks.get(stream)
-            if lock is None:
-                lock = self._stream_locks[stream] = threading.Lock()
-            return lock
+        lock = self._stream_locks.get(stream)
+        if lock is None:
+            with self._locks_lock:
+                lock = self._stream_locks.setdefault(stream, threading.Lock())
+        return lock
 
     def run(self, inputs: Sequence[Any], outputs: Sequence[Any] | None) -> list[Any]:
-        if outputs is None and self.graphs is not None and self._replay_dtypes is not None:
-            fast = self._replay(inputs)
+        if self._closed:
+            raise ExecutionError("this module was closed; load the artifact again to run it")
+        if outputs is None and self.graphs is not None and len(inputs) == self.n_in and self.n_in:
+            fast = self._fast(inputs)
             if fast is not None:
                 return fast
-        torch = sys.modules.get("torch") if any(is_torch_tensor(x) for x in inputs) else None
-        stream = int(torch.cuda.current_stream(self.ordinal).cuda_stream) if torch is not None else 0
+        stream, torch = self._stream_of(inputs)
         self.exe.device.activate()
-        metas, held, hosts = self._take(inputs, stream)
+        metas, devs, held, hosts = self._take(inputs, stream)
         try:
             with self._stream_lock(stream):
-                return self._run(metas, held, hosts, outputs, torch, stream)
+                self._raise_reported(stream, "when this call began (it did not run)")
+                return self._run(metas, devs, hosts, outputs, torch, stream)
         finally:
             for imp in held:
                 imp.close()
@@ -217,7 +293,7 @@ class CudaExecutor:
     def _run(
         self,
         metas: list[Any],
-        held: list[Imported],
+        devs: list[tuple[int, int] | None],
         hosts: list[np.ndarray | None],
         outputs: Sequence[Any] | None,
         torch: Any,
@@ -228,41 +304,38 @@ class CudaExecutor:
         prep = self.prepare(key)
         cp = prep.cuda
         out_specs = [(shape, m.values[o]["dtype"]) for (shape, _), o in zip(prep.ref.outputs, m.outputs)]
-        on_host = all(h is not None for h in hosts) and torch is None and not held
+        device_out = torch is not None or any(d is not None for d in devs)  # the results stay on the device
         if self.graphs is not None and not cp.no_graph:
-            device_bytes = sum(_nbytes(imp.view.shape, imp.view.dtype) for imp in held)
-            if torch is not None or held:  # the results are device tensors too
+            device_bytes = sum(d[1] for d in devs if d is not None)
+            if device_out:
                 device_bytes += sum(_nbytes(s, d) for s, d in out_specs)
             if stage_pays(device_bytes, len(cp.launches)):  # Note [Graph staging cost]
-                return self._run_graph(key, prep, out_specs, held, hosts, outputs, torch, stream)
-        # staging for host inputs and (host or non-torch) outputs, one buffer per call
+                return self._run_graph(key, prep, out_specs, devs, hosts, outputs, torch, stream)
+        # staging for host inputs and host outputs, one buffer per call
         staging_bytes = sum(_round(h.nbytes) for h in hosts if h is not None)
-        if torch is None:
+        if not device_out:
             staging_bytes += sum(_round(_nbytes(s, d)) for s, d in out_specs)
         staging: DeviceBuffer | None = self.exe.alloc(staging_bytes) if staging_bytes else None
         cursor = staging.ptr if staging is not None else 0
         slots = np.zeros(self.n_slots + 1, dtype=np.uint64)
         slots[self.n_slots] = self.exe.status(stream)
         slots[0] = self.exe.arena(cp.arena_bytes, stream)
-        dev_iter = iter(held)
         for k, h in enumerate(hosts):
             if h is None:
-                slots[1 + k] = next(dev_iter).view.ptr
+                slots[1 + k] = devs[k][0]  # type: ignore[index]
             else:
                 slots[1 + k] = cursor
                 self.exe.to_device(h, cursor, stream)
                 cursor += _round(h.nbytes)
         results: list[Any] = []
-        for k, (shape, dt) in enumerate(out_specs):
-            if torch is not None:
-                t = torch.empty(shape, dtype=getattr(torch, dt), device=f"cuda:{self.ordinal}")
-                results.append(t)
-                ptr = int(t.data_ptr())
-            else:
-                ptr = cursor
+        if device_out:
+            results, ptrs = self._new_outputs(out_specs, torch, stream)
+        else:
+            ptrs = []
+            for shape, dt in out_specs:
+                ptrs.append(cursor)
                 cursor += _round(_nbytes(shape, dt))
-                results.append(None)
-            slots[1 + self.n_in + k] = ptr
+        slots[1 + self.n_in : 1 + self.n_in + len(out_specs)] = ptrs
         slots[1 + self.n_in + len(out_specs) : self.n_slots] = self.exe.weight_ptrs
         self.exe.run(cp, slots, stream, lambda node: self._reference(node, prep, slots, stream, key))
         # outputs that are inputs, weights or repeated outputs: device-to-device copies, never aliases
@@ -270,24 +343,39 @@ class CudaExecutor:
             if self.out_slot[k] != 1 + self.n_in + k:
                 dst = int(slots[1 + self.n_in + k])
                 self.exe.copy(self._locate(o, cp, slots), dst, _nbytes(*out_specs[k]), stream)
-        self._check_status(stream)
-        if torch is not None:
-            return results if outputs is None else self._copy_out(results, outputs)
-        if on_host:
+        if not device_out:
             return self._to_host(slots, out_specs, outputs, stream)
-        # device inputs of another framework: results stay on the device, owned by the staging buffer
-        self.exe.synchronize(stream)
-        return [
-            DeviceTensor(int(slots[1 + self.n_in + k]), (KDL_CUDA, self.ordinal), dt, tuple(shape), staging)
-            for k, (shape, dt) in enumerate(out_specs)
-        ]
+        if self.exe.strict:
+            self._raise_reported(stream, "")
+        return results if outputs is None else self._copy_out(results, outputs)
+
+    def _new_outputs(
+        self, out_specs: Sequence[tuple[tuple[int, ...], str]], torch: Any, stream: int
+    ) -> tuple[list[Any], list[int]]:
+        """Device results (torch tensors from torch's allocator, else DeviceTensors in one pooled
+        block) and their addresses."""
+        if torch is not None:
+            tk = self._torch
+            assert tk is not None
+            results = [tk.empty(s, dtype=t, device=tk.device) for (s, _), t in zip(out_specs, tk.outputs)]
+            return results, [int(t.data_ptr()) for t in results]
+        sizes = [_round(_nbytes(s, d)) for s, d in out_specs]
+        owner = self._pool.take(max(sum(sizes), _ALIGN))
+        results, ptrs, cursor = [], [], owner.ptr
+        for (shape, dt), n in zip(out_specs, sizes):
+            results.append(
+                DeviceTensor(cursor, (KDL_CUDA, self.ordinal), dt, tuple(shape), owner, stream, self.exe.device)
+            )
+            ptrs.append(cursor)
+            cursor += n
+        return results, ptrs
 
     def _run_graph(
         self,
         key: Key,
         prep: Prepared,
         out_specs: list[tuple[tuple[int, ...], str]],
-        held: list[Imported],
+        devs: list[tuple[int, int] | None],
         hosts: list[np.ndarray | None],
         outputs: Sequence[Any] | None,
         torch: Any,
@@ -297,14 +385,7 @@ class CudaExecutor:
         assert self.graphs is not None
         m, cp, exe = self.m, prep.cuda, self.exe
         ctx = self.graphs.context(stream)
-        in_bytes = [h.nbytes if h is not None else 0 for h in hosts]
-        dev_iter = iter(held)
-        dev_src: list[int] = []
-        for k, h in enumerate(hosts):
-            if h is None:
-                imp = next(dev_iter)
-                in_bytes[k] = _nbytes(imp.view.shape, imp.view.dtype)
-                dev_src.append(imp.view.ptr)
+        in_bytes = [h.nbytes if h is not None else d[1] for h, d in zip(hosts, devs)]  # type: ignore[index]
         at, cursor = [], _round(cp.arena_bytes)
         for n in [*in_bytes, *(_nbytes(s, d) for s, d in out_specs)]:
             at.append(cursor)
@@ -315,12 +396,11 @@ class CudaExecutor:
         slots[1 : 1 + len(at)] = [base + a for a in at]
         slots[1 + len(at) : self.n_slots] = exe.weight_ptrs
         slots[self.n_slots] = exe.status(stream)
-        src_iter = iter(dev_src)
         for k, h in enumerate(hosts):  # the caller's tensors into the graph's buffer
             if h is not None:
                 exe.to_device(h, int(slots[1 + k]), stream)
             else:
-                exe.copy(next(src_iter), int(slots[1 + k]), in_bytes[k], stream)
+                exe.copy(devs[k][0], int(slots[1 + k]), in_bytes[k], stream)  # type: ignore[index]
 
         def refuse(node: int) -> None:
             raise AssertionError(f"step %{node} in a captured plan")  # graph_obstacle keeps these out
@@ -341,8 +421,7 @@ class CudaExecutor:
         )
         for src, dst, n in copies:
             exe.copy(src, dst, n, stream)
-        self._check_status(stream)
-        if entry.exec is not None and entry.replay is None and torch is None and not held and stream == 0:
+        if entry.exec is not None and entry.replay is None:  # Note [Framework replay]
             entry.replay = Replay(
                 tuple((int(slots[1 + k]), in_bytes[k]) for k in range(len(hosts))),
                 copies,
@@ -350,16 +429,107 @@ class CudaExecutor:
                     (int(slots[1 + self.n_in + k]), tuple(shape), DType(dt).storage_numpy(), _nbytes(shape, dt))
                     for k, (shape, dt) in enumerate(out_specs)
                 ),
-                int(slots[self.n_slots]) if exe.checks_errors else 0,
             )
             self.graphs.note_memory(ctx, entry)
-        return self._results(slots, out_specs, outputs, torch, stream, held)
+        device_out = torch is not None or any(d is not None for d in devs)
+        out_at = [int(slots[1 + self.n_in + k]) for k in range(len(out_specs))]
+        if not device_out:
+            return self._to_host(slots, out_specs, outputs, stream)
+        results, ptrs = self._new_outputs(out_specs, torch, stream)
+        for (shape, dt), s, d in zip(out_specs, out_at, ptrs):
+            exe.copy(s, d, _nbytes(shape, dt), stream)
+        if exe.strict:
+            self._raise_reported(stream, "")
+        return results if outputs is None else self._copy_out(results, outputs)
 
-    def _replay(self, inputs: Sequence[Any]) -> list[np.ndarray] | None:
-        """Note [Graph replay]: None when this call must take the full path."""
+    # -- the replay paths (Note [Framework replay])
+    def _fast(self, inputs: Sequence[Any]) -> list[Any] | None:
+        """A call's results through its signature's graph, or None when it must take the full path."""
+        x = inputs[0]
+        kind = type(x)
+        if kind is np.ndarray:
+            return self._replay_host(inputs) if self._replay_dtypes is not None else None
+        tk = self._torch
+        if tk is not None and kind is tk.tensor:
+            got = tk.read(inputs)
+            return None if got is None else self._replay_device(tk.stream(self.ordinal), got[0], got[1], tk)
+        if is_torch_tensor(x):
+            return None  # the full path learns the caller's torch
+        if hasattr(x, "__cuda_array_interface__"):
+            cai = read_cai(inputs, self._typestrs)
+            return None if cai is None else self._replay_device(cai[2], cai[0], cai[1], None)
+        if hasattr(x, "__dlpack__"):
+            return self._replay_dlpack(inputs)
+        return None
+
+    def _replay_dlpack(self, inputs: Sequence[Any]) -> list[Any] | None:
+        """DLPack producers: one capsule per input, handed back after the work is enqueued."""
+        held: list[Imported] = []
+        try:
+            for x, dt in zip(inputs, self._in_dtypes):
+                try:
+                    dev = x.__dlpack_device__()
+                    if int(dev[0]) not in (KDL_CUDA, KDL_CUDA_MANAGED) or int(dev[1]) != self.ordinal:
+                        return None
+                    imp = import_tensor(x, 1)
+                except (ValueError, TypeError, RuntimeError, BufferError, AttributeError):
+                    return None
+                held.append(imp)
+                if imp.view.dtype != dt or not imp.view.contiguous:
+                    return None
+            key = tuple(imp.view.shape for imp in held)
+            return self._replay_device(0, key, [imp.view.ptr for imp in held], None)
+        finally:
+            for imp in held:
+                imp.close()
+
+    def _replay_device(self, stream: int, key: Key, ptrs: Sequence[int], tk: TorchKind | None) -> list[Any] | None:
+        """Device inputs at `ptrs`: copied into the graph's buffer, the graph, the outputs copied out into
+        torch tensors (`tk`) or pooled DeviceTensors, all enqueued on `stream`; None: the full path."""
+        graphs = self.graphs
+        assert graphs is not None
+        ctx = graphs.peek(stream)
+        entry = ctx.graphs.get(key) if ctx is not None else None
+        if entry is None or entry.replay is None or graphs.memory_changed(ctx, entry):  # type: ignore[arg-type]
+            return None
+        r = entry.replay
+        drv, s = self.exe._drv, ctx.handle  # type: ignore[union-attr]
+        copy = drv.cuMemcpyDtoDAsync
+        lock = self._stream_locks.get(stream) or self._stream_lock(stream)
+        with lock:
+            words = self._errors.get(stream)
+            if words is not None and words[0]:
+                self._raise_reported(stream, "when this call began (it did not run)")
+            ctx.graphs.move_to_end(key)  # type: ignore[union-attr]
+            failed = False  # CUresult is an int enum: non-zero is an error
+            for p, (addr, n) in zip(ptrs, r.inputs):
+                failed = bool(copy(addr, p, n, s)[0]) or failed
+            failed = bool(drv.cuGraphLaunch(entry.exec, s)[0]) or failed
+            for src, dst, n in r.copies:
+                failed = bool(copy(dst, src, n, s)[0]) or failed
+            outs: list[Any] = []
+            if tk is not None:
+                empty, device = tk.empty, tk.device
+                for (addr, shape, _, n), dt in zip(r.outputs, tk.outputs):
+                    o = empty(shape, dtype=dt, device=device)
+                    failed = bool(copy(o.data_ptr(), addr, n, s)[0]) or failed
+                    outs.append(o)
+            else:
+                specs = [(shape, dt) for (_, shape, _, _), dt in zip(r.outputs, self._out_dtypes)]
+                outs, dsts = self._new_outputs(specs, None, stream)
+                for d, (addr, _, _, n) in zip(dsts, r.outputs):
+                    failed = bool(copy(d, addr, n, s)[0]) or failed
+            if failed:
+                return None  # the full path runs the call again and raises the detailed error
+            if self.exe.strict and self.exe.checks_errors:
+                self._raise_reported(stream, "")
+        return outs
+
+    def _replay_host(self, inputs: Sequence[Any]) -> list[np.ndarray] | None:
+        """Note [Graph replay]: host arrays on the legacy default stream."""
         assert self.graphs is not None and self._replay_dtypes is not None
         ctx = self.graphs.peek(0)
-        if ctx is None or len(inputs) != len(self._replay_dtypes):
+        if ctx is None:
             return None
         shapes = []
         for x, dt in zip(inputs, self._replay_dtypes):
@@ -371,10 +541,12 @@ class CudaExecutor:
             entry = ctx.graphs.get(key)
             if entry is None or entry.replay is None or self.graphs.memory_changed(ctx, entry):
                 return None
+            words = self._errors.get(0)
+            if words is not None and words[0]:
+                self._raise_reported(0, "when this call began (it did not run)")
             ctx.graphs.move_to_end(key)
             r = entry.replay
-            exe = self.exe
-            drv, stream, ok = exe._drv, exe.null_stream, exe._drv.CUresult.CUDA_SUCCESS
+            drv, stream, ok = self.exe._drv, ctx.handle, self._ok
             errs = [drv.cuMemcpyHtoDAsync(addr, x.ctypes.data, n, stream)[0] for x, (addr, n) in zip(inputs, r.inputs)]
             errs.append(drv.cuGraphLaunch(entry.exec, stream)[0])
             errs += [drv.cuMemcpyDtoDAsync(dst, src, n, stream)[0] for src, dst, n in r.copies]
@@ -383,53 +555,66 @@ class CudaExecutor:
                 a = np.empty(shape, dtype=dt)
                 errs.append(drv.cuMemcpyDtoHAsync(a.ctypes.data, addr, n, stream)[0])
                 outs.append(a)
-            status = np.zeros(1, dtype=np.int64)
-            if r.status:
-                errs.append(drv.cuMemcpyDtoHAsync(status.ctypes.data, r.status, 8, stream)[0])
             errs.append(drv.cuStreamSynchronize(stream)[0])
-            if any(e != ok for e in errs) or status[0]:
+            if any(e != ok for e in errs):
                 return None  # the full path runs the call again and raises the detailed error
+            self._raise_reported(0, "")
             return outs
 
-    def _check_status(self, stream: int) -> None:
-        if self.exe.checks_errors:
-            code, value, size = self.exe.read_status(stream)
-            if code:
-                k = code >> KERNEL_SHIFT
-                row = self.kernels[k] if 0 <= k < len(self.kernels) else {"name": "?", "errors": []}
-                raise index_error(row, code & ((1 << KERNEL_SHIFT) - 1), value, size)
+    # -- errors (Note [Device errors])
+    def _raise_reported(self, stream: int, found: str) -> None:
+        """Raise the index error `stream`'s kernels reported, if any. `found` "": the call that just
+        waited for the stream (its own error); else where an earlier call's error was found."""
+        exe = self.exe
+        if not exe.checks_errors:
+            return
+        if exe.strict:
+            if found:
+                return  # every call raised its own
+            code, value, size = exe.read_status(stream)
+        else:
+            words = self._errors.get(stream)
+            if words is None:
+                words = self._errors[stream] = exe.mirror(exe.status(stream))[1]
+            if not words[0]:
+                return
+            exe.device.synchronize(stream)  # the words final
+            code, value, size = int(words[0]), int(words[1]), int(words[2])
+        if not code:
+            return
+        exe.clear_status(stream)
+        k = code >> KERNEL_SHIFT
+        row = self.kernels[k] if 0 <= k < len(self.kernels) else {"name": "?", "errors": []}
+        err = index_error(row, code & ((1 << KERNEL_SHIFT) - 1), value, size)
+        if found:
+            err = IndexRangeError(
+                f"{err}; reported by an earlier call on this stream and found {found}: the results of the "
+                "calls on this stream since its last check may be wrong (LoaderOptions.cuda_strict_errors "
+                "makes each call check its own)"
+            )
+        raise err
 
-    def _results(
-        self,
-        slots: np.ndarray,
-        out_specs: list[tuple[tuple[int, ...], str]],
-        outputs: Sequence[Any] | None,
-        torch: Any,
-        stream: int,
-        held: list[Imported],
-    ) -> list[Any]:
-        """The results, copied out of the graph buffer: torch tensors (device to device, on the
-        stream), numpy arrays (host inputs) or DeviceTensors owning a fresh device buffer."""
-        exe, n_in = self.exe, self.n_in
-        src = [int(slots[1 + n_in + k]) for k in range(len(out_specs))]
-        if torch is not None:
-            results = []
-            for (shape, dt), ptr in zip(out_specs, src):
-                t = torch.empty(shape, dtype=getattr(torch, dt), device=f"cuda:{self.ordinal}")
-                exe.copy(ptr, int(t.data_ptr()), _nbytes(shape, dt), stream)
-                results.append(t)
-            return results if outputs is None else self._copy_out(results, outputs)
-        if not held:
-            return self._to_host(slots, out_specs, outputs, stream)
-        sizes = [_round(_nbytes(s, d)) for s, d in out_specs]
-        owner = exe.alloc(max(sum(sizes), 1))
-        results, cursor = [], owner.ptr
-        for (shape, dt), ptr, n in zip(out_specs, src, sizes):
-            exe.copy(ptr, cursor, _nbytes(shape, dt), stream)
-            results.append(DeviceTensor(cursor, (KDL_CUDA, self.ordinal), dt, tuple(shape), owner))
-            cursor += n
-        exe.synchronize(stream)
-        return results
+    def synchronize(self) -> None:
+        """Wait for every stream this module ran on and raise an index error a call reported."""
+        for stream in list(self._stream_locks):
+            with self._stream_lock(stream):
+                self.exe.synchronize(stream)
+                self._raise_reported(stream, "by synchronize()")
+
+    def close(self) -> None:
+        """synchronize(), then free the graphs, buffers and host copies (the module cannot run again)."""
+        if self._closed:
+            return
+        try:
+            self.synchronize()
+        finally:
+            self._closed = True
+            self._finalizer.detach()
+            if self.graphs is not None:
+                self.graphs.close()
+            self._pool.free()
+            self.exe.free_mirrors()
+            self._errors.clear()
 
     def _to_host(
         self,
@@ -438,13 +623,15 @@ class CudaExecutor:
         outputs: Sequence[Any] | None,
         stream: int,
     ) -> list[Any]:
-        """The outputs in their slots copied to numpy arrays (the call waits for the stream)."""
+        """The outputs in their slots copied to numpy arrays (the call waits for the stream and raises
+        its index error)."""
         host_out = []
         for k, (shape, dt) in enumerate(out_specs):
             a = np.empty(shape, dtype=DType(dt).storage_numpy())  # Note [bfloat16 on the host]
             self.exe.to_host(int(slots[1 + self.n_in + k]), a, stream)
             host_out.append(a)
         self.exe.synchronize(stream)
+        self._raise_reported(stream, "")
         return host_out if outputs is None else self._copy_out(host_out, outputs)
 
     def _copy_out(self, results: list[Any], outputs: Sequence[Any]) -> list[Any]:
@@ -498,3 +685,21 @@ class CudaExecutor:
         y = np.ascontiguousarray(st.run(xs), dtype=st.dtype)
         self.exe.to_device(y, self._locate(st.out, cp, slots), stream)
         self.exe.synchronize(stream)  # `y` is freed on return
+
+
+def _unreported(exe: NativeCuda, errors: dict[int, np.ndarray], kernels: Sequence[dict[str, Any]]) -> None:
+    """Note [Device errors]: at interpreter exit (or when the module is collected), an index error no
+    call, synchronize() or close() raised is printed, never lost."""
+    for stream, words in list(errors.items()):
+        try:
+            exe.device.synchronize(stream)
+        except Exception:
+            continue
+        if words[0]:
+            k = int(words[0]) >> KERNEL_SHIFT
+            row = kernels[k] if 0 <= k < len(kernels) else {"name": "?", "errors": []}
+            err = index_error(row, int(words[0]) & ((1 << KERNEL_SHIFT) - 1), int(words[1]), int(words[2]))
+            sys.stderr.write(
+                f"bladepack: a CUDA call reported an error that nothing raised (no later call, synchronize() "
+                f"or close() on its stream): IndexRangeError: {err}\n"
+            )

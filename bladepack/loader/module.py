@@ -47,6 +47,7 @@ class LoadedModule:
         self._manifest = m = Manifest.read(bpk)
         # Note [Batch-like dims] (ir/batch_dims.py): checked before any kernel library is loaded
         self._split = SplitPolicy(bpk.manifest, on_out_of_range or {}, bpk.source)
+        self._splits = bool(self._split)  # read once: a call without them goes straight to the executor
         self._bpk = bpk
         self.signature = m.signature
         options = options or LoaderOptions()  # the defaults: `load` reads the environment's
@@ -98,7 +99,7 @@ class LoadedModule:
             if missing:
                 raise InputError(f"missing input(s) {missing}; inputs are {names}")
             args = args + tuple(kwargs[n] for n in names[len(args) :])
-        outs = self.run(args)
+        outs = self.run(args) if self._splits else self._executor.run(args, None)
         return tuple(outs) if self._manifest.tuple_output or len(outs) != 1 else outs[0]
 
     def run(self, inputs: Sequence[Any], outputs: Sequence[Any] | None = None) -> list[Any]:
@@ -108,6 +109,24 @@ class LoadedModule:
             if plan is not None:
                 return self._split.run(inputs, outputs, plan, lambda piece: self._executor.run(piece, None))
         return self._executor.run(inputs, outputs)
+
+    def synchronize(self) -> None:
+        """Wait for this module's device work and raise an index error one of its CUDA calls reported
+        and no later call raised (Note [Device errors] in loader/cuda_module.py); on the CPU, nothing."""
+        if isinstance(self._executor, CudaExecutor):
+            self._executor.synchronize()
+
+    def close(self) -> None:
+        """`synchronize()`, then free the module's device memory and CUDA graphs; later calls raise
+        ExecutionError. Also what leaving a `with bladepack.load(...) as m:` block does."""
+        if isinstance(self._executor, CudaExecutor):
+            self._executor.close()
+
+    def __enter__(self) -> LoadedModule:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def output_shapes(self, *input_shapes: Sequence[int]) -> list[tuple[int, ...]]:
         """Result shapes for the given input shapes, with every guard checked (no kernels run)."""

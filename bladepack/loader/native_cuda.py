@@ -12,8 +12,9 @@ Per call (`run`): pointer words = slot base + offset (slots: 0 the device arena,
 weights — Note [Slots] in lowering/lower_native.py); kernels launch on the caller's stream; GEMMs go
 to cuBLAS on that stream; a reference step (an op without a CUDA kernel) synchronizes, copies its
 operands to the host, runs the numpy reference and copies the result back. Kernels that can report
-an error (data-dependent indices) write the launch's status words; after such a plan the call waits
-for the stream and raises ExecutionError naming the kernel and the bad index.
+an error (data-dependent indices) write the stream's status words, which every call copies to
+page-locked host memory at its end (Note [Device errors] in cuda_module.py); `strict` resets them per
+call and makes the call wait for them instead.
 
 Nothing is compiled at load or run time: the artifact carries cubins for sm_80 / 86 / 89 / 90 and
 PTX (compute_90) that the driver compiles for newer GPUs.
@@ -21,6 +22,8 @@ PTX (compute_90) that the driver compiles for newer GPUs.
 
 from __future__ import annotations
 
+import ctypes
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -124,6 +127,11 @@ class NativeCuda:
         self._status = StreamBuffers(self.device, 64, zeroed=True)
         self.status_slot = n_slots
         self.checks_errors = any(k.get("errors") for k in self.kernels)
+        # Note [Device errors]: each stream's status words copied into page-locked host memory after
+        # every call (never reset by a call), read by the host without waiting; `strict` waits instead
+        self.strict = options.cuda_strict_errors
+        self._mirrors: dict[int, tuple[int, np.ndarray]] = {}  # status address -> (pinned address, view)
+        self._mirror_lock = threading.Lock()
         self._arenas = StreamBuffers(self.device, _ALIGN)
         self.null_stream = self._drv.CUstream(0)  # the legacy default stream, made once
         self._cublas: Any = None
@@ -239,8 +247,8 @@ class NativeCuda:
         if prep.ptr_pos.size:
             words[prep.ptr_pos] = slots[prep.ptr_slot] + prep.ptr_off
         base = words.ctypes.data
-        if self.checks_errors:
-            status = int(slots[self.status_slot])
+        status = int(slots[self.status_slot]) if self.checks_errors else 0
+        if status and self.strict:
             _check(drv, drv.cuMemsetD8Async(status, 0, 32, drv.CUstream(stream)), "cuMemsetD8Async")
         last: tuple[tuple[int, int, bool], ...] = ()
         wanted = True
@@ -272,6 +280,9 @@ class NativeCuda:
             else:
                 self.device.synchronize(stream)
                 reference(launch.node)
+        if status and not self.strict:  # Note [Device errors]: the words to the host, in stream order
+            host = self.mirror(status)[0]
+            _check(drv, drv.cuMemcpyDtoHAsync(host, status, 24, drv.CUstream(stream)), "cuMemcpyDtoHAsync")
 
     def _holds(self, when: tuple[tuple[int, int, bool], ...], slots: np.ndarray, stream: int) -> bool:
         """Note [Branch predicates] (ir/guards.py): each predicate byte read once the launches before it
@@ -289,12 +300,48 @@ class NativeCuda:
         return self._status.get(64, stream)
 
     def read_status(self, stream: int) -> tuple[int, int, int]:
-        """(code, value, size) of the first error the last call's kernels reported (code 0: none)."""
+        """(code, value, size) of the first error `stream`'s calls reported (code 0: none), after
+        waiting for the stream; strict: the last call's (each call resets the words)."""
         self.device.synchronize(stream)
+        if not self.strict:
+            words = self.mirror(self.status(stream))[1]
+            return int(words[0]), int(words[1]), int(words[2])
         raw = np.zeros(3, dtype=np.int64)
         self.to_host(self.status(stream), raw, stream)
         self.device.synchronize(stream)
         return int(raw[0]), int(raw[1]), int(raw[2])
+
+    def mirror(self, status: int) -> tuple[int, np.ndarray]:
+        """Note [Device errors]: the page-locked host copy of the status words at device address
+        `status`: (its address, an int64[3] view the host reads without a driver call)."""
+        got = self._mirrors.get(status)
+        if got is None:
+            with self._mirror_lock:
+                got = self._mirrors.get(status)
+                if got is None:
+                    drv = self._drv
+                    ptr = int(_check(drv, drv.cuMemHostAlloc(64, 0), "cuMemHostAlloc(64)"))
+                    ctypes.memset(ptr, 0, 64)
+                    view = np.ctypeslib.as_array((ctypes.c_int64 * 3).from_address(ptr))
+                    got = self._mirrors[status] = (ptr, view)
+        return got
+
+    def clear_status(self, stream: int) -> None:
+        """After an error was reported: the stream idle, its status words and their host copy zero."""
+        drv = self._drv
+        status = self.status(stream)
+        self.device.synchronize(stream)
+        _check(drv, drv.cuMemsetD8Async(status, 0, 32, drv.CUstream(stream)), "cuMemsetD8Async")
+        self.device.synchronize(stream)
+        if not self.strict:
+            self.mirror(status)[1][:] = 0
+
+    def free_mirrors(self) -> None:
+        """The page-locked copies freed (the streams must be idle)."""
+        with self._mirror_lock:
+            for ptr, _ in self._mirrors.values():
+                self._drv.cuMemFreeHost(ptr)
+            self._mirrors.clear()
 
     # -- host <-> device copies
     def to_device(self, host: np.ndarray, dst: int, stream: int) -> None:

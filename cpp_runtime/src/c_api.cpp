@@ -176,6 +176,11 @@ bpk_status bpk_model_run(const bpk_model* model, const bpk_tensor* inputs, int64
   return guarded([&] { model->impl->run(inputs, num_inputs, outputs, num_outputs); });
 }
 
+bpk_status bpk_model_synchronize(const bpk_model* model, void* stream) {
+  if (model == nullptr) return record(BPK_ERR_ARGUMENT, "model is NULL");
+  return guarded([&] { model->impl->synchronize(stream); });
+}
+
 bpk_status bpk_model_run_dlpack(const bpk_model* model, const DLTensor* const* inputs, int64_t num_inputs,
                                 DLManagedTensorVersioned** outputs, int64_t num_outputs,
                                 const bpk_run_options* options) {

@@ -53,6 +53,8 @@ Driver::Driver() {
     resolve(handle_, MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
     resolve(handle_, MemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2");
     resolve(handle_, MemsetD8Async, "cuMemsetD8Async");
+    resolve(handle_, MemHostAlloc, "cuMemHostAlloc");
+    resolve(handle_, MemFreeHost, "cuMemFreeHost");
     resolve(handle_, StreamCreate, "cuStreamCreate");
     resolve(handle_, StreamDestroy, "cuStreamDestroy_v2");
     resolve(handle_, StreamSynchronize, "cuStreamSynchronize");

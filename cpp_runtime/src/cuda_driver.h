@@ -83,6 +83,8 @@ class Driver {
   CUresult (*MemcpyDtoHAsync)(void*, CUdeviceptr, size_t, CUstream) = nullptr;
   CUresult (*MemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream) = nullptr;
   CUresult (*MemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream) = nullptr;
+  CUresult (*MemHostAlloc)(void**, size_t, unsigned) = nullptr;
+  CUresult (*MemFreeHost)(void*) = nullptr;
   CUresult (*StreamCreate)(CUstream*, unsigned) = nullptr;
   CUresult (*StreamDestroy)(CUstream) = nullptr;
   CUresult (*StreamSynchronize)(CUstream) = nullptr;

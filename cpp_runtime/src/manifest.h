@@ -78,6 +78,10 @@ struct KernelDecl {
   std::optional<ShapeProgram> check;
 };
 
+// The message of an index a kernel of row `k` reported through its status words: ERR_INDEX (an index
+// may count from the end) or ERR_INDEX_NONNEG (it may not), + 16 x the error site.
+std::string index_error_text(const KernelDecl& k, int64_t code, int64_t value, int64_t size);
+
 // A CUTLASS dispatch entry: kernel `kernel` (index into NativePlan::gemm_kernels) with `split` split-K
 // slices when register `pred` is non-zero, for operands aligned to `align` elements.
 struct GemmEntry {

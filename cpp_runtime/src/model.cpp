@@ -488,16 +488,19 @@ void Model::run(const bpk_tensor* in, int64_t n_in, bpk_tensor* out, int64_t n_o
 
 // Note [Negative indices] (bladepack/opset/attrs.py): code 1 + 16 x site for an index that may count from
 // the end, 2 + 16 x site for one that may not (torch's embedding, index_select, gather)
-void Model::index_error(const KernelDecl& k, int64_t code, int64_t value, int64_t size) const {
+std::string index_error_text(const KernelDecl& k, int64_t code, int64_t value, int64_t size) {
   constexpr int64_t kErrIndexNonneg = 2;
   const int64_t site = floordiv(code - 1, 16);
   const std::string what = site >= 0 && site < int64_t(k.errors.size()) ? k.errors[size_t(site)] : "an index";
   const std::string lowest = code - 16 * site == kErrIndexNonneg ? "0" : "-" + std::to_string(size);
-  fail(BPK_ERR_INDEX, "index out of range in " + what + ": " + std::to_string(value) + " is not in [" + lowest +
-                              ", " + std::to_string(size - 1) + "] (kernel " + k.name + ", from " +
-                              (k.loc.empty() ? "unknown source" : k.loc) + ")");
+  return "index out of range in " + what + ": " + std::to_string(value) + " is not in [" + lowest + ", " +
+         std::to_string(size - 1) + "] (kernel " + k.name + ", from " + (k.loc.empty() ? "unknown source" : k.loc) +
+         ")";
 }
 
+void Model::index_error(const KernelDecl& k, int64_t code, int64_t value, int64_t size) const {
+  fail(BPK_ERR_INDEX, index_error_text(k, code, value, size));
+}
 
 Model::OwnedOutputs::OwnedOutputs(const Model& m, const std::vector<OutSpec>& specs, bpk_tensor* out) : out_(out) {
   for (size_t k = 0; k < specs.size(); ++k) {

@@ -8,6 +8,7 @@
 // signatures (it is cleared when full; preparing again takes microseconds).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -35,6 +36,9 @@ class Model {
   const Manifest& manifest() const { return m_; }
   void output_shapes(const bpk_tensor* inputs, int64_t num_inputs, bpk_tensor* outputs, int64_t num_outputs) const;
   void run(const bpk_tensor* inputs, int64_t num_inputs, bpk_tensor* outputs, int64_t num_outputs) const;
+  // Note [Device errors] (native_cuda.h): wait for the calls on caller stream `stream` (every caller
+  // stream when NULL) and raise an index error one reported; nothing for a CPU model
+  void synchronize(void* stream) const;
   // Where a call's tensors live (bpk_model_run_dlpack): in_device[i] / out_device[k] non-zero for
   // memory of this model's device (a CUDA model only), and the caller's CUstream (NULL: the runtime's).
   struct Placement {
@@ -130,6 +134,9 @@ class Model {
   const NativePlan& plan() const { return cuda_ ? *m_.native_cuda : *m_.native; }
   const std::vector<KernelDecl>& kernels() const { return cuda_ ? m_.cuda_kernels : m_.kernels; }
   [[noreturn]] void index_error(const KernelDecl& k, int64_t code, int64_t value, int64_t size) const;
+  // Note [Device errors]: the error in status words `e`; `found` "" (the call's own) or where an earlier
+  // call's was found
+  [[noreturn]] void raise_index_error(const std::array<int64_t, 3>& e, const char* found) const;
   void refuse_ref_launches(const NativePlan& plan, const char* target) const;
   void load_cuda(const std::string& device, int max_graphs);
   // Note [CUDA calls] (native_cuda.h): host tensors staged through the call context's device memory

@@ -53,7 +53,7 @@ void Model::run_cuda(const Prepared& p, const bpk_tensor* in, bpk_tensor* out, c
   const NativePlan& nat = *m_.native_cuda;
   const cuda::Driver& drv = cuda_->driver();
   const size_t n_in = m_.inputs.size(), n_out = m_.outputs.size();
-  constexpr size_t kRound = 256, kCodeBits = 24;  // Note [CUDA error codes] in codegen/cuda_loops.py
+  constexpr size_t kRound = 256;
   auto round = [](size_t n) { return (n + kRound - 1) / kRound * kRound; };
   auto on_device = [](const uint8_t* flags, size_t i) { return flags != nullptr && flags[i] != 0; };
   // the call's device memory: status words | arena | inputs | the outputs the plan writes; a device
@@ -81,6 +81,10 @@ void Model::run_cuda(const Prepared& p, const bpk_tensor* in, bpk_tensor* out, c
       exe.give(c);
     }
   } give_back{*cuda_, c};
+  if (c->host_status != nullptr && c->host_status[0] != 0) {  // Note [Device errors]: an earlier call's
+    const std::array<int64_t, 3> e = cuda_->take_error(*c, c->memory->ptr());
+    if (e[0] != 0) raise_index_error(e, "when this call began (it did not run)");
+  }
   size_t device_bytes = 0;  // Note [Graph staging cost]: what staging would copy in and out
   for (size_t i = 0; i < n_in; ++i)
     if (on_device(where.in_device, i)) device_bytes += in_bytes[i];
@@ -112,16 +116,9 @@ void Model::run_cuda(const Prepared& p, const bpk_tensor* in, bpk_tensor* out, c
   const auto& w = cuda_->weight_ptrs();
   std::copy(w.begin(), w.end(), slots.begin() + int64_t(1 + n_in + n_out));
   cuda_->run(p.cuda, slots.data(), base, *c, graphs);
-  if (cuda_->checks_errors()) {
-    int64_t status[3] = {0, 0, 0};
-    drv.check(drv.MemcpyDtoHAsync(status, base, sizeof status, c->stream), "cuMemcpyDtoHAsync");
-    drv.check(drv.StreamSynchronize(c->stream), "cuStreamSynchronize");
-    if (status[0]) {
-      const int64_t k = status[0] >> kCodeBits;
-      static const KernelDecl kUnknown{"?", "", "", {}, {}, std::nullopt};
-      const KernelDecl& row = k >= 0 && k < int64_t(m_.cuda_kernels.size()) ? m_.cuda_kernels[size_t(k)] : kUnknown;
-      index_error(row, status[0] & ((int64_t(1) << kCodeBits) - 1), status[1], status[2]);
-    }
+  if (cuda_->checks_errors() && cuda_->strict_errors()) {  // each call waits for its own
+    const std::array<int64_t, 3> e = cuda_->take_error(*c, base);
+    if (e[0] != 0) raise_index_error(e, "");
   }
   // each output from where the plan left it (an input, a weight or an arena value is copied, never
   // aliased) to where the caller wants it
@@ -150,7 +147,32 @@ void Model::run_cuda(const Prepared& p, const bpk_tensor* in, bpk_tensor* out, c
       drv.check(drv.MemcpyDtoDAsync(dst, from[k], n, c->stream), "cuMemcpyDtoDAsync");
     }
   }
-  if (host_out || stream == nullptr) drv.check(drv.StreamSynchronize(c->stream), "cuStreamSynchronize");
+  if (host_out || stream == nullptr) {
+    drv.check(drv.StreamSynchronize(c->stream), "cuStreamSynchronize");
+    if (c->host_status != nullptr && c->host_status[0] != 0) {  // the call waited: its own error
+      const std::array<int64_t, 3> e = cuda_->take_error(*c, base);
+      if (e[0] != 0) raise_index_error(e, "");
+    }
+  }
+}
+
+void Model::raise_index_error(const std::array<int64_t, 3>& e, const char* found) const {
+  constexpr int64_t kCodeBits = 24;  // Note [CUDA error codes] in codegen/cuda_loops.py
+  const int64_t k = e[0] >> kCodeBits;
+  static const KernelDecl kUnknown{"?", "", "", {}, {}, std::nullopt};
+  const KernelDecl& row = k >= 0 && k < int64_t(m_.cuda_kernels.size()) ? m_.cuda_kernels[size_t(k)] : kUnknown;
+  std::string text = index_error_text(row, e[0] & ((int64_t(1) << kCodeBits) - 1), e[1], e[2]);
+  if (*found)
+    text += "; reported by an earlier call on this stream and found " + std::string(found) +
+            ": the results of the calls on this stream since its last check may be wrong "
+            "(BLADEPACK_CUDA_STRICT_ERRORS=1 makes each call check its own)";
+  fail(BPK_ERR_INDEX, text);
+}
+
+void Model::synchronize(void* stream) const {
+  if (!cuda_) return;
+  const std::array<int64_t, 3> e = cuda_->synchronize(static_cast<cuda::CUstream>(stream));
+  if (e[0] != 0) raise_index_error(e, "by bpk_model_synchronize");
 }
 
 }  // namespace bpk

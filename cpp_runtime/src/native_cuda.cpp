@@ -1,6 +1,9 @@
 #include "native_cuda.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 
 #include "dtype.h"
@@ -12,16 +15,35 @@ namespace {
 
 constexpr size_t kWeightAlign = 256;  // weights and arena buffers start on 256-byte boundaries
 constexpr int64_t kStatusSlot = -1;   // a pointer word that holds the call's status words
+constexpr int kCodeBits = 24;         // Note [CUDA error codes] in codegen/cuda_loops.py
 
 size_t round_up(size_t n) { return (n + kWeightAlign - 1) / kWeightAlign * kWeightAlign; }
 
 }  // namespace
+
+// Note [Output pool]: bpk_model_run_dlpack's runtime-allocated device results come from here. A result's
+// memory goes back to its size's idle list (at most kKeep per size) when its last owner releases it, and
+// the next call of that size takes it: a repeated signature allocates no device memory, and no result's
+// release frees device memory (cuMemFree waits for the whole device). As with a framework's caching
+// allocator, a consumer must have ordered its last use of a result before releasing it. A result
+// released after the model is freed frees its memory itself (the pool is held weakly).
+struct OutputPool {
+  static constexpr size_t kKeep = 8;
+  std::shared_ptr<Driver> drv;
+  std::shared_ptr<Device> device;
+  std::mutex mu;
+  std::unordered_map<size_t, std::vector<std::unique_ptr<DeviceBuffer>>> idle;
+  ~OutputPool() { idle.clear(); }  // before the driver and the context can go
+};
 
 NativeCuda::NativeCuda(const Artifact& artifact, const Manifest& m, int ordinal, int max_graphs)
     : m_(m), max_graphs_(max_graphs) {
   const NativePlan& plan = *m.native_cuda;
   drv_ = std::make_shared<Driver>();
   device_ = std::make_shared<Device>(*drv_, ordinal);
+  outputs_ = std::make_shared<OutputPool>();
+  outputs_->drv = drv_;
+  outputs_->device = device_;
   const DeviceInfo& info = device_->info();
   std::vector<std::string> arches;
   for (const ImageDecl& im : plan.images) arches.push_back(im.arch);
@@ -60,6 +82,8 @@ NativeCuda::NativeCuda(const Artifact& artifact, const Manifest& m, int ordinal,
   for (size_t off : offsets) weight_ptrs_.push_back(weights_->ptr() + off);
 
   for (const KernelDecl& k : m.cuda_kernels) checks_errors_ = checks_errors_ || !k.errors.empty();
+  const char* strict = std::getenv("BLADEPACK_CUDA_STRICT_ERRORS");
+  strict_ = strict != nullptr && std::strcmp(strict, "1") == 0;
   bool gemm = false;
   for (const LaunchDecl& l : plan.launches) gemm = gemm || l.op == LaunchDecl::kGemm;
   if (gemm) cublas_ = std::make_unique<Cublas>();
@@ -68,17 +92,38 @@ NativeCuda::NativeCuda(const Artifact& artifact, const Manifest& m, int ordinal,
 
 NativeCuda::~NativeCuda() {
   for (CallContext* c : idle_) destroy(c);
-  for (auto& [stream, c] : by_stream_) destroy(c);
+  for (auto& [stream, c] : by_stream_) {
+    // Note [Device errors]: an error no later call or bpk_model_synchronize raised is printed, never lost
+    if (c->host_status != nullptr && drv_->StreamSynchronize(c->stream) == 0 && c->host_status[0] != 0) {
+      const int64_t k = c->host_status[0] >> kCodeBits;
+      static const KernelDecl kUnknown{"?", "", "", {}, {}, std::nullopt};
+      const KernelDecl& row = k >= 0 && k < int64_t(m_.cuda_kernels.size()) ? m_.cuda_kernels[size_t(k)] : kUnknown;
+      const std::string text =
+          bpk::index_error_text(row, c->host_status[0] & ((int64_t(1) << kCodeBits) - 1), c->host_status[1], c->host_status[2]);
+      std::fprintf(stderr,
+                   "bladepack: a CUDA call reported an error that nothing raised (no later call or "
+                   "bpk_model_synchronize on its stream): %s\n",
+                   text.c_str());
+    }
+    destroy(c);
+  }
 }
 
 namespace {
 
-// Device memory that holds the driver and the primary context it belongs to (Note [Owned outputs]).
+// Device memory that holds the driver and the primary context it belongs to (Note [Owned outputs]),
+// given back to its pool when released.
 struct OwnedBuffer {
   std::shared_ptr<Driver> drv;
   std::shared_ptr<Device> device;
   std::unique_ptr<DeviceBuffer> buffer;
+  std::weak_ptr<OutputPool> pool;
   ~OwnedBuffer() {
+    if (const std::shared_ptr<OutputPool> p = pool.lock()) {
+      std::lock_guard<std::mutex> lock(p->mu);
+      std::vector<std::unique_ptr<DeviceBuffer>>& idle = p->idle[buffer->bytes()];
+      if (idle.size() < OutputPool::kKeep) idle.push_back(std::move(buffer));
+    }
     buffer.reset();  // before the context can go
   }
 };
@@ -91,7 +136,16 @@ std::shared_ptr<DeviceBuffer> NativeCuda::alloc_owned(size_t bytes) const {
   auto owner = std::make_shared<OwnedBuffer>();
   owner->drv = drv_;
   owner->device = device_;
-  owner->buffer = std::make_unique<DeviceBuffer>(*drv_, bytes);
+  owner->pool = outputs_;
+  {
+    std::lock_guard<std::mutex> lock(outputs_->mu);
+    auto it = outputs_->idle.find(bytes);
+    if (it != outputs_->idle.end() && !it->second.empty()) {
+      owner->buffer = std::move(it->second.back());
+      it->second.pop_back();
+    }
+  }
+  if (!owner->buffer) owner->buffer = std::make_unique<DeviceBuffer>(*drv_, bytes);
   DeviceBuffer* raw = owner->buffer.get();
   return std::shared_ptr<DeviceBuffer>(std::move(owner), raw);
 }
@@ -177,6 +231,7 @@ NativeCuda::CallContext* NativeCuda::take(size_t bytes, CUstream stream) const {
     }
     c->busy.lock();  // one call at a time enqueues on a stream (given back in give)
     try {
+      mirror(*c);
       reserve(*c, bytes);
     } catch (...) {
       c->busy.unlock();
@@ -199,6 +254,12 @@ NativeCuda::CallContext* NativeCuda::take(size_t bytes, CUstream stream) const {
     }
   }
   try {
+    mirror(*c);
+  } catch (...) {
+    destroy(c);
+    throw;
+  }
+  try {
     reserve(*c, bytes);
   } catch (...) {
     destroy(c);
@@ -210,8 +271,58 @@ NativeCuda::CallContext* NativeCuda::take(size_t bytes, CUstream stream) const {
 void NativeCuda::reserve(CallContext& c, size_t bytes) const {
   if (c.memory && c.memory->bytes() >= bytes) return;
   drop_graphs(c);  // they address the old buffer
+  if (c.memory) drv_->check(drv_->StreamSynchronize(c.stream), "cuStreamSynchronize");  // its status copied out
   c.memory.reset();
   c.memory = std::make_unique<DeviceBuffer>(*drv_, bytes);
+  if (checks_errors_) drv_->check(drv_->MemsetD8Async(c.memory->ptr(), 0, 32, c.stream), "cuMemsetD8Async");
+}
+
+void NativeCuda::mirror(CallContext& c) const {
+  if (c.host_status != nullptr || !checks_errors_ || strict_) return;
+  void* p = nullptr;
+  drv_->check(drv_->MemHostAlloc(&p, 64, 0), "cuMemHostAlloc");
+  std::memset(p, 0, 64);
+  c.host_status = static_cast<int64_t*>(p);
+}
+
+std::array<int64_t, 3> NativeCuda::take_error(CallContext& c, CUdeviceptr status) const {
+  std::array<int64_t, 3> words = {0, 0, 0};
+  if (!checks_errors_ || status == 0) return words;
+  drv_->check(drv_->StreamSynchronize(c.stream), "cuStreamSynchronize");
+  if (c.host_status != nullptr) {
+    std::copy(c.host_status, c.host_status + 3, words.begin());
+  } else {
+    drv_->check(drv_->MemcpyDtoHAsync(words.data(), status, sizeof words, c.stream), "cuMemcpyDtoHAsync");
+    drv_->check(drv_->StreamSynchronize(c.stream), "cuStreamSynchronize");
+  }
+  if (words[0] != 0 && !strict_) {
+    drv_->check(drv_->MemsetD8Async(status, 0, 32, c.stream), "cuMemsetD8Async");
+    drv_->check(drv_->StreamSynchronize(c.stream), "cuStreamSynchronize");
+    if (c.host_status != nullptr) std::memset(c.host_status, 0, 24);
+  }
+  return words;
+}
+
+std::array<int64_t, 3> NativeCuda::synchronize(CUstream stream) const {
+  std::vector<CallContext*> contexts;
+  {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    for (auto& [s, c] : by_stream_)
+      if (stream == nullptr || s == stream) contexts.push_back(c);
+  }
+  std::array<int64_t, 3> first = {0, 0, 0};
+  for (CallContext* c : contexts) {
+    std::lock_guard<std::mutex> busy(c->busy);
+    device_->activate();
+    if (!c->memory) {
+      drv_->check(drv_->StreamSynchronize(c->stream), "cuStreamSynchronize");
+      continue;
+    }
+    const std::array<int64_t, 3> e = strict_ ? std::array<int64_t, 3>{0, 0, 0} : take_error(*c, c->memory->ptr());
+    if (strict_) drv_->check(drv_->StreamSynchronize(c->stream), "cuStreamSynchronize");
+    if (first[0] == 0) first = e;
+  }
+  return first;
 }
 
 void NativeCuda::give(CallContext* c) const {
@@ -242,6 +353,7 @@ void NativeCuda::destroy(CallContext* c) const {
   drv_->StreamSynchronize(c->stream);
   c->memory.reset();
   c->semaphores.reset();
+  if (c->host_status != nullptr) drv_->MemFreeHost(c->host_status);
   if (!c->callers) drv_->StreamDestroy(c->stream);
   delete c;
 }
@@ -326,7 +438,7 @@ CUgraphExec NativeCuda::capture(const CudaPrepared& p, const CUdeviceptr* slots,
 void NativeCuda::launch_all(const CudaPrepared& p, const CUdeviceptr* slots, CUdeviceptr status, CallContext& c) const {
   std::vector<uint64_t> words(p.words);
   for (const auto& w : p.ptr_words) words[w.pos] = w.slot == kStatusSlot ? status : slots[w.slot] + uint64_t(w.offset);
-  if (checks_errors_) drv_->check(drv_->MemsetD8Async(status, 0, 32, c.stream), "cuMemsetD8Async");
+  if (checks_errors_ && strict_) drv_->check(drv_->MemsetD8Async(status, 0, 32, c.stream), "cuMemsetD8Async");
   const std::vector<ByteCond>* last = nullptr;
   static const std::vector<ByteCond> kNone;
   last = &kNone;
@@ -355,6 +467,8 @@ void NativeCuda::launch_all(const CudaPrepared& p, const CUdeviceptr* slots, CUd
       }
     }
   }
+  if (c.host_status != nullptr)  // Note [Device errors]: the words to the host, in stream order
+    drv_->check(drv_->MemcpyDtoHAsync(c.host_status, status, 24, c.stream), "cuMemcpyDtoHAsync");
 }
 
 }  // namespace bpk::cuda

@@ -27,11 +27,19 @@
 // kStageBytesPerLaunch per launch runs plain launches on them in place (staging would cost two passes over
 // their bytes, more than the launches a graph saves); `stage_pays` decides, as in the Python loader.
 //
+// Note [Device errors] (bladepack/loader/cuda_module.py): a context's status words (the first bad index
+// its kernels found) are never reset by a call; every call ends with a copy of them into the context's
+// page-locked `host_status` (a node of its graph), read without a driver call. A call that waits anyway
+// (host outputs, a pool stream) raises its own error; a call on the caller's stream with device results
+// leaves it to the next call on that stream, bpk_model_synchronize, or a line on stderr when the model
+// is freed. BLADEPACK_CUDA_STRICT_ERRORS=1 resets the words per call and makes each call wait for them.
+//
 // Not here: `ref` launches (steps without a CUDA kernel) need the Python reference executor; such
 // plans are refused at load, as the CPU plan's are.
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -78,6 +86,8 @@ struct CudaPrepared {
   std::string no_graph;  // why this signature is never captured (Note [CUDA graphs]); "" when it may be
 };
 
+struct OutputPool;  // Note [Output pool] (native_cuda.cpp)
+
 class NativeCuda {
  public:
   // max_graphs: graphs kept per call context (Note [CUDA graphs]); 0 turns them off
@@ -92,8 +102,11 @@ class NativeCuda {
   const Device& device() const { return *device_; }
   // `bytes` of device memory that keeps the driver and the device's primary context alive until it is
   // freed (an output the caller releases, maybe after the model): bpk_model_run_dlpack's results
+  // Note [Output pool]: reused by size once the last owner lets it go (no cuMemAlloc / cuMemFree per call,
+  // which would wait for the device, at a repeated signature)
   std::shared_ptr<DeviceBuffer> alloc_owned(size_t bytes) const;
   bool checks_errors() const { return checks_errors_; }
+  bool strict_errors() const { return strict_; }
   const std::vector<CUdeviceptr>& weight_ptrs() const { return weight_ptrs_; }
 
   std::shared_ptr<const CudaPrepared> prepare(const int64_t* regs) const;
@@ -113,7 +126,14 @@ class NativeCuda {
     std::unique_ptr<DeviceBuffer> semaphores;  // split-K semaphores (zeroed when allocated)
     std::unordered_map<const CudaPrepared*, Graph> graphs;
     uint64_t clock = 0;
+    int64_t* host_status = nullptr;  // Note [Device errors]: page-locked copy of the status words
   };
+  // Note [Device errors]: the error c's calls reported, after waiting for c.stream ({0, 0, 0}: none);
+  // a non-zero one is cleared (device words and host copy) before it is returned
+  std::array<int64_t, 3> take_error(CallContext& c, CUdeviceptr status) const;
+  // wait for the caller-stream context of `stream` (every one when NULL) and return the first error
+  // one of them holds, cleared ({0, 0, 0}: none)
+  std::array<int64_t, 3> synchronize(CUstream stream) const;
   static constexpr size_t kIdleContexts = 16;
   // A context whose memory holds at least `bytes` (made current on this thread); give it back after.
   // `stream` NULL: one of the pool's, with a stream of its own, used by one call at a time; else the
@@ -141,6 +161,8 @@ class NativeCuda {
   void drop_graphs(CallContext& c) const;
   // c's memory grown to at least `bytes` (its graphs dropped when it moves)
   void reserve(CallContext& c, size_t bytes) const;
+  // Note [Device errors]: c's page-locked status copy, made once (not in strict mode)
+  void mirror(CallContext& c) const;
   void launch_all(const CudaPrepared& p, const CUdeviceptr* slots, CUdeviceptr status, CallContext& c) const;
   // capture `p` on c's stream into an instantiated graph; nullptr when the driver refuses
   CUgraphExec capture(const CudaPrepared& p, const CUdeviceptr* slots, CUdeviceptr status, CallContext& c) const;
@@ -150,6 +172,7 @@ class NativeCuda {
   const Manifest& m_;
   std::shared_ptr<Driver> drv_;
   std::shared_ptr<Device> device_;
+  std::shared_ptr<OutputPool> outputs_;  // Note [Output pool]; owners hold it weakly
   std::string image_;
   std::unique_ptr<Module> module_;
   std::vector<std::unique_ptr<Kernel>> functions_;  // by the variants' `fn`
@@ -158,6 +181,7 @@ class NativeCuda {
   std::unique_ptr<Cublas> cublas_;
   std::unique_ptr<CutlassGemms> cutlass_;
   bool checks_errors_ = false;
+  bool strict_ = false;  // BLADEPACK_CUDA_STRICT_ERRORS=1
   int max_graphs_ = 0;
   mutable std::mutex pool_mu_;
   mutable std::vector<CallContext*> idle_;

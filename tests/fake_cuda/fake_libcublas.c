@@ -2,6 +2,7 @@
  * cublasGemmStridedBatchedEx on the host (device memory is host memory under the fake driver) in
  * double precision from the operands' own types, rounding once to the result type. Calls are logged
  * to FAKE_CUDA_LOG like the fake driver's ("gemm" with transposes, sizes, leading dims, batch, types).
+ * FAKE_CUDA_NO_MATH (set) skips the arithmetic: host-cost benchmarks time the loader's own work.
  */
 #include <dlfcn.h>
 #include <stdint.h>
@@ -86,6 +87,7 @@ typedef struct {
 
 static void gemm_run(void* data) {
   const Gemm* g = (const Gemm*)data;
+  if (getenv("FAKE_CUDA_NO_MATH")) return; /* host-cost benchmarks: the loader's work alone */
   for (int b = 0; b < g->batch; ++b)
     for (int j = 0; j < g->n; ++j)
       for (int i = 0; i < g->m; ++i) {

@@ -309,8 +309,10 @@ static struct {
 } g_captures[64];
 
 /* the graph `stream` is capturing into, or NULL */
+static int g_open_captures = 0; /* a quick "no stream is capturing" for every copy and launch */
 static FakeGraph* capturing(CUstream stream, int** invalid) {
   FakeGraph* g = NULL;
+  if (!__atomic_load_n(&g_open_captures, __ATOMIC_ACQUIRE)) return NULL;
   pthread_mutex_lock(&g_capture_lock);
   for (int i = 0; i < 64; ++i)
     if (g_captures[i].graph && g_captures[i].stream == stream) {
@@ -407,6 +409,7 @@ CUresult cuStreamBeginCapture_v2(CUstream stream, int mode) {
       g_captures[i].stream = stream;
       g_captures[i].graph = (FakeGraph*)calloc(1, sizeof(FakeGraph));
       g_captures[i].invalid = 0;
+      __atomic_add_fetch(&g_open_captures, 1, __ATOMIC_RELEASE);
       rc = OK;
       break;
     }
@@ -430,6 +433,7 @@ CUresult cuStreamEndCapture(CUstream stream, void** graph) {
       g = g_captures[i].graph;
       invalid = g_captures[i].invalid;
       g_captures[i].graph = NULL;
+      __atomic_sub_fetch(&g_open_captures, 1, __ATOMIC_RELEASE);
     }
   pthread_mutex_unlock(&g_capture_lock);
   if (!g) return ERR_INVALID_VALUE;
@@ -580,7 +584,59 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* s, size_t n, CUstream s
   if (refuse_in_capture(st, "copy_htod")) return ERR_CAPTURE_UNSUPPORTED;
   return cuMemcpyHtoD_v2(d, s, n);
 }
+/* Page-locked host memory (cuMemHostAlloc): a copy into it may be captured, as the driver allows for
+ * pinned memory and refuses for pageable; the allocations are remembered to tell them apart. */
+static pthread_mutex_t g_pinned_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+  char* at;
+  size_t n;
+} g_pinned[256];
+static int pinned(const void* p, size_t n) {
+  int found = 0;
+  pthread_mutex_lock(&g_pinned_lock);
+  for (int i = 0; i < 256; ++i)
+    if (g_pinned[i].at && (const char*)p >= g_pinned[i].at && (const char*)p + n <= g_pinned[i].at + g_pinned[i].n)
+      found = 1;
+  pthread_mutex_unlock(&g_pinned_lock);
+  return found;
+}
+CUresult cuMemHostAlloc(void** p, size_t n, unsigned flags) {
+  (void)flags;
+  *p = aligned_alloc(256, (n + 255) / 256 * 256);
+  if (!*p) return 2;
+  CUresult rc = 2;
+  pthread_mutex_lock(&g_pinned_lock);
+  for (int i = 0; i < 256; ++i)
+    if (!g_pinned[i].at) {
+      g_pinned[i].at = (char*)*p;
+      g_pinned[i].n = n;
+      rc = OK;
+      break;
+    }
+  pthread_mutex_unlock(&g_pinned_lock);
+  logf_("host_alloc %zu", n);
+  return rc;
+}
+CUresult cuMemFreeHost(void* p) {
+  pthread_mutex_lock(&g_pinned_lock);
+  for (int i = 0; i < 256; ++i)
+    if (g_pinned[i].at == (char*)p) g_pinned[i].at = NULL;
+  pthread_mutex_unlock(&g_pinned_lock);
+  free(p);
+  logf_("host_free");
+  return OK;
+}
 CUresult cuMemcpyDtoHAsync_v2(void* d, CUdeviceptr s, size_t n, CUstream st) {
+  FakeGraph* g = capturing(st, NULL);
+  if (g && pinned(d, n)) {
+    logf_("capture_dtoh_pinned %zu", n);
+    FakeNode* node = add_node(g);
+    node->kind = 2;
+    node->dst = (CUdeviceptr)(uintptr_t)d;
+    node->src = s;
+    node->size = n;
+    return OK;
+  }
   if (refuse_in_capture(st, "copy_dtoh")) return ERR_CAPTURE_UNSUPPORTED;
   return cuMemcpyDtoH_v2(d, s, n);
 }
@@ -618,6 +674,12 @@ CUresult cuStreamCreate(CUstream* s, unsigned flags) {
   (void)flags;
   static int streams = 0;
   *s = (CUstream)(uintptr_t)(0x1000 + __atomic_add_fetch(&streams, 1, __ATOMIC_RELAXED));
+  return OK;
+}
+CUresult cuStreamWaitEvent(CUstream s, void* e, unsigned flags) {
+  (void)e;
+  (void)flags;
+  logf_("stream_wait_event %llu", (unsigned long long)(uintptr_t)s);
   return OK;
 }
 CUresult cuStreamDestroy_v2(CUstream s) {
@@ -660,9 +722,9 @@ static const struct Entry kEntries[] = {
     E("cuTensorMapEncodeTiled", cuTensorMapEncodeTiled), E("cuMemAlloc", cuMemAlloc_v2), E("cuMemFree", cuMemFree_v2),
     E("cuMemcpyHtoD", cuMemcpyHtoD_v2), E("cuMemcpyDtoH", cuMemcpyDtoH_v2),
     E("cuMemcpyHtoDAsync", cuMemcpyHtoDAsync_v2), E("cuMemcpyDtoHAsync", cuMemcpyDtoHAsync_v2),
-    E("cuMemcpyDtoDAsync", cuMemcpyDtoDAsync_v2),
+    E("cuMemcpyDtoDAsync", cuMemcpyDtoDAsync_v2), E("cuMemHostAlloc", cuMemHostAlloc), E("cuMemFreeHost", cuMemFreeHost),
     E("cuMemsetD8", cuMemsetD8_v2), E("cuMemsetD8Async", cuMemsetD8Async), E("cuStreamCreate", cuStreamCreate),
-    E("cuStreamDestroy", cuStreamDestroy_v2), E("cuStreamSynchronize", cuStreamSynchronize),
+    E("cuStreamDestroy", cuStreamDestroy_v2), E("cuStreamWaitEvent", cuStreamWaitEvent), E("cuStreamSynchronize", cuStreamSynchronize),
     E("cuGetErrorName", cuGetErrorName), E("cuGetErrorString", cuGetErrorString),
     E("cuEventCreate", cuEventCreate), E("cuEventRecord", cuEventRecord), E("cuEventSynchronize", cuEventSynchronize),
     E("cuEventElapsedTime", cuEventElapsedTime), E("cuEventDestroy", cuEventDestroy_v2),

@@ -193,9 +193,9 @@ typedef struct bpk_run_options {
   uint32_t flags; /* none defined: 0 */
   /* A CUDA model: the CUstream the call's work is enqueued on, in that stream's order (its inputs may
    * be written by earlier work on it, its results read by later work); the call returns once the work
-   * is enqueued, unless some output is in host memory or the plan's kernels check indices (then it
-   * waits for the stream). NULL: a stream of the runtime's own; the call returns with the results
-   * complete. Ignored by CPU models. */
+   * is enqueued, unless some output is in host memory (then it waits for the stream; an index error its
+   * kernels found is its own): see bpk_model_synchronize for when an index error is reported. NULL: a
+   * stream of the runtime's own; the call returns with the results complete. Ignored by CPU models. */
   void* stream;
 } bpk_run_options;
 
@@ -243,6 +243,14 @@ BPK_API bpk_status bpk_model_run(const bpk_model* model, const bpk_tensor* input
 BPK_API bpk_status bpk_model_run_dlpack(const bpk_model* model, const DLTensor* const* inputs, int64_t num_inputs,
                                         DLManagedTensorVersioned** outputs, int64_t num_outputs,
                                         const bpk_run_options* options);
+
+/* A CUDA model: waits for the work of the calls made on caller stream `stream` (every caller stream when
+ * NULL) and reports an index error one of them found and no later call reported (BPK_ERR_INDEX naming
+ * the kernel, op and source line). A call with a caller stream and device results does not wait for its
+ * kernels: an index error they find is reported by the next call on that stream (which then does not
+ * run), by this function, or on stderr when the model is freed; BLADEPACK_CUDA_STRICT_ERRORS=1 makes
+ * every call wait and report its own. A CPU model: BPK_OK. Thread-safe. */
+BPK_API bpk_status bpk_model_synchronize(const bpk_model* model, void* stream);
 
 /* Runs the reference cases recorded in the artifact at optimize time (docs/format.md "Reference
  * cases") on this machine and compares the results with the recorded outputs. *report (release with

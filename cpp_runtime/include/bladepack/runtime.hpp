@@ -169,6 +169,9 @@ class Model {
     for (auto* t : out) result.emplace_back(t);
     return result;
   }
+  // Waits for the calls on `stream` (every caller stream when nullptr) and throws the index error one of
+  // them found that no later call reported (bpk_model_synchronize).
+  void synchronize(void* stream = nullptr) const { check(bpk_model_synchronize(m_.get(), stream)); }
   bpk_model* handle() const { return m_.get(); }
 
  private:
