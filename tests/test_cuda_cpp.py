@@ -250,7 +250,7 @@ def test_c_api_large_device_tensors_skip_graphs(gpu: FakeGpu, tmp_path: Path) ->
 
 @pytest.mark.parametrize("strict", [False, True])
 def test_c_api_device_errors(gpu: FakeGpu, tmp_path: Path, strict: bool) -> None:
-    """Note [Device errors] in the C++ runtime (test_api's errors mode): on the caller's stream with
+    """Note [Device errors] in the C++ runtime (cpp_runtime/tests/test_device_errors.cpp): on the caller's stream with
     device results a bad index is raised by the next call (which runs nothing) or by
     bpk_model_synchronize, and one nothing raised is printed when the model is freed; no call waits for
     its kernels; with BLADEPACK_CUDA_STRICT_ERRORS=1 the bad call raises its own."""
@@ -265,7 +265,7 @@ def test_c_api_device_errors(gpu: FakeGpu, tmp_path: Path, strict: bool) -> None
     log = tmp_path / "cuda.log"
     env = {**_fake_env(gpu, art, log), **({"BLADEPACK_CUDA_STRICT_ERRORS": "1"} if strict else {})}
     r = subprocess.run(
-        [str(build("release") / "test_api"), str(path), "cuda", "errors", *(["strict"] if strict else [])],
+        [str(build("release") / "test_device_errors"), str(path), "cuda", *(["strict"] if strict else [])],
         capture_output=True,
         text=True,
         timeout=600,

@@ -13,34 +13,13 @@ a device ordinal. Out: `CudaExecutor` (the `Executor` contract of executor.py). 
   (the call waits for the device).
 At a repeated signature with CUDA graphs, each kind takes a replay path (Note [Framework replay]).
 
-Note [Framework replay]: once a signature's graph exists on a stream, everything a later call does
-is fixed except the caller's addresses: the staging address and byte count of each input, the graph,
-the copies of outputs that alias inputs or weights, and each output's address, shape and dtype are
-recorded with the graph (`Replay`). A call then reads its inputs' addresses (torch's data_ptr, a CAI
-dict, a DLPack capsule, or a numpy array's buffer), takes the stream's lock, copies the inputs in,
-launches the graph, makes its outputs (torch.empty, pooled device memory, or numpy arrays) and copies
-them out: no shape checks (the key matched a checked signature), no numpy in the device paths, no
-per-call allocation besides the outputs, no synchronization unless the caller wants host arrays.
-Anything unusual (another dtype, device or layout, caller output buffers, a first or uncaptured
-signature) takes the full path, which checks and explains.
-
-Note [Device errors]: kernels that read indices from data report the first bad one in their stream's
-status words (an atomic compare-and-swap, never reset by a call). Every call ends with a copy of those
-words into page-locked host memory (a node of the graph), so the host reads them without a driver call
-or a wait: a call that waits anyway (host results) raises its own error at its end; a call that does
-not (device results) leaves it to be raised at the next call on that stream (before it runs anything),
-by `synchronize()` and `close()`, or printed at interpreter exit if nobody asked: the error names the
-kernel, the op and its source line, and that the results of the calls on that stream since the last
-check may be wrong. `LoaderOptions.cuda_strict_errors` (BLADEPACK_CUDA_STRICT_ERRORS=1) makes every
-call reset the words, wait for its kernels and raise its own error, as before.
+Note [Device errors] (device_errors.py): index errors are raised without a wait per call.
 """
 
 from __future__ import annotations
 
-import math
 import sys
 import threading
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,23 +29,23 @@ import numpy as np
 from bladepack.artifact.format import BpkFile
 from bladepack.artifact.writer import weight_section_name
 from bladepack.dtypes import DType
-from bladepack.errors import ExecutionError, IndexRangeError, InputError
+from bladepack.errors import ExecutionError, InputError
 from bladepack.loader.cuda_driver import CudaUnavailable, DeviceBuffer
 from bladepack.loader.cuda_graphs import DEFAULT_GRAPHS, CudaGraphs, Replay, stage_pays
+from bladepack.loader.cuda_replay import ReplayPaths, nbytes, round_up
+from bladepack.loader.device_errors import DeviceErrors
 from bladepack.loader.device_inputs import (
     CaiView,
-    DeviceTensor,
     OutputPool,
     TorchKind,
     cai_stream,
     cai_view,
-    read_cai,
     typestr,
 )
 from bladepack.loader.dlpack import KDL_CUDA, KDL_CUDA_MANAGED, Imported, import_tensor
 from bladepack.loader.executor import ShapeCache
-from bladepack.loader.manifest import Key, Manifest, index_error
-from bladepack.loader.native_cuda import KERNEL_SHIFT, CudaPrepared, NativeCuda
+from bladepack.loader.manifest import Key, Manifest
+from bladepack.loader.native_cuda import CudaPrepared, NativeCuda
 from bladepack.loader.plan_check import (
     INT64_MAX,
     check_launches,
@@ -110,21 +89,13 @@ class _Meta:
         return len(self.shape)
 
 
-def _nbytes(shape: Sequence[int], dtype: str) -> int:
-    return math.prod(shape) * DType(dtype).itemsize
-
-
-def _round(n: int) -> int:
-    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
-
-
 @dataclass(frozen=True)
 class Prepared:
     ref: RefPrepared  # registers, output shapes, and the steps run on the host
     cuda: CudaPrepared
 
 
-class CudaExecutor:
+class CudaExecutor(ReplayPaths):
     def __init__(
         self,
         m: Manifest,
@@ -170,11 +141,8 @@ class CudaExecutor:
         self._typestrs = tuple(typestr(d) for d in self._in_dtypes)
         self._torch: TorchKind | None = None  # the caller's torch, once a call passed torch tensors
         self._pool = OutputPool(self.exe.device)
-        self._ok = self.exe._drv.CUresult.CUDA_SUCCESS
-        # Note [Device errors]: each stream's host copy of its status words, and the exit-time report
-        self._errors: dict[int, np.ndarray] = {}
+        self.errors = DeviceErrors(self, self.exe, kernels)  # Note [Device errors]
         self._closed = False
-        self._finalizer = weakref.finalize(self, _unreported, self.exe, self._errors, kernels)
 
     @property
     def description(self) -> str:
@@ -212,7 +180,7 @@ class CudaExecutor:
                         f"input '{name}' could not be read through __cuda_array_interface__: {e}"
                     ) from None
                 metas.append(_Meta(view.shape, _Dtype(view.dtype)))
-                devs.append((view.ptr, _nbytes(view.shape, view.dtype)))
+                devs.append((view.ptr, nbytes(view.shape, view.dtype)))
                 hosts.append(None)
                 continue
             try:
@@ -233,7 +201,7 @@ class CudaExecutor:
                     imp = import_tensor(x, stream or 1)
                 held.append(imp)
                 metas.append(_Meta(imp.view.shape, _Dtype(imp.view.dtype)))
-                devs.append((imp.view.ptr, _nbytes(imp.view.shape, imp.view.dtype)))
+                devs.append((imp.view.ptr, nbytes(imp.view.shape, imp.view.dtype)))
                 hosts.append(None)
             else:
                 a = to_numpy(x, name)
@@ -263,15 +231,6 @@ class CudaExecutor:
         return 0, None
 
     # -- a call
-    def _stream_lock(self, stream: int) -> threading.Lock:
-        """Calls on one stream enqueue their work one at a time: the stream's arena and graph buffer
-        are reused by the next call, which is safe only in stream order."""
-        lock = self._stream_locks.get(stream)
-        if lock is None:
-            with self._locks_lock:
-                lock = self._stream_locks.setdefault(stream, threading.Lock())
-        return lock
-
     def run(self, inputs: Sequence[Any], outputs: Sequence[Any] | None) -> list[Any]:
         if self._closed:
             raise ExecutionError("this module was closed; load the artifact again to run it")
@@ -284,7 +243,7 @@ class CudaExecutor:
         metas, devs, held, hosts = self._take(inputs, stream)
         try:
             with self._stream_lock(stream):
-                self._raise_reported(stream, "when this call began (it did not run)")
+                self.errors.raise_reported(stream, "when this call began (it did not run)")
                 return self._run(metas, devs, hosts, outputs, torch, stream)
         finally:
             for imp in held:
@@ -308,13 +267,13 @@ class CudaExecutor:
         if self.graphs is not None and not cp.no_graph:
             device_bytes = sum(d[1] for d in devs if d is not None)
             if device_out:
-                device_bytes += sum(_nbytes(s, d) for s, d in out_specs)
+                device_bytes += sum(nbytes(s, d) for s, d in out_specs)
             if stage_pays(device_bytes, len(cp.launches)):  # Note [Graph staging cost]
                 return self._run_graph(key, prep, out_specs, devs, hosts, outputs, torch, stream)
         # staging for host inputs and host outputs, one buffer per call
-        staging_bytes = sum(_round(h.nbytes) for h in hosts if h is not None)
+        staging_bytes = sum(round_up(h.nbytes) for h in hosts if h is not None)
         if not device_out:
-            staging_bytes += sum(_round(_nbytes(s, d)) for s, d in out_specs)
+            staging_bytes += sum(round_up(nbytes(s, d)) for s, d in out_specs)
         staging: DeviceBuffer | None = self.exe.alloc(staging_bytes) if staging_bytes else None
         cursor = staging.ptr if staging is not None else 0
         slots = np.zeros(self.n_slots + 1, dtype=np.uint64)
@@ -326,7 +285,7 @@ class CudaExecutor:
             else:
                 slots[1 + k] = cursor
                 self.exe.to_device(h, cursor, stream)
-                cursor += _round(h.nbytes)
+                cursor += round_up(h.nbytes)
         results: list[Any] = []
         if device_out:
             results, ptrs = self._new_outputs(out_specs, torch, stream)
@@ -334,7 +293,7 @@ class CudaExecutor:
             ptrs = []
             for shape, dt in out_specs:
                 ptrs.append(cursor)
-                cursor += _round(_nbytes(shape, dt))
+                cursor += round_up(nbytes(shape, dt))
         slots[1 + self.n_in : 1 + self.n_in + len(out_specs)] = ptrs
         slots[1 + self.n_in + len(out_specs) : self.n_slots] = self.exe.weight_ptrs
         self.exe.run(cp, slots, stream, lambda node: self._reference(node, prep, slots, stream, key))
@@ -342,33 +301,12 @@ class CudaExecutor:
         for k, o in enumerate(m.outputs):
             if self.out_slot[k] != 1 + self.n_in + k:
                 dst = int(slots[1 + self.n_in + k])
-                self.exe.copy(self._locate(o, cp, slots), dst, _nbytes(*out_specs[k]), stream)
+                self.exe.copy(self._locate(o, cp, slots), dst, nbytes(*out_specs[k]), stream)
         if not device_out:
             return self._to_host(slots, out_specs, outputs, stream)
         if self.exe.strict:
-            self._raise_reported(stream, "")
+            self.errors.raise_reported(stream, "")
         return results if outputs is None else self._copy_out(results, outputs)
-
-    def _new_outputs(
-        self, out_specs: Sequence[tuple[tuple[int, ...], str]], torch: Any, stream: int
-    ) -> tuple[list[Any], list[int]]:
-        """Device results (torch tensors from torch's allocator, else DeviceTensors in one pooled
-        block) and their addresses."""
-        if torch is not None:
-            tk = self._torch
-            assert tk is not None
-            results = [tk.empty(s, dtype=t, device=tk.device) for (s, _), t in zip(out_specs, tk.outputs)]
-            return results, [int(t.data_ptr()) for t in results]
-        sizes = [_round(_nbytes(s, d)) for s, d in out_specs]
-        owner = self._pool.take(max(sum(sizes), _ALIGN))
-        results, ptrs, cursor = [], [], owner.ptr
-        for (shape, dt), n in zip(out_specs, sizes):
-            results.append(
-                DeviceTensor(cursor, (KDL_CUDA, self.ordinal), dt, tuple(shape), owner, stream, self.exe.device)
-            )
-            ptrs.append(cursor)
-            cursor += n
-        return results, ptrs
 
     def _run_graph(
         self,
@@ -386,10 +324,10 @@ class CudaExecutor:
         m, cp, exe = self.m, prep.cuda, self.exe
         ctx = self.graphs.context(stream)
         in_bytes = [h.nbytes if h is not None else d[1] for h, d in zip(hosts, devs)]  # type: ignore[index]
-        at, cursor = [], _round(cp.arena_bytes)
-        for n in [*in_bytes, *(_nbytes(s, d) for s, d in out_specs)]:
+        at, cursor = [], round_up(cp.arena_bytes)
+        for n in [*in_bytes, *(nbytes(s, d) for s, d in out_specs)]:
             at.append(cursor)
-            cursor += _round(n)
+            cursor += round_up(n)
         base = self.graphs.memory(ctx, cursor)
         slots = np.zeros(self.n_slots + 1, dtype=np.uint64)
         slots[0] = base
@@ -415,7 +353,7 @@ class CudaExecutor:
         else:  # the first call of the signature on this stream, or a capture the driver refused
             exe.run(cp, slots, stream, refuse)
         copies = tuple(  # outputs that are inputs, weights or repeats: (source, destination, bytes)
-            (self._locate(o, cp, slots), int(slots[1 + self.n_in + k]), _nbytes(*out_specs[k]))
+            (self._locate(o, cp, slots), int(slots[1 + self.n_in + k]), nbytes(*out_specs[k]))
             for k, o in enumerate(m.outputs)
             if self.out_slot[k] != 1 + self.n_in + k
         )
@@ -426,7 +364,7 @@ class CudaExecutor:
                 tuple((int(slots[1 + k]), in_bytes[k]) for k in range(len(hosts))),
                 copies,
                 tuple(
-                    (int(slots[1 + self.n_in + k]), tuple(shape), DType(dt).storage_numpy(), _nbytes(shape, dt))
+                    (int(slots[1 + self.n_in + k]), tuple(shape), DType(dt).storage_numpy(), nbytes(shape, dt))
                     for k, (shape, dt) in enumerate(out_specs)
                 ),
             )
@@ -437,169 +375,18 @@ class CudaExecutor:
             return self._to_host(slots, out_specs, outputs, stream)
         results, ptrs = self._new_outputs(out_specs, torch, stream)
         for (shape, dt), s, d in zip(out_specs, out_at, ptrs):
-            exe.copy(s, d, _nbytes(shape, dt), stream)
+            exe.copy(s, d, nbytes(shape, dt), stream)
         if exe.strict:
-            self._raise_reported(stream, "")
+            self.errors.raise_reported(stream, "")
         return results if outputs is None else self._copy_out(results, outputs)
 
-    # -- the replay paths (Note [Framework replay])
-    def _fast(self, inputs: Sequence[Any]) -> list[Any] | None:
-        """A call's results through its signature's graph, or None when it must take the full path."""
-        x = inputs[0]
-        kind = type(x)
-        if kind is np.ndarray:
-            return self._replay_host(inputs) if self._replay_dtypes is not None else None
-        tk = self._torch
-        if tk is not None and kind is tk.tensor:
-            got = tk.read(inputs)
-            return None if got is None else self._replay_device(tk.stream(self.ordinal), got[0], got[1], tk)
-        if is_torch_tensor(x):
-            return None  # the full path learns the caller's torch
-        if hasattr(x, "__cuda_array_interface__"):
-            cai = read_cai(inputs, self._typestrs)
-            return None if cai is None else self._replay_device(cai[2], cai[0], cai[1], None)
-        if hasattr(x, "__dlpack__"):
-            return self._replay_dlpack(inputs)
-        return None
-
-    def _replay_dlpack(self, inputs: Sequence[Any]) -> list[Any] | None:
-        """DLPack producers: one capsule per input, handed back after the work is enqueued."""
-        held: list[Imported] = []
-        try:
-            for x, dt in zip(inputs, self._in_dtypes):
-                try:
-                    dev = x.__dlpack_device__()
-                    if int(dev[0]) not in (KDL_CUDA, KDL_CUDA_MANAGED) or int(dev[1]) != self.ordinal:
-                        return None
-                    imp = import_tensor(x, 1)
-                except (ValueError, TypeError, RuntimeError, BufferError, AttributeError):
-                    return None
-                held.append(imp)
-                if imp.view.dtype != dt or not imp.view.contiguous:
-                    return None
-            key = tuple(imp.view.shape for imp in held)
-            return self._replay_device(0, key, [imp.view.ptr for imp in held], None)
-        finally:
-            for imp in held:
-                imp.close()
-
-    def _replay_device(self, stream: int, key: Key, ptrs: Sequence[int], tk: TorchKind | None) -> list[Any] | None:
-        """Device inputs at `ptrs`: copied into the graph's buffer, the graph, the outputs copied out into
-        torch tensors (`tk`) or pooled DeviceTensors, all enqueued on `stream`; None: the full path."""
-        graphs = self.graphs
-        assert graphs is not None
-        ctx = graphs.peek(stream)
-        entry = ctx.graphs.get(key) if ctx is not None else None
-        if entry is None or entry.replay is None or graphs.memory_changed(ctx, entry):  # type: ignore[arg-type]
-            return None
-        r = entry.replay
-        drv, s = self.exe._drv, ctx.handle  # type: ignore[union-attr]
-        copy = drv.cuMemcpyDtoDAsync
-        lock = self._stream_locks.get(stream) or self._stream_lock(stream)
-        with lock:
-            words = self._errors.get(stream)
-            if words is not None and words[0]:
-                self._raise_reported(stream, "when this call began (it did not run)")
-            ctx.graphs.move_to_end(key)  # type: ignore[union-attr]
-            failed = False  # CUresult is an int enum: non-zero is an error
-            for p, (addr, n) in zip(ptrs, r.inputs):
-                failed = bool(copy(addr, p, n, s)[0]) or failed
-            failed = bool(drv.cuGraphLaunch(entry.exec, s)[0]) or failed
-            for src, dst, n in r.copies:
-                failed = bool(copy(dst, src, n, s)[0]) or failed
-            outs: list[Any] = []
-            if tk is not None:
-                empty, device = tk.empty, tk.device
-                for (addr, shape, _, n), dt in zip(r.outputs, tk.outputs):
-                    o = empty(shape, dtype=dt, device=device)
-                    failed = bool(copy(o.data_ptr(), addr, n, s)[0]) or failed
-                    outs.append(o)
-            else:
-                specs = [(shape, dt) for (_, shape, _, _), dt in zip(r.outputs, self._out_dtypes)]
-                outs, dsts = self._new_outputs(specs, None, stream)
-                for d, (addr, _, _, n) in zip(dsts, r.outputs):
-                    failed = bool(copy(d, addr, n, s)[0]) or failed
-            if failed:
-                return None  # the full path runs the call again and raises the detailed error
-            if self.exe.strict and self.exe.checks_errors:
-                self._raise_reported(stream, "")
-        return outs
-
-    def _replay_host(self, inputs: Sequence[Any]) -> list[np.ndarray] | None:
-        """Note [Graph replay]: host arrays on the legacy default stream."""
-        assert self.graphs is not None and self._replay_dtypes is not None
-        ctx = self.graphs.peek(0)
-        if ctx is None:
-            return None
-        shapes = []
-        for x, dt in zip(inputs, self._replay_dtypes):
-            if type(x) is not np.ndarray or x.dtype != dt or not x.flags.c_contiguous:
-                return None
-            shapes.append(x.shape)
-        key = tuple(shapes)
-        with self._stream_lock(0):
-            entry = ctx.graphs.get(key)
-            if entry is None or entry.replay is None or self.graphs.memory_changed(ctx, entry):
-                return None
-            words = self._errors.get(0)
-            if words is not None and words[0]:
-                self._raise_reported(0, "when this call began (it did not run)")
-            ctx.graphs.move_to_end(key)
-            r = entry.replay
-            drv, stream, ok = self.exe._drv, ctx.handle, self._ok
-            errs = [drv.cuMemcpyHtoDAsync(addr, x.ctypes.data, n, stream)[0] for x, (addr, n) in zip(inputs, r.inputs)]
-            errs.append(drv.cuGraphLaunch(entry.exec, stream)[0])
-            errs += [drv.cuMemcpyDtoDAsync(dst, src, n, stream)[0] for src, dst, n in r.copies]
-            outs = []
-            for addr, shape, dt, n in r.outputs:
-                a = np.empty(shape, dtype=dt)
-                errs.append(drv.cuMemcpyDtoHAsync(a.ctypes.data, addr, n, stream)[0])
-                outs.append(a)
-            errs.append(drv.cuStreamSynchronize(stream)[0])
-            if any(e != ok for e in errs):
-                return None  # the full path runs the call again and raises the detailed error
-            self._raise_reported(0, "")
-            return outs
-
-    # -- errors (Note [Device errors])
-    def _raise_reported(self, stream: int, found: str) -> None:
-        """Raise the index error `stream`'s kernels reported, if any. `found` "": the call that just
-        waited for the stream (its own error); else where an earlier call's error was found."""
-        exe = self.exe
-        if not exe.checks_errors:
-            return
-        if exe.strict:
-            if found:
-                return  # every call raised its own
-            code, value, size = exe.read_status(stream)
-        else:
-            words = self._errors.get(stream)
-            if words is None:
-                words = self._errors[stream] = exe.mirror(exe.status(stream))[1]
-            if not words[0]:
-                return
-            exe.device.synchronize(stream)  # the words final
-            code, value, size = int(words[0]), int(words[1]), int(words[2])
-        if not code:
-            return
-        exe.clear_status(stream)
-        k = code >> KERNEL_SHIFT
-        row = self.kernels[k] if 0 <= k < len(self.kernels) else {"name": "?", "errors": []}
-        err = index_error(row, code & ((1 << KERNEL_SHIFT) - 1), value, size)
-        if found:
-            err = IndexRangeError(
-                f"{err}; reported by an earlier call on this stream and found {found}: the results of the "
-                "calls on this stream since its last check may be wrong (LoaderOptions.cuda_strict_errors "
-                "makes each call check its own)"
-            )
-        raise err
-
+    # -- errors (Note [Device errors] in device_errors.py)
     def synchronize(self) -> None:
         """Wait for every stream this module ran on and raise an index error a call reported."""
         for stream in list(self._stream_locks):
             with self._stream_lock(stream):
                 self.exe.synchronize(stream)
-                self._raise_reported(stream, "by synchronize()")
+                self.errors.raise_reported(stream, "by synchronize()")
 
     def close(self) -> None:
         """synchronize(), then free the graphs, buffers and host copies (the module cannot run again)."""
@@ -609,12 +396,10 @@ class CudaExecutor:
             self.synchronize()
         finally:
             self._closed = True
-            self._finalizer.detach()
+            self.errors.close()
             if self.graphs is not None:
                 self.graphs.close()
             self._pool.free()
-            self.exe.free_mirrors()
-            self._errors.clear()
 
     def _to_host(
         self,
@@ -631,7 +416,7 @@ class CudaExecutor:
             self.exe.to_host(int(slots[1 + self.n_in + k]), a, stream)
             host_out.append(a)
         self.exe.synchronize(stream)
-        self._raise_reported(stream, "")
+        self.errors.raise_reported(stream, "")
         return host_out if outputs is None else self._copy_out(host_out, outputs)
 
     def _copy_out(self, results: list[Any], outputs: Sequence[Any]) -> list[Any]:
@@ -685,21 +470,3 @@ class CudaExecutor:
         y = np.ascontiguousarray(st.run(xs), dtype=st.dtype)
         self.exe.to_device(y, self._locate(st.out, cp, slots), stream)
         self.exe.synchronize(stream)  # `y` is freed on return
-
-
-def _unreported(exe: NativeCuda, errors: dict[int, np.ndarray], kernels: Sequence[dict[str, Any]]) -> None:
-    """Note [Device errors]: at interpreter exit (or when the module is collected), an index error no
-    call, synchronize() or close() raised is printed, never lost."""
-    for stream, words in list(errors.items()):
-        try:
-            exe.device.synchronize(stream)
-        except Exception:
-            continue
-        if words[0]:
-            k = int(words[0]) >> KERNEL_SHIFT
-            row = kernels[k] if 0 <= k < len(kernels) else {"name": "?", "errors": []}
-            err = index_error(row, int(words[0]) & ((1 << KERNEL_SHIFT) - 1), int(words[1]), int(words[2]))
-            sys.stderr.write(
-                f"bladepack: a CUDA call reported an error that nothing raised (no later call, synchronize() "
-                f"or close() on its stream): IndexRangeError: {err}\n"
-            )

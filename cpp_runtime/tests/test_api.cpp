@@ -5,11 +5,6 @@
 //   test_api MLP.bpk cuda[:N] -> the same for a model on that device (tests/test_cuda_cpp.py runs it on
 //                                the fake driver): its executor, results against the CPU model, and 8
 //                                threads on their own streams bit-identical to serial calls
-//   test_api GATHER.bpk cuda errors [strict]
-//                             -> Note [Device errors] on a model x[:, idx] (x: float32[b, n], idx: int64[3]):
-//                                a bad index on the caller's stream raised by the next call, by
-//                                bpk_model_synchronize, or (last) printed when the model is freed;
-//                                `strict` (BLADEPACK_CUDA_STRICT_ERRORS=1 set by the caller): by the call
 #include <dlfcn.h>
 
 #include <atomic>
@@ -504,77 +499,14 @@ void staging(const std::string& path, const char* device, int64_t rows) {
   bpk_model_free(cpu);
 }
 
-// Note [Device errors]: index errors of calls on the caller's stream with device results.
-void device_errors(const std::string& path, const char* device, bool strict) {
-  Driver d;
-  if (!d.lib || !d.alloc || !d.stream_create) {
-    CHECK(false, "no driver to allocate device memory with");
-    return;
-  }
-  bpk_load_options lo{BPK_LOAD_DEVICE, 0, nullptr, nullptr, 0, nullptr, device, 0};
-  bpk_model* m = nullptr;
-  if (bpk_model_load(path.c_str(), &lo, &m) != BPK_OK) {
-    CHECK(false, "load: %s", bpk_last_error());
-    return;
-  }
-  std::vector<float> x(20);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = float(i);
-  const int64_t good[3] = {0, 9, 1}, bad[3] = {0, 10, 1};
-  uint64_t dx = 0, dgood = 0, dbad = 0;
-  d.alloc(&dx, sizeof(float) * 20);
-  d.alloc(&dgood, sizeof good);
-  d.alloc(&dbad, sizeof bad);
-  d.htod(dx, x.data(), sizeof(float) * 20);
-  d.htod(dgood, good, sizeof good);
-  d.htod(dbad, bad, sizeof bad);
-  int64_t xs[2] = {2, 10}, is[1] = {3};
-  const DLTensor tx = dl(reinterpret_cast<void*>(dx), {kDLCUDA, 0}, {kDLFloat, 32, 1}, xs, 2);
-  const DLTensor tgood = dl(reinterpret_cast<void*>(dgood), {kDLCUDA, 0}, {kDLInt, 64, 1}, is, 1);
-  const DLTensor tbad = dl(reinterpret_cast<void*>(dbad), {kDLCUDA, 0}, {kDLInt, 64, 1}, is, 1);
-  void* stream = nullptr;
-  d.stream_create(&stream, 1);
-  bpk_run_options opts{0, stream};
-  auto call = [&](const DLTensor& idx) {
-    const DLTensor* ins[2] = {&tx, &idx};
-    DLManagedTensorVersioned* out[1] = {nullptr};
-    const bpk_status st = bpk_model_run_dlpack(m, ins, 2, out, 1, &opts);
-    if (out[0] != nullptr) out[0]->deleter(out[0]);
-    return st;
-  };
-  for (int k = 0; k < 3; ++k) CHECK(call(tgood) == BPK_OK, "good call %d: %s", k, bpk_last_error());
-  if (strict) {
-    CHECK(call(tbad) == BPK_ERR_INDEX && contains(bpk_last_error(), "10 is not in [-10, 9]") &&
-              !contains(bpk_last_error(), "earlier"),
-          "strict: the bad call raises its own: %s", bpk_last_error());
-    CHECK(call(tgood) == BPK_OK, "strict: the next call runs: %s", bpk_last_error());
-  } else {
-    CHECK(call(tbad) == BPK_OK, "the bad call returns without waiting: %s", bpk_last_error());
-    CHECK(call(tgood) == BPK_ERR_INDEX && contains(bpk_last_error(), "10 is not in [-10, 9]") &&
-              contains(bpk_last_error(), "earlier call on this stream and found when this call began"),
-          "the next call raises it: %s", bpk_last_error());
-    CHECK(call(tgood) == BPK_OK, "then calls run again: %s", bpk_last_error());
-    CHECK(call(tbad) == BPK_OK, "%s", bpk_last_error());
-    CHECK(bpk_model_synchronize(m, stream) == BPK_ERR_INDEX && contains(bpk_last_error(), "by bpk_model_synchronize"),
-          "synchronize raises it: %s", bpk_last_error());
-    CHECK(bpk_model_synchronize(m, nullptr) == BPK_OK, "once: %s", bpk_last_error());
-    CHECK(call(tbad) == BPK_OK, "%s", bpk_last_error());  // left for bpk_model_free to print
-  }
-  bpk_model_free(m);
-  d.free_(dx);
-  d.free_(dgood);
-  d.free_(dbad);
-}
-
 int main(int argc, char** argv) {
-  if (argc < 2 || argc > 5) {
+  if (argc < 2 || argc > 4) {
     std::fprintf(stderr, "usage: test_api MLP.bpk [cuda[:N]] | test_api ELEMENTWISE.bpk cuda[:N] ROWS\n");
     return 2;
   }
   const std::string path = argv[1];
   if (argc >= 3) {
-    if (argc >= 4 && std::strcmp(argv[3], "errors") == 0)
-      device_errors(path, argv[2], argc == 5 && std::strcmp(argv[4], "strict") == 0);
-    else if (argc == 4)
+    if (argc == 4)
       staging(path, argv[2], std::atoll(argv[3]));
     else
       on_device(path, argv[2]);
