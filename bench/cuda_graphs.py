@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import subprocess
 import tempfile
 import time
@@ -246,6 +247,11 @@ if mode == "torch":  # what a replayed call asks of the stand-in, timed alone: t
             x.dtype; x.get_device(); x.is_contiguous(); x.is_neg(); x.is_conj(); x.shape; x.data_ptr()
         for shape, dt in specs:
             torch.empty(shape, dtype=dt, device=dev).data_ptr()
+elif mode == "dlpack":  # the producer's side: a capsule per input (bladepack's Exported stands in for JAX)
+    def standin():
+        for x in xs:
+            x.__dlpack_device__()
+            x.__dlpack__(stream=1, max_version=(1, 0))
 else:
     def standin():
         pass
@@ -285,7 +291,11 @@ _MODES = {
 }
 
 
-def host_cost(names: list[str], repeat: int, modes: list[str], graphs_off: bool) -> list[dict[str, Any]]:
+def host_cost(
+    names: list[str], repeat: int, modes: list[str], graphs_off: bool, baseline: Path | None = None
+) -> list[dict[str, Any]]:
+    """`baseline`: the root of another checkout whose Python loader runs beside this one, each of its
+    rows right before ours (this tree's tests/fake_torch.py is copied into it when it has none)."""
     import os
     import sys
 
@@ -320,6 +330,13 @@ def host_cost(names: list[str], repeat: int, modes: list[str], graphs_off: bool)
         dims = _small_case(name)
         g = torch.Generator().manual_seed(0)
         models.append((name, art, dims, tuple(a.numpy() for a in s.make_inputs(g, **dims))))
+    here = Path(__file__).resolve().parent.parent
+    roots: list[tuple[str, Path]] = [("", here)]
+    if baseline is not None:
+        stand_in = baseline / "tests" / "fake_torch.py"
+        if not stand_in.exists():
+            shutil.copy(here / "tests" / "fake_torch.py", stand_in)
+        roots = [(f" ({_commit(baseline)}, before)", baseline), (f" ({_commit(here)})", here)]
     rows = []
     for label, art, dims, arrays in models:
         path = work / f"{label.split()[0]}.bpk"
@@ -327,13 +344,14 @@ def host_cost(names: list[str], repeat: int, modes: list[str], graphs_off: bool)
         files, flags = _npy_inputs(work, path.stem, [t.name for t in art.plan.inputs], arrays)
         launches = sum(1 for lr in art._parts()[0]["native_cuda"]["launches"] if lr["op"] != "ref")
         for graphs in (True, False) if graphs_off else (True,):
-            for mode in modes:
-                log = work / f"{path.stem}-{mode}-{int(graphs)}.log"
+            for mode, (tree, root) in ((m, t) for m in modes for t in roots):
+                log = work / f"{path.stem}-{mode}-{int(graphs)}-{tree}.log"
                 py = subprocess.run(
                     [sys.executable, "-c", _HOST_SCRIPT, str(path), mode, "1" if graphs else "0", str(repeat), *files],
                     capture_output=True,
                     text=True,
-                    env={**env, "BENCH_LOG": str(log), "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+                    env={**env, "BENCH_LOG": str(log), "PYTHONPATH": str(root)},
+                    cwd=root,  # `python -c` puts the working directory first on sys.path
                 )
                 ok = py.returncode == 0
                 us, standin, calls, syncs = (float(v) for v in py.stdout.split()[-4:]) if ok else (None,) * 4
@@ -343,9 +361,9 @@ def host_cost(names: list[str], repeat: int, modes: list[str], graphs_off: bool)
                         "shape": dims,
                         "launches in the plan": launches,
                         "graphs": graphs,
-                        "loader": f"python, {_MODES[mode]}",
-                        "host us/call": round(us, 1) if us is not None else py.stderr.strip()[-300:],
-                        "stand-in us/call": round(standin, 1) if standin is not None else None,
+                        "loader": f"python{tree}, {_MODES[mode]}",
+                        "host us/call": round(us, 1) if us is not None else _last_line(py.stderr),
+                        "framework us/call": round(standin, 1) if standin is not None else None,
                         "bladepack + driver us/call": round(us - standin, 1) if us is not None else None,
                         "bladepack python calls/call": calls,
                         "stream syncs/call": syncs,
@@ -360,7 +378,7 @@ def host_cost(names: list[str], repeat: int, modes: list[str], graphs_off: bool)
                     "graphs": graphs,
                     "loader": "c++ bpk-run, host arrays (whole call)",
                     "host us/call": median if median is not None else err[-200:],
-                    "stand-in us/call": None,
+                    "framework us/call": None,
                     "bladepack + driver us/call": median,
                     "bladepack python calls/call": 0,
                     "stream syncs/call": None,
@@ -368,6 +386,20 @@ def host_cost(names: list[str], repeat: int, modes: list[str], graphs_off: bool)
             )
     del gpu
     return rows
+
+
+def _last_line(text: str) -> str:
+    """A failed run's error, for a table cell (its last line, without the cell separator)."""
+    lines = text.strip().splitlines()
+    return "failed: " + (lines[-1].replace("|", "/")[-160:] if lines else "no output")
+
+
+def _commit(root: Path) -> str:
+    r = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(
+        ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True
+    )
+    return r.stdout.strip() + ("+" if dirty.stdout.strip() else "")
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
@@ -386,21 +418,29 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=200)
     ap.add_argument("--modes", default="numpy,torch,dlpack,cai", help="--host: the kinds of tensors passed")
     ap.add_argument("--graphs-off", action="store_true", help="--host: also without CUDA graphs")
+    ap.add_argument("--baseline", type=Path, help="--host: another checkout's loader, measured beside this one")
     ap.add_argument("--calls", type=int, default=3, help="fake driver: calls counted after warm-up")
     args = ap.parse_args()
     names = args.samples.split(",")
     RESULTS.mkdir(exist_ok=True)
     if args.host:
-        rows = host_cost(names, args.repeat, args.modes.split(","), args.graphs_off)
+        rows = host_cost(names, args.repeat, args.modes.split(","), args.graphs_off, args.baseline)
         tag = "cuda_host_cost"
         head = (
-            "# Host time per call on the fake driver (kernels not run, nothing logged): bladepack's own work\n\n"
-            "Median of the calls after 50 warm-up calls, one process per loader and setting, host tensors in\n"
-            "and out. A real driver adds its per-launch cost (one graph launch per call with graphs), which\n"
-            "only a GPU run measures. Without graphs the fake's own launch (it formats each launch's\n"
-            "arguments) inflates the figures; the samples' GEMMs run on the fake cuBLAS on the host, inside\n"
-            "the graph too, so only the chain and the CNN show bladepack's own cost. Machine: the 2-core\n"
-            "CPU box (noisy).\n\n"
+            "# Host time per call on the fake driver: bladepack's own work per call, by kind of tensor\n\n"
+            "`python -m bench.cuda_graphs --host --samples mlp,llama,encoder --repeat 1500 --baseline <checkout>`.\n"
+            "Each sample at its smallest test shape, a repeated signature with CUDA graphs on (the replay\n"
+            "paths), on the fake driver: kernels not run, cuBLAS's arithmetic skipped, nothing logged while\n"
+            "timed. Thread CPU time per call, the best of 15 blocks' medians (the machine switches between a\n"
+            "fast and a slow mode). The caller's framework is not ours: torch tensors are tests/fake_torch.py's\n"
+            "stand-in, whose per-call work (the attribute reads, the current stream, torch.empty) is timed\n"
+            "alone in the same process and subtracted; the DLPack producer is bladepack's Exported (a capsule\n"
+            "per input), timed the same way. `bladepack + driver` is what remains: bladepack's Python and the\n"
+            "fake driver's calls through cuda-python (~0.4 µs each plus the fake's own work; a real driver's\n"
+            "copy or graph launch costs a few µs of CPU, which only a GPU run measures). Python calls: the\n"
+            "functions of bladepack entered per call. Stream syncs: cuStreamSynchronize per call in the fake's\n"
+            "log. The baseline rows are the loader before the replay paths, run in the same process order.\n"
+            "Machine: the 2-core AVX-512 Xeon box, no GPU.\n\n"
         )
     elif args.gpu:
         rows = gpu_times(names, args.repeat)

@@ -77,6 +77,7 @@ class Replay:
     inputs: tuple[tuple[int, int], ...]  # staging address, bytes
     copies: tuple[tuple[int, int, int], ...]  # source, destination, bytes
     outputs: tuple[tuple[int, tuple[int, ...], Any, int], ...]
+    pooled: int = 0  # the outputs' bytes carved out of one pooled block (each rounded up to 256)
 
 
 @dataclass

@@ -367,6 +367,7 @@ class CudaExecutor(ReplayPaths):
                     (int(slots[1 + self.n_in + k]), tuple(shape), DType(dt).storage_numpy(), nbytes(shape, dt))
                     for k, (shape, dt) in enumerate(out_specs)
                 ),
+                sum(round_up(nbytes(shape, dt)) for shape, dt in out_specs),
             )
             self.graphs.note_memory(ctx, entry)
         device_out = torch is not None or any(d is not None for d in devs)

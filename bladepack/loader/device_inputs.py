@@ -207,7 +207,9 @@ class DeviceTensor(Exported):
         stream: int,
         cuda: Device,
     ) -> None:
-        super().__init__(ptr, device, dtype, shape, owner)
+        # Exported's fields set directly: the dtype came from the artifact's signature (made per result
+        # of a replayed call, so kept to plain stores)
+        self.ptr, self.device, self.dtype, self.shape, self.owner = ptr, device, dtype, shape, owner
         self.stream, self._cuda = stream, cuda
 
     def __dlpack__(
