@@ -369,6 +369,28 @@ def host_cost(
                         "stream syncs/call": syncs,
                     }
                 )
+            dl = subprocess.run(
+                [str(bpk_run), str(path), "--device", "cuda", *flags, "--repeat", str(repeat), "--dlpack-device"]
+                + ([] if graphs else ["--cuda-graphs", "-1"]),
+                capture_output=True,
+                text=True,
+                env=env,
+            )
+            found = re.search(r"dlpack device latency .*median ([\d.]+)", dl.stdout)
+            rows.append(
+                {
+                    "model": label,
+                    "shape": dims,
+                    "launches in the plan": launches,
+                    "graphs": graphs,
+                    "loader": "c++ bpk_model_run_dlpack, device tensors, caller stream (enqueue)",
+                    "host us/call": float(found.group(1)) if found else _last_line(dl.stderr),
+                    "framework us/call": None,
+                    "bladepack + driver us/call": float(found.group(1)) if found else None,
+                    "bladepack python calls/call": 0,
+                    "stream syncs/call": None,
+                }
+            )
             median, err = _bpk_run_median(bpk_run, path, flags, repeat, graphs, env)
             rows.append(
                 {

@@ -232,3 +232,53 @@ def test_host_arrays_raise_their_own_error(gpu: FakeGpu, gather: Any, tmp_path: 
     assert statuses[3].startswith("IndexRangeError:") and "earlier" not in statuses[3], statuses
     assert statuses[4] == "ok" and statuses[:3] == ["ok"] * 3
     assert _calls(got[2][2], "stream_sync") == 1
+
+
+@pytest.mark.cuda
+def test_replay_paths_on_a_real_gpu() -> None:
+    """On a GPU machine: the MLP on torch CUDA tensors, on a side stream and on the default one, and on
+    CAI views of them, five calls per signature (the replay path from the third), equal to the host
+    path bit for bit at 1, 5 and 17 rows; a gather's bad index raised by the next call on the stream
+    and by synchronize(), never by the call that made it."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from bladepack.errors import IndexRangeError
+
+    s = SAMPLES["mlp"]
+    art = bladepack.optimize(s.build().eval(), s.export_samples(), s.dynamic_shapes, targets=("cpu", "cuda"))
+
+    class CaiOf:
+        def __init__(self, t: torch.Tensor) -> None:
+            self.t, self.__cuda_array_interface__ = t, t.__cuda_array_interface__
+
+    with bladepack.load(art.to_bytes(), device="cuda") as m:
+        side = torch.cuda.Stream()
+        for n in (1, 5, 17):
+            x = torch.randn(n, 64)
+            want = m(x.numpy())
+            dev = x.cuda()
+            for stream in (side, torch.cuda.current_stream()):
+                with torch.cuda.stream(stream):
+                    for _ in range(5):
+                        got = m(dev)
+                    assert torch.equal(got.cpu(), torch.from_numpy(want))
+            for _ in range(5):
+                out = m(CaiOf(dev))
+            assert torch.equal(torch.from_dlpack(out).cpu(), torch.from_numpy(want))
+
+    b, n = torch.export.Dim("b", min=1, max=64), torch.export.Dim("n", min=4, max=4096)
+    gather = bladepack.optimize(
+        _Gather(), [(torch.randn(3, 40), torch.tensor([0, 5, 3]))], ({0: b, 1: n}, None), targets=("cpu", "cuda")
+    )
+    x = torch.arange(20, dtype=torch.float32).reshape(2, 10).cuda()
+    good, bad = torch.tensor([0, 9, 1]).cuda(), torch.tensor([0, 10, 1]).cuda()
+    with bladepack.load(gather.to_bytes(), device="cuda") as m:
+        for _ in range(3):
+            m(x, good)
+        m(x, bad)  # returns without waiting for its kernels
+        with pytest.raises(IndexRangeError, match="earlier call on this stream"):
+            m(x, good)
+        assert torch.equal(m(x, good).cpu(), torch.relu(x[:, good]).cpu() * 2)
+        m(x, bad)
+        with pytest.raises(IndexRangeError, match="by synchronize"):
+            m.synchronize()

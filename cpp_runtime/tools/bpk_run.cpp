@@ -2,7 +2,7 @@
 //
 //   bpk-run MODEL.bpk --input NAME=FILE.npy ... [--output-dir DIR] [--device cpu|cuda[:N]] [--repeat N]
 //           [--cuda-graphs N] [--threads N] [--no-verify] [--sha256 HEX] [--trusted-key KEY ...]
-//           [--on-out-of-range DIM=POLICY ...] [--mmap | --no-mmap]
+//           [--on-out-of-range DIM=POLICY ...] [--mmap | --no-mmap] [--dlpack-device]
 //   bpk-run MODEL.bpk --verify
 //
 // --sha256 refuses the file unless its SHA-256 is HEX; --trusted-key (64 hex digits, or a file holding
@@ -14,12 +14,17 @@
 // prints the report `bladepack verify` prints (exit status 1 when a case fails).
 //
 // --device cuda[:N] runs the artifact's native CUDA plan on that GPU (the inputs are copied to the
-// device and the outputs back per call; latency statistics then include those copies).
+// device and the outputs back per call; latency statistics then include those copies). With
+// --dlpack-device and --repeat N it also times N calls of bpk_model_run_dlpack the way a framework
+// makes them: the inputs in device memory (copied there once), a stream of its own, results allocated
+// by the runtime and released after each call; each call's time is its enqueue (nothing waits).
 //
 // Without inputs it prints the signature. Each output is written as DIR/<name>.npy; with --repeat N
 // the model runs N more times (the files hold the last call's results) and latency statistics are
 // printed. --cuda-graphs N keeps N CUDA graphs per stream (-1: off; the default 64; Note [CUDA graphs]). Exit status: 0, 1 for a load or run
 // error (the runtime's reason on stderr), 2 for a usage error.
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -41,7 +46,7 @@ namespace {
 const char kUsage[] =
     "usage: bpk-run MODEL.bpk [--input NAME=FILE.npy ...] [--output-dir DIR] [--device cpu|cuda[:N]]\n"
     "               [--repeat N] [--cuda-graphs N] [--threads N] [--no-verify] [--sha256 HEX] [--trusted-key KEY ...]\n"
-    "               [--on-out-of-range DIM=POLICY ...] [--mmap | --no-mmap]\n"
+    "               [--on-out-of-range DIM=POLICY ...] [--mmap | --no-mmap] [--dlpack-device]\n"
     "       bpk-run MODEL.bpk --verify [--threads N] [--no-verify] [--sha256 HEX] [--trusted-key KEY ...]\n";
 
 int usage(const std::string& why) {
@@ -117,12 +122,83 @@ double percentile(std::vector<double> v, double q) {
 
 }  // namespace
 
+// --dlpack-device: `repeat` calls of bpk_model_run_dlpack on device copies of `in`, on a stream of its
+// own, each call's enqueue time; the driver (libcuda.so.1, as the runtime finds it) makes the copies.
+int time_dlpack(bpk_model* model, const std::vector<bpk_tensor>& in, long repeat) {
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  using Alloc = int (*)(uint64_t*, size_t);
+  using Copy = int (*)(uint64_t, const void*, size_t);
+  using Free = int (*)(uint64_t);
+  using StreamCreate = int (*)(void**, unsigned);
+  using Sync = int (*)(void*);
+  auto alloc = lib ? reinterpret_cast<Alloc>(dlsym(lib, "cuMemAlloc_v2")) : nullptr;
+  auto htod = lib ? reinterpret_cast<Copy>(dlsym(lib, "cuMemcpyHtoD_v2")) : nullptr;
+  auto free_ = lib ? reinterpret_cast<Free>(dlsym(lib, "cuMemFree_v2")) : nullptr;
+  auto stream_create = lib ? reinterpret_cast<StreamCreate>(dlsym(lib, "cuStreamCreate")) : nullptr;
+  auto sync = lib ? reinterpret_cast<Sync>(dlsym(lib, "cuStreamSynchronize")) : nullptr;
+  if (!alloc || !htod || !free_ || !stream_create || !sync) {
+    std::fprintf(stderr, "bpk-run: --dlpack-device needs the CUDA driver (libcuda.so.1)\n");
+    if (lib) dlclose(lib);
+    return 1;
+  }
+  static constexpr DLDataType kDL[] = {
+      {kDLFloat, 32, 1}, {kDLFloat, 64, 1}, {kDLFloat, 16, 1}, {kDLBfloat, 16, 1}, {kDLInt, 64, 1},
+      {kDLInt, 32, 1},   {kDLInt, 16, 1},   {kDLInt, 8, 1},    {kDLUInt, 8, 1},    {kDLBool, 8, 1},
+  };
+  std::vector<uint64_t> mem(in.size(), 0);
+  std::vector<DLTensor> dl(in.size());
+  std::vector<std::vector<int64_t>> shapes(in.size());
+  for (size_t k = 0; k < in.size(); ++k) {
+    size_t n = bpk_dtype_size(in[k].dtype);
+    for (int32_t a = 0; a < in[k].ndim; ++a) n *= size_t(in[k].shape[a]);
+    alloc(&mem[k], std::max<size_t>(n, 1));
+    htod(mem[k], in[k].data, n);
+    shapes[k].assign(in[k].shape, in[k].shape + in[k].ndim);
+    std::memset(&dl[k], 0, sizeof dl[k]);
+    dl[k].data = reinterpret_cast<void*>(mem[k]);
+    dl[k].device = {kDLCUDA, 0};
+    dl[k].ndim = in[k].ndim;
+    dl[k].dtype = kDL[in[k].dtype];
+    dl[k].shape = shapes[k].data();
+  }
+  std::vector<const DLTensor*> ins;
+  for (const DLTensor& t : dl) ins.push_back(&t);
+  const bpk_signature* sig = nullptr;
+  bpk_model_signature(model, &sig);
+  std::vector<DLManagedTensorVersioned*> outs(size_t(sig->num_outputs), nullptr);
+  void* stream = nullptr;
+  stream_create(&stream, 1);
+  const bpk_run_options options{0, stream};
+  std::vector<double> us;
+  int rc = 0;
+  for (long r = 0; r < repeat + 3 && rc == 0; ++r) {  // three warm-up calls: plain, captured, replayed
+    std::fill(outs.begin(), outs.end(), nullptr);
+    const auto a = std::chrono::steady_clock::now();
+    const bpk_status s = bpk_model_run_dlpack(model, ins.data(), int64_t(ins.size()), outs.data(), int64_t(outs.size()),
+                                              &options);
+    const double t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a).count();
+    if (s != BPK_OK) rc = runtime_error(s);
+    if (r >= 3) us.push_back(t);
+    for (DLManagedTensorVersioned* o : outs)
+      if (o != nullptr) o->deleter(o);
+  }
+  sync(stream);
+  if (rc == 0 && bpk_model_synchronize(model, stream) != BPK_OK) rc = runtime_error(BPK_ERR_INDEX);
+  if (rc == 0)
+    std::printf("dlpack device latency over %ld runs (us): min %.1f  median %.1f  p90 %.1f\n", repeat,
+                *std::min_element(us.begin(), us.end()), percentile(us, 0.5), percentile(us, 0.9));
+  for (uint64_t p : mem) free_(p);
+  dlclose(lib);
+  return rc;
+}
+
 int main(int argc, char** argv) {
   std::string model_path, out_dir, device = "cpu";
   std::vector<std::pair<std::string, std::string>> inputs;
   long repeat = 0;
   long graphs = 0;
   bool verify = false;
+  bool dlpack_device = false;
   bpk_load_options opts{0, 0, nullptr, nullptr, 0, nullptr, nullptr, 0, -1};
   std::string pinned, policies;
   std::vector<uint8_t> keys;
@@ -183,6 +259,8 @@ int main(int argc, char** argv) {
       opts.flags |= BPK_LOAD_OUT_OF_RANGE;
     } else if (a == "--verify") {
       verify = true;
+    } else if (a == "--dlpack-device") {
+      dlpack_device = true;
     } else if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);
       return 0;
@@ -300,6 +378,7 @@ int main(int argc, char** argv) {
                 repeat, *std::min_element(us.begin(), us.end()), percentile(us, 0.5),
                 std::accumulate(us.begin(), us.end(), 0.0) / double(us.size()), percentile(us, 0.9),
                 percentile(us, 0.99), *std::max_element(us.begin(), us.end()));
+  if (dlpack_device && repeat > 0 && rc == 0) rc = time_dlpack(model, in, repeat);
   for (auto& o : out) bpk_free(o.data);
   bpk_model_free(model);
   return rc;
