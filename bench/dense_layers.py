@@ -6,7 +6,7 @@ Both plans come from the same model, one with BLADEPACK_DENSE_LAYERS=0 (numpy's 
 ReLU in a loop kernel), and run in this one process, alternating blocks of calls; a plan's figure is
 its best block median (whole calls, so the epilogue kernel and the launches count).
 
-    python -m bench.dense_layers [--out bench/results/dense_layers.md] [--shapes 64x256,256x256]
+    python -m bench.dense_layers [--out bench/results/dense_layers.md] [--shapes 64x256,256x256] [--isa x86-64-v3]
 """
 
 from __future__ import annotations
@@ -39,11 +39,14 @@ class _Layer(torch.nn.Module):
         return torch.relu(self.fc(x))
 
 
-def _build(model: torch.nn.Module, k: int, dense: bool) -> Any:
+def _build(model: torch.nn.Module, k: int, dense: bool, isa: str | None = None) -> Any:
+    """The model's plan with or without dense kernels; `isa`: built and loaded for that CPU library
+    level only (x86-64-v3: the AVX2 kernels, which an AVX-512 machine runs too)."""
     samples = [(torch.randn(2, k),), (torch.randn(5, k),)]
-    options = bladepack.CompileOptions.from_env(dense_layers=dense)
+    extra = {"cpu_isas": isa} if isa else {}
+    options = bladepack.CompileOptions.from_env(dense_layers=dense, **extra)
     art = bladepack.optimize(model, samples, {"x": {0: bladepack.Dim("rows", 1, max(ROWS))}}, options=options)
-    return bladepack.load(art.to_bytes())
+    return bladepack.load(art.to_bytes(), options=bladepack.LoaderOptions.from_env(cpu_isa=isa) if isa else None)
 
 
 def _median_us(fn: Callable[[], Any], n: int) -> float:
@@ -57,11 +60,11 @@ def _median_us(fn: Callable[[], Any], n: int) -> float:
     return statistics.median(ts) * 1e6
 
 
-def measure(k: int, n: int, rows: list[int]) -> dict[int, tuple[float, float]]:
+def measure(k: int, n: int, rows: list[int], isa: str | None = None) -> dict[int, tuple[float, float]]:
     """(BLAS plan µs, dense plan µs) per row count, results checked against each other."""
     torch.manual_seed(0)
     model = _Layer(k, n).eval()
-    blas, dense = _build(model, k, False), _build(model, k, True)
+    blas, dense = _build(model, k, False, isa), _build(model, k, True, isa)
     out: dict[int, tuple[float, float]] = {}
     for m in rows:
         x = np.random.default_rng(m).standard_normal((m, k), dtype=np.float32)
@@ -82,6 +85,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in SHAPES))
     ap.add_argument("--rows", default=",".join(map(str, ROWS)))
+    ap.add_argument("--isa", default=None, help="one CPU library level (x86-64-v3: AVX2), built and loaded")
     a = ap.parse_args()
     shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
     rows = [int(v) for v in a.rows.split(",")]
@@ -93,11 +97,15 @@ def main() -> None:
         "|---|" + "---|" * len(rows),
     ]
     print("\n".join(lines), flush=True)
+    gflops = ["", "Dense plan GFLOP/s (2 M K N / whole-call time)", "", lines[2], lines[3]]
     for k, n in shapes:
-        res = measure(k, n, rows)
+        res = measure(k, n, rows, a.isa)
         line = f"| {k}x{n} | " + " | ".join(f"{res[m][0] / res[m][1]:.2f}" for m in rows) + " |"
         lines.append(line)
+        gflops.append(f"| {k}x{n} | " + " | ".join(f"{2 * m * k * n / res[m][1] / 1e3:.1f}" for m in rows) + " |")
         print(line, "  µs (blas/dense):", {m: (round(b), round(d)) for m, (b, d) in res.items()}, flush=True)
+    lines += gflops
+    print("\n".join(gflops))
     if a.out:
         Path(a.out).write_text("\n".join(lines) + "\n")
 

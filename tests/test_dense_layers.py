@@ -233,3 +233,53 @@ def test_repeated_blocks_share_kernel_code() -> None:
         with torch.no_grad():
             want = model(x)
         np.testing.assert_allclose(loaded(x).numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
+
+
+class _Residues(torch.nn.Module):
+    """Column counts around every ISA's blocks (Note [Dense tiles per ISA]: 64 on AVX-512, 8 / 16 / 32 on
+    AVX2, 4 / 8 / 16 on SSE) and K around their vectors: 64 -> 200 -> 17 -> 65 -> 9, and 64 -> 1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(64, 200), torch.nn.Linear(200, 17)
+        self.c, self.d = torch.nn.Linear(17, 65), torch.nn.Linear(65, 9)
+        self.e = torch.nn.Linear(64, 1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a = torch.relu(self.a(x))
+        b = self.b(a)
+        c = torch.nn.functional.gelu(self.c(b))
+        return a, b, c, self.d(c), self.e(x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_dense_tiles_at_every_isa_level(dtype: torch.dtype, tmp_path: pytest.TempPathFactory) -> None:
+    """Every ISA library this CPU runs (each has its own column blocks, Note [Dense tiles per ISA]), at
+    one and two threads, at row counts over each row tile's residues, against eager element by
+    element (float32 within 1e-5 of the output's scale, float64 within 1e-12)."""
+    from bladepack.cpu_features import cpu_flags
+    from bladepack.options import LoaderOptions
+    from tests.helpers import all_isas
+
+    torch.manual_seed(0)
+    model = _Residues().to(dtype).eval()
+    m = Dim("m", min=1, max=128)
+    art = bladepack.optimize(model, [(torch.randn(5, 64, dtype=dtype),)], ({0: m},), options=all_isas())
+    have = cpu_flags()
+    levels = [isa for isa, requires, _ in art.cpu_libraries if set(requires) <= have]
+    assert len(levels) >= 2, art.cpu_libraries
+    path = tmp_path / "residues.bpk"  # type: ignore[operator]
+    art.save(path)
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    for isa in levels:
+        for threads in (1, 2):
+            mod = bladepack.load(path, executor="native", options=LoaderOptions(cpu_isa=isa, num_threads=threads))
+            assert mod.executor == f"native ({isa})"
+            for rows in (1, 2, 3, 5, 6, 7, 8, 9, 13, 17, 31, 128):
+                x = torch.randn(rows, 64, dtype=dtype)
+                with torch.no_grad():
+                    want = [w.numpy() for w in model(x)]
+                for k, (got, ref) in enumerate(zip(mod(x.numpy()), want, strict=True)):
+                    scale = max(1.0, float(np.abs(ref).max()))
+                    bad = np.nonzero((np.abs(got - ref) > tol * scale).any(axis=0))[0]
+                    assert bad.size == 0, f"{isa}, {threads} threads, {rows} rows: output {k} columns {bad.tolist()}"

@@ -61,6 +61,12 @@ def _lanes(width: int, k: int, nn: int, vector: int) -> int:
     return lanes
 
 
+def narrow_block(vector: int, tile: int) -> int:
+    """Output columns per register tile of `tile` rows with 16 vector registers of `vector` lanes
+    (Note [Dense tiles per ISA]): at most 12 accumulator vectors, at most 4 vectors wide."""
+    return vector * min(4, max(1, 12 // tile))
+
+
 def dense_body(tile: int) -> Callable[[Emitter], None]:
     """The body of the variant with `tile` rows per register tile."""
     return lambda em: dense_kernel(em, tile)
@@ -90,109 +96,130 @@ def dense_kernel(em: Emitter, tile: int) -> None:
     r = em.args.ref
     s0, s1, s2, sc = (r(d) for d in xv.strides)
     one_image = nb == 1 and oh == 1  # a linear layer on [M, K]: row q is pixel (0, 0, q)
-    block = min(nn, CHANNEL_BLOCK)
-    blocks = (nn + block - 1) // block
     tiles = simplify((m + tile - 1) // tile)
     out = em.ptr_store(stored)
     co, pix, row, i_y, i_x, i_n = Loop("co"), Loop("px"), Loop("row"), Loop("oy"), Loop("ox"), Loop("on")
+    elem = 8 if t == "double" else 4
 
-    def body(outer: tuple[Loop, ...]) -> None:
-        i_t, i_b = outer
-        em.line(f"const {mt}* BPK_RESTRICT xn_ = {px} + {em.args.index(xv.offset)};")
-        em.line(f"const {mt}* BPK_RESTRICT wp_ = {pw_} + {r(wv.offset)};")
-        em.line(f"const int64_t q0_ = {i_t.name} * {tile};")
-        em.line(f"const int64_t np_ = std::min<int64_t>({tile}, {r(m)} - q0_);")
-        em.line(f"const int64_t cb = {i_b.name} * {block};")
-        em.line(f"const {mt}* ap_[{tile}];  // each row's x; a tail tile repeats its last row")
-        if one_image:
-            em.line(f"for (int p = 0; p < {tile}; ++p) ap_[p] = xn_ + (q0_ + std::min<int64_t>(p, np_ - 1)) * {s2};")
-        else:  # rows are pixels (n, y, x), advanced from the tile's first like an odometer
-            em.line(f"int64_t on_[{tile}], oy_[{tile}], ox_[{tile}];")
-            em.line(f"int64_t x_ = q0_ % {r(ow)}, y_ = q0_ / {r(ow)}, n_ = y_ / {r(oh)};")
-            em.line(f"y_ -= n_ * {r(oh)};")
-            em.line(f"for (int p = 0; p < {tile}; ++p) {{")
-            em.line("  on_[p] = n_;")
-            em.line("  oy_[p] = y_;")
-            em.line("  ox_[p] = x_;")
-            em.line(f"  ap_[p] = xn_ + n_ * {s0} + y_ * {s1} + x_ * {s2};")
-            em.line(f"  if (q0_ + p + 1 < {r(m)} && ++x_ == {r(ow)}) {{")
-            em.line("    x_ = 0;")
-            em.line(f"    if (++y_ == {r(oh)}) {{")
-            em.line("      y_ = 0;")
-            em.line("      ++n_;")
-            em.line("    }")
-            em.line("  }")
-            em.line("}")
+    def emit(vector_bytes: int, block: int) -> None:
+        """The kernel for one ISA's vectors: `block` output columns per register tile."""
+        blocks = (nn + block - 1) // block
 
-        def channel_block(width: int) -> None:
-            vector = VECTOR_BYTES // (8 if t == "double" else 4)
-            lanes = _lanes(width, k, nn, vector) if whole else width
-            # Note [Dense k pairs]: fewer than 8 accumulator vectors cannot hide the multiply-add's
-            # latency (a row or two on 64 columns); a second set takes the odd k, summed at the end
-            pairs = tile * -(-lanes // vector) < 8 and k >= 4
-            em.line(f"{t} acc[{tile}][{lanes}] = {{}};")
-            if pairs:
-                em.line(f"{t} acc2[{tile}][{lanes}] = {{}};")
-
-            def steps(first: int, last: int, w: int, step: int = 1) -> None:
-                em.line(f"for (int64_t k = {first}; k < {last}; k += {step}) {{")
-                em.line(f"  const {mt}* BPK_RESTRICT wc = wp_ + k * {nn} + cb;")
-                em.line(f"  #pragma GCC unroll {tile}")
-                em.line(f"  for (int p = 0; p < {tile}; ++p) {{")
-                em.line(f"    const {t} xv_ = ap_[p][k * {sc}];")
-                if step == 2:
-                    em.line(f"    const {t} xw_ = ap_[p][(k + 1) * {sc}];")
-                em.line("    #pragma omp simd")
-                em.line(f"    for (int64_t co = 0; co < {w}; ++co) {{")
-                em.line(f"      acc[p][co] += xv_ * {t}(wc[co]);")
-                if step == 2:
-                    em.line(f"      acc2[p][co] += xw_ * {t}(wc[co + {nn}]);")
+        def body(outer: tuple[Loop, ...]) -> None:
+            i_t, i_b = outer
+            em.line(f"const {mt}* BPK_RESTRICT xn_ = {px} + {em.args.index(xv.offset)};")
+            em.line(f"const {mt}* BPK_RESTRICT wp_ = {pw_} + {r(wv.offset)};")
+            em.line(f"const int64_t q0_ = {i_t.name} * {tile};")
+            em.line(f"const int64_t np_ = std::min<int64_t>({tile}, {r(m)} - q0_);")
+            em.line(f"const int64_t cb = {i_b.name} * {block};")
+            em.line(f"const {mt}* ap_[{tile}];  // each row's x; a tail tile repeats its last row")
+            if one_image:
+                em.line(
+                    f"for (int p = 0; p < {tile}; ++p) ap_[p] = xn_ + (q0_ + std::min<int64_t>(p, np_ - 1)) * {s2};"
+                )
+            else:  # rows are pixels (n, y, x), advanced from the tile's first like an odometer
+                em.line(f"int64_t on_[{tile}], oy_[{tile}], ox_[{tile}];")
+                em.line(f"int64_t x_ = q0_ % {r(ow)}, y_ = q0_ / {r(ow)}, n_ = y_ / {r(oh)};")
+                em.line(f"y_ -= n_ * {r(oh)};")
+                em.line(f"for (int p = 0; p < {tile}; ++p) {{")
+                em.line("  on_[p] = n_;")
+                em.line("  oy_[p] = y_;")
+                em.line("  ox_[p] = x_;")
+                em.line(f"  ap_[p] = xn_ + n_ * {s0} + y_ * {s1} + x_ * {s2};")
+                em.line(f"  if (q0_ + p + 1 < {r(m)} && ++x_ == {r(ow)}) {{")
+                em.line("    x_ = 0;")
+                em.line(f"    if (++y_ == {r(oh)}) {{")
+                em.line("      y_ = 0;")
+                em.line("      ++n_;")
                 em.line("    }")
                 em.line("  }")
                 em.line("}")
 
-            whole_k = k if lanes == width else k - 1  # Note [Dense column tails]: the last k reads its columns only
-            even = whole_k - whole_k % 2 if pairs else 0
-            if even:
-                steps(0, even, lanes, 2)
-            if even < whole_k:
-                steps(even, whole_k, lanes)
-            if whole_k < k:
-                steps(whole_k, k, width)
-            if pairs:
-                em.line(f"for (int p = 0; p < {tile}; ++p)")
-                em.line("  #pragma omp simd")
-                em.line(f"  for (int64_t co = 0; co < {lanes}; ++co) acc[p][co] += acc2[p][co];")
+            def channel_block(width: int) -> None:
+                vector = vector_bytes // elem
+                lanes = _lanes(width, k, nn, vector) if whole else width
+                # Note [Dense k pairs]: fewer than 8 accumulator vectors cannot hide the multiply-add's
+                # latency (a row or two on 64 columns); a second set takes the odd k, summed at the end
+                pairs = tile * -(-lanes // vector) < 8 and k >= 4
+                em.line(f"{t} acc[{tile}][{lanes}] = {{}};")
+                if pairs:
+                    em.line(f"{t} acc2[{tile}][{lanes}] = {{}};")
 
-            def store_row() -> None:
-                zero = sympy.Integer(0)
-                idx = (zero, zero, row, cb + co) if one_image else (i_n, i_y, i_x, cb + co)
-                store_block(em, n.id, root, idx, co, width)
+                def steps(first: int, last: int, w: int, step: int = 1) -> None:
+                    em.line(f"for (int64_t k = {first}; k < {last}; k += {step}) {{")
+                    em.line(f"  const {mt}* BPK_RESTRICT wc = wp_ + k * {nn} + cb;")
+                    em.line(f"  #pragma GCC unroll {tile}")
+                    em.line(f"  for (int p = 0; p < {tile}; ++p) {{")
+                    em.line(f"    const {t} xv_ = ap_[p][k * {sc}];")
+                    if step == 2:
+                        em.line(f"    const {t} xw_ = ap_[p][(k + 1) * {sc}];")
+                    em.line("    #pragma omp simd")
+                    em.line(f"    for (int64_t co = 0; co < {w}; ++co) {{")
+                    em.line(f"      acc[p][co] += xv_ * {t}(wc[co]);")
+                    if step == 2:
+                        em.line(f"      acc2[p][co] += xw_ * {t}(wc[co + {nn}]);")
+                    em.line("    }")
+                    em.line("  }")
+                    em.line("}")
 
-            # constant trip count, unrolled: acc[px] is a register, never memory
-            pixel = ["const int64_t on = on_[px], oy = oy_[px], ox = ox_[px];"] if not one_image else []
-            em.loop(
-                [f"#pragma GCC unroll {tile}", f"for (int px = 0; px < {tile}; ++px) {{"],
-                [pix, row] if one_image else [pix, row, i_n, i_y, i_x],
-                store_row,
-                prologue=[
-                    "if (px >= np_) break;",
-                    "const int64_t row = q0_ + px;",
-                    *pixel,
-                    f"{mt}* BPK_RESTRICT orow_ = {out} + row * {nn};",
-                ],
-            )
+                whole_k = k if lanes == width else k - 1  # Note [Dense column tails]: the last k reads its columns only
+                even = whole_k - whole_k % 2 if pairs else 0
+                if even:
+                    steps(0, even, lanes, 2)
+                if even < whole_k:
+                    steps(even, whole_k, lanes)
+                if whole_k < k:
+                    steps(whole_k, k, width)
+                if pairs:
+                    em.line(f"for (int p = 0; p < {tile}; ++p)")
+                    em.line("  #pragma omp simd")
+                    em.line(f"  for (int64_t co = 0; co < {lanes}; ++co) acc[p][co] += acc2[p][co];")
 
-        cb = Loop("cb")
-        if nn % block == 0:
-            em.loop(["{"], [cb], lambda: channel_block(block))
-        else:  # the last block is narrower
-            em.loop([f"if (cb + {block} <= {nn}) {{"], [cb], lambda: channel_block(block))
-            em.loop(["else {"], [cb], lambda: channel_block(nn % block))
+                def store_row() -> None:
+                    zero = sympy.Integer(0)
+                    idx = (zero, zero, row, cb + co) if one_image else (i_n, i_y, i_x, cb + co)
+                    store_block(em, n.id, root, idx, co, width)
 
-    # Note [Dense threads]: multiply-adds run ~32 per cycle, so a product splits over the pool from
-    # 2^18 of them (what the GEMM path asks of a BLAS product): below that the hand-off costs more
-    # (the LLaMA step's 16 x 64 x 172 products: 3.9 against 2.6 us). A tile of one or two rows is
-    # bound by streaming W instead, so it splits from 32K weight elements (256 x 128 and up).
-    cost = k * block if tile <= 2 else tile * k * block // 8
-    em.rows_loop([tiles, blocks], f"{cost + 1}", body)
+                # constant trip count, unrolled: acc[px] is a register, never memory
+                pixel = ["const int64_t on = on_[px], oy = oy_[px], ox = ox_[px];"] if not one_image else []
+                em.loop(
+                    [f"#pragma GCC unroll {tile}", f"for (int px = 0; px < {tile}; ++px) {{"],
+                    [pix, row] if one_image else [pix, row, i_n, i_y, i_x],
+                    store_row,
+                    prologue=[
+                        "if (px >= np_) break;",
+                        "const int64_t row = q0_ + px;",
+                        *pixel,
+                        f"{mt}* BPK_RESTRICT orow_ = {out} + row * {nn};",
+                    ],
+                )
+
+            cb = Loop("cb")
+            if nn % block == 0:
+                em.loop(["{"], [cb], lambda: channel_block(block))
+            else:  # the last block is narrower
+                em.loop([f"if (cb + {block} <= {nn}) {{"], [cb], lambda: channel_block(block))
+                em.loop(["else {"], [cb], lambda: channel_block(nn % block))
+
+        # Note [Dense threads]: multiply-adds run ~32 per cycle, so a product splits over the pool from
+        # 2^18 of them (what the GEMM path asks of a BLAS product): below that the hand-off costs more
+        # (the LLaMA step's 16 x 64 x 172 products: 3.9 against 2.6 us). A tile of one or two rows is
+        # bound by streaming W instead, so it splits from 32K weight elements (256 x 128 and up).
+        cost = k * block if tile <= 2 else tile * k * block // 8
+        em.rows_loop([tiles, blocks], f"{cost + 1}", body)
+
+    # Note [Dense tiles per ISA]: one source, compiled once per ISA level; the column block follows
+    # the register file. AVX-512 keeps 64 columns (4 vectors x the full tile of 6 rows: 24 of its 32
+    # registers). With 16 registers (AVX2, SSE) the accumulators stay at 12 or fewer, leaving room for
+    # the block's weight vectors and the broadcast input: 6 rows x 2 vectors (BLIS's and MLAS's
+    # Haswell tile, 6 x 16 floats), 8 rows x 1 vector, up to 4 vectors for a row or two (the k pairs
+    # of Note [Dense k pairs] double their accumulators). The row tile is the variant's, shared.
+    # Measured in the AVX2 library (bench/results/dense_layers_avx2.md): 256 x 256 at 75 rows 34 -> 90
+    # GFLOP/s, 0.87x -> 2.1x OpenBLAS's Haswell kernels. Convolutions keep their tiles: the same change
+    # measured no different on a 64 -> 64 3x3 convolution (each block re-reads every input pixel).
+    em.line("#if defined(__AVX512F__)")
+    emit(VECTOR_BYTES, min(nn, CHANNEL_BLOCK))
+    for guard, vector_bytes in (("#elif defined(__AVX2__)", 32), ("#else", 16)):
+        em.line(guard)
+        emit(vector_bytes, min(nn, narrow_block(vector_bytes // elem, tile)))
+    em.line("#endif")
