@@ -82,31 +82,15 @@ class Tensor:
     def device(self) -> device:
         return device(f"cuda:{self._index}")
 
-    def size(self) -> Size:
-        return self.shape
-
-    def dim(self) -> int:
-        return self._host.ndim
-
-    def stride(self) -> tuple[int, ...]:
-        return tuple(s // self._host.itemsize for s in self._host.strides)
-
     def contiguous(self) -> Tensor:
         return self if self.is_contiguous() else Tensor(np.ascontiguousarray(self._host), self.dtype, self._index)
 
     def detach(self) -> Tensor:
         return self
 
-    def copy_(self, other: Tensor) -> Tensor:
-        np.copyto(self._host, other._host)
-        return self
-
     def numpy(self) -> np.ndarray:
         """The values (a copy: what `.cpu().numpy()` gives)."""
         return self._host.copy()
-
-    def transpose(self, a: int, b: int) -> Tensor:
-        return Tensor(self._host.swapaxes(a, b), self.dtype, self._index)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return (2, self._index)
@@ -128,7 +112,6 @@ def _module(stream: int) -> types.ModuleType:
     torch.Size = Size  # type: ignore[attr-defined]
     torch.dtype = dtype  # type: ignore[attr-defined]
     torch.device = device  # type: ignore[attr-defined]
-    current = {"stream": stream}
 
     def empty(shape: Any, *, dtype: dtype, device: Any) -> Tensor:
         if isinstance(device, str):
@@ -142,10 +125,9 @@ def _module(stream: int) -> types.ModuleType:
             self.cuda_stream = ptr
 
     cuda = types.ModuleType("torch.cuda")
-    cuda.current_stream = lambda index=None: _Stream(current["stream"])  # type: ignore[attr-defined]
-    cuda.set_stream_ptr = lambda ptr: current.__setitem__("stream", ptr)  # type: ignore[attr-defined]
+    cuda.current_stream = lambda index=None: _Stream(stream)  # type: ignore[attr-defined]
     c = types.ModuleType("torch._C")
-    c._cuda_getCurrentRawStream = lambda index: current["stream"]  # type: ignore[attr-defined]
+    c._cuda_getCurrentRawStream = lambda index: stream  # type: ignore[attr-defined]
     torch.cuda = cuda  # type: ignore[attr-defined]
     torch._C = c  # type: ignore[attr-defined]
     torch.empty = empty  # type: ignore[attr-defined]
@@ -160,6 +142,6 @@ def install(stream: int = 0) -> types.ModuleType:
     of torch's current stream (0: the legacy default stream, torch's default)."""
     torch = _module(stream)
     sys.modules["torch"] = torch
-    sys.modules["torch.cuda"] = torch.cuda  # type: ignore[attr-defined]
-    sys.modules["torch._C"] = torch._C  # type: ignore[attr-defined]
+    sys.modules["torch.cuda"] = torch.cuda
+    sys.modules["torch._C"] = torch._C
     return torch

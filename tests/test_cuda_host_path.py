@@ -56,6 +56,8 @@ def wrap(a):
         return torch.cuda_tensor(a)
     if kind == "cai":
         return Cai(np.array(a, copy=True))
+    if kind == "cai-own-stream":  # a CuPy array made on a non-default stream (a handle the fake accepts)
+        return Cai(np.array(a, copy=True), stream=0x5151)
     if kind == "dlpack":
         a = np.array(a, copy=True)
         return Exported(a.ctypes.data, (2, 0), a.dtype.name, a.shape, a)
@@ -64,7 +66,7 @@ def wrap(a):
 def host(o):
     if kind == "torch":
         return o.numpy()
-    if kind in ("cai", "dlpack"):
+    if kind in ("cai", "cai-own-stream", "dlpack"):
         cai = o.__cuda_array_interface__
         n = int(np.prod(o.shape, dtype=np.int64)) * np.dtype(cai["typestr"]).itemsize
         import ctypes
@@ -159,14 +161,18 @@ def test_repeated_signature_replays_without_sync(gpu: FakeGpu, mlp: Any, tmp_pat
 
 
 def test_device_results_pooled_and_ordered(gpu: FakeGpu, mlp: Any, tmp_path: Path) -> None:
-    """CAI inputs on a stream of their own: the work runs on that stream (no wait across streams), and
-    after the first calls the results' device memory comes from the pool (no allocation per call)."""
+    """CAI inputs on a stream of their own: the work runs on that stream (no wait across streams), the
+    results equal the host path's, and after the first calls their device memory comes from the pool
+    (no allocation per call)."""
     x = np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)
-    got, _ = _run(gpu, tmp_path, mlp, "cai", [(x,)], calls=6)
-    for status, _, lines in got[3:]:
+    want, _ = _run(gpu, tmp_path, mlp, "numpy", [(x,)])
+    got, _ = _run(gpu, tmp_path, mlp, "cai-own-stream", [(x,)], calls=6)
+    for status, outs, lines in got[3:]:
         assert status == "ok"
+        assert all(np.array_equal(a, b) for a, b in zip(want[0][1], outs))
         assert _calls(lines, "mem_alloc") == 0, lines
-        assert all("stream 0" in ln for ln in lines if ln.startswith("graph_launch")), lines
+        launches = [ln for ln in lines if ln.startswith("graph_launch")]
+        assert len(launches) == 1 and launches[0].endswith(f"stream {0x5151}"), lines
 
 
 class _Gather(torch.nn.Module):

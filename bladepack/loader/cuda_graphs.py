@@ -45,7 +45,7 @@ takes a short path (`CudaExecutor._replay_host`): its shapes were checked, prepa
 full path when the graph was made, so the call only copies its inputs in, launches the graph and copies
 the outputs out — about a dozen driver calls and no per-call Python bookkeeping. Anything else
 (another dtype or layout, caller output buffers) takes the full path. Device tensors of every kind
-take the same kind of path (Note [Framework replay] in cuda_module.py).
+take the same kind of path (Note [Framework replay] in cuda_replay.py).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def stage_pays(device_bytes: int, launches: int) -> bool:
 
 @dataclass(frozen=True)
 class Replay:
-    """Note [Framework replay] (cuda_module.py): what a later call of the same shapes does, precomputed:
+    """Note [Framework replay] (cuda_replay.py): what a later call of the same shapes does, precomputed:
     copy each input to its staging address, launch the graph, make the device copies of outputs that
     are inputs / weights / repeats, copy each output out (address, shape, numpy dtype, bytes)."""
 
@@ -86,7 +86,6 @@ class GraphEntry:
     exec: Any = None  # CUgraphExec
     refused: bool = False
     replay: Replay | None = None
-    buffer_ptr: int = 0  # the context buffer the replay addresses
 
 
 @dataclass
@@ -121,15 +120,9 @@ class CudaGraphs:
         """The stream's context if it has one (no lock: a dict read)."""
         return self._contexts.get(stream)
 
-    def note_memory(self, ctx: GraphContext, entry: GraphEntry) -> None:
-        """Record which buffer `entry`'s replay addresses (Note [Graph replay])."""
-        entry.buffer_ptr = ctx.buffer.ptr if ctx.buffer is not None else 0
-
-    def memory_changed(self, ctx: GraphContext, entry: GraphEntry) -> bool:
-        return ctx.buffer is None or ctx.buffer.ptr != entry.buffer_ptr
-
     def memory(self, ctx: GraphContext, nbytes: int) -> int:
-        """The context's buffer, at least `nbytes` (a new one drops the graphs that addressed the old)."""
+        """The context's buffer, at least `nbytes`. A new one drops every graph of the context first, so
+        an entry (and its replay record) never outlives the buffer it addresses."""
         if ctx.buffer is None or ctx.buffer.nbytes < nbytes:
             self._drop(ctx)
             if ctx.buffer is not None:

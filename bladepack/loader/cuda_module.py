@@ -58,8 +58,6 @@ from bladepack.loader.signature import check_inputs
 from bladepack.loader.tensors import is_torch_tensor, resolve_views, to_numpy
 from bladepack.options import LoaderOptions
 
-_ALIGN = 256
-
 
 def parse_device(device: str) -> tuple[str, int]:
     """("cpu", 0) or ("cuda", ordinal) from "cpu", "cuda", "cuda:N"."""
@@ -369,7 +367,6 @@ class CudaExecutor(ReplayPaths):
                 ),
                 sum(round_up(nbytes(shape, dt)) for shape, dt in out_specs),
             )
-            self.graphs.note_memory(ctx, entry)
         device_out = torch is not None or any(d is not None for d in devs)
         out_at = [int(slots[1 + self.n_in + k]) for k in range(len(out_specs))]
         if not device_out:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -79,15 +79,22 @@ class ReplayPaths:
             assert tk is not None
             results = [tk.empty(s, dtype=t, device=tk.device) for (s, _), t in zip(out_specs, tk.outputs)]
             return results, [int(t.data_ptr()) for t in results]
-        sizes = [round_up(nbytes(s, d)) for s, d in out_specs]
-        owner = self._pool.take(max(sum(sizes), _ALIGN))
-        results, ptrs, cursor = [], [], owner.ptr
-        for (shape, dt), n in zip(out_specs, sizes):
-            results.append(
-                DeviceTensor(cursor, (KDL_CUDA, self.ordinal), dt, tuple(shape), owner, stream, self.exe.device)
-            )
+        layout = [(tuple(s), d, nbytes(s, d)) for s, d in out_specs]
+        return self._pooled(layout, sum(round_up(n) for _, _, n in layout), stream)
+
+    def _pooled(
+        self, layout: Iterable[tuple[tuple[int, ...], str, int]], total: int, stream: int
+    ) -> tuple[list[Any], list[int]]:
+        """DeviceTensors of (shape, dtype, bytes) `layout`, carved in order out of one pooled block of
+        `total` bytes (each result starting on a 256-byte boundary), and their addresses."""
+        owner = self._pool.take(max(total, _ALIGN))
+        cursor, where, cuda = owner.ptr, (KDL_CUDA, self.ordinal), self.exe.device
+        results: list[Any] = []
+        ptrs: list[int] = []
+        for shape, dt, n in layout:
+            results.append(DeviceTensor(cursor, where, dt, shape, owner, stream, cuda))
             ptrs.append(cursor)
-            cursor += n
+            cursor += round_up(n)
         return results, ptrs
 
     # -- the replay paths (Note [Framework replay])
@@ -140,16 +147,14 @@ class ReplayPaths:
         if ctx is None:
             return None
         entry = ctx.graphs.get(key)
-        # (attribute reads in place of graphs.memory_changed and errors.pending: this is the per-call path)
-        if entry is None or entry.replay is None or ctx.buffer is None or ctx.buffer.ptr != entry.buffer_ptr:
+        if entry is None or entry.replay is None:  # (an entry never outlives its buffer: CudaGraphs.memory)
             return None
         r = entry.replay
         drv, s = self.exe._drv, ctx.handle
         copy = drv.cuMemcpyDtoDAsync
         lock = self._stream_locks.get(stream) or self._stream_lock(stream)
         with lock:
-            words = self.errors.words.get(stream)
-            if words is not None and words[0]:
+            if self.errors.pending(stream):
                 self.errors.raise_reported(stream, "when this call began (it did not run)")
             ctx.graphs.move_to_end(key)
             failed = False  # CUresult is an int enum: non-zero is an error
@@ -166,12 +171,10 @@ class ReplayPaths:
                     failed = bool(copy(o.data_ptr(), addr, n, s)[0]) or failed
                     outs.append(o)
             else:
-                owner = self._pool.take(max(r.pooled, _ALIGN))
-                cursor, where, cuda = owner.ptr, (KDL_CUDA, self.ordinal), self.exe.device
-                for (addr, shape, _, n), dt in zip(r.outputs, self._out_dtypes):
-                    outs.append(DeviceTensor(cursor, where, dt, shape, owner, stream, cuda))
-                    failed = bool(copy(cursor, addr, n, s)[0]) or failed
-                    cursor += (n + _ALIGN - 1) // _ALIGN * _ALIGN
+                layout = ((shape, dt, n) for (_, shape, _, n), dt in zip(r.outputs, self._out_dtypes))
+                outs, dsts = self._pooled(layout, r.pooled, stream)
+                for d, (addr, _, _, n) in zip(dsts, r.outputs):
+                    failed = bool(copy(d, addr, n, s)[0]) or failed
             if failed:
                 return None  # the full path runs the call again and raises the detailed error
             if self.exe.strict and self.exe.checks_errors:
@@ -192,7 +195,7 @@ class ReplayPaths:
         key = tuple(shapes)
         with self._stream_lock(0):
             entry = ctx.graphs.get(key)
-            if entry is None or entry.replay is None or self.graphs.memory_changed(ctx, entry):
+            if entry is None or entry.replay is None:
                 return None
             if self.errors.pending(0):
                 self.errors.raise_reported(0, "when this call began (it did not run)")

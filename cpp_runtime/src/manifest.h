@@ -82,6 +82,10 @@ struct KernelDecl {
 // may count from the end) or ERR_INDEX_NONNEG (it may not), + 16 x the error site.
 std::string index_error_text(const KernelDecl& k, int64_t code, int64_t value, int64_t size);
 
+// The same for a CUDA plan's status words {code, value, size}, whose code carries the kernel's row in
+// `kernels` above bit 24 (Note [CUDA error codes] in codegen/cuda_loops.py).
+std::string status_error_text(const std::vector<KernelDecl>& kernels, const int64_t* words);
+
 // A CUTLASS dispatch entry: kernel `kernel` (index into NativePlan::gemm_kernels) with `split` split-K
 // slices when register `pred` is non-zero, for operands aligned to `align` elements.
 struct GemmEntry {

@@ -498,6 +498,14 @@ std::string index_error_text(const KernelDecl& k, int64_t code, int64_t value, i
          ")";
 }
 
+std::string status_error_text(const std::vector<KernelDecl>& kernels, const int64_t* words) {
+  constexpr int64_t kCodeBits = 24;
+  static const KernelDecl kUnknown{"?", "", "", {}, {}, std::nullopt};
+  const int64_t k = words[0] >> kCodeBits;
+  const KernelDecl& row = k >= 0 && k < int64_t(kernels.size()) ? kernels[size_t(k)] : kUnknown;
+  return index_error_text(row, words[0] & ((int64_t(1) << kCodeBits) - 1), words[1], words[2]);
+}
+
 void Model::index_error(const KernelDecl& k, int64_t code, int64_t value, int64_t size) const {
   fail(BPK_ERR_INDEX, index_error_text(k, code, value, size));
 }

@@ -157,11 +157,7 @@ void Model::run_cuda(const Prepared& p, const bpk_tensor* in, bpk_tensor* out, c
 }
 
 void Model::raise_index_error(const std::array<int64_t, 3>& e, const char* found) const {
-  constexpr int64_t kCodeBits = 24;  // Note [CUDA error codes] in codegen/cuda_loops.py
-  const int64_t k = e[0] >> kCodeBits;
-  static const KernelDecl kUnknown{"?", "", "", {}, {}, std::nullopt};
-  const KernelDecl& row = k >= 0 && k < int64_t(m_.cuda_kernels.size()) ? m_.cuda_kernels[size_t(k)] : kUnknown;
-  std::string text = index_error_text(row, e[0] & ((int64_t(1) << kCodeBits) - 1), e[1], e[2]);
+  std::string text = status_error_text(m_.cuda_kernels, e.data());
   if (*found)
     text += "; reported by an earlier call on this stream and found " + std::string(found) +
             ": the results of the calls on this stream since its last check may be wrong "

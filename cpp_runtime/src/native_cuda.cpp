@@ -15,7 +15,6 @@ namespace {
 
 constexpr size_t kWeightAlign = 256;  // weights and arena buffers start on 256-byte boundaries
 constexpr int64_t kStatusSlot = -1;   // a pointer word that holds the call's status words
-constexpr int kCodeBits = 24;         // Note [CUDA error codes] in codegen/cuda_loops.py
 
 size_t round_up(size_t n) { return (n + kWeightAlign - 1) / kWeightAlign * kWeightAlign; }
 
@@ -95,11 +94,7 @@ NativeCuda::~NativeCuda() {
   for (auto& [stream, c] : by_stream_) {
     // Note [Device errors]: an error no later call or bpk_model_synchronize raised is printed, never lost
     if (c->host_status != nullptr && drv_->StreamSynchronize(c->stream) == 0 && c->host_status[0] != 0) {
-      const int64_t k = c->host_status[0] >> kCodeBits;
-      static const KernelDecl kUnknown{"?", "", "", {}, {}, std::nullopt};
-      const KernelDecl& row = k >= 0 && k < int64_t(m_.cuda_kernels.size()) ? m_.cuda_kernels[size_t(k)] : kUnknown;
-      const std::string text =
-          bpk::index_error_text(row, c->host_status[0] & ((int64_t(1) << kCodeBits) - 1), c->host_status[1], c->host_status[2]);
+      const std::string text = bpk::status_error_text(m_.cuda_kernels, c->host_status);
       std::fprintf(stderr,
                    "bladepack: a CUDA call reported an error that nothing raised (no later call or "
                    "bpk_model_synchronize on its stream): %s\n",

@@ -20,40 +20,14 @@
 
 #include "bladepack/runtime.h"
 #include "bladepack/runtime.hpp"
+#include "checks.h"
 
 namespace {
-
-int g_checks = 0, g_failed = 0;
-
-#define CHECK(cond, ...)                                        \
-  do {                                                          \
-    ++g_checks;                                                 \
-    if (!(cond)) {                                              \
-      ++g_failed;                                               \
-      std::fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                        \
-      std::fprintf(stderr, "\n");                               \
-    }                                                           \
-  } while (0)
-
-bool contains(const char* s, const char* part) { return std::strstr(s, part) != nullptr; }
 
 std::vector<float> input(int64_t batch, int seed) {
   std::vector<float> x(size_t(batch * 64));
   for (size_t i = 0; i < x.size(); ++i) x[i] = float(std::sin(0.37 * double(i) + seed));
   return x;
-}
-
-DLTensor dl(void* data, DLDevice device, DLDataType dtype, int64_t* shape, int32_t ndim, int64_t* strides = nullptr) {
-  DLTensor t;
-  std::memset(&t, 0, sizeof t);
-  t.data = data;
-  t.device = device;
-  t.dtype = dtype;
-  t.shape = shape;
-  t.ndim = ndim;
-  t.strides = strides;
-  return t;
 }
 
 bpk_tensor tensor(void* data, int32_t dtype, std::initializer_list<int64_t> shape) {
@@ -306,29 +280,6 @@ void dlpack_cpu(bpk_model* m) {
         "%s", bpk_last_error());
 }
 
-// The driver calls a test needs to hold device memory (the fake driver's, under test_cuda_cpp.py).
-struct Driver {
-  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  int (*alloc)(uint64_t*, size_t) = nullptr;
-  int (*free_)(uint64_t) = nullptr;
-  int (*htod)(uint64_t, const void*, size_t) = nullptr;
-  int (*dtoh)(void*, uint64_t, size_t) = nullptr;
-  int (*stream_create)(void**, unsigned) = nullptr;
-  int (*sync)(void*) = nullptr;
-  Driver() {
-    if (!lib) return;
-    alloc = reinterpret_cast<decltype(alloc)>(dlsym(lib, "cuMemAlloc_v2"));
-    free_ = reinterpret_cast<decltype(free_)>(dlsym(lib, "cuMemFree_v2"));
-    htod = reinterpret_cast<decltype(htod)>(dlsym(lib, "cuMemcpyHtoD_v2"));
-    dtoh = reinterpret_cast<decltype(dtoh)>(dlsym(lib, "cuMemcpyDtoH_v2"));
-    stream_create = reinterpret_cast<decltype(stream_create)>(dlsym(lib, "cuStreamCreate"));
-    sync = reinterpret_cast<decltype(sync)>(dlsym(lib, "cuStreamSynchronize"));
-  }
-  ~Driver() {
-    if (lib) dlclose(lib);
-  }
-};
-
 // bpk_model_run_dlpack on a CUDA model: device inputs and outputs (runtime-allocated kDLCUDA results,
 // the caller's device buffer), mixed host / device, the caller's stream, repeated calls (graphs),
 // results equal to bpk_model_run's bit for bit; a result released after the model.
@@ -510,12 +461,7 @@ int main(int argc, char** argv) {
       staging(path, argv[2], std::atoll(argv[3]));
     else
       on_device(path, argv[2]);
-    if (g_failed) {
-      std::fprintf(stderr, "test_api: %d of %d checks failed\n", g_failed, g_checks);
-      return 1;
-    }
-    std::printf("test_api: %d checks passed\n", g_checks);
-    return 0;
+    return report("test_api");
   }
   std::ifstream f(path, std::ios::binary);
   const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
@@ -537,10 +483,5 @@ int main(int argc, char** argv) {
   load_unload(path);
   bpk_model_free(a);
   bpk_model_free(b);
-  if (g_failed) {
-    std::fprintf(stderr, "test_api: %d of %d checks failed\n", g_failed, g_checks);
-    return 1;
-  }
-  std::printf("test_api: %d checks passed\n", g_checks);
-  return 0;
+  return report("test_api");
 }

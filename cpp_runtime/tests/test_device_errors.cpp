@@ -6,61 +6,13 @@
 //   test_device_errors GATHER.bpk cuda[:N] strict   -> (BLADEPACK_CUDA_STRICT_ERRORS=1 set by the caller)
 //       raised by the bad call itself
 // "test_device_errors: N checks passed", exit 0; else each failure and exit 1.
-#include <dlfcn.h>
-
-#include <cstdio>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "bladepack/runtime.h"
+#include "checks.h"
 
 namespace {
-
-int g_checks = 0, g_failed = 0;
-
-#define CHECK(cond, ...)                                                            \
-  do {                                                                              \
-    ++g_checks;                                                                     \
-    if (!(cond)) {                                                                  \
-      ++g_failed;                                                                   \
-      std::fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                                            \
-      std::fprintf(stderr, "\n");                                                   \
-    }                                                                               \
-  } while (0)
-
-bool contains(const char* s, const char* part) { return std::strstr(s, part) != nullptr; }
-
-DLTensor dl(void* data, DLDevice device, DLDataType dtype, int64_t* shape, int32_t ndim) {
-  DLTensor t;
-  std::memset(&t, 0, sizeof t);
-  t.data = data;
-  t.device = device;
-  t.dtype = dtype;
-  t.shape = shape;
-  t.ndim = ndim;
-  return t;
-}
-
-// The driver calls the test needs to hold device memory (the fake driver's).
-struct Driver {
-  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  int (*alloc)(uint64_t*, size_t) = nullptr;
-  int (*free_)(uint64_t) = nullptr;
-  int (*htod)(uint64_t, const void*, size_t) = nullptr;
-  int (*stream_create)(void**, unsigned) = nullptr;
-  Driver() {
-    if (!lib) return;
-    alloc = reinterpret_cast<decltype(alloc)>(dlsym(lib, "cuMemAlloc_v2"));
-    free_ = reinterpret_cast<decltype(free_)>(dlsym(lib, "cuMemFree_v2"));
-    htod = reinterpret_cast<decltype(htod)>(dlsym(lib, "cuMemcpyHtoD_v2"));
-    stream_create = reinterpret_cast<decltype(stream_create)>(dlsym(lib, "cuStreamCreate"));
-  }
-  ~Driver() {
-    if (lib) dlclose(lib);
-  }
-};
 
 // Note [Device errors]: index errors of calls on the caller's stream with device results.
 void device_errors(const std::string& path, const char* device, bool strict) {
@@ -131,10 +83,5 @@ int main(int argc, char** argv) {
     return 2;
   }
   device_errors(argv[1], argv[2], argc == 4);
-  if (g_failed) {
-    std::fprintf(stderr, "test_device_errors: %d of %d checks failed\n", g_failed, g_checks);
-    return 1;
-  }
-  std::printf("test_device_errors: %d checks passed\n", g_checks);
-  return 0;
+  return report("test_device_errors");
 }
