@@ -108,7 +108,7 @@ _C, _L, _S = "compile", "loader", "serve"
 KNOBS: tuple[Knob, ...] = (
     Knob("BLADEPACK_DUMP", _C, "dump_dir", _path, "unset", "write the program after each stage of optimize into this directory (docs/architecture.md \"The pipeline\")"),
     Knob("BLADEPACK_VERIFY", _C, "verify", _on, "1", "0 skips the IR verifier between graph passes"),
-    Knob("BLADEPACK_CACHE_DIR", _C, "cache_dir", _cache, "~/.cache/bladepack", "the compiled-kernel cache (cpu/, cuda/, cutlass/ by content hash)"),
+    Knob("BLADEPACK_CACHE_DIR", _C, "cache_dir", _cache, "~/.cache/bladepack", "the compiled-kernel cache (cpu/ libraries, cpu-units/ kernel objects and precompiled preludes, cuda/, cutlass/; by content hash)"),
     Knob("BLADEPACK_LOG", _C, "log_level", _level, "unset", "the `bladepack` logger's level; info / debug print each optimize stage and kernel compile to stderr (Note [Progress])"),
     Knob("BLADEPACK_PROGRESS", _C, "progress", _choice("auto", "1", "0"), "auto", "optimize's progress bar: auto (on a terminal, with tqdm), 1, 0"),
     Knob("BLADEPACK_QUIET", _C, "quiet", _flag, "0", "1: no line on stderr for an optimize stage that runs over 5 s (Note [Progress])"),

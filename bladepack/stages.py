@@ -390,10 +390,12 @@ def _fusion_text(c: Compilation, b: Backend) -> str:
 
 
 def _lowering_dump(c: Compilation, b: Backend) -> dict[str, str]:
+    from bladepack.lowering.lower_native import gemm_dtypes
+
     low = c.lowerers[b.kind]
     launches = "\n".join(f"{k:4d} {launch}" for k, launch in enumerate(low.launches))
     return {
-        f"06-lowering.{b.kind}.{b.source_suffix}": b.source(low.kernels),
+        f"06-lowering.{b.kind}.{b.source_suffix}": b.source(low.kernels, gemm_dtypes(low.launches)),
         f"06-lowering.{b.kind}.launches.txt": launches + "\n",
     }
 

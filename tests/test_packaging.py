@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DATA = (
     "bladepack/codegen/cpu_runtime.h",
     "bladepack/codegen/cpu_gemm.h",
+    "bladepack/codegen/cpu_pool_run.h",
     "bladepack/codegen/scalar_ops.h",
     "bladepack/codegen/cuda_runtime.cuh",
 )

@@ -10,7 +10,7 @@ of optimize) asks the chosen backends and never names one; they are registered i
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,8 +112,9 @@ class Backend(ABC):
         """The launch variants of an emitted kernel."""
 
     @abstractmethod
-    def source(self, kernels: Sequence[Any]) -> str:
-        """The translation unit of every kernel of the plan, in launch order."""
+    def source(self, kernels: Sequence[Any], gemm_dtypes: Collection[str]) -> str:
+        """The translation unit of every kernel of the plan, in launch order (`gemm_dtypes`: those of
+        the plan's library GEMM launches)."""
 
     @abstractmethod
     def build(

@@ -8,7 +8,7 @@ libraries the artifact carries (codegen/toolchain.py), cached by content.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from bladepack.backends.base import Backend, Built, Sources, Variant
@@ -79,8 +79,8 @@ class CpuBackend(Backend):
     def variants(self, kernel: Any) -> Sequence[Variant]:
         return [Variant(name, pred) for name, pred in kernel.variants]
 
-    def source(self, kernels: Sequence[Any]) -> str:
-        return library_source(kernels)
+    def source(self, kernels: Sequence[Any], gemm_dtypes: Collection[str]) -> str:
+        return library_source(kernels, gemm_dtypes)
 
     def build(
         self, sources: Sources, target: Target, options: CompileOptions, progress: Progress, notes: list[str]

@@ -10,7 +10,7 @@ CUTLASS configs are chosen by profiling on it (Note [GEMM profiling] in library_
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from bladepack.backends.base import Backend, Built, Sources, Variant
@@ -90,7 +90,7 @@ class CudaBackend(Backend):
     def variants(self, kernel: Any) -> Sequence[Variant]:
         return [Variant(v.name, v.pred, v.grid, v.block, v.smem) for v in kernel.variants]
 
-    def source(self, kernels: Sequence[Any]) -> str:
+    def source(self, kernels: Sequence[Any], gemm_dtypes: Collection[str]) -> str:
         return cuda_source(kernels)
 
     def build(

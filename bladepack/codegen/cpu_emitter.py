@@ -135,7 +135,7 @@ def _function(name: str, em: Emitter, ptr_types: list[tuple[str, bool]], nints: 
         q = "" if writable else "const "
         decls.append(f"{q}{ct}* BPK_RESTRICT p{k} = static_cast<{q}{ct}*>(P[{k}]); (void)p{k};")
     decls.extend(f"const int64_t a{k} = I[{k}]; (void)a{k};" for k in range(nints))
-    head = [f"static void {name}(bpk::RunState* st, void* const* P, const int64_t* I) {{", "  (void)st; (void)I;"]
+    head = [f"BPK_KERNEL void {name}(bpk::RunState* st, void* const* P, const int64_t* I) {{", "  (void)st; (void)I;"]
     head.extend("  " + d for d in decls)
     body: list[str] = []
     for ln in em.scopes[0].lines:

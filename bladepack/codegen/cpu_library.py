@@ -17,31 +17,44 @@ API the loaders call (Note [Launch words] in cpu_runtime.h):
 `bpk_check` runs no kernel: it validates a launch list's operands against the bytes each slot holds
 and which of them a launch may write (Note [Kernel operand checks] in operand_check.py) and returns 0 or the failing check's code with
 status = (launch index, code, value, extra). `bpk_run` returns 0, or 1 with status = (launch index, error code, value) when a kernel reported an
-error (an index out of range; status[3] is the dimension size), or 2 when a launch has more pointer arguments than the executor holds.
+error (an index out of range; status[3] is the dimension size), or 2 when a launch has more pointer arguments than the executor holds
+or is a GEMM record of a dtype the library was not built for (Note [GEMM dtypes of a library]).
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 from bladepack.codegen import c_render
 from bladepack.codegen.kernel import EmittedKernel
 
 MAX_PTRS = 256
 
-_FOOTER = """
+_TABLES = """
+// per function: the kernel, its operand check (Note [Kernel operand checks]), its pointer and integer
+// counts and how many of its pointers (the first ones) it writes through
+extern const bpk::KernelFn bpk_kernels[] = {%(table)s};
+extern const bpk::CheckFn bpk_checks[] = {%(checks)s};
+extern const int64_t bpk_operands[][3] = {%(operands)s};
+extern const int64_t bpk_nfn = %(nfn)d;
+"""
+
+_RUNTIME = """
+extern const bpk::KernelFn bpk_kernels[];
+extern const bpk::CheckFn bpk_checks[];
+extern const int64_t bpk_operands[][3];
+extern const int64_t bpk_nfn;
+
 namespace {
 struct Ctx {
   bpk::Pool pool;
   bpk::Blas blas;
   explicit Ctx(int n) : pool(n) {}
 };
-const bpk::KernelFn kTable[] = {%(table)s};
-// per function: its operand check (Note [Kernel operand checks]), its pointer and integer counts and
-// how many of its pointers (the first ones) it writes through
-const bpk::CheckFn kChecks[] = {%(checks)s};
-const int64_t kOperands[][3] = {%(operands)s};
 }  // namespace
 
 // Note [Library CPU features]: the instruction-set features this library was compiled to use, as
@@ -83,7 +96,7 @@ __attribute__((visibility("default"))) int bpk_abi_version() { return BPK_ABI_VE
 // Note [Unloading kernel libraries] (cpp_runtime/src/native_cpu.cpp): what this library's static
 // libstdc++ allocated when it loaded, freed; a loader calls it just before its last dlclose.
 __attribute__((visibility("default"))) void bpk_library_release() { __gnu_cxx::__freeres(); }
-__attribute__((visibility("default"))) int64_t bpk_num_functions() { return %(nfn)d; }
+__attribute__((visibility("default"))) int64_t bpk_num_functions() { return bpk_nfn; }
 __attribute__((visibility("default"))) void* bpk_ctx_create(int nthreads) {
   try {
     return new Ctx(nthreads);
@@ -120,13 +133,13 @@ __attribute__((visibility("default"))) int64_t bpk_check(const int64_t* w, int64
       room[k] = slot_bytes[slot] - off;
     }
     if (op == BPK_OP_KERNEL) {
-      if (a < 0 || a >= %(nfn)d) return bpk::chk::fail(status, 1, -1, -1);
-      if (np != kOperands[a][0] || ni != kOperands[a][1]) return bpk::chk::fail(status, 1, kOperands[a][0], kOperands[a][1]);
-      for (int64_t k = 0; k < kOperands[a][2]; ++k)
+      if (a < 0 || a >= bpk_nfn) return bpk::chk::fail(status, 1, -1, -1);
+      if (np != bpk_operands[a][0] || ni != bpk_operands[a][1]) return bpk::chk::fail(status, 1, bpk_operands[a][0], bpk_operands[a][1]);
+      for (int64_t k = 0; k < bpk_operands[a][2]; ++k)
         if (!writable[pw[2 * k]]) return bpk::chk::fail(status, 7, k, pw[2 * k]);
-      if (const int64_t rc = kChecks[a](pw + 2 * np, room, status)) return rc;
+      if (const int64_t rc = bpk_checks[a](pw + 2 * np, room, status)) return rc;
     } else if (op == BPK_OP_GEMM) {  // GEMM records: the loaders' Note [GEMM records]; D is written
-      if (np != 3 || a < 0 || a > 3) return bpk::chk::fail(status, 1, -1, -1);
+      if (np != 3 || a < 0 || a > 3 || !((%(gemms)d >> a) & 1)) return bpk::chk::fail(status, 1, -1, -1);
       if (!writable[pw[4]]) return bpk::chk::fail(status, 7, 2, pw[4]);
     } else {
       return bpk::chk::fail(status, 1, -1, -1);
@@ -164,20 +177,9 @@ __attribute__((visibility("default"))) int64_t bpk_run(void* c, const int64_t* w
     const int64_t* ints = pw + 2 * np;
     const auto t0 = times_ns ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
     if (op == BPK_OP_KERNEL) {
-      kTable[a](&st, ptrs, ints);
+      bpk_kernels[a](&st, ptrs, ints);
     } else if (op == BPK_OP_GEMM) {
-      if (a == 0)
-        bpk::gemm_batched<float>(&st, ctx->blas, (const float*)ptrs[0], (const float*)ptrs[1], (float*)ptrs[2], ints);
-      else if (a == 1)
-        bpk::gemm_batched<double>(&st, ctx->blas, (const double*)ptrs[0], (const double*)ptrs[1], (double*)ptrs[2],
-                                  ints);
-      else if (a == 2)
-        bpk::gemm_batched_half<bpk::f16>(&st, ctx->blas, (const bpk::f16*)ptrs[0], (const bpk::f16*)ptrs[1],
-                                         (bpk::f16*)ptrs[2], ints);
-      else
-        bpk::gemm_batched_half<bpk::bf16>(&st, ctx->blas, (const bpk::bf16*)ptrs[0], (const bpk::bf16*)ptrs[1],
-                                          (bpk::bf16*)ptrs[2], ints);
-    }
+%(gemm_calls)s    }
     if (times_ns)
       times_ns[launch] =
           std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
@@ -226,7 +228,7 @@ def shared_sources(kernels: Sequence[EmittedKernel]) -> list[str]:
         if first == k.name:
             out.append(k.source)
             continue
-        defined = list(dict.fromkeys(re.findall(rf"^static [^(]*?\b({re.escape(k.name)}(?:_\w+)?)\(", code, re.M)))
+        defined = _defined(k.name, code)
         if not {name for name, _ in k.variants} | ({k.check} if k.check else set()) <= set(defined):
             out.append(k.source)  # a form this does not recognize: compiled again rather than guessed at
             continue
@@ -235,23 +237,140 @@ def shared_sources(kernels: Sequence[EmittedKernel]) -> list[str]:
     return out
 
 
-def library_source(kernels: Sequence[EmittedKernel]) -> str:
+def _defined(name: str, code: str) -> list[str]:
+    """The functions of kernel `name` that `code` defines, in order."""
+    return list(dict.fromkeys(re.findall(rf"^BPK_KERNEL [^(]*?\b({re.escape(name)}(?:_\w+)?)\(", code, re.M)))
+
+
+UNIT_MARK = "// @unit "  # a kernel's code follows: "// @unit <kernel name>"
+MAIN_MARK = "// @main"  # the kernel tables follow
+RUNTIME_MARK = "// @runtime"  # the executor and the C entry points follow
+
+
+@dataclass(frozen=True)
+class LibraryUnits:
+    """A library's source cut into translation units (Note [Split kernel libraries] in toolchain.py):
+    `header`, the prelude every unit includes (precompiled once per ISA level); `kernels`, one unit
+    body per distinct kernel code, its functions named by that code's digest (`kernel_<digest>_t6`), so
+    a model that repeats another's kernel finds its object in the cache; `main`, the declarations of
+    those functions, each kernel's names for them and the tables; `runtime`, the executor and the C
+    entry points (the same text for every model with the same GEMM dtypes)."""
+
+    header: str
+    kernels: tuple[str, ...]
+    main: str
+    runtime: str
+
+
+def split_units(source: str) -> LibraryUnits | None:
+    """`library_source`'s text cut into units; None for a text without its markers (one unit)."""
+    at = source.find("\n" + MAIN_MARK + "\n")
+    rt = source.find("\n" + RUNTIME_MARK + "\n", at + 1)
+    if at < 0 or rt < 0:
+        return None
+    first = source.find("\n" + UNIT_MARK)
+    head_end = at if first < 0 else min(first, at)
+    header, body, tables = source[: head_end + 1], source[head_end + 1 : at + 1], source[at + 1 : rt + 1]
+    units: dict[str, str] = {}
+    decls: list[str] = []
+    names: dict[str, str] = {}  # a kernel's function -> the digest-named one
+    main: list[str] = []
+    for chunk in body.split(UNIT_MARK)[1:]:
+        name, _, rest = chunk.partition("\n")
+        comment, _, code = rest.partition("\n")
+        own = _own_names(name)
+        defined = _defined(name, code)
+        if not defined:  # aliases of an earlier kernel's functions (Note [Shared kernel code])
+            main.append(comment)
+            main += [
+                re.sub(r"= &(\w+);", lambda m: f"= &{names.get(m.group(1), m.group(1))};", line)
+                for line in code.splitlines()
+            ]
+            continue
+        digest = hashlib.sha256(own.sub(lambda m: "@" + m.group(0)[len(name) :], code).encode()).hexdigest()[:20]
+        base = f"kernel_{digest}"
+        units.setdefault(base, own.sub(lambda m: base + m.group(0)[len(name) :], code))
+        main.append(comment)
+        for fn in defined:
+            names[fn] = base + fn[len(name) :]
+            line = re.search(rf"^BPK_KERNEL [^\n]*?\b{fn}\([^\n]*", code, re.M)
+            assert line is not None
+            decls.append(line.group(0).replace(fn, names[fn], 1).rstrip(" {") + ";")
+            main.append(f"static constexpr auto* {fn} = &{names[fn]};")
+    main_text = "\n".join([*dict.fromkeys(decls), *main, tables])
+    return LibraryUnits(header, _bundled(list(units.values())), main_text, source[rt + 1 :])
+
+
+OWN_UNIT_BYTES = 12_000  # a kernel's code at least this long is a unit of its own
+BUNDLE_BYTES = 48_000  # smaller kernels share units up to about this much code
+
+
+def _bundled(codes: list[str]) -> tuple[str, ...]:
+    """Units from the distinct kernel codes: each long one alone (the dense layers, attention and
+    convolutions, where reuse across models pays), the short ones (elementwise and row kernels, a few
+    KB each) in launch order in bundles of about BUNDLE_BYTES, since every compiler process costs about
+    0.3 s before its first kernel (Note [Split kernel libraries])."""
+    units: list[str] = []
+    bundle: list[str] = []
+    for code in codes:
+        if len(code) >= OWN_UNIT_BYTES:
+            units.append(code)
+            continue
+        bundle.append(code)
+        if sum(map(len, bundle)) >= BUNDLE_BYTES:
+            units.append("\n".join(bundle))
+            bundle = []
+    if bundle:
+        units.append("\n".join(bundle))
+    return tuple(units)
+
+
+GEMM_DTYPES = ("float32", "float64", "float16", "bfloat16")  # a GEMM record's `a` word indexes this
+_GEMM_CALLS = {
+    "float32": "bpk::gemm_batched<float>(&st, ctx->blas, (const float*)ptrs[0], (const float*)ptrs[1], (float*)ptrs[2], ints)",
+    "float64": "bpk::gemm_batched<double>(&st, ctx->blas, (const double*)ptrs[0], (const double*)ptrs[1], (double*)ptrs[2], "
+    "ints)",
+    "float16": "bpk::gemm_batched_half<bpk::f16>(&st, ctx->blas, (const bpk::f16*)ptrs[0], (const bpk::f16*)ptrs[1], "
+    "(bpk::f16*)ptrs[2], ints)",
+    "bfloat16": "bpk::gemm_batched_half<bpk::bf16>(&st, ctx->blas, (const bpk::bf16*)ptrs[0], "
+    "(const bpk::bf16*)ptrs[1], (bpk::bf16*)ptrs[2], ints)",
+}
+
+
+def library_source(kernels: Sequence[EmittedKernel], gemm_dtypes: Collection[str] = GEMM_DTYPES) -> str:
+    """The library's one translation unit, cut by markers into the units `split_units` reads: the
+    prelude, each kernel (`// @unit`), the tables (`// @main`) and the runtime (`// @runtime`: the
+    executor and the C entry points, the same for every model with the same GEMM dtypes).
+
+    Note [GEMM dtypes of a library]: the executor's GEMM records are compiled only for `gemm_dtypes`,
+    the dtypes of the plan's GEMM launches (each dtype's small- and mid-M GEMM templates are about 3 s
+    of -O3 per ISA level); `bpk_check` refuses a record of another dtype and `bpk_run` returns 2 for
+    one."""
+    unknown = set(gemm_dtypes) - set(GEMM_DTYPES)
+    assert not unknown, unknown
+    calls = "".join(
+        f"      {'if' if k == 0 else 'else if'} (a == {GEMM_DTYPES.index(dt)})\n        {_GEMM_CALLS[dt]};\n"
+        for k, dt in enumerate(dt for dt in GEMM_DTYPES if dt in gemm_dtypes)
+    )
+    calls += ("      else {\n" if calls else "      {\n") + "        status[0] = launch;\n        return 2;\n      }\n"
     names = [name for k in kernels for name, _ in k.variants]
     checks = [k.check for k in kernels for _ in k.variants]
     operands = [
         f"{{{len(k.stores) + len(k.loads)}, {len(k.args.exprs)}, {len(k.stores)}}}" for k in kernels for _ in k.variants
     ]
-    body = "\n".join(shared_sources(kernels))
-    return (
-        prelude()
-        + "\n"
-        + body
-        + _FOOTER
-        % {
-            "table": ", ".join(names) or "nullptr",
-            "checks": ", ".join(checks) or "nullptr",
-            "operands": ", ".join(operands) or "{0, 0, 0}",
-            "nfn": len(names),
-            "maxp": MAX_PTRS,
-        }
+    body = "".join(f"{UNIT_MARK}{k.name}\n{code}\n" for k, code in zip(kernels, shared_sources(kernels), strict=True))
+    tables = _TABLES % {
+        "table": ", ".join(names) or "nullptr",
+        "checks": ", ".join(checks) or "nullptr",
+        "operands": ", ".join(operands) or "{0, 0, 0}",
+        "nfn": len(names),
+    }
+    pool_run = "".join(
+        ln for ln in (Path(__file__).parent / "cpu_pool_run.h").read_text().splitlines(True) if not ln.startswith("//!")
     )
+    runtime = pool_run + _RUNTIME % {
+        "maxp": MAX_PTRS,
+        "gemms": sum(1 << GEMM_DTYPES.index(dt) for dt in gemm_dtypes),
+        "gemm_calls": calls,
+    }
+    return "".join([prelude(), "\n", body, "\n", MAIN_MARK, "\n", tables, RUNTIME_MARK, "\n", runtime])

@@ -32,6 +32,11 @@
 #define BPK_SMALL_M_ROWS 3
 #endif
 #define BPK_RESTRICT __restrict__
+// A kernel's functions (Note [Split kernel libraries] in codegen/toolchain.py): static in the one
+// translation unit a dump shows, external and hidden when the library is built from units.
+#ifndef BPK_KERNEL
+#define BPK_KERNEL static
+#endif
 
 namespace bpk {
 
@@ -188,34 +193,9 @@ struct Pool {
       }
     }
   }
-  void run(int64_t count, RangeFn f, void* c) {
-    std::unique_lock<std::mutex> busy(run_mu, std::try_to_lock);
-    if (!busy.owns_lock() || nthreads == 1) {  // another thread's run holds the pool: run inline
-      f(c, 0, count);
-      return;
-    }
-    fn = f;
-    closure = c;
-    n = count;
-    chunks = count < 4 * nthreads ? count : 4 * nthreads;
-    next.store(0, std::memory_order_relaxed);
-    left.store(0, std::memory_order_relaxed);
-    uint64_t id = (job.load() >> 17) + 1;
-    job.store(id << 17, std::memory_order_release);  // open, nobody joined
-    if (sleepers.load() > 0) {
-      std::lock_guard<std::mutex> g(mu);
-      cv.notify_all();
-    }
-    work();
-    int joined = int(job.fetch_or(kClosed, std::memory_order_acq_rel) & kJoinMask);
-    for (int spins = 0; left.load(std::memory_order_acquire) != joined; ++spins) {
-      if (spins < 2000) {
-        relax();
-      } else {
-        std::this_thread::yield();  // a joined worker was preempted: let it have this core
-      }
-    }
-  }
+  // out of line (cpu_pool_run.h, in the library's runtime unit): every kernel unit calls it, and
+  // compiled inline it was half of a small unit's compile time (Note [Split kernel libraries])
+  void run(int64_t count, RangeFn f, void* c);
 };
 
 // Runs body(lo, hi) over [0, n) on the pool when the work (n * cost, in rough element-operations) is

@@ -2,7 +2,7 @@
 
 In: a kernel's `Args` (its int64 operands, as sympy expressions over shape symbols) and, per pointer
 operand, the shape and item size of the buffer it addresses. Out: the C++ source of
-`static int64_t <name>(const int64_t* I, const int64_t* room, int64_t* status)`, which the library's
+`BPK_KERNEL int64_t <name>(const int64_t* I, const int64_t* room, int64_t* status)`, which the library's
 `bpk_check` runs before a launch list may run (Note [Kernel operand checks]).
 
 Note [Kernel operand checks]: a generated kernel indexes its buffers with its integer operands (loop
@@ -208,7 +208,7 @@ def operand_check(name: str, args: Args, buffers: Sequence[tuple[Sequence[IRDim]
         checks.append(f"const int64_t n{p} = {total};")
         checks.append(f"if (o) return bpk::chk::fail(status, {OPERAND_BUFFER}, {p});")
         checks.append(f"if (n{p} > room[{p}]) return bpk::chk::fail(status, {OPERAND_EXTENT}, {p}, n{p});")
-    lines = [f"static int64_t {name}(const int64_t* I, const int64_t* room, int64_t* status) {{"]
+    lines = [f"BPK_KERNEL int64_t {name}(const int64_t* I, const int64_t* room, int64_t* status) {{"]
     lines += ["  bool o = false;", "  (void)I; (void)room; (void)o;"]
     lines += ["  " + ln for ln in c.lines + body + checks]
     lines += ["  return 0;", "}", ""]

@@ -23,7 +23,7 @@ in signature order — plus a byte offset.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +85,11 @@ class NativeLowering:
     gemm_rows: list[dict[str, Any]] = field(default_factory=list)
     gemm_instances: list[GemmInstance] = field(default_factory=list)  # CUTLASS kernels (CUDA plans)
     sources: Sources = field(default_factory=Sources)
+
+
+def gemm_dtypes(launches: Sequence[Any]) -> set[str]:
+    """The dtypes of the library GEMM launches (Note [GEMM dtypes of a library] in codegen/cpu_library.py)."""
+    return {launch.dtype for launch in launches if isinstance(launch, GemmLaunch)}
 
 
 def fusion_for(p: Program, backend: Backend, gemm: GemmPolicy = CUBLAS) -> FusionPlan:
@@ -447,7 +452,7 @@ def memory_plan(lowerer: Lowerer) -> NativeLowering:
             for i in instances
         ),
     )
-    sources = Sources(lowerer.backend.source(lowerer.kernels), tuple(instances))
+    sources = Sources(lowerer.backend.source(lowerer.kernels, gemm_dtypes(lowerer.launches)), tuple(instances))
     return NativeLowering(
         lowerer.backend,
         lowerer.plan,

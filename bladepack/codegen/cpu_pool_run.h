@@ -1,0 +1,30 @@
+//! Pool::run, defined once per kernel library in its runtime unit (Note [Split kernel libraries] in
+//! toolchain.py; Note [Pool jobs] in cpu_runtime.h). Spliced into cpu_library.py's runtime text.
+void bpk::Pool::run(int64_t count, RangeFn f, void* c) {
+  std::unique_lock<std::mutex> busy(run_mu, std::try_to_lock);
+  if (!busy.owns_lock() || nthreads == 1) {  // another thread's run holds the pool: run inline
+    f(c, 0, count);
+    return;
+  }
+  fn = f;
+  closure = c;
+  n = count;
+  chunks = count < 4 * nthreads ? count : 4 * nthreads;
+  next.store(0, std::memory_order_relaxed);
+  left.store(0, std::memory_order_relaxed);
+  uint64_t id = (job.load() >> 17) + 1;
+  job.store(id << 17, std::memory_order_release);  // open, nobody joined
+  if (sleepers.load() > 0) {
+    std::lock_guard<std::mutex> g(mu);
+    cv.notify_all();
+  }
+  work();
+  int joined = int(job.fetch_or(kClosed, std::memory_order_acq_rel) & kJoinMask);
+  for (int spins = 0; left.load(std::memory_order_acquire) != joined; ++spins) {
+    if (spins < 2000) {
+      relax();
+    } else {
+      std::this_thread::yield();  // a joined worker was preempted: let it have this core
+    }
+  }
+}
