@@ -68,6 +68,7 @@ X = In(("B", "S", 8))
 X2 = In(("B", 8))
 POS = In(("B", "S", 8), "pos")
 IMG = In(("B", 4, "S", "S"))
+VOL = In(("B", 2, 4, 5, "S"))  # torch's 3-D pools refuse a kernel longer than the unpadded axis
 
 CASES = [
     # elementwise, unary
@@ -374,6 +375,36 @@ CASES = [
         (X,),
     ),
     Case(
+        "pool3d",
+        lambda x: (
+            F.avg_pool3d(x, (2, 3, 1), (1, 2, 1), padding=(1, 1, 0)),
+            F.avg_pool3d(x, (3, 2, 1), (2, 1, 2), padding=(1, 1, 0), count_include_pad=False),
+            F.max_pool3d(x, (2, 3, 1), (1, 2, 2), padding=(1, 1, 0)),
+            F.max_pool3d(x[0], (2, 2, 1), 1, padding=(1, 1, 0), dilation=(2, 2, 1)),
+            F.adaptive_avg_pool3d(x, 1),
+            F.adaptive_avg_pool3d(x, (1, 5, None)),
+        ),
+        (VOL,),
+    ),
+    Case(
+        "pool3d_ceil",
+        lambda x: (
+            F.max_pool3d(x, (3, 3, 1), (2, 2, 1), (1, 1, 0), ceil_mode=True),
+            F.avg_pool3d(x, (3, 2, 1), (2, 2, 1), (1, 1, 0), True),
+        ),
+        (VOL,),
+    ),
+    Case(
+        "sort",
+        lambda x: (
+            *torch.sort(x, -1),
+            *torch.sort(torch.round(x * 2), dim=-1, descending=True, stable=True),
+            torch.argsort(torch.round(x * 2), dim=2, stable=True),
+            torch.sort(x[..., :1], -1).values,
+        ),
+        (X,),
+    ),
+    Case(
         "elu_celu",
         lambda x: (F.elu(x), F.elu(x, alpha=0.5), F.selu(x), F.celu(x, alpha=2.0)),
         (X,),
@@ -508,7 +539,7 @@ def test_op_matches_eager(case: Case) -> None:
 
 
 # Ops whose size-1 case torch.export cannot prove valid (their range starts at 2, with a clear guard).
-MIN2_CASES = {"max_pool_ceil"}
+MIN2_CASES = {"max_pool_ceil", "pool3d_ceil"}
 
 
 def _axis_suffix(case: Case, sym: str) -> str:
@@ -552,6 +583,45 @@ def test_topk_nan_and_ties(executor: str) -> None:
     np.testing.assert_array_equal(si, [[4, 7, 6, 0], [6, 5, 0, 1]])
     np.testing.assert_array_equal(v, np.take_along_axis(x, i, -1))
     np.testing.assert_array_equal(sv, np.take_along_axis(x, si, -1))
+
+
+@pytest.mark.parametrize("executor", ["native", "reference"])
+def test_sort_nan_and_ties(executor: str) -> None:
+    """Note [Sort as a full top-k]: torch.sort's stable order, NaN last ascending and first descending,
+    ties in input order both ways, as eager computes it."""
+
+    class Sort(nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return (*torch.sort(x, stable=True), *torch.sort(x, descending=True, stable=True))
+
+    art = bladepack.optimize(Sort(), [(torch.randn(3, 8),), (torch.randn(2, 8),)])
+    loaded = bladepack.load(art.to_bytes(), executor=executor)
+    x = np.array(
+        [[1.0, np.nan, 3.0, 3.0, -1.0, np.nan, 0.5, -1.0], [2.0, 2.0, np.inf, 2.0, -np.inf, 1.0, 0.0, 5.0]],
+        dtype=np.float32,
+    )
+    got = loaded(x)
+    want = Sort()(torch.from_numpy(x))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w.numpy())
+
+
+def test_a_ceil_mode_length_export_specialized_is_refused_not_wrong() -> None:
+    """Note [Exported pool lengths]: a stride-2 ceil_mode pool exported at odd lengths records ceil(n/2),
+    torch's length only for odd n. The artifact answers odd lengths as eager does and refuses even ones
+    with a message naming the pool, never a wrong shape."""
+
+    class Pool(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.max_pool2d(x, (1, 1), 2, 0, ceil_mode=True)
+
+    model = Pool()
+    loaded = compile_model(model, [(torch.randn(2, 3, 4, 7),), (torch.randn(2, 3, 4, 9),)])
+    for w in (3, 5, 13):
+        check_against_eager(model, loaded, (torch.randn(2, 3, 4, w),))
+    for w in (4, 8):
+        with pytest.raises(ShapeGuardError, match="max_pool2d.default's output length along pooled axis 1"):
+            loaded(torch.randn(2, 3, 4, w))
 
 
 def test_topk_and_interpolation_errors() -> None:

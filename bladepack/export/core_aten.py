@@ -46,9 +46,6 @@ BY_DESIGN = {
 NOT_YET = {
     op: _NEEDS_KERNEL
     for op in (
-        "aten._adaptive_avg_pool3d.default",
-        "aten.avg_pool3d.default",
-        "aten.max_pool3d_with_indices.default",
         "aten._embedding_bag.default",
         "aten._pdist_forward.default",
         "aten.col2im.default",
@@ -59,7 +56,6 @@ NOT_YET = {
         "aten.scatter.value",
         "aten.scatter_add.default",
         "aten.scatter_reduce.two",
-        "aten.sort.default",
     )
 }
 

@@ -16,7 +16,7 @@ import sympy
 from bladepack.dtypes import DType
 from bladepack.export.context import Ctx, Unsupported, Value, arg, converts, norm_axis
 from bladepack.export.ops_layout import concat_along, edge_pad, permute, reshape, reverse, slice_axis, with_dim
-from bladepack.export.ops_nn import batch_norm, grouped_norm, reduce_axes
+from bladepack.export.ops_nn import batch_norm, check_pool_lengths, grouped_norm, reduce_axes
 from bladepack.ir import TensorType
 from bladepack.ir.types import IRDim
 from bladepack.ir.views import simplify
@@ -433,6 +433,8 @@ def _avg_pool1d(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Valu
     include = bool(arg(args, kwargs, 5, "count_include_pad", True))
     attrs = Pool2dAttrs((1, kernel), (1, stride), (0, padding), (1, 1), ceil_mode, include)
     image = reshape(ctx, x, (*t.shape[:-1], 1, t.shape[-1]))
+    if ceil_mode:
+        check_pool_lengths(ctx, "avg_pool1d", (1, t.shape[-1]), (1, out.shape[-1]), attrs)
     pooled = ctx.emit(K.AVG_POOL2D, (image,), TensorType(out.dtype, (*out.shape[:-1], 1, out.shape[-1])), attrs)
     return reshape(ctx, pooled, out.shape)
 

@@ -16,8 +16,8 @@ import sympy
 from bladepack.dtypes import DType
 from bladepack.export.context import Ctx, Unsupported, Value, arg, converts, norm_axis
 from bladepack.export.ops_conv import pair, weight_name
-from bladepack.export.ops_layout import permute, reshape
-from bladepack.ir import OpKind, TensorType
+from bladepack.export.ops_layout import permute, reshape, reverse
+from bladepack.ir import OpKind, TensorType, Tri
 from bladepack.ir.broadcast import broadcast_shapes
 from bladepack.ir.ops import (
     MAX_TOPK,
@@ -124,6 +124,54 @@ def _topk(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Valu
         ctx.assume(sympy.Ge(d, k), f"{ctx.loc}: topk needs at least k={k} elements along axis {axis}")
     vt, it = ctx.out_type(0), ctx.out_type(1)
     idx = ctx.emit(K.TOPK, (x,), TensorType(DType.INT64, it.shape), TopkAttrs(axis, k, largest))
+    return ctx.emit(K.GATHER, (x, idx), vt, AxisAttrs(axis)), idx
+
+
+@converts("aten.sort.default", "aten.sort.stable")
+def _sort(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Value, Value]:
+    """Note [Sort as a full top-k]: along an axis of constant length n <= MAX_TOPK, a stable sort is the
+    top-n in torch's order. Descending: topk(largest) itself (NaN first, ties in input order, as
+    torch.sort(descending=True, stable=True)). Ascending: the descending order of the reversed line,
+    reversed (NaN last and ties in input order again, as torch.sort(stable=True)); positions in the
+    reversed line map back as n - 1 - i. The values are gathered from the input at the positions."""
+    x = ctx.v(args[0])
+    if str(ctx.node.target if ctx.node is not None else "").endswith("stable"):  # (x, *, stable, dim, descending)
+        axis, descending = arg((), kwargs, 0, "dim", -1), arg((), kwargs, 0, "descending", False)
+    else:
+        axis, descending = arg(args, kwargs, 1, "dim", -1), arg(args, kwargs, 2, "descending", False)
+    values, it = ctx.out_type(0), ctx.out_type(1)
+    return _sorted(ctx, x, int(axis), bool(descending), values, it)
+
+
+@converts("aten.argsort.default", "aten.argsort.stable")
+def _argsort(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    x = ctx.v(args[0])
+    if str(ctx.node.target if ctx.node is not None else "").endswith("stable"):
+        axis, descending = arg((), kwargs, 0, "dim", -1), arg((), kwargs, 0, "descending", False)
+    else:
+        axis, descending = arg(args, kwargs, 1, "dim", -1), arg(args, kwargs, 2, "descending", False)
+    t = ctx.t(x)
+    return _sorted(ctx, x, int(axis), bool(descending), TensorType(t.dtype, t.shape), ctx.out_type())[1]
+
+
+def _sorted(ctx: Ctx, x: Value, axis_arg: int, descending: bool, vt: TensorType, it: TensorType) -> tuple[Value, Value]:
+    t = ctx.t(x)
+    axis = norm_axis(axis_arg, t.rank)
+    n = t.shape[axis] if t.rank else 1
+    if not isinstance(n, int) or n > MAX_TOPK:
+        raise Unsupported(
+            f"sort along an axis of length {n}: sorting needs a constant length of at most {MAX_TOPK} "
+            "(a sort kernel for longer or dynamic axes is not built yet)"
+        )
+    if t.rank == 0 or n <= 1:
+        zeros = ctx.emit(K.MUL, (ctx.cast(x, DType.INT64), ctx.const(0, DType.INT64)), it)
+        return x, zeros
+    index = TensorType(DType.INT64, it.shape)
+    if descending:
+        idx = ctx.emit(K.TOPK, (x,), index, TopkAttrs(axis, n, True))
+    else:
+        backwards = ctx.emit(K.TOPK, (reverse(ctx, x, axis),), index, TopkAttrs(axis, n, True))
+        idx = ctx.emit(K.SUB, (ctx.const(n - 1, DType.INT64), reverse(ctx, backwards, axis)), index)
     return ctx.emit(K.GATHER, (x, idx), vt, AxisAttrs(axis)), idx
 
 
@@ -326,31 +374,148 @@ def _pool_attrs(args: tuple[Any, ...], kwargs: dict[str, Any], with_dilation: bo
     return Pool2dAttrs(kernel, stride, padding, (1, 1), ceil_mode, include)
 
 
+def pool_length(n: IRDim, kernel: int, stride: int, pad: int, dilation: int, ceil_mode: bool) -> IRDim:
+    """The output length of a pool along an axis of length n, as torch computes it: with ceil_mode a
+    last window that would start in the right padding is dropped."""
+    span = n + 2 * pad - dilation * (kernel - 1) - 1
+    if not ceil_mode:
+        return simplify(sympy.floor(sympy.sympify(span) / stride) + 1)
+    out = sympy.floor((span + stride - 1) / sympy.Integer(stride)) + 1
+    return simplify(sympy.Piecewise((out - 1, (out - 1) * stride >= n + pad), (out, True)))
+
+
+def check_pool_lengths(ctx: Ctx, what: str, ins: tuple[IRDim, ...], outs: tuple[IRDim, ...], a: Pool2dAttrs) -> None:
+    """Note [Exported pool lengths]: with ceil_mode, torch.export may record a pool's output length as
+    one branch of torch's rule, the one the samples took (a stride-2 pool exported at odd lengths
+    records ceil(n / 2) and guards the parity, which the declared range cannot say). An artifact built
+    on that length would compute a wrong shape at the other lengths. Each pooled axis whose recorded
+    length is not provably torch's rule becomes a shape constraint, checked at every call: an input
+    where they differ is refused with this message instead of answered wrongly."""
+    for axis, (n, out) in enumerate(zip(ins, outs, strict=True)):
+        want = pool_length(n, a.kernel[axis], a.stride[axis], a.padding[axis], a.dilation[axis], a.ceil_mode)
+        if ctx.env.prove_eq(out, want) is Tri.YES:
+            continue
+        ctx.assume(
+            sympy.Eq(out, want),
+            f"{ctx.loc}: {what}'s output length along pooled axis {axis} was exported as {out} for an input "
+            f"length of {n}, which holds only for some lengths (torch's rule: {want}); torch.export "
+            "specialized it to the samples' lengths, and the artifact accepts the lengths where the two agree",
+        )
+
+
+def _pool2d(ctx: Ctx, kind: OpKind, x: Value, out: TensorType, a: Pool2dAttrs) -> Value:
+    if a.ceil_mode:
+        check_pool_lengths(
+            ctx, str(ctx.node.target if ctx.node is not None else kind.value), ctx.t(x).shape[-2:], out.shape[-2:], a
+        )
+    return ctx.emit(kind, (x,), out, a)
+
+
 @converts("aten.max_pool2d.default")
 def _max_pool(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
-    return ctx.emit(K.MAX_POOL2D, (ctx.v(args[0]),), attrs=_pool_attrs(args, kwargs, True))
+    return _pool2d(ctx, K.MAX_POOL2D, ctx.v(args[0]), ctx.out_type(), _pool_attrs(args, kwargs, True))
 
 
 @converts("aten.max_pool2d_with_indices.default")
 def _max_pool_idx(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Value, None]:
-    return ctx.emit(K.MAX_POOL2D, (ctx.v(args[0]),), ctx.out_type(0), _pool_attrs(args, kwargs, True)), None
+    return _pool2d(ctx, K.MAX_POOL2D, ctx.v(args[0]), ctx.out_type(0), _pool_attrs(args, kwargs, True)), None
 
 
 @converts("aten.avg_pool2d.default")
 def _avg_pool(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
-    return ctx.emit(K.AVG_POOL2D, (ctx.v(args[0]),), attrs=_pool_attrs(args, kwargs, False))
+    return _pool2d(ctx, K.AVG_POOL2D, ctx.v(args[0]), ctx.out_type(), _pool_attrs(args, kwargs, False))
 
 
-@converts("aten.adaptive_avg_pool2d.default", "aten._adaptive_avg_pool2d.default")
+@converts(
+    "aten.adaptive_avg_pool2d.default",
+    "aten._adaptive_avg_pool2d.default",
+    "aten.adaptive_avg_pool3d.default",
+    "aten._adaptive_avg_pool3d.default",
+)
 def _adaptive_avg_pool(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    """Adaptive average pooling whose every pooled axis keeps its size or becomes 1: the mean over the
+    axes that become 1 (an adaptive bin spans the whole axis)."""
     x = ctx.v(args[0])
-    size = tuple(args[1]) if not isinstance(args[1], int) else (args[1], args[1])
     out = ctx.out_type()
-    if size == (1, 1):
-        return ctx.emit(K.MEAN, (x,), out, ReduceAttrs((ctx.t(x).rank - 2, ctx.t(x).rank - 1), True))
-    if ctx.t(x).shape[-2:] == out.shape[-2:]:
-        return x
-    raise Unsupported(f"adaptive_avg_pool2d to {size} (only (1, 1) or the identity)")
+    t = ctx.t(x)
+    nd = 3 if "3d" in str(ctx.node.target if ctx.node is not None else "") else 2
+    axes = []
+    for ax in range(t.rank - nd, t.rank):
+        if out.shape[ax] == 1 and t.shape[ax] != 1:
+            axes.append(ax)
+        elif out.shape[ax] != t.shape[ax]:
+            raise Unsupported(
+                f"adaptive_avg_pool{nd}d from {list(t.shape[-nd:])} to {list(out.shape[-nd:])} (each pooled axis "
+                "must become 1 or keep its size)"
+            )
+    return ctx.emit(K.MEAN, (x,), out, ReduceAttrs(tuple(axes), True)) if axes else x
+
+
+def _triple(v: Any, name: str) -> tuple[int, int, int]:
+    v = [v] if isinstance(v, int) else list(v)
+    if len(v) == 1:
+        v = v * 3
+    if len(v) != 3 or not all(isinstance(x, int) for x in v):
+        raise Unsupported(f"{name}={v!r} (3-D pooling takes one or three ints)")
+    return (v[0], v[1], v[2])
+
+
+def _pool3d(ctx: Ctx, kind: OpKind, args: tuple[Any, ...], kwargs: dict[str, Any], out: TensorType) -> Value:
+    """Note [Separable 3-D pooling]: a max or average over a [kd, kh, kw] box is the max or average over
+    the depth window of the [kh, kw] pools of each depth slice, and everything torch varies per axis
+    (output sizes with ceil_mode, padding, an average's divisor: the product of each axis's window
+    length, padded or not) is the same per axis. So the 2-D pool runs over [N * C, D, H, W] (depths as
+    channels), then a [kd, 1] pool over [N * C, 1, D, Ho * Wo]."""
+    x = ctx.v(args[0])
+    t = ctx.t(x)
+    if t.rank not in (4, 5):
+        raise Unsupported(f"3-D pooling of a rank-{t.rank} tensor (rank 4 or 5)")
+    kernel = _triple(args[1], "kernel_size")
+    stride_arg = arg(args, kwargs, 2, "stride", [])
+    stride = kernel if not stride_arg else _triple(stride_arg, "stride")
+    padding = _triple(arg(args, kwargs, 3, "padding", 0), "padding")
+    if kind == K.MAX_POOL2D:
+        dilation = _triple(arg(args, kwargs, 4, "dilation", 1), "dilation")
+        ceil_mode, include = bool(arg(args, kwargs, 5, "ceil_mode", False)), True
+    else:
+        dilation = (1, 1, 1)
+        ceil_mode = bool(arg(args, kwargs, 4, "ceil_mode", False))
+        include = bool(arg(args, kwargs, 5, "count_include_pad", True))
+        if arg(args, kwargs, 6, "divisor_override") is not None:
+            raise Unsupported("avg_pool3d with divisor_override")
+    planes: IRDim = 1
+    for d in t.shape[:-3]:
+        planes = simplify(planes * d)
+    depth, (od, oh, ow) = t.shape[-3], out.shape[-3:]
+    hw = Pool2dAttrs(
+        (kernel[1], kernel[2]),
+        (stride[1], stride[2]),
+        (padding[1], padding[2]),
+        (dilation[1], dilation[2]),
+        ceil_mode,
+        include,
+    )
+    slices = _pool2d(
+        ctx, kind, reshape(ctx, x, (planes, depth, *t.shape[-2:])), TensorType(out.dtype, (planes, depth, oh, ow)), hw
+    )
+    d = Pool2dAttrs((kernel[0], 1), (stride[0], 1), (padding[0], 0), (dilation[0], 1), ceil_mode, include)
+    flat = simplify(oh * ow)
+    pooled = _pool2d(
+        ctx, kind, reshape(ctx, slices, (planes, 1, depth, flat)), TensorType(out.dtype, (planes, 1, od, flat)), d
+    )
+    return reshape(ctx, pooled, out.shape)
+
+
+@converts("aten.max_pool3d_with_indices.default", "aten.max_pool3d.default")
+def _max_pool3d(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value | tuple[Value, None]:
+    if "with_indices" in str(ctx.node.target if ctx.node is not None else ""):
+        return _pool3d(ctx, K.MAX_POOL2D, args, kwargs, ctx.out_type(0)), None
+    return _pool3d(ctx, K.MAX_POOL2D, args, kwargs, ctx.out_type())
+
+
+@converts("aten.avg_pool3d.default")
+def _avg_pool3d(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    return _pool3d(ctx, K.AVG_POOL2D, args, kwargs, ctx.out_type())
 
 
 # --------------------------------------------------------------------------- attention
