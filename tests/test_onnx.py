@@ -267,6 +267,29 @@ def test_dynamic_windows_and_splits() -> None:
     _check_dynamic(m, [[(1, 3, h, w_)] for h, w_ in [(1, 1), (2, 3), (5, 4), (7, 8), (9, 10)]] + [[(2, 3, 6, 7)]])
 
 
+def test_3d_pools() -> None:
+    """MaxPool and AveragePool over three spatial dims (Note [Separable 3-D pooling]): padding, strides,
+    dilation, ceil_mode and count_include_pad, against onnx's reference at odd, even and tiny sizes."""
+    nodes = [
+        helper.make_node("MaxPool", ["x"], ["mp"], kernel_shape=[2, 3, 3], strides=[1, 2, 2], pads=[1, 1, 1, 1, 1, 1]),
+        helper.make_node(
+            "MaxPool", ["x"], ["md"], kernel_shape=[2, 2, 2], dilations=[1, 2, 1], pads=[0, 1, 0, 0, 1, 0]
+        ),
+        helper.make_node("MaxPool", ["x"], ["mc"], kernel_shape=[1, 3, 2], strides=[1, 2, 2], ceil_mode=1),
+        helper.make_node(
+            "AveragePool", ["x"], ["ap"], kernel_shape=[2, 2, 3], strides=[2, 1, 2], pads=[1, 0, 1, 1, 0, 1]
+        ),
+        helper.make_node(
+            "AveragePool", ["x"], ["ai"], kernel_shape=[1, 2, 2], pads=[0, 1, 1, 0, 1, 1], count_include_pad=1
+        ),
+        helper.make_node("GlobalAveragePool", ["x"], ["g"]),
+    ]
+    m = _model(
+        nodes, [_vi("x", TensorProto.FLOAT, ["n", 2, "d", "h", 5])], ["mp", "md", "mc", "ap", "ai", "g"], [], opset=19
+    )
+    _check_dynamic(m, [[(1, 2, d, h, 5)] for d, h in [(2, 3), (3, 4), (4, 7), (5, 8)]] + [[(2, 2, 3, 6, 5)]])
+
+
 def test_symbolic_slices() -> None:
     """Slice bounds computed from Shape (x[:, : s - 1], x[:, ::-1], x[:, -3:]) on a dynamic axis."""
     nodes = [

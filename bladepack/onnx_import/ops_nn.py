@@ -112,10 +112,10 @@ def _gemm(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
 # --------------------------------------------------------------------------- convolution and pooling
 
 
-def _spatial(ctx: OnnxCtx, x: OVal, op: str) -> int:
+def _spatial(ctx: OnnxCtx, x: OVal, op: str, most: int = 2) -> int:
     n = x.type.rank - 2
-    if n not in (1, 2):
-        raise Unsupported(f"{op} over {n} spatial dims (1-D and 2-D are supported)")
+    if not 1 <= n <= most:
+        raise Unsupported(f"{op} over {n} spatial dims (1-D{' to 3-D' if most == 3 else ' and 2-D'} are supported)")
     return n
 
 
@@ -211,7 +211,7 @@ def _conv(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
 def _pool(ctx: OnnxCtx, ins: list[OVal | None], op: OpKind) -> OVal:
     x = need(ins, 0)
     _float_input(x, op.value)
-    n = _spatial(ctx, x, op.value)
+    n = _spatial(ctx, x, op.value, most=3)
     kernel = ctx.ints("kernel_shape")
     if kernel is None:
         raise Unsupported("a pool without kernel_shape")
@@ -223,7 +223,7 @@ def _pool(ctx: OnnxCtx, ins: list[OVal | None], op: OpKind) -> OVal:
     if n == 1:
         x = _to_2d(ctx, x)
         kernel, strides, dil, lo, hi = [1, *kernel], [1, *strides], [1, *dil], [0, *lo], [0, *hi]
-    if op is K.AVG_POOL2D and dil != [1, 1]:
+    if op is K.AVG_POOL2D and any(d != 1 for d in dil):
         raise Unsupported("AveragePool with dilations")
     if lo != hi or not all(isinstance(p, int) for p in lo):
         if op is K.AVG_POOL2D and not include:
@@ -231,12 +231,33 @@ def _pool(ctx: OnnxCtx, ins: list[OVal | None], op: OpKind) -> OVal:
         if ceil:
             raise Unsupported("ceil_mode with asymmetric padding")
         x = _explicit_pad(ctx, x, lo, hi, float("-inf") if op is K.MAX_POOL2D else 0.0)
-        lo = hi = [0, 0]
+        lo = hi = [0] * len(lo)
     if op is K.MAX_POOL2D and any(int(p) * 2 > k for p, k in zip(lo, kernel)):  # pads over half a window: explicit
         x = _explicit_pad(ctx, x, lo, hi, float("-inf"))
-        lo = hi = [0, 0]
+        lo = hi = [0] * len(lo)
     sizes = [_out_size(d, k, s, dl, p, p, ceil) for d, k, s, dl, p in zip(x.type.shape[2:], kernel, strides, dil, lo)]
     t = TensorType(x.type.dtype, (x.type.shape[0], x.type.shape[1], *sizes))
+    if n == 3:  # Note [Separable 3-D pooling] (export/ops_nn.py): each depth slice's 2-D pool, then along the depths
+        planes = simplify_dim(sympy.sympify(t.shape[0]) * t.shape[1])
+        depth, h, w = x.type.shape[2:]
+        hw = Pool2dAttrs(
+            (kernel[1], kernel[2]), (strides[1], strides[2]), (int(lo[1]), int(lo[2])), (dil[1], dil[2]), ceil, include
+        )
+        slices = ctx.out(
+            op,
+            (ctx.tensor(_reshaped(ctx, x, (planes, depth, h, w))),),
+            TensorType(t.dtype, (planes, depth, *sizes[1:])),
+            hw,
+        )
+        flat = simplify_dim(sympy.sympify(sizes[1]) * sizes[2])
+        along = Pool2dAttrs((kernel[0], 1), (strides[0], 1), (int(lo[0]), 0), (dil[0], 1), ceil, include)
+        pooled = ctx.out(
+            op,
+            (ctx.tensor(_reshaped(ctx, slices, (planes, 1, depth, flat))),),
+            TensorType(t.dtype, (planes, 1, sizes[0], flat)),
+            along,
+        )
+        return _reshaped(ctx, pooled, t.shape)
     attrs = Pool2dAttrs(
         (kernel[0], kernel[1]), (strides[0], strides[1]), (int(lo[0]), int(lo[1])), (dil[0], dil[1]), ceil, include
     )
