@@ -405,6 +405,22 @@ CASES = [
         (X,),
     ),
     Case(
+        "scatter",
+        lambda x, i: (
+            x.scatter(2, i, x[..., :3] * 2),
+            x.scatter(2, i, 1.5),
+            x.scatter_add(2, i, x[..., 3:6]),
+            x.scatter_reduce(2, i, x[..., :3], "amax"),
+            x.scatter_reduce(2, i, x[..., :3], "prod", include_self=False),
+            x.scatter_reduce(2, i, x[..., :3], "amin", include_self=False),
+            x.scatter_reduce(2, i, x[..., :3], "mean"),
+            x.scatter_reduce(2, i, x[..., :3], "mean", include_self=False),
+            x.scatter_add(1, i[:, :1, :2] * 0, x[:, :1, :2]),  # into the dynamic axis, half the columns
+        ),
+        (X, In(("B", "S", 3), "int:0:8")),
+    ),
+    Case("index_put_mask", lambda x: x, (X,), module=lambda: _MaskedPut()),
+    Case(
         "elu_celu",
         lambda x: (F.elu(x), F.elu(x, alpha=0.5), F.selu(x), F.celu(x, alpha=2.0)),
         (X,),
@@ -506,6 +522,16 @@ def _batch_stats_and_distances() -> nn.Module:
         m.bn.weight.copy_(torch.linspace(0.5, 1.5, 4))
         m.bn.bias.copy_(torch.linspace(-0.2, 0.2, 4))
     return m
+
+
+class _MaskedPut(nn.Module):
+    """index_put by a boolean mask (x[mask] = v; index_put(accumulate=True) by a row mask): a where."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = x.clone()
+        y[x > 0.5] = 2.0
+        z = x.index_put((x[..., 0] > 0,), torch.arange(8, dtype=x.dtype), accumulate=True)
+        return y, z
 
 
 def _bn() -> nn.Module:

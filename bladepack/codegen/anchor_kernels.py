@@ -1,7 +1,7 @@
-"""Anchor kernels both backends share: reductions over arbitrary axes (and arg-reductions), scans and
-top-k selection.
+"""Anchor kernels both backends share: reductions over arbitrary axes (and arg-reductions), scans,
+top-k selection and scatters.
 
-In: an `Emitter` (the CPU's or the CUDA one) whose spec is a "reduce", "scan" or "topk" kernel. Out:
+In: an `Emitter` (the CPU's or the CUDA one) whose spec is a "reduce", "scan", "topk" or "scatter" kernel. Out:
 the kernel body, one output element (reduce) or one line along the axis (scan, topk) per iteration of
 the backend's `rows_loop`.
 """
@@ -12,12 +12,13 @@ import sympy
 
 from bladepack.codegen.c_render import CTYPE, Loop
 from bladepack.codegen.emitter import Emitter
-from bladepack.codegen.kernel import FLOATS, reduce_init, store_offset
+from bladepack.codegen.kernel import ERR_INDEX_NONNEG, FLOATS, reduce_init, store_offset
 from bladepack.ir import OpKind
 from bladepack.ir.ops import (
     ArgReduceAttrs,
     AxisAttrs,
     ReduceAttrs,
+    ScatterAttrs,
     TopkAttrs,
 )
 from bladepack.ir.types import IRDim
@@ -180,3 +181,84 @@ def topk_kernel(em: Emitter) -> None:
         em.for_loop(j, k, lambda: em.store(n.id, store_offset(n.type.shape, out_idx), f"{ids}[{j.name}]"))
 
     em.rows_loop([xt.shape[d] for d in kept], "4", body)
+
+
+def scatter_kernel(em: Emitter) -> None:
+    """Note [Scatter kernel]: one output line along the scatter axis per iteration, so every element is
+    written by one thread and duplicates resolve in index order, as the reference does (the last
+    assignment wins; reductions combine in order). The line is self's (pass 1); with include_self
+    False the elements an index reaches are reset to the reduction's identity (pass 2); then each index
+    position of the line, where the line lies inside index's extent, combines its source value into
+    the element it names (pass 3). An index outside [0, size) reports an error and is skipped."""
+    n = em.ctx.nodes[em.spec.roots[0]]
+    assert isinstance(n.attrs, ScatterAttrs)
+    x, index, src = n.inputs
+    shape, dt = n.type.shape, n.type.dtype
+    rank = len(shape)
+    a = n.attrs.axis % max(rank, 1)
+    kept = [d for d in range(rank) if d != a]
+    it = em.ctx.types[index]
+    t = CTYPE[dt]
+    reduce, include_self = n.attrs.reduce, n.attrs.include_self
+    kind = {"sum": "sum", "prod": "prod", "amax": "max", "amin": "min"}.get(reduce)
+    out = em.ptr_store(n.id)
+    where = f"scatter along dimension {a} at {n.loc}" if n.loc else f"scatter along dimension {a}"
+
+    def combine(old: str, new: str) -> str:
+        if reduce == "sum":
+            return f"{t}({old} + {new})"
+        if reduce == "prod":
+            return f"{t}({old} * {new})"
+        if reduce == "amax":
+            return f"bpk::fmax_nan<{t}>({old}, {new})" if dt in FLOATS else f"({old} > {new} ? {old} : {new})"
+        if reduce == "amin":
+            return f"bpk::fmin_nan<{t}>({old}, {new})" if dt in FLOATS else f"({old} < {new} ? {old} : {new})"
+        return new
+
+    def body(outer: tuple[Loop, ...]) -> None:
+        s = Loop(f"r{a}")
+        full = _line_index(rank, a, kept, outer, s)
+        em.for_loop(
+            s,
+            shape[a],
+            lambda: em.store(
+                n.id, store_offset(shape, full), em._as(em.eval(x, tuple(full)), em.ctx.types[x].dtype, dt)
+            ),
+        )
+        inside = [f"{o.name} < {em.args.ref(it.shape[d])}" for d, o in zip(kept, outer) if it.shape[d] != shape[d]]
+        em.line(f"if ({' && '.join(inside) or 'true'}) {{")
+
+        def target(j: Loop) -> tuple[sympy.Expr, ...]:
+            pos = _line_index(rank, a, kept, outer, j)
+            raw = em.eval(index, tuple(pos))
+            em.line(f"int64_t {j.name}_g = int64_t({raw});")
+            sz = em.args.ref(shape[a])
+            em.error_sites.append(where)
+            report = em.fail(f"{ERR_INDEX_NONNEG} + 16 * {len(em.error_sites) - 1}", f"{j.name}_g", sz)
+            em.line(f"if ({j.name}_g < 0 || {j.name}_g >= {sz}) {{ {report} continue; }}")
+            g = Loop(f"{j.name}_g")
+            em.scopes[-1].syms.add(g)
+            return tuple(_line_index(rank, a, kept, outer, g))
+
+        if kind is not None and not include_self:
+            j0 = Loop(f"j{a}")
+
+            def reset() -> None:
+                dst = target(j0)
+                em.store(n.id, store_offset(shape, dst), reduce_init(kind, dt))
+
+            em.for_loop(j0, it.shape[a], reset)
+        j = Loop(f"s{a}")
+
+        def scatter() -> None:
+            dst = target(j)
+            pos = _line_index(rank, a, kept, outer, j)
+            v = em._as(em.eval(src, tuple(pos)), em.ctx.types[src].dtype, dt)
+            off = em.args.index(store_offset(shape, dst))
+            new = combine(f"{t}({out}[{off}])", v) if kind is not None else v
+            em.line(f"{out}[{off}] = {new};")
+
+        em.for_loop(j, it.shape[a], scatter)
+        em.line("}")
+
+    em.rows_loop([shape[d] for d in kept], "8", body)

@@ -31,7 +31,7 @@ from typing import Any
 
 import sympy
 
-from bladepack.codegen.anchor_kernels import reduce_kernel, scan_kernel, topk_kernel
+from bladepack.codegen.anchor_kernels import reduce_kernel, scan_kernel, scatter_kernel, topk_kernel
 from bladepack.codegen.c_render import CPU_MEMTYPE, Args, Loop
 from bladepack.codegen.cpu_conv import direct_conv_kernel, im2col_kernel, pool_kernel
 from bladepack.codegen.cpu_conv_nhwc import nhwc_spatial_reduce_kernel, spatial_reduction
@@ -194,6 +194,8 @@ def emit_kernel(
         plans = [("", sympy.true, scan_kernel)]
     elif spec.kind == "topk":
         plans = [("", sympy.true, topk_kernel)]
+    elif spec.kind == "scatter":
+        plans = [("", sympy.true, scatter_kernel)]
     elif spec.kind == "pool":
         plans = [("", sympy.true, pool_kernel)]
     elif spec.kind == "conv" and _dense(ctx, spec.nodes[0]):  # Note [Dense layers]

@@ -44,7 +44,7 @@ from typing import Any
 
 import sympy
 
-from bladepack.codegen.anchor_kernels import reduce_kernel, scan_kernel, topk_kernel
+from bladepack.codegen.anchor_kernels import reduce_kernel, scan_kernel, scatter_kernel, topk_kernel
 from bladepack.codegen.c_render import CTYPE, Args, Loop
 from bladepack.codegen.cuda_conv import direct_conv_kernel, im2col_kernel, pool_kernel
 from bladepack.codegen.cuda_loops import MEMTYPE, CudaEmitter, inner_syms, split_index, volume
@@ -317,12 +317,15 @@ def emit_cuda_kernel(
             )
             if pred is sympy.true:
                 break
-    elif spec.kind in ("reduce", "scan", "topk"):
+    elif spec.kind in ("reduce", "scan", "topk", "scatter"):
         n = ctx.nodes[spec.roots[0]]
         x_t = ctx.types[n.inputs[0]]
-        fn: Callable[[CudaEmitter], None] = {"reduce": reduce_kernel, "scan": scan_kernel, "topk": topk_kernel}[
-            spec.kind
-        ]
+        fn: Callable[[CudaEmitter], None] = {
+            "reduce": reduce_kernel,
+            "scan": scan_kernel,
+            "topk": topk_kernel,
+            "scatter": scatter_kernel,
+        }[spec.kind]
         if spec.kind == "reduce":
             outputs = volume(n.type.shape)
         else:  # one thread per scanned (or selected-from) line

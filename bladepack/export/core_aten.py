@@ -50,12 +50,7 @@ NOT_YET = {
         "aten._pdist_forward.default",
         "aten.col2im.default",
         "aten.grid_sampler_2d.default",
-        "aten.index_put.default",
         "aten.masked_scatter.default",
-        "aten.scatter.src",
-        "aten.scatter.value",
-        "aten.scatter_add.default",
-        "aten.scatter_reduce.two",
     )
 }
 

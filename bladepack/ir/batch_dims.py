@@ -43,6 +43,7 @@ from bladepack.ir.ops import (
     PadAttrs,
     PermuteAttrs,
     ReduceAttrs,
+    ScatterAttrs,
     SliceAttrs,
     TopkAttrs,
     is_dense_conv,
@@ -150,6 +151,11 @@ def _expected(n: Node, ins: list[int], ranks: list[int], out_rank: int, pointwis
         if x == a.axis or ins[1] < 0 or (x >= 0 and x != ins[1]):
             raise _NotBatchLike("it gathers along the dim's axis, or with indices that do not follow the dim")
         return ins[1]
+    if op is K.SCATTER:
+        assert isinstance(a, ScatterAttrs)
+        if x < 0 or x == a.axis or ins[1] != x or ins[2] not in (x, -1):
+            raise _NotBatchLike("it scatters along the dim's axis, or its index and source do not hold the dim there")
+        return x
     if op is K.INDEX:
         assert isinstance(a, IndexAttrs)
         if any(ax >= 0 for ax in ins[1:]) or x < 0 or any(ax <= x for ax in a.axes):

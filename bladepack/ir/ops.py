@@ -14,6 +14,7 @@ import sympy
 from bladepack.opset.attrs import (
     DENSE_CONV,
     MAX_TOPK,
+    SCATTER_REDUCTIONS,
     ArangeAttrs,
     ArgReduceAttrs,
     Attrs,
@@ -32,6 +33,7 @@ from bladepack.opset.attrs import (
     Pool2dAttrs,
     ReduceAttrs,
     SafeSoftmaxAttrs,
+    ScatterAttrs,
     SliceAttrs,
     TakeAttrs,
     TopkAttrs,
@@ -73,5 +75,7 @@ __all__ = [
     "SymInt",
     "TakeAttrs",
     "TopkAttrs",
+    "ScatterAttrs",
+    "SCATTER_REDUCTIONS",
     "is_dense_conv",
 ]

@@ -116,6 +116,42 @@ def _gather(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, .
     return np.take_along_axis(x[key], idx, axis=axis)
 
 
+_SCATTER_UFUNC = {"sum": np.add, "prod": np.multiply, "amax": np.maximum, "amin": np.minimum}
+
+
+@op("scatter")
+def _scatter(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    """ScatterAttrs: positions in index order, so the last of duplicates wins an assignment; a
+    reduction combines in that order too (ufunc.at is unbuffered)."""
+    x, idx, src, axis = xs[0], xs[1], xs[2], attrs["axis"]
+    size = x.shape[axis] if x.ndim else 1
+    if idx.size and (idx.min() < 0 or idx.max() >= size):
+        raise IndexRangeError(f"scatter index out of range: indices must lie in [0, {size - 1}]")
+    out = np.array(x, dtype=dt, copy=True)
+    if not idx.size:
+        return out
+    grid: list[Any] = list(np.indices(idx.shape, sparse=True))
+    grid[axis] = idx
+    where = tuple(grid)
+    vals = np.broadcast_to(src, src.shape)[tuple(slice(0, d) for d in idx.shape)].astype(dt)
+    reduce = attrs.get("reduce", "none")
+    if reduce == "none":
+        flat = np.ravel_multi_index(tuple(np.broadcast_to(g, idx.shape) for g in where), out.shape)
+        np.put(out, flat.ravel(), vals.ravel())  # sequential: the last of duplicates wins
+        return out
+    ufunc = _SCATTER_UFUNC[reduce]
+    if not attrs.get("include_self", True):
+        identity: Any
+        if out.dtype.kind == "f":
+            identity = {"sum": 0.0, "prod": 1.0, "amax": -np.inf, "amin": np.inf}[reduce]
+        else:
+            info = np.iinfo(out.dtype)
+            identity = {"sum": 0, "prod": 1, "amax": info.min, "amin": info.max}[reduce]
+        out[where] = identity
+    ufunc.at(out, where, vals)
+    return out
+
+
 @op("index")
 def _index(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
     key: list[Any] = [slice(None)] * xs[0].ndim

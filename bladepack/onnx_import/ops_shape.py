@@ -18,7 +18,7 @@ from onnx import numpy_helper
 
 from bladepack.dtypes import DType
 from bladepack.ir import OpKind, TensorType, Tri
-from bladepack.ir.ops import ArangeAttrs, AxisAttrs, ConstantAttrs, IndexAttrs
+from bladepack.ir.ops import ArangeAttrs, AxisAttrs, ConstantAttrs, IndexAttrs, ScatterAttrs
 from bladepack.ir.types import IRDim
 from bladepack.onnx_import.context import (
     RUNTIME_DATA,
@@ -308,3 +308,44 @@ def _gather_elements(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
     axis = norm_axis(int(ctx.attr("axis", 0)), x.type.rank)
     i = _indices(ctx, idx, x.type.shape[axis])
     return [ctx.out(K.GATHER, (ctx.tensor(x), i), TensorType(x.type.dtype, idx.type.shape), AxisAttrs(axis))]
+
+
+_SCATTER_REDUCTIONS = {"none": "none", "add": "sum", "mul": "prod", "max": "amax", "min": "amin"}
+
+
+@converts("ScatterElements", "Scatter")
+def _scatter_elements(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
+    """The SCATTER op (Note [Scatter kernel]); negative indices count from the end, as ONNX allows
+    (wrapped here, so the kernel's [0, size) check names what is still out of range). Indices and
+    updates have one shape, no longer than the data off the axis (shape constraints where open)."""
+    x, idx, upd = need(ins, 0), need(ins, 1), need(ins, 2)
+    rank = x.type.rank
+    axis = norm_axis(int(ctx.attr("axis", 0)), rank)
+    raw = ctx.attr("reduction", "none")
+    reduction = raw.decode() if isinstance(raw, bytes) else str(raw)
+    if reduction not in _SCATTER_REDUCTIONS:
+        raise Unsupported(f"ScatterElements with reduction={reduction!r} (none, add, mul, max, min)")
+    if rank == 0 or idx.type.rank != rank or upd.type.rank != rank:
+        raise Unsupported("ScatterElements whose data, indices and updates differ in rank")
+    if reduction != "none" and x.type.dtype is DType.BOOL:
+        raise Unsupported(f"ScatterElements with reduction={reduction!r} of bool")
+    for d in range(rank):
+        checks = [(idx.type.shape[d], upd.type.shape[d], "==", "the updates")]
+        if d != axis:
+            checks.append((idx.type.shape[d], x.type.shape[d], "<=", "the data"))
+        for a, b, rel, what in checks:
+            proof = ctx.eq(a, b) if rel == "==" else ctx.env.prove_le(a, b)
+            if proof is Tri.NO:
+                raise Unsupported(f"ScatterElements: indices of {a} along dimension {d} against {b} in {what}")
+            if proof is not Tri.YES:
+                cond = sympy.Eq(a, b) if rel == "==" else sympy.Le(a, b)
+                ctx.assume(cond, f"{ctx.loc}: ScatterElements' indices along dimension {d} must fit {what}")
+    size = x.type.shape[axis]
+    i = ctx.cast(ctx.tensor(idx), DType.INT64)
+    it = ctx.t(i)
+    bound = ctx.const(size if isinstance(size, int) else sympy.sympify(size), DType.INT64)
+    negative = ctx.emit(K.LT, (i, ctx.const(0, DType.INT64)), TensorType(DType.BOOL, it.shape))
+    wrapped = ctx.emit(K.WHERE, (negative, ctx.emit(K.ADD, (i, bound), it), i), it)
+    src = ctx.cast(ctx.tensor(upd), x.type.dtype)
+    attrs = ScatterAttrs(axis, _SCATTER_REDUCTIONS[reduction], True)
+    return [ctx.out(K.SCATTER, (ctx.tensor(x), wrapped, src), x.type, attrs)]

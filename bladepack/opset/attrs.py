@@ -129,6 +129,22 @@ class ArgReduceAttrs:
 MAX_TOPK = 1024  # the kernels keep the best k of a line in registers
 
 
+SCATTER_REDUCTIONS = ("none", "sum", "prod", "amax", "amin")
+
+
+@dataclass(frozen=True)
+class ScatterAttrs:
+    """scatter(self, index, src) along `axis`: the result is self, then for every position p of index,
+    result[p with p[axis] = index[p]] = src[p] ("none": the last such src in index order wins) or
+    combined with it by `reduce`; with include_self False an element some p reaches starts from the
+    reduction's identity instead of self. An index outside [0, self.shape[axis]) is an error (torch's
+    scatter takes no negative index)."""
+
+    axis: int
+    reduce: str = "none"
+    include_self: bool = True
+
+
 @dataclass(frozen=True)
 class TopkAttrs:
     """The int64 positions of the k largest (or smallest) elements along `axis`, best first; ties keep
@@ -211,6 +227,7 @@ Attrs = Union[
     ReduceAttrs,
     ArgReduceAttrs,
     TopkAttrs,
+    ScatterAttrs,
     NormAttrs,
     MatmulAttrs,
     Conv2dAttrs,

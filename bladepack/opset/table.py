@@ -41,6 +41,7 @@ from bladepack.opset.attrs import (
     PermuteAttrs,
     Pool2dAttrs,
     ReduceAttrs,
+    ScatterAttrs,
     SliceAttrs,
     TopkAttrs,
 )
@@ -145,6 +146,7 @@ class OpKind(str, Enum):
     ARGMIN = "argmin"
     CUMSUM = "cumsum"
     TOPK = "topk"
+    SCATTER = "scatter"
     SOFTMAX = "softmax"
     LOG_SOFTMAX = "log_softmax"
     LAYER_NORM = "layer_norm"
@@ -448,6 +450,7 @@ OP_INFO: dict[OpKind, OpInfo] = {
     K.ARGMIN: _info(_R, ArgReduceAttrs, 1, batch=Batch.ARG_REDUCE),
     K.CUMSUM: _info(_R, AxisAttrs, 1, batch=Batch.ALONG_AXIS),
     K.TOPK: _info(_R, TopkAttrs, 1, batch=Batch.ALONG_AXIS),
+    K.SCATTER: _info(_R, ScatterAttrs, 3, cost=_LOOKUP, batch=Batch.OWN),
     K.SOFTMAX: _info(_R, AxisAttrs, 1, batch=Batch.ALONG_AXIS),
     K.LOG_SOFTMAX: _info(_R, AxisAttrs, 1, batch=Batch.ALONG_AXIS),
     K.LAYER_NORM: _info(_R, NormAttrs, 1, 3, batch=Batch.NORM),

@@ -106,7 +106,15 @@ def classify(
         if n.type.dtype not in caps.gemm_dtypes or any(types[i].dtype != n.type.dtype for i in n.inputs):
             return Role.REFERENCE, f"{n.op.value} on {n.type.dtype.value} has no {caps.gemm_title} routine"
         return Role.LIBRARY, ""
-    if n.op in (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D, OpKind.CUMSUM, OpKind.ARGMAX, OpKind.ARGMIN, OpKind.TOPK):
+    if n.op in (
+        OpKind.MAX_POOL2D,
+        OpKind.AVG_POOL2D,
+        OpKind.CUMSUM,
+        OpKind.ARGMAX,
+        OpKind.ARGMIN,
+        OpKind.TOPK,
+        OpKind.SCATTER,
+    ):
         return Role.ANCHOR, ""
     if OP_INFO[n.op].op_class is OpClass.REDUCTION:
         if row_reduced_axes(n, types[n.inputs[0]]) is not None:
@@ -431,7 +439,7 @@ class _Planner:
                 rows = [u for u in c if self.roles[u] is Role.ROW]
                 if role is Role.ANCHOR:
                     kinds = {OpKind.MAX_POOL2D: "pool", OpKind.AVG_POOL2D: "pool", OpKind.CUMSUM: "scan"}
-                    kind = {**kinds, OpKind.TOPK: "topk"}.get(n.op, "reduce")
+                    kind = {**kinds, OpKind.TOPK: "topk", OpKind.SCATTER: "scatter"}.get(n.op, "reduce")
                     domain = n.type.shape
                     reduced = 0
                 elif rows:
