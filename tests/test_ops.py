@@ -419,6 +419,16 @@ CASES = [
         ),
         (X, In(("B", "S", 3), "int:0:8")),
     ),
+    Case(
+        "grid_sample",
+        lambda x, g: tuple(
+            F.grid_sample(x, g, mode=m, padding_mode=p, align_corners=a)
+            for m in ("bilinear", "nearest")
+            for p in ("zeros", "border", "reflection")
+            for a in (False, True)
+        ),
+        (IMG, In(("B", 3, "S", 2))),  # N(0, 1): a third of the points outside the image
+    ),
     Case("index_put_mask", lambda x: x, (X,), module=lambda: _MaskedPut()),
     Case(
         "elu_celu",

@@ -49,7 +49,6 @@ NOT_YET = {
         "aten._embedding_bag.default",
         "aten._pdist_forward.default",
         "aten.col2im.default",
-        "aten.grid_sampler_2d.default",
         "aten.masked_scatter.default",
     )
 }

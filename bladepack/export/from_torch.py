@@ -26,6 +26,7 @@ from bladepack.export import (  # noqa: F401  (registers converters)
     ops_layout,
     ops_nn,
     ops_resize,
+    ops_sampling,
     ops_scatter,
 )
 from bladepack.export.capture import Captured
