@@ -267,6 +267,20 @@ def test_dynamic_windows_and_splits() -> None:
     _check_dynamic(m, [[(1, 3, h, w_)] for h, w_ in [(1, 1), (2, 3), (5, 4), (7, 8), (9, 10)]] + [[(2, 3, 6, 7)]])
 
 
+def test_pow_of_an_integer_base_to_a_real_power() -> None:
+    """ONNX Pow(int32 x, float32 y) is x ** y computed in double and truncated to int32 (ONNX Runtime's
+    std::pow, onnx's numpy); truncating the exponent first gave 3 ** 2.5 = 9 instead of 15."""
+    from onnx.reference import ReferenceEvaluator
+
+    nodes = [helper.make_node("Pow", ["x", "y"], ["z"])]
+    m = _model(nodes, [_vi("x", TensorProto.INT32, ["n"]), _vi("y", TensorProto.FLOAT, ["n"])], ["z"], [], opset=15)
+    loaded = bladepack.load(bladepack.optimize(m).to_bytes())
+    x = np.array([2, 3, -2, 5, 7, 0, 9], np.int32)
+    y = np.array([1.5, 2.5, 2.0, 0.5, -1.0, 0.5, 1.9], np.float32)
+    (want,) = ReferenceEvaluator(m).run(None, {"x": x, "y": y})
+    np.testing.assert_array_equal(loaded(x, y), want)
+
+
 def test_3d_pools() -> None:
     """MaxPool and AveragePool over three spatial dims (Note [Separable 3-D pooling]): padding, strides,
     dilation, ceil_mode and count_include_pad, against onnx's reference at odd, even and tiny sizes."""

@@ -147,6 +147,11 @@ def _pow(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
             return [a]
         if e == 0.5:
             return [unary(ctx, K.SQRT, a)]
+    if not a.type.dtype.is_floating and b.type.dtype.is_floating:
+        # an integer base to a real power: computed in double and truncated to the base's type, as
+        # ONNX Runtime (std::pow) and onnx's reference (numpy) do; the exponent is never truncated first
+        real = binary(ctx, K.POW, a, b, DType.FLOAT64, DType.FLOAT64)
+        return [ctx.out(K.CAST, (ctx.tensor(real),), TensorType(a.type.dtype, real.type.shape))]
     return [binary(ctx, K.POW, a, b, a.type.dtype, a.type.dtype)]
 
 
