@@ -33,6 +33,7 @@ from bladepack.ir.ops import (
 )
 from bladepack.ir.types import IRDim
 from bladepack.ir.views import simplify
+from bladepack.ir.windows import window_count
 
 K = OpKind
 
@@ -374,16 +375,6 @@ def _pool_attrs(args: tuple[Any, ...], kwargs: dict[str, Any], with_dilation: bo
     return Pool2dAttrs(kernel, stride, padding, (1, 1), ceil_mode, include)
 
 
-def pool_length(n: IRDim, kernel: int, stride: int, pad: int, dilation: int, ceil_mode: bool) -> IRDim:
-    """The output length of a pool along an axis of length n, as torch computes it: with ceil_mode a
-    last window that would start in the right padding is dropped."""
-    span = n + 2 * pad - dilation * (kernel - 1) - 1
-    if not ceil_mode:
-        return simplify(sympy.floor(sympy.sympify(span) / stride) + 1)
-    out = sympy.floor((span + stride - 1) / sympy.Integer(stride)) + 1
-    return simplify(sympy.Piecewise((out - 1, (out - 1) * stride >= n + pad), (out, True)))
-
-
 def check_pool_lengths(ctx: Ctx, what: str, ins: tuple[IRDim, ...], outs: tuple[IRDim, ...], a: Pool2dAttrs) -> None:
     """Note [Exported pool lengths]: with ceil_mode, torch.export may record a pool's output length as
     one branch of torch's rule, the one the samples took (a stride-2 pool exported at odd lengths
@@ -392,7 +383,8 @@ def check_pool_lengths(ctx: Ctx, what: str, ins: tuple[IRDim, ...], outs: tuple[
     length is not provably torch's rule becomes a shape constraint, checked at every call: an input
     where they differ is refused with this message instead of answered wrongly."""
     for axis, (n, out) in enumerate(zip(ins, outs, strict=True)):
-        want = pool_length(n, a.kernel[axis], a.stride[axis], a.padding[axis], a.dilation[axis], a.ceil_mode)
+        pad = a.padding[axis]
+        want = window_count(n, a.kernel[axis], a.stride[axis], a.dilation[axis], pad, pad, a.ceil_mode)
         if ctx.env.prove_eq(out, want) is Tri.YES:
             continue
         ctx.assume(

@@ -19,7 +19,7 @@ from bladepack.opset.attrs import ConstantAttrs, ScatterAttrs
 
 K = OpKind
 
-_REDUCE = {"sum": "sum", "prod": "prod", "amax": "amax", "amin": "amin", "mean": "mean"}
+_REDUCE = ("sum", "prod", "mean", "amax", "amin")
 
 
 def scatter(ctx: Ctx, x: Value, axis: int, index: Value, src: Value, reduce: str, include_self: bool) -> Value:
@@ -82,7 +82,7 @@ def _scatter(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
         name = str(args[4])
         if name not in _REDUCE:
             raise Unsupported(f"scatter_reduce with reduce={name!r} (sum, prod, mean, amax, amin)")
-        reduce, include_self = _REDUCE[name], bool(arg(args, kwargs, 5, "include_self", True))
+        reduce, include_self = name, bool(arg(args, kwargs, 5, "include_self", True))
     if reduce != "none" and out.dtype is DType.BOOL:
         raise Unsupported(f"scatter with reduce={reduce!r} of bool")
     return scatter(ctx, x, axis, index, src, reduce, include_self)

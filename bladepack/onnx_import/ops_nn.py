@@ -28,6 +28,7 @@ from bladepack.ir.ops import (
     TopkAttrs,
 )
 from bladepack.ir.types import IRDim
+from bladepack.ir.windows import window_count
 from bladepack.onnx_import.context import (
     OnnxCtx,
     OVal,
@@ -158,17 +159,6 @@ def _auto_pads(
     return lo + hi
 
 
-def _out_size(d: IRDim, k: int, s: int, dl: int, lo: IRDim, hi: IRDim, ceil: bool = False) -> IRDim:
-    span = sympy.sympify(d) + lo + hi - dl * (k - 1) - 1
-    if not ceil:
-        return simplify_dim(sympy.floor(span / s) + 1)
-    out = sympy.ceiling(span / s) + 1
-    # The last window must start inside the input or the left padding: drop it when
-    # (out - 1) * s >= d + lo, written as an integer expression the shape program evaluates.
-    past = (out - 1) * s - (sympy.sympify(d) + lo)
-    return simplify_dim(out - sympy.Max(0, sympy.Min(1, past + 1)))
-
-
 def _explicit_pad(ctx: OnnxCtx, x: OVal, lo: list[IRDim], hi: list[IRDim], value: float) -> OVal:
     rank = x.type.rank
     n = len(lo)
@@ -198,7 +188,7 @@ def _conv(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
     c_in = x.type.shape[1]
     if isinstance(c_in, int) and c_in != w.type.shape[1] * group:
         raise Unsupported(f"{c_in} input channels for a weight of {w.type.shape[1]} per group x {group} groups")
-    sizes = [_out_size(d, k, s, dl, p, p) for d, k, s, dl, p in zip(x.type.shape[2:], kernel, strides, dil, lo)]
+    sizes = [window_count(d, k, s, dl, p, p) for d, k, s, dl, p in zip(x.type.shape[2:], kernel, strides, dil, lo)]
     t = TensorType(x.type.dtype, (x.type.shape[0], w.type.shape[0], *sizes))
     inputs = [ctx.tensor(x), ctx.tensor(w)] + ([ctx.tensor(b)] if b is not None else [])
     attrs = Conv2dAttrs((strides[0], strides[1]), (int(lo[0]), int(lo[1])), (dil[0], dil[1]), group, b is not None)
@@ -235,7 +225,9 @@ def _pool(ctx: OnnxCtx, ins: list[OVal | None], op: OpKind) -> OVal:
     if op is K.MAX_POOL2D and any(int(p) * 2 > k for p, k in zip(lo, kernel)):  # pads over half a window: explicit
         x = _explicit_pad(ctx, x, lo, hi, float("-inf"))
         lo = hi = [0] * len(lo)
-    sizes = [_out_size(d, k, s, dl, p, p, ceil) for d, k, s, dl, p in zip(x.type.shape[2:], kernel, strides, dil, lo)]
+    sizes = [
+        window_count(d, k, s, dl, p, p, ceil) for d, k, s, dl, p in zip(x.type.shape[2:], kernel, strides, dil, lo)
+    ]
     t = TensorType(x.type.dtype, (x.type.shape[0], x.type.shape[1], *sizes))
     if n == 3:  # Note [Separable 3-D pooling] (export/ops_nn.py): each depth slice's 2-D pool, then along the depths
         planes = simplify_dim(sympy.sympify(t.shape[0]) * t.shape[1])
@@ -579,7 +571,7 @@ def _conv_transpose(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
         h, wd = simplify_dim(sympy.sympify(h) * strides[0]), simplify_dim(sympy.sympify(wd) * strides[1])
         x = _reshaped(ctx, x6, (nb, c, h, wd))
     x = _explicit_pad(ctx, x, lo, hi, 0.0)
-    sizes = [_out_size(d, k, 1, dl, 0, 0) for d, k, dl in zip(x.type.shape[2:], kernel, dil)]
+    sizes = [window_count(d, k, 1, dl, 0, 0) for d, k, dl in zip(x.type.shape[2:], kernel, dil)]
     t = TensorType(x.type.dtype, (nb, g * cout_g, *sizes))
     inputs = [ctx.tensor(x), ctx.tensor(wconv)] + ([ctx.tensor(b)] if b is not None else [])
     y = ctx.out(K.CONV2D, inputs, t, Conv2dAttrs((1, 1), (0, 0), (dil[0], dil[1]), g, b is not None))
