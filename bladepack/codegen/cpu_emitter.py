@@ -40,6 +40,7 @@ from bladepack.codegen.cpu_loops import DECLS, CpuEmitter
 from bladepack.codegen.emitter import Emitter
 from bladepack.codegen.kernel import ROW_OPS, EmittedKernel, KernelContext, kernel_cost, same_shape, store_offset
 from bladepack.codegen.operand_check import add_atoms, operand_buffers, operand_check
+from bladepack.codegen.recurrent_kernel import recurrent_kernel
 from bladepack.codegen.row_emitter import RowEmitter
 from bladepack.ir import Node, OpKind
 from bladepack.ir.fusion_plan import KernelSpec
@@ -196,6 +197,8 @@ def emit_kernel(
         plans = [("", sympy.true, topk_kernel)]
     elif spec.kind == "scatter":
         plans = [("", sympy.true, scatter_kernel)]
+    elif spec.kind == "recurrent":
+        plans = [("", sympy.true, recurrent_kernel)]
     elif spec.kind == "pool":
         plans = [("", sympy.true, pool_kernel)]
     elif spec.kind == "conv" and _dense(ctx, spec.nodes[0]):  # Note [Dense layers]

@@ -50,6 +50,7 @@ from bladepack.codegen.cuda_conv import direct_conv_kernel, im2col_kernel, pool_
 from bladepack.codegen.cuda_loops import MEMTYPE, CudaEmitter, inner_syms, split_index, volume
 from bladepack.codegen.kernel import ROW_OPS, KernelContext, same_shape, store_offset
 from bladepack.codegen.operand_check import add_atoms, operand_buffers
+from bladepack.codegen.recurrent_kernel import recurrent_kernel
 from bladepack.dtypes import DType
 from bladepack.ir import Node, OpKind
 from bladepack.ir.fusion_plan import KernelSpec
@@ -59,6 +60,7 @@ LOOP_BLOCK = 256
 CONV_BLOCK = 128  # direct convolution: up to 64 accumulators per thread
 WARP_ROWS = 8  # rows per block in the warp-per-row schedule (8 warps of 32)
 ROW_BLOCK = 512  # threads per block in the block-per-row schedule
+RECURRENT_BLOCK = 32  # one thread per sequence: small blocks spread a small batch over SMs
 WARP_ROW_MAX = 1024
 CACHE_WARP_MAX = 1024  # Note [Row cache]: 8 rows x 1024 x 4 bytes = 32 KiB
 CACHE_BLOCK_MAX = 8192  # 32 KiB
@@ -317,6 +319,9 @@ def emit_cuda_kernel(
             )
             if pred is sympy.true:
                 break
+    elif spec.kind == "recurrent":  # Note [Recurrent kernel]: one thread per sequence
+        batch = ctx.nodes[spec.roots[0]].type.shape[1]
+        plans.append(("", sympy.true, recurrent_kernel, _grid(batch, RECURRENT_BLOCK), RECURRENT_BLOCK, 0))
     elif spec.kind in ("reduce", "scan", "topk", "scatter"):
         n = ctx.nodes[spec.roots[0]]
         x_t = ctx.types[n.inputs[0]]

@@ -28,6 +28,7 @@ from bladepack.export import (  # noqa: F401  (registers converters)
     ops_resize,
     ops_sampling,
     ops_scatter,
+    recurrent,
 )
 from bladepack.export.capture import Captured
 from bladepack.export.context import TABLE, Ctx, Unsupported, dtype_of

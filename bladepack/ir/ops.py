@@ -14,6 +14,7 @@ import sympy
 from bladepack.opset.attrs import (
     DENSE_CONV,
     MAX_TOPK,
+    RECURRENT_GATES,
     SCATTER_REDUCTIONS,
     ArangeAttrs,
     ArgReduceAttrs,
@@ -31,6 +32,7 @@ from bladepack.opset.attrs import (
     PadAttrs,
     PermuteAttrs,
     Pool2dAttrs,
+    RecurrentAttrs,
     ReduceAttrs,
     SafeSoftmaxAttrs,
     ScatterAttrs,
@@ -76,6 +78,8 @@ __all__ = [
     "TakeAttrs",
     "TopkAttrs",
     "ScatterAttrs",
+    "RecurrentAttrs",
+    "RECURRENT_GATES",
     "SCATTER_REDUCTIONS",
     "is_dense_conv",
 ]

@@ -152,6 +152,42 @@ def _scatter(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, 
     return out
 
 
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return np.asarray(1.0 / (1.0 + np.exp(-x)))
+
+
+@op("recurrent")
+def _recurrent(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    """RecurrentAttrs (Note [Recurrent cells] in opset/attrs.py), step by step in float64."""
+    xg, r, rb, h = (np.asarray(a, dtype=np.float64) for a in xs[:4])
+    c = np.asarray(xs[4], dtype=np.float64) if len(xs) > 4 else None
+    cell, hid = attrs["cell"], attrs["hidden"]
+    out = np.empty(shape, dtype=np.float64)
+    steps = range(xg.shape[0] - 1, -1, -1) if attrs.get("reverse", False) else range(xg.shape[0])
+    for t in steps:
+        x = xg[t]
+        if cell == "lstm":
+            assert c is not None
+            g = x + h @ r + rb
+            i, f, z, o = (g[:, k * hid : (k + 1) * hid] for k in range(4))
+            c = _sigmoid(f) * c + _sigmoid(i) * np.tanh(z)
+            h = _sigmoid(o) * np.tanh(c)
+            out[t] = np.concatenate([h, c], axis=-1)
+            continue
+        if cell == "gru":
+            ru = _sigmoid(x[:, :hid] + h @ r[:, :hid] + rb[:hid])
+            zu = _sigmoid(x[:, hid : 2 * hid] + h @ r[:, hid : 2 * hid] + rb[hid : 2 * hid])
+            rn, bn = r[:, 2 * hid :], rb[2 * hid :]
+            hn = ru * (h @ rn + bn) if attrs.get("linear_before_reset", True) else (ru * h) @ rn + bn
+            n = np.tanh(x[:, 2 * hid :] + hn)
+            h = (1.0 - zu) * n + zu * h
+        else:
+            a = x + h @ r + rb
+            h = np.tanh(a) if cell == "rnn_tanh" else np.maximum(a, 0.0)
+        out[t] = h
+    return out.astype(dt)
+
+
 @op("index")
 def _index(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
     key: list[Any] = [slice(None)] * xs[0].ndim

@@ -32,7 +32,14 @@ from onnx.reference import ReferenceEvaluator
 from bladepack.dims import Dim
 from bladepack.errors import UnsupportedOpsError
 from bladepack.ir import GraphBuilder, Program, ShapeEnv, TensorType
-from bladepack.onnx_import import ops_einsum, ops_elementwise, ops_layout, ops_nn, ops_shape  # noqa: F401  (registers converters)
+from bladepack.onnx_import import (  # noqa: F401  (registers converters)
+    ops_einsum,
+    ops_elementwise,
+    ops_layout,
+    ops_nn,
+    ops_recurrent,
+    ops_shape,
+)
 from bladepack.onnx_import.context import FOLDABLE, TABLE, OnnxCtx, OVal, Unsupported, dtype_of, known
 from bladepack.onnx_import.control_flow import CONTROL_FLOW, inline_if, unroll_loop
 

@@ -145,6 +145,28 @@ class ScatterAttrs:
     include_self: bool = True
 
 
+# Note [Recurrent cells]: the cells of RECURRENT and their gates, in torch's order (ONNX's importer
+# reorders its weights to it): LSTM i, f, g, o (c' = f*c + i*g, h' = o*tanh(c')); GRU r, z, n
+# (h' = (1 - z)*n + z*h); the plain cells one gate, h' = tanh(.) or relu(.).
+RECURRENT_GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
+
+
+@dataclass(frozen=True)
+class RecurrentAttrs:
+    """One direction of one recurrent layer over the sequence (Note [Recurrent cells]). Inputs: xg
+    [S, B, G*H] (the input projection x @ W_ih^T + b_ih, for every step at once), r [H, G*H] (W_hh^T),
+    rb [G*H] (b_hh), h0 [B, H], and for an LSTM c0 [B, H]. Steps run t = 0 .. S-1, or S-1 .. 0 with
+    `reverse`. The result is [S, B, H], the hidden state after each step; an LSTM's is [S, B, 2H], the
+    cell state after each step in the second half. A GRU's candidate gate is tanh(xg_n + r*(h @ R_n +
+    rb_n)) (torch's, ONNX's linear_before_reset=1), or with `linear_before_reset` False ONNX's default,
+    tanh(xg_n + (r*h) @ R_n + rb_n)."""
+
+    cell: str
+    hidden: int
+    reverse: bool = False
+    linear_before_reset: bool = True
+
+
 @dataclass(frozen=True)
 class TopkAttrs:
     """The int64 positions of the k largest (or smallest) elements along `axis`, best first; ties keep
@@ -228,6 +250,7 @@ Attrs = Union[
     ArgReduceAttrs,
     TopkAttrs,
     ScatterAttrs,
+    RecurrentAttrs,
     NormAttrs,
     MatmulAttrs,
     Conv2dAttrs,

@@ -67,6 +67,9 @@ class Role(Enum):
     REFERENCE = "reference"
 
 
+# anchors with kernels of their own (codegen/anchor_kernels.py, codegen/recurrent_kernel.py); pools and
+# scans are named in the planner, other anchors are reductions
+_ANCHOR_KINDS = {OpKind.TOPK: "topk", OpKind.SCATTER: "scatter", OpKind.RECURRENT: "recurrent"}
 _CHEAP_CONE = 6  # a shared cone up to this many nodes (all of Cost.CHEAP) is recomputed per use
 
 
@@ -114,6 +117,7 @@ def classify(
         OpKind.ARGMIN,
         OpKind.TOPK,
         OpKind.SCATTER,
+        OpKind.RECURRENT,
     ):
         return Role.ANCHOR, ""
     if OP_INFO[n.op].op_class is OpClass.REDUCTION:
@@ -439,7 +443,7 @@ class _Planner:
                 rows = [u for u in c if self.roles[u] is Role.ROW]
                 if role is Role.ANCHOR:
                     kinds = {OpKind.MAX_POOL2D: "pool", OpKind.AVG_POOL2D: "pool", OpKind.CUMSUM: "scan"}
-                    kind = {**kinds, OpKind.TOPK: "topk", OpKind.SCATTER: "scatter"}.get(n.op, "reduce")
+                    kind = {**kinds, **_ANCHOR_KINDS}.get(n.op, "reduce")
                     domain = n.type.shape
                     reduced = 0
                 elif rows:

@@ -1,0 +1,169 @@
+"""Recurrent layers (RecurrentAttrs, Note [Recurrent kernel] in codegen/recurrent_kernel.py): torch's
+nn.LSTM / GRU / RNN kept whole through torch.export with a dynamic sequence length (Note [Recurrent
+layers through export]) and ONNX's LSTM / GRU / RNN, in generated kernels on CPU (and their CUDA
+source through nvcc), against eager and onnx's reference at sequence lengths 1 to 40, batch 1 to 5."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+from torch import nn
+
+import bladepack
+from bladepack.errors import ExportError
+from bladepack.loader.reference import OPS
+from bladepack.target import PTX_ARCH
+
+
+class _Stack(nn.Module):
+    """Every torch form at once: a 2-layer bidirectional batch_first LSTM with given states, a GRU
+    over its output (sequence-major), a bidirectional ReLU RNN without biases, and an unbatched LSTM call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(6, 8, num_layers=2, batch_first=True, bidirectional=True)
+        self.gru = nn.GRU(16, 7)
+        self.rnn = nn.RNN(7, 5, nonlinearity="relu", bias=False, bidirectional=True)
+        self.solo = nn.LSTM(6, 3)
+
+    def forward(self, x: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y, (h, c) = self.lstm(x, (h0, c0))
+        g, gh = self.gru(y.transpose(0, 1))
+        r, rh = self.rnn(g)
+        s, (sh, sc) = self.solo(x[0])
+        return y, h, c, g, gh, r, rh, s, sh, sc
+
+
+def _inputs(b: int, s: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
+    return torch.randn(b, s, 6, generator=g), torch.randn(4, b, 8, generator=g), torch.randn(4, b, 8, generator=g)
+
+
+@pytest.fixture(scope="module")
+def stack() -> tuple[nn.Module, bladepack.Artifact]:
+    torch.manual_seed(0)
+    model = _Stack().eval()
+    g = torch.Generator().manual_seed(1)
+    return model, bladepack.optimize(model, [_inputs(2, 5, g), _inputs(3, 9, g)])
+
+
+def test_recurrent_layers_run_in_generated_kernels(stack: tuple[nn.Module, bladepack.Artifact]) -> None:
+    """Eight layer directions, each one RECURRENT kernel; the sequence length stays dynamic."""
+    _, art = stack
+    plan = art.sources.fusion_text("cpu")
+    assert "0 reference steps" in plan and plan.count(": recurrent[") == 8, plan
+    assert "x_dim1 in [1, inf]" in str(bladepack.load(art.to_bytes()).signature)
+
+
+@pytest.mark.parametrize("executor", ["native", "reference"])
+def test_torch_recurrent_layers_match_eager(stack: tuple[nn.Module, bladepack.Artifact], executor: str) -> None:
+    model, art = stack
+    loaded = bladepack.load(art.to_bytes(), executor=executor)
+    g = torch.Generator().manual_seed(2)
+    for b, s in [(1, 1), (1, 2), (5, 3), (2, 17), (4, 40)]:
+        args = _inputs(b, s, g)
+        with torch.no_grad():
+            want = model(*args)
+        got = loaded(*(a.numpy() for a in args))
+        for w, o in zip(want, got, strict=True):
+            np.testing.assert_allclose(o, w.numpy(), rtol=1e-5, atol=2e-6, err_msg=f"batch {b}, seq {s}")
+
+
+def test_refused_recurrent_forms_are_named() -> None:
+    with pytest.raises(ExportError, match="proj_size=2"):
+        bladepack.optimize(nn.LSTM(4, 3, proj_size=2), [(torch.randn(5, 2, 4),), (torch.randn(6, 3, 4),)])
+
+
+def _onnx_model() -> tuple[object, int]:
+    """LSTM (bidirectional, given states, layout 0), GRU (reverse, linear_before_reset 0, layout 1),
+    GRU (linear_before_reset 1, no bias) and RNN (bidirectional), all over one input."""
+    rng = np.random.default_rng(0)
+    inp, hid = 6, 5
+    nodes, inits = [], []
+    outputs: list[str] = []
+
+    def weights(name: str, dirs: int, gates: int, bias: bool = True) -> list[str]:
+        arrays = {
+            "W": rng.standard_normal((dirs, gates * hid, inp)),
+            "R": rng.standard_normal((dirs, gates * hid, hid)),
+            "B": rng.standard_normal((dirs, 2 * gates * hid)),
+        }
+        names = []
+        for k, a in arrays.items():
+            if k == "B" and not bias:
+                names.append("")
+                continue
+            inits.append(numpy_helper.from_array((a * 0.5).astype(np.float32), f"{name}_{k}"))
+            names.append(f"{name}_{k}")
+        return names
+
+    def add(op: str, name: str, ins: list[str], n_out: int, **attrs: object) -> None:
+        outs = [f"{name}_{k}" for k in ("y", "h", "c")[:n_out]]
+        nodes.append(helper.make_node(op, ins, outs, hidden_size=hid, **attrs))
+        outputs.extend(outs)
+
+    add("LSTM", "lstm", ["xs", *weights("lstm", 2, 4), "", "h0", "c0"], 3, direction="bidirectional")
+    add("GRU", "gru0", ["xb", *weights("gru0", 1, 3)], 2, direction="reverse", layout=1)
+    add("GRU", "gru1", ["xs", *weights("gru1", 1, 3, bias=False)], 2, linear_before_reset=1)
+    add("RNN", "rnn", ["xs", *weights("rnn", 2, 1)], 2, direction="bidirectional")
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["xs"], ["xb"], perm=[1, 0, 2]), *nodes],
+        "recurrent",
+        [
+            vi("xs", TensorProto.FLOAT, ["s", "b", inp]),
+            *(vi(n, TensorProto.FLOAT, [2, "b", hid]) for n in ("h0", "c0")),
+        ],
+        [vi(n, TensorProto.FLOAT, None) for n in outputs],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]), len(outputs)
+
+
+def test_onnx_recurrent_nodes_match_the_reference() -> None:
+    model, n_out = _onnx_model()
+    art = bladepack.optimize(model)
+    assert art.sources.fusion_text("cpu").count(": recurrent[") == 6
+    loaded = bladepack.load(art.to_bytes())
+    ref = ReferenceEvaluator(model)
+    rng = np.random.default_rng(1)
+    for b, s in [(1, 1), (3, 2), (2, 23)]:
+        feeds = {"xs": rng.standard_normal((s, b, 6)).astype(np.float32)}
+        feeds |= {n: rng.standard_normal((2, b, 5)).astype(np.float32) for n in ("h0", "c0")}
+        want = ref.run(None, feeds)
+        got = loaded(**feeds)
+        assert len(got) == len(want) == n_out
+        for w, o in zip(want, got, strict=True):
+            np.testing.assert_allclose(o, w, rtol=1e-5, atol=2e-6, err_msg=f"batch {b}, seq {s}")
+
+
+def test_the_reference_gru_variants_differ() -> None:
+    """linear_before_reset changes the answer (so the ONNX test above tells the two apart)."""
+    rng = np.random.default_rng(3)
+    xs = [
+        rng.standard_normal((4, 2, 9)),
+        rng.standard_normal((3, 9)),
+        rng.standard_normal(9),
+        rng.standard_normal((2, 3)),
+    ]
+    shape = (4, 2, 3)
+    after = OPS["recurrent"](xs, {"cell": "gru", "hidden": 3}, shape, np.dtype(np.float64))
+    before = OPS["recurrent"](
+        xs, {"cell": "gru", "hidden": 3, "linear_before_reset": False}, shape, np.dtype(np.float64)
+    )
+    assert np.abs(after - before).max() > 1e-3
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc")
+def test_the_cuda_recurrent_kernels_compile(tmp_path: Path) -> None:
+    from bladepack.codegen.cuda_toolchain import build_images
+
+    model, _ = _onnx_model()
+    art = bladepack.optimize(model, targets=("cuda",), reference_cases=False)
+    assert art.sources.fusion_text("cuda").count(": recurrent[") == 6
+    assert build_images(art.sources.unit("cuda"), tmp_path, arches=[PTX_ARCH])
