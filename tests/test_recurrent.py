@@ -16,9 +16,12 @@ from onnx.reference import ReferenceEvaluator
 from torch import nn
 
 import bladepack
+from bladepack.cpu_features import cpu_flags
 from bladepack.errors import ExportError
 from bladepack.loader.reference import OPS
+from bladepack.options import LoaderOptions
 from bladepack.target import PTX_ARCH
+from tests.helpers import all_isas
 
 
 class _Stack(nn.Module):
@@ -72,6 +75,41 @@ def test_torch_recurrent_layers_match_eager(stack: tuple[nn.Module, bladepack.Ar
         got = loaded(*(a.numpy() for a in args))
         for w, o in zip(want, got, strict=True):
             np.testing.assert_allclose(o, w.numpy(), rtol=1e-5, atol=2e-6, err_msg=f"batch {b}, seq {s}")
+
+
+class _Odd(nn.Module):
+    """Hidden sizes whose gate columns leave tails of every panel width (37 * 4, 50 * 3)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(5, 37, bidirectional=True)
+        self.gru = nn.GRU(74, 50)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gru(self.lstm(x)[0])[0]
+
+
+def test_recurrent_blocks_at_every_isa_and_thread_count(tmp_path: Path) -> None:
+    """Note [Recurrent products]: blocks of 1 to 16 sequences (the batch split over 1-4 threads), panel
+    tails, in every ISA library this CPU runs, against eager."""
+    torch.manual_seed(3)
+    model = _Odd().eval()
+    art = bladepack.optimize(model, [(torch.randn(4, 2, 5),), (torch.randn(6, 3, 5),)], options=all_isas())
+    path = tmp_path / "odd.bpk"
+    path.write_bytes(art.to_bytes())
+    levels = [isa for isa, requires, _ in art.cpu_libraries if set(requires) <= cpu_flags()]
+    assert len(levels) >= 2, art.cpu_libraries
+    g = torch.Generator().manual_seed(4)
+    cases = [torch.randn(s, b, 5, generator=g) for s, b in ((3, 1), (2, 5), (4, 9), (1, 33))]
+    with torch.no_grad():
+        wants = [model(x).numpy() for x in cases]
+    for isa in levels:
+        for threads in (1, 2, 3, 4):
+            loaded = bladepack.load(path, executor="native", options=LoaderOptions(cpu_isa=isa, num_threads=threads))
+            for x, want in zip(cases, wants, strict=True):
+                np.testing.assert_allclose(
+                    loaded(x.numpy()), want, rtol=1e-5, atol=2e-6, err_msg=f"{isa}, {threads} threads, {tuple(x.shape)}"
+                )
 
 
 def test_refused_recurrent_forms_are_named() -> None:
@@ -167,3 +205,46 @@ def test_the_cuda_recurrent_kernels_compile(tmp_path: Path) -> None:
     art = bladepack.optimize(model, targets=("cuda",), reference_cases=False)
     assert art.sources.fusion_text("cuda").count(": recurrent[") == 6
     assert build_images(art.sources.unit("cuda"), tmp_path, arches=[PTX_ARCH])
+
+
+_VTANH = """
+extern "C" void vtanh_all(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = bpk::vtanh(x[i]);
+}
+"""
+
+
+@pytest.mark.parametrize("march", ["x86-64", "native"])
+def test_vtanh_is_within_two_ulp(tmp_path: Path, march: str) -> None:
+    """The cells' tanh (scalar_ops.h, vectorized with the loop) against tanh in float64: within 2 float
+    ulp of the rounded value everywhere (a dense sweep of [-12, 12], both sides of the 0.5 switch,
+    every float below 1e-3 by powers), the limits and NaN."""
+    import ctypes
+    import subprocess
+
+    from bladepack.codegen import c_render
+
+    src = tmp_path / "vtanh.cpp"
+    src.write_text(c_render.prelude("cpu_runtime.h") + _VTANH)
+    so = tmp_path / "vtanh.so"
+    flags = ["-std=c++17", "-O3", f"-march={march}", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math"]
+    subprocess.run(["g++", *flags, str(src), "-o", str(so)], check=True, capture_output=True)
+    lib = ctypes.CDLL(str(so))
+    x = np.concatenate(
+        [
+            np.linspace(-12, 12, 2_000_001, dtype=np.float32),
+            np.nextafter(np.float32(0.5), np.float32([-1, 2])),
+            np.float32(0.5) * np.float32([1, -1]),
+            np.float32(2.0) ** -np.arange(10, 130, dtype=np.float32),
+            -(np.float32(2.0) ** -np.arange(10, 130, dtype=np.float32)),
+            np.float32([0.0, -0.0, 100.0, -100.0, np.inf, -np.inf, np.nan]),
+        ]
+    ).astype(np.float32)
+    y = np.empty_like(x)
+    lib.vtanh_all(x.ctypes.data_as(ctypes.c_void_p), y.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(x.size))
+    want = np.tanh(x.astype(np.float64)).astype(np.float32)
+    finite = np.isfinite(x)
+    ulp = np.spacing(np.abs(want[finite]))
+    assert np.max(np.abs(y[finite] - want[finite]) / ulp) <= 2.0
+    assert list(y[-5:-1]) == [1.0, -1.0, 1.0, -1.0] and np.isnan(y[-1])
+    assert y[-7] == 0 and not np.signbit(y[-7]) and y[-6] == 0 and np.signbit(y[-6])  # tanh(-0) is -0

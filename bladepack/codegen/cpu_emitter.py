@@ -26,6 +26,7 @@ Variants (chosen per input shape by the shape program, first true predicate wins
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -198,7 +199,7 @@ def emit_kernel(
     elif spec.kind == "scatter":
         plans = [("", sympy.true, scatter_kernel)]
     elif spec.kind == "recurrent":
-        plans = [("", sympy.true, recurrent_kernel)]
+        plans = [("", sympy.true, functools.partial(recurrent_kernel, team=True))]
     elif spec.kind == "pool":
         plans = [("", sympy.true, pool_kernel)]
     elif spec.kind == "conv" and _dense(ctx, spec.nodes[0]):  # Note [Dense layers]

@@ -214,6 +214,72 @@ inline void parallel_for(RunState* st, int64_t n, int64_t cost, F&& body) {
       n, [](void* p, int64_t lo, int64_t hi) { (*static_cast<Closure*>(p)->f)(lo, hi); }, &c);
 }
 
+// Note [Teams]: a loop whose iterations depend on each other (a recurrent layer's steps: each needs
+// the whole state the last one wrote) splits each iteration's work over a team of threads that meet at
+// a barrier between iterations. The pool's jobs never make the caller wait for a thread that has not
+// started (Note [Pool jobs]), and a team keeps that: a job of one chunk per thread, each chunk a
+// member that registers when it starts; the first (the leader) waits up to kTeamFormNs for the others,
+// then fixes the team to those that came; a later chunk finds the team formed and leaves, and a thread
+// that runs several chunks (the pool held by another run: all inline) is one member. The barrier
+// (`sync`) waits only on members, all running. body(member, size, team) must call `sync` the same
+// number of times in every member.
+struct Team {
+  static constexpr int64_t kTeamFormNs = 50000;  // a sleeping worker wakes in tens of microseconds
+  std::atomic<int> members{0};
+  std::atomic<int> size{0};  // 0 while forming
+  std::atomic<int64_t> arrived{0};
+
+  // every member of a team of `n` waits here until all have arrived for the `round`-th time (from 1)
+  void sync(int n, int64_t round) {
+    arrived.fetch_add(1, std::memory_order_acq_rel);
+    const int64_t want = int64_t(n) * round;
+    for (int spins = 0; arrived.load(std::memory_order_acquire) < want; ++spins) {
+      if (spins < 4000) {
+        Pool::relax();
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  }
+};
+
+template <class F>
+inline void team_run(RunState* st, F&& body) {
+  Team team;
+  const int threads = st->pool != nullptr ? st->pool->nthreads : 1;
+  auto member = [&]() {
+    const int m = team.members.fetch_add(1, std::memory_order_acq_rel);
+    if (m == 0) {
+      const auto start = std::chrono::steady_clock::now();
+      while (team.members.load(std::memory_order_acquire) < threads &&
+             std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count() <
+                 Team::kTeamFormNs)
+        Pool::relax();
+      const int n = team.members.load(std::memory_order_acquire);
+      team.size.store(n < threads ? n : threads, std::memory_order_release);
+    } else {
+      while (team.size.load(std::memory_order_acquire) == 0) Pool::relax();
+      if (m >= team.size.load(std::memory_order_acquire)) return;
+    }
+    body(m, team.size.load(std::memory_order_acquire), team);
+  };
+  if (threads == 1) {
+    team.members.store(1);
+    team.size.store(1);
+    body(0, 1, team);
+    return;
+  }
+  struct Closure {
+    decltype(member)* f;
+  } c{&member};
+  st->pool->run(
+      threads,
+      [](void* p, int64_t lo, int64_t hi) {
+        for (int64_t k = lo; k < hi; ++k) (*static_cast<Closure*>(p)->f)();
+      },
+      &c);
+}
+
 // -------------------------------------------------------------------------- math helpers
 
 // Branch-free float exp and erf that the compiler vectorizes (the libm calls stay scalar without
