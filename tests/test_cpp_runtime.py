@@ -134,6 +134,33 @@ def test_decoder_ops_match_python_loader(release: Path) -> None:
             assert rel_err(o, e_.numpy()) <= 1e-5, "vs eager"
 
 
+class _Recurrent(torch.nn.Module):
+    """An LSTM and a GRU: recurrent kernels whose steps run on a team of threads (Note [Teams])."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = torch.nn.LSTM(6, 40, batch_first=True, bidirectional=True)
+        self.gru = torch.nn.GRU(80, 24, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gru(self.lstm(x)[0])[0]
+
+
+def test_recurrent_layers_match_python_loader(release: Path) -> None:
+    torch.manual_seed(0)
+    model = _Recurrent().eval()
+    path = TMP / "recurrent.bpk"
+    bladepack.optimize(model, [(torch.randn(2, 5, 6),), (torch.randn(3, 7, 6),)]).save(path)
+    g = torch.Generator().manual_seed(5)
+    for k, (b, s) in enumerate([(1, 1), (3, 9), (17, 4)]):
+        arrays = [torch.randn(b, s, 6, generator=g).numpy()]
+        got, want = run_both(release, path, arrays, f"recurrent{k}")
+        with torch.no_grad():
+            eager = model(torch.from_numpy(arrays[0])).numpy()
+        assert rel_err(got[0], want[0]) <= 1e-6, f"C++ vs Python at {(b, s)}"
+        assert rel_err(got[0], eager) <= 1e-5, f"vs eager at {(b, s)}"
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_precision_matches_python_loader(release: Path, dtype: str) -> None:
     """16-bit artifacts run natively in the C++ runtime (bfloat16 .npy files hold uint16 bit patterns,
