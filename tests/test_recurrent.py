@@ -119,7 +119,8 @@ def test_refused_recurrent_forms_are_named() -> None:
 
 def _onnx_model() -> tuple[object, int]:
     """LSTM (bidirectional, given states, layout 0), GRU (reverse, linear_before_reset 0, layout 1),
-    GRU (linear_before_reset 1, no bias) and RNN (bidirectional), all over one input."""
+    GRU (linear_before_reset 1, no bias), RNN (bidirectional) and a reverse LSTM with peepholes, all
+    over one input."""
     rng = np.random.default_rng(0)
     inp, hid = 6, 5
     nodes, inits = [], []
@@ -149,6 +150,8 @@ def _onnx_model() -> tuple[object, int]:
     add("GRU", "gru0", ["xb", *weights("gru0", 1, 3)], 2, direction="reverse", layout=1)
     add("GRU", "gru1", ["xs", *weights("gru1", 1, 3, bias=False)], 2, linear_before_reset=1)
     add("RNN", "rnn", ["xs", *weights("rnn", 2, 1)], 2, direction="bidirectional")
+    inits.append(numpy_helper.from_array(rng.standard_normal((1, 3 * hid)).astype(np.float32), "peep_P"))
+    add("LSTM", "peep", ["xs", *weights("peep", 1, 4), "", "", "", "peep_P"], 3, direction="reverse")
     vi = helper.make_tensor_value_info
     graph = helper.make_graph(
         [helper.make_node("Transpose", ["xs"], ["xb"], perm=[1, 0, 2]), *nodes],
@@ -166,7 +169,7 @@ def _onnx_model() -> tuple[object, int]:
 def test_onnx_recurrent_nodes_match_the_reference() -> None:
     model, n_out = _onnx_model()
     art = bladepack.optimize(model)
-    assert art.sources.fusion_text("cpu").count(": recurrent[") == 6
+    assert art.sources.fusion_text("cpu").count(": recurrent[") == 7
     loaded = bladepack.load(art.to_bytes())
     ref = ReferenceEvaluator(model)
     rng = np.random.default_rng(1)
@@ -203,7 +206,7 @@ def test_the_cuda_recurrent_kernels_compile(tmp_path: Path) -> None:
 
     model, _ = _onnx_model()
     art = bladepack.optimize(model, targets=("cuda",), reference_cases=False)
-    assert art.sources.fusion_text("cuda").count(": recurrent[") == 6
+    assert art.sources.fusion_text("cuda").count(": recurrent[") == 7
     assert build_images(art.sources.unit("cuda"), tmp_path, arches=[PTX_ARCH])
 
 

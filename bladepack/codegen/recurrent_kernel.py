@@ -9,7 +9,8 @@ computed before the kernel; what is left is sequential in the steps. Per step ea
 pre-activations are h @ R (R = W_hh^T, [H, G*H]) plus the recurrent bias; the cell then reads xg at
 the step and updates the state. State and gates live in arrays in the accumulator type (float for
 16-bit floats), so H is bounded by `ir.recurrent.MAX_RECURRENT_HIDDEN`. A GRU with linear_before_reset
-False needs r before its candidate gate's product: the r and z columns first, then (r*h) @ R_n.
+False needs r before its candidate gate's product: the r and z columns first, then (r*h) @ R_n. An
+LSTM's peepholes add p * c to i and f before the cell update and p * c' to o after it.
 
 Two schedules:
 - team (CPU, float32 / float64, R a contiguous buffer): the batch in blocks of up to `_rows(...)`
@@ -53,6 +54,7 @@ def recurrent_kernel(em: Emitter, team: bool = False) -> None:
     assert isinstance(a, RecurrentAttrs)
     xg, r, rb, h0 = n.inputs[:4]
     c0 = n.inputs[4] if a.cell == "lstm" else None
+    peep = n.inputs[5] if len(n.inputs) > 5 else None
     hid = a.hidden
     gates = RECURRENT_GATES[a.cell]
     cols = gates * hid
@@ -155,11 +157,15 @@ def recurrent_kernel(em: Emitter, team: bool = False) -> None:
         if a.cell == "lstm":
             c = at(cs, hid, u)
             i, f, g, o = (em.fresh(p) for p in ("gi", "gf", "gg", "go"))
-            em.declare(f"const {acc} {i} = {sig}{x(0)};", i)
-            em.declare(f"const {acc} {f} = {sig}{x(1)};", f)
+
+            def peephole(k: int) -> str:  # p * c: the old c for i and f, the new one for o
+                return f" + {load(peep, (k * hid + u,))} * {c}" if peep is not None else ""
+
+            em.declare(f"const {acc} {i} = {sig}({x(0)}{peephole(0)});", i)
+            em.declare(f"const {acc} {f} = {sig}({x(1)}{peephole(1)});", f)
             em.declare(f"const {acc} {g} = bpk::vtanh{x(2)};", g)
-            em.declare(f"const {acc} {o} = {sig}{x(3)};", o)
             em.line(f"{c} = {f} * {c} + {i} * {g};")
+            em.declare(f"const {acc} {o} = {sig}({x(3)}{peephole(2)});", o)
             em.line(f"{h_new} = {o} * bpk::vtanh({c});")
             put(h_new)
             put(c, hid)

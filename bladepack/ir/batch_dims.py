@@ -157,7 +157,7 @@ def _expected(n: Node, ins: list[int], ranks: list[int], out_rank: int, pointwis
             raise _NotBatchLike("it scatters along the dim's axis, or its index and source do not hold the dim there")
         return x
     if op is K.RECURRENT:  # xg [S, B, G*H], r, rb, h0 [B, H], c0 [B, H] -> [S, B, H or 2H]
-        if x != 1 or ins[1] >= 0 or ins[2] >= 0 or any(ax != 0 for ax in ins[3:]):
+        if x != 1 or ins[1] >= 0 or ins[2] >= 0 or any(ax != 0 for ax in ins[3:5]) or any(ax >= 0 for ax in ins[5:]):
             raise _NotBatchLike("it runs a recurrence whose rows are not the dim")
         return 1
     if op is K.INDEX:

@@ -2,7 +2,8 @@
 
 In: an `emit(op, inputs, type, attrs)` function, the layer's sequence-major input x [S, B, I], its
 weights in the RECURRENT op's form (Note [Recurrent cells] in opset/attrs.py: W_ih [G*H, I], an
-optional b_ih [G*H], R = W_hh^T [H, G*H], rb = b_hh [G*H]) and initial states h0 (and c0) [B, H].
+optional b_ih [G*H], R = W_hh^T [H, G*H], rb = b_hh [G*H]), initial states h0 (and c0) [B, H] and an
+LSTM's optional peephole weights [3H] (i, f, o).
 Out: the hidden state of every step y [S, B, H], the final h [B, H] and, for an LSTM, the final c.
 
 Note [Recurrent layers]: the input projection of all steps is one MATMUL (the GEMM library's, with
@@ -45,6 +46,7 @@ def recurrent_layer(
     h0: int,
     c0: int | None,
     attrs: RecurrentAttrs,
+    peepholes: int | None = None,
 ) -> tuple[int, int, int | None]:
     xt = types(x)
     steps, batch = xt.shape[0], xt.shape[1]
@@ -56,6 +58,9 @@ def recurrent_layer(
     lstm = attrs.cell == "lstm"
     width = 2 * hid if lstm else hid
     states = (h0, c0) if lstm and c0 is not None else (h0,)
+    if peepholes is not None:
+        assert lstm and c0 is not None, "peepholes are an LSTM's"
+        states = (*states, peepholes)
     out = emit(OpKind.RECURRENT, (xg, w.r, w.rb, *states), TensorType(dt, (steps, batch, width)), attrs)
 
     def part(v: int, start: int) -> int:

@@ -161,6 +161,7 @@ def _recurrent(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int
     """RecurrentAttrs (Note [Recurrent cells] in opset/attrs.py), step by step in float64."""
     xg, r, rb, h = (np.asarray(a, dtype=np.float64) for a in xs[:4])
     c = np.asarray(xs[4], dtype=np.float64) if len(xs) > 4 else None
+    peep = np.asarray(xs[5], dtype=np.float64) if len(xs) > 5 else np.zeros(3 * attrs["hidden"])
     cell, hid = attrs["cell"], attrs["hidden"]
     out = np.empty(shape, dtype=np.float64)
     steps = range(xg.shape[0] - 1, -1, -1) if attrs.get("reverse", False) else range(xg.shape[0])
@@ -170,8 +171,9 @@ def _recurrent(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int
             assert c is not None
             g = x + h @ r + rb
             i, f, z, o = (g[:, k * hid : (k + 1) * hid] for k in range(4))
-            c = _sigmoid(f) * c + _sigmoid(i) * np.tanh(z)
-            h = _sigmoid(o) * np.tanh(c)
+            pi, pf, po = peep[:hid], peep[hid : 2 * hid], peep[2 * hid :]
+            c = _sigmoid(f + pf * c) * c + _sigmoid(i + pi * c) * np.tanh(z)
+            h = _sigmoid(o + po * c) * np.tanh(c)
             out[t] = np.concatenate([h, c], axis=-1)
             continue
         if cell == "gru":

@@ -10,8 +10,8 @@ are permuted by blocks and R is transposed: at optimize time for initializers an
 exporter writes them; weights given at run time become slices, a concat and a permute that the GEMM
 and the kernel read through (correct, slower). What the kernels do not compute is
 refused by name: activations other than the defaults (LSTM Sigmoid / Tanh / Tanh, GRU Sigmoid /
-Tanh, RNN Tanh or Relu), clip, input_forget, non-zero peepholes, and sequence_lens that is not every
-sequence's full length.
+Tanh, RNN Tanh or Relu), clip, input_forget, and sequence_lens that is not every sequence's full
+length.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from bladepack.ir.types import IRDim
 from bladepack.onnx_import.context import OnnxCtx, OVal, Unsupported, arg, converts, known, need
 
 K = OpKind
-# block b of torch's gate order is block _ORDER[cell][b] of ONNX's (Note [ONNX recurrent weights])
-_ORDER = {"lstm": (0, 2, 3, 1), "gru": (1, 0, 2), "rnn": (0,)}
+# block b of torch's gate order is block _ORDER[cell][b] of ONNX's (Note [ONNX recurrent weights]);
+# an LSTM's peepholes P are i, o, f in ONNX, i, f, o in the RECURRENT op
+_ORDER = {"lstm": (0, 2, 3, 1), "gru": (1, 0, 2), "rnn": (0,), "peephole": (0, 2, 1)}
 _ACTIVATIONS = {"lstm": ["Sigmoid", "Tanh", "Tanh"], "gru": ["Sigmoid", "Tanh"]}
 
 
@@ -122,9 +123,7 @@ def _recurrent(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
         raise Unsupported(f"{op} of hidden size {hid} (at most {MAX_RECURRENT_HIDDEN})")
     cols = RECURRENT_GATES[cell] * hid
     b = arg(ins, 3) or known(np.zeros((dirs, 2 * cols), dtype=w.type.dtype.to_numpy()))
-    peep = arg(ins, 7)
-    if op == "LSTM" and peep is not None and (peep.numeric is None or np.any(peep.numeric)):
-        raise Unsupported("LSTM with peephole weights P")
+    peep = arg(ins, 7) if op == "LSTM" else None
     seq = x.type.shape[1 if layout else 0]
     batch = x.type.shape[0 if layout else 1]
     lens = arg(ins, 4)
@@ -154,7 +153,9 @@ def _recurrent(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
         c0 = _state(ctx, arg(ins, 6), d, batch, hid, dt, layout) if cell == "lstm" else None
         reverse = direction == "reverse" or d == 1
         lbr = bool(int(ctx.attr("linear_before_reset", 0))) if cell == "gru" else True
-        y, h, c = recurrent_layer(ctx.emit, ctx.t, xv, weights, h0, c0, RecurrentAttrs(cell, hid, reverse, lbr))
+        p = _direction(ctx, peep, d, 0, 3 * hid, "peephole", hid, False) if peep is not None else None
+        attrs = RecurrentAttrs(cell, hid, reverse, lbr)
+        y, h, c = recurrent_layer(ctx.emit, ctx.t, xv, weights, h0, c0, attrs, p)
         ys.append(y)
         hs.append(h)
         if c is not None:

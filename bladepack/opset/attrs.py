@@ -155,7 +155,8 @@ RECURRENT_GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
 class RecurrentAttrs:
     """One direction of one recurrent layer over the sequence (Note [Recurrent cells]). Inputs: xg
     [S, B, G*H] (the input projection x @ W_ih^T + b_ih, for every step at once), r [H, G*H] (W_hh^T),
-    rb [G*H] (b_hh), h0 [B, H], and for an LSTM c0 [B, H]. Steps run t = 0 .. S-1, or S-1 .. 0 with
+    rb [G*H] (b_hh), h0 [B, H], and for an LSTM c0 [B, H] and optionally its peephole weights p [3H]
+    (i, f, o: i and f add p * c before the step, o adds p * c after it). Steps run t = 0 .. S-1, or S-1 .. 0 with
     `reverse`. The result is [S, B, H], the hidden state after each step; an LSTM's is [S, B, 2H], the
     cell state after each step in the second half. A GRU's candidate gate is tanh(xg_n + r*(h @ R_n +
     rb_n)) (torch's, ONNX's linear_before_reset=1), or with `linear_before_reset` False ONNX's default,

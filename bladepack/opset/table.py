@@ -453,7 +453,7 @@ OP_INFO: dict[OpKind, OpInfo] = {
     K.CUMSUM: _info(_R, AxisAttrs, 1, batch=Batch.ALONG_AXIS),
     K.TOPK: _info(_R, TopkAttrs, 1, batch=Batch.ALONG_AXIS),
     K.SCATTER: _info(_R, ScatterAttrs, 3, cost=_LOOKUP, batch=Batch.OWN),
-    K.RECURRENT: _info(_R, RecurrentAttrs, 4, 5, cost=_HEAVY, batch=Batch.OWN),
+    K.RECURRENT: _info(_R, RecurrentAttrs, 4, 6, cost=_HEAVY, batch=Batch.OWN),
     K.SOFTMAX: _info(_R, AxisAttrs, 1, batch=Batch.ALONG_AXIS),
     K.LOG_SOFTMAX: _info(_R, AxisAttrs, 1, batch=Batch.ALONG_AXIS),
     K.LAYER_NORM: _info(_R, NormAttrs, 1, 3, batch=Batch.NORM),
