@@ -18,7 +18,6 @@ SYMBOLIC = {
 
 _BACKWARD = "a training (backward) op: an artifact runs inference"
 _RANDOM = "a random op: an artifact computes the same result for the same inputs"
-_NEEDS_KERNEL = "not converted yet: it needs a kernel of its own"
 
 # By design: what an inference artifact with data-independent shapes does not do.
 BY_DESIGN = {
@@ -42,15 +41,7 @@ BY_DESIGN = {
     "aten._fft_c2r.default": "complex tensors (bladepack has no complex dtype)",
 }
 
-# Not yet: inference ops that need kernels (or index machinery) of their own.
-NOT_YET = {
-    op: _NEEDS_KERNEL
-    for op in (
-        "aten._embedding_bag.default",
-        "aten._pdist_forward.default",
-        "aten.col2im.default",
-        "aten.masked_scatter.default",
-    )
-}
+# Not yet: inference ops that need kernels (or index machinery) of their own (none today).
+NOT_YET: dict[str, str] = {}
 
 REASONS = {**BY_DESIGN, **NOT_YET}

@@ -23,6 +23,7 @@ from bladepack.export import (  # noqa: F401  (registers converters)
     ops_conv,
     ops_core,
     ops_elementwise,
+    ops_indexed,
     ops_layout,
     ops_nn,
     ops_resize,

@@ -380,12 +380,15 @@ def _native_dropout(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
 
 @converts("aten._cdist_forward.default", "aten.cdist.default")
 def _cdist(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    out = ctx.out_type()
+    a, b = ctx.cast(ctx.v(args[0]), out.dtype), ctx.cast(ctx.v(args[1]), out.dtype)
+    return pairwise_distance(ctx, a, b, float(arg(args, kwargs, 2, "p", 2.0)), out)
+
+
+def pairwise_distance(ctx: Ctx, a: Value, b: Value, p: float, out: TensorType) -> Value:
     """The p-norm of every row pair, |x1[.., i, :] - x2[.., j, :]|_p, from the broadcast difference
     (torch's direct form; its matrix-product form for p = 2 on many rows rounds differently, within
     float32's error of this one)."""
-    out = ctx.out_type()
-    a, b = ctx.cast(ctx.v(args[0]), out.dtype), ctx.cast(ctx.v(args[1]), out.dtype)
-    p = float(arg(args, kwargs, 2, "p", 2.0))
     ta, tb = ctx.t(a), ctx.t(b)
     lead = out.shape[:-2]
     m = ta.shape[-1]

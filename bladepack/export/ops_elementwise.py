@@ -375,9 +375,15 @@ def _full(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
         value = arg(args, kwargs, 1, "fill_value")
     else:  # new_full, full_like
         value = arg(args, kwargs, 2 if name == "new_full" else 1, "fill_value")
+    out = ctx.out_type()
+    if isinstance(value, torch.fx.Node) and value in ctx.syms and not out.dtype.is_floating:
+        # a size as the value (torch.full((1,), x.shape[0])): a shape-program constant, broadcast
+        scalar = ctx.operand(value, out.dtype)
+        if not out.rank:
+            return scalar
+        return ctx.emit(K.EXPAND, (ctx.emit(K.RESHAPE, (scalar,), TensorType(out.dtype, (1,) * out.rank)),), out)
     if not isinstance(value, (bool, int, float)):
         raise Unsupported(f"{name} with a non-constant fill value")
-    out = ctx.out_type()
     value = bool(value) if out.dtype is DType.BOOL else (float(value) if out.dtype.is_floating else int(value))
     return ctx.emit(K.FULL, (), out, ConstantAttrs(value))
 
