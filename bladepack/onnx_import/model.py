@@ -38,6 +38,7 @@ from bladepack.onnx_import import (  # noqa: F401  (registers converters)
     ops_layout,
     ops_nn,
     ops_recurrent,
+    ops_sampling,
     ops_shape,
 )
 from bladepack.onnx_import.context import FOLDABLE, TABLE, OnnxCtx, OVal, Unsupported, dtype_of, known
