@@ -43,6 +43,7 @@ from bladepack.codegen.kernel import ROW_OPS, EmittedKernel, KernelContext, kern
 from bladepack.codegen.operand_check import add_atoms, operand_buffers, operand_check
 from bladepack.codegen.recurrent_kernel import recurrent_kernel
 from bladepack.codegen.row_emitter import RowEmitter
+from bladepack.codegen.selective_scan_kernel import selective_scan_kernel
 from bladepack.ir import Node, OpKind
 from bladepack.ir.fusion_plan import KernelSpec
 from bladepack.ir.ops import is_dense_conv
@@ -200,6 +201,8 @@ def emit_kernel(
         plans = [("", sympy.true, scatter_kernel)]
     elif spec.kind == "recurrent":
         plans = [("", sympy.true, functools.partial(recurrent_kernel, team=True))]
+    elif spec.kind == "selective_scan":
+        plans = [("", sympy.true, selective_scan_kernel)]
     elif spec.kind == "pool":
         plans = [("", sympy.true, pool_kernel)]
     elif spec.kind == "conv" and _dense(ctx, spec.nodes[0]):  # Note [Dense layers]

@@ -51,6 +51,7 @@ from bladepack.codegen.cuda_loops import MEMTYPE, CudaEmitter, inner_syms, split
 from bladepack.codegen.kernel import ROW_OPS, KernelContext, same_shape, store_offset
 from bladepack.codegen.operand_check import add_atoms, operand_buffers
 from bladepack.codegen.recurrent_kernel import recurrent_kernel
+from bladepack.codegen.selective_scan_kernel import selective_scan_kernel
 from bladepack.dtypes import DType
 from bladepack.ir import Node, OpKind
 from bladepack.ir.fusion_plan import KernelSpec
@@ -322,6 +323,9 @@ def emit_cuda_kernel(
     elif spec.kind == "recurrent":  # Note [Recurrent kernel]: one thread per sequence
         batch = ctx.nodes[spec.roots[0]].type.shape[1]
         plans.append(("", sympy.true, recurrent_kernel, _grid(batch, RECURRENT_BLOCK), RECURRENT_BLOCK, 0))
+    elif spec.kind == "selective_scan":  # Note [Selective scan kernel]: one thread per channel
+        rows = volume(ctx.nodes[spec.roots[0]].type.shape[:2])
+        plans.append(("", sympy.true, selective_scan_kernel, _grid(rows, LOOP_BLOCK), LOOP_BLOCK, 0))
     elif spec.kind in ("reduce", "scan", "topk", "scatter"):
         n = ctx.nodes[spec.roots[0]]
         x_t = ctx.types[n.inputs[0]]

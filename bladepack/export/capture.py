@@ -42,6 +42,7 @@ from bladepack.export.declared_dims import (
 )
 from bladepack.export.recurrent import recurrent_layers
 from bladepack.export.related_dims import Place, RelatedDims, Relation, traced_probe
+from bladepack.export.selective_scan import selective_scans
 from bladepack.export.specialized import refuse_specialized
 
 
@@ -191,7 +192,13 @@ def capture(model: torch.nn.Module, sample_inputs: Any, dynamic_shapes: Any = No
                 dynamic[i].add(axis)
     args = hold_declared(samples, _export_sample(samples, dynamic), user, declared, names)
     notes: list[str] = []
-    with eval_mode(model), no_cache_object(model, notes), recurrent_layers(model), torch.no_grad():
+    with (
+        eval_mode(model),
+        no_cache_object(model, notes),
+        recurrent_layers(model),
+        selective_scans(model),
+        torch.no_grad(),
+    ):
         if not any(dynamic):
             return Captured(_finish(_run(model, args, None)), names, {}, notes)
         auto = [{a: TorchDim.AUTO for a in sorted(dynamic[i])} or None for i in range(len(names))]

@@ -30,6 +30,7 @@ from bladepack.export import (  # noqa: F401  (registers converters)
     ops_sampling,
     ops_scatter,
     recurrent,
+    selective_scan,
 )
 from bladepack.export.capture import Captured
 from bladepack.export.context import TABLE, Ctx, Unsupported, dtype_of

@@ -44,6 +44,7 @@ from bladepack.ir.ops import (
     PermuteAttrs,
     ReduceAttrs,
     ScatterAttrs,
+    SelectiveScanAttrs,
     SliceAttrs,
     TopkAttrs,
     is_dense_conv,
@@ -160,6 +161,12 @@ def _expected(n: Node, ins: list[int], ranks: list[int], out_rank: int, pointwis
         if x != 1 or ins[1] >= 0 or ins[2] >= 0 or any(ax != 0 for ax in ins[3:5]) or any(ax >= 0 for ax in ins[5:]):
             raise _NotBatchLike("it runs a recurrence whose rows are not the dim")
         return 1
+    if op is K.SELECTIVE_SCAN:  # u, dt [B, D, L], A [D, N], Bm, Cm [B, N, L], then D [D], z [B, D, L], dt_bias [D]
+        assert isinstance(a, SelectiveScanAttrs)
+        per_batch = [0, 1, 3, 4] + ([5 + int(a.has_d)] if a.has_z else [])
+        if any(ins[k] != 0 for k in per_batch) or any(ins[k] >= 0 for k in range(len(ins)) if k not in per_batch):
+            raise _NotBatchLike("it scans rows that do not hold the dim on their first axis")
+        return 0
     if op is K.INDEX:
         assert isinstance(a, IndexAttrs)
         if any(ax >= 0 for ax in ins[1:]) or x < 0 or any(ax <= x for ax in a.axes):

@@ -36,6 +36,7 @@ from bladepack.opset.attrs import (
     ReduceAttrs,
     SafeSoftmaxAttrs,
     ScatterAttrs,
+    SelectiveScanAttrs,
     SliceAttrs,
     TakeAttrs,
     TopkAttrs,
@@ -80,6 +81,7 @@ __all__ = [
     "ScatterAttrs",
     "RecurrentAttrs",
     "RECURRENT_GATES",
+    "SelectiveScanAttrs",
     "SCATTER_REDUCTIONS",
     "is_dense_conv",
 ]

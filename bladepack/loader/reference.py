@@ -190,6 +190,32 @@ def _recurrent(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int
     return out.astype(dt)
 
 
+@op("selective_scan")
+def _selective_scan(
+    xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype
+) -> np.ndarray:
+    """SelectiveScanAttrs, step by step in float64."""
+    u, delta, a, bm, cm = (np.asarray(v, dtype=np.float64) for v in xs[:5])
+    rest = [np.asarray(v, dtype=np.float64) for v in xs[5:]]
+    d = rest.pop(0) if attrs["has_d"] else None
+    z = rest.pop(0) if attrs["has_z"] else None
+    if attrs["has_bias"]:
+        delta = delta + rest.pop(0)[:, None]
+    if attrs["softplus"]:
+        delta = np.where(delta > 20, delta, np.log1p(np.exp(np.minimum(delta, 20))))
+    x = np.zeros((u.shape[0], u.shape[1], a.shape[1]))
+    y = np.empty(u.shape)
+    for t in range(u.shape[2]):
+        step = delta[:, :, t, None]
+        x = np.exp(step * a[None]) * x + step * bm[:, None, :, t] * u[:, :, t, None]
+        y[:, :, t] = np.einsum("bdn,bn->bd", x, cm[:, :, t])
+    if d is not None:
+        y = y + u * d[None, :, None]
+    if z is not None:
+        y = y * z * _sigmoid(z)
+    return y.astype(dt)
+
+
 @op("index")
 def _index(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
     key: list[Any] = [slice(None)] * xs[0].ndim

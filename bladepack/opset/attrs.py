@@ -169,6 +169,20 @@ class RecurrentAttrs:
 
 
 @dataclass(frozen=True)
+class SelectiveScanAttrs:
+    """Mamba's selective scan over the last axis (Note [Selective scan kernel] in
+    codegen/selective_scan_kernel.py). Inputs u [B, D, L], dt [B, D, L], A [D, N], Bm [B, N, L],
+    Cm [B, N, L], then D [D], z [B, D, L] and dt_bias [D] where the flags say. Per channel:
+    delta = dt (+ dt_bias), softplus'd with `softplus`; x = exp(delta * A) * x + delta * Bm * u from
+    x = 0; y = x . Cm (+ D * u), times silu(z). The result is y [B, D, L]."""
+
+    softplus: bool
+    has_d: bool
+    has_z: bool
+    has_bias: bool
+
+
+@dataclass(frozen=True)
 class TopkAttrs:
     """The int64 positions of the k largest (or smallest) elements along `axis`, best first; ties keep
     the earlier position, NaN counts as larger than any number. The values are a GATHER of these."""
@@ -252,6 +266,7 @@ Attrs = Union[
     TopkAttrs,
     ScatterAttrs,
     RecurrentAttrs,
+    SelectiveScanAttrs,
     NormAttrs,
     MatmulAttrs,
     Conv2dAttrs,

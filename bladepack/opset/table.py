@@ -43,6 +43,7 @@ from bladepack.opset.attrs import (
     RecurrentAttrs,
     ReduceAttrs,
     ScatterAttrs,
+    SelectiveScanAttrs,
     SliceAttrs,
     TopkAttrs,
 )
@@ -149,6 +150,7 @@ class OpKind(str, Enum):
     TOPK = "topk"
     SCATTER = "scatter"
     RECURRENT = "recurrent"
+    SELECTIVE_SCAN = "selective_scan"
     SOFTMAX = "softmax"
     LOG_SOFTMAX = "log_softmax"
     LAYER_NORM = "layer_norm"
@@ -454,6 +456,7 @@ OP_INFO: dict[OpKind, OpInfo] = {
     K.TOPK: _info(_R, TopkAttrs, 1, batch=Batch.ALONG_AXIS),
     K.SCATTER: _info(_R, ScatterAttrs, 3, cost=_LOOKUP, batch=Batch.OWN),
     K.RECURRENT: _info(_R, RecurrentAttrs, 4, 6, cost=_HEAVY, batch=Batch.OWN),
+    K.SELECTIVE_SCAN: _info(_R, SelectiveScanAttrs, 5, 8, cost=_HEAVY, batch=Batch.OWN),
     K.SOFTMAX: _info(_R, AxisAttrs, 1, batch=Batch.ALONG_AXIS),
     K.LOG_SOFTMAX: _info(_R, AxisAttrs, 1, batch=Batch.ALONG_AXIS),
     K.LAYER_NORM: _info(_R, NormAttrs, 1, 3, batch=Batch.NORM),

@@ -67,9 +67,14 @@ class Role(Enum):
     REFERENCE = "reference"
 
 
-# anchors with kernels of their own (codegen/anchor_kernels.py, codegen/recurrent_kernel.py); pools and
+# anchors with kernels of their own (codegen/anchor_kernels.py, recurrent_kernel.py, selective_scan_kernel.py); pools and
 # scans are named in the planner, other anchors are reductions
-_ANCHOR_KINDS = {OpKind.TOPK: "topk", OpKind.SCATTER: "scatter", OpKind.RECURRENT: "recurrent"}
+_ANCHOR_KINDS = {
+    OpKind.TOPK: "topk",
+    OpKind.SCATTER: "scatter",
+    OpKind.RECURRENT: "recurrent",
+    OpKind.SELECTIVE_SCAN: "selective_scan",
+}
 _CHEAP_CONE = 6  # a shared cone up to this many nodes (all of Cost.CHEAP) is recomputed per use
 
 
@@ -118,6 +123,7 @@ def classify(
         OpKind.TOPK,
         OpKind.SCATTER,
         OpKind.RECURRENT,
+        OpKind.SELECTIVE_SCAN,
     ):
         return Role.ANCHOR, ""
     if OP_INFO[n.op].op_class is OpClass.REDUCTION:
