@@ -430,12 +430,47 @@ CASES = [
         (IMG, In(("B", 3, "S", 2))),  # N(0, 1): a third of the points outside the image
     ),
     Case("index_put_mask", lambda x: x, (X,), module=lambda: _MaskedPut()),
+    Case("recurrent", lambda x: x, (X,), module=lambda: _Recurrent()),
+    Case("selective_scan", lambda x: x, (X,), module=lambda: _SelectiveScan()),
     Case(
         "elu_celu",
         lambda x: (F.elu(x), F.elu(x, alpha=0.5), F.selu(x), F.celu(x, alpha=2.0)),
         (X,),
     ),
 ]
+
+
+class _Recurrent(nn.Module):
+    """nn.LSTM (2 layers, bidirectional) and nn.GRU over the dynamic sequence (Note [Recurrent kernel])."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(8, 6, num_layers=2, batch_first=True, bidirectional=True)
+        self.gru = nn.GRU(12, 5, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y, (h, c) = self.lstm(x)
+        return y, h, c, self.gru(y)[0]
+
+
+class _SelectiveScan(nn.Module):
+    """Hugging Face's mamba_selective_scan called directly (Note [Selective scans through export])."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers.models.mamba import modeling_mamba  # loaded before capture looks for it
+
+        self.scan = modeling_mamba
+        self.a_log = nn.Parameter(torch.randn(8, 4) * 0.3)
+        self.d = nn.Parameter(torch.randn(8))
+        self.bias = nn.Parameter(torch.randn(8) * 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        u = x.transpose(1, 2)
+        bc = x[..., :4].transpose(1, 2)
+        return self.scan.mamba_selective_scan(
+            u, u * 0.5, -torch.exp(self.a_log), bc, bc * 0.5, self.d, u.flip(1), self.bias, True
+        )
 
 
 def _masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: torch.Tensor) -> Any:

@@ -36,6 +36,8 @@ class Builder(Protocol):
 
     def cast(self, v: int, dtype: DType) -> int: ...
 
+    def t(self, v: int) -> TensorType: ...
+
 
 class _Coords:
     """Elementwise arithmetic on [N, Ho, Wo] coordinate tensors of one dtype."""
@@ -53,6 +55,9 @@ class _Coords:
         return self.b.cast(size, self.dt)
 
     def op(self, kind: OpKind, *ins: int, dt: DType | None = None) -> int:
+        """`kind` of coordinates, or of scalars (a size minus one) where every operand is one."""
+        if all(self.b.t(i).rank == 0 for i in ins):
+            return self.b.emit(kind, ins, TensorType(dt or self.dt, ()))
         return self.b.emit(kind, ins, self.t(dt))
 
     def clip(self, v: int, hi: IRDim) -> int:
