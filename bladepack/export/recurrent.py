@@ -205,5 +205,5 @@ def _recurrent_layer(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     rb = ctx.v(b_hh) if b_hh is not None else ctx.emit(OpKind.FULL, (), TensorType(dt, (cols,)), ConstantAttrs(0.0))
     w = LayerWeights(w_ih, ctx.v(b_ih) if b_ih is not None else None, _transposed(ctx, w_hh), rb)
     attrs = RecurrentAttrs(cell, hid, reverse)
-    y, h, c = recurrent_layer(ctx.emit, ctx.t, x, w, ctx.v(h0), ctx.v(c0) if c0 is not None else None, attrs)
+    y, h, c = recurrent_layer(ctx, x, w, ctx.v(h0), ctx.v(c0) if c0 is not None else None, attrs)
     return y, h, c

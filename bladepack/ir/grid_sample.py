@@ -2,7 +2,7 @@
 (GridSample): bilinear and nearest sampling, zeros / border / reflection padding, align_corners either
 way, as coordinate arithmetic and gathers.
 
-In: a `Builder` (either front end's context: emit, const, cast), the input [N, C, H, W], the grid
+In: a `Builder` (either front end's context, ir/builder.py), the input [N, C, H, W], the grid
 [N, Ho, Wo, 2] (x, y in [-1, 1]), the mode, padding and align_corners. Out: [N, C, Ho, Wo].
 
 Note [Grid sampling]: torch's own arithmetic, step by step (GridSampler.h), which ONNX's GridSample
@@ -16,10 +16,8 @@ one row) and its weight multiplied by 0. Bicubic (16 neighbours) is refused by t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol
-
 from bladepack.dtypes import DType
+from bladepack.ir.builder import Builder
 from bladepack.ir.ops import ArangeAttrs, ConstantAttrs, IndexAttrs, OpKind, PermuteAttrs, SliceAttrs
 from bladepack.ir.types import IRDim, TensorType
 from bladepack.ir.views import simplify
@@ -27,16 +25,6 @@ from bladepack.ir.views import simplify
 K = OpKind
 NEAREST, BILINEAR = 1, 0  # torch's mode numbers
 ZEROS, BORDER, REFLECTION = 0, 1, 2  # torch's padding numbers
-
-
-class Builder(Protocol):
-    def emit(self, op: OpKind, inputs: Sequence[int], t: TensorType, attrs: Any = None) -> int: ...
-
-    def const(self, value: bool | int | float, dtype: DType) -> int: ...
-
-    def cast(self, v: int, dtype: DType) -> int: ...
-
-    def t(self, v: int) -> TensorType: ...
 
 
 class _Coords:

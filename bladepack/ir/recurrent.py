@@ -1,6 +1,6 @@
 """One direction of one recurrent layer in IR, shared by the torch front end and the ONNX importer.
 
-In: an `emit(op, inputs, type, attrs)` function, the layer's sequence-major input x [S, B, I], its
+In: a `Builder` (either front end's context, ir/builder.py), the layer's sequence-major input x [S, B, I], its
 weights in the RECURRENT op's form (Note [Recurrent cells] in opset/attrs.py: W_ih [G*H, I], an
 optional b_ih [G*H], R = W_hh^T [H, G*H], rb = b_hh [G*H]), initial states h0 (and c0) [B, H] and an
 LSTM's optional peephole weights [3H] (i, f, o).
@@ -15,14 +15,12 @@ result.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from bladepack.ir.ops import RECURRENT_GATES, Attrs, MatmulAttrs, RecurrentAttrs, SliceAttrs
+from bladepack.ir.builder import Builder
+from bladepack.ir.ops import RECURRENT_GATES, MatmulAttrs, RecurrentAttrs, SliceAttrs
 from bladepack.ir.types import TensorType
 from bladepack.opset import OpKind
-
-Emit = Callable[[OpKind, Sequence[int], TensorType, Attrs | None], int]
 
 # Note [Recurrent kernel]: a step's gates live in a local array of G*H accumulators per sequence
 MAX_RECURRENT_HIDDEN = 4096
@@ -39,8 +37,7 @@ class LayerWeights:
 
 
 def recurrent_layer(
-    emit: Emit,
-    types: Callable[[int], TensorType],
+    b: Builder,
     x: int,
     w: LayerWeights,
     h0: int,
@@ -48,29 +45,29 @@ def recurrent_layer(
     attrs: RecurrentAttrs,
     peepholes: int | None = None,
 ) -> tuple[int, int, int | None]:
-    xt = types(x)
+    xt = b.t(x)
     steps, batch = xt.shape[0], xt.shape[1]
     hid, dt = attrs.hidden, xt.dtype
     cols = RECURRENT_GATES[attrs.cell] * hid
-    xg = emit(OpKind.MATMUL, (x, w.w_ih), TensorType(dt, (steps, batch, cols)), MatmulAttrs(True))
+    xg = b.emit(OpKind.MATMUL, (x, w.w_ih), TensorType(dt, (steps, batch, cols)), MatmulAttrs(True))
     if w.b_ih is not None:
-        xg = emit(OpKind.ADD, (xg, w.b_ih), TensorType(dt, (steps, batch, cols)), None)
+        xg = b.emit(OpKind.ADD, (xg, w.b_ih), TensorType(dt, (steps, batch, cols)), None)
     lstm = attrs.cell == "lstm"
     width = 2 * hid if lstm else hid
     states = (h0, c0) if lstm and c0 is not None else (h0,)
     if peepholes is not None:
         assert lstm and c0 is not None, "peepholes are an LSTM's"
         states = (*states, peepholes)
-    out = emit(OpKind.RECURRENT, (xg, w.r, w.rb, *states), TensorType(dt, (steps, batch, width)), attrs)
+    out = b.emit(OpKind.RECURRENT, (xg, w.r, w.rb, *states), TensorType(dt, (steps, batch, width)), attrs)
 
     def part(v: int, start: int) -> int:
-        t = types(v)
-        return emit(OpKind.SLICE, (v,), TensorType(dt, (*t.shape[:-1], hid)), SliceAttrs(t.rank - 1, start, 1))
+        t = b.t(v)
+        return b.emit(OpKind.SLICE, (v,), TensorType(dt, (*t.shape[:-1], hid)), SliceAttrs(t.rank - 1, start, 1))
 
     y = part(out, 0) if lstm else out
     last = 0 if attrs.reverse else steps - 1
-    final = emit(OpKind.SLICE, (out,), TensorType(dt, (1, batch, width)), SliceAttrs(0, last, 1))
-    final = emit(OpKind.RESHAPE, (final,), TensorType(dt, (batch, width)), None)
+    final = b.emit(OpKind.SLICE, (out,), TensorType(dt, (1, batch, width)), SliceAttrs(0, last, 1))
+    final = b.emit(OpKind.RESHAPE, (final,), TensorType(dt, (batch, width)), None)
     if not lstm:
         return y, final, None
     return y, part(final, 0), part(final, hid)

@@ -90,6 +90,11 @@ class OVal:
         return self.data if self.data is not None and self.data.dtype != object else None
 
 
+def text(v: object) -> str:
+    """An attribute string as onnx's helper gives it (bytes) or as written (str)."""
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
 def dtype_of_numpy(dt: np.dtype) -> DType:
     for d in ONNX_TO_DTYPE.values():
         if d.to_numpy() == dt:
@@ -135,6 +140,10 @@ class OnnxCtx:
     # -- attributes
     def attr(self, name: str, default: Any = None) -> Any:
         return self.attrs.get(name, default)
+
+    def text(self, name: str, default: str) -> str:
+        """A string attribute (onnx gives bytes) or `default`."""
+        return text(self.attrs.get(name, default))
 
     def ints(self, name: str, default: Sequence[int] | None = None) -> list[int] | None:
         v = self.attrs.get(name)

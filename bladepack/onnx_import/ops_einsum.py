@@ -85,8 +85,7 @@ def _contract(ctx: OnnxCtx, a: OVal, la: str, b: OVal, lb: str, needed: set[str]
 
 @converts("Einsum")
 def _einsum(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
-    eq = ctx.attr("equation")
-    eq = eq.decode() if isinstance(eq, bytes) else str(eq)
+    eq = ctx.text("equation", "None")
     operands = [x for x in ins if x is not None]
     terms, out = _parse(eq, len(operands))
     dt = operands[0].type.dtype

@@ -405,8 +405,7 @@ def _leaky_relu(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
 
 @converts("Gelu")
 def _gelu(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
-    approx = ctx.attr("approximate", b"none")
-    approx = approx.decode() if isinstance(approx, bytes) else str(approx)
+    approx = ctx.text("approximate", "none")
     if approx not in ("none", "tanh"):
         raise Unsupported(f"approximate={approx!r}")
     return [unary(ctx, K.GELU, need(ins, 0), GeluAttrs(approx))]

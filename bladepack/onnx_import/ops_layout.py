@@ -233,8 +233,7 @@ def _pad(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
     axes = [norm_axis(a, rank) for a in ctx.const_int_list(axes_v, "axes")] if axes_v is not None else list(range(rank))
     if len(pads) != 2 * len(axes):
         raise Unsupported(f"{len(pads)} pads for {len(axes)} axes")
-    mode = ctx.attr("mode", b"constant")
-    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    mode = ctx.text("mode", "constant")
     value_v = arg(ins, 2)
     value = 0.0 if value_v is None else float(ctx.const_scalar(value_v, "constant_value"))
     per_axis: dict[int, tuple[IRDim, IRDim]] = {a: (pads[k], pads[k + len(axes)]) for k, a in enumerate(axes)}
@@ -307,11 +306,6 @@ def _trilu(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
 # --------------------------------------------------------------------------- resize (nearest)
 
 
-def _text_attr(ctx: OnnxCtx, name: str, default: str) -> str:
-    v = ctx.attr(name, default)
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
 def _nearest_indices(
     ctx: OnnxCtx, dims: dict[int, int], rank: int, axis: int, resize_inputs: dict[str, Any]
 ) -> np.ndarray:
@@ -352,10 +346,10 @@ _PROBE_LIMIT = 1 << 12
 def _resize(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
     x = need(ins, 0)
     rank = x.type.rank
-    mode = _text_attr(ctx, "mode", "nearest")
-    ctm = _text_attr(ctx, "coordinate_transformation_mode", "half_pixel")
-    rounding = _text_attr(ctx, "nearest_mode", "round_prefer_floor")
-    policy = _text_attr(ctx, "keep_aspect_ratio_policy", "stretch")
+    mode = ctx.text("mode", "nearest")
+    ctm = ctx.text("coordinate_transformation_mode", "half_pixel")
+    rounding = ctx.text("nearest_mode", "round_prefer_floor")
+    policy = ctx.text("keep_aspect_ratio_policy", "stretch")
     if mode not in ("nearest", "linear", "cubic"):
         raise Unsupported(f"mode={mode!r}")
     if mode != "nearest" and int(ctx.attr("antialias", 0)):

@@ -138,8 +138,7 @@ def _window_params(ctx: OnnxCtx, n: int, kernel: list[int]) -> tuple[list[int], 
 def _auto_pads(
     ctx: OnnxCtx, sizes: tuple[IRDim, ...], kernel: list[int], strides: list[int], dil: list[int], pads: list[IRDim]
 ) -> list[IRDim]:
-    mode = ctx.attr("auto_pad", b"NOTSET")
-    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    mode = ctx.text("auto_pad", "NOTSET")
     n = len(kernel)
     if mode in ("NOTSET", ""):
         return pads
@@ -535,8 +534,7 @@ def _conv_transpose(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
         raise Unsupported("ConvTranspose with a computed weight (only an initializer can be flipped at optimize time)")
     if ctx.ints("output_shape"):
         raise Unsupported("ConvTranspose with output_shape (give pads and output_padding)")
-    mode = ctx.attr("auto_pad", b"NOTSET")
-    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    mode = ctx.text("auto_pad", "NOTSET")
     if mode not in ("NOTSET", "", "VALID"):
         raise Unsupported(f"ConvTranspose with auto_pad={mode}")
     wt = np.asarray(w.numeric)

@@ -26,17 +26,13 @@ from bladepack.ir import OpKind, TensorType
 from bladepack.ir.ops import RECURRENT_GATES, AxisAttrs, ConstantAttrs, PermuteAttrs, RecurrentAttrs, SliceAttrs
 from bladepack.ir.recurrent import MAX_RECURRENT_HIDDEN, LayerWeights, recurrent_layer
 from bladepack.ir.types import IRDim
-from bladepack.onnx_import.context import OnnxCtx, OVal, Unsupported, arg, converts, known, need
+from bladepack.onnx_import.context import OnnxCtx, OVal, Unsupported, arg, converts, known, need, text
 
 K = OpKind
 # block b of torch's gate order is block _ORDER[cell][b] of ONNX's (Note [ONNX recurrent weights]);
 # an LSTM's peepholes P are i, o, f in ONNX, i, f, o in the RECURRENT op
 _ORDER = {"lstm": (0, 2, 3, 1), "gru": (1, 0, 2), "rnn": (0,), "peephole": (0, 2, 1)}
 _ACTIVATIONS = {"lstm": ["Sigmoid", "Tanh", "Tanh"], "gru": ["Sigmoid", "Tanh"]}
-
-
-def _text(v: object) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def _gates(a: np.ndarray, cell: str, hid: int) -> np.ndarray:
@@ -67,7 +63,7 @@ def _direction(ctx: OnnxCtx, v: OVal, d: int, start: int, cols: int, cell: str, 
 
 
 def _cell(ctx: OnnxCtx, op: str, dirs: int) -> str:
-    acts = [_text(a) for a in (ctx.attr("activations") or [])]
+    acts = [text(a) for a in (ctx.attr("activations") or [])]
     if op == "RNN":
         kinds = {a.lower() for a in acts} or {"tanh"}
         if len(kinds) != 1 or not kinds <= {"tanh", "relu"}:
@@ -106,7 +102,7 @@ def _recurrent(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
     assert ctx.node is not None
     op = ctx.node.op_type
     x = need(ins, 0, "X")
-    direction = _text(ctx.attr("direction", b"forward"))
+    direction = ctx.text("direction", "forward")
     if direction not in ("forward", "reverse", "bidirectional"):
         raise Unsupported(f"{op} with direction {direction!r} (forward, reverse or bidirectional)")
     dirs = 2 if direction == "bidirectional" else 1
@@ -155,7 +151,7 @@ def _recurrent(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
         lbr = bool(int(ctx.attr("linear_before_reset", 0))) if cell == "gru" else True
         p = _direction(ctx, peep, d, 0, 3 * hid, "peephole", hid, False) if peep is not None else None
         attrs = RecurrentAttrs(cell, hid, reverse, lbr)
-        y, h, c = recurrent_layer(ctx.emit, ctx.t, xv, weights, h0, c0, attrs, p)
+        y, h, c = recurrent_layer(ctx, xv, weights, h0, c0, attrs, p)
         ys.append(y)
         hs.append(h)
         if c is not None:

@@ -15,15 +15,11 @@ _MODES = {"bilinear": BILINEAR, "linear": BILINEAR, "nearest": NEAREST}
 _PADDING = {"zeros": ZEROS, "border": BORDER, "reflection": REFLECTION}
 
 
-def _text(v: object) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
 @converts("GridSample")
 def _grid_sample(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
     x, grid = need(ins, 0, "X"), need(ins, 1, "grid")
-    mode = _text(ctx.attr("mode", b"bilinear" if ctx.opset < 20 else b"linear"))
-    padding = _text(ctx.attr("padding_mode", b"zeros"))
+    mode = ctx.text("mode", "bilinear" if ctx.opset < 20 else "linear")
+    padding = ctx.text("padding_mode", "zeros")
     align = bool(int(ctx.attr("align_corners", 0)))
     if x.type.rank != 4 or grid.type.rank != 4:
         raise Unsupported(f"GridSample of a rank-{x.type.rank} input (2-D sampling: [N, C, H, W] and [N, Ho, Wo, 2])")

@@ -321,8 +321,7 @@ def _scatter_elements(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]
     x, idx, upd = need(ins, 0), need(ins, 1), need(ins, 2)
     rank = x.type.rank
     axis = norm_axis(int(ctx.attr("axis", 0)), rank)
-    raw = ctx.attr("reduction", "none")
-    reduction = raw.decode() if isinstance(raw, bytes) else str(raw)
+    reduction = ctx.text("reduction", "none")
     if reduction not in _SCATTER_REDUCTIONS:
         raise Unsupported(f"ScatterElements with reduction={reduction!r} (none, add, mul, max, min)")
     if rank == 0 or idx.type.rank != rank or upd.type.rank != rank:
