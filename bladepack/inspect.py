@@ -24,6 +24,7 @@ def manifest_summary(m: dict[str, Any]) -> dict[str, Any]:
         "outputs": [{"name": t["name"], "dtype": t["dtype"], "shape": list(t["shape"])} for t in m["outputs"]],
         "symbols": {s["name"]: {"min": s["min"], "max": s["max"]} for s in m["symbols"]},
         "out_of_range": _policies(m),
+        "padding": _padding(m),
         "reference_cases": _reference_cases(m),
         "source_program": _source_program(m),
         "plan": {"steps": len(steps), "by_kind": dict(sorted(Counter(s["op"] for s in steps).items()))},
@@ -72,6 +73,22 @@ def _policies(m: dict[str, Any]) -> dict[str, dict[str, Any]]:
             out[sym["name"]] = {"policies": ["error", "split"], "inputs": proof["inputs"], "outputs": proof["outputs"]}
         else:
             out[sym["name"]] = {"policies": ["error"], "why": proof.get("reason", "")}
+    return out
+
+
+def _padding(m: dict[str, Any]) -> dict[str, Any] | None:
+    """Note [Padding proofs]: per dim that is not batch-like, whether requests of different lengths
+    may be padded to one, with the pad values, the output axes to trim and the masks (None: the
+    artifact predates the proofs, format 1.5)."""
+    proofs = m.get("padding_dims")
+    if proofs is None:
+        return None
+    out: dict[str, Any] = {}
+    for name, proof in sorted(proofs.items()):
+        if proof.get("padding"):
+            out[name] = {k: proof[k] for k in ("inputs", "outputs", "masks", "rows")}
+        else:
+            out[name] = {"padding": False, "why": proof.get("reason", "")}
     return out
 
 
@@ -228,6 +245,15 @@ def inspect_text(s: dict[str, Any]) -> str:
         elif pol is not None:
             line += f"; above the range: error only (not batch-like: {pol['why']})"
         lines.append(line)
+        pad = (s.get("padding") or {}).get(name)
+        if pad is not None and pad.get("padding") is False:
+            lines.append(f"    padding: not proven ({pad['why']})")
+        elif pad is not None:
+            pads = ", ".join(f"{n} axis {r['axis']} with {r['pad']:g}" for n, r in pad["inputs"].items())
+            trim = ", ".join(f"{n} axis {', '.join(map(str, a))}" for n, a in pad["outputs"].items() if a) or "nothing"
+            masks = ", ".join(pad["masks"]) or "none: every op is position-wise"
+            rows = f"each {pad['rows']} row its own length" if pad["rows"] else "one length per call"
+            lines.append(f"    padding: proven ({rows}); pad {pads}; trim {trim}; masks {masks}")
     by_kind = ", ".join(f"{k} {v}" for k, v in s["plan"]["by_kind"].items())
     lines.append(f"plan: {s['plan']['steps']} steps ({by_kind})")
     sp = s["shape_program"]

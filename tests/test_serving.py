@@ -89,10 +89,11 @@ def test_config_batches_along_the_proven_batch_dim(tagger: Path) -> None:
         'name: "tagger"\n'
         'backend: "python"\n'
         "# the server batches along 'batch' (proven batch-like, axis 0 of every tensor)\n"
+        "# requests of different 'seq' merge, padded to the longest (proven paddable)\n"
         f"max_batch_size: {BATCH_MAX}\n"
         "input [\n"
-        '  { name: "ids" data_type: TYPE_INT64 dims: [ -1 ] },\n'
-        '  { name: "mask" data_type: TYPE_BOOL dims: [ -1 ] }\n'
+        '  { name: "ids" data_type: TYPE_INT64 dims: [ -1 ] allow_ragged_batch: true },\n'
+        '  { name: "mask" data_type: TYPE_BOOL dims: [ -1 ] allow_ragged_batch: true }\n'
         "]\n"
         "output [\n"
         '  { name: "output0" data_type: TYPE_FP32 dims: [ -1, 8 ] },\n'
@@ -205,8 +206,8 @@ def test_run_requests_isolates_a_failing_merge_and_respects_the_maximum() -> Non
     rng = np.random.default_rng(1)
     reqs = [[rng.random((b, 3)).astype(np.float32)] for b in (3, 3, 3)]
     calls = _Calls()
-    run_requests(BatchLayout("batch", 1, 8, ""), calls, reqs)  # 9 rows > 8: each alone
-    assert calls.shapes == [(3, 3)] * 3
+    run_requests(BatchLayout("batch", 1, 8, ""), calls, reqs)  # 9 rows > 8: groups of at most 8 rows
+    assert calls.shapes == [(6, 3), (3, 3)]
     calls = _Calls(fail_over=5)
     out = run_requests(BatchLayout("batch", 1, 16, ""), calls, reqs)  # the merged call fails: retried alone
     assert calls.shapes == [(9, 3), (3, 3), (3, 3), (3, 3)]
@@ -227,6 +228,46 @@ def test_run_requests_isolates_a_failing_merge_and_respects_the_maximum() -> Non
     ragged = [[rng.random((2, 3)), rng.random((3, 3))]]
     out = run_requests(BatchLayout("batch", 1, 8, ""), _Calls(), ragged + ragged)
     assert len(out) == 2  # requests whose own inputs disagree on rows run alone (the loader says why)
+
+
+def test_run_requests_pads_requests_of_different_lengths(tagger: Path) -> None:
+    """Note [Padded merging] on the tagger (proven paddable along seq, each batch row its own length):
+    requests at lengths 1, 2, odd and the range's end merge padded to their group's longest, each
+    answered with its own rows trimmed to its own length, within 1e-5 of running alone; groups are cut
+    where padding would pass PAD_BUDGET; with padding off only equal shapes merge."""
+    loader = bladepack.load(tagger)
+    layout = BatchLayout.from_manifest(loader.manifest)
+    assert [(d.dim, d.inputs, d.outputs) for d in layout.padded] == [("seq", ((1, 0.0), (1, 0.0)), ((1,), ()))]
+    rng = np.random.default_rng(3)
+    shapes = [(1, 1), (2, 2), (1, 7), (3, 8), (2, 9), (1, 23), (2, SEQ_MAX), (1, 13)]
+    reqs = [_tagger_inputs(rng, b, s) for b, s in shapes]
+    calls: list[tuple[int, ...]] = []
+
+    def call(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        calls.append(arrays[0].shape)
+        return loader.run(arrays)
+
+    got = run_requests(layout, call, reqs)
+    # lengths 1 and 2 (padded 6 <= 1.5 x 5 real), 7 to 13, then 23 and 24
+    assert sorted(calls) == [(3, 2), (3, SEQ_MAX), (7, 13)]
+    for req, res in zip(reqs, got):
+        assert not isinstance(res, Exception), res
+        for g, w in zip(res, loader.run(req)):
+            assert g.shape == w.shape and g.flags.c_contiguous
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    text = subprocess.run(
+        [sys.executable, "-m", "bladepack", "inspect", str(tagger)], capture_output=True, text=True, check=True
+    ).stdout
+    assert (
+        "    padding: proven (each batch row its own length); pad ids axis 1 with 0, mask axis 1 with 0; "
+        "trim output0 axis 1; masks mask\n" in text
+    ), text
+    calls.clear()
+    run_requests(BatchLayout.from_manifest(loader.manifest, padding=False), call, reqs)
+    assert len(calls) == len(reqs)
+    bad = [[reqs[0][0], reqs[1][1]]]  # its inputs disagree on seq: runs alone, and the loader says why
+    out = run_requests(layout, call, reqs[:1] + bad)
+    assert isinstance(out[1], InputError) and not isinstance(out[0], Exception)
 
 
 # -- the repository and v2 JSON
@@ -539,44 +580,43 @@ def _fake_triton(
     return proc, results
 
 
-def _fake_requests(rng: np.random.Generator) -> tuple[list[list[tuple[str, np.ndarray]]], list[list[int]]]:
-    """Seven requests: seq 5 (three, 5 rows), seq 7 (two, 4 rows), seq 25 (out of range) and one
-    missing its mask; and the groups the backend must merge."""
-    dims = [(2, 5), (1, 5), (3, 7), (1, SEQ_MAX + 1), (2, 5), (1, 7), (1, 3)]
+def _fake_requests(rng: np.random.Generator) -> tuple[list[list[tuple[str, np.ndarray]]], list[int]]:
+    """Eight requests: seq 5 (three, 5 rows), seq 7 (two, 4 rows), seq 1 (3 rows: padding them to 5
+    would pass the budget), seq 25 (out of range) and one missing its mask; and the ones the backend
+    must merge into one call (padded to seq 7, Note [Padded merging])."""
+    dims = [(2, 5), (1, 5), (3, 7), (1, SEQ_MAX + 1), (2, 5), (1, 7), (1, 3), (3, 1)]
     reqs = [list(zip(("ids", "mask"), _tagger_inputs(rng, b, s))) for b, s in dims]
     reqs[6] = reqs[6][:1]
-    return reqs, [[0, 1, 4], [2, 5]]
+    return reqs, [0, 1, 4, 2, 5]
 
 
-def _expected(loader: Any, reqs: list[list[tuple[str, np.ndarray]]], groups: list[list[int]]) -> dict[int, Any]:
-    want: dict[int, Any] = {}
-    for group in groups:
-        merged = [np.concatenate([reqs[k][i][1] for k in group]) for i in range(2)]
-        outs, lo = loader.run(merged), 0
-        for k in group:
-            n = reqs[k][0][1].shape[0]
-            want[k] = [o[lo : lo + n] for o in outs]
-            lo += n
-    return want
+def _expected(loader: Any, reqs: list[list[tuple[str, np.ndarray]]], merged: list[int]) -> dict[int, Any]:
+    """What the Python backend answers for the requests (its merging rule, on the Python loader)."""
+    layout = BatchLayout.from_manifest(loader.manifest)
+    got = run_requests(layout, loader.run, [[a for _, a in reqs[k]] for k in merged])
+    return dict(zip(merged, got))
 
 
 @pytest.mark.parametrize("split", [False, True])
 def test_cpp_backend_on_a_fake_server(release: Path, tagger: Path, tmp_path: Path, split: bool) -> None:
-    """One execute of seven requests: the backend merges the two groups of equal sequence length
-    (Triton's statistics: two executions, 5 and 4 rows), answers each request with exactly its rows of
-    the merged call (equal to the Python loader on the same merged batch), answers the out-of-range
-    and the incomplete request with the loader's own error texts, and releases and reports every
-    request once — with inputs in one buffer or split across two."""
+    """One execute of eight requests: the backend merges the five of sequence 5 and 7 into one call
+    padded to 7 (Triton's statistics: 9 rows) and the one of sequence 1 alone (two executions, as the
+    padding budget says: 3 rows of 1 padded to 5 would be 25 positions for 13), answers each request with exactly its rows cut to its own length (equal bit
+    for bit to the Python backend's rule on the Python loader, and within 1e-5 of each request alone),
+    answers the out-of-range and the incomplete request with the loader's own error texts, and
+    releases and reports every request once — with inputs in one buffer or split across two."""
     model_dir = tmp_path / "m"
     write_repository(tagger, tmp_path, "m", backend="cpp")
     loader = bladepack.load(tagger)
-    reqs, groups = _fake_requests(np.random.default_rng(5))
+    reqs, merged = _fake_requests(np.random.default_rng(5))
     proc, got = _fake_triton(release, model_dir, reqs, tmp_path, split=split)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split(":")[0] == "executions 2" and sorted(proc.stdout.split()[-2:]) == ["4", "5"], proc.stdout
-    for k, want in _expected(loader, reqs, groups).items():
-        for g, w in zip(got[k], want):
+    assert proc.stdout.strip() == "executions 2: batch sizes 1 9", proc.stdout
+    for k, want in _expected(loader, reqs, merged).items():
+        alone = loader.run([a for _, a in reqs[k]])
+        for g, w, a in zip(got[k], want, alone):
             np.testing.assert_array_equal(g, w)
+            np.testing.assert_allclose(g, a, rtol=1e-5, atol=1e-5)
     with pytest.raises(InputError) as e:
         loader.run([a for _, a in reqs[3]])
     assert got[3] == f"INVALID_ARG {e.value}"
@@ -592,10 +632,41 @@ def test_cpp_backend_on_a_fake_server(release: Path, tagger: Path, tmp_path: Pat
     assert proc.returncode == 3 and "load error: UNSUPPORTED" in proc.stderr and "has no CUDA kernels" in proc.stderr
 
 
+def _edited(path: Path, edit: Any) -> bytes:
+    """The artifact's bytes with `edit(manifest)` applied to a copy of its manifest."""
+    import copy
+
+    from bladepack.artifact import format as bpk_format
+
+    f = bpk_format.read(str(path))
+    manifest = copy.deepcopy(f.manifest)
+    edit(manifest)
+    sections = [bpk_format.Section(s["name"], f.section(s["name"])) for s in f.manifest["sections"]]
+    return b"".join(bytes(c) for c in bpk_format.encode(manifest, sections))
+
+
+def test_a_malformed_padding_record_stops_both_backends(release: Path, tagger: Path, tmp_path: Path) -> None:
+    """A padding record whose axis is not the dim (here the rows' axis) is a format error naming the
+    record and the input, the same words in the Python backend's layout and the C++ backend's instance
+    (bpk_model_padded_dims); a call never reads the record, so the loaders still run the artifact."""
+    edited = _edited(tagger, lambda m: m["padding_dims"]["seq"]["inputs"]["ids"].__setitem__("axis", 0))
+    want = "malformed manifest: padding_dims['seq'] does not give the axis of 'seq' and a pad value for input 'ids'"
+    with pytest.raises(BpkFormatError) as e:
+        BatchLayout.from_manifest(bladepack.artifact.format.read(edited).manifest)
+    assert str(e.value) == want
+    assert BatchLayout.from_manifest(bladepack.artifact.format.read(edited).manifest, padding=False).dim == "batch"
+    write_repository(tagger, tmp_path, "m", backend="cpp")
+    (tmp_path / "m" / "1" / "model.bpk").write_bytes(edited)
+    reqs, _ = _fake_requests(np.random.default_rng(5))
+    proc, _ = _fake_triton(release, tmp_path / "m", reqs[:1], tmp_path)
+    assert proc.returncode == 3 and want in proc.stderr, proc.stderr
+    assert len(bladepack.load(edited).run([a for _, a in reqs[0]])) == 2
+
+
 def test_cpp_backend_on_a_gpu_instance(release: Path, tmp_path: Path) -> None:
     """A KIND_GPU instance (device 0) loads the artifact's CUDA plan on the fake driver with the kernels
-    emulated (tests/cuda_harness.py): the same merging, each request's rows bit-identical to the Python
-    loader's CUDA path on the same merged batch, the loader's error texts, launches on the runtime's own
+    emulated (tests/cuda_harness.py): the same merging (padded), each request's rows bit-identical to the
+    Python backend's rule on the Python loader's CUDA path, the loader's error texts, launches on the runtime's own
     streams."""
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not found (CUDA targets need it)")
@@ -612,19 +683,21 @@ def test_cpp_backend_on_a_gpu_instance(release: Path, tmp_path: Path) -> None:
     art.save(path)
     config = write_repository(path, tmp_path, "m", backend="cpp", device="cuda")
     assert "kind: KIND_GPU" in config.text()
-    reqs, groups = _fake_requests(np.random.default_rng(7))
+    reqs, merged = _fake_requests(np.random.default_rng(7))
     env = gpu._env(art, tmp_path / "cuda.log", "90")
     proc, got = _fake_triton(release, tmp_path / "m", reqs, tmp_path, kind="gpu", env=env)
     assert proc.returncode == 0, proc.stderr
-    merged = [[np.concatenate([reqs[k][i][1] for k in group]) for i in range(2)] for group in groups]
-    _, want, _ = gpu.run(art, [tuple(m) for m in merged], graphs=False)
-    for group, outs in zip(groups, want):
-        lo = 0
-        for k in group:
-            n = reqs[k][0][1].shape[0]
-            for g, w in zip(got[k], outs):
-                np.testing.assert_array_equal(g, w[lo : lo + n])
-            lo += n
+
+    def on_gpu(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        _, outs, _ = gpu.run(art, [tuple(arrays)], graphs=False)
+        return list(outs[0])
+
+    layout = BatchLayout.from_manifest(bladepack.artifact.format.read(str(path)).manifest)
+    want = run_requests(layout, on_gpu, [[a for _, a in reqs[k]] for k in merged])  # one padded call
+    for k, outs in zip(merged, want):
+        assert not isinstance(outs, Exception), outs
+        for g, w in zip(got[k], outs):
+            np.testing.assert_array_equal(g, w)
     assert got[3].startswith("INVALID_ARG input 'ids' dimension 1 (symbol 'seq') is 25")
     assert got[6] == "INVALID_ARG expected 2 inputs (ids, mask), got 1"
     streams = {ln.split()[13] for ln in (tmp_path / "cuda.log").read_text().splitlines() if ln.startswith("launch ")}

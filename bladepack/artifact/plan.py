@@ -106,3 +106,5 @@ class ExecPlan:
     native_cuda: NativePlan | None = None
     # per input-bound symbol, Note [Batch-like dims] (ir/batch_dims.py) as the manifest's record
     batch_dims: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # per input-bound symbol that is not batch-like, Note [Padding proofs] (ir/padding.py) as its record
+    padding_dims: dict[str, dict[str, Any]] = field(default_factory=dict)

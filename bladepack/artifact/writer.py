@@ -76,6 +76,7 @@ def assemble(
     }
     if plan.batch_dims:
         manifest["batch_dims"] = dict(sorted(plan.batch_dims.items()))
+    manifest["padding_dims"] = dict(sorted(plan.padding_dims.items()))  # empty: no dim to pad (format 1.5)
     if plan.native_cpu is not None and cpu_libraries:
         libs = []
         for isa, requires, data in cpu_libraries:

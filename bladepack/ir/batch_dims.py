@@ -11,7 +11,10 @@ batch (the out-of-range "split" policy; docs/format.md "Batch-like dims"). The p
 once and gives every value either one axis whose dim is exactly s (its batch axis) or none:
 - a value whose shape mentions s in any other way (2*s, s + 1, s twice) fails, as does a shape
   assertion, an attribute or a constant value that mentions s (the computation would depend on how
-  many rows there are) and an `arange` along s (its values are row numbers);
+  many rows there are);
+- an `arange` along s holds row numbers. Reshaped, expanded, permuted or plus 0 it still does, and
+  an `index` may read the batch axis with it: row b reads row b, as Hugging Face's mask builders
+  index the attention mask by (row, position) grids. Used any other way (or returned) it fails;
 - elementwise and broadcasting ops keep the batch axis of their operands aligned from the right;
   layout ops move it (a reshape only where the dims before it keep their product, a permute as its
   permutation says); slicing, padding, concatenating, gathering or indexing along it fail;
@@ -224,10 +227,36 @@ def _expected(n: Node, ins: list[int], ranks: list[int], out_rank: int, pointwis
     raise _NotBatchLike(f"no batch rule for {op.value}")
 
 
+_ROW_NUMBER_KEEPERS = (K.RESHAPE, K.EXPAND, K.PERMUTE)
+
+
+def _is_zero(node: Node | None) -> bool:
+    return node is not None and node.op is K.CONSTANT and getattr(node.attrs, "value", None) == 0
+
+
+def _index_by_rows(n: Node, ins: list[int], ranks: list[int], rows: dict[int, str]) -> int:
+    """The result's batch axis of an `index` that reads the batch axis with row numbers (Note
+    [Batch-like dims]); numpy's rule places the broadcast index dims at the first indexed axis when
+    the indexed axes are adjacent, else first."""
+    a = n.attrs
+    assert isinstance(a, IndexAttrs)
+    x = ins[0]
+    k = a.axes.index(x)
+    idx = n.inputs[1 + k]
+    if idx not in rows or any(ax >= 0 for j, ax in enumerate(ins[1:]) if j != k):
+        raise _NotBatchLike("it indexes the dim's axis with other values than the row numbers")
+    width = max(ranks[1:])
+    at = ins[1 + k] + width - ranks[1 + k]
+    adjacent = sorted(a.axes) == list(range(min(a.axes), min(a.axes) + len(a.axes)))
+    return at + (min(a.axes) if adjacent else 0)
+
+
 def prove_batch_like(p: Program, s: sympy.Symbol) -> BatchProof:
     """Note [Batch-like dims] for symbol `s`."""
     g = p.graph
     types = g.value_types()
+    producer = {n.id: n for n in g.nodes}
+    rows: dict[int, str] = {}  # values holding row numbers along s -> where their arange is
     try:
         for cond, msg in p.assertions:
             if _mentions(cond, s):
@@ -244,11 +273,31 @@ def prove_batch_like(p: Program, s: sympy.Symbol) -> BatchProof:
                 for f in fields(n.attrs):
                     if _mentions(getattr(n.attrs, f.name), s):
                         raise _NotBatchLike(f"its {f.name} depends on {s}")
-                if n.op is K.ARANGE and out >= 0:
-                    raise _NotBatchLike("its values count along the dim")
                 ins = [axis[i] for i in n.inputs]
+                if n.op is K.ARANGE and out >= 0:
+                    a = n.attrs
+                    if getattr(a, "start", None) != 0 or getattr(a, "step", None) != 1:
+                        raise _NotBatchLike("its values count along the dim")
+                    rows[n.id] = where
+                    axis[n.id] = out
+                    continue
+                numbered = [i for i in n.inputs if i in rows]
+                keeps = n.op in _ROW_NUMBER_KEEPERS or (
+                    n.op is K.ADD and len(numbered) == 1 and any(_is_zero(producer.get(i)) for i in n.inputs)
+                )
+                reads_rows = n.op is K.INDEX and n.inputs[0] not in rows and ins[0] in getattr(n.attrs, "axes", ())
+                if numbered and not keeps and not reads_rows:
+                    raise _NotBatchLike(f"{rows[numbered[0]]}: its values count along the dim")
+                ranks = [len(types[i].shape) for i in n.inputs]
+                if numbered and reads_rows:
+                    if _index_by_rows(n, ins, ranks, rows) != out:
+                        raise _NotBatchLike("its result does not hold the dim where the rows of its operands go")
+                    axis[n.id] = out
+                    continue
+                if numbered and keeps:
+                    rows[n.id] = rows[numbered[0]]
                 pointwise = n.op is K.CONV2D and is_dense_conv(n.attrs, types[n.inputs[1]].shape)
-                want = _expected(n, ins, [len(types[i].shape) for i in n.inputs], len(n.type.shape), pointwise)
+                want = _expected(n, ins, ranks, len(n.type.shape), pointwise)
                 if want is None:
                     if out >= 0 and OP_INFO[n.op].batch is not Batch.ALIGNED:
                         raise _NotBatchLike("its result holds the dim while none of its operands does")
@@ -265,6 +314,9 @@ def prove_batch_like(p: Program, s: sympy.Symbol) -> BatchProof:
                 axis[n.id] = out
             except _NotBatchLike as e:
                 raise _NotBatchLike(f"{where}: {e}") from None
+        for o in g.outputs:
+            if o in rows:
+                raise _NotBatchLike(f"{rows[o]}: its values count along the dim, and the model returns them")
         ins_axes = tuple(axis[prm.id] for prm in g.inputs)
         if all(ax < 0 for ax in ins_axes):
             raise _NotBatchLike("no input has it as a dim")

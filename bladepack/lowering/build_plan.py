@@ -31,6 +31,7 @@ from bladepack.errors import UnsupportedOpsError
 from bladepack.ir import Graph, Guard, OpKind, Program, ShapeEnv, Tri
 from bladepack.ir.batch_dims import batch_proofs
 from bladepack.ir.guards import effective_guards, pruned, shape_predicate
+from bladepack.ir.padding import padding_proofs
 from bladepack.ir.types import IRDim, dim_str
 from bladepack.library_ops.cutlass.select import CUBLAS, GemmPolicy
 from bladepack.lowering.lower_native import Lowerer, NativeLowering, emit_launches, fusion_for, memory_plan
@@ -288,6 +289,7 @@ class PlanBuilder:
             t = types[vid]
             return TensorDecl(name, vid, t.dtype.value, tuple(d if isinstance(d, int) else dim_str(d) for d in t.shape))
 
+        batches = batch_proofs(p)
         plan = ExecPlan(
             symbols=self.symbols,
             inputs=tuple(decl(i.name, i.id) for i in g.inputs),
@@ -304,7 +306,8 @@ class PlanBuilder:
             output_structure=p.output_structure,
             kernels=tuple(row for low in natives.values() for row in low.kernel_rows),
             gemm_configs=tuple(row for low in natives.values() for row in low.gemm_rows),
-            batch_dims={proof.symbol: proof.to_manifest() for proof in batch_proofs(p)},
+            batch_dims={proof.symbol: proof.to_manifest() for proof in batches},
+            padding_dims={proof.symbol: proof.to_manifest() for proof in padding_proofs(p, batches)},
             **{f"native_{kind}": low.plan for kind, low in natives.items()},
         )
         sources = KernelSources(

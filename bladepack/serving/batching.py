@@ -7,13 +7,19 @@ one engine batch of requests.
 Note [Serving batches]: a server may merge requests only along a dim the compiler proved batch-like
 (Note [Batch-like dims] in ir/batch_dims.py) that every input and output holds as axis 0: Triton's
 `max_batch_size` and Ray Serve's `@serve.batch` both put the batch first. Then the rows of a merged
-call are the rows of the separate calls, so merging cannot change a result. Requests merge only when
-every other dim agrees (Triton's dynamic batcher does the same without ragged batching, which a
-generated config never asks for); a request whose sequence length differs runs in its own call. No
-artifact records a padding-mask input today, so nothing is padded to a longer request's length: a
-padded row would change what a model without such a mask computes. A merged call that fails (one
-request out of range, say) is retried request by request, so each error reaches only the request that
-caused it.
+call are the rows of the separate calls, so merging cannot change a result. Requests merge when every
+other dim agrees (Triton's dynamic batcher does the same without ragged batching), or differs only
+along a dim the compiler proved paddable with those rows (Note [Padding proofs] in ir/padding.py):
+then each request is padded to the group's longest with the pad values the proof names and gets its
+own rows back, trimmed to its own length along the axes the proof names (Note [Padded merging]). A
+merged call that fails (one request out of range, say) is retried request by request, so each error
+reaches only the request that caused it.
+
+Note [Padded merging]: padding costs the padded positions' work, so a group of requests whose lengths
+differ is cut, shortest first, where its padded size (rows x the longest length) would exceed
+`PAD_BUDGET` times its real size (the sum of rows x own length): a request of 8 tokens and one of 500
+run apart, requests of 40 and 48 together. Requests of a model without the proof merge only on equal
+shapes, as before.
 """
 
 from __future__ import annotations
@@ -24,9 +30,67 @@ from typing import Any
 
 import numpy as np
 
-from bladepack.errors import InputError
+from bladepack.errors import BpkFormatError, InputError
 
 DEFAULT_MAX_BATCH = 64  # the batch cap where the batch dim has no maximum (servers need a number)
+PAD_BUDGET = 1.5  # Note [Padded merging]: the padded size a merged group may reach, over its real size
+
+
+@dataclass(frozen=True)
+class PaddedDim:
+    """A dim requests may differ in and still merge (Note [Padding proofs]): per input, its axis and
+    pad value (None: the input does not hold it); per output, the axes to trim to a request's length."""
+
+    dim: str
+    inputs: tuple[tuple[int, float] | None, ...]
+    outputs: tuple[tuple[int, ...], ...]
+    max: int | None = None  # the dim's range maximum: a longer request runs alone (its call says why)
+
+    @staticmethod
+    def from_record(name: str, proof: dict[str, Any], m: dict[str, Any]) -> PaddedDim:
+        """A proven `padding_dims` record; BpkFormatError for a malformed one (the C++ runtime's
+        bpk_model_padded_dims says the same)."""
+
+        def bad(what: str) -> BpkFormatError:
+            return BpkFormatError(f"malformed manifest: padding_dims[{name!r}] {what}")
+
+        def axis(a: Any, t: dict[str, Any]) -> int:
+            ok = isinstance(a, int) and not isinstance(a, bool) and 0 <= a < len(t["shape"])
+            return a if ok and t["shape"][a] == name else -1
+
+        ins, outs = proof.get("inputs"), proof.get("outputs")
+        if not isinstance(ins, dict) or not isinstance(outs, dict):
+            raise bad("lacks its inputs or outputs")
+        names_in = [t["name"] for t in m["inputs"]]
+        names_out = [t["name"] for t in m["outputs"]]
+        inputs: list[tuple[int, float] | None] = [None] * len(names_in)
+        for n, rec in ins.items():
+            at = names_in.index(n) if n in names_in else -1
+            a = axis(rec.get("axis"), m["inputs"][at]) if at >= 0 and isinstance(rec, dict) else -1
+            pad = rec.get("pad") if isinstance(rec, dict) else None
+            if a < 0 or isinstance(pad, bool) or not isinstance(pad, (int, float)):
+                raise bad(f"does not give the axis of {name!r} and a pad value for input {n!r}")
+            inputs[at] = (a, float(pad))
+        outputs: list[tuple[int, ...]] = [()] * len(names_out)
+        for n, axes in outs.items():
+            if n not in names_out or not isinstance(axes, list):
+                raise bad(f"names output {n!r} wrongly")
+            at = names_out.index(n)
+            if any(axis(a, m["outputs"][at]) < 0 for a in axes):
+                raise bad(f"gives an axis of output {n!r} that is not {name!r}")
+            outputs[at] = tuple(axes)
+        top = next((s.get("max") for s in m.get("symbols", []) if s.get("name") == name), None)
+        return PaddedDim(name, tuple(inputs), tuple(outputs), top)
+
+    def length(self, request: Sequence[np.ndarray]) -> int | None:
+        """The request's length along the dim (None: its inputs disagree, lack the axis, or it is above
+        the range, so the request runs alone and its own call says what is wrong)."""
+        sizes = {int(x.shape[p[0]]) for x, p in zip(request, self.inputs) if p is not None and x.ndim > p[0]}
+        held = sum(1 for p in self.inputs if p is not None)
+        if len(sizes) != 1 or sum(1 for x, p in zip(request, self.inputs) if p is not None and x.ndim > p[0]) != held:
+            return None
+        n = sizes.pop()
+        return None if self.max is not None and n > self.max else n
 
 
 @dataclass(frozen=True)
@@ -35,9 +99,25 @@ class BatchLayout:
     min: int
     max: int | None  # the dim's range maximum (None: unbounded)
     reason: str  # why there is no batching ("" when dim is set)
+    padded: tuple[PaddedDim, ...] = ()  # dims requests may differ in (Note [Padded merging])
 
     @staticmethod
-    def from_manifest(m: dict[str, Any]) -> BatchLayout:
+    def from_manifest(m: dict[str, Any], padding: bool = True) -> BatchLayout:
+        """The batching an artifact allows; `padding` False merges equal shapes only."""
+        layout = BatchLayout._batch(m)
+        if layout.dim is None or not padding:
+            return layout
+        padded = []
+        for name, proof in sorted((m.get("padding_dims") or {}).items()):
+            if isinstance(proof, dict) and proof.get("padding") is True:
+                dim = PaddedDim.from_record(name, proof, m)
+                # padded along the rows a server merges (axis 0), which the padding itself never is
+                if proof.get("rows") == layout.dim and all(p is None or p[0] != 0 for p in dim.inputs):
+                    padded.append(dim)
+        return BatchLayout(layout.dim, layout.min, layout.max, "", tuple(padded))
+
+    @staticmethod
+    def _batch(m: dict[str, Any]) -> BatchLayout:
         symbols = {s["name"]: s for s in m.get("symbols", [])}
         proofs = m.get("batch_dims")
         if proofs is None:
@@ -81,46 +161,122 @@ def run_requests(
     """Per request, its outputs or the exception its own call raised (Note [Serving batches])."""
     results: list[list[np.ndarray] | Exception | None] = [None] * len(requests)
     groups: dict[tuple[Any, ...], list[int]] = {}
+    lengths: list[tuple[int, ...]] = []
     for k, req in enumerate(requests):
-        key = _merge_key(req) if layout.dim is not None else None
+        key = _merge_key(req, layout) if layout.dim is not None else None
+        own = tuple(d.length(req) or 0 for d in layout.padded) if key is not None else ()
+        lengths.append(own)
         if key is None:
             results[k] = _alone(call, req)
         else:
             groups.setdefault(key, []).append(k)
     for members in groups.values():
-        if len(members) == 1:
-            results[members[0]] = _alone(call, requests[members[0]])
-            continue
-        counts = [rows(requests[k]) for k in members]
-        if layout.max is not None and sum(counts) > layout.max:
-            for k in members:
-                results[k] = _alone(call, requests[k])
-            continue
-        merged = [np.concatenate([requests[k][i] for k in members]) for i in range(len(requests[members[0]]))]
-        try:
-            outs = call(merged)
-        except Exception:
-            outs = None
-        if outs is None or any(o.ndim == 0 or o.shape[0] != sum(counts) for o in outs):
-            for k in members:  # a failed call, or outputs without the rows first (a config set by hand)
-                results[k] = _alone(call, requests[k])
-            continue
-        lo = 0
-        for k, n in zip(members, counts):
-            results[k] = [o[lo : lo + n] for o in outs]
-            lo += n
+        for part in _within_budget(members, [rows(requests[k]) for k in members], lengths, layout.max):
+            _run_group(layout, call, requests, part, lengths, results)
     return [r if r is not None else InputError("request was not run") for r in results]
 
 
-def _merge_key(req: Sequence[np.ndarray]) -> tuple[Any, ...] | None:
-    """What must agree for requests to merge: every dim but the first, and the dtypes (None: never)."""
+def _within_budget(
+    members: list[int], counts: list[int], lengths: list[tuple[int, ...]], top: int | None
+) -> list[list[int]]:
+    """The members cut into groups, shortest first, each within PAD_BUDGET and the batch maximum
+    (Note [Padded merging])."""
+    order = sorted(range(len(members)), key=lambda j: lengths[members[j]])
+    parts: list[list[int]] = []
+    part: list[int] = []
+    real = padded_rows = 0
+    longest: tuple[int, ...] = ()
+    for j in order:
+        k, n = members[j], counts[j]
+        size = _size(lengths[k])
+        grown = tuple(max(a, b) for a, b in zip(longest, lengths[k])) if part else lengths[k]
+        over = top is not None and padded_rows + n > top
+        if part and (over or (padded_rows + n) * _size(grown) > PAD_BUDGET * (real + n * size)):
+            parts.append(part)
+            part, real, padded_rows, grown = [], 0, 0, lengths[k]
+        part.append(k)
+        real += n * size
+        padded_rows += n
+        longest = grown
+    if part:
+        parts.append(part)
+    return parts
+
+
+def _size(lengths: tuple[int, ...]) -> int:
+    out = 1
+    for n in lengths:
+        out *= max(n, 1)
+    return out
+
+
+def _run_group(
+    layout: BatchLayout,
+    call: Callable[[list[np.ndarray]], list[np.ndarray]],
+    requests: Sequence[list[np.ndarray]],
+    members: list[int],
+    lengths: list[tuple[int, ...]],
+    results: list[list[np.ndarray] | Exception | None],
+) -> None:
+    if len(members) == 1:
+        results[members[0]] = _alone(call, requests[members[0]])
+        return
+    counts = [rows(requests[k]) for k in members]
+    longest = tuple(max(lengths[k][d] for k in members) for d in range(len(layout.padded)))
+    merged = [
+        np.concatenate([_padded(requests[k][i], i, layout.padded, longest) for k in members])
+        for i in range(len(requests[members[0]]))
+    ]
+    try:
+        outs = call(merged)
+    except Exception:
+        outs = None
+    if outs is None or any(o.ndim == 0 or o.shape[0] != sum(counts) for o in outs):
+        for k in members:  # a failed call, or outputs without the rows first (a config set by hand)
+            results[k] = _alone(call, requests[k])
+        return
+    lo = 0
+    for k, n in zip(members, counts):
+        results[k] = [_trimmed(o[lo : lo + n], j, layout.padded, lengths[k]) for j, o in enumerate(outs)]
+        lo += n
+
+
+def _padded(x: np.ndarray, i: int, padded: Sequence[PaddedDim], longest: tuple[int, ...]) -> np.ndarray:
+    """Input `i` of a request padded at the end of each padded dim's axis to the group's longest."""
+    for d, n in zip(padded, longest):
+        p = d.inputs[i]
+        if p is not None and x.shape[p[0]] < n:
+            widths = [(0, 0)] * x.ndim
+            widths[p[0]] = (0, n - x.shape[p[0]])
+            x = np.pad(x, widths, constant_values=np.asarray(p[1]).astype(x.dtype))
+    return x
+
+
+def _trimmed(o: np.ndarray, j: int, padded: Sequence[PaddedDim], own: tuple[int, ...]) -> np.ndarray:
+    """Output `j`'s rows of one request, cut to the request's own length along each padded axis."""
+    key: list[slice] = [slice(None)] * o.ndim
+    for d, n in zip(padded, own):
+        for axis in d.outputs[j]:
+            key[axis] = slice(0, n)
+    return np.ascontiguousarray(o[tuple(key)]) if any(k != slice(None) for k in key) else o
+
+
+def _merge_key(req: Sequence[np.ndarray], layout: BatchLayout) -> tuple[Any, ...] | None:
+    """What must agree for requests to merge: every dim but the first and the padded ones, and the
+    dtypes (None: never)."""
     try:
         rows(req)
     except InputError:
         return None
     if any(x.ndim == 0 for x in req):
         return None
-    return tuple((x.dtype.str, x.shape[1:]) for x in req)
+    if any(len(req) != len(d.inputs) or d.length(req) is None for d in layout.padded):
+        return None
+    free = [{p[0] for d in layout.padded if (p := d.inputs[i]) is not None} for i in range(len(req))]
+    return tuple(
+        (x.dtype.str, x.ndim, tuple(-1 if a in free[i] else n for a, n in enumerate(x.shape) if a > 0))
+        for i, x in enumerate(req)
+    )
 
 
 def _alone(call: Callable[[list[np.ndarray]], list[np.ndarray]], req: list[np.ndarray]) -> list[np.ndarray] | Exception:

@@ -49,6 +49,7 @@ class TritonModelConfig:
     inputs: tuple[tuple[str, str, tuple[int, ...], bool], ...]  # name, TYPE_*, dims, reshape to []
     outputs: tuple[tuple[str, str, tuple[int, ...], bool], ...]
     parameters: tuple[tuple[str, str], ...] = ()  # more string parameters (serving/trust.py)
+    ragged: tuple[str, ...] = ()  # inputs whose padded dims may differ between merged requests
 
     @staticmethod
     def build(
@@ -86,6 +87,12 @@ class TritonModelConfig:
         if layout.dim is None and max_batch_size is not None:
             raise ValueError(f"this artifact cannot be batched by the server: {layout.reason}")
         batched = top > 0
+        # Note [Padded merging]: Triton's batcher hands requests whose padded dims differ to one execute
+        ragged = tuple(
+            t["name"]
+            for i, t in enumerate(m["inputs"])
+            if batched and dynamic_batching and any(d.inputs[i] is not None for d in layout.padded)
+        )
         return TritonModelConfig(
             name,
             backend,
@@ -98,6 +105,7 @@ class TritonModelConfig:
             preferred_batch_sizes(m, layout, top) if batched else (),
             tuple(_tensor(t, batched) for t in m["inputs"]),
             tuple(_tensor(t, batched) for t in m["outputs"]),
+            ragged=ragged,
         )
 
     def text(self) -> str:
@@ -108,6 +116,8 @@ class TritonModelConfig:
         ]
         if self.max_batch_size and self.dynamic_batching:
             lines.append(f"# the server batches along {self.layout.dim!r} (proven batch-like, axis 0 of every tensor)")
+            for d in self.layout.padded:
+                lines.append(f"# requests of different {d.dim!r} merge, padded to the longest (proven paddable)")
         elif self.max_batch_size:
             lines.append(f"# {self.layout.dim!r} is the batch dim; dynamic batching is off: each request runs alone")
         else:
@@ -118,6 +128,8 @@ class TritonModelConfig:
             body = []
             for tname, ttype, dims, flat in tensors:
                 reshape = " reshape: { shape: [ ] }" if flat else ""
+                if key == "input" and tname in self.ragged:
+                    reshape += " allow_ragged_batch: true"
                 body.append(
                     f'  {{ name: "{tname}" data_type: {ttype} dims: [ {", ".join(map(str, dims))} ]{reshape} }}'
                 )

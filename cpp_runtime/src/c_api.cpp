@@ -162,6 +162,14 @@ bpk_status bpk_model_signature(const bpk_model* model, const bpk_signature** sig
   return BPK_OK;
 }
 
+bpk_status bpk_model_padded_dims(const bpk_model* model, const bpk_padded_dim** dims, int64_t* num_dims) {
+  if (model == nullptr || dims == nullptr || num_dims == nullptr) return record(BPK_ERR_ARGUMENT, "model, dims or num_dims is NULL");
+  return guarded([&] {
+    *dims = model->impl->padded_dims().data();
+    *num_dims = model->impl->padded_dims().size();
+  });
+}
+
 const char* bpk_model_executor(const bpk_model* model) { return model ? model->impl->executor().c_str() : ""; }
 
 bpk_status bpk_model_output_shapes(const bpk_model* model, const bpk_tensor* inputs, int64_t num_inputs,

@@ -28,6 +28,12 @@ std::string shape_list(const int64_t* dims, int32_t n) {
 
 }  // namespace
 
+const PaddedDims& Model::padded_dims() const {
+  std::lock_guard<std::mutex> lock(padded_mutex_);  // read when a server asks, as the Python loader does
+  if (!padded_) padded_ = std::make_unique<PaddedDims>(artifact_->manifest(), m_, artifact_->source());
+  return *padded_;
+}
+
 size_t Model::KeyHash::operator()(const std::vector<int64_t>& k) const {
   uint64_t h = 1469598103934665603ull;
   for (int64_t v : k) h = (h ^ uint64_t(v)) * 1099511628211ull;

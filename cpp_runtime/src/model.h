@@ -23,6 +23,7 @@
 #include "native_cpu.h"
 #include "native_cuda.h"
 #include "out_of_range.h"
+#include "padded_dims.h"
 
 namespace bpk {
 
@@ -32,6 +33,8 @@ class Model {
   ~Model();
 
   const bpk_signature& signature() const { return sig_; }
+  // The manifest's padding proofs (read on first use: a call never reads them); throws BPK_ERR_FORMAT.
+  const PaddedDims& padded_dims() const;
   const std::string& executor() const { return executor_; }
   const Manifest& manifest() const { return m_; }
   void output_shapes(const bpk_tensor* inputs, int64_t num_inputs, bpk_tensor* outputs, int64_t num_outputs) const;
@@ -156,6 +159,8 @@ class Model {
   std::vector<const void*> weight_ptrs_;
   std::vector<OutSource> out_source_;
   SplitPolicy split_;  // the load option on_out_of_range
+  mutable std::mutex padded_mutex_;
+  mutable std::unique_ptr<PaddedDims> padded_;  // the manifest's padding proofs, for servers
   // signature storage behind sig_
   bpk_signature sig_{};
   std::vector<bpk_tensor_spec> in_specs_, out_specs_;

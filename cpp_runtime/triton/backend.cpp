@@ -7,8 +7,11 @@
 // share a call and answers every request with its own rows or its own error, as the Python backend
 // does (Note [Serving batches] in bladepack/serving/batching.py): merging happens only when the
 // config has max_batch_size > 0 — which triton-repo writes only for a dim the compiler proved
-// batch-like at axis 0 of every tensor — and only among requests whose other dims and dtypes agree;
-// a merged call that fails is retried request by request. Input errors (count, dtype, rank, a dim out
+// batch-like at axis 0 of every tensor — and only among requests whose other dims and dtypes agree,
+// or differ only along a dim the artifact proves paddable with those rows (bpk_model_padded_dims):
+// then each request is padded to its group's longest with the proof's pad values and gets its result
+// cut to its own length, groups cut where padding would pass PAD_BUDGET (Note [Padded merging]); a
+// merged call that fails is retried request by request. Input errors (count, dtype, rank, a dim out
 // of range) are INVALID_ARG (HTTP 400); anything else is INTERNAL. A KIND_GPU instance on device N
 // loads the artifact with device "cuda:N" (its CUDA plan, CUDA graphs per call context: Note [CUDA
 // graphs] in cpp_runtime/src/native_cuda.h); tensors cross in host memory, copied to the GPU and back.
@@ -18,16 +21,22 @@
 
 #include <bladepack/runtime.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "padding.h"
 #include "triton_abi.h"
 
 namespace {
+
+using bpk_triton::copy_box;
+using bpk_triton::element;
 
 uint64_t now_ns() {
   return static_cast<uint64_t>(
@@ -88,10 +97,13 @@ struct ModelState {
   std::vector<uint8_t> keys;  // the "trusted_keys" parameter: 32 bytes per key
 };
 
+constexpr double kPadBudget = 1.5;  // bladepack/serving/batching.py's PAD_BUDGET
+
 struct InstanceState {
   bpk_model* model = nullptr;
   const bpk_signature* sig = nullptr;
   int64_t max_batch_size = 0;
+  std::vector<const bpk_padded_dim*> padded;  // proven paddable with the batch's rows (merging on only)
   ~InstanceState() { bpk_model_free(model); }
 };
 
@@ -103,6 +115,7 @@ struct Request {
   TRITONSERVER_Error* error = nullptr;
   std::vector<bpk_tensor> outputs;  // runtime-allocated (bpk_free) or views into a merged call's
   std::vector<int64_t> offsets;     // per output, the byte offset of this request's rows (merged calls)
+  std::vector<int64_t> lengths;     // per padded dim, its length here (-1: the inputs disagree)
 };
 
 size_t bytes_of(const bpk_tensor& t) {
@@ -179,16 +192,73 @@ TRITONSERVER_Error* run(const InstanceState& st, const std::vector<bpk_tensor>& 
   return nullptr;
 }
 
-// The key requests must share to merge: every dim but the first, and the dtypes ("" : never merge).
-std::string merge_key(const Request& r) {
+// The key requests must share to merge: every dim but the first and the padded ones, and the dtypes
+// ("" : never merge).
+std::string merge_key(const InstanceState& st, Request& r) {
+  r.lengths.assign(st.padded.size(), -1);
+  for (size_t d = 0; d < st.padded.size(); ++d) {
+    for (size_t i = 0; i < r.inputs.size(); ++i) {
+      const int32_t ax = st.padded[d]->input_axes[i];
+      if (ax < 0) continue;
+      if (ax >= r.inputs[i].ndim) return "";
+      const int64_t n = r.inputs[i].shape[ax];
+      if (r.lengths[d] >= 0 && r.lengths[d] != n) return "";
+      r.lengths[d] = n;
+    }
+    if (r.lengths[d] < 0) return "";
+    for (int64_t k = 0; k < st.sig->num_symbols; ++k)  // above the range: alone, its own call says why
+      if (std::strcmp(st.sig->symbols[k].name, st.padded[d]->name) == 0 && st.sig->symbols[k].max >= 0 &&
+          r.lengths[d] > st.sig->symbols[k].max)
+        return "";
+  }
   std::string key;
-  for (const auto& t : r.inputs) {
+  for (size_t i = 0; i < r.inputs.size(); ++i) {
+    const auto& t = r.inputs[i];
     if (t.ndim == 0 || t.shape[0] != r.inputs[0].shape[0]) return "";
-    key += std::to_string(t.dtype) + ":";
-    for (int d = 1; d < t.ndim; ++d) key += std::to_string(t.shape[d]) + ",";
+    key += std::to_string(t.dtype) + ":" + std::to_string(t.ndim) + ":";
+    for (int d = 1; d < t.ndim; ++d) {
+      bool free = false;
+      for (const auto* p : st.padded) free = free || p->input_axes[i] == d;
+      key += (free ? std::string("*") : std::to_string(t.shape[d])) + ",";
+    }
     key += ";";
   }
   return key;
+}
+
+int64_t product(const std::vector<int64_t>& lengths) {
+  int64_t n = 1;
+  for (int64_t x : lengths) n *= std::max<int64_t>(x, 1);
+  return n;
+}
+
+// The group cut into parts, shortest first, each within the padding budget and the batch maximum
+// (Note [Padded merging] in bladepack/serving/batching.py; the same cuts as the Python backend).
+std::vector<std::vector<Request*>> within_budget(std::vector<Request*> group, int64_t top) {
+  std::stable_sort(group.begin(), group.end(), [](const Request* a, const Request* b) { return a->lengths < b->lengths; });
+  std::vector<std::vector<Request*>> parts;
+  std::vector<Request*> part;
+  int64_t real = 0, rows = 0;
+  std::vector<int64_t> longest;
+  for (Request* r : group) {
+    const int64_t n = r->inputs[0].shape[0];
+    std::vector<int64_t> grown = r->lengths;
+    if (!part.empty())
+      for (size_t d = 0; d < grown.size(); ++d) grown[d] = std::max(grown[d], longest[d]);
+    const bool over = top > 0 && rows + n > top;
+    if (!part.empty() && (over || double((rows + n) * product(grown)) > kPadBudget * double(real + n * product(r->lengths)))) {
+      parts.push_back(std::move(part));
+      part.clear();
+      real = rows = 0;
+      grown = r->lengths;
+    }
+    part.push_back(r);
+    real += n * product(r->lengths);
+    rows += n;
+    longest = grown;
+  }
+  if (!part.empty()) parts.push_back(std::move(part));
+  return parts;
 }
 
 void send(TRITONBACKEND_ModelInstance* instance, const InstanceState& st, Request& r, const std::vector<bpk_tensor>& outs,
@@ -232,22 +302,52 @@ void run_alone(TRITONBACKEND_ModelInstance* instance, const InstanceState& st, R
   for (auto& o : outs) bpk_free(o.data);
 }
 
-void run_group(TRITONBACKEND_ModelInstance* instance, const InstanceState& st, std::vector<Request*>& group, uint64_t t0) {
-  int64_t total = 0;
-  for (auto* r : group) total += r->inputs[0].shape[0];
-  if (group.size() == 1 || (st.max_batch_size > 0 && total > st.max_batch_size)) {
-    for (auto* r : group) run_alone(instance, st, *r, t0);
+
+// One call for the group (each request padded to the group's longest along the padded dims), each
+// request answered with its rows cut to its own lengths; any failure runs them alone.
+void run_part(TRITONBACKEND_ModelInstance* instance, const InstanceState& st, std::vector<Request*>& group, uint64_t t0) {
+  if (group.size() == 1) {
+    run_alone(instance, st, *group[0], t0);
     return;
+  }
+  int64_t total = 0;
+  std::vector<int64_t> longest(st.padded.size(), 0);
+  for (auto* r : group) {
+    total += r->inputs[0].shape[0];
+    for (size_t d = 0; d < longest.size(); ++d) longest[d] = std::max(longest[d], r->lengths[d]);
   }
   std::vector<std::vector<uint8_t>> merged(group[0]->inputs.size());
   std::vector<bpk_tensor> inputs = group[0]->inputs;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    inputs[i].shape[0] = total;
-    for (auto* r : group) {
-      auto* p = static_cast<const uint8_t*>(r->inputs[i].data);
-      merged[i].insert(merged[i].end(), p, p + bytes_of(r->inputs[i]));
+    bpk_tensor& t = inputs[i];
+    const size_t elem = bpk_dtype_size(t.dtype);
+    t.shape[0] = total;
+    const double* pad = nullptr;
+    for (size_t d = 0; d < st.padded.size(); ++d) {
+      const int32_t ax = st.padded[d]->input_axes[i];
+      if (ax < 0) continue;
+      t.shape[ax] = longest[d];
+      if (pad == nullptr) pad = &st.padded[d]->input_pads[i];
     }
-    inputs[i].data = merged[i].data();
+    merged[i].resize(bytes_of(t));
+    const size_t row_bytes = total > 0 ? merged[i].size() / size_t(total) : 0;
+    bool padding = false;
+    for (auto* r : group)
+      for (int d = 1; d < t.ndim; ++d) padding = padding || r->inputs[i].shape[d] != t.shape[d];
+    if (padding) {
+      const std::vector<uint8_t> value = element(t.dtype, *pad);
+      for (size_t at = 0; at + elem <= merged[i].size(); at += elem) std::memcpy(merged[i].data() + at, value.data(), elem);
+    }
+    size_t offset = 0;
+    for (auto* r : group) {
+      const bpk_tensor& x = r->inputs[i];
+      int64_t to[BPK_MAX_RANK];
+      std::copy(t.shape, t.shape + t.ndim, to);
+      to[0] = x.shape[0];
+      copy_box(static_cast<const uint8_t*>(x.data), x.shape, merged[i].data() + offset, to, x.shape, t.ndim, elem);
+      offset += size_t(x.shape[0]) * row_bytes;
+    }
+    t.data = merged[i].data();
   }
   std::vector<bpk_tensor> outs;
   uint64_t t1 = now_ns();
@@ -262,16 +362,44 @@ void run_group(TRITONBACKEND_ModelInstance* instance, const InstanceState& st, s
     return;
   }
   ignore(TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, static_cast<uint64_t>(total), t0, t1, t2, now_ns()));
-  std::vector<int64_t> row_bytes(outs.size());
-  for (size_t k = 0; k < outs.size(); ++k) row_bytes[k] = static_cast<int64_t>(bytes_of(outs[k])) / total;
+  std::vector<size_t> row_bytes(outs.size());
+  for (size_t k = 0; k < outs.size(); ++k) row_bytes[k] = bytes_of(outs[k]) / size_t(total);
   int64_t row = 0;
   for (auto* r : group) {
-    std::vector<int64_t> offsets(outs.size());
-    for (size_t k = 0; k < outs.size(); ++k) offsets[k] = row * row_bytes[k];
-    send(instance, st, *r, outs, offsets, r->inputs[0].shape[0], t0, t1, t2);
-    row += r->inputs[0].shape[0];
+    const int64_t n = r->inputs[0].shape[0];
+    std::vector<bpk_tensor> views(outs.size());
+    std::vector<std::vector<uint8_t>> cut(outs.size());
+    for (size_t k = 0; k < outs.size(); ++k) {
+      bpk_tensor v = outs[k];
+      v.shape[0] = n;
+      v.data = static_cast<uint8_t*>(outs[k].data) + size_t(row) * row_bytes[k];
+      int64_t box[BPK_MAX_RANK];
+      std::copy(v.shape, v.shape + v.ndim, box);
+      bool trimmed = false;
+      for (size_t d = 0; d < st.padded.size(); ++d)
+        for (int ax = 1; ax < v.ndim; ++ax)
+          if ((st.padded[d]->output_axes[k] >> ax) & 1u) {
+            box[ax] = r->lengths[d];
+            trimmed = trimmed || box[ax] != v.shape[ax];
+          }
+      if (trimmed) {
+        bpk_tensor c = v;
+        std::copy(box, box + v.ndim, c.shape);
+        cut[k].resize(bytes_of(c));
+        copy_box(static_cast<const uint8_t*>(v.data), v.shape, cut[k].data(), box, box, v.ndim, bpk_dtype_size(v.dtype));
+        c.data = cut[k].data();
+        v = c;
+      }
+      views[k] = v;
+    }
+    send(instance, st, *r, views, std::vector<int64_t>(outs.size(), 0), -1, t0, t1, t2);
+    row += n;
   }
   for (auto& o : outs) bpk_free(o.data);
+}
+
+void run_group(TRITONBACKEND_ModelInstance* instance, const InstanceState& st, std::vector<Request*>& group, uint64_t t0) {
+  for (auto& part : within_budget(group, st.max_batch_size)) run_part(instance, st, part, t0);
 }
 
 // The string value of parameter `key` in Triton's JSON model config ("key":{"string_value":"..."}), or
@@ -395,6 +523,20 @@ __attribute__((visibility("default"))) TRITONSERVER_Error* TRITONBACKEND_ModelIn
                  mstate->path + ": " + bpk_last_error());
   if (bpk_model_signature(state->model, &state->sig) != BPK_OK)
     return error(TRITONSERVER_ERROR_INTERNAL, bpk_last_error());
+  const bpk_padded_dim* dims = nullptr;
+  int64_t num_dims = 0;
+  if (state->max_batch_size > 0) {
+    if (bpk_model_padded_dims(state->model, &dims, &num_dims) != BPK_OK)
+      return error(TRITONSERVER_ERROR_INVALID_ARG, bpk_last_error());
+    for (int64_t k = 0; k < num_dims; ++k) {  // padded along the rows the server merges (axis 0)
+      bool rows = dims[k].rows != nullptr;
+      for (int64_t i = 0; rows && i < state->sig->num_inputs; ++i) {
+        const bpk_tensor_spec& t = state->sig->inputs[i];
+        rows = t.ndim > 0 && std::strcmp(t.dim_exprs[0], dims[k].rows) == 0 && dims[k].input_axes[i] != 0;
+      }
+      if (rows) state->padded.push_back(&dims[k]);
+    }
+  }
   if (auto* e = TRITONBACKEND_ModelInstanceSetState(instance, state.get())) return e;
   state.release();
   return nullptr;
@@ -420,7 +562,7 @@ __attribute__((visibility("default"))) TRITONSERVER_Error* TRITONBACKEND_ModelIn
   for (uint32_t i = 0; i < count; ++i) {
     reqs[i].handle = requests[i];
     reqs[i].error = read_request(st, reqs[i]);
-    std::string key = reqs[i].error == nullptr && st.max_batch_size > 0 ? merge_key(reqs[i]) : "";
+    std::string key = reqs[i].error == nullptr && st.max_batch_size > 0 ? merge_key(st, reqs[i]) : "";
     if (key.empty()) {
       alone.push_back(&reqs[i]);
     } else {

@@ -31,7 +31,7 @@ extern "C" {
 #define BPK_RUNTIME_VERSION_MINOR 1
 /* The newest artifact format this runtime reads (it reads every 1.x; see docs/format.md). */
 #define BPK_FORMAT_MAJOR 1
-#define BPK_FORMAT_MINOR 4
+#define BPK_FORMAT_MINOR 5
 /* Tensors of higher rank are refused at load with the reason. */
 #define BPK_MAX_RANK 16
 
@@ -214,6 +214,20 @@ BPK_API void bpk_model_free(bpk_model* model);
 
 /* Owned by the model; valid until bpk_model_free. */
 BPK_API bpk_status bpk_model_signature(const bpk_model* model, const bpk_signature** signature);
+
+/* A dim requests may differ in and still run as one call, each padded at the end of the dim to the
+ * longest (docs/format.md "Padding proofs"): the results at a request's own positions are its own.
+ * Arrays are per input / output of the signature, in its order. */
+typedef struct bpk_padded_dim {
+  const char* name;            /* the dim */
+  const char* rows;            /* the batch-like dim whose rows may each have their own length; NULL: one per call */
+  const int32_t* input_axes;   /* the axis holding the dim, -1 where the input does not hold it */
+  const double* input_pads;    /* the value padded positions take */
+  const uint64_t* output_axes; /* bit k set: axis k holds the dim (cut a request's result to its length) */
+} bpk_padded_dim;
+
+/* The proven padded dims (format 1.5; none for older artifacts): *dims lives as long as the model. */
+BPK_API bpk_status bpk_model_padded_dims(const bpk_model* model, const bpk_padded_dim** dims, int64_t* num_dims);
 /* "native (x86-64-v4)", or "cuda (sm_90 image on NVIDIA H100 80GB HBM3, sm_90)": what runs the
  * model's steps here. */
 BPK_API const char* bpk_model_executor(const bpk_model* model);
