@@ -16,6 +16,14 @@ backend, responses: nv_inference_request_duration_us per request), free of the c
 a merged call may sum in another order).
 
     python -m bench.serving [--samples mlp,encoder] [--clients 8] [--requests 400] [--engines triton,ray]
+
+`--workload mixed` is the ragged-traffic test (Note [Padded merging] in bladepack/serving/batching.py):
+a BERT-style encoder and a LLaMA-style decoder's prefill built from transformers configs (hidden 256,
+4 layers, sequences up to 512), one sequence per request with its length drawn from a log-normal
+(median 48 tokens, clipped to 8-512), 16 clients, Triton's two backends with merging off, merging of
+equal shapes only, and padded merging at three pad budgets; bench/results/serving_mixed.{md,json}.
+
+    python -m bench.serving --workload mixed [--clients 16] [--requests 400]
 """
 
 from __future__ import annotations
@@ -102,7 +110,26 @@ def _check(outs: list[Any], cases: list[list[np.ndarray]], loader: Any) -> None:
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
-def bench_triton(name: str, path: Path, cases: list[list[np.ndarray]], clients: int) -> list[dict[str, Any]]:
+# (label, dynamic batching, padding, pad budget: None for the device's): the default workload's modes,
+# and the mixed-length one's
+MODES: tuple[tuple[str, bool, bool, float | None], ...] = (("on", True, True, None), ("off", False, True, None))
+MIXED_MODES: tuple[tuple[str, bool, bool, float | None], ...] = (
+    ("off", False, True, None),
+    ("equal shapes", True, False, None),
+    ("padded, budget 1.1", True, True, 1.1),
+    ("padded, budget 1.25", True, True, 1.25),
+    ("padded, budget 1.5", True, True, 1.5),
+)
+
+
+def bench_triton(
+    name: str,
+    path: Path,
+    cases: list[list[np.ndarray]],
+    clients: int,
+    modes: tuple[tuple[str, bool, bool, float | None], ...] = MODES,
+    backends: tuple[str, ...] = ("python", "cpp"),
+) -> list[dict[str, Any]]:
     import tritonclient.http as th
 
     from bladepack.serving.triton_repo import write_repository
@@ -111,11 +138,18 @@ def bench_triton(name: str, path: Path, cases: list[list[np.ndarray]], clients: 
 
     loader = bladepack.load(path)
     rows = []
-    configs = [(f"{b}_{m}", b, m) for b in ("python", "cpp") for m in ("on", "off")]
+    configs = [(f"{b}_{k}", b, m) for b in backends for k, m in enumerate(modes)]
     with tempfile.TemporaryDirectory() as repo:
-        for model, backend, mode in configs:
+        for model, backend, (_, batching, padding, budget) in configs:
             write_repository(
-                path, repo, model, max_queue_delay_us=QUEUE_DELAY_US, dynamic_batching=mode == "on", backend=backend
+                path,
+                repo,
+                model,
+                max_queue_delay_us=QUEUE_DELAY_US,
+                dynamic_batching=batching,
+                backend=backend,
+                padding=padding,
+                pad_budget=budget,
             )
         names = [t.name for t in loader.signature.inputs]
         cpp = cpp_build.build("release") / "libtriton_bladepack.so"
@@ -143,7 +177,7 @@ def bench_triton(name: str, path: Path, cases: list[list[np.ndarray]], clients: 
                 served = max(after[0] - before[0], 1)
                 per_exec = served / max(after[1] - before[1], 1)
                 rows.append(
-                    _row(f"triton ({backend} backend)", mode, lat, wall, per_exec, (after[2] - before[2]) / served)
+                    _row(f"triton ({backend} backend)", mode[0], lat, wall, per_exec, (after[2] - before[2]) / served)
                 )
     return rows
 
@@ -190,13 +224,104 @@ def bench_ray(name: str, path: Path, cases: list[list[np.ndarray]], clients: int
     return rows
 
 
+def _mixed_model(kind: str) -> torch.nn.Module:
+    import transformers as tf
+
+    size = dict(vocab_size=1000, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024)
+    if kind == "encoder":
+        net: Any = tf.BertModel(tf.BertConfig(**size, max_position_embeddings=512), add_pooling_layer=False)
+    else:
+        net = tf.LlamaModel(tf.LlamaConfig(**size, num_key_value_heads=2, max_position_embeddings=512, use_cache=False))
+
+    class Field(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = net.eval()
+
+        def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return self.net(input_ids=ids, attention_mask=mask).last_hidden_state  # type: ignore[no-any-return]
+
+    return Field().eval()
+
+
+def _mixed_lengths(count: int, seed: int = 0) -> list[int]:
+    """Long-tailed request lengths: log-normal, median 48 tokens, clipped to 8-512."""
+    rng = np.random.default_rng(seed)
+    return [int(np.clip(round(float(rng.lognormal(np.log(48), 0.9))), 8, 512)) for _ in range(count)]
+
+
+def mixed(args: argparse.Namespace) -> None:
+    lengths = _mixed_lengths(args.requests)
+    q = np.percentile(lengths, [50, 90, 99])
+    from bench.cpp_runtime import machine
+
+    results: dict[str, Any] = {
+        "machine": machine(),
+        "clients": args.clients,
+        "requests": args.requests,
+        "lengths": {"p50": float(q[0]), "p90": float(q[1]), "p99": float(q[2]), "max": max(lengths)},
+        "samples": {},
+    }
+    g = torch.Generator().manual_seed(0)
+    cases = [[torch.randint(3, 1000, (1, n), generator=g).numpy(), np.ones((1, n), np.int64)] for n in lengths]
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in ("encoder", "decoder"):
+            model = _mixed_model(kind)
+            batch, seq = bladepack.Dim("batch", 1, 16), bladepack.Dim("seq", 1, 512)
+            samples = [
+                (torch.randint(3, 1000, (b, t)), torch.ones(b, t, dtype=torch.int64)) for b, t in ((2, 9), (3, 17))
+            ]
+            path = Path(tmp) / f"{kind}.bpk"
+            t0 = time.perf_counter()
+            art = bladepack.optimize(
+                model, samples, {"ids": {0: batch, 1: seq}, "mask": {0: batch, 1: seq}}, reference_cases=False
+            )
+            print(f"{kind}: optimized in {time.perf_counter() - t0:.0f} s", flush=True)
+            art.save(path)
+            rows = bench_triton(kind, path, cases, args.clients, MIXED_MODES)
+            off = {r["engine"]: r["throughput_rps"] for r in rows if r["batching"] == "off"}
+            for r in rows:  # throughput over the same engine's with merging off
+                r["vs_off"] = r["throughput_rps"] / off[r["engine"]]
+                r["engine"] += f" ({r['vs_off']:.2f}x off)"
+            results["samples"][kind] = rows
+            print(f"\n{kind}\n{_table(rows)}", flush=True)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "serving_mixed.json").write_text(json.dumps(results, indent=1) + "\n")
+    lq = results["lengths"]
+    head = (
+        f"{results['clients']} closed-loop clients, {results['requests']} requests per configuration, one sequence "
+        f"each, lengths log-normal (p50 {lq['p50']:.0f}, p90 {lq['p90']:.0f}, p99 {lq['p99']:.0f}, max {lq['max']})"
+    )
+    out = [
+        "# Mixed-length serving (`python -m bench.serving --workload mixed`)",
+        "",
+        f"Machine: {results['machine']}; {head}.",
+        "",
+    ]
+    out += [
+        "Each engine's throughput is also given over its own with merging off. Requests per execution is",
+        "Triton's count per backend execute: the C++ backend reports each merged call, the Python backend",
+        "one execute, whose requests it then groups by the pad budget itself.",
+        "",
+    ]
+    for name, rows in results["samples"].items():
+        out += [f"## {name} (hidden 256, 4 layers)", "", _table(rows), ""]
+    (RESULTS / "serving_mixed.md").write_text("\n".join(out))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--samples", default="mlp,encoder")
-    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--clients", type=int, default=None)
     p.add_argument("--requests", type=int, default=400)
     p.add_argument("--engines", default="triton,ray")
+    p.add_argument("--workload", choices=("samples", "mixed"), default="samples")
     args = p.parse_args()
+    if args.workload == "mixed":
+        args.clients = args.clients or 16
+        mixed(args)
+        return
+    args.clients = args.clients or 8
     results: dict[str, Any] = {
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
         "clients": args.clients,
@@ -225,7 +350,7 @@ def main() -> None:
 
 def _table(rows: list[dict[str, Any]]) -> str:
     head = (
-        "| engine | dynamic batching | throughput (req/s) | p50 (ms) | p99 (ms) | requests per execution "
+        "| engine | merging | throughput (req/s) | p50 (ms) | p99 (ms) | requests per execution "
         "| in the server per request (µs) |"
     )
     lines = [head, "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]

@@ -16,10 +16,18 @@ merged call that fails (one request out of range, say) is retried request by req
 reaches only the request that caused it.
 
 Note [Padded merging]: padding costs the padded positions' work, so a group of requests whose lengths
-differ is cut, shortest first, where its padded size (rows x the longest length) would exceed
-`PAD_BUDGET` times its real size (the sum of rows x own length): a request of 8 tokens and one of 500
-run apart, requests of 40 and 48 together. Requests of a model without the proof merge only on equal
-shapes, as before.
+differ is cut, shortest first, where its padded size (rows x the longest length) would exceed the pad
+budget times its real size (the sum of rows x own length): at 1.5 a request of 8 tokens and one of 500
+run apart, requests of 40 and 48 together. What merging buys is the per-call cost it spreads and the
+wider GEMMs it forms, so the budget is per device (`default_pad_budget`): on a GPU, where a call of one
+short sequence leaves the device idle behind the host's launch work (130-290 µs a call measured on an
+H100), 1.5; on a CPU, 1.0, i.e. no padding, because the CPU runtime's per-call cost is below a
+microsecond and its kernels are as fast at a few rows: bench.serving's mixed-length workload on the
+2-core machine (a BERT- and a LLaMA-style model of hidden 256, the C++ backend) measured padded
+merging at 0.75x / 0.86x the throughput of no merging at a budget of 1.5, 0.77x / 0.94x at 1.25 and
+0.94x / 0.99x at 1.1, with a worse p99 (bench/results/serving_mixed.md; an earlier run 0.70x / 0.87x
+at 1.5). A server may set it
+(`--pad-budget`). Requests of a model without the proof merge only on equal shapes, as before.
 """
 
 from __future__ import annotations
@@ -34,6 +42,11 @@ from bladepack.errors import BpkFormatError, InputError
 
 DEFAULT_MAX_BATCH = 64  # the batch cap where the batch dim has no maximum (servers need a number)
 PAD_BUDGET = 1.5  # Note [Padded merging]: the padded size a merged group may reach, over its real size
+
+
+def default_pad_budget(device: str) -> float:
+    """Note [Padded merging]: 1.5 on a GPU, 1.0 (no padding) on a CPU."""
+    return PAD_BUDGET if device.startswith("cuda") else 1.0
 
 
 @dataclass(frozen=True)
@@ -100,12 +113,16 @@ class BatchLayout:
     max: int | None  # the dim's range maximum (None: unbounded)
     reason: str  # why there is no batching ("" when dim is set)
     padded: tuple[PaddedDim, ...] = ()  # dims requests may differ in (Note [Padded merging])
+    pad_budget: float = PAD_BUDGET  # a merged group's padded size over its real size, at most
 
     @staticmethod
-    def from_manifest(m: dict[str, Any], padding: bool = True) -> BatchLayout:
-        """The batching an artifact allows; `padding` False merges equal shapes only."""
+    def from_manifest(m: dict[str, Any], padding: bool = True, pad_budget: float = PAD_BUDGET) -> BatchLayout:
+        """The batching an artifact allows; `padding` False or a `pad_budget` of 1 merges equal shapes
+        only (Note [Padded merging])."""
+        if not pad_budget >= 1.0:
+            raise ValueError(f"the pad budget is a padded size over a real size, at least 1.0; got {pad_budget}")
         layout = BatchLayout._batch(m)
-        if layout.dim is None or not padding:
+        if layout.dim is None or not padding or pad_budget == 1.0:
             return layout
         padded = []
         for name, proof in sorted((m.get("padding_dims") or {}).items()):
@@ -114,7 +131,7 @@ class BatchLayout:
                 # padded along the rows a server merges (axis 0), which the padding itself never is
                 if proof.get("rows") == layout.dim and all(p is None or p[0] != 0 for p in dim.inputs):
                     padded.append(dim)
-        return BatchLayout(layout.dim, layout.min, layout.max, "", tuple(padded))
+        return BatchLayout(layout.dim, layout.min, layout.max, "", tuple(padded), pad_budget)
 
     @staticmethod
     def _batch(m: dict[str, Any]) -> BatchLayout:
@@ -171,16 +188,17 @@ def run_requests(
         else:
             groups.setdefault(key, []).append(k)
     for members in groups.values():
-        for part in _within_budget(members, [rows(requests[k]) for k in members], lengths, layout.max):
+        for part in _within_budget(members, [rows(requests[k]) for k in members], lengths, layout):
             _run_group(layout, call, requests, part, lengths, results)
     return [r if r is not None else InputError("request was not run") for r in results]
 
 
 def _within_budget(
-    members: list[int], counts: list[int], lengths: list[tuple[int, ...]], top: int | None
+    members: list[int], counts: list[int], lengths: list[tuple[int, ...]], layout: BatchLayout
 ) -> list[list[int]]:
-    """The members cut into groups, shortest first, each within PAD_BUDGET and the batch maximum
+    """The members cut into groups, shortest first, each within the pad budget and the batch maximum
     (Note [Padded merging])."""
+    top = layout.max
     order = sorted(range(len(members)), key=lambda j: lengths[members[j]])
     parts: list[list[int]] = []
     part: list[int] = []
@@ -191,7 +209,7 @@ def _within_budget(
         size = _size(lengths[k])
         grown = tuple(max(a, b) for a, b in zip(longest, lengths[k])) if part else lengths[k]
         over = top is not None and padded_rows + n > top
-        if part and (over or (padded_rows + n) * _size(grown) > PAD_BUDGET * (real + n * size)):
+        if part and (over or (padded_rows + n) * _size(grown) > layout.pad_budget * (real + n * size)):
             parts.append(part)
             part, real, padded_rows, grown = [], 0, 0, lengths[k]
         part.append(k)

@@ -29,7 +29,7 @@ from bladepack.artifact.format import read
 from bladepack.errors import InputError
 from bladepack.loader import load
 from bladepack.options import LoaderOptions
-from bladepack.serving.batching import DEFAULT_MAX_BATCH, BatchLayout, run_requests
+from bladepack.serving.batching import DEFAULT_MAX_BATCH, BatchLayout, default_pad_budget, run_requests
 from bladepack.serving.trust import ServingTrust
 from bladepack.serving.v2_json import decode_request, encode_response
 
@@ -38,13 +38,25 @@ class BladepackReplica:
     """One replica: the loaded artifact and its batching rule."""
 
     def __init__(
-        self, model_path: str, name: str, device: str, max_batch: int, wait_s: float, trust: ServingTrust
+        self,
+        model_path: str,
+        name: str,
+        device: str,
+        max_batch: int,
+        wait_s: float,
+        trust: ServingTrust,
+        padding: bool = True,
+        pad_budget: float = 1.0,
     ) -> None:
         # a server process starts here: the environment's options; the trust checked again, in the replica
         self._module = load(model_path, device, **trust.load_arguments(), options=LoaderOptions.from_env())
         manifest = self._module.manifest
         self._name = name
-        self._layout = BatchLayout.from_manifest(manifest) if max_batch > 1 else BatchLayout(None, 1, None, "off")
+        self._layout = (
+            BatchLayout.from_manifest(manifest, padding, pad_budget)
+            if max_batch > 1
+            else BatchLayout(None, 1, None, "off")
+        )
         self._inputs = list(manifest["inputs"])
         self._outputs = [t["name"] for t in manifest["outputs"]]
         self._batched.set_max_batch_size(max(max_batch, 1))  # type: ignore[attr-defined]  # serve.batch's setters
@@ -92,9 +104,13 @@ def deployment(
     num_cpus: float = 1.0,
     sha256: str | None = None,
     trusted_keys: Sequence[Any] | None = None,
+    padding: bool = True,
+    pad_budget: float | None = None,
 ) -> Any:
     """A Ray Serve application serving the artifact (`serve.run(app, route_prefix=...)` starts it).
-    `device` "cuda" gives each replica one GPU; `max_batch_size` 1 turns batching off; `sha256` /
+    `device` "cuda" gives each replica one GPU; `max_batch_size` 1 turns batching off; `padding` False
+    merges only requests whose shapes agree, `pad_budget` (None: the device's, Note [Padded merging])
+    bounds a merged group's padding; `sha256` /
     `trusted_keys` as for `bladepack.load`, checked here and by every replica (serving/trust.py)."""
     path = Path(model_path).resolve()
     trust = ServingTrust.of(sha256, trusted_keys)
@@ -112,4 +128,6 @@ def deployment(
     cls = serve.deployment(
         name=model, num_replicas=num_replicas, ray_actor_options=options, max_ongoing_requests=max(2 * top, 8)
     )(BladepackReplica)
-    return cls.bind(str(path), model, device, top, batch_wait_timeout_s, trust)
+    budget = default_pad_budget(device) if pad_budget is None else pad_budget
+    BatchLayout.from_manifest(bpk.manifest, padding, budget)  # a bad budget fails here, not in every replica
+    return cls.bind(str(path), model, device, top, batch_wait_timeout_s, trust, padding, budget)

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from bladepack.serving.batching import BatchLayout
+from bladepack.serving.batching import BatchLayout, default_pad_budget
 
 TRITON_DTYPES = {
     "bool": "TYPE_BOOL",
@@ -50,6 +50,7 @@ class TritonModelConfig:
     outputs: tuple[tuple[str, str, tuple[int, ...], bool], ...]
     parameters: tuple[tuple[str, str], ...] = ()  # more string parameters (serving/trust.py)
     ragged: tuple[str, ...] = ()  # inputs whose padded dims may differ between merged requests
+    unpadded: tuple[str, ...] = ()  # dims proven paddable that the pad budget of 1.0 keeps unpadded
 
     @staticmethod
     def build(
@@ -61,6 +62,8 @@ class TritonModelConfig:
         max_batch_size: int | None = None,
         backend: str = "python",
         dynamic_batching: bool = True,
+        padding: bool = True,
+        pad_budget: float | None = None,
     ) -> TritonModelConfig:
         if device.split(":")[0] not in DEVICES or (":" in device and not device.split(":", 1)[1].isdigit()):
             raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}")
@@ -82,7 +85,9 @@ class TritonModelConfig:
                 f"Triton's Python backend cannot hand bfloat16 tensors to numpy: {', '.join(unsupported)}; "
                 "serve this artifact with the C++ backend (--backend cpp)"
             )
-        layout = BatchLayout.from_manifest(m)
+        budget = default_pad_budget(device) if pad_budget is None else pad_budget
+        layout = BatchLayout.from_manifest(m, padding, budget)  # Note [Padded merging]
+        proven = BatchLayout.from_manifest(m, padding).padded if budget == 1.0 else ()
         top = layout.limit(max_batch_size)
         if layout.dim is None and max_batch_size is not None:
             raise ValueError(f"this artifact cannot be batched by the server: {layout.reason}")
@@ -105,7 +110,9 @@ class TritonModelConfig:
             preferred_batch_sizes(m, layout, top) if batched else (),
             tuple(_tensor(t, batched) for t in m["inputs"]),
             tuple(_tensor(t, batched) for t in m["outputs"]),
+            parameters=(("pad_budget", f"{budget:g}"),) if ragged else (),
             ragged=ragged,
+            unpadded=tuple(d.dim for d in proven) if batched and dynamic_batching else (),
         )
 
     def text(self) -> str:
@@ -117,7 +124,15 @@ class TritonModelConfig:
         if self.max_batch_size and self.dynamic_batching:
             lines.append(f"# the server batches along {self.layout.dim!r} (proven batch-like, axis 0 of every tensor)")
             for d in self.layout.padded:
-                lines.append(f"# requests of different {d.dim!r} merge, padded to the longest (proven paddable)")
+                lines.append(
+                    f"# requests of different {d.dim!r} merge, padded to the longest (proven paddable; "
+                    f"pad budget {self.layout.pad_budget:g})"
+                )
+            for dim in self.unpadded:
+                lines.append(
+                    f"# {dim!r} is proven paddable, but only requests of equal {dim!r} merge here: pad budget 1 "
+                    "(Note [Padded merging]; --pad-budget 1.5 pads them)"
+                )
         elif self.max_batch_size:
             lines.append(f"# {self.layout.dim!r} is the batch dim; dynamic batching is off: each request runs alone")
         else:

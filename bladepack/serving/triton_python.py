@@ -28,7 +28,7 @@ from bladepack.errors import InputError
 from bladepack.loader import load
 from bladepack.loader.dlpack import KDL_CPU, Exported
 from bladepack.options import LoaderOptions
-from bladepack.serving.batching import BatchLayout, run_requests
+from bladepack.serving.batching import BatchLayout, default_pad_budget, run_requests
 from bladepack.serving.trust import ServingTrust
 
 ARTIFACT = "model.bpk"
@@ -48,7 +48,11 @@ class BladepackTritonModel:
         self._module = load(str(path), device, **trust.load_arguments(), options=LoaderOptions.from_env())
         manifest = self._module.manifest
         batched = int(config.get("max_batch_size", 0)) > 0 and "dynamic_batching" in config
-        self._layout = BatchLayout.from_manifest(manifest) if batched else BatchLayout(None, 1, None, "off")
+        budget = ((config.get("parameters") or {}).get("pad_budget") or {}).get("string_value")
+        budget = float(budget) if budget else default_pad_budget(device)  # Note [Padded merging]
+        self._layout = (
+            BatchLayout.from_manifest(manifest, True, budget) if batched else BatchLayout(None, 1, None, "off")
+        )
         self._inputs = [t["name"] for t in manifest["inputs"]]
         self._outputs = [t["name"] for t in manifest["outputs"]]
 

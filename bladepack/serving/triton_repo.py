@@ -32,6 +32,8 @@ def write_repository(
     dynamic_batching: bool = True,
     backend: str = "python",
     trust: ServingTrust | None = None,
+    padding: bool = True,
+    pad_budget: float | None = None,
 ) -> TritonModelConfig:
     """Write the model repository entry; returns its configuration (`.text()` is config.pbtxt). `trust`
     (serving/trust.py): the artifact must pass it here, and every model instance checks it again."""
@@ -41,9 +43,18 @@ def write_repository(
     bpk = read(str(src))  # a corrupt or truncated artifact fails here, before anything is written
     model = name or src.stem
     config = TritonModelConfig.build(
-        bpk.manifest, model, device, instances, max_queue_delay_us, max_batch_size, backend, dynamic_batching
+        bpk.manifest,
+        model,
+        device,
+        instances,
+        max_queue_delay_us,
+        max_batch_size,
+        backend,
+        dynamic_batching,
+        padding,
+        pad_budget,
     )
-    config = dataclasses.replace(config, parameters=tuple(trust.parameters()))
+    config = dataclasses.replace(config, parameters=config.parameters + tuple(trust.parameters()))
     text = config.text()  # refuses what the backend cannot serve, before anything is written
     target = Path(out_dir) / model
     if target.exists():

@@ -10,7 +10,8 @@
 // batch-like at axis 0 of every tensor — and only among requests whose other dims and dtypes agree,
 // or differ only along a dim the artifact proves paddable with those rows (bpk_model_padded_dims):
 // then each request is padded to its group's longest with the proof's pad values and gets its result
-// cut to its own length, groups cut where padding would pass PAD_BUDGET (Note [Padded merging]); a
+// cut to its own length, groups cut where padding would pass the "pad_budget" parameter (default 1.5
+// on a GPU instance, 1 (no padding) on a CPU one: Note [Padded merging]); a
 // merged call that fails is retried request by request. Input errors (count, dtype, rank, a dim out
 // of range) are INVALID_ARG (HTTP 400); anything else is INTERNAL. A KIND_GPU instance on device N
 // loads the artifact with device "cuda:N" (its CUDA plan, CUDA graphs per call context: Note [CUDA
@@ -95,15 +96,16 @@ struct ModelState {
   int64_t max_batch_size = 0;
   std::string sha256;         // the "sha256" parameter, or empty
   std::vector<uint8_t> keys;  // the "trusted_keys" parameter: 32 bytes per key
+  std::string pad_budget;     // the "pad_budget" parameter, or empty (the device's default)
 };
 
-constexpr double kPadBudget = 1.5;  // bladepack/serving/batching.py's PAD_BUDGET
 
 struct InstanceState {
   bpk_model* model = nullptr;
   const bpk_signature* sig = nullptr;
   int64_t max_batch_size = 0;
   std::vector<const bpk_padded_dim*> padded;  // proven paddable with the batch's rows (merging on only)
+  double pad_budget = 1.0;                    // Note [Padded merging]: the "pad_budget" parameter
   ~InstanceState() { bpk_model_free(model); }
 };
 
@@ -234,7 +236,7 @@ int64_t product(const std::vector<int64_t>& lengths) {
 
 // The group cut into parts, shortest first, each within the padding budget and the batch maximum
 // (Note [Padded merging] in bladepack/serving/batching.py; the same cuts as the Python backend).
-std::vector<std::vector<Request*>> within_budget(std::vector<Request*> group, int64_t top) {
+std::vector<std::vector<Request*>> within_budget(std::vector<Request*> group, int64_t top, double budget) {
   std::stable_sort(group.begin(), group.end(), [](const Request* a, const Request* b) { return a->lengths < b->lengths; });
   std::vector<std::vector<Request*>> parts;
   std::vector<Request*> part;
@@ -246,7 +248,7 @@ std::vector<std::vector<Request*>> within_budget(std::vector<Request*> group, in
     if (!part.empty())
       for (size_t d = 0; d < grown.size(); ++d) grown[d] = std::max(grown[d], longest[d]);
     const bool over = top > 0 && rows + n > top;
-    if (!part.empty() && (over || double((rows + n) * product(grown)) > kPadBudget * double(real + n * product(r->lengths)))) {
+    if (!part.empty() && (over || double((rows + n) * product(grown)) > budget * double(real + n * product(r->lengths)))) {
       parts.push_back(std::move(part));
       part.clear();
       real = rows = 0;
@@ -399,7 +401,7 @@ void run_part(TRITONBACKEND_ModelInstance* instance, const InstanceState& st, st
 }
 
 void run_group(TRITONBACKEND_ModelInstance* instance, const InstanceState& st, std::vector<Request*>& group, uint64_t t0) {
-  for (auto& part : within_budget(group, st.max_batch_size)) run_part(instance, st, part, t0);
+  for (auto& part : within_budget(group, st.max_batch_size, st.pad_budget)) run_part(instance, st, part, t0);
 }
 
 // The string value of parameter `key` in Triton's JSON model config ("key":{"string_value":"..."}), or
@@ -471,6 +473,7 @@ __attribute__((visibility("default"))) TRITONSERVER_Error* TRITONBACKEND_ModelIn
     state->max_batch_size = max_batch_size(json);
     state->sha256 = string_parameter(json, "sha256");
     keys = string_parameter(json, "trusted_keys");
+    state->pad_budget = string_parameter(json, "pad_budget");
   }
   TRITONSERVER_MessageDelete(config);
   if (e != nullptr) return e;
@@ -508,6 +511,14 @@ __attribute__((visibility("default"))) TRITONSERVER_Error* TRITONBACKEND_ModelIn
   auto state = std::make_unique<InstanceState>();
   const auto* mstate = static_cast<ModelState*>(ms);
   state->max_batch_size = mstate->max_batch_size;
+  state->pad_budget = kind == TRITONSERVER_INSTANCEGROUPKIND_GPU ? 1.5 : 1.0;  // Note [Padded merging]
+  if (!mstate->pad_budget.empty()) {
+    char* end = nullptr;
+    state->pad_budget = std::strtod(mstate->pad_budget.c_str(), &end);
+    if (end == mstate->pad_budget.c_str() || *end != '\0' || !(state->pad_budget >= 1.0))
+      return error(TRITONSERVER_ERROR_INVALID_ARG,
+                   "the config's pad_budget parameter must be a number of at least 1; got '" + mstate->pad_budget + "'");
+  }
   bpk_load_options options{BPK_LOAD_DEVICE | BPK_LOAD_TRUST,
                            0,
                            mstate->sha256.empty() ? nullptr : mstate->sha256.c_str(),
