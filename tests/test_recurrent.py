@@ -117,10 +117,10 @@ def test_refused_recurrent_forms_are_named() -> None:
         bladepack.optimize(nn.LSTM(4, 3, proj_size=2), [(torch.randn(5, 2, 4),), (torch.randn(6, 3, 4),)])
 
 
-def _onnx_model() -> tuple[object, int]:
+def _onnx_model(lengths: bool = False) -> tuple[object, int]:
     """LSTM (bidirectional, given states, layout 0), GRU (reverse, linear_before_reset 0, layout 1),
     GRU (linear_before_reset 1, no bias), RNN (bidirectional) and a reverse LSTM with peepholes, all
-    over one input."""
+    over one input; with `lengths`, each reads sequence_lens from the input "lens"."""
     rng = np.random.default_rng(0)
     inp, hid = 6, 5
     nodes, inits = [], []
@@ -143,6 +143,9 @@ def _onnx_model() -> tuple[object, int]:
 
     def add(op: str, name: str, ins: list[str], n_out: int, **attrs: object) -> None:
         outs = [f"{name}_{k}" for k in ("y", "h", "c")[:n_out]]
+        if lengths:
+            ins = [*ins, *[""] * (5 - len(ins))]
+            ins[4] = "lens"
         nodes.append(helper.make_node(op, ins, outs, hidden_size=hid, **attrs))
         outputs.extend(outs)
 
@@ -159,6 +162,7 @@ def _onnx_model() -> tuple[object, int]:
         [
             vi("xs", TensorProto.FLOAT, ["s", "b", inp]),
             *(vi(n, TensorProto.FLOAT, [2, "b", hid]) for n in ("h0", "c0")),
+            *([vi("lens", TensorProto.INT32, ["b"])] if lengths else []),
         ],
         [vi(n, TensorProto.FLOAT, None) for n in outputs],
         inits,
@@ -181,6 +185,48 @@ def test_onnx_recurrent_nodes_match_the_reference() -> None:
         assert len(got) == len(want) == n_out
         for w, o in zip(want, got, strict=True):
             np.testing.assert_allclose(o, w, rtol=1e-5, atol=2e-6, err_msg=f"batch {b}, seq {s}")
+
+
+def test_onnx_sequence_lens_stop_each_sequence_at_its_length() -> None:
+    """Note [Recurrent lengths]: sequence_lens given at run time, every direction and layout, lengths
+    1 to the full one and 0: each sequence's Y, Y_h and Y_c equal onnx's reference run on that sequence
+    alone, cut to its length (a reverse direction starts at its own last step), Y is 0 past it and a
+    sequence of no steps has zero states (as ONNX Runtime gives); both executors. optimize's own
+    reference cases pass through the oracle's per-sequence runs (Note [sequence_lens in the oracle])."""
+    model, n_out = _onnx_model(lengths=True)
+    plain, _ = _onnx_model()
+    art = bladepack.optimize(model)
+    ref = ReferenceEvaluator(plain)
+    rng = np.random.default_rng(2)
+    outputs = [o.name for o in model.graph.output]  # type: ignore[attr-defined]
+    for executor in ("native", "reference"):
+        loaded = bladepack.load(art.to_bytes(), executor=executor)
+        for s, lens in [(1, [1]), (5, [5, 1, 3]), (7, [2, 7, 0, 4])]:
+            b = len(lens)
+            feeds = {"xs": rng.standard_normal((s, b, 6)).astype(np.float32)}
+            feeds |= {n: rng.standard_normal((2, b, 5)).astype(np.float32) for n in ("h0", "c0")}
+            got = loaded(**feeds, lens=np.asarray(lens, np.int32))
+            assert len(got) == n_out
+            for k, n in enumerate(lens):
+                one = {
+                    "xs": feeds["xs"][:n, k : k + 1],
+                    "h0": feeds["h0"][:, k : k + 1],
+                    "c0": feeds["c0"][:, k : k + 1],
+                }
+                want = ref.run(None, one) if n else None
+                for j, name in enumerate(outputs):
+                    first = name.startswith("gru0")  # layout 1: the batch first
+                    mine = got[j][k] if first else (got[j][:, :, k] if name.endswith("_y") else got[j][:, k])
+                    if name.endswith("_y"):
+                        assert np.all(mine[n:] == 0), (name, lens)
+                        if n:
+                            alone = want[j][0] if first else want[j][:, :, 0]  # type: ignore[index]
+                            np.testing.assert_allclose(mine[:n], alone, rtol=1e-5, atol=2e-6, err_msg=f"{name} {lens}")
+                    elif n:
+                        alone = want[j][0] if first else want[j][:, 0]  # type: ignore[index]
+                        np.testing.assert_allclose(mine, alone, rtol=1e-5, atol=2e-6, err_msg=f"{name} {lens}")
+                    else:  # no step: zero states, as ONNX Runtime gives
+                        np.testing.assert_array_equal(mine, np.zeros_like(mine), err_msg=f"{name} {lens}")
 
 
 def test_the_reference_gru_variants_differ() -> None:

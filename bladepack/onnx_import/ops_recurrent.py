@@ -10,8 +10,9 @@ are permuted by blocks and R is transposed: at optimize time for initializers an
 exporter writes them; weights given at run time become slices, a concat and a permute that the GEMM
 and the kernel read through (correct, slower). What the kernels do not compute is
 refused by name: activations other than the defaults (LSTM Sigmoid / Tanh / Tanh, GRU Sigmoid /
-Tanh, RNN Tanh or Relu), clip, input_forget, and sequence_lens that is not every sequence's full
-length.
+Tanh, RNN Tanh or Relu), clip and input_forget. sequence_lens, known or given at run time, makes each
+sequence stop at its own length (Note [Recurrent lengths] in ir/recurrent.py): Y is 0 past it, Y_h and
+Y_c are the states at its last step.
 """
 
 from __future__ import annotations
@@ -123,11 +124,11 @@ def _recurrent(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
     seq = x.type.shape[1 if layout else 0]
     batch = x.type.shape[0 if layout else 1]
     lens = arg(ins, 4)
-    if lens is not None:
-        if lens.numeric is None:
-            raise Unsupported(f"{op} with sequence_lens given at run time (only full-length sequences)")
-        if not all(isinstance(seq, int) and int(n) == seq for n in lens.numeric.ravel()):
-            raise Unsupported(f"{op} with sequence_lens {lens.numeric.tolist()} (only full-length sequences)")
+    lengths = None  # Note [Recurrent lengths]: sequences shorter than the input, or given at run time
+    if lens is not None and not (
+        lens.numeric is not None and all(isinstance(seq, int) and int(n) == seq for n in lens.numeric.ravel())
+    ):
+        lengths = ctx.reshape(ctx.cast(ctx.tensor(lens), DType.INT64), (batch,))
     dt = x.type.dtype
     if not dt.is_floating or w.type.dtype is not dt or r.type.dtype is not dt or b.type.dtype is not dt:
         raise Unsupported(f"{op} over {dt.value} with {w.type.dtype.value} weights (one floating type)")
@@ -151,7 +152,7 @@ def _recurrent(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
         lbr = bool(int(ctx.attr("linear_before_reset", 0))) if cell == "gru" else True
         p = _direction(ctx, peep, d, 0, 3 * hid, "peephole", hid, False) if peep is not None else None
         attrs = RecurrentAttrs(cell, hid, reverse, lbr)
-        y, h, c = recurrent_layer(ctx, xv, weights, h0, c0, attrs, p)
+        y, h, c = recurrent_layer(ctx, xv, weights, h0, c0, attrs, p, lengths)
         ys.append(y)
         hs.append(h)
         if c is not None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 from onnx.reference import ReferenceEvaluator
-from onnx.reference.ops import op_resize
+from onnx.reference.ops import op_gru, op_lstm, op_resize, op_rnn
 
 from bladepack.onnx_import.model import load_model
 
@@ -49,9 +49,71 @@ class Resize(op_resize.Resize):
         return super()._run(mid, roi, None, np.array(y.shape, dtype=np.int64), **last)
 
 
+def _per_sequence(run: Callable[..., Any], x: np.ndarray, lens: Any, states: list[Any], layout: int) -> Any:
+    """Note [sequence_lens in the oracle]: each sequence run alone on its own steps, its Y zero past
+    them and its states zero where it has none."""
+    if lens is None:
+        return run(x, states)
+    outs = [np.zeros_like(o) for o in run(x, states)]
+    steps = x.shape[1 if layout else 0]
+    for b, n in enumerate(np.asarray(lens).ravel()):
+        n = min(int(n), steps)
+        if n <= 0:
+            continue
+        mine = run(
+            x[b : b + 1, :n] if layout else x[:n, b : b + 1],
+            [None if s is None else (s[b : b + 1] if layout else s[:, b : b + 1]) for s in states],
+        )
+        if layout:
+            outs[0][b, :n] = mine[0][0]
+        else:
+            outs[0][:n, :, b] = mine[0][:, :, 0]
+        for k in range(1, len(outs)):
+            if layout:
+                outs[k][b] = mine[k][0]
+            else:
+                outs[k][:, b] = mine[k][:, 0]
+    return tuple(outs)
+
+
+class LSTM(op_lstm.LSTM):
+    """Note [sequence_lens in the oracle]: onnx's reference evaluator ignores an RNN's sequence_lens
+    (its argument is unused), where the specification and ONNX Runtime stop each sequence at its
+    length: Y is 0 past it and Y_h / Y_c are its states after its last step (0 for a length of 0). The
+    three ops run each sequence alone through the evaluator's own implementation instead."""
+
+    def _run(self, X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None, **attrs):  # type: ignore[no-untyped-def,override]
+        base = super()._run
+        return _per_sequence(
+            lambda x, s: base(x, W, R, B, None, s[0], s[1], P, **attrs),  # type: ignore[no-untyped-call]
+            X,
+            sequence_lens,
+            [initial_h, initial_c],
+            int(getattr(self, "layout", 0) or 0),
+        )
+
+
+class GRU(op_gru.GRU):
+    """Note [sequence_lens in the oracle]."""
+
+    def _run(self, X, W, R, B=None, sequence_lens=None, initial_h=None, **attrs):  # type: ignore[no-untyped-def,override]
+        base = super()._run
+        layout = int(attrs.get("layout") or getattr(self, "layout", 0) or 0)
+        return _per_sequence(lambda x, s: base(x, W, R, B, None, s[0], **attrs), X, sequence_lens, [initial_h], layout)  # type: ignore[no-untyped-call]
+
+
+class RNN(op_rnn.RNN_14):
+    """Note [sequence_lens in the oracle]."""
+
+    def _run(self, X, W, R, B=None, sequence_lens=None, initial_h=None, **attrs):  # type: ignore[no-untyped-def,override]
+        base = super()._run
+        layout = int(attrs.get("layout") or getattr(self, "layout", 0) or 0)
+        return _per_sequence(lambda x, s: base(x, W, R, B, None, s[0], **attrs), X, sequence_lens, [initial_h], layout)  # type: ignore[no-untyped-call]
+
+
 def onnx_oracle(model: Any) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
     proto = load_model(model)
-    evaluator = ReferenceEvaluator(proto, new_ops=[Resize])
+    evaluator = ReferenceEvaluator(proto, new_ops=[Resize, LSTM, GRU, RNN])
     initializers = {t.name for t in proto.graph.initializer}
     names = [i.name for i in proto.graph.input if i.name not in initializers]
 
