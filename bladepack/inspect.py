@@ -251,7 +251,7 @@ def inspect_text(s: dict[str, Any]) -> str:
         elif pad is not None:
             pads = ", ".join(f"{n} axis {r['axis']} with {r['pad']:g}" for n, r in pad["inputs"].items())
             trim = ", ".join(f"{n} axis {', '.join(map(str, a))}" for n, a in pad["outputs"].items() if a) or "nothing"
-            masks = ", ".join(pad["masks"]) or "none: every op is position-wise"
+            masks = ", ".join(pad["masks"]) or "none: every op is position-wise or causal"
             rows = f"each {pad['rows']} row its own length" if pad["rows"] else "one length per call"
             lines.append(f"    padding: proven ({rows}); pad {pads}; trim {trim}; masks {masks}")
     by_kind = ", ".join(f"{k} {v}" for k, v in s["plan"]["by_kind"].items())

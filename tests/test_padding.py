@@ -47,32 +47,36 @@ def _padded(x: torch.Tensor, length: int, pad: float) -> torch.Tensor:
 
 
 def _check_against_eager(
-    model: nn.Module, proof: PaddingProof, make: Callable[[int, int], tuple[torch.Tensor, ...]]
+    model: nn.Module,
+    proof: PaddingProof,
+    make: Callable[[int, int], tuple[torch.Tensor, ...]],
+    names: tuple[str, ...] = ("ids", "mask"),
 ) -> None:
     """Every request length padded to every longer length: eager's outputs at the valid positions
-    equal the unpadded call's (the proof's claim), rows of different lengths in one batch included."""
-    names = list(proof.pads)
+    equal the unpadded call's (the proof's claim), rows of different lengths in one batch included.
+    `make(b, n)` gives inputs (named `names`) whose padded dim is n."""
+
+    def pad(inputs: tuple[torch.Tensor, ...], total: int) -> list[torch.Tensor]:
+        return [_padded(x, total, proof.pads[name][1]) if name in proof.pads else x for name, x in zip(names, inputs)]
+
+    def valid(out: torch.Tensor, n: int, first: int = 0) -> torch.Tensor:
+        (axes,) = proof.outputs.values()
+        return out[tuple(slice(0, n) if a + first in axes else slice(None) for a in range(out.dim()))]
+
     torch.manual_seed(0)
     with torch.no_grad():
         for n in LENGTHS:
             inputs = make(2, n)
             want = model(*inputs)
-            for total in sorted({n, n + 1, SEQ_MAX} - {SEQ_MAX + 1}):
-                if total < n:
-                    continue
-                padded = tuple(_padded(x, total, proof.pads[name][1]) for name, x in zip(names, inputs))
-                got = model(*padded)
-                (axes,) = proof.outputs.values()
-                key = tuple(slice(0, n) if a in axes else slice(None) for a in range(got.dim()))
-                torch.testing.assert_close(got[key], want, rtol=1e-5, atol=1e-5)
+            for total in sorted({n + 1, SEQ_MAX} - {SEQ_MAX + 1}):
+                if total > n:
+                    torch.testing.assert_close(valid(model(*pad(inputs, total)), n), want, rtol=1e-5, atol=1e-5)
         # one batch: rows of lengths 1 .. SEQ_MAX together, each against its own call
         rows = [make(1, n) for n in LENGTHS]
-        merged = [torch.cat([_padded(r[i], SEQ_MAX, proof.pads[names[i]][1]) for r in rows]) for i in range(len(names))]
-        out = model(*merged)
-        (axes,) = proof.outputs.values()
+        padded = [pad(r, SEQ_MAX) for r in rows]
+        out = model(*[torch.cat([p[i] for p in padded]) for i in range(len(names))])
         for k, (n, r) in enumerate(zip(LENGTHS, rows)):
-            key = tuple(slice(0, n) if a in axes else slice(None) for a in range(1, out.dim()))
-            torch.testing.assert_close(out[k][key], model(*r)[0], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(valid(out[k], n, 1), model(*r)[0], rtol=1e-5, atol=1e-5)
 
 
 def _text(vocab: int) -> Callable[[int, int], tuple[torch.Tensor, ...]]:
@@ -119,6 +123,68 @@ def test_hugging_face_encoders_and_decoder_prefill_are_proven(name: str) -> None
     assert proof.masks == ("mask",) and proof.rows == "batch"
     assert proof.pads == {"ids": (1, 0.0), "mask": (1, 0.0)} and proof.outputs == {"output0": (1,)}
     _check_against_eager(model, proof, make)
+
+
+class _Seq2Seq(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, dec: torch.Tensor) -> torch.Tensor:
+        out = self.model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec, use_cache=False)
+        return out.last_hidden_state  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("name", ["t5", "bart"])
+def test_encoder_decoders_are_proven_along_both_sequences(name: str) -> None:
+    """T5 and BART: the encoder's length is paddable (the decoder's cross-attention keys are masked by
+    the encoder mask; the decoder's output holds no encoder position), and the decoder's length too
+    with no mask input of its own: its self-attention is causal, so a valid query never reads a padded
+    key (Note [Padding proofs]); both checked against eager."""
+    tf: Any = transformers
+    small = dict(vocab_size=96, d_model=64, num_layers=2, num_heads=4, d_ff=96, d_kv=16)
+    if name == "t5":
+        net = tf.T5Model(tf.T5Config(**small, relative_attention_num_buckets=8, decoder_start_token_id=0))
+    else:
+        net = tf.BartModel(
+            tf.BartConfig(
+                vocab_size=96,
+                d_model=64,
+                encoder_layers=2,
+                decoder_layers=2,
+                encoder_attention_heads=4,
+                decoder_attention_heads=4,
+                encoder_ffn_dim=96,
+                decoder_ffn_dim=96,
+                max_position_embeddings=64,
+            )
+        )
+    model = _Seq2Seq(net.eval()).eval()
+
+    def make(seq: int, tgt: int) -> Callable[[int, int], tuple[torch.Tensor, ...]]:
+        def inputs(b: int, n: int) -> tuple[torch.Tensor, ...]:
+            s, t = (n, tgt) if seq < 0 else (seq, n)
+            return torch.randint(3, 96, (b, s)), torch.ones(b, s, dtype=torch.int64), torch.randint(3, 96, (b, t))
+
+        return inputs
+
+    batch, dim = bladepack.Dim("batch", 1, 8), {k: bladepack.Dim(k, 1, SEQ_MAX) for k in ("seq", "tgt")}
+    samples = [make(5, 3)(2, 4), make(9, 6)(3, 7)]  # seq 4 / 7, tgt 3 / 6
+    samples = [(a, m, d) for a, m, d in samples]
+    cap = capture(
+        model,
+        samples,
+        {"ids": {0: batch, 1: dim["seq"]}, "mask": {0: batch, 1: dim["seq"]}, "dec": {0: batch, 1: dim["tgt"]}},
+    )
+    p = run_pipeline(to_program(cap), CompileOptions.from_env(), [CpuBackend().caps])
+    proofs = {pr.symbol: pr for pr in padding_proofs(p, batch_proofs(p))}
+    seq, tgt = proofs["seq"], proofs["tgt"]
+    assert seq.proven and tgt.proven, (seq.reason, tgt.reason)
+    assert seq.pads == {"ids": (1, 0.0), "mask": (1, 0.0)} and seq.outputs == {"output0": ()} and seq.masks == ("mask",)
+    assert tgt.pads == {"dec": (1, 0.0)} and tgt.outputs == {"output0": (1,)} and tgt.masks == ()
+    names = ("ids", "mask", "dec")
+    _check_against_eager(model, seq, make(-1, 5), names)
+    _check_against_eager(model, tgt, make(6, -1), names)
 
 
 class _Embed(nn.Module):

@@ -24,11 +24,14 @@ an additive mask (a float input tried when zeros fail) its dtype's minimum. Then
   positions; a reverse recurrence fails;
 - a slice along s keeps positions when it starts at 0; taking a position p survives when p is below
   the dim's minimum (Bert's pooler reads position 0); an `arange` along s holds positions, and an
-  `index` reading s with positions (a mask builder's grid) reads what its operand holds there.
+  `index` reading s with positions (a mask builder's grid) reads what its operand holds there;
+- comparing two position grids on different axes (a causal mask, key <= query) is known where one is
+  padded and the other not (the padded one is the larger), so a decoder's causal self-attention
+  masks padded keys for every valid query without a mask input.
 The rules are conservative: a failure means "not proven", with the first reason found. Each row of the
 batch may have its own length when the rows never mix, i.e. when a batch-like dim holds them (Note
 [Batch-like dims]); the proof names it. The inputs whose padded values a neutralizing step used are the
-masks; none means every op is position-wise.
+masks; none means every op is position-wise or causal (a decoder's self-attention without a mask).
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ from bladepack.ir.types import IRDim
 from bladepack.opset import Batch
 
 K = OpKind
+# a comparison's answer when its left operand is the larger (EQ / NE: when the two differ)
+_ORDERINGS = {K.LT: False, K.LE: False, K.GT: True, K.GE: True, K.EQ: False, K.NE: True}
 
 
 @dataclass(frozen=True)
@@ -275,6 +280,7 @@ class _Prover:
             ax: combine(n.op, numeric, [self.pad_at(v, r, out_rank, ax) for v, r in zip(ins, ranks)], dt)
             for ax in out_axes
         }
+        pads.update(self.causal(n.op, ins, ranks, out_rank))
         const = ANY
         if ins and all(exact(v.const) for v in ins):
             const = combine(n.op, numeric, [v.const for v in ins], dt)
@@ -286,6 +292,18 @@ class _Prover:
             positions = len(pos) == 1 and any(v.const == 0.0 for v in ins)
         sources = srcs if any(c is not ANY for c in pads.values()) else frozenset()
         return _Value(pads, positions, const, sources)
+
+    def causal(self, op: OpKind, ins: list[_Value], ranks: list[int], out_rank: int) -> dict[int, Pad]:
+        """A comparison of two position grids on different axes (a causal mask: key <= query): where
+        one side's position is padded and the other's is not, the padded one is the larger, so the
+        answer is known there (Note [Padding proofs]: a decoder with no mask input)."""
+        if op not in _ORDERINGS or len(ins) != 2 or not all(v.positions and len(v.pads) == 1 for v in ins):
+            return {}
+        (a,), (b,) = ((ax + out_rank - r for ax in v.pads) for v, r in zip(ins, ranks))
+        if a == b:
+            return {}
+        bigger = _ORDERINGS[op]  # the answer when the left side is the larger
+        return {a: float(bigger), b: float(not bigger) if op not in (K.EQ, K.NE) else float(bigger)}
 
     def reshape(self, n: Node, x: _Value) -> _Value:
         src, dst = self.shape(n.inputs[0]), n.type.shape

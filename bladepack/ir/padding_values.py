@@ -129,6 +129,8 @@ _RULES: Final[dict[OpKind, Callable[[Sequence[Pad]], Pad]]] = {
 def combine(op: OpKind, attrs: Mapping[str, object], cs: Sequence[Pad], dtype: str) -> Pad:
     """What the elementwise `op` gives at a padded position where its operands hold `cs`; `dtype` is
     the result's (a cast to bool or an integer type rounds an exact result)."""
+    if op is K.EXPAND:  # the same values, broadcast
+        return cs[0]
     if op is K.CAST:
         c = cs[0]
         if dtype == "bool":
@@ -140,8 +142,13 @@ def combine(op: OpKind, attrs: Mapping[str, object], cs: Sequence[Pad], dtype: s
     if all(exact(c) for c in cs):
         fn = OP_INFO[op].numpy
         if fn is not None:
+            nums = [c for c in cs if isinstance(c, float)]
             with np.errstate(all="ignore"):
-                r = np.asarray(fn(*[np.float64(c) for c in cs if isinstance(c, float)], **attrs), dtype=np.float64)
+                try:
+                    r = np.asarray(fn(*[np.float64(c) for c in nums], **attrs), dtype=np.float64)
+                except TypeError:  # an integer op (bitwise and, shifts): on the integers, where they are
+                    whole = all(c.is_integer() and abs(c) < 2**62 for c in nums)
+                    r = np.asarray(fn(*[np.int64(c) for c in nums], **attrs), dtype=np.float64) if whole else np.zeros(1)
             if r.shape == ():
                 v = float(r)
                 if dtype == "bool":
