@@ -5,6 +5,7 @@ computing [N, H, W, C] on the CPU, against eager at widths below, at and above a
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -225,3 +226,73 @@ def test_channels_last_epilogue_dags_and_channel_multipliers() -> None:
             want = model(x).numpy()
         got = np.asarray(m(x.numpy()))
         assert float(np.abs(got - want).max() / (1 + np.abs(want).max())) <= 1e-5, (n, h, w)
+
+
+class _Wide(torch.nn.Module):
+    """Channels-last direct 3x3 convolutions of 16, 24, 40 and 64 output channels (tiles of 8 and 6
+    pixels), stride 1 and 2."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.convs = torch.nn.ModuleList(
+            [
+                torch.nn.Conv2d(8, 16, 3, padding=1),
+                torch.nn.Conv2d(8, 24, 3, padding=1, bias=False),
+                torch.nn.Conv2d(8, 40, 3, stride=2, padding=1),
+                torch.nn.Conv2d(8, 64, 3, padding=1),
+            ]
+        )
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(torch.relu(c(x)) for c in self.convs)
+
+
+class _Heads(torch.nn.Module):
+    """Direct convolutions on an NCHW input, each its own output (no channels-last chain): 25, 40 and
+    64 output channels, which the AVX2 library walks in blocks of 24 (Note [Convolution tiles per
+    ISA])."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.convs = torch.nn.ModuleList(
+            [
+                torch.nn.Conv2d(8, 25, 3, padding=1),
+                torch.nn.Conv2d(8, 40, 3, stride=2, padding=1, bias=False),
+                torch.nn.Conv2d(8, 64, (3, 2), padding=(1, 0)),
+            ]
+        )
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(torch.relu(c(x)) for c in self.convs)
+
+
+@pytest.mark.parametrize("model", [_Wide, _Heads])
+def test_convolution_tiles_at_every_isa_level(tmp_path: Path, model: type[torch.nn.Module]) -> None:
+    """Every ISA library this CPU runs (the NCHW kernel's AVX2 code takes blocks of 24 channels, Note
+    [Convolution tiles per ISA]), at one and two threads, at image sides 1 to 9 (pixel counts over the tiles' residues),
+    against eager within 1e-5 of each output's scale; channels-last chains and NCHW direct kernels."""
+    from bladepack.cpu_features import cpu_flags
+    from bladepack.options import LoaderOptions
+    from tests.helpers import all_isas
+
+    torch.manual_seed(0)
+    net = model().eval()
+    side = Dim("side", min=2, max=16)
+    art = bladepack.optimize(net, [(torch.randn(1, 8, 5, 5),)], ({2: side, 3: side},), options=all_isas())
+    have = cpu_flags()
+    levels = [isa for isa, requires, _ in art.cpu_libraries if set(requires) <= have]
+    assert len(levels) >= 2, art.cpu_libraries
+    path = tmp_path / "convs.bpk"
+    art.save(path)
+    for isa in levels:
+        for threads in (1, 2):
+            mod = bladepack.load(path, executor="native", options=LoaderOptions(cpu_isa=isa, num_threads=threads))
+            kinds = [k["kind"] for k in mod._manifest.kernels["cpu"]]
+            assert kinds.count("conv") == len(net.convs), kinds  # type: ignore[arg-type]
+            for s in (2, 3, 4, 5, 7, 9):
+                x = torch.randn(1, 8, s, s)
+                with torch.no_grad():
+                    want = [w.numpy() for w in net(x)]
+                for k, (got, ref) in enumerate(zip(mod(x.numpy()), want, strict=True)):
+                    err = float(np.abs(np.asarray(got) - ref).max() / max(1.0, float(np.abs(ref).max())))
+                    assert err <= 1e-5, (isa, threads, s, k, err)

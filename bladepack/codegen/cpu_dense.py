@@ -215,8 +215,9 @@ def dense_kernel(em: Emitter, tile: int) -> None:
     # Haswell tile, 6 x 16 floats), 8 rows x 1 vector, up to 4 vectors for a row or two (the k pairs
     # of Note [Dense k pairs] double their accumulators). The row tile is the variant's, shared.
     # Measured in the AVX2 library (bench/results/dense_layers_avx2.md): 256 x 256 at 75 rows 34 -> 90
-    # GFLOP/s, 0.87x -> 2.1x OpenBLAS's Haswell kernels. Convolutions keep their tiles: the same change
-    # measured no different on a 64 -> 64 3x3 convolution (each block re-reads every input pixel).
+    # GFLOP/s, 0.87x -> 2.1x OpenBLAS's Haswell kernels. Channels-last convolutions keep their tiles: the
+    # same change measured no different on a 64 -> 64 3x3 convolution (each block re-reads every input
+    # pixel); the NCHW direct convolution's blocks do change (Note [Convolution tiles per ISA]).
     em.line("#if defined(__AVX512F__)")
     emit(VECTOR_BYTES, min(nn, CHANNEL_BLOCK))
     for guard, vector_bytes in (("#elif defined(__AVX2__)", 32), ("#else", 16)):

@@ -160,6 +160,15 @@ class Emitter:
     def pop(self) -> Scope:
         return self.scopes.pop()
 
+    def branch(self, guard: str, gen: Callable[[], None]) -> None:
+        """`gen`'s code after the preprocessor line `guard` (#if / #elif / #else), in a block whose
+        scope nothing is hoisted out of: another branch never reads a value this one defines."""
+        self.line(guard)
+        s = self.push(barrier=True)
+        gen()
+        self.pop()
+        self.scopes[-1].lines.extend(["{", *("  " + ln for ln in s.lines), "}"])
+
     # -- pointers
     def ptr_load(self, base: int) -> str:
         for k, v in enumerate(self.loads):

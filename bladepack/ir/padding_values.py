@@ -148,7 +148,11 @@ def combine(op: OpKind, attrs: Mapping[str, object], cs: Sequence[Pad], dtype: s
                     r = np.asarray(fn(*[np.float64(c) for c in nums], **attrs), dtype=np.float64)
                 except TypeError:  # an integer op (bitwise and, shifts): on the integers, where they are
                     whole = all(c.is_integer() and abs(c) < 2**62 for c in nums)
-                    r = np.asarray(fn(*[np.int64(c) for c in nums], **attrs), dtype=np.float64) if whole else np.zeros(1)
+                    r = (
+                        np.asarray(fn(*[np.int64(c) for c in nums], **attrs), dtype=np.float64)
+                        if whole
+                        else np.zeros(1)
+                    )
             if r.shape == ():
                 v = float(r)
                 if dtype == "bool":

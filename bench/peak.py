@@ -1,0 +1,263 @@
+"""How far each CPU kernel family runs from the machine's FMA peak, per ISA library level.
+
+In: this CPU. Out: a markdown table (printed; bench/results/peak_<cpu>.{md,json}): the measured
+float32 FMA peak per ISA level (AVX2 at x86-64-v3, AVX-512 at x86-64-v4) and thread count, then each
+kernel family's GFLOP/s and its fraction of that level's peak at the same thread count:
+- dense layers (Linear + ReLU on constant weights up to 512 KB: the generated dense kernels, Note
+  [Dense layers]) at 64 to 1024 rows;
+- channels-last 3x3 convolutions (Conv2d + ReLU, the generated direct convolution) at 64 and 256
+  channels;
+- GEMMs that are not dense layers: a linear layer over the dense size bound (4 MB of weights: BLAS or
+  the small-M kernel) and an activation x activation batched matmul (attention's shape).
+The peak is a loop of independent FMA chains (enough to cover the FMA latency on both FMA pipes,
+several registers' worth per chain set), built with the level's -march and run on 1 and on every
+allowed core at once; a family's figure is whole calls of the loaded artifact (launch cost included),
+the best of several blocks. The ISA level is the kernel library built and loaded (an AVX-512 machine
+runs the x86-64-v3 library too, so both levels' figures come from one machine).
+
+    python -m bench.peak [--isas x86-64-v3,x86-64-v4] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import re
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import bladepack
+from bench.cpp_runtime import machine
+from bladepack.codegen.toolchain import X86_LEVELS, find_compiler, host_level
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+# Per level: the vector type, its float lanes, the FMA intrinsic and the chains (independent
+# accumulators: FMA latency 4 x 2 pipes = 8 at least; 12 of AVX2's 16 registers, 24 of AVX-512's 32).
+_PEAK_KERNELS = {
+    "x86-64-v3": ("__m256", 8, "_mm256_fmadd_ps", "_mm256_set1_ps", 12),
+    "x86-64-v4": ("__m512", 16, "_mm512_fmadd_ps", "_mm512_set1_ps", 24),
+}
+
+_PEAK_SOURCE = """
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+#include <thread>
+#include <vector>
+#include <chrono>
+
+// Runs `iters` rounds of CHAINS independent FMAs on `threads` threads; returns the seconds taken and
+// writes a sum so the compiler keeps the work.
+static float run_one(int64_t iters, float seed) {
+  VEC acc[CHAINS];
+  for (int j = 0; j < CHAINS; ++j) acc[j] = SET1(seed + j);
+  const VEC a = SET1(0.999999f), b = SET1(1e-7f);
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 64
+    for (int j = 0; j < CHAINS; ++j) acc[j] = FMA(acc[j], a, b);
+  }
+  float out[LANES], s = 0;
+  for (int j = 0; j < CHAINS; ++j) {
+    memcpy(out, &acc[j], sizeof(out));
+    s += out[0];
+  }
+  return s;
+}
+
+extern "C" double bpk_peak(int64_t iters, int threads, float* sink) {
+  std::vector<std::thread> pool;
+  std::vector<float> sums(threads);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int t = 0; t < threads; ++t) pool.emplace_back([&, t] { sums[t] = run_one(iters, 1.0f + t); });
+  for (auto& th : pool) th.join();
+  auto t1 = std::chrono::steady_clock::now();
+  for (float s : sums) *sink += s;
+  return std::chrono::duration<double>(t1 - t0).count();
+}
+"""
+
+
+def peak_gflops(isa: str, threads: int, quick: bool = False) -> float:
+    """The float32 FMA peak of this CPU at `isa` on `threads` threads, GFLOP/s (best of 5)."""
+    vec, lanes, fma, set1, chains = _PEAK_KERNELS[isa]
+    level = next(lv for lv in X86_LEVELS if lv.name == isa)
+    cxx = find_compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler found")
+    with tempfile.TemporaryDirectory() as d:
+        src, lib = Path(d) / "peak.cc", Path(d) / "peak.so"
+        src.write_text(
+            f"#define VEC {vec}\n#define LANES {lanes}\n#define FMA {fma}\n#define SET1 {set1}\n"
+            f"#define CHAINS {chains}\n" + _PEAK_SOURCE
+        )
+        subprocess.run(
+            [cxx, "-O2", *level.flags, "-shared", "-fPIC", "-pthread", str(src), "-o", str(lib)],
+            check=True,
+            capture_output=True,
+        )
+        so = ctypes.CDLL(str(lib))
+        so.bpk_peak.restype = ctypes.c_double
+        so.bpk_peak.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.POINTER(ctypes.c_float)]
+        sink = ctypes.c_float(0)
+        iters = 2_000_000 if quick else 20_000_000
+        so.bpk_peak(iters // 10, threads, ctypes.byref(sink))  # warm (clocks up)
+        best = min(so.bpk_peak(iters, threads, ctypes.byref(sink)) for _ in range(5))
+    return threads * iters * chains * lanes * 2 / best / 1e9
+
+
+class _Dense(torch.nn.Module):
+    def __init__(self, k: int, n: int) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(k, n)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc(x))
+
+
+class _Conv(torch.nn.Module):
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv(x))
+
+
+class _Bmm(torch.nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a @ b
+
+
+def _loaded(model: torch.nn.Module, samples: list[tuple[torch.Tensor, ...]], dims: Any, isa: str) -> Any:
+    options = bladepack.CompileOptions.from_env(cpu_isas=isa, quiet=True)
+    art = bladepack.optimize(model.eval(), samples, dims, reference_cases=False, options=options)
+    return bladepack.load(art.to_bytes(), options=bladepack.LoaderOptions.from_env(cpu_isa=isa))
+
+
+def _best_call_s(fn: Callable[[], Any], quick: bool) -> float:
+    """The best block median of whole calls, blocks of at least 0.1 s (Note [Rounds] in bench/README.md)."""
+    for _ in range(3):
+        fn()
+    t = time.perf_counter()
+    fn()
+    one = max(time.perf_counter() - t, 1e-6)
+    per_block = max(5, int(0.1 / one))
+    best = float("inf")
+    for _ in range(2 if quick else 5):
+        ts = []
+        for _ in range(per_block):
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+        best = min(best, statistics.median(ts))
+    return best
+
+
+def families(isa: str, quick: bool) -> list[dict[str, Any]]:
+    """Each kernel family's whole-call GFLOP/s at this ISA level (every allowed core)."""
+    rows: list[dict[str, Any]] = []
+    r = bladepack.Dim("rows", 1, 4096)
+    for k, n in ((256, 256), (512, 256), (256, 1024)):
+        m = _loaded(_Dense(k, n), [(torch.randn(2, k),), (torch.randn(5, k),)], {"x": {0: r}}, isa)
+        for rows_ in (64, 255, 1024):
+            x = np.random.default_rng(0).standard_normal((rows_, k), dtype=np.float32)
+            s = _best_call_s(lambda m=m, x=x: m.run([x]), quick)
+            rows.append(
+                {"family": "dense layer", "shape": f"{rows_} x {k} -> {n}", "gflops": 2 * rows_ * k * n / s / 1e9}
+            )
+    side = bladepack.Dim("side", 8, 64)
+    for c in (64, 256):
+        conv = _loaded(
+            _Conv(c), [(torch.randn(1, c, 16, 16),), (torch.randn(1, c, 20, 20),)], {"x": {2: side, 3: side}}, isa
+        )
+        for hw in (28, 56):
+            x = np.random.default_rng(0).standard_normal((1, c, hw, hw), dtype=np.float32)
+            s = _best_call_s(lambda m=conv, x=x: m.run([x]), quick)
+            flops = 2 * hw * hw * c * c * 9
+            rows.append({"family": "3x3 convolution", "shape": f"{c} ch, {hw} x {hw}", "gflops": flops / s / 1e9})
+    big = _loaded(_Dense(1024, 1024), [(torch.randn(2, 1024),), (torch.randn(5, 1024),)], {"x": {0: r}}, isa)
+    for rows_ in (16, 256):
+        x = np.random.default_rng(0).standard_normal((rows_, 1024), dtype=np.float32)
+        s = _best_call_s(lambda x=x: big.run([x]), quick)
+        rows.append(
+            {
+                "family": "GEMM, 4 MB weights",
+                "shape": f"{rows_} x 1024 -> 1024",
+                "gflops": 2 * rows_ * 1024 * 1024 / s / 1e9,
+            }
+        )
+    t = bladepack.Dim("t", 1, 512)
+    bmm = _loaded(
+        _Bmm(),
+        [(torch.randn(4, 9, 64), torch.randn(4, 64, 9)), (torch.randn(4, 17, 64), torch.randn(4, 64, 17))],
+        ({1: t}, {2: t}),
+        isa,
+    )
+    for n in (128, 512):
+        a = np.random.default_rng(0).standard_normal((4, n, 64), dtype=np.float32)
+        b = np.random.default_rng(1).standard_normal((4, 64, n), dtype=np.float32)
+        s = _best_call_s(lambda a=a, b=b: bmm.run([a, b]), quick)
+        rows.append(
+            {"family": "activation GEMM", "shape": f"4 x {n} x 64 x {n}", "gflops": 2 * 4 * n * 64 * n / s / 1e9}
+        )
+    return rows
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", name.split(",")[0]).strip("_")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--isas", default=None, help="comma-separated ISA levels (default: x86-64-v3 and this CPU's)")
+    ap.add_argument("--quick", action="store_true", help="shorter runs (a smoke test)")
+    a = ap.parse_args()
+    host = host_level(list(X86_LEVELS))
+    names = [lv.name for lv in X86_LEVELS]
+    top = names.index(host.name) if host else -1
+    isas = a.isas.split(",") if a.isas else [lv for lv in ("x86-64-v3", "x86-64-v4") if names.index(lv) <= top]
+    threads = len(os.sched_getaffinity(0))
+    result: dict[str, Any] = {"machine": machine(), "threads": threads, "levels": {}}
+    lines = [
+        "# Kernel families against the FMA peak (`python -m bench.peak`)",
+        "",
+        f"Machine: {result['machine']}; float32; whole calls of the loaded artifact on {threads} threads.",
+        "",
+    ]
+    for isa in isas:
+        peak1, peak_all = peak_gflops(isa, 1, a.quick), peak_gflops(isa, threads, a.quick)
+        rows = families(isa, a.quick)
+        for r in rows:
+            r["of_peak"] = r["gflops"] / peak_all
+        result["levels"][isa] = {"peak_1_thread": peak1, f"peak_{threads}_threads": peak_all, "families": rows}
+        lines += [
+            f"## {isa}",
+            "",
+            f"FMA peak: {peak1:.0f} GFLOP/s on 1 thread, {peak_all:.0f} on {threads}.",
+            "",
+            "| family | shape | GFLOP/s | of peak |",
+            "|---|---|---:|---:|",
+            *(f"| {r['family']} | {r['shape']} | {r['gflops']:.1f} | {r['of_peak']:.0%} |" for r in rows),
+            "",
+        ]
+        print("\n".join(lines[-(len(rows) + 6) :]), flush=True)
+    if not a.quick:
+        RESULTS.mkdir(exist_ok=True)
+        stem = f"peak_{_slug(result['machine'])}"
+        (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+        (RESULTS / f"{stem}.md").write_text("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
