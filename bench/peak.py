@@ -214,6 +214,24 @@ def families(isa: str, quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
+def _blas_core() -> str:
+    """numpy's OpenBLAS and the kernels it chose (OPENBLAS_CORETYPE in the environment forces them)."""
+    from bladepack.loader.native_cpu import find_blas
+
+    found = find_blas()
+    if found is None:
+        return "none"
+    lib = ctypes.CDLL(found.source)
+    for name in ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename", "openblas_get_corename"):
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            fn.restype = ctypes.c_char_p
+            core = (fn() or b"?").decode()
+            forced = os.environ.get("OPENBLAS_CORETYPE")
+            return f"OpenBLAS, {core} kernels" + (f" (OPENBLAS_CORETYPE={forced} in the environment)" if forced else "")
+    return Path(found.source).name
+
+
 def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", name.split(",")[0]).strip("_")
 
@@ -228,11 +246,13 @@ def main() -> None:
     top = names.index(host.name) if host else -1
     isas = a.isas.split(",") if a.isas else [lv for lv in ("x86-64-v3", "x86-64-v4") if names.index(lv) <= top]
     threads = len(os.sched_getaffinity(0))
-    result: dict[str, Any] = {"machine": machine(), "threads": threads, "levels": {}}
+    blas = _blas_core()
+    result: dict[str, Any] = {"machine": machine(), "threads": threads, "blas": blas, "levels": {}}
     lines = [
         "# Kernel families against the FMA peak (`python -m bench.peak`)",
         "",
-        f"Machine: {result['machine']}; float32; whole calls of the loaded artifact on {threads} threads.",
+        f"Machine: {result['machine']}; float32; whole calls of the loaded artifact on {threads} threads; "
+        f"BLAS: {blas}.",
         "",
     ]
     for isa in isas:
