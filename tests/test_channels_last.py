@@ -248,14 +248,15 @@ class _Wide(torch.nn.Module):
 
 
 class _Heads(torch.nn.Module):
-    """Direct convolutions on an NCHW input, each its own output (no channels-last chain): 25, 40 and
-    64 output channels, which the AVX2 library walks in blocks of 24 (Note [Convolution tiles per
-    ISA])."""
+    """Direct convolutions on an NCHW input, each its own output (no channels-last chain): 12, 25, 40
+    and 64 output channels, which the AVX2 library walks in blocks of 8 (tiles of 8 pixels) or 16
+    (tiles of 4) with a narrower last one (Note [Convolution tiles per ISA])."""
 
     def __init__(self) -> None:
         super().__init__()
         self.convs = torch.nn.ModuleList(
             [
+                torch.nn.Conv2d(8, 12, 3, padding=1),
                 torch.nn.Conv2d(8, 25, 3, padding=1),
                 torch.nn.Conv2d(8, 40, 3, stride=2, padding=1, bias=False),
                 torch.nn.Conv2d(8, 64, (3, 2), padding=(1, 0)),
@@ -268,7 +269,7 @@ class _Heads(torch.nn.Module):
 
 @pytest.mark.parametrize("model", [_Wide, _Heads])
 def test_convolution_tiles_at_every_isa_level(tmp_path: Path, model: type[torch.nn.Module]) -> None:
-    """Every ISA library this CPU runs (the NCHW kernel's AVX2 code takes blocks of 24 channels, Note
+    """Every ISA library this CPU runs (the NCHW kernel's AVX2 code takes narrower channel blocks, Note
     [Convolution tiles per ISA]), at one and two threads, at image sides 1 to 9 (pixel counts over the tiles' residues),
     against eager within 1e-5 of each output's scale; channels-last chains and NCHW direct kernels."""
     from bladepack.cpu_features import cpu_flags

@@ -238,14 +238,16 @@ def direct_conv_kernel(em: Emitter) -> None:
             em.line(f"const int64_t np_ = std::min<int64_t>({tile}, {r(ow)} - x0);")
             # Note [Convolution tiles per ISA]: the tile is AVX-512's, shared by every ISA level's library
             # (it sets the loop over x0): acc[4][64] is 16 of AVX-512's 32 vector registers but 32 of
-            # AVX2's 16, which the compiler spilled, so AVX2 walks the taps once per block of 24 output
-            # channels (12 accumulator vectors, one broadcast per 3 FMAs). Measured on a 64 -> 64 3x3
-            # convolution in the AVX2 library (bench/results/peak_AMD_EPYC.md): 38-42% -> 50-55% of the
-            # FMA peak. The channels-last kernel (cpu_conv_nhwc.py) keeps its tile: taking its 6 pixels
+            # AVX2's 16, which the compiler spilled, so AVX2 walks the taps once per block of channels
+            # that keeps 8 accumulator vectors (4 pixels x 16 channels, 8 x 8). Measured on 3x3
+            # convolutions in the AVX2 library (bench/results/peak_AMD_EPYC.md; 28 x 28 and 56 x 56): 64
+            # channels 102-116 -> 181-207 GFLOP/s, 38-42% -> 67-77% of the FMA peak (blocks of 24 gave
+            # 132-151, of 32 110-120), 16 channels 82-123 -> 120-168. The channels-last kernel (cpu_conv_nhwc.py) keeps its tile: taking its 6 pixels
             # 3 at a time over 32 channels measured within 3% on a 64-channel chain, as a narrower block
             # measured no different before (Note [Dense tiles per ISA]).
-            if t == "float" and oc > 24 and tile * -(-oc // 8) > 12:
-                em.branch("#if defined(__AVX2__) && !defined(__AVX512F__)", lambda: blocks(24))
+            narrow = 8 * max(1, 8 // tile)  # 8 accumulator vectors: 4 pixels x 16 channels, 8 x 8
+            if t == "float" and oc > narrow and tile * -(-oc // 8) > 12:
+                em.branch("#if defined(__AVX2__) && !defined(__AVX512F__)", lambda: blocks(narrow))
                 em.branch("#else", lambda: blocks(oc))
                 em.line("#endif")
             else:
