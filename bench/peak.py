@@ -38,6 +38,7 @@ import torch
 
 import bladepack
 from bench.cpp_runtime import machine
+from bench.dense_layers import _Layer
 from bladepack.codegen.toolchain import X86_LEVELS, find_compiler, host_level
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -116,15 +117,6 @@ def peak_gflops(isa: str, threads: int, quick: bool = False) -> float:
     return threads * iters * chains * lanes * 2 / best / 1e9
 
 
-class _Dense(torch.nn.Module):
-    def __init__(self, k: int, n: int) -> None:
-        super().__init__()
-        self.fc = torch.nn.Linear(k, n)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(self.fc(x))
-
-
 class _Conv(torch.nn.Module):
     def __init__(self, c: int) -> None:
         super().__init__()
@@ -169,7 +161,7 @@ def families(isa: str, quick: bool) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     r = bladepack.Dim("rows", 1, 4096)
     for k, n in ((256, 256), (512, 256), (256, 1024)):
-        m = _loaded(_Dense(k, n), [(torch.randn(2, k),), (torch.randn(5, k),)], {"x": {0: r}}, isa)
+        m = _loaded(_Layer(k, n), [(torch.randn(2, k),), (torch.randn(5, k),)], {"x": {0: r}}, isa)
         for rows_ in (64, 255, 1024):
             x = np.random.default_rng(0).standard_normal((rows_, k), dtype=np.float32)
             s = _best_call_s(lambda m=m, x=x: m.run([x]), quick)
@@ -186,7 +178,7 @@ def families(isa: str, quick: bool) -> list[dict[str, Any]]:
             s = _best_call_s(lambda m=conv, x=x: m.run([x]), quick)
             flops = 2 * hw * hw * c * c * 9
             rows.append({"family": "3x3 convolution", "shape": f"{c} ch, {hw} x {hw}", "gflops": flops / s / 1e9})
-    big = _loaded(_Dense(1024, 1024), [(torch.randn(2, 1024),), (torch.randn(5, 1024),)], {"x": {0: r}}, isa)
+    big = _loaded(_Layer(1024, 1024), [(torch.randn(2, 1024),), (torch.randn(5, 1024),)], {"x": {0: r}}, isa)
     for rows_ in (16, 256):
         x = np.random.default_rng(0).standard_normal((rows_, 1024), dtype=np.float32)
         s = _best_call_s(lambda x=x: big.run([x]), quick)

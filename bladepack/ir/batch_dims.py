@@ -99,7 +99,9 @@ def _axis_of(shape: Sequence[IRDim], s: sympy.Symbol, what: str) -> int:
     return axes[0]
 
 
-def _product_equal(a: Sequence[IRDim], b: Sequence[IRDim]) -> bool:
+def products_equal(a: Sequence[IRDim], b: Sequence[IRDim]) -> bool:
+    """Whether the dims of `a` and of `b` multiply to the same size (a reshape keeps what precedes an
+    axis exactly when the dims before it do)."""
     pa = sympy.expand(sympy.Mul(*[sympy.sympify(d) for d in a]))
     pb = sympy.expand(sympy.Mul(*[sympy.sympify(d) for d in b]))
     return bool(sympy.simplify(pa - pb) == 0)
@@ -303,7 +305,7 @@ def prove_batch_like(p: Program, s: sympy.Symbol) -> BatchProof:
                         raise _NotBatchLike("its result holds the dim while none of its operands does")
                 elif want == -2:  # a reshape: the result's own axis, checked against the dims before it
                     x = ins[0]
-                    if out < 0 or not _product_equal(types[n.inputs[0]].shape[:x], n.type.shape[:out]):
+                    if out < 0 or not products_equal(types[n.inputs[0]].shape[:x], n.type.shape[:out]):
                         raise _NotBatchLike("it merges the dim with other dims, or moves the dims before it")
                 elif want != out:
                     raise _NotBatchLike(

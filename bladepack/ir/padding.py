@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, fields
 
 import sympy
 
-from bladepack.ir.batch_dims import BatchProof
+from bladepack.ir.batch_dims import BatchProof, products_equal
 from bladepack.ir.graph import Node, Program
 from bladepack.ir.ops import (
     OP_INFO,
@@ -112,10 +112,6 @@ def _axes_of(shape: Sequence[IRDim], s: sympy.Symbol, what: str) -> list[int]:
     return axes
 
 
-def _prefix(shape: Sequence[IRDim], k: int) -> sympy.Expr:
-    return sympy.expand(sympy.Mul(*[sympy.sympify(d) for d in shape[:k]]))
-
-
 class _Prover:
     def __init__(self, p: Program, s: sympy.Symbol, pad_values: Mapping[str, float]) -> None:
         self.p, self.s = p, s
@@ -184,7 +180,6 @@ class _Prover:
         ins = [self.values[i] for i in n.inputs]
         ranks = [len(self.shape(i)) for i in n.inputs]
         out_rank = len(n.type.shape)
-        srcs = frozenset().union(*(v.sources for v in ins)) if ins else frozenset()
         if op in (K.CONSTANT, K.FULL):
             assert isinstance(a, ConstantAttrs)
             c = float(a.value) if isinstance(a.value, (int, float, bool)) else ANY
@@ -193,7 +188,7 @@ class _Prover:
             assert isinstance(a, ArangeAttrs)
             return _Value({ax: ANY for ax in out_axes}, positions=bool(out_axes) and a.start == 0 and a.step == 1)
         if OP_INFO[op].batch is Batch.ALIGNED:
-            return self.elementwise(n, ins, ranks, out_rank, out_axes, srcs)
+            return self.elementwise(n, ins, ranks, out_rank, out_axes)
         if op is K.RESHAPE:
             return self.reshape(n, ins[0])
         if op is K.PERMUTE:
@@ -238,9 +233,8 @@ class _Prover:
             if any(ax >= ranks[0] - a.num_axes for ax in ins[0].pads) or any(v.pads for v in ins[1:]):
                 raise _Mixes(f"it normalizes over the dim ({op.value}): padded positions would count")
             return _Value({ax: ANY for ax in out_axes})
-        if op is K.CONCAT or op is K.PAD:
-            moved = [ax for v in ins for ax in v.pads if self.shape(n.inputs[0])[ax] != n.type.shape[ax]]
-            if moved or any(sorted(v.pads) != out_axes for v in ins if v.pads):
+        if op is K.CONCAT or op is K.PAD:  # along the dim its result would not be the dim (refused above)
+            if any(sorted(v.pads) != out_axes for v in ins if v.pads):
                 raise _Mixes(f"it {'concatenates' if op is K.CONCAT else 'pads'} along the dim")
             return _Value({ax: ANY for ax in out_axes})
         if op is K.CONV2D:
@@ -270,9 +264,7 @@ class _Prover:
 
     # ------------------------------------------------------------------ rules
 
-    def elementwise(
-        self, n: Node, ins: list[_Value], ranks: list[int], out_rank: int, out_axes: list[int], srcs: frozenset[str]
-    ) -> _Value:
+    def elementwise(self, n: Node, ins: list[_Value], ranks: list[int], out_rank: int, out_axes: list[int]) -> _Value:
         attrs = {f.name: getattr(n.attrs, f.name) for f in fields(n.attrs)}
         numeric = {k: v for k, v in attrs.items() if isinstance(v, (int, float, bool, str))}
         dt = n.type.dtype.value
@@ -290,7 +282,8 @@ class _Prover:
         elif n.op is K.ADD and len(out_axes) == 1:
             pos = [v for v in ins if v.positions]
             positions = len(pos) == 1 and any(v.const == 0.0 for v in ins)
-        sources = srcs if any(c is not ANY for c in pads.values()) else frozenset()
+        known = any(c is not ANY for c in pads.values())
+        sources = frozenset().union(*(v.sources for v in ins)) if known and ins else frozenset()
         return _Value(pads, positions, const, sources)
 
     def causal(self, op: OpKind, ins: list[_Value], ranks: list[int], out_rank: int) -> dict[int, Pad]:
@@ -309,8 +302,8 @@ class _Prover:
         src, dst = self.shape(n.inputs[0]), n.type.shape
         out_axes = [k for k, d in enumerate(dst) if d == self.s]
         in_axes = sorted(x.pads)
-        if len(in_axes) != len(out_axes) or any(
-            sympy.simplify(_prefix(src, i) - _prefix(dst, o)) != 0 for i, o in zip(in_axes, out_axes)
+        if len(in_axes) != len(out_axes) or not all(
+            products_equal(src[:i], dst[:o]) for i, o in zip(in_axes, out_axes)
         ):
             raise _Mixes("it merges the dim with other dims")
         return _Value({o: x.pads[i] for i, o in zip(in_axes, out_axes)}, x.positions, x.const, x.sources)

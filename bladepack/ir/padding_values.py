@@ -161,8 +161,6 @@ def combine(op: OpKind, attrs: Mapping[str, object], cs: Sequence[Pad], dtype: s
     rule = _RULES.get(op)
     if rule is not None:
         return rule(cs)
-    if op is K.CLAMP or op is K.NEG:
-        return ANY
     return _keep_neg(cs) if op in (K.FLOOR, K.CEIL, K.TRUNC, K.ROUND) else ANY
 
 

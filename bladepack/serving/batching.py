@@ -26,8 +26,8 @@ microsecond and its kernels are as fast at a few rows: bench.serving's mixed-len
 2-core machine (a BERT- and a LLaMA-style model of hidden 256, the C++ backend) measured padded
 merging at 0.75x / 0.86x the throughput of no merging at a budget of 1.5, 0.77x / 0.94x at 1.25 and
 0.94x / 0.99x at 1.1, with a worse p99 (bench/results/serving_mixed.md; an earlier run 0.70x / 0.87x
-at 1.5). A server may set it
-(`--pad-budget`). Requests of a model without the proof merge only on equal shapes, as before.
+at 1.5). A server may set it (`--pad-budget`). Requests of a model without the proof merge only on
+equal shapes, as before.
 """
 
 from __future__ import annotations
@@ -98,9 +98,11 @@ class PaddedDim:
     def length(self, request: Sequence[np.ndarray]) -> int | None:
         """The request's length along the dim (None: its inputs disagree, lack the axis, or it is above
         the range, so the request runs alone and its own call says what is wrong)."""
-        sizes = {int(x.shape[p[0]]) for x, p in zip(request, self.inputs) if p is not None and x.ndim > p[0]}
-        held = sum(1 for p in self.inputs if p is not None)
-        if len(sizes) != 1 or sum(1 for x, p in zip(request, self.inputs) if p is not None and x.ndim > p[0]) != held:
+        held = [(x, p[0]) for x, p in zip(request, self.inputs) if p is not None]
+        if len(request) != len(self.inputs) or any(x.ndim <= axis for x, axis in held):
+            return None
+        sizes = {int(x.shape[axis]) for x, axis in held}
+        if len(sizes) != 1:
             return None
         n = sizes.pop()
         return None if self.max is not None and n > self.max else n
@@ -180,9 +182,9 @@ def run_requests(
     groups: dict[tuple[Any, ...], list[int]] = {}
     lengths: list[tuple[int, ...]] = []
     for k, req in enumerate(requests):
-        key = _merge_key(req, layout) if layout.dim is not None else None
-        own = tuple(d.length(req) or 0 for d in layout.padded) if key is not None else ()
-        lengths.append(own)
+        own = tuple(d.length(req) for d in layout.padded)
+        key = _merge_key(req, layout.padded, own) if layout.dim is not None else None
+        lengths.append(tuple(n or 0 for n in own))
         if key is None:
             results[k] = _alone(call, req)
         else:
@@ -279,18 +281,20 @@ def _trimmed(o: np.ndarray, j: int, padded: Sequence[PaddedDim], own: tuple[int,
     return np.ascontiguousarray(o[tuple(key)]) if any(k != slice(None) for k in key) else o
 
 
-def _merge_key(req: Sequence[np.ndarray], layout: BatchLayout) -> tuple[Any, ...] | None:
-    """What must agree for requests to merge: every dim but the first and the padded ones, and the
-    dtypes (None: never)."""
+def _merge_key(
+    req: Sequence[np.ndarray], padded: Sequence[PaddedDim], own: tuple[int | None, ...]
+) -> tuple[Any, ...] | None:
+    """What must agree for requests to merge: every dim but the first and the padded ones (`own`: the
+    request's length along each of `padded`, None where it has none), and the dtypes (None: never)."""
     try:
         rows(req)
     except InputError:
         return None
     if any(x.ndim == 0 for x in req):
         return None
-    if any(len(req) != len(d.inputs) or d.length(req) is None for d in layout.padded):
+    if any(n is None for n in own):
         return None
-    free = [{p[0] for d in layout.padded if (p := d.inputs[i]) is not None} for i in range(len(req))]
+    free = [{p[0] for d in padded if (p := d.inputs[i]) is not None} for i in range(len(req))]
     return tuple(
         (x.dtype.str, x.ndim, tuple(-1 if a in free[i] else n for a, n in enumerate(x.shape) if a > 0))
         for i, x in enumerate(req)
