@@ -88,6 +88,33 @@ def test_proofs_are_never_guesses() -> None:
     assert env.prove_divisible(s, 2) is Tri.UNKNOWN
 
 
+_SHARED_ENV = ShapeEnv()  # one env for every example: answers come from its memo after the first
+_SHARED_SYMS = [_SHARED_ENV.create_symbol(s.name, 1, 20) for s in S]
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=exprs(), b=exprs(), values=st.tuples(st.integers(1, 20), st.integers(1, 20), st.integers(1, 20)))
+def test_le_proofs_hold_at_every_binding(a: sympy.Expr, b: sympy.Expr, values: tuple[int, int, int]) -> None:
+    """prove_le's YES / NO hold at each binding, with the intervals and answers one env remembers."""
+    env, syms = _SHARED_ENV, _SHARED_SYMS
+    x, y = (e.xreplace(dict(zip(S, syms))) for e in (a, b))
+    binding = {s: sympy.Integer(v) for s, v in zip(syms, values)}
+    vx, vy = (e.xreplace(binding).doit() for e in (x, y))
+    for _ in range(2):  # the second answer comes from the memo
+        answer = env.prove_le(x, y)
+        assert answer is Tri.UNKNOWN or (vx <= vy) == (answer is Tri.YES), f"{x} <= {y} at {values}: {answer}"
+
+
+def test_le_proofs_expand_where_terms_cancel() -> None:
+    """A product of a sum is expanded before its interval is taken (t * (s + 1) - t * s is t)."""
+    env = ShapeEnv()
+    s = env.create_symbol("s", 1, 512)
+    t = env.create_symbol("t", 1, 64)
+    assert env.prove_le(t * s + t, t * (s + 1)) is Tri.YES
+    assert env.prove_le(t * (s + 1), t * s) is Tri.NO
+    assert env.prove_le(64 * sympy.ceiling(s / 64), 64 * sympy.ceiling(s / 64) + 0) is Tri.YES
+
+
 def test_common_subexpressions_share_registers() -> None:
     a, b = S[0], S[1]
     prog, regs = _program([a * b + 1, a * b + 1, a * b])

@@ -135,12 +135,17 @@ def covered(m: dict[str, Any], regs: Sequence[int]) -> list[str]:
     """The coverage items a call with these registers exercises (Note [Reference cases])."""
     items = []
     rows: dict[str, int] = {}
+    by_row: dict[str, dict[int, list[dict[str, Any]]]] = {}  # target -> kernel row -> its launches
+    for target, plan_key in (("cpu", "native_cpu"), ("cuda", "native_cuda")):
+        of_row = by_row[target] = {}
+        for lr in (m.get(plan_key) or {}).get("launches", ()):
+            if lr.get("op") == "kernel":
+                of_row.setdefault(lr.get("k"), []).append(lr)
     for k in m.get("kernels", ()):
         target = k.get("target", "cpu")
         row = rows.get(target, 0)
         rows[target] = row + 1
-        plan = m.get("native_cpu" if target == "cpu" else "native_cuda") or {}
-        launches = [lr for lr in plan.get("launches", ()) if lr.get("op") == "kernel" and lr.get("k") == row]
+        launches = by_row["cpu" if target == "cpu" else "cuda"].get(row, [])
         if not any(_may_run(lr, regs) for lr in launches):
             continue
         v = next((v for v in k["variants"] if regs[v["pred"]]), None)

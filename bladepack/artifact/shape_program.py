@@ -39,7 +39,7 @@ class Op(IntEnum):
 
 
 WORDS = 5
-_BINARY: dict[Op, Callable[[int, int], int]] = {
+_BINARY: dict[int, Callable[[int, int], int]] = {
     Op.ADD: lambda x, y: x + y,
     Op.SUB: lambda x, y: x - y,
     Op.MUL: lambda x, y: x * y,
@@ -50,6 +50,11 @@ _BINARY: dict[Op, Callable[[int, int], int]] = {
     Op.EQ: lambda x, y: int(x == y),
     Op.NE: lambda x, y: int(x != y),
 }
+
+# the opcodes as plain ints for `evaluate`'s loop (an enum member's lookup costs more than the op)
+_CONST, _DIM, _FLOORDIV, _CEILDIV, _MOD, _SELECT, _ASSERT = (
+    int(o) for o in (Op.CONST, Op.DIM, Op.FLOORDIV, Op.CEILDIV, Op.MOD, Op.SELECT, Op.ASSERT)
+)
 
 
 @dataclass(frozen=True)
@@ -137,24 +142,24 @@ class ShapeProgram:
     def evaluate(self, dims: Sequence[Sequence[int]]) -> list[int]:
         r = [0] * self.num_registers
         for pc, (op, d, a, b, c) in enumerate(self.code):
-            if op == Op.CONST:
+            if op == _CONST:
                 r[d] = a
-            elif op == Op.DIM:
+            elif op == _DIM:
                 r[d] = dims[a][b]
-            elif op == Op.FLOORDIV:
+            elif op == _FLOORDIV:
                 r[d] = _int64(r[a] // _nonzero(r[b]), pc)
-            elif op == Op.CEILDIV:
+            elif op == _CEILDIV:
                 r[d] = _int64(-((-r[a]) // _nonzero(r[b])), pc)
-            elif op == Op.MOD:
+            elif op == _MOD:
                 r[d] = r[a] % _nonzero(r[b])
-            elif op == Op.SELECT:
+            elif op == _SELECT:
                 r[d] = r[b] if r[a] else r[c]
-            elif op == Op.ASSERT:
+            elif op == _ASSERT:
                 if not r[a]:
                     msg = self.messages[c].replace("{value}", str(r[b])).replace("{other}", str(r[d]))
                     raise ShapeGuardError(msg)
             else:
-                r[d] = _int64(_BINARY[Op(op)](r[a], r[b]), pc)
+                r[d] = _int64(_BINARY[op](r[a], r[b]), pc)
         return r
 
 

@@ -102,7 +102,7 @@ class _Compiler:
         if isinstance(e, sympy.Symbol):
             raise ValueError(f"operand check: symbol {e} is not an operand")
         if isinstance(e, (sympy.Add, sympy.Mul)) or e.is_Rational:
-            num, den = sympy.fraction(sympy.together(e))
+            num, den = (e, 1) if _whole(e) else sympy.fraction(sympy.together(e))
             if den != 1:
                 return self._op("floordiv", self.expr(sympy.expand(num)), self.expr(den))
             if isinstance(e, sympy.Add):
@@ -143,6 +143,19 @@ class _Compiler:
             return self.expr(value)
         c, v, rest = self.expr(cond), self.expr(value), self._piecewise(branches[1:])
         return self._define(f"{c} ? {v} : {rest}")
+
+
+def _whole(e: sympy.Basic) -> bool:
+    """Whether `e` has no denominator in its sums, products and powers (so `together(e)` is e over 1;
+    sympy's `together` is most of the cost of compiling a check). Function arguments (floor, Mod, ...)
+    are atoms to `together` and to this test."""
+    if e.is_Rational:
+        return bool(e.is_Integer)
+    if isinstance(e, sympy.Pow):
+        return bool(e.exp.is_Integer and e.exp >= 0) and _whole(e.base)
+    if isinstance(e, (sympy.Add, sympy.Mul)):
+        return all(_whole(a) for a in e.args)
+    return True
 
 
 def operand_buffers(

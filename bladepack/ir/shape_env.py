@@ -50,6 +50,10 @@ class ShapeEnv:
         # _eq's answers: a symbol's range never changes once created, so an answer stays true (the
         # verifier asks the same broadcasts after every pass)
         self._eq_answers: dict[tuple[sympy.Basic, sympy.Basic], Tri] = {}
+        # for the same reason, each expression's interval once (a memory plan asks thousands of
+        # `le` questions of the same few sizes)
+        self._intervals: dict[sympy.Basic, tuple[Num, Num]] = {}
+        self._le_answers: dict[tuple[sympy.Basic, sympy.Basic], tuple[Tri, bool]] = {}
 
     # -- building
     def create_symbol(self, name: str, min: int, max: int | None) -> sympy.Symbol:
@@ -87,15 +91,16 @@ class ShapeEnv:
     def bounds(self, e: IRDim) -> Bound:
         """Inclusive lower and upper bounds of `e` over every binding in range."""
         e = sympy.sympify(e)
-        lo, hi = interval(e, self._ranges)
+        lo, hi = interval(e, self._ranges, self._intervals)
         if e.free_symbols:
             self._facts[RangeFact("bounds", e, 0, (_finite(lo), _finite(hi)))] = None
         return lo, hi
 
     def prove_le(self, a: IRDim, b: IRDim) -> Tri:
-        answer = self._le(a, b)
-        if answer is not Tri.UNKNOWN and (sympy.sympify(b) - sympy.sympify(a)).free_symbols:
-            self._facts[RangeFact("le", sympy.sympify(a), sympy.sympify(b), answer)] = None
+        x, y = sympy.sympify(a), sympy.sympify(b)
+        answer, ranged = self._le_answer(x, y)
+        if answer is not Tri.UNKNOWN and ranged:
+            self._facts[RangeFact("le", x, y, answer)] = None
         return answer
 
     def prove_eq(self, a: IRDim, b: IRDim) -> Tri:
@@ -114,11 +119,30 @@ class ShapeEnv:
         diff = sympy.expand(x - y)
         if diff == 0:
             return Tri.YES
-        lo, hi = interval(diff, self._ranges)
+        lo, hi = interval(diff, self._ranges, self._intervals)
         return Tri.NO if lo > 0 or hi < 0 else Tri.UNKNOWN
 
     def _le(self, a: IRDim, b: IRDim) -> Tri:
-        lo, hi = interval(sympy.expand(sympy.sympify(b) - a), self._ranges)
+        return self._le_answer(sympy.sympify(a), sympy.sympify(b))[0]
+
+    def _le_answer(self, a: sympy.Basic, b: sympy.Basic) -> tuple[Tri, bool]:
+        """Whether a <= b, and whether the answer rests on the ranges (b - a has symbols)."""
+        found = self._le_answers.get((a, b))
+        if found is None:
+            # intervals are sound on any form of b - a; expanding (slow: ~1 ms on a memory plan's
+            # aligned sizes) only tightens them, so it is tried only when the plain difference is
+            # undecided
+            diff = b - a
+            answer = self._sign(diff)
+            if answer is Tri.UNKNOWN and _distributable(diff):
+                diff = sympy.expand(diff)
+                answer = self._sign(diff)
+            found = self._le_answers[(a, b)] = (answer, bool(diff.free_symbols))
+        return found
+
+    def _sign(self, diff: sympy.Basic) -> Tri:
+        """YES when diff >= 0 over the ranges, NO when < 0, else UNKNOWN."""
+        lo, hi = _interval(diff, self._ranges, self._intervals)
         return Tri.YES if lo >= 0 else Tri.NO if hi < 0 else Tri.UNKNOWN
 
     def _eq(self, a: IRDim, b: IRDim) -> Tri:
@@ -133,7 +157,7 @@ class ShapeEnv:
             if diff == 0:
                 answer = Tri.YES
             else:
-                lo, hi = interval(diff, self._ranges)
+                lo, hi = interval(diff, self._ranges, self._intervals)
                 answer = Tri.NO if lo > 0 or hi < 0 else Tri.UNKNOWN
             self._eq_answers[(x, y)] = answer
         return answer
@@ -145,7 +169,7 @@ class ShapeEnv:
         if f.kind == "eq":
             return self._eq(f.a, f.b) is f.answer
         assert isinstance(f.answer, tuple)
-        lo, hi = (_finite(v) for v in interval(f.a, self._ranges))
+        lo, hi = (_finite(v) for v in interval(f.a, self._ranges, self._intervals))
         was_lo, was_hi = f.answer
         return (was_lo is None or (lo is not None and lo >= was_lo)) and (
             was_hi is None or (hi is not None and hi <= was_hi)
@@ -157,6 +181,16 @@ class ShapeEnv:
         if isinstance(a, int) or sympy.sympify(a).is_Integer:
             return Tri.NO
         return Tri.UNKNOWN
+
+
+def _distributable(e: sympy.Basic) -> bool:
+    """Whether expanding `e` could cancel terms: some product or power of its sum has a sum inside
+    (a difference of two sums of products is already expanded: sympy combines like terms itself)."""
+    for t in e.args if isinstance(e, sympy.Add) else (e,):
+        for f in t.args if isinstance(t, sympy.Mul) else (t,):
+            if isinstance(f, sympy.Add) or (isinstance(f, sympy.Pow) and isinstance(f.base, sympy.Add)):
+                return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -212,56 +246,73 @@ def _as_num(v: sympy.Expr) -> Num:
         return math.nan
 
 
-def interval(e: sympy.Expr, ranges: dict[str, SymbolRange]) -> Bound:
+def interval(
+    e: sympy.Expr, ranges: dict[str, SymbolRange], memo: dict[sympy.Basic, tuple[Num, Num]] | None = None
+) -> Bound:
     """Inclusive (lo, hi) of `e` by interval arithmetic over the symbol ranges (sympy.oo where unbounded).
-    Computed in Python integers and fractions (sympy's numbers are slow), the result in sympy's."""
-    lo, hi = _interval(e, ranges)
+    Computed in Python integers and fractions (sympy's numbers are slow), the result in sympy's. `memo`:
+    intervals of (sub)expressions already computed under these same ranges (a ShapeEnv keeps one)."""
+    lo, hi = _interval(e, ranges, {} if memo is None else memo)
     return _as_sympy(lo), _as_sympy(hi)
 
 
-def _interval(e: sympy.Expr, ranges: dict[str, SymbolRange]) -> tuple[Num, Num]:
+def _interval(
+    e: sympy.Expr, ranges: dict[str, SymbolRange], memo: dict[sympy.Basic, tuple[Num, Num]]
+) -> tuple[Num, Num]:
     if isinstance(e, sympy.Symbol):
         r = ranges.get(e.name)
         if r is None:
             return -math.inf, math.inf
         return r.min, (math.inf if r.max is None else r.max)
-    if isinstance(e, sympy.Number) or not e.free_symbols:  # a constant, possibly unevaluated: evaluate it
+    if isinstance(e, sympy.Number):
+        v = _as_num(e)
+        return v, v
+    found = memo.get(e)
+    if found is None:
+        found = memo[e] = _compound(e, ranges, memo)
+    return found
+
+
+def _compound(
+    e: sympy.Expr, ranges: dict[str, SymbolRange], memo: dict[sympy.Basic, tuple[Num, Num]]
+) -> tuple[Num, Num]:
+    if not e.free_symbols:  # a constant, possibly unevaluated: evaluate it
         v = _as_num(e.doit())
         return v, v
     if isinstance(e, sympy.Add):
         lo: Num = 0
         hi: Num = 0
         for t in e.args:
-            a, b = _interval(t, ranges)
+            a, b = _interval(t, ranges, memo)
             lo, hi = lo + a, hi + b
         return lo, hi
     if isinstance(e, sympy.Mul):
         acc: tuple[Num, Num] = (1, 1)
         for t in e.args:
-            acc = _mul_bounds(acc, _interval(t, ranges))
+            acc = _mul_bounds(acc, _interval(t, ranges, memo))
         return acc
     if isinstance(e, sympy.Pow) and e.exp.is_Integer and e.exp > 0:
         acc = (1, 1)
-        base = _interval(e.base, ranges)
+        base = _interval(e.base, ranges, memo)
         for _ in range(int(e.exp)):
             acc = _mul_bounds(acc, base)
         if int(e.exp) % 2 == 0 and base[0] < 0:
             acc = (0, acc[1])
         return acc
     if isinstance(e, sympy.Pow) and e.exp == -1:
-        lo, hi = _interval(e.base, ranges)
+        lo, hi = _interval(e.base, ranges, memo)
         if lo > 0:
             return (Fraction(1) / hi if not math.isinf(hi) else 0), Fraction(1) / lo
         return -math.inf, math.inf
     if isinstance(e, (sympy.floor, sympy.ceiling)):
-        lo, hi = _interval(e.args[0], ranges)
+        lo, hi = _interval(e.args[0], ranges, memo)
         f = math.floor if isinstance(e, sympy.floor) else math.ceil
         return (lo if math.isinf(lo) else f(lo)), (hi if math.isinf(hi) else f(hi))
     if isinstance(e, (sympy.Max, sympy.Min)):
-        bs = [_interval(a, ranges) for a in e.args]
+        bs = [_interval(a, ranges, memo) for a in e.args]
         pick = max if isinstance(e, sympy.Max) else min
         return pick(b[0] for b in bs), pick(b[1] for b in bs)
     if isinstance(e, sympy.Mod):
-        _, m_hi = _interval(e.args[1], ranges)
+        _, m_hi = _interval(e.args[1], ranges, memo)
         return 0, (m_hi - 1 if not math.isinf(m_hi) else math.inf)
     return -math.inf, math.inf

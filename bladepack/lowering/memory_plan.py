@@ -51,7 +51,7 @@ def _aligned(e: IRDim) -> IRDim:
 def _le(env: ShapeEnv, a: IRDim, b: IRDim) -> bool:
     if isinstance(a, int) and isinstance(b, int):
         return a <= b
-    return sym_eq(a, b) or env.prove_le(sympy.sympify(a), sympy.sympify(b)) is Tri.YES
+    return env.prove_le(sympy.sympify(a), sympy.sympify(b)) is Tri.YES  # YES where b - a expands to 0
 
 
 def plan_memory(env: ShapeEnv, buffers: Sequence[Buffer]) -> MemoryPlan:
