@@ -694,6 +694,38 @@ def test_decoder_kernels_run_on_the_gpu(gpu: FakeGpu) -> None:
     assert manifest_summary(art._parts()[0])["cuda_reference_steps"] == []  # every op a CUDA kernel
 
 
+class _Sorts(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            *torch.sort(x, dim=1, stable=True),
+            *torch.sort(x, dim=1, descending=True, stable=True),
+            torch.topk(x, 1100, dim=1).values,  # (torch leaves the order of tied indices open)
+        )
+
+
+def test_sort_kernel_on_the_gpu(gpu: FakeGpu) -> None:
+    """Note [Sort kernel]: the CUDA heapsort along a symbolic axis gives torch's stable order (NaN,
+    +-inf, ties) at lengths from 1100 (k of the top-k) to 3000, through the Python and C++ loaders."""
+    model = _Sorts().eval()
+    b, n = torch.export.Dim("b", min=1, max=4), torch.export.Dim("n", min=1100, max=4096)
+    art = bladepack.optimize(model, [(torch.randn(2, 1500),)], ({0: b, 1: n},), targets=TARGETS)
+    g = torch.Generator().manual_seed(5)
+    cases = []
+    for rows, length in [(1, 1100), (3, 1237), (2, 3000)]:
+        x = torch.round(torch.randn(rows, length, generator=g) * 6)
+        x[0, 3], x[-1, -2], x[0, 9] = float("nan"), float("nan"), -float("inf")
+        cases.append((x,))
+    for run in (gpu.run, gpu.run_cpp):
+        _, results, _log = run(art, [_numpy(c) for c in cases])
+        for args, out in zip(cases, results):
+            assert not isinstance(out, str), out
+            for k, (o, r) in enumerate(zip(out, _eager(model, args))):
+                np.testing.assert_array_equal(o, r, err_msg=f"{run.__name__}: output {k} at {tuple(args[0].shape)}")
+    from bladepack.inspect import manifest_summary
+
+    assert manifest_summary(art._parts()[0])["cuda_reference_steps"] == []  # every sort a CUDA kernel
+
+
 class _CoreElementwise(torch.nn.Module):
     """The elementwise ops added for the core ATen set, every one in the CUDA spelling of the op table."""
 

@@ -405,6 +405,15 @@ CASES = [
         (X,),
     ),
     Case(
+        "sort_dynamic",  # Note [Sort kernel]: along the symbolic axis S
+        lambda x: (
+            *torch.sort(torch.round(x * 2), dim=1, stable=True),
+            *torch.sort(torch.round(x * 2), dim=1, descending=True, stable=True),
+            torch.argsort(x.transpose(1, 2) + 1, dim=-1, stable=True),
+        ),
+        (X,),
+    ),
+    Case(
         "scatter",
         lambda x, i: (
             x.scatter(2, i, x[..., :3] * 2),
@@ -658,7 +667,7 @@ def test_topk_nan_and_ties(executor: str) -> None:
 
 @pytest.mark.parametrize("executor", ["native", "reference"])
 def test_sort_nan_and_ties(executor: str) -> None:
-    """Note [Sort as a full top-k]: torch.sort's stable order, NaN last ascending and first descending,
+    """Note [Sort kernel]: torch.sort's stable order, NaN last ascending and first descending,
     ties in input order both ways, as eager computes it."""
 
     class Sort(nn.Module):
@@ -675,6 +684,68 @@ def test_sort_nan_and_ties(executor: str) -> None:
     want = Sort()(torch.from_numpy(x))
     for g, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(g, w.numpy())
+
+
+@pytest.mark.parametrize("executor", ["native", "reference"])
+def test_sort_long_and_dynamic_lines(executor: str) -> None:
+    """Note [Sort kernel]: a sort along an axis of symbolic length (the CPU's radix path), float32 and
+    int64 / int32 / int8 keys, and a topk with k over MAX_TOPK: torch's stable order with NaN, +-inf, -0
+    and ties, ascending and descending, exactly as eager."""
+
+    class Sort(nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return (
+                *torch.sort(x, stable=True),
+                *torch.sort(x, descending=True, stable=True),
+                torch.topk(x, 1500, dim=-1, largest=False).values,
+                *torch.sort(torch.nan_to_num(x, 0.0).to(torch.int64) * 1000003 - 7, descending=True, stable=True),
+                torch.argsort(torch.nan_to_num(x, 0.0).to(torch.int32) - 3, stable=True),
+                torch.argsort(torch.nan_to_num(x, 0.0).to(torch.int8), stable=True),
+            )
+
+    rows, n = torch.export.Dim("rows", min=1, max=8), torch.export.Dim("n", min=1500, max=6000)
+    art = bladepack.optimize(Sort(), [(torch.randn(2, 2000),)], ({0: rows, 1: n},))
+    loaded = bladepack.load(art.to_bytes(), executor=executor)
+    g = torch.Generator().manual_seed(3)
+    for rows, length in [(1, 1500), (3, 1501), (2, 4097), (1, 6000)]:
+        x = torch.round(torch.randn(rows, length, generator=g) * 8)  # many ties
+        x[0, 5], x[-1, -1], x[0, 7], x[-1, 0] = float("nan"), float("nan"), float("inf"), -float("inf")
+        x[0, 11] = -0.0
+        got = loaded(x.numpy())
+        for k, (o, w) in enumerate(zip(got, Sort()(x), strict=True)):
+            np.testing.assert_array_equal(o, w.numpy(), err_msg=f"output {k} at {rows} x {length}")
+
+
+def test_nan_to_num() -> None:
+    """torch.nan_to_num with its defaults (0, the dtype's largest and lowest) and with given values."""
+
+    class Clean(nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return torch.nan_to_num(x), torch.nan_to_num(x * 2, nan=-1.5, posinf=7.0, neginf=-9.0)
+
+    art = bladepack.optimize(Clean(), [(torch.randn(2, 5),), (torch.randn(3, 4),)])
+    loaded = bladepack.load(art.to_bytes())
+    x = torch.tensor([[np.nan, np.inf, -np.inf, 1.5], [-0.0, 3e38, -np.nan, -2.0]])
+    for o, w in zip(loaded(x.numpy()), Clean()(x), strict=True):
+        np.testing.assert_array_equal(o, w.numpy())
+
+
+def test_sort_kernel_short_lines_of_every_length() -> None:
+    """The CPU kernel's insertion path (up to 32), its std::sort path (up to 256) and its radix path:
+    every length 1..70 and 250..262 of a symbolic axis against eager, rows of ties, NaN and -0."""
+
+    class Sort(nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return (*torch.sort(x, dim=0, stable=True), torch.argsort(x, dim=0, descending=True, stable=True))
+
+    art = bladepack.optimize(Sort(), [(torch.randn(40, 3),), (torch.randn(70, 3),)])
+    loaded = bladepack.load(art.to_bytes())
+    g = torch.Generator().manual_seed(4)
+    for length in [*range(1, 71), *range(250, 263)]:
+        x = torch.round(torch.randn(length, 3, generator=g) * 2)
+        x[length // 2, 0], x[length - 1, 1] = float("nan"), -0.0
+        for k, (o, w) in enumerate(zip(loaded(x.numpy()), Sort()(x), strict=True)):
+            np.testing.assert_array_equal(o, w.numpy(), err_msg=f"output {k} at length {length}")
 
 
 def test_a_ceil_mode_length_export_specialized_is_refused_not_wrong() -> None:

@@ -19,6 +19,7 @@ from bladepack.ir.ops import (
     AxisAttrs,
     ReduceAttrs,
     ScatterAttrs,
+    SortAttrs,
     TopkAttrs,
 )
 from bladepack.ir.types import IRDim
@@ -181,6 +182,40 @@ def topk_kernel(em: Emitter) -> None:
         em.for_loop(j, k, lambda: em.store(n.id, store_offset(n.type.shape, out_idx), f"{ids}[{j.name}]"))
 
     em.rows_loop([xt.shape[d] for d in kept], "4", body)
+
+
+def sort_kernel(em: Emitter) -> None:
+    """Note [Sort kernel]: the positions of one line in stable sorted order per iteration, for any
+    length (constant or symbolic). The kernel hands the backend's `bpk::sort_line` two accessors: the
+    input's value at a position along the line (the producers computed inline, as any anchor's) and
+    a reference to the output's k-th position; the CPU sorts (value, position) pairs with std::sort,
+    a CUDA thread heapsorts its line in place."""
+    n = em.ctx.nodes[em.spec.roots[0]]
+    assert isinstance(n.attrs, SortAttrs)
+    x = n.inputs[0]
+    xt = em.ctx.types[x]
+    rank = xt.rank
+    a = n.attrs.axis % rank
+    kept = [d for d in range(rank) if d != a]
+    t = CTYPE[xt.dtype]
+    out = em.ptr_store(n.id)
+    desc = "true" if n.attrs.descending else "false"
+
+    def body(outer: tuple[Loop, ...]) -> None:
+        g = Loop(em.fresh("g"))
+        scope = em.push([g])  # the value at runtime position g: its definitions form the accessor's body
+        value = em.eval(x, tuple(_line_index(rank, a, kept, outer, g)))
+        em.pop()
+        key, at = em.fresh("key"), em.fresh("at")
+        em.line(f"auto {key} = [&](int64_t {g.name}) -> {t} {{")
+        em.scopes[-1].lines.extend([*("  " + ln for ln in scope.lines), f"  return {value};", "};"])
+        p = Loop(em.fresh("p"))
+        off = em.args.index(store_offset(n.type.shape, _line_index(rank, a, kept, outer, p)))
+        em.line(f"auto {at} = [&](int64_t {p.name}) -> int64_t& {{ return {out}[{off}]; }};")
+        em.line(f"bpk::sort_line<{t}>({length}, {desc}, {key}, {at});")
+
+    length = em.args.ref(xt.shape[a])
+    em.rows_loop([xt.shape[d] for d in kept], f"16 * {length}", body)
 
 
 def scatter_kernel(em: Emitter) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 
 import sympy
 
-from bladepack.codegen.anchor_kernels import reduce_kernel, scan_kernel, scatter_kernel, topk_kernel
+from bladepack.codegen.anchor_kernels import reduce_kernel, scan_kernel, scatter_kernel, sort_kernel, topk_kernel
 from bladepack.codegen.c_render import CPU_MEMTYPE, Args, Loop
 from bladepack.codegen.cpu_conv import direct_conv_kernel, im2col_kernel, pool_kernel
 from bladepack.codegen.cpu_conv_nhwc import nhwc_spatial_reduce_kernel, spatial_reduction
@@ -197,6 +197,8 @@ def emit_kernel(
         plans = [("", sympy.true, scan_kernel)]
     elif spec.kind == "topk":
         plans = [("", sympy.true, topk_kernel)]
+    elif spec.kind == "sort":
+        plans = [("", sympy.true, sort_kernel)]
     elif spec.kind == "scatter":
         plans = [("", sympy.true, scatter_kernel)]
     elif spec.kind == "recurrent":

@@ -394,5 +394,86 @@ inline float round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
 #define BPK_SCALAR inline
 // @splice scalar_ops.h
 
+// Note [Sort kernel]: a line of n elements (`key(i)`: the value at position i) sorted into positions
+// (`at(k)`: a reference to the k-th position of the result), in torch's stable order. Each value becomes
+// an unsigned key whose order is the sort's (order_bits: NaN largest, -0 equal to 0, inverted when
+// descending), so equal keys are exactly the ties and a stable sort of the keys is the answer: up to 32
+// elements by insertion, up to 256 as (key, position) pairs through std::sort (the position breaks
+// ties), longer lines by an LSD radix sort, 8 bits a pass, skipping a pass where every key has the
+// same byte (small integers, a narrow range of floats).
+template <class T>
+using SortKey = typename std::conditional<(sizeof(T) <= 4), uint32_t, uint64_t>::type;
+
+template <class T>
+inline SortKey<T> order_bits(T v, bool descending) {
+  using K = SortKey<T>;
+  constexpr K top = K(1) << (8 * sizeof(K) - 1);
+  K k;
+  if constexpr (std::is_floating_point<T>::value) {
+    if (v != v) return descending ? K(0) : ~K(0);
+    if (v == T(0)) v = T(0);  // -0 sorts as 0
+    typename std::conditional<(sizeof(T) == 4), uint32_t, uint64_t>::type b;
+    std::memcpy(&b, &v, sizeof(T));
+    k = K(b);
+    k = (k & top) ? K(~k) : K(k | top);
+  } else if constexpr (std::is_signed<T>::value) {
+    k = K(v) ^ top;  // sign-extended: the signed order shifted to unsigned
+  } else {
+    k = K(v);
+  }
+  return descending ? K(~k) : k;
+}
+
+template <class T, class Key, class At>
+inline void sort_line(int64_t n, bool descending, Key key, At at) {
+  using K = SortKey<T>;
+  if (n <= 32) {
+    K keys[32];
+    for (int64_t k = 0; k < n; ++k) {
+      const K v = order_bits<T>(key(k), descending);
+      int64_t j = k;
+      while (j > 0 && v < keys[j - 1]) {  // strictly less: an equal key stays after (stable)
+        keys[j] = keys[j - 1];
+        at(j) = at(j - 1);
+        --j;
+      }
+      keys[j] = v;
+      at(j) = k;
+    }
+    return;
+  }
+  if (n <= 256) {
+    std::pair<K, int64_t> line[256];
+    for (int64_t k = 0; k < n; ++k) line[k] = {order_bits<T>(key(k), descending), k};
+    std::sort(line, line + n);
+    for (int64_t k = 0; k < n; ++k) at(k) = line[k].second;
+    return;
+  }
+  std::vector<K> keys(static_cast<size_t>(2 * n));
+  std::vector<uint32_t> pos(static_cast<size_t>(2 * n));  // a line is shorter than 2^32
+  K* kin = keys.data();
+  K* kout = kin + n;
+  uint32_t* pin = pos.data();
+  uint32_t* pout = pin + n;
+  for (int64_t k = 0; k < n; ++k) {
+    kin[k] = order_bits<T>(key(k), descending);
+    pin[k] = uint32_t(k);
+  }
+  for (unsigned shift = 0; shift < 8 * sizeof(K); shift += 8) {
+    int64_t count[257] = {0};
+    for (int64_t k = 0; k < n; ++k) ++count[((kin[k] >> shift) & 0xFF) + 1];
+    if (count[((kin[0] >> shift) & 0xFF) + 1] == n) continue;  // every key has this byte
+    for (int b = 0; b < 256; ++b) count[b + 1] += count[b];
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t d = count[(kin[k] >> shift) & 0xFF]++;
+      kout[d] = kin[k];
+      pout[d] = pin[k];
+    }
+    std::swap(kin, kout);
+    std::swap(pin, pout);
+  }
+  for (int64_t k = 0; k < n; ++k) at(k) = int64_t(pin[k]);
+}
+
 // @splice cpu_gemm.h
 }  // namespace bpk

@@ -44,7 +44,7 @@ from typing import Any
 
 import sympy
 
-from bladepack.codegen.anchor_kernels import reduce_kernel, scan_kernel, scatter_kernel, topk_kernel
+from bladepack.codegen.anchor_kernels import reduce_kernel, scan_kernel, scatter_kernel, sort_kernel, topk_kernel
 from bladepack.codegen.c_render import CTYPE, Args, Loop
 from bladepack.codegen.cuda_conv import direct_conv_kernel, im2col_kernel, pool_kernel
 from bladepack.codegen.cuda_loops import MEMTYPE, CudaEmitter, inner_syms, split_index, volume
@@ -326,13 +326,14 @@ def emit_cuda_kernel(
     elif spec.kind == "selective_scan":  # Note [Selective scan kernel]: one thread per channel
         rows = volume(ctx.nodes[spec.roots[0]].type.shape[:2])
         plans.append(("", sympy.true, selective_scan_kernel, _grid(rows, LOOP_BLOCK), LOOP_BLOCK, 0))
-    elif spec.kind in ("reduce", "scan", "topk", "scatter"):
+    elif spec.kind in ("reduce", "scan", "topk", "sort", "scatter"):
         n = ctx.nodes[spec.roots[0]]
         x_t = ctx.types[n.inputs[0]]
         fn: Callable[[CudaEmitter], None] = {
             "reduce": reduce_kernel,
             "scan": scan_kernel,
             "topk": topk_kernel,
+            "sort": sort_kernel,
             "scatter": scatter_kernel,
         }[spec.kind]
         if spec.kind == "reduce":

@@ -144,6 +144,35 @@ BPK_D double verf(double x) { return erf(x); }
 #define BPK_SCALAR BPK_D
 // @splice scalar_ops.h
 
+// Note [Sort kernel]: one thread sorts a line of n elements (`key(i)`: the value at position i) into
+// positions (`at(k)`: a reference to the k-th position of the result) by heapsort, in place in the
+// output (no scratch memory); the order is total (sort_before breaks ties by position), so the
+// unstable heapsort gives the stable result. O(n log n) comparisons, each two reads of the input.
+template <class T, class Key, class At>
+BPK_D void sort_line(int64_t n, bool descending, Key key, At at) {
+  for (int64_t k = 0; k < n; ++k) at(k) = k;
+  auto before = [&](int64_t i, int64_t j) { return sort_before(T(key(i)), i, T(key(j)), j, descending); };
+  auto sift = [&](int64_t root, int64_t end) {
+    for (;;) {
+      int64_t child = 2 * root + 1;
+      if (child >= end) return;
+      if (child + 1 < end && before(at(child), at(child + 1))) ++child;
+      if (!before(at(root), at(child))) return;
+      const int64_t t = at(root);
+      at(root) = at(child);
+      at(child) = t;
+      root = child;
+    }
+  };
+  for (int64_t s = n / 2 - 1; s >= 0; --s) sift(s, n);
+  for (int64_t e = n - 1; e > 0; --e) {
+    const int64_t t = at(0);
+    at(0) = at(e);
+    at(e) = t;
+    sift(0, e);
+  }
+}
+
 // -------------------------------------------------------------------------- reductions
 struct Sum {
   template <class T>

@@ -90,3 +90,12 @@ BPK_SCALAR T fmin_nan(T a, T b) {
   m = b != b ? b : m;
   return a != a ? a : m;
 }
+// Note [Sort kernel]: element (u at position i) sorts before (w at position j) in torch's stable
+// order: ascending with NaN last, or descending with NaN first; equal values keep input order.
+template <class T>
+BPK_SCALAR bool sort_before(T u, int64_t i, T w, int64_t j, bool descending) {
+  const bool un = u != u, wn = w != w;
+  if (un != wn) return descending ? un : wn;
+  if (!un && u != w) return descending ? u > w : u < w;
+  return i < j;
+}

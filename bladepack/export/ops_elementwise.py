@@ -100,6 +100,25 @@ def _float_class(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Val
     return ctx.emit(K.EQ if which == "isinf" else K.LT, (size, ctx.const(float("inf"), t.dtype)), out)
 
 
+@converts("aten.nan_to_num.default")
+def _nan_to_num(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    """NaN, +inf and -inf replaced (by 0, the dtype's largest and lowest finite values unless given), as
+    three wheres; integer and bool tensors pass through."""
+    x, out = ctx.v(args[0]), ctx.out_type()
+    if not out.dtype.is_floating:
+        return x
+    info = torch.finfo(DTYPE_TO_TORCH[out.dtype])
+    nan, posinf, neginf = (arg(args, kwargs, k, name, None) for k, name in ((1, "nan"), (2, "posinf"), (3, "neginf")))
+    flag = TensorType(DType.BOOL, out.shape)
+    inf = ctx.const(float("inf"), out.dtype)
+    y = ctx.emit(K.WHERE, (ctx.emit(K.NE, (x, x), flag), ctx.const(0.0 if nan is None else nan, out.dtype), x), out)
+    top = float(info.max) if posinf is None else posinf
+    y = ctx.emit(K.WHERE, (ctx.emit(K.EQ, (x, inf), flag), ctx.const(top, out.dtype), y), out)
+    low = float(info.min) if neginf is None else neginf
+    neg = ctx.emit(K.EQ, (x, ctx.emit(K.NEG, (inf,), ctx.t(inf))), flag)
+    return ctx.emit(K.WHERE, (neg, ctx.const(low, out.dtype), y), out)
+
+
 @converts("aten.softplus.default")
 def _softplus(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
     """torch's softplus: x where beta * x > threshold, else log1p(exp(beta * x)) / beta."""

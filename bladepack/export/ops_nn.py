@@ -16,7 +16,7 @@ import sympy
 from bladepack.dtypes import DType
 from bladepack.export.context import Ctx, Unsupported, Value, arg, converts, norm_axis
 from bladepack.export.ops_conv import pair, weight_name
-from bladepack.export.ops_layout import permute, reshape, reverse
+from bladepack.export.ops_layout import permute, reshape
 from bladepack.ir import OpKind, TensorType, Tri
 from bladepack.ir.broadcast import broadcast_shapes
 from bladepack.ir.ops import (
@@ -29,6 +29,8 @@ from bladepack.ir.ops import (
     Pool2dAttrs,
     ReduceAttrs,
     SafeSoftmaxAttrs,
+    SliceAttrs,
+    SortAttrs,
     TopkAttrs,
 )
 from bladepack.ir.types import IRDim
@@ -112,29 +114,29 @@ def _topk(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Valu
     k = ctx.s(args[1])
     axis = norm_axis(int(arg(args, kwargs, 2, "dim", -1)), t.rank)
     largest = bool(arg(args, kwargs, 3, "largest", True))
-    """The positions (a TOPK anchor kernel), then the values gathered from them; both sorted, best
-    first, whatever `sorted` asked (torch leaves the order of an unsorted topk unspecified)."""
-    if not isinstance(k, int):
-        raise Unsupported(f"topk with a symbolic k ({k}): k must be a constant")
-    if not 0 <= k <= MAX_TOPK:
-        raise Unsupported(f"topk with k={k} (0 to {MAX_TOPK})")
+    """The positions (a TOPK anchor kernel for a constant k up to MAX_TOPK, else the first k of a SORT:
+    Note [Sort kernel]), then the values gathered from them; both sorted, best first, whatever `sorted`
+    asked (torch leaves the order of an unsorted topk unspecified)."""
+    if isinstance(k, int) and k < 0:
+        raise Unsupported(f"topk with k={k}: k must be at least 0")
     d = ctx.t(x).shape[axis]
-    if isinstance(d, int) and k > d:
+    if isinstance(d, int) and isinstance(k, int) and k > d:
         raise Unsupported(f"topk with k={k} larger than the axis ({d})")
-    if not isinstance(d, int):
+    if not (isinstance(d, int) and isinstance(k, int)):
         ctx.assume(sympy.Ge(d, k), f"{ctx.loc}: topk needs at least k={k} elements along axis {axis}")
     vt, it = ctx.out_type(0), ctx.out_type(1)
-    idx = ctx.emit(K.TOPK, (x,), TensorType(DType.INT64, it.shape), TopkAttrs(axis, k, largest))
+    if isinstance(k, int) and k <= MAX_TOPK:
+        idx = ctx.emit(K.TOPK, (x,), TensorType(DType.INT64, it.shape), TopkAttrs(axis, k, largest))
+    else:
+        order = ctx.emit(K.SORT, (x,), TensorType(DType.INT64, t.shape), SortAttrs(axis, largest))
+        idx = ctx.emit(K.SLICE, (order,), TensorType(DType.INT64, it.shape), SliceAttrs(axis, 0, 1))
     return ctx.emit(K.GATHER, (x, idx), vt, AxisAttrs(axis)), idx
 
 
 @converts("aten.sort.default", "aten.sort.stable")
 def _sort(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Value, Value]:
-    """Note [Sort as a full top-k]: along an axis of constant length n <= MAX_TOPK, a stable sort is the
-    top-n in torch's order. Descending: topk(largest) itself (NaN first, ties in input order, as
-    torch.sort(descending=True, stable=True)). Ascending: the descending order of the reversed line,
-    reversed (NaN last and ties in input order again, as torch.sort(stable=True)); positions in the
-    reversed line map back as n - 1 - i. The values are gathered from the input at the positions."""
+    """The positions by a SORT along an axis of any length (Note [Sort kernel]: torch's stable order,
+    which an unstable torch.sort also gives here), the values gathered from the input at them."""
     x = ctx.v(args[0])
     if str(ctx.node.target if ctx.node is not None else "").endswith("stable"):  # (x, *, stable, dim, descending)
         axis, descending = arg((), kwargs, 0, "dim", -1), arg((), kwargs, 0, "descending", False)
@@ -159,20 +161,10 @@ def _sorted(ctx: Ctx, x: Value, axis_arg: int, descending: bool, vt: TensorType,
     t = ctx.t(x)
     axis = norm_axis(axis_arg, t.rank)
     n = t.shape[axis] if t.rank else 1
-    if not isinstance(n, int) or n > MAX_TOPK:
-        raise Unsupported(
-            f"sort along an axis of length {n}: sorting needs a constant length of at most {MAX_TOPK} "
-            "(a sort kernel for longer or dynamic axes is not built yet)"
-        )
-    if t.rank == 0 or n <= 1:
+    if t.rank == 0 or n == 1:
         zeros = ctx.emit(K.MUL, (ctx.cast(x, DType.INT64), ctx.const(0, DType.INT64)), it)
         return x, zeros
-    index = TensorType(DType.INT64, it.shape)
-    if descending:
-        idx = ctx.emit(K.TOPK, (x,), index, TopkAttrs(axis, n, True))
-    else:
-        backwards = ctx.emit(K.TOPK, (reverse(ctx, x, axis),), index, TopkAttrs(axis, n, True))
-        idx = ctx.emit(K.SUB, (ctx.const(n - 1, DType.INT64), reverse(ctx, backwards, axis)), index)
+    idx = ctx.emit(K.SORT, (x,), TensorType(DType.INT64, it.shape), SortAttrs(axis, descending))
     return ctx.emit(K.GATHER, (x, idx), vt, AxisAttrs(axis)), idx
 
 

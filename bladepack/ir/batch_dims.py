@@ -49,6 +49,7 @@ from bladepack.ir.ops import (
     ScatterAttrs,
     SelectiveScanAttrs,
     SliceAttrs,
+    SortAttrs,
     TopkAttrs,
     is_dense_conv,
 )
@@ -188,7 +189,7 @@ def _expected(n: Node, ins: list[int], ranks: list[int], out_rank: int, pointwis
             raise _NotBatchLike(f"it reduces over the dim's axis ({op.value})")
         return x if a.keepdim or a.axis > x else x - 1
     if rule is Batch.ALONG_AXIS:
-        assert isinstance(a, (AxisAttrs, TopkAttrs))
+        assert isinstance(a, (AxisAttrs, TopkAttrs, SortAttrs))
         if a.axis == x:
             raise _NotBatchLike(f"it runs {op.value} along the dim's axis")
         return x

@@ -270,6 +270,19 @@ def _topk(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...
     return np.take(order, np.arange(attrs["k"]), axis=axis).astype(dt).reshape(shape)
 
 
+@op("sort")
+def _sort(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    """Note [Sort kernel]: stable, ascending with NaN last or descending with NaN first."""
+    x, axis = xs[0], attrs["axis"]
+    nan = np.isnan(x) if x.dtype.kind == "f" else np.zeros(x.shape, dtype=bool)
+    rank = np.unique(np.where(nan, 0, x), return_inverse=True)[1].reshape(x.shape)  # exact for every dtype
+    if attrs["descending"]:
+        order = np.lexsort((-rank, ~nan), axis=axis)
+    else:
+        order = np.lexsort((rank, nan), axis=axis)
+    return order.astype(dt).reshape(shape)
+
+
 @op("cumsum")
 def _cumsum(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
     return np.cumsum(xs[0], axis=attrs["axis"] if xs[0].ndim else None, dtype=dt).reshape(shape)

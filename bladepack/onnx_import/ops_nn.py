@@ -25,6 +25,7 @@ from bladepack.ir.ops import (
     Pool2dAttrs,
     ReduceAttrs,
     SliceAttrs,
+    SortAttrs,
     TopkAttrs,
 )
 from bladepack.ir.types import IRDim
@@ -467,25 +468,30 @@ def _cumsum(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
 
 @converts("TopK")
 def _topk(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
-    """Indices by a TOPK anchor kernel, values gathered from them; sorted best first (sorted=0 leaves
-    the order unspecified, so sorted is as good as any)."""
+    """Indices by a TOPK anchor kernel (a constant K up to MAX_TOPK) or the first K of a SORT (Note
+    [Sort kernel]: a K from the input's shape, as exporters write torch.sort, or a long one), values
+    gathered from them; sorted best first, ties in input order (sorted=0 leaves the order unspecified,
+    so sorted is as good as any)."""
     x = need(ins, 0)
     rank = x.type.rank
     (k,) = ctx.const_ints(need(ins, 1), "K")
-    if not isinstance(k, int):
-        raise Unsupported(f"TopK with a symbolic K ({k}): K must be a constant")
-    if not 0 <= k <= MAX_TOPK:
-        raise Unsupported(f"TopK with K={k} (0 to {MAX_TOPK})")
+    if isinstance(k, int) and k < 0:
+        raise Unsupported(f"TopK with K={k}: K must be at least 0")
     axis = norm_axis(int(ctx.attr("axis", -1)), rank)
     d = x.type.shape[axis]
-    if isinstance(d, int) and k > d:
+    if isinstance(d, int) and isinstance(k, int) and k > d:
         raise Unsupported(f"TopK with K={k} larger than the axis ({d})")
-    if not isinstance(d, int):
+    if not (isinstance(d, int) and isinstance(k, int)) and sympy.sympify(d) != sympy.sympify(k):
         ctx.assume(sympy.Ge(d, k), f"{ctx.loc}: TopK needs at least K={k} elements along axis {axis}")
     shape = list(x.type.shape)
     shape[axis] = k
     largest = bool(int(ctx.attr("largest", 1)))
-    idx = ctx.out(K.TOPK, (ctx.tensor(x),), TensorType(DType.INT64, tuple(shape)), TopkAttrs(axis, k, largest))
+    index = TensorType(DType.INT64, tuple(shape))
+    if isinstance(k, int) and k <= MAX_TOPK:
+        idx = ctx.out(K.TOPK, (ctx.tensor(x),), index, TopkAttrs(axis, k, largest))
+    else:
+        order = ctx.emit(K.SORT, (ctx.tensor(x),), TensorType(DType.INT64, x.type.shape), SortAttrs(axis, largest))
+        idx = ctx.out(K.SLICE, (order,), index, SliceAttrs(axis, 0, 1))
     vals = ctx.out(K.GATHER, (ctx.tensor(x), ctx.tensor(idx)), TensorType(x.type.dtype, tuple(shape)), AxisAttrs(axis))
     return [vals, idx]
 

@@ -193,6 +193,16 @@ class TopkAttrs:
 
 
 @dataclass(frozen=True)
+class SortAttrs:
+    """The int64 positions of a line along `axis` in stable sorted order (Note [Sort kernel]):
+    ascending with NaN last, or descending with NaN first; ties keep input order, as
+    torch.sort(stable=True). For any length, constant or symbolic. The values are a GATHER of these."""
+
+    axis: int
+    descending: bool
+
+
+@dataclass(frozen=True)
 class NormAttrs:
     """layer_norm / rms_norm over the trailing `num_axes` axes; optional weight and bias inputs follow x."""
 
@@ -264,6 +274,7 @@ Attrs = Union[
     ReduceAttrs,
     ArgReduceAttrs,
     TopkAttrs,
+    SortAttrs,
     ScatterAttrs,
     RecurrentAttrs,
     SelectiveScanAttrs,

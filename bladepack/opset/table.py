@@ -45,6 +45,7 @@ from bladepack.opset.attrs import (
     ScatterAttrs,
     SelectiveScanAttrs,
     SliceAttrs,
+    SortAttrs,
     TopkAttrs,
 )
 
@@ -148,6 +149,7 @@ class OpKind(str, Enum):
     ARGMIN = "argmin"
     CUMSUM = "cumsum"
     TOPK = "topk"
+    SORT = "sort"
     SCATTER = "scatter"
     RECURRENT = "recurrent"
     SELECTIVE_SCAN = "selective_scan"
@@ -454,6 +456,7 @@ OP_INFO: dict[OpKind, OpInfo] = {
     K.ARGMIN: _info(_R, ArgReduceAttrs, 1, batch=Batch.ARG_REDUCE),
     K.CUMSUM: _info(_R, AxisAttrs, 1, batch=Batch.ALONG_AXIS),
     K.TOPK: _info(_R, TopkAttrs, 1, batch=Batch.ALONG_AXIS),
+    K.SORT: _info(_R, SortAttrs, 1, batch=Batch.ALONG_AXIS),
     K.SCATTER: _info(_R, ScatterAttrs, 3, cost=_LOOKUP, batch=Batch.OWN),
     K.RECURRENT: _info(_R, RecurrentAttrs, 4, 6, cost=_HEAVY, batch=Batch.OWN),
     K.SELECTIVE_SCAN: _info(_R, SelectiveScanAttrs, 5, 8, cost=_HEAVY, batch=Batch.OWN),

@@ -71,6 +71,7 @@ class Role(Enum):
 # scans are named in the planner, other anchors are reductions
 _ANCHOR_KINDS = {
     OpKind.TOPK: "topk",
+    OpKind.SORT: "sort",
     OpKind.SCATTER: "scatter",
     OpKind.RECURRENT: "recurrent",
     OpKind.SELECTIVE_SCAN: "selective_scan",
@@ -121,6 +122,7 @@ def classify(
         OpKind.ARGMAX,
         OpKind.ARGMIN,
         OpKind.TOPK,
+        OpKind.SORT,
         OpKind.SCATTER,
         OpKind.RECURRENT,
         OpKind.SELECTIVE_SCAN,

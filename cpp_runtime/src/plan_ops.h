@@ -11,8 +11,9 @@ inline constexpr const char* kPlanOps[] = {
     "sub", "mul", "div", "pow", "maximum", "minimum", "fmod", "eq", "ne", "lt", "le", "gt", "ge", "logical_and",
     "logical_or", "bitwise_and", "bitwise_or", "bitwise_xor", "logical_xor", "atan2", "remainder", "where", "constant",
     "full", "arange", "reshape", "expand", "permute", "slice", "concat", "take", "gather", "index", "pad", "sum",
-    "mean", "amax", "amin", "prod", "argmax", "argmin", "cumsum", "topk", "scatter", "recurrent", "selective_scan",
-    "softmax", "log_softmax", "layer_norm", "rms_norm", "matmul", "conv2d", "max_pool2d", "avg_pool2d",
+    "mean", "amax", "amin", "prod", "argmax", "argmin", "cumsum", "topk", "sort", "scatter", "recurrent",
+    "selective_scan", "softmax", "log_softmax", "layer_norm", "rms_norm", "matmul", "conv2d", "max_pool2d",
+    "avg_pool2d",
 };
 
 }  // namespace bpk
