@@ -438,6 +438,25 @@ CASES = [
         ),
         (IMG, In(("B", 3, "S", 2))),  # N(0, 1): a third of the points outside the image
     ),
+    Case(
+        "grid_sample_bicubic",
+        lambda x, g: tuple(
+            F.grid_sample(x, g, mode="bicubic", padding_mode=p, align_corners=a)
+            for p in ("zeros", "border", "reflection")
+            for a in (False, True)
+        ),
+        (IMG, In(("B", 3, "S", 2))),
+    ),
+    Case(
+        "grid_sample_3d",
+        lambda x, g: tuple(
+            F.grid_sample(x, g, mode=m, padding_mode=p, align_corners=a)
+            for m in ("bilinear", "nearest")
+            for p in ("zeros", "border", "reflection")
+            for a in (False, True)
+        ),
+        (In(("B", 2, 3, "S", 4)), In(("B", 2, "S", 3, 3))),
+    ),
     Case("index_put_mask", lambda x: x, (X,), module=lambda: _MaskedPut()),
     Case("recurrent", lambda x: x, (X,), module=lambda: _Recurrent()),
     Case("selective_scan", lambda x: x, (X,), module=lambda: _SelectiveScan()),

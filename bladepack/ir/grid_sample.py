@@ -1,20 +1,26 @@
-"""Grid sampling in IR, shared by the torch front end (grid_sampler_2d) and the ONNX importer
-(GridSample): bilinear and nearest sampling, zeros / border / reflection padding, align_corners either
-way, as coordinate arithmetic and gathers.
+"""Grid sampling in IR, shared by the torch front end (grid_sampler_2d / 3d) and the ONNX importer
+(GridSample): bilinear (trilinear), nearest and bicubic sampling, zeros / border / reflection padding,
+align_corners either way, as coordinate arithmetic and gathers.
 
-In: a `Builder` (either front end's context, ir/builder.py), the input [N, C, H, W], the grid
-[N, Ho, Wo, 2] (x, y in [-1, 1]), the mode, padding and align_corners. Out: [N, C, Ho, Wo].
+In: a `Builder` (either front end's context, ir/builder.py), the input [N, C, H, W] or [N, C, D, H, W],
+the grid [N, Ho, Wo, 2] or [N, Do, Ho, Wo, 3] (x, y (, z) in [-1, 1]), the mode, padding and
+align_corners. Out: [N, C, Ho, Wo] or [N, C, Do, Ho, Wo].
 
 Note [Grid sampling]: torch's own arithmetic, step by step (GridSampler.h), which ONNX's GridSample
 specifies too: a coordinate is unnormalized to pixels (align_corners: (g + 1) / 2 * (size - 1), else
 ((g + 1) * size - 1) / 2), then clipped (border) or reflected about the edges and clipped
 (reflection); nearest rounds it half to even, bilinear takes the four neighbours floor / floor + 1
-weighted by the distances. A neighbour outside the image contributes zero: its index is clamped into
-the image for the gather (an INDEX on the input read as [N, H, W, C], so every pixel's channels are
-one row) and its weight multiplied by 0. Bicubic (16 neighbours) is refused by the front ends.
+weighted by the distances (trilinear: the eight of a voxel). A neighbour outside the image contributes
+zero: its index is clamped into the image for the gather (an INDEX on the input read as [N, H, W, C],
+so every pixel's channels are one row) and its weight multiplied by 0. Bicubic (2-D only, as torch
+has it) unnormalizes without padding, takes the 4 x 4 taps from floor - 1 to floor + 2, pads each tap's
+own integer position (torch's get_value_bounded), and weights them by the cubic convolution with
+A = -0.75, each row along x first, then the rows along y (torch's cubic_interp1d twice).
 """
 
 from __future__ import annotations
+
+import itertools
 
 from bladepack.dtypes import DType
 from bladepack.ir.builder import Builder
@@ -23,7 +29,8 @@ from bladepack.ir.types import IRDim, TensorType
 from bladepack.ir.views import simplify
 
 K = OpKind
-NEAREST, BILINEAR = 1, 0  # torch's mode numbers
+BILINEAR, NEAREST, BICUBIC = 0, 1, 2  # torch's mode numbers
+CUBIC_A = -0.75  # the cubic convolution's parameter, torch's and ONNX's
 ZEROS, BORDER, REFLECTION = 0, 1, 2  # torch's padding numbers
 
 
@@ -74,6 +81,112 @@ def _pixel(k: _Coords, g: int, size: IRDim, align: bool, padding: int) -> int:
         v = k.op(K.MUL, k.op(K.MUL, k.op(K.ADD, g, k.c(1)), k.c(0.5)), k.op(K.SUB, k.c(size), k.c(1)))
     else:  # ((g + 1) * size - 1) / 2
         v = k.op(K.MUL, k.op(K.SUB, k.op(K.MUL, k.op(K.ADD, g, k.c(1)), k.c(size)), k.c(1)), k.c(0.5))
+    return _padded(k, v, size, align, padding)
+
+
+def _reshape(b: Builder, v: int, dt: DType, shape: tuple[IRDim, ...]) -> int:
+    return b.emit(K.RESHAPE, (v,), TensorType(dt, shape))
+
+
+def _cubic_weights(k: _Coords, t: int) -> list[int]:
+    """torch's get_cubic_upsample_coefficients (A = -0.75): the weights of the taps at floor - 1 ..
+    floor + 2 for a fractional part t."""
+
+    def near(x: int) -> int:  # ((A + 2) x - (A + 3)) x^2 + 1, for |x| <= 1
+        inner = k.op(K.SUB, k.op(K.MUL, k.c(CUBIC_A + 2), x), k.c(CUBIC_A + 3))
+        return k.op(K.ADD, k.op(K.MUL, k.op(K.MUL, inner, x), x), k.c(1))
+
+    def far(x: int) -> int:  # ((A x - 5A) x + 8A) x - 4A, for 1 < |x| < 2
+        inner = k.op(K.SUB, k.op(K.MUL, k.c(CUBIC_A), x), k.c(5 * CUBIC_A))
+        return k.op(K.SUB, k.op(K.MUL, k.op(K.ADD, k.op(K.MUL, inner, x), k.c(8 * CUBIC_A)), x), k.c(4 * CUBIC_A))
+
+    rest = k.op(K.SUB, k.c(1), t)
+    return [far(k.op(K.ADD, t, k.c(1))), near(t), near(rest), far(k.op(K.ADD, rest, k.c(1)))]
+
+
+def grid_sample(
+    b: Builder,
+    x: int,
+    grid: int,
+    xt: TensorType,
+    gt: TensorType,
+    dt: DType,
+    mode: int,
+    padding: int,
+    align: bool,
+    onnx_cubic: bool = False,
+) -> int:
+    """Note [Grid sampling]; x [N, C, *spatial] (H, W or D, H, W) and grid [N, *out, len(spatial)] of
+    types xt, gt, computed in `dt`. Bicubic takes two spatial axes; `onnx_cubic`: ONNX's bicubic
+    (Note [ONNX cubic sampling])."""
+    n, c, *sizes = xt.shape
+    d = len(sizes)
+    assert d in (2, 3) and gt.rank == d + 2 and (mode != BICUBIC or d == 2)
+    shape = (n, *gt.shape[1 : d + 1])
+    k = _Coords(b, shape, dt)
+    grid = b.cast(grid, dt)
+    one = TensorType(dt, (*shape, 1))
+    # the grid's last axis holds x, y (, z): spatial axis a (D, H, W order) reads coordinate d - 1 - a
+    g = [_reshape(b, b.emit(K.SLICE, (grid,), one, SliceAttrs(d + 1, d - 1 - a, 1)), dt, shape) for a in range(d)]
+    pixels = b.emit(K.PERMUTE, (b.cast(x, dt),), TensorType(dt, (n, *sizes, c)), PermuteAttrs((0, *range(2, d + 2), 1)))
+    arange = b.emit(K.ARANGE, (), TensorType(DType.INT64, (n,)), ArangeAttrs(0, 1))
+    batch = _reshape(b, arange, DType.INT64, (n, *[1] * d))
+    rows = TensorType(dt, (*shape, c))
+
+    def tap(at: list[int], weight: int | None) -> int:
+        """The pixels at `at` (per spatial axis, float coordinates holding integers) times `weight`
+        ([N, *out]), zero where the point lies outside the image."""
+        valid = k.inside(at[0], sizes[0])
+        for a in range(1, d):
+            valid = k.op(K.LOGICAL_AND, valid, k.inside(at[a], sizes[a]), dt=DType.BOOL)
+        index = [b.cast(k.clip(at[a], sizes[a]), DType.INT64) for a in range(d)]
+        gathered = b.emit(K.INDEX, (pixels, batch, *index), rows, IndexAttrs(tuple(range(d + 1))))
+        scale = b.cast(valid, dt) if weight is None else k.op(K.MUL, weight, b.cast(valid, dt))
+        return scaled(gathered, scale)
+
+    def scaled(v: int, weight: int) -> int:
+        return b.emit(K.MUL, (v, _reshape(b, weight, dt, (*shape, 1))), rows)
+
+    def add(total: int | None, v: int) -> int:
+        return v if total is None else b.emit(K.ADD, (total, v), rows)
+
+    total: int | None = None
+    if mode == NEAREST:
+        total = tap([k.op(K.ROUND, _pixel(k, g[a], sizes[a], align, padding)) for a in range(d)], None)
+    elif mode == BILINEAR:  # the 2^d corners, x fastest (torch's nw, ne, sw, se; tnw ... bse)
+        p = [_pixel(k, g[a], sizes[a], align, padding) for a in range(d)]
+        lo = [k.op(K.FLOOR, v) for v in p]
+        hi = [k.op(K.ADD, v, k.c(1)) for v in lo]
+        toward_hi = [k.op(K.SUB, p[a], lo[a]) for a in range(d)]
+        toward_lo = [k.op(K.SUB, hi[a], p[a]) for a in range(d)]
+        for corner in itertools.product((0, 1), repeat=d):
+            weights = [toward_hi[a] if corner[a] else toward_lo[a] for a in reversed(range(d))]  # x's first
+            weight = weights[0]
+            for w in weights[1:]:
+                weight = k.op(K.MUL, weight, w)
+            total = add(total, tap([hi[a] if corner[a] else lo[a] for a in range(d)], weight))
+    else:  # bicubic: 4 x 4 taps around floor(p), each coordinate padded on its own (torch's get_value_bounded)
+        p = [_pixel(k, g[a], sizes[a], align, ZEROS) for a in range(d)]
+        if onnx_cubic:
+            p = [_onnx_point(k, p[a], sizes[a], align, padding) for a in range(d)]
+        lo = [k.op(K.FLOOR, v) for v in p]
+        wy, wx = (_cubic_weights(k, k.op(K.SUB, p[a], lo[a])) for a in range(d))
+        ys = [_padded(k, k.op(K.ADD, lo[0], k.c(i - 1)), sizes[0], align, padding) for i in range(4)]
+        xs = [_padded(k, k.op(K.ADD, lo[1], k.c(j - 1)), sizes[1], align, padding) for j in range(4)]
+        for i in range(4):
+            row: int | None = None
+            for j in range(4):
+                row = add(row, tap([ys[i], xs[j]], wx[j]))
+            assert row is not None
+            total = add(total, scaled(row, wy[i]))
+    assert total is not None
+    back = (0, d + 1, *range(1, d + 1))
+    return b.emit(K.PERMUTE, (total,), TensorType(dt, (n, c, *shape[1:])), PermuteAttrs(back))
+
+
+def _padded(k: _Coords, v: int, size: IRDim, align: bool, padding: int) -> int:
+    """torch's compute_coordinates: a position clipped (border), reflected and clipped (reflection), or as
+    it is (zeros: a tap outside reads 0)."""
     if padding == BORDER:
         return k.clip(v, size)
     if padding == REFLECTION:
@@ -82,45 +195,16 @@ def _pixel(k: _Coords, g: int, size: IRDim, align: bool, padding: int) -> int:
     return v
 
 
-def _reshape(b: Builder, v: int, dt: DType, shape: tuple[IRDim, ...]) -> int:
-    return b.emit(K.RESHAPE, (v,), TensorType(dt, shape))
-
-
-def grid_sample(
-    b: Builder, x: int, grid: int, xt: TensorType, gt: TensorType, dt: DType, mode: int, padding: int, align: bool
-) -> int:
-    """Note [Grid sampling]; x [N, C, H, W] and grid [N, Ho, Wo, 2] of types xt, gt, computed in `dt`."""
-    n, c, h, w = xt.shape
-    ho, wo = gt.shape[1], gt.shape[2]
-    shape = (n, ho, wo)
-    k = _Coords(b, shape, dt)
-    grid = b.cast(grid, dt)
-    half = TensorType(dt, (n, ho, wo, 1))
-    gx = _reshape(b, b.emit(K.SLICE, (grid,), half, SliceAttrs(3, 0, 1)), dt, shape)
-    gy = _reshape(b, b.emit(K.SLICE, (grid,), half, SliceAttrs(3, 1, 1)), dt, shape)
-    ix, iy = _pixel(k, gx, w, align, padding), _pixel(k, gy, h, align, padding)
-    pixels = b.emit(K.PERMUTE, (b.cast(x, dt),), TensorType(dt, (n, h, w, c)), PermuteAttrs((0, 2, 3, 1)))
-    batch = _reshape(b, b.emit(K.ARANGE, (), TensorType(DType.INT64, (n,)), ArangeAttrs(0, 1)), DType.INT64, (n, 1, 1))
-    rows = TensorType(dt, (n, ho, wo, c))
-
-    def tap(xi: int, yi: int, weight: int | None) -> int:
-        """The pixels at (xi, yi), float coordinates holding integers, times `weight` ([N, Ho, Wo]),
-        zero where (xi, yi) lies outside the image."""
-        valid = k.op(K.LOGICAL_AND, k.inside(xi, w), k.inside(yi, h), dt=DType.BOOL)
-        cx = b.cast(k.clip(xi, w), DType.INT64)
-        cy = b.cast(k.clip(yi, h), DType.INT64)
-        gathered = b.emit(K.INDEX, (pixels, batch, cy, cx), rows, IndexAttrs((0, 1, 2)))
-        scale = b.cast(valid, dt) if weight is None else k.op(K.MUL, weight, b.cast(valid, dt))
-        return b.emit(K.MUL, (gathered, _reshape(b, scale, dt, (n, ho, wo, 1))), rows)
-
-    if mode == NEAREST:
-        total = tap(k.op(K.ROUND, ix), k.op(K.ROUND, iy), None)
-    else:
-        x0, y0 = k.op(K.FLOOR, ix), k.op(K.FLOOR, iy)
-        x1, y1 = k.op(K.ADD, x0, k.c(1)), k.op(K.ADD, y0, k.c(1))
-        ax1, ay1 = k.op(K.SUB, ix, x0), k.op(K.SUB, iy, y0)  # weights toward x1, y1
-        ax0, ay0 = k.op(K.SUB, x1, ix), k.op(K.SUB, y1, iy)
-        total = tap(x0, y0, k.op(K.MUL, ax0, ay0))
-        for xi, yi, wx, wy in ((x1, y0, ax1, ay0), (x0, y1, ax0, ay1), (x1, y1, ax1, ay1)):
-            total = b.emit(K.ADD, (total, tap(xi, yi, k.op(K.MUL, wx, wy))), rows)
-    return b.emit(K.PERMUTE, (total,), TensorType(dt, (n, c, ho, wo)), PermuteAttrs((0, 3, 1, 2)))
+def _onnx_point(k: _Coords, v: int, size: IRDim, align: bool, padding: int) -> int:
+    """Note [ONNX cubic sampling]: ONNX's GridSample (its reference, and ONNX Runtime) pads a sampling
+    point before taking its taps, in every mode: one outside [-0.5, size - 0.5] ([0, size - 1] with
+    align_corners) is clamped into [0, size - 1] (border) or reflected into the range (reflection).
+    For linear and nearest this changes nothing the tap padding would not; for cubic it moves the
+    16 taps, so ONNX's cubic differs from torch's (which pads each tap alone) near the edges."""
+    if padding == BORDER:
+        lo, hi = (k.c(0), k.c(simplify(size - 1))) if align else (k.c(-0.5), k.op(K.SUB, k.c(size), k.c(0.5)))
+        out = k.op(K.LOGICAL_OR, k.op(K.LT, v, lo, dt=DType.BOOL), k.op(K.GT, v, hi, dt=DType.BOOL), dt=DType.BOOL)
+        return k.op(K.WHERE, out, k.clip(v, size), v)
+    if padding == REFLECTION:
+        return k.reflect(v, 0, simplify(size * 2 - 2)) if align else k.reflect(v, -1, simplify(size * 2 - 1))
+    return v

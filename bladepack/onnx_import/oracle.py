@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 from onnx.reference import ReferenceEvaluator
-from onnx.reference.ops import op_gru, op_lstm, op_resize, op_rnn
+from onnx.reference.ops import op_grid_sample, op_gru, op_lstm, op_resize, op_rnn
 
 from bladepack.onnx_import.model import load_model
 
@@ -111,9 +111,19 @@ class RNN(op_rnn.RNN_14):
         return _per_sequence(lambda x, s: base(x, W, R, B, None, s[0], **attrs), X, sequence_lens, [initial_h], layout)  # type: ignore[no-untyped-call]
 
 
+class GridSample(op_grid_sample.GridSample):
+    """onnx's evaluator knows opset 20's mode names only; opset 16's bilinear / bicubic are the same
+    sampling under their old names."""
+
+    def _run(self, X, grid, mode=None, padding_mode=None, align_corners=None):  # type: ignore[no-untyped-def]
+        mode = mode or self.mode  # type: ignore[attr-defined]
+        mode = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
+        return super()._run(X, grid, mode=mode, padding_mode=padding_mode, align_corners=align_corners)  # type: ignore[no-untyped-call]
+
+
 def onnx_oracle(model: Any) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
     proto = load_model(model)
-    evaluator = ReferenceEvaluator(proto, new_ops=[Resize, LSTM, GRU, RNN])
+    evaluator = ReferenceEvaluator(proto, new_ops=[Resize, LSTM, GRU, RNN, GridSample])
     initializers = {t.name for t in proto.graph.initializer}
     names = [i.name for i in proto.graph.input if i.name not in initializers]
 
