@@ -112,9 +112,46 @@ def test_recurrent_blocks_at_every_isa_and_thread_count(tmp_path: Path) -> None:
                 )
 
 
+class _Projected(nn.Module):
+    """Note [LSTM projections]: two bidirectional layers with proj_size, batch_first, given and zero
+    states, and an unbatched call of a one-layer projected LSTM."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(12, 24, num_layers=2, proj_size=6, bidirectional=True, batch_first=True)
+        self.single = nn.LSTM(12, 10, proj_size=3)
+
+    def forward(self, x: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y, (h, c) = self.lstm(x, (h0, c0))
+        z, (hz, cz) = self.lstm(x)
+        u, (hu, cu) = self.single(x[0])
+        return y, h, c, z, hz, cz, u, hu, cu
+
+
+@pytest.mark.parametrize("executor", ["native", "reference"])
+def test_lstm_projections_match_eager(executor: str) -> None:
+    torch.manual_seed(0)
+    model = _Projected().eval()
+
+    def make(b: int, s: int) -> tuple[torch.Tensor, ...]:
+        return torch.randn(b, s, 12), torch.randn(4, b, 6), torch.randn(4, b, 24)
+
+    b, s = torch.export.Dim("b", min=1, max=8), torch.export.Dim("s", min=1, max=64)
+    art = bladepack.optimize(model, [make(2, 5), make(3, 7)], ({0: b, 1: s}, {1: b}, {1: b}))
+    loaded = bladepack.load(art.to_bytes(), executor=executor)
+    for shape in [(1, 1), (2, 5), (5, 17), (8, 64)]:
+        args = make(*shape)
+        for k, (o, w) in enumerate(zip(loaded(*(a.numpy() for a in args)), model(*args), strict=True)):
+            np.testing.assert_allclose(o, w.detach().numpy(), rtol=1e-5, atol=2e-6, err_msg=f"output {k} at {shape}")
+
+
 def test_refused_recurrent_forms_are_named() -> None:
-    with pytest.raises(ExportError, match="proj_size=2"):
-        bladepack.optimize(nn.LSTM(4, 3, proj_size=2), [(torch.randn(5, 2, 4),), (torch.randn(6, 3, 4),)])
+    from bladepack.export.recurrent import recurrent_layers
+
+    lstm = nn.LSTM(4, 3).eval()
+    packed = nn.utils.rnn.pack_padded_sequence(torch.randn(5, 2, 4), torch.tensor([5, 3]))
+    with recurrent_layers(lstm), pytest.raises(ExportError, match="over a PackedSequence"):
+        lstm(packed)
 
 
 def _onnx_model(lengths: bool = False) -> tuple[object, int]:

@@ -32,6 +32,7 @@ from bladepack.ir.builder import Builder
 from bladepack.ir.ops import (
     RECURRENT_GATES,
     ArangeAttrs,
+    ConstantAttrs,
     MatmulAttrs,
     RecurrentAttrs,
     SliceAttrs,
@@ -65,15 +66,19 @@ def recurrent_layer(
     attrs: RecurrentAttrs,
     peepholes: int | None = None,
     lengths: int | None = None,
+    first_input: int | None = None,
 ) -> tuple[int, int, int | None]:
-    """`lengths`: int64 [B], each sequence's own number of steps (Note [Recurrent lengths])."""
+    """`lengths`: int64 [B], each sequence's own number of steps (Note [Recurrent lengths]).
+    `first_input` [B, G*H]: added to the input projection of the first step taken (the last in reverse;
+    Note [LSTM projections] in export/recurrent.py)."""
     if lengths is not None:
+        assert first_input is None, "a first-step input with lengths: each sequence's first step differs"
         return _ragged_layer(b, x, w, h0, c0, attrs, peepholes, lengths)
     xt = b.t(x)
     steps, batch, dt, hid = xt.shape[0], xt.shape[1], xt.dtype, attrs.hidden
     lstm = attrs.cell == "lstm"
     width = 2 * hid if lstm else hid
-    out = _states(b, x, w, h0, c0, attrs, peepholes)
+    out = _states(b, x, w, h0, c0, attrs, peepholes, first_input)
 
     def part(v: int, start: int) -> int:
         t = b.t(v)
@@ -89,7 +94,14 @@ def recurrent_layer(
 
 
 def _states(
-    b: Builder, x: int, w: LayerWeights, h0: int, c0: int | None, attrs: RecurrentAttrs, peep: int | None
+    b: Builder,
+    x: int,
+    w: LayerWeights,
+    h0: int,
+    c0: int | None,
+    attrs: RecurrentAttrs,
+    peep: int | None,
+    first_input: int | None = None,
 ) -> int:
     """The RECURRENT op's result over x: the state after each step [S, B, H] (an LSTM's h then c, 2H)."""
     xt = b.t(x)
@@ -98,6 +110,14 @@ def _states(
     xg = b.emit(K.MATMUL, (x, w.w_ih), TensorType(dt, (steps, batch, cols)), MatmulAttrs(True))
     if w.b_ih is not None:
         xg = b.emit(K.ADD, (xg, w.b_ih), TensorType(dt, (steps, batch, cols)), None)
+    if first_input is not None:  # added where the step number is the first one taken
+        i64 = DType.INT64
+        t = b.emit(K.ARANGE, (), TensorType(i64, (steps,)), ArangeAttrs(0, 1))
+        first = b.emit(K.CONSTANT, (), TensorType(i64, ()), ConstantAttrs(steps - 1 if attrs.reverse else 0))
+        at_first = b.emit(K.EQ, (t, first), TensorType(DType.BOOL, (steps,)))
+        at_first = b.emit(K.RESHAPE, (b.cast(at_first, dt),), TensorType(dt, (steps, 1, 1)))
+        extra = b.emit(K.MUL, (at_first, first_input), TensorType(dt, (steps, batch, cols)))
+        xg = b.emit(K.ADD, (xg, extra), TensorType(dt, (steps, batch, cols)), None)
     lstm = attrs.cell == "lstm"
     width = 2 * attrs.hidden if lstm else attrs.hidden
     states = (h0, c0) if lstm and c0 is not None else (h0,)
