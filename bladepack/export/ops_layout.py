@@ -220,6 +220,23 @@ def _repeat(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
     return reshape(ctx, y, ctx.out_type().shape)
 
 
+@converts("aten.repeat_interleave.self_int")
+def _repeat_interleave(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    """x.repeat_interleave(r, dim) with r a number (constant or a size): each element r times in a row
+    along `dim`, as an expand of a new axis after it (dim None: of the flattened x)."""
+    x = ctx.v(args[0])
+    r = ctx.s(arg(args, kwargs, 1, "repeats"))
+    dim = arg(args, kwargs, 2, "dim", None)
+    t = ctx.t(x)
+    if dim is None:
+        t = TensorType(t.dtype, (t.numel(),))
+        x, dim = reshape(ctx, x, t.shape), 0
+    axis = norm_axis(dim, t.rank)
+    y = reshape(ctx, x, (*t.shape[: axis + 1], 1, *t.shape[axis + 1 :]))
+    y = ctx.emit(K.EXPAND, (y,), TensorType(t.dtype, (*t.shape[: axis + 1], r, *t.shape[axis + 1 :])))
+    return reshape(ctx, y, ctx.out_type().shape)
+
+
 @converts("aten.index_select.default")
 def _index_select(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
     x = ctx.v(args[0])
