@@ -395,3 +395,34 @@ def test_a_zero_dim_weight_stays_zero_dim() -> None:
     loaded = compile_model(model, [(torch.randint(0, 10, (2, 5)),), (torch.randint(0, 10, (3, 7)),)])
     for shape in [(1, 1), (4, 9)]:
         check_against_eager(model, loaded, (torch.randint(0, 10, shape),))
+
+
+class _Parity(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if x.shape[1] % 2 == 0 else x - 1
+
+
+class _Windowed(nn.Module):
+    """A branch on two dims at once (a windowed attention's `min(h, w) > window`)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if min(x.shape[2], x.shape[3]) > 4 else x + 1
+
+
+def test_guards_of_a_fallback_export_are_checked() -> None:
+    """Note [Input guards]: where export falls back to Dim.AUTO, torch keeps guards that are no range
+    (a parity, min(h, w) > 4) as the exported module's own input checks; the artifact checks them too,
+    and refuses a shape that breaks one instead of running the branch the samples took."""
+    loaded = bladepack.load(bladepack.optimize(_Parity(), [(torch.randn(2, 4),), (torch.randn(3, 6),)]).to_bytes())
+    for w in (2, 8, 30):
+        check_against_eager(_Parity(), loaded, (torch.randn(2, w),))
+    with pytest.raises(bladepack.ShapeGuardError, match=r"traced where x_dim1 % 2 == 0 \(torch.export's guard"):
+        loaded(torch.randn(2, 5))
+    art = bladepack.optimize(_Windowed(), [(torch.randn(1, 2, 8, 8),), (torch.randn(2, 2, 9, 12),)])
+    loaded = bladepack.load(art.to_bytes())
+    for h, w in ((5, 5), (6, 40), (17, 9)):
+        check_against_eager(_Windowed(), loaded, (torch.randn(1, 2, h, w),))
+    for h, w in ((3, 10), (10, 4)):
+        with pytest.raises(bladepack.ShapeGuardError, match="traced where min"):
+            loaded(torch.randn(1, 2, h, w))
+

@@ -25,7 +25,7 @@ import inspect
 import re
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -40,6 +40,7 @@ from bladepack.export.declared_dims import (
     spec_range,
     user_specs,
 )
+from bladepack.export.input_guards import input_guards
 from bladepack.export.recurrent import recurrent_layers
 from bladepack.export.related_dims import Place, RelatedDims, Relation, traced_probe
 from bladepack.export.selective_scan import selective_scans
@@ -62,6 +63,9 @@ class Captured:
     input_names: list[str]
     symbols: dict[str, SymbolInfo]  # torch symbol name -> bladepack symbol
     notes: list[str]
+    # Note [Input guards]: conditions over the inputs' torch symbols the traced graph needs, with
+    # torch's source of each (only after a Dim.AUTO fallback)
+    guards: list[tuple[Any, str, str]] = field(default_factory=list)
 
 
 def _as_tuple(sample: Any) -> tuple[Any, ...]:
@@ -225,13 +229,20 @@ def capture(model: torch.nn.Module, sample_inputs: Any, dynamic_shapes: Any = No
         infos = _narrow_roots(infos, dims)
         ep, fallbacks = _export_min1(model, args, infos, names, dims)
         symbols = _symbol_map(ep, dims, infos)
+        guards = input_guards(ep, model, {s: (i.name, i.min, i.max) for s, i in symbols.items()})
+        if guards:
+            notes.append(
+                "torch.export traced the model only where "
+                + "; ".join(text for _, _, text in guards)
+                + " (its guards; the artifact refuses other shapes)"
+            )
         for name, reason in sorted(fallbacks.items()):
             lo = min((i.min for i in symbols.values() if i.name == name), default=2)
             notes.append(
                 f"torch.export could not prove the model valid over the declared range of {name} "
                 f"({reason}); its range starts at {lo}"
             )
-        return Captured(_finish(ep), names, symbols, notes)
+        return Captured(_finish(ep), names, symbols, notes, guards)
 
 
 def _run(model: torch.nn.Module, args: tuple[Any, ...], shapes: Any) -> torch.export.ExportedProgram:

@@ -152,6 +152,9 @@ def to_program(cap: Captured) -> Program:
         convert(node, ep.graph_module)
     if problems:
         raise UnsupportedOpsError(problems)
+    for cond, code, text in cap.guards:  # Note [Input guards]
+        ctx.node, ctx.loc = None, "torch.export"
+        ctx.assume(ctx.expr(cond), f"the model was traced where {text} (torch.export's guard `{code}`)")
     outputs, names = _outputs(ctx, ep)
     graph = ctx.b.finish(tuple(outputs), tuple(names))
     structure = "tuple" if not ep.call_spec.out_spec.is_leaf() else "single"

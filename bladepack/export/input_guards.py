@@ -1,0 +1,195 @@
+"""torch.export's input guards as shape conditions of the program.
+
+In: an ExportedProgram and the model's forward (for the names its guards use). Out: each guard as a
+sympy condition over the program's input dims (torch's symbols), with its source text.
+
+Note [Input guards]: where export could not prove the model over the declared ranges, capture falls
+back to Dim.AUTO for the dims torch named (capture.py `_export_min1`). torch then accepts every guard
+the trace needs — a dim's parity, `min(h // 4, w // 4) > 4` for a windowed attention's branch, a
+padded size that must divide evenly — and keeps the ones that are no range only as the exported
+module's own input checks (`ExportedProgram._guards_code`, Python source over `L['x'].size()[k]`). The
+traced graph is the model only where they hold: at a shape that breaks one, eager takes another
+branch. Each guard therefore becomes an assumption of the program (checked by the shape program at
+every call, a ShapeGuardError naming it), so such a call is refused, never answered by the traced
+branch. A guard this module cannot read fails the export with its text: dropping it would make the
+artifact silently wrong where it fails. Guards are read only after such a fallback: otherwise torch
+proved every guard from the declared ranges.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import sympy
+import torch
+
+from bladepack.errors import ExportError
+from bladepack.ir.shape_env import SymbolRange, interval
+
+_BINARY: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.FloorDiv: lambda a, b: sympy.floor(a / b),
+    ast.Mod: lambda a, b: sympy.Mod(a, b),
+}
+_COMPARE: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Eq: sympy.Eq,
+    ast.NotEq: sympy.Ne,
+    ast.Lt: sympy.Lt,
+    ast.LtE: sympy.Le,
+    ast.Gt: sympy.Gt,
+    ast.GtE: sympy.Ge,
+}
+
+
+def input_guards(
+    ep: torch.export.ExportedProgram, model: torch.nn.Module, symbols: Mapping[str, tuple[str, int, int | None]]
+) -> list[tuple[sympy.Basic, str, str]]:
+    """Note [Input guards]: per guard the symbol ranges do not already imply, (its condition over the
+    placeholders' torch symbols, torch's source, the condition in bladepack's dim names). `symbols`:
+    torch symbol -> (bladepack name, min, max)."""
+    codes = list(getattr(ep, "_guards_code", None) or [])
+    if not codes:
+        return []
+    shapes = _input_shapes(ep)
+    roots = _roots(model, len(shapes))
+    ranges = {sym: SymbolRange(lo, hi) for sym, (_, lo, hi) in symbols.items()}
+    names = {sym: sympy.Symbol(name) for sym, (name, _, _) in symbols.items()}
+    out: list[tuple[sympy.Basic, str, str]] = []
+    for code in codes:
+        try:
+            cond = _Reader(shapes, roots).read(ast.parse(code, mode="eval").body)
+        except (SyntaxError, _Unreadable) as e:
+            raise ExportError(
+                f"torch.export's input guard `{code}` cannot be read ({e}); the traced model holds only where it "
+                "does, so bladepack refuses to build without it"
+            ) from None
+        if cond is sympy.true or _implied(cond, ranges):
+            continue
+        named = cond.xreplace({s: names[s.name] for s in cond.free_symbols if s.name in names})
+        text = sympy.pycode(named, fully_qualified_modules=False).removeprefix("(").removesuffix(")")
+        out.append((cond, code, text))
+    return out
+
+
+def _implied(cond: sympy.Basic, ranges: dict[str, SymbolRange]) -> bool:
+    """Whether the ranges alone make a comparison true (a range's own guard, `s >= 1`)."""
+    rel = {
+        sympy.GreaterThan: (1, 0),
+        sympy.StrictGreaterThan: (1, 1),
+        sympy.LessThan: (-1, 0),
+        sympy.StrictLessThan: (-1, 1),
+    }
+    if type(cond) not in rel:
+        return False
+    sign, strict = rel[type(cond)]
+    lo, _ = interval(sympy.expand(sign * (cond.lhs - cond.rhs)), ranges)
+    return bool(lo > 0 if strict else lo >= 0)
+
+
+class _Unreadable(Exception):
+    pass
+
+
+def _input_shapes(ep: torch.export.ExportedProgram) -> list[list[sympy.Expr]]:
+    """The user inputs' dims as torch's sympy expressions (an int as an Integer), in argument order."""
+    user = [
+        s.arg.name
+        for s in ep.graph_signature.input_specs
+        if s.kind == torch.export.graph_signature.InputKind.USER_INPUT
+    ]
+    nodes = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    shapes = []
+    for name in user:
+        dims = nodes[name].meta["val"].shape
+        shapes.append([d.node.expr if isinstance(d, torch.SymInt) else sympy.Integer(int(d)) for d in dims])
+    return shapes
+
+
+def _roots(model: torch.nn.Module, n: int) -> dict[tuple[str, ...], int]:
+    """The guard's spelling of each user input (`L['x']`: ("x",); `L['args'][1]`: ("args", 1)) -> its
+    position among the program's inputs."""
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    named = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    var = next((p.name for p in params if p.kind == p.VAR_POSITIONAL), "args")
+    roots: dict[tuple[str, ...], int] = {(name,): k for k, name in enumerate(named[:n])}
+    for k in range(len(named), n):
+        roots[(var, str(k - len(named)))] = k
+    return roots
+
+
+class _Reader:
+    """A guard's Python expression as a sympy condition."""
+
+    def __init__(self, shapes: Sequence[Sequence[sympy.Expr]], roots: dict[tuple[str, ...], int]) -> None:
+        self.shapes, self.roots = shapes, roots
+
+    def read(self, node: ast.expr) -> Any:
+        if isinstance(node, ast.Constant) and isinstance(node.value, (bool, int)):
+            return (
+                sympy.true if node.value is True else sympy.false if node.value is False else sympy.Integer(node.value)
+            )
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+            return _BINARY[type(node.op)](self.read(node.left), self.read(node.right))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -self.read(node.operand)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            return sympy.Not(self.read(node.operand))
+        if isinstance(node, ast.BoolOp):
+            parts = [self.read(v) for v in node.values]
+            return sympy.And(*parts) if isinstance(node.op, ast.And) else sympy.Or(*parts)
+        if isinstance(node, ast.Compare):
+            terms = [self.read(node.left), *(self.read(c) for c in node.comparators)]
+            pairs = [_COMPARE[type(op)](a, b) for op, a, b in zip(node.ops, terms, terms[1:]) if type(op) in _COMPARE]
+            if len(pairs) != len(node.ops):
+                raise _Unreadable("a comparison other than ==, !=, <, <=, >, >=")
+            return sympy.And(*pairs)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("min", "max"):
+            args = [self.read(a) for a in node.args]
+            return (sympy.Min if node.func.id == "min" else sympy.Max)(*args)
+        if isinstance(node, ast.Subscript):
+            return self._dim(node)
+        raise _Unreadable(f"{type(node).__name__} `{ast.unparse(node)}`")
+
+    def _dim(self, node: ast.Subscript) -> sympy.Expr:
+        """`L[...].size()[k]` (a dim) or `L[...].stride()[k]` (a contiguous input's stride)."""
+        call = node.value
+        axis = node.slice
+        if not (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and call.func.attr in ("size", "stride")
+            and isinstance(axis, ast.Constant)
+            and isinstance(axis.value, int)
+        ):
+            raise _Unreadable(f"`{ast.unparse(node)}`")
+        shape = self.shapes[self._input(call.func.value)]
+        k = axis.value
+        if call.func.attr == "size":
+            return shape[k]
+        stride: sympy.Expr = sympy.Integer(1)  # the loaders take C-contiguous inputs only
+        for d in shape[k + 1 :]:
+            stride = stride * d
+        return stride
+
+    def _input(self, node: ast.expr) -> int:
+        path: list[str] = []
+        while isinstance(node, ast.Subscript):
+            key = node.slice
+            if not isinstance(key, ast.Constant):
+                raise _Unreadable(f"`{ast.unparse(node)}`")
+            path.append(str(key.value))
+            node = node.value
+        if not (isinstance(node, ast.Name) and node.id == "L"):
+            raise _Unreadable(f"`{ast.unparse(node)}`")
+        found = self.roots.get(tuple(reversed(path)))
+        if found is None:
+            raise _Unreadable(f"an input spelled {'.'.join(reversed(path))}")
+        return found
