@@ -425,4 +425,3 @@ def test_guards_of_a_fallback_export_are_checked() -> None:
     for h, w in ((3, 10), (10, 4)):
         with pytest.raises(bladepack.ShapeGuardError, match="traced where min"):
             loaded(torch.randn(1, 2, h, w))
-

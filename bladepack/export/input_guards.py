@@ -12,8 +12,16 @@ traced graph is the model only where they hold: at a shape that breaks one, eage
 branch. Each guard therefore becomes an assumption of the program (checked by the shape program at
 every call, a ShapeGuardError naming it), so such a call is refused, never answered by the traced
 branch. A guard this module cannot read fails the export with its text: dropping it would make the
-artifact silently wrong where it fails. Guards are read only after such a fallback: otherwise torch
-proved every guard from the declared ranges.
+artifact silently wrong where it fails.
+
+A disequality (`e != c`) is not checked, nor a bound on one dim without a remainder in it (a
+pool's `h // 2 >= 1`: the op's own check names it better). torch writes one wherever the trace took a size's general
+path — its size-1 specialization (`(w - 1) // 2 + 1 != 1` behind every strided convolution), a
+ViT's `num_patches != 16` where the table's own size skips an interpolation that is the identity
+there — and the general path computes those sizes right: checked, they refused a CNN's width 1 to 2
+and a ViT at its native resolution. A model whose result at one isolated size truly differs (a
+branch on `x.shape[1] == 3`) is not caught by this; the reference cases' self-check compares such
+sizes where its draws reach them.
 """
 
 from __future__ import annotations
@@ -68,12 +76,25 @@ def input_guards(
                 f"torch.export's input guard `{code}` cannot be read ({e}); the traced model holds only where it "
                 "does, so bladepack refuses to build without it"
             ) from None
-        if cond is sympy.true or _implied(cond, ranges):
-            continue
-        named = cond.xreplace({s: names[s.name] for s in cond.free_symbols if s.name in names})
-        text = sympy.pycode(named, fully_qualified_modules=False).removeprefix("(").removesuffix(")")
-        out.append((cond, code, text))
+        for part in cond.args if isinstance(cond, sympy.And) else (cond,):
+            if part is sympy.true or _implied(part, ranges) or _unchecked(part):
+                continue
+            named = part.xreplace({s: names[s.name] for s in part.free_symbols if s.name in names})
+            text = sympy.pycode(named, fully_qualified_modules=False).removeprefix("(").removesuffix(")")
+            out.append((part, code, text))
     return out
+
+
+def _unchecked(cond: sympy.Basic) -> bool:
+    """A disequality, or a bound on one dim without a remainder in it (a window's `h // 2 >= 1`: the
+    ops' own checks say it better, and the symbol's range holds what torch derived from it)."""
+    if isinstance(cond, sympy.Ne):
+        return True
+    return (
+        isinstance(cond, (sympy.GreaterThan, sympy.StrictGreaterThan, sympy.LessThan, sympy.StrictLessThan))
+        and len(cond.free_symbols) == 1
+        and not cond.has(sympy.Mod)
+    )
 
 
 def _implied(cond: sympy.Basic, ranges: dict[str, SymbolRange]) -> bool:
