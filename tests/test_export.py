@@ -425,3 +425,32 @@ def test_guards_of_a_fallback_export_are_checked() -> None:
     for h, w in ((3, 10), (10, 4)):
         with pytest.raises(bladepack.ShapeGuardError, match="traced where min"):
             loaded(torch.randn(1, 2, h, w))
+
+
+def test_input_guard_forms_are_read() -> None:
+    """Note [Input guards]: the guard source forms torch writes, as conditions over the dims; an
+    unknown form is an ExportError naming the guard (never a guard silently dropped)."""
+    import ast
+
+    import sympy
+
+    from bladepack.export.input_guards import _Reader, _Unreadable
+
+    s, t = sympy.symbols("s t", integer=True, positive=True)
+    reader = _Reader([[s, t]], {("x",): 0})
+    forms = {
+        "(L['x'].size()[1] % 2) == 0": sympy.Eq(sympy.Mod(t, 2), 0),
+        "min(L['x'].size()[0] // 4, L['x'].size()[1]) > 4": sympy.Min(sympy.floor(s / 4), t) > 4,
+        "L['x'].stride()[0] == 8": sympy.Eq(t, 8),
+        "2 <= L['x'].size()[0] < 9": sympy.And(2 <= s, s < 9),
+        "not (L['x'].size()[0] == 3) or L['x'].size()[1] ** 2 > 16": sympy.Or(sympy.Not(sympy.Eq(s, 3)), t**2 > 16),
+        "math.ceil(L['x'].size()[0] / 2) >= 2": sympy.ceiling(s / 2) >= 2,
+    }
+    for code, want in forms.items():
+        got = reader.read(ast.parse(code, mode="eval").body)
+        for sv, tv in ((1, 1), (3, 2), (8, 5), (9, 8), (12, 16)):
+            at = {s: sv, t: tv}
+            assert bool(got.subs(at)) == bool(want.subs(at)), (code, sv, tv)
+    for code in ("L['y'].size()[0] > 1", "L['x'].dim() == 2", "foo(L['x'].size()[0])"):
+        with pytest.raises(_Unreadable):
+            reader.read(ast.parse(code, mode="eval").body)

@@ -43,6 +43,16 @@ _BINARY: dict[type, Callable[[Any, Any], Any]] = {
     ast.Mult: lambda a, b: a * b,
     ast.FloorDiv: lambda a, b: sympy.floor(a / b),
     ast.Mod: lambda a, b: sympy.Mod(a, b),
+    ast.Div: lambda a, b: a / b,
+    ast.Pow: lambda a, b: a**b,
+}
+_CALLS: dict[str, Callable[..., Any]] = {
+    "min": sympy.Min,
+    "max": sympy.Max,
+    "floor": sympy.floor,  # math.floor / math.ceil / int / float as torch prints a sym_float's use
+    "ceil": sympy.ceiling,
+    "int": lambda v: sympy.floor(v) if v.is_nonnegative else sympy.sign(v) * sympy.floor(abs(v)),
+    "float": lambda v: v,
 }
 _COMPARE: dict[type, Callable[[Any, Any], Any]] = {
     ast.Eq: sympy.Eq,
@@ -172,9 +182,10 @@ class _Reader:
             if len(pairs) != len(node.ops):
                 raise _Unreadable("a comparison other than ==, !=, <, <=, >, >=")
             return sympy.And(*pairs)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("min", "max"):
-            args = [self.read(a) for a in node.args]
-            return (sympy.Min if node.func.id == "min" else sympy.Max)(*args)
+        if isinstance(node, ast.Call) and not node.keywords:
+            fn = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
+            if fn in _CALLS:
+                return _CALLS[fn](*(self.read(a) for a in node.args))
         if isinstance(node, ast.Subscript):
             return self._dim(node)
         raise _Unreadable(f"{type(node).__name__} `{ast.unparse(node)}`")
