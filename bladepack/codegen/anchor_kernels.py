@@ -13,7 +13,7 @@ import sympy
 from bladepack.codegen.c_render import CTYPE, Loop
 from bladepack.codegen.emitter import Emitter
 from bladepack.codegen.kernel import ERR_INDEX_NONNEG, FLOATS, reduce_init, store_offset
-from bladepack.ir import OpKind
+from bladepack.ir import Node, OpKind
 from bladepack.ir.ops import (
     ArgReduceAttrs,
     AxisAttrs,
@@ -22,7 +22,7 @@ from bladepack.ir.ops import (
     SortAttrs,
     TopkAttrs,
 )
-from bladepack.ir.types import IRDim
+from bladepack.ir.types import IRDim, TensorType
 from bladepack.ir.views import simplify
 
 
@@ -137,18 +137,24 @@ def scan_kernel(em: Emitter) -> None:
     em.rows_loop([shape[d] for d in kept], "4", body)
 
 
+def _line_anchor(em: Emitter) -> tuple[Node, int, TensorType, int, list[int]]:
+    """The kernel's root node, its input x and x's type, the axis its lines run along and the other
+    axes (the rows)."""
+    n = em.ctx.nodes[em.spec.roots[0]]
+    assert isinstance(n.attrs, (TopkAttrs, SortAttrs))
+    x = n.inputs[0]
+    xt = em.ctx.types[x]
+    a = n.attrs.axis % xt.rank
+    return n, x, xt, a, [d for d in range(xt.rank) if d != a]
+
+
 def topk_kernel(em: Emitter) -> None:
     """The k best positions of each line: one pass over the line keeping the best k so far sorted in a
     register array (insertion, so ties keep the earlier position), then k stores. k is a compile-time
     constant (the front ends refuse a symbolic k, and more than `ir.ops.MAX_TOPK`)."""
-    n = em.ctx.nodes[em.spec.roots[0]]
+    n, x, xt, a, kept = _line_anchor(em)
     assert isinstance(n.attrs, TopkAttrs)
-    x = n.inputs[0]
-    xt = em.ctx.types[x]
-    rank = xt.rank
-    a = n.attrs.axis % rank
-    k = n.attrs.k
-    kept = [d for d in range(rank) if d != a]
+    rank, k = xt.rank, n.attrs.k
     t = CTYPE[xt.dtype]
     floating = xt.dtype in FLOATS
     # better(u, w): u ranks before w. NaN is the largest value, as in torch.topk.
@@ -190,13 +196,9 @@ def sort_kernel(em: Emitter) -> None:
     input's value at a position along the line (the producers computed inline, as any anchor's) and
     a reference to the output's k-th position; the CPU sorts (value, position) pairs with std::sort,
     a CUDA thread heapsorts its line in place."""
-    n = em.ctx.nodes[em.spec.roots[0]]
+    n, x, xt, a, kept = _line_anchor(em)
     assert isinstance(n.attrs, SortAttrs)
-    x = n.inputs[0]
-    xt = em.ctx.types[x]
     rank = xt.rank
-    a = n.attrs.axis % rank
-    kept = [d for d in range(rank) if d != a]
     t = CTYPE[xt.dtype]
     out = em.ptr_store(n.id)
     desc = "true" if n.attrs.descending else "false"

@@ -132,6 +132,15 @@ class Ctx:
     ) -> Value:
         return self.b.add(op, tuple(inputs), t if t is not None else self.out_type(), attrs, self.loc)
 
+    def derived_weight(self, key: str, dtype: DType, compute: Callable[[], np.ndarray]) -> Value:
+        """A weight computed at optimize time from others' data, added once per key (a layer called
+        twice shares it)."""
+        if key in self.weight_data:
+            return next(p.id for p in self.b.weights if p.name == key)
+        data = np.ascontiguousarray(compute())
+        self.weight_data[key] = data
+        return self.b.add_weight(key, TensorType(dtype, tuple(int(d) for d in data.shape)))
+
     def const(self, value: bool | int | float, dtype: DType) -> Value:
         try:
             value = dtype.scalar(value)

@@ -194,11 +194,7 @@ def _transposed(ctx: Ctx, w: int) -> int:
     name = weight_name(ctx, w)
     if name is None:
         return ctx.emit(OpKind.PERMUTE, (w,), TensorType(t.dtype, shape), PermuteAttrs((1, 0)))
-    key = f"{name}:t"
-    if key not in ctx.weight_data:
-        ctx.weight_data[key] = np.ascontiguousarray(ctx.weight_data[name].T)
-        return ctx.b.add_weight(key, TensorType(t.dtype, shape))
-    return next(p.id for p in ctx.b.weights if p.name == key)
+    return ctx.derived_weight(f"{name}:t", t.dtype, lambda: ctx.weight_data[name].T)
 
 
 @converts("bladepack.recurrent_layer.default")
@@ -237,13 +233,12 @@ def _projected(
     proj = ctx.t(w_hr).shape[0]
     hh, hr = weight_name(ctx, w_hh), weight_name(ctx, w_hr)
     if hh is not None and hr is not None:  # R = (W_hh W_hr)^T, [H, G*H], at optimize time
-        key = f"{hh}:{hr}:projected"
-        if key not in ctx.weight_data:
-            r64 = ctx.weight_data[hh].astype(np.float64) @ ctx.weight_data[hr].astype(np.float64)
-            ctx.weight_data[key] = np.ascontiguousarray(r64.T).astype(ctx.weight_data[hh].dtype)
-            r = ctx.b.add_weight(key, TensorType(dt, (hid, cols)))
-        else:
-            r = next(p.id for p in ctx.b.weights if p.name == key)
+        data = ctx.weight_data
+        r = ctx.derived_weight(
+            f"{hh}:{hr}:projected",
+            dt,
+            lambda: (data[hh].astype(np.float64) @ data[hr].astype(np.float64)).T.astype(data[hh].dtype),
+        )
     else:  # computed weights: the product at run time
         prod = ctx.emit(OpKind.MATMUL, (w_hh, w_hr), TensorType(dt, (cols, hid)), MatmulAttrs(False))
         r = ctx.emit(OpKind.PERMUTE, (prod,), TensorType(dt, (hid, cols)), PermuteAttrs((1, 0)))

@@ -257,30 +257,23 @@ def _arg(fn: Callable[..., np.ndarray]) -> Impl:
 OPS.update(argmax=_arg(np.argmax), argmin=_arg(np.argmin))
 
 
+def _stable_order(x: np.ndarray, axis: int, descending: bool) -> np.ndarray:
+    """Note [Sort kernel]: the positions along `axis` in stable order, ascending with NaN last or
+    descending with NaN first (NaN is the largest); equal values keep input order."""
+    nan = np.isnan(x) if x.dtype.kind == "f" else np.zeros(x.shape, dtype=bool)
+    rank = np.unique(np.where(nan, 0, x), return_inverse=True)[1].reshape(x.shape)  # exact for every dtype
+    return np.lexsort((-rank, ~nan) if descending else (rank, nan), axis=axis)
+
+
 @op("topk")
 def _topk(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
-    """A stable sort on (NaN last or first, value): ties keep the earlier position, NaN is the largest."""
-    x, axis = xs[0], attrs["axis"]
-    nan = np.isnan(x) if x.dtype.kind == "f" else np.zeros(x.shape, dtype=bool)
-    key = np.where(nan, 0, x)
-    if attrs["largest"]:
-        order = np.lexsort((np.negative(key.astype(np.float64)), ~nan), axis=axis)
-    else:
-        order = np.lexsort((key, nan), axis=axis)
-    return np.take(order, np.arange(attrs["k"]), axis=axis).astype(dt).reshape(shape)
+    order = _stable_order(xs[0], attrs["axis"], attrs["largest"])
+    return np.take(order, np.arange(attrs["k"]), axis=attrs["axis"]).astype(dt).reshape(shape)
 
 
 @op("sort")
 def _sort(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
-    """Note [Sort kernel]: stable, ascending with NaN last or descending with NaN first."""
-    x, axis = xs[0], attrs["axis"]
-    nan = np.isnan(x) if x.dtype.kind == "f" else np.zeros(x.shape, dtype=bool)
-    rank = np.unique(np.where(nan, 0, x), return_inverse=True)[1].reshape(x.shape)  # exact for every dtype
-    if attrs["descending"]:
-        order = np.lexsort((-rank, ~nan), axis=axis)
-    else:
-        order = np.lexsort((rank, nan), axis=axis)
-    return order.astype(dt).reshape(shape)
+    return _stable_order(xs[0], attrs["axis"], attrs["descending"]).astype(dt).reshape(shape)
 
 
 @op("cumsum")
