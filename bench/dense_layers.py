@@ -23,8 +23,8 @@ import torch
 
 import bladepack
 
-# the samples' layers and a spread up to MAX_WEIGHT_BYTES (512 KB); larger weights stay BLAS GEMMs in
-# both plans (Note [Dense weight sizes]), so their ratio would be 1
+# the samples' layers and a spread up to MAX_WEIGHT_BYTES (512 KB); larger weights read column panels
+# (Note [Dense weight panels]: bench/results/dense_layers_large.md has BERT-base's and others)
 SHAPES = [(64, 256), (256, 256), (256, 10), (256, 64), (128, 128), (64, 172), (172, 64), (256, 512), (512, 256)]
 ROWS = [1, 2, 3, 4, 8, 16, 17, 64, 255, 1024, 4096]
 BLOCKS = 5

@@ -126,19 +126,21 @@ def test_dense_layers_golden() -> None:
     assert variants == [[f"k{k}_{t}" for t in tiles] for k in (0, 1)], variants
 
 
-@pytest.mark.parametrize("k,n", [(1, 17), (3, 20), (5, 64), (600, 300)])
+@pytest.mark.parametrize("k,n", [(1, 17), (3, 20), (5, 64), (600, 300), (4097, 5)])
 def test_dense_layers_edges(k: int, n: int) -> None:
     """K below the k-pair and column-tail bounds (1, 3, 5: Note [Dense k pairs], Note [Dense column
-    tails]) on the dense kernel; a weight above MAX_WEIGHT_BYTES (600 x 300 float32) stays a BLAS GEMM
-    (Note [Dense weight sizes])."""
-    from bladepack.passes.dense_layers import MAX_WEIGHT_BYTES
+    tails]) on the dense kernel; a weight above MAX_WEIGHT_BYTES (600 x 300 float32) on its panels
+    (Note [Dense weight panels]); a K whose 64-column panel passes MAX_PANEL_BYTES (4097) stays a BLAS
+    GEMM (Note [Dense weight sizes])."""
+    from bladepack.passes.dense_layers import MAX_PANEL_BYTES, MAX_WEIGHT_BYTES
 
     torch.manual_seed(k)
     model = torch.nn.Sequential(torch.nn.Linear(k, n), torch.nn.SiLU()).eval()
     art = bladepack.optimize(model, [(torch.randn(2, k),), (torch.randn(5, k),)], {"input": {0: Dim("rows", 1, 64)}})
     m = bladepack.load(art.to_bytes(), executor="native")
     dense = [kk for kk in m._manifest.kernels["cpu"] if kk["kind"] == "conv"]
-    assert bool(dense) == (k * n * 4 <= MAX_WEIGHT_BYTES), dense
+    assert bool(dense) == (k * 64 * 4 <= MAX_PANEL_BYTES), dense
+    assert ("weight_layout='panels'" in art.ir_text) == (bool(dense) and k * n * 4 > MAX_WEIGHT_BYTES)
     for rows in (1, 2, 4, 6, 9, 64):
         x = torch.randn(rows, k)
         with torch.no_grad():
@@ -291,3 +293,84 @@ def test_dense_tiles_at_every_isa_level(tmp_path: pytest.TempPathFactory) -> Non
                     scale = max(1.0, float(np.abs(ref).max()))
                     bad = np.nonzero((np.abs(got - ref) > tol * scale).any(axis=0))[0]
                     assert bad.size == 0, f"{isa}, {threads} threads, {rows} rows: output {k} columns {bad.tolist()}"
+
+
+class _Panels(torch.nn.Module):
+    """Weights over 512 KB, read in column panels (Note [Dense weight panels]): 700 -> 200 (a tail
+    panel of 8 columns after AVX-512's three blocks of 64), a residual 200 -> 200 on a 1000-wide GELU
+    layer's output, 2101 -> 67 (odd K, one block of all N), a shared 700 -> 200 weight, and in float64
+    300 -> 250; on [batch, seq, K] inputs (the rows are pixels of a [1, B, S, K] image)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(700, 200)
+        self.wide = torch.nn.Linear(200, 1000)
+        self.down = torch.nn.Linear(1000, 200)
+        self.narrow = torch.nn.Linear(2101, 67)
+        self.f64 = torch.nn.Linear(300, 250).double()
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = torch.relu(self.up(x))
+        h = self.down(torch.nn.functional.gelu(self.wide(h))) + h
+        return h, self.narrow(z), torch.tanh(self.f64(y)), self.up(x * 0.5)
+
+
+def test_dense_weight_panels_at_every_isa_level(tmp_path: pytest.TempPathFactory) -> None:
+    """Every ISA library this CPU runs (each has its own column blocks over the same panels), at one
+    and two threads, at row counts over the row tiles' residues, against eager element by element;
+    the reference executor reads the panels too."""
+    from bladepack.cpu_features import cpu_flags
+    from bladepack.options import LoaderOptions
+    from tests.helpers import all_isas
+
+    torch.manual_seed(0)
+    model = _Panels().eval()
+    b, s = Dim("b", min=1, max=4), Dim("s", min=1, max=40)
+    shapes = {"x": {0: b, 1: s}, "z": {0: b, 1: s}, "y": {0: b, 1: s}}
+
+    def inputs(bb: int, ss: int) -> tuple[torch.Tensor, ...]:
+        return torch.randn(bb, ss, 700), torch.randn(bb, ss, 2101), torch.randn(bb, ss, 300, dtype=torch.float64)
+
+    art = bladepack.optimize(model, [inputs(2, 5), inputs(3, 9)], shapes, options=all_isas())
+    assert art.ir_text.count("weight_layout='panels'") == 6 and "'ihwo'" not in art.ir_text, art.ir_text
+    have = cpu_flags()
+    levels = [isa for isa, requires, _ in art.cpu_libraries if set(requires) <= have]
+    assert len(levels) >= 2, art.cpu_libraries
+    path = tmp_path / "panels.bpk"  # type: ignore[operator]
+    art.save(path)
+    cases = [(1, 1), (1, 2), (1, 3), (2, 2), (1, 5), (2, 3), (1, 7), (1, 13), (3, 7), (4, 40)]  # every row tile
+    runs = [(isa, threads) for isa in levels for threads in (1, 2)]
+    for isa, threads in runs:
+        mod = bladepack.load(path, executor="native", options=LoaderOptions(cpu_isa=isa, num_threads=threads))
+        for bb, ss in cases:
+            xs = inputs(bb, ss)
+            with torch.no_grad():
+                want = [w.numpy() for w in model(*xs)]
+            for k, (got, ref) in enumerate(zip(mod(*(t.numpy() for t in xs)), want, strict=True)):
+                tol = 1e-5 if ref.dtype == np.float32 else 1e-12
+                scale = max(1.0, float(np.abs(ref).max()))
+                bad = np.nonzero((np.abs(got - ref) > tol * scale).reshape(-1, ref.shape[-1]).any(axis=0))[0]
+                assert bad.size == 0, f"{isa}, {threads} threads, {(bb, ss)}: output {k} columns {bad.tolist()}"
+    ref_mod = bladepack.load(path, executor="reference")
+    xs = inputs(2, 3)
+    with torch.no_grad():
+        want = [w.numpy() for w in model(*xs)]
+    for got, w in zip(ref_mod(*(t.numpy() for t in xs)), want, strict=True):
+        np.testing.assert_allclose(np.asarray(got), w, rtol=1e-5, atol=1e-5)
+
+
+def test_dense_weight_panels_16_bit() -> None:
+    """A bfloat16 layer over 512 KB (1024 -> 300) reads its panels widened, as the row-major layout."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 300), torch.nn.GELU()).eval().to(torch.bfloat16)
+    samples = [(torch.randn(2, 1024, dtype=torch.bfloat16),), (torch.randn(5, 1024, dtype=torch.bfloat16),)]
+    art = bladepack.optimize(model, samples, {"input": {0: Dim("rows", 1, 64)}})
+    assert art.ir_text.count("weight_layout='panels'") == 1, art.ir_text
+    m = bladepack.load(art.to_bytes(), executor="native")
+    wide = copy.deepcopy(model).float()
+    for rows in (1, 3, 7, 64):
+        x = torch.randn(rows, 1024, dtype=torch.bfloat16)
+        with torch.no_grad():
+            want = wide(x.float()).numpy()
+        got = torch.as_tensor(m(x)).float().numpy()
+        assert float(np.abs(got - want).max() / (1 + np.abs(want).max())) <= 1.6e-2, rows

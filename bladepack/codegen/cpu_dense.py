@@ -16,6 +16,7 @@ from bladepack.codegen.c_render import CPU_MEMTYPE, CTYPE, Loop
 from bladepack.codegen.cpu_conv_nhwc import CHANNEL_BLOCK, conv_tile_pixels, store_block
 from bladepack.codegen.emitter import Emitter
 from bladepack.ir import Node, OpKind
+from bladepack.ir.ops import PANEL, Conv2dAttrs
 from bladepack.ir.types import IRDim
 from bladepack.ir.views import simplify, sym_eq
 
@@ -67,6 +68,14 @@ def narrow_block(vector: int, tile: int) -> int:
     return vector * min(4, max(1, 12 // tile))
 
 
+def panel_block(block: int, nn: int) -> int:
+    """A column block that never straddles two weight panels (Note [Dense weight panels]): one block
+    of all N, a multiple of PANEL columns, or a divisor of it (each a whole number of vectors)."""
+    if nn <= block or block % PANEL == 0 or PANEL % block == 0:
+        return block
+    return block - block % PANEL if block > PANEL else max(d for d in (8, 4, 2, 1) if d <= block)
+
+
 def dense_body(tile: int) -> Callable[[Emitter], None]:
     """The body of the variant with `tile` rows per register tile."""
     return lambda em: dense_kernel(em, tile)
@@ -85,13 +94,15 @@ def dense_kernel(em: Emitter, tile: int) -> None:
     if em.ctx.nodes[root].op is OpKind.RESHAPE:
         root = em.ctx.nodes[root].inputs[0]
     xv, wv = em.ctx.view(n.inputs[0]), em.ctx.view(n.inputs[1])
-    assert xv is not None and wv is not None and wv.is_contiguous()
+    assert xv is not None and wv is not None and wv.is_contiguous() and isinstance(n.attrs, Conv2dAttrs)
+    panels = n.attrs.weight_layout == "panels"  # Note [Dense weight panels]
     whole = sym_eq(wv.offset, 0)  # W's buffer is the weight itself (Note [Dense column tails])
     px, pw_ = em.ptr_load(xv.base), em.ptr_load(wv.base)
     nb, oh, ow, nn = n.type.shape
     m = _rows(n)
-    k = em.ctx.types[n.inputs[1]].shape[0]
+    k = em.ctx.types[n.inputs[1]].shape[1 if panels else 0]
     assert isinstance(nn, int) and isinstance(k, int)
+    step_k = PANEL if panels else nn  # elements between W's rows k and k + 1
     t, mt = CTYPE[n.type.dtype], CPU_MEMTYPE[n.type.dtype]
     r = em.args.ref
     s0, s1, s2, sc = (r(d) for d in xv.strides)
@@ -106,7 +117,7 @@ def dense_kernel(em: Emitter, tile: int) -> None:
         blocks = (nn + block - 1) // block
 
         def body(outer: tuple[Loop, ...]) -> None:
-            i_t, i_b = outer
+            i_t, i_b = outer[::-1] if panels else outer
             em.line(f"const {mt}* BPK_RESTRICT xn_ = {px} + {em.args.index(xv.offset)};")
             em.line(f"const {mt}* BPK_RESTRICT wp_ = {pw_} + {r(wv.offset)};")
             em.line(f"const int64_t q0_ = {i_t.name} * {tile};")
@@ -138,6 +149,17 @@ def dense_kernel(em: Emitter, tile: int) -> None:
             def channel_block(width: int) -> None:
                 vector = vector_bytes // elem
                 lanes = _lanes(width, k, nn, vector) if whole else width
+                # (first column, columns, lanes) per run of W read from one pointer: the whole block,
+                # or one per panel (the last panel's padding lets every run read whole vectors)
+                runs = [(0, width, lanes)]
+                if panels:
+                    lanes = 0
+                    runs = []
+                    for c in range(0, width, PANEL):
+                        cols = min(PANEL, width - c)
+                        runs.append((c, cols, -(-cols // vector) * vector))
+                        lanes = c + runs[-1][2]
+                    em.line(f"const {mt}* BPK_RESTRICT wb_ = wp_ + (cb / {PANEL}) * {k * PANEL} + cb % {PANEL};")
                 # Note [Dense k pairs]: fewer than 8 accumulator vectors cannot hide the multiply-add's
                 # latency (a row or two on 64 columns); a second set takes the odd k, summed at the end
                 pairs = tile * -(-lanes // vector) < 8 and k >= 4
@@ -147,22 +169,29 @@ def dense_kernel(em: Emitter, tile: int) -> None:
 
                 def steps(first: int, last: int, w: int, step: int = 1) -> None:
                     em.line(f"for (int64_t k = {first}; k < {last}; k += {step}) {{")
-                    em.line(f"  const {mt}* BPK_RESTRICT wc = wp_ + k * {nn} + cb;")
+                    if panels:
+                        for j in range(len(runs)):
+                            em.line(f"  const {mt}* BPK_RESTRICT wc{j} = wb_ + {j * k * PANEL} + k * {PANEL};")
+                    else:
+                        em.line(f"  const {mt}* BPK_RESTRICT wc = wp_ + k * {nn} + cb;")
                     em.line(f"  #pragma GCC unroll {tile}")
                     em.line(f"  for (int p = 0; p < {tile}; ++p) {{")
                     em.line(f"    const {t} xv_ = ap_[p][k * {sc}];")
                     if step == 2:
                         em.line(f"    const {t} xw_ = ap_[p][(k + 1) * {sc}];")
-                    em.line("    #pragma omp simd")
-                    em.line(f"    for (int64_t co = 0; co < {w}; ++co) {{")
-                    em.line(f"      acc[p][co] += xv_ * {t}(wc[co]);")
-                    if step == 2:
-                        em.line(f"      acc2[p][co] += xw_ * {t}(wc[co + {nn}]);")
-                    em.line("    }")
+                    for j, (c, _, run_lanes) in enumerate(runs):
+                        wc, col = (f"wc{j}", f"{c} + co" if c else "co") if panels else ("wc", "co")
+                        em.line("    #pragma omp simd")
+                        em.line(f"    for (int64_t co = 0; co < {run_lanes if panels else w}; ++co) {{")
+                        em.line(f"      acc[p][{col}] += xv_ * {t}({wc}[co]);")
+                        if step == 2:
+                            em.line(f"      acc2[p][{col}] += xw_ * {t}({wc}[co + {step_k}]);")
+                        em.line("    }")
                     em.line("  }")
                     em.line("}")
 
-                whole_k = k if lanes == width else k - 1  # Note [Dense column tails]: the last k reads its columns only
+                # Note [Dense column tails]: the last k reads its columns only (panels are padded)
+                whole_k = k if lanes == width or panels else k - 1
                 even = whole_k - whole_k % 2 if pairs else 0
                 if even:
                     steps(0, even, lanes, 2)
@@ -206,7 +235,8 @@ def dense_kernel(em: Emitter, tile: int) -> None:
         # (the LLaMA step's 16 x 64 x 172 products: 3.9 against 2.6 us). A tile of one or two rows is
         # bound by streaming W instead, so it splits from 32K weight elements (256 x 128 and up).
         cost = k * block if tile <= 2 else tile * k * block // 8
-        em.rows_loop([tiles, blocks], f"{cost + 1}", body)
+        # Note [Dense weight panels]: over panels, a block's panel stays in L2 across the row tiles
+        em.rows_loop([blocks, tiles] if panels else [tiles, blocks], f"{cost + 1}", body)
 
     # Note [Dense tiles per ISA]: one source, compiled once per ISA level; the column block follows
     # the register file. AVX-512 keeps 64 columns (4 vectors x the full tile of 6 rows: 24 of its 32
@@ -222,5 +252,6 @@ def dense_kernel(em: Emitter, tile: int) -> None:
     emit(VECTOR_BYTES, min(nn, CHANNEL_BLOCK))
     for guard, vector_bytes in (("#elif defined(__AVX2__)", 32), ("#else", 16)):
         em.line(guard)
-        emit(vector_bytes, min(nn, narrow_block(vector_bytes // elem, tile)))
+        block = min(nn, narrow_block(vector_bytes // elem, tile))
+        emit(vector_bytes, panel_block(block, nn) if panels else block)
     em.line("#endif")

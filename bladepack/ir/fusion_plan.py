@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from bladepack.ir.graph import Graph
-from bladepack.ir.ops import Conv2dAttrs
+from bladepack.ir.ops import generated_conv
 from bladepack.ir.types import IRDim, dim_str
 
 
@@ -108,7 +108,7 @@ class FusionPlan:
 
         def direct(s: PlanStep) -> bool:  # a convolution run by a generated kernel (passes/direct_conv.py)
             a = nodes[s.node].attrs if isinstance(s, LibraryStep) else None
-            return isinstance(a, Conv2dAttrs) and a.weight_layout == "ihwo"
+            return generated_conv(a)
 
         def fused(s: PlanStep) -> bool:
             return isinstance(s, LibraryStep) and s.attention is not None

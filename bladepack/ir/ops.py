@@ -13,7 +13,9 @@ import sympy
 
 from bladepack.opset.attrs import (
     DENSE_CONV,
+    DENSE_PANELS,
     MAX_TOPK,
+    PANEL,
     RECURRENT_GATES,
     SCATTER_REDUCTIONS,
     ArangeAttrs,
@@ -41,6 +43,7 @@ from bladepack.opset.attrs import (
     SortAttrs,
     TakeAttrs,
     TopkAttrs,
+    generated_conv,
     is_dense_conv,
 )
 from bladepack.opset.table import OP_INFO, OpClass, OpInfo, OpKind
@@ -51,7 +54,9 @@ Scalar = Union[bool, int, float]
 
 __all__ = [
     "DENSE_CONV",
+    "DENSE_PANELS",
     "MAX_TOPK",
+    "PANEL",
     "OP_INFO",
     "ArangeAttrs",
     "ArgReduceAttrs",
@@ -85,5 +90,6 @@ __all__ = [
     "RECURRENT_GATES",
     "SelectiveScanAttrs",
     "SCATTER_REDUCTIONS",
+    "generated_conv",
     "is_dense_conv",
 ]

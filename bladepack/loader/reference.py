@@ -382,8 +382,14 @@ def _channels_last(impl: Impl) -> Impl:
 @op("conv2d")
 def _conv2d(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
     x, w = xs[0], xs[1]
+    if attrs.get("weight_layout", "oihw") == "panels":  # [ceil(C_out / 16), C_in, 1, 16], zero-padded
+        panels, c_in = w.shape[:2]
+        w = w[:, :, 0, :].transpose(1, 0, 2).reshape(c_in, 1, 1, panels * w.shape[3])[..., : shape[-1]]
+        xs, attrs = [x, w, *xs[2:]], {**attrs, "weight_layout": "ihwo"}
     if attrs.get("weight_layout", "oihw") == "ihwo":  # packed [C_in, KH, KW, C_out]
         w = np.ascontiguousarray(w.transpose(3, 0, 1, 2))
+    elif attrs.get("weight_layout", "oihw") != "oihw":
+        raise ValueError(f"conv2d weight_layout {attrs['weight_layout']!r}: this loader knows oihw, ihwo and panels")
     layout = attrs.get("out_layout", "nchw")
     if layout not in ("nchw", "cnhw", "nhwc"):
         raise ValueError(f"conv2d out_layout {layout!r}: this loader knows nchw, cnhw and nhwc")

@@ -59,7 +59,7 @@ from bladepack.ir.fusion_plan import (
 )
 from bladepack.ir.graph import Guard
 from bladepack.ir.guards import effective_guards, pruned, shape_predicate
-from bladepack.ir.ops import Conv2dAttrs
+from bladepack.ir.ops import Conv2dAttrs, generated_conv
 from bladepack.ir.types import IRDim, TensorType, dim_str
 from bladepack.ir.views import View, simplify, view_of
 from bladepack.library_ops.cpu_gemm import GemmCall, lower_conv, lower_matmul, operand_ok
@@ -273,7 +273,7 @@ class Lowerer:
         x = self.view(n.inputs[0])
         w = self.view(n.inputs[1])
         assert x is not None and w is not None
-        if a.weight_layout == "ihwo":  # Note [Direct convolution] in passes/direct_conv.py
+        if generated_conv(a):  # Note [Direct convolution] in passes/direct_conv.py, Note [Dense layers]
             # Note [Convolution epilogue]: the kernel stores the chain's end, computing it inline
             ep = step.epilogue
             assert ep is None or isinstance(ep, ConvEpilogue)

@@ -225,8 +225,10 @@ class Conv2dAttrs:
     covers the whole batch (see passes/conv_layout.py), the input NCHW; or "nhwc": the input's dims are
     [N, H, W, C_in] and the result's [N, OH, OW, C_out] (Note [Channels-last chains] in
     passes/channels_last.py). `weight_layout`
-    "oihw" (torch's), or "ihwo": the weight is stored [C_in, KH, KW, C_out], packed at optimize time
-    for the direct convolution kernel (see passes/direct_conv.py)."""
+    "oihw" (torch's), "ihwo": the weight is stored [C_in, KH, KW, C_out], packed at optimize time
+    for the direct convolution kernel (see passes/direct_conv.py), or "panels": a 1x1 weight stored
+    [ceil(C_out / 16), C_in, 1, 16], the [C_in, C_out] matrix in column panels of 16, zero-padded
+    (Note [Dense weight panels] in passes/dense_layers.py)."""
 
     stride: tuple[int, int]
     padding: tuple[int, int]
@@ -241,10 +243,20 @@ class Conv2dAttrs:
 # rows (pixels) of [N, H, W, C_in] (Note [Dense layers] in passes/dense_layers.py), which the CPU
 # emitter gives kernels of their own; channels-last chains make them of 1x1 convolutions too.
 DENSE_CONV = Conv2dAttrs((1, 1), (0, 0), (1, 1), 1, False, "nhwc", "ihwo")
+# The same product on a weight in column panels (Note [Dense weight panels]): a linear layer's.
+DENSE_PANELS = Conv2dAttrs((1, 1), (0, 0), (1, 1), 1, False, "nhwc", "panels")
+PANEL = 16  # columns per weight panel
 
 
 def is_dense_conv(attrs: object, weight_shape: tuple[object, ...]) -> bool:
+    if attrs == DENSE_PANELS:
+        return len(weight_shape) == 4 and weight_shape[2] == 1 and weight_shape[3] == PANEL
     return attrs == DENSE_CONV and tuple(weight_shape[1:3]) == (1, 1)
+
+
+def generated_conv(attrs: object) -> bool:
+    """A convolution a generated kernel runs on its packed weight ("ihwo" or "panels"), not a GEMM."""
+    return isinstance(attrs, Conv2dAttrs) and attrs.weight_layout in ("ihwo", "panels")
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 
 from bladepack.ir import Node, OpKind
 from bladepack.ir.fusion_plan import ConvEpilogue
-from bladepack.ir.ops import OP_INFO, Conv2dAttrs, OpClass, is_dense_conv
+from bladepack.ir.ops import OP_INFO, Conv2dAttrs, OpClass, generated_conv, is_dense_conv
 from bladepack.ir.types import TensorType
 from bladepack.ir.views import View
 
@@ -54,7 +54,7 @@ def find_conv_epilogue(
     users in it (the last is the one value stored). The largest complete one is taken, stopping at the
     first value the plan keeps in memory."""
     a = conv.attrs
-    if conv.op is not OpKind.CONV2D or not isinstance(a, Conv2dAttrs) or a.weight_layout != "ihwo":
+    if conv.op is not OpKind.CONV2D or not isinstance(a, Conv2dAttrs) or not generated_conv(a):
         return None
     if conv.id in outputs:
         return None

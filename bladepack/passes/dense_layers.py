@@ -3,7 +3,8 @@
 In: a `Program` after `channels_last`. Out: each product `x @ W` of a value x [..., K] and a 2-D constant
 weight (W [K, N], or W [N, K] read transposed as nn.Linear and ONNX Gemm(transB=1) store it) becomes a 1x1 convolution (stride 1, no padding, out_layout "nhwc", weight_layout
 "ihwo") of x's rows viewed as the pixels of a channels-last image (`pixels`: [M, K] as [1, 1, M, K],
-[B, S, K] as [1, B, S, K]), on the weight stored [K, 1, 1, N]. Each elementwise op that reads such a
+[B, S, K] as [1, B, S, K]), on the weight stored [K, 1, 1, N] (over MAX_WEIGHT_BYTES in column panels,
+`weight_layout="panels"`: Note [Dense weight panels]). Each elementwise op that reads such a
 result, and whose other operands are such results, scalars, constant along every dim but the last (a
 bias), or a whole value of the result's shape (a residual), computes on the [N, H, W, C] views as
 well. A reshape back to [..., N] (a view) follows each converted value for the consumers outside.
@@ -27,16 +28,31 @@ import numpy as np
 
 from bladepack.dtypes import DType
 from bladepack.ir import GraphBuilder, Node, OpKind, Program, rebuild_graph
-from bladepack.ir.ops import DENSE_CONV, OP_INFO, MatmulAttrs, OpClass
+from bladepack.ir.ops import DENSE_CONV, DENSE_PANELS, OP_INFO, PANEL, Conv2dAttrs, MatmulAttrs, OpClass
 from bladepack.ir.types import IRDim, TensorType
 from bladepack.passes.dce import dead_code_elimination
 
 # Note [Dense weight sizes]: the dense kernel streams W's [K, 64] column panel once per tile of rows,
-# with no blocking of K, so W must stay in the core's L2. Measured (bench/results/dense_layers.md,
-# Linear + ReLU, whole calls, against the BLAS plan): weights up to 512 KB (256 x 512 float32) as fast
-# or faster at every row count from 1 to 4096; 512 x 512 and larger 0.5-0.95x at most row counts
-# (768 x 3072: 0.3x at 1024 rows, where OpenBLAS's packed, cache-blocked kernels run near peak).
+# with no blocking of K. With a tile's rows outer (its inputs stay in L1 across W's column blocks),
+# W must stay in the core's L2: measured (bench/results/dense_layers.md, Linear + ReLU, whole calls,
+# against the BLAS plan) as fast or faster at every row count up to 512 KB (256 x 512 float32);
+# 512 x 512 and larger 0.5-0.95x (768 x 3072: 0.3x at 1024 rows). Larger weights are read in column
+# panels (Note [Dense weight panels]) with the blocks outer, so one block's [K, 64] panel must stay in
+# L2 instead: K * 64 elements of up to 1 MiB (K up to 4096 float32); above, the product is a BLAS GEMM.
 MAX_WEIGHT_BYTES = 512 * 1024
+MAX_PANEL_BYTES = 1024 * 1024
+_BLOCK = 64  # the widest column block of a dense kernel (codegen/cpu_dense.py: 4 AVX-512 vectors)
+
+# Note [Dense weight panels]: W [K, N] stored row-major puts a column block's K rows N elements
+# apart: past L2, each k of a block's pass is another cache line and, at N >= 1024, another page, so
+# the kernel stalls on the TLB and the prefetchers see no stream. A weight over MAX_WEIGHT_BYTES is
+# stored instead as [ceil(N / 16), K, 1, 16] (`weight_layout="panels"`): each 16 columns contiguous
+# over K, the last panel zero-padded, so a block's pass reads one to four sequential streams (AVX-512's
+# 64 columns are four panels; AVX2's and SSE's 8- and 16-column blocks one, their 24- and 12-column
+# ones narrowed to 16 and 8 to stay inside). One layout serves every ISA level of the artifact. The
+# kernel then walks column blocks outer and row tiles inner (codegen/cpu_dense.py), so a block's panel
+# stays in L2 across the rows. Measured beside the row-major kernel and OpenBLAS's AVX-512 kernels
+# (bench/results/dense_layers_large.md).
 DENSE_DTYPES = frozenset({DType.FLOAT32, DType.FLOAT64, DType.FLOAT16, DType.BFLOAT16})
 
 
@@ -58,10 +74,21 @@ def _linear(n: Node, weights: Collection[int], types: dict[int, TensorType]) -> 
     wt = types[n.inputs[1]]
     if wt.rank != 2 or not all(isinstance(d, int) for d in wt.shape) or n.type.dtype not in DENSE_DTYPES:
         return False
-    if wt.shape[0] * wt.shape[1] * wt.dtype.itemsize > MAX_WEIGHT_BYTES:  # Note [Dense weight sizes]
+    k = wt.shape[1] if a.transpose_b else wt.shape[0]
+    if k * _BLOCK * wt.dtype.itemsize > MAX_PANEL_BYTES:  # Note [Dense weight sizes]
         return False
     xt = types[n.inputs[0]]
     return n.type.rank >= 2 and xt.shape[:-1] == n.type.shape[:-1] and n.inputs[0] != n.inputs[1]
+
+
+def panels(kn: np.ndarray) -> np.ndarray:
+    """W [K, N] as [ceil(N / PANEL), K, 1, PANEL]: column panels, the last zero-padded (Note [Dense
+    weight panels])."""
+    k, nn = kn.shape
+    count = -(-nn // PANEL)
+    padded = np.zeros((k, count * PANEL), dtype=kn.dtype)
+    padded[:, :nn] = kn
+    return np.ascontiguousarray(padded.reshape(k, count, 1, PANEL).transpose(1, 0, 2, 3))
 
 
 def _elementwise(n: Node) -> bool:
@@ -89,7 +116,8 @@ def dense_layers(p: Program) -> Program:
     if not convertible:
         return p
     data = dict(p.weight_data)
-    packed: dict[int, int] = {}  # original weight -> its [K, 1, 1, N] copy
+    packed: dict[int, int] = {}  # original weight -> its [K, 1, 1, N] copy or its panels
+    attrs: dict[int, Conv2dAttrs] = {}  # the convolution reading each copy
     # a run-time branch's merge `where(pred, a, b)` keeps its operands, so each branch's guard holds
     # (Note [Guarded nodes] in ir/graph.py: a value's guard counts where all its readers share it)
     preds = {c.pred for n in g.nodes for c in n.guard}
@@ -102,9 +130,13 @@ def dense_layers(p: Program) -> Program:
             arr = np.asarray(p.weight_data[w.name])
             kn = arr.T if transposed else arr
             k, nn = kn.shape
-            name = f"{w.name}.dense"
-            data[name] = np.ascontiguousarray(kn).reshape(k, 1, 1, nn)
-            packed[w_id] = b.add_weight(name, TensorType(w.type.dtype, (k, 1, 1, nn)))
+            if kn.nbytes <= MAX_WEIGHT_BYTES:
+                name, stored = f"{w.name}.dense", np.ascontiguousarray(kn).reshape(k, 1, 1, nn)
+            else:  # Note [Dense weight panels]
+                name, stored = f"{w.name}.panels", panels(kn)
+            data[name] = stored
+            packed[w_id] = b.add_weight(name, TensorType(w.type.dtype, stored.shape))
+            attrs[packed[w_id]] = DENSE_CONV if kn.nbytes <= MAX_WEIGHT_BYTES else DENSE_PANELS
         return packed[w_id]
 
     def flat(t: TensorType) -> TensorType:
@@ -134,7 +166,7 @@ def dense_layers(p: Program) -> Program:
             xt = types[n.inputs[0]]
             x4 = dense_of[ins[0]] if ins[0] in dense_of else as_pixels(b, ins[0], xt, n.loc)
             w4 = pack(b, n.inputs[1], n.attrs.transpose_b)
-            y = b.add(OpKind.CONV2D, (x4, w4), flat(n.type), DENSE_CONV, n.loc)
+            y = b.add(OpKind.CONV2D, (x4, w4), flat(n.type), attrs[w4], n.loc)
         elif (
             _elementwise(n) and any(i in dense_of for i in ins) and not (n.op is OpKind.WHERE and n.inputs[0] in preds)
         ):

@@ -48,7 +48,7 @@ from bladepack.ir.fusion_plan import (
     ReferenceStep,
 )
 from bladepack.ir.guards import data_predicates, effective_guards
-from bladepack.ir.ops import OP_INFO, AxisAttrs, Conv2dAttrs, IndexAttrs, NormAttrs, OpClass, ReduceAttrs
+from bladepack.ir.ops import OP_INFO, AxisAttrs, IndexAttrs, NormAttrs, OpClass, ReduceAttrs, generated_conv
 from bladepack.ir.types import IRDim, TensorType
 from bladepack.ir.views import LAYOUT_OPS, View, head_view, sym_eq, view_of
 from bladepack.passes.conv_epilogue import find_conv_epilogue
@@ -244,7 +244,7 @@ class _Planner:
                 a = n.attrs
                 # a direct convolution on the CPU reads its input through any view of a stored value
                 # (Note [Channels-last chains]: an NCHW input of a channels-last one, or the reverse)
-                if isinstance(a, Conv2dAttrs) and a.weight_layout == "ihwo" and self.caps.conv_input_views:
+                if generated_conv(a) and self.caps.conv_input_views:
                     self.mat.add(self._layout_root(x))
                     if self.view(x) is None:
                         self.mat.add(x)
