@@ -7,8 +7,10 @@ kernel family's GFLOP/s and its fraction of that level's peak at the same thread
   over 512 KB on column panels, Note [Dense weight panels]) at 64 to 1024 rows;
 - channels-last 3x3 convolutions (Conv2d + ReLU, the generated direct convolution) at 64 and 256
   channels;
-- GEMMs that are not dense layers: a linear layer over the dense size bound (a K of 8192: BLAS or
-  the small-M kernel) and an activation x activation batched matmul (attention's shape).
+- dense layers whose K is split into pieces (Note [Dense K pieces]: 8192 -> 512);
+- GEMMs that are not dense layers: a weight another op reads too (a language model's head tied to its
+  embedding table: BLAS or the small-M kernel) and an activation x activation batched matmul
+  (attention's shape).
 The peak is a loop of independent FMA chains (enough to cover the FMA latency on both FMA pipes,
 several registers' worth per chain set), built with the level's -march and run on 1 and on every
 allowed core at once; a family's figure is whole calls of the loaded artifact (launch cost included),
@@ -126,6 +128,17 @@ class _Conv(torch.nn.Module):
         return torch.relu(self.conv(x))
 
 
+class _Tied(torch.nn.Module):
+    """A head sharing its [8000, 512] weight with an embedding lookup: the product stays a GEMM."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(8000, 512)
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x @ self.emb.weight.T, self.emb(ids)
+
+
 class _Bmm(torch.nn.Module):
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return a @ b
@@ -160,9 +173,10 @@ def families(isa: str, quick: bool) -> list[dict[str, Any]]:
     """Each kernel family's whole-call GFLOP/s at this ISA level (every allowed core)."""
     rows: list[dict[str, Any]] = []
     r = bladepack.Dim("rows", 1, 4096)
-    for k, n in ((256, 256), (512, 256), (256, 1024), (1024, 1024), (768, 3072)):
+    for k, n in ((256, 256), (512, 256), (256, 1024), (1024, 1024), (768, 3072), (8192, 512)):
         m = _loaded(_Layer(k, n), [(torch.randn(2, k),), (torch.randn(5, k),)], {"x": {0: r}}, isa)
         family = "dense layer" if k * n * 4 <= 512 * 1024 else "dense layer, panels"
+        family += ", K pieces" if k > 4096 else ""
         for rows_ in (16, 64, 255, 1024) if k * n >= 1 << 20 else (64, 255, 1024):
             x = np.random.default_rng(0).standard_normal((rows_, k), dtype=np.float32)
             s = _best_call_s(lambda m=m, x=x: m.run([x]), quick)
@@ -177,15 +191,22 @@ def families(isa: str, quick: bool) -> list[dict[str, Any]]:
             s = _best_call_s(lambda m=conv, x=x: m.run([x]), quick)
             flops = 2 * hw * hw * c * c * 9
             rows.append({"family": "3x3 convolution", "shape": f"{c} ch, {hw} x {hw}", "gflops": flops / s / 1e9})
-    big = _loaded(_Layer(8192, 512), [(torch.randn(2, 8192),), (torch.randn(5, 8192),)], {"x": {0: r}}, isa)
+    ids = bladepack.Dim("ids", 1, 64)
+    tied = _loaded(
+        _Tied(),
+        [(torch.randn(2, 512), torch.tensor([1, 2])), (torch.randn(5, 512), torch.tensor([3]))],
+        ({0: r}, {0: ids}),
+        isa,
+    )
     for rows_ in (16, 256):
-        x = np.random.default_rng(0).standard_normal((rows_, 8192), dtype=np.float32)
-        s = _best_call_s(lambda x=x: big.run([x]), quick)
+        x = np.random.default_rng(0).standard_normal((rows_, 512), dtype=np.float32)
+        one = np.array([7], dtype=np.int64)
+        s = _best_call_s(lambda x=x: tied.run([x, one]), quick)
         rows.append(
             {
-                "family": "GEMM, K over the dense bound",
-                "shape": f"{rows_} x 8192 -> 512",
-                "gflops": 2 * rows_ * 8192 * 512 / s / 1e9,
+                "family": "GEMM, tied head weight",
+                "shape": f"{rows_} x 512 -> 8000",
+                "gflops": 2 * rows_ * 512 * 8000 / s / 1e9,
             }
         )
     t = bladepack.Dim("t", 1, 512)

@@ -126,21 +126,23 @@ def test_dense_layers_golden() -> None:
     assert variants == [[f"k{k}_{t}" for t in tiles] for k in (0, 1)], variants
 
 
-@pytest.mark.parametrize("k,n", [(1, 17), (3, 20), (5, 64), (600, 300), (4097, 5)])
+@pytest.mark.parametrize("k,n", [(1, 17), (3, 20), (5, 64), (600, 300), (4097, 5), (4097, 40)])
 def test_dense_layers_edges(k: int, n: int) -> None:
     """K below the k-pair and column-tail bounds (1, 3, 5: Note [Dense k pairs], Note [Dense column
     tails]) on the dense kernel; a weight above MAX_WEIGHT_BYTES (600 x 300 float32) on its panels
-    (Note [Dense weight panels]); a K whose 64-column panel passes MAX_PANEL_BYTES (4097) stays a BLAS
-    GEMM (Note [Dense weight sizes])."""
-    from bladepack.passes.dense_layers import MAX_PANEL_BYTES, MAX_WEIGHT_BYTES
+    (Note [Dense weight panels]); a K whose 64-column panel passes MAX_PANEL_BYTES (4097) in two
+    pieces when its weight is over MAX_WEIGHT_BYTES (Note [Dense K pieces]), row-major and whole when
+    not."""
+    from bladepack.passes.dense_layers import MAX_WEIGHT_BYTES
 
     torch.manual_seed(k)
     model = torch.nn.Sequential(torch.nn.Linear(k, n), torch.nn.SiLU()).eval()
     art = bladepack.optimize(model, [(torch.randn(2, k),), (torch.randn(5, k),)], {"input": {0: Dim("rows", 1, 64)}})
     m = bladepack.load(art.to_bytes(), executor="native")
     dense = [kk for kk in m._manifest.kernels["cpu"] if kk["kind"] == "conv"]
-    assert bool(dense) == (k * 64 * 4 <= MAX_PANEL_BYTES), dense
-    assert ("weight_layout='panels'" in art.ir_text) == (bool(dense) and k * n * 4 > MAX_WEIGHT_BYTES)
+    big = k * n * 4 > MAX_WEIGHT_BYTES
+    assert len(dense) == (2 if big and k == 4097 else 1), dense
+    assert art.ir_text.count("weight_layout='panels'") == len(dense) * big
     for rows in (1, 2, 4, 6, 9, 64):
         x = torch.randn(rows, k)
         with torch.no_grad():
@@ -298,21 +300,24 @@ def test_dense_tiles_at_every_isa_level(tmp_path: pytest.TempPathFactory) -> Non
 class _Panels(torch.nn.Module):
     """Weights over 512 KB, read in column panels (Note [Dense weight panels]): 700 -> 200 (a tail
     panel of 8 columns after AVX-512's three blocks of 64), a residual 200 -> 200 on a 1000-wide GELU
-    layer's output, 2101 -> 67 (odd K, one block of all N), a shared 700 -> 200 weight, and in float64
-    300 -> 250; on [batch, seq, K] inputs (the rows are pixels of a [1, B, S, K] image)."""
+    layer's output, 4501 -> 67 (two K pieces, Note [Dense K pieces]: the second of odd length; one
+    block of all N), a shared 700 -> 200 weight, and in float64 300 -> 250 and 2100 -> 40 (two pieces
+    of float64's shorter bound); on [batch, seq, K] inputs (the rows are pixels of a [1, B, S, K]
+    image)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.up = torch.nn.Linear(700, 200)
         self.wide = torch.nn.Linear(200, 1000)
         self.down = torch.nn.Linear(1000, 200)
-        self.narrow = torch.nn.Linear(2101, 67)
+        self.narrow = torch.nn.Linear(4501, 67)
         self.f64 = torch.nn.Linear(300, 250).double()
+        self.long64 = torch.nn.Linear(2100, 40).double()
 
-    def forward(self, x: torch.Tensor, z: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(self, x: torch.Tensor, z: torch.Tensor, y: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, ...]:
         h = torch.relu(self.up(x))
         h = self.down(torch.nn.functional.gelu(self.wide(h))) + h
-        return h, self.narrow(z), torch.tanh(self.f64(y)), self.up(x * 0.5)
+        return h, self.narrow(z), torch.tanh(self.f64(y)), self.up(x * 0.5), torch.relu(self.long64(u))
 
 
 def test_dense_weight_panels_at_every_isa_level(tmp_path: pytest.TempPathFactory) -> None:
@@ -326,13 +331,19 @@ def test_dense_weight_panels_at_every_isa_level(tmp_path: pytest.TempPathFactory
     torch.manual_seed(0)
     model = _Panels().eval()
     b, s = Dim("b", min=1, max=4), Dim("s", min=1, max=40)
-    shapes = {"x": {0: b, 1: s}, "z": {0: b, 1: s}, "y": {0: b, 1: s}}
+    shapes = {name: {0: b, 1: s} for name in ("x", "z", "y", "u")}
 
     def inputs(bb: int, ss: int) -> tuple[torch.Tensor, ...]:
-        return torch.randn(bb, ss, 700), torch.randn(bb, ss, 2101), torch.randn(bb, ss, 300, dtype=torch.float64)
+        f64 = torch.float64
+        return (
+            torch.randn(bb, ss, 700),
+            torch.randn(bb, ss, 4501),
+            torch.randn(bb, ss, 300, dtype=f64),
+            torch.randn(bb, ss, 2100, dtype=f64),
+        )
 
     art = bladepack.optimize(model, [inputs(2, 5), inputs(3, 9)], shapes, options=all_isas())
-    assert art.ir_text.count("weight_layout='panels'") == 6 and "'ihwo'" not in art.ir_text, art.ir_text
+    assert art.ir_text.count("weight_layout='panels'") == 9 and "'ihwo'" not in art.ir_text, art.ir_text
     have = cpu_flags()
     levels = [isa for isa, requires, _ in art.cpu_libraries if set(requires) <= have]
     assert len(levels) >= 2, art.cpu_libraries

@@ -28,7 +28,7 @@ import numpy as np
 
 from bladepack.dtypes import DType
 from bladepack.ir import GraphBuilder, Node, OpKind, Program, rebuild_graph
-from bladepack.ir.ops import DENSE_CONV, DENSE_PANELS, OP_INFO, PANEL, Conv2dAttrs, MatmulAttrs, OpClass
+from bladepack.ir.ops import DENSE_CONV, DENSE_PANELS, OP_INFO, PANEL, Conv2dAttrs, MatmulAttrs, OpClass, SliceAttrs
 from bladepack.ir.types import IRDim, TensorType
 from bladepack.passes.dce import dead_code_elimination
 
@@ -38,7 +38,14 @@ from bladepack.passes.dce import dead_code_elimination
 # against the BLAS plan) as fast or faster at every row count up to 512 KB (256 x 512 float32);
 # 512 x 512 and larger 0.5-0.95x (768 x 3072: 0.3x at 1024 rows). Larger weights are read in column
 # panels (Note [Dense weight panels]) with the blocks outer, so one block's [K, 64] panel must stay in
-# L2 instead: K * 64 elements of up to 1 MiB (K up to 4096 float32); above, the product is a BLAS GEMM.
+# L2 instead: K * 64 elements of up to 1 MiB (K up to 4096 float32).
+#
+# Note [Dense K pieces]: a longer K is split into even pieces within that bound (multiples of PANEL),
+# each a dense convolution on a slice of x's channels (a view) and its own panels, each piece's
+# product added to the sum of the ones before in its store (a residual of the convolution epilogue),
+# the bias and activation in the last one's. The partial sums cost one [M, N] store and read per
+# piece, against M * N * K multiply-adds. Measured with one piece of 8192 or 11008 (the panel past L2):
+# 0.92-0.98x the BLAS plan at 1024 rows (bench/results/dense_layers_large.md).
 MAX_WEIGHT_BYTES = 512 * 1024
 MAX_PANEL_BYTES = 1024 * 1024
 _BLOCK = 64  # the widest column block of a dense kernel (codegen/cpu_dense.py: 4 AVX-512 vectors)
@@ -74,9 +81,6 @@ def _linear(n: Node, weights: Collection[int], types: dict[int, TensorType]) -> 
     wt = types[n.inputs[1]]
     if wt.rank != 2 or not all(isinstance(d, int) for d in wt.shape) or n.type.dtype not in DENSE_DTYPES:
         return False
-    k = wt.shape[1] if a.transpose_b else wt.shape[0]
-    if k * _BLOCK * wt.dtype.itemsize > MAX_PANEL_BYTES:  # Note [Dense weight sizes]
-        return False
     xt = types[n.inputs[0]]
     return n.type.rank >= 2 and xt.shape[:-1] == n.type.shape[:-1] and n.inputs[0] != n.inputs[1]
 
@@ -89,6 +93,16 @@ def panels(kn: np.ndarray) -> np.ndarray:
     padded = np.zeros((k, count * PANEL), dtype=kn.dtype)
     padded[:, :nn] = kn
     return np.ascontiguousarray(padded.reshape(k, count, 1, PANEL).transpose(1, 0, 2, 3))
+
+
+def k_pieces(k: int, itemsize: int) -> list[tuple[int, int]]:
+    """[k0, k1) per piece of a K whose 64-column panel would pass MAX_PANEL_BYTES, split evenly in
+    multiples of PANEL (Note [Dense K pieces]); one piece otherwise."""
+    longest = MAX_PANEL_BYTES // (_BLOCK * itemsize)
+    count = -(-k // longest)
+    per = -(-k // count)
+    step = -(-per // PANEL) * PANEL
+    return [(k0, min(k, k0 + step)) for k0 in range(0, k, step)]
 
 
 def _elementwise(n: Node) -> bool:
@@ -116,7 +130,7 @@ def dense_layers(p: Program) -> Program:
     if not convertible:
         return p
     data = dict(p.weight_data)
-    packed: dict[int, int] = {}  # original weight -> its [K, 1, 1, N] copy or its panels
+    packed: dict[int, list[tuple[int, int, int]]] = {}  # original weight -> (k0, k1, copy) per piece of K
     attrs: dict[int, Conv2dAttrs] = {}  # the convolution reading each copy
     # a run-time branch's merge `where(pred, a, b)` keeps its operands, so each branch's guard holds
     # (Note [Guarded nodes] in ir/graph.py: a value's guard counts where all its readers share it)
@@ -124,19 +138,26 @@ def dense_layers(p: Program) -> Program:
     # the [1, 1, M, N] version of a value of the new graph, keyed by its [..., N] version (the reshape)
     dense_of: dict[int, int] = {}
 
-    def pack(b: GraphBuilder, w_id: int, transposed: bool) -> int:
+    def pack(b: GraphBuilder, w_id: int, transposed: bool) -> list[tuple[int, int, int]]:
         if w_id not in packed:
             w = by_id[w_id]
             arr = np.asarray(p.weight_data[w.name])
             kn = arr.T if transposed else arr
             k, nn = kn.shape
+            pieces = []
             if kn.nbytes <= MAX_WEIGHT_BYTES:
-                name, stored = f"{w.name}.dense", np.ascontiguousarray(kn).reshape(k, 1, 1, nn)
-            else:  # Note [Dense weight panels]
-                name, stored = f"{w.name}.panels", panels(kn)
-            data[name] = stored
-            packed[w_id] = b.add_weight(name, TensorType(w.type.dtype, stored.shape))
-            attrs[packed[w_id]] = DENSE_CONV if kn.nbytes <= MAX_WEIGHT_BYTES else DENSE_PANELS
+                name = f"{w.name}.dense"
+                data[name] = np.ascontiguousarray(kn).reshape(k, 1, 1, nn)
+                pieces.append((0, k, b.add_weight(name, TensorType(w.type.dtype, (k, 1, 1, nn)))))
+                attrs[pieces[-1][2]] = DENSE_CONV
+            else:  # Note [Dense weight panels], Note [Dense K pieces]
+                bounds = k_pieces(k, kn.dtype.itemsize)
+                for i, (k0, k1) in enumerate(bounds):
+                    name = f"{w.name}.panels" + (f"{i}" if len(bounds) > 1 else "")
+                    data[name] = panels(kn[k0:k1])
+                    pieces.append((k0, k1, b.add_weight(name, TensorType(w.type.dtype, data[name].shape))))
+                    attrs[pieces[-1][2]] = DENSE_PANELS
+            packed[w_id] = pieces
         return packed[w_id]
 
     def flat(t: TensorType) -> TensorType:
@@ -165,8 +186,15 @@ def dense_layers(p: Program) -> Program:
             assert isinstance(n.attrs, MatmulAttrs)
             xt = types[n.inputs[0]]
             x4 = dense_of[ins[0]] if ins[0] in dense_of else as_pixels(b, ins[0], xt, n.loc)
-            w4 = pack(b, n.inputs[1], n.attrs.transpose_b)
-            y = b.add(OpKind.CONV2D, (x4, w4), flat(n.type), attrs[w4], n.loc)
+            pieces = pack(b, n.inputs[1], n.attrs.transpose_b)
+            y = -1
+            for k0, k1, w4 in pieces:  # Note [Dense K pieces]: each piece's product adds the ones before
+                xk = x4
+                if len(pieces) > 1:
+                    shape = (*flat(xt).shape[:3], k1 - k0)
+                    xk = b.add(OpKind.SLICE, (x4,), TensorType(xt.dtype, shape), SliceAttrs(3, k0, 1), n.loc)
+                part = b.add(OpKind.CONV2D, (xk, w4), flat(n.type), attrs[w4], n.loc)
+                y = part if y < 0 else b.add(OpKind.ADD, (part, y), flat(n.type), loc=n.loc)
         elif (
             _elementwise(n) and any(i in dense_of for i in ins) and not (n.op is OpKind.WHERE and n.inputs[0] in preds)
         ):
