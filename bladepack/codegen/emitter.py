@@ -42,7 +42,7 @@ from bladepack.ir.ops import (
     TakeAttrs,
 )
 from bladepack.ir.types import IRDim
-from bladepack.ir.views import LAYOUT_OPS, View, reshape_groups, simplify
+from bladepack.ir.views import LAYOUT_OPS, View, reshape_groups, simplify, sym_eq
 from bladepack.opset import COMPARISONS
 
 _VAR = re.compile(r"\b[a-z]+\d+\b")
@@ -53,6 +53,14 @@ def _site(what: str, n: Node) -> str:
     """An index check's description with the user's source line of the op it guards (a fused kernel's
     own location is its root's: a layer norm after the embedding lookup that failed)."""
     return f"{what} at {n.loc}" if n.loc else what
+
+
+def _zero(n: Node | None) -> bool:
+    """A constant 0 (a scalar or a filled tensor)."""
+    if n is None or n.op not in (OpKind.CONSTANT, OpKind.FULL) or not isinstance(n.attrs, ConstantAttrs):
+        return False
+    v = n.attrs.value
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0
 
 
 def _wraps(n: Node) -> bool:
@@ -394,20 +402,49 @@ class Emitter:
         fill = literal(n.attrs.value, dt)
         return self._branch(CTYPE[dt], [(" && ".join(conds), self._thunk(n.inputs[0], tuple(j), dt))], lambda: fill)
 
-    def _checked_index(self, raw: str, size: IRDim, what: str, wrap: bool = True) -> Loop:
-        """A runtime index symbol holding `raw`, bounds-checked; `wrap`: negative counts from the end
-        (else it is out of range: Note [Negative indices] in opset/attrs.py)."""
-        sz = self.args.ref(size)
-        self.error_sites.append(what)
-        site = len(self.error_sites) - 1
+    def _checked_index(self, raw: str, size: IRDim, what: str, wrap: bool = True, proven: bool = False) -> Loop:
+        """A runtime index symbol holding `raw`, bounds-checked unless `proven` in range; `wrap`:
+        negative counts from the end (else it is out of range: Note [Negative indices] in
+        opset/attrs.py).
+
+        Note [Index checks]: the symbol and its check go where `raw` is defined, not into the innermost
+        loop: a token id read once per row is checked once per row, and the loop over the row keeps no
+        call (a `st->fail` call inside an `omp simd` loop keeps it scalar). An index that is a position
+        (`in_range`) is never checked."""
         sym = Loop(self.fresh("g"))
-        self.declare(f"int64_t {sym.name} = int64_t({raw});", sym.name)
-        if wrap:
-            self.line(f"if ({sym.name} < 0) {sym.name} += {sz};")
-        report = self.fail(f"{ERR_INDEX if wrap else ERR_INDEX_NONNEG} + 16 * {site}", f"int64_t({raw})", sz)
-        self.line(f"if ({sym.name} < 0 || {sym.name} >= {sz}) {{ {report} {sym.name} = 0; }}")
-        self.scopes[-1].syms.add(sym)
+        stmts = [f"int64_t {sym.name} = int64_t({raw});"]
+        if not proven:
+            sz = self.args.ref(size)
+            self.error_sites.append(what)
+            site = len(self.error_sites) - 1
+            if wrap:
+                stmts.append(f"if ({sym.name} < 0) {sym.name} += {sz};")
+            report = self.fail(f"{ERR_INDEX if wrap else ERR_INDEX_NONNEG} + 16 * {site}", f"int64_t({raw})", sz)
+            stmts.append(f"if ({sym.name} < 0 || {sym.name} >= {sz}) {{ {report} {sym.name} = 0; }}")
+        k = max([self._target(set()), *(self.depth.get(tok, 0) for tok in _VAR.findall(stmts[0]) if tok != sym.name)])
+        self.scopes[k].lines.extend(stmts)
+        self.scopes[k].syms.add(sym)
+        self.depth[sym.name] = k
         return sym
+
+    def in_range(self, v: int, size: IRDim) -> bool:
+        """Note [Index checks]: every value of index `v` is provably in [0, size): `arange(size)`
+        (start 0, step 1) through reshapes, expands, permutes, slices, integer casts and adding 0 —
+        the positions and row numbers Hugging Face's mask builders index their masks with."""
+        n = self.ctx.nodes.get(v)
+        if n is None or n.type.dtype not in (DType.INT64, DType.INT32):
+            return False
+        if n.op is OpKind.ARANGE:
+            a = n.attrs
+            assert isinstance(a, ArangeAttrs)
+            return a.start == 0 and a.step == 1 and sym_eq(n.type.shape[0], size)
+        if n.op in (*LAYOUT_OPS, OpKind.CAST):
+            return self.in_range(n.inputs[0], size)
+        if n.op in (OpKind.ADD, OpKind.SUB) and len(n.inputs) == 2:
+            zero = [i for i in n.inputs if _zero(self.ctx.nodes.get(i))]
+            rest = [i for i in n.inputs if i not in zero]
+            return len(rest) == 1 and (n.op is OpKind.ADD or rest[0] == n.inputs[0]) and self.in_range(rest[0], size)
+        return False
 
     def _gather(self, n: Node, idx: tuple[sympy.Expr, ...]) -> str:
         x = n.inputs[0]
@@ -417,13 +454,15 @@ class Emitter:
             a = n.attrs.axis % len(xshape)
             r = self.ctx.types[n.inputs[1]].rank
             raw = self.eval(n.inputs[1], idx[a : a + r])
-            g = self._checked_index(raw, xshape[a], _site(f"take along dimension {a}", n), _wraps(n))
+            proven = self.in_range(n.inputs[1], xshape[a])
+            g = self._checked_index(raw, xshape[a], _site(f"take along dimension {a}", n), _wraps(n), proven)
             return self.eval(x, (*idx[:a], g, *idx[a + r :]))
         if n.op is OpKind.GATHER:
             assert isinstance(n.attrs, AxisAttrs)
             a = n.attrs.axis % len(xshape)
             raw = self.eval(n.inputs[1], idx)
-            g = self._checked_index(raw, xshape[a], _site(f"gather along dimension {a}", n), _wraps(n))
+            proven = self.in_range(n.inputs[1], xshape[a])
+            g = self._checked_index(raw, xshape[a], _site(f"gather along dimension {a}", n), _wraps(n), proven)
             j = list(idx)
             j[a] = g
             return self.eval(x, tuple(j))
@@ -442,6 +481,7 @@ class Emitter:
             raw = self.eval(t, ti)
             if self.ctx.types[t].dtype is DType.BOOL:
                 raise ValueError("boolean mask indexing has a data-dependent shape")
-            src.append(self._checked_index(raw, xshape[axes[k]], _site(f"indexing along dimension {axes[k]}", n)))
+            what = _site(f"indexing along dimension {axes[k]}", n)
+            src.append(self._checked_index(raw, xshape[axes[k]], what, proven=self.in_range(t, xshape[axes[k]])))
         src.extend(idx[axes[0] + b_rank :])
         return self.eval(x, tuple(src))
