@@ -421,7 +421,8 @@ class Emitter:
                 stmts.append(f"if ({sym.name} < 0) {sym.name} += {sz};")
             report = self.fail(f"{ERR_INDEX if wrap else ERR_INDEX_NONNEG} + 16 * {site}", f"int64_t({raw})", sz)
             stmts.append(f"if ({sym.name} < 0 || {sym.name} >= {sz}) {{ {report} {sym.name} = 0; }}")
-        k = max([self._target(set()), *(self.depth.get(tok, 0) for tok in _VAR.findall(stmts[0]) if tok != sym.name)])
+        # a C variable goes to its own scope (not above a barrier); any other expression stays here
+        k = max(self._target(set()), self.depth[raw]) if raw in self.depth else len(self.scopes) - 1
         self.scopes[k].lines.extend(stmts)
         self.scopes[k].syms.add(sym)
         self.depth[sym.name] = k
@@ -429,7 +430,7 @@ class Emitter:
 
     def in_range(self, v: int, size: IRDim) -> bool:
         """Note [Index checks]: every value of index `v` is provably in [0, size): `arange(size)`
-        (start 0, step 1) through reshapes, expands, permutes, slices, integer casts and adding 0 —
+        (start 0, step 1) through reshapes, expands, permutes, slices, casts to int64 and adding 0 —
         the positions and row numbers Hugging Face's mask builders index their masks with."""
         n = self.ctx.nodes.get(v)
         if n is None or n.type.dtype not in (DType.INT64, DType.INT32):
@@ -438,7 +439,7 @@ class Emitter:
             a = n.attrs
             assert isinstance(a, ArangeAttrs)
             return a.start == 0 and a.step == 1 and sym_eq(n.type.shape[0], size)
-        if n.op in (*LAYOUT_OPS, OpKind.CAST):
+        if n.op in LAYOUT_OPS or (n.op is OpKind.CAST and n.type.dtype is DType.INT64):
             return self.in_range(n.inputs[0], size)
         if n.op in (OpKind.ADD, OpKind.SUB) and len(n.inputs) == 2:
             zero = [i for i in n.inputs if _zero(self.ctx.nodes.get(i))]
