@@ -41,11 +41,11 @@ from bladepack.passes.dce import dead_code_elimination
 # L2 instead: K * 64 elements of up to 1 MiB (K up to 4096 float32).
 #
 # Note [Dense K pieces]: a longer K is split into even pieces within that bound (multiples of PANEL),
-# each a dense convolution on a slice of x's channels (a view) and its own panels, each piece's
-# product added to the sum of the ones before in its store (a residual of the convolution epilogue),
-# the bias and activation in the last one's. The partial sums cost one [M, N] store and read per
-# piece, against M * N * K multiply-adds. Measured with one piece of 8192 or 11008 (the panel past L2):
-# 0.92-0.98x the BLAS plan at 1024 rows (bench/results/dense_layers_large.md).
+# each a dense convolution on a slice of x's channels (a view) and its own panels; the pieces'
+# products are summed by adds the convolution epilogue pass folds into their stores (a residual),
+# the bias and activation after the last sum. The partial sums cost one [M, N] store and read per
+# piece, against M * N * K multiply-adds. Measured (bench/results/dense_layers_large.md) at 1024 rows:
+# 1.02-1.12x the BLAS plan in pieces, 0.92-0.98x as one piece of 8192 or 11008 (its panel past L2).
 MAX_WEIGHT_BYTES = 512 * 1024
 MAX_PANEL_BYTES = 1024 * 1024
 _BLOCK = 64  # the widest column block of a dense kernel (codegen/cpu_dense.py: 4 AVX-512 vectors)
