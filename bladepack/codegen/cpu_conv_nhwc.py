@@ -18,7 +18,7 @@ from bladepack.codegen.c_render import CPU_MEMTYPE, CTYPE, Loop
 from bladepack.codegen.emitter import Emitter
 from bladepack.codegen.kernel import FLOATS, reduce_init, store_offset
 from bladepack.ir import Node, OpKind
-from bladepack.ir.ops import Conv2dAttrs, Pool2dAttrs, ReduceAttrs
+from bladepack.ir.ops import CHANNEL_BLOCK, Conv2dAttrs, Pool2dAttrs, ReduceAttrs
 from bladepack.ir.types import TensorType
 from bladepack.ir.views import simplify, sym_eq
 
@@ -32,9 +32,6 @@ def conv_tile_pixels(oc: int) -> int:
     repeated tail pixels on the CNN sample's small images, 8 did not."""
     vectors = (oc + 15) // 16
     return max(2, 24 // vectors) if vectors > 2 else 8
-
-
-CHANNEL_BLOCK = 64  # output channels per register tile; wider convolutions loop over blocks
 
 
 def store_block(em: Emitter, conv: int, root: int, idx: tuple[sympy.Expr, ...], co: Loop, width: int) -> None:

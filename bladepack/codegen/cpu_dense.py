@@ -13,10 +13,10 @@ from typing import Any
 import sympy
 
 from bladepack.codegen.c_render import CPU_MEMTYPE, CTYPE, Loop
-from bladepack.codegen.cpu_conv_nhwc import CHANNEL_BLOCK, conv_tile_pixels, store_block
+from bladepack.codegen.cpu_conv_nhwc import conv_tile_pixels, store_block
 from bladepack.codegen.emitter import Emitter
 from bladepack.ir import Node, OpKind
-from bladepack.ir.ops import PANEL, Conv2dAttrs
+from bladepack.ir.ops import CHANNEL_BLOCK, PANEL, Conv2dAttrs
 from bladepack.ir.types import IRDim
 from bladepack.ir.views import simplify, sym_eq
 
@@ -149,16 +149,12 @@ def dense_kernel(em: Emitter, tile: int) -> None:
             def channel_block(width: int) -> None:
                 vector = vector_bytes // elem
                 lanes = _lanes(width, k, nn, vector) if whole else width
-                # (first column, columns, lanes) per run of W read from one pointer: the whole block,
-                # or one per panel (the last panel's padding lets every run read whole vectors)
-                runs = [(0, width, lanes)]
+                # (first column, lanes) per run of W read from one pointer: the whole block, or one per
+                # panel (the last panel's padding lets every run read whole vectors)
+                runs = [(0, lanes)]
                 if panels:
-                    lanes = 0
-                    runs = []
-                    for c in range(0, width, PANEL):
-                        cols = min(PANEL, width - c)
-                        runs.append((c, cols, -(-cols // vector) * vector))
-                        lanes = c + runs[-1][2]
+                    runs = [(c, -(-min(PANEL, width - c) // vector) * vector) for c in range(0, width, PANEL)]
+                    lanes = runs[-1][0] + runs[-1][1]
                     em.line(f"const {mt}* BPK_RESTRICT wb_ = wp_ + (cb / {PANEL}) * {k * PANEL} + cb % {PANEL};")
                 # Note [Dense k pairs]: fewer than 8 accumulator vectors cannot hide the multiply-add's
                 # latency (a row or two on 64 columns); a second set takes the odd k, summed at the end
@@ -179,7 +175,7 @@ def dense_kernel(em: Emitter, tile: int) -> None:
                     em.line(f"    const {t} xv_ = ap_[p][k * {sc}];")
                     if step == 2:
                         em.line(f"    const {t} xw_ = ap_[p][(k + 1) * {sc}];")
-                    for j, (c, _, run_lanes) in enumerate(runs):
+                    for j, (c, run_lanes) in enumerate(runs):
                         wc, col = (f"wc{j}", f"{c} + co" if c else "co") if panels else ("wc", "co")
                         em.line("    #pragma omp simd")
                         em.line(f"    for (int64_t co = 0; co < {run_lanes if panels else w}; ++co) {{")

@@ -410,7 +410,7 @@ class Emitter:
         Note [Index checks]: the symbol and its check go where `raw` is defined, not into the innermost
         loop: a token id read once per row is checked once per row, and the loop over the row keeps no
         call (a `st->fail` call inside an `omp simd` loop keeps it scalar). An index that is a position
-        (`in_range`) is never checked."""
+        (`_in_range`) is never checked."""
         sym = Loop(self.fresh("g"))
         stmts = [f"int64_t {sym.name} = int64_t({raw});"]
         if not proven:
@@ -428,7 +428,7 @@ class Emitter:
         self.depth[sym.name] = k
         return sym
 
-    def in_range(self, v: int, size: IRDim) -> bool:
+    def _in_range(self, v: int, size: IRDim) -> bool:
         """Note [Index checks]: every value of index `v` is provably in [0, size): `arange(size)`
         (start 0, step 1) through reshapes, expands, permutes, slices, casts to int64 and adding 0 —
         the positions and row numbers Hugging Face's mask builders index their masks with."""
@@ -440,11 +440,11 @@ class Emitter:
             assert isinstance(a, ArangeAttrs)
             return a.start == 0 and a.step == 1 and sym_eq(n.type.shape[0], size)
         if n.op in LAYOUT_OPS or (n.op is OpKind.CAST and n.type.dtype is DType.INT64):
-            return self.in_range(n.inputs[0], size)
+            return self._in_range(n.inputs[0], size)
         if n.op in (OpKind.ADD, OpKind.SUB) and len(n.inputs) == 2:
             zero = [i for i in n.inputs if _zero(self.ctx.nodes.get(i))]
             rest = [i for i in n.inputs if i not in zero]
-            return len(rest) == 1 and (n.op is OpKind.ADD or rest[0] == n.inputs[0]) and self.in_range(rest[0], size)
+            return len(rest) == 1 and (n.op is OpKind.ADD or rest[0] == n.inputs[0]) and self._in_range(rest[0], size)
         return False
 
     def _gather(self, n: Node, idx: tuple[sympy.Expr, ...]) -> str:
@@ -455,14 +455,14 @@ class Emitter:
             a = n.attrs.axis % len(xshape)
             r = self.ctx.types[n.inputs[1]].rank
             raw = self.eval(n.inputs[1], idx[a : a + r])
-            proven = self.in_range(n.inputs[1], xshape[a])
+            proven = self._in_range(n.inputs[1], xshape[a])
             g = self._checked_index(raw, xshape[a], _site(f"take along dimension {a}", n), _wraps(n), proven)
             return self.eval(x, (*idx[:a], g, *idx[a + r :]))
         if n.op is OpKind.GATHER:
             assert isinstance(n.attrs, AxisAttrs)
             a = n.attrs.axis % len(xshape)
             raw = self.eval(n.inputs[1], idx)
-            proven = self.in_range(n.inputs[1], xshape[a])
+            proven = self._in_range(n.inputs[1], xshape[a])
             g = self._checked_index(raw, xshape[a], _site(f"gather along dimension {a}", n), _wraps(n), proven)
             j = list(idx)
             j[a] = g
@@ -483,6 +483,6 @@ class Emitter:
             if self.ctx.types[t].dtype is DType.BOOL:
                 raise ValueError("boolean mask indexing has a data-dependent shape")
             what = _site(f"indexing along dimension {axes[k]}", n)
-            src.append(self._checked_index(raw, xshape[axes[k]], what, proven=self.in_range(t, xshape[axes[k]])))
+            src.append(self._checked_index(raw, xshape[axes[k]], what, proven=self._in_range(t, xshape[axes[k]])))
         src.extend(idx[axes[0] + b_rank :])
         return self.eval(x, tuple(src))

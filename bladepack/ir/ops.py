@@ -12,6 +12,7 @@ from typing import Union
 import sympy
 
 from bladepack.opset.attrs import (
+    CHANNEL_BLOCK,
     DENSE_CONV,
     DENSE_PANELS,
     MAX_TOPK,
@@ -53,6 +54,7 @@ SymInt = Union[int, sympy.Expr]
 Scalar = Union[bool, int, float]
 
 __all__ = [
+    "CHANNEL_BLOCK",
     "DENSE_CONV",
     "DENSE_PANELS",
     "MAX_TOPK",

@@ -246,6 +246,9 @@ DENSE_CONV = Conv2dAttrs((1, 1), (0, 0), (1, 1), 1, False, "nhwc", "ihwo")
 # The same product on a weight in column panels (Note [Dense weight panels]): a linear layer's.
 DENSE_PANELS = Conv2dAttrs((1, 1), (0, 0), (1, 1), 1, False, "nhwc", "panels")
 PANEL = 16  # columns per weight panel
+# Output channels per register tile of the channels-last and dense kernels at their widest (four
+# AVX-512 vectors); wider convolutions loop over blocks, and a panel's K bound follows from it.
+CHANNEL_BLOCK = 64
 
 
 def is_dense_conv(attrs: object, weight_shape: tuple[object, ...]) -> bool:

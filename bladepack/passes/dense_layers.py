@@ -28,7 +28,17 @@ import numpy as np
 
 from bladepack.dtypes import DType
 from bladepack.ir import GraphBuilder, Node, OpKind, Program, rebuild_graph
-from bladepack.ir.ops import DENSE_CONV, DENSE_PANELS, OP_INFO, PANEL, Conv2dAttrs, MatmulAttrs, OpClass, SliceAttrs
+from bladepack.ir.ops import (
+    CHANNEL_BLOCK,
+    DENSE_CONV,
+    DENSE_PANELS,
+    OP_INFO,
+    PANEL,
+    Conv2dAttrs,
+    MatmulAttrs,
+    OpClass,
+    SliceAttrs,
+)
 from bladepack.ir.types import IRDim, TensorType
 from bladepack.passes.dce import dead_code_elimination
 
@@ -48,7 +58,6 @@ from bladepack.passes.dce import dead_code_elimination
 # 1.02-1.12x the BLAS plan in pieces, 0.92-0.98x as one piece of 8192 or 11008 (its panel past L2).
 MAX_WEIGHT_BYTES = 512 * 1024
 MAX_PANEL_BYTES = 1024 * 1024
-_BLOCK = 64  # the widest column block of a dense kernel (codegen/cpu_dense.py: 4 AVX-512 vectors)
 
 # Note [Dense weight panels]: W [K, N] stored row-major puts a column block's K rows N elements
 # apart: past L2, each k of a block's pass is another cache line and, at N >= 1024, another page, so
@@ -98,7 +107,7 @@ def panels(kn: np.ndarray) -> np.ndarray:
 def k_pieces(k: int, itemsize: int) -> list[tuple[int, int]]:
     """[k0, k1) per piece of a K whose 64-column panel would pass MAX_PANEL_BYTES, split evenly in
     multiples of PANEL (Note [Dense K pieces]); one piece otherwise."""
-    longest = MAX_PANEL_BYTES // (_BLOCK * itemsize)
+    longest = MAX_PANEL_BYTES // (CHANNEL_BLOCK * itemsize)
     count = -(-k // longest)
     per = -(-k // count)
     step = -(-per // PANEL) * PANEL
@@ -130,34 +139,32 @@ def dense_layers(p: Program) -> Program:
     if not convertible:
         return p
     data = dict(p.weight_data)
-    packed: dict[int, list[tuple[int, int, int]]] = {}  # original weight -> (k0, k1, copy) per piece of K
-    attrs: dict[int, Conv2dAttrs] = {}  # the convolution reading each copy
+    # original weight -> the convolution's attrs, and (k0, k1, copy) per piece of K
+    packed: dict[int, tuple[Conv2dAttrs, list[tuple[int, int, int]]]] = {}
     # a run-time branch's merge `where(pred, a, b)` keeps its operands, so each branch's guard holds
     # (Note [Guarded nodes] in ir/graph.py: a value's guard counts where all its readers share it)
     preds = {c.pred for n in g.nodes for c in n.guard}
     # the [1, 1, M, N] version of a value of the new graph, keyed by its [..., N] version (the reshape)
     dense_of: dict[int, int] = {}
 
-    def pack(b: GraphBuilder, w_id: int, transposed: bool) -> list[tuple[int, int, int]]:
+    def pack(b: GraphBuilder, w_id: int, transposed: bool) -> tuple[Conv2dAttrs, list[tuple[int, int, int]]]:
         if w_id not in packed:
             w = by_id[w_id]
             arr = np.asarray(p.weight_data[w.name])
             kn = arr.T if transposed else arr
             k, nn = kn.shape
-            pieces = []
             if kn.nbytes <= MAX_WEIGHT_BYTES:
-                name = f"{w.name}.dense"
-                data[name] = np.ascontiguousarray(kn).reshape(k, 1, 1, nn)
-                pieces.append((0, k, b.add_weight(name, TensorType(w.type.dtype, (k, 1, 1, nn)))))
-                attrs[pieces[-1][2]] = DENSE_CONV
+                attrs, copies = DENSE_CONV, [(f"{w.name}.dense", 0, k, np.ascontiguousarray(kn).reshape(k, 1, 1, nn))]
             else:  # Note [Dense weight panels], Note [Dense K pieces]
                 bounds = k_pieces(k, kn.dtype.itemsize)
-                for i, (k0, k1) in enumerate(bounds):
-                    name = f"{w.name}.panels" + (f"{i}" if len(bounds) > 1 else "")
-                    data[name] = panels(kn[k0:k1])
-                    pieces.append((k0, k1, b.add_weight(name, TensorType(w.type.dtype, data[name].shape))))
-                    attrs[pieces[-1][2]] = DENSE_PANELS
-            packed[w_id] = pieces
+                suffix = [str(i) if len(bounds) > 1 else "" for i in range(len(bounds))]
+                attrs = DENSE_PANELS
+                copies = [(f"{w.name}.panels{s}", k0, k1, panels(kn[k0:k1])) for s, (k0, k1) in zip(suffix, bounds)]
+            pieces = []
+            for name, k0, k1, stored in copies:
+                data[name] = stored
+                pieces.append((k0, k1, b.add_weight(name, TensorType(w.type.dtype, stored.shape))))
+            packed[w_id] = (attrs, pieces)
         return packed[w_id]
 
     def flat(t: TensorType) -> TensorType:
@@ -186,14 +193,14 @@ def dense_layers(p: Program) -> Program:
             assert isinstance(n.attrs, MatmulAttrs)
             xt = types[n.inputs[0]]
             x4 = dense_of[ins[0]] if ins[0] in dense_of else as_pixels(b, ins[0], xt, n.loc)
-            pieces = pack(b, n.inputs[1], n.attrs.transpose_b)
+            attrs, pieces = pack(b, n.inputs[1], n.attrs.transpose_b)
             y = -1
             for k0, k1, w4 in pieces:  # Note [Dense K pieces]: each piece's product adds the ones before
                 xk = x4
                 if len(pieces) > 1:
                     shape = (*flat(xt).shape[:3], k1 - k0)
                     xk = b.add(OpKind.SLICE, (x4,), TensorType(xt.dtype, shape), SliceAttrs(3, k0, 1), n.loc)
-                part = b.add(OpKind.CONV2D, (xk, w4), flat(n.type), attrs[w4], n.loc)
+                part = b.add(OpKind.CONV2D, (xk, w4), flat(n.type), attrs, n.loc)
                 y = part if y < 0 else b.add(OpKind.ADD, (part, y), flat(n.type), loc=n.loc)
         elif (
             _elementwise(n) and any(i in dense_of for i in ins) and not (n.op is OpKind.WHERE and n.inputs[0] in preds)
