@@ -40,6 +40,7 @@ def optimize(
     gemm_library: str = "cublas",
     reference_cases: bool | int = True,
     options: CompileOptions | None = None,
+    packed: bool = False,
 ) -> Artifact:
     """See `bladepack.api.optimize`: a torch module with sample inputs, or an ONNX model (path or
     ModelProto). Imported lazily so that loading never needs torch or onnx."""
@@ -54,6 +55,7 @@ def optimize(
         gemm_library=gemm_library,
         reference_cases=reference_cases,
         options=options,
+        packed=packed,
     )
 
 

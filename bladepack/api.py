@@ -43,6 +43,7 @@ def optimize(
     gemm_library: str = "cublas",
     reference_cases: bool | int = True,
     options: CompileOptions | None = None,
+    packed: bool = False,
 ) -> Artifact:
     """Export `model` with symbolic shapes, optimize it and return an `Artifact`.
 
@@ -68,6 +69,9 @@ def optimize(
 
     `options`: how to build (`CompileOptions`; docs/configuration.md); None reads them from the
     environment, once, here.
+    `packed`: also build the packed form (Note [Packed sequences]): a CPU plan that runs several
+    sequences of different lengths concatenated, without padding (`LoadedModule.run_packed`); a
+    CompileError says why a model has none.
     """
     target = Target.parse(targets)
     _check_choices(gemm_library, dtype)
@@ -85,7 +89,9 @@ def optimize(
         raise TypeError("optimize(model, sample_inputs): a torch model needs sample inputs to export")
     else:
         front = _torch_front_end(model, sample_inputs, dynamic_shapes)
-    return _compile(Compilation(front, options or CompileOptions.from_env(), target, dtype, gemm_library, budget))
+    c = Compilation(front, options or CompileOptions.from_env(), target, dtype, gemm_library, budget)
+    c.packed = bool(packed)
+    return _compile(c)
 
 
 def optimize_program(
@@ -98,15 +104,18 @@ def optimize_program(
     samples: Sequence[Mapping[str, int]] = (),
     producer: Mapping[str, str] | None = None,
     options: CompileOptions | None = None,
+    packed: bool = False,
 ) -> Artifact:
     """Optimize an IR `Program` from any front end ("torch" or "onnx", recorded in the producer
     versions) into an `Artifact` for `target` (plan kinds and CUDA images), with no reference cases;
     `samples` are the sample inputs' symbol values. `producer` (extend) keeps the versions of what
-    first produced the program instead of asking the front end's framework."""
+    first produced the program instead of asking the front end's framework; `packed` builds the packed
+    form too (as `optimize`'s)."""
     _check_choices(gemm_library, dtype)
     front = FrontEnd(frontend, lambda progress: (program, list(notes)), lambda p: tuple(samples))
     c = Compilation(front, options or CompileOptions.from_env(), target, dtype, gemm_library)
     c.producer = dict(producer) if producer is not None else None
+    c.packed = packed
     return _compile(c)
 
 

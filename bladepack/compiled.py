@@ -15,7 +15,7 @@ import numpy as np
 
 from bladepack.artifact import format as bpk_format
 from bladepack.artifact.plan import ExecPlan
-from bladepack.artifact.writer import assemble
+from bladepack.artifact.writer import assemble, embed_packed
 
 if TYPE_CHECKING:
     from bladepack.lowering.build_plan import KernelSources
@@ -44,6 +44,8 @@ class Artifact:
     # Note [Extending an artifact]: the front end's program (ir/serialize.py), its weights and how it
     # was optimized, or None
     source_program: tuple[dict[str, Any], dict[str, np.ndarray], dict[str, Any]] | None = None
+    # Note [Packed sequences]: the packed form's record and its own (CPU) artifact, or None
+    packed: tuple[dict[str, Any], Artifact] | None = None
 
     def __repr__(self) -> str:
         def decls(ds: Any) -> str:
@@ -65,7 +67,7 @@ class Artifact:
         return f"<bladepack Artifact: {'; '.join(parts)}>"
 
     def _parts(self) -> tuple[dict[str, Any], list[bpk_format.Section]]:
-        return assemble(
+        manifest, sections = assemble(
             self.plan,
             self.weights,
             self.producer,
@@ -76,6 +78,10 @@ class Artifact:
             self.reference_cases,
             self.source_program,
         )
+        if self.packed is not None:
+            record, form = self.packed
+            embed_packed(manifest, sections, record, *form._parts())
+        return manifest, sections
 
     def save(self, path: str | os.PathLike[str]) -> None:
         manifest, sections = self._parts()

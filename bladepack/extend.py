@@ -108,6 +108,7 @@ def extend(
         [dict(s) for s in meta["samples"]],
         producer=producer,
         options=options,
+        packed="packed" in m and "cpu" in target.kinds,  # Note [Packed sequences]: rebuilt with the plan
     )
     record = m.get("reference_cases")
     if record is not None:

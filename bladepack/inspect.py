@@ -25,6 +25,7 @@ def manifest_summary(m: dict[str, Any]) -> dict[str, Any]:
         "symbols": {s["name"]: {"min": s["min"], "max": s["max"]} for s in m["symbols"]},
         "out_of_range": _policies(m),
         "padding": _padding(m),
+        "packed": _packed(m),
         "reference_cases": _reference_cases(m),
         "source_program": _source_program(m),
         "plan": {"steps": len(steps), "by_kind": dict(sorted(Counter(s["op"] for s in steps).items()))},
@@ -90,6 +91,25 @@ def _padding(m: dict[str, Any]) -> dict[str, Any] | None:
         else:
             out[name] = {"padding": False, "why": proof.get("reason", "")}
     return out
+
+
+def _packed(m: dict[str, Any]) -> dict[str, Any] | None:
+    """Note [Packed sequences]: the packed form (format 1.8), or None."""
+    rec = m.get("packed")
+    if rec is None:
+        return None
+    plan = rec["plan"]
+    tokens = next((s for s in plan["symbols"] if s["name"] == rec["tokens"]), {"min": 1, "max": None})
+    return {
+        "symbol": rec["symbol"],
+        "rows": rec["rows"],
+        "tokens": {"min": tokens["min"], "max": tokens["max"]},
+        "inputs": {n: list(a) for n, a in rec["inputs"].items()},
+        "outputs": {n: list(a) for n, a in rec["outputs"].items()},
+        "steps": len(plan["plan"]["steps"]),
+        "kernels": len(plan.get("kernels", [])),
+        "libraries": [lib["isa"] for lib in plan.get("native_cpu", {}).get("libraries", [])],
+    }
 
 
 def _source_program(m: dict[str, Any]) -> dict[str, Any] | None:
@@ -254,6 +274,14 @@ def inspect_text(s: dict[str, Any]) -> str:
             masks = ", ".join(pad["masks"]) or "none: every op is position-wise or causal"
             rows = f"each {pad['rows']} row its own length" if pad["rows"] else "one length per call"
             lines.append(f"    padding: proven ({rows}); pad {pads}; trim {trim}; masks {masks}")
+    pk = s.get("packed")
+    if pk is not None:
+        hi = "inf" if pk["tokens"]["max"] is None else pk["tokens"]["max"]
+        lines.append(
+            f"packed form: sequences along {pk['symbol']} concatenated ({pk['rows']} 1), [1, {hi}] tokens; "
+            f"{pk['steps']} steps, {pk['kernels']} kernels, CPU libraries {', '.join(pk['libraries']) or 'none'} "
+            "(LoadedModule.run_packed)"
+        )
     by_kind = ", ".join(f"{k} {v}" for k, v in s["plan"]["by_kind"].items())
     lines.append(f"plan: {s['plan']['steps']} steps ({by_kind})")
     sp = s["shape_program"]

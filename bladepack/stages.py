@@ -17,6 +17,10 @@ fusion, lowering and memory plan of one backend, then of the next: `runs`). With
     09-build.<kind>.txt         per backend: the images built, their sizes and digests
     10-reference_cases.txt      the reference cases recorded (Note [Reference cases])
 
+With `packed` (optimize(..., packed=True)) a "packed form" stage after the builds compiles the packed
+program (Note [Packed sequences]) through the same stages, quietly and without dumps, into a CPU plan
+the artifact embeds, and checks it against the plan (Note [Packed self-check] in packed_build.py).
+
 Every stage but the front end turns an unexpected exception into a CompileError naming the stage
 (Note [No raw tracebacks]); `Progress` reports each as it ends (Note [Progress]).
 """
@@ -24,6 +28,7 @@ Every stage but the front end turns an unexpected exception into a CompileError 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 from collections.abc import Callable, Iterator, Mapping
@@ -38,7 +43,7 @@ from bladepack.errors import BladepackError, CompileError
 from bladepack.library_ops.cutlass.select import GemmPolicy
 from bladepack.options import CompileOptions, LoaderOptions
 from bladepack.progress import Progress
-from bladepack.target import Target
+from bladepack.target import CPU_ONLY, Target
 
 if TYPE_CHECKING:
     from bladepack.ir import Program
@@ -86,6 +91,8 @@ class Compilation:
     built: dict[str, Built] = field(default_factory=dict)
     artifact: Artifact | None = None
     closers: list[Any] = field(default_factory=list)  # GEMM profilers, closed when the plan is done
+    packed: bool = False  # build the packed form too (Note [Packed sequences])
+    front_program: Program | None = None  # the program as the front end gave it
 
 
 Run = Callable[[Compilation, Backend, Progress], None]
@@ -109,6 +116,7 @@ class Stage:
 
 def _front_end(c: Compilation, _: Backend, progress: Progress) -> None:
     c.program, notes = c.front.run(progress)
+    c.front_program = c.program
     c.notes += notes
     c.sample_dims = c.front.sample_dims(c.program)
     from bladepack.ir.serialize import NotSerializable, encode_program
@@ -209,6 +217,27 @@ def _build(c: Compilation, b: Backend, progress: Progress) -> None:
     art.producer = {**art.producer, **built.producer}
 
 
+def _packed_form(c: Compilation, _: Backend, progress: Progress) -> None:
+    """Note [Packed sequences]: the packed form's CPU plan, embedded in the artifact and checked."""
+    from bladepack.packed_build import build_packed, self_check
+
+    art = _artifact(c)
+    assert c.front_program is not None
+
+    def compile_cpu(program: Program) -> Artifact:
+        front = FrontEnd(c.front.name, lambda progress: (program, []), lambda p: ())
+        sub = Compilation(front, dataclasses.replace(c.options, dump_dir=None), CPU_ONLY, c.dtype, c.gemm_library)
+        sub.producer = dict(art.producer)
+        return compile_model(sub, Progress(len(runs(sub)), "0", quiet=True))
+
+    art.packed = build_packed(c.front_program, c.target, compile_cpu)
+    if art.cpu_libraries and art.packed[1].cpu_libraries and c.front.samples:
+        note = self_check(art.to_bytes(), c.front.samples, c.options)
+        if note:
+            log.warning("bladepack: %s", note)
+            art.notes.append(note)
+
+
 def _reference_cases(c: Compilation, _: Backend, progress: Progress) -> None:
     """Note [Reference cases]: record them in the artifact (a note says why where none are recorded),
     then run them on the new artifact's CPU kernels."""
@@ -286,6 +315,7 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage("plan", _plan, lambda c, b: {"08-plan.txt": _plan_text(c)}),
     Stage("build", _build, lambda c, b: {f"09-build.{b.kind}.txt": _build_text(c, b)}, per_backend=True),
+    Stage("packed form", _packed_form, applies=lambda c: c.packed),
     Stage(
         "reference cases",
         _reference_cases,

@@ -38,6 +38,7 @@ ALLOWED: dict[str, set[str]] = {
     "inspect": {"artifact"},
     "reference_record": {"artifact"},
     "compiled": {"artifact", "lowering"},
+    "packed_build": {"compiled", "ir", "loader", "passes", "target"},
     "stages": {
         "backends",
         "compiled",
@@ -46,6 +47,7 @@ ALLOWED: dict[str, set[str]] = {
         "library_ops",
         "loader",
         "lowering",
+        "packed_build",
         "passes",
         "reference_record",
         "target",

@@ -109,6 +109,33 @@ def assemble(
     return manifest, sections
 
 
+PACKED_PREFIX = "packed/"
+PACKED_OMITS = ("format_version", "producer", "padding_dims", "batch_dims")
+
+
+def embed_packed(
+    manifest: dict[str, Any],
+    sections: list[Section],
+    record: Mapping[str, Any],
+    plan: Mapping[str, Any],
+    plan_sections: Sequence[Section],
+) -> None:
+    """Note [Packed sequences]: the packed form's plan (its own manifest, less what the artifact's says)
+    as `manifest["packed"]["plan"]`; each of its sections the artifact does not hold byte for byte
+    under the same name (its kernel library; a weight a pass made differently) is added under
+    "packed/<name>", and `manifest["packed"]["sections"]` maps the plan's names to those."""
+    held = {s.name: s.data for s in sections}
+    renamed = {}
+    for s in plan_sections:
+        same = held.get(s.name)
+        if same is not None and memoryview(same).cast("B") == memoryview(s.data).cast("B"):
+            continue
+        renamed[s.name] = PACKED_PREFIX + s.name
+        sections.append(Section(PACKED_PREFIX + s.name, s.data))
+    body = {k: v for k, v in plan.items() if k not in PACKED_OMITS}
+    manifest["packed"] = {**record, "plan": body, "sections": dict(sorted(renamed.items()))}
+
+
 PROGRAM_SECTION = "program.msgpack"
 
 

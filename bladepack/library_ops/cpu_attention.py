@@ -22,6 +22,15 @@ chain's loads shared by the group; eight only where an output row fits two vecto
 fewer query rows (decoding: a few new tokens against the whole KV cache) takes each score as a dot
 product over the head dim straight from K, with no packing to amortize. The last, partial key block runs over whole vectors (lanes past the last key score -inf).
 Head dims are compile-time constants; the key block KB is 64 (32 / 16 for head dims past 128 / 256).
+
+Note [Key bounds]: when the softmax's input is `where(lo <= k < hi, x, -inf)` with k the key position
+(an arange along the keys) and lo, hi read per query row (broadcast along the keys) — the packed
+form's own-sequence mask (Note [Packed sequences] in passes/pack_sequences.py), or a sliding window
+written that way — every key outside [lo, hi) of a row scores -inf and adds nothing. So a block of
+query rows walks only the keys from its rows' least lo to their greatest hi, clamped to the keys; the
+chain still applies the mask per score, so rows with narrower bounds than their block stay exact. For
+packed sequences the attention work is then the sum of each sequence's own (length x length) instead
+of the whole packed length squared.
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ from bladepack.codegen.c_render import CTYPE, Loop
 from bladepack.codegen.emitter import Emitter
 from bladepack.codegen.kernel import KernelContext, store_offset
 from bladepack.ir.fusion_plan import Attention
-from bladepack.ir.ops import MatmulAttrs, SafeSoftmaxAttrs
+from bladepack.ir.ops import ArangeAttrs, ConstantAttrs, MatmulAttrs, OpKind, SafeSoftmaxAttrs
 from bladepack.ir.types import IRDim
 from bladepack.ir.views import View, head_view, simplify
 
@@ -85,6 +94,46 @@ def attention_variants(att: Attention, ctx: KernelContext) -> list[tuple[str, An
     return plans
 
 
+def _key_position(ctx: KernelContext, v: int, rank: int, skv: IRDim) -> bool:
+    """Whether value `v`, right-aligned to the scores' rank, is the key position k at every score."""
+    shape = ctx.types[v].shape
+    if len(shape) > rank or not shape or shape[-1] != skv or any(d != 1 for d in shape[:-1]):
+        return False
+    n = ctx.nodes.get(v)
+    while n is not None and n.op in (OpKind.RESHAPE, OpKind.EXPAND):
+        n = ctx.nodes.get(n.inputs[0])
+    if n is None or n.op is not OpKind.ARANGE or n.type.shape != (skv,):
+        return False
+    a = n.attrs
+    return isinstance(a, ArangeAttrs) and a.start == 0 and a.step == 1
+
+
+def key_bounds(att: Attention, ctx: KernelContext) -> tuple[int, int] | None:
+    """Note [Key bounds]: the values (lo, hi) bounding each query row's keys, or None."""
+    n = ctx.nodes[ctx.nodes[att.probs].inputs[0]]
+    if n.op is not OpKind.WHERE or n.id not in att.chain:
+        return None
+    cond, other = ctx.nodes.get(n.inputs[0]), ctx.nodes.get(n.inputs[2])
+    if other is None or other.op is not OpKind.CONSTANT or not isinstance(other.attrs, ConstantAttrs):
+        return None
+    if other.attrs.value != float("-inf") or cond is None:
+        return None
+    if cond.op is not OpKind.LOGICAL_AND and not (cond.op is OpKind.BITWISE_AND and cond.type.dtype.value == "bool"):
+        return None
+    ge, lt = (ctx.nodes.get(i) for i in cond.inputs)
+    if ge is None or lt is None or ge.op is not OpKind.GE or lt.op is not OpKind.LT or ge.inputs[0] != lt.inputs[0]:
+        return None
+    scores = ctx.types[att.scores].shape
+    if not _key_position(ctx, ge.inputs[0], len(scores), scores[-1]):
+        return None
+    lo, hi = ge.inputs[1], lt.inputs[1]
+    for v in (lo, hi):
+        shape = ctx.types[v].shape
+        if len(shape) > len(scores) or (shape and shape[-1] != 1) or not ctx.types[v].dtype.value.startswith("int"):
+            return None
+    return lo, hi
+
+
 def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
     ctx = em.ctx
     out_t = ctx.types[att.out]
@@ -110,6 +159,7 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
     ninf = f"-std::numeric_limits<{t}>::infinity()"
     blocks = sympy.floor((sympy.sympify(sq) + qb - 1) / qb) if not isinstance(sq, int) else (sq + qb - 1) // qb
     k0, qi, jj = Loop("k0"), Loop("qi"), Loop("jj")
+    bounds = key_bounds(att, ctx)
 
     def body(outer: tuple[Loop, ...]) -> None:
         syms, blk = outer[:-1], outer[-1]
@@ -303,7 +353,7 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
             )
 
         def key_block() -> None:
-            em.line(f"const int64_t nk_ = std::min<int64_t>({kb}, {r(skv)} - k0);")
+            em.line(f"const int64_t nk_ = std::min<int64_t>({kb}, {r(skv) if bounds is None else 'khi_'} - k0);")
             if not blocked:
                 em.loop(["for (int64_t qi = 0; qi < nq_; ++qi) {"], [qi], query_row)
                 return
@@ -318,7 +368,24 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
             em.line(f"alignas(64) {t} s_[{group}][{kb}];")
             em.loop([f"for (int64_t g_ = 0; g_ < nq_; g_ += {group}) {{"], [], row_group)
 
-        em.loop([f"for (int64_t k0 = 0; k0 < {r(skv)}; k0 += {kb}) {{"], [k0], key_block)
+        first, end = "0", r(skv)
+        if bounds is not None:  # Note [Key bounds]: the block's rows' keys only
+            em.line(f"int64_t klo_ = {r(skv)}, khi_ = 0;")
+
+            def row_bounds() -> None:
+                for v, pick, name in zip(bounds, ("min", "max"), ("klo_", "khi_")):
+                    shape = ctx.types[v].shape
+                    full = (*syms, blk * qb + qi, sympy.Integer(0))
+                    own = tuple(
+                        sympy.Integer(0) if d == 1 else i for d, i in zip(shape, full[len(full) - len(shape) :])
+                    )
+                    em.line(f"{name} = std::{pick}<int64_t>({name}, {em.eval(v, own)});")
+
+            em.loop(["for (int64_t qi = 0; qi < nq_; ++qi) {"], [qi], row_bounds)
+            em.line("klo_ = std::max<int64_t>(klo_, 0);")
+            em.line(f"khi_ = std::min<int64_t>(khi_, {r(skv)});")
+            first, end = "klo_", "khi_"
+        em.loop([f"for (int64_t k0 = {first}; k0 < {end}; k0 += {kb}) {{"], [k0], key_block)
         # a row with every score -inf (l = 0) is 0 under a safe softmax, NaN under a plain one; with no
         # keys at all the product is an empty sum: 0, as torch's matmul gives
         nan = f"std::numeric_limits<{t}>::quiet_NaN()"

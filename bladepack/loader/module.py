@@ -20,6 +20,7 @@ from bladepack.loader.manifest import Manifest
 from bladepack.loader.native_cpu import NativeUnavailable
 from bladepack.loader.native_executor import NativeExecutor
 from bladepack.loader.out_of_range import SplitPolicy
+from bladepack.loader.packed import PackedFile, PackedRunner
 from bladepack.loader.reference_executor import ReferenceExecutor
 from bladepack.options import LoaderOptions
 
@@ -51,6 +52,8 @@ class LoadedModule:
         self._bpk = bpk
         self.signature = m.signature
         options = options or LoaderOptions()  # the defaults: `load` reads the environment's
+        self._how = (executor, options)  # for the packed form, loaded on first use
+        self._packed: PackedRunner | None = None
         limit = options.shape_cache
         reference = ReferenceExecutor(m, limit)
         self._executor: Executor = reference
@@ -127,6 +130,35 @@ class LoadedModule:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def packed(self) -> dict[str, Any] | None:
+        """The packed form's record (Note [Packed sequences]): the ragged dim, its rows, and per input
+        and output its (rows axis, sequence axis); None when the artifact has none."""
+        record = self._bpk.manifest.get("packed")
+        return None if record is None else {k: v for k, v in record.items() if k not in ("plan", "sections")}
+
+    def run_packed(self, inputs: Sequence[Any], lengths: Sequence[int]) -> list[Any]:
+        """Several sequences of different lengths in one call, without padding (an artifact optimized
+        with packed=True): each ragged input (`packed["inputs"]`) holds the sequences one after the
+        other along its sequence axis, its rows axis 1; `lengths` gives each sequence's length. The
+        outputs hold the sequences' results one after the other along their sequence axis, as each
+        sequence alone would give them. Each length is checked as a call of that sequence alone would
+        be. Runs on the CPU (the packed form is a CPU plan)."""
+        if self._packed is None:
+            record = self._bpk.manifest.get("packed")
+            if record is None:
+                raise ValueError(
+                    f"{self._bpk.source} has no packed form: optimize the model with packed=True (it needs a "
+                    "sequence dim proven paddable with rows of their own length: `bladepack inspect` shows them)"
+                )
+            if not self.device.startswith("cpu"):
+                raise ValueError("the packed form is a CPU plan: load the artifact with device='cpu' to run it")
+            executor, options = self._how
+            module = LoadedModule(PackedFile(self._bpk, record), "cpu", executor, None, True, options)  # type: ignore[arg-type]
+            names = [t.name for t in self.signature.inputs]
+            self._packed = PackedRunner(record, names, lambda shapes: self._output_shapes(*shapes), module)
+        return self._packed.run(inputs, lengths)
 
     def output_shapes(self, *input_shapes: Sequence[int]) -> list[tuple[int, ...]]:
         """Result shapes for the given input shapes, with every guard checked (no kernels run)."""

@@ -53,7 +53,7 @@ class BladepackReplica:
         manifest = self._module.manifest
         self._name = name
         self._layout = (
-            BatchLayout.from_manifest(manifest, padding, pad_budget)
+            BatchLayout.from_manifest(manifest, padding, pad_budget, device == "cpu")  # Note [Packed merging]
             if max_batch > 1
             else BatchLayout(None, 1, None, "off")
         )
@@ -64,7 +64,7 @@ class BladepackReplica:
 
     @serve.batch(max_batch_size=DEFAULT_MAX_BATCH, batch_wait_timeout_s=0.002)
     async def _batched(self, requests: list[list[np.ndarray]]) -> list[list[np.ndarray] | Exception]:
-        return await asyncio.to_thread(run_requests, self._layout, self._module.run, requests)
+        return await asyncio.to_thread(run_requests, self._layout, self._module.run, requests, self._module.run_packed)
 
     async def infer(self, inputs: list[np.ndarray] | dict[str, np.ndarray]) -> list[np.ndarray]:
         """The outputs for one request (inputs in signature order, or by name)."""

@@ -86,8 +86,10 @@ class TritonModelConfig:
                 "serve this artifact with the C++ backend (--backend cpp)"
             )
         budget = default_pad_budget(device) if pad_budget is None else pad_budget
-        layout = BatchLayout.from_manifest(m, padding, budget)  # Note [Padded merging]
-        proven = BatchLayout.from_manifest(m, padding).padded if budget == 1.0 else ()
+        # Note [Packed merging]: the Python backend on a CPU runs the packed form where there is one
+        packed = backend == "python" and device == "cpu"
+        layout = BatchLayout.from_manifest(m, padding, budget, packed)  # Note [Padded merging]
+        proven = BatchLayout.from_manifest(m, padding).padded if budget == 1.0 and layout.packed is None else ()
         top = layout.limit(max_batch_size)
         if layout.dim is None and max_batch_size is not None:
             raise ValueError(f"this artifact cannot be batched by the server: {layout.reason}")
@@ -96,7 +98,9 @@ class TritonModelConfig:
         ragged = tuple(
             t["name"]
             for i, t in enumerate(m["inputs"])
-            if batched and dynamic_batching and any(d.inputs[i] is not None for d in layout.padded)
+            if batched
+            and dynamic_batching
+            and any(d.inputs[i] is not None for d in (*layout.padded, *([layout.packed.dim] if layout.packed else [])))
         )
         return TritonModelConfig(
             name,
@@ -110,7 +114,7 @@ class TritonModelConfig:
             preferred_batch_sizes(m, layout, top) if batched else (),
             tuple(_tensor(t, batched) for t in m["inputs"]),
             tuple(_tensor(t, batched) for t in m["outputs"]),
-            parameters=(("pad_budget", f"{budget:g}"),) if ragged else (),
+            parameters=(("pad_budget", f"{budget:g}"),) if ragged and layout.packed is None else (),
             ragged=ragged,
             unpadded=tuple(d.dim for d in proven) if batched and dynamic_batching else (),
         )
@@ -127,6 +131,11 @@ class TritonModelConfig:
                 lines.append(
                     f"# requests of different {d.dim!r} merge, padded to the longest (proven paddable; "
                     f"pad budget {self.layout.pad_budget:g})"
+                )
+            if self.layout.packed is not None:
+                lines.append(
+                    f"# requests of different {self.layout.packed.dim.dim!r} merge packed, with no padding (the "
+                    "artifact's packed form, Note [Packed merging])"
                 )
             for dim in self.unpadded:
                 lines.append(

@@ -51,7 +51,9 @@ class BladepackTritonModel:
         budget = ((config.get("parameters") or {}).get("pad_budget") or {}).get("string_value")
         budget = float(budget) if budget else default_pad_budget(device)  # Note [Padded merging]
         self._layout = (
-            BatchLayout.from_manifest(manifest, True, budget) if batched else BatchLayout(None, 1, None, "off")
+            BatchLayout.from_manifest(manifest, True, budget, device == "cpu")  # Note [Packed merging]
+            if batched
+            else BatchLayout(None, 1, None, "off")
         )
         self._inputs = [t["name"] for t in manifest["inputs"]]
         self._outputs = [t["name"] for t in manifest["outputs"]]
@@ -62,7 +64,7 @@ class BladepackTritonModel:
         for r in requests:
             arrays.append([np.from_dlpack(pb.get_input_tensor_by_name(r, n)) for n in self._inputs])
         responses = []
-        for result in run_requests(self._layout, self._module.run, arrays):
+        for result in run_requests(self._layout, self._module.run, arrays, self._module.run_packed):
             if isinstance(result, Exception):
                 code = pb.TritonError.INVALID_ARG if isinstance(result, InputError) else pb.TritonError.INTERNAL
                 responses.append(pb.InferenceResponse(error=pb.TritonError(str(result), code)))

@@ -1,0 +1,116 @@
+"""Packed execution in the loader: several sequences of different lengths in one call, no padding.
+
+In: a loaded artifact with a packed form (`manifest["packed"]`, Note [Packed sequences] in
+passes/pack_sequences.py) and a call's inputs, with every ragged input holding the sequences one after
+the other along its sequence axis (its rows axis of size 1), plus each sequence's length. Out: the
+outputs with the sequences one after the other along their sequence axis, as each sequence alone
+would give them (within float rounding).
+
+Each length is checked as a call of that one sequence would be (the unpacked plan's shape program:
+its range and every guard); the packed plan itself gets each token's sequence bounds as its two extra
+inputs. The packed plan is loaded on first use, from the same file (its sections are named by
+`manifest["packed"]["sections"]`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from bladepack.artifact.format import BpkFile
+from bladepack.errors import InputError
+
+
+class PackedFile:
+    """The artifact seen as its packed form: the packed plan's manifest, sections by its names."""
+
+    def __init__(self, bpk: BpkFile, record: dict[str, Any]) -> None:
+        self._bpk = bpk
+        self._names: dict[str, str] = dict(record.get("sections", {}))
+        self.source = f"{bpk.source} (packed form)"
+        self.manifest = {
+            **record["plan"],
+            "format_version": bpk.manifest["format_version"],
+            "producer": bpk.manifest.get("producer", {}),
+            "sections": bpk.manifest["sections"],
+        }
+
+    def section(self, name: str) -> memoryview:
+        return self._bpk.section(self._names.get(name, name))
+
+    def section_copy(self, name: str) -> bytes:
+        return self._bpk.section_copy(self._names.get(name, name))
+
+    def section_digest(self, name: str) -> str:
+        return self._bpk.section_digest(self._names.get(name, name))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bpk, name)
+
+
+class PackedRunner:
+    """`LoadedModule.run_packed`: checks the lengths and the packed inputs, runs the packed plan."""
+
+    def __init__(
+        self,
+        record: dict[str, Any],
+        names: Sequence[str],
+        check_one: Callable[[list[tuple[int, ...]]], object],
+        module: Any,
+    ) -> None:
+        self.record = record
+        self.names = list(names)
+        self.inputs: dict[str, tuple[int, int]] = {n: (int(a[0]), int(a[1])) for n, a in record["inputs"].items()}
+        self.check_one = check_one  # the unpacked plan's shape check of one sequence's input shapes
+        self.module = module
+        self.checked: set[tuple[tuple[int, ...], ...]] = set()
+
+    def run(self, inputs: Sequence[Any], lengths: Sequence[int]) -> list[Any]:
+        if len(inputs) != len(self.names):
+            raise InputError(f"run_packed takes {len(self.names)} inputs ({self.names}), got {len(inputs)}")
+        try:
+            lens = np.asarray(lengths, dtype=np.int64).reshape(-1)
+        except (TypeError, ValueError):
+            raise InputError("lengths must be a sequence of integers, one per sequence") from None
+        if lens.size == 0:
+            raise InputError("lengths is empty: run_packed needs at least one sequence")
+        if np.any(np.asarray(lengths).reshape(-1) != lens) or np.any(lens < 0):
+            raise InputError(f"lengths must be whole numbers >= 0, got {list(np.asarray(lengths).reshape(-1))}")
+        total = int(lens.sum())
+        arrays = list(inputs)
+        for k, name in enumerate(self.names):
+            if name not in self.inputs:
+                continue
+            shape = tuple(np.shape(arrays[k]))
+            rows, seq = self.inputs[name]
+            if len(shape) <= max(rows, seq):
+                raise InputError(
+                    f"packed input '{name}' has shape {shape}; it needs its rows on axis {rows} "
+                    f"and the sequences on axis {seq}"
+                )
+            if shape[rows] != 1 or shape[seq] != total:
+                raise InputError(
+                    f"packed input '{name}' has shape {shape}: axis {rows} (the rows) must be 1 and axis {seq} "
+                    f"the sum of the lengths, {total}"
+                )
+        for n in sorted(set(lens.tolist())):  # each length as a call of that one sequence would be checked
+            shapes: list[tuple[int, ...]] = []
+            for k, name in enumerate(self.names):
+                dims = [int(d) for d in np.shape(arrays[k])]
+                if name in self.inputs:
+                    dims[self.inputs[name][1]] = n
+                shapes.append(tuple(dims))
+            key = tuple(shapes)
+            if key not in self.checked:
+                try:
+                    self.check_one(shapes)
+                except InputError as e:
+                    raise InputError(f"a sequence of length {n}: {e}") from None
+                if len(self.checked) < 4096:
+                    self.checked.add(key)
+        ends = np.cumsum(lens)
+        starts = ends - lens
+        out: list[Any] = self.module.run([*arrays, np.repeat(starts, lens), np.repeat(ends, lens)])
+        return out

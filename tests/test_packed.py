@@ -1,0 +1,262 @@
+"""Packed execution (Note [Packed sequences] in bladepack/passes/pack_sequences.py): several sequences of
+different lengths in one call without padding, checked against each sequence run alone in torch eager.
+
+The packed plan is the model's graph over the concatenated tokens with each attention restricted to the
+query's own sequence and positions counted per sequence; the CPU attention kernel walks only each
+query block's own keys (Note [Key bounds] in library_ops/cpu_attention.py), which a sliding-window
+model written with the same mask exercises too."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import bladepack
+from bladepack.errors import CompileError, InputError
+from bladepack.export import capture, to_program
+from bladepack.inspect import inspect_text, manifest_summary
+from bladepack.passes.pack_sequences import NotPackable, pack_sequences
+
+transformers = pytest.importorskip("transformers")
+
+SEQ_MAX = 32
+LENGTHS = (1, 7, SEQ_MAX, 2, 13, 1, 9)  # 1, odd, the range's end, several in one call
+DIMS = {n: {0: bladepack.Dim("batch", 1, 8), 1: bladepack.Dim("seq", 1, SEQ_MAX)} for n in ("ids", "mask")}
+
+
+def _text(b: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randint(3, 96, (b, t)), torch.ones(b, t, dtype=torch.int64)
+
+
+class _Field(nn.Module):
+    def __init__(self, model: nn.Module, field: str = "last_hidden_state") -> None:
+        super().__init__()
+        self.model, self.field = model, field
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return getattr(self.model(input_ids=ids, attention_mask=mask), self.field)  # type: ignore[no-any-return]
+
+
+def _hf(name: str, **extra: Any) -> nn.Module:
+    tf: Any = transformers
+    small = dict(vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96)
+    if name == "bert":
+        m = tf.BertModel(tf.BertConfig(**small), **extra)
+    elif name == "roberta":
+        m = tf.RobertaModel(tf.RobertaConfig(**small, pad_token_id=1), add_pooling_layer=False)
+    elif name == "distilbert":
+        m = tf.DistilBertModel(tf.DistilBertConfig(vocab_size=96, dim=64, n_layers=2, n_heads=4, hidden_dim=96))
+    elif name == "llama":
+        m = tf.LlamaModel(tf.LlamaConfig(**small, num_key_value_heads=2, use_cache=False))
+    else:
+        m = tf.Qwen2Model(tf.Qwen2Config(**small, num_key_value_heads=2, use_cache=False))
+    return m.eval()
+
+
+def _packed_inputs(reqs: list[tuple[torch.Tensor, ...]]) -> list[np.ndarray]:
+    return [torch.cat([r[k] for r in reqs], 1).numpy() for k in range(len(reqs[0]))]
+
+
+def _check(m: bladepack.LoadedModule, model: nn.Module, lengths: tuple[int, ...], make: Any = _text) -> None:
+    torch.manual_seed(1)
+    reqs = [make(1, n) for n in lengths]
+    (out,) = m.run_packed(_packed_inputs(reqs), list(lengths))
+    assert out.shape[:2] == (1, sum(lengths))
+    with torch.no_grad():
+        for piece, r in zip(np.split(out, np.cumsum(lengths)[:-1], axis=1), reqs):
+            np.testing.assert_allclose(piece, model(*r).numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["bert", "roberta", "distilbert", "llama", "qwen2"])
+def test_hugging_face_models_packed_match_each_sequence_alone(name: str) -> None:
+    """The padding proof's acceptance models, optimized with packed=True: the sequences of one call
+    (lengths 1 .. the range's end, repeated, in any order) each equal eager run on that sequence alone;
+    RoBERTa's position ids (a cumulative sum of the mask) restart per sequence, LLaMA's and Qwen2's
+    rotary angles and causal masks count within it."""
+    torch.manual_seed(0)
+    model = _Field(_hf(name, **({"add_pooling_layer": False} if name == "bert" else {}))).eval()
+    art = bladepack.optimize(model, [_text(2, 5), _text(3, 9)], DIMS, packed=True)
+    assert art.packed is not None and not art.notes, art.notes
+    m = bladepack.load(art.to_bytes())
+    assert m.packed is not None and m.packed["inputs"] == {"ids": [0, 1], "mask": [0, 1]}
+    _check(m, model, LENGTHS)
+    _check(m, model, (SEQ_MAX,) * 8)  # the token range's end: 8 rows of the longest
+    if name == "bert":  # the packed plan on the reference executor, and the artifact's own plan unchanged
+        _check(bladepack.load(art.to_bytes(), executor="reference"), model, (5, 1, 12))
+        ids, mask = _text(3, 11)
+        with torch.no_grad():
+            np.testing.assert_allclose(m(ids.numpy(), mask.numpy()), model(ids, mask).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_mask_with_zeros_inside_a_sequence_is_that_sequences_own() -> None:
+    """A sequence's own mask values travel with its tokens (left padding inside a request stays masked)."""
+    torch.manual_seed(0)
+    model = _Field(_hf("bert", add_pooling_layer=False)).eval()
+    art = bladepack.optimize(model, [_text(2, 5), _text(3, 9)], DIMS, packed=True, reference_cases=False)
+    m = bladepack.load(art.to_bytes())
+
+    def make(b: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ids, mask = _text(b, t)
+        mask[:, : t // 3] = 0
+        mask[:, -1] = 1
+        return ids, mask
+
+    _check(m, model, (4, 9, 1, 17), make)
+
+
+class _Pooled(nn.Module):
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(96, 16)
+        self.mode = mode
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.emb(ids) * mask[..., None]
+        if self.mode == "sum":
+            return h + h.sum(1, keepdim=True)  # a masked sum over the sequence: paddable, not packable
+        return h + torch.cumsum(h, 1)  # a float running sum
+
+
+@pytest.mark.parametrize(
+    "model, reason",
+    [
+        (
+            lambda: _Field(_hf("bert"), "pooler_output"),
+            "output 'output0' (shape [batch, 64]) does not hold both batch and seq",
+        ),
+        (
+            lambda: _Pooled("sum"),
+            "it runs sum along the sequence: in a packed batch it would mix the sequences' tokens",
+        ),
+        (lambda: _Pooled("cumsum"), "it runs cumsum along the sequence"),
+    ],
+)
+def test_models_without_a_packed_form_are_refused_with_the_op(model: Any, reason: str) -> None:
+    """A pooler reading each sequence's first token, a masked sum over the sequence, a float running
+    sum: each has a padding proof but no packed form, and optimize(packed=True) says which op stops it."""
+    torch.manual_seed(0)
+    net = model().eval()
+    cap = capture(net, [_text(2, 5), _text(3, 9)], DIMS)
+    with pytest.raises(NotPackable) as e:
+        pack_sequences(to_program(cap))
+    assert reason in str(e.value), str(e.value)
+    with pytest.raises(CompileError, match="packed=True: this model has no packed form"):
+        bladepack.optimize(net, [_text(2, 5), _text(3, 9)], DIMS, packed=True, reference_cases=False)
+
+
+def test_run_packed_errors_name_what_is_wrong() -> None:
+    torch.manual_seed(0)
+    model = _Field(_hf("distilbert")).eval()
+    art = bladepack.optimize(model, [_text(2, 5), _text(3, 9)], DIMS, packed=True, reference_cases=False)
+    m = bladepack.load(art.to_bytes())
+    ids, mask = _packed_inputs([_text(1, 5), _text(1, 40)])
+    with pytest.raises(InputError, match=r"a sequence of length 40: input 'ids' dimension 1 \(symbol 'seq'\) is 40"):
+        m.run_packed([ids, mask], [5, 40])
+    with pytest.raises(InputError, match="axis 1 the sum of the lengths, 44"):
+        m.run_packed([ids, mask], [5, 39])
+    with pytest.raises(InputError, match="lengths must be whole numbers >= 0"):
+        m.run_packed([ids, mask], [50, -5])
+    with pytest.raises(InputError, match="run_packed takes 2 inputs"):
+        m.run_packed([ids], [45])
+    with pytest.raises(InputError, match="axis 0 \\(the rows\\) must be 1"):
+        m.run_packed([np.concatenate([ids, ids]), np.concatenate([mask, mask])], [5, 40])
+    plain = bladepack.optimize(model, [_text(2, 5), _text(3, 9)], DIMS, reference_cases=False)
+    with pytest.raises(ValueError, match="has no packed form: optimize the model with packed=True"):
+        bladepack.load(plain.to_bytes()).run_packed([ids, mask], [5, 40])
+    # bladepack extend rebuilds the packed form with the plan: a sequence of 40 is in the new range
+    from bladepack.extend import extend
+
+    wider = bladepack.load(extend(art.to_bytes(), ranges={"seq": (1, 48)}).to_bytes())
+    assert wider.packed is not None
+    _check(wider, model, (5, 40, 1))
+    summary = manifest_summary(bladepack.load(art.to_bytes()).manifest)
+    assert summary["packed"]["tokens"] == {"min": 1, "max": 8 * SEQ_MAX}
+    assert "packed form: sequences along seq concatenated (batch 1), [1, 256] tokens" in inspect_text(summary)
+
+
+class _Window(nn.Module):
+    """Sliding-window attention written with the mask Note [Key bounds] reads: key k is seen by query
+    q when q - W < k <= q (bounds from the query's position, broadcast along the keys)."""
+
+    def __init__(self, window: int) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(96, 32)
+        self.qkv = nn.Linear(32, 96)
+        self.window = window
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, s = ids.shape
+        q, k, v = self.qkv(self.emb(ids)).view(b, s, 3, 2, 16).permute(2, 0, 3, 1, 4)
+        scores = q @ k.transpose(-1, -2) / 4
+        pos = torch.arange(s)
+        lo, hi = (pos - self.window + 1)[:, None], (pos + 1)[:, None]
+        keys = torch.arange(s)
+        inside = (keys >= lo) & (keys < hi)
+        p = torch.softmax(torch.where(inside, scores, -math.inf), -1)
+        return (p @ v).transpose(1, 2).reshape(b, s, 32) * mask[..., None]
+
+
+def test_key_bounds_walk_only_each_blocks_keys_and_stay_exact() -> None:
+    """Note [Key bounds]: a window of 5 keys, query blocks of 1 .. 64 rows (every attention variant),
+    against eager; and the generated attention kernel walks the bounded keys."""
+    torch.manual_seed(0)
+    model = _Window(5).eval()
+    dims = {n: {0: bladepack.Dim("batch", 1, 4), 1: bladepack.Dim("seq", 1, 200)} for n in ("ids", "mask")}
+    art = bladepack.optimize(model, [_text(2, 5), _text(1, 9)], dims, reference_cases=False)
+    assert "klo_" in art.sources.units["cpu"].unit, "the window's bounds were not read"
+    m = bladepack.load(art.to_bytes())
+    with torch.no_grad():
+        for b, s in [(1, 1), (2, 3), (1, 4), (3, 17), (1, 64), (2, 130), (1, 200)]:
+            ids, mask = _text(b, s)
+            np.testing.assert_allclose(m(ids.numpy(), mask.numpy()), model(ids, mask).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_the_packed_self_check_catches_a_wrong_packed_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [Packed self-check]: a packed plan whose results differ from the unpacked plan's fails
+    optimize (here: the loader's packed call made to return shifted results)."""
+    from bladepack.loader.packed import PackedRunner
+
+    run = PackedRunner.run
+    monkeypatch.setattr(PackedRunner, "run", lambda self, xs, n: [o + 1e-2 for o in run(self, xs, n)])
+    torch.manual_seed(0)
+    model = _Field(_hf("distilbert")).eval()
+    with pytest.raises(CompileError, match="the packed form differs from the unpacked plan"):
+        bladepack.optimize(model, [_text(2, 5), _text(3, 9)], DIMS, packed=True, reference_cases=False)
+
+
+def test_servers_merge_requests_of_any_lengths_packed() -> None:
+    """Note [Packed merging]: on a CPU instance, requests of different lengths (and several rows each)
+    merge into packed calls, each getting its own rows back as its own call gives them; a request
+    above the range gets its own error; the Triton config lets the batcher hand them over together."""
+    from bladepack.serving.batching import BatchLayout, run_requests
+    from bladepack.serving.triton_config import TritonModelConfig
+
+    torch.manual_seed(0)
+    model = _Field(_hf("distilbert")).eval()
+    art = bladepack.optimize(model, [_text(2, 5), _text(3, 9)], DIMS, packed=True, reference_cases=False)
+    m = bladepack.load(art.to_bytes())
+    layout = BatchLayout.from_manifest(m.manifest, True, 1.0, packed=True)
+    assert layout.packed is not None and layout.packed.tokens == 8 * SEQ_MAX
+    reqs = [[x.numpy() for x in _text(b, n)] for b, n in [(1, 1), (2, 7), (1, SEQ_MAX), (1, 40), (3, 5), (1, 7)]]
+    calls: list[list[int]] = []
+
+    def packed_call(xs: list[np.ndarray], lengths: list[int]) -> list[Any]:
+        calls.append(list(lengths))
+        return m.run_packed(xs, lengths)
+
+    results = run_requests(layout, m.run, reqs, packed_call)
+    assert calls == [[1, 7, 7, SEQ_MAX, 5, 5, 5, 7]]  # one packed call, every row a sequence
+    for req, got in zip(reqs, results):
+        if req[0].shape[1] > SEQ_MAX:
+            assert isinstance(got, InputError) and "is 40; the allowed range is [1, 32]" in str(got)
+            continue
+        assert not isinstance(got, Exception)
+        np.testing.assert_allclose(got[0], m.run(req)[0], rtol=1e-5, atol=1e-5)
+    text = TritonModelConfig.build(m.manifest, "enc", "cpu").text()
+    assert "merge packed, with no padding" in text and "allow_ragged_batch: true" in text
+    assert "merge packed" not in TritonModelConfig.build(m.manifest, "enc", "cpu", backend="cpp").text()
