@@ -34,7 +34,7 @@ passes/pack_sequences.py) served on the CPU merges requests of any lengths along
 no padding at all: each row of each request becomes one sequence of a packed call (`run_packed`), cut
 where the tokens would pass the packed plan's maximum, and each request gets its own rows back. Its
 cost is the real tokens' work, so no budget applies: on the 2-core machine a group of 16 mixed-length
-requests took 0.97-1.05x the time of running them one by one and 1.6-5.4x less than padding them to
+requests ran 0.99-1.07x as fast as running them one by one and 1.65-5.6x as fast as padding them to
 the longest (bench/results/packed.md). A GPU instance keeps padded merging (the packed form is a CPU
 plan).
 """
