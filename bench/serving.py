@@ -24,6 +24,12 @@ a BERT-style encoder and a LLaMA-style decoder's prefill built from transformers
 equal shapes only, and padded merging at three pad budgets; bench/results/serving_mixed.{md,json}.
 
     python -m bench.serving --workload mixed [--clients 16] [--requests 400]
+
+`--workload packed` runs the same traffic on the Python backend (a CPU instance) three ways: merging
+off and padded merging (budget 1.5) on the plan without its packed form, and packed merging (Note
+[Packed merging]) with it; bench/results/serving_packed.{md,json}.
+
+    python -m bench.serving --workload packed [--models encoder,decoder] [--clients 16] [--requests 400]
 """
 
 from __future__ import annotations
@@ -309,14 +315,81 @@ def mixed(args: argparse.Namespace) -> None:
     (RESULTS / "serving_mixed.md").write_text("\n".join(out))
 
 
+PACKED_MODES: tuple[tuple[str, bool, bool, float | None], ...] = (
+    ("off", False, True, None),
+    ("padded, budget 1.5", True, True, 1.5),
+)
+
+
+def packed_serving(args: argparse.Namespace) -> None:
+    """The mixed workload on Triton's Python backend (CPU instance): merging off and padded merging on
+    the plain artifact, packed merging (Note [Packed merging]) on the same model optimized with
+    packed=True; written to serving_packed.{json,md}."""
+    lengths = _mixed_lengths(args.requests)
+    q = np.percentile(lengths, [50, 90, 99])
+    from bench.cpp_runtime import machine
+
+    results: dict[str, Any] = {
+        "machine": machine(),
+        "clients": args.clients,
+        "requests": args.requests,
+        "lengths": {"p50": float(q[0]), "p90": float(q[1]), "p99": float(q[2]), "max": max(lengths)},
+        "samples": {},
+    }
+    g = torch.Generator().manual_seed(0)
+    cases = [[torch.randint(3, 1000, (1, n), generator=g).numpy(), np.ones((1, n), np.int64)] for n in lengths]
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in args.models.split(","):
+            model = _mixed_model(kind)
+            batch, seq = bladepack.Dim("batch", 1, 16), bladepack.Dim("seq", 1, 512)
+            samples = [
+                (torch.randint(3, 1000, (b, t)), torch.ones(b, t, dtype=torch.int64)) for b, t in ((2, 9), (3, 17))
+            ]
+            dims = {"ids": {0: batch, 1: seq}, "mask": {0: batch, 1: seq}}
+            path = Path(tmp) / f"{kind}.bpk"
+            art = bladepack.optimize(model, samples, dims, reference_cases=False, packed=True)
+            art.save(path)
+            plain = Path(tmp) / f"{kind}_plain.bpk"
+            art.packed = None  # the same plan without its packed form: merging as before
+            art.save(plain)
+            rows = bench_triton(kind, plain, cases, args.clients, PACKED_MODES, backends=("python",))
+            rows += bench_triton(kind, path, cases, args.clients, (("packed", True, True, None),), backends=("python",))
+            off = rows[0]["throughput_rps"]
+            for r in rows:
+                r["vs_off"] = r["throughput_rps"] / off
+                r["engine"] += f" ({r['vs_off']:.2f}x off)"
+            results["samples"][kind] = rows
+            print(f"\n{kind}\n{_table(rows)}", flush=True)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "serving_packed.json").write_text(json.dumps(results, indent=1) + "\n")
+    lq = results["lengths"]
+    out = [
+        "# Packed merging in Triton's Python backend (`python -m bench.serving --workload packed`)",
+        "",
+        f"Machine: {results['machine']}; {results['clients']} closed-loop clients, {results['requests']} requests per "
+        f"configuration, one sequence each, lengths log-normal (p50 {lq['p50']:.0f}, p90 {lq['p90']:.0f}, "
+        f"p99 {lq['p99']:.0f}, max {lq['max']}). Off and padded merging run the plan without its packed form; packed "
+        "runs the same plan with it (Note [Packed merging]).",
+        "",
+    ]
+    for name, rows in results["samples"].items():
+        out += [f"## {name} (hidden 256, 4 layers)", "", _table(rows), ""]
+    (RESULTS / "serving_packed.md").write_text("\n".join(out))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--samples", default="mlp,encoder")
     p.add_argument("--clients", type=int, default=None)
     p.add_argument("--requests", type=int, default=400)
     p.add_argument("--engines", default="triton,ray")
-    p.add_argument("--workload", choices=("samples", "mixed"), default="samples")
+    p.add_argument("--workload", choices=("samples", "mixed", "packed"), default="samples")
+    p.add_argument("--models", default="encoder,decoder", help="--workload packed: which mixed models")
     args = p.parse_args()
+    if args.workload == "packed":
+        args.clients = args.clients or 16
+        packed_serving(args)
+        return
     if args.workload == "mixed":
         args.clients = args.clients or 16
         mixed(args)

@@ -36,7 +36,7 @@ from bladepack.ir.serialize import decode_program
 from bladepack.ir.shape_env import RangeFact
 from bladepack.options import CompileOptions, LoaderOptions
 from bladepack.reference_record import record_cases
-from bladepack.target import Target
+from bladepack.target import CPU_ONLY, Target
 
 Range = tuple[int, int | None]
 
@@ -108,7 +108,7 @@ def extend(
         [dict(s) for s in meta["samples"]],
         producer=producer,
         options=options,
-        packed="packed" in m and "cpu" in target.kinds,  # Note [Packed sequences]: rebuilt with the plan
+        packed="packed" in m and target.covers(CPU_ONLY),  # Note [Packed sequences]: rebuilt with the plan
     )
     record = m.get("reference_cases")
     if record is not None:

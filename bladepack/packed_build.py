@@ -23,7 +23,7 @@ import numpy as np
 from bladepack.compiled import Artifact
 from bladepack.errors import BladepackError, CompileError
 from bladepack.options import CompileOptions, LoaderOptions
-from bladepack.target import Target
+from bladepack.target import CPU_ONLY, Target
 
 if TYPE_CHECKING:
     from bladepack.ir import Program
@@ -36,7 +36,7 @@ def build_packed(
     (stages.py: the same stages, a CPU target, quiet, no dumps); CompileError when the model has none."""
     from bladepack.passes.pack_sequences import NotPackable, pack_sequences
 
-    if "cpu" not in target.kinds:
+    if not target.covers(CPU_ONLY):
         raise CompileError("packed=True builds a packed CPU plan: add 'cpu' to the targets")
     try:
         packed = pack_sequences(program)

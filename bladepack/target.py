@@ -62,6 +62,10 @@ class Target:
             images = tuple(dict.fromkeys((*CUBIN_ARCHES, PTX_ARCH, *images)))
         return Target(kinds, images or None)
 
+    def covers(self, other: Target) -> bool:
+        """Whether this target builds every plan kind `other` does (the packed form needs CPU_ONLY's)."""
+        return set(other.kinds) <= set(self.kinds)
+
     def spec(self) -> list[str]:
         """The `targets` list that parses back to this Target."""
         out: list[str] = []

@@ -9,6 +9,9 @@ model written with the same mask exercises too."""
 from __future__ import annotations
 
 import math
+import subprocess
+import textwrap
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,6 +23,7 @@ import bladepack
 from bladepack.errors import CompileError, InputError
 from bladepack.export import capture, to_program
 from bladepack.inspect import inspect_text, manifest_summary
+from bladepack.ir import print_graph
 from bladepack.passes.pack_sequences import NotPackable, pack_sequences
 
 transformers = pytest.importorskip("transformers")
@@ -60,6 +64,62 @@ def _hf(name: str, **extra: Any) -> nn.Module:
 
 def _packed_inputs(reqs: list[tuple[torch.Tensor, ...]]) -> list[np.ndarray]:
     return [torch.cat([r[k] for r in reqs], 1).numpy() for k in range(len(reqs[0]))]
+
+
+class _Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+        self.pos_emb = nn.Embedding(16, 4)
+        self.register_buffer("pos", torch.arange(16)[None])
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.emb(ids) + self.pos_emb(self.pos[:, : ids.shape[1]])
+        scores = h @ h.transpose(1, 2) + (1.0 - mask[:, None, :]) * torch.finfo(torch.float32).min
+        return torch.softmax(scores, -1) @ h
+
+
+def test_pack_sequences_golden() -> None:
+    """Note [Packed sequences]: rows 1 and seq the token count; the two bound inputs; the buffer of
+    position ids taken at each token's position in its sequence (t - start); the scores outside each
+    query's own sequence -inf before the softmax; the product with the values unchanged."""
+    torch.manual_seed(0)
+    dims = {n: {0: bladepack.Dim("batch", 1, 4), 1: bladepack.Dim("seq", 1, 16)} for n in ("ids", "mask")}
+    samples = [(torch.randint(0, 10, (b, t)), torch.ones(b, t)) for b, t in ((2, 5), (3, 7))]
+    packed = pack_sequences(to_program(capture(_Tiny().eval(), samples, dims)))
+    q = packed.program
+    assert (packed.symbol, packed.rows, packed.tokens) == ("seq", "batch", "tokens")
+    assert print_graph(q.graph, q.shape_env) == textwrap.dedent("""\
+        symbols { tokens: [1, 64] }
+        graph(%0 ids: i64[1, tokens], %1 mask: f32[1, tokens], %2 sequence_starts: i64[tokens], %3 sequence_ends: i64[tokens]) weights(%4 emb.weight: f32[10, 4], %5 pos_emb.weight: f32[16, 4], %6 pos: i64[1, 16]) {
+          %7: f32[1, tokens, 4] = take(%4, %0) {axis=0, wrap=False}
+          %8: i64[tokens] = arange() {start=0, step=1}
+          %9: i64[tokens] = sub(%8, %2)
+          %10: i64[1, tokens] = take(%6, %9) {axis=1}
+          %11: f32[1, tokens, 4] = take(%5, %10) {axis=0, wrap=False}
+          %12: f32[1, tokens, 4] = add(%7, %11)
+          %13: f32[1, 4, tokens] = permute(%12) {perm=(0, 2, 1)}
+          %14: f32[1, tokens, tokens] = matmul(%12, %13) {transpose_b=False}
+          %15: f32[1, 1, tokens] = reshape(%1)
+          %16: f32[] = constant() {value=1.0}
+          %17: f32[1, 1, tokens] = sub(%16, %15)
+          %18: f32[] = constant() {value=-3.4028234663852886e+38}
+          %19: f32[1, 1, tokens] = mul(%17, %18)
+          %20: f32[1, tokens, tokens] = add(%14, %19)
+          %21: i64[tokens] = arange() {start=0, step=1}
+          %22: i64[1, 1, tokens] = reshape(%21)
+          %23: i64[1, tokens, 1] = reshape(%2)
+          %24: bool[1, tokens, tokens] = ge(%22, %23)
+          %25: i64[1, tokens, 1] = reshape(%3)
+          %26: bool[1, tokens, tokens] = lt(%22, %25)
+          %27: bool[1, tokens, tokens] = logical_and(%24, %26)
+          %28: f32[] = constant() {value=-inf}
+          %29: f32[1, tokens, tokens] = where(%27, %20, %28)
+          %30: f32[1, tokens, tokens] = softmax(%29) {axis=2}
+          %31: f32[1, tokens, 4] = matmul(%30, %12) {transpose_b=False}
+          return %31
+        }
+        """)
 
 
 def _check(m: bladepack.LoadedModule, model: nn.Module, lengths: tuple[int, ...], make: Any = _text) -> None:
@@ -149,10 +209,16 @@ def test_models_without_a_packed_form_are_refused_with_the_op(model: Any, reason
         bladepack.optimize(net, [_text(2, 5), _text(3, 9)], DIMS, packed=True, reference_cases=False)
 
 
-def test_run_packed_errors_name_what_is_wrong() -> None:
+@pytest.fixture(scope="module")
+def distil() -> tuple[Any, nn.Module]:
+    """A DistilBERT optimized with packed=True, and the model."""
     torch.manual_seed(0)
     model = _Field(_hf("distilbert")).eval()
-    art = bladepack.optimize(model, [_text(2, 5), _text(3, 9)], DIMS, packed=True, reference_cases=False)
+    return bladepack.optimize(model, [_text(2, 5), _text(3, 9)], DIMS, packed=True, reference_cases=False), model
+
+
+def test_run_packed_errors_name_what_is_wrong(distil: tuple[Any, nn.Module]) -> None:
+    art, model = distil
     m = bladepack.load(art.to_bytes())
     ids, mask = _packed_inputs([_text(1, 5), _text(1, 40)])
     with pytest.raises(InputError, match=r"a sequence of length 40: input 'ids' dimension 1 \(symbol 'seq'\) is 40"):
@@ -229,16 +295,14 @@ def test_the_packed_self_check_catches_a_wrong_packed_plan(monkeypatch: pytest.M
         bladepack.optimize(model, [_text(2, 5), _text(3, 9)], DIMS, packed=True, reference_cases=False)
 
 
-def test_servers_merge_requests_of_any_lengths_packed() -> None:
+def test_servers_merge_requests_of_any_lengths_packed(distil: tuple[Any, nn.Module]) -> None:
     """Note [Packed merging]: on a CPU instance, requests of different lengths (and several rows each)
     merge into packed calls, each getting its own rows back as its own call gives them; a request
     above the range gets its own error; the Triton config lets the batcher hand them over together."""
     from bladepack.serving.batching import BatchLayout, run_requests
     from bladepack.serving.triton_config import TritonModelConfig
 
-    torch.manual_seed(0)
-    model = _Field(_hf("distilbert")).eval()
-    art = bladepack.optimize(model, [_text(2, 5), _text(3, 9)], DIMS, packed=True, reference_cases=False)
+    art, _ = distil
     m = bladepack.load(art.to_bytes())
     layout = BatchLayout.from_manifest(m.manifest, True, 1.0, packed=True)
     assert layout.packed is not None and layout.packed.tokens == 8 * SEQ_MAX
@@ -260,3 +324,48 @@ def test_servers_merge_requests_of_any_lengths_packed() -> None:
     text = TritonModelConfig.build(m.manifest, "enc", "cpu").text()
     assert "merge packed, with no padding" in text and "allow_ragged_batch: true" in text
     assert "merge packed" not in TritonModelConfig.build(m.manifest, "enc", "cpu", backend="cpp").text()
+
+
+def test_cpp_runtime_runs_the_packed_form_as_python_does(
+    distil: tuple[Any, nn.Module], release: Path, tmp_path: Path
+) -> None:
+    """bpk_model_run_packed (bpk-run --lengths): the Python loader's results (the same kernels) and
+    its error texts, through a view of the artifact's packed sections."""
+    art, _ = distil
+    path = tmp_path / "m.bpk"
+    art.save(path)
+    m = bladepack.load(path)
+
+    def cpp(lengths: list[int], arrays: list[np.ndarray]) -> subprocess.CompletedProcess[str]:
+        args = []
+        for name, x in zip(("ids", "mask"), arrays):
+            np.save(tmp_path / f"{name}.npy", x)
+            args += ["--input", f"{name}={tmp_path / name}.npy"]
+        return subprocess.run(
+            [
+                str(release / "bpk-run"),
+                str(path),
+                *args,
+                "--output-dir",
+                str(tmp_path),
+                "--lengths",
+                ",".join(map(str, lengths)),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    torch.manual_seed(2)
+    lengths = [1, 7, SEQ_MAX, 5, 1]
+    arrays = _packed_inputs([_text(1, n) for n in lengths])
+    r = cpp(lengths, arrays)
+    assert r.returncode == 0, r.stderr
+    (want,) = m.run_packed(arrays, lengths)
+    got = np.load(tmp_path / "output0.npy")
+    assert got.shape == want.shape and np.abs(got - want).max() <= 1e-6 * max(1.0, float(np.abs(want).max()))
+    for lens, xs in (([5, 40], _packed_inputs([_text(1, 5), _text(1, 40)])), ([5, 39], arrays), ([50, -5], arrays)):
+        with pytest.raises(InputError) as e:
+            m.run_packed(xs, lens)
+        r = cpp(lens, xs)
+        assert r.returncode == 1 and str(e.value) in r.stderr, (str(e.value), r.stderr)

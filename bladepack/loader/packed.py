@@ -77,7 +77,7 @@ class PackedRunner:
         if lens.size == 0:
             raise InputError("lengths is empty: run_packed needs at least one sequence")
         if np.any(np.asarray(lengths).reshape(-1) != lens) or np.any(lens < 0):
-            raise InputError(f"lengths must be whole numbers >= 0, got {list(np.asarray(lengths).reshape(-1))}")
+            raise InputError(f"lengths must be whole numbers >= 0, got {np.asarray(lengths).reshape(-1).tolist()}")
         total = int(lens.sum())
         arrays = list(inputs)
         for k, name in enumerate(self.names):

@@ -356,6 +356,10 @@ void Artifact::verify_sections(const std::vector<Check>& checks) const {
 }
 
 std::vector<uint8_t> Artifact::section_copy(const std::string& name) const {
+  if (parent_) {
+    auto it = renames_.find(name);
+    return parent_->section_copy(it == renames_.end() ? name : it->second);
+  }
   const Bytes view = section(name);
   std::vector<uint8_t> out(view.data, view.data + view.size);
   uint8_t got[32];
@@ -367,9 +371,47 @@ std::vector<uint8_t> Artifact::section_copy(const std::string& name) const {
 }
 
 Bytes Artifact::section(const std::string& name) const {
+  if (parent_) {
+    auto r = renames_.find(name);
+    return parent_->section(r == renames_.end() ? name : r->second);
+  }
   auto it = views_.find(name);
   if (it == views_.end()) fail("missing section " + py_repr(name));
   return it->second;
+}
+
+std::unique_ptr<Artifact> Artifact::packed_view() const {
+  const msgpack::object* rec = map_find(manifest(), "packed");
+  if (rec == nullptr || rec->type == msgpack::type::NIL)
+    bpk::fail(BPK_ERR_UNSUPPORTED, source_ +
+                                       " has no packed form: optimize the model with packed=True (it needs a sequence "
+                                       "dim proven paddable with rows of their own length: `bladepack inspect` shows them)");
+  const msgpack::object* plan = rec->type == msgpack::type::MAP ? map_find(*rec, "plan") : nullptr;
+  const msgpack::object* secs = rec->type == msgpack::type::MAP ? map_find(*rec, "sections") : nullptr;
+  const msgpack::object* version = map_find(manifest(), "format_version");
+  if (plan == nullptr || plan->type != msgpack::type::MAP || (secs && secs->type != msgpack::type::MAP) || !version)
+    fail("malformed manifest: packed lacks its plan or has malformed sections");
+  std::unique_ptr<Artifact> v(new Artifact(source_ + " (packed form)", base_, size_));
+  v->parent_ = this;
+  for (uint32_t i = 0; secs && i < secs->via.map.size; ++i) {
+    const msgpack::object_kv& kv = secs->via.map.ptr[i];
+    if (kv.key.type != msgpack::type::STR || kv.val.type != msgpack::type::STR)
+      fail("malformed manifest: packed.sections must map section names to section names");
+    v->renames_[kv.key.as<std::string>()] = kv.val.as<std::string>();
+  }
+  // the plan's keys, and this file's format_version (a manifest of its own: docs/format.md "Packed form")
+  const uint32_t n = plan->via.map.size;
+  auto* kv = static_cast<msgpack::object_kv*>(v->view_zone_.allocate_align(sizeof(msgpack::object_kv) * (n + 1)));
+  std::copy(plan->via.map.ptr, plan->via.map.ptr + n, kv);
+  static constexpr char kVersion[] = "format_version";
+  kv[n].key.type = msgpack::type::STR;
+  kv[n].key.via.str.ptr = kVersion;
+  kv[n].key.via.str.size = sizeof kVersion - 1;
+  kv[n].val = *version;
+  v->view_manifest_.type = msgpack::type::MAP;
+  v->view_manifest_.via.map.size = n + 1;
+  v->view_manifest_.via.map.ptr = kv;
+  return v;
 }
 
 }  // namespace bpk

@@ -44,7 +44,12 @@ class Artifact {
   Artifact& operator=(const Artifact&) = delete;
 
   const std::string& source() const { return source_; }
-  const msgpack::object& manifest() const { return handle_.get(); }
+  const msgpack::object& manifest() const { return parent_ ? view_manifest_ : handle_.get(); }
+  // Note [Packed sequences] (bladepack/passes/pack_sequences.py): the packed form as an artifact of its
+  // own, a view of this one, which must outlive it: its manifest the record's plan (with this file's
+  // format_version), its section names mapped through the record's `sections`. BPK_ERR_UNSUPPORTED
+  // when the artifact has none, BPK_ERR_FORMAT for a malformed record.
+  std::unique_ptr<Artifact> packed_view() const;
   Bytes section(const std::string& name) const;  // BPK_ERR_FORMAT "missing section 'NAME'"
   // the section copied once and checked against the manifest's digest: what native code is loaded from
   std::vector<uint8_t> section_copy(const std::string& name) const;
@@ -75,6 +80,11 @@ class Artifact {
   std::unordered_map<std::string, std::string> digests_;  // the manifest's SHA-256 (hex) per section
   std::array<uint8_t, 64> header_{};                       // Note [Mapped or private]: as first read
   std::vector<char> manifest_bytes_;                       // the manifest as first read (handle_ may point in)
+  // a packed view (packed_view): the artifact it reads, its section names there, its manifest
+  const Artifact* parent_ = nullptr;
+  std::unordered_map<std::string, std::string> renames_;
+  msgpack::zone view_zone_;
+  msgpack::object view_manifest_;
 };
 
 // Python's repr() of a str or bytes, so messages read exactly as the Python loader's.

@@ -184,6 +184,14 @@ bpk_status bpk_model_run(const bpk_model* model, const bpk_tensor* inputs, int64
   return guarded([&] { model->impl->run(inputs, num_inputs, outputs, num_outputs); });
 }
 
+bpk_status bpk_model_run_packed(const bpk_model* model, const bpk_tensor* inputs, int64_t num_inputs,
+                                const int64_t* lengths, int64_t num_lengths, bpk_tensor* outputs, int64_t num_outputs) {
+  if (model == nullptr) return record(BPK_ERR_ARGUMENT, "model is NULL");
+  return guarded([&] { model->impl->run_packed(inputs, num_inputs, lengths, num_lengths, outputs, num_outputs); });
+}
+
+int bpk_model_has_packed(const bpk_model* model) { return model != nullptr && model->impl->has_packed() ? 1 : 0; }
+
 bpk_status bpk_model_synchronize(const bpk_model* model, void* stream) {
   if (model == nullptr) return record(BPK_ERR_ARGUMENT, "model is NULL");
   return guarded([&] { model->impl->synchronize(stream); });

@@ -59,6 +59,7 @@ Model::Model(std::unique_ptr<Artifact> artifact, const bpk_load_options& options
     weight_ptrs_.push_back(b.data);
   }
   build_signature();
+  num_threads_ = options.num_threads;
   split_ = SplitPolicy(artifact_->manifest(), m_, options.on_out_of_range, src);
   const std::string device = options.device ? options.device : "cpu";
   if (device != "cpu") {

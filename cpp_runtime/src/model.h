@@ -56,6 +56,11 @@ class Model {
   const cuda::NativeCuda* cuda() const { return cuda_.get(); }
   // Note [Reference cases] (verify.cpp): runs them; the report text; true when every case passed
   bool verify(std::string& report) const;
+  // Note [Packed sequences] (packed.cpp): several sequences of different lengths in one call, as the
+  // Python loader's LoadedModule.run_packed; the packed plan is loaded on first use
+  void run_packed(const bpk_tensor* inputs, int64_t num_inputs, const int64_t* lengths, int64_t num_lengths,
+                  bpk_tensor* outputs, int64_t num_outputs) const;
+  bool has_packed() const;
 
   static constexpr size_t kMaxShapes = 4096;
 
@@ -161,6 +166,13 @@ class Model {
   SplitPolicy split_;  // the load option on_out_of_range
   mutable std::mutex padded_mutex_;
   mutable std::unique_ptr<PaddedDims> padded_;  // the manifest's padding proofs, for servers
+  // Note [Packed sequences]: the packed plan (a model of its own over a view of this artifact) and, per
+  // ragged input, its (rows axis, sequence axis) — (-1, -1) for the others; loaded on first use
+  struct Packed;
+  const Packed& packed() const;
+  mutable std::mutex packed_mutex_;
+  mutable std::shared_ptr<const Packed> packed_;
+  int32_t num_threads_ = 0;
   // signature storage behind sig_
   bpk_signature sig_{};
   std::vector<bpk_tensor_spec> in_specs_, out_specs_;

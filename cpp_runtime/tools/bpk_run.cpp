@@ -2,7 +2,7 @@
 //
 //   bpk-run MODEL.bpk --input NAME=FILE.npy ... [--output-dir DIR] [--device cpu|cuda[:N]] [--repeat N]
 //           [--cuda-graphs N] [--threads N] [--no-verify] [--sha256 HEX] [--trusted-key KEY ...]
-//           [--on-out-of-range DIM=POLICY ...] [--mmap | --no-mmap] [--dlpack-device]
+//           [--on-out-of-range DIM=POLICY ...] [--mmap | --no-mmap] [--dlpack-device] [--lengths N,N,...]
 //   bpk-run MODEL.bpk --verify
 //
 // --sha256 refuses the file unless its SHA-256 is HEX; --trusted-key (64 hex digits, or a file holding
@@ -18,6 +18,9 @@
 // --dlpack-device and --repeat N it also times N calls of bpk_model_run_dlpack the way a framework
 // makes them: the inputs in device memory (copied there once), a stream of its own, results allocated
 // by the runtime and released after each call; each call's time is its enqueue (nothing waits).
+//
+// --lengths N,N,... makes a packed call (bpk_model_run_packed: an artifact optimized with packed=True),
+// the inputs holding the sequences one after the other, one length per sequence.
 //
 // Without inputs it prints the signature. Each output is written as DIR/<name>.npy; with --repeat N
 // the model runs N more times (the files hold the last call's results) and latency statistics are
@@ -46,7 +49,7 @@ namespace {
 const char kUsage[] =
     "usage: bpk-run MODEL.bpk [--input NAME=FILE.npy ...] [--output-dir DIR] [--device cpu|cuda[:N]]\n"
     "               [--repeat N] [--cuda-graphs N] [--threads N] [--no-verify] [--sha256 HEX] [--trusted-key KEY ...]\n"
-    "               [--on-out-of-range DIM=POLICY ...] [--mmap | --no-mmap] [--dlpack-device]\n"
+    "               [--on-out-of-range DIM=POLICY ...] [--mmap | --no-mmap] [--dlpack-device] [--lengths N,N,...]\n"
     "       bpk-run MODEL.bpk --verify [--threads N] [--no-verify] [--sha256 HEX] [--trusted-key KEY ...]\n";
 
 int usage(const std::string& why) {
@@ -202,6 +205,8 @@ int main(int argc, char** argv) {
   bpk_load_options opts{0, 0, nullptr, nullptr, 0, nullptr, nullptr, 0, -1};
   std::string pinned, policies;
   std::vector<uint8_t> keys;
+  std::vector<int64_t> lengths;  // --lengths: a packed call (bpk_model_run_packed), one length per sequence
+  bool packed = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&](const char* flag) -> std::string {
@@ -236,6 +241,17 @@ int main(int argc, char** argv) {
       char* end = nullptr;
       opts.num_threads = int32_t(std::strtol(v.c_str(), &end, 10));
       if (*end || opts.num_threads < 1) return usage("--threads takes a positive count, got '" + v + "'");
+    } else if (a == "--lengths") {
+      const std::string v = value("--lengths");
+      packed = true;
+      for (size_t at = 0; at <= v.size();) {
+        const size_t comma = std::min(v.find(',', at), v.size());
+        char* end = nullptr;
+        const std::string item = v.substr(at, comma - at);
+        lengths.push_back(std::strtoll(item.c_str(), &end, 10));
+        if (item.empty() || *end) return usage("--lengths takes comma-separated integers, got '" + v + "'");
+        at = comma + 1;
+      }
     } else if (a == "--no-verify") {
       opts.flags |= BPK_LOAD_SKIP_SECTION_CHECKSUMS;
     } else if (a == "--mmap" || a == "--no-mmap") {
@@ -346,7 +362,12 @@ int main(int argc, char** argv) {
   }
   std::vector<bpk_tensor> out(size_t(sig->num_outputs));
   for (auto& o : out) std::memset(&o, 0, sizeof o);
-  if (bpk_status s = bpk_model_run(model, in.data(), int64_t(in.size()), out.data(), int64_t(out.size()))) {
+  const auto call = [&] {
+    return packed ? bpk_model_run_packed(model, in.data(), int64_t(in.size()), lengths.data(), int64_t(lengths.size()),
+                                         out.data(), int64_t(out.size()))
+                  : bpk_model_run(model, in.data(), int64_t(in.size()), out.data(), int64_t(out.size()));
+  };
+  if (bpk_status s = call()) {
     bpk_model_free(model);
     return runtime_error(s);
   }
@@ -354,7 +375,7 @@ int main(int argc, char** argv) {
   std::vector<double> us;  // --repeat: into the same buffers, what a server does call after call
   for (long r = 0; r < repeat; ++r) {
     const auto a = std::chrono::steady_clock::now();
-    if (bpk_status s = bpk_model_run(model, in.data(), int64_t(in.size()), out.data(), int64_t(out.size()))) {
+    if (bpk_status s = call()) {
       rc = runtime_error(s);
       break;
     }

@@ -244,6 +244,19 @@ BPK_API bpk_status bpk_model_output_shapes(const bpk_model* model, const bpk_ten
 BPK_API bpk_status bpk_model_run(const bpk_model* model, const bpk_tensor* inputs, int64_t num_inputs,
                                  bpk_tensor* outputs, int64_t num_outputs);
 
+/* Runs several sequences of different lengths in one call, without padding (an artifact optimized with
+ * packed=True, format 1.8: docs/format.md "Packed form"): each ragged input holds the sequences one
+ * after the other along its sequence axis, its rows axis 1; lengths[i] is sequence i's length. The
+ * outputs (as bpk_model_run's) hold the sequences' results one after the other along their sequence
+ * axis, as each sequence alone gives them. Each length is checked as a call of that sequence alone
+ * would be ("a sequence of length N: ..."). BPK_ERR_UNSUPPORTED when the artifact has no packed form
+ * or the model runs on a GPU (the packed form is a CPU plan). The packed plan loads on first use. */
+BPK_API bpk_status bpk_model_run_packed(const bpk_model* model, const bpk_tensor* inputs, int64_t num_inputs,
+                                        const int64_t* lengths, int64_t num_lengths, bpk_tensor* outputs,
+                                        int64_t num_outputs);
+/* 1 when the artifact has a packed form (bpk_model_run_packed), else 0 (also for a NULL model). */
+BPK_API int bpk_model_has_packed(const bpk_model* model);
+
 /* Runs the model on DLPack tensors. inputs[i]: host memory (kDLCPU, kDLCUDAHost) or, for a CUDA model,
  * memory of its device (kDLCUDA / kDLCUDAManaged with that device_id), C-contiguous (strides NULL or
  * row-major compact), byte_offset honoured; the dtype is the DLPack spelling of the signature's

@@ -141,6 +141,21 @@ class Model {
     }
     return result;
   }
+  // Several sequences of different lengths in one call (bpk_model_run_packed); results the runtime allocates.
+  std::vector<Tensor> run_packed(const std::vector<Tensor>& inputs, const std::vector<int64_t>& lengths) const {
+    std::vector<bpk_tensor> in = raw(inputs);
+    std::vector<bpk_tensor> out(size_t(signature().num_outputs));
+    for (auto& o : out) std::memset(&o, 0, sizeof o);
+    check(bpk_model_run_packed(m_.get(), in.data(), int64_t(in.size()), lengths.data(), int64_t(lengths.size()),
+                               out.data(), int64_t(out.size())));
+    std::vector<Tensor> result(out.size());
+    for (size_t k = 0; k < out.size(); ++k) {
+      result[k].t_ = out[k];
+      result[k].owned_ = std::shared_ptr<void>(out[k].data, Tensor::Free());
+    }
+    return result;
+  }
+  bool has_packed() const { return bpk_model_has_packed(m_.get()) != 0; }
   // Results written into the caller's tensors (shapes from output_shapes()).
   void run(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) const {
     std::vector<bpk_tensor> in = raw(inputs), out = raw(outputs);
