@@ -98,7 +98,9 @@ def self_check(data: bytes, samples: list[list[np.ndarray | None]], options: Com
         got = m.run_packed(packed_in, lengths)
         cuts = np.cumsum(lengths)[:-1]
         for k, name in enumerate(outs):
-            pieces = np.split(np.asarray(got[k]), cuts, axis=record["outputs"][name][1])
+            rows, axis = record["outputs"][name]
+            o = np.asarray(got[k])
+            pieces = np.split(o, len(lengths), axis=rows) if axis < 0 else np.split(o, cuts, axis=axis)
             for n, piece, want in zip(lengths, pieces, wants):
                 w = np.asarray(want[k])
                 scale = max(1.0, float(np.max(np.abs(w)))) if w.size else 1.0

@@ -179,16 +179,18 @@ class _Pooled(nn.Module):
         h = self.emb(ids) * mask[..., None]
         if self.mode == "sum":
             return h + h.sum(1, keepdim=True)  # a masked sum over the sequence: paddable, not packable
+        if self.mode == "first two":
+            return h[:, :2] * 2  # two positions of each sequence
+        if self.mode == "first to all":
+            return h + h[:, :1]  # each sequence's first token added to its every token
         return h + torch.cumsum(h, 1)  # a float running sum
 
 
 @pytest.mark.parametrize(
     "model, reason",
     [
-        (
-            lambda: _Field(_hf("bert"), "pooler_output"),
-            "output 'output0' (shape [batch, 64]) does not hold both batch and seq",
-        ),
+        (lambda: _Pooled("first two"), "it reads 2 positions of each sequence"),  # (sequences of 2 or more)
+        (lambda: _Pooled("first to all"), "it combines values of one row per sequence with the tokens' values"),
         (
             lambda: _Pooled("sum"),
             "it runs sum along the sequence: in a packed batch it would mix the sequences' tokens",
@@ -197,16 +199,93 @@ class _Pooled(nn.Module):
     ],
 )
 def test_models_without_a_packed_form_are_refused_with_the_op(model: Any, reason: str) -> None:
-    """A pooler reading each sequence's first token, a masked sum over the sequence, a float running
-    sum: each has a padding proof but no packed form, and optimize(packed=True) says which op stops it."""
+    """Two positions of each sequence, its first token added back to its tokens, a masked sum over the
+    sequence, a float running sum: each has a padding proof but no packed form, and
+    optimize(packed=True) says which op stops it."""
     torch.manual_seed(0)
     net = model().eval()
-    cap = capture(net, [_text(2, 5), _text(3, 9)], DIMS)
+    dims = {n: {0: bladepack.Dim("batch", 1, 8), 1: bladepack.Dim("seq", 2, SEQ_MAX)} for n in ("ids", "mask")}
+    cap = capture(net, [_text(2, 5), _text(3, 9)], dims)
     with pytest.raises(NotPackable) as e:
         pack_sequences(to_program(cap))
     assert reason in str(e.value), str(e.value)
     with pytest.raises(CompileError, match="packed=True: this model has no packed form"):
-        bladepack.optimize(net, [_text(2, 5), _text(3, 9)], DIMS, packed=True, reference_cases=False)
+        bladepack.optimize(net, [_text(2, 5), _text(3, 9)], dims, packed=True, reference_cases=False)
+
+
+class _Classifier(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        tf: Any = transformers
+        self.m = tf.BertForSequenceClassification(
+            tf.BertConfig(
+                vocab_size=96,
+                hidden_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                intermediate_size=96,
+                num_labels=3,
+            )
+        ).eval()
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.m.bert(input_ids=ids, attention_mask=mask)
+        return self.m.classifier(out.pooler_output), out.last_hidden_state
+
+
+def test_a_classifier_head_gives_one_row_per_sequence(release: Path, tmp_path: Path) -> None:
+    """Note [Packed sequences]: BERT's pooler reads each sequence's first token, so its logits come back
+    one row per sequence (output axis -1) beside the tokens' hidden states; against eager per sequence,
+    in both loaders (bpk-run --lengths), and merged by a server."""
+    from bladepack.serving.batching import BatchLayout, run_requests
+
+    torch.manual_seed(0)
+    model = _Classifier().eval()
+    art = bladepack.optimize(model, [_text(2, 5), _text(3, 9)], DIMS, packed=True)
+    assert not art.notes, art.notes
+    path = tmp_path / "cls.bpk"
+    art.save(path)
+    m = bladepack.load(path)
+    assert m.packed is not None and m.packed["outputs"] == {"output0": [0, -1], "output1": [0, 1]}
+    assert m.packed["firsts"] == "sequence_firsts"
+    lengths = (1, 7, SEQ_MAX, 2, 13)
+    reqs = [_text(1, n) for n in lengths]
+    arrays = _packed_inputs(reqs)
+    logits, hidden = m.run_packed(arrays, list(lengths))
+    assert logits.shape == (len(lengths), 3) and hidden.shape == (1, sum(lengths), 64)
+    with torch.no_grad():
+        for i, (n, r) in enumerate(zip(lengths, reqs)):
+            wl, wh = model(*r)
+            np.testing.assert_allclose(logits[i : i + 1], wl.numpy(), rtol=1e-5, atol=1e-5)
+            at = sum(lengths[:i])
+            np.testing.assert_allclose(hidden[:, at : at + n], wh.numpy(), rtol=1e-5, atol=1e-5)
+    for name, x in zip(("ids", "mask"), arrays):
+        np.save(tmp_path / f"{name}.npy", x)
+    r = subprocess.run(
+        [
+            str(release / "bpk-run"),
+            str(path),
+            "--input",
+            f"ids={tmp_path / 'ids.npy'}",
+            "--input",
+            f"mask={tmp_path / 'mask.npy'}",
+            "--output-dir",
+            str(tmp_path),
+            "--lengths",
+            ",".join(map(str, lengths)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert np.abs(np.load(tmp_path / "output0.npy") - logits).max() <= 1e-6
+    layout = BatchLayout.from_manifest(m.manifest, True, 1.0, packed=True)
+    requests = [[x.numpy() for x in _text(b, n)] for b, n in [(2, 4), (1, 9), (1, 1)]]
+    for req, got in zip(requests, run_requests(layout, m.run, requests, m.run_packed)):
+        assert not isinstance(got, Exception)
+        for g, w in zip(got, m.run(req)):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
 @pytest.fixture(scope="module")

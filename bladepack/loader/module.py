@@ -142,8 +142,9 @@ class LoadedModule:
         """Several sequences of different lengths in one call, without padding (an artifact optimized
         with packed=True): each ragged input (`packed["inputs"]`) holds the sequences one after the
         other along its sequence axis, its rows axis 1; `lengths` gives each sequence's length. The
-        outputs hold the sequences' results one after the other along their sequence axis, as each
-        sequence alone would give them. Each length is checked as a call of that sequence alone would
+        outputs hold the sequences' results one after the other along their sequence axis (an output
+        with sequence axis -1 in `packed["outputs"]`, such as a classifier's logits, one row per
+        sequence along its rows axis), as each sequence alone would give them. Each length is checked as a call of that sequence alone would
         be. Runs on the CPU (the packed form is a CPU plan)."""
         if self._packed is None:
             record = self._bpk.manifest.get("packed")

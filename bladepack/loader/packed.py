@@ -3,8 +3,9 @@
 In: a loaded artifact with a packed form (`manifest["packed"]`, Note [Packed sequences] in
 passes/pack_sequences.py) and a call's inputs, with every ragged input holding the sequences one after
 the other along its sequence axis (its rows axis of size 1), plus each sequence's length. Out: the
-outputs with the sequences one after the other along their sequence axis, as each sequence alone
-would give them (within float rounding).
+outputs with the sequences one after the other along their sequence axis (or, for an output read at
+one position of each sequence, one row per sequence along its rows axis), as each sequence alone would
+give them (within float rounding).
 
 Each length is checked as a call of that one sequence would be (the unpacked plan's shape program:
 its range and every guard); the packed plan itself gets each token's sequence bounds as its two extra
@@ -112,5 +113,8 @@ class PackedRunner:
                     self.checked.add(key)
         ends = np.cumsum(lens)
         starts = ends - lens
-        out: list[Any] = self.module.run([*arrays, np.repeat(starts, lens), np.repeat(ends, lens)])
+        bounds = [np.repeat(starts, lens), np.repeat(ends, lens)]
+        if self.record.get("firsts"):  # outputs with one row per sequence read each one's first token
+            bounds.append(starts)
+        out: list[Any] = self.module.run([*arrays, *bounds])
         return out

@@ -25,8 +25,13 @@ same graph over [1, T] instead of [b, s], changed in three places:
   at the positions in the sequence.
 - b is 1: every input holding s has b as its rows (an input holding b without s is refused), and
   values holding b without s carry no per-row content (such content would come from a reduction
-  over s or an input without s). Every output must hold s; one that does not (a pooler reading each
-  sequence's first token) is refused.
+  over s or an input without s).
+- one position of each sequence (a pooler or classifier reading each sequence's first token, a slice
+  of length 1 at a constant position along s) becomes a take at each sequence's first token plus
+  that position, through a third int64 input of shape [sequences] (each sequence's first token); its
+  result holds one row per sequence where b was, and what is computed from it too (b becomes the
+  sequence count there). Such values must not meet the tokens' values again.
+Every output holds s (one row of tokens) or one row per sequence; any other is refused.
 Assertions that mention s hold per sequence: the loader checks each sequence's length against the
 unpacked plan, so the packed program drops them. The token count's range is [1, max(s) * max(b)].
 """
@@ -53,6 +58,7 @@ from bladepack.ir.ops import (
     MatmulAttrs,
     NormAttrs,
     OpKind,
+    PermuteAttrs,
     ReduceAttrs,
     SliceAttrs,
 )
@@ -80,10 +86,13 @@ class Packed:
     starts: str  # the int64 [T] input: each token's sequence's first token
     ends: str  # ... and the token past its last
     inputs: Mapping[str, tuple[int, int]]  # ragged input -> (its rows axis, its axis of s)
-    outputs: Mapping[str, tuple[int, int]]  # output -> (its rows axis, its axis of s)
+    # output -> (its rows axis, its axis of s; -1: one row per sequence along its rows axis)
+    outputs: Mapping[str, tuple[int, int]]
+    firsts: str | None = None  # the int64 [sequences] input (each sequence's first token), when read
+    sequences: str | None = None  # ... and the symbol of its length
 
     def to_manifest(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "symbol": self.symbol,
             "rows": self.rows,
             "tokens": self.tokens,
@@ -92,6 +101,9 @@ class Packed:
             "inputs": {n: list(a) for n, a in sorted(self.inputs.items())},
             "outputs": {n: list(a) for n, a in sorted(self.outputs.items())},
         }
+        if self.firsts is not None:
+            out.update(firsts=self.firsts, sequences=self.sequences)
+        return out
 
 
 def _fresh(name: str, taken: set[str]) -> str:
@@ -130,6 +142,15 @@ class _Packer:
         self.subst: dict[sympy.Basic, sympy.Basic] = {s: self.T, b: sympy.Integer(1)}
         self.starts_name = _fresh("sequence_starts", names)
         self.ends_name = _fresh("sequence_ends", names)
+        self.firsts_name: str | None = None
+        self.N: sympy.Symbol | None = None
+        if any(self.picks(n) for n in self.g.nodes):  # one position per sequence is read
+            self.firsts_name = _fresh("sequence_firsts", names)
+            self.sequences = _fresh("sequences", syms | {self.tokens})
+            self.N = self.env.create_symbol(
+                self.sequences, 1, None if rs.max is None or rb.max is None else rs.max * rb.max
+            )
+        self.per_seq: set[int] = set()  # original values whose packed rows are the sequences
         self.bld = GraphBuilder()
         self.glob: dict[int, int] = {}
         self.local: dict[int, int] = {}
@@ -146,8 +167,23 @@ class _Packer:
             return int(e) if e.is_Integer else e
         return d
 
-    def type(self, t: TensorType) -> TensorType:
+    def type(self, t: TensorType, per_seq: bool = False) -> TensorType:
+        if per_seq:
+            assert self.N is not None
+            subst = {self.b: self.N}
+            return TensorType(
+                t.dtype, tuple(sympy.sympify(d).xreplace(subst) if isinstance(d, sympy.Basic) else d for d in t.shape)
+            )
         return TensorType(t.dtype, tuple(self.dim(d) for d in t.shape))
+
+    def picks(self, n: Node) -> bool:
+        """A slice of one position along s at a constant start: each sequence's token at that position."""
+        if n.op is not K.SLICE or not n.inputs:
+            return False
+        a = n.attrs
+        assert isinstance(a, SliceAttrs)
+        src = self.types[n.inputs[0]].shape
+        return src[a.axis] == self.s and n.type.shape[a.axis] == 1 and isinstance(a.start, int)
 
     def attrs(self, n: Node) -> Any:
         a = n.attrs
@@ -242,6 +278,8 @@ class _Packer:
         bounds = TensorType(DType.INT64, (self.T,))
         self.starts = bld.add_input(self.starts_name, bounds)
         self.ends = bld.add_input(self.ends_name, bounds)
+        if self.firsts_name is not None:
+            self.firsts = bld.add_input(self.firsts_name, TensorType(DType.INT64, (self.N,)))
         for w in self.g.weights:
             self.glob[w.id] = bld.add_weight(w.name, w.type)
         for n in self.g.nodes:
@@ -254,10 +292,13 @@ class _Packer:
         outputs: dict[str, tuple[int, int]] = {}
         for name, o in zip(self.g.output_names, self.g.outputs):
             shape = self.types[o].shape
+            if o in self.per_seq and self.b in shape:
+                outputs[name] = (shape.index(self.b), -1)
+                continue
             if self.s not in shape or self.b not in shape:
                 raise NotPackable(
-                    f"output '{name}' (shape [{', '.join(str(d) for d in shape)}]) does not hold both {self.b} and "
-                    f"{self.s}: a packed call has no rows of its own for it"
+                    f"output '{name}' (shape [{', '.join(str(d) for d in shape)}]) holds neither the tokens "
+                    f"({self.b}, {self.s}) nor one row per sequence: a packed call has no rows of its own for it"
                 )
             outputs[name] = (shape.index(self.b), shape.index(self.s))
         graph = bld.finish(tuple(self.glob[o] for o in self.g.outputs), self.g.output_names)
@@ -270,11 +311,24 @@ class _Packer:
         limits = {k: v for k, v in self.p.limits.items() if k not in (self.s.name, self.b.name)}
         program = dataclasses.replace(self.p, graph=graph, shape_env=self.env, assertions=assertions, limits=limits)
         return Packed(
-            program, self.s.name, self.b.name, self.tokens, self.starts_name, self.ends_name, self.inputs, outputs
+            program,
+            self.s.name,
+            self.b.name,
+            self.tokens,
+            self.starts_name,
+            self.ends_name,
+            self.inputs,
+            outputs,
+            self.firsts_name,
+            self.sequences if self.firsts_name is not None else None,
         )
 
     def node(self, n: Node) -> int:
         bld, op = self.bld, n.op
+        if self.firsts_name is not None and self.picks(n):
+            return self.pick(n)
+        if any(i in self.per_seq for i in n.inputs):
+            return self.per_sequence(n)
         t = self.type(n.type)
         if self.is_positions(n):
             self.pos.add(n.id)
@@ -282,6 +336,14 @@ class _Packer:
         held = [self.axes(i) for i in n.inputs]
         if op is K.SLICE and not held[0] and self.axes(n.id):
             return self.slice_positions(n, t)
+        if op is K.SLICE and held[0]:
+            a = n.attrs
+            assert isinstance(a, SliceAttrs)
+            if a.axis in held[0] and n.type.shape[a.axis] != self.s:
+                raise NotPackable(
+                    f"it reads {n.type.shape[a.axis]} positions of each sequence: only one position per sequence "
+                    "(or the whole sequence) has a packed form"
+                )
         if op in (K.SOFTMAX, K.LOG_SOFTMAX):
             a = n.attrs
             assert isinstance(a, AxisAttrs)
@@ -299,6 +361,37 @@ class _Packer:
             raise NotPackable("a recurrence or scan along the sequence would run across the sequences packed together")
         ins = tuple(self.operand(n, k) for k in range(len(n.inputs)))
         return bld.add(op, ins, t, self.attrs(n), n.loc)
+
+    def pick(self, n: Node) -> int:
+        """One position p of each sequence: a take at each sequence's first token plus p, its rows then
+        moved to where b was (Note [Packed sequences])."""
+        a = n.attrs
+        assert isinstance(a, SliceAttrs) and isinstance(a.start, int)
+        src = self.types[n.inputs[0]].shape
+        if self.b not in src:
+            raise NotPackable(f"it reads a position of the sequence from a value without its rows {self.b}")
+        rows = src.index(self.b)
+        bld, i64 = self.bld, DType.INT64
+        idx = self.firsts
+        if a.start:
+            c = bld.add(K.CONSTANT, (), TensorType(i64, ()), ConstantAttrs(a.start))
+            idx = bld.add(K.ADD, (idx, c), TensorType(i64, (self.N,)))
+        taken = tuple(self.N if k == a.axis else self.dim(d) for k, d in enumerate(src))
+        v = bld.add(K.TAKE, (self.glob[n.inputs[0]], idx), TensorType(n.type.dtype, taken), AxisAttrs(a.axis), n.loc)
+        perm = list(range(len(src)))
+        perm[rows], perm[a.axis] = a.axis, rows
+        self.per_seq.add(n.id)
+        return bld.add(K.PERMUTE, (v,), self.type(n.type, per_seq=True), PermuteAttrs(tuple(perm)), n.loc)
+
+    def per_sequence(self, n: Node) -> int:
+        """An op on values with one row per sequence: b is the sequence count; tokens must not join."""
+        if any(self.axes(i) for i in n.inputs) or n.id in self.masked:
+            raise NotPackable("it combines values of one row per sequence with the tokens' values")
+        if any(i in self.pos for i in n.inputs):
+            raise NotPackable("it combines values of one row per sequence with positions along the sequence")
+        self.per_seq.add(n.id)
+        ins = tuple(self.glob[i] for i in n.inputs)
+        return self.bld.add(n.op, ins, self.type(n.type, per_seq=True), self.attrs(n), n.loc)
 
     def along(self, n: Node, held: list[int]) -> None:
         """Reductions, scans, norms, sorts: refused when they run along s (they would mix sequences)."""

@@ -119,8 +119,8 @@ class PaddedDim:
 
 @dataclass(frozen=True)
 class PackedDim:
-    """Note [Packed merging]: the ragged dim (its inputs' axes), each output's sequence axis, and the
-    packed plan's most tokens (None: no limit)."""
+    """Note [Packed merging]: the ragged dim (its inputs' axes), each output's sequence axis (-1: one
+    row per sequence, along axis 0), and the packed plan's most tokens (None: no limit)."""
 
     dim: PaddedDim
     outputs: tuple[int, ...]
@@ -357,8 +357,8 @@ def _run_packed_group(
         for k in members:
             results[k] = _alone(call, requests[k])
         return
-    cuts = np.cumsum(lengths)[:-1]
-    pieces = [np.split(o, cuts, axis=a) for o, a in zip(outs, d.outputs)]
+    cuts = np.cumsum(lengths)[:-1]  # an output with one row per sequence (axis -1) is cut row by row
+    pieces = [np.split(o, cuts, axis=a) if a >= 0 else np.split(o, len(lengths)) for o, a in zip(outs, d.outputs)]
     at = 0
     for k in members:
         n = rows(requests[k])

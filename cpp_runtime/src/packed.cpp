@@ -19,6 +19,7 @@ namespace bpk {
 struct Model::Packed {
   std::unique_ptr<Model> model;
   std::vector<std::pair<int64_t, int64_t>> axes;  // per input: (rows axis, sequence axis), or (-1, -1)
+  bool firsts = false;  // the plan reads each sequence's first token (outputs with a row per sequence)
 };
 
 namespace {
@@ -68,10 +69,12 @@ const Model::Packed& Model::packed() const {
       artifact_->fail("malformed manifest: packed.inputs names an input or its axes wrongly");
     p->axes[size_t(at)] = {r, q};
   }
+  const msgpack::object* firsts = map_find(rec, "firsts");
+  p->firsts = firsts != nullptr && firsts->type == msgpack::type::STR;
   bpk_load_options opts{};
   opts.num_threads = num_threads_;
   p->model = std::make_unique<Model>(std::move(view), opts);
-  if (p->model->signature().num_inputs != int64_t(m_.inputs.size()) + 2)
+  if (p->model->signature().num_inputs != int64_t(m_.inputs.size()) + (p->firsts ? 3 : 2))
     artifact_->fail("malformed manifest: the packed plan does not take the model's inputs and the two bounds");
   packed_ = p;
   return *packed_;
@@ -127,19 +130,23 @@ void Model::run_packed(const bpk_tensor* in, int64_t n_in, const int64_t* length
     }
   }
   std::vector<int64_t> starts(static_cast<size_t>(total)), ends(static_cast<size_t>(total));
+  std::vector<int64_t> firsts(static_cast<size_t>(n_len));
   int64_t at = 0;
-  for (int64_t i = 0; i < n_len; ++i)
+  for (int64_t i = 0; i < n_len; ++i) {
+    firsts[size_t(i)] = at;
     for (int64_t t = 0; t < lengths[i]; ++t, ++at) {
       starts[size_t(at)] = at - t;
       ends[size_t(at)] = at - t + lengths[i];
     }
+  }
   std::vector<bpk_tensor> all(in, in + n_in);
-  for (std::vector<int64_t>* v : {&starts, &ends}) {
+  for (std::vector<int64_t>* v : {&starts, &ends, &firsts}) {
+    if (v == &firsts && !p.firsts) break;
     bpk_tensor b{};
     b.data = v->data();
     b.dtype = BPK_INT64;
     b.ndim = 1;
-    b.shape[0] = total;
+    b.shape[0] = int64_t(v->size());
     all.push_back(b);
   }
   p.model->run(all.data(), int64_t(all.size()), out, n_out);
