@@ -9,7 +9,8 @@ Note [Packed self-check]: the packed plan is the unpacked one's graph with three
 checked against it before the artifact is returned: the sample inputs' rows, cut to different lengths
 (the longest, then one shorter per row, never under the dim's minimum), run once packed and once each
 alone on the unpacked plan, on the CPU kernels of this machine; they must agree within float rounding
-of GEMMs over more rows (1e-4 of the output's magnitude). A difference is a bladepack bug: a
+of GEMMs over more rows: the reference cases' tolerance of the output's dtype (float32 1e-4 of the
+output's magnitude, bfloat16 4e-2; Note [Verdict tolerance]), integers exactly. A difference is a bladepack bug: a
 CompileError, unless options.self_check is "warn".
 """
 
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from bladepack.artifact.reference_cases import TOLERANCE
 from bladepack.compiled import Artifact
 from bladepack.errors import BladepackError, CompileError
 from bladepack.options import CompileOptions, LoaderOptions
@@ -72,6 +74,14 @@ def _requests(
     return out, lengths
 
 
+def _values(x: Any, dtype: str) -> np.ndarray:
+    """An output as float64 numbers (bfloat16 comes back as its uint16 bit patterns)."""
+    a = np.asarray(x)
+    if dtype == "bfloat16" and a.dtype == np.uint16:
+        a = (a.astype(np.uint32) << 16).view(np.float32)
+    return a.astype(np.float64)
+
+
 def self_check(data: bytes, samples: list[list[np.ndarray | None]], options: CompileOptions) -> str | None:
     """Note [Packed self-check] on the artifact's bytes; a note when it cannot run, None when it passed."""
     from bladepack.loader import load
@@ -99,13 +109,14 @@ def self_check(data: bytes, samples: list[list[np.ndarray | None]], options: Com
         cuts = np.cumsum(lengths)[:-1]
         for k, name in enumerate(outs):
             rows, axis = record["outputs"][name]
-            o = np.asarray(got[k])
+            dtype = m.signature.outputs[k].dtype
+            o = _values(got[k], dtype)
             pieces = np.split(o, len(lengths), axis=rows) if axis < 0 else np.split(o, cuts, axis=axis)
             for n, piece, want in zip(lengths, pieces, wants):
-                w = np.asarray(want[k])
+                w = _values(want[k], dtype)
                 scale = max(1.0, float(np.max(np.abs(w)))) if w.size else 1.0
                 err = float(np.max(np.abs(piece - w))) if w.size else 0.0
-                if not err <= 1e-4 * scale:
+                if not err <= TOLERANCE.get(dtype, 0.0) * scale:
                     bad.append(f"output '{name}' of a sequence of {n}: max abs error {err:.3g}")
     if not bad:
         return None

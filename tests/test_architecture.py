@@ -38,7 +38,7 @@ ALLOWED: dict[str, set[str]] = {
     "inspect": {"artifact"},
     "reference_record": {"artifact"},
     "compiled": {"artifact", "lowering"},
-    "packed_build": {"compiled", "ir", "loader", "passes", "target"},
+    "packed_build": {"artifact", "compiled", "ir", "loader", "passes", "target"},
     "stages": {
         "backends",
         "compiled",
