@@ -25,9 +25,9 @@ equal shapes only, and padded merging at three pad budgets; bench/results/servin
 
     python -m bench.serving --workload mixed [--clients 16] [--requests 400]
 
-`--workload packed` runs the same traffic on the Python backend (a CPU instance) three ways: merging
-off and padded merging (budget 1.5) on the plan without its packed form, and packed merging (Note
-[Packed merging]) with it; bench/results/serving_packed.{md,json}.
+`--workload packed` runs the same traffic on both backends (CPU instances) three ways: merging off and
+padded merging (budget 1.5) on the plan without its packed form, and packed merging (Note [Packed
+merging]) with it; bench/results/serving_packed.{md,json}.
 
     python -m bench.serving --workload packed [--models encoder,decoder] [--clients 16] [--requests 400]
 """
@@ -322,9 +322,9 @@ PACKED_MODES: tuple[tuple[str, bool, bool, float | None], ...] = (
 
 
 def packed_serving(args: argparse.Namespace) -> None:
-    """The mixed workload on Triton's Python backend (CPU instance): merging off and padded merging on
-    the plain artifact, packed merging (Note [Packed merging]) on the same model optimized with
-    packed=True; written to serving_packed.{json,md}."""
+    """The mixed workload on Triton's two backends (CPU instances): merging off and padded merging on the
+    plain artifact, packed merging (Note [Packed merging]) on the same model optimized with packed=True;
+    written to serving_packed.{json,md}."""
     lengths = _mixed_lengths(args.requests)
     q = np.percentile(lengths, [50, 90, 99])
     from bench.cpp_runtime import machine
@@ -352,11 +352,11 @@ def packed_serving(args: argparse.Namespace) -> None:
             plain = Path(tmp) / f"{kind}_plain.bpk"
             art.packed = None  # the same plan without its packed form: merging as before
             art.save(plain)
-            rows = bench_triton(kind, plain, cases, args.clients, PACKED_MODES, backends=("python",))
-            rows += bench_triton(kind, path, cases, args.clients, (("packed", True, True, None),), backends=("python",))
-            off = rows[0]["throughput_rps"]
-            for r in rows:
-                r["vs_off"] = r["throughput_rps"] / off
+            rows = bench_triton(kind, plain, cases, args.clients, PACKED_MODES)
+            rows += bench_triton(kind, path, cases, args.clients, (("packed", True, True, None),))
+            off = {r["engine"]: r["throughput_rps"] for r in rows if r["batching"] == "off"}
+            for r in rows:  # throughput over the same backend's with merging off
+                r["vs_off"] = r["throughput_rps"] / off[r["engine"]]
                 r["engine"] += f" ({r['vs_off']:.2f}x off)"
             results["samples"][kind] = rows
             print(f"\n{kind}\n{_table(rows)}", flush=True)
@@ -364,7 +364,7 @@ def packed_serving(args: argparse.Namespace) -> None:
     (RESULTS / "serving_packed.json").write_text(json.dumps(results, indent=1) + "\n")
     lq = results["lengths"]
     out = [
-        "# Packed merging in Triton's Python backend (`python -m bench.serving --workload packed`)",
+        "# Packed merging in Triton's backends (`python -m bench.serving --workload packed`)",
         "",
         f"Machine: {results['machine']}; {results['clients']} closed-loop clients, {results['requests']} requests per "
         f"configuration, one sequence each, lengths log-normal (p50 {lq['p50']:.0f}, p90 {lq['p90']:.0f}, "

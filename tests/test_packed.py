@@ -233,15 +233,23 @@ class _Classifier(nn.Module):
         return self.m.classifier(out.pooler_output), out.last_hidden_state
 
 
-def test_a_classifier_head_gives_one_row_per_sequence(release: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def classifier() -> tuple[Any, nn.Module]:
+    """BertForSequenceClassification's logits (one row per sequence) and hidden states, packed=True."""
+    torch.manual_seed(0)
+    model = _Classifier().eval()
+    return bladepack.optimize(model, [_text(2, 5), _text(3, 9)], DIMS, packed=True), model
+
+
+def test_a_classifier_head_gives_one_row_per_sequence(
+    classifier: tuple[Any, nn.Module], release: Path, tmp_path: Path
+) -> None:
     """Note [Packed sequences]: BERT's pooler reads each sequence's first token, so its logits come back
     one row per sequence (output axis -1) beside the tokens' hidden states; against eager per sequence,
     in both loaders (bpk-run --lengths), and merged by a server."""
     from bladepack.serving.batching import BatchLayout, run_requests
 
-    torch.manual_seed(0)
-    model = _Classifier().eval()
-    art = bladepack.optimize(model, [_text(2, 5), _text(3, 9)], DIMS, packed=True)
+    art, model = classifier
     assert not art.notes, art.notes
     path = tmp_path / "cls.bpk"
     art.save(path)
@@ -402,7 +410,7 @@ def test_servers_merge_requests_of_any_lengths_packed(distil: tuple[Any, nn.Modu
         np.testing.assert_allclose(got[0], m.run(req)[0], rtol=1e-5, atol=1e-5)
     text = TritonModelConfig.build(m.manifest, "enc", "cpu").text()
     assert "merge packed, with no padding" in text and "allow_ragged_batch: true" in text
-    assert "merge packed" not in TritonModelConfig.build(m.manifest, "enc", "cpu", backend="cpp").text()
+    assert "merge packed" in TritonModelConfig.build(m.manifest, "enc", "cpu", backend="cpp").text()
 
 
 def test_cpp_runtime_runs_the_packed_form_as_python_does(
@@ -467,3 +475,39 @@ def test_bfloat16_packed_matches_each_sequence_alone() -> None:
     for piece, r in zip(np.split(floats(out), np.cumsum(lengths)[:-1], axis=1), reqs):
         want = floats(m.run(r)[0])
         assert np.abs(piece - want).max() <= 4e-2 * max(1.0, float(np.abs(want).max()))
+
+
+def test_cpp_triton_backend_merges_packed(classifier: tuple[Any, nn.Module], release: Path, tmp_path: Path) -> None:
+    """Note [Packed merging] in the C++ backend (a fake Triton server, cpp_runtime/tests/triton_fake.cpp):
+    a CPU instance runs requests of lengths 4, 9, 1 and 7 (7 rows) as one packed call of 7 sequences,
+    each request answered with its tokens' and its sequences' rows, bit for bit the Python backend's
+    rule on the Python loader and within 1e-5 of each request alone; a request above the range runs
+    alone with the loader's error."""
+    from bladepack.serving.batching import BatchLayout, run_requests
+    from bladepack.serving.triton_repo import write_repository
+    from tests.test_serving import _fake_triton
+
+    art, _ = classifier
+    path = tmp_path / "cls.bpk"
+    art.save(path)
+    write_repository(path, tmp_path, "m", backend="cpp")
+    assert "merge packed" in (tmp_path / "m" / "config.pbtxt").read_text()
+    torch.manual_seed(3)
+    dims = [(2, 4), (1, 9), (1, SEQ_MAX + 1), (1, 1), (3, 7)]
+    reqs = [list(zip(("ids", "mask"), (x.numpy() for x in _text(b, n)))) for b, n in dims]
+    proc, got = _fake_triton(release, tmp_path / "m", reqs, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "executions 1: batch sizes 7", proc.stdout  # the failed one reports none
+    m = bladepack.load(path)
+    layout = BatchLayout.from_manifest(m.manifest, True, 1.0, packed=True)
+    want = run_requests(layout, m.run, [[a for _, a in r] for r in reqs], m.run_packed)
+    for k, r in enumerate(reqs):
+        if k == 2:
+            with pytest.raises(InputError) as e:
+                m.run([a for _, a in r])
+            assert got[k] == f"INVALID_ARG {e.value}"
+            continue
+        alone = m.run([a for _, a in r])
+        for g, w, a in zip(got[k], want[k], alone):
+            np.testing.assert_array_equal(g, w)
+            np.testing.assert_allclose(g, a, rtol=1e-5, atol=1e-5)

@@ -36,7 +36,8 @@ where the tokens would pass the packed plan's maximum, and each request gets its
 cost is the real tokens' work, so no budget applies: on the 2-core machine a group of 16 mixed-length
 requests ran 0.99-1.07x as fast as running them one by one and 1.65-5.6x as fast as padding them to
 the longest (bench/results/packed.md). A GPU instance keeps padded merging (the packed form is a CPU
-plan).
+plan). The C++ backend does the same (cpp_runtime/triton/backend.cpp, bpk_model_run_packed) where the
+ragged inputs and outputs hold the dim on axis 1 (outputs: or not at all).
 """
 
 from __future__ import annotations

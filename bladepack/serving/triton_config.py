@@ -86,8 +86,8 @@ class TritonModelConfig:
                 "serve this artifact with the C++ backend (--backend cpp)"
             )
         budget = default_pad_budget(device) if pad_budget is None else pad_budget
-        # Note [Packed merging]: the Python backend on a CPU runs the packed form where there is one
-        packed = backend == "python" and device == "cpu"
+        # Note [Packed merging]: a CPU instance (either backend) runs the packed form where there is one
+        packed = device == "cpu"
         layout = BatchLayout.from_manifest(m, padding, budget, packed)  # Note [Padded merging]
         proven = BatchLayout.from_manifest(m, padding).padded if budget == 1.0 and layout.packed is None else ()
         top = layout.limit(max_batch_size)

@@ -192,6 +192,10 @@ bpk_status bpk_model_run_packed(const bpk_model* model, const bpk_tensor* inputs
 
 int bpk_model_has_packed(const bpk_model* model) { return model != nullptr && model->impl->has_packed() ? 1 : 0; }
 
+const char* bpk_model_packed_symbol(const bpk_model* model) {
+  return model != nullptr && model->impl->has_packed() ? model->impl->packed_symbol().c_str() : nullptr;
+}
+
 bpk_status bpk_model_synchronize(const bpk_model* model, void* stream) {
   if (model == nullptr) return record(BPK_ERR_ARGUMENT, "model is NULL");
   return guarded([&] { model->impl->synchronize(stream); });

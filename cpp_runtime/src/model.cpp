@@ -60,6 +60,9 @@ Model::Model(std::unique_ptr<Artifact> artifact, const bpk_load_options& options
   }
   build_signature();
   num_threads_ = options.num_threads;
+  if (const msgpack::object* rec = map_find(artifact_->manifest(), "packed"); rec && rec->type == msgpack::type::MAP)
+    if (const msgpack::object* sym = map_find(*rec, "symbol"); sym && sym->type == msgpack::type::STR)
+      packed_symbol_ = sym->as<std::string>();
   split_ = SplitPolicy(artifact_->manifest(), m_, options.on_out_of_range, src);
   const std::string device = options.device ? options.device : "cpu";
   if (device != "cpu") {

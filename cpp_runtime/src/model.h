@@ -60,7 +60,9 @@ class Model {
   // Python loader's LoadedModule.run_packed; the packed plan is loaded on first use
   void run_packed(const bpk_tensor* inputs, int64_t num_inputs, const int64_t* lengths, int64_t num_lengths,
                   bpk_tensor* outputs, int64_t num_outputs) const;
-  bool has_packed() const;
+  bool has_packed() const { return !packed_symbol_.empty(); }
+  // the ragged dim the packed form runs along ("" when the artifact has none): for servers
+  const std::string& packed_symbol() const { return packed_symbol_; }
 
   static constexpr size_t kMaxShapes = 4096;
 
@@ -173,6 +175,7 @@ class Model {
   mutable std::mutex packed_mutex_;
   mutable std::shared_ptr<const Packed> packed_;
   int32_t num_threads_ = 0;
+  std::string packed_symbol_;
   // signature storage behind sig_
   bpk_signature sig_{};
   std::vector<bpk_tensor_spec> in_specs_, out_specs_;

@@ -40,11 +40,6 @@ bool int_of(const msgpack::object& o, int64_t* v) {
 
 }  // namespace
 
-bool Model::has_packed() const {
-  const msgpack::object* rec = map_find(artifact_->manifest(), "packed");
-  return rec != nullptr && rec->type == msgpack::type::MAP;
-}
-
 const Model::Packed& Model::packed() const {
   std::lock_guard<std::mutex> lock(packed_mutex_);
   if (packed_) return *packed_;

@@ -18,7 +18,10 @@
 // graphs] in cpp_runtime/src/native_cuda.h); tensors cross in host memory, copied to the GPU and back.
 // The config's "sha256" and "trusted_keys" parameters (bladepack/serving/trust.py) are the load's trust
 // (BPK_LOAD_TRUST): an instance refuses an artifact that is not the pinned file or not signed by one
-// of the keys, before any of its code runs. A bad index in an input is INVALID_ARG too.
+// of the keys, before any of its code runs. A bad index in an input is INVALID_ARG too. A CPU instance
+// of an artifact with a packed form merges requests of any lengths along its ragged dim with no padding
+// (Note [Packed merging]): each row of each request one sequence of bpk_model_run_packed, cut where the
+// tokens would pass the packed plan's maximum.
 
 #include <bladepack/runtime.h>
 
@@ -31,13 +34,21 @@
 #include <string>
 #include <vector>
 
+#include "config.h"
+#include "dtypes.h"
+#include "packing.h"
 #include "padding.h"
 #include "triton_abi.h"
 
 namespace {
 
+using bpk_triton::bpk_to_triton;
 using bpk_triton::copy_box;
 using bpk_triton::element;
+using bpk_triton::max_batch_size;
+using bpk_triton::parse_keys;
+using bpk_triton::string_parameter;
+using bpk_triton::triton_to_bpk;
 
 uint64_t now_ns() {
   return static_cast<uint64_t>(
@@ -59,38 +70,6 @@ TRITONSERVER_Error_Code code_of(bpk_status s) {
                                                                                : TRITONSERVER_ERROR_INTERNAL;
 }
 
-int triton_to_bpk(TRITONSERVER_DataType t) {
-  switch (t) {
-    case TRITONSERVER_TYPE_BOOL: return BPK_BOOL;
-    case TRITONSERVER_TYPE_UINT8: return BPK_UINT8;
-    case TRITONSERVER_TYPE_INT8: return BPK_INT8;
-    case TRITONSERVER_TYPE_INT16: return BPK_INT16;
-    case TRITONSERVER_TYPE_INT32: return BPK_INT32;
-    case TRITONSERVER_TYPE_INT64: return BPK_INT64;
-    case TRITONSERVER_TYPE_FP16: return BPK_FLOAT16;
-    case TRITONSERVER_TYPE_FP32: return BPK_FLOAT32;
-    case TRITONSERVER_TYPE_FP64: return BPK_FLOAT64;
-    case TRITONSERVER_TYPE_BF16: return BPK_BFLOAT16;
-    default: return -1;
-  }
-}
-
-TRITONSERVER_DataType bpk_to_triton(int32_t d) {
-  switch (d) {
-    case BPK_BOOL: return TRITONSERVER_TYPE_BOOL;
-    case BPK_UINT8: return TRITONSERVER_TYPE_UINT8;
-    case BPK_INT8: return TRITONSERVER_TYPE_INT8;
-    case BPK_INT16: return TRITONSERVER_TYPE_INT16;
-    case BPK_INT32: return TRITONSERVER_TYPE_INT32;
-    case BPK_INT64: return TRITONSERVER_TYPE_INT64;
-    case BPK_FLOAT16: return TRITONSERVER_TYPE_FP16;
-    case BPK_FLOAT32: return TRITONSERVER_TYPE_FP32;
-    case BPK_FLOAT64: return TRITONSERVER_TYPE_FP64;
-    case BPK_BFLOAT16: return TRITONSERVER_TYPE_BF16;
-    default: return TRITONSERVER_TYPE_INVALID;
-  }
-}
-
 struct ModelState {
   std::string path;
   int64_t max_batch_size = 0;
@@ -106,6 +85,8 @@ struct InstanceState {
   int64_t max_batch_size = 0;
   std::vector<const bpk_padded_dim*> padded;  // proven paddable with the batch's rows (merging on only)
   double pad_budget = 1.0;                    // Note [Padded merging]: the "pad_budget" parameter
+  bool pack = false;                          // Note [Packed merging]: padded[0] merges packed
+  int64_t pack_tokens = -1;                   // the packed plan's most tokens (-1: no limit)
   ~InstanceState() { bpk_model_free(model); }
 };
 
@@ -400,47 +381,66 @@ void run_part(TRITONBACKEND_ModelInstance* instance, const InstanceState& st, st
   for (auto& o : outs) bpk_free(o.data);
 }
 
+// Note [Packed merging]: one packed call for the group, every row a sequence, each request answered
+// with its tokens' rows (and its sequences' rows of an output with one row per sequence); any failure
+// runs them alone.
+void run_packed_part(TRITONBACKEND_ModelInstance* instance, const InstanceState& st, std::vector<Request*>& group,
+                     uint64_t t0) {
+  if (group.size() == 1) {
+    run_alone(instance, st, *group[0], t0);
+    return;
+  }
+  std::vector<const std::vector<bpk_tensor>*> ins;
+  std::vector<int64_t> lengths;
+  for (auto* r : group) {
+    ins.push_back(&r->inputs);
+    lengths.push_back(r->lengths[0]);
+  }
+  const bpk_triton::PackedInputs pk = bpk_triton::pack(ins, lengths);
+  std::vector<bpk_tensor> outs(static_cast<size_t>(st.sig->num_outputs), bpk_tensor{});
+  uint64_t t1 = now_ns();
+  const bpk_status s = bpk_model_run_packed(st.model, pk.inputs.data(), int64_t(pk.inputs.size()), pk.lengths.data(),
+                                            int64_t(pk.lengths.size()), outs.data(), int64_t(outs.size()));
+  uint64_t t2 = now_ns();
+  if (s != BPK_OK) {  // one request's error must reach only that request
+    for (auto& o : outs) bpk_free(o.data);
+    for (auto* r : group) run_alone(instance, st, *r, t0);
+    return;
+  }
+  ignore(TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, uint64_t(pk.lengths.size()), t0, t1, t2, now_ns()));
+  int64_t token_at = 0, seq_at = 0;
+  for (auto* r : group) {
+    const int64_t n = r->inputs[0].shape[0], len = r->lengths[0];
+    std::vector<bpk_tensor> views(outs.size());
+    for (size_t k = 0; k < outs.size(); ++k)
+      views[k] = bpk_triton::part(outs[k], (st.padded[0]->output_axes[k] >> 1) & 1u, n, len, token_at, seq_at);
+    send(instance, st, *r, views, std::vector<int64_t>(outs.size(), 0), -1, t0, t1, t2);
+    token_at += n * len;
+    seq_at += n;
+  }
+  for (auto& o : outs) bpk_free(o.data);
+}
+
 void run_group(TRITONBACKEND_ModelInstance* instance, const InstanceState& st, std::vector<Request*>& group, uint64_t t0) {
-  for (auto& part : within_budget(group, st.max_batch_size, st.pad_budget)) run_part(instance, st, part, t0);
-}
-
-// The string value of parameter `key` in Triton's JSON model config ("key":{"string_value":"..."}), or
-// empty; values bladepack writes are hex digits and commas, so no escapes are read.
-std::string string_parameter(const std::string& json, const std::string& key) {
-  const std::string quoted = "\"" + key + "\"";
-  for (size_t at = json.find(quoted); at != std::string::npos; at = json.find(quoted, at + 1)) {
-    size_t p = json.find_first_not_of(" \t\n", at + quoted.size());
-    if (p == std::string::npos || json[p] != ':') continue;  // a value such as an input's name
-    const size_t sv = json.find("\"string_value\"", p);
-    const size_t close = json.find('}', p);
-    if (sv == std::string::npos || sv > close) return "";
-    const size_t open = json.find('"', json.find(':', sv + 14) + 1);
-    const size_t end = open == std::string::npos ? open : json.find('"', open + 1);
-    return end == std::string::npos ? "" : json.substr(open + 1, end - open - 1);
+  if (!st.pack) {
+    for (auto& part : within_budget(group, st.max_batch_size, st.pad_budget)) run_part(instance, st, part, t0);
+    return;
   }
-  return "";
-}
-
-// 64 hex digits per key, comma-separated, appended to `out` as bytes; false when malformed.
-bool parse_keys(const std::string& text, std::vector<uint8_t>* out) {
-  size_t start = 0;
-  while (start < text.size()) {
-    size_t end = text.find(',', start);
-    if (end == std::string::npos) end = text.size();
-    const std::string hex = text.substr(start, end - start);
-    if (hex.size() != 64 || hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) return false;
-    for (size_t i = 0; i < 64; i += 2) out->push_back(uint8_t(std::stoul(hex.substr(i, 2), nullptr, 16)));
-    start = end + 1;
+  std::vector<Request*> part;
+  int64_t tokens = 0;
+  for (auto* r : group) {  // cut where the tokens would pass the packed plan's maximum
+    const int64_t size = r->inputs[0].shape[0] * r->lengths[0];
+    if (!part.empty() && st.pack_tokens >= 0 && tokens + size > st.pack_tokens) {
+      run_packed_part(instance, st, part, t0);
+      part.clear();
+      tokens = 0;
+    }
+    part.push_back(r);
+    tokens += size;
   }
-  return true;
+  if (!part.empty()) run_packed_part(instance, st, part, t0);
 }
 
-int64_t max_batch_size(const std::string& json) {
-  const std::string key = "\"max_batch_size\":";
-  size_t at = json.find(key);
-  if (at == std::string::npos) return 0;
-  return std::strtoll(json.c_str() + at + key.size(), nullptr, 10);
-}
 
 }  // namespace
 
@@ -547,6 +547,12 @@ __attribute__((visibility("default"))) TRITONSERVER_Error* TRITONBACKEND_ModelIn
       }
       if (rows) state->padded.push_back(&dims[k]);
     }
+    for (const auto* d : state->padded)  // Note [Packed merging]: a CPU instance packs instead of padding
+      if (kind != TRITONSERVER_INSTANCEGROUPKIND_GPU && bpk_triton::packs(state->model, *state->sig, *d, &state->pack_tokens)) {
+        state->padded = {d};
+        state->pack = true;
+        break;
+      }
   }
   if (auto* e = TRITONBACKEND_ModelInstanceSetState(instance, state.get())) return e;
   state.release();

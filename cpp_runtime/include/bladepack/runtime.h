@@ -256,6 +256,9 @@ BPK_API bpk_status bpk_model_run_packed(const bpk_model* model, const bpk_tensor
                                         int64_t num_outputs);
 /* 1 when the artifact has a packed form (bpk_model_run_packed), else 0 (also for a NULL model). */
 BPK_API int bpk_model_has_packed(const bpk_model* model);
+/* The ragged dim its packed form runs along (a symbol of bpk_model_padded_dims), or NULL when it has
+ * none; lives as long as the model. */
+BPK_API const char* bpk_model_packed_symbol(const bpk_model* model);
 
 /* Runs the model on DLPack tensors. inputs[i]: host memory (kDLCPU, kDLCUDAHost) or, for a CUDA model,
  * memory of its device (kDLCUDA / kDLCUDAManaged with that device_id), C-contiguous (strides NULL or
