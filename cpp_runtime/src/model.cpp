@@ -14,12 +14,6 @@ namespace {
 
 constexpr int64_t kOpKernel = 1, kOpGemm = 2;
 
-std::string py_tuple(const int64_t* dims, int32_t n) {
-  std::string s = "(";
-  for (int32_t i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
-  return s + (n == 1 ? ",)" : ")");
-}
-
 std::string shape_list(const int64_t* dims, int32_t n) {
   std::string s = "[";
   for (int32_t i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(dims[i]);

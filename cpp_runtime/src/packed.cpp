@@ -24,12 +24,6 @@ struct Model::Packed {
 
 namespace {
 
-std::string py_shape(const int64_t* dims, int32_t n) {
-  std::string s = "(";
-  for (int32_t i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
-  return s + (n == 1 ? ",)" : ")");
-}
-
 bool int_of(const msgpack::object& o, int64_t* v) {
   if (o.type == msgpack::type::POSITIVE_INTEGER && o.via.u64 <= uint64_t(INT64_MAX)) {
     *v = int64_t(o.via.u64);
@@ -106,10 +100,10 @@ void Model::run_packed(const bpk_tensor* in, int64_t n_in, const int64_t* length
     const std::string name = py_repr(m_.inputs[size_t(k)].name);
     const int32_t nd = std::clamp<int32_t>(x.ndim, 0, BPK_MAX_RANK);
     if (x.ndim <= std::max(rows, seq))
-      fail(BPK_ERR_INPUT, "packed input " + name + " has shape " + py_shape(x.shape, nd) + "; it needs its rows on axis " +
+      fail(BPK_ERR_INPUT, "packed input " + name + " has shape " + py_tuple(x.shape, nd) + "; it needs its rows on axis " +
                               std::to_string(rows) + " and the sequences on axis " + std::to_string(seq));
     if (x.shape[rows] != 1 || x.shape[seq] != total)
-      fail(BPK_ERR_INPUT, "packed input " + name + " has shape " + py_shape(x.shape, nd) + ": axis " +
+      fail(BPK_ERR_INPUT, "packed input " + name + " has shape " + py_tuple(x.shape, nd) + ": axis " +
                               std::to_string(rows) + " (the rows) must be 1 and axis " + std::to_string(seq) +
                               " the sum of the lengths, " + std::to_string(total));
   }

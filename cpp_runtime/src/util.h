@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 namespace bpk {
 
@@ -34,6 +35,13 @@ inline int64_t ceildiv(int64_t a, int64_t b) {
   int64_t q = a / b;
   if ((a % b != 0) && ((a < 0) == (b < 0))) ++q;
   return q;
+}
+
+// A shape as Python writes a tuple: "(2, 3)", "(5,)", "()" (error texts read as the Python loader's).
+inline std::string py_tuple(const int64_t* dims, int32_t n) {
+  std::string s = "(";
+  for (int32_t i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + (n == 1 ? ",)" : ")");
 }
 
 constexpr size_t kAlign = 64;

@@ -43,6 +43,7 @@
 namespace {
 
 using bpk_triton::bpk_to_triton;
+using bpk_triton::bytes_of;
 using bpk_triton::copy_box;
 using bpk_triton::element;
 using bpk_triton::max_batch_size;
@@ -100,12 +101,6 @@ struct Request {
   std::vector<int64_t> offsets;     // per output, the byte offset of this request's rows (merged calls)
   std::vector<int64_t> lengths;     // per padded dim, its length here (-1: the inputs disagree)
 };
-
-size_t bytes_of(const bpk_tensor& t) {
-  size_t n = bpk_dtype_size(t.dtype);
-  for (int i = 0; i < t.ndim; ++i) n *= static_cast<size_t>(t.shape[i]);
-  return n;
-}
 
 TRITONSERVER_Error* read_request(const InstanceState& st, Request& req) {
   uint32_t count = 0;

@@ -4,15 +4,12 @@
 #include <cstring>
 
 namespace bpk_triton {
-namespace {
 
 size_t bytes_of(const bpk_tensor& t) {
   size_t n = bpk_dtype_size(t.dtype);
   for (int i = 0; i < t.ndim; ++i) n *= static_cast<size_t>(t.shape[i]);
   return n;
 }
-
-}  // namespace
 
 PackedInputs pack(const std::vector<const std::vector<bpk_tensor>*>& requests, const std::vector<int64_t>& lengths) {
   PackedInputs out;

@@ -6,10 +6,14 @@
 
 #include <bladepack/runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
 namespace bpk_triton {
+
+// The bytes of a C-contiguous tensor.
+size_t bytes_of(const bpk_tensor& t);
 
 struct PackedInputs {
   std::vector<bpk_tensor> inputs;           // the packed call's inputs: [1, tokens, ...] each
