@@ -183,6 +183,8 @@ class _Pooled(nn.Module):
             return h[:, :2] * 2  # two positions of each sequence
         if self.mode == "first to all":
             return h + h[:, :1]  # each sequence's first token added to its every token
+        if self.mode == "gram":
+            return h @ (h.transpose(1, 2) @ h)  # a product summed over the sequence's (zeroed) tokens
         return h + torch.cumsum(h, 1)  # a float running sum
 
 
@@ -196,12 +198,13 @@ class _Pooled(nn.Module):
             "it runs sum along the sequence: in a packed batch it would mix the sequences' tokens",
         ),
         (lambda: _Pooled("cumsum"), "it runs cumsum along the sequence"),
+        (lambda: _Pooled("gram"), "it contracts over the sequence outside attention"),
     ],
 )
 def test_models_without_a_packed_form_are_refused_with_the_op(model: Any, reason: str) -> None:
     """Two positions of each sequence, its first token added back to its tokens, a masked sum over the
-    sequence, a float running sum: each has a padding proof but no packed form, and
-    optimize(packed=True) says which op stops it."""
+    sequence, a float running sum, a product contracting the sequence outside attention: each has a
+    padding proof but no packed form, and optimize(packed=True) says which op stops it."""
     torch.manual_seed(0)
     net = model().eval()
     dims = {n: {0: bladepack.Dim("batch", 1, 8), 1: bladepack.Dim("seq", 2, SEQ_MAX)} for n in ("ids", "mask")}

@@ -155,7 +155,8 @@ class _Packer:
         self.glob: dict[int, int] = {}
         self.local: dict[int, int] = {}
         self.pos: set[int] = set()  # original values holding positions along s (Note [Packed sequences])
-        self.masked: set[int] = set()  # probabilities that are 0 outside each query's sequence
+        # probabilities that are 0 outside each query's sequence -> their key axis
+        self.masked: dict[int, int] = {}
         self.local_positions: int | None = None
         self.inputs: dict[str, tuple[int, int]] = {}
 
@@ -352,7 +353,7 @@ class _Packer:
         elif op is K.MATMUL:
             self.contraction(n, held)
         elif op is K.CAST and n.inputs[0] in self.masked:
-            self.masked.add(n.id)
+            self.masked[n.id] = self.masked[n.inputs[0]]
         elif op is K.CUMSUM and held[0] and not n.type.dtype.is_floating:
             return self.running_sum(n, t, held[0])
         elif op is K.CUMSUM or OP_INFO[op].batch in (Batch.REDUCE, Batch.ARG_REDUCE, Batch.ALONG_AXIS, Batch.NORM):
@@ -385,7 +386,7 @@ class _Packer:
 
     def per_sequence(self, n: Node) -> int:
         """An op on values with one row per sequence: b is the sequence count; tokens must not join."""
-        if any(self.axes(i) for i in n.inputs) or n.id in self.masked:
+        if any(self.axes(i) for i in n.inputs):
             raise NotPackable("it combines values of one row per sequence with the tokens' values")
         if any(i in self.pos for i in n.inputs):
             raise NotPackable("it combines values of one row per sequence with positions along the sequence")
@@ -471,7 +472,7 @@ class _Packer:
         ninf = bld.add(K.CONSTANT, (), TensorType(t.dtype, ()), ConstantAttrs(-math.inf))
         x = self.types[n.inputs[0]]
         scores = bld.add(K.WHERE, (inside, self.glob[n.inputs[0]], ninf), self.type(x), loc=n.loc)
-        self.masked.add(n.id)
+        self.masked[n.id] = key
         return bld.add(n.op, (scores,), t, self.attrs(n), n.loc)
 
     def contraction(self, n: Node, held: list[list[int]]) -> None:
@@ -479,7 +480,10 @@ class _Packer:
         assert isinstance(a, MatmulAttrs)
         ra, rb = (len(self.types[i].shape) for i in n.inputs)
         kb = rb - 1 if a.transpose_b else rb - 2
-        if (ra - 1 in held[0] or kb in held[1]) and not any(i in self.masked for i in n.inputs):
+        x, y = n.inputs
+        # zero outside each query's sequence along the contracted axis: the sum reads the sequence's own
+        neutral = self.masked.get(x) == ra - 1 or self.masked.get(y) == kb
+        if (ra - 1 in held[0] or kb in held[1]) and not neutral:
             raise NotPackable(
                 "it contracts over the sequence outside attention: in a packed batch it would sum every "
                 "sequence's tokens"
