@@ -256,7 +256,8 @@ def _mixed_lengths(count: int, seed: int = 0) -> list[int]:
     return [int(np.clip(round(float(rng.lognormal(np.log(48), 0.9))), 8, 512)) for _ in range(count)]
 
 
-def mixed(args: argparse.Namespace) -> None:
+def _mixed_workload(args: argparse.Namespace) -> tuple[dict[str, Any], list[list[np.ndarray]]]:
+    """The results record (machine, load, length percentiles) and one one-sequence request per length."""
     lengths = _mixed_lengths(args.requests)
     q = np.percentile(lengths, [50, 90, 99])
     from bench.cpp_runtime import machine
@@ -270,6 +271,11 @@ def mixed(args: argparse.Namespace) -> None:
     }
     g = torch.Generator().manual_seed(0)
     cases = [[torch.randint(3, 1000, (1, n), generator=g).numpy(), np.ones((1, n), np.int64)] for n in lengths]
+    return results, cases
+
+
+def mixed(args: argparse.Namespace) -> None:
+    results, cases = _mixed_workload(args)
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("encoder", "decoder"):
             model = _mixed_model(kind)
@@ -325,19 +331,7 @@ def packed_serving(args: argparse.Namespace) -> None:
     """The mixed workload on Triton's two backends (CPU instances): merging off and padded merging on the
     plain artifact, packed merging (Note [Packed merging]) on the same model optimized with packed=True;
     written to serving_packed.{json,md}."""
-    lengths = _mixed_lengths(args.requests)
-    q = np.percentile(lengths, [50, 90, 99])
-    from bench.cpp_runtime import machine
-
-    results: dict[str, Any] = {
-        "machine": machine(),
-        "clients": args.clients,
-        "requests": args.requests,
-        "lengths": {"p50": float(q[0]), "p90": float(q[1]), "p99": float(q[2]), "max": max(lengths)},
-        "samples": {},
-    }
-    g = torch.Generator().manual_seed(0)
-    cases = [[torch.randint(3, 1000, (1, n), generator=g).numpy(), np.ones((1, n), np.int64)] for n in lengths]
+    results, cases = _mixed_workload(args)
     with tempfile.TemporaryDirectory() as tmp:
         for kind in args.models.split(","):
             model = _mixed_model(kind)

@@ -216,6 +216,18 @@ def test_models_without_a_packed_form_are_refused_with_the_op(model: Any, reason
         bladepack.optimize(net, [_text(2, 5), _text(3, 9)], dims, packed=True, reference_cases=False)
 
 
+def _bpk_run(
+    build: Path, path: Path, arrays: list[np.ndarray], lengths: list[int], tmp: Path
+) -> subprocess.CompletedProcess[str]:
+    """bpk-run --lengths on the packed inputs `arrays` (ids, mask); its outputs land in `tmp`."""
+    args = []
+    for name, x in zip(("ids", "mask"), arrays):
+        np.save(tmp / f"{name}.npy", x)
+        args += ["--input", f"{name}={tmp / name}.npy"]
+    cmd = [str(build / "bpk-run"), str(path), *args, "--output-dir", str(tmp), "--lengths", ",".join(map(str, lengths))]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
 class _Classifier(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -270,25 +282,7 @@ def test_a_classifier_head_gives_one_row_per_sequence(
             np.testing.assert_allclose(logits[i : i + 1], wl.numpy(), rtol=1e-5, atol=1e-5)
             at = sum(lengths[:i])
             np.testing.assert_allclose(hidden[:, at : at + n], wh.numpy(), rtol=1e-5, atol=1e-5)
-    for name, x in zip(("ids", "mask"), arrays):
-        np.save(tmp_path / f"{name}.npy", x)
-    r = subprocess.run(
-        [
-            str(release / "bpk-run"),
-            str(path),
-            "--input",
-            f"ids={tmp_path / 'ids.npy'}",
-            "--input",
-            f"mask={tmp_path / 'mask.npy'}",
-            "--output-dir",
-            str(tmp_path),
-            "--lengths",
-            ",".join(map(str, lengths)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = _bpk_run(release, path, arrays, list(lengths), tmp_path)
     assert r.returncode == 0, r.stderr
     assert np.abs(np.load(tmp_path / "output0.npy") - logits).max() <= 1e-6
     layout = BatchLayout.from_manifest(m.manifest, True, 1.0, packed=True)
@@ -426,30 +420,10 @@ def test_cpp_runtime_runs_the_packed_form_as_python_does(
     art.save(path)
     m = bladepack.load(path)
 
-    def cpp(lengths: list[int], arrays: list[np.ndarray]) -> subprocess.CompletedProcess[str]:
-        args = []
-        for name, x in zip(("ids", "mask"), arrays):
-            np.save(tmp_path / f"{name}.npy", x)
-            args += ["--input", f"{name}={tmp_path / name}.npy"]
-        return subprocess.run(
-            [
-                str(release / "bpk-run"),
-                str(path),
-                *args,
-                "--output-dir",
-                str(tmp_path),
-                "--lengths",
-                ",".join(map(str, lengths)),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-
     torch.manual_seed(2)
     lengths = [1, 7, SEQ_MAX, 5, 1]
     arrays = _packed_inputs([_text(1, n) for n in lengths])
-    r = cpp(lengths, arrays)
+    r = _bpk_run(release, path, arrays, lengths, tmp_path)
     assert r.returncode == 0, r.stderr
     (want,) = m.run_packed(arrays, lengths)
     got = np.load(tmp_path / "output0.npy")
@@ -457,7 +431,7 @@ def test_cpp_runtime_runs_the_packed_form_as_python_does(
     for lens, xs in (([5, 40], _packed_inputs([_text(1, 5), _text(1, 40)])), ([5, 39], arrays), ([50, -5], arrays)):
         with pytest.raises(InputError) as e:
             m.run_packed(xs, lens)
-        r = cpp(lens, xs)
+        r = _bpk_run(release, path, xs, lens, tmp_path)
         assert r.returncode == 1 and str(e.value) in r.stderr, (str(e.value), r.stderr)
 
 
