@@ -25,6 +25,7 @@ from bladepack.export import capture, to_program
 from bladepack.inspect import inspect_text, manifest_summary
 from bladepack.ir import print_graph
 from bladepack.passes.pack_sequences import NotPackable, pack_sequences
+from tests import test_padding as padding_tests
 
 transformers = pytest.importorskip("transformers")
 
@@ -33,33 +34,8 @@ LENGTHS = (1, 7, SEQ_MAX, 2, 13, 1, 9)  # 1, odd, the range's end, several in on
 DIMS = {n: {0: bladepack.Dim("batch", 1, 8), 1: bladepack.Dim("seq", 1, SEQ_MAX)} for n in ("ids", "mask")}
 
 
-def _text(b: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.randint(3, 96, (b, t)), torch.ones(b, t, dtype=torch.int64)
-
-
-class _Field(nn.Module):
-    def __init__(self, model: nn.Module, field: str = "last_hidden_state") -> None:
-        super().__init__()
-        self.model, self.field = model, field
-
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return getattr(self.model(input_ids=ids, attention_mask=mask), self.field)  # type: ignore[no-any-return]
-
-
-def _hf(name: str, **extra: Any) -> nn.Module:
-    tf: Any = transformers
-    small = dict(vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96)
-    if name == "bert":
-        m = tf.BertModel(tf.BertConfig(**small), **extra)
-    elif name == "roberta":
-        m = tf.RobertaModel(tf.RobertaConfig(**small, pad_token_id=1), add_pooling_layer=False)
-    elif name == "distilbert":
-        m = tf.DistilBertModel(tf.DistilBertConfig(vocab_size=96, dim=64, n_layers=2, n_heads=4, hidden_dim=96))
-    elif name == "llama":
-        m = tf.LlamaModel(tf.LlamaConfig(**small, num_key_value_heads=2, use_cache=False))
-    else:
-        m = tf.Qwen2Model(tf.Qwen2Config(**small, num_key_value_heads=2, use_cache=False))
-    return m.eval()
+_text = padding_tests._text(96)  # (rows, length) -> token ids in [3, 96) and a mask of ones
+_hf = padding_tests._hf  # a transformers model of the padding proof's tests, returning its hidden states
 
 
 def _packed_inputs(reqs: list[tuple[torch.Tensor, ...]]) -> list[np.ndarray]:
@@ -139,7 +115,7 @@ def test_hugging_face_models_packed_match_each_sequence_alone(name: str) -> None
     RoBERTa's position ids (a cumulative sum of the mask) restart per sequence, LLaMA's and Qwen2's
     rotary angles and causal masks count within it."""
     torch.manual_seed(0)
-    model = _Field(_hf(name, **({"add_pooling_layer": False} if name == "bert" else {}))).eval()
+    model = _hf(name)
     art = bladepack.optimize(model, [_text(2, 5), _text(3, 9)], DIMS, packed=True)
     assert art.packed is not None and not art.notes, art.notes
     m = bladepack.load(art.to_bytes())
@@ -156,7 +132,7 @@ def test_hugging_face_models_packed_match_each_sequence_alone(name: str) -> None
 def test_a_mask_with_zeros_inside_a_sequence_is_that_sequences_own() -> None:
     """A sequence's own mask values travel with its tokens (left padding inside a request stays masked)."""
     torch.manual_seed(0)
-    model = _Field(_hf("bert", add_pooling_layer=False)).eval()
+    model = _hf("bert")
     art = bladepack.optimize(model, [_text(2, 5), _text(3, 9)], DIMS, packed=True, reference_cases=False)
     m = bladepack.load(art.to_bytes())
 
@@ -297,7 +273,7 @@ def test_a_classifier_head_gives_one_row_per_sequence(
 def distil() -> tuple[Any, nn.Module]:
     """A DistilBERT optimized with packed=True, and the model."""
     torch.manual_seed(0)
-    model = _Field(_hf("distilbert")).eval()
+    model = _hf("distilbert")
     return bladepack.optimize(model, [_text(2, 5), _text(3, 9)], DIMS, packed=True, reference_cases=False), model
 
 
@@ -374,7 +350,7 @@ def test_the_packed_self_check_catches_a_wrong_packed_plan(monkeypatch: pytest.M
     run = PackedRunner.run
     monkeypatch.setattr(PackedRunner, "run", lambda self, xs, n: [o + 1e-2 for o in run(self, xs, n)])
     torch.manual_seed(0)
-    model = _Field(_hf("distilbert")).eval()
+    model = _hf("distilbert")
     with pytest.raises(CompileError, match="the packed form differs from the unpacked plan"):
         bladepack.optimize(model, [_text(2, 5), _text(3, 9)], DIMS, packed=True, reference_cases=False)
 
@@ -439,7 +415,7 @@ def test_bfloat16_packed_matches_each_sequence_alone() -> None:
     """A model computed in bfloat16 (dtype=...): its packed form passes the self-check at bfloat16's
     tolerance (bit patterns compared as numbers) and matches the plan per sequence."""
     torch.manual_seed(0)
-    model = _Field(_hf("distilbert")).eval()
+    model = _hf("distilbert")
     art = bladepack.optimize(model, [_text(2, 5), _text(3, 9)], DIMS, packed=True, dtype="bfloat16")
     m = bladepack.load(art.to_bytes())
     lengths = [3, 1, 17]

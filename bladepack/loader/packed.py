@@ -72,13 +72,14 @@ class PackedRunner:
         if len(inputs) != len(self.names):
             raise InputError(f"run_packed takes {len(self.names)} inputs ({self.names}), got {len(inputs)}")
         try:
-            lens = np.asarray(lengths, dtype=np.int64).reshape(-1)
+            given = np.asarray(lengths).reshape(-1)
+            lens = given.astype(np.int64)
         except (TypeError, ValueError):
             raise InputError("lengths must be a sequence of integers, one per sequence") from None
         if lens.size == 0:
             raise InputError("lengths is empty: run_packed needs at least one sequence")
-        if np.any(np.asarray(lengths).reshape(-1) != lens) or np.any(lens < 0):
-            raise InputError(f"lengths must be whole numbers >= 0, got {np.asarray(lengths).reshape(-1).tolist()}")
+        if np.any(given != lens) or np.any(lens < 0):
+            raise InputError(f"lengths must be whole numbers >= 0, got {given.tolist()}")
         total = int(lens.sum())
         arrays = list(inputs)
         for k, name in enumerate(self.names):

@@ -150,6 +150,7 @@ class _Packer:
             self.N = self.env.create_symbol(
                 self.sequences, 1, None if rs.max is None or rb.max is None else rs.max * rb.max
             )
+            self.seq_subst: dict[sympy.Basic, sympy.Basic] = {s: self.T, b: self.N}
         self.per_seq: set[int] = set()  # original values whose packed rows are the sequences
         self.bld = GraphBuilder()
         self.glob: dict[int, int] = {}
@@ -162,20 +163,16 @@ class _Packer:
 
     # ------------------------------------------------------------------ types
 
-    def dim(self, d: Any) -> Any:
-        if isinstance(d, sympy.Basic):
-            e = sympy.sympify(d).xreplace(self.subst)
-            return int(e) if e.is_Integer else e
-        return d
+    def dim(self, d: Any, per_seq: bool = False) -> Any:
+        """A dim of the packed program: s the tokens, b 1 (or, in a value with one row per sequence,
+        the sequence count)."""
+        if not isinstance(d, sympy.Basic):
+            return d
+        e = sympy.sympify(d).xreplace(self.seq_subst if per_seq else self.subst)
+        return int(e) if e.is_Integer else e
 
     def type(self, t: TensorType, per_seq: bool = False) -> TensorType:
-        if per_seq:
-            assert self.N is not None
-            subst = {self.b: self.N}
-            return TensorType(
-                t.dtype, tuple(sympy.sympify(d).xreplace(subst) if isinstance(d, sympy.Basic) else d for d in t.shape)
-            )
-        return TensorType(t.dtype, tuple(self.dim(d) for d in t.shape))
+        return TensorType(t.dtype, tuple(self.dim(d, per_seq) for d in t.shape))
 
     def picks(self, n: Node) -> bool:
         """A slice of one position along s at a constant start: each sequence's token at that position."""

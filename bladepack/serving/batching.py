@@ -138,6 +138,11 @@ class BatchLayout:
     pad_budget: float = PAD_BUDGET  # a merged group's padded size over its real size, at most
     packed: PackedDim | None = None  # Note [Packed merging]: the dim requests merge along, packed
 
+    @property
+    def ragged(self) -> tuple[PaddedDim, ...]:
+        """The dims merged requests may differ in: padded, or the packed one."""
+        return self.padded if self.packed is None else (self.packed.dim,)
+
     @staticmethod
     def from_manifest(
         m: dict[str, Any], padding: bool = True, pad_budget: float = PAD_BUDGET, packed: bool = False
@@ -317,14 +322,14 @@ def _run_packed(
     for members in groups.values():
         part: list[int] = []
         tokens = 0
-        for k in members + [-1]:
-            size = rows(requests[k]) * (d.dim.length(requests[k]) or 0) if k >= 0 else 0
-            if k < 0 or (part and d.tokens is not None and tokens + size > d.tokens):
+        for k in members:  # cut where the tokens would pass the packed plan's maximum
+            size = rows(requests[k]) * (d.dim.length(requests[k]) or 0)
+            if part and d.tokens is not None and tokens + size > d.tokens:
                 _run_packed_group(d, call, packed_call, requests, part, results)
                 part, tokens = [], 0
-            if k >= 0:
-                part.append(k)
-                tokens += size
+            part.append(k)
+            tokens += size
+        _run_packed_group(d, call, packed_call, requests, part, results)
     return [r if r is not None else InputError("request was not run") for r in results]
 
 
@@ -339,16 +344,16 @@ def _run_packed_group(
     if len(members) == 1:
         results[members[0]] = _alone(call, requests[members[0]])
         return
-    first = requests[members[0]]
-    lengths = [d.dim.length(requests[k]) or 0 for k in members for _ in range(rows(requests[k]))]
+    counts = [rows(requests[k]) for k in members]
+    lengths = [d.dim.length(requests[k]) or 0 for k, n in zip(members, counts) for _ in range(n)]
     inputs = []
-    for i, x in enumerate(first):
+    for i, x in enumerate(requests[members[0]]):
         p = d.dim.inputs[i]
         if p is None:
             inputs.append(x)  # an input without the ragged dim holds no rows either (Note [Packed sequences])
         else:
             inputs.append(
-                np.concatenate([requests[k][i][r : r + 1] for k in members for r in range(rows(requests[k]))], p[0])
+                np.concatenate([requests[k][i][r : r + 1] for k, n in zip(members, counts) for r in range(n)], p[0])
             )
     try:
         outs = packed_call(inputs, lengths)
@@ -361,8 +366,7 @@ def _run_packed_group(
     cuts = np.cumsum(lengths)[:-1]  # an output with one row per sequence (axis -1) is cut row by row
     pieces = [np.split(o, cuts, axis=a) if a >= 0 else np.split(o, len(lengths)) for o, a in zip(outs, d.outputs)]
     at = 0
-    for k in members:
-        n = rows(requests[k])
+    for k, n in zip(members, counts):
         results[k] = [np.concatenate(p[at : at + n], 0) for p in pieces]
         at += n
 

@@ -98,9 +98,7 @@ class TritonModelConfig:
         ragged = tuple(
             t["name"]
             for i, t in enumerate(m["inputs"])
-            if batched
-            and dynamic_batching
-            and any(d.inputs[i] is not None for d in (*layout.padded, *([layout.packed.dim] if layout.packed else [])))
+            if batched and dynamic_batching and any(d.inputs[i] is not None for d in layout.ragged)
         )
         return TritonModelConfig(
             name,
