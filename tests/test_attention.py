@@ -184,3 +184,38 @@ def test_attention_whose_output_is_the_next_ones_scores() -> None:
     m = _check(_Chained(), make, dims, (1, 5, 64, 65), 1e-5)
     # the fused first attention and the second's softmax; nothing left to the reference executor
     assert sorted(_kinds(m)) == ["attention", "row"], _kinds(m)
+
+
+class _RelativeBias(torch.nn.Module):
+    """T5's pattern: a bias per (head, query, key) from a learned table indexed by a log-spaced bucket
+    of the distance, added to the scores of two attentions over a batch of sequences."""
+
+    def __init__(self, heads: int) -> None:
+        super().__init__()
+        self.table = torch.nn.Embedding(8, heads)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(q.shape[2])
+        distance = (pos[None, :] - pos[:, None]).abs().float()
+        bucket = (torch.log(distance + 1.0) * 2.0).long().clamp(max=7)
+        bias = self.table(bucket).permute(2, 0, 1)[None]  # [1, heads, seq, seq]
+        a = torch.matmul(torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * 0.25 + bias, dim=-1), v)
+        return torch.matmul(torch.softmax(torch.matmul(a, k.transpose(-1, -2)) * 0.25 + bias, dim=-1), v)
+
+
+def test_broadcast_bias_is_computed_once() -> None:
+    """Note [Broadcast side values]: the bias (a log and a table lookup per (head, query, key)) is
+    stored once by a loop kernel both attentions read, not recomputed for every sequence of the batch
+    in each attention's score loop."""
+
+    def make(g: torch.Generator, b: int, n: int) -> tuple[torch.Tensor, ...]:
+        return _qkv(g, b, n, n, 16, 16, 3, 3)
+
+    b, seq = Dim("batch"), Dim("seq", max=MAX)
+    dims = {"q": {0: b, 2: seq}, "k": {0: b, 2: seq}, "v": {0: b, 2: seq}}
+    torch.manual_seed(0)
+    m = _check(_RelativeBias(3).eval(), make, dims, (1, 2, 7, 64, 65, 130), 1e-5)
+    kernels = m._manifest.kernels["cpu"]
+    first, second = (set(k["nodes"]) for k in kernels if k["kind"] == "attention")
+    assert not first & second, "the attentions share inline values"
+    assert [k["kind"] for k in kernels].count("loop") == 1, [k["kind"] for k in kernels]
