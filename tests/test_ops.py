@@ -824,6 +824,41 @@ def test_topk_and_interpolation_errors() -> None:
         loaded(np.zeros((1, 1, 1, 8), np.float32))
 
 
+def test_nan_propagating_max_and_min_as_eager() -> None:
+    """Note [NaN-propagating max]: clamp, ReLU6, hardtanh, maximum / minimum (NaN in either operand),
+    amax / amin over rows and max pooling give NaN wherever torch does, and clamp keeps -0.0 against a
+    bound of 0 as torch's does; 37 values a row, so both the vector body and its tail see each case."""
+
+    def fn(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            torch.clamp(x, 0.0, 6.0),
+            F.relu6(x),
+            F.hardtanh(x, -1.0, 1.0),
+            torch.maximum(x, y),
+            torch.minimum(x, y),
+            x.amax(dim=-1),
+            x.amin(dim=-1),
+            F.max_pool2d(x[None, None], (2, 3), (1, 2))[0, 0],
+        )
+
+    special = [float("nan"), -0.0, 0.0, 6.0, 7.0, -3.0, float("inf"), float("-inf"), 0.5]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 37, generator=g) * 4
+    y = torch.randn(4, 37, generator=g) * 4
+    for k, v in enumerate(special):
+        x[k % 4, (5 * k) % 37] = v
+        y[(k + 1) % 4, (5 * k + 16) % 37] = v
+    x[3, 33], y[2, 33] = float("nan"), float("nan")  # NaN in the tail of a row
+    samples = [(torch.randn(b, 37, generator=g), torch.randn(b, 37, generator=g)) for b in (2, 3)]
+    art = bladepack.optimize(Fn(fn), samples)
+    m = bladepack.load(art.to_bytes(), executor="native")
+    for k, (got, want) in enumerate(zip(m(x, y), fn(x, y), strict=True)):
+        np.testing.assert_array_equal(np.isnan(np.asarray(got)), torch.isnan(want).numpy(), err_msg=str(k))
+        np.testing.assert_array_equal(np.asarray(got), want.numpy(), err_msg=str(k))
+    zeros = np.asarray(m(x, y)[0])[x.numpy() == 0]
+    np.testing.assert_array_equal(np.signbit(zeros), np.signbit(x.numpy()[x.numpy() == 0]))
+
+
 @pytest.mark.parametrize("executor", ["native", "reference"])
 def test_rounding_and_special_values_as_eager(executor: str) -> None:
     """Exact values where the kernels and the numpy reference could disagree with torch: round's ties
