@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import bladepack
-from bladepack import ShapeGuardError
+from bladepack import Dim, ShapeGuardError
 from tests.helpers import check_against_eager, compile_model
 
 VALUES = [1, 2, 5, 13, 32]
@@ -857,6 +858,30 @@ def test_nan_propagating_max_and_min_as_eager() -> None:
         np.testing.assert_array_equal(np.asarray(got), want.numpy(), err_msg=str(k))
     zeros = np.asarray(m(x, y)[0])[x.numpy() == 0]
     np.testing.assert_array_equal(np.signbit(zeros), np.signbit(x.numpy()[x.numpy() == 0]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_invariant_selects_as_eager(dtype: torch.dtype, tmp_path: Path) -> None:
+    """Note [Invariant selects]: a where() whose condition is fixed along the vector loop (one per row)
+    selects through the bits, so NaN, infinities and -0.0 come back exactly as eager's."""
+    from bladepack.options import CompileOptions
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        keep = (torch.arange(x.shape[0]) % 3 != 1)[:, None]
+        return torch.where(keep, x * 2.0, torch.tensor(float("-inf"), dtype=x.dtype))
+
+    g = torch.Generator().manual_seed(0)
+    samples = [(torch.randn(b, n, generator=g, dtype=dtype),) for b, n in ((3, 6), (4, 9))]
+    options = CompileOptions.from_env(dump_dir=tmp_path)
+    art = bladepack.optimize(Fn(fn), samples, dynamic_shapes={"input0": {0: Dim("b"), 1: Dim("n")}}, options=options)
+    assert "bpk::select_bits(" in (tmp_path / "06-lowering.cpu.cc").read_text()
+    m = bladepack.load(art.to_bytes(), executor="native")
+    for b, n in ((1, 1), (2, 17), (5, 33), (7, 64)):
+        x = torch.randn(b, n, generator=g, dtype=dtype)
+        x[0, 0], x[-1, -1] = float("nan"), -0.0
+        got, want = np.asarray(m(x)), fn(x).numpy()
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
 
 
 @pytest.mark.parametrize("executor", ["native", "reference"])

@@ -26,6 +26,14 @@ class CpuEmitter(RowEmitter):
     def rows_loop(self, outer_dims: Sequence[IRDim], cost: str, body: RowBody, chunk_setup: Sequence[str] = ()) -> None:
         rows_loop(self, outer_dims, cost, body, chunk_setup)
 
+    def select(self, c: str, a: str, b: str, dt: DType) -> str:
+        """Note [Invariant selects]: `c ? a : b` with `c` fixed across a loop that `a` or `b` varies in
+        (a per-query-row mask in an attention's score loop) is not vectorized by GCC: if-conversion
+        leaves the branch, and `omp simd` cannot help. Selecting the bits does vectorize."""
+        if dt in (DType.FLOAT32, DType.FLOAT64) and self.invariant(c, a, b):
+            return f"bpk::select_bits({c}, {a}, {b})"
+        return super().select(c, a, b, dt)
+
     def reduce_pass(
         self,
         dt: DType,

@@ -390,6 +390,20 @@ static_assert(sizeof(f16) == 2 && sizeof(bf16) == 2, "16-bit memory types");
 // a cast to a 16-bit float inside a fused kernel rounds as torch's would
 inline float round_f16(float x) { return f16_to_float(float_to_f16(x)); }
 inline float round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
+// Note [Invariant selects] (codegen/cpu_loops.py): c ? a : b through the bits, which vectorizes where
+// c does not vary in the loop
+template <class T>
+inline T select_bits(bool c, T a, T b) {
+  typedef typename std::conditional<sizeof(T) == 8, uint64_t, uint32_t>::type U;
+  U ua, ub;
+  std::memcpy(&ua, &a, sizeof(T));
+  std::memcpy(&ub, &b, sizeof(T));
+  const U m = U(0) - U(c);
+  const U r = (ua & m) | (ub & ~m);
+  T out;
+  std::memcpy(&out, &r, sizeof(T));
+  return out;
+}
 
 #define BPK_SCALAR inline
 // @splice scalar_ops.h

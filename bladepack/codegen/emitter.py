@@ -226,11 +226,25 @@ class Emitter:
             return self.load(view.base, t.dtype, sympy.expand(off), syms, key)
         n = self.ctx.nodes[vid]
         expr = self._node(n, idx)
+        if expr in self.depth:  # another value's variable (a reshape, expand or permute of it): no copy
+            self.scopes[-1].memo[key] = expr
+            return expr
         return self.define(CTYPE[t.dtype], expr, syms, key)
 
     def load(self, base: int, dt: DType, off: sympy.Expr, syms: set[sympy.Symbol], key: Any) -> str:
         """A C variable holding element `off` of the materialized buffer `base`."""
         return self.define(CTYPE[dt], f"{self.ptr_load(base)}[{self.args.index(off)}]", syms, key)
+
+    def select(self, c: str, a: str, b: str, dt: DType) -> str:
+        """`where(c, a, b)` in C, the operands already rendered."""
+        return where(c, a, b, dt)
+
+    def invariant(self, c: str, *others: str) -> bool:
+        """Whether variable `c` is defined outside a loop that a variable of `others` is defined in."""
+        if c not in self.depth:
+            return False
+        inner = [self.depth.get(v, 0) for x in others for v in _VAR.findall(x)]
+        return max(inner, default=0) > self.depth[c]
 
     def fail(self, code: str, value: str, size: str) -> str:
         """C statement reporting an error (the kernel goes on with a safe value)."""
@@ -283,7 +297,7 @@ class Emitter:
             c = self.operand(n, 0, idx, DType.BOOL)
             a = self.operand(n, 1, idx, dt)
             b = self.operand(n, 2, idx, dt)
-            return where(c, a, b, dt)
+            return self.select(c, a, b, dt)
         if op in COMPARISONS:
             ct = promote([self.ctx.types[i].dtype for i in n.inputs])
             return binary(op, self.operand(n, 0, idx, ct), self.operand(n, 1, idx, ct), dt)
