@@ -315,3 +315,78 @@ def test_matmul_scalars_golden() -> None:
           return %7, %11, %9
         }
         """)
+
+
+class _LayoutChains(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = x * 2.0
+        moved = torch.nn.functional.gelu(y.transpose(1, 2).reshape(y.shape[0], -1))
+        t = (x + 1.0).transpose(1, 2)  # read twice: the relu stays after the permute
+        return moved, torch.relu(t) + t
+
+
+def test_sink_layout_golden() -> None:
+    """Note [Layout sinking]: a unary elementwise op reads the value under its permute / reshape
+    chain, and the chain is rebuilt after it; a chain read by another op is left alone."""
+    from bladepack.passes.sink_layout import sink_layout
+
+    p = _program(_LayoutChains(), [(torch.randn(2, 3, 4),), (torch.randn(3, 5, 4),)])
+    q = sink_layout(p)
+    assert print_graph(q.graph, q.shape_env) == textwrap.dedent("""\
+        symbols { x_dim0: [1, inf], x_dim1: [1, inf] }
+        graph(%0 x: f32[x_dim0, x_dim1, 4]) {
+          %1: f32[] = constant() {value=2.0}
+          %2: f32[x_dim0, x_dim1, 4] = mul(%0, %1)
+          %5: f32[x_dim0, x_dim1, 4] = gelu(%2) {approximate='none'}
+          %6: f32[x_dim0, 4, x_dim1] = permute(%5) {perm=(0, 2, 1)}
+          %7: f32[x_dim0, 4*x_dim1] = reshape(%6)
+          %8: f32[] = constant() {value=1.0}
+          %9: f32[x_dim0, x_dim1, 4] = add(%0, %8)
+          %10: f32[x_dim0, 4, x_dim1] = permute(%9) {perm=(0, 2, 1)}
+          %11: f32[x_dim0, 4, x_dim1] = relu(%10)
+          %12: f32[x_dim0, 4, x_dim1] = add(%11, %10)
+          return %7, %12
+        }
+        """)
+
+
+class _Conv1d(torch.nn.Module):
+    """Whisper's stem: GELU after each 1-D convolution, the second strided, then the time axis first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = torch.nn.Conv1d(8, 16, 3, padding=1)
+        self.c2 = torch.nn.Conv1d(16, 16, 3, stride=2, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.gelu(self.c2(torch.nn.functional.gelu(self.c1(x))))
+        return torch.nn.functional.layer_norm(h.permute(0, 2, 1), (16,))
+
+
+def test_layout_sinking_puts_gelu_in_the_convolution_epilogue() -> None:
+    """Note [Layout sinking] with Note [Channels-last chains]: each GELU is in its convolution's store,
+    and the layer norm reads the second convolution's channels-last output in place."""
+    from bladepack.backends import backend
+    from bladepack.lowering.lower_native import fusion_for
+    from bladepack.options import CompileOptions
+    from bladepack.passes.pipeline import run_pipeline
+
+    p = _program(_Conv1d(), [(torch.randn(2, 8, 12),), (torch.randn(3, 8, 20),)])
+    p = run_pipeline(p, CompileOptions.from_env(), [backend("cpu").caps])
+    text = fusion_for(p, backend("cpu")).text(p.graph)
+    assert text == textwrap.dedent("""\
+        fusion plan: 1 kernels, 0 library calls, 2 direct convolutions, 0 reference steps
+          conv2d%7 (direct kernel) -> %14 = {add%11 gelu%14} (epilogue: inline)
+          conv2d%19 (direct kernel) -> %26 = {add%23 gelu%26} (epilogue: inline)
+          k0: row[x_dim0, floor(x_dim2/2-1/2)+1, 16] rows of 1 -> %30 = {permute%27 reshape%28 permute%29 layer_norm%30}
+        """), text
+    import bladepack
+
+    model = _Conv1d().eval()
+    art = bladepack.optimize(model, [(torch.randn(2, 8, 12),), (torch.randn(3, 8, 20),)])
+    m = bladepack.load(art.to_bytes(), executor="native")
+    for b, t in ((1, 1), (2, 2), (1, 7), (3, 33)):
+        x = torch.randn(b, 8, t)
+        with torch.no_grad():
+            want = model(x)
+        assert float((torch.as_tensor(m(x)) - want).abs().max()) <= 1e-5, (b, t)

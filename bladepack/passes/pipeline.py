@@ -24,6 +24,7 @@ from bladepack.passes.dense_layers import dense_layers
 from bladepack.passes.direct_conv import direct_conv
 from bladepack.passes.matmul_scalars import matmul_scalars
 from bladepack.passes.pack_linear import pack_linear
+from bladepack.passes.sink_layout import sink_layout
 from bladepack.target import Capabilities
 
 Pass = Callable[[Program], Program]
@@ -35,6 +36,7 @@ PIPELINE: list[tuple[Pass, str]] = [
     (direct_conv, "small convolutions as direct kernels on weights packed at optimize time"),
     (conv_layout, "channel-major convolution results, so one GEMM covers the whole batch"),
     (channels_last, "direct convolutions and the pooling / elementwise ops after them channels-last"),
+    (sink_layout, "unary elementwise ops before the reshapes / permutes they read, so they join their producer"),
     (dense_layers, "linear layers as pointwise convolutions with their bias / activation in the store"),
     (pack_linear, "linear layers' weights stored [K, N], so few-row products need no lane sums"),
     (matmul_scalars, "scalar factors of matmul operands onto the product, so attention reads its operands in place"),
