@@ -133,17 +133,17 @@ def test_gemm_epilogue_golden() -> None:
         p.graph
     ) == textwrap.dedent("""\
         fusion plan: 7 kernels, 10 library calls, 0 reference steps
-          matmul%15 -> %17 = {add%16 relu%17} (epilogue: bias %2 + relu)
-          matmul%18 -> %20 = {add%19 gelu%20} (epilogue: bias %4 + gelu)
-          matmul%21 -> %22 = {add%22} (epilogue: bias %6)
+          matmul%15 -> %17 = {add%16 relu%17} (epilogue: bias %3 + relu)
+          matmul%18 -> %20 = {add%19 gelu%20} (epilogue: bias %5 + gelu)
+          matmul%21 -> %22 = {add%22} (epilogue: bias %7)
           k0: loop[x_dim0, 16] -> %23 = {gelu%23}
           matmul%24 -> %25 = {add%25} (epilogue: residual %23)
           matmul -> %27
           matmul%29 -> %30 = {silu%30} (epilogue: silu)
           k1: loop[x_dim0, 16] -> %31 = {slice%26 add%28 add%31}
-          matmul%32 -> %33 = {add%33} (epilogue: bias %11)
+          matmul%32 -> %33 = {add%33} (epilogue: bias %12)
           k2: loop[x_dim0, 16] -> %34 = {add%34}
-          matmul%35 -> %36 = {add%36} (epilogue: bias %13)
+          matmul%35 -> %36 = {add%36} (epilogue: bias %14)
           matmul -> %37
           k3: loop[x_dim0, 8] -> %39 = {constant%38 mul%39}
           k4: loop[x_dim0, 8] -> %41 = {constant%40 add%41}
@@ -390,3 +390,52 @@ def test_layout_sinking_puts_gelu_in_the_convolution_epilogue() -> None:
         with torch.no_grad():
             want = model(x)
         assert float((torch.as_tensor(m(x)) - want).abs().max()) <= 1e-5, (b, t)
+
+
+class _ExplicitProducts(torch.nn.Module):
+    """Falcon's FalconLinear (`input @ self.weight.T`) twice, and a transposed weight that is also an
+    output (its permute stays, the product reads the weight)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w1 = torch.nn.Parameter(torch.randn(24, 8))
+        self.w2 = torch.nn.Parameter(torch.randn(8, 24))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.nn.functional.gelu(x @ self.w1.T)
+        t = self.w2.T
+        return h @ t + x, t
+
+
+def test_transposed_weights_golden() -> None:
+    """Note [Transposed weights]: `x @ W.T` becomes nn.Linear's form, and in a CPU plan the first product
+    is a dense kernel with the GELU in its store (the second's weight is also read by the returned
+    permute, so it keeps one layout and stays a GEMM)."""
+    import bladepack
+    from bladepack.passes.transposed_weights import transposed_weights
+
+    samples = [(torch.randn(2, 5, 8),), (torch.randn(3, 7, 8),)]
+    q = transposed_weights(_program(_ExplicitProducts(), samples))
+    assert print_graph(q.graph, q.shape_env) == textwrap.dedent("""\
+        symbols { x_dim0: [1, inf], x_dim1: [1, inf] }
+        graph(%0 x: f32[x_dim0, x_dim1, 8]) weights(%1 w1: f32[24, 8], %2 w2: f32[8, 24]) {
+          %4: f32[x_dim0, x_dim1, 24] = matmul(%0, %1) {transpose_b=True}
+          %5: f32[x_dim0, x_dim1, 24] = gelu(%4) {approximate='none'}
+          %6: f32[24, 8] = permute(%2) {perm=(1, 0)}
+          %7: f32[x_dim0, x_dim1, 8] = matmul(%5, %2) {transpose_b=True}
+          %8: f32[x_dim0, x_dim1, 8] = add(%7, %0)
+          return %8, %6
+        }
+        """), print_graph(q.graph, q.shape_env)
+    torch.manual_seed(0)
+    model = _ExplicitProducts().eval()
+    art = bladepack.optimize(model, samples)
+    m = bladepack.load(art.to_bytes(), executor="native")
+    kinds = [k["kind"] for k in m._manifest.kernels["cpu"]]
+    assert kinds.count("conv") == 1, kinds
+    for b, s in ((1, 1), (2, 9), (4, 33)):
+        x = torch.randn(b, s, 8)
+        with torch.no_grad():
+            want = [t.detach() for t in model(x)]
+        for got, ref in zip(m(x), want, strict=True):
+            assert float((torch.as_tensor(got) - ref).abs().max()) <= 1e-5 * (1 + float(ref.abs().max())), (b, s)

@@ -25,6 +25,7 @@ from bladepack.passes.direct_conv import direct_conv
 from bladepack.passes.matmul_scalars import matmul_scalars
 from bladepack.passes.pack_linear import pack_linear
 from bladepack.passes.sink_layout import sink_layout
+from bladepack.passes.transposed_weights import transposed_weights
 from bladepack.target import Capabilities
 
 Pass = Callable[[Program], Program]
@@ -37,6 +38,7 @@ PIPELINE: list[tuple[Pass, str]] = [
     (conv_layout, "channel-major convolution results, so one GEMM covers the whole batch"),
     (channels_last, "direct convolutions and the pooling / elementwise ops after them channels-last"),
     (sink_layout, "unary elementwise ops before the reshapes / permutes they read, so they join their producer"),
+    (transposed_weights, "`x @ W.T` read as nn.Linear's product, so the dense-layer pass sees a linear layer"),
     (dense_layers, "linear layers as pointwise convolutions with their bias / activation in the store"),
     (pack_linear, "linear layers' weights stored [K, N], so few-row products need no lane sums"),
     (matmul_scalars, "scalar factors of matmul operands onto the product, so attention reads its operands in place"),
