@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import tempfile
@@ -31,6 +29,7 @@ import torch
 
 import bladepack
 from bench.host_overhead import Chain, measure
+from bench.machine import describe
 from samples.registry import SAMPLES
 from tests import cpp_build
 
@@ -153,15 +152,8 @@ def load_rows(build: Path, tmp: Path, repeat: int) -> list[dict[str, Any]]:
 
 def machine() -> str:
     """The CPU model and the number of CPUs this process may use."""
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{name}, {len(os.sched_getaffinity(0))} CPUs"
+    m = describe()
+    return f"{m['cpu']}, {m['cpus']} CPUs"
 
 
 def main() -> None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import statistics
 import tempfile
 import time
@@ -39,6 +38,7 @@ import numpy as np
 import torch
 
 import bladepack
+from bench.machine import describe, title
 from samples.registry import SAMPLES
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -125,7 +125,8 @@ def max_errors(
 
 def build_peers(
     name: str, peers: list[str], model: torch.nn.Module, samples: list[tuple[torch.Tensor, ...]]
-) -> tuple[dict[str, Runner], dict[str, str]]:
+) -> tuple[dict[str, Runner], dict[str, str], str]:
+    """The runners (bladepack first), the peers' build errors, and what runs bladepack's kernels."""
     runners: dict[str, Runner] = {}
     errors: dict[str, str] = {}
     sample = SAMPLES[name]
@@ -152,7 +153,7 @@ def build_peers(
             errors["onnx export"] = f"{type(e).__name__}: {e}"[:300]
         else:
             onnx_peers(peers, path, runners, errors)
-    return runners, errors
+    return runners, errors, loaded.executor
 
 
 def onnx_peers(peers: list[str], path: Path, runners: dict[str, Runner], errors: dict[str, str]) -> None:
@@ -231,7 +232,7 @@ def _aoti_dims(sample: Any, args: tuple[torch.Tensor, ...]) -> Any:
 def run(names: list[str], peers: list[str], repeat: int) -> dict[str, Any]:
     torch.manual_seed(0)
     report: dict[str, Any] = {
-        "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads()},
+        "machine": describe(threads=torch.get_num_threads()),
         "torch": torch.__version__,
         "samples": {},
     }
@@ -240,7 +241,7 @@ def run(names: list[str], peers: list[str], repeat: int) -> dict[str, Any]:
         model = s.build()
         samples = s.export_samples()
         with torch.no_grad():
-            runners, errors = build_peers(name, peers, model, samples)
+            runners, errors, report["machine"]["bladepack"] = build_peers(name, peers, model, samples)
             g = torch.Generator().manual_seed(1)
             rows = []
             for dims in s.test_cases():
@@ -256,7 +257,7 @@ def geomean(xs: list[float]) -> float:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    out = []
+    out = [f"Machine: {title(report['machine'])}; torch {report.get('torch', '?')}."]
     for name, data in report["samples"].items():
         peers = [p for p in data["peers"] if p != "bladepack"]
         out.append(f"\n### {name}\n")

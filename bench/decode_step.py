@@ -36,7 +36,7 @@ def main() -> None:
     s = SAMPLES["llama"]
     model = s.build()
     with torch.no_grad():
-        runners, errors = build_peers("llama", args.peers.split(","), model, s.export_samples())
+        runners, errors, _ = build_peers("llama", args.peers.split(","), model, s.export_samples())
         g = torch.Generator().manual_seed(1)
         rows = [{"dims": d, **measure(runners, s.make_inputs(g, **d), args.repeat, errors, f"at {d}")} for d in SHAPES]
     peers = [p for p in runners if p != "bladepack"]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -23,11 +22,13 @@ import torch
 
 import bladepack
 from bench.cpu_samples import RESULTS, Runner, geomean, max_errors, measure, onnx_peers
+from bench.machine import describe, title
 from samples.onnx_export import export_onnx, sample_axes
 from samples.registry import SAMPLES
 
 
-def build(name: str) -> tuple[torch.nn.Module, dict[str, Runner], dict[str, int]]:
+def build(name: str) -> tuple[torch.nn.Module, dict[str, Runner], dict[str, int], str]:
+    """The model, its runners, the fused kernel counts of both front ends' plans, and what runs them."""
     s = SAMPLES[name]
     torch.manual_seed(0)
     model = s.build()
@@ -44,17 +45,17 @@ def build(name: str) -> tuple[torch.nn.Module, dict[str, Runner], dict[str, int]
         raise RuntimeError(f"{name}: {errors}")
     runners["bladepack (torch)"] = lambda x: m_torch(*[t.numpy() for t in x])
     kernels = {"bladepack (onnx)": len(from_onnx.plan.kernels), "bladepack (torch)": len(from_torch.plan.kernels)}
-    return model, runners, kernels
+    return model, runners, kernels, m_onnx.executor
 
 
 def run(names: list[str], repeat: int) -> dict[str, Any]:
     report: dict[str, Any] = {
-        "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads()},
+        "machine": describe(threads=torch.get_num_threads()),
         "samples": {},
     }
     for name in names:
         s = SAMPLES[name]
-        model, runners, kernels = build(name)
+        model, runners, kernels, report["machine"]["bladepack"] = build(name)
         g = torch.Generator().manual_seed(1)
         rows, errors = [], {}
         with torch.no_grad():
@@ -69,7 +70,7 @@ def run(names: list[str], repeat: int) -> dict[str, Any]:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    out = [f"machine: {report['machine']}"]
+    out = [f"machine: {title(report['machine'])}"]
     for name, data in report["samples"].items():
         rows = data["rows"]
         out += [

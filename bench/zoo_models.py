@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import torch
 
 import bladepack
 from bench.cpu_samples import Runner, geomean, measure, onnx_peers, torch_peers
+from bench.machine import describe, title
 from samples.zoo import ZOO, ZooModel
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -38,7 +38,8 @@ def _onnx(z: ZooModel, model: torch.nn.Module, sample: tuple[torch.Tensor, ...])
     return path
 
 
-def build(name: str, peers: list[str]) -> tuple[ZooModel, dict[str, Runner], dict[str, str]]:
+def build(name: str, peers: list[str]) -> tuple[ZooModel, dict[str, Runner], dict[str, str], str]:
+    """The model, its runners (bladepack first), the peers' build errors, and what runs bladepack's kernels."""
     z = ZOO[name]
     torch.manual_seed(0)
     model = z.build()
@@ -56,18 +57,18 @@ def build(name: str, peers: list[str]) -> tuple[ZooModel, dict[str, Runner], dic
             errors["onnx export"] = f"{type(e).__name__}: {e}"[:300]
     if path is not None:
         onnx_peers(peers, path, runners, errors)
-    return z, runners, errors
+    return z, runners, errors, loaded.executor
 
 
 def run(names: list[str], peers: list[str], repeat: int) -> dict[str, Any]:
     report: dict[str, Any] = {
-        "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads()},
+        "machine": describe(threads=torch.get_num_threads()),
         "torch": torch.__version__,
         "models": {},
     }
     for name in names:
         with torch.no_grad():
-            z, runners, errors = build(name, peers)
+            z, runners, errors, report["machine"]["bladepack"] = build(name, peers)
             g = torch.Generator().manual_seed(2)
             rows = []
             for size in z.bench:
@@ -81,7 +82,7 @@ def run(names: list[str], peers: list[str], repeat: int) -> dict[str, Any]:
 def markdown(report: dict[str, Any]) -> str:
     m = report["machine"]
     lines = [
-        f"# Model zoo on CPU ({m['cpu']}, {m['threads']} threads, torch {report['torch']})",
+        f"# Model zoo on CPU ({title(m)}; torch {report['torch']})",
         "",
         "Median latency per call; (x) is the peer's time over bladepack's: above 1, bladepack is faster.",
     ]
