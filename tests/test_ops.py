@@ -372,6 +372,11 @@ CASES = [
             F.avg_pool1d(x, 3, 2, ceil_mode=True),
             F.adaptive_avg_pool1d(x, 1),
             F.adaptive_avg_pool1d(x, 8),
+            F.max_pool1d(x, 3),
+            F.max_pool1d(x, 2, 1, 1, dilation=2),
+            F.max_pool1d(x, 3, 2, ceil_mode=True),
+            F.max_pool1d(x[0], 2),  # unbatched [C, L]
+            F.avg_pool1d(x[0], 3, 1, 1),
         ),
         (X,),
     ),

@@ -422,9 +422,10 @@ def _one(v: Any, name: str) -> int:
     return v
 
 
-@converts("aten.avg_pool1d.default")
-def _avg_pool1d(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
-    """The 2-D average pool over a height-1 image: [.., C, L] as [.., C, 1, L]."""
+def _pool1d(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any], kind: OpKind) -> Value:
+    """The 2-D pool over a height-1 image: [.., C, L] as [.., C, 1, L]. avg_pool1d's arguments are
+    (kernel, stride, padding, ceil_mode, count_include_pad), max_pool1d's (kernel, stride, padding,
+    dilation, ceil_mode)."""
     x = ctx.v(args[0])
     t = ctx.t(x)
     out = ctx.out_type()
@@ -432,14 +433,30 @@ def _avg_pool1d(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Valu
     stride_arg = arg(args, kwargs, 2, "stride", [])
     stride = kernel if not stride_arg else _one(stride_arg, "stride")
     padding = _one(arg(args, kwargs, 3, "padding", 0), "padding")
-    ceil_mode = bool(arg(args, kwargs, 4, "ceil_mode", False))
-    include = bool(arg(args, kwargs, 5, "count_include_pad", True))
-    attrs = Pool2dAttrs((1, kernel), (1, stride), (0, padding), (1, 1), ceil_mode, include)
-    image = reshape(ctx, x, (*t.shape[:-1], 1, t.shape[-1]))
+    if kind is K.MAX_POOL2D:
+        dilation = _one(arg(args, kwargs, 4, "dilation", 1), "dilation")
+        ceil_mode = bool(arg(args, kwargs, 5, "ceil_mode", False))
+        attrs = Pool2dAttrs((1, kernel), (1, stride), (0, padding), (1, dilation), ceil_mode)
+    else:
+        ceil_mode = bool(arg(args, kwargs, 4, "ceil_mode", False))
+        include = bool(arg(args, kwargs, 5, "count_include_pad", True))
+        attrs = Pool2dAttrs((1, kernel), (1, stride), (0, padding), (1, 1), ceil_mode, include)
+    batch = (1,) * (t.rank == 2)  # an unbatched [C, L] is one image
+    image = reshape(ctx, x, (*batch, *t.shape[:-1], 1, t.shape[-1]))
     if ceil_mode:
-        check_pool_lengths(ctx, "avg_pool1d", (1, t.shape[-1]), (1, out.shape[-1]), attrs)
-    pooled = ctx.emit(K.AVG_POOL2D, (image,), TensorType(out.dtype, (*out.shape[:-1], 1, out.shape[-1])), attrs)
+        check_pool_lengths(ctx, f"{kind.value[:3]}_pool1d", (1, t.shape[-1]), (1, out.shape[-1]), attrs)
+    pooled = ctx.emit(kind, (image,), TensorType(out.dtype, (*batch, *out.shape[:-1], 1, out.shape[-1])), attrs)
     return reshape(ctx, pooled, out.shape)
+
+
+@converts("aten.avg_pool1d.default")
+def _avg_pool1d(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    return _pool1d(ctx, args, kwargs, K.AVG_POOL2D)
+
+
+@converts("aten.max_pool1d.default")
+def _max_pool1d(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    return _pool1d(ctx, args, kwargs, K.MAX_POOL2D)
 
 
 @converts("aten.adaptive_avg_pool1d.default")
