@@ -439,3 +439,26 @@ def test_transposed_weights_golden() -> None:
             want = [t.detach() for t in model(x)]
         for got, ref in zip(m(x), want, strict=True):
             assert float((torch.as_tensor(got) - ref).abs().max()) <= 1e-5 * (1 + float(ref.abs().max())), (b, s)
+
+
+class _SunkTwice(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        r = torch.relu((x * 2.0).transpose(1, 2))
+        return torch.nn.functional.gelu(r.transpose(1, 2).reshape(x.shape[0], -1))
+
+
+def test_sink_layout_when_a_moved_op_is_the_next_ones_base() -> None:
+    """Note [Layout sinking]: the ReLU moves before its permute and is itself the value under the GELU's
+    chain; the GELU reads the ReLU's new value, and the model still equals eager."""
+    import bladepack
+    from bladepack.passes.sink_layout import sink_layout
+
+    samples = [(torch.randn(2, 3, 4),), (torch.randn(3, 5, 4),)]
+    q = sink_layout(_program(_SunkTwice(), samples))
+    ops = [n.op.value for n in q.graph.nodes]
+    assert ops == ["constant", "mul", "relu", "permute", "gelu", "permute", "reshape"], ops
+    model = _SunkTwice()
+    m = bladepack.load(bladepack.optimize(model, samples).to_bytes(), executor="native")
+    for b, s in ((1, 1), (4, 7)):
+        x = torch.randn(b, s, 4)
+        assert float((torch.as_tensor(m(x)) - model(x)).abs().max()) <= 1e-6, (b, s)

@@ -318,26 +318,20 @@ class _Planner:
             if self.roles[v] in (Role.FUSIBLE, Role.ROW, Role.ANCHOR)
         ]
 
-    def _broadcast_side_value(self, att: Attention) -> int | None:
-        """Note [Broadcast side values]: the first value of the attention's side cone that the kernel
-        would recompute for many scores (its shape broadcasts to the scores') and whose cone holds a
-        transcendental, or None."""
+    def _broadcast_side_value(self, att: Attention, inline: Sequence[int]) -> int | None:
+        """Note [Broadcast side values]: of the values the attention kernel computes inline (`inline`, in
+        graph order), the last of its side cone that it would recompute for many scores (its shape
+        broadcasts to the scores') and whose cone holds a transcendental, or None. The last: no other
+        such value is downstream of it, so storing it takes its whole cone out of the kernel."""
         scores = self.types[att.scores].shape
-        inside = {att.scores, *att.chain}
-        stack = side_inputs(att, self.nodes)
-        seen: set[int] = set()
-        while stack:
-            v = stack.pop()
-            if v in seen or v in inside or v not in self.nodes or v in self.mat:
-                continue
-            seen.add(v)
-            if self.roles[v] is not Role.FUSIBLE:
-                continue
-            if _broadcasts(self.types[v].shape, scores) and any(
-                OP_INFO[self.nodes[u].op].cost in (Cost.HEAVY, Cost.LIBM) for u in self.cone(v)
+        own = {att.scores, *att.chain, att.probs, att.out}
+        for v in reversed(inline):
+            if (
+                v not in own
+                and _broadcasts(self.types[v].shape, scores)
+                and any(OP_INFO[self.nodes[u].op].cost in (Cost.HEAVY, Cost.LIBM) for u in self.cone(v))
             ):
                 return v
-            stack.extend(self.nodes[v].inputs)
         return None
 
     def _expensive(self, v: int) -> bool:
@@ -418,9 +412,9 @@ class _Planner:
             if changed:
                 continue
             for att in self.attention.values():
-                _, need = self.attention_nodes(att)
+                inline, need = self.attention_nodes(att)
                 if need is None:
-                    need = self._broadcast_side_value(att)
+                    need = self._broadcast_side_value(att, inline)
                 if need is not None:
                     self.mat.add(need)
                     changed = True

@@ -57,18 +57,21 @@ def sink_layout(p: Program) -> Program:
                 moves[n.id] = found
     if not moves:
         return p
-    remap: dict[int, int] = {}
+    bases = {base for base, _ in moves.values()}
+    new_id: dict[int, int] = {}  # each base's value in the new graph
 
-    def rewrite(b: GraphBuilder, n: Node, ins: tuple[int, ...]) -> int:
+    def rewrite(b: GraphBuilder, n: Node, ins: tuple[int, ...]) -> int | None:
         if n.id in moves:
             base, links = moves[n.id]
-            shape = nodes[base].type.shape
-            out = b.add(n.op, (remap[base],), TensorType(n.type.dtype, shape), n.attrs, n.loc)
+            out = b.add(n.op, (new_id[base],), TensorType(n.type.dtype, nodes[base].type.shape), n.attrs, n.loc)
             for link in links:
                 out = b.add(link.op, (out,), TensorType(n.type.dtype, link.type.shape), link.attrs, link.loc)
-        else:
+        elif n.id in bases:
             out = b.add(n.op, ins, n.type, n.attrs, n.loc)
-        remap[n.id] = out
+        else:
+            return None
+        if n.id in bases:  # a moved op may itself be the base of another
+            new_id[n.id] = out
         return out
 
     graph = rebuild_graph(g, rewrite)
