@@ -3,8 +3,8 @@
 Each model is optimized in a fresh process twice: first with an empty kernel cache (cold: every kernel
 library compiles), then again with the cache the first run filled (warm). The process reports its wall
 time, the stage times optimize logs (BLADEPACK_LOG=info) and its peak RSS, and the compilers' peak
-RSS. Models: a 2-layer Hugging Face BERT (samples/zoo.py), ResNet-18 and EfficientNet-B0 (defined here
-as torchvision defines them, random weights, no downloads), at the ISA levels `--isas` names (default:
+RSS. Models: a 2-layer Hugging Face BERT (samples/zoo.py), ResNet-18 (samples/zoo.py) and EfficientNet-B0
+(defined here as torchvision defines it, random weights, no downloads), at the ISA levels `--isas` names (default:
 every level, as optimize builds by default).
 
     python -m bench.compile_time [--models bert,resnet18,efficientnet_b0] [--isas all|host] [--out FILE]
@@ -26,47 +26,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from samples.zoo import ResNet18
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 # --------------------------------------------------------------------------- models
-
-
-class BasicBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.down = (
-            nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-            if stride != 1 or cin != cout
-            else None
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.relu(self.bn1(self.conv1(x)))
-        y = self.bn2(self.conv2(y))
-        return torch.relu(y + (x if self.down is None else self.down(x)))
-
-
-class ResNet18(nn.Module):
-    def __init__(self, classes: int = 1000) -> None:
-        super().__init__()
-        self.stem = nn.Sequential(
-            nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1)
-        )
-        layers, cin = [], 64
-        for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
-            layers += [BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)]
-            cin = cout
-        self.layers = nn.Sequential(*layers)
-        self.fc = nn.Linear(512, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.layers(self.stem(x))
-        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(y, 1), 1))
 
 
 class MBConv(nn.Module):

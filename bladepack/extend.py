@@ -34,6 +34,7 @@ from bladepack.artifact.format import BpkFile, read
 from bladepack.errors import BladepackError
 from bladepack.ir.serialize import decode_program
 from bladepack.ir.shape_env import RangeFact
+from bladepack.opset import conv_weights
 from bladepack.options import CompileOptions, LoaderOptions
 from bladepack.reference_record import record_cases
 from bladepack.target import CPU_ONLY, Target
@@ -74,12 +75,7 @@ def extend(
         )
     try:
         data = msgpack.unpackb(bpk.section(meta["section"]), raw=False, strict_map_key=False)
-        weights = {
-            name: np.frombuffer(bpk.section(row["section"]), dtype=np.dtype(row["dtype"]).newbyteorder("<"))
-            .reshape(row["shape"])
-            .copy()
-            for name, row in meta["weights"].items()
-        }
+        weights = {name: _source_weight(bpk, row) for name, row in meta["weights"].items()}
         old = {name: (int(lo), hi) for name, lo, hi in data["symbols"]}
         limits = data.get("limits", {})
     except (KeyError, TypeError, ValueError, IndexError, AttributeError, msgpack.UnpackException) as e:
@@ -114,6 +110,17 @@ def extend(
     if record is not None:
         _extend_cases(art, bpk, record, meta["samples"], options)
     return art
+
+
+def _source_weight(bpk: BpkFile, row: dict[str, Any]) -> np.ndarray:
+    """A source program's weight: its own bytes, or (Note [Derived source weights] in artifact/
+    writer.py) a plan weight packed for a convolution kernel, unpacked."""
+    dtype, shape = np.dtype(row["dtype"]).newbyteorder("<"), tuple(int(d) for d in row["shape"])
+    if "packed" not in row:
+        return np.frombuffer(bpk.section(row["section"]), dtype=dtype).reshape(shape).copy()
+    layout = row["layout"]
+    flat = np.frombuffer(bpk.section(row["packed"]), dtype=dtype)
+    return conv_weights.unpack(layout, flat.reshape(conv_weights.packed_shape(layout, shape)), shape[0])
 
 
 def _check_ranges(

@@ -117,8 +117,14 @@ def _source_program(m: dict[str, Any]) -> dict[str, Any] | None:
     sp = m.get("source_program")
     if sp is None:
         return None
-    own = sorted({w["section"] for w in sp["weights"].values() if w["section"].startswith("program/")})
-    return {"frontend": sp["frontend"], "targets": sp["targets"], "weights_kept_apart": len(own)}
+    own = sorted({w["section"] for w in sp["weights"].values() if w.get("section", "").startswith("program/")})
+    packed = sum(1 for w in sp["weights"].values() if "packed" in w)  # Note [Derived source weights]
+    return {
+        "frontend": sp["frontend"],
+        "targets": sp["targets"],
+        "weights_kept_apart": len(own),
+        "weights_unpacked": packed,
+    }
 
 
 def _reference_cases(m: dict[str, Any]) -> dict[str, Any] | None:
@@ -377,6 +383,8 @@ def inspect_text(s: dict[str, Any]) -> str:
             if sp["weights_kept_apart"]
             else ""
         )
+        if sp.get("weights_unpacked"):
+            apart += f", {sp['weights_unpacked']} read back from the plan's packed convolution weights"
         lines.append(
             f"program: kept from the {sp['frontend']} front end for bladepack extend (built for "
             f"{', '.join(sp['targets'])}{apart})"

@@ -1,5 +1,5 @@
 """The model zoo: real architectures built from transformers configs (random weights, no downloads, two
-layers) and a MobileNet-style CNN in plain torch, with their dynamic dims, input makers, the sizes
+layers), ResNet-18 at full size and a MobileNet-style CNN in plain torch, with their dynamic dims, input makers, the sizes
 tests check at and the sizes the benchmark measures. Used by tests/test_zoo.py and bench/zoo_models.py.
 transformers is imported when a model is built."""
 
@@ -250,6 +250,59 @@ def _mobilenet() -> torch.nn.Module:
     return model.eval()
 
 
+class BasicBlock(torch.nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(cout)
+        self.conv2 = torch.nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(cout)
+        self.down = (
+            torch.nn.Sequential(torch.nn.Conv2d(cin, cout, 1, stride, bias=False), torch.nn.BatchNorm2d(cout))
+            if stride != 1 or cin != cout
+            else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return torch.relu(y + (x if self.down is None else self.down(x)))
+
+
+class ResNet18(torch.nn.Module):
+    """ResNet-18 as torchvision defines it (11.7M parameters, 1.8 GMAC at 224 x 224)."""
+
+    def __init__(self, classes: int = 1000) -> None:
+        super().__init__()
+        self.stem = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 64, 7, 2, 3, bias=False),
+            torch.nn.BatchNorm2d(64),
+            torch.nn.ReLU(),
+            torch.nn.MaxPool2d(3, 2, 1),
+        )
+        layers: list[torch.nn.Module] = []
+        cin = 64
+        for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            layers += [BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)]
+            cin = cout
+        self.layers = torch.nn.Sequential(*layers)
+        self.fc = torch.nn.Linear(512, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.layers(self.stem(x))
+        return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(y, 1), 1))
+
+
+def _resnet18() -> torch.nn.Module:
+    model = ResNet18()
+    with torch.no_grad():  # batch-norm statistics that are not the identity
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.1, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+    return model.eval()
+
+
 def _images(g: torch.Generator, size: tuple[int, ...]) -> Inputs:
     b, h, w = size
     return (torch.randn(b, 3, h, w, generator=g),)
@@ -292,6 +345,15 @@ ZOO: dict[str, ZooModel] = {
     ),
     "whisper-encoder": ZooModel(
         _whisper, ("x",), {"x": {0: ("batch", 1, 16)}}, _features, ((2,), (3,)), ((1,), (5,)), ((1,), (4,), (16,))
+    ),
+    "resnet18": ZooModel(
+        _resnet18,
+        ("x",),
+        {"x": {0: ("batch", 1, 16), 2: ("height", 32, 256), 3: ("width", 32, 256)}},
+        _images,
+        ((2, 96, 96), (3, 128, 112)),
+        ((1, 33, 47), (2, 64, 64), (1, 224, 224)),
+        ((1, 96, 96), (1, 224, 224), (4, 128, 128)),
     ),
     "mobilenet": ZooModel(
         _mobilenet,

@@ -1,5 +1,5 @@
 """The model zoo (samples/zoo.py: real architectures built from transformers configs, random weights,
-no downloads, two layers, and a MobileNet-style CNN in plain torch), each through both front ends — torch.export, and the
+no downloads, two layers, ResNet-18 and a MobileNet-style CNN in plain torch), each through both front ends — torch.export, and the
 ONNX files of torch's TorchScript and dynamo exporters — optimized, loaded torch-free from bytes and
 compared with eager at shapes no sample had: batch 1, length 1, odd lengths, a padded row.
 
@@ -33,6 +33,7 @@ SPREAD = {
     ("vit", "torch"),
     ("whisper-encoder", "onnx-dynamo"),
     ("mobilenet", "onnx-dynamo"),
+    ("resnet18", "torch"),
     ("falcon", "torch"),
 }
 

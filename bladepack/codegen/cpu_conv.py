@@ -242,9 +242,9 @@ def direct_conv_kernel(em: Emitter) -> None:
             # that keeps 8 accumulator vectors (4 pixels x 16 channels, 8 x 8). Measured on 3x3
             # convolutions in the AVX2 library (bench/results/peak_AMD_EPYC.md; 28 x 28 and 56 x 56): 64
             # channels 102-116 -> 181-207 GFLOP/s, 38-42% -> 67-77% of the FMA peak (blocks of 24 gave
-            # 132-151, of 32 110-120), 16 channels 82-123 -> 120-168. The channels-last kernel (cpu_conv_nhwc.py) keeps its tile: taking its 6 pixels
-            # 3 at a time over 32 channels measured within 3% on a 64-channel chain, as a narrower block
-            # measured no different before (Note [Dense tiles per ISA]).
+            # 132-151, of 32 110-120), 16 channels 82-123 -> 120-168. The channels-last kernels
+            # (cpu_conv_nhwc.py, cpu_conv_wide.py) keep their pixels and walk narrower blocks of
+            # channels in the AVX2 library too.
             narrow = 8 * max(1, 8 // tile)  # 8 accumulator vectors: 4 pixels x 16 channels, 8 x 8
             if t == "float" and oc > narrow and tile * -(-oc // 8) > 12:
                 em.branch("#if defined(__AVX2__) && !defined(__AVX512F__)", lambda: blocks(narrow))

@@ -228,7 +228,10 @@ class Conv2dAttrs:
     "oihw" (torch's), "ihwo": the weight is stored [C_in, KH, KW, C_out], packed at optimize time
     for the direct convolution kernel (see passes/direct_conv.py), or "panels": a 1x1 weight stored
     [ceil(C_out / 16), C_in, 1, 16], the [C_in, C_out] matrix in column panels of 16, zero-padded
-    (Note [Dense weight panels] in passes/dense_layers.py)."""
+    (Note [Dense weight panels] in passes/dense_layers.py), or "blocks": a weight stored
+    [ceil(C_out / B) * KH, KW, C_in, B] with B = min(C_out, CHANNEL_BLOCK): per block of B output
+    channels (the last zero-padded), per tap, the [C_in, B] matrix, each block contiguous (Note [Wide
+    convolutions] in codegen/cpu_conv_wide.py)."""
 
     stride: tuple[int, int]
     padding: tuple[int, int]
@@ -258,8 +261,9 @@ def is_dense_conv(attrs: object, weight_shape: tuple[object, ...]) -> bool:
 
 
 def generated_conv(attrs: object) -> bool:
-    """A convolution a generated kernel runs on its packed weight ("ihwo" or "panels"), not a GEMM."""
-    return isinstance(attrs, Conv2dAttrs) and attrs.weight_layout in ("ihwo", "panels")
+    """A convolution a generated kernel runs on its packed weight ("ihwo", "panels" or "blocks"), not
+    a GEMM."""
+    return isinstance(attrs, Conv2dAttrs) and attrs.weight_layout in ("ihwo", "panels", "blocks")
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """Pass: chains of direct convolutions, pooling and elementwise ops compute in channels-last order.
 
 In: a `Program` after `direct_conv` (convolutions on weights packed "ihwo"). Out: each direct
-convolution, each depthwise convolution and each pointwise (1x1) one whose input is already
-channels-last (both on weights packed here), and each pooling, elementwise op or global pooling (sum /
+convolution, each depthwise convolution, each wider groups-1 one (Note [Wide convolutions] in
+codegen/cpu_conv_wide.py: its weight packed in blocks of output channels) and each pointwise (1x1) one
+whose input is already channels-last (all on weights packed here), and each pooling, elementwise op or
+global pooling (sum /
 mean / max / min over H and W) that reads a value so converted, computes with dims [N, H, W, C]
 (`out_layout="nhwc"` on convolutions, `layout="nhwc"` on pooling, axes (1, 2) on reductions). A
 convolution whose elementwise chain ends at a graph output stays NCHW (it stores NCHW itself, no copy
@@ -34,6 +36,7 @@ import numpy as np
 from bladepack.ir import GraphBuilder, Node, OpKind, Program, rebuild_graph
 from bladepack.ir.ops import OP_INFO, Conv2dAttrs, OpClass, PermuteAttrs, Pool2dAttrs, ReduceAttrs
 from bladepack.ir.types import TensorType
+from bladepack.opset import conv_weights
 from bladepack.passes.dce import dead_code_elimination
 
 MAX_DEPTHWISE_TAPS = 64  # kernels up to 8 x 8 (the kernel keeps a pointer per tap and pixel)
@@ -60,9 +63,11 @@ def _direct_conv(n: Node) -> bool:
 
 def _packable(n: Node, types: dict[int, TensorType], weights: set[int]) -> str | None:
     """ "depthwise" (groups = C_in, C_out a multiple of it: MobileNet's, and its channel-multiplying
-    downsamplers) or "pointwise" (1x1, stride 1, unpadded, groups 1) for a convolution on a constant
-    weight in torch's layout that this pass packs [C_in/groups, KH, KW, C_out] for the channels-last
-    kernel itself (`direct_conv` leaves both: im2col per group, or a GEMM on the input), else None."""
+    downsamplers), "pointwise" (1x1, stride 1, unpadded, groups 1) or "wide" (groups 1, more channels
+    or taps than `direct_conv` takes: Note [Wide convolutions]) for a convolution on a constant weight
+    in torch's layout that this pass packs [C_in/groups, KH, KW, C_out] for the channels-last kernel
+    itself (`direct_conv` leaves them: im2col per group, a GEMM on the input, im2col + GEMM), else
+    None."""
     a = n.attrs
     if n.op is not OpKind.CONV2D or not isinstance(a, Conv2dAttrs) or a.weight_layout != "oihw":
         return None
@@ -75,6 +80,8 @@ def _packable(n: Node, types: dict[int, TensorType], weights: set[int]) -> str |
         return "depthwise"
     if a.groups == 1 and (kh, kw) == (1, 1) and a.stride == (1, 1) and a.padding == (0, 0):
         return "pointwise"
+    if a.groups == 1 and kh * kw <= MAX_DEPTHWISE_TAPS:  # what direct_conv left: Note [Wide convolutions]
+        return "wide"
     return None
 
 
@@ -126,22 +133,25 @@ def channels_last(p: Program) -> Program:
     weight_ids = set(weights)
     packs = {n.id: k for n in g.nodes if (k := _packable(n, types, weight_ids)) is not None}
     convs = {n.id for n in g.nodes if _direct_conv(n) and not _stores_an_output(n, nodes, users, outputs)}
-    # depthwise convolutions always (their other plan is a GEMM per channel); pointwise ones where
-    # their input is channels-last already and their chain does not end at an output (else one GEMM)
-    convs |= {v for v, k in packs.items() if k == "depthwise"}
+    # depthwise and wide convolutions always (their other plans are a GEMM per channel, and im2col +
+    # GEMM); pointwise ones where their input is channels-last already and their chain does not end
+    # at an output (else one GEMM)
+    convs |= {v for v, k in packs.items() if k in ("depthwise", "wide")}
     if not convs:
         return p
     data = dict(p.weight_data)
-    packed: dict[int, int] = {}  # original weight -> its [C_in/groups, KH, KW, C_out] copy
+    packed: dict[tuple[int, str], int] = {}  # (original weight, layout) -> its packed copy
 
-    def pack(b: GraphBuilder, w_id: int) -> int:
-        if w_id not in packed:
+    def pack(b: GraphBuilder, w_id: int, layout: str) -> int:
+        """The weight in `layout`: [C_in/groups, KH, KW, C_out] ("ihwo"), or that in blocks of output
+        channels ("blocks": Note [Wide convolutions])."""
+        if (w_id, layout) not in packed:
             w = weights[w_id]
-            name = f"{w.name}.ihwo"
-            data[name] = np.ascontiguousarray(np.asarray(p.weight_data[w.name]).transpose(1, 2, 3, 0))
-            oc, cg, kh, kw = w.type.shape
-            packed[w_id] = b.add_weight(name, TensorType(w.type.dtype, (cg, kh, kw, oc)))
-        return packed[w_id]
+            name = f"{w.name}.{layout}"
+            data[name] = conv_weights.pack(layout, np.asarray(p.weight_data[w.name]))
+            shape = conv_weights.packed_shape(layout, tuple(int(d) for d in w.type.shape))
+            packed[(w_id, layout)] = b.add_weight(name, TensorType(w.type.dtype, shape))
+        return packed[(w_id, layout)]
 
     # the channels-last version of a value of the new graph, keyed by its NCHW version (the permute)
     nhwc_of: dict[int, int] = {}
@@ -168,8 +178,9 @@ def channels_last(p: Program) -> Program:
         if n.id in convs or pointwise:
             assert isinstance(n.attrs, Conv2dAttrs)
             x = to_nhwc(b, ins[0], types[n.inputs[0]], n.loc)
-            w = ins[1] if n.id not in packs else pack(b, n.inputs[1])
-            attrs = dataclasses.replace(n.attrs, out_layout="nhwc", weight_layout="ihwo")
+            layout = "blocks" if packs.get(n.id) == "wide" else "ihwo"
+            w = ins[1] if n.id not in packs else pack(b, n.inputs[1], layout)
+            attrs = dataclasses.replace(n.attrs, out_layout="nhwc", weight_layout=layout)
             y = b.add(n.op, (x, w, *ins[2:]), _nhwc(n.type), attrs, n.loc)
         elif _pool(n) and ins[0] in nhwc_of and isinstance(n.type.shape[1], int):
             assert isinstance(n.attrs, Pool2dAttrs)

@@ -9,7 +9,9 @@ Note [Direct convolution]: for small images and channel counts, im2col + GEMM is
 column buffer and by BLAS call overhead (a 16 x 96 x 144 GEMM). The direct kernel (codegen
 `_direct_conv_kernel`) keeps a tile of output pixels x all output channels in registers, walks the
 taps, and reads each tap's C_out weights as one contiguous vector — which is why the weights are
-packed output-channel-last, once, here. 1x1 stride-1 unpadded convolutions stay GEMMs on x itself.
+packed output-channel-last, once, here. 1x1 stride-1 unpadded convolutions stay GEMMs on x itself;
+larger convolutions are left to `channels_last` (Note [Wide convolutions]) on the CPU, and to im2col +
+GEMM elsewhere.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 from bladepack.ir import GraphBuilder, Node, OpKind, Program, rebuild_graph
 from bladepack.ir.ops import Conv2dAttrs
 from bladepack.ir.types import TensorType
+from bladepack.opset import conv_weights
 from bladepack.passes.dce import dead_code_elimination
 
 MAX_OUT_CHANNELS = 64
@@ -58,7 +61,7 @@ def direct_conv(p: Program) -> Program:
         w = weights[n.inputs[1]]
         if w.id not in packed:
             name = f"{w.name}.ihwo"
-            data[name] = np.ascontiguousarray(np.asarray(p.weight_data[w.name]).transpose(1, 2, 3, 0))
+            data[name] = conv_weights.pack("ihwo", np.asarray(p.weight_data[w.name]))
             oc, cin, kh, kw = w.type.shape
             packed[w.id] = b.add_weight(name, TensorType(w.type.dtype, (cin, kh, kw, oc)))
         attrs = dataclasses.replace(n.attrs, weight_layout="ihwo")

@@ -292,7 +292,8 @@ def add_graph_facts(cons: ShapeConstraints, g: Graph) -> None:
             layout = n.attrs.out_layout
             nb, oc = (out[1], out[0]) if layout == "cnhw" else (out[0], out[3] if layout == "nhwc" else out[1])
             cons.equate(x[0], nb, why)
-            if n.attrs.weight_layout != "panels":  # panels hold C_out rounded up (Note [Dense weight panels])
+            # panels and blocks hold C_out rounded up (Note [Dense weight panels], Note [Wide convolutions])
+            if n.attrs.weight_layout not in ("panels", "blocks"):
                 cons.equate(w[-1] if n.attrs.weight_layout == "ihwo" else w[0], oc, why)
 
 

@@ -1,0 +1,232 @@
+"""CPU channels-last convolution with many channels or taps (Note [Wide convolutions]).
+
+In: a `CpuEmitter` whose spec is a "conv" kernel of a groups-1 convolution with out_layout "nhwc" on a
+weight packed "blocks" ([ceil(C_out / B) * KH, KW, C_in, B], B = min(C_out, CHANNEL_BLOCK):
+passes/channels_last.py packs every groups-1 convolution that `direct_conv` leaves, i.e. more than 64
+output channels or more than 1152 taps per output). Out: the kernel body.
+
+Note [Wide convolutions]: ResNet's 128- to 512-channel convolutions went through im2col and a BLAS
+GEMM: a column buffer of 9 x C_in values per output pixel, the GEMM at 40-65% of the FMA peak, then a
+separate pass for the batch norm / residual / ReLU. This kernel computes them channels-last in place,
+as the small kernel does (a tile of CONV_TILE output pixels x a block of output channels in registers,
+per tap a pointer to each pixel's input channels or to zeros, the epilogue chain evaluated on the
+accumulators before the one store), with three changes for the size of their weights (a 512-channel
+3x3 convolution has 9.4 MB):
+- the weight is packed per block of B output channels, and per tap within a block, so a block's
+  weights are one contiguous run and a tap's [C_in, B] matrix is walked in order;
+- one parallel row per (block, image, group of up to TILE_GROUP tiles), blocks outermost, so a
+  thread's consecutive rows read the same block's weights;
+- inside a row the input channels are walked in chunks of at most CHUNK_ROWS weight rows (input
+  channel x tap, 256 KB of a 64-channel block: half the smallest L2 of the x86 cores served); each
+  chunk serves every tile of the group before the next is read, and a tile's partial sums wait in a
+  thread-local buffer between chunks. The last chunk evaluates the epilogue and stores.
+The pointer tables of a row's tiles are made once and serve every chunk. AVX-512 keeps 6 pixels x 64
+channels (24 accumulator vectors); the AVX2 library, with 16 vector registers, walks a block 16
+channels at a time (12 accumulators). Measured on ResNet-18's 3x3 convolutions at 224 x 224, batch 1,
+2 threads (AMD EPYC, AVX-512): 128 channels 1045 -> 490 µs, 256 channels 1055 -> 525 µs, 512
+channels 1290 -> 665 µs, 75-87% of the FMA peak (at 7 x 7 pixels a tile of 6 repeats 5 of 54); in the
+AVX2 library 950-1400 µs, 59-86% of its peak (bench/results/zoo_resnet18.md). Chunks of 16 to 128
+input channels, and groups of 4 to 16 tiles, measured within 5% of each other except that no chunking
+at all lost 10% at 512 channels; weights packed [C_in, KH, KW, B] per block measured the same.
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from bladepack.codegen.c_render import CPU_MEMTYPE, CTYPE, Loop
+from bladepack.codegen.emitter import Emitter
+from bladepack.codegen.kernel import store_offset
+from bladepack.ir.ops import CHANNEL_BLOCK, Conv2dAttrs
+from bladepack.ir.views import simplify, sym_eq
+
+CONV_TILE = 6  # output pixels per register tile
+TILE_GROUP = 16  # register tiles per parallel row
+SMALL_IMAGE = 48  # an image of at most this many tiles is one group
+CHUNK_ROWS = 1024  # weight rows (input channel x tap) per chunk: 1024 x 64 floats = 256 KB
+AVX2_BLOCK = 16  # output channels per AVX2 register tile: 6 pixels x 2 vectors
+
+
+def wide_conv_kernel(em: Emitter) -> None:
+    """Note [Wide convolutions]."""
+    n = em.ctx.nodes[em.spec.nodes[0]]
+    root = em.spec.roots[0]
+    a = n.attrs
+    assert isinstance(a, Conv2dAttrs) and a.weight_layout == "blocks" and a.out_layout == "nhwc" and a.groups == 1
+    xv, wv = em.ctx.view(n.inputs[0]), em.ctx.view(n.inputs[1])
+    assert xv is not None and wv is not None and wv.is_contiguous()
+    px, pw_ = em.ptr_load(xv.base), em.ptr_load(wv.base)
+    nb, oh, ow, oc = n.type.shape
+    _, h, w, cin = em.ctx.types[n.inputs[0]].shape
+    kb, kw, _, block = em.ctx.types[n.inputs[1]].shape
+    assert isinstance(oc, int) and isinstance(cin, int) and isinstance(kb, int) and block == min(oc, CHANNEL_BLOCK)
+    kh = kb // -(-oc // block)
+    (sh, sw), (ph, pwd), (dh, dw) = a.stride, a.padding, a.dilation
+    t, mt = CTYPE[n.type.dtype], CPU_MEMTYPE[n.type.dtype]
+    r = em.args.ref
+    sc = r(xv.strides[3])
+    taps = kh * kw
+    tile = CONV_TILE
+    blocks = -(-oc // block)
+    group = max(1, min(TILE_GROUP, 256 // taps))  # the row's pointer tables stay a few KB
+    whole = max(group, min(SMALL_IMAGE, 512 // taps))
+    # chunks of equal size (a last chunk of a few channels would pay a round of partial sums for
+    # little work), whole cache lines of each pixel's channels where they are 16 or more
+    chunk = max(1, min(cin, CHUNK_ROWS // taps))
+    if chunk > 16:
+        chunk -= chunk % 16
+    pixels = simplify(oh * ow)
+    tiles = simplify((pixels + tile - 1) // tile)
+    groups = simplify((tiles + group - 1) // group)
+    out = em.ptr_store(root)
+    co, pix, oy, ox, cb = Loop("co"), Loop("px"), Loop("oy"), Loop("ox"), Loop("cb")
+
+    def body(outer: tuple[Loop, ...]) -> None:
+        i_b, i_n, i_g = outer
+        base = em.args.index(sympy.expand(xv.offset + i_n * xv.strides[0]))
+        sy, sx = r(xv.strides[1]), r(xv.strides[2])
+        image = em.args.index(store_offset(n.type.shape, (i_n, sympy.Integer(0), sympy.Integer(0), sympy.Integer(0))))
+        em.line(f"const {mt}* BPK_RESTRICT xn_ = {px} + {base};")
+        # the row's block of packed weights: [KH, KW, C_in, block], contiguous
+        em.line(f"const {mt}* BPK_RESTRICT wp_ = {pw_} + {r(wv.offset)} + {i_b.name} * {cin * taps * block};")
+        em.line(f"const int64_t cb_ = {i_b.name} * {block};")
+        # a small image's tiles all in one row (its other rows are empty): one walk over the weights
+        em.line(f"const int64_t gs_ = {r(tiles)} <= {whole} ? {r(tiles)} : {group};")
+        em.line(f"const int64_t t0_ = {i_g.name} * gs_;")
+        em.line("if (t0_ >= " + r(tiles) + ") continue;")
+        em.line(f"const int64_t nt_ = std::min<int64_t>(gs_, {r(tiles)} - t0_);")
+        em.line(f"const {mt}* xp_[{whole}][{taps}][{tile}];  // per tile and tap, each pixel's input channels")
+        em.line("for (int64_t t = 0; t < nt_; ++t) {")
+        em.line(f"  const int64_t q0_ = (t0_ + t) * {tile};")
+        em.line(f"  int64_t y_ = q0_ / {r(ow)}, x_ = q0_ - y_ * {r(ow)};")
+        em.line(f"  for (int p = 0; p < {tile}; ++p) {{")
+        em.line(f"    const int64_t iy0 = y_ * {sh} - {ph}, ix0 = x_ * {sw} - {pwd};")
+        em.line(f"    #pragma GCC unroll {kh}")
+        em.line(f"    for (int64_t ky = 0; ky < {kh}; ++ky) {{")
+        em.line(f"      const int64_t iy = iy0 + ky * {dh};")
+        em.line(f"      const bool in_y_ = uint64_t(iy) < uint64_t({r(h)});")
+        em.line(f"      #pragma GCC unroll {kw}")
+        em.line(f"      for (int64_t kx = 0; kx < {kw}; ++kx) {{")
+        em.line(f"        const int64_t ix = ix0 + kx * {dw};")
+        em.line(f"        const bool in_ = in_y_ & (uint64_t(ix) < uint64_t({r(w)}));")
+        em.line(f"        xp_[t][ky * {kw} + kx][p] = in_ ? xn_ + iy * {sy} + ix * {sx} : zeros_;")
+        em.line("      }")
+        em.line("    }")
+        em.line(f"    if (q0_ + p + 1 < {r(pixels)} && ++x_ == {r(ow)}) {{  // the tail repeats the last pixel")
+        em.line("      x_ = 0;")
+        em.line("      ++y_;")
+        em.line("    }")
+        em.line("  }")
+        em.line("}")
+
+        def tile_block(width: int, col: str) -> None:
+            """acc over output channels [cb, cb + width) of tile t for input channels [c0_, c1_): from
+            zero or the partial sums, then back to them or, after the last chunk, stored."""
+            em.line(f"{t} acc[{tile}][{width}];")
+            em.line(f"{t}* BPK_RESTRICT part_t_ = part_ + (t * {tile}) * {block} + {col};")
+            em.line(f"#pragma GCC unroll {tile}")
+            em.line(f"for (int p = 0; p < {tile}; ++p) {{")
+            em.line("  #pragma omp simd")
+            em.line(
+                f"  for (int64_t co = 0; co < {width}; ++co) acc[p][co] = first_ ? {t}(0) : part_t_[p * {block} + co];"
+            )
+            em.line("}")
+            em.line(f"for (int64_t k = 0; k < {taps}; ++k) {{")
+            em.line(f"  const {mt}* const* BPK_RESTRICT xk_ = xp_[t][k];")
+            em.line("  for (int64_t ci = c0_; ci < c1_; ++ci) {")
+            em.line(f"    const {mt}* BPK_RESTRICT wc = wp_ + (k * {cin} + ci) * {block} + {col};")
+            em.line(f"    #pragma GCC unroll {tile}")
+            em.line(f"    for (int p = 0; p < {tile}; ++p) {{")
+            em.line(f"      const {t} xv_ = xk_[p][ci * {sc}];")
+            em.line("      #pragma omp simd")
+            em.line(f"      for (int64_t co = 0; co < {width}; ++co) acc[p][co] += xv_ * {t}(wc[co]);")
+            em.line("    }")
+            em.line("  }")
+            em.line("}")
+            em.line("if (!last_) {")
+            em.line(f"  #pragma GCC unroll {tile}")
+            em.line(f"  for (int p = 0; p < {tile}; ++p) {{")
+            em.line("    #pragma omp simd")
+            em.line(f"    for (int64_t co = 0; co < {width}; ++co) part_t_[p * {block} + co] = acc[p][co];")
+            em.line("  }")
+            em.line("}")
+
+            def store_channel() -> None:
+                value = "acc[px][co]"
+                if root != n.id:  # Note [Convolution epilogue]: the accumulator is the convolution's value
+                    idx = (i_n, oy, ox, cb + co)
+                    em.bind(n.id, idx, value)
+                    value = em.eval(root, idx)
+                em.line(f"orow_[cb + co] = {value};")
+
+            def store_pixel() -> None:
+                em.loop(["#pragma omp simd", f"for (int64_t co = 0; co < {width}; ++co) {{"], [co], store_channel)
+
+            def store_tile() -> None:
+                em.loop(
+                    [f"#pragma GCC unroll {tile}", f"for (int px = 0; px < {tile}; ++px) {{"],
+                    [pix, oy, ox],
+                    store_pixel,
+                    prologue=[
+                        f"const int64_t q_ = (t0_ + t) * {tile} + px;",
+                        f"if (q_ >= {r(pixels)}) break;",
+                        f"const int64_t oy = q_ / {r(ow)}, ox = q_ - oy * {r(ow)};",
+                        f"{mt}* BPK_RESTRICT orow_ = {out} + {image} + q_ * {oc};",
+                    ],
+                )
+
+            # every region holding generated code is an emitter scope, so what it hoists lands
+            # before the region, never inside another region's braces
+            em.loop(["if (last_) {"], [], lambda: em.loop([f"{{ const int64_t cb = cb_ + {col};"], [cb], store_tile))
+
+        def block_tiles(width: int) -> None:
+            """Every chunk of input channels over every tile of the group, for a block of `width`."""
+
+            def per_isa() -> None:
+                if t != "float" or width <= AVX2_BLOCK:
+                    tile_block(width, "0")
+                    return
+                full = width - width % AVX2_BLOCK
+
+                def avx2() -> None:  # 16 vector registers: 6 pixels x 2 vectors of accumulators
+                    em.loop(
+                        [f"for (int64_t sb_ = 0; sb_ < {full}; sb_ += {AVX2_BLOCK}) {{"],
+                        [],
+                        lambda: tile_block(AVX2_BLOCK, "sb_"),
+                    )
+                    if width % AVX2_BLOCK:
+                        em.loop(["{"], [], lambda: tile_block(width % AVX2_BLOCK, str(full)))
+
+                em.branch("#if defined(__AVX2__) && !defined(__AVX512F__)", avx2)
+                em.branch("#else", lambda: tile_block(width, "0"))
+                em.line("#endif")
+
+            def chunk_body() -> None:
+                em.line(f"const int64_t c1_ = std::min<int64_t>({cin}, c0_ + {chunk});")
+                em.line(f"const bool first_ = c0_ == 0, last_ = c1_ == {cin};")
+                em.loop(["for (int64_t t = 0; t < nt_; ++t) {"], [], per_isa)
+
+            em.loop([f"for (int64_t c0_ = 0; c0_ < {cin}; c0_ += {chunk}) {{"], [], chunk_body)
+
+        full = oc - oc % block
+        if full:
+            em.loop([f"if (cb_ < {full}) {{"], [], lambda: block_tiles(block))
+        if oc % block:  # the last, narrower block
+            em.loop([f"if (cb_ == {full}) {{"], [], lambda: block_tiles(oc % block))
+
+    scratch = [
+        f"static thread_local std::vector<{t}> part_buf_;",
+        f"if (part_buf_.size() < size_t({whole * tile * block})) part_buf_.resize({whole * tile * block});",
+        f"{t}* BPK_RESTRICT part_ = part_buf_.data();",
+    ]
+    if sym_eq(xv.strides[3], 1):  # what a tap in the padding reads: C_in zeros
+        scratch.append(f"static const {mt} zeros_[{cin}] = {{}};")
+    else:  # C_in zeros as far apart as the input's channels (an NCHW input read in place)
+        scratch += [
+            "static thread_local std::vector<" + mt + "> zbuf_;",
+            f"const int64_t zn_ = {cin - 1} * {sc} + 1;",
+            f"if (int64_t(zbuf_.size()) < zn_) zbuf_.assign(size_t(zn_), {mt}{{}});",
+            f"const {mt}* zeros_ = zbuf_.data();",
+        ]
+    macs = group * tile * taps * block * cin
+    em.rows_loop([blocks, nb, groups], f"{macs // 2 + 1}", body, scratch)

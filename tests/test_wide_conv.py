@@ -1,0 +1,160 @@
+"""Note [Wide convolutions] (codegen/cpu_conv_wide.py) and Note [Interior windows] (codegen/
+cpu_conv_nhwc.py): convolutions of more than 64 output channels or 1152 taps run channels-last on
+weights packed in blocks of output channels, and channels-last pooling takes interior windows in
+unrolled loops. Against eager at every ISA level this CPU runs, 1-3 threads, sizes from a single pixel
+to several tile groups; output-channel counts off the 64-channel block and the AVX2 library's
+16-channel tile (72, 130, 40, 96), input-channel counts that leave a last, shorter weight chunk (130
+over 3x3 and 5x5 taps), strides, dilation, a non-square kernel and a 1x1 downsampling."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+import bladepack
+from bladepack import Dim
+from bladepack.cpu_features import cpu_flags
+from bladepack.ir.ops import Conv2dAttrs
+from bladepack.options import LoaderOptions
+from tests.helpers import all_isas
+
+SHAPES = ((1, 1, 1), (2, 5, 7), (1, 13, 17), (3, 8, 3), (1, 31, 29))  # (batch, height, width)
+
+
+class _WideChain(nn.Module):
+    """A ResNet-style stage of wide convolutions: a 72-channel stem on the NCHW input (blocks of 64 and
+    8), a stride-2 3x3 to 130 channels plus a 1x1 stride-2 downsampling added to it (three blocks, the
+    last of 2), a dilated (3, 1) kernel, a 5x5 dilated convolution to 40 channels (one block, 3250
+    taps, five weight chunks), and a 96-channel convolution whose chain ends at the output; between
+    them batch norm, ReLU and the residual add as epilogues, and a 3x3 max pooling and two average
+    poolings (with and without the padding in the count) channels-last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.stem = nn.Conv2d(3, 72, 3, padding=1)
+        self.bn = nn.BatchNorm2d(72)
+        self.c2 = nn.Conv2d(72, 130, 3, stride=2, padding=1, bias=False)
+        self.down = nn.Conv2d(72, 130, 1, stride=2)
+        self.c3 = nn.Conv2d(130, 130, (3, 1), padding=(2, 0), dilation=(2, 1))
+        self.c4 = nn.Conv2d(130, 40, 5, padding=4, dilation=2, bias=False)
+        self.c5 = nn.Conv2d(40, 96, 3, padding=1)
+        self.bn.running_mean.copy_(0.1 * torch.randn(72, generator=g))
+        self.bn.running_var.copy_(0.5 + torch.rand(72, generator=g))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        y = torch.relu(self.bn(self.stem(x)))
+        p = nn.functional.max_pool2d(y, 3, stride=1, padding=1)
+        z = torch.relu(self.c2(p) + self.down(y))
+        z = torch.relu(self.c3(z)) + z
+        a = nn.functional.avg_pool2d(z, 3, stride=1, padding=1, count_include_pad=False)
+        b = nn.functional.avg_pool2d(z, 3, stride=1, padding=1)
+        return self.c5(torch.relu(self.c4(a))), b.mean(dim=(2, 3)), p[:, :, ::2, ::3]
+
+
+def _convs(model: nn.Module, samples: list[tuple[torch.Tensor, ...]]) -> list[Any]:
+    """The convolutions of the model's CPU program after the graph passes."""
+    from bladepack.backends import backend
+    from bladepack.export import capture, to_program
+    from bladepack.options import CompileOptions
+    from bladepack.passes.pipeline import run_pipeline
+
+    p = run_pipeline(to_program(capture(model, samples, None)), CompileOptions.from_env(), [backend("cpu").caps])
+    return [n for n in p.graph.nodes if isinstance(n.attrs, Conv2dAttrs)]
+
+
+def _levels(art: bladepack.api.Artifact) -> list[str]:
+    have = cpu_flags()
+    return [isa for isa, requires, _ in art.cpu_libraries if set(requires) <= have]
+
+
+def test_wide_convolutions_match_eager(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = _WideChain().eval()
+    samples = [(torch.randn(2, 3, 10, 8),), (torch.randn(3, 3, 12, 14),)]
+    art = bladepack.optimize(model, samples, {"x": {0: Dim("batch"), 2: Dim("h"), 3: Dim("w")}}, options=all_isas())
+    assert [n.attrs.weight_layout for n in _convs(model, samples)] == ["blocks"] * 6
+    path = tmp_path / "wide.bpk"
+    path.write_bytes(art.to_bytes())
+    rng = np.random.default_rng(4)
+    inputs = [rng.standard_normal((n, 3, h, w), dtype=np.float32) for n, h, w in SHAPES]
+    with torch.no_grad():
+        wants = [[o.numpy() for o in model(torch.from_numpy(x))] for x in inputs]
+    failures = []
+    for isa in _levels(art):
+        for threads in (1, 2, 3):
+            m = bladepack.load(path, executor="native", options=LoaderOptions(cpu_isa=isa, num_threads=threads))
+            for x, want in zip(inputs, wants):
+                for k, (got, ref) in enumerate(zip(m(x), want, strict=True)):
+                    err = float(np.abs(np.asarray(got) - ref).max() / (1 + np.abs(ref).max()))
+                    if not err <= 2e-5:
+                        failures.append(f"{isa}, {threads} threads, input {x.shape}, output {k}: {err:.1e}")
+    assert not failures, "\n".join(failures)
+    ref = bladepack.load(path, executor="reference")  # reads the blocked weights as the kernels do
+    for x, want in zip(inputs[:3], wants[:3]):
+        for got, w in zip(ref(x), want, strict=True):
+            assert float(np.abs(np.asarray(got) - w).max() / (1 + np.abs(w).max())) <= 2e-5
+
+
+class _One(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 80, (3, 2), padding=1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv(x))
+
+
+def test_wide_convolution_golden() -> None:
+    """The pass packs a wide convolution's weight [ceil(80 / 64) * 3, 2, 4, 64] ("blocks": per block of
+    64 output channels, per tap, the [C_in, 64] matrix, the second block zero-padded past channel 80);
+    its chain ends at the output, so it stores channels-last and a permute gives the NCHW result."""
+    from bladepack.backends import backend
+    from bladepack.export import capture, to_program
+    from bladepack.ir.printer import print_graph
+    from bladepack.options import CompileOptions
+    from bladepack.passes.pipeline import run_pipeline
+
+    model = _One().eval()
+    samples = [(torch.randn(2, 4, 6, 5),), (torch.randn(3, 4, 7, 9),)]
+    p = run_pipeline(to_program(capture(model, samples, None)), CompileOptions.from_env(), [backend("cpu").caps])
+    assert print_graph(p.graph, p.shape_env) == textwrap.dedent("""\
+        symbols { x_dim0: [1, inf], x_dim2: [1, inf], x_dim3: [1, inf] }
+        graph(%0 x: f32[x_dim0, 4, x_dim2, x_dim3]) weights(%3 conv.weight.blocks: f32[6, 2, 4, 64]) {
+          %2: f32[x_dim0, x_dim2, x_dim3, 4] = permute(%0) {perm=(0, 2, 3, 1)}
+          %4: f32[x_dim0, x_dim2, x_dim3+1, 80] = conv2d(%2, %3) {stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1, has_bias=False, out_layout='nhwc', weight_layout='blocks'}
+          %6: f32[x_dim0, x_dim2, x_dim3+1, 80] = relu(%4)
+          %7: f32[x_dim0, 80, x_dim2, x_dim3+1] = permute(%6) {perm=(0, 3, 1, 2)}
+          return %7
+        }
+        """)
+    (w,) = [w for w in p.graph.weights]
+    assert w.type.shape == (6, 2, 4, 64)
+    packed = np.asarray(p.weight_data[w.name]).reshape(2, 3, 2, 4, 64)
+    torch_w = model.conv.weight.detach().numpy()  # [80, 4, 3, 2]
+    assert np.array_equal(packed[0], torch_w[:64].transpose(2, 3, 1, 0))
+    assert np.array_equal(packed[1][..., :16], torch_w[64:].transpose(2, 3, 1, 0))
+    assert not packed[1][..., 16:].any()
+
+
+def test_source_weights_read_back_from_packed_convolution_weights() -> None:
+    """Note [Derived source weights] (artifact/writer.py): the source program's convolution weights are
+    the plan's packed ones ("blocks", "ihwo"), not a second copy; `extend` unpacks them and rebuilds
+    the same artifact byte for byte."""
+    from bladepack.artifact import read
+    from bladepack.extend import extend
+
+    torch.manual_seed(0)
+    model = _WideChain().eval()
+    samples = [(torch.randn(2, 3, 10, 8),), (torch.randn(3, 3, 12, 14),)]
+    art = bladepack.optimize(model, samples)
+    rows = read(art.to_bytes()).manifest["source_program"]["weights"]
+    convs = {name: row for name, row in rows.items() if name.endswith("weight") and len(row["shape"]) == 4}
+    assert sorted(row.get("layout", "") for row in convs.values()) == ["blocks"] * 6, convs
+    assert all(row["packed"] == f"weight/{name}.blocks" and "section" not in row for name, row in convs.items())
+    assert extend(art.to_bytes()).to_bytes() == art.to_bytes()
