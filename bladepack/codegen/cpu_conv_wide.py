@@ -14,20 +14,25 @@ accumulators before the one store), with three changes for the size of their wei
 3x3 convolution has 9.4 MB):
 - the weight is packed per block of B output channels, and per tap within a block, so a block's
   weights are one contiguous run and a tap's [C_in, B] matrix is walked in order;
-- one parallel row per (block, image, group of up to TILE_GROUP tiles), blocks outermost, so a
-  thread's consecutive rows read the same block's weights;
+- one parallel row per (block, image, group of up to TILE_GROUP tiles; an image of at most
+  SMALL_IMAGE tiles is one group, its other rows empty), blocks outermost, so a thread's consecutive
+  rows read the same block's weights;
 - inside a row the input channels are walked in chunks of at most CHUNK_ROWS weight rows (input
   channel x tap, 256 KB of a 64-channel block: half the smallest L2 of the x86 cores served); each
   chunk serves every tile of the group before the next is read, and a tile's partial sums wait in a
   thread-local buffer between chunks. The last chunk evaluates the epilogue and stores.
 The pointer tables of a row's tiles are made once and serve every chunk. AVX-512 keeps 6 pixels x 64
 channels (24 accumulator vectors); the AVX2 library, with 16 vector registers, walks a block 16
-channels at a time (12 accumulators). Measured on ResNet-18's 3x3 convolutions at 224 x 224, batch 1,
-2 threads (AMD EPYC, AVX-512): 128 channels 1045 -> 490 µs, 256 channels 1055 -> 525 µs, 512
-channels 1290 -> 665 µs, 75-87% of the FMA peak (at 7 x 7 pixels a tile of 6 repeats 5 of 54); in the
-AVX2 library 950-1400 µs, 59-86% of its peak (bench/results/zoo_resnet18.md). Chunks of 16 to 128
-input channels, and groups of 4 to 16 tiles, measured within 5% of each other except that no chunking
-at all lost 10% at 512 channels; weights packed [C_in, KH, KW, B] per block measured the same.
+channels at a time (12 accumulators). Measured on ResNet-18 at 224 x 224, batch 1, 2 threads, per-
+launch profiles before (im2col + GEMM + epilogue pass) and after, AMD EPYC (bench/results/
+zoo_resnet18.md): AVX-512 library with OpenBLAS's own kernels, 128 channels 915 -> 500 µs, 256
+channels 805 -> 505 µs, 512 channels 978 -> 640 µs (84%, 84% and 66% of the FMA peak; at 7 x 7 a
+tile of 6 repeats 5 of 54 pixels, and the 9.4 MB of weights come from memory once per call); AVX2
+library with OpenBLAS's Haswell kernels (an AVX2 machine's), 1302 -> 1003, 1149 -> 1022 and 1344 ->
+1378 µs. Tried and dropped: chunks of 16-128 input channels, groups of 4-64 tiles and balanced
+groups (within 5%, or slower where a group's inputs and partial sums outgrow L2), no chunks (512
+channels 10% slower), weights [C_in, KH, KW, B] per block (the same), taps outside the chunk loop
+(partial sums per tap: 5-10% slower), and AVX2 tiles of 3 pixels x 32 channels (much slower).
 """
 
 from __future__ import annotations
