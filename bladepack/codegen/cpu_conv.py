@@ -10,6 +10,7 @@ import sympy
 
 from bladepack.codegen.c_render import CPU_MEMTYPE, CTYPE, Loop
 from bladepack.codegen.cpu_conv_nhwc import nhwc_conv_kernel, nhwc_pool_kernel
+from bladepack.codegen.cpu_conv_wide import wide_conv_kernel
 from bladepack.codegen.emitter import Emitter
 from bladepack.codegen.kernel import FLOATS, store_offset
 from bladepack.ir import Node, OpKind
@@ -148,6 +149,9 @@ def direct_conv_kernel(em: Emitter) -> None:
     n = em.ctx.nodes[em.spec.nodes[0]]
     root = em.spec.roots[0]
     a = n.attrs
+    if isinstance(a, Conv2dAttrs) and a.weight_layout == "blocks":  # Note [Wide convolutions]
+        wide_conv_kernel(em)
+        return
     if isinstance(a, Conv2dAttrs) and a.out_layout == "nhwc":  # Note [Channels-last chains]
         nhwc_conv_kernel(em)
         return

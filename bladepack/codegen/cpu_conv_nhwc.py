@@ -10,18 +10,17 @@ loops whatever the image's width.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import sympy
 
 from bladepack.codegen.c_render import CPU_MEMTYPE, CTYPE, Loop
-from bladepack.codegen.cpu_conv_wide import wide_conv_kernel
 from bladepack.codegen.emitter import Emitter
 from bladepack.codegen.kernel import FLOATS, reduce_init, store_offset
 from bladepack.ir import Node, OpKind
 from bladepack.ir.ops import CHANNEL_BLOCK, Conv2dAttrs, Pool2dAttrs, ReduceAttrs
 from bladepack.ir.types import TensorType
-from bladepack.ir.views import simplify, sym_eq
+from bladepack.ir.views import View, simplify, sym_eq
 
 
 def conv_tile_pixels(oc: int) -> int:
@@ -47,6 +46,44 @@ def store_block(em: Emitter, conv: int, root: int, idx: tuple[sympy.Expr, ...], 
         em.line(f"orow_[cb + co] = {value};")
 
     em.loop(["#pragma omp simd", f"for (int64_t co = 0; co < {width}; ++co) {{"], [co], store_channel)
+
+
+def tap_pointers(
+    em: Emitter,
+    a: Conv2dAttrs,
+    kernel: tuple[int, int],
+    slot: Callable[[str], str],
+    strides: tuple[str, str],
+    in_hw: tuple[str, str],
+) -> None:
+    """For the pixel whose window starts at input (iy0, ix0) of image `xn_`: `slot(tap)` = a pointer to
+    the tap's input channels, or `zeros_` where it is in the padding, with bitwise tests and a select
+    per tap (no branch to mispredict)."""
+    (kh, kw), (dh, dw), (sy, sx), (h, w) = kernel, a.dilation, strides, in_hw
+    em.line(f"#pragma GCC unroll {kh}")
+    em.line(f"for (int64_t ky = 0; ky < {kh}; ++ky) {{")
+    em.line(f"  const int64_t iy = iy0 + ky * {dh};")
+    em.line(f"  const bool in_y_ = uint64_t(iy) < uint64_t({h});")
+    em.line(f"  #pragma GCC unroll {kw}")
+    em.line(f"  for (int64_t kx = 0; kx < {kw}; ++kx) {{")
+    em.line(f"    const int64_t ix = ix0 + kx * {dw};")
+    em.line(f"    const bool in_ = in_y_ & (uint64_t(ix) < uint64_t({w}));")
+    em.line(f"    {slot(f'ky * {kw} + kx')} = in_ ? xn_ + iy * {sy} + ix * {sx} : zeros_;")
+    em.line("  }")
+    em.line("}")
+
+
+def zero_pixel(em: Emitter, xv: View, cin: int, mt: str) -> list[str]:
+    """Chunk statements defining `zeros_`, what a tap in the padding reads: C_in zeros, as far apart as
+    the input's channels (an NCHW input read in place has them a plane apart)."""
+    if sym_eq(xv.strides[3], 1):
+        return [f"static const {mt} zeros_[{cin}] = {{}};"]
+    return [
+        "static thread_local std::vector<" + mt + "> zbuf_;",
+        f"const int64_t zn_ = {cin - 1} * {em.args.ref(xv.strides[3])} + 1;",
+        f"if (int64_t(zbuf_.size()) < zn_) zbuf_.assign(size_t(zn_), {mt}{{}});",
+        f"const {mt}* zeros_ = zbuf_.data();",
+    ]
 
 
 def nhwc_conv_kernel(em: Emitter) -> None:
@@ -75,9 +112,6 @@ def nhwc_conv_kernel(em: Emitter) -> None:
     n = em.ctx.nodes[em.spec.nodes[0]]
     root = em.spec.roots[0]
     a = n.attrs
-    if isinstance(a, Conv2dAttrs) and a.weight_layout == "blocks":  # Note [Wide convolutions]
-        wide_conv_kernel(em)
-        return
     assert isinstance(a, Conv2dAttrs) and a.weight_layout == "ihwo" and a.out_layout == "nhwc"
     cg, kh, kw, oc = em.ctx.types[n.inputs[1]].shape
     assert isinstance(oc, int) and isinstance(cg, int)
@@ -132,17 +166,7 @@ def nhwc_conv_kernel(em: Emitter) -> None:
         em.line("  }")
         em.line("  if (inner_) continue;")
         em.line(f"  const int64_t iy0 = oy_[p] * {sh} - {ph}, ix0 = ox_[p] * {sw} - {pwd};")
-        em.line(f"  #pragma GCC unroll {kh}")
-        em.line(f"  for (int64_t ky = 0; ky < {kh}; ++ky) {{")
-        em.line(f"    const int64_t iy = iy0 + ky * {dh};")
-        em.line(f"    const bool in_y_ = uint64_t(iy) < uint64_t({r(h)});")
-        em.line(f"    #pragma GCC unroll {kw}")
-        em.line(f"    for (int64_t kx = 0; kx < {kw}; ++kx) {{")
-        em.line(f"      const int64_t ix = ix0 + kx * {dw};")
-        em.line(f"      const bool in_ = in_y_ & (uint64_t(ix) < uint64_t({r(w)}));")
-        em.line(f"      xp_[ky * {kw} + kx][p] = in_ ? xn_ + iy * {sy} + ix * {sx} : zeros_;")
-        em.line("    }")
-        em.line("  }")
+        tap_pointers(em, a, (kh, kw), lambda k: f"xp_[{k}][p]", (sy, sx), (r(h), r(w)))
         em.line("}")
 
         def accumulate(width: int, pixel: str) -> None:
@@ -229,15 +253,7 @@ def nhwc_conv_kernel(em: Emitter) -> None:
         else:
             blocks(block)
 
-    if sym_eq(xv.strides[3], 1):  # what a tap in the padding reads: C_in zeros
-        scratch = [f"static const {mt} zeros_[{cin}] = {{}};"]
-    else:  # C_in zeros as far apart as the input's channels (an NCHW input read in place)
-        scratch = [
-            "static thread_local std::vector<" + mt + "> zbuf_;",
-            f"const int64_t zn_ = {cin - 1} * {sc} + 1;",
-            f"if (int64_t(zbuf_.size()) < zn_) zbuf_.assign(size_t(zn_), {mt}{{}});",
-            f"const {mt}* zeros_ = zbuf_.data();",
-        ]
+    scratch = zero_pixel(em, xv, cin, mt)
     macs = tile * taps * oc * (1 if depthwise else cin)
     em.rows_loop([nb, tiles], f"{macs // 2 + 1}", body, scratch)
 

@@ -40,10 +40,11 @@ from __future__ import annotations
 import sympy
 
 from bladepack.codegen.c_render import CPU_MEMTYPE, CTYPE, Loop
+from bladepack.codegen.cpu_conv_nhwc import tap_pointers, zero_pixel
 from bladepack.codegen.emitter import Emitter
 from bladepack.codegen.kernel import store_offset
 from bladepack.ir.ops import CHANNEL_BLOCK, Conv2dAttrs
-from bladepack.ir.views import simplify, sym_eq
+from bladepack.ir.views import simplify
 
 CONV_TILE = 6  # output pixels per register tile
 TILE_GROUP = 16  # register tiles per parallel row
@@ -66,7 +67,7 @@ def wide_conv_kernel(em: Emitter) -> None:
     kb, kw, _, block = em.ctx.types[n.inputs[1]].shape
     assert isinstance(oc, int) and isinstance(cin, int) and isinstance(kb, int) and block == min(oc, CHANNEL_BLOCK)
     kh = kb // -(-oc // block)
-    (sh, sw), (ph, pwd), (dh, dw) = a.stride, a.padding, a.dilation
+    (sh, sw), (ph, pwd) = a.stride, a.padding
     t, mt = CTYPE[n.type.dtype], CPU_MEMTYPE[n.type.dtype]
     r = em.args.ref
     sc = r(xv.strides[3])
@@ -106,17 +107,7 @@ def wide_conv_kernel(em: Emitter) -> None:
         em.line(f"  int64_t y_ = q0_ / {r(ow)}, x_ = q0_ - y_ * {r(ow)};")
         em.line(f"  for (int p = 0; p < {tile}; ++p) {{")
         em.line(f"    const int64_t iy0 = y_ * {sh} - {ph}, ix0 = x_ * {sw} - {pwd};")
-        em.line(f"    #pragma GCC unroll {kh}")
-        em.line(f"    for (int64_t ky = 0; ky < {kh}; ++ky) {{")
-        em.line(f"      const int64_t iy = iy0 + ky * {dh};")
-        em.line(f"      const bool in_y_ = uint64_t(iy) < uint64_t({r(h)});")
-        em.line(f"      #pragma GCC unroll {kw}")
-        em.line(f"      for (int64_t kx = 0; kx < {kw}; ++kx) {{")
-        em.line(f"        const int64_t ix = ix0 + kx * {dw};")
-        em.line(f"        const bool in_ = in_y_ & (uint64_t(ix) < uint64_t({r(w)}));")
-        em.line(f"        xp_[t][ky * {kw} + kx][p] = in_ ? xn_ + iy * {sy} + ix * {sx} : zeros_;")
-        em.line("      }")
-        em.line("    }")
+        tap_pointers(em, a, (kh, kw), lambda k: f"xp_[t][{k}][p]", (sy, sx), (r(h), r(w)))
         em.line(f"    if (q0_ + p + 1 < {r(pixels)} && ++x_ == {r(ow)}) {{  // the tail repeats the last pixel")
         em.line("      x_ = 0;")
         em.line("      ++y_;")
@@ -224,14 +215,6 @@ def wide_conv_kernel(em: Emitter) -> None:
         f"if (part_buf_.size() < size_t({whole * tile * block})) part_buf_.resize({whole * tile * block});",
         f"{t}* BPK_RESTRICT part_ = part_buf_.data();",
     ]
-    if sym_eq(xv.strides[3], 1):  # what a tap in the padding reads: C_in zeros
-        scratch.append(f"static const {mt} zeros_[{cin}] = {{}};")
-    else:  # C_in zeros as far apart as the input's channels (an NCHW input read in place)
-        scratch += [
-            "static thread_local std::vector<" + mt + "> zbuf_;",
-            f"const int64_t zn_ = {cin - 1} * {sc} + 1;",
-            f"if (int64_t(zbuf_.size()) < zn_) zbuf_.assign(size_t(zn_), {mt}{{}});",
-            f"const {mt}* zeros_ = zbuf_.data();",
-        ]
+    scratch += zero_pixel(em, xv, cin, mt)
     macs = group * tile * taps * block * cin
     em.rows_loop([blocks, nb, groups], f"{macs // 2 + 1}", body, scratch)
