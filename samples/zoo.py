@@ -240,14 +240,19 @@ class MobileNet(torch.nn.Module):
         return self.head(torch.nn.functional.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
-def _mobilenet() -> torch.nn.Module:
-    model = MobileNet()
-    with torch.no_grad():  # batch-norm statistics that are not the identity
+def _bn_statistics(model: torch.nn.Module, mean: float, var: tuple[float, float]) -> torch.nn.Module:
+    """The model in eval mode with batch-norm statistics that are not the identity: running means in
+    [-mean, mean], running variances in `var`."""
+    with torch.no_grad():
         for m in model.modules():
             if isinstance(m, torch.nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.5, 0.5)
-                m.running_var.uniform_(0.5, 2.0)
+                m.running_mean.uniform_(-mean, mean)
+                m.running_var.uniform_(*var)
     return model.eval()
+
+
+def _mobilenet() -> torch.nn.Module:
+    return _bn_statistics(MobileNet(), 0.5, (0.5, 2.0))
 
 
 class BasicBlock(torch.nn.Module):
@@ -294,13 +299,7 @@ class ResNet18(torch.nn.Module):
 
 
 def _resnet18() -> torch.nn.Module:
-    model = ResNet18()
-    with torch.no_grad():  # batch-norm statistics that are not the identity
-        for m in model.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.1, 0.1)
-                m.running_var.uniform_(0.5, 1.5)
-    return model.eval()
+    return _bn_statistics(ResNet18(), 0.1, (0.5, 1.5))
 
 
 def _images(g: torch.Generator, size: tuple[int, ...]) -> Inputs:
