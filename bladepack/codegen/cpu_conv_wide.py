@@ -21,18 +21,21 @@ accumulators before the one store), with three changes for the size of their wei
   channel x tap, 256 KB of a 64-channel block: half the smallest L2 of the x86 cores served); each
   chunk serves every tile of the group before the next is read, and a tile's partial sums wait in a
   thread-local buffer between chunks. The last chunk evaluates the epilogue and stores.
-The pointer tables of a row's tiles are made once and serve every chunk. AVX-512 keeps 6 pixels x 64
-channels (24 accumulator vectors); the AVX2 library, with 16 vector registers, walks a block 16
-channels at a time (12 accumulators). Measured on ResNet-18 at 224 x 224, batch 1, 2 threads, per-
-launch profiles before (im2col + GEMM + epilogue pass) and after, AMD EPYC (bench/results/
-zoo_resnet18.md): AVX-512 library with OpenBLAS's own kernels, 128 channels 915 -> 500 µs, 256
-channels 805 -> 505 µs, 512 channels 978 -> 640 µs (84%, 84% and 66% of the FMA peak; at 7 x 7 a
-tile of 6 repeats 5 of 54 pixels, and the 9.4 MB of weights come from memory once per call); AVX2
-library with OpenBLAS's Haswell kernels (an AVX2 machine's), 1302 -> 1003, 1149 -> 1022 and 1344 ->
-1378 µs. Tried and dropped: chunks of 16-128 input channels, groups of 4-64 tiles and balanced
-groups (within 5%, or slower where a group's inputs and partial sums outgrow L2), no chunks (512
-channels 10% slower), weights [C_in, KH, KW, B] per block (the same), taps outside the chunk loop
-(partial sums per tap: 5-10% slower), and AVX2 tiles of 3 pixels x 32 channels (much slower).
+An image's last tile with at most TAIL_PIXELS valid pixels computes only those (Note [Tail tiles]:
+ResNet's maps of 7 x 7, 3 x 3 and 56 x 56 to 4 x 4 end in 1, 3 and 4 pixels; measured 1.03-1.05x on
+ResNet-18 at 1 x 96 x 96 and 4 x 128 x 128, 1.00-1.01x at 224 x 224, both libraries, for 0.6 s more
+build). The pointer tables of a row's tiles are made once and serve every chunk. AVX-512 keeps 6
+pixels x 64 channels (24 accumulator vectors); the AVX2 library, with 16 vector registers, walks a
+block 16 channels at a time (12 accumulators). Measured on ResNet-18 at 224 x 224, batch 1, 2
+threads, per-launch profiles before (im2col + GEMM + epilogue pass) and after, AMD EPYC
+(bench/results/zoo_resnet18.md): AVX-512 library with OpenBLAS's own kernels, 128 channels 915 ->
+500 µs, 256 channels 805 -> 505 µs, 512 channels 978 -> 640 µs (84%, 84% and 66% of the FMA peak; at
+7 x 7 the 9.4 MB of weights come from memory once per call); AVX2 library with OpenBLAS's Haswell
+kernels (an AVX2 machine's), 1302 -> 1003, 1149 -> 1022 and 1344 -> 1378 µs. Tried and dropped:
+chunks of 16-128 input channels, groups of 4-64 tiles and balanced groups (within 5%, or slower
+where a group's inputs and partial sums outgrow L2), no chunks (512 channels 10% slower), weights
+[C_in, KH, KW, B] per block (the same), taps outside the chunk loop (partial sums per tap: 5-10%
+slower), and AVX2 tiles of 3 pixels x 32 channels (much slower).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from bladepack.ir.ops import CHANNEL_BLOCK, Conv2dAttrs
 from bladepack.ir.views import simplify
 
 CONV_TILE = 6  # output pixels per register tile
+TAIL_PIXELS = 4  # an image's last tile with at most this many pixels computes only these
 TILE_GROUP = 16  # register tiles per parallel row
 SMALL_IMAGE = 48  # an image of at most this many tiles is one group
 CHUNK_ROWS = 1024  # weight rows (input channel x tap) per chunk: 1024 x 64 floats = 256 KB
@@ -115,13 +119,14 @@ def wide_conv_kernel(em: Emitter) -> None:
         em.line("  }")
         em.line("}")
 
-        def tile_block(width: int, col: str) -> None:
-            """acc over output channels [cb, cb + width) of tile t for input channels [c0_, c1_): from
-            zero or the partial sums, then back to them or, after the last chunk, stored."""
-            em.line(f"{t} acc[{tile}][{width}];")
+        def tile_block(width: int, col: str, npx: int) -> None:
+            """acc over output channels [cb, cb + width) of the first `npx` pixels of tile t for input
+            channels [c0_, c1_): from zero or the partial sums, then back to them or, after the last
+            chunk, stored."""
+            em.line(f"{t} acc[{npx}][{width}];")
             em.line(f"{t}* BPK_RESTRICT part_t_ = part_ + (t * {tile}) * {block} + {col};")
-            em.line(f"#pragma GCC unroll {tile}")
-            em.line(f"for (int p = 0; p < {tile}; ++p) {{")
+            em.line(f"#pragma GCC unroll {npx}")
+            em.line(f"for (int p = 0; p < {npx}; ++p) {{")
             em.line("  #pragma omp simd")
             em.line(
                 f"  for (int64_t co = 0; co < {width}; ++co) acc[p][co] = first_ ? {t}(0) : part_t_[p * {block} + co];"
@@ -131,8 +136,8 @@ def wide_conv_kernel(em: Emitter) -> None:
             em.line(f"  const {mt}* const* BPK_RESTRICT xk_ = xp_[t][k];")
             em.line("  for (int64_t ci = c0_; ci < c1_; ++ci) {")
             em.line(f"    const {mt}* BPK_RESTRICT wc = wp_ + (k * {cin} + ci) * {block} + {col};")
-            em.line(f"    #pragma GCC unroll {tile}")
-            em.line(f"    for (int p = 0; p < {tile}; ++p) {{")
+            em.line(f"    #pragma GCC unroll {npx}")
+            em.line(f"    for (int p = 0; p < {npx}; ++p) {{")
             em.line(f"      const {t} xv_ = xk_[p][ci * {sc}];")
             em.line("      #pragma omp simd")
             em.line(f"      for (int64_t co = 0; co < {width}; ++co) acc[p][co] += xv_ * {t}(wc[co]);")
@@ -140,8 +145,8 @@ def wide_conv_kernel(em: Emitter) -> None:
             em.line("  }")
             em.line("}")
             em.line("if (!last_) {")
-            em.line(f"  #pragma GCC unroll {tile}")
-            em.line(f"  for (int p = 0; p < {tile}; ++p) {{")
+            em.line(f"  #pragma GCC unroll {npx}")
+            em.line(f"  for (int p = 0; p < {npx}; ++p) {{")
             em.line("    #pragma omp simd")
             em.line(f"    for (int64_t co = 0; co < {width}; ++co) part_t_[p * {block} + co] = acc[p][co];")
             em.line("  }")
@@ -160,7 +165,7 @@ def wide_conv_kernel(em: Emitter) -> None:
 
             def store_tile() -> None:
                 em.loop(
-                    [f"#pragma GCC unroll {tile}", f"for (int px = 0; px < {tile}; ++px) {{"],
+                    [f"#pragma GCC unroll {npx}", f"for (int px = 0; px < {npx}; ++px) {{"],
                     [pix, oy, ox],
                     store_pixel,
                     prologue=[
@@ -178,9 +183,9 @@ def wide_conv_kernel(em: Emitter) -> None:
         def block_tiles(width: int) -> None:
             """Every chunk of input channels over every tile of the group, for a block of `width`."""
 
-            def per_isa() -> None:
+            def per_isa(npx: int) -> None:
                 if t != "float" or width <= AVX2_BLOCK:
-                    tile_block(width, "0")
+                    tile_block(width, "0", npx)
                     return
                 full = width - width % AVX2_BLOCK
 
@@ -188,19 +193,26 @@ def wide_conv_kernel(em: Emitter) -> None:
                     em.loop(
                         [f"for (int64_t sb_ = 0; sb_ < {full}; sb_ += {AVX2_BLOCK}) {{"],
                         [],
-                        lambda: tile_block(AVX2_BLOCK, "sb_"),
+                        lambda: tile_block(AVX2_BLOCK, "sb_", npx),
                     )
                     if width % AVX2_BLOCK:
-                        em.loop(["{"], [], lambda: tile_block(width % AVX2_BLOCK, str(full)))
+                        em.loop(["{"], [], lambda: tile_block(width % AVX2_BLOCK, str(full), npx))
 
                 em.branch("#if defined(__AVX2__) && !defined(__AVX512F__)", avx2)
-                em.branch("#else", lambda: tile_block(width, "0"))
+                em.branch("#else", lambda: tile_block(width, "0", npx))
                 em.line("#endif")
+
+            def tile_body() -> None:
+                # Note [Tail tiles]: an image's last tile with at most TAIL_PIXELS valid pixels computes
+                # only those (at 7 x 7 the last of 9 tiles holds 1 pixel; at 3 x 3, 3 of 12)
+                em.line(f"const int64_t valid_ = {r(pixels)} - (t0_ + t) * {tile};")
+                em.loop([f"if (valid_ > {TAIL_PIXELS}) {{"], [], lambda: per_isa(tile))
+                em.loop(["else {"], [], lambda: per_isa(TAIL_PIXELS))
 
             def chunk_body() -> None:
                 em.line(f"const int64_t c1_ = std::min<int64_t>({cin}, c0_ + {chunk});")
                 em.line(f"const bool first_ = c0_ == 0, last_ = c1_ == {cin};")
-                em.loop(["for (int64_t t = 0; t < nt_; ++t) {"], [], per_isa)
+                em.loop(["for (int64_t t = 0; t < nt_; ++t) {"], [], tile_body)
 
             em.loop([f"for (int64_t c0_ = 0; c0_ < {cin}; c0_ += {chunk}) {{"], [], chunk_body)
 
