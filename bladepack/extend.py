@@ -34,7 +34,7 @@ from bladepack.artifact.format import BpkFile, read
 from bladepack.errors import BladepackError
 from bladepack.ir.serialize import decode_program
 from bladepack.ir.shape_env import RangeFact
-from bladepack.opset import conv_weights
+from bladepack.opset import packed_weights
 from bladepack.options import CompileOptions, LoaderOptions
 from bladepack.reference_record import record_cases
 from bladepack.target import CPU_ONLY, Target
@@ -114,13 +114,14 @@ def extend(
 
 def _source_weight(bpk: BpkFile, row: dict[str, Any]) -> np.ndarray:
     """A source program's weight: its own bytes, or (Note [Derived source weights] in artifact/
-    writer.py) a plan weight packed for a convolution kernel, unpacked."""
+    writer.py) the plan's packed copies of it, unpacked."""
     dtype, shape = np.dtype(row["dtype"]).newbyteorder("<"), tuple(int(d) for d in row["shape"])
     if "packed" not in row:
         return np.frombuffer(bpk.section(row["section"]), dtype=dtype).reshape(shape).copy()
-    layout = row["layout"]
-    flat = np.frombuffer(bpk.section(row["packed"]), dtype=dtype)
-    return conv_weights.unpack(layout, flat.reshape(conv_weights.packed_shape(layout, shape)), shape[0])
+    layout, pieces = row["layout"], [np.frombuffer(bpk.section(s), dtype=dtype) for s in row["packed"]]
+    if layout in packed_weights.LINEAR_LAYOUTS:
+        return packed_weights.unpack_linear(layout, pieces, shape, bool(row["transposed"]))
+    return packed_weights.unpack(layout, pieces[0].reshape(packed_weights.packed_shape(layout, shape)), shape[0])
 
 
 def _check_ranges(

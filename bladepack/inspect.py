@@ -384,7 +384,7 @@ def inspect_text(s: dict[str, Any]) -> str:
             else ""
         )
         if sp.get("weights_unpacked"):
-            apart += f", {sp['weights_unpacked']} read back from the plan's packed convolution weights"
+            apart += f", {sp['weights_unpacked']} read back from the plan's packed copies"
         lines.append(
             f"program: kept from the {sp['frontend']} front end for bladepack extend (built for "
             f"{', '.join(sp['targets'])}{apart})"

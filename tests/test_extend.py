@@ -220,3 +220,45 @@ def test_inspect_counts_the_cases_of_each_oracle() -> None:
     }
     rc = _reference_cases({"reference_cases": record})
     assert rc is not None and rc["oracles"] == {"torch eager": 2, "bladepack reference executor": 1}
+
+
+class _Packed(nn.Module):
+    """A weight in each packed form a kernel reads: a small linear layer ("dense"), one over 512 KB
+    (one "panels" copy), one whose K is split (two "panels" pieces), a small convolution ("ihwo") and
+    a wide one ("blocks")."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.small = nn.Linear(64, 48)
+        self.wide = nn.Linear(48, 4608)
+        self.deep = nn.Linear(4608, 96)
+        self.conv = nn.Conv2d(3, 16, 3, padding=1)
+        self.big = nn.Conv2d(16, 80, 3, padding=1)
+
+    def forward(self, x: torch.Tensor, img: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.deep(torch.relu(self.wide(torch.relu(self.small(x))))), self.big(torch.relu(self.conv(img)))
+
+
+@pytest.mark.parametrize("dense_layers", [True, False])
+def test_source_weights_are_the_plans_packed_copies(dense_layers: bool) -> None:
+    """Note [Derived source weights] (artifact/writer.py): no weight is stored a second time as the front
+    end had it when the plan holds a packed copy ("dense", "panels" in pieces, "kn" with dense layers
+    off, "ihwo", "blocks"); `extend` unpacks them and rebuilds the artifact byte for byte."""
+    from bladepack.options import CompileOptions
+
+    torch.manual_seed(0)
+    model = _Packed().eval()
+    samples = [(torch.randn(3, 64), torch.randn(1, 3, 6, 5)), (torch.randn(5, 64), torch.randn(2, 3, 7, 9))]
+    options = CompileOptions.from_env(dense_layers=dense_layers)
+    art = bladepack.optimize(model, samples, options=options)
+    rows = read(art.to_bytes()).manifest["source_program"]["weights"]
+    layouts = {name: (row.get("layout"), len(row.get("packed", ()))) for name, row in rows.items()}
+    want_linear = (
+        {"small.weight": ("dense", 1), "wide.weight": ("panels", 1), "deep.weight": ("panels", 2)}
+        if dense_layers
+        else {"small.weight": ("kn", 1), "wide.weight": ("kn", 1), "deep.weight": ("kn", 1)}
+    )
+    assert {k: layouts[k] for k in want_linear} == want_linear, layouts
+    assert layouts["conv.weight"] == ("ihwo", 1) and layouts["big.weight"] == ("blocks", 1), layouts
+    assert not [r for r in rows.values() if r.get("section", "").startswith("program/")], rows
+    assert extend(art.to_bytes(), options=options).to_bytes() == art.to_bytes()

@@ -156,5 +156,5 @@ def test_source_weights_read_back_from_packed_convolution_weights() -> None:
     rows = read(art.to_bytes()).manifest["source_program"]["weights"]
     convs = {name: row for name, row in rows.items() if name.endswith("weight") and len(row["shape"]) == 4}
     assert sorted(row.get("layout", "") for row in convs.values()) == ["blocks"] * 6, convs
-    assert all(row["packed"] == f"weight/{name}.blocks" and "section" not in row for name, row in convs.items())
+    assert all(row["packed"] == [f"weight/{name}.blocks"] and "section" not in row for name, row in convs.items())
     assert extend(art.to_bytes()).to_bytes() == art.to_bytes()

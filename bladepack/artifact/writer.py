@@ -14,7 +14,7 @@ import numpy as np
 
 from bladepack.artifact.format import FORMAT_MAJOR, FORMAT_MINOR, Section
 from bladepack.artifact.plan import ExecPlan
-from bladepack.opset import conv_weights
+from bladepack.opset import packed_weights
 
 
 def weight_section_name(name: str) -> str:
@@ -140,16 +140,41 @@ def embed_packed(
 PROGRAM_SECTION = "program.msgpack"
 
 
-def _packed_copy(name: str, arr: np.ndarray, final: Mapping[str, Any]) -> tuple[str, str] | None:
-    """Note [Derived source weights]: the plan's section holding `arr` packed for a convolution kernel,
-    and that layout, or None."""
-    if arr.ndim != 4:
+def _packed_copy(name: str, arr: np.ndarray, final: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Note [Derived source weights]: where the plan holds `arr` only as a kernel's packed copy, the
+    row fields that name it ({packed: [sections], layout, and for a linear layer's weight
+    `transposed`}), else None. A copy counts only if unpacking it gives `arr`'s bytes."""
+    want = memoryview(arr.data).cast("B")
+    if arr.ndim == 4:
+        for layout in packed_weights.PACKED_LAYOUTS:
+            section = weight_section_name(f"{name}.{layout}")
+            held = final.get(section)
+            if held is not None and memoryview(held).cast("B") == memoryview(
+                packed_weights.pack(layout, arr).data
+            ).cast("B"):
+                return {"packed": [section], "layout": layout}
         return None
-    for layout in conv_weights.PACKED_LAYOUTS:
-        section = weight_section_name(f"{name}.{layout}")
-        held = final.get(section)
-        if held is not None and memoryview(held).cast("B") == memoryview(conv_weights.pack(layout, arr).data).cast("B"):
-            return section, layout
+    if arr.ndim != 2:
+        return None
+    for layout in packed_weights.LINEAR_LAYOUTS:
+        if layout == "panels":  # one piece, or pieces of K numbered from 0 (Note [Dense K pieces])
+            sections = [weight_section_name(f"{name}.panels")]
+            if sections[0] not in final:
+                sections = []
+                while weight_section_name(f"{name}.panels{len(sections)}") in final:
+                    sections.append(weight_section_name(f"{name}.panels{len(sections)}"))
+        else:
+            sections = [weight_section_name(f"{name}.{layout}")]
+        if not sections or any(s not in final for s in sections):
+            continue
+        for transposed in (True, False):
+            try:  # a copy of another dtype (a dtype= conversion) or size does not unpack to arr
+                pieces = [np.frombuffer(final[s], dtype=arr.dtype) for s in sections]
+                back = packed_weights.unpack_linear(layout, pieces, arr.shape, transposed)
+            except ValueError:
+                continue
+            if memoryview(back.data).cast("B") == want:
+                return {"packed": sections, "layout": layout, "transposed": transposed}
     return None
 
 
@@ -159,9 +184,10 @@ def _source_program(
     """Note [Extending an artifact]: the program as a msgpack section, and its weights — a weight the
     optimized plan also holds, byte for byte, under the same name shares that section.
 
-    Note [Derived source weights]: a convolution weight the plan holds only packed (NAME.ihwo,
-    NAME.blocks: opset/conv_weights.py) is not stored a second time in torch's layout; its row names
-    the packed section and its `layout`, and `extend` unpacks it. ResNet-18's artifact: 95 -> 51 MB."""
+    Note [Derived source weights]: a weight the plan holds only packed for a kernel — a convolution's
+    NAME.ihwo / NAME.blocks, a linear layer's NAME.dense / NAME.panels[i] / NAME.kn (opset/
+    packed_weights.py) — is not stored a second time as the front end had it; its row names the packed
+    sections and their `layout`, and `extend` unpacks them. ResNet-18's artifact: 95 -> 51 MB."""
     data, weights, meta = source
     final = {s.name: s.data for s in sections}
     rows: dict[str, dict[str, Any]] = {}
@@ -176,7 +202,7 @@ def _source_program(
         if held is None or memoryview(held).cast("B") != blob:
             derived = _packed_copy(name, arr, final)
             if derived is not None:  # under its own key: a 1.8 reader refuses the row, never misreads it
-                rows[name] = {"packed": derived[0], "layout": derived[1], **row}
+                rows[name] = {**derived, **row}
                 continue
             section = f"program/weight/{name}"
             sections.append(Section(section, blob))

@@ -16,7 +16,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from bladepack.errors import IndexRangeError
-from bladepack.opset import OP_INFO, conv_weights
+from bladepack.opset import OP_INFO, packed_weights
 
 Impl = Callable[[Sequence[np.ndarray], dict[str, Any], tuple[int, ...], np.dtype], np.ndarray]
 OPS: dict[str, Impl] = {}
@@ -389,7 +389,7 @@ def _conv2d(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, .
     if attrs.get("weight_layout", "oihw") == "blocks":  # [ceil(C_out / B) * KH, KW, C_in, B], zero-padded
         if attrs.get("out_layout") != "nhwc":
             raise ValueError("conv2d weight_layout 'blocks' goes with out_layout 'nhwc' only")
-        xs, attrs = [x, conv_weights.unpack("blocks", w, shape[-1]), *xs[2:]], {**attrs, "weight_layout": "oihw"}
+        xs, attrs = [x, packed_weights.unpack("blocks", w, shape[-1]), *xs[2:]], {**attrs, "weight_layout": "oihw"}
         w = xs[1]
     if attrs.get("weight_layout", "oihw") == "ihwo":  # packed [C_in, KH, KW, C_out]
         w = np.ascontiguousarray(w.transpose(3, 0, 1, 2))

@@ -36,7 +36,7 @@ import numpy as np
 from bladepack.ir import GraphBuilder, Node, OpKind, Program, rebuild_graph
 from bladepack.ir.ops import OP_INFO, Conv2dAttrs, OpClass, PermuteAttrs, Pool2dAttrs, ReduceAttrs
 from bladepack.ir.types import TensorType
-from bladepack.opset import conv_weights
+from bladepack.opset import packed_weights
 from bladepack.passes.dce import dead_code_elimination
 
 MAX_DEPTHWISE_TAPS = 64  # kernels up to 8 x 8 (the kernel keeps a pointer per tap and pixel)
@@ -148,8 +148,8 @@ def channels_last(p: Program) -> Program:
         if (w_id, layout) not in packed:
             w = weights[w_id]
             name = f"{w.name}.{layout}"
-            data[name] = conv_weights.pack(layout, np.asarray(p.weight_data[w.name]))
-            shape = conv_weights.packed_shape(layout, tuple(int(d) for d in w.type.shape))
+            data[name] = packed_weights.pack(layout, np.asarray(p.weight_data[w.name]))
+            shape = packed_weights.packed_shape(layout, tuple(int(d) for d in w.type.shape))
             packed[(w_id, layout)] = b.add_weight(name, TensorType(w.type.dtype, shape))
         return packed[(w_id, layout)]
 

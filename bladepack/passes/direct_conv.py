@@ -23,7 +23,7 @@ import numpy as np
 from bladepack.ir import GraphBuilder, Node, OpKind, Program, rebuild_graph
 from bladepack.ir.ops import Conv2dAttrs
 from bladepack.ir.types import TensorType
-from bladepack.opset import conv_weights
+from bladepack.opset import packed_weights
 from bladepack.passes.dce import dead_code_elimination
 
 MAX_OUT_CHANNELS = 64
@@ -61,7 +61,7 @@ def direct_conv(p: Program) -> Program:
         w = weights[n.inputs[1]]
         if w.id not in packed:
             name = f"{w.name}.ihwo"
-            data[name] = conv_weights.pack("ihwo", np.asarray(p.weight_data[w.name]))
+            data[name] = packed_weights.pack("ihwo", np.asarray(p.weight_data[w.name]))
             oc, cin, kh, kw = w.type.shape
             packed[w.id] = b.add_weight(name, TensorType(w.type.dtype, (cin, kh, kw, oc)))
         attrs = dataclasses.replace(n.attrs, weight_layout="ihwo")

@@ -1,0 +1,86 @@
+"""Weights packed for the generated kernels, and back.
+
+Convolutions: a weight in torch's layout [C_out, C_in / groups, KH, KW] ("oihw") becomes the
+`Conv2dAttrs.weight_layout` a kernel reads — "ihwo" ([C_in / groups, KH, KW, C_out]: passes/
+direct_conv.py, passes/channels_last.py) or "blocks" ([ceil(C_out / B) * KH, KW, C_in, B], B =
+min(C_out, CHANNEL_BLOCK), the last block zero-padded: Note [Wide convolutions] in codegen/
+cpu_conv_wide.py); `unpack` turns a packed weight back (the reference executor reads "blocks" through
+it). Linear layers: `unpack_linear` rebuilds a weight ([N, K] as nn.Linear holds it, or [K, N]) from
+the copies passes/dense_layers.py and passes/pack_linear.py store — "dense" ([K, 1, 1, N]), "panels"
+(pieces of K, each [ceil(N / 16), K_i, 1, 16], the last panel zero-padded) or "kn" ([K, N]). Note
+[Derived source weights] (artifact/writer.py) stores a packed weight once and rebuilds the source
+program's copy through these.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bladepack.opset.attrs import CHANNEL_BLOCK, PANEL
+
+PACKED_LAYOUTS = ("ihwo", "blocks")
+LINEAR_LAYOUTS = ("dense", "kn", "panels")
+
+
+def packed_shape(layout: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The packed weight's shape for a weight of torch's `shape` [C_out, C_in / groups, KH, KW]."""
+    oc, cg, kh, kw = shape
+    if layout == "ihwo":
+        return (cg, kh, kw, oc)
+    if layout == "blocks":
+        blk = min(oc, CHANNEL_BLOCK)
+        return (-(-oc // blk) * kh, kw, cg, blk)
+    raise ValueError(f"conv2d weight_layout {layout!r}: packed layouts are {', '.join(PACKED_LAYOUTS)}")
+
+
+def pack(layout: str, w: np.ndarray) -> np.ndarray:
+    """`w` [C_out, C_in / groups, KH, KW] in `layout`, contiguous."""
+    oc, cg, kh, kw = w.shape
+    ihwo = np.asarray(w).transpose(1, 2, 3, 0)
+    if layout == "ihwo":
+        return np.ascontiguousarray(ihwo)
+    shape = packed_shape(layout, w.shape)
+    blk = shape[3]
+    nblk = shape[0] // kh
+    padded = np.zeros((cg, kh, kw, nblk * blk), ihwo.dtype)
+    padded[..., :oc] = ihwo
+    return np.ascontiguousarray(padded.reshape(cg, kh, kw, nblk, blk).transpose(3, 1, 2, 0, 4)).reshape(shape)
+
+
+def unpack(layout: str, packed: np.ndarray, c_out: int) -> np.ndarray:
+    """The weight [C_out, C_in / groups, KH, KW] that `pack(layout, ...)` turned into `packed`."""
+    if layout == "ihwo":
+        return np.ascontiguousarray(packed.transpose(3, 0, 1, 2))
+    if layout != "blocks":
+        raise ValueError(f"conv2d weight_layout {layout!r}: packed layouts are {', '.join(PACKED_LAYOUTS)}")
+    kb, kw, cg, blk = packed.shape
+    nblk = -(-c_out // blk)
+    kh = kb // nblk
+    w = packed.reshape(nblk, kh, kw, cg, blk).transpose(0, 4, 3, 1, 2).reshape(nblk * blk, cg, kh, kw)
+    return np.ascontiguousarray(w[:c_out])
+
+
+def unpack_linear(layout: str, pieces: list[np.ndarray], shape: tuple[int, ...], transposed: bool) -> np.ndarray:
+    """The 2-D weight of `shape` whose [K, N] matrix (its transpose when `transposed`) was stored as
+    the flat `pieces` in `layout`; raises ValueError where their sizes do not fit."""
+    if len(shape) != 2:
+        raise ValueError(f"a linear layer's weight has 2 dims, not {len(shape)}")
+    k, n = (shape[1], shape[0]) if transposed else (shape[0], shape[1])
+    if layout in ("dense", "kn"):
+        if len(pieces) != 1 or pieces[0].size != k * n:
+            raise ValueError(f"a {layout} copy of a [{k}, {n}] matrix holds {k * n} values")
+        kn = pieces[0].reshape(k, n)
+    elif layout == "panels":
+        count = -(-n // PANEL)
+        rows = []
+        for piece in pieces:
+            if piece.size % (count * PANEL):
+                raise ValueError(f"a panel piece of {piece.size} values for {n} columns")
+            ki = piece.size // (count * PANEL)
+            rows.append(piece.reshape(count, ki, PANEL).transpose(1, 0, 2).reshape(ki, count * PANEL)[:, :n])
+        kn = np.concatenate(rows, axis=0) if rows else np.zeros((0, n), pieces[0].dtype if pieces else np.float32)
+        if kn.shape[0] != k:
+            raise ValueError(f"panel pieces of {kn.shape[0]} rows for a K of {k}")
+    else:
+        raise ValueError(f"linear weight layout {layout!r}: packed layouts are {', '.join(LINEAR_LAYOUTS)}")
+    return np.ascontiguousarray(kn.T if transposed else kn)
