@@ -48,6 +48,17 @@ def store_block(em: Emitter, conv: int, root: int, idx: tuple[sympy.Expr, ...], 
     em.loop(["#pragma omp simd", f"for (int64_t co = 0; co < {width}; ++co) {{"], [co], store_channel)
 
 
+def image_start(em: Emitter, conv: Node, xv: View, px: str, i_n: Loop) -> tuple[str, str, str]:
+    """A channels-last convolution's row of image `i_n`: defines `xn_`, the image's input, and returns
+    the input's row and pixel strides and the image's output offset."""
+    base = em.args.index(sympy.expand(xv.offset + i_n * xv.strides[0]))
+    sy, sx = em.args.ref(xv.strides[1]), em.args.ref(xv.strides[2])
+    zero = sympy.Integer(0)
+    image = em.args.index(store_offset(conv.type.shape, (i_n, zero, zero, zero)))
+    em.line(f"const {CPU_MEMTYPE[conv.type.dtype]}* BPK_RESTRICT xn_ = {px} + {base};")
+    return sy, sx, image
+
+
 def tap_pointers(
     em: Emitter,
     a: Conv2dAttrs,
@@ -140,10 +151,7 @@ def nhwc_conv_kernel(em: Emitter) -> None:
 
     def body(outer: tuple[Loop, ...]) -> None:
         i_n, i_t = outer
-        base = em.args.index(sympy.expand(xv.offset + i_n * xv.strides[0]))
-        sy, sx = r(xv.strides[1]), r(xv.strides[2])
-        image = em.args.index(store_offset(n.type.shape, (i_n, sympy.Integer(0), sympy.Integer(0), sympy.Integer(0))))
-        em.line(f"const {mt}* BPK_RESTRICT xn_ = {px} + {base};")
+        sy, sx, image = image_start(em, n, xv, px, i_n)
         em.line(f"const {mt}* BPK_RESTRICT wp_ = {pw_} + {r(wv.offset)};")
         em.line(f"const int64_t q0_ = {i_t.name} * {tile};")
         em.line(f"const int64_t np_ = std::min<int64_t>({tile}, {r(pixels)} - q0_);")

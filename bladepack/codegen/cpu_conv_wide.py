@@ -45,12 +45,9 @@ slower), and AVX2 tiles of 3 pixels x 32 channels (much slower).
 
 from __future__ import annotations
 
-import sympy
-
 from bladepack.codegen.c_render import CPU_MEMTYPE, CTYPE, Loop
-from bladepack.codegen.cpu_conv_nhwc import tap_pointers, zero_pixel
+from bladepack.codegen.cpu_conv_nhwc import image_start, store_block, tap_pointers, zero_pixel
 from bladepack.codegen.emitter import Emitter
-from bladepack.codegen.kernel import store_offset
 from bladepack.ir.ops import CHANNEL_BLOCK, Conv2dAttrs
 from bladepack.ir.views import simplify
 
@@ -99,10 +96,7 @@ def wide_conv_kernel(em: Emitter) -> None:
 
     def body(outer: tuple[Loop, ...]) -> None:
         i_b, i_n, i_g = outer
-        base = em.args.index(sympy.expand(xv.offset + i_n * xv.strides[0]))
-        sy, sx = r(xv.strides[1]), r(xv.strides[2])
-        image = em.args.index(store_offset(n.type.shape, (i_n, sympy.Integer(0), sympy.Integer(0), sympy.Integer(0))))
-        em.line(f"const {mt}* BPK_RESTRICT xn_ = {px} + {base};")
+        sy, sx, image = image_start(em, n, xv, px, i_n)
         # the row's block of packed weights: [KH, KW, C_in, block], contiguous
         em.line(f"const {mt}* BPK_RESTRICT wp_ = {pw_} + {r(wv.offset)} + {i_b.name} * {cin * taps * block};")
         em.line(f"const int64_t cb_ = {i_b.name} * {block};")
@@ -160,16 +154,8 @@ def wide_conv_kernel(em: Emitter) -> None:
             em.line("  }")
             em.line("}")
 
-            def store_channel() -> None:
-                value = "acc[px][co]"
-                if root != n.id:  # Note [Convolution epilogue]: the accumulator is the convolution's value
-                    idx = (i_n, oy, ox, cb + co)
-                    em.bind(n.id, idx, value)
-                    value = em.eval(root, idx)
-                em.line(f"orow_[cb + co] = {value};")
-
             def store_pixel() -> None:
-                em.loop(["#pragma omp simd", f"for (int64_t co = 0; co < {width}; ++co) {{"], [co], store_channel)
+                store_block(em, n.id, root, (i_n, oy, ox, cb + co), co, width)
 
             def store_tile() -> None:
                 em.loop(
