@@ -1,14 +1,17 @@
 """CPU benchmark of recurrent layers (Note [Recurrent kernel]): bladepack against PyTorch eager, ONNX
-Runtime and OpenVINO on LSTM and GRU encoders of common sizes, at batch sizes and sequence lengths
-that change per call.
+Runtime and OpenVINO on LSTM and GRU encoders of common sizes, and against eager and torch.compile on
+Mamba-2 mixers (Note [Mamba-2 as a selective scan]), at batch sizes and sequence lengths that change
+per call.
 
 In: the models below at their shapes. Out: a markdown table of median latencies and ratios (peer time
 / bladepack time: above 1, bladepack is faster) with each peer's largest error against eager, printed,
 and bench/results/recurrent.{json,md}. Every runner measures in this one process, interleaved per
 shape (Note [Rounds] in bench/cpu_samples.py); the ONNX peers run torch's TorchScript ONNX export of
-the same model with dynamic batch and sequence axes.
+the same model with dynamic batch and sequence axes (not for Mamba-2: its chunked scan pads the
+sequence by a Python-computed amount, which the export fixes at the sample's length).
 
-    python -m bench.recurrent [--models lstm,gru,bilstm] [--peers eager,ort,openvino] [--repeat 20]
+    python -m bench.recurrent [--models lstm,gru,bilstm,mamba2] [--peers eager,compile,ort,openvino]
+        [--repeat 20]
 """
 
 from __future__ import annotations
@@ -54,17 +57,37 @@ class _Classifier(nn.Module):
         return self.head(torch.cat([h[0], h[1]], dim=-1))
 
 
+class _Mamba2(nn.Module):
+    """Two Mamba-2 blocks of Mamba2-130m's width (hidden 768, 24 heads of 64, state 128, chunks of
+    256) fed embeddings, through Hugging Face's torch path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import transformers
+
+        cfg = transformers.Mamba2Config(
+            hidden_size=768, num_hidden_layers=2, state_size=128, head_dim=64, num_heads=24, expand=2,
+            n_groups=1, chunk_size=256, vocab_size=16, use_cache=False,
+        )  # fmt: skip
+        self.m = transformers.Mamba2Model(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.m(inputs_embeds=x, use_cache=False).last_hidden_state
+
+
 @dataclass(frozen=True)
 class Model:
     build: Callable[[], nn.Module]
     features: int
     title: str
+    onnx: bool = True
 
 
 MODELS = {
     "lstm": Model(lambda: _Encoder(nn.LSTM(128, 256, num_layers=2, batch_first=True)), 128, "LSTM 2 x 256, input 128"),
     "gru": Model(lambda: _Encoder(nn.GRU(128, 256, num_layers=2, batch_first=True)), 128, "GRU 2 x 256, input 128"),
     "bilstm": Model(_Classifier, 64, "bidirectional LSTM 128 + linear head, input 64"),
+    "mamba2": Model(_Mamba2, 768, "Mamba-2 2 x 768 (24 heads of 64, state 128)", onnx=False),
 }
 
 
@@ -99,7 +122,7 @@ def run(names: list[str], peers: list[str], repeat: int) -> dict[str, Any]:
             runners: dict[str, Runner] = {"bladepack": lambda x: loaded(*x)}
             errors: dict[str, str] = {}
             torch_peers(peers, model, samples, runners, errors)
-            if "ort" in peers or "openvino" in peers:
+            if spec.onnx and ("ort" in peers or "openvino" in peers):
                 onnx_peers(peers, _onnx(model, samples[0][0]), runners, errors)
             rows = []
             for b, s in SHAPES:

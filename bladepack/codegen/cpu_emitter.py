@@ -204,7 +204,7 @@ def emit_kernel(
     elif spec.kind == "recurrent":
         plans = [("", sympy.true, functools.partial(recurrent_kernel, team=True))]
     elif spec.kind == "selective_scan":
-        plans = [("", sympy.true, selective_scan_kernel)]
+        plans = [("", sympy.true, functools.partial(selective_scan_kernel, blocked=True))]
     elif spec.kind == "pool":
         plans = [("", sympy.true, pool_kernel)]
     elif spec.kind == "conv" and _dense(ctx, spec.nodes[0]):  # Note [Dense layers]

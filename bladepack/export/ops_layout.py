@@ -183,7 +183,7 @@ def _split(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Val
     return tuple(results)
 
 
-@converts("aten.cat.default", "aten.concat.default")
+@converts("aten.cat.default", "aten.concat.default", "aten.concatenate.default")
 def _cat(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
     out = ctx.out_type()
     axis = norm_axis(arg(args, kwargs, 1, "dim", 0), out.rank)

@@ -167,7 +167,7 @@ def _expected(n: Node, ins: list[int], ranks: list[int], out_rank: int, pointwis
         if x != 1 or ins[1] >= 0 or ins[2] >= 0 or any(ax != 0 for ax in ins[3:5]) or any(ax >= 0 for ax in ins[5:]):
             raise _NotBatchLike("it runs a recurrence whose rows are not the dim")
         return 1
-    if op is K.SELECTIVE_SCAN:  # u, dt [B, D, L], A [D, N], Bm, Cm [B, N, L], then D [D], z [B, D, L], dt_bias [D]
+    if op is K.SELECTIVE_SCAN:  # u [B, D, L], dt [B, H, L], A, Bm, Cm [B, (G,) N, L], then D, z [B, D, L], dt_bias
         assert isinstance(a, SelectiveScanAttrs)
         per_batch = [0, 1, 3, 4] + ([5 + int(a.has_d)] if a.has_z else [])
         if any(ins[k] != 0 for k in per_batch) or any(ins[k] >= 0 for k in range(len(ins)) if k not in per_batch):

@@ -254,8 +254,8 @@ class _Prover:
             if any(ax != 0 for ax in ins[0].pads) or any(v.pads for v in ins[1:]):
                 raise _Mixes("it runs a recurrence whose steps are not the dim")
             return _Value({ax: ANY for ax in out_axes})
-        if op is K.SELECTIVE_SCAN:
-            if any(ax != 2 for v in ins for ax in v.pads):
+        if op is K.SELECTIVE_SCAN:  # the steps are the last axis of u, dt, Bm, Cm (grouped or not) and z
+            if any(ax != r - 1 for v, r in zip(ins, ranks) for ax in v.pads):
                 raise _Mixes("it scans along another axis than the dim")
             return _Value({ax: ANY for ax in out_axes})
         if any(v.pads for v in ins) or out_axes:

@@ -203,12 +203,20 @@ def _selective_scan(
         delta = delta + rest.pop(0)[:, None]
     if attrs["softplus"]:
         delta = np.where(delta > 20, delta, np.log1p(np.exp(np.minimum(delta, 20))))
-    x = np.zeros((u.shape[0], u.shape[1], a.shape[1]))
+    rep = u.shape[1] // delta.shape[1]  # channel d reads head d // (D / H) of dt, A, D, dt_bias
+    delta, a = np.repeat(delta, rep, axis=1), np.repeat(a, rep, axis=0)
+    if d is not None:
+        d = np.repeat(d, rep)
+    if bm.ndim == 4:  # grouped [B, G, N, L]: channel d reads group d // (D / G)
+        bm, cm = (np.repeat(v, u.shape[1] // v.shape[1], axis=1) for v in (bm, cm))
+    else:
+        bm, cm = bm[:, None], cm[:, None]
+    x = np.zeros((u.shape[0], u.shape[1], bm.shape[2]))  # an A of [D, 1] holds for every N
     y = np.empty(u.shape)
     for t in range(u.shape[2]):
         step = delta[:, :, t, None]
-        x = np.exp(step * a[None]) * x + step * bm[:, None, :, t] * u[:, :, t, None]
-        y[:, :, t] = np.einsum("bdn,bn->bd", x, cm[:, :, t])
+        x = np.exp(step * a[None]) * x + step * bm[:, :, :, t] * u[:, :, t, None]
+        y[:, :, t] = np.einsum("bdn,bdn->bd", x, cm[:, :, :, t])
     if d is not None:
         y = y + u * d[None, :, None]
     if z is not None:

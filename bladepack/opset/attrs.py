@@ -171,10 +171,12 @@ class RecurrentAttrs:
 @dataclass(frozen=True)
 class SelectiveScanAttrs:
     """Mamba's selective scan over the last axis (Note [Selective scan kernel] in
-    codegen/selective_scan_kernel.py). Inputs u [B, D, L], dt [B, D, L], A [D, N], Bm [B, N, L],
-    Cm [B, N, L], then D [D], z [B, D, L] and dt_bias [D] where the flags say. Per channel:
-    delta = dt (+ dt_bias), softplus'd with `softplus`; x = exp(delta * A) * x + delta * Bm * u from
-    x = 0; y = x . Cm (+ D * u), times silu(z). The result is y [B, D, L]."""
+    codegen/selective_scan_kernel.py). Inputs u [B, D, L]; dt [B, H, L] for H heads dividing D (H = D
+    in Mamba; channel d is in head d // (D / H)); A [H, N] or [H, 1] (one A for every N); Bm, Cm
+    [B, N, L] or [B, G, N, L] (channel d reads group d // (D / G)); then D [H], z [B, D, L] and
+    dt_bias [H] where the flags say. Per channel: delta = dt (+ dt_bias), softplus'd with `softplus`;
+    x = exp(delta * A) * x + delta * Bm * u from x = 0; y = x . Cm (+ D * u), times silu(z). The result
+    is y [B, D, L]."""
 
     softplus: bool
     has_d: bool

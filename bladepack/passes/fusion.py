@@ -88,6 +88,13 @@ _ANCHOR_KINDS = {
 }
 _CHEAP_CONE = 6  # a shared cone up to this many nodes (all of Cost.CHEAP) is recomputed per use
 
+# Note [Scan operands in memory]: a selective scan reads Bm and Cm at every step of every channel, and
+# the channels of a sequence (of a group, for Mamba-2) share them: computed inline, each element's cone
+# (Mamba-2's convolution bias and SiLU, say) would run D (or D / G) times over, two sigmoids per state
+# update. So the value under their layout ops (transposes, reshapes, slices) is stored, and the scan
+# reads it through those ops: Hugging Face's layouts keep the state axis N contiguous there, where
+# storing Bm itself ([B, N, L] or [B, G, N, L]) would put L between two state elements.
+
 
 def _broadcasts(shape: Sequence[IRDim], full: Sequence[IRDim]) -> bool:
     """Whether a value of `shape`, broadcast to `full` (aligned from the right), is repeated: it lacks a
@@ -259,6 +266,8 @@ class _Planner:
                 self.mat.update(n.inputs)
             if n.op in (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D, OpKind.CUMSUM):
                 self.mat.add(n.inputs[0])
+            if n.op is OpKind.SELECTIVE_SCAN:  # Note [Scan operands in memory]
+                self.mat.update(self._layout_root(v) for v in n.inputs[3:5])
             if role is Role.LIBRARY and n.op is OpKind.CONV2D:
                 self.mat.update(n.inputs[1:])
                 x = n.inputs[0]
