@@ -101,11 +101,11 @@ def test_channels_last_golden() -> None:
     assert layouts == [(OpKind.CONV2D, "nhwc"), (OpKind.MAX_POOL2D, "nhwc"), (OpKind.CONV2D, "nhwc")]
     assert fusion_for(p, backend("cpu")).text(p.graph) == textwrap.dedent("""\
         fusion plan: 3 kernels, 0 library calls, 2 direct convolutions, 0 reference steps
-          conv2d%5 (direct kernel) -> %12 = {add%10 relu%12} (epilogue: inline)
-          k0: pool[x_dim0, floor(x_dim2/2), floor(x_dim3/2), 16] -> %14 = {max_pool2d%14}
-          conv2d%16 (direct kernel) -> %20 = {add%18 relu%20} (epilogue: inline)
-          k1: reduce[x_dim0, 16] -> %22 = {mean%22}
-          k2: loop[x_dim0, 16, floor(x_dim2/2), floor(x_dim3/2)] -> %26 = {permute%21 slice%23 slice%24 slice%25 add%26}
+          conv2d%5 (direct kernel) -> %11 = {add%9 relu%11} (epilogue: inline)
+          k0: pool[x_dim0, floor(x_dim2/2), floor(x_dim3/2), 16] -> %13 = {max_pool2d%13}
+          conv2d%15 (direct kernel) -> %19 = {add%17 relu%19} (epilogue: inline)
+          k1: reduce[x_dim0, 16] -> %21 = {mean%21}
+          k2: loop[x_dim0, 16, floor(x_dim2/2), floor(x_dim3/2)] -> %25 = {permute%20 slice%22 slice%23 slice%24 add%25}
         """)
 
 
@@ -214,9 +214,9 @@ def test_channels_last_epilogue_dags_and_channel_multipliers() -> None:
     p = run_pipeline(to_program(capture(model, samples, None)), CompileOptions.from_env(), [backend("cpu").caps])
     assert fusion_for(p, backend("cpu")).text(p.graph) == textwrap.dedent("""\
         fusion plan: 1 kernels, 0 library calls, 2 direct convolutions, 0 reference steps
-          conv2d%6 (direct kernel) -> %21 = {add%11 constant%13 add%14 clamp%16 mul%18 constant%20 div%21} (epilogue: inline)
-          conv2d%24 (direct kernel) -> %37 = {add%29 constant%31 add%32 clamp%34 constant%36 div%37} (epilogue: inline)
-          k0: reduce[x_dim0, 32] -> %39 = {mean%39}
+          conv2d%6 (direct kernel) -> %20 = {add%10 constant%12 add%13 clamp%15 mul%17 constant%19 div%20} (epilogue: inline)
+          conv2d%23 (direct kernel) -> %35 = {add%27 constant%29 add%30 clamp%32 constant%34 div%35} (epilogue: inline)
+          k0: reduce[x_dim0, 32] -> %37 = {mean%37}
         """)
     art = bladepack.optimize(model, samples, {"x": {0: Dim("batch"), 2: Dim("h"), 3: Dim("w")}})
     m = bladepack.load(art.to_bytes(), executor="native")

@@ -186,14 +186,14 @@ def test_conv_epilogue_golden() -> None:
     p = run_pipeline(_program(_ConvChains(), samples), CompileOptions.from_env(), [backend("cpu").caps])
     assert fusion_for(p, backend("cpu")).text(p.graph) == textwrap.dedent("""\
         fusion plan: 4 kernels, 0 library calls, 4 direct convolutions, 0 reference steps
-          conv2d%10 (direct kernel) -> %25 = {add%15 mul%19 add%23 relu%25} (epilogue: inline)
-          conv2d%27 (direct kernel) -> %34 = {constant%29 mul%30 add%32 relu%34} (epilogue: inline)
-          conv2d (direct kernel) -> %36
-          k0: loop[x_dim0, x_dim2, x_dim3-1, 8] -> %38 = {sigmoid%38}
-          conv2d%40 (direct kernel) -> %43 = {add%42 gelu%43} (epilogue: inline)
-          k1: loop[x_dim0, 8, x_dim2, x_dim3-1] -> %46 = {constant%44 add%45 permute%46}
-          k2: loop[x_dim0, 8, x_dim2, x_dim3-1] -> %48 = {mul%47 permute%48}
-          k3: loop[x_dim0, 4, x_dim2, x_dim3-1] -> %50 = {constant%49 mul%50}
+          conv2d%10 (direct kernel) -> %24 = {add%14 mul%18 add%22 relu%24} (epilogue: inline)
+          conv2d%26 (direct kernel) -> %33 = {constant%28 mul%29 add%31 relu%33} (epilogue: inline)
+          conv2d (direct kernel) -> %35
+          k0: loop[x_dim0, x_dim2, x_dim3-1, 8] -> %37 = {sigmoid%37}
+          conv2d%39 (direct kernel) -> %41 = {add%40 gelu%41} (epilogue: inline)
+          k1: loop[x_dim0, 8, x_dim2, x_dim3-1] -> %44 = {constant%42 add%43 permute%44}
+          k2: loop[x_dim0, 8, x_dim2, x_dim3-1] -> %46 = {mul%45 permute%46}
+          k3: loop[x_dim0, 4, x_dim2, x_dim3-1] -> %48 = {constant%47 mul%48}
         """)
     assert "epilogue" not in fusion_for(p, backend("cuda")).text(p.graph)
 
@@ -376,9 +376,9 @@ def test_layout_sinking_puts_gelu_in_the_convolution_epilogue() -> None:
     text = fusion_for(p, backend("cpu")).text(p.graph)
     assert text == textwrap.dedent("""\
         fusion plan: 1 kernels, 0 library calls, 2 direct convolutions, 0 reference steps
-          conv2d%7 (direct kernel) -> %14 = {add%11 gelu%14} (epilogue: inline)
-          conv2d%19 (direct kernel) -> %26 = {add%23 gelu%26} (epilogue: inline)
-          k0: row[x_dim0, floor(x_dim2/2-1/2)+1, 16] rows of 1 -> %30 = {permute%27 reshape%28 permute%29 layer_norm%30}
+          conv2d%7 (direct kernel) -> %13 = {add%10 gelu%13} (epilogue: inline)
+          conv2d%18 (direct kernel) -> %24 = {add%21 gelu%24} (epilogue: inline)
+          k0: row[x_dim0, floor(x_dim2/2-1/2)+1, 16] rows of 1 -> %28 = {permute%25 reshape%26 permute%27 layer_norm%28}
         """), text
     import bladepack
 
@@ -462,3 +462,59 @@ def test_sink_layout_when_a_moved_op_is_the_next_ones_base() -> None:
     for b, s in ((1, 1), (4, 7)):
         x = torch.randn(b, s, 4)
         assert float((torch.as_tensor(m(x)) - model(x)).abs().max()) <= 1e-6, (b, s)
+
+
+class _CausalConv(torch.nn.Module):
+    """Mamba's causal depthwise convolution as transformers' torch fallback writes it: the weight
+    squeezed by the mixer and unsqueezed again for F.conv1d; a second weight read both through a
+    reshape and directly."""
+
+    def __init__(self, channels: int = 40) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(channels, 1, 4))
+        self.v = torch.nn.Parameter(torch.randn(2, channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c, n = x.shape[1], x.shape[2]
+        y = torch.nn.functional.conv1d(x, self.w.squeeze(1).unsqueeze(1), padding=3, groups=c)[..., :n]
+        return y * self.v.reshape(2 * c)[:c, None] + self.v[1][:, None]
+
+
+def test_weight_views_golden() -> None:
+    """Note [Weight views]: the convolution's weight behind two reshapes becomes one weight of the
+    convolution's shape, under its own name; `v`, also read directly, keeps its reshape. In a CPU plan
+    the convolution is then a channels-last depthwise kernel (it was a GEMM per channel)."""
+    import bladepack
+    from bladepack.passes.weight_views import weight_views
+
+    samples = [(torch.randn(2, 40, 9),), (torch.randn(3, 40, 13),)]
+    q = weight_views(_program(_CausalConv(), samples))
+    assert print_graph(q.graph, q.shape_env) == textwrap.dedent("""\
+        symbols { x_dim0: [1, inf], x_dim2: [1, inf] }
+        graph(%0 x: f32[x_dim0, 40, x_dim2]) weights(%2 v: f32[2, 40], %6 w: f32[40, 1, 1, 4]) {
+          %5: f32[x_dim0, 40, 1, x_dim2] = reshape(%0)
+          %7: f32[x_dim0, 40, 1, x_dim2+3] = conv2d(%5, %6) {stride=(1, 1), padding=(0, 3), dilation=(1, 1), groups=40, has_bias=False, out_layout='nchw', weight_layout='oihw'}
+          %8: f32[x_dim0, 40, x_dim2+3] = reshape(%7)
+          %9: f32[x_dim0, 40, x_dim2] = slice(%8) {axis=2, start=0, step=1}
+          %10: f32[80] = reshape(%2)
+          %11: f32[40] = slice(%10) {axis=0, start=0, step=1}
+          %12: f32[40, 1] = reshape(%11)
+          %13: f32[x_dim0, 40, x_dim2] = mul(%9, %12)
+          %14: f32[1, 40] = slice(%2) {axis=0, start=1, step=1}
+          %15: f32[40] = reshape(%14)
+          %16: f32[40, 1] = reshape(%15)
+          %17: f32[x_dim0, 40, x_dim2] = add(%13, %16)
+          return %17
+        }
+        """), print_graph(q.graph, q.shape_env)  # fmt: skip
+    torch.manual_seed(0)
+    model = _CausalConv().eval()
+    art = bladepack.optimize(model, samples)
+    m = bladepack.load(art.to_bytes())
+    kinds = [k["kind"] for k in m._manifest.kernels["cpu"]]
+    assert "conv" in kinds and "im2col" not in kinds, kinds
+    for b, n in ((1, 1), (2, 9), (4, 33)):
+        x = torch.randn(b, 40, n)
+        with torch.no_grad():
+            want = model(x)
+        assert float((torch.as_tensor(m(x.numpy())) - want).abs().max()) <= 1e-5 * (1 + float(want.abs().max())), (b, n)

@@ -26,6 +26,7 @@ from bladepack.passes.matmul_scalars import matmul_scalars
 from bladepack.passes.pack_linear import pack_linear
 from bladepack.passes.sink_layout import sink_layout
 from bladepack.passes.transposed_weights import transposed_weights
+from bladepack.passes.weight_views import weight_views
 from bladepack.target import Capabilities
 
 Pass = Callable[[Program], Program]
@@ -34,6 +35,7 @@ PIPELINE: list[tuple[Pass, str]] = [
     (canonicalize_shapes, "give equal dims one form (shape-constraint analysis), so fusion sees them as equal"),
     (dead_code_elimination, "drop nodes no output needs (front ends emit unused multi-result pieces)"),
     (decompose, "split convolution biases into adds, which fuse as GEMM epilogues"),
+    (weight_views, "reshapes of weights as weights, so the passes below see a convolution's or a layer's weight"),
     (direct_conv, "small convolutions as direct kernels on weights packed at optimize time"),
     (channels_last, "direct convolutions and the pooling / elementwise ops after them channels-last"),
     (conv_layout, "channel-major convolution results, so one GEMM covers the whole batch"),
