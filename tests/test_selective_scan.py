@@ -78,11 +78,12 @@ class _Mamba2(torch.nn.Module):
 
     def __init__(self, groups: int) -> None:
         super().__init__()
-        # one group: 2 heads of 48 channels with a state of 64, so a CPU row holds 24 channels (half a
-        # head: Note [Selective scan kernel]); two groups: 8 heads of 8, rows of a whole head
-        width = dict(hidden_size=48, state_size=64, head_dim=48, num_heads=2) if groups == 1 else {}
+        # one group: 2 heads of 96 channels with a state of 128, so a CPU row holds 48 channels (half a
+        # head, four at a time: Note [Selective scan kernel]); two groups: 8 heads of 6, rows of a
+        # whole head, two channels at a time
+        width = dict(hidden_size=96, state_size=128, head_dim=96, num_heads=2) if groups == 1 else {}
         cfg = transformers.Mamba2Config(**{
-            **dict(hidden_size=32, state_size=8, head_dim=8, num_heads=8), **width,
+            **dict(hidden_size=24, state_size=8, head_dim=6, num_heads=8), **width,
             "vocab_size": 100, "num_hidden_layers": 2, "expand": 2, "n_groups": groups, "chunk_size": 8,
             "use_cache": False,
         })  # fmt: skip
@@ -138,12 +139,13 @@ def test_the_cuda_grouped_scan_compiles(tmp_path: Path) -> None:
 
 
 def _hybrid(name: str) -> torch.nn.Module:
-    """Bamba (Mamba-2 mixers and attention layers) and Zamba2 (Mamba-2 mixers and a shared attention
-    block fed the concatenated original embeddings) from configs."""
+    """Bamba (Mamba-2 mixers and attention layers; heads of 5 channels, one at a time in a CPU row) and
+    Zamba2 (Mamba-2 mixers and a shared attention block fed the concatenated original embeddings) from
+    configs."""
     if name == "bamba":
         cfg = transformers.BambaConfig(
-            vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            intermediate_size=64, mamba_n_heads=8, mamba_d_head=8, mamba_n_groups=2, mamba_d_state=8,
+            vocab_size=100, hidden_size=40, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=64, mamba_n_heads=16, mamba_d_head=5, mamba_n_groups=2, mamba_d_state=8,
             mamba_chunk_size=8, mamba_expand=2, attn_layer_indices=[1], use_cache=False,
         )  # fmt: skip
         return transformers.BambaModel(cfg)
