@@ -19,6 +19,18 @@ from bladepack.target import PTX_ARCH
 transformers = pytest.importorskip("transformers")
 
 
+def _matches_eager(
+    model: torch.nn.Module, loaded: bladepack.LoadedModule, shapes: list[tuple[int, int]], seed: int, atol: float
+) -> None:
+    """The loaded artifact against eager on random token ids of each (batch, length)."""
+    g = torch.Generator().manual_seed(seed)
+    for b, s in shapes:
+        ids = torch.randint(0, 100, (b, s), generator=g)
+        with torch.no_grad():
+            want = model(ids).numpy()
+        np.testing.assert_allclose(loaded(ids.numpy()), want, rtol=1e-5, atol=atol, err_msg=f"batch {b}, length {s}")
+
+
 class _Mamba(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -53,13 +65,9 @@ def test_the_scan_is_one_kernel_and_the_length_stays_dynamic(mamba: tuple[torch.
 @pytest.mark.parametrize("executor", ["native", "reference"])
 def test_mamba_matches_eager(mamba: tuple[torch.nn.Module, bladepack.Artifact], executor: str) -> None:
     model, art = mamba
-    loaded = bladepack.load(art.to_bytes(), executor=executor)
-    g = torch.Generator().manual_seed(2)
-    for b, s in [(1, 1), (1, 2), (4, 13), (2, 64)]:
-        ids = torch.randint(0, 100, (b, s), generator=g)
-        with torch.no_grad():
-            want = model(ids).numpy()
-        np.testing.assert_allclose(loaded(ids.numpy()), want, rtol=1e-5, atol=2e-6, err_msg=f"batch {b}, length {s}")
+    _matches_eager(
+        model, bladepack.load(art.to_bytes(), executor=executor), [(1, 1), (1, 2), (4, 13), (2, 64)], 2, 2e-6
+    )
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc")
@@ -118,13 +126,8 @@ def test_mamba2_matches_eager(mamba2: tuple[torch.nn.Module, bladepack.Artifact]
     """Batch 1, lengths within one chunk, at a chunk's end and across several chunks, against the
     chunked computation of Hugging Face's torch path."""
     model, art = mamba2
-    loaded = bladepack.load(art.to_bytes(), executor=executor)
-    g = torch.Generator().manual_seed(4)
-    for b, s in [(1, 1), (1, 7), (1, 16), (3, 17), (2, 41), (1, 64)]:
-        ids = torch.randint(0, 100, (b, s), generator=g)
-        with torch.no_grad():
-            want = model(ids).numpy()
-        np.testing.assert_allclose(loaded(ids.numpy()), want, rtol=1e-5, atol=5e-6, err_msg=f"batch {b}, length {s}")
+    shapes = [(1, 1), (1, 7), (1, 16), (3, 17), (2, 41), (1, 64)]
+    _matches_eager(model, bladepack.load(art.to_bytes(), executor=executor), shapes, 4, 5e-6)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc")
@@ -175,9 +178,4 @@ def test_mamba2_hybrids_match_eager(name: str) -> None:
     g = torch.Generator().manual_seed(5)
     art = bladepack.optimize(model, [(torch.randint(0, 100, (b, s), generator=g),) for b, s in ((2, 13), (3, 21))])
     assert ": selective_scan[" in art.sources.fusion_text("cpu")
-    loaded = bladepack.load(art.to_bytes())
-    for b, s in [(1, 1), (1, 16), (2, 29)]:
-        ids = torch.randint(0, 100, (b, s), generator=g)
-        with torch.no_grad():
-            want = model(ids).numpy()
-        np.testing.assert_allclose(loaded(ids.numpy()), want, rtol=1e-5, atol=5e-6, err_msg=f"batch {b}, length {s}")
+    _matches_eager(model, bladepack.load(art.to_bytes()), [(1, 1), (1, 16), (2, 29)], 6, 5e-6)
