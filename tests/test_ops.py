@@ -151,6 +151,11 @@ CASES = [
         (X,),
     ),
     Case("softplus", lambda x: (F.softplus(x), F.softplus(x * 10, beta=2, threshold=5)), (X,)),
+    Case(
+        "square",
+        lambda x, i: (torch.square(x), torch.square(torch.relu(x)), torch.square(i)),
+        (X, In(("B", "S"), "int:-5:5")),
+    ),
     Case("bitwise_not", torch.bitwise_not, (In(("B", "S"), "int:-5:5"),)),
     # elementwise, binary
     Case("add_broadcast", lambda x, y: x + y, (X, In((8,)))),

@@ -143,8 +143,8 @@ def test_the_cuda_grouped_scan_compiles(tmp_path: Path) -> None:
 
 def _hybrid(name: str) -> torch.nn.Module:
     """Bamba (Mamba-2 mixers and attention layers; heads of 5 channels, one at a time in a CPU row) and
-    Zamba2 (Mamba-2 mixers and a shared attention block fed the concatenated original embeddings) from
-    configs."""
+    Zamba2 (Mamba-2 mixers and a shared attention block fed the concatenated original embeddings) and
+    NemotronH (Mamba-2, attention and squared-ReLU MLP layers) from configs."""
     if name == "bamba":
         cfg = transformers.BambaConfig(
             vocab_size=100, hidden_size=40, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -152,6 +152,13 @@ def _hybrid(name: str) -> torch.nn.Module:
             mamba_chunk_size=8, mamba_expand=2, attn_layer_indices=[1], use_cache=False,
         )  # fmt: skip
         return transformers.BambaModel(cfg)
+    if name == "nemotron_h":
+        cfg = transformers.NemotronHConfig(
+            vocab_size=100, hidden_size=32, layers_block_type=["mamba", "attention", "mlp"], num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8, intermediate_size=64, ssm_state_size=8, mamba_num_heads=8,
+            mamba_head_dim=8, n_groups=2, chunk_size=8, expand=2, use_cache=False,
+        )  # fmt: skip
+        return transformers.NemotronHModel(cfg)
     cfg = transformers.Zamba2Config(
         vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, attention_head_dim=8,
         intermediate_size=64, mamba_d_state=8, mamba_headdim=8, mamba_ngroups=1, n_mamba_heads=8, chunk_size=8,
@@ -169,7 +176,7 @@ class _Hidden(torch.nn.Module):
         return self.m(input_ids=ids, use_cache=False).last_hidden_state
 
 
-@pytest.mark.parametrize("name", ["bamba", "zamba2"])
+@pytest.mark.parametrize("name", ["bamba", "zamba2", "nemotron_h"])
 def test_mamba2_hybrids_match_eager(name: str) -> None:
     """Hybrids whose Mamba-2 mixers have their own copy of the chunked scan keep both dims dynamic and
     match eager at batch 1 and unseen lengths."""

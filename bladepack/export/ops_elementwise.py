@@ -297,6 +297,14 @@ def _pow(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
     return ctx.emit(K.POW, (ctx.operand(base, out.dtype), ctx.operand(exponent, out.dtype)), out)
 
 
+@converts("aten.square.default")
+def _square(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    """x * x (NemotronH's squared-ReLU MLP)."""
+    out = ctx.out_type()
+    x = ctx.operand(args[0], out.dtype)
+    return ctx.emit(K.MUL, (x, x), out)
+
+
 _CMP = {"eq": K.EQ, "ne": K.NE, "lt": K.LT, "le": K.LE, "gt": K.GT, "ge": K.GE}
 
 
