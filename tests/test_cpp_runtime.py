@@ -161,6 +161,38 @@ def test_recurrent_layers_match_python_loader(release: Path) -> None:
         assert rel_err(got[0], eager) <= 1e-5, f"vs eager at {(b, s)}"
 
 
+def test_mamba2_scan_matches_python_loader(release: Path) -> None:
+    """Mamba-2's grouped, per-head selective scan (format 1.10) through bpk-run: a Hugging Face Mamba2Model
+    from a config, at batch 1 and lengths within and across chunks."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.Mamba2Config(
+        vocab_size=50, hidden_size=24, state_size=8, num_hidden_layers=1, head_dim=6, num_heads=8, expand=2,
+        n_groups=2, chunk_size=8, use_cache=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.Mamba2Model(cfg).eval()
+    path = TMP / "mamba2.bpk"
+    samples = [(torch.randint(0, 50, (2, 9)),), (torch.randint(0, 50, (3, 13)),)]
+    bladepack.optimize(_Field(model, "last_hidden_state"), samples).save(path)
+    g = torch.Generator().manual_seed(6)
+    for k, (b, s) in enumerate([(1, 1), (1, 16), (2, 21)]):
+        ids = torch.randint(0, 50, (b, s), generator=g)
+        got, want = run_both(release, path, [ids.numpy()], f"mamba2-{k}")
+        with torch.no_grad():
+            eager = model(input_ids=ids, use_cache=False).last_hidden_state.numpy()
+        assert rel_err(got[0], want[0]) <= 1e-6, f"C++ vs Python at {(b, s)}"
+        assert rel_err(got[0], eager) <= 1e-5, f"vs eager at {(b, s)}"
+
+
+class _Field(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, field: str) -> None:
+        super().__init__()
+        self.model, self.field = model, field
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return getattr(self.model(input_ids=ids, use_cache=False), self.field)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_precision_matches_python_loader(release: Path, dtype: str) -> None:
     """16-bit artifacts run natively in the C++ runtime (bfloat16 .npy files hold uint16 bit patterns,
