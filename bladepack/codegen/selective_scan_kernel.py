@@ -11,9 +11,8 @@ per step, for channel d of head h, delta = softplus(dt[b, h, t] + dt_bias[h]), x
 + delta * Bm[b, :, t] * u, y = x . Cm[b, :, t] (+ D[h] * u), times silu(z) (Mamba: a head per
 channel). N (the state size, 16 in Mamba, 64-128 in Mamba-2) is a constant of the weights. An A of
 [H, 1] is one A per head for all N (Mamba-2): the decay exp(delta * A) is then one exp per step
-instead of N. Grouped Bm, Cm [B, G, N, L] (Mamba-2:
-Note [Mamba-2 as a selective scan] in export/selective_scan.py) give channel d the rows of group
-d // (D / G).
+instead of N. Grouped Bm, Cm [B, G, N, L] (Mamba-2: Note [Mamba-2 as a selective scan] in
+export/selective_scan.py) give channel d the rows of group d // (D / G).
 
 On the CPU a row is a block of up to BLOCK_STATE / N channels of one head (and group), which share
 the step's delta and decay (computed once, not per channel) and Bm's and Cm's rows. Those rows sit
@@ -76,6 +75,7 @@ def selective_scan_kernel(em: Emitter, blocked: bool = False) -> None:
     # a row's channels share one head (dt, A and D computed once per step) and one group
     span = math.gcd(per_head, per_group) if isinstance(per_head, int) and isinstance(per_group, int) else per_head
     block = channel_block(span, state) if blocked else 1
+    lanes = next(k for k in (4, 2, 1) if block % k == 0)  # channels per pass over N
 
     def load(v: int, idx: tuple[sympy.Expr, ...]) -> str:
         return em._as(em.eval(v, idx), em.ctx.types[v].dtype, acc_dt)
@@ -114,7 +114,6 @@ def selective_scan_kernel(em: Emitter, blocked: bool = False) -> None:
                 decay = em.fresh("dc")
                 em.declare(f"const {acc} {decay} = bpk::vexp({delta} * {la}[0]);", decay)
             c = Loop("c1")
-            lanes = next(k for k in (4, 2, 1) if block % k == 0) if blocked else 1
 
             def channels_at() -> None:  # `lanes` channels share each load of Bm's and Cm's rows
                 ds = [first + lanes * c + j for j in range(lanes)]

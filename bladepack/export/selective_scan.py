@@ -21,8 +21,8 @@ multiple of the chunk, segment sums, einsums), and torch.export could not trace 
 lengths that are not padded into two chunks (the reshapes of the padded chunks guard `!= 1` and
 `pad > 0`). Inside `selective_scans` it becomes one SELECTIVE_SCAN over the H * P channels with grouped
 Bm, Cm [batch, G, N, L], and dt, A, D per head: delta = clamp(softplus(dt + dt_bias)) [batch, H, L]
-by plain ops, A [H, 1] (one decay per step, not N), D [H]. The
-fallback's result is float32 whatever the input dtype, and so is this one.
+by plain ops, A [H, 1] (one decay per step, not N), D [H]. The fallback's result is float32 whatever
+the input dtype, and so is this one.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from bladepack.errors import ExportError
 from bladepack.export.context import Ctx, Unsupported, arg, converts
 from bladepack.ir import OpKind, TensorType
 from bladepack.ir.ops import SelectiveScanAttrs
+from bladepack.ir.views import sym_eq
 
 _NAME = "mamba_selective_scan"
 _NAME2 = "mamba2_chunk_scan"
@@ -207,6 +208,7 @@ def _selective_scan(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
         or bt.rank not in (3, 4)
         or not isinstance(bt.shape[-2], int)
         or at.shape[1] not in (1, bt.shape[-2])
+        or not sym_eq(at.shape[0], heads)
         or not divides(heads)
         or (bt.rank == 4 and not divides(bt.shape[1]))
     ):

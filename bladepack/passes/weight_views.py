@@ -45,7 +45,7 @@ def weight_views(p: Program) -> Program:
             and all(isinstance(d, int) for d in n.type.shape)
         ):
             names[n.id] = names[src]
-    folds = {v for v in names if v not in {w.id for w in g.weights}}
+    folds = set(names) - {w.id for w in g.weights}
     if not folds:
         return p
     data = dict(p.weight_data)
