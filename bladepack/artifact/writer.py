@@ -146,7 +146,7 @@ def _packed_copy(name: str, arr: np.ndarray, final: Mapping[str, Any]) -> dict[s
     `transposed`}), else None. A copy counts only if unpacking it gives `arr`'s bytes."""
     want = memoryview(arr.data).cast("B")
     if arr.ndim == 4:
-        for layout in packed_weights.PACKED_LAYOUTS:
+        for layout in packed_weights.EXACT_LAYOUTS:
             section = weight_section_name(f"{name}.{layout}")
             held = final.get(section)
             if held is not None and memoryview(held).cast("B") == memoryview(

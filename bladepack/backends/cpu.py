@@ -59,7 +59,7 @@ class CpuBackend(Backend):
         conv_input_views=True,
         host_arena=True,
         operand_programs=False,  # the library checks its own (Note [Kernel operand checks])
-        layout_passes=frozenset({"channels_last", "dense_layers", "pack_linear"}),
+        layout_passes=frozenset({"winograd_conv", "channels_last", "dense_layers", "pack_linear"}),
     )
     source_suffix = "cc"
 

@@ -11,6 +11,7 @@ import sympy
 from bladepack.codegen.c_render import CPU_MEMTYPE, CTYPE, Loop
 from bladepack.codegen.cpu_conv_nhwc import nhwc_conv_kernel, nhwc_pool_kernel
 from bladepack.codegen.cpu_conv_wide import wide_conv_kernel
+from bladepack.codegen.cpu_conv_winograd import winograd_conv_kernel
 from bladepack.codegen.emitter import Emitter
 from bladepack.codegen.kernel import FLOATS, store_offset
 from bladepack.ir import Node, OpKind
@@ -151,6 +152,9 @@ def direct_conv_kernel(em: Emitter) -> None:
     a = n.attrs
     if isinstance(a, Conv2dAttrs) and a.weight_layout == "blocks":  # Note [Wide convolutions]
         wide_conv_kernel(em)
+        return
+    if isinstance(a, Conv2dAttrs) and a.weight_layout == "winograd":  # Note [Winograd convolutions]
+        winograd_conv_kernel(em)
         return
     if isinstance(a, Conv2dAttrs) and a.out_layout == "nhwc":  # Note [Channels-last chains]
         nhwc_conv_kernel(em)

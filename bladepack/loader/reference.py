@@ -394,16 +394,17 @@ def _conv2d(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, .
         panels, c_in = w.shape[:2]
         w = w[:, :, 0, :].transpose(1, 0, 2).reshape(c_in, 1, 1, panels * w.shape[3])[..., : shape[-1]]
         xs, attrs = [x, w, *xs[2:]], {**attrs, "weight_layout": "ihwo"}
-    if attrs.get("weight_layout", "oihw") == "blocks":  # [ceil(C_out / B) * KH, KW, C_in, B], zero-padded
+    layout = attrs.get("weight_layout", "oihw")
+    if layout in ("blocks", "winograd"):  # [ceil(C_out / B) * KH, KW, C_in, B], zero-padded
         if attrs.get("out_layout") != "nhwc":
-            raise ValueError("conv2d weight_layout 'blocks' goes with out_layout 'nhwc' only")
-        xs, attrs = [x, packed_weights.unpack("blocks", w, shape[-1]), *xs[2:]], {**attrs, "weight_layout": "oihw"}
+            raise ValueError(f"conv2d weight_layout {layout!r} goes with out_layout 'nhwc' only")
+        xs, attrs = [x, packed_weights.unpack(layout, w, shape[-1]), *xs[2:]], {**attrs, "weight_layout": "oihw"}
         w = xs[1]
     if attrs.get("weight_layout", "oihw") == "ihwo":  # packed [C_in, KH, KW, C_out]
         w = np.ascontiguousarray(w.transpose(3, 0, 1, 2))
     elif attrs.get("weight_layout", "oihw") != "oihw":
         raise ValueError(
-            f"conv2d weight_layout {attrs['weight_layout']!r}: this loader knows oihw, ihwo, panels and blocks"
+            f"conv2d weight_layout {attrs['weight_layout']!r}: this loader knows oihw, ihwo, panels, blocks and winograd"
         )
     layout = attrs.get("out_layout", "nchw")
     if layout not in ("nchw", "cnhw", "nhwc"):

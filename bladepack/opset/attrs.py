@@ -233,7 +233,9 @@ class Conv2dAttrs:
     (Note [Dense weight panels] in passes/dense_layers.py), or "blocks": a weight stored
     [ceil(C_out / B) * KH, KW, C_in, B] with B = min(C_out, CHANNEL_BLOCK): per block of B output
     channels (the last zero-padded), per tap, the [C_in, B] matrix, each block contiguous (Note [Wide
-    convolutions] in codegen/cpu_conv_wide.py)."""
+    convolutions] in codegen/cpu_conv_wide.py), or "winograd": a 3x3 weight's Winograd transform,
+    stored as "blocks" stores a 4x4 weight (Note [Winograd convolutions] in codegen/
+    cpu_conv_winograd.py)."""
 
     stride: tuple[int, int]
     padding: tuple[int, int]
@@ -263,9 +265,9 @@ def is_dense_conv(attrs: object, weight_shape: tuple[object, ...]) -> bool:
 
 
 def generated_conv(attrs: object) -> bool:
-    """A convolution a generated kernel runs on its packed weight ("ihwo", "panels" or "blocks"), not
-    a GEMM."""
-    return isinstance(attrs, Conv2dAttrs) and attrs.weight_layout in ("ihwo", "panels", "blocks")
+    """A convolution a generated kernel runs on its packed weight ("ihwo", "panels", "blocks" or
+    "winograd"), not a GEMM."""
+    return isinstance(attrs, Conv2dAttrs) and attrs.weight_layout in ("ihwo", "panels", "blocks", "winograd")
 
 
 @dataclass(frozen=True)

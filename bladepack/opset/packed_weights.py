@@ -4,8 +4,10 @@ Convolutions: a weight in torch's layout [C_out, C_in / groups, KH, KW] ("oihw")
 `Conv2dAttrs.weight_layout` a kernel reads — "ihwo" ([C_in / groups, KH, KW, C_out]: passes/
 direct_conv.py, passes/channels_last.py) or "blocks" ([ceil(C_out / B) * KH, KW, C_in, B], B =
 min(C_out, CHANNEL_BLOCK), the last block zero-padded: Note [Wide convolutions] in codegen/
-cpu_conv_wide.py); `unpack` turns a packed weight back (the reference executor reads "blocks" through
-it). Linear layers: `unpack_linear` rebuilds a weight ([N, K] as nn.Linear holds it, or [K, N]) from
+cpu_conv_wide.py) or "winograd" (a 3x3 weight's Winograd transform G g G^T, 4 x 4 per input and output
+channel, packed as "blocks" packs a 4x4 weight: Note [Winograd convolutions] in codegen/
+cpu_conv_winograd.py); `unpack` turns a packed weight back (the reference executor reads "blocks" and
+"winograd" through it; "winograd" back only to within rounding, so `EXACT_LAYOUTS` leaves it out). Linear layers: `unpack_linear` rebuilds a weight ([N, K] as nn.Linear holds it, or [K, N]) from
 the copies passes/dense_layers.py and passes/pack_linear.py store — "dense" ([K, 1, 1, N]), "panels"
 (pieces of K, each [ceil(N / 16), K_i, 1, 16], the last panel zero-padded) or "kn" ([K, N]). Note
 [Derived source weights] (artifact/writer.py) stores a packed weight once and rebuilds the source
@@ -18,8 +20,21 @@ import numpy as np
 
 from bladepack.opset.attrs import CHANNEL_BLOCK, PANEL
 
-PACKED_LAYOUTS = ("ihwo", "blocks")
+PACKED_LAYOUTS = ("ihwo", "blocks", "winograd")
+EXACT_LAYOUTS = ("ihwo", "blocks")  # unpack gives the weight's bytes back (Note [Derived source weights])
 LINEAR_LAYOUTS = ("dense", "kn", "panels")
+
+# Winograd's F(2x2, 3x3) weight transform (Lavin and Gray, "Fast Algorithms for Convolutional Neural
+# Networks", 2016): U = G g G^T for a 3x3 filter g; G_LEFT_INVERSE G = I takes U back to g.
+WINOGRAD_G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
+WINOGRAD_G_LEFT_INVERSE = np.array([[1.0, 0.0, 0.0, 0.0], [-1.0, 2.0, 0.0, -1.0], [0.0, 0.0, 0.0, 1.0]])
+
+
+def winograd_filters(w: np.ndarray) -> np.ndarray:
+    """G g G^T of each 3x3 filter of `w` [C_out, C_in, 3, 3]: [C_out, C_in, 4, 4] in w's dtype, computed
+    in float64 (each value rounded once)."""
+    u = np.einsum("ik,ockl,jl->ocij", WINOGRAD_G, np.asarray(w, np.float64), WINOGRAD_G)
+    return np.asarray(u.astype(w.dtype))
 
 
 def packed_shape(layout: str, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -30,11 +45,17 @@ def packed_shape(layout: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     if layout == "blocks":
         blk = min(oc, CHANNEL_BLOCK)
         return (-(-oc // blk) * kh, kw, cg, blk)
+    if layout == "winograd":
+        return packed_shape("blocks", (oc, cg, 4, 4))
     raise ValueError(f"conv2d weight_layout {layout!r}: packed layouts are {', '.join(PACKED_LAYOUTS)}")
 
 
 def pack(layout: str, w: np.ndarray) -> np.ndarray:
     """`w` [C_out, C_in / groups, KH, KW] in `layout`, contiguous."""
+    if layout == "winograd":
+        if tuple(w.shape[2:]) != (3, 3):
+            raise ValueError(f"the winograd layout packs 3x3 filters, not {w.shape[2]}x{w.shape[3]}")
+        return pack("blocks", winograd_filters(w))
     oc, cg, kh, kw = w.shape
     ihwo = np.asarray(w).transpose(1, 2, 3, 0)
     if layout == "ihwo":
@@ -51,6 +72,10 @@ def unpack(layout: str, packed: np.ndarray, c_out: int) -> np.ndarray:
     """The weight [C_out, C_in / groups, KH, KW] that `pack(layout, ...)` turned into `packed`."""
     if layout == "ihwo":
         return np.ascontiguousarray(packed.transpose(3, 0, 1, 2))
+    if layout == "winograd":
+        u = unpack("blocks", packed, c_out)
+        g = np.einsum("ik,ockl,jl->ocij", WINOGRAD_G_LEFT_INVERSE, u.astype(np.float64), WINOGRAD_G_LEFT_INVERSE)
+        return np.asarray(g.astype(packed.dtype))
     if layout != "blocks":
         raise ValueError(f"conv2d weight_layout {layout!r}: packed layouts are {', '.join(PACKED_LAYOUTS)}")
     kb, kw, cg, blk = packed.shape

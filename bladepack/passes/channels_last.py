@@ -85,6 +85,11 @@ def _packable(n: Node, types: dict[int, TensorType], weights: set[int]) -> str |
     return None
 
 
+def _winograd(n: Node) -> bool:
+    """A convolution `winograd_conv` packed (Note [Winograd convolutions]): its kernel is channels-last."""
+    return n.op is OpKind.CONV2D and isinstance(n.attrs, Conv2dAttrs) and n.attrs.weight_layout == "winograd"
+
+
 def _pool(n: Node) -> bool:
     return n.op in (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D) and isinstance(n.attrs, Pool2dAttrs)
 
@@ -137,6 +142,7 @@ def channels_last(p: Program) -> Program:
     # GEMM); pointwise ones where their input is channels-last already and their chain does not end
     # at an output (else one GEMM)
     convs |= {v for v, k in packs.items() if k in ("depthwise", "wide")}
+    convs |= {n.id for n in g.nodes if _winograd(n)}  # the only kernel of their packed weight
     if not convs:
         return p
     data = dict(p.weight_data)
@@ -179,6 +185,8 @@ def channels_last(p: Program) -> Program:
             assert isinstance(n.attrs, Conv2dAttrs)
             x = to_nhwc(b, ins[0], types[n.inputs[0]], n.loc)
             layout = "blocks" if packs.get(n.id) == "wide" else "ihwo"
+            if _winograd(n):
+                layout = "winograd"
             w = ins[1] if n.id not in packs else pack(b, n.inputs[1], layout)
             attrs = dataclasses.replace(n.attrs, out_layout="nhwc", weight_layout=layout)
             y = b.add(n.op, (x, w, *ins[2:]), _nhwc(n.type), attrs, n.loc)

@@ -4,7 +4,7 @@ In: an IR `Program` from a front end, the options and the capabilities of the ba
 Out: the optimized `Program` (the "graph passes" stage of optimize, bladepack/stages.py; the plan
 stages then lower it). A pass in `LAYOUT_PASSES` changes layouts that suit some backends' kernels
 only: it runs when every backend built for lists it (`Capabilities.layout_passes`); `dense_layers`
-also needs `CompileOptions.dense_layers`. With a dump directory, the IR after every pass is written to
+also needs `CompileOptions.dense_layers`, `winograd_conv` `CompileOptions.winograd`. With a dump directory, the IR after every pass is written to
 <dir>/<prefix>NN-<pass>.ir.
 """
 
@@ -27,6 +27,7 @@ from bladepack.passes.pack_linear import pack_linear
 from bladepack.passes.sink_layout import sink_layout
 from bladepack.passes.transposed_weights import transposed_weights
 from bladepack.passes.weight_views import weight_views
+from bladepack.passes.winograd_conv import winograd_conv
 from bladepack.target import Capabilities
 
 Pass = Callable[[Program], Program]
@@ -36,6 +37,7 @@ PIPELINE: list[tuple[Pass, str]] = [
     (dead_code_elimination, "drop nodes no output needs (front ends emit unused multi-result pieces)"),
     (decompose, "split convolution biases into adds, which fuse as GEMM epilogues"),
     (weight_views, "reshapes of weights as weights, so the passes below see a convolution's or a layer's weight"),
+    (winograd_conv, "3x3 convolutions of many channels by Winograd's F(2x2, 3x3) on transformed weights"),
     (direct_conv, "small convolutions as direct kernels on weights packed at optimize time"),
     (channels_last, "direct convolutions and the pooling / elementwise ops after them channels-last"),
     (conv_layout, "channel-major convolution results, so one GEMM covers the whole batch"),
@@ -45,13 +47,15 @@ PIPELINE: list[tuple[Pass, str]] = [
     (pack_linear, "linear layers' weights stored [K, N], so few-row products need no lane sums"),
     (matmul_scalars, "scalar factors of matmul operands onto the product, so attention reads its operands in place"),
 ]
-LAYOUT_PASSES = frozenset({channels_last, dense_layers, pack_linear})
+LAYOUT_PASSES = frozenset({winograd_conv, channels_last, dense_layers, pack_linear})
 
 
 def runs(fn: Pass, options: CompileOptions, caps: Sequence[Capabilities]) -> bool:
     """Whether `fn` runs for a plan built for backends of these capabilities."""
     if fn in LAYOUT_PASSES and not all(fn.__name__ in c.layout_passes for c in caps):
         return False
+    if fn is winograd_conv:
+        return options.winograd
     return fn is not dense_layers or options.dense_layers
 
 
