@@ -6,7 +6,9 @@ kernel family's GFLOP/s and its fraction of that level's peak at the same thread
 - dense layers (Linear + ReLU on constant weights: the generated dense kernels, Note [Dense layers];
   over 512 KB on column panels, Note [Dense weight panels]) at 64 to 1024 rows;
 - channels-last 3x3 convolutions (Conv2d + ReLU, the generated direct convolution) at 64 and 256
-  channels;
+  channels, and the same by Winograd's F(2x2, 3x3) (Note [Winograd convolutions], what optimize
+  builds for them by default), counted in the direct convolution's FLOPs: 4 of its 9 multiply-adds
+  per output are done, so its figure may pass the peak;
 - dense layers whose K is split into pieces (Note [Dense K pieces]: 8192 -> 512);
 - GEMMs that are not dense layers: a weight another op reads too (a language model's head tied to its
   embedding table: BLAS or the small-M kernel) and an activation x activation batched matmul
@@ -144,8 +146,10 @@ class _Bmm(torch.nn.Module):
         return a @ b
 
 
-def _loaded(model: torch.nn.Module, samples: list[tuple[torch.Tensor, ...]], dims: Any, isa: str) -> Any:
-    options = bladepack.CompileOptions.from_env(cpu_isas=isa, quiet=True)
+def _loaded(
+    model: torch.nn.Module, samples: list[tuple[torch.Tensor, ...]], dims: Any, isa: str, winograd: bool = True
+) -> Any:
+    options = bladepack.CompileOptions.from_env(cpu_isas=isa, quiet=True, winograd=winograd)
     art = bladepack.optimize(model.eval(), samples, dims, reference_cases=False, options=options)
     return bladepack.load(art.to_bytes(), options=bladepack.LoaderOptions.from_env(cpu_isa=isa))
 
@@ -182,15 +186,16 @@ def families(isa: str, quick: bool) -> list[dict[str, Any]]:
             s = _best_call_s(lambda m=m, x=x: m.run([x]), quick)
             rows.append({"family": family, "shape": f"{rows_} x {k} -> {n}", "gflops": 2 * rows_ * k * n / s / 1e9})
     side = bladepack.Dim("side", 8, 64)
-    for c in (64, 256):
-        conv = _loaded(
-            _Conv(c), [(torch.randn(1, c, 16, 16),), (torch.randn(1, c, 20, 20),)], {"x": {2: side, 3: side}}, isa
-        )
-        for hw in (28, 56):
-            x = np.random.default_rng(0).standard_normal((1, c, hw, hw), dtype=np.float32)
-            s = _best_call_s(lambda m=conv, x=x: m.run([x]), quick)
-            flops = 2 * hw * hw * c * c * 9
-            rows.append({"family": "3x3 convolution", "shape": f"{c} ch, {hw} x {hw}", "gflops": flops / s / 1e9})
+    for winograd in (False, True):
+        family = "3x3 convolution, Winograd (direct FLOPs)" if winograd else "3x3 convolution"
+        for c in (64, 256):
+            samples = [(torch.randn(1, c, 16, 16),), (torch.randn(1, c, 20, 20),)]
+            conv = _loaded(_Conv(c), samples, {"x": {2: side, 3: side}}, isa, winograd)
+            for hw in (28, 56):
+                x = np.random.default_rng(0).standard_normal((1, c, hw, hw), dtype=np.float32)
+                s = _best_call_s(lambda m=conv, x=x: m.run([x]), quick)
+                flops = 2 * hw * hw * c * c * 9
+                rows.append({"family": family, "shape": f"{c} ch, {hw} x {hw}", "gflops": flops / s / 1e9})
     ids = bladepack.Dim("ids", 1, 64)
     tied = _loaded(
         _Tied(),

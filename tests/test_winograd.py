@@ -215,3 +215,22 @@ def test_source_weights_stay_exact() -> None:
     row = read(art.to_bytes()).manifest["source_program"]["weights"]["conv.weight"]
     assert "packed" not in row and row["section"] == "program/weight/conv.weight", row
     assert extend(art.to_bytes()).to_bytes() == art.to_bytes()
+
+
+def test_input_read_through_a_permute(tmp_path: Path) -> None:
+    """A Winograd convolution on the model's own NCHW input reads it in place through the permute (each
+    pixel's channels a plane apart, the transform's loads strided), at every ISA level."""
+    torch.manual_seed(2)
+    model = _Block(96).eval()
+    samples = [(torch.randn(2, 96, 6, 5),), (torch.randn(3, 96, 7, 9),)]
+    art = bladepack.optimize(model, samples, options=all_isas())
+    path = tmp_path / "block.bpk"
+    art.save(path)
+    rng = np.random.default_rng(1)
+    for isa in _levels(art):
+        m = bladepack.load(path, options=LoaderOptions(cpu_isa=isa))
+        for n, h, w in ((1, 1, 1), (2, 3, 8), (1, 11, 6)):
+            x = rng.standard_normal((n, 96, h, w), dtype=np.float32)
+            with torch.no_grad():
+                want = model(torch.from_numpy(x)).numpy()
+            assert _err(m(x), want) <= 1e-5, (isa, (n, h, w))
