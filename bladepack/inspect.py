@@ -35,6 +35,7 @@ def manifest_summary(m: dict[str, Any]) -> dict[str, Any]:
                 "target": k["target"],
                 "arch": k.get("arch"),
                 "kind": k.get("kind"),
+                "conv": _conv_kernel(k, steps),
                 "ops": len(k.get("nodes", ())),
                 "variants": [v["name"] for v in k.get("variants", [])],
                 "loc": k.get("loc", ""),
@@ -58,6 +59,25 @@ def manifest_summary(m: dict[str, Any]) -> dict[str, Any]:
             "guards": len(m["shape_program"]["messages"]),
         },
     }
+
+
+# Which kernel runs a convolution, by the packed weight it reads (opset/attrs.py Conv2dAttrs)
+_CONV_KERNELS = {
+    "ihwo": "direct",
+    "blocks": "wide",
+    "winograd": "winograd",
+    "panels": "dense",
+}
+
+
+def _conv_kernel(kernel: dict[str, Any], steps: list[dict[str, Any]]) -> str | None:
+    """For a kernel computing a convolution on a packed weight: which convolution kernel it is (Note
+    [Direct convolution], [Wide convolutions], [Winograd convolutions], [Dense layers]); else None."""
+    nodes = set(kernel.get("nodes", ()))
+    for step in steps:
+        if step.get("op") == "conv2d" and step.get("out") in nodes:
+            return _CONV_KERNELS.get(str(step.get("attrs", {}).get("weight_layout", "")))
+    return None
 
 
 def _policies(m: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -334,7 +354,8 @@ def inspect_text(s: dict[str, Any]) -> str:
     lines.append(f"kernels: {len(s['kernels']) or 'none'}")
     for k in s["kernels"]:
         target = f"{k['target']}{'/' + k['arch'] if k['arch'] else ''}"
-        lines.append(f"  {k['name']} [{target}] {k['kind']}, {k['ops']} ops, variants: {', '.join(k['variants'])}")
+        kind = f"{k['kind']} ({k['conv']})" if k.get("conv") else k["kind"]
+        lines.append(f"  {k['name']} [{target}] {kind}, {k['ops']} ops, variants: {', '.join(k['variants'])}")
     lines.append(f"gemm configs: {len(s['gemm_configs']) or 'none'}")
     for gc in s["gemm_configs"]:
         batch = f" x batch [{', '.join(gc['batch'])}]" if gc.get("batch") else ""

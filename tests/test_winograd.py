@@ -204,17 +204,23 @@ def test_channel_counts_outside_the_range_keep_direct_kernels(channels: int) -> 
 
 def test_source_weights_stay_exact() -> None:
     """The source program keeps its own copy of a weight the plan holds only transformed (unpacking
-    is exact only to rounding), so `extend` rebuilds the same artifact byte for byte."""
+    is exact only to rounding), so `extend` rebuilds the same artifact byte for byte; `inspect` names
+    the kernel."""
     from bladepack.artifact import read
     from bladepack.extend import extend
+    from bladepack.inspect import inspect_text, manifest_summary
 
     torch.manual_seed(0)
     model = _Block(64).eval()
     samples = [(torch.randn(2, 64, 6, 5),), (torch.randn(3, 64, 7, 9),)]
     art = bladepack.optimize(model, samples)
-    row = read(art.to_bytes()).manifest["source_program"]["weights"]["conv.weight"]
+    manifest = read(art.to_bytes()).manifest
+    row = manifest["source_program"]["weights"]["conv.weight"]
     assert "packed" not in row and row["section"] == "program/weight/conv.weight", row
     assert extend(art.to_bytes()).to_bytes() == art.to_bytes()
+    kernels = manifest_summary(manifest)["kernels"]
+    assert [k["conv"] for k in kernels if k["kind"] == "conv"] == ["winograd"]
+    assert "conv (winograd)" in inspect_text(manifest_summary(manifest))
 
 
 def test_input_read_through_a_permute(tmp_path: Path) -> None:
