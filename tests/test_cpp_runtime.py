@@ -184,6 +184,26 @@ def test_mamba2_scan_matches_python_loader(release: Path) -> None:
         assert rel_err(got[0], eager) <= 1e-5, f"vs eager at {(b, s)}"
 
 
+def test_winograd_convolutions_match_python_loader(release: Path) -> None:
+    """3x3 convolutions by F(2x2, 3x3) (format 1.11: Note [Winograd convolutions]) through bpk-run: a
+    64-channel residual block into a 72-channel convolution, at a single pixel, odd sizes and batch 3."""
+    from tests.test_winograd import _WinogradChain
+
+    torch.manual_seed(0)
+    model = _WinogradChain().eval()
+    path = TMP / "winograd.bpk"
+    bladepack.optimize(model, [(torch.randn(2, 3, 10, 8),), (torch.randn(3, 3, 12, 14),)]).save(path)
+    g = torch.Generator().manual_seed(8)
+    for k, (b, h, w) in enumerate([(1, 5, 5), (1, 9, 12), (3, 14, 7)]):
+        arrays = [torch.randn(b, 3, h, w, generator=g).numpy()]
+        got, want = run_both(release, path, arrays, f"winograd{k}")
+        with torch.no_grad():
+            eager = model(torch.from_numpy(arrays[0]))
+        for o, p_, e in zip(got, want, eager, strict=True):
+            assert rel_err(o, p_) <= 1e-6, f"C++ vs Python at {(b, h, w)}"
+            assert rel_err(o, e.numpy()) <= 1e-5, f"vs eager at {(b, h, w)}"
+
+
 class _Field(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, field: str) -> None:
         super().__init__()
