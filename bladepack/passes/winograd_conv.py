@@ -15,16 +15,11 @@ sample's 16- and 32-channel convolutions on images of a few pixels were as fast 
 
 from __future__ import annotations
 
-import dataclasses
-
-import numpy as np
-
 from bladepack.dtypes import DType
-from bladepack.ir import GraphBuilder, Node, OpKind, Program, rebuild_graph
+from bladepack.ir import Node, OpKind, Program
 from bladepack.ir.ops import Conv2dAttrs
 from bladepack.ir.types import TensorType
-from bladepack.opset import packed_weights
-from bladepack.passes.dce import dead_code_elimination
+from bladepack.passes.packed_convolutions import pack_convolution_weights
 
 MIN_CHANNELS = 64
 MAX_CHANNEL_PAIRS = 256 * 256  # C_in x C_out: transformed weights of at most 4 MB
@@ -48,28 +43,7 @@ def _eligible(n: Node, types: dict[int, TensorType], weights: set[int]) -> bool:
 
 
 def winograd_conv(p: Program) -> Program:
-    g = p.graph
-    types = g.value_types()
-    weights = {w.id: w for w in g.weights}
-    weight_ids = set(weights)
-    chosen = {n.id for n in g.nodes if _eligible(n, types, weight_ids)}
-    if not chosen:
-        return p
-    data = dict(p.weight_data)
-    packed: dict[int, int] = {}  # original weight -> its packed copy (convolutions may share one)
-
-    def pack(b: GraphBuilder, n: Node, ins: tuple[int, ...]) -> int | None:
-        if n.id not in chosen:
-            return None
-        assert isinstance(n.attrs, Conv2dAttrs)
-        w = weights[n.inputs[1]]
-        if w.id not in packed:
-            name = f"{w.name}.winograd"
-            data[name] = packed_weights.pack("winograd", np.asarray(p.weight_data[w.name]))
-            shape = packed_weights.packed_shape("winograd", tuple(int(d) for d in w.type.shape))
-            packed[w.id] = b.add_weight(name, TensorType(w.type.dtype, shape))
-        attrs = dataclasses.replace(n.attrs, weight_layout="winograd")
-        return b.add(n.op, (ins[0], packed[w.id]), n.type, attrs, n.loc)
-
-    graph = rebuild_graph(g, pack)
-    return dead_code_elimination(dataclasses.replace(p, graph=graph, weight_data=data))
+    types = p.graph.value_types()
+    weight_ids = {w.id for w in p.graph.weights}
+    chosen = {n.id for n in p.graph.nodes if _eligible(n, types, weight_ids)}
+    return pack_convolution_weights(p, chosen, "winograd") if chosen else p
