@@ -112,6 +112,40 @@ def test_recurrent_blocks_at_every_isa_and_thread_count(tmp_path: Path) -> None:
                 )
 
 
+class _Wide(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(8, 256)
+        self.gru = nn.GRU(256, 96)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gru(self.lstm(x)[0])[0]
+
+
+def test_recurrent_panel_remainders(tmp_path: Path) -> None:
+    """Note [Vector remainders] (codegen/cpu_gemm.h): a team member's share of 256 or 96 hidden units'
+    gate columns, at 1-3 threads and blocks of 1-5 sequences, leaves every remainder a full panel does
+    not cover (AVX2's panels of 96 and 24 columns, AVX-512's of 80) in whole-vector panels; against
+    eager in every ISA library this CPU runs."""
+    torch.manual_seed(5)
+    model = _Wide().eval()
+    art = bladepack.optimize(model, [(torch.randn(3, 2, 8),), (torch.randn(4, 3, 8),)], options=all_isas())
+    path = tmp_path / "wide.bpk"
+    path.write_bytes(art.to_bytes())
+    levels = [isa for isa, requires, _ in art.cpu_libraries if set(requires) <= cpu_flags()]
+    g = torch.Generator().manual_seed(6)
+    cases = [torch.randn(s, b, 8, generator=g) for s, b in ((3, 1), (2, 3), (3, 5), (2, 9))]
+    with torch.no_grad():
+        wants = [model(x).numpy() for x in cases]
+    for isa in levels:
+        for threads in (1, 2, 3):
+            loaded = bladepack.load(path, executor="native", options=LoaderOptions(cpu_isa=isa, num_threads=threads))
+            for x, want in zip(cases, wants, strict=True):
+                np.testing.assert_allclose(
+                    loaded(x.numpy()), want, rtol=1e-5, atol=2e-6, err_msg=f"{isa}, {threads} threads, {tuple(x.shape)}"
+                )
+
+
 class _Projected(nn.Module):
     """Note [LSTM projections]: two bidirectional layers with proj_size, batch_first, given and zero
     states, and an unbatched call of a one-layer projected LSTM."""

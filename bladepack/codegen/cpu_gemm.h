@@ -270,9 +270,11 @@ static void rec_panel(int64_t K, const T* A, int64_t lda, const T* b, int64_t ld
       for (int q = 0; q < W; ++q) acc[r][q] += a * bp[q];
     }
   }
+  // Note [Accumulator stores] (codegen/cpu_conv_winograd.py): a plain copy of acc kept one accumulator
+  // on the stack through the loop above (AVX2: a store and a reload per row of B)
   for (int r = 0; r < R; ++r)
 #pragma omp simd
-    for (int q = 0; q < W; ++q) C[r * ldc + q] = acc[r][q];
+    for (int q = 0; q < W; ++q) C[r * ldc + q] = acc[r][q] + T(0);
 }
 
 // The last w < W columns (a width that is no multiple of the panel's).
@@ -291,12 +293,18 @@ template <class T, int R>
 static void rec_rows(int64_t n0, int64_t n1, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, T* C,
                      int64_t ldc) {
   constexpr int W = rec_width<T, R>();
+  constexpr int V = REC_VBYTES / int(sizeof(T));
   int64_t j = n0;
   for (; j + W <= n1; j += W) rec_panel<T, R, W>(K, A, lda, B + j, ldb, C + j, ldc);
-  // a remainder in halving panels (a team member's share of the columns is a multiple of 16)
-  if (W >= 8 && j + W / 2 <= n1) rec_panel<T, R, (W >= 8 ? W / 2 : 1)>(K, A, lda, B + j, ldb, C + j, ldc), j += W / 2;
-  if (W >= 8 && j + W / 4 <= n1) rec_panel<T, R, (W >= 8 ? W / 4 : 1)>(K, A, lda, B + j, ldb, C + j, ldc), j += W / 4;
-  if (W >= 16 && j + W / 8 <= n1) rec_panel<T, R, (W >= 16 ? W / 8 : 1)>(K, A, lda, B + j, ldb, C + j, ldc), j += W / 8;
+  // Note [Vector remainders]: what the full panels leave (a team member's share of the columns is a
+  // multiple of 16) in at most one panel each of 8, 4, 2 and 1 whole vectors narrower than W (W is a
+  // whole number of vectors, so what is left after the 2-vector panel is under 2): halving W left widths
+  // of part of a vector (AVX2's 24-column panel for 4 rows: 6, then 2 columns in rec_tail's loops over
+  // C in memory)
+  if (8 * V < W && j + 8 * V <= n1) rec_panel<T, R, (8 * V < W ? 8 * V : V)>(K, A, lda, B + j, ldb, C + j, ldc), j += 8 * V;
+  if (4 * V < W && j + 4 * V <= n1) rec_panel<T, R, (4 * V < W ? 4 * V : V)>(K, A, lda, B + j, ldb, C + j, ldc), j += 4 * V;
+  if (2 * V < W && j + 2 * V <= n1) rec_panel<T, R, (2 * V < W ? 2 * V : V)>(K, A, lda, B + j, ldb, C + j, ldc), j += 2 * V;
+  if (V <= W && j + V <= n1) rec_panel<T, R, V>(K, A, lda, B + j, ldb, C + j, ldc), j += V;
   if (j < n1) rec_tail<T, R>(K, A, lda, B + j, ldb, C + j, ldc, n1 - j);
 }
 
