@@ -219,3 +219,33 @@ def test_broadcast_bias_is_computed_once() -> None:
     first, second = (set(k["nodes"]) for k in kernels if k["kind"] == "attention")
     assert not first & second, "the attentions share inline values"
     assert [k["kind"] for k in kernels].count("loop") == 1, [k["kind"] for k in kernels]
+
+
+def test_wide_groups_at_every_isa_level() -> None:
+    """Note [Attention groups per ISA]: the wide variant (64 query rows and more) takes eight rows per
+    register block in the AVX-512 library and four in the AVX2 one; both against eager, with a padding
+    mask, at head dims of one and two score vectors and query counts off the groups (65, 130)."""
+    from bladepack.cpu_features import cpu_flags
+    from bladepack.options import LoaderOptions
+    from tests.helpers import all_isas
+
+    model = _Padded().eval()
+    for hd in (16, 32):
+
+        def make(g: torch.Generator, b: int, n: int, hd: int = hd) -> tuple[torch.Tensor, ...]:
+            q, k, v = (torch.randn(b, 2, n, hd, generator=g) for _ in range(3))
+            return q, k, v, (torch.rand(b, n, generator=g) > 0.2).long()
+
+        g = torch.Generator().manual_seed(1)
+        s = Dim("s", 1, MAX)
+        dims = ({2: s}, {2: s}, {2: s}, {1: s})
+        art = bladepack.optimize(model, make(g, 2, 9), dynamic_shapes=dims, options=all_isas())
+        levels = [isa for isa, requires, _ in art.cpu_libraries if set(requires) <= cpu_flags()]
+        for isa in levels:
+            m = bladepack.load(art.to_bytes(), executor="native", options=LoaderOptions(cpu_isa=isa))
+            assert "attention" in _kinds(m), _kinds(m)
+            for n in (64, 65, 130):
+                x = make(g, 2, n)
+                with torch.no_grad():
+                    want = model(*x)
+                assert rel_err(m(*x), want) <= 1e-5, (isa, hd, n)

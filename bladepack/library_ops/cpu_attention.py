@@ -226,7 +226,7 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
             em.line("}")
             em.line("l_[qi] += ls_;")
 
-        def row_group() -> None:
+        def row_group(group: int) -> None:
             """`group` query rows at once: each packed key vector feeds `group` FMAs, each V row as many
             independent accumulators (rows past the last are clamped reads, never stored)."""
             rows = range(group)
@@ -367,8 +367,20 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
             em.line(f"const int64_t nkv_ = (nk_ + {vl - 1}) / {vl} * {vl};")
             em.line("for (int64_t jj = nk_; jj < nkv_; ++jj)")
             em.line(f"  for (int d = 0; d < {d}; ++d) kt_[d * {kb} + jj] = {t}(0);")
-            em.line(f"alignas(64) {t} s_[{group}][{kb}];")
-            em.loop([f"for (int64_t g_ = 0; g_ < nq_; g_ += {group}) {{"], [], row_group)
+
+            def groups(size: int) -> None:
+                em.line(f"alignas(64) {t} s_[{size}][{kb}];")
+                em.loop([f"for (int64_t g_ = 0; g_ < nq_; g_ += {size}) {{"], [], lambda: row_group(size))
+
+            if group <= 4:
+                groups(group)
+                return
+            # Note [Attention groups per ISA]: eight rows of 64-byte score vectors are 16 of AVX2's 16
+            # registers before the broadcasts; GCC kept two accumulators and every broadcast on the
+            # stack. The AVX2 library takes four rows at a time.
+            em.branch("#if defined(__AVX2__) && !defined(__AVX512F__)", lambda: groups(4))
+            em.branch("#else", lambda: groups(group))
+            em.line("#endif")
 
         first, end = "0", r(skv)
         if bounds is not None:  # Note [Key bounds]: the block's rows' keys only
