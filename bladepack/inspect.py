@@ -16,6 +16,7 @@ from bladepack.dtypes import DType
 
 def manifest_summary(m: dict[str, Any]) -> dict[str, Any]:
     steps = m["plan"]["steps"]
+    convs = {s["out"]: str(s.get("attrs", {}).get("weight_layout", "")) for s in steps if s.get("op") == "conv2d"}
     weights_bytes = sum(DType(w["dtype"]).itemsize * _prod(w["shape"]) for w in m["weights"])
     return {
         "format_version": ".".join(str(v) for v in m["format_version"]),
@@ -35,7 +36,7 @@ def manifest_summary(m: dict[str, Any]) -> dict[str, Any]:
                 "target": k["target"],
                 "arch": k.get("arch"),
                 "kind": k.get("kind"),
-                "conv": _conv_kernel(k, steps),
+                "conv": _conv_kernel(k, convs),
                 "ops": len(k.get("nodes", ())),
                 "variants": [v["name"] for v in k.get("variants", [])],
                 "loc": k.get("loc", ""),
@@ -70,13 +71,13 @@ _CONV_KERNELS = {
 }
 
 
-def _conv_kernel(kernel: dict[str, Any], steps: list[dict[str, Any]]) -> str | None:
+def _conv_kernel(kernel: dict[str, Any], convs: dict[Any, str]) -> str | None:
     """For a kernel computing a convolution on a packed weight: which convolution kernel it is (Note
-    [Direct convolution], [Wide convolutions], [Winograd convolutions], [Dense layers]); else None."""
-    nodes = set(kernel.get("nodes", ()))
-    for step in steps:
-        if step.get("op") == "conv2d" and step.get("out") in nodes:
-            return _CONV_KERNELS.get(str(step.get("attrs", {}).get("weight_layout", "")))
+    [Direct convolution], [Wide convolutions], [Winograd convolutions], [Dense layers]); else None.
+    `convs`: each conv2d step's result value -> its weight layout."""
+    for v in kernel.get("nodes", ()):
+        if v in convs:
+            return _CONV_KERNELS.get(convs[v])
     return None
 
 

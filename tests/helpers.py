@@ -18,6 +18,33 @@ def all_isas() -> CompileOptions:
     return CompileOptions.from_env(cpu_isas="x86-64,x86-64-v3,x86-64-v4")
 
 
+def runnable_levels(art: Any) -> list[str]:
+    """The ISA levels of `art`'s CPU kernel libraries that this machine can run."""
+    from bladepack.cpu_features import cpu_flags
+
+    have = cpu_flags()
+    return [isa for isa, requires, _ in art.cpu_libraries if set(requires) <= have]
+
+
+def eager_failures(
+    path: Any, levels: list[str], inputs: list[np.ndarray], wants: list[list[np.ndarray]], tol: float
+) -> list[str]:
+    """Each (ISA level, 1-3 threads, input, output) where the native kernels of the artifact at `path`
+    differ from eager's outputs `wants` by more than `tol` (|y - eager| / (1 + max |eager|))."""
+    from bladepack.options import LoaderOptions
+
+    failures = []
+    for isa in levels:
+        for threads in (1, 2, 3):
+            m = bladepack.load(path, executor="native", options=LoaderOptions(cpu_isa=isa, num_threads=threads))
+            for x, want in zip(inputs, wants):
+                for k, (got, ref) in enumerate(zip(m(x), want, strict=True)):
+                    err = float(np.abs(np.asarray(got) - ref).max() / (1 + np.abs(ref).max()))
+                    if not err <= tol:
+                        failures.append(f"{isa}, {threads} threads, input {x.shape}, output {k}: {err:.1e}")
+    return failures
+
+
 def no_dense_layers() -> CompileOptions:
     """The environment's compile options, linear layers kept as BLAS GEMMs (Note [Dense layers])."""
     return CompileOptions.from_env(dense_layers=False)

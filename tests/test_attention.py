@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import bladepack
 from bladepack import Dim
-from tests.helpers import rel_err
+from tests.helpers import rel_err, runnable_levels
 
 MAX = 200
 LENGTHS = (1, 2, 7, 63, 64, 65, 130, MAX)
@@ -225,7 +225,6 @@ def test_wide_groups_at_every_isa_level() -> None:
     """Note [Attention groups per ISA]: the wide variant (64 query rows and more) takes eight rows per
     register block in the AVX-512 library and four in the AVX2 one; both against eager, with a padding
     mask, at head dims of one and two score vectors and query counts off the groups (65, 130)."""
-    from bladepack.cpu_features import cpu_flags
     from bladepack.options import LoaderOptions
     from tests.helpers import all_isas
 
@@ -240,7 +239,7 @@ def test_wide_groups_at_every_isa_level() -> None:
         s = Dim("s", 1, MAX)
         dims = ({2: s}, {2: s}, {2: s}, {1: s})
         art = bladepack.optimize(model, make(g, 2, 9), dynamic_shapes=dims, options=all_isas())
-        levels = [isa for isa, requires, _ in art.cpu_libraries if set(requires) <= cpu_flags()]
+        levels = runnable_levels(art)
         for isa in levels:
             m = bladepack.load(art.to_bytes(), executor="native", options=LoaderOptions(cpu_isa=isa))
             assert "attention" in _kinds(m), _kinds(m)

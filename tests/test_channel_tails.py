@@ -18,19 +18,13 @@ from torch.export import Dim
 
 import bladepack
 from bladepack.compiled import Artifact
-from bladepack.cpu_features import cpu_flags
 from bladepack.errors import CompileError
 from bladepack.loader.native_cpu import NativeUnavailable
 from bladepack.options import CompileOptions, LoaderOptions
-from tests.helpers import all_isas
+from tests.helpers import all_isas, runnable_levels
 
 THREADS = (1, 2, 3, 4)
 SHAPES = ((1, 1), (2, 3), (3, 7), (1, 13))  # (batch, height = width)
-
-
-def _runnable_levels(art: Artifact) -> list[str]:
-    have = cpu_flags()
-    return [isa for isa, requires, _ in art.cpu_libraries if set(requires) <= have]
 
 
 def _bad_channels(got: np.ndarray, ref: np.ndarray, tol: float = 1e-5) -> np.ndarray:
@@ -48,7 +42,7 @@ def _check_everywhere(art: Artifact, run_ref, inputs: Sequence[np.ndarray], name
     """Run `art` in every ISA library this CPU runs at 1-4 threads on each input; every output's every
     channel matches `run_ref`."""
     where.write_bytes(art.to_bytes())
-    levels = _runnable_levels(art)
+    levels = runnable_levels(art)
     assert levels, art.cpu_libraries
     wants = [run_ref(x) for x in inputs]
     failures = []
@@ -172,7 +166,7 @@ def test_pools_at_every_channel_count_1_to_1030(tmp_path: Path) -> None:
     path.write_bytes(art.to_bytes())
     rng = np.random.default_rng(2)
     failures = []
-    for isa in _runnable_levels(art):
+    for isa in runnable_levels(art):
         for threads in (1, 2):
             mod = bladepack.load(path, executor="native", options=LoaderOptions(cpu_isa=isa, num_threads=threads))
             for c in range(1, 1031):
@@ -218,7 +212,7 @@ def test_cpu_isa_names_a_library_this_cpu_runs(tmp_path: Path) -> None:
     """LoaderOptions.cpu_isa loads the named level; a level not in the artifact, or one this CPU lacks,
     is refused naming the ones that run."""
     art = bladepack.optimize(_PoolsOfAnyWidth(), (torch.randn(2, 7, 3, 3),), options=all_isas())
-    levels = _runnable_levels(art)
+    levels = runnable_levels(art)
     for isa in levels:
         assert bladepack.load(art.to_bytes(), options=LoaderOptions(cpu_isa=isa)).executor == f"native ({isa})"
     with pytest.raises(

@@ -272,16 +272,14 @@ def test_convolution_tiles_at_every_isa_level(tmp_path: Path, model: type[torch.
     """Every ISA library this CPU runs (the NCHW kernel's AVX2 code takes narrower channel blocks, Note
     [Convolution tiles per ISA]), at one and two threads, at image sides 1 to 9 (pixel counts over the tiles' residues),
     against eager within 1e-5 of each output's scale; channels-last chains and NCHW direct kernels."""
-    from bladepack.cpu_features import cpu_flags
     from bladepack.options import LoaderOptions
-    from tests.helpers import all_isas
+    from tests.helpers import all_isas, runnable_levels
 
     torch.manual_seed(0)
     net = model().eval()
     side = Dim("side", min=2, max=16)
     art = bladepack.optimize(net, [(torch.randn(1, 8, 5, 5),)], ({2: side, 3: side},), options=all_isas())
-    have = cpu_flags()
-    levels = [isa for isa, requires, _ in art.cpu_libraries if set(requires) <= have]
+    levels = runnable_levels(art)
     assert len(levels) >= 2, art.cpu_libraries
     path = tmp_path / "convs.bpk"
     art.save(path)
@@ -327,15 +325,14 @@ def test_depthwise_channel_multipliers_at_every_isa_level(tmp_path: Path) -> Non
     """Note [Channel multipliers] and Note [Interior tiles]: every ISA library this CPU runs, one and two
     threads, images narrower than a tile (every tile on the border) and wide ones (interior tiles),
     against eager within 1e-5 of each output's scale."""
-    from bladepack.cpu_features import cpu_flags
     from bladepack.options import LoaderOptions
-    from tests.helpers import all_isas
+    from tests.helpers import all_isas, runnable_levels
 
     torch.manual_seed(0)
     net = _Multipliers().eval()
     dims = ({0: Dim("batch", max=4), 2: Dim("h", max=64), 3: Dim("w", max=64)},)
     art = bladepack.optimize(net, [(torch.randn(2, 30, 9, 11),)], dims, options=all_isas())
-    levels = [isa for isa, requires, _ in art.cpu_libraries if set(requires) <= cpu_flags()]
+    levels = runnable_levels(art)
     path = tmp_path / "multipliers.bpk"
     art.save(path)
     for isa in levels:

@@ -268,17 +268,15 @@ def test_dense_tiles_at_every_isa_level(tmp_path: pytest.TempPathFactory) -> Non
     """Every ISA library this CPU runs (each has its own column blocks, Note [Dense tiles per ISA]), at
     one and two threads, at row counts over each row tile's residues, against eager element by
     element (float32 within 1e-5 of the output's scale, float64 within 1e-12)."""
-    from bladepack.cpu_features import cpu_flags
     from bladepack.options import LoaderOptions
-    from tests.helpers import all_isas
+    from tests.helpers import all_isas, runnable_levels
 
     torch.manual_seed(0)
     model = _Residues().eval()
     m = Dim("m", min=1, max=128)
     sample = (torch.randn(5, 64), torch.randn(5, 64, dtype=torch.float64))
     art = bladepack.optimize(model, [sample], ({0: m}, {0: m}), options=all_isas())
-    have = cpu_flags()
-    levels = [isa for isa, requires, _ in art.cpu_libraries if set(requires) <= have]
+    levels = runnable_levels(art)
     assert len(levels) >= 2, art.cpu_libraries
     path = tmp_path / "residues.bpk"  # type: ignore[operator]
     art.save(path)
@@ -324,9 +322,8 @@ def test_dense_weight_panels_at_every_isa_level(tmp_path: pytest.TempPathFactory
     """Every ISA library this CPU runs (each has its own column blocks over the same panels), at one
     and two threads, at row counts over the row tiles' residues, against eager element by element;
     the reference executor reads the panels too."""
-    from bladepack.cpu_features import cpu_flags
     from bladepack.options import LoaderOptions
-    from tests.helpers import all_isas
+    from tests.helpers import all_isas, runnable_levels
 
     torch.manual_seed(0)
     model = _Panels().eval()
@@ -344,8 +341,7 @@ def test_dense_weight_panels_at_every_isa_level(tmp_path: pytest.TempPathFactory
 
     art = bladepack.optimize(model, [inputs(2, 5), inputs(3, 9)], shapes, options=all_isas())
     assert art.ir_text.count("weight_layout='panels'") == 9 and "'ihwo'" not in art.ir_text, art.ir_text
-    have = cpu_flags()
-    levels = [isa for isa, requires, _ in art.cpu_libraries if set(requires) <= have]
+    levels = runnable_levels(art)
     assert len(levels) >= 2, art.cpu_libraries
     path = tmp_path / "panels.bpk"  # type: ignore[operator]
     art.save(path)

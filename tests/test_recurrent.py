@@ -16,12 +16,11 @@ from onnx.reference import ReferenceEvaluator
 from torch import nn
 
 import bladepack
-from bladepack.cpu_features import cpu_flags
 from bladepack.errors import ExportError
 from bladepack.loader.reference import OPS
 from bladepack.options import LoaderOptions
 from bladepack.target import PTX_ARCH
-from tests.helpers import all_isas
+from tests.helpers import all_isas, runnable_levels
 
 
 class _Stack(nn.Module):
@@ -97,7 +96,7 @@ def test_recurrent_blocks_at_every_isa_and_thread_count(tmp_path: Path) -> None:
     art = bladepack.optimize(model, [(torch.randn(4, 2, 5),), (torch.randn(6, 3, 5),)], options=all_isas())
     path = tmp_path / "odd.bpk"
     path.write_bytes(art.to_bytes())
-    levels = [isa for isa, requires, _ in art.cpu_libraries if set(requires) <= cpu_flags()]
+    levels = runnable_levels(art)
     assert len(levels) >= 2, art.cpu_libraries
     g = torch.Generator().manual_seed(4)
     cases = [torch.randn(s, b, 5, generator=g) for s, b in ((3, 1), (2, 5), (4, 9), (1, 33))]
@@ -132,7 +131,7 @@ def test_recurrent_panel_remainders(tmp_path: Path) -> None:
     art = bladepack.optimize(model, [(torch.randn(3, 2, 8),), (torch.randn(4, 3, 8),)], options=all_isas())
     path = tmp_path / "wide.bpk"
     path.write_bytes(art.to_bytes())
-    levels = [isa for isa, requires, _ in art.cpu_libraries if set(requires) <= cpu_flags()]
+    levels = runnable_levels(art)
     g = torch.Generator().manual_seed(6)
     cases = [torch.randn(s, b, 8, generator=g) for s, b in ((3, 1), (2, 3), (3, 5), (2, 9))]
     with torch.no_grad():

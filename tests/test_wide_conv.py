@@ -18,10 +18,8 @@ from torch import nn
 
 import bladepack
 from bladepack import Dim
-from bladepack.cpu_features import cpu_flags
 from bladepack.ir.ops import Conv2dAttrs
-from bladepack.options import LoaderOptions
-from tests.helpers import all_isas
+from tests.helpers import all_isas, eager_failures, runnable_levels
 
 SHAPES = ((1, 1, 1), (2, 5, 7), (1, 13, 17), (3, 8, 3), (1, 31, 29))  # (batch, height, width)
 
@@ -68,11 +66,6 @@ def _convs(model: nn.Module, samples: list[tuple[torch.Tensor, ...]]) -> list[An
     return [n for n in p.graph.nodes if isinstance(n.attrs, Conv2dAttrs)]
 
 
-def _levels(art: bladepack.api.Artifact) -> list[str]:
-    have = cpu_flags()
-    return [isa for isa, requires, _ in art.cpu_libraries if set(requires) <= have]
-
-
 def test_wide_convolutions_match_eager(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = _WideChain().eval()
@@ -85,15 +78,7 @@ def test_wide_convolutions_match_eager(tmp_path: Path) -> None:
     inputs = [rng.standard_normal((n, 3, h, w), dtype=np.float32) for n, h, w in SHAPES]
     with torch.no_grad():
         wants = [[o.numpy() for o in model(torch.from_numpy(x))] for x in inputs]
-    failures = []
-    for isa in _levels(art):
-        for threads in (1, 2, 3):
-            m = bladepack.load(path, executor="native", options=LoaderOptions(cpu_isa=isa, num_threads=threads))
-            for x, want in zip(inputs, wants):
-                for k, (got, ref) in enumerate(zip(m(x), want, strict=True)):
-                    err = float(np.abs(np.asarray(got) - ref).max() / (1 + np.abs(ref).max()))
-                    if not err <= 2e-5:
-                        failures.append(f"{isa}, {threads} threads, input {x.shape}, output {k}: {err:.1e}")
+    failures = eager_failures(path, runnable_levels(art), inputs, wants, 2e-5)
     assert not failures, "\n".join(failures)
     ref = bladepack.load(path, executor="reference")  # reads the blocked weights as the kernels do
     for x, want in zip(inputs[:3], wants[:3]):

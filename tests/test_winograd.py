@@ -20,11 +20,10 @@ from torch import nn
 
 import bladepack
 from bladepack import Dim
-from bladepack.cpu_features import cpu_flags
 from bladepack.ir.ops import Conv2dAttrs
 from bladepack.opset import packed_weights
 from bladepack.options import CompileOptions, LoaderOptions
-from tests.helpers import all_isas
+from tests.helpers import all_isas, eager_failures, runnable_levels
 
 SHAPES = ((1, 1, 1), (1, 2, 3), (2, 5, 7), (1, 13, 17), (3, 8, 3), (1, 30, 29))  # (batch, height, width)
 
@@ -72,11 +71,6 @@ def _convs(model: nn.Module, samples: Sequence[tuple[torch.Tensor, ...]], winogr
     return [n for n in p.graph.nodes if isinstance(n.attrs, Conv2dAttrs)]
 
 
-def _levels(art: bladepack.api.Artifact) -> list[str]:
-    have = cpu_flags()
-    return [isa for isa, requires, _ in art.cpu_libraries if set(requires) <= have]
-
-
 def _err(got: Any, ref: np.ndarray) -> float:
     return float(np.abs(np.asarray(got) - ref).max() / (1 + np.abs(ref).max()))
 
@@ -94,14 +88,7 @@ def test_winograd_convolutions_match_eager(tmp_path: Path) -> None:
     inputs = [rng.standard_normal((n, 3, h + 4, w + 4), dtype=np.float32) for n, h, w in SHAPES]
     with torch.no_grad():
         wants = [[o.numpy() for o in model(torch.from_numpy(x))] for x in inputs]
-    failures = []
-    for isa in _levels(art):
-        for threads in (1, 2, 3):
-            m = bladepack.load(path, executor="native", options=LoaderOptions(cpu_isa=isa, num_threads=threads))
-            for x, want in zip(inputs, wants):
-                for k, (got, ref) in enumerate(zip(m(x), want, strict=True)):
-                    if not (err := _err(got, ref)) <= 1e-5:
-                        failures.append(f"{isa}, {threads} threads, input {x.shape}, output {k}: {err:.1e}")
+    failures = eager_failures(path, runnable_levels(art), inputs, wants, 1e-5)
     assert not failures, "\n".join(failures)
     ref = bladepack.load(path, executor="reference")  # unpacks the transformed weights
     for x, want in zip(inputs[:3], wants[:3]):
@@ -233,7 +220,7 @@ def test_input_read_through_a_permute(tmp_path: Path) -> None:
     path = tmp_path / "block.bpk"
     art.save(path)
     rng = np.random.default_rng(1)
-    for isa in _levels(art):
+    for isa in runnable_levels(art):
         m = bladepack.load(path, options=LoaderOptions(cpu_isa=isa))
         for n, h, w in ((1, 1, 1), (2, 3, 8), (1, 11, 6)):
             x = rng.standard_normal((n, 96, h, w), dtype=np.float32)

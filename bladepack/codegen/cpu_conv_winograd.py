@@ -45,7 +45,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from bladepack.codegen.c_render import CPU_MEMTYPE, CTYPE, Loop
-from bladepack.codegen.cpu_conv_nhwc import image_start, zero_pixel
+from bladepack.codegen.cpu_conv_nhwc import image_start, tap_pointers, zero_pixel
 from bladepack.codegen.emitter import Emitter
 from bladepack.ir.ops import CHANNEL_BLOCK, Conv2dAttrs
 from bladepack.ir.views import simplify
@@ -101,18 +101,7 @@ def winograd_conv_kernel(em: Emitter) -> None:
         em.line("  const int64_t q_ = t0_ + t, ty_ = q_ / tw_, tx_ = q_ - ty_ * tw_;")
         em.line(f"  const int64_t iy0 = 2 * ty_ - {ph}, ix0 = 2 * tx_ - {pwd};")
         em.line(f"  const {mt}* dp_[16];  // the tile's input pixels (or zeros), row-major")
-        em.line("  #pragma GCC unroll 4")
-        em.line("  for (int64_t ky = 0; ky < 4; ++ky) {")
-        em.line("    const int64_t iy = iy0 + ky;")
-        em.line(f"    const bool in_y_ = uint64_t(iy) < uint64_t({r(h)});")
-        em.line("    #pragma GCC unroll 4")
-        em.line("    for (int64_t kx = 0; kx < 4; ++kx) {")
-        em.line("      const int64_t ix = ix0 + kx;")
-        em.line(
-            f"      dp_[ky * 4 + kx] = in_y_ & (uint64_t(ix) < uint64_t({r(w)})) ? xn_ + iy * {sy} + ix * {sx} : zeros_;"
-        )
-        em.line("    }")
-        em.line("  }")
+        tap_pointers(em, a, (4, 4), lambda k: f"dp_[{k}]", (sy, sx), (r(h), r(w)))
         em.line(f"  {t}* BPK_RESTRICT v_ = V_ + t * {cin};")
         em.line("  #pragma omp simd")
         em.line(f"  for (int64_t c = 0; c < {cin}; ++c) {{")
