@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 import sympy
 
 from bladepack.codegen.c_render import CPU_MEMTYPE, CTYPE, Loop
+from bladepack.codegen.cpu_conv_band import StagedBand
 from bladepack.codegen.emitter import Emitter
 from bladepack.codegen.kernel import FLOATS, reduce_init, store_offset
 from bladepack.ir import Node, OpKind
@@ -99,20 +100,28 @@ def zero_pixel(em: Emitter, xv: View, cin: int, mt: str) -> list[str]:
 
 def nhwc_conv_kernel(em: Emitter) -> None:
     """Note [Channels-last convolution]: one parallel row per (image, tile of `conv_tile_pixels`
-    consecutive output pixels, rows included). For each tap (ky, kx), each pixel of the tile gets a
-    pointer to its input pixel's channels, or to a row of zeros when the tap falls in the padding, so
-    the multiply-add loops have no bounds tests and no border cases; the pointers are made once per
-    tile and serve every block of CHANNEL_BLOCK output channels. Per block, acc[pixel][channel] stays
-    in registers: with groups 1, per input channel one broadcast of each pixel's value times the tap's
-    packed weights (one contiguous vector run); depthwise (groups = C_in, MobileNet's), each
-    pixel's channel vector times the tap's per-channel weights. The tile stores each pixel's block as
-    contiguous vectors, the epilogue chain (Note [Convolution epilogue]) evaluated in the same vector
-    loop.
+    consecutive output pixels, rows included). Per block of CHANNEL_BLOCK output channels,
+    acc[pixel][channel] stays in registers: with groups 1, per tap and input channel one broadcast of
+    each pixel's value times the tap's packed weights (one contiguous vector run); depthwise (groups =
+    C_in, MobileNet's), each pixel's channel vector times the tap's per-channel weights. The tile
+    stores each pixel's block as contiguous vectors, the epilogue chain (Note [Convolution epilogue])
+    evaluated in the same vector loop. An image's last tile of at most half a tile of pixels computes
+    only those (Note [Tail tiles] in cpu_conv_wide.py).
 
-    Note [Interior tiles]: a tile whose pixels lie on one output row with every tap inside the image
-    (most tiles of an image wider than a few tiles) makes no pointer table: tap k of pixel p is tap k of
-    pixel 0 plus p input strides. The table (9 taps x 6-8 pixels, each bounds-tested) cost as much as
-    the multiply-adds of a depthwise convolution, whose work per pixel is only taps x channel vectors.
+    Groups 1 (Note [Window origins] and Note [Staged bands] in cpu_conv_band.py): each pixel of the
+    tile gets one pointer, its window's origin, in the input or, when the convolution is padded, in a
+    zero-padded band of the input rows that the chunk stages once; tap (ky, kx) is the origin plus a
+    fixed offset, so the multiply-add loops have no bounds tests and no border cases.
+
+    Depthwise: for each tap (ky, kx), each pixel of the tile gets a pointer to its input pixel's
+    channels, or to a row of zeros when the tap falls in the padding, made once per tile (a band would
+    double a depthwise convolution's memory traffic, which is what it is bound by).
+
+    Note [Interior tiles]: a depthwise tile whose pixels lie on one output row with every tap inside
+    the image (most tiles of an image wider than a few tiles) makes no pointer table: tap k of pixel p
+    is tap k of pixel 0 plus p input strides. The table (9 taps x 6-8 pixels, each bounds-tested) cost
+    as much as the multiply-adds of a depthwise convolution, whose work per pixel is only taps x
+    channel vectors.
 
     Note [Channel multipliers]: a depthwise convolution with C_out = m x C_in reads input channel
     co / m for output channel co. Read per output vector that index is a gather (one per tap, pixel and
@@ -149,22 +158,26 @@ def nhwc_conv_kernel(em: Emitter) -> None:
     out = em.ptr_store(root)
     co, pix, oy, ox, cb = Loop("co"), Loop("px"), Loop("oy"), Loop("ox"), Loop("cb")
 
+    based = not depthwise  # Note [Window origins]
+    band = StagedBand(em, xv, a, (kh, kw), cin, (r(h), r(w)), n.type.dtype) if based and (ph or pwd) else None
+
     def body(outer: tuple[Loop, ...]) -> None:
         i_n, i_t = outer
         sy, sx, image = image_start(em, n, xv, px, i_n)
         em.line(f"const {mt}* BPK_RESTRICT wp_ = {pw_} + {r(wv.offset)};")
         em.line(f"const int64_t q0_ = {i_t.name} * {tile};")
         em.line(f"const int64_t np_ = std::min<int64_t>({tile}, {r(pixels)} - q0_);")
-        em.line(f"const {mt}* xp_[{taps}][{tile}];  // per tap, each pixel's input channels (or zeros)")
         em.line(f"int64_t oy_[{tile}], ox_[{tile}];")
         # one division per tile: the pixels' rows and columns advance from the first's
         em.line(f"int64_t y_ = q0_ / {r(ow)}, x_ = q0_ - y_ * {r(ow)};")
-        # Note [Interior tiles]: the tile's pixels on one output row, each tap of each inside the image
-        em.line(f"const int64_t ty_ = y_ * {sh} - {ph}, tx_ = x_ * {sw} - {pwd};")
-        em.line(
-            f"const bool inner_ = x_ + {tile} <= {r(ow)} && ty_ >= 0 && ty_ + {(kh - 1) * dh} < {r(h)}"
-            f" && tx_ >= 0 && tx_ + {(tile - 1) * sw + (kw - 1) * dw} < {r(w)};"
-        )
+        if not based:
+            em.line(f"const {mt}* xp_[{taps}][{tile}];  // per tap, each pixel's input channels (or zeros)")
+            # Note [Interior tiles]: the tile's pixels on one output row, each tap of each inside the image
+            em.line(f"const int64_t ty_ = y_ * {sh} - {ph}, tx_ = x_ * {sw} - {pwd};")
+            em.line(
+                f"const bool inner_ = x_ + {tile} <= {r(ow)} && ty_ >= 0 && ty_ + {(kh - 1) * dh} < {r(h)}"
+                f" && tx_ >= 0 && tx_ + {(tile - 1) * sw + (kw - 1) * dw} < {r(w)};"
+            )
         em.line(f"for (int p = 0; p < {tile}; ++p) {{")
         em.line("  oy_[p] = y_;")
         em.line("  ox_[p] = x_;")
@@ -172,14 +185,33 @@ def nhwc_conv_kernel(em: Emitter) -> None:
         em.line("    x_ = 0;")
         em.line("    ++y_;")
         em.line("  }")
-        em.line("  if (inner_) continue;")
-        em.line(f"  const int64_t iy0 = oy_[p] * {sh} - {ph}, ix0 = ox_[p] * {sw} - {pwd};")
-        tap_pointers(em, a, (kh, kw), lambda k: f"xp_[{k}][p]", (sy, sx), (r(h), r(w)))
+        if not based:
+            em.line("  if (inner_) continue;")
+            em.line(f"  const int64_t iy0 = oy_[p] * {sh} - {ph}, ix0 = ox_[p] * {sw} - {pwd};")
+            tap_pointers(em, a, (kh, kw), lambda k: f"xp_[{k}][p]", (sy, sx), (r(h), r(w)))
         em.line("}")
+        if based:  # Note [Window origins]
+            if band is not None:
+                band.stage(i_n.name, r(tiles), tile, (r(oh), r(ow)), sy, sx, sc)
+                origin, row0, strides = "band_", " - band_r0_", band.strides
+            else:
+                origin, row0, strides = "xn_", "", (sy, sx, sc)
+            em.line(f"const {mt}* pb_[{tile}];  // each pixel's window origin")
+            em.line(f"#pragma GCC unroll {tile}")
+            em.line(f"for (int p = 0; p < {tile}; ++p)")
+            em.line(f"  pb_[p] = {origin} + (oy_[p] * {sh}{row0}) * {strides[0]} + ox_[p] * {sw} * {strides[1]};")
 
-        def accumulate(width: int, pixel: str) -> None:
-            """The taps' multiply-adds into acc; `pixel` is the input channels of tap k of pixel p."""
-            em.line(f"for (int64_t k = 0; k < {taps}; ++k) {{")
+        def accumulate(width: int, pixel: str, sc: str = sc, npx: int = tile) -> None:
+            """The taps' multiply-adds into acc for `npx` pixels; `pixel` is the input channels of tap k
+            of pixel p, `sc` their stride. Window origins (Note [Window origins]) walk the taps as (ky, kx),
+            each tap's offset a sum, not a division of k."""
+            if based:
+                ty, tx, _ = band.strides if band is not None else (sy, sx, sc)
+                em.line(f"for (int64_t ky = 0; ky < {kh}; ++ky)")
+                em.line(f"for (int64_t kx = 0; kx < {kw}; ++kx) {{")
+                em.line(f"  const int64_t k = ky * {kw} + kx, ko_ = ky * {dh} * {ty} + kx * {dw} * {tx};")
+            else:
+                em.line(f"for (int64_t k = 0; k < {taps}; ++k) {{")
             if depthwise:
                 em.line(f"  const {mt}* BPK_RESTRICT wc = wp_ + k * {oc} + cb;")
                 em.line(f"  #pragma GCC unroll {tile}")
@@ -205,8 +237,8 @@ def nhwc_conv_kernel(em: Emitter) -> None:
             else:
                 em.line(f"  for (int64_t ci = 0; ci < {cin}; ++ci) {{")
                 em.line(f"    const {mt}* BPK_RESTRICT wc = wp_ + (ci * {taps} + k) * {oc} + cb;")
-                em.line(f"    #pragma GCC unroll {tile}")
-                em.line(f"    for (int p = 0; p < {tile}; ++p) {{")
+                em.line(f"    #pragma GCC unroll {npx}")
+                em.line(f"    for (int p = 0; p < {npx}; ++p) {{")
                 em.line(f"      const {t} xv_ = {pixel}[ci * {sc}];")
                 em.line("      #pragma omp simd")
                 em.line(f"      for (int64_t co = 0; co < {width}; ++co) acc[p][co] += xv_ * {t}(wc[co]);")
@@ -214,24 +246,28 @@ def nhwc_conv_kernel(em: Emitter) -> None:
                 em.line("  }")
             em.line("}")
 
-        def channel_block(width: int) -> None:
-            """One block of `width` output channels starting at channel cb: accumulate, then store."""
-            em.line(f"{t} acc[{tile}][{width}] = {{}};")
-            em.line("if (inner_) {  // Note [Interior tiles]: tap k of pixel p is tap k of pixel 0, p strides on")
-            em.line(f"  const {mt}* BPK_RESTRICT x0_ = xn_ + ty_ * {sy} + tx_ * {sx};")
-            em.line(f"  const int64_t ps_ = {sw} * {sx};")
-            pixel = f"(x0_ + k / {kw} * {dh} * {sy} + k % {kw} * {dw} * {sx} + p * ps_)"
-            accumulate(width, pixel)
-            em.line("} else {")
-            accumulate(width, "xp_[k][p]")
-            em.line("}")
+        def channel_block(width: int, npx: int) -> None:
+            """One block of `width` output channels starting at channel cb for the tile's first `npx`
+            pixels: accumulate, then store."""
+            em.line(f"{t} acc[{npx}][{width}] = {{}};")
+            if based:
+                accumulate(width, "(pb_[p] + ko_)", band.strides[2] if band is not None else sc, npx)
+            else:
+                em.line("if (inner_) {  // Note [Interior tiles]: tap k of pixel p is tap k of pixel 0, p strides on")
+                em.line(f"  const {mt}* BPK_RESTRICT x0_ = xn_ + ty_ * {sy} + tx_ * {sx};")
+                em.line(f"  const int64_t ps_ = {sw} * {sx};")
+                pixel = f"(x0_ + k / {kw} * {dh} * {sy} + k % {kw} * {dw} * {sx} + p * ps_)"
+                accumulate(width, pixel)
+                em.line("} else {")
+                accumulate(width, "xp_[k][p]")
+                em.line("}")
 
             def store_pixel() -> None:
                 store_block(em, n.id, root, (i_n, oy, ox, cb + co), co, width)
 
             # the pixel loop has a constant trip count and is unrolled, so acc[px] is a register, never memory
             em.loop(
-                [f"#pragma GCC unroll {tile}", f"for (int px = 0; px < {tile}; ++px) {{"],
+                [f"#pragma GCC unroll {npx}", f"for (int px = 0; px < {npx}; ++px) {{"],
                 [pix, oy, ox],
                 store_pixel,
                 prologue=[
@@ -241,11 +277,11 @@ def nhwc_conv_kernel(em: Emitter) -> None:
                 ],
             )
 
-        def blocks(blk: int) -> None:
+        def blocks(blk: int, npx: int) -> None:
             full = oc - oc % blk
-            em.loop([f"for (int64_t cb = 0; cb < {full}; cb += {blk}) {{"], [cb], lambda: channel_block(blk))
+            em.loop([f"for (int64_t cb = 0; cb < {full}; cb += {blk}) {{"], [cb], lambda: channel_block(blk, npx))
             if oc % blk:  # the last, narrower block
-                em.loop([f"{{ const int64_t cb = {full};"], [cb], lambda: channel_block(oc % blk))
+                em.loop([f"{{ const int64_t cb = {full};"], [cb], lambda: channel_block(oc % blk, npx))
 
         # Note [Convolution tiles per ISA] (cpu_conv.py) for this kernel: AVX2's 16 vector registers
         # hold 8-12 accumulators (8 pixels x 8 channels, 6 x 16), so the AVX2 library walks the
@@ -253,15 +289,27 @@ def nhwc_conv_kernel(em: Emitter) -> None:
         # the AVX2 library: ResNet-18's 64-channel 3x3 convolutions 1265 -> 895 µs (65% -> 91% of its
         # FMA peak), the CNN sample 1.06-1.24x; depthwise convolutions stay whole (the zoo's
         # MobileNet measured 0.79-0.90x with narrower blocks).
-        sub = 8 * max(1, 12 // tile)
-        if not depthwise and t == "float" and block > sub:
-            em.branch("#if defined(__AVX2__) && !defined(__AVX512F__)", lambda: blocks(sub))
-            em.branch("#else", lambda: blocks(block))
-            em.line("#endif")
-        else:
-            blocks(block)
+        def per_isa(npx: int) -> None:
+            sub = 8 * max(1, 12 // npx)
+            if not depthwise and t == "float" and block > sub:
+                em.branch("#if defined(__AVX2__) && !defined(__AVX512F__)", lambda: blocks(sub, npx))
+                em.branch("#else", lambda: blocks(block, npx))
+                em.line("#endif")
+            else:
+                blocks(block, npx)
 
-    scratch = zero_pixel(em, xv, cin, mt)
+        # Note [Tail tiles] (cpu_conv_wide.py) for this kernel: an image's last tile with at most half
+        # a tile of pixels computes only those (a 3 x 4 image's 12 pixels are a tile of 8 and one of 4,
+        # not two of 8)
+        tail = tile // 2
+        if based and tail >= 2:
+            em.loop([f"if (np_ > {tail}) {{"], [], lambda: per_isa(tile))
+            # not an `else`: the emitter may hoist the epilogue's invariants between the two blocks
+            em.loop([f"if (np_ <= {tail}) {{"], [], lambda: per_isa(tail))
+        else:
+            per_isa(tile)
+
+    scratch = band.chunk_setup() if band is not None else [] if based else zero_pixel(em, xv, cin, mt)
     macs = tile * taps * oc * (1 if depthwise else cin)
     em.rows_loop([nb, tiles], f"{macs // 2 + 1}", body, scratch)
 

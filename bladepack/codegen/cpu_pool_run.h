@@ -1,5 +1,6 @@
-//! Pool::run, defined once per kernel library in its runtime unit (Note [Split kernel libraries] in
-//! toolchain.py; Note [Pool jobs] in cpu_runtime.h). Spliced into cpu_library.py's runtime text.
+//! Pool::run and stage_scratch, defined once per kernel library in its runtime unit (Note [Split
+//! kernel libraries] in toolchain.py; Note [Pool jobs] in cpu_runtime.h). Spliced into
+//! cpu_library.py's runtime text.
 void bpk::Pool::run(int64_t count, RangeFn f, void* c) {
   std::unique_lock<std::mutex> busy(run_mu, std::try_to_lock);
   if (!busy.owns_lock() || nthreads == 1) {  // another thread's run holds the pool: run inline
@@ -27,4 +28,10 @@ void bpk::Pool::run(int64_t count, RangeFn f, void* c) {
       std::this_thread::yield();  // a joined worker was preempted: let it have this core
     }
   }
+}
+
+void* bpk::stage_scratch(int64_t bytes) {
+  static thread_local std::vector<char> buf;
+  if (int64_t(buf.size()) < bytes) buf.resize(size_t(bytes));
+  return buf.data();
 }

@@ -58,6 +58,12 @@ struct RunState {
 };
 
 typedef void (*KernelFn)(RunState*, void* const*, const int64_t*);
+
+// A per-thread buffer of at least `bytes`, shared by the kernels of the library: what a chunk of rows
+// stages for itself (Note [Staged bands] in bladepack/codegen/cpu_conv_band.py), valid until the
+// thread's next call. Out of line, in the library's runtime unit (cpu_pool_run.h): one buffer per
+// thread for the whole library, not one per kernel.
+void* stage_scratch(int64_t bytes);
 typedef int64_t (*CheckFn)(const int64_t*, const int64_t*, int64_t*);
 
 // Checked int64 arithmetic for the kernels' operand checks (Note [Kernel operand checks] in
