@@ -11,7 +11,10 @@ void bpk::Pool::run(int64_t count, RangeFn f, void* c) {
   closure = c;
   n = count;
   chunks = count < 4 * nthreads ? count : 4 * nthreads;
-  next.store(0, std::memory_order_relaxed);
+  for (int t = 0; t < nthreads; ++t) {  // Note [Chunk owners]
+    blocks[size_t(t)].next.store(chunks * t / nthreads, std::memory_order_relaxed);
+    blocks[size_t(t)].end = chunks * (t + 1) / nthreads;
+  }
   left.store(0, std::memory_order_relaxed);
   uint64_t id = (job.load() >> 17) + 1;
   job.store(id << 17, std::memory_order_release);  // open, nobody joined
@@ -19,7 +22,7 @@ void bpk::Pool::run(int64_t count, RangeFn f, void* c) {
     std::lock_guard<std::mutex> g(mu);
     cv.notify_all();
   }
-  work();
+  work(0);
   int joined = int(job.fetch_or(kClosed, std::memory_order_acq_rel) & kJoinMask);
   for (int spins = 0; left.load(std::memory_order_acquire) != joined; ++spins) {
     if (spins < 2000) {

@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -132,6 +133,13 @@ typedef void (*RangeFn)(void*, int64_t, int64_t);
 // open); the caller closes the job when the chunks run out and waits only for the workers that joined,
 // which are running. Workers spin briefly between jobs, then sleep on a condition variable, so
 // back-to-back kernels pay no wake-up while an idle process does not burn a core.
+//
+// Note [Chunk owners]: the chunks are cut into one contiguous block per thread (the caller's first)
+// and each thread claims from its own block before it takes what is left of the others'. Consecutive
+// kernels walk their rows in the same order (image, then tile or row), so a thread mostly reads what
+// it wrote itself in the kernel before, from its own cache, where one shared counter dealt the chunks
+// out by arrival and half the reads went to the other core's cache. A block whose owner never joins
+// (not scheduled) is taken by the others as before.
 struct Pool {
   static constexpr uint64_t kClosed = uint64_t(1) << 16, kJoinMask = kClosed - 1;
   int nthreads = 1;
@@ -139,7 +147,11 @@ struct Pool {
   std::mutex mu, run_mu;
   std::condition_variable cv;
   std::atomic<uint64_t> job{kClosed};  // (id << 17) | closed bit | joined workers
-  std::atomic<int64_t> next{0};        // next chunk to claim
+  struct alignas(64) Block {
+    std::atomic<int64_t> next{0};  // the block's next chunk to claim
+    int64_t end = 0;
+  };
+  std::unique_ptr<Block[]> blocks;  // Note [Chunk owners]: thread t's own chunks are blocks[t]
   std::atomic<int> left{0};            // joined workers that have finished
   std::atomic<int> sleepers{0};
   std::atomic<bool> stop{false};
@@ -147,8 +159,8 @@ struct Pool {
   void* closure = nullptr;
   int64_t n = 0, chunks = 0;
 
-  explicit Pool(int threads) : nthreads(threads < 1 ? 1 : threads) {
-    for (int t = 1; t < nthreads; ++t) workers.emplace_back([this] { loop(); });
+  explicit Pool(int threads) : nthreads(threads < 1 ? 1 : threads), blocks(new Block[size_t(nthreads)]) {
+    for (int t = 1; t < nthreads; ++t) workers.emplace_back([this, t] { loop(t); });
   }
   ~Pool() {
     {
@@ -164,15 +176,18 @@ struct Pool {
     __builtin_ia32_pause();
 #endif
   }
-  void work() {
-    for (;;) {
-      int64_t c = next.fetch_add(1, std::memory_order_relaxed);
-      if (c >= chunks) return;
-      int64_t lo = n * c / chunks, hi = n * (c + 1) / chunks;
-      fn(closure, lo, hi);
+  void work(int self) {  // thread `self`'s own block first, then the others' (Note [Chunk owners])
+    for (int k = 0; k < nthreads; ++k) {
+      Block& b = blocks[size_t((self + k) % nthreads)];
+      for (;;) {
+        int64_t c = b.next.fetch_add(1, std::memory_order_relaxed);
+        if (c >= b.end) break;
+        int64_t lo = n * c / chunks, hi = n * (c + 1) / chunks;
+        fn(closure, lo, hi);
+      }
     }
   }
-  void loop() {
+  void loop(int self) {
     uint64_t seen = job.load() >> 17;
     for (;;) {
       uint64_t j = job.load(std::memory_order_acquire);
@@ -192,7 +207,7 @@ struct Pool {
       seen = j >> 17;
       while (!(j & kClosed) && (j >> 17) == seen) {  // join while the job is open
         if (job.compare_exchange_weak(j, j + 1, std::memory_order_acq_rel)) {
-          work();
+          work(self);
           left.fetch_add(1, std::memory_order_release);
           break;
         }
