@@ -100,7 +100,7 @@ class StagedBand:
         if self.planar:  # [channel][row][column], each row copied from the input's contiguous row
             em.line(f"    for (int64_t c = 0; c < {cin}; ++c) {{")
             em.line(f"      {mt}* BPK_RESTRICT d_ = band_ + c * bsc_ + r_ * bw_;")
-            em.line(f"      const {mt}* BPK_RESTRICT s_ = xn_ + c * {sc} + iy * {sy};")
+            em.line(f"      const {mt}* BPK_RESTRICT s_ = xn_ + c * {sc} + (in_ ? iy : 0) * {sy};")
             em.line(f"      for (int64_t e = 0; e < {pw}; ++e) d_[e] = {mt}{{}};")
             em.line("      if (in_) {")
             em.line("        #pragma omp simd")
@@ -112,7 +112,7 @@ class StagedBand:
             em.line("    }")
         else:  # [row][column][channel]
             em.line(f"    {mt}* BPK_RESTRICT d_ = band_ + r_ * bw_ * {cin};")
-            em.line(f"    const {mt}* BPK_RESTRICT s_ = xn_ + iy * {sy};")
+            em.line(f"    const {mt}* BPK_RESTRICT s_ = xn_ + (in_ ? iy : 0) * {sy};  // read only when in_")
             em.line(f"    for (int64_t e = 0; e < {pw * cin}; ++e) d_[e] = {mt}{{}};")
             em.line("    if (!in_) {")
             em.line(f"      for (int64_t e = 0; e < {w} * {cin}; ++e) d_[{pw * cin} + e] = {mt}{{}};")
