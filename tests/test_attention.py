@@ -248,3 +248,52 @@ def test_wide_groups_at_every_isa_level() -> None:
                 with torch.no_grad():
                     want = model(*x)
                 assert rel_err(m(*x), want) <= 1e-5, (isa, hd, n)
+
+
+def test_non_finite_scores_match_eager() -> None:
+    """Note [Softmax exponentials]: NaN, +inf and -inf scores (a float mask carrying them), rows whose
+    scores are all -inf and rows whose first key block is all -inf, through the fused attention's three
+    variants (1-3, 8 and 80 query rows) at every ISA level, and through the row softmax and log-softmax:
+    NaN and infinities exactly where eager has them, the rest within 1e-5."""
+
+    class _Scores(torch.nn.Module):
+        def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> tuple:
+            s = torch.matmul(q, k.transpose(-1, -2)) * 0.25 + bias
+            return torch.matmul(torch.softmax(s, dim=-1), v), torch.softmax(bias, -1), torch.log_softmax(bias, -1)
+
+    def make(g: torch.Generator, b: int, sq: int, skv: int) -> tuple[torch.Tensor, ...]:
+        q, k, v = _qkv(g, b, sq, skv, 16, 16, 2, 2)
+        bias = torch.randn(b, 1, sq, skv, generator=g)
+        bias[0, 0, 0] = -math.inf  # every score -inf: NaN under a plain softmax
+        bias[-1, 0, -1, : min(skv - 1, 70)] = -math.inf  # -inf through the first key block, then finite
+        if sq > 2:
+            bias[0, 0, 1, skv // 2] = math.nan  # one NaN score: its row NaN
+            bias[0, 0, 2, skv - 1] = math.inf  # one +inf score: its row NaN (exp(inf - inf))
+        return q, k, v, bias
+
+    b, sq, skv = Dim("batch"), Dim("sq", max=MAX), Dim("skv", max=MAX)
+    dims = {"q": {0: b, 2: sq}, "k": {0: b, 2: skv}, "v": {0: b, 2: skv}, "bias": {0: b, 2: sq, 3: skv}}
+    g = torch.Generator().manual_seed(5)
+    art = bladepack.optimize(_Scores(), make(g, 2, 9, 9), dynamic_shapes=dims)
+    failures = []
+    for isa in runnable_levels(art):
+        m = bladepack.load(art.to_bytes(), executor="native", options=bladepack.LoaderOptions(cpu_isa=isa))
+        assert "attention" in _kinds(m), _kinds(m)
+        for shape in [(1, 1, 9), (2, 1, 150), (2, 3, 130), (2, 8, 77), (2, 80, 150), (1, 3, 1)]:
+            x = make(g, *shape)
+            with torch.no_grad():
+                wants = _Scores()(*x)
+            for k, (got, want) in enumerate(zip(m(*x), wants, strict=True)):
+                got_t = torch.as_tensor(got)
+                if not torch.equal(torch.isnan(got_t), torch.isnan(want)):
+                    failures.append(f"{isa} {shape} output {k}: NaN at other places than eager")
+                    continue
+                if not torch.equal(got_t[torch.isinf(want)], want[torch.isinf(want)]):
+                    failures.append(f"{isa} {shape} output {k}: infinities at other places than eager")
+                finite = torch.isfinite(want)
+                if not finite.any():
+                    continue
+                err = float((got_t[finite] - want[finite]).abs().max())
+                if not err <= 1e-5 * (1 + float(want[finite].abs().max())):
+                    failures.append(f"{isa} {shape} output {k}: {err:.1e}")
+    assert not failures, "\n".join(failures)

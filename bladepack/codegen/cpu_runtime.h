@@ -331,6 +331,30 @@ inline float vexp(float x) {
   return x != x ? x : out;
 }
 inline double vexp(double x) { return std::exp(x); }
+// Note [Softmax exponentials]: exp of a score minus its row's maximum, an argument x <= 0 (or -inf, or
+// NaN where a score or the maximum is NaN or +inf): vexp without the overflow clamp and the +inf and
+// NaN selects, which only such arguments need (a NaN runs through the arithmetic to a NaN result; -inf
+// goes to 0 like any x below -87.3). The same values as vexp on that domain, five of its thirty-odd
+// vector instructions fewer: a softmax over a head of 16 spends as much on its exponentials as on
+// both products.
+inline float vexp_nonpos(float x) {
+  const float lo = -87.33654022216797f;
+  const float xc = x < lo ? lo : x;
+  const float fn = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float r = xc - fn * 0.693359375f + fn * 2.12194440e-4f;
+  float y = 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r * r + r + 1.0f;
+  const int32_t bits = (int32_t(fn) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return x < lo ? 0.0f : y * scale;
+}
+inline double vexp_nonpos(double x) { return std::exp(x); }
 inline float verf(float a) {
   const float x = a < -4.0f ? -4.0f : (a > 4.0f ? 4.0f : a);
   const float x2 = x * x;

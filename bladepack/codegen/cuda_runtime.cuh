@@ -139,6 +139,9 @@ BPK_D void stv(T* p, const V (&in)[W]) {
 // -------------------------------------------------------------------------- math (torch semantics)
 BPK_D float vexp(float x) { return expf(x); }
 BPK_D double vexp(double x) { return exp(x); }
+// a softmax's exp(x - max), x <= 0 (Note [Softmax exponentials] in cpu_runtime.h): expf here
+BPK_D float vexp_nonpos(float x) { return expf(x); }
+BPK_D double vexp_nonpos(double x) { return exp(x); }
 BPK_D float verf(float x) { return erff(x); }
 BPK_D double verf(double x) { return erf(x); }
 #define BPK_SCALAR BPK_D

@@ -87,7 +87,10 @@ class RowEmitter(Emitter):
                 m = safe
             keep = self.softmax_in_place == n.id  # Note [Softmax in place]
             s = self.reduce_pass(
-                acc_t, "sum", lambda idx: f"bpk::vexp({load(idx)} - {m})", self._store_root(n.id) if keep else None
+                acc_t,
+                "sum",
+                lambda idx: f"bpk::vexp_nonpos({load(idx)} - {m})",
+                self._store_root(n.id) if keep else None,
             )
             stats["max"] = m
             if n.op is OpKind.SOFTMAX:
@@ -137,7 +140,7 @@ class RowEmitter(Emitter):
             return f"{t}({st['acc']} / double({self.args.ref(self._row_len())}))"
         x = self._as(self.eval(n.inputs[0], idx), self.ctx.types[n.inputs[0]].dtype, dt)
         if n.op is OpKind.SOFTMAX:
-            return f"(bpk::vexp({x} - {st['max']}) * {st['inv']})"
+            return f"(bpk::vexp_nonpos({x} - {st['max']}) * {st['inv']})"  # Note [Softmax exponentials]
         if n.op is OpKind.LOG_SOFTMAX:
             return f"({x} - {st['lse']})"
         assert isinstance(n.attrs, NormAttrs)

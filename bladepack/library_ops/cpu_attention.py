@@ -217,10 +217,12 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
                 lambda: chain(row),
             )
             grow_max("qi", "mb_")
+            # Note [Softmax exponentials]: 0 for the maximum of a row whose scores are all -inf so far
+            em.line(f"const {t} mz_ = mn_ == {ninf} ? {t}(0) : mn_;")
             em.line(f"{t} ls_ = {t}(0);")
             em.line("#pragma omp simd reduction(+:ls_)")
             em.line("for (int64_t jj = 0; jj < nk_; ++jj) {")
-            em.line(f"  const {t} p_ = {row}[jj] == {ninf} ? {t}(0) : bpk::vexp({row}[jj] - mn_);")
+            em.line(f"  const {t} p_ = bpk::vexp_nonpos({row}[jj] - mz_);")
             em.line(f"  {row}[jj] = p_;")
             em.line("  ls_ += p_;")
             em.line("}")
@@ -290,12 +292,18 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
                 em.line("{")
                 grow_max(f"(g_ + {q})", f"mb{q}_")
                 em.line("}")
-            em.line(f"const {t} " + ", ".join(f"mx{q}_ = m_[g_ + {q}]" for q in rows) + ";")
+            # Note [Softmax exponentials]: a row whose scores are all -inf so far gets 0 for its maximum
+            # here, so each -inf score is exp(-inf) = 0 (not exp(-inf + inf), NaN)
+            em.line(
+                f"const {t} "
+                + ", ".join(f"mx{q}_ = m_[g_ + {q}] == {ninf} ? {t}(0) : m_[g_ + {q}]" for q in rows)
+                + ";"
+            )
             em.line(f"{t} " + ", ".join(f"ls{q}_ = {t}(0)" for q in rows) + ";")
             em.line(f"#pragma omp simd reduction(+:{','.join(f'ls{q}_' for q in rows)})")
             em.line("for (int64_t jj = 0; jj < nkv_; ++jj) {  // lanes past the last key are -inf: 0")
             for q in rows:
-                em.line(f"  const {t} p{q}_ = s_[{q}][jj] == {ninf} ? {t}(0) : bpk::vexp(s_[{q}][jj] - mx{q}_);")
+                em.line(f"  const {t} p{q}_ = bpk::vexp_nonpos(s_[{q}][jj] - mx{q}_);")
                 em.line(f"  s_[{q}][jj] = p{q}_;")
                 em.line(f"  ls{q}_ += p{q}_;")
             em.line("}")
