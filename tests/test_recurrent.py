@@ -88,6 +88,20 @@ class _Odd(nn.Module):
         return self.gru(self.lstm(x)[0])[0]
 
 
+def _check_levels(
+    path: Path, levels: list[str], threads: tuple[int, ...], cases: list[torch.Tensor], wants: list[np.ndarray]
+) -> None:
+    """The artifact at `path` in each ISA library of `levels` at each thread count matches eager's
+    `wants` on `cases` (rtol 1e-5, atol 2e-6)."""
+    for isa in levels:
+        for n in threads:
+            loaded = bladepack.load(path, executor="native", options=LoaderOptions(cpu_isa=isa, num_threads=n))
+            for x, want in zip(cases, wants, strict=True):
+                np.testing.assert_allclose(
+                    loaded(x.numpy()), want, rtol=1e-5, atol=2e-6, err_msg=f"{isa}, {n} threads, {tuple(x.shape)}"
+                )
+
+
 def test_recurrent_blocks_at_every_isa_and_thread_count(tmp_path: Path) -> None:
     """Note [Recurrent products]: blocks of 1 to 16 sequences (the batch split over 1-4 threads), panel
     tails, in every ISA library this CPU runs, against eager."""
@@ -102,13 +116,7 @@ def test_recurrent_blocks_at_every_isa_and_thread_count(tmp_path: Path) -> None:
     cases = [torch.randn(s, b, 5, generator=g) for s, b in ((3, 1), (2, 5), (4, 9), (1, 33))]
     with torch.no_grad():
         wants = [model(x).numpy() for x in cases]
-    for isa in levels:
-        for threads in (1, 2, 3, 4):
-            loaded = bladepack.load(path, executor="native", options=LoaderOptions(cpu_isa=isa, num_threads=threads))
-            for x, want in zip(cases, wants, strict=True):
-                np.testing.assert_allclose(
-                    loaded(x.numpy()), want, rtol=1e-5, atol=2e-6, err_msg=f"{isa}, {threads} threads, {tuple(x.shape)}"
-                )
+    _check_levels(path, levels, (1, 2, 3, 4), cases, wants)
 
 
 class _Wide(nn.Module):
@@ -136,13 +144,7 @@ def test_recurrent_panel_remainders(tmp_path: Path) -> None:
     cases = [torch.randn(s, b, 8, generator=g) for s, b in ((3, 1), (2, 3), (3, 5), (2, 9))]
     with torch.no_grad():
         wants = [model(x).numpy() for x in cases]
-    for isa in levels:
-        for threads in (1, 2, 3):
-            loaded = bladepack.load(path, executor="native", options=LoaderOptions(cpu_isa=isa, num_threads=threads))
-            for x, want in zip(cases, wants, strict=True):
-                np.testing.assert_allclose(
-                    loaded(x.numpy()), want, rtol=1e-5, atol=2e-6, err_msg=f"{isa}, {threads} threads, {tuple(x.shape)}"
-                )
+    _check_levels(path, levels, (1, 2, 3), cases, wants)
 
 
 class _Projected(nn.Module):

@@ -190,23 +190,26 @@ def nhwc_conv_kernel(em: Emitter) -> None:
             em.line(f"  const int64_t iy0 = oy_[p] * {sh} - {ph}, ix0 = ox_[p] * {sw} - {pwd};")
             tap_pointers(em, a, (kh, kw), lambda k: f"xp_[{k}][p]", (sy, sx), (r(h), r(w)))
         em.line("}")
+        window: tuple[str, str, str] | None = None  # the windows' (row, pixel, channel) strides
         if based:  # Note [Window origins]
             if band is not None:
                 band.stage(i_n.name, r(tiles), tile, (r(oh), r(ow)), sy, sx, sc)
-                origin, row0, strides = "band_", " - band_r0_", band.strides
+                origin, row0, window = "band_", " - band_r0_", band.strides
             else:
-                origin, row0, strides = "xn_", "", (sy, sx, sc)
+                origin, row0, window = "xn_", "", (sy, sx, sc)
             em.line(f"const {mt}* pb_[{tile}];  // each pixel's window origin")
             em.line(f"#pragma GCC unroll {tile}")
             em.line(f"for (int p = 0; p < {tile}; ++p)")
-            em.line(f"  pb_[p] = {origin} + (oy_[p] * {sh}{row0}) * {strides[0]} + ox_[p] * {sw} * {strides[1]};")
+            em.line(f"  pb_[p] = {origin} + (oy_[p] * {sh}{row0}) * {window[0]} + ox_[p] * {sw} * {window[1]};")
 
-        def accumulate(width: int, pixel: str, sc: str = sc, npx: int = tile) -> None:
+        def accumulate(width: int, pixel: str, npx: int = tile) -> None:
             """The taps' multiply-adds into acc for `npx` pixels; `pixel` is the input channels of tap k
-            of pixel p, `sc` their stride. Window origins (Note [Window origins]) walk the taps as (ky, kx),
-            each tap's offset a sum, not a division of k."""
-            if based:
-                ty, tx, _ = band.strides if band is not None else (sy, sx, sc)
+            of pixel p. Through window origins (Note [Window origins]) the taps are walked as (ky, kx),
+            each tap's offset ko_ a sum, not a division of k, and a pixel's channels are `window`'s
+            channel stride apart (a band's may differ from the input's)."""
+            sc_ = sc
+            if window is not None:
+                ty, tx, sc_ = window
                 em.line(f"for (int64_t ky = 0; ky < {kh}; ++ky)")
                 em.line(f"for (int64_t kx = 0; kx < {kw}; ++kx) {{")
                 em.line(f"  const int64_t k = ky * {kw} + kx, ko_ = ky * {dh} * {ty} + kx * {dw} * {tx};")
@@ -239,7 +242,7 @@ def nhwc_conv_kernel(em: Emitter) -> None:
                 em.line(f"    const {mt}* BPK_RESTRICT wc = wp_ + (ci * {taps} + k) * {oc} + cb;")
                 em.line(f"    #pragma GCC unroll {npx}")
                 em.line(f"    for (int p = 0; p < {npx}; ++p) {{")
-                em.line(f"      const {t} xv_ = {pixel}[ci * {sc}];")
+                em.line(f"      const {t} xv_ = {pixel}[ci * {sc_}];")
                 em.line("      #pragma omp simd")
                 em.line(f"      for (int64_t co = 0; co < {width}; ++co) acc[p][co] += xv_ * {t}(wc[co]);")
                 em.line("    }")
@@ -251,7 +254,7 @@ def nhwc_conv_kernel(em: Emitter) -> None:
             pixels: accumulate, then store."""
             em.line(f"{t} acc[{npx}][{width}] = {{}};")
             if based:
-                accumulate(width, "(pb_[p] + ko_)", band.strides[2] if band is not None else sc, npx)
+                accumulate(width, "(pb_[p] + ko_)", npx)
             else:
                 em.line("if (inner_) {  // Note [Interior tiles]: tap k of pixel p is tap k of pixel 0, p strides on")
                 em.line(f"  const {mt}* BPK_RESTRICT x0_ = xn_ + ty_ * {sy} + tx_ * {sx};")

@@ -59,13 +59,13 @@ struct RunState {
 };
 
 typedef void (*KernelFn)(RunState*, void* const*, const int64_t*);
+typedef int64_t (*CheckFn)(const int64_t*, const int64_t*, int64_t*);
 
 // A per-thread buffer of at least `bytes`, shared by the kernels of the library: what a chunk of rows
 // stages for itself (Note [Staged bands] in bladepack/codegen/cpu_conv_band.py), valid until the
 // thread's next call. Out of line, in the library's runtime unit (cpu_pool_run.h): one buffer per
 // thread for the whole library, not one per kernel.
 void* stage_scratch(int64_t bytes);
-typedef int64_t (*CheckFn)(const int64_t*, const int64_t*, int64_t*);
 
 // Checked int64 arithmetic for the kernels' operand checks (Note [Kernel operand checks] in
 // bladepack/codegen/operand_check.py): the shape program's semantics, with *o set instead of a guard
@@ -307,10 +307,9 @@ inline void team_run(RunState* st, F&& body) {
 // -ffast-math). exp: Cephes-style range reduction and a degree-6 polynomial, ~1 ulp, 0 below -87.3,
 // inf above 88.7, NaN stays NaN. erf: a rational approximation on [-4, 4] (odd degree-13 numerator,
 // even degree-8 denominator), a few ulp; erf(+-4) rounds to +-1 in float. Doubles use libm.
-inline float vexp(float x) {
-  const float hi = 88.72283935546875f, lo = -87.33654022216797f;
-  float xc = x < lo ? lo : x;
-  xc = xc > hi ? hi : xc;
+constexpr float kExpLo = -87.33654022216797f, kExpHi = 88.72283935546875f;  // exp's float range
+// exp(xc) for xc in [kExpLo, kExpHi] (what vexp and vexp_nonpos share): NaN gives NaN
+inline float exp_in_range(float xc) {
   // n = round(x / ln 2) by the 1.5 * 2^23 trick: float-to-int conversions and floor() keep GCC from
   // vectorizing this loop body on AVX2 / AVX-512 targets ("control flow in loop")
   const float fn = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
@@ -325,9 +324,14 @@ inline float vexp(float x) {
   const int32_t bits = (int32_t(fn) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
-  float out = y * scale;
-  out = x < lo ? 0.0f : out;
-  out = x > hi ? std::numeric_limits<float>::infinity() : out;
+  return y * scale;
+}
+inline float vexp(float x) {
+  float xc = x < kExpLo ? kExpLo : x;
+  xc = xc > kExpHi ? kExpHi : xc;
+  float out = exp_in_range(xc);
+  out = x < kExpLo ? 0.0f : out;
+  out = x > kExpHi ? std::numeric_limits<float>::infinity() : out;
   return x != x ? x : out;
 }
 inline double vexp(double x) { return std::exp(x); }
@@ -337,23 +341,7 @@ inline double vexp(double x) { return std::exp(x); }
 // goes to 0 like any x below -87.3). The same values as vexp on that domain, five of its thirty-odd
 // vector instructions fewer: a softmax over a head of 16 spends as much on its exponentials as on
 // both products.
-inline float vexp_nonpos(float x) {
-  const float lo = -87.33654022216797f;
-  const float xc = x < lo ? lo : x;
-  const float fn = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const float r = xc - fn * 0.693359375f + fn * 2.12194440e-4f;
-  float y = 1.9875691500e-4f;
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * r * r + r + 1.0f;
-  const int32_t bits = (int32_t(fn) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return x < lo ? 0.0f : y * scale;
-}
+inline float vexp_nonpos(float x) { return x < kExpLo ? 0.0f : exp_in_range(x < kExpLo ? kExpLo : x); }
 inline double vexp_nonpos(double x) { return std::exp(x); }
 inline float verf(float a) {
   const float x = a < -4.0f ? -4.0f : (a > 4.0f ? 4.0f : a);
