@@ -9,32 +9,67 @@ elements in an unspecified order (eager's CPU sort reorders ties in long lines),
 gives the stable one (Note [Sort kernel]). Both are the model's answer; a case recorded with eager's
 order would fail the self-check on a correct artifact. The oracle therefore runs sort, argsort and
 topk in their stable form (topk as the first k of a stable sort: NaN ranks largest in both).
+
+Note [Conditioned cases] (bladepack/reference_record.py): where the model orders values (sort, top-k,
+argmax, max along a dim, ...), the call runs again in a float64 twin of the model (its floating
+parameters, buffers and inputs in float64; `torch.func.functional_call`, the model untouched), and a
+case whose orders lie within rounding of a tie raises IllConditionedCase. A twin that cannot run
+(a model that fixes its own dtypes), or one whose float64 state would exceed TWIN_CAP bytes, leaves the
+case as it is.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from bladepack.export.capture import eval_mode, no_cache_object
+from bladepack.export.order_margins import OrderLog, ill_conditioned, order_call
+from bladepack.reference_record import IllConditionedCase
 
+TWIN_CAP = 2 << 30  # bytes of float64 parameters and buffers the twin may hold
 _SORTS = {torch.sort, torch.Tensor.sort, torch.argsort, torch.Tensor.argsort}
 _TOPKS = {torch.topk, torch.Tensor.topk}
+_ORDERS = {
+    f: f.__name__
+    for f in (
+        *_SORTS,
+        *_TOPKS,
+        torch.argmax,
+        torch.Tensor.argmax,
+        torch.argmin,
+        torch.Tensor.argmin,
+        torch.max,
+        torch.Tensor.max,
+        torch.min,
+        torch.Tensor.min,
+    )
+}
 
 
 class _StableOrders(torch.overrides.TorchFunctionMode):
-    """Note [Orders the model leaves open]."""
+    """Note [Orders the model leaves open]; each order decision, and every op that reads its indices,
+    goes to `log` (Note [Conditioned cases])."""
+
+    def __init__(self, log: OrderLog) -> None:
+        super().__init__()
+        self.log = log
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = dict(kwargs or {})
+        if self.log.indices:
+            self.log.read(torch.utils._pytree.tree_leaves((args, kwargs)))
+        call = order_call(_ORDERS[func], tuple(args), kwargs) if func in _ORDERS else None
         if func in _SORTS:  # (input, dim, descending, stable): the stable form takes them by keyword
             kwargs = {**dict(zip(("dim", "descending"), args[1:3])), **kwargs, "stable": True}
             args = args[:1]
-        elif func in _TOPKS:
-            return _stable_topk(*args, **kwargs)
-        return func(*args, **kwargs)
+        out = _stable_topk(*args, **kwargs) if func in _TOPKS else func(*args, **kwargs)
+        if call is not None:
+            self.log.decided(call, out if isinstance(out, torch.Tensor) else out[1])
+        return out
 
 
 def _stable_topk(
@@ -46,11 +81,53 @@ def _stable_topk(
 
 
 def torch_oracle(model: torch.nn.Module) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
+    twin: dict[str, torch.Tensor] = {}  # the float64 parameters and buffers, made at the first order
+
+    def call(args: list[torch.Tensor], state: dict[str, torch.Tensor] | None) -> tuple[list[torch.Tensor], OrderLog]:
+        log = OrderLog()
+        with eval_mode(model), no_cache_object(model, []), torch.no_grad(), _StableOrders(log):
+            out = model(*args) if state is None else torch.func.functional_call(model, state, tuple(args))
+        leaves = [x for x in torch.utils._pytree.tree_leaves(out) if isinstance(x, torch.Tensor)]
+        log.read(leaves)
+        return leaves, log
+
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
         args = [torch.from_numpy(np.ascontiguousarray(a).reshape(a.shape)) for a in arrays]
-        with eval_mode(model), no_cache_object(model, []), torch.no_grad(), _StableOrders():
-            out = model(*args)
-        leaves = torch.utils._pytree.tree_leaves(out)
-        return [x.detach().contiguous().numpy() for x in leaves if isinstance(x, torch.Tensor)]
+        out, log = call(args, None)
+        if log.used and (twin or _twin_bytes(model) <= TWIN_CAP):
+            if not twin:
+                twin.update(_float64_state(model))
+            why = _twin_verdict(call, args, twin, log)
+            if why is not None:
+                raise IllConditionedCase(why)
+        return [x.detach().contiguous().numpy() for x in out]
 
     return run
+
+
+def _twin_bytes(model: torch.nn.Module) -> int:
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * (8 if t.is_floating_point() else t.element_size()) for t in tensors)
+
+
+def _float64_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    return {k: v.detach().double() if v.is_floating_point() else v for k, v in state.items()}
+
+
+def _twin_verdict(
+    call: Callable[[list[torch.Tensor], dict[str, torch.Tensor] | None], tuple[list[torch.Tensor], OrderLog]],
+    args: list[torch.Tensor],
+    state: dict[str, torch.Tensor],
+    log: OrderLog,
+) -> str | None:
+    """Note [Conditioned cases]: why the call's orders depend on rounding, or None (also when the
+    float64 twin cannot run: the model fixes its own dtypes somewhere)."""
+    wide = [a.double() if a.is_floating_point() else a for a in args]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _, twin_log = call(wide, state)
+    except Exception:  # the user's model in a dtype it was not written for: anything may go wrong
+        return None
+    return ill_conditioned(log, twin_log)
