@@ -58,3 +58,9 @@ class CompileError(BladepackError):
 
 class ExportError(BladepackError):
     """torch.export could not capture the model with the requested dynamic dimensions."""
+
+
+class IllConditionedCase(Exception):
+    """Not an error a user sees: an oracle's answer for a reference case that rests on rounding (Note
+    [Conditioned cases] in reference_record.py), raised by the torch oracle and caught where cases are
+    recorded; the message says which order and how close."""

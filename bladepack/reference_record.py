@@ -32,7 +32,7 @@ import numpy as np
 from bladepack.artifact.reference_cases import all_items, computed_in, covered, generate
 from bladepack.artifact.shape_program import ShapeProgram
 from bladepack.dtypes import DType
-from bladepack.errors import ShapeGuardError
+from bladepack.errors import IllConditionedCase, ShapeGuardError
 
 Oracle = Callable[[list[np.ndarray]], list[np.ndarray]]
 DEFAULT_BUDGET = 2 << 20  # bytes of recorded outputs (inputs are seeded)
@@ -44,11 +44,6 @@ MAX_CHOICES = 4  # an input whose samples hold at most this many distinct values
 FOOTPRINT_CAP = 256 << 20
 SEED_TRIES = 4  # draws of a case's inputs whose orders depend on rounding (Note [Conditioned cases])
 RESEED = 7919  # seed step between draws (a case's seeds are 1000003 apart)
-
-
-class IllConditionedCase(Exception):
-    """An oracle's answer for a case that rests on rounding (Note [Conditioned cases]); the message
-    says which order and how close."""
 
 
 def input_records(m: dict[str, Any], samples: Sequence[Sequence[np.ndarray | None]]) -> list[dict[str, Any]] | str:

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 import bladepack
+from bladepack.errors import IllConditionedCase
 from bladepack.export.oracle import torch_oracle
 from bladepack.export.order_margins import OrderCall, OrderLog, ill_conditioned
-from bladepack.reference_record import SEED_TRIES, IllConditionedCase
+from bladepack.reference_record import SEED_TRIES
 
 
 def _log(op: str, x: torch.Tensor, dim: int | None, lead: int | None, descending: bool, used: bool = True) -> OrderLog:

@@ -26,9 +26,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from bladepack.errors import IllConditionedCase
 from bladepack.export.capture import eval_mode, no_cache_object
 from bladepack.export.order_margins import OrderLog, ill_conditioned, order_call
-from bladepack.reference_record import IllConditionedCase
 
 TWIN_CAP = 2 << 30  # bytes of float64 parameters and buffers the twin may hold
 _SORTS = {torch.sort, torch.Tensor.sort, torch.argsort, torch.Tensor.argsort}
