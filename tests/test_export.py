@@ -431,6 +431,37 @@ def test_guards_of_a_fallback_export_are_checked() -> None:
             loaded(torch.randn(1, 2, h, w))
 
 
+def test_a_remainder_guard_falls_back_without_failing_exports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [Remainder guards]: a guard with a remainder on one dim (a parity here; Swin's `h % 4 == 0`)
+    is read from the discovery export, and the dim exported with Dim.AUTO at once: two traces, not the
+    four of a named export failing in both modes first."""
+    import importlib
+
+    capture_module = importlib.import_module("bladepack.export.capture")
+    calls: list[object] = []
+    real = capture_module._export
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(capture_module, "_export", counted)
+    cap = capture_module.capture(_Parity(), [(torch.randn(2, 4),), (torch.randn(3, 6),)])
+    assert len(calls) == 2, calls
+    assert any("x_dim1 (its guard x_dim1 % 2 == 0 does not hold at every size)" in n for n in cap.notes), cap.notes
+    assert "torch.export traced the model only where x_dim1 % 2 == 0 (its guards" in " ".join(cap.notes)
+
+
+def test_long_guards_are_counted_in_the_note() -> None:
+    from bladepack.export.capture import GUARD_NOTE_CHARS, _guards_note
+
+    long = "floor((1/4)*((3*floor((1/4)*h)) % 4) + (1/4)*floor((1/4)*w)) == 1"
+    long = " + ".join([long] * (GUARD_NOTE_CHARS // len(long) + 1))
+    note = _guards_note(["h % 4 == 0", long, long + " + 1"])
+    assert note.startswith("torch.export traced the model only where h % 4 == 0; 2 longer conditions on h, w (its")
+    assert len(note) < 200
+
+
 def test_input_guard_forms_are_read() -> None:
     """Note [Input guards]: the guard source forms torch writes, as conditions over the dims; an
     unknown form is an ExportError naming the guard (never a guard silently dropped)."""

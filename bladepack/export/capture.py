@@ -40,11 +40,13 @@ from bladepack.export.declared_dims import (
     spec_range,
     user_specs,
 )
-from bladepack.export.input_guards import input_guards
+from bladepack.export.input_guards import broken_remainders, input_guards
 from bladepack.export.recurrent import recurrent_layers
 from bladepack.export.related_dims import Place, RelatedDims, Relation, traced_probe
 from bladepack.export.selective_scan import selective_scans
 from bladepack.export.specialized import refuse_specialized
+
+GUARD_NOTE_CHARS = 120  # longer input guards are counted in optimize's note, not written out
 
 
 @dataclass(frozen=True)
@@ -227,15 +229,13 @@ def capture(model: torch.nn.Module, sample_inputs: Any, dynamic_shapes: Any = No
         probe = traced_probe(model, first.module(), args, names)
         dims.infer(probe, current, seen, group_names, notes, user_named)
         infos = _narrow_roots(infos, dims)
-        ep, fallbacks = _export_min1(model, args, infos, names, dims)
+        roots = {s: (i.name, i.min, i.max) for s, i in infos.items() if s not in dims.relations}
+        broken = broken_remainders(first, model, roots)
+        ep, fallbacks = _export_min1(model, args, infos, names, dims, broken)
         symbols = _symbol_map(ep, dims, infos)
         guards = input_guards(ep, model, {s: (i.name, i.min, i.max) for s, i in symbols.items()})
         if guards:
-            notes.append(
-                "torch.export traced the model only where "
-                + "; ".join(text for _, _, text in guards)
-                + " (its guards; the artifact refuses other shapes)"
-            )
+            notes.append(_guards_note([text for _, _, text in guards]))
         for name, reason in sorted(fallbacks.items()):
             lo = min((i.min for i in symbols.values() if i.name == name), default=2)
             notes.append(
@@ -243,6 +243,22 @@ def capture(model: torch.nn.Module, sample_inputs: Any, dynamic_shapes: Any = No
                 f"({reason}); its range starts at {lo}"
             )
         return Captured(_finish(ep), names, symbols, notes, guards)
+
+
+def _guards_note(texts: list[str]) -> str:
+    """The input guards in a note: the short ones written out, the long ones (a Swin's padded window
+    sizes run to kilobytes each) counted with the dims they are on; a refused call names its own."""
+    short = [t for t in texts if len(t) <= GUARD_NOTE_CHARS]
+    rest = [t for t in texts if len(t) > GUARD_NOTE_CHARS]
+    parts = list(short)
+    if rest:
+        names = sorted({n for t in rest for n in re.findall(r"[A-Za-z_]\w*", t)} - {"floor", "ceil", "min", "max"})
+        parts.append(f"{len(rest)} longer condition{'s' if len(rest) > 1 else ''} on {', '.join(names)}")
+    return (
+        "torch.export traced the model only where "
+        + "; ".join(parts)
+        + " (its guards; the artifact refuses other shapes, naming the guard they break)"
+    )
 
 
 def _run(model: torch.nn.Module, args: tuple[Any, ...], shapes: Any) -> torch.export.ExportedProgram:
@@ -420,6 +436,7 @@ def _export_min1(
     infos: dict[str, SymbolInfo],
     names: list[str],
     dims: RelatedDims,
+    broken: dict[str, str],
 ) -> tuple[torch.export.ExportedProgram, dict[str, str]]:
     """Export with one named Dim per symbol (ranges from the user and the discovery export) and derived
     Dims for related dims.
@@ -428,7 +445,15 @@ def _export_min1(
     from strides after a cat); size-oblivious tracing (torch's own mode for sizes it must not
     specialize) then usually succeeds, with our ranges put back explicitly. Where even that fails, the
     symbols torch names fall back to an AUTO hint and the range torch infers.
+    Symbols with a `broken` remainder guard (Note [Remainder guards]) fall back at once.
     Returns the program and, per fallen-back symbol name, torch's reason."""
+    if broken:
+        try:
+            ep = _export(model, args, _build_shapes(dims, infos, len(names), set(broken)))
+        except Exception:  # the long way below says what went wrong
+            pass
+        else:
+            return ep, {infos[s].name: f"its guard {text} does not hold at every size" for s, text in broken.items()}
     shapes = _build_shapes(dims, infos, len(names), set())
     text = ""
     for oblivious in (False, True):

@@ -22,6 +22,12 @@ there — and the general path computes those sizes right: checked, they refused
 and a ViT at its native resolution. A model whose result at one isolated size truly differs (a
 branch on `x.shape[1] == 3`) is not caught by this; the reference cases' self-check compares such
 sizes where its draws reach them.
+
+Note [Remainder guards]: a guard on one dim with a remainder in it (`h % 4 == 0`: Swin's patches and
+windows, a parity branch) holds over no range, so a named Dim export fails on it, in the plain and in
+the size-oblivious mode, before the fallback succeeds: three traces where one does (a dynamic-size
+Swin spent 80 of its 210 s of export in the two that fail). The discovery export already holds the
+guard: capture reads it there (`broken_remainders`) and exports such dims with Dim.AUTO at once.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import torch
 from bladepack.errors import ExportError
 from bladepack.ir.shape_env import SymbolRange, interval
 
+REMAINDER_PROBE = 64  # sizes from a range's start tried against a remainder guard (Note [Remainder guards])
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: lambda a, b: a + b,
     ast.Sub: lambda a, b: a - b,
@@ -92,6 +99,31 @@ def input_guards(
             named = part.xreplace({s: names[s.name] for s in part.free_symbols if s.name in names})
             text = sympy.pycode(named, fully_qualified_modules=False).removeprefix("(").removesuffix(")")
             out.append((part, code, text))
+    return out
+
+
+def broken_remainders(
+    ep: torch.export.ExportedProgram, model: torch.nn.Module, symbols: Mapping[str, tuple[str, int, int | None]]
+) -> dict[str, str]:
+    """Note [Remainder guards]: torch symbol -> the text of a guard of the discovery export `ep` on that
+    symbol alone with a remainder in it (`h % 4 == 0`) that a size among the first REMAINDER_PROBE of
+    its declared range breaks. A named Dim over that range cannot export (torch refuses a range its
+    guards do not hold over), so capture goes straight to its Dim.AUTO fallback for such symbols. A
+    guard that cannot be read answers nothing here (the final export's guards are read again)."""
+    try:
+        guards = input_guards(ep, model, symbols)
+    except ExportError:
+        return {}
+    out: dict[str, str] = {}
+    for cond, _, text in guards:
+        free = cond.free_symbols
+        if len(free) != 1 or not cond.has(sympy.Mod):
+            continue
+        (sym,) = free
+        _, lo, hi = symbols[sym.name]
+        top = lo + REMAINDER_PROBE - 1 if hi is None else min(hi, lo + REMAINDER_PROBE - 1)
+        if any(cond.subs(sym, v) is sympy.false for v in range(lo, top + 1)):
+            out.setdefault(sym.name, text)
     return out
 
 
