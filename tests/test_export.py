@@ -431,25 +431,41 @@ def test_guards_of_a_fallback_export_are_checked() -> None:
             loaded(torch.randn(1, 2, h, w))
 
 
+def _counted_exports(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[bool]]:
+    """The capture module, with each torch.export it runs logged (its size-oblivious flag)."""
+    import importlib
+
+    capture_module = importlib.import_module("bladepack.export.capture")
+    calls: list[bool] = []
+    real = capture_module._export
+
+    def counted(model: Any, args: Any, shapes: Any, oblivious: bool = False) -> Any:
+        calls.append(oblivious)
+        return real(model, args, shapes, oblivious)
+
+    monkeypatch.setattr(capture_module, "_export", counted)
+    return capture_module, calls
+
+
 def test_a_remainder_guard_falls_back_without_failing_exports(monkeypatch: pytest.MonkeyPatch) -> None:
     """Note [Remainder guards]: a guard with a remainder on one dim (a parity here; Swin's `h % 4 == 0`)
     is read from the discovery export, and the dim exported with Dim.AUTO at once: two traces, not the
     four of a named export failing in both modes first."""
-    import importlib
-
-    capture_module = importlib.import_module("bladepack.export.capture")
-    calls: list[object] = []
-    real = capture_module._export
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(args[2])
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(capture_module, "_export", counted)
+    capture_module, calls = _counted_exports(monkeypatch)
     cap = capture_module.capture(_Parity(), [(torch.randn(2, 4),), (torch.randn(3, 6),)])
-    assert len(calls) == 2, calls
+    assert calls == [False, False], calls
     assert any("x_dim1 (its guard x_dim1 % 2 == 0 does not hold at every size)" in n for n in cap.notes), cap.notes
     assert "torch.export traced the model only where x_dim1 % 2 == 0 (its guards" in " ".join(cap.notes)
+
+
+def test_a_broken_disequality_tries_the_size_oblivious_export_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [Remainder guards]: a stride-2 convolution's `(w - 1) // 2 + 1 != 1` breaks at w = 1, so the
+    plain named export would fail on it; the size-oblivious one, tried first, holds from 1."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, stride=2, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1)).eval()
+    capture_module, calls = _counted_exports(monkeypatch)
+    cap = capture_module.capture(model, [(torch.randn(1, 3, 8, 10),), (torch.randn(2, 3, 12, 6),)])
+    assert calls == [False, True], calls
+    assert sorted((i.name, i.min) for i in cap.symbols.values()) == [("input_dim0", 1), ("input_dim2", 1), ("input_dim3", 1)]
 
 
 def test_long_guards_are_counted_in_the_note() -> None:

@@ -16,6 +16,10 @@ succeeds); torch 2.11 (the GPU machines, measured 2026-11-26) fails both with a 
 discharge, `((height - 1) // 2) % 2 != 0`, so there the two dims start at 2 and optimize says so in a
 note. The artifact built there matched eager at heights 2 to 10, 24, 96 and 97 (both parities), and
 refuses height 1 with a ShapeGuardError naming the range.
+
+The discovery export's own guards say in advance where a named export must fail (Note [Remainder
+guards] in input_guards.py): a remainder on one dim sends it to Dim.AUTO at once, a disequality puts
+the size-oblivious mode first.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from bladepack.export.declared_dims import (
     spec_range,
     user_specs,
 )
-from bladepack.export.input_guards import broken_remainders, input_guards
+from bladepack.export.input_guards import BrokenGuards, broken_guards, input_guards
 from bladepack.export.recurrent import recurrent_layers
 from bladepack.export.related_dims import Place, RelatedDims, Relation, traced_probe
 from bladepack.export.selective_scan import selective_scans
@@ -230,7 +234,7 @@ def capture(model: torch.nn.Module, sample_inputs: Any, dynamic_shapes: Any = No
         dims.infer(probe, current, seen, group_names, notes, user_named)
         infos = _narrow_roots(infos, dims)
         roots = {s: (i.name, i.min, i.max) for s, i in infos.items() if s not in dims.relations}
-        broken = broken_remainders(first, model, roots)
+        broken = broken_guards(first, model, roots)
         ep, fallbacks = _export_min1(model, args, infos, names, dims, broken)
         symbols = _symbol_map(ep, dims, infos)
         guards = input_guards(ep, model, {s: (i.name, i.min, i.max) for s, i in symbols.items()})
@@ -436,7 +440,7 @@ def _export_min1(
     infos: dict[str, SymbolInfo],
     names: list[str],
     dims: RelatedDims,
-    broken: dict[str, str],
+    broken: BrokenGuards,
 ) -> tuple[torch.export.ExportedProgram, dict[str, str]]:
     """Export with one named Dim per symbol (ranges from the user and the discovery export) and derived
     Dims for related dims.
@@ -445,18 +449,22 @@ def _export_min1(
     from strides after a cat); size-oblivious tracing (torch's own mode for sizes it must not
     specialize) then usually succeeds, with our ranges put back explicitly. Where even that fails, the
     symbols torch names fall back to an AUTO hint and the range torch infers.
-    Symbols with a `broken` remainder guard (Note [Remainder guards]) fall back at once.
+    Symbols with a `broken` remainder guard (Note [Remainder guards]) fall back at once; a broken
+    disequality puts the size-oblivious mode first.
     Returns the program and, per fallen-back symbol name, torch's reason."""
-    if broken:
+    if broken.remainders:
         try:
-            ep = _export(model, args, _build_shapes(dims, infos, len(names), set(broken)))
+            ep = _export(model, args, _build_shapes(dims, infos, len(names), set(broken.remainders)))
         except Exception:  # the long way below says what went wrong
             pass
         else:
-            return ep, {infos[s].name: f"its guard {text} does not hold at every size" for s, text in broken.items()}
+            reasons = {
+                infos[s].name: f"its guard {t} does not hold at every size" for s, t in broken.remainders.items()
+            }
+            return ep, reasons
     shapes = _build_shapes(dims, infos, len(names), set())
     text = ""
-    for oblivious in (False, True):
+    for oblivious in (True, False) if broken.disequalities else (False, True):
         try:
             return _export(model, args, shapes, oblivious), {}
         except Exception as e:

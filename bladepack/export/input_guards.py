@@ -27,7 +27,10 @@ Note [Remainder guards]: a guard on one dim with a remainder in it (`h % 4 == 0`
 windows, a parity branch) holds over no range, so a named Dim export fails on it, in the plain and in
 the size-oblivious mode, before the fallback succeeds: three traces where one does (a dynamic-size
 Swin spent 80 of its 210 s of export in the two that fail). The discovery export already holds the
-guard: capture reads it there (`broken_remainders`) and exports such dims with Dim.AUTO at once.
+guard: capture reads it there (`broken_guards`) and exports such dims with Dim.AUTO at once. A
+disequality on one dim that the range breaks (`(w - 1) // 2 + 1 != 1` behind a stride-2 convolution,
+from w = 1) fails the plain named export the same way, where the size-oblivious one succeeds: capture
+tries that mode first (ResNet-18 and EfficientNet-B0: 0.5 and 1.3 s of a failing trace saved).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from __future__ import annotations
 import ast
 import inspect
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import sympy
@@ -77,6 +81,13 @@ def input_guards(
     """Note [Input guards]: per guard the symbol ranges do not already imply, (its condition over the
     placeholders' torch symbols, torch's source, the condition in bladepack's dim names). `symbols`:
     torch symbol -> (bladepack name, min, max)."""
+    return [g for g in _conditions(ep, model, symbols) if not _unchecked(g[0])]
+
+
+def _conditions(
+    ep: torch.export.ExportedProgram, model: torch.nn.Module, symbols: Mapping[str, tuple[str, int, int | None]]
+) -> list[tuple[sympy.Basic, str, str]]:
+    """Every guard the ranges do not imply, disequalities and one-dim bounds included."""
     codes = list(getattr(ep, "_guards_code", None) or [])
     if not codes:
         return []
@@ -94,7 +105,7 @@ def input_guards(
                 "does, so bladepack refuses to build without it"
             ) from None
         for part in cond.args if isinstance(cond, sympy.And) else (cond,):
-            if part is sympy.true or _implied(part, ranges) or _unchecked(part):
+            if part is sympy.true or _implied(part, ranges):
                 continue
             named = part.xreplace({s: names[s.name] for s in part.free_symbols if s.name in names})
             text = sympy.pycode(named, fully_qualified_modules=False).removeprefix("(").removesuffix(")")
@@ -102,28 +113,42 @@ def input_guards(
     return out
 
 
-def broken_remainders(
+@dataclass(frozen=True)
+class BrokenGuards:
+    """Guards of a discovery export on one symbol that a size of its declared range breaks (Note
+    [Remainder guards]), symbol -> the guard's text: with a remainder in it (`h % 4 == 0`), and
+    disequalities (a stride-2 convolution's `(w - 1) // 2 + 1 != 1`, broken at w = 1 and 2)."""
+
+    remainders: dict[str, str] = field(default_factory=dict)
+    disequalities: dict[str, str] = field(default_factory=dict)
+
+
+def broken_guards(
     ep: torch.export.ExportedProgram, model: torch.nn.Module, symbols: Mapping[str, tuple[str, int, int | None]]
-) -> dict[str, str]:
-    """Note [Remainder guards]: torch symbol -> the text of a guard of the discovery export `ep` on that
-    symbol alone with a remainder in it (`h % 4 == 0`) that a size among the first REMAINDER_PROBE of
-    its declared range breaks. A named Dim over that range cannot export (torch refuses a range its
-    guards do not hold over), so capture goes straight to its Dim.AUTO fallback for such symbols. A
-    guard that cannot be read answers nothing here (the final export's guards are read again)."""
+) -> BrokenGuards:
+    """Note [Remainder guards]: the guards of the discovery export `ep` on one symbol that a size among
+    the first REMAINDER_PROBE of its declared range breaks. A guard that cannot be read answers nothing
+    here (the final export's guards are read again)."""
+    out = BrokenGuards()
     try:
-        guards = input_guards(ep, model, symbols)
+        conditions = _conditions(ep, model, symbols)
     except ExportError:
-        return {}
-    out: dict[str, str] = {}
-    for cond, _, text in guards:
+        return out
+    for cond, _, text in conditions:
         free = cond.free_symbols
-        if len(free) != 1 or not cond.has(sympy.Mod):
+        if len(free) != 1:
             continue
         (sym,) = free
+        if sym.name not in symbols:
+            continue
         _, lo, hi = symbols[sym.name]
         top = lo + REMAINDER_PROBE - 1 if hi is None else min(hi, lo + REMAINDER_PROBE - 1)
-        if any(cond.subs(sym, v) is sympy.false for v in range(lo, top + 1)):
-            out.setdefault(sym.name, text)
+        if not any(cond.subs(sym, v) is sympy.false for v in range(lo, top + 1)):
+            continue
+        if isinstance(cond, sympy.Ne):
+            out.disequalities.setdefault(sym.name, text)
+        elif cond.has(sympy.Mod):
+            out.remainders.setdefault(sym.name, text)
     return out
 
 
