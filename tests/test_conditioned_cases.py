@@ -3,6 +3,8 @@ rounding are drawn again, so a correct artifact never fails optimize's self-chec
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -10,13 +12,13 @@ import torch
 import bladepack
 from bladepack.errors import IllConditionedCase
 from bladepack.export.oracle import torch_oracle
-from bladepack.export.order_margins import OrderCall, OrderLog, ill_conditioned
+from bladepack.ir.order_margins import OrderCall, OrderLog, ill_conditioned
 from bladepack.reference_record import SEED_TRIES
 
 
-def _log(op: str, x: torch.Tensor, dim: int | None, lead: int | None, descending: bool, used: bool = True) -> OrderLog:
+def _log(op: str, x: np.ndarray, dim: int | None, lead: int | None, descending: bool, used: bool = True) -> OrderLog:
     log = OrderLog()
-    log.decided(OrderCall(op, x, dim, lead, descending), torch.empty(0))
+    log.decided(OrderCall(op, x, dim, lead, descending), object())
     if used:
         log.used.add(0)
     return log
@@ -25,8 +27,8 @@ def _log(op: str, x: torch.Tensor, dim: int | None, lead: int | None, descending
 def _pair(
     f32: list[float], f64: list[float], op: str = "topk", lead: int | None = 2, used: bool = True, dim: int = -1
 ) -> str | None:
-    lo = torch.tensor(f32, dtype=torch.float64).to(torch.float32)
-    hi = torch.tensor(f64, dtype=torch.float64)
+    lo = np.asarray(f32, dtype=np.float64).astype(np.float32)
+    hi = np.asarray(f64, dtype=np.float64)
     return ill_conditioned(_log(op, lo, dim, lead, True, used), _log(op, hi, dim, lead, True, used))
 
 
@@ -57,8 +59,8 @@ def test_lines_follow_the_decision_axis() -> None:
     assert _pair(f32, f64, lead=1, dim=0) is not None  # type: ignore[arg-type]
     assert _pair(f32, f64, lead=1, dim=1) is None  # type: ignore[arg-type]
     # argmax over the flattened tensor: 1.0 against 0.5000002
-    lo = torch.tensor(f32, dtype=torch.float32)
-    hi = torch.tensor(f64, dtype=torch.float64)
+    lo = np.asarray(f32, dtype=np.float32)
+    hi = np.asarray(f64, dtype=np.float64)
     assert ill_conditioned(_log("argmax", lo, None, 1, True), _log("argmax", hi, None, 1, True)) is None
     # a twin that took another path (other shapes) tells nothing
     assert ill_conditioned(_log("argmax", lo, None, 1, True), _log("argmax", hi[:1], None, 1, True)) is None
@@ -151,3 +153,65 @@ def test_a_near_tie_in_top_k_draws_the_case_again() -> None:
     seeds = {tuple(sorted(c["dims"].items())): c["inputs"][0]["seed"] for c in cases}
     assert seeds[(("b", 32), ("h", 5), ("w", 7))] != 2 * 1000003  # drawn again
     assert bladepack.load(art.to_bytes()).verify()["passed"]
+
+
+def _onnx_equal_columns(keep_indices: bool = True) -> Any:
+    """y = [x @ w, (x @ 3w) / 3]: equal columns in exact arithmetic, a rounding apart in float32; then
+    ArgMax over them (or a TopK whose values alone are read)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(1).standard_normal((8, 1)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["a"]),
+        helper.make_node("MatMul", ["x", "w3"], ["b3"]),
+        helper.make_node("Div", ["b3", "three"], ["b"]),
+        helper.make_node("Concat", ["a", "b"], ["ab"], axis=1),
+        helper.make_node("Cast", ["ab"], ["ab32"], to=TensorProto.FLOAT),
+    ]
+    if keep_indices:
+        nodes.append(helper.make_node("ArgMax", ["ab32"], ["y"], axis=1, keepdims=0))
+        out = helper.make_tensor_value_info("y", TensorProto.INT64, ["b"])
+    else:
+        nodes.append(helper.make_node("TopK", ["ab32", "one"], ["y", "unused"], axis=1))
+        out = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 1])
+    inits = [
+        numpy_helper.from_array(w, "w"),
+        numpy_helper.from_array(w * 3, "w3"),
+        numpy_helper.from_array(np.array(3, np.float32), "three"),
+        numpy_helper.from_array(np.array([1], np.int64), "one"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 8])
+    graph = helper.make_graph(nodes, "equal_columns", [x], [out], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_onnx_oracle_refuses_cases_whose_orders_rest_on_rounding() -> None:
+    from onnx import TensorProto, numpy_helper
+
+    from bladepack.onnx_import.oracle import onnx_oracle
+    from bladepack.onnx_import.oracle_orders import float64_twin
+
+    x = np.random.default_rng(0).standard_normal((64, 8)).astype(np.float32)
+    proto = _onnx_equal_columns()
+    w = numpy_helper.to_array(proto.graph.initializer[0])
+    assert ((x @ w) != (x @ (w * 3)) / np.float32(3)).any()  # the premise: float32 tells the columns apart
+    with pytest.raises(IllConditionedCase, match=r"ArgMax over values .* apart"):
+        onnx_oracle(proto)([x])
+    assert onnx_oracle(_onnx_equal_columns(keep_indices=False))([x])[0].shape == (64, 1)  # indices unread
+    twin = float64_twin(proto)
+    assert twin is not None
+    assert {t.data_type for t in twin.graph.initializer} == {TensorProto.DOUBLE, TensorProto.INT64}
+    assert [a.i for n in twin.graph.node if n.op_type == "Cast" for a in n.attribute] == [TensorProto.DOUBLE]
+    assert proto.graph.node[4].attribute[0].i == TensorProto.FLOAT  # the model itself untouched
+
+
+def test_onnx_optimize_leaves_out_cases_no_draw_conditions(tmp_path: Any) -> None:
+    import onnx
+
+    path = tmp_path / "equal_columns.onnx"
+    onnx.save(_onnx_equal_columns(), str(path))
+    x = np.random.default_rng(2).standard_normal((5, 8)).astype(np.float32)
+    art = bladepack.optimize(str(path), [(x,)], options=bladepack.CompileOptions(cpu_isas="x86-64", quiet=True))
+    notes = " ".join(art.notes)
+    assert f"left out: in each of {SEED_TRIES} draws of its inputs an order rests on rounding" in notes, notes
+    assert "ArgMax over values" in notes

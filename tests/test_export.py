@@ -465,7 +465,11 @@ def test_a_broken_disequality_tries_the_size_oblivious_export_first(monkeypatch:
     capture_module, calls = _counted_exports(monkeypatch)
     cap = capture_module.capture(model, [(torch.randn(1, 3, 8, 10),), (torch.randn(2, 3, 12, 6),)])
     assert calls == [False, True], calls
-    assert sorted((i.name, i.min) for i in cap.symbols.values()) == [("input_dim0", 1), ("input_dim2", 1), ("input_dim3", 1)]
+    assert sorted((i.name, i.min) for i in cap.symbols.values()) == [
+        ("input_dim0", 1),
+        ("input_dim2", 1),
+        ("input_dim3", 1),
+    ]
 
 
 def test_long_guards_are_counted_in_the_note() -> None:

@@ -28,7 +28,7 @@ import torch
 
 from bladepack.errors import IllConditionedCase
 from bladepack.export.capture import eval_mode, no_cache_object
-from bladepack.export.order_margins import OrderLog, ill_conditioned, order_call
+from bladepack.ir.order_margins import OrderCall, OrderLog, ill_conditioned
 
 TWIN_CAP = 2 << 30  # bytes of float64 parameters and buffers the twin may hold
 _SORTS = {torch.sort, torch.Tensor.sort, torch.argsort, torch.Tensor.argsort}
@@ -70,6 +70,39 @@ class _StableOrders(torch.overrides.TorchFunctionMode):
         if call is not None:
             self.log.decided(call, out if isinstance(out, torch.Tensor) else out[1])
         return out
+
+
+def order_call(name: str, args: tuple, kwargs: dict) -> OrderCall | None:  # type: ignore[type-arg]
+    """The decision of a torch call `name` (sort, argsort, topk, argmax, argmin, max, min) with these
+    arguments, or None where it decides no order (max of a whole tensor, max of two tensors)."""
+    x = args[0] if args else kwargs.get("input")
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        return None  # integer values round nowhere
+    rest = args[1:]
+
+    def arg(i: int, key: str, default: object) -> object:
+        return rest[i] if len(rest) > i else kwargs.get(key, default)
+
+    if name in ("sort", "argsort"):
+        dim = arg(0, "dim", -1)
+        return OrderCall(name, _values(x), int(dim), None, bool(arg(1, "descending", False)))  # type: ignore[call-overload]
+    if name == "topk":
+        k, dim = arg(0, "k", 1), arg(1, "dim", -1)
+        return OrderCall(name, _values(x), int(dim), int(k), bool(arg(2, "largest", True)))  # type: ignore[call-overload]
+    if name in ("argmax", "argmin"):
+        dim = arg(0, "dim", None)
+        return OrderCall(name, _values(x), None if dim is None else int(dim), 1, name == "argmax")  # type: ignore[call-overload]
+    if name in ("max", "min"):
+        dim = arg(0, "dim", None)
+        if isinstance(dim, bool) or not isinstance(dim, int):
+            return None  # the whole tensor's extreme (a value only), or the elementwise form
+        return OrderCall(name, _values(x), dim, 1, name == "max")
+    return None
+
+
+def _values(x: torch.Tensor) -> np.ndarray:
+    """An order op's values as float64 (exact for every floating dtype; a copy)."""
+    return x.detach().to(torch.float64).numpy(force=True).copy()
 
 
 def _stable_topk(

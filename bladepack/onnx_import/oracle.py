@@ -12,9 +12,13 @@ from typing import Any
 
 import numpy as np
 from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpRun
 from onnx.reference.ops import op_grid_sample, op_gru, op_lstm, op_resize, op_rnn
 
+from bladepack.errors import IllConditionedCase
+from bladepack.ir.order_margins import OrderLog, ill_conditioned
 from bladepack.onnx_import.model import load_model
+from bladepack.onnx_import.oracle_orders import OrderNode, fetched, float64_twin, order_log, order_nodes
 
 
 class Resize(op_resize.Resize):
@@ -121,14 +125,58 @@ class GridSample(op_grid_sample.GridSample):
         return super()._run(X, grid, mode=mode, padding_mode=padding_mode, align_corners=align_corners)  # type: ignore[no-untyped-call]
 
 
+_NEW_OPS: list[type[OpRun]] = [Resize, LSTM, GRU, RNN, GridSample]
+
+
 def onnx_oracle(model: Any) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
+    """Note [Conditioned cases]: where the model's indices come from TopK / ArgMax / ArgMin, each case's
+    decisions are judged against a float64 twin of the model (IllConditionedCase when one rests on
+    rounding; a twin that cannot run leaves the case as it is)."""
     proto = load_model(model)
-    evaluator = ReferenceEvaluator(proto, new_ops=[Resize, LSTM, GRU, RNN, GridSample])
+    evaluator = ReferenceEvaluator(proto, new_ops=_NEW_OPS)
     initializers = {t.name for t in proto.graph.initializer}
     names = [i.name for i in proto.graph.input if i.name not in initializers]
+    outputs = [o.name for o in proto.graph.output]
+    orders = order_nodes(proto)
+    extra = fetched(orders)
+    twin: list[ReferenceEvaluator | None] = []  # built at the first case that has a decision
 
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
         with np.errstate(all="ignore"):  # the model's own arithmetic on generated data (a log of 0 is -inf)
-            return [np.asarray(o) for o in evaluator.run(None, dict(zip(names, arrays)))]
+            got = list(evaluator.run(outputs + extra, dict(zip(names, arrays))))
+        outs = [np.asarray(o) for o in got[: len(outputs)]]
+        log = order_log(orders, dict(zip(extra, got[len(outputs) :])))
+        if log is not None and log.used:
+            why = _twin_verdict(proto, twin, names, arrays, extra, orders, log)
+            if why is not None:
+                raise IllConditionedCase(why)
+        return outs
 
     return run
+
+
+def _twin_verdict(
+    proto: Any,
+    twin: list[ReferenceEvaluator | None],
+    names: list[str],
+    arrays: list[np.ndarray],
+    extra: list[str],
+    orders: list[OrderNode],
+    log: OrderLog,
+) -> str | None:
+    if not twin:
+        wide = float64_twin(proto)
+        try:
+            twin.append(None if wide is None else ReferenceEvaluator(wide, new_ops=_NEW_OPS))
+        except Exception:  # the evaluator refuses the widened model: nothing to judge by
+            twin.append(None)
+    if twin[0] is None:
+        return None
+    feeds = {n: a.astype(np.float64) if np.issubdtype(a.dtype, np.floating) else a for n, a in zip(names, arrays)}
+    try:
+        with np.errstate(all="ignore"):
+            got = list(twin[0].run(extra, feeds))
+    except Exception:  # an op of the widened model without a float64 form: nothing to judge by
+        return None
+    wide_log = order_log(orders, dict(zip(extra, got)))
+    return None if wide_log is None else ill_conditioned(log, wide_log)

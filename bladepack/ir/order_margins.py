@@ -1,5 +1,5 @@
 """Orders a reference case must not leave to rounding (Note [Conditioned cases] in
-bladepack/reference_record.py), for the torch oracle.
+bladepack/reference_record.py), for both front ends' oracles.
 
 In: the values each order op of a model saw in one eager call (`OrderCall`: sort, argsort, top-k,
 argmax / argmin, max / min along a dim) and the same ops' values in a float64 twin of the call.
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 # Another executor's rounding of an op's input may differ from eager's by a few times eager's own
 # difference from float64 (a different summation order, exp polynomial or fused multiply-add).
@@ -34,38 +34,10 @@ class OrderCall:
     leading positions of the sorted line the op fixes (None: all of them), `descending` the order."""
 
     op: str
-    x: torch.Tensor
+    x: np.ndarray
     dim: int | None
     lead: int | None
     descending: bool
-
-
-def order_call(name: str, args: tuple, kwargs: dict) -> OrderCall | None:  # type: ignore[type-arg]
-    """The decision of a torch call `name` (sort, argsort, topk, argmax, argmin, max, min) with these
-    arguments, or None where it decides no order (max of a whole tensor, max of two tensors)."""
-    x = args[0] if args else kwargs.get("input")
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        return None  # integer values round nowhere
-    rest = args[1:]
-
-    def arg(i: int, key: str, default: object) -> object:
-        return rest[i] if len(rest) > i else kwargs.get(key, default)
-
-    if name in ("sort", "argsort"):
-        dim = arg(0, "dim", -1)
-        return OrderCall(name, x.detach().clone(), int(dim), None, bool(arg(1, "descending", False)))  # type: ignore[call-overload]
-    if name == "topk":
-        k, dim = arg(0, "k", 1), arg(1, "dim", -1)
-        return OrderCall(name, x.detach().clone(), int(dim), int(k), bool(arg(2, "largest", True)))  # type: ignore[call-overload]
-    if name in ("argmax", "argmin"):
-        dim = arg(0, "dim", None)
-        return OrderCall(name, x.detach().clone(), None if dim is None else int(dim), 1, name == "argmax")  # type: ignore[call-overload]
-    if name in ("max", "min"):
-        dim = arg(0, "dim", None)
-        if isinstance(dim, bool) or not isinstance(dim, int):
-            return None  # the whole tensor's extreme (a value only), or the elementwise form
-        return OrderCall(name, x.detach().clone(), dim, 1, name == "max")
-    return None
 
 
 @dataclass
@@ -74,9 +46,9 @@ class OrderLog:
 
     calls: list[OrderCall] = field(default_factory=list)
     used: set[int] = field(default_factory=set)
-    indices: list[torch.Tensor] = field(default_factory=list)
+    indices: list[object] = field(default_factory=list)  # what stands for each decision's indices
 
-    def decided(self, call: OrderCall, indices: torch.Tensor) -> None:
+    def decided(self, call: OrderCall, indices: object) -> None:
         self.calls.append(call)
         self.indices.append(indices)
 
@@ -100,35 +72,39 @@ def ill_conditioned(f32: OrderLog, f64: OrderLog) -> str | None:
     return None
 
 
-def _lines(c: OrderCall) -> torch.Tensor:
-    x = c.x.double()
-    if c.dim is None:
+def _lines(c: OrderCall) -> np.ndarray:
+    x = np.asarray(c.x, dtype=np.float64)
+    if c.dim is None or x.ndim == 0:
         return x.reshape(1, -1)
-    return x.movedim(c.dim, -1).reshape(-1, x.shape[c.dim]) if x.dim() else x.reshape(1, 1)
+    return np.moveaxis(x, c.dim, -1).reshape(-1, x.shape[c.dim])
 
 
 def _close_pair(a: OrderCall, b: OrderCall) -> str | None:
     lo, hi = _lines(a), _lines(b)
     n = hi.shape[-1]
-    if n < 2 or hi.numel() == 0:
+    if n < 2 or hi.size == 0:
         return None
-    finite = torch.isfinite(lo) & torch.isfinite(hi)
-    moved = torch.where(finite, (lo - hi).abs(), 0.0).amax(dim=-1, keepdim=True)  # per line
-    if not bool((moved > 0).any()):
+    finite = np.isfinite(lo) & np.isfinite(hi)
+    with np.errstate(invalid="ignore"):
+        moved = np.where(finite, np.abs(lo - hi), 0.0).max(axis=-1, keepdims=True)  # per line
+    if not (moved > 0).any():
         return None  # the values are exact in float32: only ties the model makes, broken stably
-    # the twin's order (NaN ranks largest, as torch sorts), its adjacent pairs among the decided ones
-    order = torch.sort(hi, dim=-1, descending=a.descending, stable=True).indices
+    # the twin's order (NaN ranks largest, as torch sorts; a stable sort), its decided adjacent pairs
+    key = np.where(np.isnan(hi), np.inf, hi)
+    order = np.argsort(-key if a.descending else key, axis=-1, kind="stable")
     pairs = n - 1 if a.lead is None else min(a.lead, n - 1)
     first, second = order[:, :pairs], order[:, 1 : pairs + 1]
-    h1, h2 = hi.gather(-1, first), hi.gather(-1, second)
-    l1, l2 = lo.gather(-1, first), lo.gather(-1, second)
-    gap = (h1 - h2).abs()
-    both_finite = torch.isfinite(h1) & torch.isfinite(h2)
+    h1, h2 = np.take_along_axis(hi, first, -1), np.take_along_axis(hi, second, -1)
+    l1, l2 = np.take_along_axis(lo, first, -1), np.take_along_axis(lo, second, -1)
+    with np.errstate(invalid="ignore"):
+        gap = np.abs(h1 - h2)
+    both_finite = np.isfinite(h1) & np.isfinite(h2)
     tie = (h1 == h2) & (l1 == l2)
     close = both_finite & ~tie & (gap <= MARGIN * moved)
-    if not bool(close.any()):
+    if not close.any():
         return None
-    ratio = torch.where(close, gap / moved, torch.inf)
-    at = int(ratio.argmin())
-    width, by = float(gap.flatten()[at]), float(moved[at // gap.shape[1], 0])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(close, gap / moved, np.inf)
+    row, col = np.unravel_index(int(np.argmin(ratio)), ratio.shape)
+    width, by = float(gap[row, col]), float(moved[row, 0])
     return f"{a.op} over values {width:.2g} apart, which float32 rounding moves by up to {by:.2g} in their line"
