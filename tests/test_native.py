@@ -417,4 +417,14 @@ def test_arena_released_after_a_huge_call(mlp_artifact) -> None:
     assert small.nbytes < 1 << 12  # released: far above the mark and the need
     assert native.arena(1 << 9)[0] is small  # small arenas are kept
     x = np.ones((3, 64), np.float32)
-    assert rel_err(m(x), bladepack.load(mlp_artifact.to_bytes(), executor="reference")(x)) <= 1e-6
+    want = bladepack.load(mlp_artifact.to_bytes(), executor="reference")(x)
+    assert rel_err(m(x), want) <= 1e-6
+    # the fast path (Note [Fast path]) follows an arena the full path replaced: grown, then released
+    # (a fast call into the released one would write freed memory)
+    for need in (ARENA_KEEP * 2, 1 << 10):
+        assert rel_err(m(x), want) <= 1e-6 and m._executor.fast([x]) is not None
+        replaced = native.arena(need)[0]
+        assert rel_err(m(x), want) <= 1e-6
+        held = native.arenas.arena  # the huge one released again by the small call (Note [Arena high-water mark])
+        assert int(m._executor.fast._local.state.slots[0]) == held[1]
+        assert (held[0] is replaced) == (need == 1 << 10)

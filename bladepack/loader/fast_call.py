@@ -10,7 +10,9 @@ place is then registered here under its input shapes. A later call takes the fas
 each input is exactly the type the first one was (a C-contiguous numpy array of the declared dtype,
 or a contiguous CPU torch tensor of it) and its shapes were registered; anything else returns None
 and goes the full path, which checks and explains. A native failure also returns None: the full path
-runs the same inputs again and raises its detailed error.
+runs the same inputs again and raises its detailed error. The thread's arena is asked for only when
+it is not the one slot 0 already points into (the full path replaced it) or no longer fits this call
+(Note [Arena high-water mark]); the foreign call is made directly.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from bladepack.loader.native_cpu import NativeCpu, Prepared
+from bladepack.loader.native_cpu import NativeCpu, Prepared, arena_fits
 
 _view_of: Callable[[Any], ctypes.c_char] = ctypes.c_char.from_buffer  # numpy arrays export the buffer protocol
 
@@ -57,6 +59,7 @@ class _ThreadState:
         self.slots_ptr = int(self.slots.ctypes.data)
         self.status = np.zeros(4, dtype=np.int64)
         self.status_ptr = int(self.status.ctypes.data)
+        self.arena: tuple[np.ndarray, int] | None = None  # the native arena slot 0 points into
 
 
 class FastCalls:
@@ -77,6 +80,8 @@ class FastCalls:
         self._limit = limit
         self._local = threading.local()
         self._torch: tuple[Any, tuple[Any, ...], tuple[Any, ...]] | None = None  # (Tensor, in, out dtypes)
+        self._arenas = native.arenas
+        self._run, self._ctx = native._run, native._ctx  # the foreign call itself (Note [Fast path])
 
     def add(self, shapes: tuple[tuple[int, ...], ...], prep: Prepared, out_shapes: Sequence[tuple[int, ...]]) -> None:
         """Register a checked signature whose plan is a single native segment writing every output."""
@@ -110,8 +115,12 @@ class FastCalls:
         if st is None:
             st = _ThreadState(self._native, self._n_slots, self._n_in + len(self._out_dtypes))
             self._local.state = st
-        # Asked every call: the full path may have grown (replaced) this thread's arena meanwhile.
-        st.slots[0] = self._native.arena(arena_bytes)[1]
+        # Looked at every call: the full path may have grown (replaced) this thread's arena meanwhile.
+        held: tuple[np.ndarray, int] | None = getattr(self._arenas, "arena", None)
+        if held is None or held is not st.arena or not arena_fits(held[0].nbytes, arena_bytes):
+            fresh = self._native.arena(arena_bytes)
+            st.arena = fresh
+            st.slots[0] = fresh[1]
         return st
 
     def __call__(self, inputs: Sequence[Any]) -> list[Any] | None:
@@ -160,8 +169,7 @@ class FastCalls:
                 o = torch.empty(shape, dtype=tdt)
                 slots[base + k] = o.data_ptr()
                 outs.append(o)
-        rc = self._native.run_words(plan.words_ptr, plan.words.size, st.slots_ptr, st.status_ptr)
-        if rc:
+        if self._run(self._ctx, plan.words_ptr, plan.words.size, st.slots_ptr, st.status_ptr, None):
             st.status[:] = 0
             return None
         return outs

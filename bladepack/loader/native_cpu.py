@@ -133,6 +133,15 @@ def find_blas(env: str | None = None) -> Blas | None:
 
 
 ARENA_KEEP = 64 << 20  # Note [Arena high-water mark]
+
+
+def arena_fits(held: int, nbytes: int) -> bool:
+    """Whether a thread's arena of `held` bytes serves a call needing `nbytes` (Note [Arena high-water
+    mark]): large enough with its alignment slack, and not a huge one far above the need."""
+    need = nbytes + 64
+    return need <= held and (held <= ARENA_KEEP or held <= 4 * need)
+
+
 _KEEP: dict[str, ctypes.CDLL] = {}  # BLAS handles stay loaded for the process (their pointers are shared)
 
 
@@ -254,7 +263,7 @@ class NativeCpu:
             self._check = lib.bpk_check
         self.nfn = int(nfn)
         self.weight_slots = np.array([w.__array_interface__["data"][0] for w in weights], dtype=np.uint64)
-        self._local = threading.local()
+        self.arenas = threading.local()  # per thread: `arena`, the buffer and its aligned base (arena())
 
     def __del__(self) -> None:
         ctx = getattr(self, "_ctx", None)
@@ -340,16 +349,14 @@ class NativeCpu:
         high-water mark]: the arena grows to the largest call's need and is kept for later calls, but
         one above ARENA_KEEP bytes and more than four times what the current call needs is released
         and made again at this call's size: one huge call does not pin its memory for the thread's life."""
-        got: tuple[np.ndarray, int] | None = getattr(self._local, "arena", None)
-        need = nbytes + 64
-        held = 0 if got is None else got[0].nbytes
-        if got is None or held < need or (held > ARENA_KEEP and held > 4 * need):
+        got: tuple[np.ndarray, int] | None = getattr(self.arenas, "arena", None)
+        if got is None or not arena_fits(got[0].nbytes, nbytes):
             got = None  # the old buffer goes before the new one is made
-            self._local.arena = None
+            self.arenas.arena = None
             buf = np.empty(max(nbytes, 1) + 64, dtype=np.uint8)
             addr = int(buf.ctypes.data)
             got = (buf, addr + (-addr) % 64)
-            self._local.arena = got
+            self.arenas.arena = got
         return got
 
     def run_words(self, words: int, n_words: int, slots: int, status: int, times: int | None = None) -> int:
