@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -72,7 +73,7 @@ class _StableOrders(torch.overrides.TorchFunctionMode):
         return out
 
 
-def order_call(name: str, args: tuple, kwargs: dict) -> OrderCall | None:  # type: ignore[type-arg]
+def order_call(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> OrderCall | None:
     """The decision of a torch call `name` (sort, argsort, topk, argmax, argmin, max, min) with these
     arguments, or None where it decides no order (max of a whole tensor, max of two tensors)."""
     x = args[0] if args else kwargs.get("input")
@@ -80,18 +81,18 @@ def order_call(name: str, args: tuple, kwargs: dict) -> OrderCall | None:  # typ
         return None  # integer values round nowhere
     rest = args[1:]
 
-    def arg(i: int, key: str, default: object) -> object:
+    def arg(i: int, key: str, default: Any) -> Any:
         return rest[i] if len(rest) > i else kwargs.get(key, default)
 
     if name in ("sort", "argsort"):
         dim = arg(0, "dim", -1)
-        return OrderCall(name, _values(x), int(dim), None, bool(arg(1, "descending", False)))  # type: ignore[call-overload]
+        return OrderCall(name, _values(x), int(dim), None, bool(arg(1, "descending", False)))
     if name == "topk":
         k, dim = arg(0, "k", 1), arg(1, "dim", -1)
-        return OrderCall(name, _values(x), int(dim), int(k), bool(arg(2, "largest", True)))  # type: ignore[call-overload]
+        return OrderCall(name, _values(x), int(dim), int(k), bool(arg(2, "largest", True)))
     if name in ("argmax", "argmin"):
         dim = arg(0, "dim", None)
-        return OrderCall(name, _values(x), None if dim is None else int(dim), 1, name == "argmax")  # type: ignore[call-overload]
+        return OrderCall(name, _values(x), None if dim is None else int(dim), 1, name == "argmax")
     if name in ("max", "min"):
         dim = arg(0, "dim", None)
         if isinstance(dim, bool) or not isinstance(dim, int):
