@@ -221,18 +221,18 @@ def test_order_calls_read_every_argument_form() -> None:
     from bladepack.export.oracle import order_call
 
     x = torch.randn(3, 5)
-    forms = {
-        ("sort", (x,), {}): ("sort", -1, None, False),
-        ("sort", (x, 0, True), {}): ("sort", 0, None, True),
-        ("argsort", (x,), {"dim": 1, "descending": True}): ("argsort", 1, None, True),
-        ("topk", (x, 2), {}): ("topk", -1, 2, True),
-        ("topk", (x,), {"k": 3, "dim": 0, "largest": False}): ("topk", 0, 3, False),
-        ("argmax", (x,), {}): ("argmax", None, 1, True),
-        ("argmin", (x, 1), {}): ("argmin", 1, 1, False),
-        ("max", (x, 1), {}): ("max", 1, 1, True),
-        ("min", (x,), {"dim": 0}): ("min", 0, 1, False),
-    }
-    for (name, args, kwargs), want in forms.items():
+    forms: list[tuple[str, tuple[Any, ...], dict[str, Any], tuple[Any, ...]]] = [
+        ("sort", (x,), {}, ("sort", -1, None, False)),
+        ("sort", (x, 0, True), {}, ("sort", 0, None, True)),
+        ("argsort", (x,), {"dim": 1, "descending": True}, ("argsort", 1, None, True)),
+        ("topk", (x, 2), {}, ("topk", -1, 2, True)),
+        ("topk", (x,), {"k": 3, "dim": 0, "largest": False}, ("topk", 0, 3, False)),
+        ("argmax", (x,), {}, ("argmax", None, 1, True)),
+        ("argmin", (x, 1), {}, ("argmin", 1, 1, False)),
+        ("max", (x, 1), {}, ("max", 1, 1, True)),
+        ("min", (x,), {"dim": 0}, ("min", 0, 1, False)),
+    ]
+    for name, args, kwargs, want in forms:
         call = order_call(name, args, kwargs)
         assert call is not None and (call.op, call.dim, call.lead, call.descending) == want, (name, args, kwargs)
         assert call.x.dtype == np.float64 and np.array_equal(call.x, x.double().numpy())
