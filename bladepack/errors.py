@@ -62,5 +62,5 @@ class ExportError(BladepackError):
 
 class IllConditionedCase(Exception):
     """Not an error a user sees: an oracle's answer for a reference case that rests on rounding (Note
-    [Conditioned cases] in reference_record.py), raised by the torch oracle and caught where cases are
-    recorded; the message says which order and how close."""
+    [Conditioned cases] in reference_record.py), raised by the torch and ONNX oracles and caught where
+    cases are recorded; the message says which order and how close."""

@@ -15,7 +15,7 @@ Note [Conditioned cases]: a case checks the artifact against the oracle exactly 
 decides an order (a top-k's indices, an argmax, a sort), so a case whose decisions rest on values a
 rounding apart would fail a correct artifact (two channels 3.5e-7 apart after a transposed
 convolution and a bicubic resize: the x86-64 library's top-k took them in the other order). The
-oracle checks each case against a float64 twin of the model (bladepack/export/order_margins.py) and
+oracle checks each case against a float64 twin of the model (bladepack/ir/order_margins.py) and
 raises IllConditionedCase when an order lies within a few roundings of a tie; the case then draws
 new seeds, up to SEED_TRIES times, and is left out with a note when no draw holds. Ties the model makes
 itself (equal values in float32 and float64) are fine: every executor breaks them stably.

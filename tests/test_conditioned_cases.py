@@ -18,7 +18,7 @@ from bladepack.reference_record import SEED_TRIES
 
 def _log(op: str, x: np.ndarray, dim: int | None, lead: int | None, descending: bool, used: bool = True) -> OrderLog:
     log = OrderLog()
-    log.decided(OrderCall(op, x, dim, lead, descending), object())
+    log.decided(OrderCall(op, x, x.shape, dim, lead, descending), object())
     if used:
         log.used.add(0)
     return log
@@ -235,7 +235,30 @@ def test_order_calls_read_every_argument_form() -> None:
     for name, args, kwargs, want in forms:
         call = order_call(name, args, kwargs)
         assert call is not None and (call.op, call.dim, call.lead, call.descending) == want, (name, args, kwargs)
-        assert call.x.dtype == np.float64 and np.array_equal(call.x, x.double().numpy())
+        assert call.x is not None and call.x.dtype == np.float64 and np.array_equal(call.x, x.double().numpy())
+        unkept = order_call(name, args, kwargs, keep=False)
+        assert unkept is not None and unkept.x is None and unkept.shape == (3, 5)
     assert order_call("max", (x,), {}) is None  # the whole tensor's maximum: a value only
     assert order_call("max", (x, x), {}) is None  # elementwise
     assert order_call("argmax", (torch.arange(5),), {}) is None  # integers round nowhere
+
+
+def test_only_used_decisions_keep_their_values() -> None:
+    """A first pass logs decisions without their values (a softmax's row maxima over attention scores
+    are never copied); the pass that keeps them keeps only the used ones."""
+    from bladepack.export.oracle import _StableOrders
+
+    def model() -> torch.Tensor:
+        scores = torch.randn(4, 6, generator=torch.Generator().manual_seed(3))
+        _ = scores - scores.max(-1, keepdim=True).values  # a softmax's maximum: indices unused
+        return scores.argmax(-1) + 1  # indices read
+
+    log = OrderLog()
+    with _StableOrders(log, frozenset()):
+        model()
+    assert [c.op for c in log.calls] == ["max", "argmax"] and log.used == {1}
+    assert all(c.x is None for c in log.calls)
+    kept = OrderLog()
+    with _StableOrders(kept, frozenset(log.used)):
+        model()
+    assert kept.calls[0].x is None and kept.calls[1].x is not None and kept.calls[1].x.shape == (4, 6)

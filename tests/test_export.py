@@ -477,7 +477,7 @@ def test_long_guards_are_counted_in_the_note() -> None:
 
     long = "floor((1/4)*((3*floor((1/4)*h)) % 4) + (1/4)*floor((1/4)*w)) == 1"
     long = " + ".join([long] * (GUARD_NOTE_CHARS // len(long) + 1))
-    note = _guards_note(["h % 4 == 0", long, long + " + 1"])
+    note = _guards_note([("h % 4 == 0", ["h"]), (long, ["h", "w"]), (long + " + 1", ["h"])])
     assert note.startswith("torch.export traced the model only where h % 4 == 0; 2 longer conditions on h, w (its")
     assert len(note) < 200
 

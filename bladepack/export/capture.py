@@ -239,7 +239,15 @@ def capture(model: torch.nn.Module, sample_inputs: Any, dynamic_shapes: Any = No
         symbols = _symbol_map(ep, dims, infos)
         guards = input_guards(ep, model, {s: (i.name, i.min, i.max) for s, i in symbols.items()})
         if guards:
-            notes.append(_guards_note([text for _, _, text in guards]))
+            dim_names = {s: i.name for s, i in symbols.items()}
+            notes.append(
+                _guards_note(
+                    [
+                        (text, sorted({dim_names.get(v.name, v.name) for v in cond.free_symbols}))
+                        for cond, _, text in guards
+                    ]
+                )
+            )
         for name, reason in sorted(fallbacks.items()):
             lo = min((i.min for i in symbols.values() if i.name == name), default=2)
             notes.append(
@@ -249,14 +257,14 @@ def capture(model: torch.nn.Module, sample_inputs: Any, dynamic_shapes: Any = No
         return Captured(_finish(ep), names, symbols, notes, guards)
 
 
-def _guards_note(texts: list[str]) -> str:
-    """The input guards in a note: the short ones written out, the long ones (a Swin's padded window
-    sizes run to kilobytes each) counted with the dims they are on; a refused call names its own."""
-    short = [t for t in texts if len(t) <= GUARD_NOTE_CHARS]
-    rest = [t for t in texts if len(t) > GUARD_NOTE_CHARS]
-    parts = list(short)
+def _guards_note(guards: list[tuple[str, list[str]]]) -> str:
+    """The input guards (text, the dims it is on) in a note: the short ones written out, the long ones
+    (a Swin's padded window sizes run to kilobytes each) counted with their dims; a refused call names
+    its own."""
+    parts = [text for text, _ in guards if len(text) <= GUARD_NOTE_CHARS]
+    rest = [dims for text, dims in guards if len(text) > GUARD_NOTE_CHARS]
     if rest:
-        names = sorted({n for t in rest for n in re.findall(r"[A-Za-z_]\w*", t)} - {"floor", "ceil", "min", "max"})
+        names = sorted({n for dims in rest for n in dims})
         parts.append(f"{len(rest)} longer condition{'s' if len(rest) > 1 else ''} on {', '.join(names)}")
     return (
         "torch.export traced the model only where "

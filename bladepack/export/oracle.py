@@ -53,17 +53,19 @@ _ORDERS = {
 
 class _StableOrders(torch.overrides.TorchFunctionMode):
     """Note [Orders the model leaves open]; each order decision, and every op that reads its indices,
-    goes to `log` (Note [Conditioned cases])."""
+    goes to `log` (Note [Conditioned cases]), with its values for the decisions numbered in `keep`."""
 
-    def __init__(self, log: OrderLog) -> None:
+    def __init__(self, log: OrderLog, keep: frozenset[int]) -> None:
         super().__init__()
         self.log = log
+        self.keep = keep
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = dict(kwargs or {})
         if self.log.indices:
             self.log.read(torch.utils._pytree.tree_leaves((args, kwargs)))
-        call = order_call(_ORDERS[func], tuple(args), kwargs) if func in _ORDERS else None
+        keep = len(self.log.calls) in self.keep
+        call = order_call(_ORDERS[func], tuple(args), kwargs, keep) if func in _ORDERS else None
         if func in _SORTS:  # (input, dim, descending, stable): the stable form takes them by keyword
             kwargs = {**dict(zip(("dim", "descending"), args[1:3])), **kwargs, "stable": True}
             args = args[:1]
@@ -73,31 +75,33 @@ class _StableOrders(torch.overrides.TorchFunctionMode):
         return out
 
 
-def order_call(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> OrderCall | None:
+def order_call(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], keep: bool = True) -> OrderCall | None:
     """The decision of a torch call `name` (sort, argsort, topk, argmax, argmin, max, min) with these
-    arguments, or None where it decides no order (max of a whole tensor, max of two tensors)."""
+    arguments, its values as float64 when `keep`; or None where it decides no order (max of a whole
+    tensor, max of two tensors)."""
     x = args[0] if args else kwargs.get("input")
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         return None  # integer values round nowhere
     rest = args[1:]
+    values, shape = (_values(x) if keep else None), tuple(x.shape)
 
     def arg(i: int, key: str, default: Any) -> Any:
         return rest[i] if len(rest) > i else kwargs.get(key, default)
 
     if name in ("sort", "argsort"):
         dim = arg(0, "dim", -1)
-        return OrderCall(name, _values(x), int(dim), None, bool(arg(1, "descending", False)))
+        return OrderCall(name, values, shape, int(dim), None, bool(arg(1, "descending", False)))
     if name == "topk":
         k, dim = arg(0, "k", 1), arg(1, "dim", -1)
-        return OrderCall(name, _values(x), int(dim), int(k), bool(arg(2, "largest", True)))
+        return OrderCall(name, values, shape, int(dim), int(k), bool(arg(2, "largest", True)))
     if name in ("argmax", "argmin"):
         dim = arg(0, "dim", None)
-        return OrderCall(name, _values(x), None if dim is None else int(dim), 1, name == "argmax")
+        return OrderCall(name, values, shape, None if dim is None else int(dim), 1, name == "argmax")
     if name in ("max", "min"):
         dim = arg(0, "dim", None)
         if isinstance(dim, bool) or not isinstance(dim, int):
             return None  # the whole tensor's extreme (a value only), or the elementwise form
-        return OrderCall(name, _values(x), dim, 1, name == "max")
+        return OrderCall(name, values, shape, dim, 1, name == "max")
     return None
 
 
@@ -115,11 +119,17 @@ def _stable_topk(
 
 
 def torch_oracle(model: torch.nn.Module) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
+    """Note [Conditioned cases]: a call logs its order decisions and which of them the model used;
+    where it used one, the call runs again keeping those decisions' values, and so does its float64
+    twin (the values of unused decisions, a softmax's row maxima over attention scores, are never
+    copied or held)."""
     twin: dict[str, torch.Tensor] = {}  # the float64 parameters and buffers, made at the first order
 
-    def call(args: list[torch.Tensor], state: dict[str, torch.Tensor] | None) -> tuple[list[torch.Tensor], OrderLog]:
+    def call(
+        args: list[torch.Tensor], state: dict[str, torch.Tensor] | None, keep: frozenset[int]
+    ) -> tuple[list[torch.Tensor], OrderLog]:
         log = OrderLog()
-        with eval_mode(model), no_cache_object(model, []), torch.no_grad(), _StableOrders(log):
+        with eval_mode(model), no_cache_object(model, []), torch.no_grad(), _StableOrders(log, keep):
             out = model(*args) if state is None else torch.func.functional_call(model, state, tuple(args))
         leaves = [x for x in torch.utils._pytree.tree_leaves(out) if isinstance(x, torch.Tensor)]
         log.read(leaves)
@@ -127,11 +137,11 @@ def torch_oracle(model: torch.nn.Module) -> Callable[[list[np.ndarray]], list[np
 
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
         args = [torch.from_numpy(np.ascontiguousarray(a).reshape(a.shape)) for a in arrays]
-        out, log = call(args, None)
+        out, log = call(args, None, frozenset())
         if log.used and (twin or _twin_bytes(model) <= TWIN_CAP):
             if not twin:
                 twin.update(_float64_state(model))
-            why = _twin_verdict(call, args, twin, log)
+            why = _twin_verdict(call, args, twin, frozenset(log.used))
             if why is not None:
                 raise IllConditionedCase(why)
         return [x.detach().contiguous().numpy() for x in out]
@@ -150,18 +160,21 @@ def _float64_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _twin_verdict(
-    call: Callable[[list[torch.Tensor], dict[str, torch.Tensor] | None], tuple[list[torch.Tensor], OrderLog]],
+    call: Callable[
+        [list[torch.Tensor], dict[str, torch.Tensor] | None, frozenset[int]], tuple[list[torch.Tensor], OrderLog]
+    ],
     args: list[torch.Tensor],
     state: dict[str, torch.Tensor],
-    log: OrderLog,
+    used: frozenset[int],
 ) -> str | None:
-    """Note [Conditioned cases]: why the call's orders depend on rounding, or None (also when the
-    float64 twin cannot run: the model fixes its own dtypes somewhere)."""
+    """Note [Conditioned cases]: why the call's `used` decisions depend on rounding, or None (also when
+    the float64 twin cannot run: the model fixes its own dtypes somewhere)."""
+    _, log = call(args, None, used)
     wide = [a.double() if a.is_floating_point() else a for a in args]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            _, twin_log = call(wide, state)
+            _, twin_log = call(wide, state, used)
     except Exception:  # the user's model in a dtype it was not written for: anything may go wrong
         return None
     return ill_conditioned(log, twin_log)

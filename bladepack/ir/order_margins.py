@@ -30,11 +30,13 @@ MARGIN = 4.0
 
 @dataclass(frozen=True)
 class OrderCall:
-    """One order decision: `x` its values, `dim` the axis (None: the flattened tensor), `lead` how many
+    """One order decision: `x` its values as float64 (None where they were not kept: a decision whose
+    use is not known yet), `shape` theirs, `dim` the axis (None: the flattened tensor), `lead` how many
     leading positions of the sorted line the op fixes (None: all of them), `descending` the order."""
 
     op: str
-    x: np.ndarray
+    x: np.ndarray | None
+    shape: tuple[int, ...]
     dim: int | None
     lead: int | None
     descending: bool
@@ -61,7 +63,7 @@ def ill_conditioned(f32: OrderLog, f64: OrderLog) -> str | None:
     """Why the used order decisions of the call `f32` depend on rounding, given the same ops' values
     in its float64 twin `f64`; None when none does, or when the twin's calls do not match."""
     if len(f32.calls) != len(f64.calls) or any(
-        (a.op, a.dim, a.lead, a.descending, a.x.shape) != (b.op, b.dim, b.lead, b.descending, b.x.shape)
+        (a.op, a.dim, a.lead, a.descending, a.shape) != (b.op, b.dim, b.lead, b.descending, b.shape)
         for a, b in zip(f32.calls, f64.calls)
     ):
         return None  # the twin took another path: nothing to compare
@@ -72,15 +74,17 @@ def ill_conditioned(f32: OrderLog, f64: OrderLog) -> str | None:
     return None
 
 
-def _lines(c: OrderCall) -> np.ndarray:
-    x = np.asarray(c.x, dtype=np.float64)
-    if c.dim is None or x.ndim == 0:
+def _lines(x: np.ndarray, dim: int | None) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    if dim is None or x.ndim == 0:
         return x.reshape(1, -1)
-    return np.moveaxis(x, c.dim, -1).reshape(-1, x.shape[c.dim])
+    return np.moveaxis(x, dim, -1).reshape(-1, x.shape[dim])
 
 
 def _close_pair(a: OrderCall, b: OrderCall) -> str | None:
-    lo, hi = _lines(a), _lines(b)
+    if a.x is None or b.x is None:
+        return None  # values not kept: nothing to judge by
+    lo, hi = _lines(a.x, a.dim), _lines(b.x, b.dim)
     n = hi.shape[-1]
     if n < 2 or hi.size == 0:
         return None

@@ -81,7 +81,7 @@ class FastCalls:
         self._local = threading.local()
         self._torch: tuple[Any, tuple[Any, ...], tuple[Any, ...]] | None = None  # (Tensor, in, out dtypes)
         self._arenas = native.arenas
-        self._run, self._ctx = native._run, native._ctx  # the foreign call itself (Note [Fast path])
+        self._run, self._ctx = native.foreign_run  # the foreign call itself (Note [Fast path])
 
     def add(self, shapes: tuple[tuple[int, ...], ...], prep: Prepared, out_shapes: Sequence[tuple[int, ...]]) -> None:
         """Register a checked signature whose plan is a single native segment writing every output."""

@@ -359,6 +359,12 @@ class NativeCpu:
             self.arenas.arena = got
         return got
 
+    @property
+    def foreign_run(self) -> tuple[Any, Any]:
+        """The library's bpk_run and the context it takes (Note [Fast path] calls it directly); its
+        arguments: context, words, word count, slots, status, per-launch times or None."""
+        return self._run, self._ctx
+
     def run_words(self, words: int, n_words: int, slots: int, status: int, times: int | None = None) -> int:
         """One foreign call over a prepared launch list (addresses of the words, slots, status and, when
         profiling, the per-launch time array)."""

@@ -146,7 +146,7 @@ def onnx_oracle(model: Any) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
             got = list(evaluator.run(outputs + extra, dict(zip(names, arrays))))
         outs = [np.asarray(o) for o in got[: len(outputs)]]
         log = order_log(orders, dict(zip(extra, got[len(outputs) :])))
-        if log is not None and log.used:
+        if log.used:
             why = _twin_verdict(proto, twin, names, arrays, extra, orders, log)
             if why is not None:
                 raise IllConditionedCase(why)
@@ -178,5 +178,4 @@ def _twin_verdict(
             got = list(twin[0].run(extra, feeds))
     except Exception:  # an op of the widened model without a float64 form: nothing to judge by
         return None
-    wide_log = order_log(orders, dict(zip(extra, got)))
-    return None if wide_log is None else ill_conditioned(log, wide_log)
+    return ill_conditioned(log, order_log(orders, dict(zip(extra, got))))

@@ -55,16 +55,16 @@ def fetched(nodes: list[OrderNode]) -> list[str]:
     return [name for n in nodes for name in (n.x, n.k) if name]
 
 
-def order_log(nodes: list[OrderNode], values: dict[str, Any]) -> OrderLog | None:
-    """The decisions of one run from its fetched values; None where one is not floating (integers
-    round nowhere: nothing to judge)."""
+def order_log(nodes: list[OrderNode], values: dict[str, Any]) -> OrderLog:
+    """The decisions of one run from its fetched values, every one used (order_nodes keeps only those);
+    a decision over integers is left out (integers round nowhere: nothing to judge)."""
     log = OrderLog()
     for k, n in enumerate(nodes):
         x = np.asarray(values[n.x])
         if not np.issubdtype(x.dtype, np.floating):
             continue
         lead = 1 if n.k is None else int(np.asarray(values[n.k]).reshape(-1)[0])
-        log.decided(OrderCall(n.op, x.astype(np.float64), n.axis, lead, n.descending), k)
+        log.decided(OrderCall(n.op, x.astype(np.float64), x.shape, n.axis, lead, n.descending), k)
         log.used.add(len(log.calls) - 1)
     return log
 
