@@ -1,8 +1,9 @@
 """Capture a model with torch.export, inferring dynamic dims from several samples.
 
 In: an nn.Module, one or more sample argument tuples, optional `dynamic_shapes` (torch.export's
-structure; `torch.export.Dim` or `bladepack.Dim` leaves). Out: an inference-IR `ExportedProgram`
-whose placeholders carry symbolic dims, plus the name and range each torch symbol gets in bladepack.
+structure; `torch.export.Dim` or `bladepack.Dim` leaves). Out: an `ExportedProgram` the converters take
+(Note [Training IR as it is] in inference_ir.py) whose placeholders carry symbolic dims, plus the name
+and range each torch symbol gets in bladepack.
 
 Note [Two exports]: torch.export specializes dims it sees at size 0 or 1 and starts automatic ranges
 at 2. So a first export with `Dim.AUTO` (on a sample whose dynamic dims are all >= 2) discovers which
@@ -44,6 +45,7 @@ from bladepack.export.declared_dims import (
     spec_range,
     user_specs,
 )
+from bladepack.export.inference_ir import inference_program
 from bladepack.export.input_guards import BrokenGuards, broken_guards, input_guards
 from bladepack.export.recurrent import recurrent_layers
 from bladepack.export.related_dims import Place, RelatedDims, Relation, traced_probe
@@ -210,7 +212,7 @@ def capture(model: torch.nn.Module, sample_inputs: Any, dynamic_shapes: Any = No
         torch.no_grad(),
     ):
         if not any(dynamic):
-            return Captured(_finish(_run(model, args, None)), names, {}, notes)
+            return Captured(inference_program(_run(model, args, None)), names, {}, notes)
         auto = [{a: TorchDim.AUTO for a in sorted(dynamic[i])} or None for i in range(len(names))]
         first = _run(model, args, tuple(auto))
         dims, specialized = _symbol_groups(first, dynamic)
@@ -254,7 +256,7 @@ def capture(model: torch.nn.Module, sample_inputs: Any, dynamic_shapes: Any = No
                 f"torch.export could not prove the model valid over the declared range of {name} "
                 f"({reason}); its range starts at {lo}"
             )
-        return Captured(_finish(ep), names, symbols, notes, guards)
+        return Captured(inference_program(ep), names, symbols, notes, guards)
 
 
 def _guards_note(guards: list[tuple[str, list[str]]]) -> str:
@@ -519,22 +521,3 @@ def _symbol_map(
                     hi = model_hi if hi is None else min(hi, model_hi)
                 out[sym] = SymbolInfo(info.name, max(lo, info.min), hi, info.model_max)
     return out
-
-
-# Composite ops that the front end takes as torch decomposes them: einsum becomes permutes, views and
-# batched matmuls (whose GEMMs then go to the GEMM library like any other).
-_DECOMPOSED = ("einsum",)
-
-
-def _finish(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
-    """Inference IR: drops dropout and autograd wrappers, keeps high-level ops except `_DECOMPOSED`."""
-    defaults = torch.export.default_decompositions()
-    table = {}
-    for name in _DECOMPOSED:
-        op = getattr(torch.ops.aten, name).default
-        if op in defaults:
-            table[op] = defaults[op]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        out: torch.export.ExportedProgram = ep.run_decompositions(table)
-        return out

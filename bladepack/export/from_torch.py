@@ -1,8 +1,8 @@
 """torch.export program → bladepack IR `Program`.
 
-In: a `Captured` export (inference IR with symbolic dims). Out: an IR `Program`: graph, shape
-environment (one bladepack symbol per torch symbol, with ranges), weight arrays and the runtime
-assertions torch recorded. Every unsupported op is collected with its source location and reported
+In: a `Captured` export (symbolic dims; the training IR or its retrace, inference_ir.py). Out: an IR
+`Program`: graph, shape environment (one bladepack symbol per torch symbol, with ranges), weight
+arrays and the runtime assertions torch recorded. Every unsupported op is collected with its source location and reported
 at once in `UnsupportedOpsError`.
 """
 
@@ -123,7 +123,7 @@ def to_program(cap: Captured) -> Program:
             problems.append((name if not detail else f"{name}: {detail}", ctx.loc))
             poisoned.add(node)
 
-    for node in ep.graph.nodes:
+    for node in _in_signature_order(ep):
         ctx.node, ctx.loc = node, source_location(node)
         val = node.meta.get("val")
         if node.op == "placeholder":
@@ -165,6 +165,21 @@ def to_program(cap: Captured) -> Program:
             hi = prev if hi is None else min(hi, prev)
         limits[info.name] = (env.range_of(info.name).min, hi)
     return Program(graph, env, dict(ctx.weight_data), structure, tuple(ctx.assertions), limits)
+
+
+_INPUT_ORDER = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR, InputKind.USER_INPUT)
+
+
+def _in_signature_order(ep: torch.export.ExportedProgram) -> list[torch.fx.Node]:
+    """The program's nodes, placeholders first as parameters, buffers, constants, user inputs (the
+    order of torch's retrace; the training IR may list a lifted constant before the buffers), so the
+    weights' order does not depend on Note [Training IR as it is]."""
+    kinds = {s.arg.name: s.kind for s in ep.graph_signature.input_specs}
+    nodes = list(ep.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    rank = {k: i for i, k in enumerate(_INPUT_ORDER)}
+    placeholders.sort(key=lambda n: rank.get(kinds.get(n.name), len(rank)))  # type: ignore[arg-type]
+    return placeholders + [n for n in nodes if n.op != "placeholder"]
 
 
 def _convert_node(ctx: Ctx, node: torch.fx.Node, target: str, val: Any) -> None:

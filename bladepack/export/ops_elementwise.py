@@ -439,6 +439,7 @@ def _arange(ctx: Ctx, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
     "aten.contiguous.default",
     "aten.alias.default",
     "aten.detach.default",
+    "aten.detach_.default",
     "aten.lift_fresh_copy.default",
     "aten.dropout.default",
     "aten.feature_dropout.default",

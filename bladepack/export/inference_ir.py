@@ -1,0 +1,157 @@
+"""The inference IR of an exported program: the program torch.export traced, or its retrace.
+
+In: the `ExportedProgram` torch.export returned (its training IR). Out: a program the converters take:
+the same program when nothing in it needs the retrace, else `run_decompositions`' inference IR.
+
+Note [Training IR as it is]: `ep.run_decompositions(table)` retraces the whole program under fake
+tensors (BERT-2L: 0.7 s of a 2.7 s warm optimize; a Swin: 15 s). With a table of only `_DECOMPOSED`,
+what the retrace changes in a program is:
+- functionalization: in-place ops and mutated inputs or buffers become functional forms;
+- composite ops (CompositeImplicitAutograd) that may alias or mutate are decomposed: reshape and
+  flatten become view or _unsafe_view, contiguous and eval dropout clone, to.* _to_copy (or nothing),
+  eval batch_norm _native_batch_norm_legit_no_training, numpy_T permute, lift_fresh_copy goes; the
+  functional composites (linear, conv2d, matmul, softmax, layer_norm, scaled_dot_product_attention,
+  ...) are kept, as are all other (non-composite) ops;
+- `_DECOMPOSED` ops go through torch's decompositions;
+- dead nodes go.
+The converters take each training form of `_TRAINING_FORMS` into the IR its decomposed form gives,
+so a program whose ops are all functional and kept, or training forms, is converted as exported,
+after dead code elimination (from_torch.py reads the placeholders in the retrace's order). Anything
+else (an in-place op, a mutated input or buffer, a higher-order op such as torch.cond, a
+`_DECOMPOSED` op, a composite not listed, a dropout or batch norm in training mode) gets the retrace,
+as every program did before. The IR is the same either way but for source locations, which name the
+op the model called (`[aten.batch_norm.default]`, not `[aten._native_batch_norm_legit_no_training
+.default]`): scripts/artifact_digests.py's manifests differ in those strings only, and
+tests/test_inference_ir.py converts programs both ways and compares.
+"""
+
+from __future__ import annotations
+
+import operator
+import warnings
+from typing import Any
+
+import torch
+
+# Composite ops that the front end takes as torch decomposes them: einsum becomes permutes, views and
+# batched matmuls (whose GEMMs then go to the GEMM library like any other).
+_DECOMPOSED = ("einsum",)
+
+# Composites the retrace decomposes (they may alias) whose training form the converters take as is,
+# with the condition on the node (an argument index or keyword, and the value it must have).
+_TRAINING_FORMS: dict[str, tuple[int, str, Any] | None] = {
+    "aten.reshape.default": None,
+    "aten.flatten.using_ints": None,
+    "aten.contiguous.default": None,
+    "aten.to.dtype": None,
+    "aten.to.dtype_layout": None,
+    "aten.to.device": None,
+    "aten.to.other": None,
+    "aten.numpy_T.default": None,
+    "aten.lift_fresh_copy.default": None,
+    "aten.detach_.default": None,  # in place on autograd state only (torch.tensor(...) in forward)
+    "aten.dropout.default": (2, "train", False),
+    "aten.feature_dropout.default": (2, "train", False),
+    "aten.alpha_dropout.default": (2, "train", False),
+    "aten.batch_norm.default": (5, "training", False),
+}
+
+# Python callables on symbolic sizes that both IRs hold
+_SIZE_FUNCTIONS = (
+    operator.getitem, operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod,
+    operator.neg, operator.truediv, operator.pow, operator.eq, operator.ne, operator.lt, operator.le,
+    operator.gt, operator.ge, operator.and_, operator.or_, torch.sym_float, torch.sym_int, torch.sym_max,
+    torch.sym_min, torch.sym_not, torch.sym_sqrt, torch.sym_ite,
+)  # fmt: skip
+
+
+def inference_program(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """`ep` itself when Note [Training IR as it is] allows it (dead code eliminated in place), else
+    its inference IR."""
+    if retrace_reason(ep) is None:
+        if ep.graph.eliminate_dead_code():
+            ep.graph_module.recompile()
+        return ep
+    defaults = torch.export.default_decompositions()
+    table = {}
+    for name in _DECOMPOSED:
+        op = getattr(torch.ops.aten, name).default
+        if op in defaults:
+            table[op] = defaults[op]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out: torch.export.ExportedProgram = ep.run_decompositions(table)
+        return out
+
+
+def retrace_reason(ep: torch.export.ExportedProgram) -> str | None:
+    """Why the program needs torch's retrace (the first node or signature entry that does), or None."""
+    sig = ep.graph_signature
+    if sig.buffers_to_mutate or sig.user_inputs_to_mutate or getattr(sig, "parameters_to_mutate", None):
+        return "the program mutates an input or a buffer"
+    for node in ep.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        if node.op != "call_function":  # get_attr: a higher-order op's subgraph (torch.cond)
+            return f"{node.name}: {node.op} {node.target}"
+        reason = _node_reason(node)
+        if reason is not None:
+            return f"{node.name}: {reason}"
+    return None
+
+
+def _node_reason(node: torch.fx.Node) -> str | None:
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return None if target in _SIZE_FUNCTIONS else f"{target} is no ATen op"
+    name = str(target)
+    if name in _TRAINING_FORMS:
+        cond = _TRAINING_FORMS[name]
+        if cond is None:
+            return None
+        index, key, want = cond
+        got = node.args[index] if len(node.args) > index else node.kwargs.get(key, want)
+        return None if got == want else f"{name} with {key}={got}"
+    if target._schema.is_mutable:
+        return f"{name} mutates"
+    if target.namespace != "aten" or target.overloadpacket.__name__ in _DECOMPOSED:
+        return f"{name} is decomposed"
+    if _is_composite(target) and not _kept_composite(target):
+        return f"{name} is a composite the retrace decomposes"
+    return None
+
+
+def _is_composite(op: torch._ops.OpOverload) -> bool:
+    """A CompositeImplicitAutograd kernel, in C++ or registered from Python."""
+    key = torch._C.DispatchKey.CompositeImplicitAutograd
+    return bool(torch._C._dispatch_has_kernel_for_dispatch_key(_qualified(op), key)) or key in op.py_kernels
+
+
+def _qualified(op: torch._ops.OpOverload) -> str:
+    """The dispatcher's name of the overload: aten::mul.Tensor."""
+    schema = op._schema
+    return f"{schema.name}.{schema.overload_name}" if schema.overload_name else str(schema.name)
+
+
+def _kept_composite(op: torch._ops.OpOverload) -> bool:
+    """What run_decompositions keeps of the composites: those known to be functional (no argument
+    that aliases, not mutable, not tagged maybe-aliasing)."""
+    schema = op._schema
+    if any(a.alias_info is not None for a in schema.arguments) or schema.is_mutable:
+        return False
+    if any(r.alias_info is not None for r in schema.returns):
+        return False
+    if torch.Tag.maybe_aliasing_or_mutating in op.tags or op is torch.ops.aten.native_batch_norm.default:
+        return False
+    return str(op) not in _METADATA
+
+
+# Queries of a tensor's metadata, which the retrace never keeps as ops (torch's FunctionalTensor.metadata_fns)
+_METADATA = frozenset(
+    f"aten.{name}"
+    for name in (
+        "dim.default", "is_contiguous.default", "is_contiguous.memory_format", "is_non_overlapping_and_dense.default",
+        "is_strides_like_format.default", "numel.default", "size.default", "storage_offset.default", "stride.default",
+        "sym_numel.default", "sym_size.default", "sym_storage_offset.default", "sym_stride.default",
+    )
+)  # fmt: skip
