@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -81,9 +82,7 @@ def optimize(
         budget = reference_cases
     else:
         raise ValueError(f"reference_cases must be True, False or a byte budget >= 0, got {reference_cases!r}")
-    from bladepack.onnx_import.model import is_onnx_model
-
-    if is_onnx_model(model):
+    if _is_onnx(model):
         front = _onnx_front_end(model, sample_inputs, dynamic_shapes)
     elif sample_inputs is None:
         raise TypeError("optimize(model, sample_inputs): a torch model needs sample inputs to export")
@@ -92,6 +91,16 @@ def optimize(
     c = Compilation(front, options or CompileOptions.from_env(), target, dtype, gemm_library, budget)
     c.packed = bool(packed)
     return _compile(c)
+
+
+def _is_onnx(model: Any) -> bool:
+    """An onnx.ModelProto or a .onnx path; a torch model is told apart without importing the ONNX front
+    end (70 ms)."""
+    if not isinstance(model, (str, os.PathLike)) and type(model).__module__.split(".")[0] != "onnx":
+        return False
+    from bladepack.onnx_import.model import is_onnx_model
+
+    return is_onnx_model(model)
 
 
 def optimize_program(

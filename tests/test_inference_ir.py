@@ -83,10 +83,34 @@ def test_a_zoo_encoder_converts_as_the_retrace_does(monkeypatch: pytest.MonkeyPa
     assert sorted(fast.weight_data) == sorted(slow.weight_data)
 
 
+class _FreshInPlace(nn.Module):
+    """Note [Fresh in-place ops]: writes to tensors nothing else reads."""
+
+    def forward(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        y += x.flip(0)
+        y.relu_().masked_fill_(m, -1.0)
+        z = y @ y.transpose(0, 1)
+        z.mul_(0.5)
+        return torch.softmax(z, -1)
+
+
+def test_fresh_in_place_ops_convert_as_the_retrace_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _FreshInPlace()
+    samples = [(torch.randn(4, 6), torch.rand(4, 6) > 0.5), (torch.randn(5, 3), torch.rand(5, 3) > 0.5)]
+    ep = _exported(model, *samples[0])
+    assert sum(getattr(n.target, "__name__", "").split(".")[0].endswith("_") for n in ep.graph.nodes) == 4
+    assert inference_ir.functional_in_place(ep.graph)
+    assert inference_ir.retrace_reason(ep) is None
+    assert _ir(model, samples, False, monkeypatch) == _ir(model, samples, True, monkeypatch)
+
+
 class _InPlace(nn.Module):
+    """A write through a view of a fresh tensor, read through the tensor: not a fresh in-place op."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = x * 2
-        y += 1
+        y[0].add_(1)
         return y
 
 
@@ -135,6 +159,7 @@ class _Cond(nn.Module):
 )
 def test_what_needs_the_retrace_gets_it(model: nn.Module, reason: str) -> None:
     ep = _exported(model, torch.randn(4, 6))
+    inference_ir.functional_in_place(ep.graph)
     got = inference_ir.retrace_reason(ep)
     assert got is not None and reason in got, got
     out = inference_ir.inference_program(ep)

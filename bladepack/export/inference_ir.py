@@ -17,7 +17,7 @@ what the retrace changes in a program is:
 The converters take each training form of `_TRAINING_FORMS` into the IR its decomposed form gives,
 so a program whose ops are all functional and kept, or training forms, is converted as exported,
 after dead code elimination (from_torch.py reads the placeholders in the retrace's order). Anything
-else (an in-place op, a mutated input or buffer, a higher-order op such as torch.cond, a
+else (an in-place op but those of Note [Fresh in-place ops], a mutated input or buffer, a higher-order op such as torch.cond, a
 `_DECOMPOSED` op, a composite not listed, a dropout or batch norm in training mode) gets the retrace,
 as every program did before. The IR is the same either way but for source locations, which name the
 op the model called (`[aten.batch_norm.default]`, not `[aten._native_batch_norm_legit_no_training
@@ -68,10 +68,14 @@ _SIZE_FUNCTIONS = (
 def inference_program(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """`ep` itself when Note [Training IR as it is] allows it (dead code eliminated in place), else
     its inference IR."""
+    changed = functional_in_place(ep.graph)
     if retrace_reason(ep) is None:
-        if ep.graph.eliminate_dead_code():
+        changed |= ep.graph.eliminate_dead_code()
+        if changed:
             ep.graph_module.recompile()
         return ep
+    if changed:
+        ep.graph_module.recompile()
     defaults = torch.export.default_decompositions()
     table = {}
     for name in _DECOMPOSED:
@@ -82,6 +86,62 @@ def inference_program(ep: torch.export.ExportedProgram) -> torch.export.Exported
         warnings.simplefilter("ignore")
         out: torch.export.ExportedProgram = ep.run_decompositions(table)
         return out
+
+
+def functional_in_place(graph: torch.fx.Graph) -> bool:
+    """Note [Fresh in-place ops]: `t.add_(u)` where `t` is a fresh tensor (made by an op whose result
+    aliases none of its arguments) that nothing else reads is `t.add(u)`: nothing else can see the
+    write. Such nodes get their functional op when it has the same arguments and every tensor
+    argument has `t`'s dtype or is boolean (a mask), so the functional op's type promotion cannot
+    differ from the in-place op's cast. A T5's `scores += position_bias` and a Falcon's `mlp_output += attention_output` are
+    of this kind. Returns whether any node changed."""
+    changed = False
+    for node in graph.nodes:
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+            continue
+        functional = _functional_twin(target)
+        if functional is None or not node.args or not isinstance(node.args[0], torch.fx.Node):
+            continue
+        fresh = node.args[0]
+        if len(fresh.users) != 1 or not _makes_fresh_tensor(fresh):
+            continue
+        val = fresh.meta.get("val")
+        tensors = [a.meta.get("val") for a in node.all_input_nodes]
+        if not isinstance(val, torch.Tensor) or any(
+            not isinstance(t, torch.Tensor) or t.dtype not in (val.dtype, torch.bool) for t in tensors
+        ):
+            continue
+        node.target = functional
+        changed = True
+    return changed
+
+
+def _functional_twin(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """`aten.add.Tensor` for `aten.add_.Tensor`: the in-place op writes its first argument only and
+    the functional op takes the same arguments."""
+    schema = op._schema
+    name = op.overloadpacket.__name__
+    if op.namespace != "aten" or not name.endswith("_") or name.startswith("_") or not schema.arguments:
+        return None
+    written = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    if written != [schema.arguments[0]]:
+        return None
+    packet = getattr(torch.ops.aten, name[:-1], None)
+    twin = getattr(packet, schema.overload_name or "default", None) if packet is not None else None
+    if not isinstance(twin, torch._ops.OpOverload) or twin._schema.is_mutable:
+        return None
+    same = [(a.name, str(a.type)) for a in twin._schema.arguments] == [(a.name, str(a.type)) for a in schema.arguments]
+    return twin if same else None
+
+
+def _makes_fresh_tensor(node: torch.fx.Node) -> bool:
+    """The node is an op whose one tensor result aliases none of its arguments."""
+    op = node.target
+    if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload) or op._schema.is_mutable:
+        return False
+    returns = op._schema.returns
+    return len(returns) == 1 and returns[0].alias_info is None
 
 
 def retrace_reason(ep: torch.export.ExportedProgram) -> str | None:
