@@ -190,6 +190,22 @@ def _vit() -> torch.nn.Module:
     return _field(model, ("pixel_values",), "last_hidden_state", interpolate_pos_encoding=True)
 
 
+def _segformer() -> torch.nn.Module:
+    """SegFormer's semantic segmentation: four stages of efficient self-attention (keys and values
+    from a strided convolution, reduction 8 / 4 / 2 / 1), Mix-FFN's depthwise convolution, and the
+    all-MLP decoder that resizes every stage to a quarter of the image."""
+    cfg = _tf().SegformerConfig(
+        num_encoder_blocks=4,
+        depths=[1, 1, 1, 1],
+        sr_ratios=[8, 4, 2, 1],
+        hidden_sizes=[16, 32, 64, 128],
+        num_attention_heads=[1, 2, 4, 8],
+        decoder_hidden_size=64,
+        num_labels=5,
+    )
+    return _field(_tf().SegformerForSemanticSegmentation(cfg).eval(), ("pixel_values",), "logits")
+
+
 def _whisper() -> torch.nn.Module:
     cfg = _tf().WhisperConfig(
         **ENCODER_DECODER,
@@ -341,6 +357,15 @@ ZOO: dict[str, ZooModel] = {
         ((2, 48, 40), (3, 40, 56)),
         ((1, 32, 32), (2, 24, 56), (1, 8, 72)),
         ((1, 32, 32), (4, 64, 48), (8, 96, 96)),
+    ),
+    "segformer": ZooModel(
+        _segformer,
+        ("x",),
+        {"x": {0: ("batch", 1, 8), 2: ("height", 64, 512), 3: ("width", 64, 512)}},
+        _images,
+        ((2, 128, 128), (1, 96, 160)),
+        ((1, 64, 64), (2, 97, 131), (1, 512, 77)),
+        ((1, 128, 128), (4, 256, 256), (1, 512, 512)),
     ),
     "whisper-encoder": ZooModel(
         _whisper, ("x",), {"x": {0: ("batch", 1, 16)}}, _features, ((2,), (3,)), ((1,), (5,)), ((1,), (4,), (16,))

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
+import sympy
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
@@ -214,6 +215,54 @@ def test_expand_range_constant_of_shape_from_symbols() -> None:
     for b, n in [(1, 1), (2, 5), (4, 31)]:
         x = np.random.default_rng(1).standard_normal((b, n), dtype=np.float32)
         np.testing.assert_allclose(loaded(x), (np.arange(n, dtype=np.float32) + 1) * x, rtol=1e-6)
+
+
+def test_shape_division_with_a_dividend_of_either_sign() -> None:
+    """Note [Truncating division of shape values]: a Reshape to [b, (n - 12) // 4, -1] (a strided
+    layer's output size written from the input dim, as torch's dynamo exporter writes a SegFormer's)
+    folds although n - 12 is negative for n < 12 in the declared range: the fold is a floor division,
+    exact where n >= 12, and shapes with n < 12 are refused at run time naming the condition."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shp"]),
+        helper.make_node("Gather", ["shp", "i0"], ["b"], axis=0),
+        helper.make_node("Gather", ["shp", "i1"], ["n"], axis=0),
+        helper.make_node("Sub", ["n", "twelve"], ["m"]),
+        helper.make_node("Div", ["m", "four"], ["q"]),
+        helper.make_node("Unsqueeze", ["b", "ax0"], ["bu"]),
+        helper.make_node("Unsqueeze", ["q", "ax0"], ["qu"]),
+        helper.make_node("Concat", ["bu", "qu", "minus1"], ["new_shape"], axis=0),
+        helper.make_node("Slice", ["x", "zero1", "end", "ax1"], ["head"]),
+        helper.make_node("Reshape", ["head", "new_shape"], ["y"]),
+    ]
+    inits = [
+        _const("i0", 0), _const("i1", 1), _const("twelve", 12), _const("four", 4), _const("ax0", [0]),
+        _const("minus1", [-1]), _const("zero1", [0]), _const("ax1", [1]), _const("end", [-12]),
+    ]  # fmt: skip
+    m = _model(nodes, [_vi("x", TensorProto.FLOAT, ["b", "n", 4])], ["y"], inits)
+    loaded = bladepack.load(bladepack.optimize(m, dynamic_shapes={"x": {1: Dim("n", 1, 64)}}).to_bytes())
+    rng = np.random.default_rng(0)
+    for b, n in [(1, 16), (2, 17), (3, 29), (1, 64)]:
+        x = rng.standard_normal((b, n, 4), dtype=np.float32)
+        np.testing.assert_array_equal(loaded(x), x[:, : n - 12].reshape(b, (n - 12) // 4, -1))
+    with pytest.raises(
+        ShapeGuardError, match=r"the dividend of an integer Div of shape values is n - 12, not negative"
+    ):
+        loaded(rng.standard_normal((1, 11, 4), dtype=np.float32))
+
+
+def test_shape_division_folds_by_sign() -> None:
+    from bladepack.ir.shape_env import ShapeEnv
+    from bladepack.onnx_import.ops_elementwise import _int_div
+
+    env = ShapeEnv()
+    n = env.create_symbol("n", 1, 64)
+    needs: list[Any] = []
+    assert _int_div(n + 3, 4, env, needs) == sympy.floor((n + 3) / 4) and not needs
+    assert _int_div(-n - 3, 4, env, needs) == sympy.ceiling((-n - 3) / 4) and not needs
+    assert _int_div(n - 12, 4, env, needs) == sympy.floor((n - 12) / 4)
+    assert needs == [n - 12 >= 0]
+    assert _int_div(n, n - 2, env, []) is None  # a divisor that may be 0 or negative
+    assert _int_div(-7, 2, env, []) == -3
 
 
 @pytest.mark.parametrize("executor", ["native", "reference"])

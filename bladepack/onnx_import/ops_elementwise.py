@@ -49,14 +49,24 @@ def fold_symbolic(fn: Callable[..., Any], dtype: DType, *vals: OVal) -> OVal | N
     return known(out, dtype)
 
 
-def _int_div(a: Any, b: Any, env: Any) -> Any:
+def _int_div(a: Any, b: Any, env: Any, needs: list[Any]) -> Any:
+    """ONNX's integer Div (truncating) of shape values. Note [Truncating division of shape values]:
+    truncation and floor agree for a non-negative dividend over a positive divisor, and are ceiling
+    and truncation for a negative one; a dividend whose range holds both signs (a conv's output size
+    computed from an input dim whose declared range starts too low: `(h - 1) // 4 - 7`) is folded as
+    a floor division with the condition that it is not negative appended to `needs`, checked at every
+    call, so such a shape is refused, never computed differently from the model."""
     if isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer)):
         q = abs(int(a)) // abs(int(b)) if b != 0 else 0
         return -q if (a < 0) != (b < 0) else q
-    lo_a, lo_b = env.bounds(a)[0], env.bounds(b)[0]
-    if lo_a >= 0 and lo_b > 0:  # truncation and floor agree for non-negative operands
-        return sympy.floor(sympy.sympify(a) / b)
-    return None
+    (lo_a, hi_a), lo_b = env.bounds(a), env.bounds(b)[0]
+    if lo_b <= 0:
+        return None
+    if hi_a < 0:
+        return sympy.ceiling(sympy.sympify(a) / b)
+    if lo_a < 0:
+        needs.append(sympy.sympify(a) >= 0)
+    return sympy.floor(sympy.sympify(a) / b)
 
 
 def _decide(t: Tri) -> bool | None:
@@ -110,10 +120,10 @@ def _same_type(a: OVal, b: OVal, op: str) -> DType:
 
 _ARITH = {"Add": K.ADD, "Sub": K.SUB, "Mul": K.MUL, "Div": K.DIV}
 # how shape values (integers) fold; Div truncates like ONNX's integer division
-_SYM_ARITH: dict[str, Callable[[Any, Any, Any], Any]] = {
-    "Add": lambda a, b, env: a + b,
-    "Sub": lambda a, b, env: a - b,
-    "Mul": lambda a, b, env: a * b,
+_SYM_ARITH: dict[str, Callable[[Any, Any, Any, list[Any]], Any]] = {
+    "Add": lambda a, b, env, needs: a + b,
+    "Sub": lambda a, b, env, needs: a - b,
+    "Mul": lambda a, b, env, needs: a * b,
     "Div": _int_div,
 }
 
@@ -122,9 +132,11 @@ def _arith(op_type: str) -> Any:
     def convert(ctx: OnnxCtx, ins: list[OVal | None]) -> list[OVal | None]:
         a, b = need(ins, 0), need(ins, 1)
         dt = _same_type(a, b, op_type)
-        fold = _SYM_ARITH[op_type]
-        folded = None if dt.is_floating else fold_symbolic(lambda x, y: fold(x, y, ctx.env), dt, a, b)
+        fold, needs = _SYM_ARITH[op_type], list[Any]()
+        folded = None if dt.is_floating else fold_symbolic(lambda x, y: fold(x, y, ctx.env, needs), dt, a, b)
         if folded is not None:
+            for cond in needs:
+                ctx.assume(cond, f"the dividend of an integer {op_type} of shape values is {cond.lhs}, not negative")
             return [folded]
         return [binary(ctx, _ARITH[op_type], a, b, dt, dt)]
 
