@@ -190,3 +190,20 @@ def test_kept_composites_are_torchs() -> None:
             if inference_ir._kept_composite(op) != (op in kept):
                 differ.append(str(op))
     assert seen > 400 and not differ, differ
+
+
+class _Movedim(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x.movedim(2, 0)) * 2
+
+
+def test_a_refused_training_form_is_converted_after_the_retrace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch whose retrace decomposes a composite the rule keeps: conversion of the program as
+    exported fails, and the retrace's program converts (movedim, which no converter takes, stands in)."""
+    model = _Movedim()
+    samples = [(torch.randn(2, 3, 4),), (torch.randn(3, 5, 4),)]
+    slow = _ir(model, samples, True, monkeypatch)
+    monkeypatch.setitem(inference_ir._TRAINING_FORMS, "aten.movedim.int", None)
+    cap = capture(model, samples)
+    assert cap.as_exported and any(str(n.target) == "aten.movedim.int" for n in cap.program.graph.nodes)
+    assert _ir(model, samples, False, monkeypatch) == slow

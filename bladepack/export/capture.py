@@ -74,6 +74,8 @@ class Captured:
     # Note [Input guards]: conditions over the inputs' torch symbols the traced graph needs, with
     # torch's source of each (only after a Dim.AUTO fallback)
     guards: list[tuple[Any, str, str]] = field(default_factory=list)
+    # the program is torch.export's training IR as it is, not retraced (Note [Training IR as it is])
+    as_exported: bool = False
 
 
 def _as_tuple(sample: Any) -> tuple[Any, ...]:
@@ -212,7 +214,9 @@ def capture(model: torch.nn.Module, sample_inputs: Any, dynamic_shapes: Any = No
         torch.no_grad(),
     ):
         if not any(dynamic):
-            return Captured(inference_program(_run(model, args, None)), names, {}, notes)
+            ep = _run(model, args, None)
+            program = inference_program(ep)
+            return Captured(program, names, {}, notes, as_exported=program is ep)
         auto = [{a: TorchDim.AUTO for a in sorted(dynamic[i])} or None for i in range(len(names))]
         first = _run(model, args, tuple(auto))
         dims, specialized = _symbol_groups(first, dynamic)
@@ -256,7 +260,8 @@ def capture(model: torch.nn.Module, sample_inputs: Any, dynamic_shapes: Any = No
                 f"torch.export could not prove the model valid over the declared range of {name} "
                 f"({reason}); its range starts at {lo}"
             )
-        return Captured(inference_program(ep), names, symbols, notes, guards)
+        program = inference_program(ep)
+        return Captured(program, names, symbols, notes, guards, as_exported=program is ep)
 
 
 def _guards_note(guards: list[tuple[str, list[str]]]) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import operator
 import os
 import re
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,7 @@ from bladepack.export.capture import Captured
 from bladepack.export.context import TABLE, Ctx, Unsupported, dtype_of
 from bladepack.export.control_flow import inline_cond
 from bladepack.export.core_aten import REASONS
+from bladepack.export.inference_ir import retraced
 from bladepack.ir import GraphBuilder, Program, ShapeEnv, TensorType
 
 # Nodes that carry no tensor computation at inference time.
@@ -76,6 +78,19 @@ def _to_numpy(t: torch.Tensor) -> np.ndarray:
 
 
 def to_program(cap: Captured) -> Program:
+    """The program of a captured export. Note [Training IR as it is]: a program taken as exported that
+    the converters refuse is converted again after torch's retrace (a torch whose retrace decomposes
+    a composite the rule keeps), so what converted with the retrace still converts; the retrace's
+    refusal is the one reported."""
+    try:
+        return _program(cap)
+    except UnsupportedOpsError:
+        if not cap.as_exported:
+            raise
+    return _program(replace(cap, program=retraced(cap.program), as_exported=False))
+
+
+def _program(cap: Captured) -> Program:
     ep = cap.program
     env = ShapeEnv()
     symbols: dict[str, sympy.Symbol] = {}

@@ -56,13 +56,21 @@ _TRAINING_FORMS: dict[str, tuple[int, str, Any] | None] = {
     "aten.batch_norm.default": (5, "training", False),
 }
 
-# Python callables on symbolic sizes that both IRs hold
-_SIZE_FUNCTIONS = (
-    operator.getitem, operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod,
-    operator.neg, operator.truediv, operator.pow, operator.eq, operator.ne, operator.lt, operator.le,
-    operator.gt, operator.ge, operator.and_, operator.or_, torch.sym_float, torch.sym_int, torch.sym_max,
-    torch.sym_min, torch.sym_not, torch.sym_sqrt, torch.sym_ite,
+# Python callables on symbolic sizes that both IRs hold (those this torch has)
+_SIZE_FUNCTIONS = tuple(
+    f
+    for f in (
+        operator.getitem, operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod,
+        operator.neg, operator.truediv, operator.pow, operator.eq, operator.ne, operator.lt, operator.le,
+        operator.gt, operator.ge, operator.and_, operator.or_,
+        *(getattr(torch, n, None) for n in ("sym_float", "sym_int", "sym_max", "sym_min", "sym_not", "sym_sqrt", "sym_ite")),
+    )
+    if f is not None
 )  # fmt: skip
+
+# torch's tag for composites that may alias or mutate (None where this torch lacks it: then no
+# composite is taken as kept, and programs with composites get the retrace)
+_MAYBE_ALIASING = getattr(torch.Tag, "maybe_aliasing_or_mutating", None)
 
 
 def inference_program(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
@@ -76,6 +84,11 @@ def inference_program(ep: torch.export.ExportedProgram) -> torch.export.Exported
         return ep
     if changed:
         ep.graph_module.recompile()
+    return retraced(ep)
+
+
+def retraced(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """torch's inference IR of the program (`run_decompositions` with `_DECOMPOSED`)."""
     defaults = torch.export.default_decompositions()
     table = {}
     for name in _DECOMPOSED:
@@ -201,7 +214,7 @@ def _kept_composite(op: torch._ops.OpOverload) -> bool:
         return False
     if any(r.alias_info is not None for r in schema.returns):
         return False
-    if torch.Tag.maybe_aliasing_or_mutating in op.tags or op is torch.ops.aten.native_batch_norm.default:
+    if _MAYBE_ALIASING is None or _MAYBE_ALIASING in op.tags or op is torch.ops.aten.native_batch_norm.default:
         return False
     return str(op) not in _METADATA
 
