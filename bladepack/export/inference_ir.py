@@ -17,9 +17,11 @@ what the retrace changes in a program is:
 The converters take each training form of `_TRAINING_FORMS` into the IR its decomposed form gives,
 so a program whose ops are all functional and kept, or training forms, is converted as exported,
 after dead code elimination (from_torch.py reads the placeholders in the retrace's order). Anything
-else (an in-place op but those of Note [Fresh in-place ops], a mutated input or buffer, a higher-order op such as torch.cond, a
-`_DECOMPOSED` op, a composite not listed, a dropout or batch norm in training mode) gets the retrace,
-as every program did before. The IR is the same either way but for source locations, which name the
+else (an in-place op but those of Note [Fresh in-place ops], a mutated input or buffer, a
+higher-order op such as torch.cond, a `_DECOMPOSED` op, a composite not listed, a dropout or batch
+norm in training mode) gets the retrace, as every program did before; so does a program taken as
+exported that the converters refuse (from_torch.to_program: another torch's retrace may decompose a
+composite this rule keeps). The IR is the same either way but for source locations, which name the
 op the model called (`[aten.batch_norm.default]`, not `[aten._native_batch_norm_legit_no_training
 .default]`): scripts/artifact_digests.py's manifests differ in those strings only, and
 tests/test_inference_ir.py converts programs both ways and compares.
