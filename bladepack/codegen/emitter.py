@@ -42,7 +42,7 @@ from bladepack.ir.ops import (
     TakeAttrs,
 )
 from bladepack.ir.types import IRDim
-from bladepack.ir.views import LAYOUT_OPS, View, reshape_groups, simplify, sym_eq
+from bladepack.ir.views import LAYOUT_OPS, View, reshape_groups, simplify
 from bladepack.opset import COMPARISONS
 
 _VAR = re.compile(r"\b[a-z]+\d+\b")
@@ -61,6 +61,10 @@ def _zero(n: Node | None) -> bool:
         return False
     v = n.attrs.value
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0
+
+
+def _nonneg_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0
 
 
 def _wraps(n: Node) -> bool:
@@ -443,23 +447,64 @@ class Emitter:
         return sym
 
     def _in_range(self, v: int, size: IRDim) -> bool:
-        """Note [Index checks]: every value of index `v` is provably in [0, size): `arange(size)`
-        (start 0, step 1) through reshapes, expands, permutes, slices, casts to int64 and adding 0 —
-        the positions and row numbers Hugging Face's mask builders index their masks with."""
+        """Note [Index checks]: every value of index `v` is provably in [0, size): positions
+        (`arange(size)` through reshapes, expands, permutes, slices, casts to int64 and adding 0: the
+        row numbers Hugging Face's mask builders index their masks with), and indices clamped into
+        range (`min(floor(max(x, 0)), size - 1)`: the taps of an interpolation, ir/interpolate.py)."""
+        n = self.ctx.nodes.get(v)
+        if n is None or n.type.dtype not in (DType.INT64, DType.INT32):
+            return False
+        return self._nonneg(v) and self._at_most(v, simplify(sympy.sympify(size) - 1))
+
+    def _at_most(self, v: int, hi: IRDim) -> bool:
+        """Every value of `v` is <= hi, for every shape in range."""
+        n = self.ctx.nodes.get(v)
+        if n is None:
+            return False
+        if n.op is OpKind.ARANGE:
+            a = n.attrs
+            assert isinstance(a, ArangeAttrs)
+            return a.start == 0 and a.step == 1 and self.ctx.proven_le(simplify(n.type.shape[0] - 1), hi)
+        if n.op is OpKind.CONSTANT and isinstance(n.attrs, ConstantAttrs) and not isinstance(n.attrs.value, float):
+            value = n.attrs.value
+            return not isinstance(value, bool) and self.ctx.proven_le(value, hi)
+        if n.op is OpKind.MINIMUM:
+            return any(self._at_most(i, hi) for i in n.inputs)
+        if n.op is OpKind.MAXIMUM:
+            return all(self._at_most(i, hi) for i in n.inputs)
+        if n.op in LAYOUT_OPS or (n.op is OpKind.CAST and n.type.dtype is DType.INT64 and self._integer(n.inputs[0])):
+            return self._at_most(n.inputs[0], hi)
+        if n.op in (OpKind.ADD, OpKind.SUB) and len(n.inputs) == 2:
+            zero = [i for i in n.inputs if _zero(self.ctx.nodes.get(i))]
+            rest = [i for i in n.inputs if i not in zero]
+            return len(rest) == 1 and (n.op is OpKind.ADD or rest[0] == n.inputs[0]) and self._at_most(rest[0], hi)
+        return False
+
+    def _nonneg(self, v: int) -> bool:
+        """Every value of integer `v` is >= 0, for every shape in range. Integer ops only: a float
+        cast to an integer may be a NaN's (INT64_MIN), so a clamp in float proves nothing."""
         n = self.ctx.nodes.get(v)
         if n is None or n.type.dtype not in (DType.INT64, DType.INT32):
             return False
         if n.op is OpKind.ARANGE:
             a = n.attrs
             assert isinstance(a, ArangeAttrs)
-            return a.start == 0 and a.step == 1 and sym_eq(n.type.shape[0], size)
+            return _nonneg_number(a.start) and _nonneg_number(a.step)
+        if n.op is OpKind.CONSTANT and isinstance(n.attrs, ConstantAttrs):
+            value = n.attrs.value
+            return not isinstance(value, bool) and (
+                _nonneg_number(value) or (isinstance(value, sympy.Expr) and self.ctx.proven_le(0, value))
+            )
+        if n.op in (OpKind.MINIMUM, OpKind.ADD, OpKind.MUL):
+            return all(self._nonneg(i) for i in n.inputs)
+        if n.op is OpKind.MAXIMUM:
+            return any(self._nonneg(i) for i in n.inputs)
         if n.op in LAYOUT_OPS or (n.op is OpKind.CAST and n.type.dtype is DType.INT64):
-            return self._in_range(n.inputs[0], size)
-        if n.op in (OpKind.ADD, OpKind.SUB) and len(n.inputs) == 2:
-            zero = [i for i in n.inputs if _zero(self.ctx.nodes.get(i))]
-            rest = [i for i in n.inputs if i not in zero]
-            return len(rest) == 1 and (n.op is OpKind.ADD or rest[0] == n.inputs[0]) and self._in_range(rest[0], size)
+            return self._nonneg(n.inputs[0])
         return False
+
+    def _integer(self, v: int) -> bool:
+        return self.ctx.types[v].dtype in (DType.INT64, DType.INT32)
 
     def _gather(self, n: Node, idx: tuple[sympy.Expr, ...]) -> str:
         x = n.inputs[0]

@@ -103,7 +103,7 @@ def resize_axis(
             src = e(K.WHERE, (single, e.const(0.0, dt), src), vec_f)
     if mode == "linear":  # taps i0 and i0 + 1 (the edge repeated), weights 1 - t and t
         src = e(K.CLAMP, (src,), vec_f, ClampAttrs(0.0, None))
-        i0 = e(K.MINIMUM, (floor_index(src), last), vec_i)
+        i0 = clamp_index(floor_index(src))  # the integer clamp proves the taps in range (Note [Index checks])
         frac = e(K.CLAMP, (e(K.SUB, (src, e.cast(i0, dt)), vec_f),), vec_f, ClampAttrs(0.0, 1.0))
         i1 = e(K.MINIMUM, (e(K.ADD, (i0, e.const(1, DType.INT64)), vec_i), last), vec_i)
         w0 = e(K.SUB, (e.const(1.0, dt), frac), vec_f)

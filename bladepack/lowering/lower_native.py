@@ -60,6 +60,7 @@ from bladepack.ir.fusion_plan import (
 from bladepack.ir.graph import Guard
 from bladepack.ir.guards import effective_guards, pruned, shape_predicate
 from bladepack.ir.ops import Conv2dAttrs, generated_conv
+from bladepack.ir.shape_env import Tri
 from bladepack.ir.types import IRDim, TensorType, dim_str
 from bladepack.ir.views import View, simplify, view_of
 from bladepack.library_ops.cpu_gemm import GemmCall, lower_conv, lower_matmul, operand_ok
@@ -161,7 +162,8 @@ class Lowerer:
         return (self.slot.get(base, 0), base, elem_offset)
 
     def _kernel(self, spec: KernelSpec, conv: tuple[Any, View] | None = None, att: Attention | None = None) -> None:
-        ctx = KernelContext(self.nodes, self.types, self.view)
+        env = self.p.shape_env
+        ctx = KernelContext(self.nodes, self.types, self.view, lambda a, b: env.prove_le(a, b) is Tri.YES)
         try:
             ek = self.backend.emit(spec, ctx, len(self.kernels), conv, att)
         except (ValueError, AssertionError, KeyError) as e:
