@@ -46,7 +46,7 @@ from bladepack.codegen.row_emitter import RowEmitter
 from bladepack.codegen.selective_scan_kernel import selective_scan_kernel
 from bladepack.ir import Node, OpKind
 from bladepack.ir.fusion_plan import KernelSpec
-from bladepack.ir.ops import is_dense_conv
+from bladepack.ir.ops import AxisAttrs, is_dense_conv
 from bladepack.ir.types import IRDim
 from bladepack.ir.views import View, simplify
 
@@ -60,21 +60,65 @@ def _loop_kernel(em: Emitter, simd: bool) -> None:
         return
     n_last = em.args.ref(dom[-1])
 
+    split = _outer_concat(em)
+
     def body(outer: tuple[Loop, ...]) -> None:
         j = Loop(f"i{len(dom) - 1}")
         idx = (*outer, j)
+        header = [f"for (int64_t {j.name} = 0; {j.name} < {n_last}; ++{j.name}) {{"]
+        if simd:
+            header.insert(0, "#pragma omp simd")
 
         def store() -> None:
             for r in em.spec.roots:
                 val = em.eval(r, idx)
                 em.line(f"{em.ptr_store(r)}[{em.args.index(store_offset(dom, idx))}] = {val};")
 
-        header = [f"for (int64_t {j.name} = 0; {j.name} < {n_last}; ++{j.name}) {{"]
-        if simd:
-            header.insert(0, "#pragma omp simd")
-        em.loop(header, [j], store)
+        if split is None:
+            em.loop(header, [j], store)
+            return
+        # Note [Concatenation along an outer axis]: the kernel's one result is a concat along an axis
+        # the row loop fixes, so which input a row reads is decided once per row: one inner loop per
+        # input under an if-chain, each free of the branch and with its row-invariant work (an
+        # interpolation's source row and weights) hoisted out of the loop, not recomputed per
+        # element behind a per-element branch. Each branch is a barrier scope: nothing a branch
+        # computes (a load at its own offset) runs for another branch's rows.
+        root, axis = split
+        ia = em.args.index(idx[axis])
+        start: IRDim = 0
+        for k, v in enumerate(root.inputs):
+            end = simplify(start + em.ctx.types[v].shape[axis])
+            head = "if" if k == 0 else "else if"
+            em.line(f"{head} ({ia} < {em.args.ref(end)}) {{" if k < len(root.inputs) - 1 else "else {")
+            shifted = list(idx)
+            shifted[axis] = sympy.expand(idx[axis] - start)
+
+            def part(v: int = v, at: tuple[Any, ...] = tuple(shifted)) -> None:
+                val = em._as(em.eval(v, at), em.ctx.types[v].dtype, root.type.dtype)
+                em.line(f"{em.ptr_store(root.id)}[{em.args.index(store_offset(dom, idx))}] = {val};")
+
+            scope = em.push(barrier=True)
+            em.loop(header, [j], part)
+            em.pop()
+            em.scopes[-1].lines.extend("  " + ln for ln in scope.lines)
+            em.line("}")
+            start = end
 
     em.rows_loop(dom[:-1], f"{em.args.ref(dom[-1])} * {kernel_cost(nodes)}", body)
+
+
+def _outer_concat(em: Emitter) -> tuple[Node, int] | None:
+    """(the concat, its axis) when a loop kernel's one result is a concat along an axis other than
+    its innermost (Note [Concatenation along an outer axis])."""
+    if len(em.spec.roots) != 1:
+        return None
+    n = em.ctx.nodes.get(em.spec.roots[0])
+    dom = em.spec.domain
+    if n is None or n.op is not OpKind.CONCAT or len(n.inputs) < 2 or not same_shape(n.type.shape, dom):
+        return None
+    assert isinstance(n.attrs, AxisAttrs)
+    axis = n.attrs.axis % len(dom)
+    return (n, axis) if axis < len(dom) - 1 else None
 
 
 def _row_kernel(em: Emitter, simd: bool) -> None:

@@ -428,7 +428,7 @@ class Emitter:
         Note [Index checks]: the symbol and its check go where `raw` is defined, not into the innermost
         loop: a token id read once per row is checked once per row, and the loop over the row keeps no
         call (a `st->fail` call inside an `omp simd` loop keeps it scalar). An index that is a position
-        (`_in_range`) is never checked."""
+        or clamped into range (`_in_range`) is never checked."""
         sym = Loop(self.fresh("g"))
         stmts = [f"int64_t {sym.name} = int64_t({raw});"]
         if not proven:
