@@ -108,8 +108,8 @@ def functional_in_place(graph: torch.fx.Graph) -> bool:
     aliases none of its arguments) that nothing else reads is `t.add(u)`: nothing else can see the
     write. Such nodes get their functional op when it has the same arguments and every tensor
     argument has `t`'s dtype or is boolean (a mask), so the functional op's type promotion cannot
-    differ from the in-place op's cast. A T5's `scores += position_bias` and a Falcon's `mlp_output += attention_output` are
-    of this kind. Returns whether any node changed."""
+    differ from the in-place op's cast. A T5's `scores += position_bias` and a Falcon's
+    `mlp_output += attention_output` are of this kind. Returns whether any node changed."""
     changed = False
     for node in graph.nodes:
         target = node.target
@@ -189,11 +189,11 @@ def _node_reason(node: torch.fx.Node) -> str | None:
         return None if got == want else f"{name} with {key}={got}"
     if target._schema.is_mutable:
         return f"{name} mutates"
-    if target.namespace != "aten" or target.overloadpacket.__name__ in _DECOMPOSED:
+    if target.namespace == "aten" and target.overloadpacket.__name__ in _DECOMPOSED:
         return f"{name} is decomposed"
-    if _is_composite(target) and not _kept_composite(target):
+    if _is_composite(target) and (target.namespace != "aten" or not _kept_composite(target)):
         return f"{name} is a composite the retrace decomposes"
-    return None
+    return None  # kept as it is (a custom op such as bladepack::recurrent_layer too)
 
 
 def _is_composite(op: torch._ops.OpOverload) -> bool:
