@@ -63,6 +63,9 @@ def _zero(n: Node | None) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0
 
 
+K_SOURCES = (OpKind.ARANGE, OpKind.CONSTANT, OpKind.FULL)  # ops of no input that read no tensor
+
+
 def _nonneg_number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0
 
@@ -94,6 +97,7 @@ class Emitter:
         self.row_ops: set[int] = set()
         self.softmax_in_place: int | None = None  # Note [Softmax in place]
         self.depth: dict[str, int] = {}  # scope depth of each C variable defined so far
+        self.data_free: dict[int, bool] = {}  # values computed from sizes and constants alone
 
     # -- scopes and statements
     def fresh(self, prefix: str = "v") -> str:
@@ -495,8 +499,10 @@ class Emitter:
             return not isinstance(value, bool) and (
                 _nonneg_number(value) or (isinstance(value, sympy.Expr) and self.ctx.proven_le(0, value))
             )
-        if n.op in (OpKind.MINIMUM, OpKind.ADD, OpKind.MUL):
+        if n.op is OpKind.MINIMUM:
             return all(self._nonneg(i) for i in n.inputs)
+        if n.op in (OpKind.ADD, OpKind.MUL):  # no wrap-around: both terms are sizes' functions
+            return all(self._nonneg(i) and self._data_free(i) for i in n.inputs)
         if n.op is OpKind.MAXIMUM:
             return any(self._nonneg(i) for i in n.inputs)
         if n.op in LAYOUT_OPS or (n.op is OpKind.CAST and n.type.dtype is DType.INT64):
@@ -505,6 +511,15 @@ class Emitter:
 
     def _integer(self, v: int) -> bool:
         return self.ctx.types[v].dtype in (DType.INT64, DType.INT32)
+
+    def _data_free(self, v: int) -> bool:
+        """`v` is computed from sizes and constants alone (no input, weight or loaded value), so its
+        magnitude is bounded by the shapes'."""
+        if v not in self.data_free:
+            n = self.ctx.nodes.get(v)
+            free = n is not None and (all(self._data_free(i) for i in n.inputs) if n.inputs else n.op in K_SOURCES)
+            self.data_free[v] = free
+        return self.data_free[v]
 
     def _gather(self, n: Node, idx: tuple[sympy.Expr, ...]) -> str:
         x = n.inputs[0]
