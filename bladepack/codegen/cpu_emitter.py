@@ -83,33 +83,24 @@ def _loop_kernel(em: Emitter, simd: bool) -> None:
         # interpolation's source row and weights) hoisted out of the loop, not recomputed per
         # element behind a per-element branch. Each branch is a barrier scope: nothing a branch
         # computes (a load at its own offset) runs for another branch's rows.
-        root, axis = split
-        ia = em.args.index(idx[axis])
-        start: IRDim = 0
-        for k, v in enumerate(root.inputs):
-            end = simplify(start + em.ctx.types[v].shape[axis])
-            head = "if" if k == 0 else "else if"
-            em.line(f"{head} ({ia} < {em.args.ref(end)}) {{" if k < len(root.inputs) - 1 else "else {")
-            shifted = list(idx)
-            shifted[axis] = sympy.expand(idx[axis] - start)
+        parts = em.concat_parts(split, idx)
+        offset = em.args.index(store_offset(dom, idx))
+        for k, (cond, v, at) in enumerate(parts):
+            em.line("else {" if k == len(parts) - 1 else f"{'if' if k == 0 else 'else if'} ({cond}) {{")
 
-            def part(v: int = v, at: tuple[Any, ...] = tuple(shifted)) -> None:
-                val = em._as(em.eval(v, at), em.ctx.types[v].dtype, root.type.dtype)
-                em.line(f"{em.ptr_store(root.id)}[{em.args.index(store_offset(dom, idx))}] = {val};")
-
+            value = em._thunk(v, at, split.type.dtype)
             scope = em.push(barrier=True)
-            em.loop(header, [j], part)
+            em.loop(header, [j], lambda: em.line(f"{em.ptr_store(split.id)}[{offset}] = {value()};"))
             em.pop()
             em.scopes[-1].lines.extend("  " + ln for ln in scope.lines)
             em.line("}")
-            start = end
 
     em.rows_loop(dom[:-1], f"{em.args.ref(dom[-1])} * {kernel_cost(nodes)}", body)
 
 
-def _outer_concat(em: Emitter) -> tuple[Node, int] | None:
-    """(the concat, its axis) when a loop kernel's one result is a concat along an axis other than
-    its innermost (Note [Concatenation along an outer axis])."""
+def _outer_concat(em: Emitter) -> Node | None:
+    """The concat, when a loop kernel's one result is a concat along an axis other than its innermost
+    (Note [Concatenation along an outer axis])."""
     if len(em.spec.roots) != 1:
         return None
     n = em.ctx.nodes.get(em.spec.roots[0])
@@ -117,8 +108,7 @@ def _outer_concat(em: Emitter) -> tuple[Node, int] | None:
     if n is None or n.op is not OpKind.CONCAT or len(n.inputs) < 2 or not same_shape(n.type.shape, dom):
         return None
     assert isinstance(n.attrs, AxisAttrs)
-    axis = n.attrs.axis % len(dom)
-    return (n, axis) if axis < len(dom) - 1 else None
+    return n if n.attrs.axis % len(dom) < len(dom) - 1 else None
 
 
 def _row_kernel(em: Emitter, simd: bool) -> None:

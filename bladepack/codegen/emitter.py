@@ -63,7 +63,7 @@ def _zero(n: Node | None) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0
 
 
-K_SOURCES = (OpKind.ARANGE, OpKind.CONSTANT, OpKind.FULL)  # ops of no input that read no tensor
+_SOURCE_OPS = (OpKind.ARANGE, OpKind.CONSTANT, OpKind.FULL)  # ops of no input that read no tensor
 
 
 def _nonneg_number(x: object) -> bool:
@@ -383,25 +383,27 @@ class Emitter:
         return name
 
     def _concat(self, n: Node, idx: tuple[sympy.Expr, ...]) -> str:
+        parts = self.concat_parts(n, idx)
+        dt = n.type.dtype
+        cases = [(cond, self._thunk(v, at, dt)) for cond, v, at in parts[:-1]]
+        _, last, at = parts[-1]
+        return self._branch(CTYPE[dt], cases, self._thunk(last, at, dt))
+
+    def concat_parts(self, n: Node, idx: tuple[sympy.Expr, ...]) -> list[tuple[str, int, tuple[sympy.Expr, ...]]]:
+        """Per input of concat `n` at `idx`: the C condition that selects it (after the earlier ones
+        failed; the last input's is unused), the input, and `idx` shifted to the input's own index."""
         assert isinstance(n.attrs, AxisAttrs)
         a = n.attrs.axis % len(idx)
-        dt = n.type.dtype
-        bounds: list[IRDim] = []
-        acc: IRDim = 0
-        for v in n.inputs:
-            acc = simplify(acc + self.ctx.types[v].shape[a])
-            bounds.append(acc)
         ia = self.args.index(idx[a])
-        cases: list[tuple[str, Callable[[], str]]] = []
+        parts = []
         start: IRDim = 0
-        for k, v in enumerate(n.inputs[:-1]):
-            j = list(idx)
-            j[a] = sympy.expand(idx[a] - start)
-            cases.append((f"{ia} < {self.args.ref(bounds[k])}", self._thunk(v, tuple(j), dt)))
-            start = bounds[k]
-        j = list(idx)
-        j[a] = sympy.expand(idx[a] - start)
-        return self._branch(CTYPE[dt], cases, self._thunk(n.inputs[-1], tuple(j), dt))
+        for v in n.inputs:
+            end = simplify(start + self.ctx.types[v].shape[a])
+            at = list(idx)
+            at[a] = sympy.expand(idx[a] - start)
+            parts.append((f"{ia} < {self.args.ref(end)}", v, tuple(at)))
+            start = end
+        return parts
 
     def _thunk(self, v: int, idx: tuple[sympy.Expr, ...], dt: DType) -> Callable[[], str]:
         return lambda: self._as(self.eval(v, idx), self.ctx.types[v].dtype, dt)
@@ -455,9 +457,6 @@ class Emitter:
         (`arange(size)` through reshapes, expands, permutes, slices, casts to int64 and adding 0: the
         row numbers Hugging Face's mask builders index their masks with), and indices clamped into
         range (`min(floor(max(x, 0)), size - 1)`: the taps of an interpolation, ir/interpolate.py)."""
-        n = self.ctx.nodes.get(v)
-        if n is None or n.type.dtype not in (DType.INT64, DType.INT32):
-            return False
         return self._nonneg(v) and self._at_most(v, simplify(sympy.sympify(size) - 1))
 
     def _at_most(self, v: int, hi: IRDim) -> bool:
@@ -488,7 +487,7 @@ class Emitter:
         """Every value of integer `v` is >= 0, for every shape in range. Integer ops only: a float
         cast to an integer may be a NaN's (INT64_MIN), so a clamp in float proves nothing."""
         n = self.ctx.nodes.get(v)
-        if n is None or n.type.dtype not in (DType.INT64, DType.INT32):
+        if n is None or not self._integer(v):
             return False
         if n.op is OpKind.ARANGE:
             a = n.attrs
@@ -517,7 +516,7 @@ class Emitter:
         magnitude is bounded by the shapes'."""
         if v not in self.data_free:
             n = self.ctx.nodes.get(v)
-            free = n is not None and (all(self._data_free(i) for i in n.inputs) if n.inputs else n.op in K_SOURCES)
+            free = n is not None and (all(self._data_free(i) for i in n.inputs) if n.inputs else n.op in _SOURCE_OPS)
             self.data_free[v] = free
         return self.data_free[v]
 

@@ -51,17 +51,12 @@ class EmittedKernel:
     check: str = ""  # the C function that checks a launch's operands (Note [Kernel operand checks])
 
 
-def _unproven(a: IRDim, b: IRDim) -> bool:
-    return isinstance(a, int) and isinstance(b, int) and a <= b
-
-
 @dataclass(frozen=True)
 class KernelContext:
     nodes: dict[int, Node]
     types: dict[int, TensorType]
     view: Callable[[int], View | None]  # strided view of a value over a materialized buffer, if any
-    # a <= b for every shape in the declared ranges (the program's ShapeEnv); ints only without one
-    proven_le: Callable[[IRDim, IRDim], bool] = _unproven
+    proven_le: Callable[[IRDim, IRDim], bool]  # a <= b for every shape in the declared ranges (ShapeEnv)
 
 
 def kernel_cost(nodes: Sequence[Node]) -> int:

@@ -2,8 +2,8 @@
 
 In: a `Captured` export (symbolic dims; the training IR or its retrace, inference_ir.py). Out: an IR
 `Program`: graph, shape environment (one bladepack symbol per torch symbol, with ranges), weight
-arrays and the runtime assertions torch recorded. Every unsupported op is collected with its source location and reported
-at once in `UnsupportedOpsError`.
+arrays and the runtime assertions torch recorded. Every unsupported op is collected with its source
+location and reported at once in `UnsupportedOpsError`.
 """
 
 from __future__ import annotations
