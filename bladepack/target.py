@@ -33,7 +33,10 @@ class Capabilities:
     gemm_dtypes: tuple[DType, ...]  # dtypes its GEMM libraries take
     gemm_title: str  # how messages name its GEMM library
     conv_epilogues: bool  # direct convolutions compute the elementwise chain after them (Note [Convolution epilogue])
-    fused_attention: bool  # matmul → chain → softmax → matmul as one kernel (Note [Fused attention])
+    # matmul → chain → softmax → matmul as one kernel (Note [Fused attention]) in these dtypes, head
+    # dims up to attention_head_max; no dtypes: attention stays GEMMs and a row kernel
+    attention_dtypes: frozenset[DType]
+    attention_head_max: int
     conv_input_views: bool  # a direct convolution reads its input through any view of a stored value
     operand_programs: bool  # the plan carries each kernel's operand check (Note [Kernel operand checks])
     host_arena: bool  # its arena is host memory: the artifact's arena figure is this plan's

@@ -9,13 +9,14 @@
 #                     graphs off, the C++ bpk-run) against float64 references (scripts/gpu_portable.py)
 #   2. hopper.log     the sm_90a GEMM probe, where prepared (scripts/hopper_probe.py; Note [Hopper GEMMs])
 #   3. gpu_tests.log  the cuda-marked tests: CUTLASS configs, dispatch and epilogues first (then again with
-#                     the Hopper tables on, C++ runtime included), then the samples in float32 / float16
-#                     and the C++ runtime (built here with the carried headers)
+#                     the Hopper tables on, C++ runtime included), then the samples in float32 / float16,
+#                     the fused attention kernels and the C++ runtime (built here with the carried headers)
 #   4. bench.log      bench.cuda_samples (eager peer), bench.cutlass_gemm (sm80 tables, then Hopper's:
 #                     cutlass_gemm_hopper), bench.cuda_graphs --gpu;
 #                     results.tgz holds their bench/results/*_<device>.{md,json}
-# Name benchmarks to run only those: scripts/gpu_checks.sh cutlass_gemm. BUDGET (seconds, default 540)
-# bounds the whole run; later steps get what is left.
+# Name benchmarks to run only those: scripts/gpu_checks.sh cutlass_gemm. Not in the default list (the
+# work in flight): gpu_attention (bench.gpu_attention, the fused attention against torch's SDPA; about
+# two minutes). BUDGET (seconds, default 540) bounds the whole run; later steps get what is left.
 # Measured facts of these machines (2026-11-26): torch 2.11, nvcc 13.0.88 (the same build as here, so the
 # CUTLASS cache is reused), cuBLAS in /usr/local/cuda, g++ 13, cmake and ninja, no msgpack-cxx headers.
 set -uo pipefail
@@ -55,7 +56,8 @@ fi
 if [ -f .gpu-run/hopper/instances.json ]; then
   timeout $(($(left) / 4)) "$py" scripts/hopper_probe.py check .gpu-run/hopper 2>&1 | tee "$out/hopper.log" | tail -20
 fi
-for tests in "tests/test_cutlass_gemm.py tests/test_cutlass_hopper.py" "tests/test_cuda_backend.py tests/test_cuda_cpp.py"; do
+for tests in "tests/test_cutlass_gemm.py tests/test_cutlass_hopper.py" \
+  "tests/test_cuda_backend.py tests/test_cuda_attention.py tests/test_cuda_cpp.py"; do
   # shellcheck disable=SC2086
   timeout $(($(left) / 2)) "$py" -m pytest -q -x --tb=short -m cuda -p no:cacheprovider -p no:logging -rs $tests 2>&1 |
     tee -a "$out/gpu_tests.log" | tail -15
@@ -69,6 +71,7 @@ for b in "${benches[@]}"; do
   [ "$b" = cuda_graphs ] && extra=(--gpu)
   [ "$b" = cuda_samples ] && extra=(--peers eager --repeat 20)
   [ "$b" = cutlass_gemm ] && extra=(--repeat 10)
+  [ "$b" = gpu_attention ] && extra=(--repeat 10)
   [ "$b" = cutlass_gemm_hopper ] && b=cutlass_gemm && hopper=1 && extra=(--repeat 10)
   [ "$(left)" -gt 20 ] || break
   BLADEPACK_HOPPER_GEMMS=$hopper timeout $(($(left) - 10)) "$py" -m "bench.$b" ${extra[@]+"${extra[@]}"} 2>&1 |

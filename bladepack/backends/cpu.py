@@ -55,7 +55,8 @@ class CpuBackend(Backend):
         gemm_dtypes=GEMM_DTYPES,
         gemm_title="BLAS",
         conv_epilogues=True,
-        fused_attention=True,
+        attention_dtypes=frozenset({DType.FLOAT32, DType.FLOAT64}),
+        attention_head_max=1 << 30,  # head dims are compile-time array sizes: no limit of their own
         conv_input_views=True,
         host_arena=True,
         operand_programs=False,  # the library checks its own (Note [Kernel operand checks])

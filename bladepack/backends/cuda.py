@@ -22,11 +22,16 @@ from bladepack.dtypes import DType
 from bladepack.ir import Node
 from bladepack.ir.fusion_plan import Attention, KernelSpec
 from bladepack.ir.views import View
+from bladepack.library_ops.cuda_attention import HEAD_MAX as ATTENTION_HEAD_MAX
+from bladepack.library_ops.cuda_attention import attention_plans
 from bladepack.library_ops.cutlass.configs import VERIFIED_DTYPES
 from bladepack.library_ops.cutlass.select import GemmPolicy
 from bladepack.options import CompileOptions
 from bladepack.progress import Progress
 from bladepack.target import Capabilities, Target
+
+# Note [Online softmax on CUDA]: float32 / float64, and the 16-bit floats accumulated in float32
+ATTENTION_DTYPES = frozenset({DType.FLOAT32, DType.FLOAT64, DType.FLOAT16, DType.BFLOAT16})
 
 
 class CudaBackend(Backend):
@@ -37,7 +42,8 @@ class CudaBackend(Backend):
         gemm_dtypes=GEMM_DTYPES,
         gemm_title="cuBLAS",
         conv_epilogues=False,  # the direct kernel stores plainly
-        fused_attention=False,
+        attention_dtypes=ATTENTION_DTYPES,
+        attention_head_max=ATTENTION_HEAD_MAX,
         conv_input_views=False,
         host_arena=False,
         operand_programs=True,
@@ -84,8 +90,7 @@ class CudaBackend(Backend):
         conv: tuple[Node, View] | None,
         attention: Attention | None,
     ) -> CudaKernel:
-        assert attention is None, "fused attention is planned for CPU only"
-        return emit_cuda_kernel(spec, ctx, index, conv)
+        return emit_cuda_kernel(spec, ctx, index, conv, () if attention is None else attention_plans(attention, ctx))
 
     def variants(self, kernel: Any) -> Sequence[Variant]:
         return [Variant(v.name, v.pred, v.grid, v.block, v.smem) for v in kernel.variants]

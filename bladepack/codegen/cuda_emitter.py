@@ -32,13 +32,15 @@ Schedules and variants:
 - reduce kernels (anchor reductions over any axes, arg-reductions): one thread per output element, so
   threads of a warp read adjacent columns when the reduced axes lead (column reductions coalesce).
 - scan kernels: one thread per scanned line.
+- attention kernels: a block per (leading index, query rows), its warps splitting the keys
+  (Note [Online softmax on CUDA] in library_ops/cuda_attention.py).
 - pooling, direct convolutions and im2col: codegen/cuda_conv.py (Note [CUDA convolution]).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,8 +71,13 @@ MAX_GRID = 1 << 20  # grid-stride loops cover the rest
 _MULTI_PASS = (OpKind.SOFTMAX, OpKind.LOG_SOFTMAX, OpKind.LAYER_NORM, OpKind.RMS_NORM)
 
 
-def _grid(work: Any, per_block: int) -> Any:
+def launch_grid(work: Any, per_block: int) -> Any:
+    """Blocks for `work` items at `per_block` a block (grid-stride loops cover what is over MAX_GRID)."""
     return sympy.Max(1, sympy.Min(sympy.ceiling(sympy.sympify(work) / per_block), MAX_GRID))
+
+
+# a variant to emit: (name suffix, predicate, body emitter, grid, block size, dynamic shared bytes)
+CudaPlan = tuple[str, Any, Callable[[CudaEmitter], None], Any, int, Any]
 
 
 @dataclass(frozen=True)
@@ -252,25 +259,32 @@ def _widths(spec: KernelSpec, ctx: KernelContext) -> list[int]:
 
 
 def emit_cuda_kernel(
-    spec: KernelSpec, ctx: KernelContext, index: int, conv: tuple[Node, View] | None = None
+    spec: KernelSpec,
+    ctx: KernelContext,
+    index: int,
+    conv: tuple[Node, View] | None = None,
+    library: Sequence[CudaPlan] = (),
 ) -> CudaKernel:
     """All variants of kernel `index` of the CUDA plan (raises ValueError for kernel kinds without a
     CUDA schedule). Its error codes carry `index` (Note [CUDA error codes]). `conv` (the convolution and
-    its input view) makes an im2col kernel (Note [CUDA convolution] in codegen/cuda_conv.py)."""
+    its input view) makes an im2col kernel (Note [CUDA convolution] in codegen/cuda_conv.py); `library`
+    gives a library op's variants (library_ops/cuda_attention.py: fused attention)."""
     args = Args()
     stores = list(spec.roots)
     loads: list[View] = []
-    plans: list[tuple[str, Any, Callable[[CudaEmitter], None], Any, int, Any]] = []
-    if conv is not None:
+    plans: list[CudaPlan] = []
+    if library:  # a library op's own variants
+        plans.extend(library)
+    elif conv is not None:
         cols = spec.roots[0]
         body = functools.partial(im2col_kernel, conv=conv[0], x_view=conv[1], cols=cols)
-        plans.append(("", sympy.true, body, _grid(volume(ctx.types[cols].shape), LOOP_BLOCK), LOOP_BLOCK, 0))
+        plans.append(("", sympy.true, body, launch_grid(volume(ctx.types[cols].shape), LOOP_BLOCK), LOOP_BLOCK, 0))
     elif spec.kind == "pool":
         n = ctx.nodes[spec.roots[0]]
-        plans.append(("", sympy.true, pool_kernel, _grid(volume(n.type.shape), LOOP_BLOCK), LOOP_BLOCK, 0))
+        plans.append(("", sympy.true, pool_kernel, launch_grid(volume(n.type.shape), LOOP_BLOCK), LOOP_BLOCK, 0))
     elif spec.kind == "conv":
         nb, _oc, oh, ow = ctx.nodes[spec.roots[0]].type.shape
-        plans.append(("", sympy.true, direct_conv_kernel, _grid(volume((nb, oh, ow)), CONV_BLOCK), CONV_BLOCK, 0))
+        plans.append(("", sympy.true, direct_conv_kernel, launch_grid(volume((nb, oh, ow)), CONV_BLOCK), CONV_BLOCK, 0))
     elif spec.kind == "loop":
         dom = spec.domain
         last = dom[-1] if dom else 1
@@ -284,7 +298,7 @@ def emit_cuda_kernel(
                     f"_w{w}",
                     pred,
                     functools.partial(_loop_kernel, width=w),
-                    _grid(sympy.sympify(total) / w, LOOP_BLOCK),
+                    launch_grid(sympy.sympify(total) / w, LOOP_BLOCK),
                     LOOP_BLOCK,
                     0,
                 )
@@ -313,7 +327,7 @@ def emit_cuda_kernel(
                     suffix,
                     pred,
                     functools.partial(_row_kernel, warp=warp, cached=cached),
-                    _grid(rows, per),
+                    launch_grid(rows, per),
                     LOOP_BLOCK if warp else ROW_BLOCK,
                     smem,
                 )
@@ -322,10 +336,10 @@ def emit_cuda_kernel(
                 break
     elif spec.kind == "recurrent":  # Note [Recurrent kernel]: one thread per sequence
         batch = ctx.nodes[spec.roots[0]].type.shape[1]
-        plans.append(("", sympy.true, recurrent_kernel, _grid(batch, RECURRENT_BLOCK), RECURRENT_BLOCK, 0))
+        plans.append(("", sympy.true, recurrent_kernel, launch_grid(batch, RECURRENT_BLOCK), RECURRENT_BLOCK, 0))
     elif spec.kind == "selective_scan":  # Note [Selective scan kernel]: one thread per channel
         rows = volume(ctx.nodes[spec.roots[0]].type.shape[:2])
-        plans.append(("", sympy.true, selective_scan_kernel, _grid(rows, LOOP_BLOCK), LOOP_BLOCK, 0))
+        plans.append(("", sympy.true, selective_scan_kernel, launch_grid(rows, LOOP_BLOCK), LOOP_BLOCK, 0))
     elif spec.kind in ("reduce", "scan", "topk", "sort", "scatter"):
         n = ctx.nodes[spec.roots[0]]
         x_t = ctx.types[n.inputs[0]]
@@ -341,7 +355,7 @@ def emit_cuda_kernel(
         else:  # one thread per scanned (or selected-from) line
             axis = getattr(n.attrs, "axis", 0) % max(len(n.type.shape), 1)
             outputs = volume([d for k, d in enumerate(x_t.shape) if k != axis])
-        plans.append(("", sympy.true, fn, _grid(outputs, LOOP_BLOCK), LOOP_BLOCK, 0))
+        plans.append(("", sympy.true, fn, launch_grid(outputs, LOOP_BLOCK), LOOP_BLOCK, 0))
     else:
         raise ValueError(f"{spec.kind} kernels have no CUDA schedule yet")
     bodies: list[tuple[CudaVariant, CudaEmitter]] = []

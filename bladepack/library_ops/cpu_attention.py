@@ -47,9 +47,10 @@ from bladepack.codegen.c_render import CTYPE, Loop
 from bladepack.codegen.emitter import Emitter
 from bladepack.codegen.kernel import KernelContext, store_offset
 from bladepack.ir.fusion_plan import Attention
-from bladepack.ir.ops import ArangeAttrs, ConstantAttrs, MatmulAttrs, OpKind, SafeSoftmaxAttrs
+from bladepack.ir.ops import ArangeAttrs, ConstantAttrs, OpKind
 from bladepack.ir.types import IRDim
-from bladepack.ir.views import View, head_view, simplify
+from bladepack.ir.views import View, simplify
+from bladepack.library_ops.attention_operands import attention_shape, lead_index
 
 BLOCK_ROWS = 16  # query rows per parallel row in the blocked variant
 WIDE_ROWS = 64  # ... in the wide variant, from this many query rows
@@ -59,23 +60,6 @@ WIDE_GROUP = 8  # query rows per register block in the wide variant
 
 def _key_block(d: int) -> int:
     return 64 if d <= 128 else (32 if d <= 256 else 16)
-
-
-def _head_view(ctx: KernelContext, v: int) -> View:
-    def materialized(u: int) -> bool:
-        w = ctx.view(u)
-        return w is not None and w.base == u
-
-    view = head_view(ctx.nodes, ctx.types, v, materialized)
-    assert view is not None, f"attention operand %{v} is not a view with strided rows"
-    return view
-
-
-def _lead_index(shape: Sequence[IRDim], lead: Sequence[IRDim], syms: Sequence[sympy.Expr]) -> list[sympy.Expr]:
-    """The operand's leading indices for the output's leading index `syms` (matmul broadcasting)."""
-    own = shape[:-2]
-    off = len(lead) - len(own)
-    return [sympy.Integer(0) if (d == 1 and lead[k + off] != 1) else syms[k + off] for k, d in enumerate(own)]
 
 
 def attention_variants(att: Attention, ctx: KernelContext) -> list[tuple[str, Any, Callable[[Emitter], None]]]:
@@ -139,25 +123,16 @@ def key_bounds(att: Attention, ctx: KernelContext) -> tuple[int, int] | None:
 def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
     ctx = em.ctx
     out_t = ctx.types[att.out]
-    scores_t = ctx.types[att.scores]
     dt = out_t.dtype
     t = CTYPE[dt]
     r = em.args.ref
-    lead = scores_t.shape[:-2]
-    sq, skv = scores_t.shape[-2], scores_t.shape[-1]
-    d = ctx.types[att.q].shape[-1]
-    dv = out_t.shape[-1]
-    assert isinstance(d, int) and isinstance(dv, int)
+    sh = attention_shape(att, ctx)
+    qv, kv, vv = sh.q, sh.k, sh.v
+    lead, sq, skv, d, dv = sh.lead, sh.sq, sh.skv, sh.d, sh.dv
     kb = _key_block(d)
-    qv, kv, vv = (_head_view(ctx, x) for x in (att.q, att.k, att.v))
     pq, pk, pv = (em.ptr_load(x.base) for x in (qv, kv, vv))
-    s_qi, s_qd = qv.strides[-2], qv.strides[-1]
-    a = ctx.nodes[att.scores].attrs
-    assert isinstance(a, MatmulAttrs)
-    s_kj, s_kd = (kv.strides[-2], kv.strides[-1]) if a.transpose_b else (kv.strides[-1], kv.strides[-2])
-    s_vj, s_ve = vv.strides[-2], vv.strides[-1]
-    safe = isinstance(ctx.nodes[att.probs].attrs, SafeSoftmaxAttrs)
-    chain_end = ctx.nodes[att.probs].inputs[0]
+    s_qi, s_qd, s_kj, s_kd, s_vj, s_ve = sh.s_qi, sh.s_qd, sh.s_kj, sh.s_kd, sh.s_vj, sh.s_ve
+    safe, chain_end = sh.safe, sh.chain_end
     ninf = f"-std::numeric_limits<{t}>::infinity()"
     blocks = sympy.floor((sympy.sympify(sq) + qb - 1) / qb) if not isinstance(sq, int) else (sq + qb - 1) // qb
     k0, qi, jj = Loop("k0"), Loop("qi"), Loop("jj")
@@ -168,7 +143,7 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
         zero = [sympy.Integer(0)] * 2
 
         def base(view: View, shape: Sequence[IRDim]) -> str:
-            return em.args.index(view.offset_at([*_lead_index(shape, lead, syms), *zero]))
+            return em.args.index(view.offset_at([*lead_index(shape, lead, syms), *zero]))
 
         em.line(f"const int64_t q0_ = {blk.name} * {qb};")
         em.line(f"const int64_t nq_ = std::min<int64_t>({qb}, {r(sq)} - q0_);")

@@ -15,8 +15,9 @@ through `where`, an additive mask, a causal mask from two aranges, a padding mas
 [batch, seq]). The record says which values; a backend's kernel evaluates the chain per score with
 the code a loop kernel would use, so any mask the graph can express is a mask the kernel applies.
 Conditions: the scores, each chain value and the probabilities have exactly one user (the next op),
-none is a graph output, all run under the out matmul's guard; the head dims (D, Dv) are constants;
-float32 or float64. Grouped-query attention's repeated K / V heads are read in place (a hierarchical
+none is a graph output, all run under the out matmul's guard; the head dims (D, Dv) are constants up
+to the backend's limit; the dtype one the backend's kernel takes (float32 and float64 on CPU, and the
+16-bit floats on CUDA: Note [Online softmax on CUDA]). Grouped-query attention's repeated K / V heads are read in place (a hierarchical
 leading dim: ir/views.py `head_view`), so the repeat is never materialized.
 """
 
@@ -31,8 +32,6 @@ from bladepack.ir.ops import OP_INFO, AxisAttrs, MatmulAttrs, OpClass
 from bladepack.ir.types import IRDim, TensorType
 from bladepack.ir.views import sym_eq
 
-ATTENTION_DTYPES = (DType.FLOAT32, DType.FLOAT64)
-
 
 def _same(a: Sequence[IRDim], b: Sequence[IRDim]) -> bool:
     return len(a) == len(b) and all(sym_eq(x, y) for x, y in zip(a, b))
@@ -46,10 +45,13 @@ def find_attention(
     inline_ok: Callable[[int], bool],
     outputs: Collection[int],
     same_guard: Callable[[int, int], bool],
+    dtypes: Collection[DType],
+    head_max: int,
 ) -> Attention | None:
     """Note [Fused attention]: the attention whose second matmul is `out`, or None. `inline_ok(v)`:
-    node v may be computed inside a kernel (an elementwise op with kernels on this target)."""
-    if out.op is not OpKind.MATMUL or out.type.dtype not in ATTENTION_DTYPES or out.type.rank < 2:
+    node v may be computed inside a kernel (an elementwise op with kernels on this target); `dtypes`
+    and `head_max`: what the target's attention kernel takes."""
+    if out.op is not OpKind.MATMUL or out.type.dtype not in dtypes or out.type.rank < 2:
         return None
 
     def private(v: int, user: int) -> bool:  # computed inline by the attention kernel alone
@@ -94,7 +96,7 @@ def find_attention(
     if any(t.dtype != out.type.dtype or t.rank < 2 for t in (qt, kt, vt)):
         return None
     d, dv = qt.shape[-1], out.type.shape[-1]
-    if not isinstance(d, int) or not isinstance(dv, int):
+    if not isinstance(d, int) or not isinstance(dv, int) or max(d, dv) > head_max:
         return None
     if isinstance(out.attrs, MatmulAttrs) and out.attrs.transpose_b:
         return None  # v read as [*lead, Dv, Skv]: not produced by either front end

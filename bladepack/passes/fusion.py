@@ -230,6 +230,8 @@ class _Planner:
                 lambda v: self.roles[v] is Role.FUSIBLE,
                 outputs,
                 lambda a, b: self.guards[a] == self.guards[b],
+                self.caps.attention_dtypes,
+                self.caps.attention_head_max,
             )
             if att is None or self.roles[att.scores] is not Role.LIBRARY:
                 continue
@@ -240,7 +242,7 @@ class _Planner:
             self.in_attention.update((att.scores, att.probs, *att.chain))
 
     def seed(self) -> None:
-        if self.caps.fused_attention:
+        if self.caps.attention_dtypes:
             self.find_attention()
         # Note [Guarded kernels]: a kernel computes inline only values skipped under the guard of the value
         # it stores, so a value read across a guard boundary is stored; data predicates are stored too

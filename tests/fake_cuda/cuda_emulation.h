@@ -194,6 +194,7 @@ inline void run_block(unsigned n, bool coop) {
 }  // namespace bpk_emu
 
 inline void __syncthreads() { bpk_emu::wait(bpk_emu::kBlockWait); }
+inline void __syncwarp(unsigned = 0xffffffffu) { bpk_emu::wait(bpk_emu::kWarpWait); }
 
 template <class T>
 T __shfl_xor_sync(unsigned, T v, int mask) {

@@ -1,0 +1,253 @@
+"""Fused attention on CUDA: one generated kernel per `Attention` record (Note [Fused attention]).
+
+In: the kernel spec of an attention step (kind "attention": the second matmul is the root, every node it
+computes inline listed) and the record. Out: the kernel's variants for the CUDA emitter, each a (name
+suffix, shape predicate, body emitter, grid, block size, dynamic shared memory).
+
+Note [Online softmax on CUDA]: a block computes R query rows of one leading index (batch, head) with
+W warps. The warps split the keys: warp w takes the 32-key tiles w, w + W, w + 2W, ..., one key per lane,
+and keeps its own running maximum m, sum l and output accumulator for each of the R rows; the block
+combines the W partial results at the end (m = max m_w, l = sum l_w exp(m_w - m), acc likewise), so
+no [Sq, Skv] tensor is written and the scores are read once. Per tile a lane computes its key's R
+scores as dot products over the head dim (the R query rows in shared memory, read by every lane at
+once; its key's row of K in 16-byte loads where the head dim is contiguous), applies the graph's chain
+to each (scale, masks: `Emitter.eval` of the softmax's input with the first matmul's value bound to the
+score, as the CPU kernel does), takes the tile's maximum across the warp, and writes its R
+probabilities to the warp's slice of shared memory; then each lane accumulates its columns of the
+output (lane, lane + 32, ...) over the tile's keys, each V row read across the lanes in one coalesced
+access. Accumulation is in float32 for float32 / float16 / bfloat16 (Note [Register types]) and in
+float64 for float64. Special values are the CPU kernel's (Note [Online softmax on CPU]): a row entirely
+-inf gives 0 under a safe softmax and NaN under a plain one (0 with no keys at all), a NaN or +inf
+score makes its row NaN.
+
+Variants, chosen by the shape program on the query rows Sq: "_rows" (Sq < 8: decoding, a few new
+tokens against a long cache) gives each block one query row and eight warps, so a cache is read by
+eight independent streams per (leading index, row); "_tile" (Sq >= 8) gives each block R query rows
+(8, or fewer where the head dims would not fit shared memory or registers) and four warps, so each key
+and value row read serves R rows. Grouped-query K / V heads are read in place (library_ops/
+attention_operands.py). Not yet here: tensor-core (mma.sync / wgmma) tiles for prefill and a KV split
+across blocks (flash-decoding) for a cache read by fewer blocks than the GPU has SMs; Note [Key
+bounds] is a CPU schedule (the chain still applies such a mask per score here, so the result is exact).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import sympy
+
+from bladepack.codegen.c_render import CTYPE, Loop
+from bladepack.codegen.cuda_emitter import CudaPlan, launch_grid
+from bladepack.codegen.cuda_loops import CudaEmitter, split_index, volume
+from bladepack.codegen.kernel import KernelContext, store_offset
+from bladepack.ir.fusion_plan import Attention
+from bladepack.ir.types import IRDim
+from bladepack.ir.views import View, simplify
+from bladepack.library_ops.attention_operands import attention_shape, lead_index
+
+TILE = 32  # keys per warp step: one per lane
+ROWS_MAX_SQ = 8  # the "_rows" variant below this many query rows
+ROWS_WARPS = 8  # warps per block in "_rows"
+TILE_WARPS = 4  # ... in "_tile"
+TILE_ROWS = 8  # query rows per block in "_tile", at most
+SMEM_BYTES = 40 * 1024  # static shared memory per block, at most (48 KiB without opting in)
+ACC_REGS = 64  # output accumulators per lane (rows x columns per lane), at most
+HEAD_MAX = 512  # head dims the CUDA kernel takes (Capabilities.attention_head_max): both variants fit
+
+
+def _cols(dv: int) -> int:
+    return (dv + TILE - 1) // TILE  # output columns per lane
+
+
+def _smem(rows: int, warps: int, d: int, dv: int, itemsize: int) -> int:
+    """Shared bytes of a block: its query rows, each warp's probabilities, maxima, sums and outputs."""
+    return itemsize * (rows * d + warps * rows * (TILE + 2 + dv))
+
+
+def _tile_rows(d: int, dv: int, itemsize: int) -> int:
+    for rows in (TILE_ROWS, 4, 2, 1):
+        if _smem(rows, TILE_WARPS, d, dv, itemsize) <= SMEM_BYTES and rows * _cols(dv) <= ACC_REGS:
+            return rows
+    return 1
+
+
+def attention_plans(att: Attention, ctx: KernelContext) -> list[CudaPlan]:
+    """Note [Online softmax on CUDA]: `_tile` (Sq >= 8) and `_rows` (decoding); the first whose
+    predicate holds runs."""
+    sh = attention_shape(att, ctx)
+    sq, d, dv = sympy.sympify(sh.sq), sh.d, sh.dv
+    assert max(d, dv) <= HEAD_MAX
+    item = 8 if CTYPE[ctx.types[att.out].dtype] == "double" else 4
+    lead = volume(sh.lead)
+    plans: list[CudaPlan] = []
+    rows = _tile_rows(d, dv, item)
+    assert _smem(1, ROWS_WARPS, d, dv, item) <= SMEM_BYTES
+    for name, pred, r, warps in (
+        ("_tile", sympy.Ge(sq, ROWS_MAX_SQ), rows, TILE_WARPS),
+        ("_rows", sympy.true, 1, ROWS_WARPS),
+    ):
+        if pred is sympy.false:
+            continue
+        blocks = simplify(lead * sympy.floor((sq + r - 1) / r))
+        body = functools.partial(_kernel, att=att, rows=r, warps=warps)
+        plans.append((name, pred, body, launch_grid(blocks, 1), warps * 32, 0))
+        if pred is sympy.true:
+            break
+    if len(plans) == 1:
+        return [("", sympy.true, *plans[0][2:])]
+    return plans
+
+
+def _kernel(em: CudaEmitter, att: Attention, rows: int, warps: int) -> None:
+    ctx = em.ctx
+    out_t = ctx.types[att.out]
+    dt = out_t.dtype
+    t = CTYPE[dt]
+    r = em.args.ref
+    sh = attention_shape(att, ctx)
+    lead, sq, skv, d, dv = sh.lead, sh.sq, sh.skv, sh.d, sh.dv
+    cols = _cols(dv)
+    pq, pk, pv = (em.ptr_load(x.base) for x in (sh.q, sh.k, sh.v))
+    ninf = f"-std::numeric_limits<{t}>::infinity()"
+    nan = f"std::numeric_limits<{t}>::quiet_NaN()"
+    blocks = sympy.floor((sympy.sympify(sq) + rows - 1) / rows)
+    syms = tuple(Loop(f"i{k}") for k in range(len(lead)))
+    blk = Loop("b_")
+    em.uses_barriers = True
+    q_rows = range(rows)
+
+    def base(view: View, shape: Sequence[IRDim]) -> str:
+        zero = [sympy.Integer(0)] * 2
+        return em.args.index(view.offset_at([*lead_index(shape, lead, syms), *zero]))
+
+    em.line("const int lane_ = int(threadIdx.x & 31u), warp_ = int(threadIdx.x >> 5);")
+    em.line(f"__align__(16) __shared__ {t} bpk_q[{rows * d}];  // the block's query rows")
+    em.line(f"__align__(16) __shared__ {t} bpk_p[{warps * rows * TILE}];  // each warp's probabilities of its tile")
+    em.line(f"__shared__ {t} bpk_m[{warps * rows}], bpk_l[{warps * rows}];  // each warp's maxima and sums")
+    em.line(f"__align__(16) __shared__ {t} bpk_o[{warps * rows * dv}];  // each warp's output rows")
+
+    def body() -> None:
+        em.line(f"const int64_t q0_ = b_ * {rows};")
+        em.line(f"const auto* __restrict__ qp_ = {pq} + {base(sh.q, ctx.types[att.q].shape)};")
+        em.line(f"const auto* __restrict__ kp_ = {pk} + {base(sh.k, ctx.types[att.k].shape)};")
+        em.line(f"const auto* __restrict__ vp_ = {pv} + {base(sh.v, ctx.types[att.v].shape)};")
+        store = em.args.index(store_offset(out_t.shape, (*syms, sympy.Integer(0), sympy.Integer(0))))
+        em.line(f"auto* __restrict__ op_ = {em.ptr_store(att.out)} + {store};")
+        em.line("__syncthreads();  // the previous row's readers of the shared arrays are done")
+        em.line(f"for (int e = int(threadIdx.x); e < {rows * d}; e += int(blockDim.x)) {{")
+        em.line(f"  const int64_t qi_ = q0_ + e / {d} < {r(sq)} ? q0_ + e / {d} : {r(sq)} - 1;")
+        em.line(f"  bpk_q[e] = bpk::ld(qp_ + qi_ * {r(sh.s_qi)} + (e % {d}) * {r(sh.s_qd)});")
+        em.line("}")
+        em.line("__syncthreads();")
+        qc = [Loop(f"qc{q}_") for q in q_rows]
+        for q in q_rows:  # rows past the last are evaluated at the last row and never stored
+            em.declare(f"const int64_t qc{q}_ = q0_ + {q} < {r(sq)} ? q0_ + {q} : {r(sq)} - 1;", f"qc{q}_")
+        em.scopes[-1].syms.update(qc)
+        for q in q_rows:
+            em.line(f"{t} m{q}_ = {ninf}, l{q}_ = {t}(0), o{q}_[{cols}];")
+            em.line("#pragma unroll")
+            em.line(f"for (int c = 0; c < {cols}; ++c) o{q}_[c] = {t}(0);")
+        header = [f"for (int64_t k0 = int64_t(warp_) * {TILE}; k0 < {r(skv)}; k0 += {warps * TILE}) {{"]
+        prologue = [
+            "const int64_t j_ = k0 + lane_;",
+            f"const int64_t jc_ = j_ < {r(skv)} ? j_ : {r(skv)} - 1;",
+        ]
+        em.loop(header, [Loop("jc_")], functools.partial(key_tile, qc), prologue=prologue)
+        combine()
+
+    def scores() -> None:
+        """This lane's key's R scores: dot products of the shared query rows with its row of K."""
+        em.line(f"const auto* __restrict__ kr_ = kp_ + jc_ * {r(sh.s_kj)};")
+        for q in q_rows:
+            em.declare(f"{t} s{q}_ = {t}(0);", f"s{q}_")
+        width = 16 // dt.itemsize
+        if sh.s_kd == 1 and d % width == 0 and width > 1:  # 16-byte loads of the key row
+            em.line(f"#pragma unroll {min(d // width, 4)}")
+            em.line(f"for (int d = 0; d < {d}; d += {width}) {{")
+            em.line(f"  {t} kw_[{width}];")
+            em.line(f"  bpk::ldv<{width}>(kw_, kr_ + d);")
+            em.line("  #pragma unroll")
+            em.line(f"  for (int u = 0; u < {width}; ++u) {{")
+            for q in q_rows:
+                em.line(f"    s{q}_ += bpk_q[{q * d} + d + u] * kw_[u];")
+            em.line("  }")
+            em.line("}")
+            return
+        em.line(f"#pragma unroll {min(d, 8)}")
+        em.line(f"for (int d = 0; d < {d}; ++d) {{")
+        em.line(f"  const {t} kd_ = bpk::ld(kr_ + d * {r(sh.s_kd)});")
+        for q in q_rows:
+            em.line(f"  s{q}_ += bpk_q[{q * d} + d] * kd_;")
+        em.line("}")
+
+    def key_tile(qc: list[Loop]) -> None:
+        scores()
+        jc = Loop("jc_")
+        for q in q_rows:  # the graph's chain on each score; keys past the last score -inf
+            at = (*syms, qc[q], jc)
+            em.bind(att.scores, at, f"s{q}_")
+            x = em.eval(sh.chain_end, at)
+            em.line(f"s{q}_ = j_ < {r(skv)} ? {t}({x}) : {ninf};")
+        em.line(f"const int nk_ = int({r(skv)} - k0 < {TILE} ? {r(skv)} - k0 : {TILE});")
+        for q in q_rows:
+            # the running maximum takes the tile's; what the earlier tiles summed is rescaled by
+            # exp(m_old - m_new) (1 when it did not grow: also for two -inf maxima)
+            em.line(f"const {t} mn{q}_ = bpk::Max()(m{q}_, bpk::warp_all(s{q}_, bpk::Max()));")
+            em.line(f"const {t} al{q}_ = mn{q}_ == m{q}_ ? {t}(1) : bpk::vexp(m{q}_ - mn{q}_);")
+            # Note [Softmax exponentials]: 0 for the maximum of a row all -inf so far, so each -inf
+            # score is exp(-inf) = 0, not exp(-inf + inf)
+            em.line(f"const {t} p{q}_ = bpk::vexp(s{q}_ - (mn{q}_ == {ninf} ? {t}(0) : mn{q}_));")
+            em.line(f"l{q}_ = l{q}_ * al{q}_ + p{q}_;")
+            em.line(f"m{q}_ = mn{q}_;")
+            em.line("#pragma unroll")
+            em.line(f"for (int c = 0; c < {cols}; ++c) o{q}_[c] *= al{q}_;")
+            em.line(f"bpk_p[(warp_ * {rows} + {q}) * {TILE} + lane_] = p{q}_;")
+        em.line("__syncwarp();")
+        em.line("for (int jj = 0; jj < nk_; ++jj) {")
+        em.line(f"  const auto* __restrict__ vr_ = vp_ + (k0 + jj) * {r(sh.s_vj)};")
+        em.line(f"  {t} v_[{cols}];")
+        em.line("  #pragma unroll")
+        em.line(f"  for (int c = 0; c < {cols}; ++c) {{")
+        em.line("    const int e = lane_ + c * 32;")
+        em.line(f"    v_[c] = e < {dv} ? {t}(bpk::ld(vr_ + e * {r(sh.s_ve)})) : {t}(0);")
+        em.line("  }")
+        for q in q_rows:
+            em.line(f"  const {t} pj{q}_ = bpk_p[(warp_ * {rows} + {q}) * {TILE} + jj];")
+            em.line("  #pragma unroll")
+            em.line(f"  for (int c = 0; c < {cols}; ++c) o{q}_[c] += pj{q}_ * v_[c];")
+        em.line("}")
+        em.line("__syncwarp();  // every lane has read the tile's probabilities")
+
+    def combine() -> None:
+        """The warps' partial rows into the block's: maxima, rescaled sums and outputs."""
+        for q in q_rows:
+            em.line(f"const {t} ls{q}_ = bpk::warp_all(l{q}_, bpk::Sum());")
+            em.line(f"if (lane_ == 0) {{ bpk_m[warp_ * {rows} + {q}] = m{q}_; bpk_l[warp_ * {rows} + {q}] = ls{q}_; }}")
+            em.line("#pragma unroll")
+            em.line(f"for (int c = 0; c < {cols}; ++c) {{")
+            em.line("  const int e = lane_ + c * 32;")
+            em.line(f"  if (e < {dv}) bpk_o[(warp_ * {rows} + {q}) * {dv} + e] = o{q}_[c];")
+            em.line("}")
+        em.line("__syncthreads();")
+        # a row with every score -inf (l = 0) is 0 under a safe softmax, NaN under a plain one; with no
+        # keys at all the product is an empty sum: 0, as torch's matmul gives
+        empty = f"{t}(0)" if sh.safe else f"({r(skv)} == 0 ? {t}(0) : {nan})"
+        em.line(f"for (int e = int(threadIdx.x); e < {rows * dv}; e += int(blockDim.x)) {{")
+        em.line(f"  const int q = e / {dv}, c = e % {dv};")
+        em.line(f"  if (q0_ + q >= {r(sq)}) continue;")
+        em.line(f"  {t} mx_ = {ninf};")
+        em.line(f"  for (int w = 0; w < {warps}; ++w) mx_ = bpk::Max()(mx_, bpk_m[w * {rows} + q]);")
+        em.line(f"  const {t} mz_ = mx_ == {ninf} ? {t}(0) : mx_;")
+        em.line(f"  {t} l_ = {t}(0), o_ = {t}(0);")
+        em.line(f"  for (int w = 0; w < {warps}; ++w) {{")
+        em.line(f"    const {t} f_ = bpk::vexp(bpk_m[w * {rows} + q] - mz_);")
+        em.line(f"    l_ += bpk_l[w * {rows} + q] * f_;")
+        em.line(f"    o_ += bpk_o[(w * {rows} + q) * {dv} + c] * f_;")
+        em.line("  }")
+        em.line(f"  bpk::st(op_ + (q0_ + q) * {dv} + c, o_ * (l_ == {t}(0) ? {empty} : {t}(1) / l_));")
+        em.line("}")
+
+    rows_ref = r(simplify(volume(lead) * blocks))
+    header = [f"for (int64_t row_ = blockIdx.x; row_ < {rows_ref}; row_ += gridDim.x) {{"]
+    em.loop(header, (*syms, blk), body, prologue=split_index("row_", (*syms, blk), (*lead, blocks), em.args))

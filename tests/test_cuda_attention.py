@@ -1,0 +1,317 @@
+"""Fused attention on CUDA (Note [Online softmax on CUDA]) without a GPU: the generated kernels run on
+the fake driver, emulated on the CPU (tests/cuda_harness.py), against eager.
+
+Every model must plan its attention as one CUDA "attention" kernel. Query and key lengths cover 1, odd,
+a 32-key tile and one more, several tiles per warp (four and eight warps split the keys), and the
+declared maximum; masks boolean, additive, causal and padding; grouped-query heads; fully masked rows,
+NaN and infinite scores, no keys at all; float32, float64, float16 and bfloat16; head dims that are
+not multiples of a warp. Both variants ("_rows" below eight query rows, "_tile" from eight) are
+checked in the fake driver's launch log; the C++ runtime runs one model too.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import bladepack
+from bladepack import Dim
+from tests.cuda_harness import FakeGpu
+from tests.test_attention import _Padded, _Sdpa
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("nvcc") is None and not os.environ.get("NVCC"), reason="nvcc not found (CUDA targets need it)"
+)
+
+TARGETS = ("cuda:sm_90",)
+MAX = 300
+
+
+@pytest.fixture(scope="module")
+def gpu(tmp_path_factory: pytest.TempPathFactory) -> FakeGpu:
+    return FakeGpu(tmp_path_factory.mktemp("fake_gpu"))
+
+
+def _kinds(art: Any) -> list[str]:
+    return [k.kind for k in art.plan.kernels if k.target == "cuda"]
+
+
+def _launched(log: str) -> set[str]:
+    return {ln.split()[1] for ln in log.splitlines() if ln.startswith("launch ")}
+
+
+def _np(a: torch.Tensor) -> np.ndarray:
+    """numpy has no bfloat16: the loader takes its uint16 bit patterns."""
+    return a.view(torch.int16).numpy().view(np.uint16) if a.dtype == torch.bfloat16 else a.numpy()
+
+
+def _run(
+    gpu: FakeGpu, model: torch.nn.Module, cases: Sequence[tuple[torch.Tensor, ...]], art: Any
+) -> tuple[list[Any], str]:
+    assert "attention" in _kinds(art), _kinds(art)
+    _, results, log = gpu.run(art, [tuple(_np(a) for a in c) for c in cases])
+    return results, log
+
+
+def _check(model: torch.nn.Module, cases: Sequence[tuple[torch.Tensor, ...]], results: list[Any], tol: float) -> None:
+    failures = []
+    for args, got in zip(cases, results, strict=True):
+        assert not isinstance(got, str), got
+        with torch.no_grad():
+            want = model(*args)
+        want = want if isinstance(want, tuple) else (want,)
+        for g, w in zip(got, want, strict=True):
+            w = w.double().numpy()
+            g = np.asarray(g, dtype=np.float64)
+            if not np.array_equal(np.isnan(g), np.isnan(w)):
+                failures.append(f"{[tuple(a.shape) for a in args]}: NaN at other places than eager")
+                continue
+            ok = ~np.isnan(w)
+            err = float(np.abs(g[ok] - w[ok]).max(initial=0.0)) / (1.0 + float(np.abs(w[ok]).max(initial=0.0)))
+            if not err <= tol:
+                failures.append(f"{[tuple(a.shape) for a in args]}: {err:.2e}")
+    assert not failures, "\n".join(failures)
+
+
+def _qkv(
+    g: torch.Generator, b: int, sq: int, skv: int, d: int, dv: int, h: int, hkv: int, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q = torch.randn(b, h, sq, d, generator=g).to(dtype)
+    k = torch.randn(b, hkv, skv, d, generator=g).to(dtype)
+    v = torch.randn(b, hkv, skv, dv, generator=g).to(dtype)
+    return q, k, v
+
+
+def test_padding_mask_both_variants(gpu: FakeGpu) -> None:
+    """The encoder's masked_fill pattern at query lengths 1 .. MAX (both variants; a tile +- 1; more keys
+    than four warps' tiles), a fully padded first sequence; head dim 64."""
+
+    def make(g: torch.Generator, b: int, n: int) -> tuple[torch.Tensor, ...]:
+        q, k, v = _qkv(g, b, n, n, 64, 64, 2, 2)
+        mask = (torch.rand(b, n, generator=g) > 0.3).long()
+        mask[0] = 0
+        return q, k, v, mask
+
+    b, seq = Dim("batch"), Dim("seq", max=MAX)
+    dims = {"q": {0: b, 2: seq}, "k": {0: b, 2: seq}, "v": {0: b, 2: seq}, "mask": {0: b, 1: seq}}
+    g = torch.Generator().manual_seed(0)
+    art = bladepack.optimize(_Padded(), make(g, 2, 9), dynamic_shapes=dims, targets=TARGETS)
+    cases = [make(g, bb, n) for bb, n in [(1, 1), (2, 7), (2, 8), (1, 32), (2, 33), (1, 129), (2, 200), (1, MAX)]]
+    results, log = _run(gpu, _Padded(), cases, art)
+    _check(_Padded(), cases, results, 2e-6)
+    assert {"k0_rows", "k0_tile"} <= _launched(log), _launched(log)
+
+
+def test_causal_odd_head_dims(gpu: FakeGpu) -> None:
+    """is_causal over square scores; head dims 40 (scores) and 48 (values: two columns per lane, the
+    second only on 16 lanes)."""
+    seq = Dim("seq", max=MAX)
+    dims = {"q": {0: Dim("batch"), 2: seq}, "k": {0: Dim("batch"), 2: seq}, "v": {0: Dim("batch"), 2: seq}}
+    g = torch.Generator().manual_seed(1)
+    art = bladepack.optimize(_Sdpa(causal=True), _qkv(g, 2, 9, 9, 40, 48, 3, 3), dynamic_shapes=dims, targets=TARGETS)
+    cases = [_qkv(g, b, n, n, 40, 48, 3, 3) for b, n in [(1, 1), (2, 5), (1, 8), (2, 65), (1, 257)]]
+    results, _ = _run(gpu, _Sdpa(causal=True), cases, art)
+    _check(_Sdpa(causal=True), cases, results, 2e-6)
+
+
+@pytest.mark.parametrize("new", [1, 3, 9])
+def test_gqa_decode_against_a_growing_cache(gpu: FakeGpu, new: int) -> None:
+    """Grouped-query attention (8 query heads over 2 KV heads, read in place) of 1, 3 or 9 new rows
+    against a cache of 1 .. 1024 positions: a tile, one more, eight warps' tiles and more."""
+    past = Dim("past", max=1024)
+    dims = {"q": {0: Dim("batch")}, "k": {0: Dim("batch"), 2: past}, "v": {0: Dim("batch"), 2: past}}
+    g = torch.Generator().manual_seed(2)
+    model = _Sdpa(gqa=True)
+    art = bladepack.optimize(model, _qkv(g, 2, new, 9, 16, 16, 8, 2), dynamic_shapes=dims, targets=TARGETS)
+    cases = [_qkv(g, b, new, n, 16, 16, 8, 2) for b, n in [(1, 1), (2, 31), (1, 33), (2, 256), (1, 257), (1, 1024)]]
+    results, log = _run(gpu, model, cases, art)
+    _check(model, cases, results, 2e-6)
+    # one variant for a static query length: eight warps a block for decoding, four for a tile of rows
+    blocks = {ln.split()[7] for ln in log.splitlines() if ln.startswith("launch ")}
+    assert _launched(log) == {"k0"} and blocks == {"256" if new < 8 else "128"}, (_launched(log), blocks)
+
+
+def test_masked_rows_and_non_finite_scores(gpu: FakeGpu) -> None:
+    """A boolean mask leaving query row 0 nothing (0 under sdpa's safe softmax), and an additive mask
+    carrying -inf for a whole row (NaN under a plain softmax), a NaN score and a +inf score (their rows
+    NaN), -inf across the first warps' tiles then finite: NaN exactly where eager has it."""
+
+    class _Both(torch.nn.Module):
+        def forward(
+            self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, bias: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            plain = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * 0.25 + bias, dim=-1)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), torch.matmul(plain, v)
+
+    def make(g: torch.Generator, b: int, sq: int, skv: int) -> tuple[torch.Tensor, ...]:
+        q, k, v = _qkv(g, b, sq, skv, 16, 16, 2, 2)
+        mask = torch.rand(b, 1, sq, skv, generator=g) > 0.5
+        mask[:, :, 0] = False
+        bias = torch.randn(b, 1, sq, skv, generator=g)
+        bias[0, 0, 0] = -math.inf
+        bias[-1, 0, -1, : min(skv - 1, 150)] = -math.inf
+        if sq > 2:
+            bias[0, 0, 1, skv // 2] = math.nan
+            bias[0, 0, 2, skv - 1] = math.inf
+        return q, k, v, mask, bias
+
+    b, sq, skv = Dim("batch"), Dim("sq", max=MAX), Dim("skv", max=MAX)
+    dims = {
+        "q": {0: b, 2: sq},
+        "k": {0: b, 2: skv},
+        "v": {0: b, 2: skv},
+        "mask": {0: b, 2: sq, 3: skv},
+        "bias": {0: b, 2: sq, 3: skv},
+    }
+    g = torch.Generator().manual_seed(3)
+    art = bladepack.optimize(_Both(), make(g, 2, 9, 9), dynamic_shapes=dims, targets=TARGETS)
+    assert _kinds(art).count("attention") == 2, _kinds(art)
+    cases = [make(g, *s) for s in [(1, 1, 9), (2, 1, 170), (2, 3, 130), (2, 8, 77), (2, 20, 170), (1, 3, 1)]]
+    _, results, _ = gpu.run(art, [tuple(a.numpy() for a in c) for c in cases])
+    _check(_Both(), cases, results, 2e-6)
+    assert not np.asarray(results[2][0])[:, :, 0].any()
+
+
+def test_empty_key_range_gives_zero(gpu: FakeGpu) -> None:
+    """No keys at all (a KV length of 0 in range): 0 under a plain softmax, as torch's empty matmul."""
+
+    class _Plain(torch.nn.Module):
+        def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return torch.matmul(torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * 0.125, dim=-1), v)
+
+    kv = Dim("kv", min=0, max=100)
+    dims = {"q": {0: Dim("batch")}, "k": {0: Dim("batch"), 2: kv}, "v": {0: Dim("batch"), 2: kv}}
+    g = torch.Generator().manual_seed(4)
+    art = bladepack.optimize(_Plain(), _qkv(g, 2, 3, 5, 8, 8, 2, 2), dynamic_shapes=dims, targets=TARGETS)
+    cases = [_qkv(g, 2, 3, n, 8, 8, 2, 2) for n in (0, 1, 100)]
+    results, _ = _run(gpu, _Plain(), cases, art)
+    _check(_Plain(), cases, results, 2e-6)
+    assert not np.asarray(results[0][0]).any()
+
+
+def _fp64_error(x: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(x.astype(np.float64) - ref).max() / (1.0 + np.abs(ref).max()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_dtypes(gpu: FakeGpu, dtype: torch.dtype) -> None:
+    """float16 / bfloat16 (accumulated in float32: no further from float64 than eager in that dtype,
+    which rounds its scores and probabilities) and float64 (within 1e-12), causal GQA at head dim 128."""
+    seq = Dim("seq", max=MAX)
+    dims = {"q": {0: Dim("batch"), 2: seq}, "k": {0: Dim("batch"), 2: seq}, "v": {0: Dim("batch"), 2: seq}}
+    model = _Sdpa(causal=True, gqa=True)
+    g = torch.Generator().manual_seed(5)
+    art = bladepack.optimize(model, _qkv(g, 2, 9, 9, 128, 128, 4, 2, dtype), dynamic_shapes=dims, targets=TARGETS)
+    cases = [_qkv(g, b, n, n, 128, 128, 4, 2, dtype) for b, n in [(1, 1), (2, 7), (1, 40), (2, 130)]]
+    results, log = _run(gpu, model, cases, art)
+    assert {"k0_rows", "k0_tile"} <= _launched(log), _launched(log)
+    for args, got in zip(cases, results, strict=True):
+        assert not isinstance(got, str), got
+        out = np.asarray(got[0])
+        assert out.dtype == (np.dtype(np.uint16) if dtype is torch.bfloat16 else np.dtype(str(dtype)[6:]))
+        with torch.no_grad():
+            ref = model(*(a.double() for a in args)).numpy()
+            eager = model(*args).double().numpy()
+        ours = _fp64_error(_bf16(out) if dtype is torch.bfloat16 else out.astype(np.float64), ref)
+        if dtype is torch.float64:
+            assert ours <= 1e-12, (args[0].shape, ours)
+        else:
+            assert ours <= 2 * _fp64_error(eager, ref) + 1e-3, (args[0].shape, ours, _fp64_error(eager, ref))
+
+
+def _bf16(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 results as numpy callers get them (uint16 bit patterns) in float64."""
+    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def test_cpp_runtime_agrees(gpu: FakeGpu) -> None:
+    """The C++ runtime runs the same kernels on the same fake driver: the Python loader's outputs."""
+    b, seq = Dim("batch"), Dim("seq", max=MAX)
+    dims = {"q": {0: b, 2: seq}, "k": {0: b, 2: seq}, "v": {0: b, 2: seq}, "mask": {0: b, 1: seq}}
+
+    def make(g: torch.Generator, bb: int, n: int) -> tuple[torch.Tensor, ...]:
+        q, k, v = _qkv(g, bb, n, n, 32, 32, 2, 2)
+        return q, k, v, (torch.rand(bb, n, generator=g) > 0.3).long()
+
+    g = torch.Generator().manual_seed(6)
+    art = bladepack.optimize(_Padded(), make(g, 2, 9), dynamic_shapes=dims, targets=("cpu", *TARGETS))
+    cases = [tuple(a.numpy() for a in make(g, bb, n)) for bb, n in [(1, 3), (2, 70)]]
+    _, py, _ = gpu.run(art, cases)
+    _, cpp, _ = gpu.run_cpp(art, cases)
+    for a, c in zip(py, cpp, strict=True):
+        assert not isinstance(a, str) and not isinstance(c, str), (a, c)
+        np.testing.assert_array_equal(a[0], c[0])
+
+
+def test_kernels_keep_their_registers(tmp_path: Path) -> None:
+    """ptxas's resource report for both variants at the head dims models use: no spill stores or loads
+    in float32 and float16 (a spilled accumulator would run from local memory)."""
+    from bladepack.codegen.cuda_toolchain import FLAGS, find_nvcc
+    from bladepack.library_ops import cuda_attention
+
+    seq = Dim("seq", max=MAX)
+    dims = {"q": {0: Dim("batch"), 2: seq}, "k": {0: Dim("batch"), 2: seq}, "v": {0: Dim("batch"), 2: seq}}
+    reports = []
+    for dtype, d in [(torch.float32, 64), (torch.float16, 128), (torch.float32, 256)]:
+        g = torch.Generator().manual_seed(7)
+        dump = tmp_path / f"{str(dtype)[6:]}-{d}"
+        options = bladepack.CompileOptions(dump_dir=dump)
+        x = _qkv(g, 2, 9, 9, d, d, 4, 2, dtype)
+        bladepack.optimize(_Sdpa(True, True), x, dynamic_shapes=dims, targets=TARGETS, options=options)
+        (src,) = dump.rglob("*.cu")
+        r = subprocess.run(
+            [find_nvcc(), *FLAGS, "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "a.cubin")]
+            + ["-I", str(Path(cuda_attention.__file__).parents[1] / "codegen"), "-x", "cu", str(src)],
+            capture_output=True,
+            text=True,
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        entries = re.findall(r"Compiling entry function '(\w+)'.*?\n(.*?spill loads)", r.stderr, re.S)
+        assert {name for name, _ in entries} >= {"k0_rows", "k0_tile"}, r.stderr[-3000:]
+        reports += [(dtype, d, name, rep.strip()) for name, rep in entries]
+    spilled = [rep for rep in reports if "0 bytes spill stores, 0 bytes spill loads" not in rep[3]]
+    assert not spilled, spilled
+
+
+@pytest.mark.cuda
+def test_attention_on_a_real_gpu() -> None:
+    """On a GPU machine: the fused kernels on torch CUDA tensors against a float64 eager on the GPU —
+    prefill (both variants) and GQA decoding against caches of up to 4096 positions, float32 within
+    1e-5, float16 / bfloat16 no further than eager in that dtype (within 2x, + 1e-3)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    failures = []
+    for model, new, seq_max, h, hkv in [(_Sdpa(causal=True), None, 1024, 8, 8), (_Sdpa(gqa=True), 1, 4096, 32, 8)]:
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            seq = Dim("seq", max=seq_max)
+            qdim = {0: Dim("batch")} if new else {0: Dim("batch"), 2: seq}
+            dims = {"q": qdim, "k": {0: Dim("batch"), 2: seq}, "v": {0: Dim("batch"), 2: seq}}
+            g = torch.Generator().manual_seed(8)
+            x = _qkv(g, 2, new or 9, 9, 128, 128, h, hkv, dtype)
+            m = bladepack.load(
+                bladepack.optimize(model, x, dynamic_shapes=dims, targets=("cuda",)).to_bytes(), device="cuda"
+            )
+            for b, n in [(1, 1), (2, 7), (3, 65), (2, 1000), (1, seq_max)]:
+                args = tuple(a.cuda() for a in _qkv(g, b, new or n, n, 128, 128, h, hkv, dtype))
+                with torch.no_grad():
+                    ref = model(*(a.double() for a in args))
+                    eager = model(*args)
+                out = m(*args)
+                assert out.is_cuda and out.dtype == dtype
+                ours = float((out.double() - ref).abs().max() / (1 + ref.abs().max()))
+                theirs = float((eager.double() - ref).abs().max() / (1 + ref.abs().max()))
+                limit = 1e-5 if dtype == torch.float32 else 2 * theirs + 1e-3
+                if not ours <= limit:
+                    failures.append(f"{type(model).__name__} {dtype} b={b} n={n}: {ours:.2e} > {limit:.2e}")
+    assert not failures, "\n".join(failures)
