@@ -297,3 +297,40 @@ def test_non_finite_scores_match_eager() -> None:
                 if not err <= 1e-5 * (1 + float(want[finite].abs().max())):
                     failures.append(f"{isa} {shape} output {k}: {err:.1e}")
     assert not failures, "\n".join(failures)
+
+
+class _CausalForms(torch.nn.Module):
+    """Three ways of writing a causal mask the kernels bound (Note [Key bounds]): sdpa's is_causal, a
+    where keeping `k <= q`, a masked_fill of `k > q` with -inf (the negated form); and a window's
+    `q - 3 <= k` beside `k <= q`, both bounds of one conjunction. Each on its own head."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        def scores(h: int) -> torch.Tensor:
+            return torch.matmul(q[:, h : h + 1], k[:, h : h + 1].transpose(-1, -2)) * 0.25
+
+        qpos, kpos = torch.arange(q.shape[2])[:, None], torch.arange(k.shape[2])[None, :]
+        sdpa = F.scaled_dot_product_attention(q[:, :1], k[:, :1], v[:, :1], is_causal=True)
+        kept = torch.softmax(torch.where(kpos <= qpos, scores(1), -math.inf), -1) @ v[:, 1:2]
+        filled = torch.softmax(scores(2).masked_fill(kpos > qpos, -math.inf), -1) @ v[:, 2:3]
+        inside = (qpos - 3 <= kpos) & (kpos <= qpos)
+        window = torch.softmax(torch.where(inside, scores(3), -math.inf), -1) @ v[:, 3:4]
+        return sdpa, kept, filled, window
+
+
+def test_causal_masks_bound_the_keys() -> None:
+    """Note [Key bounds]: each form is read as bounds (the kernels walk `klo_` .. `khi_`), and every
+    output equals eager at lengths across the variants and key blocks."""
+    seq = Dim("seq", max=MAX)
+    dims = {"q": {0: Dim("batch"), 2: seq}, "k": {0: Dim("batch"), 2: seq}, "v": {0: Dim("batch"), 2: seq}}
+    g = torch.Generator().manual_seed(9)
+    model = _CausalForms()
+    art = bladepack.optimize(model, _qkv(g, 2, 9, 9, 16, 16, 4, 4), dynamic_shapes=dims)
+    m = bladepack.load(art.to_bytes(), executor="native")
+    assert _kinds(m).count("attention") == 4, _kinds(m)
+    assert art.sources.units["cpu"].unit.count("khi_ = std::max<int64_t>(khi_") >= 4
+    for b, n in [(1, 1), (2, 3), (1, 17), (2, 64), (1, 65), (2, 130), (1, MAX)]:
+        x = _qkv(g, b, n, n, 16, 16, 4, 4)
+        with torch.no_grad():
+            wants = model(*x)
+        for got, want in zip(m(*x), wants, strict=True):
+            assert rel_err(got, want) <= 1e-5, (b, n, rel_err(got, want))

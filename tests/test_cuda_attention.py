@@ -28,7 +28,7 @@ import torch.nn.functional as F
 import bladepack
 from bladepack import Dim
 from tests.cuda_harness import FakeGpu
-from tests.test_attention import _Padded, _Sdpa
+from tests.test_attention import _CausalForms, _Padded, _Sdpa
 
 pytestmark = pytest.mark.skipif(
     shutil.which("nvcc") is None and not os.environ.get("NVCC"), reason="nvcc not found (CUDA targets need it)"
@@ -123,6 +123,21 @@ def test_causal_odd_head_dims(gpu: FakeGpu) -> None:
     cases = [_qkv(g, b, n, n, 40, 48, 3, 3) for b, n in [(1, 1), (2, 5), (1, 8), (2, 65), (1, 257)]]
     results, _ = _run(gpu, _Sdpa(causal=True), cases, art)
     _check(_Sdpa(causal=True), cases, results, 2e-6)
+
+
+def test_causal_masks_bound_the_keys(gpu: FakeGpu) -> None:
+    """Note [Key bounds] on CUDA: sdpa's is_causal, `where(k <= q)`, a masked_fill of `k > q` and a
+    window each bound the keys a block walks (`klo_` .. `khi_`), and equal eager across the variants."""
+    seq = Dim("seq", max=MAX)
+    dims = {"q": {0: Dim("batch"), 2: seq}, "k": {0: Dim("batch"), 2: seq}, "v": {0: Dim("batch"), 2: seq}}
+    g = torch.Generator().manual_seed(9)
+    model = _CausalForms()
+    art = bladepack.optimize(model, _qkv(g, 2, 9, 9, 16, 16, 4, 4), dynamic_shapes=dims, targets=TARGETS)
+    assert _kinds(art).count("attention") == 4, _kinds(art)
+    assert art.sources.units["cuda"].unit.count("khi_ = (") >= 4
+    cases = [_qkv(g, b, n, n, 16, 16, 4, 4) for b, n in [(1, 1), (2, 7), (1, 8), (2, 40), (1, 161)]]
+    results, _ = _run(gpu, model, cases, art)
+    _check(model, cases, results, 2e-6)
 
 
 @pytest.mark.parametrize("new", [1, 3, 9])

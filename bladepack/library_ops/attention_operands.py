@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import sympy
 
 from bladepack.codegen.kernel import KernelContext
+from bladepack.ir import OpKind
 from bladepack.ir.fusion_plan import Attention
-from bladepack.ir.ops import MatmulAttrs, SafeSoftmaxAttrs
+from bladepack.ir.ops import ArangeAttrs, ConstantAttrs, MatmulAttrs, SafeSoftmaxAttrs
 from bladepack.ir.types import IRDim
 from bladepack.ir.views import View, head_view
 
@@ -91,3 +92,103 @@ def attention_shape(att: Attention, ctx: KernelContext) -> AttentionShape:
         isinstance(ctx.nodes[att.probs].attrs, SafeSoftmaxAttrs),
         ctx.nodes[att.probs].inputs[0],
     )
+
+
+@dataclass(frozen=True)
+class KeyBound:
+    """Note [Key bounds]: the bound `value + add`, value an integer read per query row."""
+
+    value: int
+    add: int
+
+
+@dataclass(frozen=True)
+class KeyBounds:
+    lo: KeyBound | None  # keys below score -inf (None: from the first key)
+    hi: KeyBound | None  # keys from here on score -inf (None: to the last key)
+
+
+# comparison (key position on the left) -> (which bound, what to add); the mirrored form on the right
+_KEY_LEFT = {OpKind.GE: ("lo", 0), OpKind.GT: ("lo", 1), OpKind.LT: ("hi", 0), OpKind.LE: ("hi", 1)}
+_KEY_RIGHT = {OpKind.LE: ("lo", 0), OpKind.LT: ("lo", 1), OpKind.GT: ("hi", 0), OpKind.GE: ("hi", 1)}
+
+
+def _integer(ctx: KernelContext, v: int) -> bool:
+    return ctx.types[v].dtype.value.startswith("int")
+
+
+def _key_position(ctx: KernelContext, v: int, rank: int, skv: IRDim) -> bool:
+    """Whether value `v`, right-aligned to the scores' rank, is the key position k at every score."""
+    shape = ctx.types[v].shape
+    if len(shape) > rank or not shape or shape[-1] != skv or any(d != 1 for d in shape[:-1]) or not _integer(ctx, v):
+        return False
+    n = ctx.nodes.get(v)
+    while n is not None and n.op in (OpKind.RESHAPE, OpKind.EXPAND):
+        n = ctx.nodes.get(n.inputs[0])
+    if n is None or n.op is not OpKind.ARANGE or n.type.shape != (skv,):
+        return False
+    a = n.attrs
+    return isinstance(a, ArangeAttrs) and a.start == 0 and a.step == 1
+
+
+def _per_row(ctx: KernelContext, v: int, rank: int) -> bool:
+    """Whether integer value `v` is read per query row: broadcast along the keys."""
+    shape = ctx.types[v].shape
+    return len(shape) <= rank and (not shape or shape[-1] == 1) and _integer(ctx, v)
+
+
+# the comparison negated: `where(k > q, -inf, x)` keeps k <= q
+_NEGATED = {OpKind.GE: OpKind.LT, OpKind.GT: OpKind.LE, OpKind.LT: OpKind.GE, OpKind.LE: OpKind.GT}
+
+
+def _minus_inf(ctx: KernelContext, v: int) -> bool:
+    n = ctx.nodes.get(v)
+    return (
+        n is not None
+        and n.op is OpKind.CONSTANT
+        and isinstance(n.attrs, ConstantAttrs)
+        and n.attrs.value == float("-inf")
+    )
+
+
+def key_bounds(att: Attention, ctx: KernelContext) -> KeyBounds | None:
+    """Note [Key bounds]: what bounds each query row's keys, or None. `where(cond, x, -inf)` keeps
+    the keys where every conjunct of cond holds; `where(cond, -inf, x)` (a masked_fill) those where no
+    disjunct of cond does."""
+    n = ctx.nodes[ctx.nodes[att.probs].inputs[0]]
+    if n.op is not OpKind.WHERE or n.id not in att.chain or ctx.nodes.get(n.inputs[0]) is None:
+        return None
+    if _minus_inf(ctx, n.inputs[2]):
+        join, negate = (OpKind.LOGICAL_AND, OpKind.BITWISE_AND), False
+    elif _minus_inf(ctx, n.inputs[1]):
+        join, negate = (OpKind.LOGICAL_OR, OpKind.BITWISE_OR), True
+    else:
+        return None
+    scores = ctx.types[att.scores].shape
+    found: dict[str, KeyBound] = {}
+    terms = [ctx.nodes[n.inputs[0]]]
+    while terms:
+        c = terms.pop()
+        if c.op is join[0] or (c.op is join[1] and c.type.dtype.value == "bool"):
+            terms += [t for i in c.inputs if (t := ctx.nodes.get(i)) is not None]
+            continue
+        if c.op not in _KEY_LEFT or len(c.inputs) != 2:
+            continue
+        op = _NEGATED[c.op] if negate else c.op
+        a, b = c.inputs
+        for key, x, table in ((a, b, _KEY_LEFT), (b, a, _KEY_RIGHT)):
+            if _key_position(ctx, key, len(scores), scores[-1]) and _per_row(ctx, x, len(scores)):
+                side, add = table[op]
+                found.setdefault(side, KeyBound(x, add))
+                break
+    if not found:
+        return None
+    return KeyBounds(found.get("lo"), found.get("hi"))
+
+
+def bound_index(ctx: KernelContext, bound: KeyBound, row: Sequence[sympy.Expr]) -> tuple[sympy.Expr, ...]:
+    """The index of `bound`'s value for the scores' row index `row` (the keys' index 0): its
+    broadcast dims read at 0."""
+    shape = ctx.types[bound.value].shape
+    full = (*row, sympy.Integer(0))
+    return tuple(sympy.Integer(0) if d == 1 else i for d, i in zip(shape, full[len(full) - len(shape) :]))

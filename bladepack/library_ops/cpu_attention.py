@@ -23,16 +23,7 @@ fewer query rows (decoding: a few new tokens against the whole KV cache) takes e
 product over the head dim straight from K, with no packing to amortize. The last, partial key block runs over whole vectors (lanes past the last key score -inf).
 Head dims are compile-time constants; the key block KB is 64 (32 / 16 for head dims past 128 / 256).
 
-Note [Key bounds]: when the softmax's input is `where(lo <= k < hi, x, -inf)` with k the key position
-(an arange along the keys) and lo, hi read per query row (broadcast along the keys) — the packed
-form's own-sequence mask (Note [Packed sequences] in passes/pack_sequences.py), or a sliding window
-written that way — every key outside [lo, hi) of a row scores -inf and adds nothing. So a block of
-query rows walks only the keys from its rows' least lo to their greatest hi, clamped to the keys; the
-chain still applies the mask per score, so rows with narrower bounds than their block stay exact. For
-packed sequences the attention work is then the sum of each sequence's own (length x length) instead
-of the whole packed length squared: a packed call of 16 mixed-length sequences (881-1055 tokens, the
-hidden-256 encoder of bench.packed) ran 1.85-2.01x faster with the bounds than without on the 2-core
-AMD EPYC.
+The key range a block walks: Note [Key bounds] (library_ops/attention_operands.py).
 """
 
 from __future__ import annotations
@@ -47,10 +38,9 @@ from bladepack.codegen.c_render import CTYPE, Loop
 from bladepack.codegen.emitter import Emitter
 from bladepack.codegen.kernel import KernelContext, store_offset
 from bladepack.ir.fusion_plan import Attention
-from bladepack.ir.ops import ArangeAttrs, ConstantAttrs, OpKind
 from bladepack.ir.types import IRDim
 from bladepack.ir.views import View, simplify
-from bladepack.library_ops.attention_operands import attention_shape, lead_index
+from bladepack.library_ops.attention_operands import attention_shape, bound_index, key_bounds, lead_index
 
 BLOCK_ROWS = 16  # query rows per parallel row in the blocked variant
 WIDE_ROWS = 64  # ... in the wide variant, from this many query rows
@@ -78,46 +68,6 @@ def attention_variants(att: Attention, ctx: KernelContext) -> list[tuple[str, An
     if len(plans) == 1:
         return [("", sympy.true, plans[0][2])]
     return plans
-
-
-def _key_position(ctx: KernelContext, v: int, rank: int, skv: IRDim) -> bool:
-    """Whether value `v`, right-aligned to the scores' rank, is the key position k at every score."""
-    shape = ctx.types[v].shape
-    if len(shape) > rank or not shape or shape[-1] != skv or any(d != 1 for d in shape[:-1]):
-        return False
-    n = ctx.nodes.get(v)
-    while n is not None and n.op in (OpKind.RESHAPE, OpKind.EXPAND):
-        n = ctx.nodes.get(n.inputs[0])
-    if n is None or n.op is not OpKind.ARANGE or n.type.shape != (skv,):
-        return False
-    a = n.attrs
-    return isinstance(a, ArangeAttrs) and a.start == 0 and a.step == 1
-
-
-def key_bounds(att: Attention, ctx: KernelContext) -> tuple[int, int] | None:
-    """Note [Key bounds]: the values (lo, hi) bounding each query row's keys, or None."""
-    n = ctx.nodes[ctx.nodes[att.probs].inputs[0]]
-    if n.op is not OpKind.WHERE or n.id not in att.chain:
-        return None
-    cond, other = ctx.nodes.get(n.inputs[0]), ctx.nodes.get(n.inputs[2])
-    if other is None or other.op is not OpKind.CONSTANT or not isinstance(other.attrs, ConstantAttrs):
-        return None
-    if other.attrs.value != float("-inf") or cond is None:
-        return None
-    if cond.op is not OpKind.LOGICAL_AND and not (cond.op is OpKind.BITWISE_AND and cond.type.dtype.value == "bool"):
-        return None
-    ge, lt = (ctx.nodes.get(i) for i in cond.inputs)
-    if ge is None or lt is None or ge.op is not OpKind.GE or lt.op is not OpKind.LT or ge.inputs[0] != lt.inputs[0]:
-        return None
-    scores = ctx.types[att.scores].shape
-    if not _key_position(ctx, ge.inputs[0], len(scores), scores[-1]):
-        return None
-    lo, hi = ge.inputs[1], lt.inputs[1]
-    for v in (lo, hi):
-        shape = ctx.types[v].shape
-        if len(shape) > len(scores) or (shape and shape[-1] != 1) or not ctx.types[v].dtype.value.startswith("int"):
-            return None
-    return lo, hi
 
 
 def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
@@ -367,16 +317,13 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
 
         first, end = "0", r(skv)
         if bounds is not None:  # Note [Key bounds]: the block's rows' keys only
-            em.line(f"int64_t klo_ = {r(skv)}, khi_ = 0;")
+            em.line(f"int64_t klo_ = {r(skv) if bounds.lo else 0}, khi_ = {0 if bounds.hi else r(skv)};")
 
             def row_bounds() -> None:
-                for v, pick, name in zip(bounds, ("min", "max"), ("klo_", "khi_")):
-                    shape = ctx.types[v].shape
-                    full = (*syms, blk * qb + qi, sympy.Integer(0))
-                    own = tuple(
-                        sympy.Integer(0) if d == 1 else i for d, i in zip(shape, full[len(full) - len(shape) :])
-                    )
-                    em.line(f"{name} = std::{pick}<int64_t>({name}, {em.eval(v, own)});")
+                for bound, pick, name in ((bounds.lo, "min", "klo_"), (bounds.hi, "max", "khi_")):
+                    if bound is not None:
+                        at = bound_index(ctx, bound, (*syms, blk * qb + qi))
+                        em.line(f"{name} = std::{pick}<int64_t>({name}, {em.eval(bound.value, at)} + {bound.add});")
 
             em.loop(["for (int64_t qi = 0; qi < nq_; ++qi) {"], [qi], row_bounds)
             em.line("klo_ = std::max<int64_t>(klo_, 0);")

@@ -25,9 +25,9 @@ tokens against a long cache) gives each block one query row and eight warps, so 
 eight independent streams per (leading index, row); "_tile" (Sq >= 8) gives each block R query rows
 (8, or fewer where the head dims would not fit shared memory or registers) and four warps, so each key
 and value row read serves R rows. Grouped-query K / V heads are read in place (library_ops/
-attention_operands.py). Not yet here: tensor-core (mma.sync / wgmma) tiles for prefill and a KV split
-across blocks (flash-decoding) for a cache read by fewer blocks than the GPU has SMs; Note [Key
-bounds] is a CPU schedule (the chain still applies such a mask per score here, so the result is exact).
+attention_operands.py), and a block walks only the keys its rows can see (Note [Key bounds]: about
+half of them in a causal prefill). Not yet here: tensor-core (mma.sync / wgmma) tiles for prefill and a
+KV split across blocks (flash-decoding) for a cache read by fewer blocks than the GPU has SMs.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from bladepack.codegen.kernel import KernelContext, store_offset
 from bladepack.ir.fusion_plan import Attention
 from bladepack.ir.types import IRDim
 from bladepack.ir.views import View, simplify
-from bladepack.library_ops.attention_operands import attention_shape, lead_index
+from bladepack.library_ops.attention_operands import attention_shape, bound_index, key_bounds, lead_index
 
 TILE = 32  # keys per warp step: one per lane
 ROWS_MAX_SQ = 8  # the "_rows" variant below this many query rows
@@ -116,6 +116,7 @@ def _kernel(em: CudaEmitter, att: Attention, rows: int, warps: int) -> None:
     blk = Loop("b_")
     em.uses_barriers = True
     q_rows = range(rows)
+    bounds = key_bounds(att, ctx)
 
     def base(view: View, shape: Sequence[IRDim]) -> str:
         zero = [sympy.Integer(0)] * 2
@@ -148,12 +149,20 @@ def _kernel(em: CudaEmitter, att: Attention, rows: int, warps: int) -> None:
             em.line(f"{t} m{q}_ = {ninf}, l{q}_ = {t}(0), o{q}_[{cols}];")
             em.line("#pragma unroll")
             em.line(f"for (int c = 0; c < {cols}; ++c) o{q}_[c] = {t}(0);")
-        header = [f"for (int64_t k0 = int64_t(warp_) * {TILE}; k0 < {r(skv)}; k0 += {warps * TILE}) {{"]
-        prologue = [
-            "const int64_t j_ = k0 + lane_;",
-            f"const int64_t jc_ = j_ < {r(skv)} ? j_ : {r(skv)} - 1;",
-        ]
-        em.loop(header, [Loop("jc_")], functools.partial(key_tile, qc), prologue=prologue)
+        first, end = "0", r(skv)
+        if bounds is not None:  # Note [Key bounds]: the keys the block's rows can see
+            em.line(f"int64_t klo_ = {r(skv) if bounds.lo else 0}, khi_ = {0 if bounds.hi else r(skv)};")
+            for q in q_rows:
+                for bound, less, name in ((bounds.lo, True, "klo_"), (bounds.hi, False, "khi_")):
+                    if bound is not None:
+                        x = f"({em.eval(bound.value, bound_index(ctx, bound, (*syms, qc[q])))} + {bound.add})"
+                        em.line(f"{name} = {x} {'<' if less else '>'} {name} ? int64_t{x} : {name};")
+            em.line(f"klo_ = klo_ > 0 ? klo_ : 0; khi_ = khi_ < {r(skv)} ? khi_ : {r(skv)};")
+            first, end = "klo_", "khi_"
+        start = f"{first} + int64_t(warp_) * {TILE}" if bounds is not None else f"int64_t(warp_) * {TILE}"
+        header = [f"for (int64_t k0 = {start}; k0 < {end}; k0 += {warps * TILE}) {{"]
+        prologue = ["const int64_t j_ = k0 + lane_;", f"const int64_t jc_ = j_ < {end} ? j_ : {end} - 1;"]
+        em.loop(header, [Loop("jc_")], functools.partial(key_tile, qc, end), prologue=prologue)
         combine()
 
     def scores() -> None:
@@ -181,15 +190,16 @@ def _kernel(em: CudaEmitter, att: Attention, rows: int, warps: int) -> None:
             em.line(f"  s{q}_ += bpk_q[{q * d} + d] * kd_;")
         em.line("}")
 
-    def key_tile(qc: list[Loop]) -> None:
+    def key_tile(qc: list[Loop], end: str) -> None:
+        """One tile of 32 keys from k0 (keys from `end` on score -inf; each lane one key)."""
         scores()
         jc = Loop("jc_")
         for q in q_rows:  # the graph's chain on each score; keys past the last score -inf
             at = (*syms, qc[q], jc)
             em.bind(att.scores, at, f"s{q}_")
             x = em.eval(sh.chain_end, at)
-            em.line(f"s{q}_ = j_ < {r(skv)} ? {t}({x}) : {ninf};")
-        em.line(f"const int nk_ = int({r(skv)} - k0 < {TILE} ? {r(skv)} - k0 : {TILE});")
+            em.line(f"s{q}_ = j_ < {end} ? {t}({x}) : {ninf};")
+        em.line(f"const int nk_ = int({end} - k0 < {TILE} ? {end} - k0 : {TILE});")
         for q in q_rows:
             # the running maximum takes the tile's; what the earlier tiles summed is rescaled by
             # exp(m_old - m_new) (1 when it did not grow: also for two -inf maxima)

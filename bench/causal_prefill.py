@@ -1,0 +1,105 @@
+"""Causal prefill attention on CPU: sdpa(q, k, v, is_causal=True) over long prompts, the fused attention
+kernel (Note [Key bounds]: a block of query rows walks only the keys it can see) against eager (torch's
+flash CPU kernel, which skips the masked blocks too), ONNX Runtime and OpenVINO on the ONNX export,
+and, with `--baseline`, an artifact of the same model built by another bladepack (before / after in
+one process).
+
+    python -m bench.causal_prefill [--peers eager,ort,openvino] [--baseline old.bpk] [--save new.bpk]
+
+Writes bench/results/causal_prefill.{md,json}; ratios are peer time / bladepack time. Runners interleave
+per shape (Note [Rounds] in bench/cpu_samples.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import bladepack
+from bench.cpu_samples import RESULTS, geomean, measure, onnx_peers, torch_peers
+from bench.machine import describe, title
+
+HEADS, HEAD = 8, 64
+SHAPES = ((1, 256), (1, 512), (1, 1024), (1, 2048), (4, 512))  # (batch, prompt length)
+
+
+class CausalAttention(torch.nn.Module):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def dynamic_shapes() -> dict[str, dict[int, Any]]:
+    batch, seq = bladepack.Dim("batch", 1, 16), bladepack.Dim("seq", 1, 4096)
+    return {n: {0: batch, 2: seq} for n in ("q", "k", "v")}
+
+
+def inputs(g: torch.Generator, batch: int, seq: int) -> tuple[torch.Tensor, ...]:
+    return tuple(torch.randn(batch, HEADS, seq, HEAD, generator=g) for _ in range(3))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--peers", default="eager,ort,openvino")
+    ap.add_argument("--baseline", type=Path, help="an artifact of this model built by another bladepack")
+    ap.add_argument("--save", type=Path, help="save this bladepack's artifact here (a later run's --baseline)")
+    ap.add_argument("--repeat", type=int, default=10)
+    a = ap.parse_args()
+    model = CausalAttention()
+    g = torch.Generator().manual_seed(0)
+    samples = [inputs(g, 2, 9), inputs(g, 1, 17)]
+    art = bladepack.optimize(model, samples, dynamic_shapes())
+    if a.save:
+        art.save(a.save)
+    loaded = bladepack.load(art.to_bytes())
+    runners: dict[str, Any] = {"bladepack": lambda x: loaded(*x)}
+    errors: dict[str, str] = {}
+    if a.baseline:
+        old = bladepack.load(a.baseline)
+        runners["baseline"] = lambda x: old(*x)
+    peers = a.peers.split(",")
+    torch_peers(peers, model, samples, runners, errors)
+    if "ort" in peers or "openvino" in peers:
+        path = Path(tempfile.mkdtemp()) / "causal.onnx"
+        axes = {n: {0: "batch", 2: "seq"} for n in ("q", "k", "v")}
+        torch.onnx.export(model, samples[0], str(path), input_names=["q", "k", "v"], dynamic_axes=axes, dynamo=False)
+        onnx_peers(peers, path, runners, errors)
+    rows = []
+    with torch.no_grad():
+        for batch, seq in SHAPES:
+            x = inputs(g, batch, seq)
+            want = model(*x)
+            err = float((torch.as_tensor(loaded(*x)) - want).abs().max())
+            rows.append(
+                {"batch": batch, "seq": seq, "error": err, **measure(runners, x, a.repeat, errors, f"at {seq}")}
+            )
+    others = [p for p in runners if p != "bladepack"]
+    lines = [
+        f"# Causal prefill attention (sdpa is_causal, {HEADS} heads x {HEAD}), {title(describe(loaded.executor))}",
+        "",
+        "| batch x seq | bladepack µs | " + " | ".join(f"{p} µs (x)" for p in others) + " | max error |",
+        "|---|---|" + "---|" * len(others) + "---|",
+    ]
+    for r in rows:
+        cells = ["n/a" if r.get(p) is None else f"{r[p]:.0f} ({r[p] / r['bladepack']:.2f}x)" for p in others]
+        lines.append(
+            f"| {r['batch']} x {r['seq']} | {r['bladepack']:.0f} | " + " | ".join(cells) + f" | {r['error']:.1e} |"
+        )
+    gm = {p: geomean([r[p] / r["bladepack"] for r in rows if r.get(p)]) for p in others}
+    lines += ["", "geomean: " + ", ".join(f"vs {p} {v:.2f}x" for p, v in gm.items())]
+    lines += [f"\n{p} unavailable: {e}" for p, e in errors.items()]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    (RESULTS / "causal_prefill.md").write_text(text)
+    (RESULTS / "causal_prefill.json").write_text(
+        json.dumps({"machine": describe(loaded.executor), "rows": rows, "errors": errors}, indent=1, default=str)
+    )
+
+
+if __name__ == "__main__":
+    main()
