@@ -70,9 +70,9 @@ def optimize(
 
     `options`: how to build (`CompileOptions`; docs/configuration.md); None reads them from the
     environment, once, here.
-    `packed`: also build the packed form (Note [Packed sequences]): a CPU plan that runs several
-    sequences of different lengths concatenated, without padding (`LoadedModule.run_packed`); a
-    CompileError says why a model has none.
+    `packed`: also build the packed form (Note [Packed sequences]): plans for the same targets that
+    run several sequences of different lengths concatenated, without padding (`LoadedModule.run_packed`,
+    on the CPU or a GPU); a CompileError says why a model has none.
     """
     target = Target.parse(targets)
     _check_choices(gemm_library, dtype)

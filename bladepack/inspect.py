@@ -130,6 +130,7 @@ def _packed(m: dict[str, Any]) -> dict[str, Any] | None:
         "steps": len(plan["plan"]["steps"]),
         "kernels": len(plan.get("kernels", [])),
         "libraries": [lib["isa"] for lib in plan.get("native_cpu", {}).get("libraries", [])],
+        "cuda": plan.get("native_cuda") is not None,  # a CUDA packed plan (built with a CUDA target)
     }
 
 
@@ -306,8 +307,8 @@ def inspect_text(s: dict[str, Any]) -> str:
         hi = "inf" if pk["tokens"]["max"] is None else pk["tokens"]["max"]
         lines.append(
             f"packed form: sequences along {pk['symbol']} concatenated ({pk['rows']} 1), [1, {hi}] tokens; "
-            f"{pk['steps']} steps, {pk['kernels']} kernels, CPU libraries {', '.join(pk['libraries']) or 'none'} "
-            "(LoadedModule.run_packed)"
+            f"{pk['steps']} steps, {pk['kernels']} kernels, CPU libraries {', '.join(pk['libraries']) or 'none'}"
+            f"{', a CUDA plan' if pk.get('cuda') else ''} (LoadedModule.run_packed)"
         )
     by_kind = ", ".join(f"{k} {v}" for k, v in s["plan"]["by_kind"].items())
     lines.append(f"plan: {s['plan']['steps']} steps ({by_kind})")

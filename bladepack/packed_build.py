@@ -2,7 +2,8 @@
 
 In: the front end's program, how the model is being built (target, dtype, GEMM library, options) and
 the sample inputs. Out: the packed form's record (Note [Packed sequences] in passes/pack_sequences.py)
-and its own `Artifact` (a CPU plan), which the model's artifact embeds (artifact/writer.py
+and its own `Artifact` (a plan of every kind the model's has: CPU, and CUDA where it is a target),
+which the model's artifact embeds (artifact/writer.py
 `embed_packed`); or a CompileError saying why the model has none.
 
 Note [Packed self-check]: the packed plan is the unpacked one's graph with three changes, so it is
@@ -32,19 +33,20 @@ if TYPE_CHECKING:
 
 
 def build_packed(
-    program: Program, target: Target, compile_cpu: Callable[[Program], Artifact]
+    program: Program, target: Target, compile_packed: Callable[[Program], Artifact]
 ) -> tuple[dict[str, Any], Artifact]:
-    """The packed form's record and its artifact, which `compile_cpu` builds from the packed program
-    (stages.py: the same stages, a CPU target, quiet, no dumps); CompileError when the model has none."""
+    """The packed form's record and its artifact, which `compile_packed` builds from the packed program
+    (stages.py: the same stages and target, quiet, no dumps); CompileError when the model has none. The
+    target must hold the CPU plan: Note [Packed self-check] runs it."""
     from bladepack.passes.pack_sequences import NotPackable, pack_sequences
 
     if not target.covers(CPU_ONLY):
-        raise CompileError("packed=True builds a packed CPU plan: add 'cpu' to the targets")
+        raise CompileError("packed=True checks its packed plan on the CPU: add 'cpu' to the targets")
     try:
         packed = pack_sequences(program)
     except NotPackable as e:
         raise CompileError(f"packed=True: this model has no packed form ({e})") from None
-    return packed.to_manifest(), compile_cpu(packed.program)
+    return packed.to_manifest(), compile_packed(packed.program)
 
 
 def _requests(

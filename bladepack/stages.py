@@ -18,8 +18,9 @@ fusion, lowering and memory plan of one backend, then of the next: `runs`). With
     10-reference_cases.txt      the reference cases recorded (Note [Reference cases])
 
 With `packed` (optimize(..., packed=True)) a "packed form" stage after the builds compiles the packed
-program (Note [Packed sequences]) through the same stages, quietly and without dumps, into a CPU plan
-the artifact embeds, and checks it against the plan (Note [Packed self-check] in packed_build.py).
+program (Note [Packed sequences]) through the same stages and targets, quietly and without dumps, into
+plans the artifact embeds (CPU, and CUDA where it is a target), and checks it against the plan on the
+CPU (Note [Packed self-check] in packed_build.py).
 
 Every stage but the front end turns an unexpected exception into a CompileError naming the stage
 (Note [No raw tracebacks]); `Progress` reports each as it ends (Note [Progress]).
@@ -43,7 +44,7 @@ from bladepack.errors import BladepackError, CompileError
 from bladepack.library_ops.cutlass.select import GemmPolicy
 from bladepack.options import CompileOptions, LoaderOptions
 from bladepack.progress import Progress
-from bladepack.target import CPU_ONLY, Target
+from bladepack.target import Target
 
 if TYPE_CHECKING:
     from bladepack.ir import Program
@@ -218,19 +219,20 @@ def _build(c: Compilation, b: Backend, progress: Progress) -> None:
 
 
 def _packed_form(c: Compilation, _: Backend, progress: Progress) -> None:
-    """Note [Packed sequences]: the packed form's CPU plan, embedded in the artifact and checked."""
+    """Note [Packed sequences]: the packed form's plans (every kind the artifact has: the CPU's, and
+    the CUDA one's where CUDA is a target), embedded in the artifact and checked on the CPU."""
     from bladepack.packed_build import build_packed, self_check
 
     art = _artifact(c)
     assert c.front_program is not None
 
-    def compile_cpu(program: Program) -> Artifact:
+    def compile_packed(program: Program) -> Artifact:
         front = FrontEnd(c.front.name, lambda progress: (program, []), lambda p: ())
-        sub = Compilation(front, dataclasses.replace(c.options, dump_dir=None), CPU_ONLY, c.dtype, c.gemm_library)
+        sub = Compilation(front, dataclasses.replace(c.options, dump_dir=None), c.target, c.dtype, c.gemm_library)
         sub.producer = dict(art.producer)
         return compile_model(sub, Progress(len(runs(sub)), "0", quiet=True))
 
-    art.packed = build_packed(c.front_program, c.target, compile_cpu)
+    art.packed = build_packed(c.front_program, c.target, compile_packed)
     if art.cpu_libraries and art.packed[1].cpu_libraries and c.front.samples:
         note = self_check(art.to_bytes(), c.front.samples, c.options)
         if note:

@@ -21,6 +21,7 @@ import os
 import pickle
 import re
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +45,21 @@ for args in cases:
             m(*args)
         out = m(*args)
         results.append([np.asarray(o) for o in (out if isinstance(out, tuple) else (out,))])
+    except BladepackError as e:
+        results.append(f"{type(e).__name__}: {e}")
+pickle.dump((m.executor, results), open(sys.argv[3], "wb"))
+"""
+
+
+_PACKED = r"""
+import pickle, sys, numpy as np, bladepack
+from bladepack.errors import BladepackError
+cases = pickle.load(open(sys.argv[2], "rb"))
+m = bladepack.load(sys.argv[1], device=sys.argv[4], graphs=sys.argv[5] == "1")
+results = []
+for args, lengths in cases:
+    try:
+        results.append([np.asarray(o) for o in m.run_packed(args, lengths)])
     except BladepackError as e:
         results.append(f"{type(e).__name__}: {e}")
 pickle.dump((m.executor, results), open(sys.argv[3], "wb"))
@@ -93,6 +109,21 @@ def cpp_error_text(stderr: str) -> str:
     return f"{name}: {reason}"
 
 
+def _image_hash(image: bytes) -> int:
+    """FNV-1a 64 of a CUDA image as the fake driver's module load reads it (an ELF up to its last header
+    table; a PTX text up to its NUL)."""
+    if image[:4] == b"\x7fELF":
+        phoff, shoff = struct.unpack_from("<QQ", image, 0x20)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", image, 0x36)
+        image = image[: max(shoff + shentsize * shnum, phoff + phentsize * phnum)]
+    else:
+        image = image.split(b"\0", 1)[0]
+    h = 1469598103934665603
+    for b in image:
+        h = ((h ^ b) * 1099511628211) & (1 << 64) - 1
+    return h
+
+
 class FakeGpu:
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -134,7 +165,7 @@ class FakeGpu:
                 capture_output=True,
                 text=True,
             )
-            assert r.returncode == 0, r.stderr[-4000:]
+            assert r.returncode == 0, f"exit {r.returncode}: {r.stderr[-4000:]}{r.stdout[-2000:]}"
         return lib
 
     def run(
@@ -211,10 +242,20 @@ class FakeGpu:
         return executor, results, log.read_text() if log.exists() else ""
 
     def _env(self, artifact: Any, log: Path, cc: str) -> dict[str, str]:
+        """The fake driver's environment: the artifact's emulation, and where its packed form has CUDA
+        images, a map from each of them to the packed unit's emulation (FAKE_CUDA_EMU_MAP)."""
+        lines = []
+        packed = getattr(artifact, "packed", None)
+        if packed is not None and packed[1].cuda_images:
+            emu = self.emulation(packed[1].sources.unit("cuda"))
+            lines = [f"{_image_hash(image):016x} {emu}" for image in packed[1].cuda_images.values()]
+        emu_map = log.with_name("emu.map")
+        emu_map.write_text("".join(line + "\n" for line in lines))
         return {
             **os.environ,
             "LD_LIBRARY_PATH": str(self.root),
             "FAKE_CUDA_EMU": str(self.emulation(artifact.sources.unit("cuda"))),
+            "FAKE_CUDA_EMU_MAP": str(emu_map),
             "FAKE_CUDA_LOG": str(log),
             "FAKE_CUDA_CC": cc,
             "BLADEPACK_CUBLAS": str(self.root / "libcublas.so"),
@@ -225,6 +266,12 @@ class FakeGpu:
         """(executor, `LoadedModule.verify()`'s report on the fake GPU, the fake's log)."""
         executor, report, log = self._launch(artifact, [], device, cc, _VERIFY, True, 1)
         return executor, report, log
+
+    def run_packed(
+        self, artifact: Any, cases: list[tuple[list[Any], list[int]]], device: str = "cuda", cc: str = "90"
+    ) -> tuple[str, list[Any], str]:
+        """`run`'s contract for `LoadedModule.run_packed`: each case is (inputs, lengths)."""
+        return self._launch(artifact, cases, device, cc, _PACKED, True, 1)
 
     def _launch(
         self, artifact: Any, cases: Any, device: str, cc: str, script: str, graphs: bool, calls: int
@@ -242,6 +289,6 @@ class FakeGpu:
             text=True,
             env=env,
         )
-        assert r.returncode == 0, r.stderr[-4000:]
+        assert r.returncode == 0, f"exit {r.returncode}: {r.stderr[-4000:]}{r.stdout[-2000:]}"
         executor, results = pickle.loads(outs.read_bytes())
         return executor, results, log.read_text() if log.exists() else ""

@@ -6,7 +6,8 @@ a 32-key tile and one more, several tiles per warp (four and eight warps split t
 declared maximum; masks boolean, additive, causal and padding; grouped-query heads; fully masked rows,
 NaN and infinite scores, no keys at all; float32, float64, float16 and bfloat16; head dims that are
 not multiples of a warp. Both variants ("_rows" below eight query rows, "_tile" from eight) are
-checked in the fake driver's launch log; the C++ runtime runs one model too.
+checked in the fake driver's launch log; the C++ runtime runs one model too. Causal masks bound the
+keys each block walks (Note [Key bounds]), and the packed form (Note [Packed sequences]) runs on CUDA.
 """
 
 from __future__ import annotations
@@ -330,3 +331,53 @@ def test_attention_on_a_real_gpu() -> None:
                 if not ours <= limit:
                     failures.append(f"{type(model).__name__} {dtype} b={b} n={n}: {ours:.2e} > {limit:.2e}")
     assert not failures, "\n".join(failures)
+
+
+def test_packed_form_runs_on_the_gpu(gpu: FakeGpu, tmp_path: Path) -> None:
+    """Note [Packed sequences] on CUDA: an artifact built with a CUDA target carries a CUDA packed plan
+    (its attentions fused, each query's own sequence as key bounds), which `run_packed` and
+    `bpk_model_run_packed` (bpk-run --lengths) run on the GPU: each sequence's rows as that sequence
+    alone gives them on the CPU (lengths 1, odd, the range's end, several in one call)."""
+    from bladepack.inspect import inspect_text, manifest_summary
+    from tests.cpp_build import build
+    from tests.test_packed import DIMS, _hf, _text
+
+    torch.manual_seed(0)
+    model = _hf("distilbert")
+    targets = ("cpu", *TARGETS)
+    art = bladepack.optimize(model, [_text(2, 5), _text(3, 9)], DIMS, packed=True, targets=targets)
+    packed_kinds = [k.kind for k in art.packed[1].plan.kernels if k.target == "cuda"]
+    assert packed_kinds.count("attention") == 2, packed_kinds
+    assert "khi_" in art.packed[1].sources.unit("cuda")
+    cpu = bladepack.load(art.to_bytes())
+    assert ", a CUDA plan (LoadedModule.run_packed)" in inspect_text(manifest_summary(cpu.manifest))
+    torch.manual_seed(1)
+    cases, wants = [], []
+    for lens in ([1, 7, 32, 5], [3], [17, 2, 9]):
+        reqs = [[x.numpy() for x in _text(1, n)] for n in lens]
+        cases.append(([np.concatenate([r[k] for r in reqs], axis=1) for k in range(2)], lens))
+        wants.append([cpu.run(r)[0] for r in reqs])
+    _, results, log = gpu.run_packed(art, cases)
+    assert any("_tile" in name for name in _launched(log)), _launched(log)
+    bpk_run = build("release") / "bpk-run"
+    path = tmp_path / "m.bpk"
+    art.save(path)
+    env = gpu._env(art, tmp_path / "cuda.log", "90")
+    for (arrays, lens), got, want in zip(cases, results, wants, strict=True):
+        assert not isinstance(got, str), got
+        for piece, w in zip(np.split(got[0], np.cumsum(lens)[:-1], axis=1), want, strict=True):
+            np.testing.assert_allclose(piece, w, rtol=1e-5, atol=1e-5)
+        flags = []
+        for name, x in zip(("ids", "mask"), arrays, strict=True):
+            np.save(tmp_path / f"{name}.npy", x)
+            flags += ["--input", f"{name}={tmp_path / name}.npy"]
+        r = subprocess.run(
+            [str(bpk_run), str(path), "--device", "cuda", *flags, "--output-dir", str(tmp_path)]
+            + ["--lengths", ",".join(map(str, lens))],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        assert r.returncode == 0, r.stderr
+        np.testing.assert_allclose(np.load(tmp_path / "output0.npy"), got[0], rtol=1e-6, atol=1e-6)

@@ -144,8 +144,9 @@ class LoadedModule:
         other along its sequence axis, its rows axis 1; `lengths` gives each sequence's length. The
         outputs hold the sequences' results one after the other along their sequence axis (an output
         with sequence axis -1 in `packed["outputs"]`, such as a classifier's logits, one row per
-        sequence along its rows axis), as each sequence alone would give them. Each length is checked as a call of that sequence alone would
-        be. Runs on the CPU (the packed form is a CPU plan)."""
+        sequence along its rows axis), as each sequence alone would give them. Each length is checked as
+        a call of that sequence alone would be. Runs on this module's device: the packed form has a plan
+        of every kind the artifact has (one built before packed CUDA plans runs packed on the CPU only)."""
         if self._packed is None:
             record = self._bpk.manifest.get("packed")
             if record is None:
@@ -153,10 +154,13 @@ class LoadedModule:
                     f"{self._bpk.source} has no packed form: optimize the model with packed=True (it needs a "
                     "sequence dim proven paddable with rows of their own length: `bladepack inspect` shows them)"
                 )
-            if not self.device.startswith("cpu"):
-                raise ValueError("the packed form is a CPU plan: load the artifact with device='cpu' to run it")
             executor, options = self._how
-            module = LoadedModule(PackedFile(self._bpk, record), "cpu", executor, None, True, options)  # type: ignore[arg-type]
+            if not self.device.startswith("cpu") and record["plan"].get("native_cuda") is None:
+                raise ValueError(
+                    f"the packed form of {self._bpk.source} is a CPU plan (built before packed CUDA plans, or "
+                    "without a CUDA target): load the artifact with device='cpu' to run it packed"
+                )
+            module = LoadedModule(PackedFile(self._bpk, record), self.device, executor, None, True, options)  # type: ignore[arg-type]
             names = [t.name for t in self.signature.inputs]
             self._packed = PackedRunner(record, names, lambda shapes: self._output_shapes(*shapes), module)
         return self._packed.run(inputs, lengths)

@@ -35,8 +35,9 @@ no padding at all: each row of each request becomes one sequence of a packed cal
 where the tokens would pass the packed plan's maximum, and each request gets its own rows back. Its
 cost is the real tokens' work, so no budget applies: on the 2-core machine a group of 16 mixed-length
 requests ran 0.99-1.07x as fast as running them one by one and 1.65-5.6x as fast as padding them to
-the longest (bench/results/packed.md). A GPU instance keeps padded merging (the packed form is a CPU
-plan). The C++ backend does the same (cpp_runtime/triton/backend.cpp, bpk_model_run_packed) where the
+the longest (bench/results/packed.md). A GPU instance keeps padded merging: whether packed calls pay
+there is not measured yet (the packed form runs on a GPU when the artifact has a CUDA target, through
+`run_packed`). The C++ backend does the same (cpp_runtime/triton/backend.cpp, bpk_model_run_packed) where the
 ragged inputs and outputs hold the dim on axis 1 (outputs: or not at all).
 """
 

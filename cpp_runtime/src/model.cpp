@@ -59,6 +59,8 @@ Model::Model(std::unique_ptr<Artifact> artifact, const bpk_load_options& options
       packed_symbol_ = sym->as<std::string>();
   split_ = SplitPolicy(artifact_->manifest(), m_, options.on_out_of_range, src);
   const std::string device = options.device ? options.device : "cpu";
+  device_ = device;
+  cuda_graphs_ = options.cuda_graphs;
   if (device != "cpu") {
     if (options.cuda_graphs < -1)
       fail(BPK_ERR_ARGUMENT, "cuda_graphs is " + std::to_string(options.cuda_graphs) +

@@ -175,6 +175,8 @@ class Model {
   mutable std::mutex packed_mutex_;
   mutable std::shared_ptr<const Packed> packed_;
   int32_t num_threads_ = 0;
+  std::string device_ = "cpu";  // the load options' device and CUDA graphs (the packed plan's too)
+  int32_t cuda_graphs_ = 0;
   std::string packed_symbol_;
   // signature storage behind sig_
   bpk_signature sig_{};

@@ -37,10 +37,15 @@ bool int_of(const msgpack::object& o, int64_t* v) {
 const Model::Packed& Model::packed() const {
   std::lock_guard<std::mutex> lock(packed_mutex_);
   if (packed_) return *packed_;
-  if (cuda_) fail(BPK_ERR_UNSUPPORTED, "the packed form is a CPU plan: load the artifact on the CPU to run it");
+  const msgpack::object& rec = *map_find(artifact_->manifest(), "packed");
+  const msgpack::object* plan = map_find(rec, "plan");
+  if (cuda_ && (plan == nullptr || plan->type != msgpack::type::MAP || map_find(*plan, "native_cuda") == nullptr ||
+                map_find(*plan, "native_cuda")->type == msgpack::type::NIL))
+    fail(BPK_ERR_UNSUPPORTED, "the packed form of " + artifact_->source() +
+                                  " is a CPU plan (built before packed CUDA plans, or without a CUDA target): load "
+                                  "the artifact on the CPU to run it packed");
   std::unique_ptr<Artifact> view = artifact_->packed_view();
   auto p = std::make_shared<Packed>();
-  const msgpack::object& rec = *map_find(artifact_->manifest(), "packed");
   const msgpack::object* ins = map_find(rec, "inputs");
   if (ins == nullptr || ins->type != msgpack::type::MAP)
     artifact_->fail("malformed manifest: packed lacks its inputs");
@@ -62,6 +67,8 @@ const Model::Packed& Model::packed() const {
   p->firsts = firsts != nullptr && firsts->type == msgpack::type::STR;
   bpk_load_options opts{};
   opts.num_threads = num_threads_;
+  opts.device = device_.c_str();  // the packed plan runs where this model does
+  opts.cuda_graphs = cuda_graphs_;
   p->model = std::make_unique<Model>(std::move(view), opts);
   if (p->model->signature().num_inputs != int64_t(m_.inputs.size()) + (p->firsts ? 3 : 2))
     artifact_->fail("malformed manifest: the packed plan does not take the model's inputs and the two bounds");

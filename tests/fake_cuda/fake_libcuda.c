@@ -11,6 +11,10 @@
  * cuda_emulation.h): a module load opens it, a function lookup finds its `bpk_emu_<name>` entry (an
  * unknown name fails as the real driver's CUDA_ERROR_NOT_FOUND), and a launch runs the grid on the CPU
  * with the launch's parameter words. Without it the fake checks the ABI the loaders use, not numbers.
+ * A process that loads modules of several CUDA sources (an artifact's plan and its packed form's) names
+ * each image's host build in the file FAKE_CUDA_EMU_MAP instead: lines of "<FNV-1a 64 of the image, hex>
+ * <path>" (the image as the module load reads it: an ELF's sections, a PTX text); an image it does not
+ * list opens FAKE_CUDA_EMU.
  *
  * Calls may come from several threads (the C++ runtime runs calls on their own streams at once): the
  * log and every emulated grid are serialized by one lock, since the emulation's thread and block
@@ -159,6 +163,31 @@ static size_t elf_size(const unsigned char* p) {
   return (size_t)(sh_end > ph_end ? sh_end : ph_end);
 }
 
+static uint64_t fnv1a(const unsigned char* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+/* FAKE_CUDA_EMU_MAP's host build for an image of `size` bytes at `p`, else FAKE_CUDA_EMU */
+static const char* emulation_for(const unsigned char* p, size_t size, char* buf, size_t cap) {
+  const char* map = getenv("FAKE_CUDA_EMU_MAP");
+  FILE* f = map && *map && size ? fopen(map, "r") : NULL;
+  if (f) {
+    char want[32];
+    snprintf(want, sizeof want, "%016llx", (unsigned long long)fnv1a(p, size));
+    while (fgets(buf, (int)cap, f)) {
+      buf[strcspn(buf, "\n")] = 0;
+      if (strncmp(buf, want, 16) == 0 && buf[16] == ' ') {
+        fclose(f);
+        return buf + 17;
+      }
+    }
+    fclose(f);
+  }
+  return getenv("FAKE_CUDA_EMU");
+}
+
 CUresult cuModuleLoadData(CUmodule* m, const void* image) {
   const unsigned char* p = (const unsigned char*)image;
   FakeModule* mod = (FakeModule*)calloc(1, sizeof *mod);
@@ -173,7 +202,8 @@ CUresult cuModuleLoadData(CUmodule* m, const void* image) {
     mod->size = strlen((const char*)image);
   }
   logf_("module_load %s %zu", mod->kind == 0 ? "cubin" : mod->kind == 1 ? "ptx" : "fatbin", mod->size);
-  const char* emu = getenv("FAKE_CUDA_EMU");
+  char line[4096];
+  const char* emu = emulation_for(p, mod->size, line, sizeof line);
   if (emu && *emu) {
     mod->emu = dlopen(emu, RTLD_NOW | RTLD_LOCAL);
     if (!mod->emu) {

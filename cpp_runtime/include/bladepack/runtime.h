@@ -249,8 +249,9 @@ BPK_API bpk_status bpk_model_run(const bpk_model* model, const bpk_tensor* input
  * after the other along its sequence axis, its rows axis 1; lengths[i] is sequence i's length. The
  * outputs (as bpk_model_run's) hold the sequences' results one after the other along their sequence
  * axis, as each sequence alone gives them. Each length is checked as a call of that sequence alone
- * would be ("a sequence of length N: ..."). BPK_ERR_UNSUPPORTED when the artifact has no packed form
- * or the model runs on a GPU (the packed form is a CPU plan). The packed plan loads on first use. */
+ * would be ("a sequence of length N: ..."). BPK_ERR_UNSUPPORTED when the artifact has no packed form,
+ * or the model runs on a GPU and the packed form has no CUDA plan (built without a CUDA target). The
+ * packed plan loads on first use, on the model's device. */
 BPK_API bpk_status bpk_model_run_packed(const bpk_model* model, const bpk_tensor* inputs, int64_t num_inputs,
                                         const int64_t* lengths, int64_t num_lengths, bpk_tensor* outputs,
                                         int64_t num_outputs);
