@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import struct
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -415,16 +416,20 @@ def test_row_cache_shared_memory(gpu: FakeGpu) -> None:
 
     n = torch.export.Dim("n", min=1, max=100000)
     art = bladepack.optimize(Soft(), [(torch.randn(3, 10),)], ({1: n},), targets=TARGETS)
-    cases = [(np.random.default_rng(c).standard_normal((3, c)).astype(np.float32),) for c in (10, 2000, 9000)]
+    cols = (10, 12, 2000, 2001, 9000)
+    cases = [(np.random.default_rng(c).standard_normal((3, c)).astype(np.float32),) for c in cols]
     _, results, log = gpu.run(art, cases)
     for (x,), out in zip(cases, results):
         np.testing.assert_allclose(out[0], torch.softmax(torch.from_numpy(x), -1).numpy(), rtol=1e-5, atol=1e-7)
     launches = [line.split() for line in log.splitlines() if line.startswith("launch ")]
-    # warp per row: 8 rows x 10 floats of cache; block per row: 2000 floats; beyond 8192: no cache
+    # warp per row: 8 rows x 10 floats of cache; block per row: 2000 floats; beyond 8192: no cache; rows
+    # of a multiple of four floats in 16-byte vectors (Note [Row vectors])
     assert [(ln[1], ln[3], ln[7], ln[11]) for ln in launches] == [
         ("k0_warp_smem", "1", "256", str(8 * 10 * 4)),
-        ("k0_block_smem", "3", "512", str(2000 * 4)),
-        ("k0_block", "3", "512", "0"),
+        ("k0_warp_smem_v4", "1", "256", str(8 * 12 * 4)),
+        ("k0_block_smem_v4", "3", "512", str(2000 * 4)),
+        ("k0_block_smem", "3", "512", str(2001 * 4)),
+        ("k0_block_v4", "3", "512", "0"),
     ]
 
 
@@ -519,7 +524,11 @@ def test_inspect_lists_cuda_kernels(ops_artifact: bladepack.api.Artifact) -> Non
     assert "cuda host steps: none (every step runs on the GPU)" in text
     assert "cuda graphs: always (each signature replays as one graph from its second call on a stream)" in text
     assert "cuda graph tensors: staged: a call copies each input into the graph's buffer" in text
-    assert re.search(r"  k\d+ \[cuda\] row, \d+ ops, variants: k\d+_warp_smem, k\d+_block_smem, k\d+_block", text)
+    assert re.search(
+        r"  k\d+ \[cuda\] row, \d+ ops, variants: k\d+_warp_smem_v4, k\d+_warp_smem, k\d+_block_smem_v4, "
+        r"k\d+_block_smem, k\d+_block_v4, k\d+_block\n",
+        text,
+    )
     assert "via cublas" not in text  # the op table has no GEMM
 
 
@@ -785,3 +794,55 @@ def test_elementwise_op_set_on_the_gpu(gpu: FakeGpu) -> None:
             assert rel_err(o, r) <= 1e-5, f"output {k}: relative error {rel_err(o, r):.3g}"
         else:
             np.testing.assert_array_equal(o, r, err_msg=f"output {k}")
+
+
+def test_row_vectors_move_16_bytes(gpu: FakeGpu, tmp_path: Path) -> None:
+    """Note [Row vectors] and Note [Vector stores] (codegen/cuda_runtime.cuh): a layer norm and a softmax
+    over rows of 768 floats walk their rows four floats a step, so the PTX of each has 16-byte loads on
+    the read-only path (ld.global.nc.v4) and 16-byte stores (st.global.v4), and ptxas spills nothing."""
+    from bladepack.codegen.cuda_toolchain import FLAGS, find_nvcc
+
+    class Rows(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln = torch.nn.LayerNorm(768)
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.ln(x + y), torch.softmax(x, -1)
+
+    b = torch.export.Dim("b", min=1, max=4096)
+    dump = tmp_path / "dump"
+    args = (torch.randn(4, 768), torch.randn(4, 768))
+    model = Rows().eval()
+    art = bladepack.optimize(
+        model, [args], ({0: b}, {0: b}), targets=TARGETS, options=bladepack.CompileOptions(dump_dir=dump)
+    )
+    variants = [v.name for k in art.plan.kernels if k.target == "cuda" for v in k.variants]
+    assert variants == ["k0_warp_smem_v4", "k1_warp_smem_v4"], variants
+    (src,) = dump.rglob("*.cu")
+    include = ["-I", str(Path(bladepack.__file__).parent / "codegen")]
+    ptx = tmp_path / "rows.ptx"
+    r = subprocess.run(
+        [find_nvcc(), *FLAGS, "-arch=sm_90", "-ptx", "-o", str(ptx), *include, "-x", "cu", str(src)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    text = ptx.read_text()
+    for name in variants:
+        body = text[text.index(f".entry {name}(") :]
+        body = body[: body.index("\n}\n")]
+        assert "ld.global.nc.v4" in body and "st.global.v4.u32" in body, name
+    r = subprocess.run(
+        [find_nvcc(), *FLAGS, "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "rows.cubin")]
+        + [*include, "-x", "cu", str(src)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0 and r.stderr.count("0 bytes spill stores, 0 bytes spill loads") == 2, r.stderr[-3000:]
+    cases = [(torch.randn(n, 768) * 3, torch.randn(n, 768)) for n in (1, 9)]
+    _, results, _ = gpu.run(art, [_numpy(c) for c in cases])
+    for c, out in zip(cases, results, strict=True):
+        assert not isinstance(out, str), out
+        for o, want in zip(out, _eager(model, c), strict=True):
+            assert rel_err(o, want) <= 1e-5

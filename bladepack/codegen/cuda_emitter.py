@@ -25,7 +25,10 @@ Schedules and variants:
   so misaligned views stay correct), stores likewise; grid-stride over the rest.
 - row kernels (reductions over trailing axes, softmax, layer / RMS norm with their fused producers and
   consumers): one warp per row (8 rows per 256-thread block) for rows up to 1024 elements, one
-  512-thread block per row above. Note [Row cache]: when the kernel has a multi-pass row op (softmax,
+  512-thread block per row above. Note [Row vectors]: where the row is one axis and its length is a
+  multiple of W (W x the widest stored element = 16 bytes), each thread takes W consecutive elements
+  per step, so its loads of contiguous values are one 16-byte access when aligned (tested per access,
+  as in loop kernels) and its results go out in one vector store; other lengths take the scalar walk. Note [Row cache]: when the kernel has a multi-pass row op (softmax,
   log-softmax, layer norm, RMS norm) whose input is float32 / float16 / bfloat16, the input row is
   computed once into shared memory (each thread rereads only what it wrote, so no barrier) for rows up
   to 1024 (warp) / 8192 (block) elements; longer rows recompute it per pass.
@@ -49,7 +52,7 @@ import sympy
 from bladepack.codegen.anchor_kernels import reduce_kernel, scan_kernel, scatter_kernel, sort_kernel, topk_kernel
 from bladepack.codegen.c_render import CTYPE, Args, Loop
 from bladepack.codegen.cuda_conv import direct_conv_kernel, im2col_kernel, pool_kernel
-from bladepack.codegen.cuda_loops import MEMTYPE, CudaEmitter, inner_syms, split_index, volume
+from bladepack.codegen.cuda_loops import MEMTYPE, CudaEmitter, split_index, volume
 from bladepack.codegen.kernel import ROW_OPS, KernelContext, same_shape, store_offset
 from bladepack.codegen.operand_check import add_atoms, operand_buffers
 from bladepack.codegen.recurrent_kernel import recurrent_kernel
@@ -149,8 +152,9 @@ def _loop_kernel(em: CudaEmitter, width: int) -> None:
     em.loop(header, (*outer, j), body, prologue=prologue)
 
 
-def _row_kernel(em: CudaEmitter, warp: bool, cached: bool) -> None:
+def _row_kernel(em: CudaEmitter, warp: bool, cached: bool, width: int = 1) -> None:
     dom = em.spec.domain
+    em.row_width = width
     k = em.spec.reduced
     r = len(dom) - k
     em.row_ops = {v for v in em.spec.nodes if em.ctx.nodes[v].op in ROW_OPS}
@@ -182,11 +186,11 @@ def _row_kernel(em: CudaEmitter, warp: bool, cached: bool) -> None:
         if cache_vid is not None:
             x_t = em.ctx.types[cache_vid].dtype
 
-            def fill(inner: tuple[Loop, ...]) -> None:
+            def fill(inner: tuple[sympy.Expr, ...]) -> None:
                 val = em._as(em.eval(cache_vid, (*outer, *inner)), x_t, DType.FLOAT32)
                 em.line(f"{arr}[{em.position}] = {val};")
 
-            em.cache = (cache_vid, tuple(sympy.sympify(s) for s in (*outer, *inner_syms(em.spec))), arr)
+            em.cache = (cache_vid, tuple(sympy.sympify(s) for s in (*outer, *em.row_index())), arr)
             em._elements(fill)
             em.cache_ready = True
         for v in row_roots:
@@ -199,12 +203,30 @@ def _row_kernel(em: CudaEmitter, warp: bool, cached: bool) -> None:
         if not full_roots:
             return
 
-        def store(inner: tuple[Loop, ...]) -> None:
-            idx = (*outer, *inner)
-            for v in full_roots:
-                em.store(v, store_offset(dom, idx), em.eval(v, idx))
+        if width == 1:
 
-        em._elements(store)
+            def store(inner: tuple[sympy.Expr, ...]) -> None:
+                idx = (*outer, *inner)
+                for v in full_roots:
+                    em.store(v, store_offset(dom, idx), em.eval(v, idx))
+
+            em._elements(store)
+            return
+        # Note [Row vectors]: each step's W results of a root go out in one vector store
+        outs = {v: em.fresh("o") for v in full_roots}
+
+        def lane_values(inner: tuple[sympy.Expr, ...]) -> None:
+            for v, o in outs.items():
+                em.line(f"{o}[l0] = {em.eval(v, (*outer, *inner))};")
+
+        def vector_stores(first: sympy.Expr) -> None:
+            for v, o in outs.items():
+                at = em.args.index(store_offset(dom, (*outer, first)))
+                em.line(f"bpk::stv<{width}>({em.ptr_store(v)} + {at}, {o});")
+
+        for v, o in outs.items():
+            em.line(f"{CTYPE[em.ctx.types[v].dtype]} {o}[{width}];")
+        em._elements(lane_values, vector_stores)
 
     em.loop(header, outer, body, prologue=split_index("row_", outer, dom[:r], em.args))
 
@@ -316,23 +338,30 @@ def emit_cuda_kernel(
         else:
             candidates.append(("_warp", sympy.Le(length, WARP_ROW_MAX), True, False))
         candidates.append(("_block", sympy.true, False, False))
+        # Note [Row vectors]: a one-axis row whose length the vector width divides is walked in vectors
+        vec = _widths(spec, ctx)[0] if spec.reduced == 1 else 1
+        divides = sympy.true if vec == 1 else sympy.Eq(sympy.Mod(sympy.sympify(length), vec), 0)
         for suffix, pred, warp, cached in candidates:
-            pred = sympy.simplify(pred) if isinstance(length, int) else pred
-            if pred is sympy.false:
-                continue
-            per = WARP_ROWS if warp else 1
-            smem = (per * length * 4) if cached else 0
-            plans.append(
-                (
-                    suffix,
-                    pred,
-                    functools.partial(_row_kernel, warp=warp, cached=cached),
-                    launch_grid(rows, per),
-                    LOOP_BLOCK if warp else ROW_BLOCK,
-                    smem,
+            for width, fits in ((vec, divides), (1, sympy.true)) if vec > 1 else ((1, sympy.true),):
+                both = sympy.And(pred, fits)
+                both = sympy.simplify(both) if isinstance(length, int) else both
+                if both is sympy.false:
+                    continue
+                per = WARP_ROWS if warp else 1
+                smem = (per * length * 4) if cached else 0
+                plans.append(
+                    (
+                        suffix + (f"_v{width}" if width > 1 else ""),
+                        both,
+                        functools.partial(_row_kernel, warp=warp, cached=cached, width=width),
+                        launch_grid(rows, per),
+                        LOOP_BLOCK if warp else ROW_BLOCK,
+                        smem,
+                    )
                 )
-            )
-            if pred is sympy.true:
+                if fits is sympy.true or both is sympy.true:
+                    break
+            if plans and plans[-1][1] is sympy.true:
                 break
     elif spec.kind == "recurrent":  # Note [Recurrent kernel]: one thread per sequence
         batch = ctx.nodes[spec.roots[0]].type.shape[1]

@@ -60,6 +60,7 @@ class CudaEmitter(RowEmitter):
         self.cache: tuple[int, tuple[sympy.Expr, ...], str] | None = None  # (value, row index, C array)
         self.cache_ready = False
         self.position = ""  # C expression of the element's position within the row (row loops)
+        self.row_width = 1  # Note [Row vectors]: consecutive elements of a row per thread and step
         self.uses_barriers = False
 
     # -- memory
@@ -119,17 +120,51 @@ class CudaEmitter(RowEmitter):
         self.loop(header, syms, lambda: body(syms), prologue=split_index("t_", syms, outer_dims, self.args))
 
     # -- row reductions across the threads of a warp or block
-    def _elements(self, gen: Callable[[tuple[Loop, ...]], None]) -> None:
-        """The strided loop of this thread over the current row; `gen(inner symbols)` is its body."""
+    def row_index(self) -> tuple[sympy.Expr, ...]:
+        """The element's position in the row as the row loops index it: the reduced dims' symbols,
+        the last shifted by the lane where the row is walked in vectors (Note [Row vectors])."""
+        inner = inner_syms(self.spec)
+        if self.row_width == 1:
+            return inner
+        return (*inner[:-1], inner[-1] + Loop("l0"))
+
+    def _elements(
+        self, gen: Callable[[tuple[sympy.Expr, ...]], None], after: Callable[[sympy.Expr], None] | None = None
+    ) -> None:
+        """The strided loop of this thread over the current row; `gen(the element's row index)` is its
+        body. Note [Row vectors]: with `row_width` W > 1 (a one-axis row whose length W divides) each
+        step takes W consecutive elements, so loads contiguous across them are one vector access;
+        `after(the step's first position)` then runs once per step, after its W elements."""
         dom = self.spec.domain
         k = self.spec.reduced
         r = len(dom) - k
         inner = inner_syms(self.spec)
         length = self.args.ref(self._row_len())
+        w = self.row_width
+        if w > 1:
+            assert k == 1, "row vectors walk one-axis rows"
+            q = inner[0].name
+            header = [f"for (int64_t {q} = {self.thread} * {w}; {q} < {length}; {q} += {self.stride} * {w}) {{"]
+            lane = Loop("l0")
+
+            def lanes() -> None:
+                saved = self.lane, self.width
+                self.lane, self.width = lane, w
+                self.position = f"({q} + l0)"
+                self.loop(
+                    ["#pragma unroll", f"for (int l0 = 0; l0 < {w}; ++l0) {{"], [lane], lambda: gen(self.row_index())
+                )
+                self.lane, self.width = saved
+                if after is not None:
+                    after(inner[0])
+
+            self.loop(header, inner, lanes)
+            return
         q = inner[0].name if k == 1 else "q_"
         header = [f"for (int64_t {q} = {self.thread}; {q} < {length}; {q} += {self.stride}) {{"]
         prologue = [] if k == 1 else split_index("q_", inner, dom[r:], self.args)
         self.position = q
+        assert after is None, "a scalar row walk has no steps of several elements"
         self.loop(header, inner, lambda: gen(inner), prologue=prologue)
 
     def reduce_pass(

@@ -66,10 +66,25 @@ BPK_D __nv_bfloat16 from_reg<__nv_bfloat16, float>(float x) {
   return __float2bfloat16_rn(x);
 }
 
+// a read of a buffer the kernel never writes, by the read-only path (ld.global.nc): asked for, as
+// Note [Vector stores] costs NVVM its own proof of it
+template <class T>
+BPK_D T ldg(const T* p) {
+#ifdef BPK_EMULATE
+  return *p;
+#else
+  if constexpr (std::is_same<T, bool>::value) {
+    return __ldg(reinterpret_cast<const unsigned char*>(p)) != 0;
+  } else {
+    return __ldg(p);
+  }
+#endif
+}
+
 // one element in, one element out
 template <class T>
 BPK_D typename Reg<T>::type ld(const T* p) {
-  return to_reg<T>(*p);
+  return to_reg<T>(ldg(p));
 }
 template <class T, class V>
 BPK_D void st(T* p, V v) {
@@ -107,7 +122,7 @@ BPK_D void ldv(typename Reg<T>::type (&out)[W], const T* p) {
   if constexpr (bytes == 16 || bytes == 8 || bytes == 4 || bytes == 2) {
     if (W > 1 && (reinterpret_cast<uintptr_t>(p) & uintptr_t(bytes - 1)) == 0) {
       using V = typename Raw<bytes>::type;
-      const V v = *reinterpret_cast<const V*>(p);
+      const V v = ldg(reinterpret_cast<const V*>(p));
       const T* e = reinterpret_cast<const T*>(&v);
 #pragma unroll
       for (int i = 0; i < W; ++i) out[i] = to_reg<T>(e[i]);
@@ -115,7 +130,7 @@ BPK_D void ldv(typename Reg<T>::type (&out)[W], const T* p) {
     }
   }
 #pragma unroll
-  for (int i = 0; i < W; ++i) out[i] = to_reg<T>(p[i]);
+  for (int i = 0; i < W; ++i) out[i] = to_reg<T>(ldg(p + i));
 }
 
 template <int W, class T, class V>
@@ -128,6 +143,19 @@ BPK_D void stv(T* p, const V (&in)[W]) {
       T* e = reinterpret_cast<T*>(&v);
 #pragma unroll
       for (int i = 0; i < W; ++i) e[i] = from_reg<T>(static_cast<typename Reg<T>::type>(in[i]));
+#ifndef BPK_EMULATE
+      // Note [Vector stores]: an instruction of its own. NVVM turns a plain store of `v` into the
+      // element stores below and merges both paths into those; an intrinsic (__stcg) keeps it but
+      // costs the loads their read-only path (ld.global.nc). No memory clobber: generated kernels
+      // never read what they store, and a clobber would cost the same.
+      if constexpr (bytes == 16) {
+        asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
+        return;
+      } else if constexpr (bytes == 8) {
+        asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v.x), "r"(v.y));
+        return;
+      }
+#endif
       *reinterpret_cast<R*>(p) = v;
       return;
     }
