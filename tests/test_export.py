@@ -509,3 +509,39 @@ def test_input_guard_forms_are_read() -> None:
     for code in ("L['y'].size()[0] > 1", "L['x'].dim() == 2", "foo(L['x'].size()[0])"):
         with pytest.raises(_Unreadable):
             reader.read(ast.parse(code, mode="eval").body)
+
+
+class _TwoDims(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) * x.shape[1]
+
+
+def test_a_torch_that_checks_auto_ranges_gets_a_bare_auto_dim(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.11 refuses a named Dim and a ranged Dim.AUTO alike where it cannot prove a guard (a
+    Qwen2's `min(16*s, 32*s) == 16*s`). Played here: every export with a range on `seq` fails naming
+    seq; the capture then exports seq as a bare Dim.AUTO and puts the declared maximum back (the
+    artifact's range [2, 40], said in a note), leaving batch as declared."""
+    import importlib
+
+    capture_module = importlib.import_module("bladepack.export.capture")
+    real = capture_module._export
+    tried: list[str] = []
+
+    def strict(model: Any, args: Any, shapes: Any, oblivious: bool = False) -> Any:
+        seq = shapes[0].get(1) if shapes and shapes[0] else None
+        ranged = seq is not None and (getattr(seq, "max", None) is not None or "min=" in repr(seq))
+        tried.append(repr(seq))
+        if ranged:
+            raise RuntimeError("Constraints violated (seq)!\n  - Not all values of seq satisfy min(2*seq, 4*seq)")
+        return real(model, args, shapes, oblivious)
+
+    monkeypatch.setattr(capture_module, "_export", strict)
+    batch, seq = bladepack.Dim("batch", 1, 8), bladepack.Dim("seq", 1, 40)
+    art = bladepack.optimize(_TwoDims(), [(torch.randn(2, 5),), (torch.randn(3, 7),)], ({0: batch, 1: seq},))
+    ranges = {s.name: (s.min, s.max) for s in art.plan.symbols}
+    assert ranges == {"batch": (1, 8), "seq": (2, 40)}, (ranges, tried)
+    assert any("declared range of seq (- Not all values of seq" in n for n in art.notes), art.notes
+    loaded = bladepack.load(art.to_bytes())
+    check_against_eager(_TwoDims(), loaded, (torch.randn(1, 40),))
+    with pytest.raises(bladepack.ShapeGuardError, match=r"the allowed range is \[2, 40\]"):
+        loaded(torch.randn(1, 41))

@@ -418,10 +418,13 @@ def _named_dims(
     return infos
 
 
-def _build_shapes(dims: RelatedDims, infos: dict[str, SymbolInfo], n: int, hinted: set[str]) -> tuple[Any, ...]:
+def _build_shapes(
+    dims: RelatedDims, infos: dict[str, SymbolInfo], n: int, hinted: set[str], bare: bool = False
+) -> tuple[Any, ...]:
     """One named torch Dim per independent group (a shared name: the same Dim), a derived Dim
     (`past + 1`) for every related group and every input dim the discovery export gave as an
-    expression; a hinted symbol (and what derives from it) gets Dim.AUTO with its range."""
+    expression; a hinted symbol (and what derives from it) gets Dim.AUTO with its range (`bare`:
+    without one, where torch checks even an AUTO range against guards it cannot prove)."""
     shapes: list[dict[int, Any]] = [{} for _ in range(n)]
     named: dict[str, Any] = {}
     roots: dict[str, Any] = {}
@@ -431,7 +434,7 @@ def _build_shapes(dims: RelatedDims, infos: dict[str, SymbolInfo], n: int, hinte
         info = infos[sym]
         hi = info.max if info.max is not None else 2**62
         if sym in hinted:
-            d = TorchDim.AUTO(min=info.min, max=hi)
+            d = TorchDim.AUTO if bare else TorchDim.AUTO(min=info.min, max=hi)
         else:
             d = named.setdefault(info.name, TorchDim(info.name, min=info.min, max=hi))
         roots[sym] = d
@@ -478,19 +481,35 @@ def _export_min1(
             }
             return ep, reasons
     shapes = _build_shapes(dims, infos, len(names), set())
-    text = ""
+    texts = []  # each mode's complaint: they may name different dims
     for oblivious in (True, False) if broken.disequalities else (False, True):
         try:
             return _export(model, args, shapes, oblivious), {}
         except Exception as e:
-            text = str(e)
+            texts.append(str(e))
     roots = {s: info for s, info in infos.items() if s not in dims.relations}
-    culprits = {s for s, info in roots.items() if re.search(rf"\b{re.escape(info.name)}\b", text)} or set(roots)
-    try:
-        ep = _export(model, args, _build_shapes(dims, infos, len(names), culprits))
-    except Exception as e:
-        raise ExportError(f"torch.export could not capture the model: {type(e).__name__}: {e}") from e
-    return ep, {infos[s].name: fallback_reason(text, infos[s].name) for s in culprits}
+
+    def named_in(text: str) -> set[str]:
+        return {s for s, info in roots.items() if re.search(rf"\b{re.escape(info.name)}\b", text)}
+
+    # the dims the last complaint names (else all), then those any complaint names; each with its
+    # range as an AUTO hint, then (torch 2.11 checks an AUTO Dim's range against the guards it cannot
+    # prove too, a Qwen2's `min(16*s, 32*s) == 16*s`) a bare AUTO Dim, the range put back by _symbol_map
+    last = named_in(texts[-1]) or set(roots)
+    tries = [(last, False), (last, True)]
+    if named_in("\n".join(texts)) - last:
+        tries += [(last | named_in("\n".join(texts)), False), (last | named_in("\n".join(texts)), True)]
+    failure: Exception | None = None
+    for culprits, bare in tries:
+        try:
+            ep = _export(model, args, _build_shapes(dims, infos, len(names), culprits, bare))
+        except Exception as e:
+            failure = failure or e
+            continue
+        text = "\n".join(texts)
+        return ep, {infos[s].name: fallback_reason(text, infos[s].name) for s in culprits}
+    assert failure is not None
+    raise ExportError(f"torch.export could not capture the model: {type(failure).__name__}: {failure}") from failure
 
 
 def fallback_reason(text: str, name: str) -> str:
@@ -498,7 +517,7 @@ def fallback_reason(text: str, name: str) -> str:
     the 2^62 that stands for an unbounded range here written as inf."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     mine = [ln for ln in lines[1:] if re.search(rf"\b{re.escape(name)}\b", ln)]
-    line = (mine or lines[1:2] or lines[:1] or [""])[0]
+    line = ([ln for ln in mine if ln.startswith("- ")] or mine or lines[1:2] or lines[:1] or [""])[0]
     return line.replace(str(2**62), "inf")
 
 
