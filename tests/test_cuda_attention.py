@@ -304,7 +304,8 @@ def test_kernels_keep_their_registers(tmp_path: Path) -> None:
 def test_attention_on_a_real_gpu() -> None:
     """On a GPU machine: the fused kernels on torch CUDA tensors against a float64 eager on the GPU —
     prefill (both variants) and GQA decoding against caches of up to 4096 positions, float32 within
-    1e-5, float16 / bfloat16 no further than eager in that dtype (within 2x, + 1e-3)."""
+    1e-5, float16 / bfloat16 no further than eager in that dtype (within 2x, + 1e-3). Sizes below what
+    this torch could export (torch 2.11 starts some ranges at 2) are skipped where optimize says why."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     failures = []
@@ -315,10 +316,14 @@ def test_attention_on_a_real_gpu() -> None:
             dims = {"q": qdim, "k": {0: Dim("batch"), 2: seq}, "v": {0: Dim("batch"), 2: seq}}
             g = torch.Generator().manual_seed(8)
             x = _qkv(g, 2, new or 9, 9, 128, 128, h, hkv, dtype)
-            m = bladepack.load(
-                bladepack.optimize(model, x, dynamic_shapes=dims, targets=("cuda",)).to_bytes(), device="cuda"
-            )
+            art = bladepack.optimize(model, x, dynamic_shapes=dims, targets=("cuda",))
+            m = bladepack.load(art.to_bytes(), device="cuda")
+            lows = {sym.name: sym.min for sym in art.plan.symbols}
             for b, n in [(1, 1), (2, 7), (3, 65), (2, 1000), (1, seq_max)]:
+                below = [k for k, v in (("seq", n), ("batch", b)) if v < lows.get(k, 1)]
+                if below:  # a torch that cannot export size 1 (2.11): optimize must have said so
+                    assert all(any(f"range of {k} " in note for note in art.notes) for k in below), art.notes
+                    continue
                 args = tuple(a.cuda() for a in _qkv(g, b, new or n, n, 128, 128, h, hkv, dtype))
                 with torch.no_grad():
                     ref = model(*(a.double() for a in args))
