@@ -21,6 +21,12 @@ refuses height 1 with a ShapeGuardError naming the range.
 The discovery export's own guards say in advance where a named export must fail (Note [Remainder
 guards] in input_guards.py): a remainder on one dim sends it to Dim.AUTO at once, a disequality puts
 the size-oblivious mode first.
+
+torch 2.11 also checks a ranged Dim.AUTO against the guards it cannot prove (a Hugging Face Qwen2's
+`min(16*s, 32*s) == 16*s` from transformers 5's masks), and its size-oblivious retry may name another
+dim than the plain export: the last fallback exports the named dims as bare Dim.AUTO, first those the
+last complaint names, then those any complaint names, and `_symbol_map` puts the declared range back
+(measured 2026-11-30: Qwen2, LLaMA and Mistral export on 2.11 with ranges from 2, each said in a note).
 """
 
 from __future__ import annotations
