@@ -32,7 +32,8 @@ ROUNDS = 3
 Runner = Callable[[tuple[torch.Tensor, ...]], Any]
 
 
-def _time_us(fn: Callable[[], Any], repeat: int) -> float:
+def _time_us(fn: Callable[[], Any], repeat: int, calls: int = 1) -> float:
+    """Median µs per call over `repeat` timings (CUDA events) of `calls` back-to-back calls."""
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
@@ -40,10 +41,11 @@ def _time_us(fn: Callable[[], Any], repeat: int) -> float:
     for _ in range(repeat):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        fn()
+        for _ in range(calls):
+            fn()
         b.record()
         b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
+        times.append(a.elapsed_time(b) * 1e3 / calls)
     return statistics.median(times)
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 import bladepack
+from bench.cuda_samples import _time_us
 from bladepack import Dim
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -59,23 +59,6 @@ def artifact(kind: str, dtype: torch.dtype, targets: tuple[str, ...]) -> Any:
     q = torch.randn(2, HEADS, 1, HEAD, dtype=dtype)
     kv = tuple(torch.randn(2, KV_HEADS, 9, HEAD, dtype=dtype) for _ in range(2))
     return bladepack.optimize(Decode(), (q, *kv), dynamic_shapes=dims, targets=targets)
-
-
-def _time_us(fn: Callable[[], Any], repeat: int) -> float:
-    """Median over `repeat` timings of 10 back-to-back calls, per call."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeat):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(10):
-            fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / 10)
-    return statistics.median(times)
 
 
 def _sdpa(model: torch.nn.Module, backend: Any) -> Callable[..., torch.Tensor]:
@@ -132,7 +115,7 @@ def measure(dtypes: list[torch.dtype], repeat: int, quick: bool) -> list[dict[st
                         if f"{name}_error" in row:
                             continue
                         fn = runners[name]
-                        t = _time_us(lambda fn=fn: fn(*args), repeat)
+                        t = _time_us(lambda fn=fn: fn(*args), repeat, calls=10)
                         best[name] = min(best.get(name, math.inf), t)
                 for name, t in best.items():
                     row[f"{name}_us"] = t

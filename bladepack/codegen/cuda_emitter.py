@@ -340,9 +340,10 @@ def emit_cuda_kernel(
         candidates.append(("_block", sympy.true, False, False))
         # Note [Row vectors]: a one-axis row whose length the vector width divides is walked in vectors
         vec = _widths(spec, ctx)[0] if spec.reduced == 1 else 1
-        divides = sympy.true if vec == 1 else sympy.Eq(sympy.Mod(sympy.sympify(length), vec), 0)
+        widths = [(vec, sympy.Eq(sympy.Mod(sympy.sympify(length), vec), 0))] if vec > 1 else []
+        widths.append((1, sympy.true))
         for suffix, pred, warp, cached in candidates:
-            for width, fits in ((vec, divides), (1, sympy.true)) if vec > 1 else ((1, sympy.true),):
+            for width, fits in widths:
                 both = sympy.And(pred, fits)
                 both = sympy.simplify(both) if isinstance(length, int) else both
                 if both is sympy.false:
@@ -359,7 +360,7 @@ def emit_cuda_kernel(
                         smem,
                     )
                 )
-                if fits is sympy.true or both is sympy.true:
+                if both is sympy.true:
                     break
             if plans and plans[-1][1] is sympy.true:
                 break

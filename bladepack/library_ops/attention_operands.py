@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import sympy
 
 from bladepack.codegen.kernel import KernelContext
+from bladepack.dtypes import DType
 from bladepack.ir import OpKind
 from bladepack.ir.fusion_plan import Attention
 from bladepack.ir.ops import ArangeAttrs, ConstantAttrs, MatmulAttrs, SafeSoftmaxAttrs
@@ -169,7 +170,7 @@ def key_bounds(att: Attention, ctx: KernelContext) -> KeyBounds | None:
     terms = [ctx.nodes[n.inputs[0]]]
     while terms:
         c = terms.pop()
-        if c.op is join[0] or (c.op is join[1] and c.type.dtype.value == "bool"):
+        if c.op is join[0] or (c.op is join[1] and c.type.dtype is DType.BOOL):
             terms += [t for i in c.inputs if (t := ctx.nodes.get(i)) is not None]
             continue
         if c.op not in _KEY_LEFT or len(c.inputs) != 2:

@@ -72,11 +72,16 @@ def _tile_rows(d: int, dv: int, itemsize: int) -> int:
     return 1
 
 
+def _query_blocks(sq: IRDim, rows: int) -> sympy.Expr:
+    """Blocks of `rows` query rows covering the Sq query rows."""
+    return sympy.floor((sympy.sympify(sq) + rows - 1) / rows)
+
+
 def attention_plans(att: Attention, ctx: KernelContext) -> list[CudaPlan]:
     """Note [Online softmax on CUDA]: `_tile` (Sq >= 8) and `_rows` (decoding); the first whose
     predicate holds runs."""
     sh = attention_shape(att, ctx)
-    sq, d, dv = sympy.sympify(sh.sq), sh.d, sh.dv
+    d, dv = sh.d, sh.dv
     assert max(d, dv) <= HEAD_MAX
     item = 8 if CTYPE[ctx.types[att.out].dtype] == "double" else 4
     lead = volume(sh.lead)
@@ -84,12 +89,12 @@ def attention_plans(att: Attention, ctx: KernelContext) -> list[CudaPlan]:
     rows = _tile_rows(d, dv, item)
     assert _smem(1, ROWS_WARPS, d, dv, item) <= SMEM_BYTES
     for name, pred, r, warps in (
-        ("_tile", sympy.Ge(sq, ROWS_MAX_SQ), rows, TILE_WARPS),
+        ("_tile", sympy.Ge(sympy.sympify(sh.sq), ROWS_MAX_SQ), rows, TILE_WARPS),
         ("_rows", sympy.true, 1, ROWS_WARPS),
     ):
         if pred is sympy.false:
             continue
-        blocks = simplify(lead * sympy.floor((sq + r - 1) / r))
+        blocks = simplify(lead * _query_blocks(sh.sq, r))
         body = functools.partial(_kernel, att=att, rows=r, warps=warps)
         plans.append((name, pred, body, launch_grid(blocks, 1), warps * 32, 0))
         if pred is sympy.true:
@@ -111,7 +116,7 @@ def _kernel(em: CudaEmitter, att: Attention, rows: int, warps: int) -> None:
     pq, pk, pv = (em.ptr_load(x.base) for x in (sh.q, sh.k, sh.v))
     ninf = f"-std::numeric_limits<{t}>::infinity()"
     nan = f"std::numeric_limits<{t}>::quiet_NaN()"
-    blocks = sympy.floor((sympy.sympify(sq) + rows - 1) / rows)
+    blocks = _query_blocks(sq, rows)
     syms = tuple(Loop(f"i{k}") for k in range(len(lead)))
     blk = Loop("b_")
     em.uses_barriers = True
@@ -149,7 +154,7 @@ def _kernel(em: CudaEmitter, att: Attention, rows: int, warps: int) -> None:
             em.line(f"{t} m{q}_ = {ninf}, l{q}_ = {t}(0), o{q}_[{cols}];")
             em.line("#pragma unroll")
             em.line(f"for (int c = 0; c < {cols}; ++c) o{q}_[c] = {t}(0);")
-        first, end = "0", r(skv)
+        start, end = f"int64_t(warp_) * {TILE}", r(skv)
         if bounds is not None:  # Note [Key bounds]: the keys the block's rows can see
             em.line(f"int64_t klo_ = {r(skv) if bounds.lo else 0}, khi_ = {0 if bounds.hi else r(skv)};")
             for q in q_rows:
@@ -158,8 +163,7 @@ def _kernel(em: CudaEmitter, att: Attention, rows: int, warps: int) -> None:
                         x = f"({em.eval(bound.value, bound_index(ctx, bound, (*syms, qc[q])))} + {bound.add})"
                         em.line(f"{name} = {x} {'<' if less else '>'} {name} ? int64_t{x} : {name};")
             em.line(f"klo_ = klo_ > 0 ? klo_ : 0; khi_ = khi_ < {r(skv)} ? khi_ : {r(skv)};")
-            first, end = "klo_", "khi_"
-        start = f"{first} + int64_t(warp_) * {TILE}" if bounds is not None else f"int64_t(warp_) * {TILE}"
+            start, end = f"klo_ + {start}", "khi_"
         header = [f"for (int64_t k0 = {start}; k0 < {end}; k0 += {warps * TILE}) {{"]
         prologue = ["const int64_t j_ = k0 + lane_;", f"const int64_t jc_ = j_ < {end} ? j_ : {end} - 1;"]
         em.loop(header, [Loop("jc_")], functools.partial(key_tile, qc, end), prologue=prologue)
