@@ -6,8 +6,11 @@ over 8 KV heads) against a cache. Out: per shape the time of a call (CUDA events
 calls, so launch gaps hide behind the GPU's queue as they would in a model), SDPA's with its default
 backend choice and with the flash backend where it takes the dtype (float16 / bfloat16; float32 gets
 the memory-efficient one), the ratios (SDPA / bladepack: above 1 is faster here), and the error of
-each against a float64 SDPA: bench/results/gpu_attention_<device>.{md,json}. Every runner is measured
-in this one process, three rounds with the order rotated; a runner's figure is its best round.
+each against a float64 SDPA: bench/results/gpu_attention_<device>.{md,json}. Decoding at batch 1 and 4
+splits the cache over blocks (Note [Split keys]); the runner "unsplit" is the same decode artifact built
+with the split off (one block per query row, the kernel before it), so `vs_unsplit` is the split's
+gain. Every runner is measured in this one process, three rounds with the order rotated; a runner's
+figure is its best round.
 
     python -m bench.gpu_attention [--dtypes float16,float32] [--repeat 20] [--quick]
     python -m bench.gpu_attention --dry-run    # no GPU: build the artifacts and print their kernels
@@ -47,7 +50,15 @@ class Decode(torch.nn.Module):
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
 
-def artifact(kind: str, dtype: torch.dtype, targets: tuple[str, ...]) -> Any:
+def artifact(kind: str, dtype: torch.dtype, targets: tuple[str, ...], split: bool = True) -> Any:
+    """The benchmark's artifact; `split=False` builds decoding without Note [Split keys] (its baseline)."""
+    if not split:
+        from unittest import mock
+
+        from bladepack.backends import cuda
+
+        with mock.patch.object(cuda, "key_split", lambda att, ctx: None):
+            return artifact(kind, dtype, targets)
     batch = Dim("batch", max=64)
     if kind == "prefill":
         seq = Dim("seq", max=8192)
@@ -86,6 +97,8 @@ def measure(dtypes: list[torch.dtype], repeat: int, quick: bool) -> list[dict[st
                 "sdpa": _sdpa(model, None),
                 f"sdpa_{tuned.name.lower()}": _sdpa(model, tuned),
             }
+            if kind == "decode":
+                runners["unsplit"] = bladepack.load(artifact(kind, dtype, ("cuda",), False).to_bytes(), device="cuda")
             for shape in shapes[:2] if quick else shapes:
                 g = torch.Generator(device="cuda").manual_seed(0)
                 if kind == "prefill":
@@ -138,18 +151,19 @@ def report(rows: list[dict[str, Any]], device: str) -> str:
         "`python -m bench.gpu_attention`: µs per call (back-to-back calls, best of three rounds), SDPA's time",
         "over bladepack's (above 1: bladepack faster), error against float64 SDPA.",
         "",
-        "| kind | dtype | shape | bladepack µs | TFLOP/s | GB/s | vs sdpa | vs tuned sdpa | error | sdpa error |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| kind | dtype | shape | bladepack µs | TFLOP/s | GB/s | vs sdpa | vs tuned sdpa | vs unsplit | error | sdpa error |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         tuned = next((k for k in r if k.startswith("vs_sdpa_")), "")
         lines.append(
             f"| {r['kind']} | {r['dtype']} | {'x'.join(map(str, r['shape']))} | {r.get('bladepack_us', 0):.1f} | "
             f"{r.get('tflops', 0):.1f} | {r.get('gbps', 0):.0f} | {r.get('vs_sdpa', 0):.2f}x | {r.get(tuned, 0):.2f}x "
-            f"({tuned[8:]}) | {r.get('bladepack_err', math.nan):.1e} | {r.get('sdpa_err', math.nan):.1e} |"
+            f"({tuned[8:]}) | {r.get('vs_unsplit', math.nan):.2f}x | {r.get('bladepack_err', math.nan):.1e} | "
+            f"{r.get('sdpa_err', math.nan):.1e} |"
         )
     for kind in ("prefill", "decode"):
-        for peer in ("vs_sdpa", "vs_sdpa_flash_attention"):
+        for peer in ("vs_sdpa", "vs_sdpa_flash_attention", "vs_unsplit"):
             vals = [r[peer] for r in rows if r["kind"] == kind and peer in r]
             if vals:
                 geo = math.exp(sum(math.log(v) for v in vals) / len(vals))
@@ -168,9 +182,10 @@ def main() -> int:
     if a.dry_run:
         for dtype in dtypes:
             for kind in ("prefill", "decode"):
-                art = artifact(kind, dtype, ("cuda:sm_90",))
-                kernels = [(k.kind, [v.name for v in k.variants]) for k in art.plan.kernels if k.target == "cuda"]
-                print(kind, str(dtype)[6:], kernels)
+                for split in (True, False) if kind == "decode" else (True,):
+                    art = artifact(kind, dtype, ("cuda:sm_90",), split)
+                    kernels = [(k.kind, [v.name for v in k.variants]) for k in art.plan.kernels if k.target == "cuda"]
+                    print(kind if split else f"{kind} (unsplit)", str(dtype)[6:], kernels)
         return 0
     if not torch.cuda.is_available():
         print("bench.gpu_attention needs a CUDA device (--dry-run builds the artifacts without one)")

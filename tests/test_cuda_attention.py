@@ -153,9 +153,89 @@ def test_gqa_decode_against_a_growing_cache(gpu: FakeGpu, new: int) -> None:
     cases = [_qkv(g, b, new, n, 16, 16, 8, 2) for b, n in [(1, 1), (2, 31), (1, 33), (2, 256), (1, 257), (1, 1024)]]
     results, log = _run(gpu, model, cases, art)
     _check(model, cases, results, 2e-6)
-    # one variant for a static query length: eight warps a block for decoding, four for a tile of rows
-    blocks = {ln.split()[7] for ln in log.splitlines() if ln.startswith("launch ")}
-    assert _launched(log) == {"k0"} and blocks == {"256" if new < 8 else "128"}, (_launched(log), blocks)
+    # a tile of rows (four warps) for a static query length of 8 or more; decoding takes eight warps a
+    # block, its keys split over blocks at 257 and 1024 positions with the combining kernel after it
+    blocks = {ln.split()[1]: ln.split()[7] for ln in log.splitlines() if ln.startswith("launch ")}
+    want = {"k0": "128"} if new >= 8 else {"k0_rows": "256", "k0_split": "256", "k1": "128"}
+    assert blocks == want, blocks
+
+
+def _split_blocks(log: str) -> list[int]:
+    """Per launch of a "_split" variant, its grid (blocks)."""
+    return [int(ln.split()[3]) for ln in log.splitlines() if ln.startswith("launch ") and "_split" in ln.split()[1]]
+
+
+def test_split_keys_for_long_caches(gpu: FakeGpu) -> None:
+    """Note [Split keys]: one query row of one KV head against caches of 1 .. 20000 (chunks from one to
+    the 64 at most, a last chunk short or one key long) equals eager; a batch whose rows fill 256
+    blocks does not split, and without a split the combining kernel is not launched."""
+    past = Dim("past", max=20000)
+    dims = {"q": {0: Dim("batch")}, "k": {0: Dim("batch"), 2: past}, "v": {0: Dim("batch"), 2: past}}
+    g = torch.Generator().manual_seed(10)
+    model = _Sdpa(gqa=True)
+    art = bladepack.optimize(model, _qkv(g, 2, 1, 9, 16, 24, 4, 1), dynamic_shapes=dims, targets=TARGETS)
+    assert _kinds(art) == ["attention", "attention_combine"], _kinds(art)
+    sizes = [(1, 256), (1, 257), (2, 1000), (1, 4097), (3, 8191), (1, 16385), (1, 20000), (64, 300)]
+    cases = [_qkv(g, b, 1, n, 16, 24, 4, 1) for b, n in sizes]
+    results, log = _run(gpu, model, cases, art)
+    _check(model, cases, results, 2e-6)
+    # rows (batch x 4 heads) x chunks: min(ceil(n / 256), 256 // rows, 64)
+    assert _split_blocks(log) == [4 * 2, 8 * 4, 4 * 17, 12 * 21, 4 * 64, 4 * 64], _split_blocks(log)
+    _, plain = _run(gpu, model, [cases[0], cases[-1]], art)
+    assert _launched(plain) == {"k0_rows"}, _launched(plain)
+
+
+def test_split_keys_with_bounds_and_special_values(gpu: FakeGpu) -> None:
+    """Split chunks and masks: is_causal with 3 query rows against 300-1100 keys (every chunk but the
+    first walks nothing), an additive mask that is -inf over a row's whole first chunks, over all of a
+    row (NaN under a plain softmax), NaN in one chunk and +inf in another (NaN rows) — NaN exactly
+    where eager has it; float64 and float16 through the workspace; the C++ runtime bit-equal."""
+
+    class _Plain(torch.nn.Module):
+        def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+            return torch.matmul(torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * 0.25 + bias, dim=-1), v)
+
+    past = Dim("past", max=1100)
+    dims = {"q": {0: Dim("batch")}, "k": {0: Dim("batch"), 2: past}, "v": {0: Dim("batch"), 2: past}}
+    g = torch.Generator().manual_seed(11)
+    causal = _Sdpa(causal=True)
+    art = bladepack.optimize(causal, _qkv(g, 2, 3, 9, 16, 16, 2, 2), dynamic_shapes=dims, targets=TARGETS)
+    cases = [_qkv(g, b, 3, n, 16, 16, 2, 2) for b, n in [(1, 300), (2, 777), (1, 1100)]]
+    results, log = _run(gpu, causal, cases, art)
+    _check(causal, cases, results, 2e-6)
+    assert _split_blocks(log), _launched(log)
+
+    def biased(b: int, n: int) -> tuple[torch.Tensor, ...]:
+        q, k, v = _qkv(g, b, 2, n, 16, 16, 2, 2)
+        bias = torch.randn(b, 2, 2, n, generator=g)
+        bias[0, 0, 0, : n - 5] = -math.inf  # only the last chunk's keys
+        bias[0, 0, 1] = -math.inf  # nothing: NaN
+        bias[0, 1, 0, 3] = math.nan
+        bias[-1, 1, 1, n - 1] = math.inf
+        return q, k, v, bias
+
+    dims_b = {**dims, "bias": {0: Dim("batch"), 3: past}}
+    art = bladepack.optimize(_Plain(), biased(2, 9), dynamic_shapes=dims_b, targets=TARGETS)
+    cases = [biased(b, n) for b, n in [(1, 600), (2, 1100)]]
+    results, log = _run(gpu, _Plain(), cases, art)
+    _check(_Plain(), cases, results, 2e-6)
+    assert _split_blocks(log), _launched(log)
+    _, cpp, _ = gpu.run_cpp(art, [tuple(a.numpy() for a in c) for c in cases])
+    for a, c in zip(results, cpp, strict=True):
+        np.testing.assert_array_equal(a[0], c[0])
+
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float16, None)):
+        x = _qkv(g, 1, 1, 9, 64, 64, 4, 2, dtype)
+        art = bladepack.optimize(_Sdpa(gqa=True), x, dynamic_shapes=dims, targets=TARGETS)
+        cases = [_qkv(g, 1, 1, n, 64, 64, 4, 2, dtype) for n in (513, 1100)]
+        results, log = _run(gpu, _Sdpa(gqa=True), cases, art)
+        assert _split_blocks(log) == [4 * 3, 4 * 5], _split_blocks(log)
+        for args, got in zip(cases, results, strict=True):
+            with torch.no_grad():
+                ref = _Sdpa(gqa=True)(*(a.double() for a in args)).numpy()
+                eager = _Sdpa(gqa=True)(*args).double().numpy()
+            ours = _fp64_error(np.asarray(got[0]).astype(np.float64), ref)
+            assert ours <= (tol if tol is not None else 2 * _fp64_error(eager, ref) + 1e-3), (dtype, ours)
 
 
 def test_masked_rows_and_non_finite_scores(gpu: FakeGpu) -> None:
@@ -271,19 +351,27 @@ def test_cpp_runtime_agrees(gpu: FakeGpu) -> None:
 
 
 def test_kernels_keep_their_registers(tmp_path: Path) -> None:
-    """ptxas's resource report for both variants at the head dims models use: no spill stores or loads
-    in float32 and float16 (a spilled accumulator would run from local memory)."""
+    """ptxas's resource report for every variant at the head dims models use (prefill: "_tile" and
+    "_rows"; decoding against a cache: "_split" and the combining kernel too): no spill stores or
+    loads in float32 and float16 (a spilled accumulator would run from local memory)."""
     from bladepack.codegen.cuda_toolchain import FLAGS, find_nvcc
     from bladepack.library_ops import cuda_attention
 
-    seq = Dim("seq", max=MAX)
-    dims = {"q": {0: Dim("batch"), 2: seq}, "k": {0: Dim("batch"), 2: seq}, "v": {0: Dim("batch"), 2: seq}}
+    seq, past = Dim("seq", max=MAX), Dim("past", max=4096)
+    prefill = {"q": {0: Dim("batch"), 2: seq}, "k": {0: Dim("batch"), 2: seq}, "v": {0: Dim("batch"), 2: seq}}
+    decode = {"q": {0: Dim("batch")}, "k": {0: Dim("batch"), 2: past}, "v": {0: Dim("batch"), 2: past}}
     reports = []
-    for dtype, d in [(torch.float32, 64), (torch.float16, 128), (torch.float32, 256)]:
+    for dtype, d, sq in [
+        (torch.float32, 64, 9),
+        (torch.float16, 128, 9),
+        (torch.float32, 256, 9),
+        (torch.float16, 128, 1),
+    ]:
         g = torch.Generator().manual_seed(7)
-        dump = tmp_path / f"{str(dtype)[6:]}-{d}"
+        dump = tmp_path / f"{str(dtype)[6:]}-{d}-{sq}"
         options = bladepack.CompileOptions(dump_dir=dump)
-        x = _qkv(g, 2, 9, 9, d, d, 4, 2, dtype)
+        dims = prefill if sq > 1 else decode
+        x = _qkv(g, 2, sq, 9, d, d, 4, 2, dtype)
         bladepack.optimize(_Sdpa(True, True), x, dynamic_shapes=dims, targets=TARGETS, options=options)
         (src,) = dump.rglob("*.cu")
         r = subprocess.run(
@@ -294,7 +382,8 @@ def test_kernels_keep_their_registers(tmp_path: Path) -> None:
         )
         assert r.returncode == 0, r.stderr[-3000:]
         entries = re.findall(r"Compiling entry function '(\w+)'.*?\n(.*?spill loads)", r.stderr, re.S)
-        assert {name for name, _ in entries} >= {"k0_rows", "k0_tile"}, r.stderr[-3000:]
+        want = {"k0_rows", "k0_tile"} if sq > 1 else {"k0_rows", "k0_split", "k1"}
+        assert {name for name, _ in entries} == want, r.stderr[-3000:]
         reports += [(dtype, d, name, rep.strip()) for name, rep in entries]
     spilled = [rep for rep in reports if "0 bytes spill stores, 0 bytes spill loads" not in rep[3]]
     assert not spilled, spilled

@@ -94,6 +94,12 @@ class Backend(ABC):
         """How this backend's GEMMs are chosen, and a resource to close when the plan is done (None)."""
         return policy, None
 
+    def split_attention(self, att: Attention, ctx: KernelContext) -> tuple[TensorType, Any] | None:
+        """A fused attention computed by two kernels (Note [Split keys] in library_ops/cuda_attention.py):
+        the type of the workspace the first ("attention") writes and the second ("attention_combine")
+        reads, and the shapes at which the second runs (a sympy boolean). None: one kernel."""
+        return None
+
     @abstractmethod
     def emit(
         self,
@@ -105,7 +111,8 @@ class Backend(ABC):
     ) -> Any:
         """Every variant of one kernel (the `index`-th of the plan): an object with `variants`, `stores`,
         `loads`, `args`, `source` and `error_sites`; `conv` asks for an im2col kernel, `attention` for a
-        fused attention."""
+        fused attention (spec.kind "attention", or "attention_combine" reading the workspace
+        `spec.reads[0]`: Note [Split keys])."""
 
     @abstractmethod
     def variants(self, kernel: Any) -> Sequence[Variant]:

@@ -21,9 +21,10 @@ from bladepack.codegen.kernel import KernelContext
 from bladepack.dtypes import DType
 from bladepack.ir import Node
 from bladepack.ir.fusion_plan import Attention, KernelSpec
+from bladepack.ir.types import TensorType
 from bladepack.ir.views import View
 from bladepack.library_ops.cuda_attention import HEAD_MAX as ATTENTION_HEAD_MAX
-from bladepack.library_ops.cuda_attention import attention_plans
+from bladepack.library_ops.cuda_attention import attention_plans, combine_plans, key_split
 from bladepack.library_ops.cutlass.configs import VERIFIED_DTYPES
 from bladepack.library_ops.cutlass.select import GemmPolicy
 from bladepack.options import CompileOptions
@@ -90,7 +91,16 @@ class CudaBackend(Backend):
         conv: tuple[Node, View] | None,
         attention: Attention | None,
     ) -> CudaKernel:
-        return emit_cuda_kernel(spec, ctx, index, conv, () if attention is None else attention_plans(attention, ctx))
+        if attention is None:
+            return emit_cuda_kernel(spec, ctx, index, conv)
+        if spec.kind == "attention_combine":
+            return emit_cuda_kernel(spec, ctx, index, library=combine_plans(attention, ctx, spec.reads[0]))
+        workspace = spec.roots[1] if len(spec.roots) > 1 else None
+        return emit_cuda_kernel(spec, ctx, index, library=attention_plans(attention, ctx, workspace))
+
+    def split_attention(self, att: Attention, ctx: KernelContext) -> tuple[TensorType, Any] | None:
+        split = key_split(att, ctx)
+        return None if split is None else (split.workspace, split.when)
 
     def variants(self, kernel: Any) -> Sequence[Variant]:
         return [Variant(v.name, v.pred, v.grid, v.block, v.smem) for v in kernel.variants]

@@ -69,6 +69,7 @@ class KernelSpec:
     domain: tuple[IRDim, ...]  # loop / row: the iteration space; anchors: their output shape
     reduced: int = 0  # row kernels: how many trailing axes of the domain each row spans
     loc: str = ""
+    reads: tuple[int, ...] = ()  # values read besides the nodes' inputs (a workspace: Note [Split keys])
 
 
 @dataclass(frozen=True)

@@ -26,14 +26,29 @@ eight independent streams per (leading index, row); "_tile" (Sq >= 8) gives each
 (8, or fewer where the head dims would not fit shared memory or registers) and four warps, so each key
 and value row read serves R rows. Grouped-query K / V heads are read in place (library_ops/
 attention_operands.py), and a block walks only the keys its rows can see (Note [Key bounds]: about
-half of them in a causal prefill). Not yet here: tensor-core (mma.sync / wgmma) tiles for prefill and a
-KV split across blocks (flash-decoding) for a cache read by fewer blocks than the GPU has SMs.
+half of them in a causal prefill). Not yet here: tensor-core (mma.sync / wgmma) tiles for prefill.
+
+Note [Split keys] (flash-decoding): a decoding step has few (leading index, query row) pairs — batch 1
+of 32 heads gives 32 blocks, a quarter of an H100's SMs, each streaming a whole cache. Where the rows
+number fewer than SPLIT_BLOCKS and the keys more than SPLIT_KEYS, the "_split" variant cuts the key
+range into S chunks (S = min(ceil(Skv / SPLIT_KEYS), floor(SPLIT_BLOCKS / rows), SPLIT_MAX), chunks of
+a whole number of 32-key tiles, from key 0 so that every query row sees the same chunks) and gives each
+(row, chunk) its own block. A block runs the "_rows" walk over its chunk (intersected with the row's key
+bounds: a chunk outside them walks nothing) and writes, unnormalized, its output row, maximum and sum
+to a workspace row of Dv + 2 accumulator-type values ([rows * S, Dv + 2] in the arena, float32 or
+float64). A second kernel ("attention_combine", launched only at the shapes where the split variant
+runs: Note [Guarded launches]) combines each row's S partial results exactly as the warps' are combined
+(m = max m_s, l = sum l_s exp(m_s - m), the output likewise, then divided by l, with the same special
+values), so the split changes only the order of the sums. S and the chunk length are formulas of the
+shape symbols, evaluated per input signature by the shape program, as the workspace's size is.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import sympy
 
@@ -41,8 +56,9 @@ from bladepack.codegen.c_render import CTYPE, Loop
 from bladepack.codegen.cuda_emitter import CudaPlan, launch_grid
 from bladepack.codegen.cuda_loops import CudaEmitter, split_index, volume
 from bladepack.codegen.kernel import KernelContext, store_offset
+from bladepack.dtypes import DType
 from bladepack.ir.fusion_plan import Attention
-from bladepack.ir.types import IRDim
+from bladepack.ir.types import IRDim, TensorType
 from bladepack.ir.views import View, simplify
 from bladepack.library_ops.attention_operands import attention_shape, bound_index, key_bounds, lead_index
 
@@ -54,6 +70,10 @@ TILE_ROWS = 8  # query rows per block in "_tile", at most
 SMEM_BYTES = 40 * 1024  # static shared memory per block, at most (48 KiB without opting in)
 ACC_REGS = 64  # output accumulators per lane (rows x columns per lane), at most
 HEAD_MAX = 512  # head dims the CUDA kernel takes (Capabilities.attention_head_max): both variants fit
+SPLIT_KEYS = ROWS_WARPS * TILE  # Note [Split keys]: a chunk is at least one step of the "_rows" block
+SPLIT_BLOCKS = 256  # ... split while the rows are fewer than this (about two blocks per SM of a large GPU)
+SPLIT_MAX = 64  # chunks per row, at most
+COMBINE_BLOCK = 128  # threads per row of the combining kernel
 
 
 def _cols(dv: int) -> int:
@@ -77,9 +97,40 @@ def _query_blocks(sq: IRDim, rows: int) -> sympy.Expr:
     return sympy.floor((sympy.sympify(sq) + rows - 1) / rows)
 
 
-def attention_plans(att: Attention, ctx: KernelContext) -> list[CudaPlan]:
-    """Note [Online softmax on CUDA]: `_tile` (Sq >= 8) and `_rows` (decoding); the first whose
-    predicate holds runs."""
+@dataclass(frozen=True)
+class KeySplit:
+    """Note [Split keys]: the chunks per query row (`count`), their length in keys (`chunk`), the shapes at
+    which the "_split" variant and the combining kernel run (`when`) and the workspace's type."""
+
+    count: sympy.Expr
+    chunk: sympy.Expr
+    when: Any  # sympy boolean
+    workspace: TensorType
+
+
+def key_split(att: Attention, ctx: KernelContext) -> KeySplit | None:
+    """How a decoding step of `att` splits its keys over blocks, or None where it never does (a query
+    length of 8 or more, or too few keys, at every shape in range)."""
+    sh = attention_shape(att, ctx)
+    if ctx.proven_le(sh.skv, sympy.sympify(sh.sq) + SPLIT_KEYS - ROWS_MAX_SQ + 1):
+        return None  # fewer than 8 query rows, so at most SPLIT_KEYS keys (self-attention: Skv = Sq)
+    rows = simplify(volume(sh.lead) * sh.sq)
+    skv = sympy.sympify(sh.skv)
+    count = sympy.Max(
+        1, sympy.Min(sympy.ceiling(skv / SPLIT_KEYS), sympy.floor(sympy.Integer(SPLIT_BLOCKS) / rows), SPLIT_MAX)
+    )
+    when = sympy.And(sympy.Lt(sympy.sympify(sh.sq), ROWS_MAX_SQ), sympy.Gt(count, 1))
+    if when is sympy.false:
+        return None
+    chunk = TILE * sympy.ceiling(skv / (TILE * count))
+    acc = DType.FLOAT64 if CTYPE[ctx.types[att.out].dtype] == "double" else DType.FLOAT32
+    return KeySplit(count, chunk, when, TensorType(acc, (simplify(rows * count), sh.dv + 2)))
+
+
+def attention_plans(att: Attention, ctx: KernelContext, workspace: int | None = None) -> list[CudaPlan]:
+    """Note [Online softmax on CUDA]: `_tile` (Sq >= 8), `_split` (Note [Split keys]: given the workspace
+    value the lowering placed for `key_split`) and `_rows` (decoding); the first whose predicate holds
+    runs."""
     sh = attention_shape(att, ctx)
     d, dv = sh.d, sh.dv
     assert max(d, dv) <= HEAD_MAX
@@ -88,14 +139,18 @@ def attention_plans(att: Attention, ctx: KernelContext) -> list[CudaPlan]:
     plans: list[CudaPlan] = []
     rows = _tile_rows(d, dv, item)
     assert _smem(1, ROWS_WARPS, d, dv, item) <= SMEM_BYTES
-    for name, pred, r, warps in (
-        ("_tile", sympy.Ge(sympy.sympify(sh.sq), ROWS_MAX_SQ), rows, TILE_WARPS),
-        ("_rows", sympy.true, 1, ROWS_WARPS),
-    ):
+    split = key_split(att, ctx) if workspace is not None else None
+    variants: list[tuple[str, Any, int, int, KeySplit | None]] = [
+        ("_tile", sympy.Ge(sympy.sympify(sh.sq), ROWS_MAX_SQ), rows, TILE_WARPS, None)
+    ]
+    if split is not None:
+        variants.append(("_split", split.when, 1, ROWS_WARPS, split))
+    variants.append(("_rows", sympy.true, 1, ROWS_WARPS, None))
+    for name, pred, r, warps, chunks in variants:
         if pred is sympy.false:
             continue
-        blocks = simplify(lead * _query_blocks(sh.sq, r))
-        body = functools.partial(_kernel, att=att, rows=r, warps=warps)
+        blocks = simplify(lead * _query_blocks(sh.sq, r) * (1 if chunks is None else chunks.count))
+        body = functools.partial(_kernel, att=att, rows=r, warps=warps, split=chunks, workspace=workspace)
         plans.append((name, pred, body, launch_grid(blocks, 1), warps * 32, 0))
         if pred is sympy.true:
             break
@@ -104,7 +159,18 @@ def attention_plans(att: Attention, ctx: KernelContext) -> list[CudaPlan]:
     return plans
 
 
-def _kernel(em: CudaEmitter, att: Attention, rows: int, warps: int) -> None:
+def combine_plans(att: Attention, ctx: KernelContext, workspace: int) -> list[CudaPlan]:
+    """Note [Split keys]: the kernel combining each query row's chunks (one block a row)."""
+    split = key_split(att, ctx)
+    assert split is not None, "a combining kernel for an attention that never splits its keys"
+    sh = attention_shape(att, ctx)
+    body = functools.partial(_combine_kernel, att=att, split=split, workspace=workspace)
+    return [("", sympy.true, body, launch_grid(simplify(volume(sh.lead) * sh.sq), 1), COMBINE_BLOCK, 0)]
+
+
+def _kernel(
+    em: CudaEmitter, att: Attention, rows: int, warps: int, split: KeySplit | None, workspace: int | None
+) -> None:
     ctx = em.ctx
     out_t = ctx.types[att.out]
     dt = out_t.dtype
@@ -115,10 +181,9 @@ def _kernel(em: CudaEmitter, att: Attention, rows: int, warps: int) -> None:
     cols = _cols(dv)
     pq, pk, pv = (em.ptr_load(x.base) for x in (sh.q, sh.k, sh.v))
     ninf = f"-std::numeric_limits<{t}>::infinity()"
-    nan = f"std::numeric_limits<{t}>::quiet_NaN()"
     blocks = _query_blocks(sq, rows)
     syms = tuple(Loop(f"i{k}") for k in range(len(lead)))
-    blk = Loop("b_")
+    blk, chunk_of = Loop("b_"), Loop("c_")
     em.uses_barriers = True
     q_rows = range(rows)
     bounds = key_bounds(att, ctx)
@@ -164,10 +229,20 @@ def _kernel(em: CudaEmitter, att: Attention, rows: int, warps: int) -> None:
                         em.line(f"{name} = {x} {'<' if less else '>'} {name} ? int64_t{x} : {name};")
             em.line(f"klo_ = klo_ > 0 ? klo_ : 0; khi_ = khi_ < {r(skv)} ? khi_ : {r(skv)};")
             start, end = f"klo_ + {start}", "khi_"
+        if split is not None:  # Note [Split keys]: this block's chunk of them
+            if bounds is None:
+                em.line(f"int64_t klo_ = 0, khi_ = {r(skv)};")
+            em.line(f"const int64_t k0_ = c_ * {r(split.chunk)}, k1_ = k0_ + {r(split.chunk)};")
+            em.line("klo_ = klo_ > k0_ ? klo_ : k0_; khi_ = khi_ < k1_ ? khi_ : k1_;")
+            start, end = f"klo_ + int64_t(warp_) * {TILE}", "khi_"
         header = [f"for (int64_t k0 = {start}; k0 < {end}; k0 += {warps * TILE}) {{"]
         prologue = ["const int64_t j_ = k0 + lane_;", f"const int64_t jc_ = j_ < {end} ? j_ : {end} - 1;"]
         em.loop(header, [Loop("jc_")], functools.partial(key_tile, qc, end), prologue=prologue)
         combine()
+        if split is not None:
+            partial()
+            return
+        normalize()
 
     def scores() -> None:
         """This lane's key's R scores: dot products of the shared query rows with its row of K."""
@@ -234,7 +309,7 @@ def _kernel(em: CudaEmitter, att: Attention, rows: int, warps: int) -> None:
         em.line("__syncwarp();  // every lane has read the tile's probabilities")
 
     def combine() -> None:
-        """The warps' partial rows into the block's: maxima, rescaled sums and outputs."""
+        """The warps' partial rows into shared memory: maxima, sums and outputs."""
         for q in q_rows:
             em.line(f"const {t} ls{q}_ = bpk::warp_all(l{q}_, bpk::Sum());")
             em.line(f"if (lane_ == 0) {{ bpk_m[warp_ * {rows} + {q}] = m{q}_; bpk_l[warp_ * {rows} + {q}] = ls{q}_; }}")
@@ -244,9 +319,9 @@ def _kernel(em: CudaEmitter, att: Attention, rows: int, warps: int) -> None:
             em.line(f"  if (e < {dv}) bpk_o[(warp_ * {rows} + {q}) * {dv} + e] = o{q}_[c];")
             em.line("}")
         em.line("__syncthreads();")
-        # a row with every score -inf (l = 0) is 0 under a safe softmax, NaN under a plain one; with no
-        # keys at all the product is an empty sum: 0, as torch's matmul gives
-        empty = f"{t}(0)" if sh.safe else f"({r(skv)} == 0 ? {t}(0) : {nan})"
+
+    def normalize() -> None:
+        """The block's rows: the warps' results combined, divided by the sums."""
         em.line(f"for (int e = int(threadIdx.x); e < {rows * dv}; e += int(blockDim.x)) {{")
         em.line(f"  const int q = e / {dv}, c = e % {dv};")
         em.line(f"  if (q0_ + q >= {r(sq)}) continue;")
@@ -259,9 +334,75 @@ def _kernel(em: CudaEmitter, att: Attention, rows: int, warps: int) -> None:
         em.line(f"    l_ += bpk_l[w * {rows} + q] * f_;")
         em.line(f"    o_ += bpk_o[(w * {rows} + q) * {dv} + c] * f_;")
         em.line("  }")
-        em.line(f"  bpk::st(op_ + (q0_ + q) * {dv} + c, o_ * (l_ == {t}(0) ? {empty} : {t}(1) / l_));")
+        em.line(
+            f"  bpk::st(op_ + (q0_ + q) * {dv} + c, o_ * (l_ == {t}(0) ? {_empty(sh.safe, r(skv), t)} : {t}(1) / l_));"
+        )
         em.line("}")
 
-    rows_ref = r(simplify(volume(lead) * blocks))
+    def partial() -> None:
+        """Note [Split keys]: the block's chunk of its row, unnormalized, to its workspace row."""
+        assert rows == 1 and workspace is not None
+        em.line(f"{t}* __restrict__ wp_ = {em.ptr_store(workspace)} + row_ * {dv + 2};")
+        em.line(f"for (int c = int(threadIdx.x); c < {dv}; c += int(blockDim.x)) {{")
+        em.line(f"  {t} mx_ = {ninf};")
+        em.line(f"  for (int w = 0; w < {warps}; ++w) mx_ = bpk::Max()(mx_, bpk_m[w]);")
+        em.line(f"  const {t} mz_ = mx_ == {ninf} ? {t}(0) : mx_;")
+        em.line(f"  {t} l_ = {t}(0), o_ = {t}(0);")
+        em.line(f"  for (int w = 0; w < {warps}; ++w) {{")
+        em.line(f"    const {t} f_ = bpk::vexp(bpk_m[w] - mz_);")
+        em.line("    l_ += bpk_l[w] * f_;")
+        em.line(f"    o_ += bpk_o[w * {dv} + c] * f_;")
+        em.line("  }")
+        em.line("  wp_[c] = o_;")
+        em.line(f"  if (c == 0) {{ wp_[{dv}] = mx_; wp_[{dv + 1}] = l_; }}")
+        em.line("}")
+
+    loops, extents = (*syms, blk), (*lead, blocks)
+    if split is not None:
+        loops, extents = (*loops, chunk_of), (*extents, split.count)
+    rows_ref = r(simplify(volume(extents)))
     header = [f"for (int64_t row_ = blockIdx.x; row_ < {rows_ref}; row_ += gridDim.x) {{"]
-    em.loop(header, (*syms, blk), body, prologue=split_index("row_", (*syms, blk), (*lead, blocks), em.args))
+    em.loop(header, loops, body, prologue=split_index("row_", loops, extents, em.args))
+
+
+def _combine_kernel(em: CudaEmitter, att: Attention, split: KeySplit, workspace: int) -> None:
+    """Note [Split keys]: each query row's chunks combined and normalized (one block a row, a column a
+    thread), as `_kernel` combines its warps."""
+    ctx = em.ctx
+    out_t = ctx.types[att.out]
+    t = CTYPE[out_t.dtype]
+    r = em.args.ref
+    sh = attention_shape(att, ctx)
+    dv, width = sh.dv, sh.dv + 2
+    ninf = f"-std::numeric_limits<{t}>::infinity()"
+    syms = tuple(Loop(f"i{k}") for k in range(len(sh.lead)))
+    qrow = Loop("q_")
+    pw = em.ptr_load(workspace)
+
+    def body() -> None:
+        store = em.args.index(store_offset(out_t.shape, (*syms, qrow, sympy.Integer(0))))
+        em.line(f"auto* __restrict__ op_ = {em.ptr_store(att.out)} + {store};")
+        em.line(f"const int64_t ns_ = {r(split.count)};")
+        em.line(f"const auto* __restrict__ wp_ = {pw} + row_ * ns_ * {width};")
+        em.line(f"for (int c = int(threadIdx.x); c < {dv}; c += int(blockDim.x)) {{")
+        em.line(f"  {t} mx_ = {ninf};")
+        em.line(f"  for (int64_t s = 0; s < ns_; ++s) mx_ = bpk::Max()(mx_, {t}(wp_[s * {width} + {dv}]));")
+        em.line(f"  const {t} mz_ = mx_ == {ninf} ? {t}(0) : mx_;")
+        em.line(f"  {t} l_ = {t}(0), o_ = {t}(0);")
+        em.line("  for (int64_t s = 0; s < ns_; ++s) {")
+        em.line(f"    const {t} f_ = bpk::vexp({t}(wp_[s * {width} + {dv}]) - mz_);")
+        em.line(f"    l_ += {t}(wp_[s * {width} + {dv + 1}]) * f_;")
+        em.line(f"    o_ += {t}(wp_[s * {width} + c]) * f_;")
+        em.line("  }")
+        em.line(f"  bpk::st(op_ + c, o_ * (l_ == {t}(0) ? {_empty(sh.safe, r(sh.skv), t)} : {t}(1) / l_));")
+        em.line("}")
+
+    rows = simplify(volume(sh.lead) * sh.sq)
+    header = [f"for (int64_t row_ = blockIdx.x; row_ < {r(rows)}; row_ += gridDim.x) {{"]
+    em.loop(header, (*syms, qrow), body, prologue=split_index("row_", (*syms, qrow), (*sh.lead, sh.sq), em.args))
+
+
+def _empty(safe: bool, skv: str, t: str) -> str:
+    """What a row with every score -inf (l = 0) gives: 0 under a safe softmax, NaN under a plain one;
+    with no keys at all the product is an empty sum: 0, as torch's matmul gives."""
+    return f"{t}(0)" if safe else f"({skv} == 0 ? {t}(0) : std::numeric_limits<{t}>::quiet_NaN())"

@@ -14,7 +14,9 @@ artifact/symint.py), so a loader resolves the whole launch list once per input-s
 Note [Guarded launches]: a launch that stores a value under an effective guard (ir/guards.py) carries
 its conditions, outermost first: {"r": register, "is": bool} for a shape predicate, {"ptr": [slot,
 byte offset], "is": bool} for a data predicate (one byte, 0 or 1, that an earlier launch stored or an
-input holds; its buffer stays live through the last launch that reads it).
+input holds; its buffer stays live through the last launch that reads it). A launch the backend
+runs at some shapes only (the combining kernel of Note [Split keys]) carries that predicate's register
+too.
 
 Note [Slots]: pointer arguments name a slot — 0 the arena, then the inputs, the outputs and the weights
 in signature order — plus a byte offset.
@@ -47,7 +49,7 @@ from bladepack.backends import Backend, Sources
 from bladepack.codegen.kernel import KernelContext, KernelEmitError
 from bladepack.codegen.operand_check import operand_buffers
 from bladepack.errors import CompileError
-from bladepack.ir import OpKind, Program
+from bladepack.ir import Node, OpKind, Program
 from bladepack.ir.fusion_plan import (
     Attention,
     ConvEpilogue,
@@ -148,6 +150,7 @@ class Lowerer:
         self.gemm_rows: list[dict[str, Any]] = []
         self.guards = effective_guards(g)
         self.when: list[tuple[Guard, ...]] = []  # per launch, Note [Guarded launches]
+        self.shape_when: dict[int, Any] = {}  # launch -> the shapes it runs at (sympy), besides `when`
 
     def view(self, v: int) -> View | None:
         return view_of(self.nodes, self.types, v, self.mat.__contains__)
@@ -161,9 +164,19 @@ class Lowerer:
         self._use(base)
         return (self.slot.get(base, 0), base, elem_offset)
 
-    def _kernel(self, spec: KernelSpec, conv: tuple[Any, View] | None = None, att: Attention | None = None) -> None:
+    def _context(self) -> KernelContext:
         env = self.p.shape_env
-        ctx = KernelContext(self.nodes, self.types, self.view, lambda a, b: env.prove_le(a, b) is Tri.YES)
+        return KernelContext(self.nodes, self.types, self.view, lambda a, b: env.prove_le(a, b) is Tri.YES)
+
+    def _temp(self, t: TensorType) -> int:
+        """A value of the plan that no node computes (an im2col matrix, a kernel's workspace)."""
+        v = self.temp_id
+        self.temp_id += 1
+        self.types[v] = t
+        return v
+
+    def _kernel(self, spec: KernelSpec, conv: tuple[Any, View] | None = None, att: Attention | None = None) -> None:
+        ctx = self._context()
         try:
             ek = self.backend.emit(spec, ctx, len(self.kernels), conv, att)
         except (ValueError, AssertionError, KeyError) as e:
@@ -287,15 +300,13 @@ class Lowerer:
         if a.stride == (1, 1) and a.padding == (0, 0) and a.groups == 1 and (kh, kw) == (1, 1) and x.is_contiguous():
             self._gemm(lower_conv(n, x, w, None))
             return
-        cols = self.temp_id
-        self.temp_id += 1
         nb, c = self.types[n.inputs[0]].shape[:2]
         oh, ow = n.type.shape[2:]
         if a.out_layout == "cnhw":  # Note [Batch-folded convolution]: columns [C*KH*KW, N, OH*OW]
             shape = (simplify(c * kh * kw), nb, simplify(oh * ow))
         else:
             shape = (nb, simplify(c * kh * kw), simplify(oh * ow))
-        self.types[cols] = TensorType(n.type.dtype, shape)
+        cols = self._temp(TensorType(n.type.dtype, shape))
         spec = KernelSpec(f"k{len(self.kernels)}_im2col", "im2col", (cols,), (), shape, 0, n.loc)
         self._kernel(spec, (n, x))
         self._gemm(lower_conv(n, x, w, cols))
@@ -342,7 +353,11 @@ class Lowerer:
             for lr in self.launches
         )
         values = {v: self.types[v] for v in mem.offsets}
-        when = tuple(tuple(self._cond(c, mem.offsets) for c in guard) for guard in self.when)
+        when = tuple(
+            tuple(self._cond(c, mem.offsets) for c in guard)
+            + ((({"r": self.pred(self.shape_when[k]), "is": True}),) if k in self.shape_when else ())
+            for k, guard in enumerate(self.when)
+        )
         return NativePlan(
             kernels=tuple(self.kernel_rows),
             launches=launches,
@@ -365,9 +380,7 @@ class Lowerer:
         elif isinstance(step, LibraryStep):
             n = self.nodes[step.node]
             if step.attention is not None:  # Note [Fused attention]
-                att = step.attention
-                spec = KernelSpec(f"k{len(self.kernels)}", "attention", (n.id,), att.nodes, n.type.shape, 0, n.loc)
-                self._kernel(spec, att=att)
+                self._attention(n, step.attention)
             elif n.op is OpKind.CONV2D:
                 self._conv(step)
             else:
@@ -384,6 +397,21 @@ class Lowerer:
                 self._ptr(i)
             self._ptr(n.id)
             self.launches.append(RefLaunch(n.id, step.reason))
+
+    def _attention(self, n: Node, att: Attention) -> None:
+        """One kernel, or two where the backend splits the keys over blocks (Note [Split keys]): the
+        second combines the first's workspace, launched only at the shapes where the first splits."""
+        split = self.backend.split_attention(att, self._context())
+        roots = (n.id,) if split is None else (n.id, self._temp(split[0]))
+        self._kernel(
+            KernelSpec(f"k{len(self.kernels)}", "attention", roots, att.nodes, n.type.shape, 0, n.loc), att=att
+        )
+        if split is not None:
+            self.shape_when[len(self.launches)] = split[1]
+            spec = KernelSpec(
+                f"k{len(self.kernels)}", "attention_combine", (n.id,), (), n.type.shape, 0, n.loc, roots[1:]
+            )
+            self._kernel(spec, att=att)
 
     def _resolved(self, ptrs: tuple[Ptr, ...], arena: dict[int, IRDim]) -> tuple[Ptr, ...]:
         out: list[Ptr] = []
