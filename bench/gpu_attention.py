@@ -9,7 +9,8 @@ the memory-efficient one), the ratios (SDPA / bladepack: above 1 is faster here)
 each against a float64 SDPA: bench/results/gpu_attention_<device>.{md,json}. Decoding at batch 1 and 4
 splits the cache over blocks (Note [Split keys]); the runner "unsplit" is the same decode artifact built
 with the split off (one block per query row, the kernel before it), so `vs_unsplit` is the split's
-gain. Every runner is measured in this one process, three rounds with the order rotated; a runner's
+gain; prefill in float16 / bfloat16 runs on tensor cores (Note [Tensor-core attention]) and the runner
+"cuda_cores" is it built without them, so `vs cuda_cores` is theirs. Every runner is measured in this one process, three rounds with the order rotated; a runner's
 figure is its best round.
 
     python -m bench.gpu_attention [--dtypes float16,float32] [--repeat 20] [--quick]
@@ -50,14 +51,19 @@ class Decode(torch.nn.Module):
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
 
-def artifact(kind: str, dtype: torch.dtype, targets: tuple[str, ...], split: bool = True) -> Any:
-    """The benchmark's artifact; `split=False` builds decoding without Note [Split keys] (its baseline)."""
-    if not split:
+def artifact(kind: str, dtype: torch.dtype, targets: tuple[str, ...], new: bool = True) -> Any:
+    """The benchmark's artifact; `new=False` builds it without Note [Split keys] (decode) or Note
+    [Tensor-core attention] (prefill): the baselines of both."""
+    if not new:
         from unittest import mock
 
         from bladepack.backends import cuda
+        from bladepack.library_ops import cuda_attention
 
-        with mock.patch.object(cuda, "key_split", lambda att, ctx: None):
+        off = mock.patch.object(cuda, "key_split", lambda att, ctx: None)
+        if kind == "prefill":
+            off = mock.patch.object(cuda_attention, "mma_plan", lambda att, ctx: None)
+        with off:
             return artifact(kind, dtype, targets)
     batch = Dim("batch", max=64)
     if kind == "prefill":
@@ -97,8 +103,9 @@ def measure(dtypes: list[torch.dtype], repeat: int, quick: bool) -> list[dict[st
                 "sdpa": _sdpa(model, None),
                 f"sdpa_{tuned.name.lower()}": _sdpa(model, tuned),
             }
-            if kind == "decode":
-                runners["unsplit"] = bladepack.load(artifact(kind, dtype, ("cuda",), False).to_bytes(), device="cuda")
+            if kind == "decode" or dtype != torch.float32:
+                base = bladepack.load(artifact(kind, dtype, ("cuda",), False).to_bytes(), device="cuda")
+                runners["unsplit" if kind == "decode" else "cuda_cores"] = base
             for shape in shapes[:2] if quick else shapes:
                 g = torch.Generator(device="cuda").manual_seed(0)
                 if kind == "prefill":
@@ -149,9 +156,10 @@ def report(rows: list[dict[str, Any]], device: str) -> str:
         f"# Fused attention on {device}",
         "",
         "`python -m bench.gpu_attention`: µs per call (back-to-back calls, best of three rounds), SDPA's time",
-        "over bladepack's (above 1: bladepack faster), error against float64 SDPA.",
+        "over bladepack's (above 1: bladepack faster), error against float64 SDPA. Baseline: the same",
+        "artifact without the key split (decode) or without tensor cores (float16 / bfloat16 prefill).",
         "",
-        "| kind | dtype | shape | bladepack µs | TFLOP/s | GB/s | vs sdpa | vs tuned sdpa | vs unsplit | error | sdpa error |",
+        "| kind | dtype | shape | bladepack µs | TFLOP/s | GB/s | vs sdpa | vs tuned sdpa | vs baseline | error | sdpa error |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -159,11 +167,12 @@ def report(rows: list[dict[str, Any]], device: str) -> str:
         lines.append(
             f"| {r['kind']} | {r['dtype']} | {'x'.join(map(str, r['shape']))} | {r.get('bladepack_us', 0):.1f} | "
             f"{r.get('tflops', 0):.1f} | {r.get('gbps', 0):.0f} | {r.get('vs_sdpa', 0):.2f}x | {r.get(tuned, 0):.2f}x "
-            f"({tuned[8:]}) | {r.get('vs_unsplit', math.nan):.2f}x | {r.get('bladepack_err', math.nan):.1e} | "
+            f"({tuned[8:]}) | {r.get('vs_unsplit', r.get('vs_cuda_cores', math.nan)):.2f}x | "
+            f"{r.get('bladepack_err', math.nan):.1e} | "
             f"{r.get('sdpa_err', math.nan):.1e} |"
         )
     for kind in ("prefill", "decode"):
-        for peer in ("vs_sdpa", "vs_sdpa_flash_attention", "vs_unsplit"):
+        for peer in ("vs_sdpa", "vs_sdpa_flash_attention", "vs_unsplit", "vs_cuda_cores"):
             vals = [r[peer] for r in rows if r["kind"] == kind and peer in r]
             if vals:
                 geo = math.exp(sum(math.log(v) for v in vals) / len(vals))
@@ -182,10 +191,10 @@ def main() -> int:
     if a.dry_run:
         for dtype in dtypes:
             for kind in ("prefill", "decode"):
-                for split in (True, False) if kind == "decode" else (True,):
-                    art = artifact(kind, dtype, ("cuda:sm_90",), split)
+                for new in (True, False):
+                    art = artifact(kind, dtype, ("cuda:sm_90",), new)
                     kernels = [(k.kind, [v.name for v in k.variants]) for k in art.plan.kernels if k.target == "cuda"]
-                    print(kind if split else f"{kind} (unsplit)", str(dtype)[6:], kernels)
+                    print(kind if new else f"{kind} (baseline)", str(dtype)[6:], kernels)
         return 0
     if not torch.cuda.is_available():
         print("bench.gpu_attention needs a CUDA device (--dry-run builds the artifacts without one)")

@@ -309,9 +309,11 @@ def test_dtypes(gpu: FakeGpu, dtype: torch.dtype) -> None:
     model = _Sdpa(causal=True, gqa=True)
     g = torch.Generator().manual_seed(5)
     art = bladepack.optimize(model, _qkv(g, 2, 9, 9, 128, 128, 4, 2, dtype), dynamic_shapes=dims, targets=TARGETS)
-    cases = [_qkv(g, b, n, n, 128, 128, 4, 2, dtype) for b, n in [(1, 1), (2, 7), (1, 40), (2, 130)]]
+    cases = [_qkv(g, b, n, n, 128, 128, 4, 2, dtype) for b, n in [(1, 1), (2, 7), (2, 9), (1, 40), (2, 130)]]
     results, log = _run(gpu, model, cases, art)
-    assert {"k0_rows", "k0_tile"} <= _launched(log), _launched(log)
+    # Note [Tensor-core attention] from 16 query rows in the 16-bit floats
+    want = {"k0_rows", "k0_tile"} | ({"k0_mma"} if dtype != torch.float64 else set())
+    assert _launched(log) == want, _launched(log)
     for args, got in zip(cases, results, strict=True):
         assert not isinstance(got, str), got
         out = np.asarray(got[0])
@@ -324,6 +326,117 @@ def test_dtypes(gpu: FakeGpu, dtype: torch.dtype) -> None:
             assert ours <= 1e-12, (args[0].shape, ours)
         else:
             assert ours <= 2 * _fp64_error(eager, ref) + 1e-3, (args[0].shape, ours, _fp64_error(eager, ref))
+
+
+class _Biased(torch.nn.Module):
+    """A plain softmax under an additive bias (any values, -inf / NaN / +inf included)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * 0.125 + bias, dim=-1), v)
+
+
+def _half_results(got: Any, dtype: torch.dtype) -> np.ndarray:
+    out = np.asarray(got)
+    return _bf16(out) if dtype is torch.bfloat16 else out.astype(np.float64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_tensor_core_prefill(gpu: FakeGpu, dtype: torch.dtype) -> None:
+    """Note [Tensor-core attention] ("_mma", Sq >= 16), its fragments emulated lane by lane: cross-attention
+    (head dims 48 / 40, Sq 16-130 against 0-200 keys: tiles short, one key, none) under an additive bias
+    holding -inf over a whole row (NaN), over all keys but the last, a NaN and a +inf (NaN rows) — NaN
+    exactly where the float64 model has it, elsewhere no further from it than eager in `dtype` (2x +
+    1e-3); the encoder's padding mask with a fully padded sequence; the C++ runtime bit-equal."""
+
+    def biased(b: int, sq: int, skv: int) -> tuple[torch.Tensor, ...]:
+        q = torch.randn(b, 2, sq, 48, generator=g)
+        k = torch.randn(b, 2, skv, 48, generator=g)
+        v = torch.randn(b, 2, skv, 40, generator=g)
+        bias = torch.randn(b, 2, sq, skv, generator=g)
+        if skv:
+            bias[0, 0, 0] = -math.inf
+            bias[0, 1, 3, skv // 2] = math.nan
+            bias[-1, 0, sq - 1, 0] = math.inf
+            bias[-1, 1, 5, : skv - 1] = -math.inf
+        return tuple(x.to(dtype) for x in (q, k, v, bias))
+
+    g = torch.Generator().manual_seed(12)
+    sq, kv = Dim("sq", max=MAX), Dim("kv", min=0, max=MAX)
+    dims = {"q": {0: Dim("batch"), 2: sq}, "k": {0: Dim("batch"), 2: kv}, "v": {0: Dim("batch"), 2: kv}}
+    dims["bias"] = {0: Dim("batch"), 2: sq, 3: kv}
+    art = bladepack.optimize(_Biased(), biased(2, 17, 9), dynamic_shapes=dims, targets=TARGETS)
+    shapes = [(1, 16, 5), (2, 17, 64), (1, 63, 65), (2, 64, 1), (1, 65, 200), (2, 130, 0), (1, 9, 70)]
+    cases = [biased(*x) for x in shapes]
+    results, log = _run(gpu, _Biased(), cases, art)
+    assert _launched(log) == {"k0_mma", "k0_tile"}, _launched(log)
+    failures = []
+    for args, got in zip(cases, results, strict=True):
+        assert not isinstance(got, str), got
+        with torch.no_grad():
+            ref = _Biased()(*(a.double() for a in args)).numpy()
+            eager = _Biased()(*args).double().numpy()
+        ours = _half_results(got[0], dtype)
+        shape = tuple(args[-1].shape)
+        if not np.array_equal(np.isnan(ours), np.isnan(ref)):
+            failures.append(f"{shape}: NaN at other places than the float64 model")
+            continue
+        ok = ~np.isnan(ref)
+        err, theirs = (_fp64_error(ours[ok], ref[ok]), _fp64_error(eager[ok], ref[ok])) if ok.any() else (0.0, 0.0)
+        if not err <= 2 * theirs + 1e-3:
+            failures.append(f"{shape}: {err:.2e} (eager {theirs:.2e})")
+    assert not failures, "\n".join(failures)
+    if dtype is torch.float16:
+        _, cpp, _ = gpu.run_cpp(art, [tuple(a.numpy() for a in c) for c in cases[:3]])
+        for a, c in zip(results[:3], cpp, strict=True):
+            np.testing.assert_array_equal(a[0], c[0])
+
+    def padded(b: int, n: int) -> tuple[torch.Tensor, ...]:
+        q, k, v = (x.to(dtype) for x in _qkv(g, b, n, n, 64, 64, 2, 2))
+        mask = (torch.rand(b, n, generator=g) > 0.3).long()
+        mask[0] = 0
+        return q, k, v, mask
+
+    seq = Dim("seq", max=MAX)
+    dims = {"q": {0: Dim("batch"), 2: seq}, "k": {0: Dim("batch"), 2: seq}, "v": {0: Dim("batch"), 2: seq}}
+    dims["mask"] = {0: Dim("batch"), 1: seq}
+    art = bladepack.optimize(_Padded(), padded(2, 17), dynamic_shapes=dims, targets=TARGETS)
+    cases = [padded(b, n) for b, n in [(2, 16), (1, 33), (2, 100), (1, MAX)]]
+    results, log = _run(gpu, _Padded(), cases, art)
+    assert _launched(log) == {"k0_mma"}, _launched(log)
+    for args, got in zip(cases, results, strict=True):
+        with torch.no_grad():
+            ref = _Padded()(*(a.double() if a.is_floating_point() else a for a in args)).numpy()
+            eager = _Padded()(*args).double().numpy()
+        err, theirs = _fp64_error(_half_results(got[0], dtype), ref), _fp64_error(eager, ref)
+        assert err <= 2 * theirs + 1e-3, (tuple(args[0].shape), err, theirs)
+
+
+def test_tensor_core_ptx(tmp_path: Path) -> None:
+    """The "_mma" variant is tensor-core code: its PTX for sm_80 (the oldest image built) has
+    mma.sync.aligned.m16n8k16 of float16 and of bfloat16 into float."""
+    from bladepack.codegen.cuda_toolchain import FLAGS, find_nvcc
+
+    seq = Dim("seq", max=MAX)
+    dims = {"q": {0: Dim("batch"), 2: seq}, "k": {0: Dim("batch"), 2: seq}, "v": {0: Dim("batch"), 2: seq}}
+    for dtype, name in ((torch.float16, "f16"), (torch.bfloat16, "bf16")):
+        g = torch.Generator().manual_seed(13)
+        art = bladepack.optimize(
+            _Sdpa(True), _qkv(g, 2, 17, 17, 64, 64, 2, 2, dtype), dynamic_shapes=dims, targets=TARGETS
+        )
+        src = tmp_path / f"{name}.cu"
+        src.write_text(art.sources.unit("cuda"))
+        ptx = tmp_path / f"{name}.ptx"
+        include = ["-I", str(Path(bladepack.__file__).parent / "codegen")]
+        r = subprocess.run(
+            [find_nvcc(), *FLAGS, "-arch=sm_80", "-ptx", "-o", str(ptx), *include, "-x", "cu", str(src)],
+            capture_output=True,
+            text=True,
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        text = ptx.read_text()
+        body = text[text.index(".entry k0_mma(") :]
+        body = body[: body.index("\n}\n")]
+        assert f"mma.sync.aligned.m16n8k16.row.col.f32.{name}.{name}.f32" in body, name
 
 
 def _bf16(bits: np.ndarray) -> np.ndarray:
@@ -382,7 +495,8 @@ def test_kernels_keep_their_registers(tmp_path: Path) -> None:
         )
         assert r.returncode == 0, r.stderr[-3000:]
         entries = re.findall(r"Compiling entry function '(\w+)'.*?\n(.*?spill loads)", r.stderr, re.S)
-        want = {"k0_rows", "k0_tile"} if sq > 1 else {"k0_rows", "k0_split", "k1"}
+        want = {"k0_rows", "k0_split", "k1"} if sq == 1 else {"k0_rows", "k0_tile"}
+        want |= {"k0_mma"} if sq > 1 and dtype is torch.float16 else set()
         assert {name for name, _ in entries} == want, r.stderr[-3000:]
         reports += [(dtype, d, name, rep.strip()) for name, rep in entries]
     spilled = [rep for rep in reports if "0 bytes spill stores, 0 bytes spill loads" not in rep[3]]

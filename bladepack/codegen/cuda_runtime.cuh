@@ -253,6 +253,47 @@ BPK_D T block_all(T v, F f, T* scratch) {
   return out;
 }
 
+// -------------------------------------------------------------------------- tensor cores
+// Note [Tensor-core fragments]: mma.sync.m16n8k16 (sm_80 and later) of a warp, D += A B with A 16 x 16
+// (row-major), B 16 x 8 (column-major) of float16 or bfloat16 and D 16 x 8 of float. With g = lane / 4
+// and t = lane % 4, a lane holds A's rows g and g + 8 at columns 2t, 2t + 1 and 2t + 8, 2t + 9 (four
+// registers of two values: (g, 2t..), (g + 8, 2t..), (g, 2t + 8..), (g + 8, 2t + 8..)), B's column g
+// at rows 2t, 2t + 1 and 2t + 8, 2t + 9 (two registers), and D's rows g and g + 8 at columns 2t and
+// 2t + 1 (d[0], d[1] in row g; d[2], d[3] in row g + 8). The emulation computes the same product from
+// every lane's registers (tests/fake_cuda/cuda_emulation.h).
+template <class H>
+BPK_D uint16_t bits16(float x) {
+  if constexpr (std::is_same<H, __half>::value) {
+    return __half_as_ushort(__float2half_rn(x));
+  } else {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+  }
+}
+template <class H>
+BPK_D uint32_t pack2(float lo, float hi) {  // a register of two 16-bit values, `lo` first in memory
+  return uint32_t(bits16<H>(lo)) | (uint32_t(bits16<H>(hi)) << 16);
+}
+template <class H>
+BPK_D void mma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#ifdef BPK_EMULATE
+  bpk_emu::mma16816<std::is_same<H, __nv_bfloat16>::value>(d, a, b);
+#else
+  if constexpr (std::is_same<H, __half>::value) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+#endif
+}
+
 // the first error of a launch wins; the kernel continues with a safe index
 BPK_D void fail(int64_t* st, int64_t code, int64_t value, int64_t size) {
   if (atomicCAS(reinterpret_cast<unsigned long long*>(st), 0ull, static_cast<unsigned long long>(code)) == 0ull) {

@@ -95,6 +95,13 @@ def attention_shape(att: Attention, ctx: KernelContext) -> AttentionShape:
     )
 
 
+def empty_row(safe: bool, skv: str, t: str) -> str:
+    """C for what a row with every score -inf (a sum of 0) gives: 0 under a safe softmax (sdpa's), NaN
+    under a plain one; with no keys at all (`skv` 0) the product is an empty sum: 0, as torch's matmul
+    gives. `t` is the accumulator's C type."""
+    return f"{t}(0)" if safe else f"({skv} == 0 ? {t}(0) : std::numeric_limits<{t}>::quiet_NaN())"
+
+
 @dataclass(frozen=True)
 class KeyBound:
     """Note [Key bounds]: the bound `value + add`, value an integer read per query row."""

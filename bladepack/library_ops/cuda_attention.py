@@ -26,7 +26,8 @@ eight independent streams per (leading index, row); "_tile" (Sq >= 8) gives each
 (8, or fewer where the head dims would not fit shared memory or registers) and four warps, so each key
 and value row read serves R rows. Grouped-query K / V heads are read in place (library_ops/
 attention_operands.py), and a block walks only the keys its rows can see (Note [Key bounds]: about
-half of them in a causal prefill). Not yet here: tensor-core (mma.sync / wgmma) tiles for prefill.
+half of them in a causal prefill). In float16 / bfloat16 from 16 query rows, the "_mma" variant
+(library_ops/cuda_attention_mma.py, Note [Tensor-core attention]) runs on tensor cores first.
 
 Note [Split keys] (flash-decoding): a decoding step has few (leading index, query row) pairs — batch 1
 of 32 heads gives 32 blocks, a quarter of an H100's SMs, each streaming a whole cache. Where the rows
@@ -60,7 +61,14 @@ from bladepack.dtypes import DType
 from bladepack.ir.fusion_plan import Attention
 from bladepack.ir.types import IRDim, TensorType
 from bladepack.ir.views import View, simplify
-from bladepack.library_ops.attention_operands import attention_shape, bound_index, key_bounds, lead_index
+from bladepack.library_ops.attention_operands import (
+    attention_shape,
+    bound_index,
+    empty_row,
+    key_bounds,
+    lead_index,
+)
+from bladepack.library_ops.cuda_attention_mma import mma_plan
 
 TILE = 32  # keys per warp step: one per lane
 ROWS_MAX_SQ = 8  # the "_rows" variant below this many query rows
@@ -140,6 +148,11 @@ def attention_plans(att: Attention, ctx: KernelContext, workspace: int | None = 
     rows = _tile_rows(d, dv, item)
     assert _smem(1, ROWS_WARPS, d, dv, item) <= SMEM_BYTES
     split = key_split(att, ctx) if workspace is not None else None
+    mma = mma_plan(att, ctx)  # Note [Tensor-core attention]: Sq >= 16 in float16 / bfloat16
+    if mma is not None:
+        plans.append(mma)
+        if mma[1] is sympy.true:
+            return [("", sympy.true, *mma[2:])]
     variants: list[tuple[str, Any, int, int, KeySplit | None]] = [
         ("_tile", sympy.Ge(sympy.sympify(sh.sq), ROWS_MAX_SQ), rows, TILE_WARPS, None)
     ]
@@ -335,7 +348,7 @@ def _kernel(
         em.line(f"    o_ += bpk_o[(w * {rows} + q) * {dv} + c] * f_;")
         em.line("  }")
         em.line(
-            f"  bpk::st(op_ + (q0_ + q) * {dv} + c, o_ * (l_ == {t}(0) ? {_empty(sh.safe, r(skv), t)} : {t}(1) / l_));"
+            f"  bpk::st(op_ + (q0_ + q) * {dv} + c, o_ * (l_ == {t}(0) ? {empty_row(sh.safe, r(skv), t)} : {t}(1) / l_));"
         )
         em.line("}")
 
@@ -394,15 +407,9 @@ def _combine_kernel(em: CudaEmitter, att: Attention, split: KeySplit, workspace:
         em.line(f"    l_ += {t}(wp_[s * {width} + {dv + 1}]) * f_;")
         em.line(f"    o_ += {t}(wp_[s * {width} + c]) * f_;")
         em.line("  }")
-        em.line(f"  bpk::st(op_ + c, o_ * (l_ == {t}(0) ? {_empty(sh.safe, r(sh.skv), t)} : {t}(1) / l_));")
+        em.line(f"  bpk::st(op_ + c, o_ * (l_ == {t}(0) ? {empty_row(sh.safe, r(sh.skv), t)} : {t}(1) / l_));")
         em.line("}")
 
     rows = simplify(volume(sh.lead) * sh.sq)
     header = [f"for (int64_t row_ = blockIdx.x; row_ < {r(rows)}; row_ += gridDim.x) {{"]
     em.loop(header, (*syms, qrow), body, prologue=split_index("row_", (*syms, qrow), (*sh.lead, sh.sq), em.args))
-
-
-def _empty(safe: bool, skv: str, t: str) -> str:
-    """What a row with every score -inf (l = 0) gives: 0 under a safe softmax, NaN under a plain one;
-    with no keys at all the product is an empty sum: 0, as torch's matmul gives."""
-    return f"{t}(0)" if safe else f"({skv} == 0 ? {t}(0) : std::numeric_limits<{t}>::quiet_NaN())"

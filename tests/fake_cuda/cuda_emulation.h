@@ -19,6 +19,7 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #define __global__
@@ -45,6 +46,11 @@ struct __half {
   _Float16 v;
 };
 inline float __half2float(__half h) { return static_cast<float>(h.v); }
+inline unsigned short __half_as_ushort(__half h) {
+  unsigned short u;
+  memcpy(&u, &h.v, 2);
+  return u;
+}
 inline __half __float2half_rn(float f) { return __half{static_cast<_Float16>(f)}; }
 
 struct __nv_bfloat16 {
@@ -56,6 +62,7 @@ inline float __bfloat162float(__nv_bfloat16 b) {
   memcpy(&f, &u, 4);
   return f;
 }
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.bits; }
 inline __nv_bfloat16 __float2bfloat16_rn(float f) {
   uint32_t u;
   memcpy(&u, &f, 4);
@@ -79,6 +86,7 @@ struct Fiber {
   State state;
   unsigned tid;
   unsigned char slot[8];  // this thread's value in the current shuffle
+  uint32_t frag[6];  // its A and B registers in the current tensor-core product
 };
 
 inline ucontext_t g_main;
@@ -122,6 +130,49 @@ T shfl_xor(T v, int mask) {
   if (partner < g_fibers.size()) memcpy(&out, g_fibers[partner].slot, sizeof(T));
   wait(kWarpWait);  // nobody overwrites a slot before every lane has read it
   return out;
+}
+
+// one 16-bit value of a register as float: bfloat16 or float16 bits
+inline float half_value(uint32_t reg, int half, bool bf16) {
+  const uint16_t u = uint16_t(reg >> (16 * half));
+  if (bf16) {
+    const uint32_t w = uint32_t(u) << 16;
+    float f;
+    memcpy(&f, &w, 4);
+    return f;
+  }
+  _Float16 h;
+  memcpy(&h, &u, 2);
+  return float(h);
+}
+
+// mma.sync.m16n8k16 of the warp (Note [Tensor-core fragments] in codegen/cuda_runtime.cuh): every lane
+// publishes its A and B registers, then computes its four D elements from all of them in float
+template <bool BF16>
+void mma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  const size_t me = size_t(g_cur);
+  memcpy(g_fibers[me].frag, a, 16);
+  memcpy(g_fibers[me].frag + 4, b, 8);
+  wait(kWarpWait);
+  const unsigned base = g_fibers[me].tid & ~31u, lane = g_fibers[me].tid & 31u;
+  const unsigned g = lane >> 2, t = lane & 3u;
+  auto A = [&](unsigned row, unsigned k) {
+    const Fiber& f = g_fibers[base + (row % 8) * 4 + (k % 8) / 2];
+    return half_value(f.frag[(row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)], int(k & 1u), BF16);
+  };
+  auto B = [&](unsigned k, unsigned col) {
+    const Fiber& f = g_fibers[base + col * 4 + (k % 8) / 2];
+    return half_value(f.frag[4 + (k >= 8 ? 1 : 0)], int(k & 1u), BF16);
+  };
+  float out[4];
+  for (unsigned i = 0; i < 4; ++i) {
+    const unsigned row = g + 8 * (i >> 1), col = 2 * t + (i & 1u);
+    float acc = d[i];
+    for (unsigned k = 0; k < 16; ++k) acc += A(row, k) * B(k, col);
+    out[i] = acc;
+  }
+  wait(kWarpWait);  // nobody overwrites its registers before every lane has read them
+  memcpy(d, out, 16);
 }
 
 inline void run_block(unsigned n, bool coop) {
