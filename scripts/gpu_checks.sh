@@ -15,8 +15,11 @@
 #                     cutlass_gemm_hopper), bench.cuda_graphs --gpu;
 #                     results.tgz holds their bench/results/*_<device>.{md,json}
 # Name benchmarks to run only those: scripts/gpu_checks.sh cutlass_gemm. Not in the default list (the
-# work in flight): gpu_attention (bench.gpu_attention, the fused attention against torch's SDPA; about
-# two minutes). BUDGET (seconds, default 540) bounds the whole run; later steps get what is left.
+# work in flight): gpu_attention (bench.gpu_attention, the fused attention against torch's SDPA, the key
+# split and tensor cores against their baselines; about two minutes) and gpu_models (bench.gpu_models,
+# real-size models against eager / torch.compile / AOTInductor, built on this machine; GPU_MODELS=bert,vit
+# picks models, GPU_PEERS=eager,compile peers; it stops at the budget and says what it skipped).
+# BUDGET (seconds, default 540) bounds the whole run; later steps get what is left.
 # Measured facts of these machines (2026-11-26): torch 2.11, nvcc 13.0.88 (the same build as here, so the
 # CUTLASS cache is reused), cuBLAS in /usr/local/cuda, g++ 13, cmake and ninja, no msgpack-cxx headers.
 set -uo pipefail
@@ -72,6 +75,8 @@ for b in "${benches[@]}"; do
   [ "$b" = cuda_samples ] && extra=(--peers eager --repeat 20)
   [ "$b" = cutlass_gemm ] && extra=(--repeat 10)
   [ "$b" = gpu_attention ] && extra=(--repeat 10)
+  [ "$b" = gpu_models ] && extra=(--repeat 5 --budget $(($(left) - 40)) ${GPU_MODELS:+--models "$GPU_MODELS"}
+    ${GPU_PEERS:+--peers "$GPU_PEERS"})
   [ "$b" = cutlass_gemm_hopper ] && b=cutlass_gemm && hopper=1 && extra=(--repeat 10)
   [ "$(left)" -gt 20 ] || break
   BLADEPACK_HOPPER_GEMMS=$hopper timeout $(($(left) - 10)) "$py" -m "bench.$b" ${extra[@]+"${extra[@]}"} 2>&1 |
