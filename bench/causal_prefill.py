@@ -5,9 +5,12 @@ and, with `--baseline`, an artifact of the same model built by another bladepack
 one process).
 
     python -m bench.causal_prefill [--peers eager,ort,openvino] [--baseline old.bpk] [--save new.bpk]
+    python -m bench.causal_prefill --form transformers    # the mask as transformers builds it
 
-Writes bench/results/causal_prefill.{md,json}; ratios are peer time / bladepack time. Runners interleave
-per shape (Note [Rounds] in bench/cpu_samples.py).
+`--form transformers` writes the causal mask as transformers' sdpa_mask does (positions `arange + 0`,
+`kv <= q` and'd with the padding mask into one boolean mask, here with no padding) and passes it to sdpa.
+Writes bench/results/causal_prefill[_transformers].{md,json}; ratios are peer time / bladepack time.
+Runners interleave per shape (Note [Rounds] in bench/cpu_samples.py).
 """
 
 from __future__ import annotations
@@ -34,13 +37,23 @@ class CausalAttention(torch.nn.Module):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
-def dynamic_shapes() -> dict[str, dict[int, Any]]:
+class TransformersMask(torch.nn.Module):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        n = q.shape[2]
+        qi, ki = (torch.arange(n) + 0)[None, None, :, None], (torch.arange(n) + 0)[None, None, None, :]
+        mask = (torch.ones((), dtype=torch.bool) & (ki <= qi)) & pad.bool()[:, None, None, :]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def dynamic_shapes(form: str) -> dict[str, dict[int, Any]]:
     batch, seq = bladepack.Dim("batch", 1, 16), bladepack.Dim("seq", 1, 4096)
-    return {n: {0: batch, 2: seq} for n in ("q", "k", "v")}
+    dims = {n: {0: batch, 2: seq} for n in ("q", "k", "v")}
+    return dims if form == "sdpa" else {**dims, "pad": {0: batch, 1: seq}}
 
 
-def inputs(g: torch.Generator, batch: int, seq: int) -> tuple[torch.Tensor, ...]:
-    return tuple(torch.randn(batch, HEADS, seq, HEAD, generator=g) for _ in range(3))
+def inputs(g: torch.Generator, batch: int, seq: int, form: str = "sdpa") -> tuple[torch.Tensor, ...]:
+    qkv = tuple(torch.randn(batch, HEADS, seq, HEAD, generator=g) for _ in range(3))
+    return qkv if form == "sdpa" else (*qkv, torch.ones(batch, seq, dtype=torch.int64))
 
 
 def main() -> None:
@@ -49,11 +62,13 @@ def main() -> None:
     ap.add_argument("--baseline", type=Path, help="an artifact of this model built by another bladepack")
     ap.add_argument("--save", type=Path, help="save this bladepack's artifact here (a later run's --baseline)")
     ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--form", choices=("sdpa", "transformers"), default="sdpa")
     a = ap.parse_args()
-    model = CausalAttention()
+    model = CausalAttention() if a.form == "sdpa" else TransformersMask()
+    names = ["q", "k", "v"] + ([] if a.form == "sdpa" else ["pad"])
     g = torch.Generator().manual_seed(0)
-    samples = [inputs(g, 2, 9), inputs(g, 1, 17)]
-    art = bladepack.optimize(model, samples, dynamic_shapes())
+    samples = [inputs(g, 2, 9, a.form), inputs(g, 1, 17, a.form)]
+    art = bladepack.optimize(model, samples, dynamic_shapes(a.form))
     if a.save:
         art.save(a.save)
     loaded = bladepack.load(art.to_bytes())
@@ -66,13 +81,14 @@ def main() -> None:
     torch_peers(peers, model, samples, runners, errors)
     if "ort" in peers or "openvino" in peers:
         path = Path(tempfile.mkdtemp()) / "causal.onnx"
-        axes = {n: {0: "batch", 2: "seq"} for n in ("q", "k", "v")}
-        torch.onnx.export(model, samples[0], str(path), input_names=["q", "k", "v"], dynamic_axes=axes, dynamo=False)
+        axes = {n: {0: "batch", 2: "seq"} for n in ("q", "k", "v")} | {"pad": {0: "batch", 1: "seq"}}
+        axes = {n: axes[n] for n in names}
+        torch.onnx.export(model, samples[0], str(path), input_names=names, dynamic_axes=axes, dynamo=False)
         onnx_peers(peers, path, runners, errors)
     rows = []
     with torch.no_grad():
         for batch, seq in SHAPES:
-            x = inputs(g, batch, seq)
+            x = inputs(g, batch, seq, a.form)
             want = model(*x)
             err = float((torch.as_tensor(loaded(*x)) - want).abs().max())
             rows.append(
@@ -80,7 +96,8 @@ def main() -> None:
             )
     others = [p for p in runners if p != "bladepack"]
     lines = [
-        f"# Causal prefill attention (sdpa is_causal, {HEADS} heads x {HEAD}), {title(describe(loaded.executor))}",
+        f"# Causal prefill attention ({'sdpa is_causal' if a.form == 'sdpa' else 'a mask built as transformers does'}, "
+        f"{HEADS} heads x {HEAD}), {title(describe(loaded.executor))}",
         "",
         "| batch x seq | bladepack µs | " + " | ".join(f"{p} µs (x)" for p in others) + " | max error |",
         "|---|---|" + "---|" * len(others) + "---|",
@@ -95,8 +112,9 @@ def main() -> None:
     lines += [f"\n{p} unavailable: {e}" for p, e in errors.items()]
     text = "\n".join(lines) + "\n"
     print(text)
-    (RESULTS / "causal_prefill.md").write_text(text)
-    (RESULTS / "causal_prefill.json").write_text(
+    stem = "causal_prefill" if a.form == "sdpa" else "causal_prefill_transformers"
+    (RESULTS / f"{stem}.md").write_text(text)
+    (RESULTS / f"{stem}.json").write_text(
         json.dumps({"machine": describe(loaded.executor), "rows": rows, "errors": errors}, indent=1, default=str)
     )
 

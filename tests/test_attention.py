@@ -317,6 +317,48 @@ class _CausalForms(torch.nn.Module):
         return sdpa, kept, filled, window
 
 
+class _TransformersMask(torch.nn.Module):
+    """transformers' sdpa_mask (masking_utils.py): positions as `arange + offset`, `kv <= q` and'd with
+    True and with the padding mask into one boolean mask that two attentions read; and a key position
+    shifted by a constant (`k + 2 <= q + 1`: each row sees one key fewer, the first none)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        n = q.shape[2]
+        qi, ki = (torch.arange(n) + 0)[None, None, :, None], (torch.arange(n) + 0)[None, None, None, :]
+        mask = torch.ones((), dtype=torch.bool) & (ki <= qi)
+        mask = mask & pad.bool()[:, None, None, :]
+        first = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        second = F.scaled_dot_product_attention(first, k, v, attn_mask=mask)
+        shifted = F.scaled_dot_product_attention(q, k, v, attn_mask=(ki + 2 <= qi + 1) & pad.bool()[:, None, None, :])
+        return first, second, shifted
+
+
+def test_transformers_masks_bound_the_keys() -> None:
+    """Note [Key bounds] through a materialized mask of transformers' form (positions `arange + c`): each
+    attention walks its rows' keys only, and equals eager (rows with no key: 0, sdpa's safe softmax)."""
+    seq = Dim("seq", max=MAX)
+    dims = {"q": {0: Dim("batch"), 2: seq}, "k": {0: Dim("batch"), 2: seq}, "v": {0: Dim("batch"), 2: seq}}
+    dims["pad"] = {0: Dim("batch"), 1: seq}
+    g = torch.Generator().manual_seed(10)
+
+    def make(b: int, n: int) -> tuple[torch.Tensor, ...]:
+        pad = (torch.rand(b, n, generator=g) > 0.2).long()
+        pad[:, 0] = 1
+        return (*_qkv(g, b, n, n, 16, 16, 2, 2), pad)
+
+    model = _TransformersMask()
+    art = bladepack.optimize(model, make(2, 9), dynamic_shapes=dims)
+    m = bladepack.load(art.to_bytes(), executor="native")
+    assert _kinds(m).count("attention") == 3, _kinds(m)
+    assert art.sources.units["cpu"].unit.count("khi_ = std::max<int64_t>(khi_") >= 3
+    for b, n in [(1, 1), (2, 3), (1, 17), (2, 64), (1, 65), (2, 130), (1, MAX)]:
+        x = make(b, n)
+        with torch.no_grad():
+            wants = model(*x)
+        for got, want in zip(m(*x), wants, strict=True):
+            assert rel_err(got, want) <= 1e-5, (b, n, rel_err(got, want))
+
+
 def test_causal_masks_bound_the_keys() -> None:
     """Note [Key bounds]: each form is read as bounds (the kernels walk `klo_` .. `khi_`), and every
     output equals eager at lengths across the variants and key blocks."""

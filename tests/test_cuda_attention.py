@@ -29,7 +29,7 @@ import torch.nn.functional as F
 import bladepack
 from bladepack import Dim
 from tests.cuda_harness import FakeGpu
-from tests.test_attention import _CausalForms, _Padded, _Sdpa
+from tests.test_attention import _CausalForms, _Padded, _Sdpa, _TransformersMask
 
 pytestmark = pytest.mark.skipif(
     shutil.which("nvcc") is None and not os.environ.get("NVCC"), reason="nvcc not found (CUDA targets need it)"
@@ -139,6 +139,17 @@ def test_causal_masks_bound_the_keys(gpu: FakeGpu) -> None:
     cases = [_qkv(g, b, n, n, 16, 16, 4, 4) for b, n in [(1, 1), (2, 7), (1, 8), (2, 40), (1, 161)]]
     results, _ = _run(gpu, model, cases, art)
     _check(model, cases, results, 2e-6)
+    # transformers' form: a materialized mask of `arange + c` positions, and a shifted key position
+    dims["pad"] = {0: Dim("batch"), 1: seq}
+
+    def make(b: int, n: int) -> tuple[torch.Tensor, ...]:
+        return (*_qkv(g, b, n, n, 16, 16, 2, 2), (torch.rand(b, n, generator=g) > 0.2).long())
+
+    art = bladepack.optimize(_TransformersMask(), make(2, 9), dynamic_shapes=dims, targets=TARGETS)
+    assert art.sources.units["cuda"].unit.count("khi_ = (") >= 3
+    cases = [make(b, n) for b, n in [(1, 1), (2, 7), (1, 8), (2, 40), (1, 161)]]
+    results, _ = _run(gpu, _TransformersMask(), cases, art)
+    _check(_TransformersMask(), cases, results, 2e-6)
 
 
 @pytest.mark.parametrize("new", [1, 3, 9])

@@ -125,18 +125,38 @@ def _integer(ctx: KernelContext, v: int) -> bool:
     return ctx.types[v].dtype.value.startswith("int")
 
 
-def _key_position(ctx: KernelContext, v: int, rank: int, skv: IRDim) -> bool:
-    """Whether value `v`, right-aligned to the scores' rank, is the key position k at every score."""
+def _int_constant(ctx: KernelContext, v: int) -> int | None:
+    n = ctx.nodes.get(v)
+    if n is None or n.op is not OpKind.CONSTANT or n.type.shape != () or not _integer(ctx, v):
+        return None
+    value = n.attrs.value if isinstance(n.attrs, ConstantAttrs) else None
+    return value if isinstance(value, int) else None
+
+
+def _key_offset(ctx: KernelContext, v: int, rank: int, skv: IRDim) -> int | None:
+    """The constant c for which value `v`, right-aligned to the scores' rank, is the key position k plus
+    c at every score (an arange of the keys, plus or minus integer constants: transformers' `kv_arange +
+    kv_offset`), or None."""
     shape = ctx.types[v].shape
     if len(shape) > rank or not shape or shape[-1] != skv or any(d != 1 for d in shape[:-1]) or not _integer(ctx, v):
-        return False
-    n = ctx.nodes.get(v)
-    while n is not None and n.op in (OpKind.RESHAPE, OpKind.EXPAND):
-        n = ctx.nodes.get(n.inputs[0])
+        return None
+    n, c = ctx.nodes.get(v), 0
+    while n is not None:
+        if n.op in (OpKind.RESHAPE, OpKind.EXPAND):
+            n = ctx.nodes.get(n.inputs[0])
+            continue
+        if n.op in (OpKind.ADD, OpKind.SUB) and len(n.inputs) == 2:
+            right = _int_constant(ctx, n.inputs[1])
+            left = _int_constant(ctx, n.inputs[0]) if n.op is OpKind.ADD else None
+            if right is not None or left is not None:
+                c += (right if right is not None else left or 0) * (-1 if n.op is OpKind.SUB else 1)
+                n = ctx.nodes.get(n.inputs[0] if right is not None else n.inputs[1])
+                continue
+        break
     if n is None or n.op is not OpKind.ARANGE or n.type.shape != (skv,):
-        return False
+        return None
     a = n.attrs
-    return isinstance(a, ArangeAttrs) and a.start == 0 and a.step == 1
+    return c if isinstance(a, ArangeAttrs) and a.start == 0 and a.step == 1 else None
 
 
 def _per_row(ctx: KernelContext, v: int, rank: int) -> bool:
@@ -162,7 +182,9 @@ def _minus_inf(ctx: KernelContext, v: int) -> bool:
 def key_bounds(att: Attention, ctx: KernelContext) -> KeyBounds | None:
     """Note [Key bounds]: what bounds each query row's keys, or None. `where(cond, x, -inf)` keeps
     the keys where every conjunct of cond holds; `where(cond, -inf, x)` (a masked_fill) those where no
-    disjunct of cond does."""
+    disjunct of cond does. A conjunct compares the key position (an arange of the keys, plus or minus
+    constants) with an integer read per query row; cond may be a stored value (transformers' mask, built
+    once for every layer): its definition is read, and the kernel still applies cond per score."""
     n = ctx.nodes[ctx.nodes[att.probs].inputs[0]]
     if n.op is not OpKind.WHERE or n.id not in att.chain or ctx.nodes.get(n.inputs[0]) is None:
         return None
@@ -185,9 +207,10 @@ def key_bounds(att: Attention, ctx: KernelContext) -> KeyBounds | None:
         op = _NEGATED[c.op] if negate else c.op
         a, b = c.inputs
         for key, x, table in ((a, b, _KEY_LEFT), (b, a, _KEY_RIGHT)):
-            if _key_position(ctx, key, len(scores), scores[-1]) and _per_row(ctx, x, len(scores)):
+            offset = _key_offset(ctx, key, len(scores), scores[-1])
+            if offset is not None and _per_row(ctx, x, len(scores)):
                 side, add = table[op]
-                found.setdefault(side, KeyBound(x, add))
+                found.setdefault(side, KeyBound(x, add - offset))  # k + c < x: k < x - c
                 break
     if not found:
         return None
