@@ -49,6 +49,15 @@ def _time_us(fn: Callable[[], Any], repeat: int, calls: int = 1) -> float:
     return statistics.median(times)
 
 
+def save_results(name: str, device: str, text: str, rows: list[dict[str, Any]]) -> None:
+    """bench/results/<name>_<device>.md (the report) and .json (the rows, the device, torch's version)."""
+    stem = RESULTS / f"{name}_{device.replace(' ', '_')}"
+    stem.with_suffix(".md").write_text(text)
+    stem.with_suffix(".json").write_text(
+        json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=1)
+    )
+
+
 def _runners(name: str, dtype: torch.dtype, peers: list[str], errors: dict[str, str]) -> tuple[dict[str, Runner], Any]:
     s = SAMPLES[name]
     model = s.build().eval()

@@ -23,17 +23,15 @@ import argparse
 import json
 import math
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 import bladepack
-from bench.cuda_samples import _time_us
+from bench.cuda_samples import _time_us, save_results
 from bladepack import Dim
 
-RESULTS = Path(__file__).resolve().parent / "results"
 ROUNDS = 3
 HEAD = 128
 PREFILL = [(b, 16, s) for b, s in [(1, 512), (4, 512), (2, 1024), (1, 2048), (1, 4096)]]  # (batch, heads, seq)
@@ -201,12 +199,8 @@ def main() -> int:
         return 2
     device = torch.cuda.get_device_name()
     rows = measure(dtypes, a.repeat, a.quick)
-    stem = RESULTS / f"gpu_attention_{device.replace(' ', '_')}"
     text = report(rows, device)
-    stem.with_suffix(".md").write_text(text)
-    stem.with_suffix(".json").write_text(
-        json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=1)
-    )
+    save_results("gpu_attention", device, text, rows)
     print(text)
     return 0
 

@@ -31,7 +31,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,10 +38,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import bladepack
-from bench.cuda_samples import _time_us
+from bench.cuda_samples import _time_us, save_results
 from samples.zoo import ZooModel, _field
 
-RESULTS = Path(__file__).resolve().parent / "results"
 ROUNDS = 3
 PEERS = ("eager", "compile", "reduce-overhead", "max-autotune", "aoti")
 DTYPE = torch.float16
@@ -450,12 +448,8 @@ def main() -> int:
             torch.cuda.empty_cache()  # the model's runners are gone
         except Exception as e:  # a model that fails to build: said, and the rest still run
             rows.append({"model": name, "shape": [], "skipped": f"{type(e).__name__}: {str(e)[:300]}"})
-    stem = RESULTS / f"gpu_models_{device.replace(' ', '_')}"
     text = report(rows, device, peers)
-    stem.with_suffix(".md").write_text(text)
-    stem.with_suffix(".json").write_text(
-        json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=1)
-    )
+    save_results("gpu_models", device, text, rows)
     print(text)
     return 0
 

@@ -79,6 +79,26 @@ needs_nvcc = pytest.mark.skipif(
 )
 
 
+def ptx_entries(src: Path, arch: str, names: list[str]) -> dict[str, str]:
+    """nvcc's PTX of CUDA unit `src` for `arch` (sm_80, ...): the body of each named entry."""
+    from bladepack.codegen.cuda_toolchain import FLAGS, find_nvcc
+
+    ptx = src.with_suffix(f".{arch}.ptx")
+    include = ["-I", str(ROOT / "bladepack" / "codegen")]
+    r = subprocess.run(
+        [find_nvcc(), *FLAGS, f"-arch={arch}", "-ptx", "-o", str(ptx), *include, "-x", "cu", str(src)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    text = ptx.read_text()
+    bodies = {}
+    for name in names:
+        body = text[text.index(f".entry {name}(") :]
+        bodies[name] = body[: body.index("\n}\n")]
+    return bodies
+
+
 def require_cutlass() -> None:
     """Skip unless CUTLASS GEMMs can be built here (the nvidia-cutlass headers and nvcc)."""
     pytest.importorskip("cutlass_library")

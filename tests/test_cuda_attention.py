@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 import bladepack
 from bladepack import Dim
-from tests.cuda_harness import FakeGpu
+from tests.cuda_harness import FakeGpu, ptx_entries
 from tests.test_attention import _CausalForms, _Padded, _Sdpa, _TransformersMask
 
 pytestmark = pytest.mark.skipif(
@@ -425,7 +425,6 @@ def test_tensor_core_prefill(gpu: FakeGpu, dtype: torch.dtype) -> None:
 def test_tensor_core_ptx(tmp_path: Path) -> None:
     """The "_mma" variant is tensor-core code: its PTX for sm_80 (the oldest image built) has
     mma.sync.aligned.m16n8k16 of float16 and of bfloat16 into float."""
-    from bladepack.codegen.cuda_toolchain import FLAGS, find_nvcc
 
     seq = Dim("seq", max=MAX)
     dims = {"q": {0: Dim("batch"), 2: seq}, "k": {0: Dim("batch"), 2: seq}, "v": {0: Dim("batch"), 2: seq}}
@@ -436,17 +435,7 @@ def test_tensor_core_ptx(tmp_path: Path) -> None:
         )
         src = tmp_path / f"{name}.cu"
         src.write_text(art.sources.unit("cuda"))
-        ptx = tmp_path / f"{name}.ptx"
-        include = ["-I", str(Path(bladepack.__file__).parent / "codegen")]
-        r = subprocess.run(
-            [find_nvcc(), *FLAGS, "-arch=sm_80", "-ptx", "-o", str(ptx), *include, "-x", "cu", str(src)],
-            capture_output=True,
-            text=True,
-        )
-        assert r.returncode == 0, r.stderr[-3000:]
-        text = ptx.read_text()
-        body = text[text.index(".entry k0_mma(") :]
-        body = body[: body.index("\n}\n")]
+        body = ptx_entries(src, "sm_80", ["k0_mma"])["k0_mma"]
         assert f"mma.sync.aligned.m16n8k16.row.col.f32.{name}.{name}.f32" in body, name
 
 

@@ -28,7 +28,7 @@ from bladepack.loader import native_cuda
 from bladepack.passes.mixed_precision import bfloat16_bits
 from bladepack.target import CUBIN_ARCHES, PTX_ARCH
 from samples.registry import SAMPLES
-from tests.cuda_harness import FakeGpu
+from tests.cuda_harness import FakeGpu, ptx_entries
 from tests.helpers import as_tuple, rel_err
 
 pytestmark = pytest.mark.skipif(
@@ -821,17 +821,7 @@ def test_row_vectors_move_16_bytes(gpu: FakeGpu, tmp_path: Path) -> None:
     assert variants == ["k0_warp_smem_v4", "k1_warp_smem_v4"], variants
     (src,) = dump.rglob("*.cu")
     include = ["-I", str(Path(bladepack.__file__).parent / "codegen")]
-    ptx = tmp_path / "rows.ptx"
-    r = subprocess.run(
-        [find_nvcc(), *FLAGS, "-arch=sm_90", "-ptx", "-o", str(ptx), *include, "-x", "cu", str(src)],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    text = ptx.read_text()
-    for name in variants:
-        body = text[text.index(f".entry {name}(") :]
-        body = body[: body.index("\n}\n")]
+    for name, body in ptx_entries(src, "sm_90", variants).items():
         assert "ld.global.nc.v4" in body and "st.global.v4.u32" in body, name
     r = subprocess.run(
         [find_nvcc(), *FLAGS, "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "rows.cubin")]

@@ -43,6 +43,11 @@ def lead_index(shape: Sequence[IRDim], lead: Sequence[IRDim], syms: Sequence[sym
     return [sympy.Integer(0) if (d == 1 and lead[k + off] != 1) else syms[k + off] for k, d in enumerate(own)]
 
 
+def row_base(view: View, shape: Sequence[IRDim], lead: Sequence[IRDim], syms: Sequence[sympy.Expr]) -> sympy.Expr:
+    """The element offset of operand `view`'s first row for the output's leading index `syms`."""
+    return view.offset_at([*lead_index(shape, lead, syms), sympy.Integer(0), sympy.Integer(0)])
+
+
 @dataclass(frozen=True)
 class AttentionShape:
     """What both kernels read of an `Attention` record: the operands' views, their row and element

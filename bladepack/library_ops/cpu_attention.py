@@ -40,7 +40,7 @@ from bladepack.codegen.kernel import KernelContext, store_offset
 from bladepack.ir.fusion_plan import Attention
 from bladepack.ir.types import IRDim
 from bladepack.ir.views import View, simplify
-from bladepack.library_ops.attention_operands import attention_shape, bound_index, key_bounds, lead_index
+from bladepack.library_ops.attention_operands import attention_shape, bound_index, key_bounds, row_base
 
 BLOCK_ROWS = 16  # query rows per parallel row in the blocked variant
 WIDE_ROWS = 64  # ... in the wide variant, from this many query rows
@@ -90,10 +90,9 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
 
     def body(outer: tuple[Loop, ...]) -> None:
         syms, blk = outer[:-1], outer[-1]
-        zero = [sympy.Integer(0)] * 2
 
         def base(view: View, shape: Sequence[IRDim]) -> str:
-            return em.args.index(view.offset_at([*lead_index(shape, lead, syms), *zero]))
+            return em.args.index(row_base(view, shape, lead, syms))
 
         em.line(f"const int64_t q0_ = {blk.name} * {qb};")
         em.line(f"const int64_t nq_ = std::min<int64_t>({qb}, {r(sq)} - q0_);")

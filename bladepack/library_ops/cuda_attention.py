@@ -66,7 +66,7 @@ from bladepack.library_ops.attention_operands import (
     bound_index,
     empty_row,
     key_bounds,
-    lead_index,
+    row_base,
 )
 from bladepack.library_ops.cuda_attention_mma import mma_plan
 
@@ -202,8 +202,7 @@ def _kernel(
     bounds = key_bounds(att, ctx)
 
     def base(view: View, shape: Sequence[IRDim]) -> str:
-        zero = [sympy.Integer(0)] * 2
-        return em.args.index(view.offset_at([*lead_index(shape, lead, syms), *zero]))
+        return em.args.index(row_base(view, shape, lead, syms))
 
     em.line("const int lane_ = int(threadIdx.x & 31u), warp_ = int(threadIdx.x >> 5);")
     em.line(f"__align__(16) __shared__ {t} bpk_q[{rows * d}];  // the block's query rows")

@@ -41,7 +41,7 @@ from bladepack.library_ops.attention_operands import (
     bound_index,
     empty_row,
     key_bounds,
-    lead_index,
+    row_base,
 )
 
 ROWS = 64  # query rows per block
@@ -89,8 +89,7 @@ def _kernel(em: CudaEmitter, att: Attention) -> None:
     bounds = key_bounds(att, ctx)
 
     def base(view: View, shape: Sequence[IRDim]) -> str:
-        zero = [sympy.Integer(0)] * 2
-        return em.args.index(view.offset_at([*lead_index(shape, lead, syms), *zero]))
+        return em.args.index(row_base(view, shape, lead, syms))
 
     em.line("const int lane_ = int(threadIdx.x & 31u), warp_ = int(threadIdx.x >> 5), g_ = lane_ >> 2, t_ = lane_ & 3;")
     em.line(f"__align__(16) __shared__ uint16_t bpk_k[{max(KEYS, ROWS) * kst}];  // K's tile (first the query rows)")
