@@ -34,7 +34,7 @@ from bladepack.errors import ShapeGuardError
 from bladepack.options import CompileOptions
 from samples.registry import SAMPLES
 from tests import cpp_build
-from tests.helpers import rel_err
+from tests.helpers import narrowed_sizes, rel_err
 
 TMP = Path(tempfile.mkdtemp(prefix="bladepack-cpp-"))
 atexit.register(shutil.rmtree, TMP, ignore_errors=True)
@@ -94,8 +94,11 @@ def test_samples_match_python_loader(release: Path, name: str) -> None:
     s = SAMPLES[name]
     path = sample_artifact(name)
     g = torch.Generator().manual_seed(11)
+    symbols = bladepack.load(path).signature.symbols
     for k, case in enumerate(cases(name)):
         arrays = [t.numpy() for t in s.make_inputs(g, **case)]
+        if narrowed_sizes(symbols, case):
+            continue
         got, want = run_both(release, path, arrays, f"{name}{k}")
         assert len(got) == len(want)
         for o, w in zip(got, want):
@@ -175,8 +178,11 @@ def test_mamba2_scan_matches_python_loader(release: Path) -> None:
     samples = [(torch.randint(0, 50, (2, 9)),), (torch.randint(0, 50, (3, 13)),)]
     bladepack.optimize(_Field(model, "last_hidden_state"), samples).save(path)
     g = torch.Generator().manual_seed(6)
+    symbols = bladepack.load(path).signature.symbols
     for k, (b, s) in enumerate([(1, 1), (1, 16), (2, 21)]):
         ids = torch.randint(0, 50, (b, s), generator=g)
+        if narrowed_sizes(symbols, {"ids_dim0": b, "ids_dim1": s}):
+            continue
         got, want = run_both(release, path, [ids.numpy()], f"mamba2-{k}")
         with torch.no_grad():
             eager = model(input_ids=ids, use_cache=False).last_hidden_state.numpy()
@@ -244,9 +250,12 @@ def test_random_joint_shapes_match_python_loader(release: Path, name: str) -> No
     rng = random.Random(f"joint-{name}")
     g = torch.Generator().manual_seed(5)
     path = sample_artifact(name)
+    symbols = bladepack.load(path).signature.symbols
     for k in range(4):
         case = {d: max(1, round(math.exp(rng.uniform(0, math.log(min(max(v), 600)))))) for d, v in s.test_dims.items()}
         arrays = [t.numpy() for t in s.make_inputs(g, **case)]
+        if narrowed_sizes(symbols, case):
+            continue
         got, want = run_both(release, path, arrays, f"joint-{name}{k}")
         for o, w in zip(got, want):
             e = rel_err(o, w)

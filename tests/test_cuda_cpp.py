@@ -25,6 +25,7 @@ import bladepack
 from samples.registry import SAMPLES
 from tests.cpp_build import BuildError, build
 from tests.cuda_harness import FakeGpu
+from tests.helpers import narrowed, refused_by_torch
 from tests.test_cuda_backend import TARGETS, _ConvPool, _Ops
 
 pytestmark = pytest.mark.skipif(
@@ -66,7 +67,7 @@ def test_samples_match_the_python_cuda_path(gpu: FakeGpu, name: str) -> None:
     s = SAMPLES[name]
     art = bladepack.optimize(s.build().eval(), s.export_samples(), s.dynamic_shapes, targets=TARGETS)
     g = torch.Generator().manual_seed(5)
-    cases = [tuple(a.numpy() for a in s.make_inputs(g, **d)) for d in s.test_cases()]
+    cases = [tuple(a.numpy() for a in s.make_inputs(g, **d)) for d in s.test_cases() if not narrowed(art, d)]
     py_exe, py_out, py_log = gpu.run(art, cases, graphs=False)
     cpp_exe, cpp_out, cpp_log = gpu.run_cpp(art, cases, graphs=False, calls=1)
     assert cpp_exe == py_exe
@@ -131,6 +132,11 @@ def test_convolutions_and_pooling_match(gpu: FakeGpu) -> None:
     art = bladepack.optimize(model, [(torch.randn(2, 6, 9, 11),)], ({0: b, 2: h, 3: w},), targets=TARGETS)
     rng = np.random.default_rng(2)
     cases = [(rng.standard_normal(s).astype(np.float32),) for s in [(1, 6, 5, 7), (2, 6, 9, 11), (3, 6, 16, 8)]]
+    _, py_out, _ = gpu.run(art, cases, graphs=False)
+    # a torch before 2.13 keeps a parity guard of the pools' input (Note [Two exports]): those refused
+    cases = [
+        c for c, r in zip(cases, py_out, strict=True) if not (isinstance(r, str) and refused_by_torch(art.notes, r))
+    ]
     _, py_out, py_log = gpu.run(art, cases, graphs=False)
     _, cpp_out, cpp_log = gpu.run_cpp(art, cases, graphs=False, calls=1)
     assert not [r for r in cpp_out if isinstance(r, str)], cpp_out

@@ -25,7 +25,7 @@ from bladepack.errors import InputError
 from bladepack.inspect import manifest_summary
 from bladepack.passes.mixed_precision import bfloat16_bits
 from samples.registry import SAMPLES
-from tests.helpers import rel_err
+from tests.helpers import narrowed, rel_err
 
 _PROBE = """
 extern "C" {
@@ -127,6 +127,8 @@ def test_samples_in_half_precision(name: str, dtype: str) -> None:
     g = torch.Generator().manual_seed(3)
     for dims in s.test_cases():
         args = s.make_inputs(g, **dims)
+        if narrowed(art, dims):
+            continue
         half = tuple(a.to(tdt) if a.is_floating_point() else a for a in args)
         # float16 through numpy, bfloat16 as torch tensors (numpy has no bfloat16)
         ours = mod(*(a.numpy() for a in half)) if dtype == "float16" else mod(*half)

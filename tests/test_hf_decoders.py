@@ -17,6 +17,7 @@ import torch
 
 import bladepack
 from samples.zoo import DECODER
+from tests.helpers import narrowed
 
 transformers = pytest.importorskip("transformers")
 
@@ -73,6 +74,8 @@ def test_padded_batches_match_eager(family: str, tmp_path: Any) -> None:
     art.save(path)
     loaded = {ex: bladepack.load(path, executor=ex) for ex in ("native", "reference")}
     for b, t in [(1, 1), (1, 6), (3, 7), (4, 13)]:
+        if narrowed(art, {"batch": b, "seq": t}):
+            continue
         for padding in ("left", "right", "none"):
             ids, mask = _batch(g, b, t, padding)
             with torch.no_grad():
@@ -97,6 +100,8 @@ def test_causal_lm_as_it_is() -> None:
     assert [o.name for o in loaded.signature.outputs] == ["logits"]
     for b, t in [(1, 1), (2, 5), (1, 12)]:
         x = torch.randint(0, DECODER["vocab_size"], (b, t), generator=g)
+        if narrowed(art, {"input_ids_dim0": b, "input_ids_dim1": t}):
+            continue
         with torch.no_grad():
             want = model(x, use_cache=False).logits.numpy()
         (got,) = loaded(x.numpy())

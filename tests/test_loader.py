@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,7 @@ import torch
 import bladepack
 from bladepack import InputError, ShapeGuardError
 from bladepack.options import LoaderOptions
-from tests.helpers import rel_err
+from tests.helpers import refused_by_torch, rel_err
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -199,8 +200,10 @@ def test_too_small_for_a_window_is_an_error_not_an_empty_result() -> None:
     art = bladepack.optimize(pool, [(torch.randn(1, 2, 6, 6),), (torch.randn(1, 2, 9, 7),)])
     m = bladepack.load(art.to_bytes())
     assert m(np.ones((1, 2, 3, 2), np.float32)).shape == (1, 2, 1, 1)
-    with pytest.raises(ShapeGuardError, match=r"too small for avg_pool2d .* output size along dimension 3 would be 0"):
+    with pytest.raises(ShapeGuardError) as e:
         m(np.ones((1, 2, 4, 1), np.float32))
+    if not refused_by_torch(art.notes, e.value):  # a torch that narrowed the range refuses it before the pool
+        assert re.search(r"too small for avg_pool2d .* output size along dimension 3 would be 0", str(e.value)), e.value
 
 
 def test_inputs_by_name_in_any_order_and_clear_mistakes(two_input_artifact) -> None:

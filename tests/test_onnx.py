@@ -21,7 +21,7 @@ from bladepack.onnx_import import import_onnx
 from samples.onnx_export import EXPORTERS, export_onnx
 from samples.registry import SAMPLES
 from tests import onnx_node_suite
-from tests.helpers import as_tuple, rel_err
+from tests.helpers import OLD_TORCH, as_tuple, narrowed, rel_err
 
 TOL = 1e-5
 
@@ -46,7 +46,7 @@ def test_sample_onnx_matches_torch(name: str, exporter: str, tmp_path: Path) -> 
     ranges = {x.name: (x.min, x.max) for x in sig.symbols}
     axes = {t.name: {k: d for k, d in enumerate(t.shape) if isinstance(d, str) and d in ranges} for t in sig.inputs}
     path = tmp_path / f"{name}.onnx"
-    path.write_bytes(export_onnx(model, s.export_samples()[0], axes, exporter))
+    path.write_bytes(_export(model, s.export_samples()[0], axes, exporter))
     dyn = {i: {k: Dim(d, *ranges[d]) for k, d in a.items()} for i, a in axes.items() if a}
     art = bladepack.optimize(str(path), dynamic_shapes=dyn)
     assert _kernels(art) == _kernels(torch_art), (art.sources.fusion_text("cpu"), torch_art.sources.fusion_text("cpu"))
@@ -54,12 +54,25 @@ def test_sample_onnx_matches_torch(name: str, exporter: str, tmp_path: Path) -> 
     g = torch.Generator().manual_seed(3)
     for case in s.test_cases():
         args = s.make_inputs(g, **case)
+        if narrowed(torch_art, case):
+            continue
         with torch.no_grad():
             ref = as_tuple(model(*args))
         out = as_tuple(loaded(*[a.numpy() for a in args]))
         assert len(out) == len(ref)
         for o, r in zip(out, ref):
             assert rel_err(o, r.numpy()) <= TOL, (name, exporter, case)
+
+
+def _export(model: torch.nn.Module, args: tuple[Any, ...], axes: dict[str, dict[int, str]], exporter: str) -> bytes:
+    """The ONNX export; an xfail where torch 2.11's dynamo exporter meets a data-dependent guard of its own
+    (the LLaMA sample's cache concatenation: `Eq(u0, 0)`), which 2.13's exporter does not."""
+    try:
+        return export_onnx(model, args, axes, exporter)
+    except Exception as e:
+        if OLD_TORCH and exporter == "dynamo" and "data-dependent" in str(e):
+            pytest.xfail(f"torch {torch.__version__}'s dynamo ONNX exporter: a data-dependent guard")
+        raise
 
 
 def test_llama_dynamo_export_with_default_ranges(tmp_path: Path) -> None:
@@ -71,7 +84,7 @@ def test_llama_dynamo_export_with_default_ranges(tmp_path: Path) -> None:
     model = s.build()
     axes = {"x": {0: "batch"}, "past_k": {0: "batch", 2: "past"}, "past_v": {0: "batch", 2: "past"}}
     path = tmp_path / "llama.onnx"
-    path.write_bytes(export_onnx(model, s.export_samples()[0], axes, "dynamo"))
+    path.write_bytes(_export(model, s.export_samples()[0], axes, "dynamo"))
     loaded = bladepack.load(bladepack.optimize(str(path)).to_bytes())
     assert all(x.max is None for x in loaded.signature.symbols)
     g = torch.Generator().manual_seed(5)

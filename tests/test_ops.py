@@ -20,7 +20,7 @@ from torch import nn
 
 import bladepack
 from bladepack import Dim, ShapeGuardError
-from tests.helpers import check_against_eager, compile_model
+from tests.helpers import OLD_TORCH, check_against_eager, compile_model, refused_by_torch
 
 VALUES = [1, 2, 5, 13, 32]
 EXPORT = [{"B": 3, "S": 6}, {"B": 4, "S": 9}]
@@ -643,9 +643,14 @@ def test_op_matches_eager(case: Case) -> None:
                 # torch.export could not prove the op valid at this size: the guard must say so.
                 with pytest.raises(ShapeGuardError, match="allowed range"):
                     loaded(*args)
-                assert case.name in MIN2_CASES, f"{case.name}: size {v} of {sym} unexpectedly rejected"
+                # a torch before 2.13 narrows more ranges (Note [Two exports])
+                assert case.name in MIN2_CASES or OLD_TORCH, f"{case.name}: size {v} of {sym} unexpectedly rejected"
                 continue
-            check_against_eager(model, loaded, args)
+            try:
+                check_against_eager(model, loaded, args)
+            except ShapeGuardError as e:  # ... also of dims not named after their input's position
+                if not (OLD_TORCH and ("allowed range" in str(e) or refused_by_torch((), e))):
+                    raise
 
 
 # Ops whose size-1 case torch.export cannot prove valid (their range starts at 2, with a clear guard).

@@ -26,6 +26,7 @@ from bladepack.inspect import inspect_text, manifest_summary
 from bladepack.ir import print_graph
 from bladepack.passes.pack_sequences import NotPackable, pack_sequences
 from tests import test_padding as padding_tests
+from tests.helpers import OLD_TORCH, narrowed
 
 transformers = pytest.importorskip("transformers")
 
@@ -117,9 +118,15 @@ def test_hugging_face_models_packed_match_each_sequence_alone(name: str) -> None
     torch.manual_seed(0)
     model = _hf(name)
     art = bladepack.optimize(model, [_text(2, 5), _text(3, 9)], DIMS, packed=True)
-    assert art.packed is not None and not art.notes, art.notes
+    # a torch before 2.13 may narrow the batch to start at 2: optimize says so, and why the packed form's
+    # self-check could not run (each sequence alone is a batch of 1)
+    assert art.packed is not None and (not art.notes or (OLD_TORCH and narrowed(art, {"batch": 1}))), art.notes
     m = bladepack.load(art.to_bytes())
     assert m.packed is not None and m.packed["inputs"] == {"ids": [0, 1], "mask": [0, 1]}
+    if OLD_TORCH and narrowed(art, {"batch": 1}):  # a sequence alone is out of range: every call refused
+        with pytest.raises(bladepack.InputError, match=r"a sequence of length \d+: .*\(symbol 'batch'\) is 1; the allowed range is \[2"):
+            _check(m, model, LENGTHS)
+        return
     _check(m, model, LENGTHS)
     _check(m, model, (SEQ_MAX,) * 8)  # the token range's end: 8 rows of the longest
     if name == "bert":  # the packed plan on the reference executor, and the artifact's own plan unchanged

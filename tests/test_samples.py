@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import bladepack
+from bladepack.errors import ShapeGuardError
 from samples.registry import SAMPLES
-from tests.helpers import check_against_eager
+from tests.helpers import check_against_eager, refused_by_torch
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLES))
@@ -21,7 +22,11 @@ def test_sample_matches_eager(name: str) -> None:
         assert 1 in values, f"{name}: size 1 not tested for {dim}"
     g = torch.Generator().manual_seed(7)
     for case in s.test_cases():
-        check_against_eager(model, loaded, s.make_inputs(g, **case))
+        try:
+            check_against_eager(model, loaded, s.make_inputs(g, **case))
+        except ShapeGuardError as e:
+            if not refused_by_torch(art.notes, e):
+                raise
 
 
 def test_sample_ranges() -> None:

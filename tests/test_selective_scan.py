@@ -15,6 +15,7 @@ import torch
 
 import bladepack
 from bladepack.target import PTX_ARCH
+from tests.helpers import narrowed
 
 transformers = pytest.importorskip("transformers")
 
@@ -101,6 +102,10 @@ class _Mamba2(torch.nn.Module):
         return self.m(input_ids=ids, use_cache=False).last_hidden_state
 
 
+def _narrowed(art: bladepack.Artifact, b: int, s: int) -> bool:
+    return narrowed(art, {"ids_dim0": b, "ids_dim1": s})
+
+
 @pytest.fixture(scope="module", params=[1, 2], ids=["one-group", "two-groups"])
 def mamba2(request: pytest.FixtureRequest) -> tuple[torch.nn.Module, bladepack.Artifact]:
     torch.manual_seed(request.param)
@@ -116,9 +121,11 @@ def test_mamba2_scan_is_one_kernel_at_any_batch_and_length(mamba2: tuple[torch.n
     _, art = mamba2
     plan = art.sources.fusion_text("cpu")
     assert plan.count(": selective_scan[") == 2 and "cumsum" not in plan, plan
-    assert not art.notes, art.notes
+    # a torch before 2.13 keeps transformers' `seq_len != 1` guard (Note [Two exports]): a note says so
+    first = 2 if narrowed(art, {"ids_dim1": 1}) else 1
+    assert not art.notes or first == 2, art.notes
     signature = str(bladepack.load(art.to_bytes()).signature)
-    assert "ids_dim0 in [1, " in signature and "ids_dim1 in [1, inf]" in signature, signature
+    assert "ids_dim0 in [1, " in signature and f"ids_dim1 in [{first}, inf]" in signature, signature
 
 
 @pytest.mark.parametrize("executor", ["native", "reference"])
@@ -126,7 +133,7 @@ def test_mamba2_matches_eager(mamba2: tuple[torch.nn.Module, bladepack.Artifact]
     """Batch 1, lengths within one chunk, at a chunk's end and across several chunks, against the
     chunked computation of Hugging Face's torch path."""
     model, art = mamba2
-    shapes = [(1, 1), (1, 7), (1, 16), (3, 17), (2, 41), (1, 64)]
+    shapes = [(b, s) for b, s in [(1, 1), (1, 7), (1, 16), (3, 17), (2, 41), (1, 64)] if not _narrowed(art, b, s)]
     _matches_eager(model, bladepack.load(art.to_bytes(), executor=executor), shapes, 4, 5e-6)
 
 
@@ -185,4 +192,5 @@ def test_mamba2_hybrids_match_eager(name: str) -> None:
     g = torch.Generator().manual_seed(5)
     art = bladepack.optimize(model, [(torch.randint(0, 100, (b, s), generator=g),) for b, s in ((2, 13), (3, 21))])
     assert ": selective_scan[" in art.sources.fusion_text("cpu")
-    _matches_eager(model, bladepack.load(art.to_bytes()), [(1, 1), (1, 16), (2, 29)], 6, 5e-6)
+    shapes = [(b, s) for b, s in [(1, 1), (1, 16), (2, 29)] if not _narrowed(art, b, s)]
+    _matches_eager(model, bladepack.load(art.to_bytes()), shapes, 6, 5e-6)

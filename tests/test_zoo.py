@@ -18,6 +18,7 @@ import torch
 
 import bladepack
 from samples.zoo import ZOO, ZooModel
+from tests.helpers import narrowed
 
 transformers = pytest.importorskip("transformers")
 
@@ -85,10 +86,14 @@ def test_zoo_model_matches_eager(name: str, front_end: str, tmp_path: Path) -> N
     torch.manual_seed(0)
     z = ZOO[name]
     model = z.build()
-    loaded = bladepack.load(_artifact(z, model, front_end, tmp_path).to_bytes())
+    art = _artifact(z, model, front_end, tmp_path)
+    loaded = bladepack.load(art.to_bytes())
+    names = list(dict.fromkeys(d[0] for axes in z.dims.values() for d in axes.values()))  # a size's order
     g = torch.Generator().manual_seed(2)
     for size in z.checks:
         inputs = z.make(g, size)
+        if narrowed(art, dict(zip(names, size, strict=True))):
+            continue
         with torch.no_grad():
             want = model(*inputs).numpy()
         got = loaded(*[t.numpy() for t in inputs])

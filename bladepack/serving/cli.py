@@ -135,11 +135,11 @@ def _wait(stop: threading.Event, alive: Callable[[], bool]) -> bool:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if args.engine == "ray" and args.backend != "python":  # wrong whatever is installed: said first
+        raise BladepackError("--backend chooses Triton's backend; Ray Serve replicas run the Python loader")
     need = ("ray", "ray") if args.engine == "ray" else ("tritonclient", "serve")
     if importlib.util.find_spec(need[0]) is None:
         raise BladepackError(f"serving with {args.engine} needs {need[0]}: pip install 'bladepack[{need[1]}]'")
-    if args.engine == "ray" and args.backend != "python":
-        raise BladepackError("--backend chooses Triton's backend; Ray Serve replicas run the Python loader")
     return _serve_ray(args) if args.engine == "ray" else _serve_triton(args)
 
 
