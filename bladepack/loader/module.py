@@ -20,7 +20,7 @@ from bladepack.loader.manifest import Manifest
 from bladepack.loader.native_cpu import NativeUnavailable
 from bladepack.loader.native_executor import NativeExecutor
 from bladepack.loader.out_of_range import SplitPolicy
-from bladepack.loader.packed import PackedFile, PackedRunner
+from bladepack.loader.packed import PackedFile, PackedRunner, rows_min
 from bladepack.loader.reference_executor import ReferenceExecutor
 from bladepack.options import LoaderOptions
 
@@ -162,7 +162,8 @@ class LoadedModule:
                 )
             module = LoadedModule(PackedFile(self._bpk, record), self.device, executor, None, True, options)  # type: ignore[arg-type]
             names = [t.name for t in self.signature.inputs]
-            self._packed = PackedRunner(record, names, lambda shapes: self._output_shapes(*shapes), module)
+            rows = rows_min(self.signature, record)
+            self._packed = PackedRunner(record, names, lambda shapes: self._output_shapes(*shapes), module, rows)
         return self._packed.run(inputs, lengths)
 
     def output_shapes(self, *input_shapes: Sequence[int]) -> list[tuple[int, ...]]:

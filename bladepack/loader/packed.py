@@ -8,7 +8,7 @@ one position of each sequence, one row per sequence along its rows axis), as eac
 give them (within float rounding).
 
 Each length is checked as a call of that one sequence would be (the unpacked plan's shape program:
-its range and every guard); the packed plan itself gets each token's sequence bounds as its two extra
+its range and every guard; a batch of `rows_min` copies of it where the batch starts above 1); the packed plan itself gets each token's sequence bounds as its two extra
 inputs. The packed plan is loaded on first use, from the same file (its sections are named by
 `manifest["packed"]["sections"]`).
 """
@@ -22,6 +22,18 @@ import numpy as np
 
 from bladepack.artifact.format import BpkFile
 from bladepack.errors import InputError
+
+
+def rows_min(signature: Any, record: dict[str, Any]) -> int:
+    """The least batch the unpacked plan takes: the range's start of the ragged inputs' rows dim (2
+    where a torch before 2.13 could not export a batch of 1: Note [Two exports])."""
+    mins = {sym.name: sym.min for sym in signature.symbols}
+    least = 1
+    for t in signature.inputs:
+        if t.name in record["inputs"]:
+            d = t.shape[int(record["inputs"][t.name][0])]
+            least = max(least, int(mins.get(d, 1)) if isinstance(d, str) else 1)
+    return least
 
 
 class PackedFile:
@@ -60,12 +72,14 @@ class PackedRunner:
         names: Sequence[str],
         check_one: Callable[[list[tuple[int, ...]]], object],
         module: Any,
+        rows: int = 1,
     ) -> None:
         self.record = record
         self.names = list(names)
         self.inputs: dict[str, tuple[int, int]] = {n: (int(a[0]), int(a[1])) for n, a in record["inputs"].items()}
         self.check_one = check_one  # the unpacked plan's shape check of one sequence's input shapes
         self.module = module
+        self.rows = rows  # a sequence alone is a batch of this many rows (rows_min)
         self.checked: set[tuple[tuple[int, ...], ...]] = set()
 
     def run(self, inputs: Sequence[Any], lengths: Sequence[int]) -> list[Any]:
@@ -102,7 +116,7 @@ class PackedRunner:
             for k, name in enumerate(self.names):
                 dims = [int(d) for d in np.shape(arrays[k])]
                 if name in self.inputs:
-                    dims[self.inputs[name][1]] = n
+                    dims[self.inputs[name][0]], dims[self.inputs[name][1]] = self.rows, n
                 shapes.append(tuple(dims))
             key = tuple(shapes)
             if key not in self.checked:

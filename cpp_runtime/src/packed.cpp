@@ -20,6 +20,10 @@ struct Model::Packed {
   std::unique_ptr<Model> model;
   std::vector<std::pair<int64_t, int64_t>> axes;  // per input: (rows axis, sequence axis), or (-1, -1)
   bool firsts = false;  // the plan reads each sequence's first token (outputs with a row per sequence)
+  // a sequence alone is a batch of this many rows: the rows dim's least size (2 where the torch that
+  // exported the model could not prove a batch of 1; the rows are proven independent), as the Python
+  // loader's rows_min
+  int64_t rows = 1;
 };
 
 namespace {
@@ -62,6 +66,9 @@ const Model::Packed& Model::packed() const {
     if (at < 0 || !pair || r < 0 || q < 0 || r >= rank || q >= rank || r == q)
       artifact_->fail("malformed manifest: packed.inputs names an input or its axes wrongly");
     p->axes[size_t(at)] = {r, q};
+    const DimDecl& d = m_.inputs[size_t(at)].shape[size_t(r)];
+    for (const SymbolDecl& sym : m_.symbols)
+      if (!d.is_static && sym.name == d.text) p->rows = std::max(p->rows, sym.min);
   }
   const msgpack::object* firsts = map_find(rec, "firsts");
   p->firsts = firsts != nullptr && firsts->type == msgpack::type::STR;
@@ -118,7 +125,10 @@ void Model::run_packed(const bpk_tensor* in, int64_t n_in, const int64_t* length
   std::vector<bpk_tensor> one(in, in + n_in), shapes(m_.outputs.size());
   for (int64_t n : std::set<int64_t>(lengths, lengths + n_len)) {
     for (int64_t k = 0; k < n_in; ++k)
-      if (p.axes[size_t(k)].first >= 0) one[size_t(k)].shape[p.axes[size_t(k)].second] = n;
+      if (p.axes[size_t(k)].first >= 0) {
+        one[size_t(k)].shape[p.axes[size_t(k)].first] = p.rows;
+        one[size_t(k)].shape[p.axes[size_t(k)].second] = n;
+      }
     try {
       output_shapes(one.data(), n_in, shapes.data(), int64_t(shapes.size()));
     } catch (const Error& e) {
