@@ -80,11 +80,10 @@ def _requests(
     return out, lengths
 
 
-def _alone(m: Any, record: dict[str, Any], names: list[str], outs: list[str], req: list[Any]) -> list[Any]:
-    """One sequence's outputs on the unpacked plan: a batch of it alone, or, where the batch starts
-    above 1, of it repeated that many times (rows are independent: the packed form's batch dim is
-    proven batch-like), its first row kept."""
-    least = rows_min(m.signature, record)
+def _alone(m: Any, record: dict[str, Any], names: list[str], outs: list[str], req: list[Any], least: int) -> list[Any]:
+    """One sequence's outputs on the unpacked plan: a batch of it alone, or, where the batch starts at
+    `least` > 1 (rows_min), of it repeated that many times (rows are independent: the packed form's
+    batch dim is proven batch-like), its first row kept."""
     if least == 1:
         return list(m.run(req))
     ins = record["inputs"]
@@ -112,13 +111,14 @@ def self_check(data: bytes, samples: list[list[np.ndarray | None]], options: Com
     names = [t.name for t in m.signature.inputs]
     outs = [t.name for t in m.signature.outputs]
     smin = int(next(s["min"] for s in m.manifest["symbols"] if s["name"] == record["symbol"]))
+    least = rows_min(m.signature, record)
     bad = []
     for sample in samples:
         cut = _requests(record, names, sample, smin)
         if cut is None:
             continue
         reqs, lengths = cut
-        wants = [_alone(m, record, names, outs, r) for r in reqs]
+        wants = [_alone(m, record, names, outs, r, least) for r in reqs]
         packed_in = [
             np.concatenate([r[k] for r in reqs], axis=record["inputs"][n][1]) if n in record["inputs"] else reqs[0][k]
             for k, n in enumerate(names)

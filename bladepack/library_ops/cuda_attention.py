@@ -337,15 +337,11 @@ def _kernel(
         em.line(f"for (int e = int(threadIdx.x); e < {rows * dv}; e += int(blockDim.x)) {{")
         em.line(f"  const int q = e / {dv}, c = e % {dv};")
         em.line(f"  if (q0_ + q >= {r(sq)}) continue;")
-        em.line(f"  {t} mx_ = {ninf};")
-        em.line(f"  for (int w = 0; w < {warps}; ++w) mx_ = bpk::Max()(mx_, bpk_m[w * {rows} + q]);")
-        em.line(f"  const {t} mz_ = mx_ == {ninf} ? {t}(0) : mx_;")
-        em.line(f"  {t} l_ = {t}(0), o_ = {t}(0);")
-        em.line(f"  for (int w = 0; w < {warps}; ++w) {{")
-        em.line(f"    const {t} f_ = bpk::vexp(bpk_m[w * {rows} + q] - mz_);")
-        em.line(f"    l_ += bpk_l[w * {rows} + q] * f_;")
-        em.line(f"    o_ += bpk_o[(w * {rows} + q) * {dv} + c] * f_;")
-        em.line("  }")
+        at = f"w * {rows} + q"
+        for line in _merge(
+            t, f"for (int w = 0; w < {warps}; ++w)", f"bpk_m[{at}]", f"bpk_l[{at}]", f"bpk_o[({at}) * {dv} + c]"
+        ):
+            em.line(f"  {line}")
         em.line(
             f"  bpk::st(op_ + (q0_ + q) * {dv} + c, o_ * (l_ == {t}(0) ? {empty_row(sh.safe, r(skv), t)} : {t}(1) / l_));"
         )
@@ -356,15 +352,8 @@ def _kernel(
         assert rows == 1 and workspace is not None
         em.line(f"{t}* __restrict__ wp_ = {em.ptr_store(workspace)} + row_ * {dv + 2};")
         em.line(f"for (int c = int(threadIdx.x); c < {dv}; c += int(blockDim.x)) {{")
-        em.line(f"  {t} mx_ = {ninf};")
-        em.line(f"  for (int w = 0; w < {warps}; ++w) mx_ = bpk::Max()(mx_, bpk_m[w]);")
-        em.line(f"  const {t} mz_ = mx_ == {ninf} ? {t}(0) : mx_;")
-        em.line(f"  {t} l_ = {t}(0), o_ = {t}(0);")
-        em.line(f"  for (int w = 0; w < {warps}; ++w) {{")
-        em.line(f"    const {t} f_ = bpk::vexp(bpk_m[w] - mz_);")
-        em.line("    l_ += bpk_l[w] * f_;")
-        em.line(f"    o_ += bpk_o[w * {dv} + c] * f_;")
-        em.line("  }")
+        for line in _merge(t, f"for (int w = 0; w < {warps}; ++w)", "bpk_m[w]", "bpk_l[w]", f"bpk_o[w * {dv} + c]"):
+            em.line(f"  {line}")
         em.line("  wp_[c] = o_;")
         em.line(f"  if (c == 0) {{ wp_[{dv}] = mx_; wp_[{dv + 1}] = l_; }}")
         em.line("}")
@@ -377,6 +366,25 @@ def _kernel(
     em.loop(header, loops, body, prologue=split_index("row_", loops, extents, em.args))
 
 
+def _merge(t: str, loop: str, m: str, s: str, o: str) -> list[str]:
+    """C merging partial softmax results (Note [Online softmax on CUDA]: a block's warps, a row's key
+    chunks): `loop` is the for-header over the parts, `m`, `s` and `o` C expressions of a part's maximum,
+    sum and output element; they leave the maximum in mx_, and the sum and the element rescaled to it in
+    l_ and o_ (a part whose maximum is -inf adds 0, also when every part's is)."""
+    ninf = f"-std::numeric_limits<{t}>::infinity()"
+    return [
+        f"{t} mx_ = {ninf};",
+        f"{loop} mx_ = bpk::Max()(mx_, {m});",
+        f"const {t} mz_ = mx_ == {ninf} ? {t}(0) : mx_;",
+        f"{t} l_ = {t}(0), o_ = {t}(0);",
+        f"{loop} {{",
+        f"  const {t} f_ = bpk::vexp({m} - mz_);",
+        f"  l_ += {s} * f_;",
+        f"  o_ += {o} * f_;",
+        "}",
+    ]
+
+
 def _combine_kernel(em: CudaEmitter, att: Attention, split: KeySplit, workspace: int) -> None:
     """Note [Split keys]: each query row's chunks combined and normalized (one block a row, a column a
     thread), as `_kernel` combines its warps."""
@@ -386,7 +394,6 @@ def _combine_kernel(em: CudaEmitter, att: Attention, split: KeySplit, workspace:
     r = em.args.ref
     sh = attention_shape(att, ctx)
     dv, width = sh.dv, sh.dv + 2
-    ninf = f"-std::numeric_limits<{t}>::infinity()"
     syms = tuple(Loop(f"i{k}") for k in range(len(sh.lead)))
     qrow = Loop("q_")
     pw = em.ptr_load(workspace)
@@ -397,15 +404,9 @@ def _combine_kernel(em: CudaEmitter, att: Attention, split: KeySplit, workspace:
         em.line(f"const int64_t ns_ = {r(split.count)};")
         em.line(f"const auto* __restrict__ wp_ = {pw} + row_ * ns_ * {width};")
         em.line(f"for (int c = int(threadIdx.x); c < {dv}; c += int(blockDim.x)) {{")
-        em.line(f"  {t} mx_ = {ninf};")
-        em.line(f"  for (int64_t s = 0; s < ns_; ++s) mx_ = bpk::Max()(mx_, {t}(wp_[s * {width} + {dv}]));")
-        em.line(f"  const {t} mz_ = mx_ == {ninf} ? {t}(0) : mx_;")
-        em.line(f"  {t} l_ = {t}(0), o_ = {t}(0);")
-        em.line("  for (int64_t s = 0; s < ns_; ++s) {")
-        em.line(f"    const {t} f_ = bpk::vexp({t}(wp_[s * {width} + {dv}]) - mz_);")
-        em.line(f"    l_ += {t}(wp_[s * {width} + {dv + 1}]) * f_;")
-        em.line(f"    o_ += {t}(wp_[s * {width} + c]) * f_;")
-        em.line("  }")
+        part = [f"{t}(wp_[s * {width} + {e}])" for e in (dv, dv + 1, "c")]
+        for line in _merge(t, "for (int64_t s = 0; s < ns_; ++s)", *part):
+            em.line(f"  {line}")
         em.line(f"  bpk::st(op_ + c, o_ * (l_ == {t}(0) ? {empty_row(sh.safe, r(sh.skv), t)} : {t}(1) / l_));")
         em.line("}")
 

@@ -8,8 +8,8 @@ one position of each sequence, one row per sequence along its rows axis), as eac
 give them (within float rounding).
 
 Each length is checked as a call of that one sequence would be (the unpacked plan's shape program:
-its range and every guard; a batch of `rows_min` copies of it where the batch starts above 1); the packed plan itself gets each token's sequence bounds as its two extra
-inputs. The packed plan is loaded on first use, from the same file (its sections are named by
+its range and every guard; a batch of `rows_min` copies of it where the batch starts above 1); the
+packed plan itself gets each token's sequence bounds as its two extra inputs. The packed plan is loaded on first use, from the same file (its sections are named by
 `manifest["packed"]["sections"]`).
 """
 

@@ -355,7 +355,7 @@ class Lowerer:
         values = {v: self.types[v] for v in mem.offsets}
         when = tuple(
             tuple(self._cond(c, mem.offsets) for c in guard)
-            + ((({"r": self.pred(self.shape_when[k]), "is": True}),) if k in self.shape_when else ())
+            + (({"r": self.pred(self.shape_when[k]), "is": True},) if k in self.shape_when else ())
             for k, guard in enumerate(self.when)
         )
         return NativePlan(
