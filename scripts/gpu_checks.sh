@@ -18,7 +18,9 @@
 # work in flight): gpu_attention (bench.gpu_attention, the fused attention against torch's SDPA, the key
 # split and tensor cores against their baselines; about two minutes) and gpu_models (bench.gpu_models,
 # real-size models against eager / torch.compile / AOTInductor, built on this machine; GPU_MODELS=bert,vit
-# picks models, GPU_PEERS=eager,compile peers; it stops at the budget and says what it skipped).
+# picks models, GPU_PEERS=eager,compile peers; it stops at the budget and says what it skipped) and
+# gpu_kernels (bench.gpu_kernels: elementwise, layer norm, softmax and RMS norm kernels' GPU time against a
+# copy of the same bytes and torch's kernels, the prepared baseline's beside them; under a minute).
 # BUDGET (seconds, default 540) bounds the whole run; later steps get what is left.
 # Measured facts of these machines (2026-11-26): torch 2.11, nvcc 13.0.88 (the same build as here, so the
 # CUTLASS cache is reused), cuBLAS in /usr/local/cuda, g++ 13, cmake and ninja, no msgpack-cxx headers.
@@ -75,6 +77,9 @@ for b in "${benches[@]}"; do
   [ "$b" = cuda_samples ] && extra=(--peers eager --repeat 20)
   [ "$b" = cutlass_gemm ] && extra=(--repeat 10)
   [ "$b" = gpu_attention ] && extra=(--repeat 10)
+  [ "$b" = gpu_kernels ] && extra=(--repeat 20)
+  [ "$b" = gpu_kernels ] && [ -d .gpu-run/kernels ] && extra+=(--artifacts .gpu-run/kernels)
+  [ "$b" = gpu_kernels ] && [ -d .gpu-run/kernels-base ] && extra+=(--baseline .gpu-run/kernels-base)
   [ "$b" = gpu_models ] && extra=(--repeat 5 --budget $(($(left) - 40)) ${GPU_MODELS:+--models "$GPU_MODELS"}
     ${GPU_PEERS:+--peers "$GPU_PEERS"})
   [ "$b" = cutlass_gemm_hopper ] && b=cutlass_gemm && hopper=1 && extra=(--repeat 10)

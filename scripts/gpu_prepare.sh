@@ -9,6 +9,9 @@
 #   .gpu-run/bin/         bpk-run and libbladepack_runtime.so.0 built without BLAS (the C++ CUDA path), and
 #   .gpu-run/include.tar.xz  msgpack-cxx's headers (the GPU machines cannot build the C++ runtime without them)
 #   .gpu-run/hopper/      the sm_90a GEMM probe's builds (scripts/hopper_probe.py prepare)
+#   .gpu-run/kernels/     bench.gpu_kernels' artifacts (--save); with KERNELS_BASE=<git revision>, that
+#   .gpu-run/kernels-base/  revision's artifacts of the same models (built from a worktree of it), the
+#                         baseline gpu_checks.sh's gpu_kernels step times beside them
 # Then, with the device tool: run `bash scripts/gpu_checks.sh` carrying .gpu-run and .whl.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,6 +28,14 @@ rm -rf .gpu-run/art .gpu-cache
 "$py" -m bench.cutlass_gemm --prewarm "$root/.gpu-cache"
 BLADEPACK_HOPPER_GEMMS=1 "$py" -m bench.cutlass_gemm --prewarm "$root/.gpu-cache"  # the sm_90a units too
 BLADEPACK_CACHE_DIR="$root/.gpu-cache" "$py" scripts/hopper_probe.py prepare .gpu-run/hopper
+rm -rf .gpu-run/kernels .gpu-run/kernels-base
+"$py" -m bench.gpu_kernels --save .gpu-run/kernels >/dev/null
+if [ -n "${KERNELS_BASE:-}" ]; then
+  base="$(mktemp -d)/base"
+  git worktree add -f --detach "$base" "$KERNELS_BASE" >/dev/null
+  PYTHONPATH="$base" "$py" "$root/bench/gpu_kernels.py" --save .gpu-run/kernels-base >/dev/null
+  git worktree remove --force "$base"
+fi
 tar cJf .gpu-run/cache.tar.xz .gpu-cache
 cmake -S cpp_runtime -B build/cpp-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_DISABLE_FIND_PACKAGE_BLAS=ON >/dev/null
 cmake --build build/cpp-gpu -j 2 --target bpk-run >/dev/null

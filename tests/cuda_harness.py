@@ -99,6 +99,26 @@ def ptx_entries(src: Path, arch: str, names: list[str]) -> dict[str, str]:
     return bodies
 
 
+def ptxas_reports(src: Path, arch: str) -> dict[str, str]:
+    """ptxas's resource report of each entry of CUDA unit `src` built for `arch`: "N bytes stack frame,
+    N bytes spill stores, N bytes spill loads" (a spilled value would run from local memory)."""
+    from bladepack.codegen.cuda_toolchain import FLAGS, find_nvcc
+
+    include = ["-I", str(ROOT / "bladepack" / "codegen")]
+    cubin = src.with_suffix(f".{arch}.cubin")
+    r = subprocess.run(
+        [find_nvcc(), *FLAGS, f"-arch={arch}", "-cubin", "-Xptxas", "-v", "-o", str(cubin), *include, "-x", "cu"]
+        + [str(src)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    entries = re.findall(
+        r"Compiling entry function '(\w+)'.*?\n.*?(\d+ bytes stack frame.*?spill loads)", r.stderr, re.S
+    )
+    return dict(entries)
+
+
 def require_cutlass() -> None:
     """Skip unless CUTLASS GEMMs can be built here (the nvidia-cutlass headers and nvcc)."""
     pytest.importorskip("cutlass_library")

@@ -28,7 +28,7 @@ from bladepack.loader import native_cuda
 from bladepack.passes.mixed_precision import bfloat16_bits
 from bladepack.target import CUBIN_ARCHES, PTX_ARCH
 from samples.registry import SAMPLES
-from tests.cuda_harness import FakeGpu, ptx_entries
+from tests.cuda_harness import FakeGpu, ptx_entries, ptxas_reports
 from tests.helpers import as_tuple, refused_by_torch, rel_err
 
 pytestmark = pytest.mark.skipif(
@@ -141,7 +141,6 @@ def test_device_tensors_of_another_framework(gpu: FakeGpu, tmp_path: Path) -> No
     graph buffer (graphs on, three calls each); the results are DeviceTensors on the device, equal bit
     for bit to the host path's."""
     import pickle
-    import subprocess
     import sys
 
     s = SAMPLES["mlp"]
@@ -190,7 +189,6 @@ def test_large_device_tensors_run_in_place_without_a_graph(gpu: FakeGpu, tmp_pat
     graph (copies in and out would cost more than the launch saved): every call launches the kernel on
     them in place; small ones still replay a graph from the second call. Results equal the host path's."""
     import pickle
-    import subprocess
     import sys
 
     from bladepack.loader.cuda_graphs import STAGE_BYTES_PER_LAUNCH, stage_pays
@@ -306,7 +304,7 @@ def test_op_table_float32(gpu: FakeGpu, ops_artifact: bladepack.api.Artifact, ro
     if cols <= 1024:
         assert "_warp" in launched
     if 1024 < cols <= 8192:
-        assert "_block_smem" in launched
+        assert "_block_reg" in launched
     if cols > 8192:
         assert re.search(r"_block\b", launched)
 
@@ -419,28 +417,162 @@ def test_launch_geometry_and_parameter_words(gpu: FakeGpu) -> None:
     assert 3000 in vals[4:]
 
 
-def test_row_cache_shared_memory(gpu: FakeGpu) -> None:
+def test_rows_in_registers(gpu: FakeGpu) -> None:
+    """Note [Rows in registers]: a softmax row of up to 1024 floats is held by its warp's lanes and one of
+    up to 8192 by a 512-thread block, in unrolled steps guarded where a dynamic length may end early,
+    with no shared memory; rows of a multiple of four floats in 16-byte vectors (Note [Row vectors]);
+    longer rows recompute their input per pass. Every length is checked against eager, including each
+    schedule's bound and one past it, lengths of one step and odd lengths."""
+
     class Soft(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return torch.softmax(x, -1)
 
     n = torch.export.Dim("n", min=1, max=100000)
     art = bladepack.optimize(Soft(), [(torch.randn(3, 10),)], ({1: n},), targets=TARGETS)
-    cols = (10, 12, 2000, 2001, 9000)
-    cases = [(np.random.default_rng(c).standard_normal((3, c)).astype(np.float32),) for c in cols]
+    cols = (1, 10, 12, 31, 33, 1023, 1024, 1025, 2000, 2001, 8192, 8193, 9000)
+    cases = [(np.random.default_rng(c).standard_normal((3, c)).astype(np.float32) * 4,) for c in cols]
     _, results, log = gpu.run(art, cases)
     for (x,), out in zip(cases, results):
+        assert not isinstance(out, str), out
         np.testing.assert_allclose(out[0], torch.softmax(torch.from_numpy(x), -1).numpy(), rtol=1e-5, atol=1e-7)
     launches = [line.split() for line in log.splitlines() if line.startswith("launch ")]
-    # warp per row: 8 rows x 10 floats of cache; block per row: 2000 floats; beyond 8192: no cache; rows
-    # of a multiple of four floats in 16-byte vectors (Note [Row vectors])
     assert [(ln[1], ln[3], ln[7], ln[11]) for ln in launches] == [
-        ("k0_warp_smem", "1", "256", str(8 * 10 * 4)),
-        ("k0_warp_smem_v4", "1", "256", str(8 * 12 * 4)),
-        ("k0_block_smem_v4", "3", "512", str(2000 * 4)),
-        ("k0_block_smem", "3", "512", str(2001 * 4)),
+        ("k0_warp_reg", "1", "256", "0"),
+        ("k0_warp_reg", "1", "256", "0"),
+        ("k0_warp_reg_v4", "1", "256", "0"),
+        ("k0_warp_reg", "1", "256", "0"),
+        ("k0_warp_reg", "1", "256", "0"),
+        ("k0_warp_reg", "1", "256", "0"),
+        ("k0_warp_reg_v4", "1", "256", "0"),
+        ("k0_block_reg", "3", "512", "0"),
+        ("k0_block_reg_v4", "3", "512", "0"),
+        ("k0_block_reg", "3", "512", "0"),
+        ("k0_block_reg_v4", "3", "512", "0"),
+        ("k0_block", "3", "512", "0"),
         ("k0_block_v4", "3", "512", "0"),
     ]
+    cu = art.sources.unit("cuda")
+    assert "float bpk_row[32];" in cu and "float bpk_row[16];" in cu  # warp: 1024 / 32; block: 8192 / 512
+    assert "BPK_DYN_SMEM" not in cu.split("namespace bpk")[-1].split("// k0")[-1]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_row_statistics_in_one_reduction(gpu: FakeGpu, dtype: str) -> None:
+    """Note [Row moments]: layer norm, softmax and log-softmax merge their threads' statistics in one
+    reduction; against a float64 eager at every schedule (warp and block, registers and not, vectors and
+    scalars), with rows whose mean is far from zero (where E[x^2] - E[x]^2 would cancel), masked
+    elements, a row of -inf (NaN, as eager), NaN and +inf elements (NaN exactly where eager has it)."""
+
+    class Stats(torch.nn.Module):
+        def forward(self, x: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            ln = torch.nn.functional.layer_norm(x, x.shape[-1:])
+            masked = x.masked_fill(~keep, float("-inf"))
+            return ln, torch.softmax(x, -1), torch.log_softmax(x, -1), torch.softmax(masked, -1)
+
+    n = torch.export.Dim("n", min=1, max=20000)
+    x0 = torch.randn(4, 10)
+    model = Stats().eval()
+    art = bladepack.optimize(model, [(x0, x0 > 0)], ({1: n}, {1: n}), targets=TARGETS, dtype=dtype)
+    tdt = getattr(torch, dtype)
+    cases, wants = [], []
+    for cols in (1, 7, 32, 100, 1024, 1029, 4096, 8195):
+        g = torch.Generator().manual_seed(cols)
+        x = torch.randn(4, cols, generator=g) * 3 + 1000.0 * torch.tensor([0.0, 1.0, -1.0, 0.0])[:, None]
+        keep = torch.rand(4, cols, generator=g) > 0.3
+        keep[3] = False  # a row with every element masked
+        x[3, cols // 2] = float("nan") if cols > 1 else x[3, 0]
+        if cols > 2:
+            x[2, 1] = float("inf")
+        x = x.to(tdt)
+        cases.append((x, keep))
+        wants.append((_eager(model, (x.double(), keep)), _eager(model, (x, keep))))
+    _, results, _ = gpu.run(art, [_numpy(c) for c in cases])
+    for (x, _), out, (want, theirs) in zip(cases, results, wants, strict=True):
+        assert not isinstance(out, str), out
+        for k, (o, w, e) in enumerate(zip(out, want, theirs, strict=True)):
+            w = np.asarray(w, np.float64)
+            assert np.array_equal(np.isnan(o.astype(np.float64)), np.isnan(w)), (k, x.shape)
+            ok = ~np.isnan(w)
+            ours = np.abs(o.astype(np.float64)[ok] - w[ok]).max(initial=0.0)
+            eager = np.abs(e.astype(np.float64)[ok] - w[ok]).max(initial=0.0)
+            floor = 1e-6
+            if k == 0:  # a float32 mean is within half a spacing of the true one: (x - mean) / std inherits it
+                x64 = x.double().numpy()
+                fine = np.isfinite(x64).all(-1) & (x64.shape[-1] > 1)
+                mean, std = x64[fine].mean(-1), x64[fine].std(-1)
+                floor += float((np.spacing(np.abs(mean).astype(np.float32)) / std).max(initial=0.0))
+            assert ours <= 2 * eager + floor, f"output {k} at {tuple(x.shape)}: error {ours:.3g}, eager {eager:.3g}"
+
+
+def test_a_hand_written_rms_norm_reads_its_row_once(gpu: FakeGpu, tmp_path: Path) -> None:
+    """Note [Rows in registers]: x * rsqrt(mean(x * x) + eps) * w (the RMS norm of most decoder code)
+    keeps x, not x * x, in registers: its row is loaded once, by the first pass, and the store pass reads
+    the registers (before, it loaded x from memory again). Against eager at lengths up to and past each
+    schedule's bound."""
+
+    class Rms(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.rand(1) + 0.5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w
+
+    n = torch.export.Dim("n", min=1, max=20000)
+    dump = tmp_path / "dump"
+    model = Rms().eval()
+    options = bladepack.CompileOptions(dump_dir=dump)
+    art = bladepack.optimize(model, [(torch.randn(4, 64),)], ({1: n},), targets=TARGETS, options=options)
+    (src,) = dump.rglob("*.cu")
+    text = src.read_text()
+    for variant in ("k0_warp_reg_v4", "k0_warp_reg", "k0_block_reg_v4", "k0_block_reg"):
+        body = text[text.index(f" {variant}(") :]
+        body = body[: body.index("\n}\n")]
+        assert len(re.findall(r"\bp1 \+", body)) == 1, (variant, body)
+    cols = (1, 5, 64, 1024, 1027, 4096, 8192, 8200)
+    cases = [(torch.randn(4, c, generator=torch.Generator().manual_seed(c)) * 2,) for c in cols]
+    _, results, log = gpu.run(art, [_numpy(c) for c in cases])
+    for c, out in zip(cases, results, strict=True):
+        assert not isinstance(out, str), out
+        assert rel_err(out[0], _eager(model, c)[0]) <= 1e-5
+    launched = [line.split()[1] for line in log.splitlines() if line.startswith("launch ")]
+    assert launched == ["k0_warp_reg", "k0_warp_reg", "k0_warp_reg_v4", "k0_warp_reg_v4"] + [
+        "k0_block_reg",
+        "k0_block_reg_v4",
+        "k0_block_reg_v4",
+        "k0_block_v4",
+    ], launched
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_rows_of_any_length_stay_in_registers(tmp_path: Path, dtype: str) -> None:
+    """Note [Rows in registers]: with a dynamic row length every row variant (one warp or one block a
+    row, in registers or not, vectors or scalars) builds for sm_80 and sm_90 with no stack frame and no
+    spills: the unrolled steps index the row's registers with constants only."""
+
+    class Rows(torch.nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            ln = torch.nn.functional.layer_norm(x + y, x.shape[-1:])
+            return ln, torch.softmax(x, -1), torch.log_softmax(y, -1)
+
+    n = torch.export.Dim("n", min=1, max=100000)
+    dump = tmp_path / "dump"
+    args = (torch.randn(4, 768), torch.randn(4, 768))
+    options = bladepack.CompileOptions(dump_dir=dump)
+    art = bladepack.optimize(Rows(), [args], ({1: n}, {1: n}), targets=TARGETS, dtype=dtype, options=options)
+    variants = {v.name for k in art.plan.kernels if k.target == "cuda" for v in k.variants}
+    vec = "_v4" if dtype == "float32" else "_v8"
+    for k in range(3):
+        assert {f"k{k}_warp_reg{vec}", f"k{k}_warp_reg", f"k{k}_block_reg{vec}", f"k{k}_block_reg"} <= variants
+    (src,) = dump.rglob("*.cu")
+    for arch in ("sm_80", "sm_90"):
+        reports = ptxas_reports(src, arch)
+        assert set(reports) == variants
+        bad = {
+            k: v for k, v in reports.items() if v != "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"
+        }
+        assert not bad, (arch, bad)
 
 
 def test_device_errors(gpu: FakeGpu) -> None:
@@ -535,8 +667,8 @@ def test_inspect_lists_cuda_kernels(ops_artifact: bladepack.api.Artifact) -> Non
     assert "cuda graphs: always (each signature replays as one graph from its second call on a stream)" in text
     assert "cuda graph tensors: staged: a call copies each input into the graph's buffer" in text
     assert re.search(
-        r"  k\d+ \[cuda\] row, \d+ ops, variants: k\d+_warp_smem_v4, k\d+_warp_smem, k\d+_block_smem_v4, "
-        r"k\d+_block_smem, k\d+_block_v4, k\d+_block\n",
+        r"  k\d+ \[cuda\] row, \d+ ops, variants: k\d+_warp_reg_v4, k\d+_warp_reg, k\d+_block_reg_v4, "
+        r"k\d+_block_reg, k\d+_block_v4, k\d+_block\n",
         text,
     )
     assert "via cublas" not in text  # the op table has no GEMM
@@ -809,8 +941,8 @@ def test_elementwise_op_set_on_the_gpu(gpu: FakeGpu) -> None:
 def test_row_vectors_move_16_bytes(gpu: FakeGpu, tmp_path: Path) -> None:
     """Note [Row vectors] and Note [Vector stores] (codegen/cuda_runtime.cuh): a layer norm and a softmax
     over rows of 768 floats walk their rows four floats a step, so the PTX of each has 16-byte loads on
-    the read-only path (ld.global.nc.v4) and 16-byte stores (st.global.v4), and ptxas spills nothing."""
-    from bladepack.codegen.cuda_toolchain import FLAGS, find_nvcc
+    the read-only path (ld.global.nc.v4) and 16-byte stores (st.global.v4); ptxas keeps each row in
+    registers (no stack frame, no spills: Note [Rows in registers])."""
 
     class Rows(torch.nn.Module):
         def __init__(self) -> None:
@@ -828,18 +960,15 @@ def test_row_vectors_move_16_bytes(gpu: FakeGpu, tmp_path: Path) -> None:
         model, [args], ({0: b}, {0: b}), targets=TARGETS, options=bladepack.CompileOptions(dump_dir=dump)
     )
     variants = [v.name for k in art.plan.kernels if k.target == "cuda" for v in k.variants]
-    assert variants == ["k0_warp_smem_v4", "k1_warp_smem_v4"], variants
+    assert variants == ["k0_warp_reg_v4", "k1_warp_reg_v4"], variants
     (src,) = dump.rglob("*.cu")
-    include = ["-I", str(Path(bladepack.__file__).parent / "codegen")]
     for name, body in ptx_entries(src, "sm_90", variants).items():
         assert "ld.global.nc.v4" in body and "st.global.v4.u32" in body, name
-    r = subprocess.run(
-        [find_nvcc(), *FLAGS, "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "rows.cubin")]
-        + [*include, "-x", "cu", str(src)],
-        capture_output=True,
-        text=True,
+    reports = ptxas_reports(src, "sm_90")
+    assert sorted(reports) == sorted(variants)
+    assert all(rep == "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" for rep in reports.values()), (
+        reports
     )
-    assert r.returncode == 0 and r.stderr.count("0 bytes spill stores, 0 bytes spill loads") == 2, r.stderr[-3000:]
     cases = [(torch.randn(n, 768) * 3, torch.randn(n, 768)) for n in (1, 9)]
     _, results, _ = gpu.run(art, [_numpy(c) for c in cases])
     for c, out in zip(cases, results, strict=True):

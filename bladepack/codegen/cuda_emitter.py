@@ -28,10 +28,20 @@ Schedules and variants:
   512-thread block per row above. Note [Row vectors]: where the row is one axis and its length is a
   multiple of W (W x the widest stored element = 16 bytes), each thread takes W consecutive elements
   per step, so its loads of contiguous values are one 16-byte access when aligned (tested per access,
-  as in loop kernels) and its results go out in one vector store; other lengths take the scalar walk. Note [Row cache]: when the kernel has a multi-pass row op (softmax,
-  log-softmax, layer norm, RMS norm) whose input is float32 / float16 / bfloat16, the input row is
-  computed once into shared memory (each thread rereads only what it wrote, so no barrier) for rows up
-  to 1024 (warp) / 8192 (block) elements; longer rows recompute it per pass.
+  as in loop kernels) and its results go out in one vector store; other lengths take the scalar walk.
+  Note [Rows in registers]: when the kernel has a multi-pass row op (softmax, log-softmax, layer norm,
+  RMS norm) whose input is float32 / float16 / bfloat16, each thread computes its part of that input
+  row once into a register array (float) and every later pass reads it there: rows up to 1024
+  elements in a warp (32 floats a lane), up to 8192 in a block (16 a thread). A thread walks its part
+  in a fixed number of fully unrolled steps (the array's indices are constants, so ptxas keeps it in
+  registers; tests check for no stack frame and no spills), each step guarded by the row's end where
+  the length is dynamic; a static length gets exactly the steps it needs. All of a row's loads are
+  in flight before its first reduction, and there is no shared-memory round trip (the shared-memory
+  row cache this replaces wrote W consecutive floats per lane, a 4-way bank conflict on every access
+  for W = 4). These variants are built with `__launch_bounds__(threads, 1)`: left to its default
+  target, ptxas spilled a 512-thread block's row at 40 registers. Longer rows recompute the input per
+  pass. Note [Row moments] (cuda_runtime.cuh): layer norm's mean and variance and a softmax's maximum
+  and sum take one cross-thread reduction each, merging per-thread statistics.
 - reduce kernels (anchor reductions over any axes, arg-reductions): one thread per output element, so
   threads of a warp read adjacent columns when the reduced axes lead (column reductions coalesce).
 - scan kernels: one thread per scanned line.
@@ -58,7 +68,7 @@ from bladepack.codegen.operand_check import add_atoms, operand_buffers
 from bladepack.codegen.recurrent_kernel import recurrent_kernel
 from bladepack.codegen.selective_scan_kernel import selective_scan_kernel
 from bladepack.dtypes import DType
-from bladepack.ir import Node, OpKind
+from bladepack.ir import OP_INFO, Node, OpClass, OpKind
 from bladepack.ir.fusion_plan import KernelSpec
 from bladepack.ir.views import View, simplify
 
@@ -68,8 +78,8 @@ WARP_ROWS = 8  # rows per block in the warp-per-row schedule (8 warps of 32)
 ROW_BLOCK = 512  # threads per block in the block-per-row schedule
 RECURRENT_BLOCK = 32  # one thread per sequence: small blocks spread a small batch over SMs
 WARP_ROW_MAX = 1024
-CACHE_WARP_MAX = 1024  # Note [Row cache]: 8 rows x 1024 x 4 bytes = 32 KiB
-CACHE_BLOCK_MAX = 8192  # 32 KiB
+REG_WARP_MAX = 1024  # Note [Rows in registers]: 32 floats a lane
+REG_BLOCK_MAX = 8192  # 16 floats a thread of a 512-thread block
 MAX_GRID = 1 << 20  # grid-stride loops cover the rest
 _MULTI_PASS = (OpKind.SOFTMAX, OpKind.LOG_SOFTMAX, OpKind.LAYER_NORM, OpKind.RMS_NORM)
 
@@ -152,31 +162,32 @@ def _loop_kernel(em: CudaEmitter, width: int) -> None:
     em.loop(header, (*outer, j), body, prologue=prologue)
 
 
-def _row_kernel(em: CudaEmitter, warp: bool, cached: bool, width: int = 1) -> None:
+def _row_kernel(em: CudaEmitter, warp: bool, steps: int = 0, width: int = 1, ragged: bool = True) -> None:
+    """A row kernel (one warp or one block per row); `steps` > 0 keeps the row in registers (Note
+    [Rows in registers]: that many unrolled steps of `width` elements per thread, `ragged` where the
+    last step may pass the row's end)."""
     dom = em.spec.domain
     em.row_width = width
     k = em.spec.reduced
     r = len(dom) - k
     em.row_ops = {v for v in em.spec.nodes if em.ctx.nodes[v].op in ROW_OPS}
-    em.softmax_in_place = None  # the row cache (or L2) serves the last pass instead
+    em.softmax_in_place = None  # registers (or L2) serve the last pass instead
     em.block_reduce = not warp
     full_roots = [v for v in em.spec.roots if same_shape(em.ctx.types[v].shape, dom)]
     row_roots = [v for v in em.spec.roots if v not in full_roots]
     rows = volume(dom[:r])
     outer = tuple(Loop(f"i{m}") for m in range(r))
-    length = em.args.ref(em._row_len())
     if warp:
         em.line("const int64_t lane_ = threadIdx.x & 31, warp_ = threadIdx.x >> 5;")
         em.thread, em.stride = "lane_", "32"
         first, step = f"int64_t(blockIdx.x) * {WARP_ROWS} + warp_", f"int64_t(gridDim.x) * {WARP_ROWS}"
     else:
-        em.line("__shared__ double bpk_scratch[32];  // block_all: one value (<= 8 bytes) per warp")
+        # block_all: one value per warp, up to 32 warps of Note [Row moments]' three 8-byte fields
+        em.line("__shared__ double bpk_scratch[3 * 32];")
         em.thread, em.stride = "int64_t(threadIdx.x)", "int64_t(blockDim.x)"
         first, step = "int64_t(blockIdx.x)", "int64_t(gridDim.x)"
-    cache_vid = _cache_value(em.spec, em.ctx) if cached else None
-    if cache_vid is not None:
-        em.line("BPK_DYN_SMEM(float, bpk_cache);")
-        arr = f"(bpk_cache + warp_ * {length})" if warp else "bpk_cache"
+    em.steps, em.ragged = steps, ragged
+    cache_vid = _cache_value(em.spec, em.ctx) if steps else None
     header = [f"for (int64_t row_ = {first}; row_ < {em.args.ref(rows)}; row_ += {step}) {{"]
 
     def body() -> None:
@@ -185,12 +196,13 @@ def _row_kernel(em: CudaEmitter, warp: bool, cached: bool, width: int = 1) -> No
         em.cache_ready = False
         if cache_vid is not None:
             x_t = em.ctx.types[cache_vid].dtype
+            em.line(f"float bpk_row[{steps * width}];  // Note [Rows in registers]")
 
             def fill(inner: tuple[sympy.Expr, ...]) -> None:
                 val = em._as(em.eval(cache_vid, (*outer, *inner)), x_t, DType.FLOAT32)
-                em.line(f"{arr}[{em.position}] = {val};")
+                em.line(f"bpk_row[{em.position}] = {val};")
 
-            em.cache = (cache_vid, tuple(sympy.sympify(s) for s in (*outer, *em.row_index())), arr)
+            em.cache = (cache_vid, tuple(sympy.sympify(s) for s in (*outer, *em.row_index())), "bpk_row")
             em._elements(fill)
             em.cache_ready = True
         for v in row_roots:
@@ -232,15 +244,30 @@ def _row_kernel(em: CudaEmitter, warp: bool, cached: bool, width: int = 1) -> No
 
 
 def _cache_value(spec: KernelSpec, ctx: KernelContext) -> int | None:
-    """Note [Row cache]: the input of the kernel's first multi-pass row op, when it is a float row."""
+    """Note [Rows in registers]: the value a row kernel keeps in registers — the input of its first
+    multi-pass row op; or, where its first row op takes one pass (a sum, mean, max, ...) and the kernel
+    then stores full rows (a second pass), that op's input followed down through elementwise ops of one
+    row-shaped operand (x in x * rsqrt(mean(x * x)), which the second pass reads again). Float rows only."""
+    inside = set(spec.nodes)
+
+    def float_row(v: int) -> bool:
+        t = ctx.types[v]
+        return t.dtype in (DType.FLOAT32, DType.FLOAT16, DType.BFLOAT16) and same_shape(t.shape, spec.domain)
+
     for v in spec.nodes:
         n = ctx.nodes[v]
         if n.op in _MULTI_PASS:
+            return n.inputs[0] if float_row(n.inputs[0]) else None
+        if n.op in ROW_OPS:
+            if not any(same_shape(ctx.types[r].shape, spec.domain) for r in spec.roots):
+                return None  # one pass: nothing reads the row again
             x = n.inputs[0]
-            t = ctx.types[x]
-            if t.dtype in (DType.FLOAT32, DType.FLOAT16, DType.BFLOAT16) and same_shape(t.shape, spec.domain):
-                return x
-            return None
+            while x in inside and OP_INFO[ctx.nodes[x].op].op_class <= OpClass.BROADCAST:
+                rows = {u for u in ctx.nodes[x].inputs if same_shape(ctx.types[u].shape, spec.domain)}
+                if len(rows) != 1:
+                    break
+                (x,) = rows
+            return x if float_row(x) else None
     return None
 
 
@@ -252,7 +279,10 @@ def _function(name: str, em: CudaEmitter, ptr_types: list[tuple[str, bool]], nin
     for k, (mt, writable) in enumerate(ptr_types):
         params.append(f"{'' if writable else 'const '}{mt}* __restrict__ p{k}")
     params += [f"const int64_t a{k}" for k in range(nints)]
-    head = [f'extern "C" __global__ void __launch_bounds__({block}) {name}({", ".join(params)}) {{', "  (void)st;"]
+    # Note [Rows in registers]: one block a multiprocessor is enough, so ptxas may give a thread up to
+    # 128 registers (left to its own target, it spilled a 512-thread block's row at 40)
+    bounds = f"{block}, 1" if em.steps else f"{block}"
+    head = [f'extern "C" __global__ void __launch_bounds__({bounds}) {name}({", ".join(params)}) {{', "  (void)st;"]
     head += [f"  (void)p{k};" for k in range(len(ptr_types))]
     head += [f"  (void)a{k};" for k in range(nints)]
     body = ["  " + ln for ln in em.scopes[0].lines]
@@ -331,33 +361,37 @@ def emit_cuda_kernel(
         r = len(spec.domain) - spec.reduced
         rows, length = volume(spec.domain[:r]), volume(spec.domain[r:])
         cacheable = _cache_value(spec, ctx) is not None
-        candidates = []
-        if cacheable:
-            candidates.append(("_warp_smem", sympy.Le(length, CACHE_WARP_MAX), True, True))
-            candidates.append(("_block_smem", sympy.Le(length, CACHE_BLOCK_MAX), False, True))
+        # (suffix, length bound, one warp per row, registers a thread may hold the row in)
+        candidates: list[tuple[str, int | None, bool, int]] = []
+        if cacheable:  # Note [Rows in registers]
+            candidates.append(("_warp_reg", REG_WARP_MAX, True, REG_WARP_MAX // 32))
+            candidates.append(("_block_reg", REG_BLOCK_MAX, False, REG_BLOCK_MAX // ROW_BLOCK))
         else:
-            candidates.append(("_warp", sympy.Le(length, WARP_ROW_MAX), True, False))
-        candidates.append(("_block", sympy.true, False, False))
+            candidates.append(("_warp", WARP_ROW_MAX, True, 0))
+        candidates.append(("_block", None, False, 0))
         # Note [Row vectors]: a one-axis row whose length the vector width divides is walked in vectors
         vec = _widths(spec, ctx)[0] if spec.reduced == 1 else 1
         widths = [(vec, sympy.Eq(sympy.Mod(sympy.sympify(length), vec), 0))] if vec > 1 else []
         widths.append((1, sympy.true))
-        for suffix, pred, warp, cached in candidates:
+        for suffix, bound, warp, held in candidates:
+            pred = sympy.true if bound is None else sympy.Le(length, bound)
+            threads = 32 if warp else ROW_BLOCK
             for width, fits in widths:
                 both = sympy.And(pred, fits)
                 both = sympy.simplify(both) if isinstance(length, int) else both
                 if both is sympy.false:
                     continue
-                per = WARP_ROWS if warp else 1
-                smem = (per * length * 4) if cached else 0
+                steps, ragged = (held // width, True) if held else (0, True)
+                if held and isinstance(length, int):  # a known length: exactly the steps it needs
+                    steps, ragged = -(-length // (threads * width)), length % (threads * width) != 0
                 plans.append(
                     (
                         suffix + (f"_v{width}" if width > 1 else ""),
                         both,
-                        functools.partial(_row_kernel, warp=warp, cached=cached, width=width),
-                        launch_grid(rows, per),
+                        functools.partial(_row_kernel, warp=warp, steps=steps, width=width, ragged=ragged),
+                        launch_grid(rows, WARP_ROWS if warp else 1),
                         LOOP_BLOCK if warp else ROW_BLOCK,
-                        smem,
+                        0,
                     )
                 )
                 if both is sympy.true:

@@ -9,18 +9,20 @@ for the shared reduce / scan kernels, warp and block reductions over a row, and 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import sympy
 
-from bladepack.codegen.c_render import CTYPE, Args, Loop
+from bladepack.codegen.c_render import CTYPE, Args, Loop, literal
 from bladepack.codegen.emitter import RowBody
 from bladepack.codegen.kernel import KernelContext
 from bladepack.codegen.row_emitter import RowEmitter
 from bladepack.dtypes import DType
 from bladepack.ir import Node, OpKind
 from bladepack.ir.fusion_plan import KernelSpec
+from bladepack.ir.ops import NormAttrs, SafeSoftmaxAttrs
 from bladepack.ir.types import IRDim
 from bladepack.ir.views import View, simplify
 
@@ -61,6 +63,11 @@ class CudaEmitter(RowEmitter):
         self.cache_ready = False
         self.position = ""  # C expression of the element's position within the row (row loops)
         self.row_width = 1  # Note [Row vectors]: consecutive elements of a row per thread and step
+        # Note [Rows in registers]: with `steps` > 0 a thread walks its part of the row in that many
+        # unrolled steps (`ragged`: the last may fall outside the row), so per-step values can live in
+        # registers; 0: a strided loop over the row
+        self.steps = 0
+        self.ragged = True
         self.uses_barriers = False
 
     # -- memory
@@ -141,16 +148,32 @@ class CudaEmitter(RowEmitter):
         inner = inner_syms(self.spec)
         length = self.args.ref(self._row_len())
         w = self.row_width
+        q = inner[0].name if k == 1 else "q_"
+        footer: tuple[str, ...] = ("}",)
+        if self.steps:  # Note [Rows in registers]: unrolled steps, each guarded where the row may end
+            first = f"({self.thread} + s_ * {self.stride})" + (f" * {w}" if w > 1 else "")
+            header = [
+                "#pragma unroll",
+                f"for (int s_ = 0; s_ < {self.steps}; ++s_) {{",
+                f"  const int64_t {q} = {first};",
+            ]
+            if self.ragged:
+                header.append(f"  if ({q} < {length}) {{")
+                footer = ("  }", "}")
+            step = "s_"
+        else:
+            header = [f"for (int64_t {q} = {self.thread} * {w}; {q} < {length}; {q} += {self.stride} * {w}) {{"]
+            if w == 1:
+                header = [f"for (int64_t {q} = {self.thread}; {q} < {length}; {q} += {self.stride}) {{"]
+            step = q
         if w > 1:
             assert k == 1, "row vectors walk one-axis rows"
-            q = inner[0].name
-            header = [f"for (int64_t {q} = {self.thread} * {w}; {q} < {length}; {q} += {self.stride} * {w}) {{"]
             lane = Loop("l0")
 
             def lanes() -> None:
                 saved = self.lane, self.width
                 self.lane, self.width = lane, w
-                self.position = f"({q} + l0)"
+                self.position = f"({step} * {w} + l0)" if self.steps else f"({q} + l0)"
                 self.loop(
                     ["#pragma unroll", f"for (int l0 = 0; l0 < {w}; ++l0) {{"], [lane], lambda: gen(self.row_index())
                 )
@@ -158,14 +181,12 @@ class CudaEmitter(RowEmitter):
                 if after is not None:
                     after(inner[0])
 
-            self.loop(header, inner, lanes)
+            self.loop(header, inner, lanes, footer=footer)
             return
-        q = inner[0].name if k == 1 else "q_"
-        header = [f"for (int64_t {q} = {self.thread}; {q} < {length}; {q} += {self.stride}) {{"]
         prologue = [] if k == 1 else split_index("q_", inner, dom[r:], self.args)
-        self.position = q
+        self.position = step
         assert after is None, "a scalar row walk has no steps of several elements"
-        self.loop(header, inner, lambda: gen(inner), prologue=prologue)
+        self.loop(header, inner, lambda: gen(inner), footer=footer, prologue=prologue)
 
     def reduce_pass(
         self,
@@ -174,20 +195,98 @@ class CudaEmitter(RowEmitter):
         body: Callable[[tuple[sympy.Expr, ...]], str],
         store: Callable[[tuple[sympy.Expr, ...], str], None] | None = None,
     ) -> str:
+        assert store is None, "softmax in place is off on CUDA (registers or L2 serve the last pass)"
+        acc = self._local_pass(dt, kind, body)
+        functor = {"sum": "bpk::Sum()", "prod": "bpk::Prod()", "max": "bpk::Max()", "min": "bpk::Min()"}[kind]
+        self.scopes[1].lines.append(self._combine(acc, functor, CTYPE[dt]))
+        return acc
+
+    def _local_pass(self, dt: DType, kind: str, body: Callable[[tuple[sympy.Expr, ...]], str], count: str = "") -> str:
+        """One pass of this thread over its elements of the row, combined into an accumulator at row
+        scope (no other thread's elements: the caller combines across threads); `count`, a variable
+        declared at row scope, counts the elements."""
         t = CTYPE[dt]
         acc, saved = self._pass_accumulator(dt, kind)
         functor = {"sum": "bpk::Sum()", "prod": "bpk::Prod()", "max": "bpk::Max()", "min": "bpk::Min()"}[kind]
+        tally = f" {count} += {t}(1);" if count else ""
 
-        assert store is None, "softmax in place is off on CUDA (the row cache or L2 serves the last pass)"
-        self._elements(lambda inner: self.line(f"{acc} = {functor}({acc}, {t}({body((*self.outer, *inner))}));"))
-        self.uses_barriers = True
-        if self.block_reduce:
-            self.line(f"{acc} = bpk::block_all({acc}, {functor}, reinterpret_cast<{t}*>(bpk_scratch));")
-        else:
-            self.line(f"{acc} = bpk::warp_all({acc}, {functor});")
+        def step(inner: tuple[sympy.Expr, ...]) -> None:
+            self.line(f"{acc} = {functor}({acc}, {t}({body((*self.outer, *inner))}));{tally}")
+
+        self._elements(step)
         self.depth[acc] = 1
         self.scopes = saved
         return acc
+
+    def _combine(self, var: str, functor: str, ctype: str) -> str:
+        """The statement combining `var` over the row's threads (a warp's lanes or a block's threads)."""
+        self.uses_barriers = True
+        if self.block_reduce:
+            return f"{var} = bpk::block_all({var}, {functor}, reinterpret_cast<{ctype}*>(bpk_scratch));"
+        return f"{var} = bpk::warp_all({var}, {functor});"
+
+    def _stats(self, n: Node) -> dict[str, str]:
+        """Note [Row moments] (cuda_runtime.cuh): layer norm's mean and variance and a softmax's maximum
+        and sum in one reduction across threads each; the other row ops as `RowEmitter` computes them."""
+        if n.id in self.row_stats or n.op not in (OpKind.LAYER_NORM, OpKind.SOFTMAX, OpKind.LOG_SOFTMAX):
+            return super()._stats(n)
+        x = n.inputs[0]
+        xt = self.ctx.types[x].dtype
+        acc_t = self.accumulator(n)
+        t = CTYPE[acc_t]
+        row = self.scopes[1].lines
+
+        def load(idx: tuple[sympy.Expr, ...]) -> str:
+            return self._as(self.eval(x, idx), xt, acc_t)
+
+        stats: dict[str, str] = {}
+        if n.op is OpKind.LAYER_NORM:
+            assert isinstance(n.attrs, NormAttrs)
+            count = self.fresh("count")
+            self.scopes[1].lines.append(f"{t} {count} = {t}(0);")
+            self.depth[count] = 1
+            total = self._local_pass(acc_t, "sum", load, count)
+            length = self.args.ref(self._row_len())
+            mine = self.fresh("mean")
+            row.append(f"const {t} {mine} = {count} > {t}(0) ? {total} / {count} : {t}(0);")
+            m2 = self._local_pass(acc_t, "sum", lambda idx: f"(({load(idx)} - {mine}) * ({load(idx)} - {mine}))")
+            mo = self.fresh("mo")
+            row.append(f"bpk::Moments<{t}> {mo} = {{{count}, {total}, {m2}}};")
+            row.append(self._combine(mo, "bpk::MergeMoments()", f"bpk::Moments<{t}>"))
+            mean, rstd = self.fresh("mean"), self.fresh("rstd")
+            eps = literal(n.attrs.eps, acc_t)
+            row.append(f"const {t} {mean} = {mo}.sum / {t}({length});")
+            row.append(f"const {t} {rstd} = {t}(1) / std::sqrt({mo}.m2 / {t}({length}) + {eps});")
+            stats["mean"], stats["rstd"] = mean, rstd
+        else:
+            m = self._local_pass(acc_t, "max", load)
+            # exp(x - max) of a thread whose elements are all -inf (or that has none) is 0, not NaN
+            lowest = literal(-math.inf, acc_t)
+            safe = self.fresh("m")
+            row.append(f"const {t} {safe} = {m} == {lowest} ? {t}(0) : {m};")
+            s = self._local_pass(acc_t, "sum", lambda idx: f"bpk::vexp_nonpos({load(idx)} - {safe})")
+            ms = self.fresh("ms")
+            row.append(f"bpk::MaxSum<{t}> {ms} = {{{m}, {s}}};")
+            row.append(self._combine(ms, "bpk::MergeMaxSum()", f"bpk::MaxSum<{t}>"))
+            top = f"{ms}.max"
+            masked = ""
+            if isinstance(n.attrs, SafeSoftmaxAttrs):  # Note [Safe softmax]: a row of -inf gives 0
+                masked = self.fresh("masked")
+                row.append(f"const bool {masked} = {top} == {lowest};")
+                top = self.fresh("m")
+                row.append(f"const {t} {top} = {masked} ? {t}(0) : {ms}.max;")
+            stats["max"] = top
+            if n.op is OpKind.SOFTMAX:
+                inv = self.fresh("inv")
+                scale = f"{masked} ? {t}(0) : {t}(1) / {ms}.sum" if masked else f"{t}(1) / {ms}.sum"
+                row.append(f"const {t} {inv} = {scale};")
+                stats["inv"] = inv
+            else:
+                logsum = self.fresh("logsum")
+                row.append(f"const {t} {logsum} = std::log({ms}.sum);")
+                stats["logsum"] = logsum
+        self.row_stats[n.id] = stats
+        return stats
 
 
 def split_index(var: str, syms: Sequence[Loop], dims: Sequence[IRDim], args: Args) -> list[str]:

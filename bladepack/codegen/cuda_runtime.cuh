@@ -230,17 +230,69 @@ struct Min {
   }
 };
 
+// Note [Row moments]: a row op's statistics combined across threads in one reduction (cuda_loops.py's
+// CudaEmitter._stats): each thread first finds its own elements' statistics (two passes over its own
+// registers or loads), then one warp / block reduction merges them. Moments are (count, sum, sum of
+// squared deviations from the part's mean), merged as Chan et al. do: the sums add as a plain sum
+// does (so the mean is as exact as the two-reduction form's; a running mean would round at the mean's
+// scale in every merge), and the squared deviations gain d^2 n_a n_b / n with d the parts' means'
+// difference (no cancellation of E[x^2] - E[x]^2). MaxSum is a softmax's (maximum, sum of
+// exp(x - maximum)), merged by rescaling each sum to the larger maximum. A part without elements is
+// (0, 0, 0) / (-inf, 0) and leaves the other as it is; NaN propagates, and +inf gives NaN as
+// exp(inf - inf) does in the two-reduction form.
+template <class T>
+struct Moments {
+  T n, sum, m2;
+};
+struct MergeMoments {
+  template <class T>
+  BPK_D Moments<T> operator()(Moments<T> a, Moments<T> b) const {
+    if (b.n == T(0)) return a;
+    if (a.n == T(0)) return b;
+    const T n = a.n + b.n, d = b.sum / b.n - a.sum / a.n;
+    return {n, a.sum + b.sum, a.m2 + b.m2 + d * d * (a.n * b.n / n)};
+  }
+};
+template <class T>
+struct MaxSum {
+  T max, sum;
+};
+struct MergeMaxSum {
+  template <class T>
+  BPK_D MaxSum<T> operator()(MaxSum<T> a, MaxSum<T> b) const {
+    const T m = fmax_nan(a.max, b.max), lowest = -std::numeric_limits<T>::infinity();
+    const T sa = a.max == lowest ? T(0) : a.sum * vexp(a.max - m);
+    const T sb = b.max == lowest ? T(0) : b.sum * vexp(b.max - m);
+    return {m, sa + sb};
+  }
+};
+
+// one value of another lane: shuffles move 4 or 8 bytes, so narrower values travel as int, and the
+// row statistics above field by field
+template <class T>
+BPK_D T shuffle_xor(T v, int o) {
+  using S = typename std::conditional<(sizeof(T) < 4), int, T>::type;
+  return static_cast<T>(__shfl_xor_sync(0xffffffffu, static_cast<S>(v), o));
+}
+template <class T>
+BPK_D Moments<T> shuffle_xor(Moments<T> v, int o) {
+  return {shuffle_xor(v.n, o), shuffle_xor(v.sum, o), shuffle_xor(v.m2, o)};
+}
+template <class T>
+BPK_D MaxSum<T> shuffle_xor(MaxSum<T> v, int o) {
+  return {shuffle_xor(v.max, o), shuffle_xor(v.sum, o)};
+}
+
 // every lane of the (full, converged) warp gets the combination of all 32 lanes' values
 template <class T, class F>
 BPK_D T warp_all(T v, F f) {
-  using S = typename std::conditional<(sizeof(T) < 4), int, T>::type;  // shuffles move 4 or 8 bytes
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = f(v, static_cast<T>(__shfl_xor_sync(0xffffffffu, static_cast<S>(v), o)));
+  for (int o = 16; o > 0; o >>= 1) v = f(v, shuffle_xor(v, o));
   return v;
 }
 
-// every thread of the block gets the combination of all threads' values; `scratch` holds 32 values
-// and may be reused by the next call (the first barrier waits for its readers)
+// every thread of the block gets the combination of all threads' values; `scratch` holds one value
+// per warp and may be reused by the next call (the first barrier waits for its readers)
 template <class T, class F>
 BPK_D T block_all(T v, F f, T* scratch) {
   v = warp_all(v, f);

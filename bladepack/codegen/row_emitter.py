@@ -99,9 +99,9 @@ class RowEmitter(Emitter):
                 self.scopes[1].lines.append(f"const {t} {inv} = {scale};")
                 stats["inv"] = inv
             else:
-                lse = self.fresh("lse")
-                self.scopes[1].lines.append(f"const {t} {lse} = {m} + std::log({s});")
-                stats["lse"] = lse
+                logsum = self.fresh("logsum")
+                self.scopes[1].lines.append(f"const {t} {logsum} = std::log({s});")
+                stats["logsum"] = logsum
         elif n.op in (OpKind.LAYER_NORM, OpKind.RMS_NORM):
             assert isinstance(n.attrs, NormAttrs)
             eps = literal(n.attrs.eps, acc_t)
@@ -142,7 +142,8 @@ class RowEmitter(Emitter):
         if n.op is OpKind.SOFTMAX:
             return f"(bpk::vexp_nonpos({x} - {st['max']}) * {st['inv']})"  # Note [Softmax exponentials]
         if n.op is OpKind.LOG_SOFTMAX:
-            return f"({x} - {st['lse']})"
+            # (x - max) is exact near the maximum; x - (max + log(sum)) would round at the maximum's scale
+            return f"(({x} - {st['max']}) - {st['logsum']})"
         assert isinstance(n.attrs, NormAttrs)
         y = f"(({x} - {st['mean']}) * {st['rstd']})" if n.op is OpKind.LAYER_NORM else f"({x} * {st['rstd']})"
         k = n.attrs.num_axes
