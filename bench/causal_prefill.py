@@ -9,7 +9,9 @@ one process).
 
 `--form transformers` writes the causal mask as transformers' sdpa_mask does (positions `arange + 0`,
 `kv <= q` and'd with the padding mask into one boolean mask, here with no padding) and passes it to sdpa.
-Writes bench/results/causal_prefill[_transformers].{md,json}; ratios are peer time / bladepack time.
+`--form merged` is an attention block after its fused QKV projection: heads split from [b, s, 3 * 512]
+by views, causal sdpa, the heads merged back to [b, s, 512] and projected (Note [Attention stores]).
+Writes bench/results/causal_prefill[_transformers|_merged].{md,json}; ratios are peer time / bladepack time.
 Runners interleave per shape (Note [Rounds] in bench/cpu_samples.py).
 """
 
@@ -45,13 +47,33 @@ class TransformersMask(torch.nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
+class MergedHeads(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(HEADS * HEAD, HEADS * HEAD)
+
+    def forward(self, qkv: torch.Tensor) -> torch.Tensor:
+        b, s, _ = qkv.shape
+        q, k, v = (t.view(b, s, HEADS, HEAD).transpose(1, 2) for t in qkv.split(HEADS * HEAD, dim=-1))
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(o.transpose(1, 2).reshape(b, s, HEADS * HEAD))
+
+
+MODELS = {"sdpa": CausalAttention, "transformers": TransformersMask, "merged": MergedHeads}
+NAMES = {"sdpa": ["q", "k", "v"], "transformers": ["q", "k", "v", "pad"], "merged": ["qkv"]}
+
+
 def dynamic_shapes(form: str) -> dict[str, dict[int, Any]]:
     batch, seq = bladepack.Dim("batch", 1, 16), bladepack.Dim("seq", 1, 4096)
+    if form == "merged":
+        return {"qkv": {0: batch, 1: seq}}
     dims = {n: {0: batch, 2: seq} for n in ("q", "k", "v")}
     return dims if form == "sdpa" else {**dims, "pad": {0: batch, 1: seq}}
 
 
 def inputs(g: torch.Generator, batch: int, seq: int, form: str = "sdpa") -> tuple[torch.Tensor, ...]:
+    if form == "merged":
+        return (torch.randn(batch, seq, 3 * HEADS * HEAD, generator=g),)
     qkv = tuple(torch.randn(batch, HEADS, seq, HEAD, generator=g) for _ in range(3))
     return qkv if form == "sdpa" else (*qkv, torch.ones(batch, seq, dtype=torch.int64))
 
@@ -62,10 +84,11 @@ def main() -> None:
     ap.add_argument("--baseline", type=Path, help="an artifact of this model built by another bladepack")
     ap.add_argument("--save", type=Path, help="save this bladepack's artifact here (a later run's --baseline)")
     ap.add_argument("--repeat", type=int, default=10)
-    ap.add_argument("--form", choices=("sdpa", "transformers"), default="sdpa")
+    ap.add_argument("--form", choices=tuple(MODELS), default="sdpa")
     a = ap.parse_args()
-    model = CausalAttention() if a.form == "sdpa" else TransformersMask()
-    names = ["q", "k", "v"] + ([] if a.form == "sdpa" else ["pad"])
+    torch.manual_seed(0)
+    model = MODELS[a.form]().eval()
+    names = NAMES[a.form]
     g = torch.Generator().manual_seed(0)
     samples = [inputs(g, 2, 9, a.form), inputs(g, 1, 17, a.form)]
     art = bladepack.optimize(model, samples, dynamic_shapes(a.form))
@@ -81,7 +104,9 @@ def main() -> None:
     torch_peers(peers, model, samples, runners, errors)
     if "ort" in peers or "openvino" in peers:
         path = Path(tempfile.mkdtemp()) / "causal.onnx"
-        axes = {n: {0: "batch", 2: "seq"} for n in ("q", "k", "v")} | {"pad": {0: "batch", 1: "seq"}}
+        axes = {n: {0: "batch", 2: "seq"} for n in ("q", "k", "v")} | {
+            n: {0: "batch", 1: "seq"} for n in ("pad", "qkv")
+        }
         axes = {n: axes[n] for n in names}
         torch.onnx.export(model, samples[0], str(path), input_names=names, dynamic_axes=axes, dynamo=False)
         onnx_peers(peers, path, runners, errors)
@@ -95,9 +120,9 @@ def main() -> None:
                 {"batch": batch, "seq": seq, "error": err, **measure(runners, x, a.repeat, errors, f"at {seq}")}
             )
     others = [p for p in runners if p != "bladepack"]
+    form = {"sdpa": "sdpa is_causal", "transformers": "a mask built as transformers does", "merged": "heads merged"}
     lines = [
-        f"# Causal prefill attention ({'sdpa is_causal' if a.form == 'sdpa' else 'a mask built as transformers does'}, "
-        f"{HEADS} heads x {HEAD}), {title(describe(loaded.executor))}",
+        f"# Causal prefill attention ({form[a.form]}, {HEADS} heads x {HEAD}), {title(describe(loaded.executor))}",
         "",
         "| batch x seq | bladepack µs | " + " | ".join(f"{p} µs (x)" for p in others) + " | max error |",
         "|---|---|" + "---|" * len(others) + "---|",
@@ -112,7 +137,7 @@ def main() -> None:
     lines += [f"\n{p} unavailable: {e}" for p, e in errors.items()]
     text = "\n".join(lines) + "\n"
     print(text)
-    stem = "causal_prefill" if a.form == "sdpa" else "causal_prefill_transformers"
+    stem = "causal_prefill" if a.form == "sdpa" else f"causal_prefill_{a.form}"
     (RESULTS / f"{stem}.md").write_text(text)
     (RESULTS / f"{stem}.json").write_text(
         json.dumps({"machine": describe(loaded.executor), "rows": rows, "errors": errors}, indent=1, default=str)

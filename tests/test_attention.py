@@ -8,6 +8,7 @@ maximum, with boolean, additive, causal and padding masks, GQA, decoding, and fu
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 
 import bladepack
 from bladepack import Dim
-from tests.helpers import rel_err, runnable_levels
+from tests.helpers import as_tuple, rel_err, runnable_levels
 
 MAX = 200
 LENGTHS = (1, 2, 7, 63, 64, 65, 130, MAX)
@@ -376,3 +377,47 @@ def test_causal_masks_bound_the_keys() -> None:
             wants = model(*x)
         for got, want in zip(m(*x), wants, strict=True):
             assert rel_err(got, want) <= 1e-5, (b, n, rel_err(got, want))
+
+
+class _MergedHeads(torch.nn.Module):
+    """Heads split from x, attended, merged back and projected, as every transformer writes it; `use`
+    says what else reads the attention's output: nothing ("merge"), the caller too ("twice"), or the
+    merge transposes its last axis away ("transposed")."""
+
+    def __init__(self, use: str) -> None:
+        super().__init__()
+        self.use = use
+        self.proj = torch.nn.Linear(48, 48)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        b, s, _ = x.shape
+        q, k, v = (t.view(b, s, 3, 16).transpose(1, 2) for t in (x, x * 0.5, x + 1.0))
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.use == "transposed":
+            return self.proj(o.permute(0, 2, 3, 1).reshape(b, s, 48))
+        merged = self.proj(o.transpose(1, 2).reshape(b, s, 48))
+        return (merged, o) if self.use == "twice" else merged
+
+
+@pytest.mark.parametrize("use", ["merge", "twice", "transposed"])
+def test_attention_stores_the_merged_heads(tmp_path, use: str) -> None:
+    """Note [Attention stores]: the attention kernel writes the merged-heads layout ([b, s, heads * d])
+    its output becomes, so no copy kernel runs between it and the projection; not where the output has
+    another reader or the permute moves its last axis (then a copy kernel stores the layout, as before).
+    Against eager at batch 1 and 3, lengths 1, odd and the maximum."""
+    model = _MergedHeads(use).eval()
+    dims = ({0: Dim("batch", max=8), 1: Dim("seq", max=MAX)},)
+    dump = tmp_path / "dump"
+    art = bladepack.optimize(model, [(torch.randn(2, 9, 48),)], dims, options=bladepack.CompileOptions(dump_dir=dump))
+    plan = (dump / "05-fusion.cpu.txt").read_text()
+    stored = re.search(r"attention -> %\d+ = \{[^}]*\} stored as permute%\d+ reshape%\d+", plan)
+    assert (stored is not None) == (use == "merge"), plan
+    copies = [ln for ln in plan.splitlines() if ": loop[" in ln and "permute%" in ln]
+    assert len(copies) == (0 if use == "merge" else 1), plan
+    m = bladepack.load(art.to_bytes(), executor="native")
+    for b, n in [(1, 1), (3, 7), (1, 64), (3, 65), (1, MAX)]:
+        x = torch.randn(b, n, 48, generator=torch.Generator().manual_seed(n))
+        with torch.no_grad():
+            want = model(x)
+        for got, ref in zip(as_tuple(m(x)), as_tuple(want), strict=True):
+            assert rel_err(got, ref) <= 1e-5, (b, n, rel_err(got, ref))

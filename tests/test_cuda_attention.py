@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -578,3 +579,75 @@ def test_packed_form_runs_on_the_gpu(gpu: FakeGpu, tmp_path: Path) -> None:
         )
         assert r.returncode == 0, r.stderr
         np.testing.assert_allclose(np.load(tmp_path / "output0.npy"), got[0], rtol=1e-6, atol=1e-6)
+
+
+class _MergedDecode(torch.nn.Module):
+    """Grouped-query decoding of a few new rows whose heads are merged back ([b, new, heads * dv])."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        o = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        return o.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+
+class _MergedPrefill(torch.nn.Module):
+    """Causal prefill with the heads split from and merged back into [b, s, heads * d], projected."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(128, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = (t.view(b, s, 4, 32).transpose(1, 2) for t in (x, x * 0.5, x + 1.0))
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(o.transpose(1, 2).reshape(b, s, 128))
+
+
+def _fusion_plan(dump: Path) -> str:
+    (plan,) = dump.rglob("05-fusion.cuda.txt")
+    return plan.read_text()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_attention_stores_the_merged_heads(gpu: FakeGpu, tmp_path: Path, dtype: torch.dtype) -> None:
+    """Note [Attention stores] on CUDA: prefill (the CUDA-core variants in float32, tensor cores in
+    float16) and a decoding step split over blocks (its combining kernel writes the merged layout too)
+    store [b, s, heads * dv] directly: no copy kernel between the attention and its consumer. Against
+    eager at batch 1 and 3, lengths 1, odd, a tile +- 1, caches up to several chunks."""
+    dump = tmp_path / "prefill"
+    torch.manual_seed(0)
+    model = _MergedPrefill().eval()
+    dims = ({0: Dim("batch", max=8), 1: Dim("seq", max=MAX)},)
+    options = bladepack.CompileOptions(dump_dir=dump)
+    half = None if dtype == torch.float32 else "float16"
+    art = bladepack.optimize(model, [(torch.randn(2, 20, 128),)], dims, targets=TARGETS, dtype=half, options=options)
+    plan = _fusion_plan(dump)
+    assert re.search(r"attention -> %\d+ = \{[^}]*\} stored as permute%\d+ reshape%\d+", plan), plan
+    assert not [ln for ln in plan.splitlines() if ": loop[" in ln and "permute%" in ln], plan
+    g = torch.Generator().manual_seed(3)
+    cases = [(torch.randn(b, n, 128, generator=g).to(dtype),) for b, n in [(1, 1), (3, 7), (1, 16), (3, 65), (1, MAX)]]
+    results, log = _run(gpu, model, cases, art)
+    if dtype == torch.float16:
+        assert any(name.endswith("_mma") for name in _launched(log)), log[-2000:]
+        cases = [(c[0].float(),) for c in cases]
+        results = [[r.astype(np.float32) for r in res] for res in results]
+    _check(model, cases, results, 1e-5 if dtype == torch.float32 else 4e-3)
+
+    dump = tmp_path / "decode"
+    b, new, past = Dim("batch", max=8), Dim("new", max=4), Dim("past", max=4096)
+    dims_d = {"q": {0: b, 2: new}, "k": {0: b, 2: past}, "v": {0: b, 2: past}}
+    g = torch.Generator().manual_seed(4)
+    q0, k0, v0 = _qkv(g, 2, 2, 300, 64, 64, 8, 2)
+    art = bladepack.optimize(
+        _MergedDecode(),
+        (q0, k0, v0),
+        dynamic_shapes=dims_d,
+        targets=TARGETS,
+        options=bladepack.CompileOptions(dump_dir=dump),
+    )
+    assert "stored as permute" in _fusion_plan(dump)
+    assert _kinds(art) == ["attention", "attention_combine"], _kinds(art)
+    cases_d = [_qkv(g, bb, r, n, 64, 64, 8, 2) for bb, r, n in [(1, 1, 1), (3, 3, 257), (1, 1, 1000), (2, 4, 4096)]]
+    results, log = _run(gpu, _MergedDecode(), cases_d, art)
+    assert any(name.endswith("_split") for name in _launched(log)), log[-2000:]
+    _check(_MergedDecode(), cases_d, results, 1e-5)

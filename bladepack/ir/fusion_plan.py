@@ -56,6 +56,14 @@ class Attention:
     k: int  # read as [*lead, Skv, D] when the first matmul has transpose_b, else [*lead, D, Skv]
     v: int
     nodes: tuple[int, ...] = ()  # every node the kernel computes (the chain's side inputs too), in order
+    # Note [Attention stores] (passes/attention_store.py): a permute of `out` and reshapes of it, in order;
+    # the kernel writes the last one's buffer at the element each of out's elements becomes there
+    store: tuple[int, ...] = ()
+
+    @property
+    def stored(self) -> int:
+        """The value the kernel writes: `out`, or the end of its store chain."""
+        return self.store[-1] if self.store else self.out
 
 
 @dataclass(frozen=True)
@@ -133,7 +141,9 @@ class FusionPlan:
             elif isinstance(s, LibraryStep):
                 if s.attention is not None:
                     ops = " ".join(f"{nodes[i].op.value}%{i}" for i in s.attention.nodes)
-                    lines.append(f"  attention -> %{s.node} = {{{ops}}}")
+                    via = "".join(f" {nodes[i].op.value}%{i}" for i in s.attention.store)
+                    store = f" stored as{via}" if via else ""
+                    lines.append(f"  attention -> %{s.attention.stored} = {{{ops}}}{store}")
                 elif s.epilogue is not None:
                     ops = " ".join(f"{nodes[i].op.value}%{i}" for i in s.epilogue.nodes)
                     lines.append(

@@ -19,9 +19,9 @@ from bladepack.codegen.kernel import KernelContext
 from bladepack.dtypes import DType
 from bladepack.ir import OpKind
 from bladepack.ir.fusion_plan import Attention
-from bladepack.ir.ops import ArangeAttrs, ConstantAttrs, MatmulAttrs, SafeSoftmaxAttrs
+from bladepack.ir.ops import ArangeAttrs, ConstantAttrs, MatmulAttrs, PermuteAttrs, SafeSoftmaxAttrs
 from bladepack.ir.types import IRDim
-from bladepack.ir.views import View, head_view
+from bladepack.ir.views import View, contiguous_strides, head_view
 
 
 def operand_view(ctx: KernelContext, v: int) -> View:
@@ -48,6 +48,21 @@ def row_base(view: View, shape: Sequence[IRDim], lead: Sequence[IRDim], syms: Se
     return view.offset_at([*lead_index(shape, lead, syms), sympy.Integer(0), sympy.Integer(0)])
 
 
+def out_strides(att: Attention, ctx: KernelContext) -> tuple[IRDim, ...]:
+    """The element stride of each axis of `att.out` in the buffer of `att.stored` (Note [Attention
+    stores] in passes/attention_store.py)."""
+    shape = ctx.types[att.out].shape
+    if not att.store:
+        return contiguous_strides(shape)
+    permute = ctx.nodes[att.store[0]]
+    assert isinstance(permute.attrs, PermuteAttrs)
+    inner = contiguous_strides(ctx.types[permute.id].shape)
+    strides: list[IRDim] = [0] * len(shape)
+    for k, axis in enumerate(permute.attrs.perm):
+        strides[axis] = inner[k]
+    return tuple(strides)
+
+
 @dataclass(frozen=True)
 class AttentionShape:
     """What both kernels read of an `Attention` record: the operands' views, their row and element
@@ -70,6 +85,16 @@ class AttentionShape:
     dv: int
     safe: bool  # sdpa's softmax: a row all -inf gives 0, not NaN
     chain_end: int  # the softmax's input: the chain's last value, or the scores
+    o_strides: tuple[IRDim, ...]  # each output axis's stride in the stored buffer (Note [Attention stores])
+
+    @property
+    def s_oi(self) -> IRDim:
+        """The stride between output rows (an output row's dv elements are contiguous)."""
+        return self.o_strides[-2]
+
+    def out_base(self, syms: Sequence[sympy.Expr]) -> sympy.Expr:
+        """The element offset of the output's first row for the leading index `syms`."""
+        return sympy.Add(*(sympy.sympify(st) * x for st, x in zip(self.o_strides, syms)))
 
 
 def attention_shape(att: Attention, ctx: KernelContext) -> AttentionShape:
@@ -97,6 +122,7 @@ def attention_shape(att: Attention, ctx: KernelContext) -> AttentionShape:
         dv,
         isinstance(ctx.nodes[att.probs].attrs, SafeSoftmaxAttrs),
         ctx.nodes[att.probs].inputs[0],
+        out_strides(att, ctx),
     )
 
 

@@ -36,7 +36,7 @@ import sympy
 
 from bladepack.codegen.c_render import CTYPE, Loop
 from bladepack.codegen.emitter import Emitter
-from bladepack.codegen.kernel import KernelContext, store_offset
+from bladepack.codegen.kernel import KernelContext
 from bladepack.ir.fusion_plan import Attention
 from bladepack.ir.types import IRDim
 from bladepack.ir.views import View, simplify
@@ -99,8 +99,8 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
         em.line(f"const {t}* BPK_RESTRICT qp_ = {pq} + {base(qv, ctx.types[att.q].shape)};")
         em.line(f"const {t}* BPK_RESTRICT kp_ = {pk} + {base(kv, ctx.types[att.k].shape)};")
         em.line(f"const {t}* BPK_RESTRICT vp_ = {pv} + {base(vv, ctx.types[att.v].shape)};")
-        store = em.args.index(store_offset(out_t.shape, (*syms, sympy.Integer(0), sympy.Integer(0))))
-        em.line(f"{t}* BPK_RESTRICT op_ = {em.ptr_store(att.out)} + {store};")
+        store = em.args.index(sh.out_base(syms))  # Note [Attention stores]
+        em.line(f"{t}* BPK_RESTRICT op_ = {em.ptr_store(att.stored)} + {store};")
         em.line(f"{t} m_[{qb}], l_[{qb}];")
         em.line(f"alignas(64) {t} acc_[{qb * dv}];")
         em.line(f"for (int q = 0; q < {qb}; ++q) {{ m_[q] = {ninf}; l_[q] = {t}(0); }}")
@@ -335,7 +335,7 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
         empty = f"{t}(0)" if safe else f"({r(skv)} == 0 ? {t}(0) : {nan})"
         em.line("for (int64_t q = 0; q < nq_; ++q) {")
         em.line(f"  const {t} inv_ = l_[q] == {t}(0) ? {empty} : {t}(1) / l_[q];")
-        em.line(f"  for (int e = 0; e < {dv}; ++e) op_[(q0_ + q) * {dv} + e] = acc_[q * {dv} + e] * inv_;")
+        em.line(f"  for (int e = 0; e < {dv}; ++e) op_[(q0_ + q) * {r(sh.s_oi)} + e] = acc_[q * {dv} + e] * inv_;")
         em.line("}")
 
     cost = f"{qb} * {r(skv)} * {d + dv + 24}"

@@ -56,7 +56,7 @@ import sympy
 from bladepack.codegen.c_render import CTYPE, Loop
 from bladepack.codegen.cuda_emitter import CudaPlan, launch_grid
 from bladepack.codegen.cuda_loops import CudaEmitter, split_index, volume
-from bladepack.codegen.kernel import KernelContext, store_offset
+from bladepack.codegen.kernel import KernelContext
 from bladepack.dtypes import DType
 from bladepack.ir.fusion_plan import Attention
 from bladepack.ir.types import IRDim, TensorType
@@ -215,8 +215,8 @@ def _kernel(
         em.line(f"const auto* __restrict__ qp_ = {pq} + {base(sh.q, ctx.types[att.q].shape)};")
         em.line(f"const auto* __restrict__ kp_ = {pk} + {base(sh.k, ctx.types[att.k].shape)};")
         em.line(f"const auto* __restrict__ vp_ = {pv} + {base(sh.v, ctx.types[att.v].shape)};")
-        store = em.args.index(store_offset(out_t.shape, (*syms, sympy.Integer(0), sympy.Integer(0))))
-        em.line(f"auto* __restrict__ op_ = {em.ptr_store(att.out)} + {store};")
+        store = em.args.index(sh.out_base(syms))  # Note [Attention stores]
+        em.line(f"auto* __restrict__ op_ = {em.ptr_store(att.stored)} + {store};")
         em.line("__syncthreads();  // the previous row's readers of the shared arrays are done")
         em.line(f"for (int e = int(threadIdx.x); e < {rows * d}; e += int(blockDim.x)) {{")
         em.line(f"  const int64_t qi_ = q0_ + e / {d} < {r(sq)} ? q0_ + e / {d} : {r(sq)} - 1;")
@@ -343,7 +343,7 @@ def _kernel(
         ):
             em.line(f"  {line}")
         em.line(
-            f"  bpk::st(op_ + (q0_ + q) * {dv} + c, o_ * (l_ == {t}(0) ? {empty_row(sh.safe, r(skv), t)} : {t}(1) / l_));"
+            f"  bpk::st(op_ + (q0_ + q) * {r(sh.s_oi)} + c, o_ * (l_ == {t}(0) ? {empty_row(sh.safe, r(skv), t)} : {t}(1) / l_));"
         )
         em.line("}")
 
@@ -399,8 +399,8 @@ def _combine_kernel(em: CudaEmitter, att: Attention, split: KeySplit, workspace:
     pw = em.ptr_load(workspace)
 
     def body() -> None:
-        store = em.args.index(store_offset(out_t.shape, (*syms, qrow, sympy.Integer(0))))
-        em.line(f"auto* __restrict__ op_ = {em.ptr_store(att.out)} + {store};")
+        store = em.args.index(sh.out_base(syms) + qrow * sympy.sympify(sh.s_oi))  # Note [Attention stores]
+        em.line(f"auto* __restrict__ op_ = {em.ptr_store(att.stored)} + {store};")
         em.line(f"const int64_t ns_ = {r(split.count)};")
         em.line(f"const auto* __restrict__ wp_ = {pw} + row_ * ns_ * {width};")
         em.line(f"for (int c = int(threadIdx.x); c < {dv}; c += int(blockDim.x)) {{")

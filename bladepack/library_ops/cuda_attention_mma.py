@@ -31,7 +31,7 @@ import sympy
 from bladepack.codegen.c_render import Loop
 from bladepack.codegen.cuda_emitter import CudaPlan, launch_grid
 from bladepack.codegen.cuda_loops import CudaEmitter, split_index, volume
-from bladepack.codegen.kernel import KernelContext, store_offset
+from bladepack.codegen.kernel import KernelContext
 from bladepack.dtypes import DType
 from bladepack.ir.fusion_plan import Attention
 from bladepack.ir.types import IRDim
@@ -122,8 +122,8 @@ def _kernel(em: CudaEmitter, att: Attention) -> None:
         em.line(f"const auto* __restrict__ qp_ = {pq} + {base(sh.q, ctx.types[att.q].shape)};")
         em.line(f"const auto* __restrict__ kp_ = {pk} + {base(sh.k, ctx.types[att.k].shape)};")
         em.line(f"const auto* __restrict__ vp_ = {pv} + {base(sh.v, ctx.types[att.v].shape)};")
-        store = em.args.index(store_offset(out_t.shape, (*syms, sympy.Integer(0), sympy.Integer(0))))
-        em.line(f"auto* __restrict__ op_ = {em.ptr_store(att.out)} + {store};")
+        store = em.args.index(sh.out_base(syms))  # Note [Attention stores]
+        em.line(f"auto* __restrict__ op_ = {em.ptr_store(att.stored)} + {store};")
         em.line("__syncthreads();  // the previous rows' readers of the shared tiles are done")
         last = f"{r(sq)} - 1"
         stage(
@@ -238,6 +238,7 @@ def _kernel(em: CudaEmitter, att: Attention) -> None:
 
     def finish() -> None:
         """Each row's sum over its four lanes; the lane's elements of the row, divided by it."""
+        so = r(sh.s_oi)  # Note [Attention stores]
         for row in (0, 1):
             em.line(f"float ls{row}_ = l_[{row}];")
             em.line(f"ls{row}_ += __shfl_xor_sync(0xffffffffu, ls{row}_, 1);")
@@ -247,8 +248,8 @@ def _kernel(em: CudaEmitter, att: Attention) -> None:
             em.line(f"  const float f_ = ls{row}_ == 0.f ? {empty_row(sh.safe, r(skv), 'float')} : 1.f / ls{row}_;")
             em.line("  #pragma unroll")
             em.line(f"  for (int n = 0; n < {dv // 8}; ++n) {{")
-            em.line(f"    bpk::st(op_ + row{row}_ * {dv} + n * 8 + 2 * t_, o_[n][{2 * row}] * f_);")
-            em.line(f"    bpk::st(op_ + row{row}_ * {dv} + n * 8 + 2 * t_ + 1, o_[n][{2 * row + 1}] * f_);")
+            em.line(f"    bpk::st(op_ + row{row}_ * {so} + n * 8 + 2 * t_, o_[n][{2 * row}] * f_);")
+            em.line(f"    bpk::st(op_ + row{row}_ * {so} + n * 8 + 2 * t_ + 1, o_[n][{2 * row + 1}] * f_);")
             em.line("  }")
             em.line("}")
 

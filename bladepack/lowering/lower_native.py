@@ -315,6 +315,8 @@ class Lowerer:
         if isinstance(step, KernelSpec):
             return step.roots[0]
         if isinstance(step, LibraryStep):
+            if step.attention is not None:
+                return step.attention.stored
             return step.epilogue.out if step.epilogue is not None else step.node
         return int(step.node)
 
@@ -402,14 +404,14 @@ class Lowerer:
         """One kernel, or two where the backend splits the keys over blocks (Note [Split keys]): the
         second combines the first's workspace, launched only at the shapes where the first splits."""
         split = self.backend.split_attention(att, self._context())
-        roots = (n.id,) if split is None else (n.id, self._temp(split[0]))
+        roots = (att.stored,) if split is None else (att.stored, self._temp(split[0]))
         self._kernel(
             KernelSpec(f"k{len(self.kernels)}", "attention", roots, att.nodes, n.type.shape, 0, n.loc), att=att
         )
         if split is not None:
             self.shape_when[len(self.launches)] = split[1]
             spec = KernelSpec(
-                f"k{len(self.kernels)}", "attention_combine", (n.id,), (), n.type.shape, 0, n.loc, roots[1:]
+                f"k{len(self.kernels)}", "attention_combine", (att.stored,), (), n.type.shape, 0, n.loc, roots[1:]
             )
             self._kernel(spec, att=att)
 

@@ -21,7 +21,9 @@ How it decides (BladeDISC's kinds, decided from shape facts only, so every shape
   residual, activation) runs in the convolution kernel before its store (Note [Convolution epilogue]
   in conv_epilogue.py).
 - Fused attention: on CPU, matmul → elementwise chain → softmax → matmul is one step whose kernel
-  never stores the scores (Note [Fused attention] in fuse_attention.py).
+  never stores the scores (Note [Fused attention] in fuse_attention.py); where its output only becomes
+  another layout (the heads merged back: a permute and reshapes), it stores that layout directly
+  (Note [Attention stores] in attention_store.py).
 
 Note [Materialize or recompute]: a non-materialized value used by several kernels is recomputed in
 each when it is cheap (a few arithmetic ops over loads: ops of `Cost.CHEAP` in the op table); an
@@ -61,6 +63,7 @@ from bladepack.ir.ops import OP_INFO, AxisAttrs, IndexAttrs, NormAttrs, OpClass,
 from bladepack.ir.types import IRDim, TensorType
 from bladepack.ir.views import LAYOUT_OPS, View, head_view, sym_eq, view_of
 from bladepack.opset.table import Cost
+from bladepack.passes.attention_store import find_attention_store
 from bladepack.passes.conv_epilogue import find_conv_epilogue
 from bladepack.passes.fuse_attention import find_attention, side_inputs
 from bladepack.passes.gemm_epilogue import find_epilogue
@@ -185,6 +188,7 @@ class _Planner:
         self.gemm_epilogues, self.caps = gemm_epilogues, caps
         self.attention: dict[int, Attention] = {}  # second matmul -> Note [Fused attention]
         self.in_attention: set[int] = set()  # the scores' matmuls, chains and softmaxes of those
+        self.attention_stores: dict[int, int] = {}  # Note [Attention stores]: chain end -> second matmul
         # stored value -> (matmul or convolution, its epilogue)
         self.epilogues: dict[int, tuple[int, GemmEpilogue | ConvEpilogue]] = {}
         self.g = p.graph
@@ -436,6 +440,23 @@ class _Planner:
                     self.mat.add(v)
                     changed = True
 
+    def absorb_attention_stores(self) -> None:
+        """Note [Attention stores]: an attention whose output only becomes, through a permute and
+        reshapes, the value a copy kernel stores writes that value instead (the copy kernel goes)."""
+        outputs = set(self.g.outputs)
+        for v, att in list(self.attention.items()):
+            chain = find_attention_store(att, self.nodes, self.users, outputs)
+            if chain is None:
+                continue
+            end = chain[-1]
+            if end not in self.mat or set(self.cone(end)) != set(chain):
+                continue
+            if any(self.guards[u] != self.guards[v] for u in chain):
+                continue
+            self.mat.discard(v)
+            self.attention[v] = dataclasses.replace(att, store=chain)
+            self.attention_stores[end] = v
+
     def absorb_epilogues(self) -> None:
         """Note [GEMM epilogue] / Note [Convolution epilogue]: each matmul (with CUTLASS) or direct
         convolution (on CPU) stores the end of its epilogue chain instead of its product."""
@@ -479,6 +500,7 @@ class _Planner:
 
     def plan(self) -> FusionPlan:
         self.solve()
+        self.absorb_attention_stores()
         if self.gemm_epilogues or self.caps.conv_epilogues:
             self.absorb_epilogues()
         steps: list[PlanStep] = []
@@ -486,9 +508,10 @@ class _Planner:
         for v in sorted(self.mat & set(self.nodes), key=self.order.__getitem__):
             n = self.nodes[v]
             role = self.roles[v]
-            if v in self.attention:
-                att = dataclasses.replace(self.attention[v], nodes=tuple(self.attention_nodes(self.attention[v])[0]))
-                steps.append(LibraryStep(v, "attention", n.loc, attention=att))
+            if v in self.attention or v in self.attention_stores:
+                mm = self.attention_stores.get(v, v)
+                att = dataclasses.replace(self.attention[mm], nodes=tuple(self.attention_nodes(self.attention[mm])[0]))
+                steps.append(LibraryStep(mm, "attention", self.nodes[mm].loc, attention=att))
             elif v in self.epilogues:
                 mm, ep = self.epilogues[v]
                 steps.append(LibraryStep(mm, self.nodes[mm].op.value, self.nodes[mm].loc, ep))
