@@ -545,6 +545,42 @@ def test_a_hand_written_rms_norm_reads_its_row_once(gpu: FakeGpu, tmp_path: Path
     ], launched
 
 
+@pytest.mark.parametrize("bounded", [True, False])
+def test_index_division_is_32_bit_where_sizes_allow(gpu: FakeGpu, tmp_path: Path, bounded: bool) -> None:
+    """Note [Narrow index division]: loop and row kernels over [batch, seq, 96] split a thread's position
+    with 32-bit division — with declared ranges that prove every position below 2^31, only (no 64-bit
+    division or remainder in their PTX); without, behind a run-time test of the size, the 64-bit split
+    kept for sizes past it. Results equal eager either way."""
+
+    class Ops(torch.nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.nn.functional.gelu(x * 2.0 + y), torch.softmax(x.transpose(1, 2), -1)
+
+    kw = {"max": 64} if bounded else {}
+    b, n = torch.export.Dim("batch", **kw), torch.export.Dim("seq", **({"max": 4096} if bounded else {}))
+    dims = ({0: b, 1: n}, {0: b, 1: n})
+    dump = tmp_path / "dump"
+    args = (torch.randn(2, 5, 96), torch.randn(2, 5, 96))
+    model = Ops().eval()
+    options = bladepack.CompileOptions(dump_dir=dump)
+    art = bladepack.optimize(model, [args], dims, targets=TARGETS, options=options)
+    variants = [v.name for k in art.plan.kernels if k.target == "cuda" for v in k.variants]
+    (src,) = dump.rglob("*.cu")
+    wide = re.compile(r"\b(div|rem)\.[su]64\b")
+    bodies = ptx_entries(src, "sm_90", variants)
+    if bounded:
+        assert not [name for name, body in bodies.items() if wide.search(body)], variants
+    else:  # the 64-bit split past 2^31 positions (a dynamic divisor: seq)
+        assert [name for name, body in bodies.items() if wide.search(body)], variants
+    assert ("<= 2147483647" in src.read_text()) is not bounded
+    cases = [(torch.randn(bb, nn, 96) * 2, torch.randn(bb, nn, 96)) for bb, nn in [(1, 1), (3, 7), (2, 33)]]
+    _, results, _ = gpu.run(art, [_numpy(c) for c in cases])
+    for c, out in zip(cases, results, strict=True):
+        assert not isinstance(out, str), out
+        for o, want in zip(out, _eager(model, c), strict=True):
+            assert rel_err(o, want) <= 1e-5
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_rows_of_any_length_stay_in_registers(tmp_path: Path, dtype: str) -> None:
     """Note [Rows in registers]: with a dynamic row length every row variant (one warp or one block a
@@ -879,6 +915,39 @@ def test_sort_kernel_on_the_gpu(gpu: FakeGpu) -> None:
     from bladepack.inspect import manifest_summary
 
     assert manifest_summary(art._parts()[0])["cuda_reference_steps"] == []  # every sort a CUDA kernel
+
+
+def test_block_sort_on_the_gpu(gpu: FakeGpu) -> None:
+    """Note [Block sort]: lines of up to 1024 and 4096 elements are sorted by a block's bitonic network
+    (variants _b1024, _b4096), longer ones by a thread's heapsort; each gives torch's stable order —
+    NaN, +-inf, ties, a line of one, lengths one past each bound — ascending and descending, through the
+    Python and C++ loaders."""
+
+    class Sorts(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return (*torch.sort(x, dim=1, stable=True), torch.argsort(x, dim=1, descending=True, stable=True))
+
+    model = Sorts().eval()
+    b, n = torch.export.Dim("b", min=1, max=4), torch.export.Dim("n", min=1, max=6000)
+    art = bladepack.optimize(model, [(torch.randn(2, 50),)], ({0: b, 1: n},), targets=TARGETS)
+    variants = {v.name for k in art.plan.kernels if k.target == "cuda" for v in k.variants}
+    assert {"k0_b1024", "k0_b4096", "k0"} <= variants, variants
+    g = torch.Generator().manual_seed(6)
+    cases = []
+    for rows, length in [(1, 1), (3, 2), (2, 7), (1, 1024), (2, 1025), (1, 4096), (1, 4097)]:
+        x = torch.round(torch.randn(rows, length, generator=g) * 4)
+        if length > 9:
+            x[0, 3], x[-1, -2], x[0, 9], x[-1, 0] = float("nan"), float("nan"), -float("inf"), float("inf")
+        cases.append((x,))
+    for run in (gpu.run, gpu.run_cpp):
+        _, results, log = run(art, [_numpy(c) for c in cases])
+        for args, out in zip(cases, results):
+            assert not isinstance(out, str), out
+            for k, (o, r) in enumerate(zip(out, _eager(model, args))):
+                np.testing.assert_array_equal(o, r, err_msg=f"{run.__name__}: output {k} at {tuple(args[0].shape)}")
+        if run == gpu.run:
+            launched = [ln.split()[1] for ln in log.splitlines() if ln.startswith("launch ") and "_b" in ln.split()[1]]
+            assert {"k0_b1024", "k0_b4096"} <= set(launched), launched
 
 
 class _CoreElementwise(torch.nn.Module):

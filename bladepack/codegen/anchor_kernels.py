@@ -190,12 +190,14 @@ def topk_kernel(em: Emitter) -> None:
     em.rows_loop([xt.shape[d] for d in kept], "4", body)
 
 
-def sort_kernel(em: Emitter) -> None:
+def sort_kernel(em: Emitter, block: int = 0) -> None:
     """Note [Sort kernel]: the positions of one line in stable sorted order per iteration, for any
     length (constant or symbolic). The kernel hands the backend's `bpk::sort_line` two accessors: the
     input's value at a position along the line (the producers computed inline, as any anchor's) and
     a reference to the output's k-th position; the CPU sorts (value, position) pairs with std::sort,
-    a CUDA thread heapsorts its line in place."""
+    a CUDA thread heapsorts its line in place. `block` (CUDA, lines of at most that many elements,
+    a power of two): a block sorts each line in shared memory instead (Note [Block sort] in
+    codegen/cuda_runtime.cuh)."""
     n, x, xt, a, kept = _line_anchor(em)
     assert isinstance(n.attrs, SortAttrs)
     rank = xt.rank
@@ -214,10 +216,18 @@ def sort_kernel(em: Emitter) -> None:
         p = Loop(em.fresh("p"))
         off = em.args.index(store_offset(n.type.shape, _line_index(rank, a, kept, outer, p)))
         em.line(f"auto {at} = [&](int64_t {p.name}) -> int64_t& {{ return {out}[{off}]; }};")
-        em.line(f"bpk::sort_line<{t}>({length}, {desc}, {key}, {at});")
+        if block:
+            em.line(f"bpk::block_sort_line<{t}, {block}>({length}, {desc}, {key}, {at}, bpk_keys, bpk_pos);")
+        else:
+            em.line(f"bpk::sort_line<{t}>({length}, {desc}, {key}, {at});")
 
     length = em.args.ref(xt.shape[a])
-    em.rows_loop([xt.shape[d] for d in kept], f"16 * {length}", body)
+    if block:
+        em.line(f"__shared__ {t} bpk_keys[{block}];")
+        em.line(f"__shared__ int bpk_pos[{block}];")
+        em.block_rows_loop([xt.shape[d] for d in kept], body)
+    else:
+        em.rows_loop([xt.shape[d] for d in kept], f"16 * {length}", body)
 
 
 def scatter_kernel(em: Emitter) -> None:

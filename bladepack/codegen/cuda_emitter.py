@@ -81,6 +81,8 @@ WARP_ROW_MAX = 1024
 REG_WARP_MAX = 1024  # Note [Rows in registers]: 32 floats a lane
 REG_BLOCK_MAX = 8192  # 16 floats a thread of a 512-thread block
 MAX_GRID = 1 << 20  # grid-stride loops cover the rest
+SORT_BLOCKS = (1024, 4096)  # Note [Block sort]: line lengths a block's bitonic network takes
+SORT_THREADS = 512
 _MULTI_PASS = (OpKind.SOFTMAX, OpKind.LOG_SOFTMAX, OpKind.LAYER_NORM, OpKind.RMS_NORM)
 
 
@@ -136,9 +138,10 @@ def _loop_kernel(em: CudaEmitter, width: int) -> None:
         "for (int64_t t_ = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; "
         f"t_ < {threads}; t_ += int64_t(gridDim.x) * blockDim.x) {{"
     ]
-    chunk_ref = em.args.ref(chunks)
-    prologue = [f"const int64_t {j.name} = (t_ % {chunk_ref}) * {width};", f"const int64_t u_ = t_ / {chunk_ref};"]
-    prologue += split_index("u_", outer, dom[:-1], em.args)
+    # Note [Narrow index division]: the thread's position split into the last dim's vector and the rest
+    prologue = split_index("t_", (Loop("u_"), Loop("c_")), (total, chunks), em.args, em.narrow(dom))
+    prologue.append(f"const int64_t {j.name} = c_ * {width};")
+    prologue += split_index("u_", outer, dom[:-1], em.args, em.narrow(dom))
 
     def body() -> None:
         idx = (*outer, j + lane)
@@ -240,7 +243,7 @@ def _row_kernel(em: CudaEmitter, warp: bool, steps: int = 0, width: int = 1, rag
             em.line(f"{CTYPE[em.ctx.types[v].dtype]} {o}[{width}];")
         em._elements(lane_values, vector_stores)
 
-    em.loop(header, outer, body, prologue=split_index("row_", outer, dom[:r], em.args))
+    em.loop(header, outer, body, prologue=split_index("row_", outer, dom[:r], em.args, em.narrow(dom[:r])))
 
 
 def _cache_value(spec: KernelSpec, ctx: KernelContext) -> int | None:
@@ -419,7 +422,26 @@ def emit_cuda_kernel(
         else:  # one thread per scanned (or selected-from) line
             axis = getattr(n.attrs, "axis", 0) % max(len(n.type.shape), 1)
             outputs = volume([d for k, d in enumerate(x_t.shape) if k != axis])
-        plans.append(("", sympy.true, fn, launch_grid(outputs, LOOP_BLOCK), LOOP_BLOCK, 0))
+        if spec.kind == "sort":  # Note [Block sort]: a block per line where the line fits its network
+            length = x_t.shape[getattr(n.attrs, "axis", 0) % max(x_t.rank, 1)]
+            for bound in SORT_BLOCKS:
+                pred = sympy.Le(sympy.sympify(length), bound)
+                if pred is sympy.false:
+                    continue
+                plans.append(
+                    (
+                        f"_b{bound}",
+                        pred,
+                        functools.partial(sort_kernel, block=bound),
+                        launch_grid(outputs, 1),
+                        SORT_THREADS,
+                        0,
+                    )
+                )
+                if pred is sympy.true:
+                    break
+        if not plans or plans[-1][1] is not sympy.true:
+            plans.append(("", sympy.true, fn, launch_grid(outputs, LOOP_BLOCK), LOOP_BLOCK, 0))
     else:
         raise ValueError(f"{spec.kind} kernels have no CUDA schedule yet")
     bodies: list[tuple[CudaVariant, CudaEmitter]] = []

@@ -34,6 +34,16 @@ MEMTYPE = {**CTYPE, DType.FLOAT16: "__half", DType.BFLOAT16: "__nv_bfloat16"}
 # so the loader names the kernel without knowing which launch failed.
 KERNEL_SHIFT = 24
 
+# Note [Narrow index division]: a 64-bit integer division or remainder is a few dozen instructions on
+# an NVIDIA GPU (no hardware divider; a 32-bit one is a handful), and a kernel over [batch, seq, hidden]
+# with a dynamic seq splits each thread's position with one such pair per dynamic dim — for an
+# elementwise kernel moving 16-48 bytes a thread, as much issue time as its memory traffic. Where the
+# declared ranges prove every position of the split below 2^31 (ShapeEnv: `proven_le`), the split
+# divides in 32 bits (exact: both operands fit, positions are never negative); otherwise the kernel tests
+# the size once (the same answer in every thread: no divergence) and divides in 32 bits where it holds,
+# in 64 where it does not.
+INT32_MAX = (1 << 31) - 1
+
 
 def volume(shape: Sequence[IRDim]) -> IRDim:
     out: IRDim = 1
@@ -69,6 +79,14 @@ class CudaEmitter(RowEmitter):
         self.steps = 0
         self.ragged = True
         self.uses_barriers = False
+
+    def narrow(self, dims: Sequence[IRDim]) -> bool | str:
+        """Note [Narrow index division]: True where every row-major position in `dims` is below 2^31 at
+        every shape in the declared ranges; else the C condition saying so at run time."""
+        size = volume(dims)
+        if self.ctx.proven_le(size, INT32_MAX):
+            return True
+        return f"{self.args.ref(size)} <= {INT32_MAX}"
 
     # -- memory
     def load(self, base: int, dt: DType, off: sympy.Expr, syms: set[sympy.Symbol], key: Any) -> str:
@@ -124,7 +142,17 @@ class CudaEmitter(RowEmitter):
             "for (int64_t t_ = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; "
             f"t_ < {self.args.ref(rows)}; t_ += int64_t(gridDim.x) * blockDim.x) {{"
         ]
-        self.loop(header, syms, lambda: body(syms), prologue=split_index("t_", syms, outer_dims, self.args))
+        narrow = self.narrow(outer_dims)
+        self.loop(header, syms, lambda: body(syms), prologue=split_index("t_", syms, outer_dims, self.args, narrow))
+
+    def block_rows_loop(self, outer_dims: Sequence[IRDim], body: RowBody) -> None:
+        """One block per row (its threads cooperate: Note [Block sort]), block-strided over the rows."""
+        syms = tuple(Loop(f"i{k}") for k in range(len(outer_dims)))
+        rows = volume(outer_dims)
+        header = [f"for (int64_t t_ = int64_t(blockIdx.x); t_ < {self.args.ref(rows)}; t_ += int64_t(gridDim.x)) {{"]
+        self.uses_barriers = True
+        narrow = self.narrow(outer_dims)
+        self.loop(header, syms, lambda: body(syms), prologue=split_index("t_", syms, outer_dims, self.args, narrow))
 
     # -- row reductions across the threads of a warp or block
     def row_index(self) -> tuple[sympy.Expr, ...]:
@@ -183,7 +211,7 @@ class CudaEmitter(RowEmitter):
 
             self.loop(header, inner, lanes, footer=footer)
             return
-        prologue = [] if k == 1 else split_index("q_", inner, dom[r:], self.args)
+        prologue = [] if k == 1 else split_index("q_", inner, dom[r:], self.args, self.narrow(dom[r:]))
         self.position = step
         assert after is None, "a scalar row walk has no steps of several elements"
         self.loop(header, inner, lambda: gen(inner), footer=footer, prologue=prologue)
@@ -289,15 +317,32 @@ class CudaEmitter(RowEmitter):
         return stats
 
 
-def split_index(var: str, syms: Sequence[Loop], dims: Sequence[IRDim], args: Args) -> list[str]:
-    """Statements defining `syms` (row-major position in `dims`) from the linear index `var`."""
+def split_index(
+    var: str, syms: Sequence[Loop], dims: Sequence[IRDim], args: Args, narrow: bool | str = False
+) -> list[str]:
+    """Statements defining `syms` (row-major position in `dims`) from the linear index `var`. Note
+    [Narrow index division]: `narrow` True (every position proven below 2^31) divides in 32 bits; a C
+    condition divides in 32 bits where it holds at run time, in 64 where not."""
     if not syms:
         return []
     if len(syms) == 1:
         return [f"const int64_t {syms[0].name} = {var};"]
-    out = [f"int64_t s_{var} = {var};"]
+    if narrow is False:
+        return _split(var, syms, dims, args, "int64_t", "const int64_t ")
+    if narrow is True:
+        return _split(var, syms, dims, args, "uint32_t", "const int64_t ")
+    out = [f"int64_t {', '.join(s.name for s in syms)};", f"if ({narrow}) {{"]
+    out += ["  " + ln for ln in _split(var, syms, dims, args, "uint32_t", "")]
+    out.append("} else {")
+    out += ["  " + ln for ln in _split(var, syms, dims, args, "int64_t", "")]
+    out.append("}")
+    return out
+
+
+def _split(var: str, syms: Sequence[Loop], dims: Sequence[IRDim], args: Args, t: str, decl: str) -> list[str]:
+    out = [f"{t} s_{var} = {t}({var});"]
     for k in range(len(syms) - 1, 0, -1):
         d = args.ref(dims[k])
-        out.append(f"const int64_t {syms[k].name} = s_{var} % {d}; s_{var} /= {d};")
-    out.append(f"const int64_t {syms[0].name} = s_{var};")
+        out.append(f"{decl}{syms[k].name} = int64_t(s_{var} % {t}({d})); s_{var} /= {t}({d});")
+    out.append(f"{decl}{syms[0].name} = int64_t(s_{var});")
     return out

@@ -179,6 +179,7 @@ BPK_D double verf(double x) { return erf(x); }
 // positions (`at(k)`: a reference to the k-th position of the result) by heapsort, in place in the
 // output (no scratch memory); the order is total (sort_before breaks ties by position), so the
 // unstable heapsort gives the stable result. O(n log n) comparisons, each two reads of the input.
+// Lines of up to 4096 elements take block_sort_line below instead (Note [Block sort]).
 template <class T, class Key, class At>
 BPK_D void sort_line(int64_t n, bool descending, Key key, At at) {
   for (int64_t k = 0; k < n; ++k) at(k) = k;
@@ -202,6 +203,45 @@ BPK_D void sort_line(int64_t n, bool descending, Key key, At at) {
     at(e) = t;
     sift(0, e);
   }
+}
+
+// Note [Block sort]: one block sorts a line of n <= P elements (P a power of two, the variant's bound)
+// by a bitonic network over (value, position) pairs in shared memory: log2(P) (log2(P) + 1) / 2
+// compare-exchange stages, each of P / 2 independent pairs spread over the block's threads, a barrier
+// between stages. The order is sort_before's, total (ties broken by position), so the network's result
+// is the stable order; the padding past n sorts after every element. Then the block writes the
+// positions. Every thread of the block must call it (barriers), for the same line.
+template <class T, int P, class Key, class At>
+BPK_D void block_sort_line(int64_t n, bool descending, Key key, At at, T* keys, int* pos) {
+  for (int i = int(threadIdx.x); i < P; i += int(blockDim.x)) {
+    pos[i] = i;
+    keys[i] = i < n ? T(key(i)) : T(0);
+  }
+  __syncthreads();
+  const int m = int(n);
+  auto before = [&](int a, int b) {  // entry a sorts before entry b
+    if (pos[a] >= m) return false;
+    if (pos[b] >= m) return true;
+    return sort_before(keys[a], int64_t(pos[a]), keys[b], int64_t(pos[b]), descending);
+  };
+  for (int k = 2; k <= P; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = int(threadIdx.x); i < P; i += int(blockDim.x)) {
+        const int l = i ^ j;
+        if (l > i && ((i & k) == 0 ? before(l, i) : before(i, l))) {
+          const T kv = keys[i];
+          keys[i] = keys[l];
+          keys[l] = kv;
+          const int pv = pos[i];
+          pos[i] = pos[l];
+          pos[l] = pv;
+        }
+      }
+      __syncthreads();
+    }
+  }
+  for (int i = int(threadIdx.x); i < m; i += int(blockDim.x)) at(i) = int64_t(pos[i]);
+  __syncthreads();  // the arrays are the next line's
 }
 
 // -------------------------------------------------------------------------- reductions

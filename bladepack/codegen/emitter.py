@@ -205,6 +205,11 @@ class Emitter:
         `chunk_setup`: statements a CPU chunk of rows runs first (Note [Chunk scratch] in cpu_loops.py)."""
         raise NotImplementedError
 
+    def block_rows_loop(self, outer_dims: Sequence[IRDim], body: RowBody) -> None:
+        """Run `body` once per row of `outer_dims` with a block of threads per row (CUDA: Note [Block
+        sort]); backends without blocks have none."""
+        raise NotImplementedError
+
     def _row_value(self, n: Node, idx: tuple[sympy.Expr, ...]) -> str:
         """A row op's value at `idx` from its row statistics (row_emitter.RowEmitter)."""
         raise NotImplementedError
