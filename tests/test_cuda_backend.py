@@ -918,8 +918,9 @@ def test_sort_kernel_on_the_gpu(gpu: FakeGpu) -> None:
 
 
 def test_block_sort_on_the_gpu(gpu: FakeGpu) -> None:
-    """Note [Block sort]: lines of up to 1024 and 4096 elements are sorted by a block's bitonic network
-    (variants _b1024, _b4096), longer ones by a thread's heapsort; each gives torch's stable order —
+    """Note [Block sort]: lines of 65 to 256, 1024 and 4096 elements are sorted by a block's bitonic
+    network (variants _b256, _b1024, _b4096), shorter and longer ones by a thread's heapsort; each gives
+    torch's stable order —
     NaN, +-inf, ties, a line of one, lengths one past each bound — ascending and descending, through the
     Python and C++ loaders."""
 
@@ -931,10 +932,11 @@ def test_block_sort_on_the_gpu(gpu: FakeGpu) -> None:
     b, n = torch.export.Dim("b", min=1, max=4), torch.export.Dim("n", min=1, max=6000)
     art = bladepack.optimize(model, [(torch.randn(2, 50),)], ({0: b, 1: n},), targets=TARGETS)
     variants = {v.name for k in art.plan.kernels if k.target == "cuda" for v in k.variants}
-    assert {"k0_b1024", "k0_b4096", "k0"} <= variants, variants
+    assert {v for v in variants if v.startswith("k0")} == {"k0_b256", "k0_b1024", "k0_b4096", "k0"}, variants
     g = torch.Generator().manual_seed(6)
     cases = []
-    for rows, length in [(1, 1), (3, 2), (2, 7), (1, 1024), (2, 1025), (1, 4096), (1, 4097)]:
+    lengths = [(1, 1), (3, 2), (2, 7), (1, 64), (2, 65), (1, 256), (1, 1024), (2, 1025), (1, 4096), (1, 4097)]
+    for rows, length in lengths:
         x = torch.round(torch.randn(rows, length, generator=g) * 4)
         if length > 9:
             x[0, 3], x[-1, -2], x[0, 9], x[-1, 0] = float("nan"), float("nan"), -float("inf"), float("inf")
@@ -946,8 +948,9 @@ def test_block_sort_on_the_gpu(gpu: FakeGpu) -> None:
             for k, (o, r) in enumerate(zip(out, _eager(model, args))):
                 np.testing.assert_array_equal(o, r, err_msg=f"{run.__name__}: output {k} at {tuple(args[0].shape)}")
         if run == gpu.run:
-            launched = [ln.split()[1] for ln in log.splitlines() if ln.startswith("launch ") and "_b" in ln.split()[1]]
-            assert {"k0_b1024", "k0_b4096"} <= set(launched), launched
+            launched = [ln.split()[1] for ln in log.splitlines() if ln.startswith("launch k0")]
+            want = ["k0"] * 4 + ["k0_b256"] * 2 + ["k0_b1024", "k0_b4096", "k0_b4096", "k0"]
+            assert launched == want, launched
 
 
 class _CoreElementwise(torch.nn.Module):

@@ -81,7 +81,8 @@ WARP_ROW_MAX = 1024
 REG_WARP_MAX = 1024  # Note [Rows in registers]: 32 floats a lane
 REG_BLOCK_MAX = 8192  # 16 floats a thread of a 512-thread block
 MAX_GRID = 1 << 20  # grid-stride loops cover the rest
-SORT_BLOCKS = (1024, 4096)  # Note [Block sort]: line lengths a block's bitonic network takes
+SORT_THREAD_MAX = 64  # Note [Block sort]: lines up to this long are one thread's heapsort
+SORT_BLOCKS = (256, 1024, 4096)  # longer ones up to each bound a block's bitonic network
 SORT_THREADS = 512
 _MULTI_PASS = (OpKind.SOFTMAX, OpKind.LOG_SOFTMAX, OpKind.LAYER_NORM, OpKind.RMS_NORM)
 
@@ -423,21 +424,15 @@ def emit_cuda_kernel(
             axis = getattr(n.attrs, "axis", 0) % max(len(n.type.shape), 1)
             outputs = volume([d for k, d in enumerate(x_t.shape) if k != axis])
         if spec.kind == "sort":  # Note [Block sort]: a block per line where the line fits its network
-            length = x_t.shape[getattr(n.attrs, "axis", 0) % max(x_t.rank, 1)]
+            length = sympy.sympify(x_t.shape[getattr(n.attrs, "axis", 0) % max(x_t.rank, 1)])
+            low = SORT_THREAD_MAX
             for bound in SORT_BLOCKS:
-                pred = sympy.Le(sympy.sympify(length), bound)
+                pred = sympy.And(sympy.Gt(length, low), sympy.Le(length, bound))
+                low = bound
                 if pred is sympy.false:
                     continue
-                plans.append(
-                    (
-                        f"_b{bound}",
-                        pred,
-                        functools.partial(sort_kernel, block=bound),
-                        launch_grid(outputs, 1),
-                        SORT_THREADS,
-                        0,
-                    )
-                )
+                kernel = functools.partial(sort_kernel, block=bound)
+                plans.append((f"_b{bound}", pred, kernel, launch_grid(outputs, 1), min(bound // 2, SORT_THREADS), 0))
                 if pred is sympy.true:
                     break
         if not plans or plans[-1][1] is not sympy.true:

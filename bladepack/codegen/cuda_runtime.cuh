@@ -205,12 +205,14 @@ BPK_D void sort_line(int64_t n, bool descending, Key key, At at) {
   }
 }
 
-// Note [Block sort]: one block sorts a line of n <= P elements (P a power of two, the variant's bound)
-// by a bitonic network over (value, position) pairs in shared memory: log2(P) (log2(P) + 1) / 2
-// compare-exchange stages, each of P / 2 independent pairs spread over the block's threads, a barrier
-// between stages. The order is sort_before's, total (ties broken by position), so the network's result
-// is the stable order; the padding past n sorts after every element. Then the block writes the
-// positions. Every thread of the block must call it (barriers), for the same line.
+// Note [Block sort]: one block sorts a line of n <= P elements (P a power of two, the variant's bound:
+// 256, 1024 or 4096; lines of up to 64 elements stay one thread's heapsort, cheaper than a block's
+// network when lines are many and short) by a bitonic network over (value, position) pairs in shared
+// memory: log2(P) (log2(P) + 1) / 2 compare-exchange stages, each of P / 2 independent pairs spread over
+// the block's threads (P / 2 of them, at most 512), a barrier between stages. The order is
+// sort_before's, total (ties broken by position), so the network's result is the stable order; the
+// padding past n sorts after every element. Then the block writes the positions. Every thread of the
+// block must call it (barriers), for the same line.
 template <class T, int P, class Key, class At>
 BPK_D void block_sort_line(int64_t n, bool descending, Key key, At at, T* keys, int* pos) {
   for (int i = int(threadIdx.x); i < P; i += int(blockDim.x)) {
