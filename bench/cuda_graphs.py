@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 import bladepack
+from bench.machine import describe, title
 from samples.registry import SAMPLES
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -461,8 +462,13 @@ def main() -> None:
             "fake driver's calls through cuda-python (~0.4 µs each plus the fake's own work; a real driver's\n"
             "copy or graph launch costs a few µs of CPU, which only a GPU run measures). Python calls: the\n"
             "functions of bladepack entered per call. Stream syncs: cuStreamSynchronize per call in the fake's\n"
-            "log. The baseline rows are the loader before the replay paths, run in the same process order.\n"
-            "Machine: the 2-core AVX-512 Xeon box, no GPU.\n\n"
+            "log."
+            + (
+                " The baseline rows are the other checkout's loader, run in the same process order."
+                if args.baseline
+                else ""
+            )
+            + f"\nMachine: {title(describe())}, no GPU.\n\n"
         )
     elif args.gpu:
         rows = gpu_times(names, args.repeat)
