@@ -169,7 +169,9 @@ class CudaEmitter(RowEmitter):
         """The strided loop of this thread over the current row; `gen(the element's row index)` is its
         body. Note [Row vectors]: with `row_width` W > 1 (a one-axis row whose length W divides) each
         step takes W consecutive elements, so loads contiguous across them are one vector access;
-        `after(the step's first position)` then runs once per step, after its W elements."""
+        `after(the step's first position)` then runs once per step, after its W elements. Note [Rows in
+        registers]: with `steps` set, the walk is that many unrolled steps (guarded where `ragged`) and
+        `position` indexes the thread's register array (`s_ * W + l0`) instead of the row."""
         dom = self.spec.domain
         k = self.spec.reduced
         r = len(dom) - k
@@ -253,6 +255,14 @@ class CudaEmitter(RowEmitter):
             return f"{var} = bpk::block_all({var}, {functor}, reinterpret_cast<{ctype}*>(bpk_scratch));"
         return f"{var} = bpk::warp_all({var}, {functor});"
 
+    def _merged(self, kind: str, t: str, fields: Sequence[str]) -> str:
+        """A `bpk::<kind><t>` of this thread's statistics `fields`, merged over the row's threads by
+        `bpk::Merge<kind>` (Note [Row moments]); the C variable holding it."""
+        v = self.fresh(kind.lower())
+        self.scopes[1].lines.append(f"bpk::{kind}<{t}> {v} = {{{', '.join(fields)}}};")
+        self.scopes[1].lines.append(self._combine(v, f"bpk::Merge{kind}()", f"bpk::{kind}<{t}>"))
+        return v
+
     def _stats(self, n: Node) -> dict[str, str]:
         """Note [Row moments] (cuda_runtime.cuh): layer norm's mean and variance and a softmax's maximum
         and sum in one reduction across threads each; the other row ops as `RowEmitter` computes them."""
@@ -271,16 +281,14 @@ class CudaEmitter(RowEmitter):
         if n.op is OpKind.LAYER_NORM:
             assert isinstance(n.attrs, NormAttrs)
             count = self.fresh("count")
-            self.scopes[1].lines.append(f"{t} {count} = {t}(0);")
+            row.append(f"{t} {count} = {t}(0);")
             self.depth[count] = 1
             total = self._local_pass(acc_t, "sum", load, count)
             length = self.args.ref(self._row_len())
             mine = self.fresh("mean")
             row.append(f"const {t} {mine} = {count} > {t}(0) ? {total} / {count} : {t}(0);")
             m2 = self._local_pass(acc_t, "sum", lambda idx: f"(({load(idx)} - {mine}) * ({load(idx)} - {mine}))")
-            mo = self.fresh("mo")
-            row.append(f"bpk::Moments<{t}> {mo} = {{{count}, {total}, {m2}}};")
-            row.append(self._combine(mo, "bpk::MergeMoments()", f"bpk::Moments<{t}>"))
+            mo = self._merged("Moments", t, (count, total, m2))
             mean, rstd = self.fresh("mean"), self.fresh("rstd")
             eps = literal(n.attrs.eps, acc_t)
             row.append(f"const {t} {mean} = {mo}.sum / {t}({length});")
@@ -293,9 +301,7 @@ class CudaEmitter(RowEmitter):
             safe = self.fresh("m")
             row.append(f"const {t} {safe} = {m} == {lowest} ? {t}(0) : {m};")
             s = self._local_pass(acc_t, "sum", lambda idx: f"bpk::vexp_nonpos({load(idx)} - {safe})")
-            ms = self.fresh("ms")
-            row.append(f"bpk::MaxSum<{t}> {ms} = {{{m}, {s}}};")
-            row.append(self._combine(ms, "bpk::MergeMaxSum()", f"bpk::MaxSum<{t}>"))
+            ms = self._merged("MaxSum", t, (m, s))
             top = f"{ms}.max"
             masked = ""
             if isinstance(n.attrs, SafeSoftmaxAttrs):  # Note [Safe softmax]: a row of -inf gives 0
