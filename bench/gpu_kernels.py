@@ -3,7 +3,9 @@
 Issue 41's first acceptance line: kernel-only time of a fused elementwise kernel and of the row kernels
 (layer norm, softmax, RMS norm; Note [Rows in registers] and Note [Row moments] in
 codegen/cuda_emitter.py) at >= 64 MB, as a fraction of a device-to-device copy of the same bytes, beside
-torch's own kernel for the op. Kernel time comes from the profiler (CUPTI: the GPU time of the kernels
+torch's own kernel for the op; and rows for this wave's other kernel work against a baseline: an
+elementwise kernel over a dynamic inner dim (Note [Narrow index division]), a sort (Note [Block sort])
+and an attention block whose heads the attention merges back itself (Note [Attention stores]). Kernel time comes from the profiler (CUPTI: the GPU time of the kernels
 one call launches, summed; the loader's host time does not count), copy time from CUDA events around
 back-to-back copies. Each model is built with a dynamic row count and a static row length, as a real
 model's hidden size is.
@@ -23,6 +25,7 @@ import argparse
 import math
 import statistics
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,45 +65,95 @@ class RmsNorm(torch.nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
 
 
-# (name, model, row length, dtype, inputs, bytes moved per input byte)
-CASES: list[tuple[str, Callable[[], torch.nn.Module], int, str, int, int]] = [
-    ("gelu(1.5x + y)", Elementwise, 4096, "float32", 2, 3),
-    ("layer_norm 768", lambda: LayerNorm(768), 768, "float32", 1, 2),
-    ("layer_norm 1024", lambda: LayerNorm(1024), 1024, "float32", 1, 2),
-    ("layer_norm 4096", lambda: LayerNorm(4096), 4096, "float32", 1, 2),
-    ("layer_norm 8192", lambda: LayerNorm(8192), 8192, "float32", 1, 2),
-    ("layer_norm 4096 float16", lambda: LayerNorm(4096), 4096, "float16", 1, 2),
-    ("softmax 1024", Softmax, 1024, "float32", 1, 2),
-    ("softmax 4096", Softmax, 4096, "float32", 1, 2),
-    ("rms_norm 4096", lambda: RmsNorm(4096), 4096, "float32", 1, 2),
+class Sort(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.sort(x, dim=-1, stable=True)
+
+
+class AttentionBlock(torch.nn.Module):
+    """After a fused QKV projection: heads split by views, causal sdpa, heads merged back, projected."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(512, 512)
+
+    def forward(self, qkv: torch.Tensor) -> torch.Tensor:
+        b, s, _ = qkv.shape
+        q, k, v = (t.view(b, s, 8, 64).transpose(1, 2) for t in qkv.split(512, dim=-1))
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(o.transpose(1, 2).reshape(b, s, 512))
+
+
+@dataclass(frozen=True)
+class Case:
+    """A benchmark row: the model, each input's shape here and the name of each dynamic axis ("" for
+    static), the dtype, and the bytes the kernel moves per input byte (0: not bandwidth-bound, no copy
+    fraction)."""
+
+    name: str
+    model: Callable[[], torch.nn.Module]
+    shape: tuple[int, ...]
+    dims: tuple[str, ...]
+    inputs: int = 1
+    dtype: str = "float32"
+    moved: int = 2
+
+
+def _rows(width: int, itemsize: int = 4) -> tuple[int, int]:
+    return BYTES // (width * itemsize), width
+
+
+CASES: list[Case] = [
+    Case("gelu(1.5x + y)", Elementwise, _rows(4096), ("rows", ""), inputs=2, moved=3),
+    # Note [Narrow index division]: a dynamic inner dim (seq) splits each thread's position at run time
+    Case(
+        "gelu(1.5x + y) [batch, seq, 1024]",
+        Elementwise,
+        (64, BYTES // (64 * 1024 * 4), 1024),
+        ("b", "s", ""),
+        2,
+        moved=3,
+    ),
+    Case("layer_norm 768", lambda: LayerNorm(768), _rows(768), ("rows", "")),
+    Case("layer_norm 1024", lambda: LayerNorm(1024), _rows(1024), ("rows", "")),
+    Case("layer_norm 4096", lambda: LayerNorm(4096), _rows(4096), ("rows", "")),
+    Case("layer_norm 8192", lambda: LayerNorm(8192), _rows(8192), ("rows", "")),
+    Case("layer_norm 4096 float16", lambda: LayerNorm(4096), _rows(4096, 2), ("rows", ""), dtype="float16"),
+    Case("softmax 1024", Softmax, _rows(1024), ("rows", "")),
+    Case("softmax 4096", Softmax, _rows(4096), ("rows", "")),
+    Case("rms_norm 4096", lambda: RmsNorm(4096), _rows(4096), ("rows", "")),
+    # Note [Block sort]: against the baseline's heapsort per thread
+    Case("sort rows of 2048", Sort, (8192, 2048), ("rows", ""), moved=0),
+    # Note [Attention stores]: the whole block's kernels (attention, projection; the baseline's copy)
+    Case("attention block float16", AttentionBlock, (8, 1024, 1536), ("b", "s", ""), dtype="float16", moved=0),
 ]
 
 
 def _stem(name: str) -> str:
-    return name.replace(" ", "_").replace("(", "").replace(")", "").replace(".", "").replace("+", "p")
+    return "".join(c if c.isalnum() else "_" for c in name).strip("_")
 
 
-def build(name: str, factory: Callable[[], torch.nn.Module], width: int, dtype: str, inputs: int) -> Any:
+def build(case: Case) -> Any:
     torch.manual_seed(0)
-    model = factory().eval()
-    rows = bladepack.Dim("rows", min=1, max=1 << 20)
-    sample = tuple(torch.randn(8, width) for _ in range(inputs))
-    half = None if dtype == "float32" else dtype
-    return bladepack.optimize(model, [sample], tuple({0: rows} for _ in sample), targets=("cuda",), dtype=half)
+    model = case.model().eval()
+    sample = tuple(torch.randn(*(2 if d else n for d, n in zip(case.dims, case.shape))) for _ in range(case.inputs))
+    axes = {k: bladepack.Dim(d, min=1, max=1 << 20) for k, d in enumerate(case.dims) if d}
+    half = None if case.dtype == "float32" else case.dtype
+    return bladepack.optimize(model, [sample], tuple(axes for _ in sample), targets=("cuda",), dtype=half)
 
 
 def save(directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    for name, factory, width, dtype, inputs, _ in CASES:
-        art = build(name, factory, width, dtype, inputs)
-        art.save(directory / f"{_stem(name)}.bpk")
+    for case in CASES:
+        art = build(case)
+        art.save(directory / f"{_stem(case.name)}.bpk")
         kernels = [v.name for k in art.plan.kernels if k.target == "cuda" for v in k.variants]
-        print(f"{name}: {', '.join(kernels)}")
+        print(f"{case.name}: {', '.join(kernels)}")
 
 
 def _kernel_us(fn: Callable[[], Any], repeat: int) -> float:
     """GPU time of the kernels one call of `fn` launches (the profiler's CUDA kernel events, summed),
-    median over `repeat` calls profiled together (so: total / repeat)."""
+    averaged over `repeat` calls profiled together."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(3):
@@ -137,27 +190,29 @@ def _copy_us(nbytes: int, repeat: int) -> float:
 
 def run(artifacts: Path | None, baseline: Path | None, repeat: int) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    for name, factory, width, dtype, inputs, moved in CASES:
-        tdt = getattr(torch, dtype)
-        n = BYTES // (width * tdt.itemsize)
-        xs = tuple(torch.randn(n, width, device="cuda").to(tdt) for _ in range(inputs))
+    for case in CASES:
+        tdt = getattr(torch, case.dtype)
+        xs = tuple(torch.randn(*case.shape, device="cuda").to(tdt) for _ in range(case.inputs))
         if artifacts is None:
-            ours = bladepack.load(build(name, factory, width, dtype, inputs).to_bytes(), device="cuda")
+            ours = bladepack.load(build(case).to_bytes(), device="cuda")
         else:
-            ours = bladepack.load(artifacts / f"{_stem(name)}.bpk", device="cuda")
+            ours = bladepack.load(artifacts / f"{_stem(case.name)}.bpk", device="cuda")
         torch.manual_seed(0)
-        eager = factory().eval().to("cuda", tdt)
-        nbytes = moved * BYTES
-        row: dict[str, Any] = {"kernel": name, "rows": n, "width": width, "dtype": dtype, "bytes": nbytes}
+        eager = case.model().eval().to("cuda", tdt)
+        nbytes = case.moved * math.prod(case.shape) * tdt.itemsize * case.inputs
+        shape = " x ".join(map(str, case.shape))
+        row: dict[str, Any] = {"kernel": case.name, "shape": shape, "dtype": case.dtype, "bytes": nbytes}
         with torch.no_grad():
             row["ours_us"] = _kernel_us(lambda: ours(*xs), repeat)
             row["torch_us"] = _kernel_us(lambda: eager(*xs), repeat)
             out, ref = ours(*xs), eager(*xs)
-            row["max_err"] = float((out.double() - ref.double()).abs().max())
+            outs, refs = (out, ref) if isinstance(ref, tuple) else ((out,), (ref,))
+            row["max_err"] = max(float((o.double() - r.double()).abs().max()) for o, r in zip(outs, refs))
             if baseline is not None:
-                base = bladepack.load(baseline / f"{_stem(name)}.bpk", device="cuda")
+                base = bladepack.load(baseline / f"{_stem(case.name)}.bpk", device="cuda")
                 row["baseline_us"] = _kernel_us(lambda: base(*xs), repeat)
-        row["copy_us"] = _copy_us(nbytes, repeat)
+        if nbytes:
+            row["copy_us"] = _copy_us(nbytes, repeat)
         rows.append(row)
         print(_line(row), flush=True)
         torch.cuda.empty_cache()
@@ -166,10 +221,14 @@ def run(artifacts: Path | None, baseline: Path | None, repeat: int) -> list[dict
 
 def _line(r: dict[str, Any]) -> str:
     base = f" {r['baseline_us'] / r['ours_us']:.2f}x |" if "baseline_us" in r else " - |"
+    if "copy_us" in r:
+        gbps = f"{r['bytes'] / r['ours_us'] / 1e3:.0f}"
+        fractions = f"{r['copy_us'] / r['ours_us']:.2f} | {r['copy_us'] / r['torch_us']:.2f}"
+    else:
+        gbps, fractions = "-", "- | -"
     return (
-        f"| {r['kernel']} | {r['rows']} x {r['width']} | {r['ours_us']:.1f} | {r['bytes'] / r['ours_us'] / 1e3:.0f} | "
-        f"{r['copy_us'] / r['ours_us']:.2f} | {r['copy_us'] / r['torch_us']:.2f} | {r['torch_us'] / r['ours_us']:.2f}x |"
-        f"{base} {r['max_err']:.2g} |"
+        f"| {r['kernel']} | {r['shape']} | {r['ours_us']:.1f} | {gbps} | {fractions} | "
+        f"{r['torch_us'] / r['ours_us']:.2f}x |{base} {r['max_err']:.2g} |"
     )
 
 
@@ -190,19 +249,20 @@ def main() -> int:
 
     device = torch.cuda.get_device_name()
     rows = run(a.artifacts, a.baseline, a.repeat)
-    geo = math.exp(sum(math.log(r["copy_us"] / r["ours_us"]) for r in rows) / len(rows))
+    bandwidth = [r for r in rows if "copy_us" in r]
+    geo = math.exp(sum(math.log(r["copy_us"] / r["ours_us"]) for r in bandwidth) / max(len(bandwidth), 1))
     lines = [
         f"# Bandwidth-bound kernels on {device}",
         "",
-        "Kernel-only GPU time per call (profiler), each input 256 MiB. `of copy`: a device-to-device copy",
-        "of the same bytes' time over the kernel's (1.00 = the copy limit). `vs baseline`: the baseline",
-        "artifacts' kernel time over ours.",
+        "Kernel-only GPU time per call (profiler: every kernel a call launches), bandwidth rows 256 MiB an",
+        "input. `of copy`: a device-to-device copy of the same bytes' time over the kernels' (1.00 = the copy",
+        "limit). `vs torch` / `vs baseline`: torch's kernels' / the baseline artifacts' time over ours.",
         "",
         "| kernel | shape | ours µs | GB/s | ours of copy | torch of copy | vs torch | vs baseline | max err vs torch |",
         "|---|---|---|---|---|---|---|---|---|",
         *(_line(r) for r in rows),
         "",
-        f"Geomean fraction of copy: {geo:.2f}.",
+        f"Geomean fraction of copy over the bandwidth rows: {geo:.2f}.",
     ]
     text = "\n".join(lines) + "\n"
     save_results("gpu_kernels", device, text, rows)

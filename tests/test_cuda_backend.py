@@ -545,6 +545,38 @@ def test_a_hand_written_rms_norm_reads_its_row_once(gpu: FakeGpu, tmp_path: Path
     ], launched
 
 
+def test_loop_kernels_keep_several_vectors_in_flight(tmp_path: Path) -> None:
+    """Note [Vectors in flight]: up to LOOP_WAVE blocks a loop kernel gives each thread one vector; past
+    that its grid shrinks so each thread takes LOOP_STEPS, and the grid-stride loop is unrolled that many
+    times: the PTX of a two-input kernel has four vector loads per input and four vector stores."""
+    from bladepack.codegen.cuda_emitter import LOOP_BLOCK, LOOP_STEPS, LOOP_WAVE, loop_grid
+
+    assert [int(loop_grid(n)) for n in (1, 1000, LOOP_BLOCK * LOOP_WAVE, LOOP_BLOCK * LOOP_WAVE + 1)] == [
+        1,
+        4,
+        LOOP_WAVE,
+        LOOP_WAVE,
+    ]
+    assert int(loop_grid(LOOP_BLOCK * LOOP_STEPS * LOOP_WAVE * 4)) == LOOP_WAVE * 4
+    dump = tmp_path / "dump"
+    b = torch.export.Dim("b", min=1, max=1 << 16)
+    bladepack.optimize(
+        _Elementwise2(),
+        [(torch.randn(4, 64), torch.randn(4, 64))],
+        ({0: b}, {0: b}),
+        targets=TARGETS,
+        options=bladepack.CompileOptions(dump_dir=dump),
+    )
+    (src,) = dump.rglob("*.cu")
+    ((name, body),) = ptx_entries(src, "sm_90", ["k0_w4"]).items()
+    assert body.count("ld.global.nc.v4") == 2 * LOOP_STEPS and body.count("st.global.v4") == LOOP_STEPS, name
+
+
+class _Elementwise2(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(x * 1.5 + y)
+
+
 @pytest.mark.parametrize("bounded", [True, False])
 def test_index_division_is_32_bit_where_sizes_allow(gpu: FakeGpu, tmp_path: Path, bounded: bool) -> None:
     """Note [Narrow index division]: loop and row kernels over [batch, seq, 96] split a thread's position

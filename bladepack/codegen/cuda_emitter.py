@@ -22,7 +22,8 @@ Schedules and variants:
 - loop kernels: each thread computes W consecutive elements of the innermost dim (W in 8 / 4 / 2 / 1,
   W x the widest stored element <= 16 bytes, the innermost extent divisible by W); loads that are
   contiguous across the W lanes become one vector load when the address is aligned (tested per access,
-  so misaligned views stay correct), stores likewise; grid-stride over the rest.
+  so misaligned views stay correct), stores likewise; grid-stride over the rest, a large kernel's
+  threads taking several vectors each in an unrolled loop (Note [Vectors in flight]).
 - row kernels (reductions over trailing axes, softmax, layer / RMS norm with their fused producers and
   consumers): one warp per row (8 rows per 256-thread block) for rows up to 1024 elements, one
   512-thread block per row above. Note [Row vectors]: where the row is one axis and its length is a
@@ -73,6 +74,12 @@ from bladepack.ir.fusion_plan import KernelSpec
 from bladepack.ir.views import View, simplify
 
 LOOP_BLOCK = 256
+# Note [Vectors in flight]: a loop kernel over more than LOOP_WAVE blocks' worth of vectors (enough to
+# fill a large GPU's SMs several times over) gives each thread LOOP_STEPS vectors, its grid-stride loop
+# unrolled that many times: the loads of the steps are independent (restrict pointers), so they are
+# issued before the first result is needed, instead of one 16-byte load per thread in flight
+LOOP_STEPS = 4
+LOOP_WAVE = 2048
 CONV_BLOCK = 128  # direct convolution: up to 64 accumulators per thread
 WARP_ROWS = 8  # rows per block in the warp-per-row schedule (8 warps of 32)
 ROW_BLOCK = 512  # threads per block in the block-per-row schedule
@@ -90,6 +97,17 @@ _MULTI_PASS = (OpKind.SOFTMAX, OpKind.LOG_SOFTMAX, OpKind.LAYER_NORM, OpKind.RMS
 def launch_grid(work: Any, per_block: int) -> Any:
     """Blocks for `work` items at `per_block` a block (grid-stride loops cover what is over MAX_GRID)."""
     return sympy.Max(1, sympy.Min(sympy.ceiling(sympy.sympify(work) / per_block), MAX_GRID))
+
+
+def loop_grid(threads: Any) -> Any:
+    """Note [Vectors in flight]: blocks for a loop kernel's `threads` (one W-wide vector each): one
+    block per LOOP_BLOCK threads up to LOOP_WAVE blocks, beyond that LOOP_STEPS vectors a thread, so a
+    large kernel's threads each have several independent vector loads to issue before they wait."""
+    work = sympy.sympify(threads)
+    blocks = sympy.Max(
+        sympy.Min(sympy.ceiling(work / LOOP_BLOCK), LOOP_WAVE), sympy.ceiling(work / (LOOP_BLOCK * LOOP_STEPS))
+    )
+    return sympy.Max(1, sympy.Min(blocks, MAX_GRID))
 
 
 # a variant to emit: (name suffix, predicate, body emitter, grid, block size, dynamic shared bytes)
@@ -136,8 +154,9 @@ def _loop_kernel(em: CudaEmitter, width: int) -> None:
     chunks = simplify(sympy.sympify(dom[-1]) / width) if width > 1 else dom[-1]
     threads = em.args.ref(simplify(total * chunks))
     header = [
+        f"#pragma unroll {LOOP_STEPS}",  # Note [Vectors in flight]
         "for (int64_t t_ = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; "
-        f"t_ < {threads}; t_ += int64_t(gridDim.x) * blockDim.x) {{"
+        f"t_ < {threads}; t_ += int64_t(gridDim.x) * blockDim.x) {{",
     ]
     # Note [Narrow index division]: the thread's position split into the last dim's vector and the rest
     prologue = split_index("t_", (Loop("u_"), Loop("c_")), (total, chunks), em.args, em.narrow(dom))
@@ -354,7 +373,7 @@ def emit_cuda_kernel(
                     f"_w{w}",
                     pred,
                     functools.partial(_loop_kernel, width=w),
-                    launch_grid(sympy.sympify(total) / w, LOOP_BLOCK),
+                    loop_grid(sympy.sympify(total) / w),
                     LOOP_BLOCK,
                     0,
                 )
