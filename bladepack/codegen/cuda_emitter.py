@@ -159,9 +159,10 @@ def _loop_kernel(em: CudaEmitter, width: int) -> None:
         f"t_ < {threads}; t_ += int64_t(gridDim.x) * blockDim.x) {{",
     ]
     # Note [Narrow index division]: the thread's position split into the last dim's vector and the rest
-    prologue = split_index("t_", (Loop("u_"), Loop("c_")), (total, chunks), em.args, em.narrow(dom))
+    narrow = em.narrow(dom)
+    prologue = split_index("t_", (Loop("u_"), Loop("c_")), (total, chunks), em.args, narrow)
     prologue.append(f"const int64_t {j.name} = c_ * {width};")
-    prologue += split_index("u_", outer, dom[:-1], em.args, em.narrow(dom))
+    prologue += split_index("u_", outer, dom[:-1], em.args, narrow)
 
     def body() -> None:
         idx = (*outer, j + lane)
@@ -404,7 +405,7 @@ def emit_cuda_kernel(
                 both = sympy.simplify(both) if isinstance(length, int) else both
                 if both is sympy.false:
                     continue
-                steps, ragged = (held // width, True) if held else (0, True)
+                steps, ragged = held // width, True
                 if held and isinstance(length, int):  # a known length: exactly the steps it needs
                     steps, ragged = -(-length // (threads * width)), length % (threads * width) != 0
                 plans.append(
@@ -443,7 +444,7 @@ def emit_cuda_kernel(
             axis = getattr(n.attrs, "axis", 0) % max(len(n.type.shape), 1)
             outputs = volume([d for k, d in enumerate(x_t.shape) if k != axis])
         if spec.kind == "sort":  # Note [Block sort]: a block per line where the line fits its network
-            length = sympy.sympify(x_t.shape[getattr(n.attrs, "axis", 0) % max(x_t.rank, 1)])
+            length = sympy.sympify(x_t.shape[axis])
             low = SORT_THREAD_MAX
             for bound in SORT_BLOCKS:
                 pred = sympy.And(sympy.Gt(length, low), sympy.Le(length, bound))

@@ -22,7 +22,7 @@ from bladepack.codegen.row_emitter import RowEmitter
 from bladepack.dtypes import DType
 from bladepack.ir import Node, OpKind
 from bladepack.ir.fusion_plan import KernelSpec
-from bladepack.ir.ops import NormAttrs, SafeSoftmaxAttrs
+from bladepack.ir.ops import NormAttrs
 from bladepack.ir.types import IRDim
 from bladepack.ir.views import View, simplify
 
@@ -43,6 +43,7 @@ KERNEL_SHIFT = 24
 # the size once (the same answer in every thread: no divergence) and divides in 32 bits where it holds,
 # in 64 where it does not.
 INT32_MAX = (1 << 31) - 1
+_FUNCTORS = {"sum": "bpk::Sum()", "prod": "bpk::Prod()", "max": "bpk::Max()", "min": "bpk::Min()"}
 
 
 def volume(shape: Sequence[IRDim]) -> IRDim:
@@ -227,8 +228,7 @@ class CudaEmitter(RowEmitter):
     ) -> str:
         assert store is None, "softmax in place is off on CUDA (registers or L2 serve the last pass)"
         acc = self._local_pass(dt, kind, body)
-        functor = {"sum": "bpk::Sum()", "prod": "bpk::Prod()", "max": "bpk::Max()", "min": "bpk::Min()"}[kind]
-        self.scopes[1].lines.append(self._combine(acc, functor, CTYPE[dt]))
+        self.scopes[1].lines.append(self._combine(acc, _FUNCTORS[kind], CTYPE[dt]))
         return acc
 
     def _local_pass(self, dt: DType, kind: str, body: Callable[[tuple[sympy.Expr, ...]], str], count: str = "") -> str:
@@ -237,7 +237,7 @@ class CudaEmitter(RowEmitter):
         declared at row scope, counts the elements."""
         t = CTYPE[dt]
         acc, saved = self._pass_accumulator(dt, kind)
-        functor = {"sum": "bpk::Sum()", "prod": "bpk::Prod()", "max": "bpk::Max()", "min": "bpk::Min()"}[kind]
+        functor = _FUNCTORS[kind]
         tally = f" {count} += {t}(1);" if count else ""
 
         def step(inner: tuple[sympy.Expr, ...]) -> None:
@@ -302,23 +302,8 @@ class CudaEmitter(RowEmitter):
             row.append(f"const {t} {safe} = {m} == {lowest} ? {t}(0) : {m};")
             s = self._local_pass(acc_t, "sum", lambda idx: f"bpk::vexp_nonpos({load(idx)} - {safe})")
             ms = self._merged("MaxSum", t, (m, s))
-            top = f"{ms}.max"
-            masked = ""
-            if isinstance(n.attrs, SafeSoftmaxAttrs):  # Note [Safe softmax]: a row of -inf gives 0
-                masked = self.fresh("masked")
-                row.append(f"const bool {masked} = {top} == {lowest};")
-                top = self.fresh("m")
-                row.append(f"const {t} {top} = {masked} ? {t}(0) : {ms}.max;")
-            stats["max"] = top
-            if n.op is OpKind.SOFTMAX:
-                inv = self.fresh("inv")
-                scale = f"{masked} ? {t}(0) : {t}(1) / {ms}.sum" if masked else f"{t}(1) / {ms}.sum"
-                row.append(f"const {t} {inv} = {scale};")
-                stats["inv"] = inv
-            else:
-                logsum = self.fresh("logsum")
-                row.append(f"const {t} {logsum} = std::log({ms}.sum);")
-                stats["logsum"] = logsum
+            top, masked = self._safe_max(n, acc_t, f"{ms}.max")
+            stats = self._softmax_stats(n, acc_t, top, f"{ms}.sum", masked)
         self.row_stats[n.id] = stats
         return stats
 

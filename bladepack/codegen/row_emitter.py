@@ -75,16 +75,7 @@ class RowEmitter(Emitter):
         elif n.op in (OpKind.AMAX, OpKind.AMIN):
             stats["acc"] = self.reduce_pass(acc_t, "max" if n.op is OpKind.AMAX else "min", load)
         elif n.op in (OpKind.SOFTMAX, OpKind.LOG_SOFTMAX):
-            m = self.reduce_pass(acc_t, "max", load)
-            masked = ""
-            if isinstance(n.attrs, SafeSoftmaxAttrs):
-                # Note [Safe softmax]: a row that is entirely -inf (attention with every key masked) gives
-                # 0: the max is taken as 0 so the exponentials are exp(-inf) = 0, and the scale is 0
-                masked = self.fresh("masked")
-                self.scopes[1].lines.append(f"const bool {masked} = {m} == {literal(-math.inf, acc_t)};")
-                safe = self.fresh("m")
-                self.scopes[1].lines.append(f"const {t} {safe} = {masked} ? {t}(0) : {m};")
-                m = safe
+            m, masked = self._safe_max(n, acc_t, self.reduce_pass(acc_t, "max", load))
             keep = self.softmax_in_place == n.id  # Note [Softmax in place]
             s = self.reduce_pass(
                 acc_t,
@@ -92,16 +83,7 @@ class RowEmitter(Emitter):
                 lambda idx: f"bpk::vexp_nonpos({load(idx)} - {m})",
                 self._store_root(n.id) if keep else None,
             )
-            stats["max"] = m
-            if n.op is OpKind.SOFTMAX:
-                inv = self.fresh("inv")
-                scale = f"{masked} ? {t}(0) : {t}(1) / {s}" if masked else f"{t}(1) / {s}"
-                self.scopes[1].lines.append(f"const {t} {inv} = {scale};")
-                stats["inv"] = inv
-            else:
-                logsum = self.fresh("logsum")
-                self.scopes[1].lines.append(f"const {t} {logsum} = std::log({s});")
-                stats["logsum"] = logsum
+            stats = self._softmax_stats(n, acc_t, m, s, masked)
         elif n.op in (OpKind.LAYER_NORM, OpKind.RMS_NORM):
             assert isinstance(n.attrs, NormAttrs)
             eps = literal(n.attrs.eps, acc_t)
@@ -121,6 +103,32 @@ class RowEmitter(Emitter):
             raise ValueError(f"{n.op.value} is not a row op")
         self.row_stats[n.id] = stats
         return stats
+
+    def _safe_max(self, n: Node, acc_t: DType, m: str) -> tuple[str, str]:
+        """A softmax's row maximum `m` as its exponentials subtract it, and the C flag of a row that is
+        entirely -inf ("" unless `n` is a safe softmax). Note [Safe softmax]: such a row (attention with
+        every key masked) gives 0: the maximum is taken as 0, so the exponentials are exp(-inf) = 0, and
+        the scale is 0."""
+        if not isinstance(n.attrs, SafeSoftmaxAttrs):
+            return m, ""
+        t = CTYPE[acc_t]
+        masked, safe = self.fresh("masked"), self.fresh("m")
+        self.scopes[1].lines.append(f"const bool {masked} = {m} == {literal(-math.inf, acc_t)};")
+        self.scopes[1].lines.append(f"const {t} {safe} = {masked} ? {t}(0) : {m};")
+        return safe, masked
+
+    def _softmax_stats(self, n: Node, acc_t: DType, m: str, s: str, masked: str) -> dict[str, str]:
+        """A softmax's (or log-softmax's) statistics from its row maximum `m` and sum of exp(x - m) `s`:
+        the scale 1 / s (0 for a masked row), or log(s)."""
+        t = CTYPE[acc_t]
+        if n.op is OpKind.SOFTMAX:
+            inv = self.fresh("inv")
+            scale = f"{masked} ? {t}(0) : {t}(1) / {s}" if masked else f"{t}(1) / {s}"
+            self.scopes[1].lines.append(f"const {t} {inv} = {scale};")
+            return {"max": m, "inv": inv}
+        logsum = self.fresh("logsum")
+        self.scopes[1].lines.append(f"const {t} {logsum} = std::log({s});")
+        return {"max": m, "logsum": logsum}
 
     def _store_root(self, v: int) -> Callable[[tuple[sympy.Expr, ...], str], None]:
         dom = self.spec.domain

@@ -188,7 +188,6 @@ class _Planner:
         self.gemm_epilogues, self.caps = gemm_epilogues, caps
         self.attention: dict[int, Attention] = {}  # second matmul -> Note [Fused attention]
         self.in_attention: set[int] = set()  # the scores' matmuls, chains and softmaxes of those
-        self.attention_stores: dict[int, int] = {}  # Note [Attention stores]: chain end -> second matmul
         # stored value -> (matmul or convolution, its epilogue)
         self.epilogues: dict[int, tuple[int, GemmEpilogue | ConvEpilogue]] = {}
         self.g = p.graph
@@ -455,7 +454,6 @@ class _Planner:
                 continue
             self.mat.discard(v)
             self.attention[v] = dataclasses.replace(att, store=chain)
-            self.attention_stores[end] = v
 
     def absorb_epilogues(self) -> None:
         """Note [GEMM epilogue] / Note [Convolution epilogue]: each matmul (with CUTLASS) or direct
@@ -505,13 +503,14 @@ class _Planner:
             self.absorb_epilogues()
         steps: list[PlanStep] = []
         count = 0
+        stored_by = {a.stored: mm for mm, a in self.attention.items()}
         for v in sorted(self.mat & set(self.nodes), key=self.order.__getitem__):
             n = self.nodes[v]
             role = self.roles[v]
-            if v in self.attention or v in self.attention_stores:
-                mm = self.attention_stores.get(v, v)
-                att = dataclasses.replace(self.attention[mm], nodes=tuple(self.attention_nodes(self.attention[mm])[0]))
-                steps.append(LibraryStep(mm, "attention", self.nodes[mm].loc, attention=att))
+            if v in stored_by:  # the value an attention writes: its output, or its store chain's end
+                a = self.attention[stored_by[v]]
+                att = dataclasses.replace(a, nodes=tuple(self.attention_nodes(a)[0]))
+                steps.append(LibraryStep(a.out, "attention", self.nodes[a.out].loc, attention=att))
             elif v in self.epilogues:
                 mm, ep = self.epilogues[v]
                 steps.append(LibraryStep(mm, self.nodes[mm].op.value, self.nodes[mm].loc, ep))
