@@ -138,6 +138,19 @@ def _export_sample(samples: list[tuple[Any, ...]], dynamic: list[set[int]]) -> t
     return tuple(out)
 
 
+def distinct_arguments(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """torch.export gives a tensor passed as several arguments one placeholder, which every one of them
+    then reads (a sample `(x, x, x)` for `forward(q, k, v)` would compile a model of one input, silently
+    wrong for distinct ones): each repeat of an argument is a copy. Views of one storage stay as they
+    are; export keeps them apart."""
+    seen: set[int] = set()
+    out = []
+    for a in args:
+        out.append(a.clone() if id(a) in seen else a)
+        seen.add(id(a))
+    return tuple(out)
+
+
 @contextlib.contextmanager
 def eval_mode(model: torch.nn.Module) -> Iterator[None]:
     """Inference mode while exporting; afterwards every submodule's own mode back (a recursive
@@ -210,7 +223,7 @@ def capture(model: torch.nn.Module, sample_inputs: Any, dynamic_shapes: Any = No
         for axis in range(ranks[i]):
             if len({s[i].shape[axis] for s in samples}) > 1:
                 dynamic[i].add(axis)
-    args = hold_declared(samples, _export_sample(samples, dynamic), user, declared, names)
+    args = distinct_arguments(hold_declared(samples, _export_sample(samples, dynamic), user, declared, names))
     notes: list[str] = []
     with (
         eval_mode(model),
