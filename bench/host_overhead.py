@@ -8,6 +8,12 @@ small shapes. Out: a markdown table (printed) and bench/results/host_overhead.{j
 `call` is `m(*inputs)` (torch tensors in and out, through the fast path); `native` is the library's
 run of the same prepared launch list with no Python around it but the one foreign call; both are
 measured interleaved, call by call, and the medians are compared.
+
+The second table is the first call at a shape the module has not seen (Note [Prepared plans]): what
+`prepare` builds once per input-shape signature (registers, launch words, checks), timed alone at
+`--shapes` distinct shapes, and a first call at each new shape against a second call at it (median
+of the differences; the arena already grown to the largest shape first, so no allocation is timed).
+A server fed sequences of every length pays the build on most calls.
 """
 
 from __future__ import annotations
@@ -65,12 +71,42 @@ def measure(m: bladepack.LoadedModule, inputs: tuple[torch.Tensor, ...], repeat:
     return {"launches": launches, "call_us": call, "native_us": run, "overhead_us": call - run}
 
 
+def new_shapes(m: bladepack.LoadedModule, make: Any, sizes: list[int]) -> dict[str, Any]:
+    """Per-signature build time and the first call's extra time at shapes `make(size)`."""
+    ex = m._executor
+    m(*make(max(sizes)))
+    builds, extra, calls = [], [], []
+    for size in sizes:
+        x = make(size)
+        key = tuple(tuple(t.shape) for t in x)
+        t0 = time.perf_counter_ns()
+        ex._build(key)
+        t1 = time.perf_counter_ns()
+        m(*x)
+        t2 = time.perf_counter_ns()
+        m(*x)
+        t3 = time.perf_counter_ns()
+        builds.append(t1 - t0)
+        extra.append((t2 - t1) - (t3 - t2))
+        calls.append(t3 - t2)
+    med = statistics.median
+    return {
+        "shapes": len(sizes),
+        "build_us": med(builds) / 1e3,
+        "first_extra_us": med(extra) / 1e3,
+        "call_us": med(calls) / 1e3,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=2000)
+    ap.add_argument("--shapes", type=int, default=60, help="distinct shapes for the first-call table")
     args = ap.parse_args()
     torch.manual_seed(0)
     rows: list[dict[str, Any]] = []
+    fresh: list[dict[str, Any]] = []
+    sizes = list(range(2, 2 + args.shapes))
     with torch.no_grad():
         chain = Chain(50)
         art = bladepack.optimize(chain, [(torch.randn(2, 5),), (torch.randn(3, 9),)])
@@ -78,12 +114,24 @@ def main() -> None:
         rows.append(
             {"model": "chain of 50 kernels", "dims": "x: 1 x 8", **measure(m, (torch.randn(1, 8),), args.repeat)}
         )
+        fresh.append(
+            {"model": "chain of 50 kernels", "dims": "x: n x 8", **new_shapes(m, lambda n: (torch.randn(n, 8),), sizes)}
+        )
         for name, dims in (("encoder", {"batch": 1, "seq": 1}), ("llama", {"batch": 1, "past": 7})):
             s = SAMPLES[name]
             art = bladepack.optimize(s.build(), s.export_samples(), s.dynamic_shapes)
             m = bladepack.load(art.to_bytes())
             x = s.make_inputs(torch.Generator().manual_seed(1), **dims)
             rows.append({"model": name, "dims": str(dims), **measure(m, x, args.repeat)})
+            axis = "seq" if name == "encoder" else "past"
+            g = torch.Generator().manual_seed(2)
+            fresh.append(
+                {
+                    "model": name,
+                    "dims": f"{axis} = n",
+                    **new_shapes(m, lambda n, s=s, axis=axis, dims=dims: s.make_inputs(g, **{**dims, axis: n}), sizes),
+                }
+            )
     lines = [
         "| model | shape | launches | call µs | native run µs | host overhead µs |",
         "|---|---|---|---|---|---|",
@@ -93,11 +141,28 @@ def main() -> None:
             f"| {r['model']} | {r['dims']} | {r['launches']} | {r['call_us']:.1f} | {r['native_us']:.1f} "
             f"| {r['overhead_us']:.1f} |"
         )
+    lines += [
+        "",
+        f"First call at a new shape ({args.shapes} shapes, n = 2..{1 + args.shapes}; medians):",
+        "",
+        "| model | shapes | launches | build per signature µs | first call's extra µs | call µs |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r, base in zip(fresh, rows):
+        lines.append(
+            f"| {r['model']} | {r['dims']} | {base['launches']} | {r['build_us']:.1f} | {r['first_extra_us']:.1f} "
+            f"| {r['call_us']:.1f} |"
+        )
     md = "\n".join(lines) + "\n"
     print(md)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "host_overhead.md").write_text(md)
-    report = {"machine": platform.processor() or platform.machine(), "numpy": np.__version__, "rows": rows}
+    report = {
+        "machine": platform.processor() or platform.machine(),
+        "numpy": np.__version__,
+        "rows": rows,
+        "new_shapes": fresh,
+    }
     (RESULTS / "host_overhead.json").write_text(json.dumps(report, indent=1))
 
 

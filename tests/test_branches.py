@@ -26,7 +26,7 @@ from bladepack.dtypes import DType
 from bladepack.errors import BpkFormatError
 from bladepack.ir import GraphBuilder, Guard, OpKind, TensorType, print_graph
 from bladepack.ir.guards import effective_guards
-from bladepack.loader.native_cpu import OP_KERNEL
+from bladepack.loader.launch_words import OP_KERNEL
 from tests.cpp_build import BuildError
 from tests.helpers import as_tuple, with_manifest
 
@@ -355,3 +355,76 @@ def test_cond_through_the_dynamo_onnx_exporter() -> None:
     for x in _cases():
         for o, w in zip(loaded(x), _eager(model, x)):
             np.testing.assert_allclose(o, w, rtol=1e-5, atol=1e-6, err_msg=f"at {x.shape}, sum {x.sum()}")
+
+
+def _words_by_record(plan: dict[str, Any], kernels: list[dict[str, Any]], regs: tuple[int, ...]) -> list[Any]:
+    """The prepared launch list written out record by record (Note [Launch words] in cpu_runtime.h):
+    per segment its words (None for a reference step), first launch and data conditions."""
+
+    def word(v: Any) -> int:
+        return int(regs[v["r"]]) if isinstance(v, dict) else int(v)
+
+    out: list[Any] = []
+    run: list[int] = []
+    first, cur = 0, ()
+    for k, lr in enumerate(plan["launches"]):
+        when = lr.get("when", ())
+        hold = all(bool(regs[c["r"]]) == c["is"] for c in when if "r" in c)
+        data = tuple((c["ptr"][0], word(c["ptr"][1]), c["is"]) for c in when if "ptr" in c)
+        if not hold or lr["op"] == "ref" or data != cur:
+            if run:
+                out.append((run, first, cur))
+            run, first, cur = [], k + (not hold or lr["op"] == "ref"), data
+        if not hold:
+            continue
+        if lr["op"] == "ref":
+            out.append((None, k, data))
+            continue
+        if lr["op"] == "kernel":
+            head = [OP_KERNEL, next(v["fn"] for v in kernels[lr["k"]]["variants"] if regs[v["pred"]])]
+        else:
+            head = [2, {"float32": 0, "float64": 1}[lr["dtype"]]]
+        run += [*head, len(lr["ptrs"]), len(lr["ints"])]
+        for slot, off in lr["ptrs"]:
+            run += [slot, word(off)]
+        run += [word(v) for v in lr["ints"]]
+    if run or not out:
+        out.append((run, first, cur))
+    return out
+
+
+class _Gather(nn.Module):
+    """Advanced indexing on two non-adjacent axes: a reference step between native launches."""
+
+    def forward(self, x: torch.Tensor, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        return (x.exp()[:, i, :, j] * 2).sum(-1)
+
+
+def test_the_launch_template_gives_each_records_words(branchy: tuple[nn.Module, Any]) -> None:
+    """Note [Launch word template]: the segments a new signature gets from the template are those of
+    resolving every launch record on its own — across shape-dropped launches, data conditions, kernel
+    variants and reference steps — and a native plan's first call at a shape resolves only the
+    reference steps it runs."""
+    _, art = branchy
+    b, n = bladepack.Dim("b", 1, 8), bladepack.Dim("n", 1, 16)
+    x, idx = torch.randn(2, 5, 3, 7), torch.tensor([0, 2, 4])
+    gather = bladepack.optimize(
+        _Gather(), [(x, idx, idx), (torch.randn(3, 6, 3, 9), idx[:2], idx[:2])], ({0: b, 3: n}, None, None)
+    )
+    cases = {"branchy": (art, [((n, 8),) for n in SIZES]), "gather": (gather, [((1, 5, 3, 4), (3,), (3,))])}
+    cases["gather"][1].append(((8, 5, 3, 16), (3,), (3,)))
+    for name, (a, keys) in cases.items():
+        loaded = bladepack.load(a.to_bytes())
+        ex = loaded._executor
+        plan, kernels = ex.m.native["cpu"], ex.m.kernels["cpu"]
+        refs = [lr["node"] for lr in plan["launches"] if lr["op"] == "ref"]
+        assert (name == "gather") == bool(refs), refs
+        for key in keys:
+            prep = ex.prepare(key)
+            got = [
+                (None if s.words is None else s.words.tolist(), s.first_launch, s.when) for s in prep.native.segments
+            ]
+            assert got == _words_by_record(plan, kernels, prep.ref.registers), (name, key)
+            assert sorted(st.out for st in prep.ref.steps) == sorted(refs), (name, key)
+    xs = (torch.randn(3, 5, 3, 11), torch.tensor([4, 0, 1]), torch.tensor([6, 6, 10]))
+    np.testing.assert_allclose(bladepack.load(gather.to_bytes())(*xs), _Gather()(*xs).numpy(), rtol=1e-5, atol=1e-5)

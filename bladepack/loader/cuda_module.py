@@ -118,6 +118,7 @@ class CudaExecutor(ReplayPaths):
         check_plan(m, "cuda", None)  # Note [Plan checks]: before anything is launched
         self.operand_checks = operand_programs(m)
         self.kernels = kernels
+        self._ref_nodes = frozenset(int(lr["node"]) for lr in native["launches"] if lr["op"] == "ref")
         self.n_in = len(m.input_ids)
         self.out_slot = list(native["outputs"])
         first_weight = 1 + self.n_in + len(self.out_slot)
@@ -148,7 +149,7 @@ class CudaExecutor(ReplayPaths):
         return f"cuda ({self.exe.image} image on {info.name}, {info.arch})"
 
     def _build(self, key: Key) -> Prepared:
-        ref = self.reference.build(key)
+        ref = self.reference.build(key, self._ref_nodes)
         slots = check_launches(self.m, "cuda", key, ref.registers, [s for s, _ in ref.outputs])
         if max(slots, default=0) <= INT64_MAX:  # else the call's memory check refuses it first
             check_operand_programs(self.m, self.operand_checks, ref.registers, slots)
@@ -445,7 +446,7 @@ class CudaExecutor(ReplayPaths):
     def _reference(self, node: int, prep: Prepared, slots: np.ndarray, stream: int, key: Key) -> None:
         """Run reference step `node` on the host: operands down, numpy, result up."""
         m, cp = self.m, prep.cuda
-        st = prep.ref.step_of(m, node)
+        st = prep.ref.step_of(node)
         xs: list[np.ndarray] = []
         try:
             for i in st.inputs:

@@ -32,14 +32,12 @@ from bladepack.artifact.format import BpkFile
 from bladepack.cpu_features import cpu_flags
 from bladepack.dtypes import DType
 from bladepack.errors import BladepackError, BpkFormatError
+from bladepack.loader.launch_words import LaunchWords, Segment, resolve_word
 from bladepack.loader.library_file import open_library
-from bladepack.loader.manifest import conditions_hold
 from bladepack.loader.plan_check import INT64_MAX
 from bladepack.options import LoaderOptions
 
 ABI_VERSION = 1
-OP_KERNEL, OP_GEMM = 1, 2
-GEMM_DTYPE_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3}  # a GEMM record's `a` word
 _ERR_INDEX = 1
 
 
@@ -145,36 +143,20 @@ def arena_fits(held: int, nbytes: int) -> bool:
 _KEEP: dict[str, ctypes.CDLL] = {}  # BLAS handles stay loaded for the process (their pointers are shared)
 
 
-def _resolve(v: Any, regs: Sequence[int]) -> int:
-    if isinstance(v, dict):
-        return int(regs[v["r"]])
-    return int(v)
-
-
-@dataclass(frozen=True)
-class Segment:
-    """A run of native launches (`words`), or one reference step (`ref` = launch record), that runs when
-    every (slot, byte offset, expected) data condition of `when` holds (Note [Guarded launches])."""
-
-    words: np.ndarray | None
-    first_launch: int
-    ref: dict[str, Any] | None = None
-    when: tuple[tuple[int, int, bool], ...] = ()
-
-    def wanted(self, slots: np.ndarray) -> bool:
-        """Whether the data conditions hold, read in order (an inner predicate is read only once the
-        outer ones hold: Note [Branch predicates] in ir/guards.py)."""
-        for slot, off, taken in self.when:
-            if (ctypes.c_uint8.from_address(int(slots[slot]) + off).value != 0) != taken:
-                return False
-        return True
-
-
 @dataclass(frozen=True)
 class Prepared:
     segments: tuple[Segment, ...]
     arena_bytes: int
-    buffers: dict[int, tuple[int, tuple[int, ...], np.dtype]]  # arena value -> (byte offset, shape, dtype)
+    registers: tuple[int, ...]
+    plan_buffers: dict[int, dict[str, Any]]  # the plan's arena buffers by value id
+
+    def buffer(self, vid: int) -> tuple[int, tuple[int, ...], np.dtype]:
+        """Arena value `vid` at this signature: its byte offset, shape and storage dtype (only reference
+        steps and outputs the plan leaves in the arena ask)."""
+        b = self.plan_buffers[vid]
+        regs = self.registers
+        shape = tuple(resolve_word(d, regs) for d in b["shape"])
+        return resolve_word(b["offset"], regs), shape, DType(b["dtype"]).storage_numpy()
 
 
 def _check_features(lib: ctypes.CDLL, isa: str) -> None:
@@ -262,6 +244,8 @@ class NativeCpu:
             ]
             self._check = lib.bpk_check
         self.nfn = int(nfn)
+        self._words: LaunchWords | None = None  # Note [Launch word template], at the first signature
+        self._buffers: dict[int, dict[str, Any]] = {}
         self.weight_slots = np.array([w.__array_interface__["data"][0] for w in weights], dtype=np.uint64)
         self.arenas = threading.local()  # per thread: `arena`, the buffer and its aligned base (arena())
 
@@ -272,57 +256,12 @@ class NativeCpu:
 
     # -- per shape signature
     def prepare(self, regs: Sequence[int], kernels: Sequence[dict[str, Any]]) -> Prepared:
-        """The launch list at one signature: launches a shape condition rules out dropped, the rest cut
-        into segments at reference steps, at dropped launches (a segment's launches are consecutive
-        in the plan) and where the data conditions change."""
-        segments: list[Segment] = []
-        words: list[int] = []
-        first = 0
-        cur: tuple[tuple[int, int, bool], ...] = ()
-        for k, lr in enumerate(self.plan["launches"]):
-            op = lr["op"]
-            when = lr.get("when", ())
-            hold = conditions_hold(when, regs)
-            data = tuple((int(c["ptr"][0]), _resolve(c["ptr"][1], regs), bool(c["is"])) for c in when if "ptr" in c)
-            if hold is False or op == "ref" or data != cur:
-                if words:
-                    segments.append(Segment(np.array(words, dtype=np.int64), first, None, cur))
-                words, first, cur = [], k + (hold is False or op == "ref"), data
-            if hold is False:
-                continue
-            if op == "ref":
-                segments.append(Segment(None, k, lr, data))
-                continue
-            ptrs = lr["ptrs"]
-            ints = [_resolve(v, regs) for v in lr["ints"]]
-            if op == "kernel":
-                fn = None
-                for var in kernels[lr["k"]]["variants"]:
-                    if regs[var["pred"]]:
-                        fn = int(var["fn"])
-                        break
-                if fn is None or not 0 <= fn < self.nfn:
-                    raise BpkFormatError(f"kernel {kernels[lr['k']]['name']}: no variant applies (corrupt plan)")
-                head = [OP_KERNEL, fn]
-            elif op == "gemm":
-                head = [OP_GEMM, GEMM_DTYPE_CODES[lr["dtype"]]]
-            else:
-                raise BpkFormatError(f"unknown launch op {op!r}")
-            words += [*head, len(ptrs), len(ints)]
-            for slot, off in ptrs:
-                words += [int(slot), _resolve(off, regs)]
-            words += ints
-        if words or not segments:
-            segments.append(Segment(np.array(words, dtype=np.int64), first, None, cur))
-        buffers = {
-            b["id"]: (
-                _resolve(b["offset"], regs),
-                tuple(_resolve(d, regs) for d in b["shape"]),
-                DType(b["dtype"]).storage_numpy(),
-            )
-            for b in self.plan["buffers"]
-        }
-        return Prepared(tuple(segments), _resolve(self.plan["arena_bytes"], regs), buffers)
+        """The launch list at one signature (Note [Launch word template]), after the plan checks."""
+        if self._words is None:
+            self._words = LaunchWords(self.plan["launches"], kernels, self.nfn)
+            self._buffers = {int(b["id"]): b for b in self.plan["buffers"]}
+        regs = tuple(regs)
+        return Prepared(self._words.segments(regs), resolve_word(self.plan["arena_bytes"], regs), regs, self._buffers)
 
     def check_operands(self, prep: Prepared, slot_bytes: Sequence[int], writable: np.ndarray) -> np.ndarray | None:
         """Note [Kernel operand checks]: None when every native launch passes its kernel's check, else

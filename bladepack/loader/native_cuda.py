@@ -36,18 +36,13 @@ from bladepack.errors import BpkFormatError
 from bladepack.loader.cuda_driver import CudaError, Device, DeviceBuffer, StreamBuffers, _check, choose_image
 from bladepack.loader.cutlass_gemm import CutlassGemms, CutlassLaunch
 from bladepack.loader.gemm_args import GemmArgs, gemm_args
+from bladepack.loader.launch_words import resolve_word
 from bladepack.loader.manifest import conditions_hold
 from bladepack.options import LoaderOptions
 
 ABI_VERSION = 1
 KERNEL_SHIFT = 24  # Note [CUDA error codes] in codegen/cuda_loops.py
 _ALIGN = 256  # weights and arena buffers start on 256-byte boundaries
-
-
-def _resolve(v: Any, regs: Sequence[int]) -> int:
-    if isinstance(v, dict):
-        return int(regs[v["r"]])
-    return int(v)
 
 
 @dataclass(frozen=True)
@@ -173,13 +168,13 @@ class NativeCuda:
             if conditions_hold(conds, regs) is False:  # Note [Guarded launches]: not at this signature
                 continue
             when.append(
-                tuple((int(c["ptr"][0]), _resolve(c["ptr"][1], regs), bool(c["is"])) for c in conds if "ptr" in c)
+                tuple((int(c["ptr"][0]), resolve_word(c["ptr"][1], regs), bool(c["is"])) for c in conds if "ptr" in c)
             )
             if op == "ref":
                 launches.append(RefLaunch(int(lr["node"])))
                 continue
-            ptrs = tuple((int(s), _resolve(o, regs)) for s, o in lr["ptrs"])
-            ints = tuple(_resolve(v, regs) for v in lr["ints"])
+            ptrs = tuple((int(s), resolve_word(o, regs)) for s, o in lr["ptrs"])
+            ints = tuple(resolve_word(v, regs) for v in lr["ints"])
             if op == "gemm":
                 launches.append(GemmLaunch(lr["dtype"], ptrs, gemm_args(ints, DType(lr["dtype"]).itemsize)))
                 continue
@@ -205,12 +200,12 @@ class NativeCuda:
                 offs.append(o)
                 words.append(0)
             words.extend(i & 0xFFFFFFFFFFFFFFFF for i in ints)
-            grid, smem = _resolve(var["grid"], regs), _resolve(var["smem"], regs)
+            grid, smem = resolve_word(var["grid"], regs), resolve_word(var["smem"], regs)
             launches.append(
                 KernelLaunch(int(var["fn"]), grid, int(var["block"]), smem, start, len(words) - start, lr["k"])
             )
         buffers = {
-            b["id"]: (_resolve(b["offset"], regs), tuple(_resolve(d, regs) for d in b["shape"]), b["dtype"])
+            b["id"]: (resolve_word(b["offset"], regs), tuple(resolve_word(d, regs) for d in b["shape"]), b["dtype"])
             for b in self.plan["buffers"]
         }
         no_graph = graph_obstacle(launches, when)
@@ -220,7 +215,7 @@ class NativeCuda:
             np.array(pos, dtype=np.int64),
             np.array(slots, dtype=np.int64),
             np.array(offs, dtype=np.uint64),
-            _resolve(self.plan["arena_bytes"], regs),
+            resolve_word(self.plan["arena_bytes"], regs),
             buffers,
             tuple(when) if any(when) else (),
             no_graph,

@@ -69,6 +69,7 @@ class NativeExecutor:
         self.prepare = ShapeCache(self._build, cache_limit)
         self._kernels = m.kernels["cpu"]
         self._launches: list[dict[str, Any]] = plan["launches"]
+        self._ref_nodes = frozenset(int(lr["node"]) for lr in self._launches if lr["op"] == "ref")
         self._out_slot = list(plan["outputs"])
         self._n_in = len(m.input_ids)
         self._n_slots = 1 + self._n_in + len(m.outputs) + len(m.weight_rows)
@@ -95,7 +96,7 @@ class NativeExecutor:
         return f"native ({self.native.isa})"
 
     def _build(self, key: Key) -> NativePrepared:
-        ref = self.reference.build(key)
+        ref = self.reference.build(key, self._ref_nodes)
         slots = check_launches(self.m, "cpu", key, ref.registers, [s for s, _ in ref.outputs])
         native = self.native.prepare(ref.registers, self._kernels)
         failed = self.native.check_operands(native, slots, self._writable)
@@ -185,7 +186,7 @@ class NativeExecutor:
                 if rc:
                     raise self._error(seg.first_launch + int(status[0]), rc, status)
             else:
-                st = prep.ref.step_of(m, seg.ref["node"])
+                st = prep.ref.step_of(seg.ref["node"])
                 y = st.run([self._locate(i, nat, arrays, outs, arena) for i in st.inputs])
                 np.copyto(self._locate(st.out, nat, arrays, outs, arena), y)
         for k, vid in enumerate(m.outputs):
@@ -204,7 +205,7 @@ class NativeExecutor:
         for k, o in enumerate(m.outputs):
             if o == vid and outs[k] is not None:
                 return outs[k]  # type: ignore[return-value]
-        off, shape, dt = nat.buffers[vid]
+        off, shape, dt = nat.buffer(vid)
         count = int(np.prod(shape, dtype=np.int64))
         return np.frombuffer(arena, dtype=dt, count=count, offset=off).reshape(shape)
 

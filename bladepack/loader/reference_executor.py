@@ -3,13 +3,14 @@
 In: a `Manifest`. Out: `ReferenceExecutor` (the `Executor` contract of executor.py). Its prepared
 form of a shape signature, `RefPrepared` — registers, each step with resolved attributes, result
 shape and the values it frees, the output shapes — is also what the native and CUDA executors use
-for the steps they hand back to numpy (`build`, uncached: they cache their own prepared form).
+for the steps they hand back to numpy (`build` with those steps' values, uncached: they cache their
+own prepared form).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -69,12 +70,17 @@ class Step:
 @dataclass(frozen=True)
 class RefPrepared:
     registers: tuple[int, ...]
+    # every step in plan order, or only those asked for (`ReferenceExecutor.build`'s `nodes`)
     steps: tuple[Step, ...]
     outputs: tuple[tuple[tuple[int, ...], np.dtype | None], ...]  # shape and dtype of each output
     largest: int = 0  # bytes of the largest step result (Note [Bytes before allocation])
+    by_out: dict[int, Step] = field(init=False, repr=False, compare=False)
 
-    def step_of(self, m: Manifest, vid: int) -> Step:
-        return self.steps[m.step_index[vid]]
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "by_out", {st.out: st for st in self.steps})
+
+    def step_of(self, vid: int) -> Step:
+        return self.by_out[vid]
 
 
 class ReferenceExecutor:
@@ -86,30 +92,33 @@ class ReferenceExecutor:
     def description(self) -> str:
         return "reference"
 
-    def build(self, key: Key) -> RefPrepared:
+    def build(self, key: Key, nodes: frozenset[int] | None = None) -> RefPrepared:
+        """The prepared form at input shapes `key`: every step, or with `nodes` only the steps that
+        compute those values (a native plan's reference launches: resolving the ~200 steps of a small
+        encoder costs ~0.8 ms, the larger part of a new shape's first call, and a native plan runs few
+        or none of them)."""
         m = self.m
         regs = m.registers(key)
-        steps = []
-        for s, free in zip(m.steps, m.free):
-            v = m.values[s["out"]]
-            when = s.get("when", ())
-            hold = conditions_hold(when, regs)
-            steps.append(
-                Step(
-                    reference.OPS[s["op"]],
-                    s["op"],
-                    s["out"],
-                    tuple(s["in"]),
-                    {name: resolve(a, regs) for name, a in s["attrs"].items()},
-                    m.shape(v["shape"], regs),
-                    host_dtype(v["dtype"]),
-                    free,
-                    s.get("loc", ""),
-                    hold if hold is not None else tuple((c["v"], c["is"]) for c in when if "v" in c),
-                )
-            )
+        steps = [self._step(s, free, regs) for s, free in zip(m.steps, m.free) if nodes is None or s["out"] in nodes]
         largest = max((element_count(st.shape) * (st.dtype.itemsize if st.dtype else 2) for st in steps), default=0)
         return RefPrepared(regs, tuple(steps), m.output_specs(regs), largest)
+
+    def _step(self, s: dict[str, Any], free: tuple[int, ...], regs: tuple[int, ...]) -> Step:
+        v = self.m.values[s["out"]]
+        when = s.get("when", ())
+        hold = conditions_hold(when, regs)
+        return Step(
+            reference.OPS[s["op"]],
+            s["op"],
+            s["out"],
+            tuple(s["in"]),
+            {name: resolve(a, regs) for name, a in s["attrs"].items()},
+            self.m.shape(v["shape"], regs),
+            host_dtype(v["dtype"]),
+            free,
+            s.get("loc", ""),
+            hold if hold is not None else tuple((c["v"], c["is"]) for c in when if "v" in c),
+        )
 
     def run(self, inputs: Sequence[Any], outputs: Sequence[Any] | None) -> list[Any]:
         return host_call(self.m, inputs, outputs, self.execute)
