@@ -120,3 +120,119 @@ def test_common_subexpressions_share_registers() -> None:
     assert regs[0] == regs[1]
     muls = [ins for ins in prog.code if ins[0] == 4]
     assert len(muls) == 1
+
+
+def _interpret(prog: ShapeProgram, dims: list[list[int]]) -> list[int]:
+    """docs/format.md's semantics instruction by instruction: the oracle for the compiled evaluator
+    (Note [Compiled shape programs])."""
+    from bladepack.artifact.shape_program import Op
+    from bladepack.errors import ShapeGuardError
+
+    def i64(v: int, pc: int) -> int:
+        if not -(1 << 63) <= v < (1 << 63):
+            raise ShapeGuardError(f"overflow at {pc}")
+        return v
+
+    def nz(v: int) -> int:
+        if v == 0:
+            raise ShapeGuardError("divided by zero")
+        return v
+
+    r = [0] * prog.num_registers
+    for pc, (op, d, a, b, c) in enumerate(prog.code):
+        o = Op(op)
+        if o is Op.CONST:
+            r[d] = a
+        elif o is Op.DIM:
+            r[d] = dims[a][b]
+        elif o is Op.SELECT:
+            r[d] = r[b] if r[a] else r[c]
+        elif o is Op.ASSERT:
+            if not r[a]:
+                raise ShapeGuardError(prog.messages[c].replace("{value}", str(r[b])).replace("{other}", str(r[d])))
+        elif o is Op.MOD:
+            r[d] = r[a] % nz(r[b])
+        elif o is Op.FLOORDIV:
+            r[d] = i64(r[a] // nz(r[b]), pc)
+        elif o is Op.CEILDIV:
+            r[d] = i64(-((-r[a]) // nz(r[b])), pc)
+        else:
+            fn = {
+                Op.ADD: lambda x, y: x + y,
+                Op.SUB: lambda x, y: x - y,
+                Op.MUL: lambda x, y: x * y,
+                Op.MIN: min,
+                Op.MAX: max,
+                Op.LT: lambda x, y: int(x < y),
+                Op.LE: lambda x, y: int(x <= y),
+                Op.EQ: lambda x, y: int(x == y),
+                Op.NE: lambda x, y: int(x != y),
+            }[o]
+            r[d] = i64(fn(r[a], r[b]), pc)
+    return r
+
+
+def _raw_programs() -> st.SearchStrategy[tuple[ShapeProgram, list[list[int]]]]:
+    """Any valid program over two inputs of rank 2 — registers read before they are written, int64's
+    ends, zero divisors, failing asserts — with input dims as large as int64 allows."""
+    big = st.one_of(st.integers(-9, 9), st.sampled_from([(1 << 63) - 1, -(1 << 63), 1 << 62, -(1 << 62), 3037000500]))
+    n = 6
+
+    def ins(op: int) -> st.SearchStrategy[tuple[int, int, int, int, int]]:
+        r = st.integers(0, n - 1)
+        if op == 0:
+            return st.tuples(st.just(op), r, big, st.just(0), st.just(0))
+        if op == 1:
+            return st.tuples(st.just(op), r, st.integers(0, 1), st.integers(0, 1), st.just(0))
+        return st.tuples(st.just(op), r, r, r, st.integers(0, 1) if op == 15 else r)
+
+    ops = st.sampled_from(
+        [0, 0, 0, 1, 2, 3, 4, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+    )  # constants and products often
+    code = st.lists(ops.flatmap(ins), min_size=n, max_size=24)
+    dims = st.lists(
+        st.lists(st.integers(0, (1 << 63) - 1) | st.integers(0, 9), min_size=2, max_size=2), min_size=2, max_size=2
+    )
+    return st.tuples(code, dims).map(lambda t: (ShapeProgram(tuple(t[0]), n, _MESSAGES), t[1]))
+
+
+_MESSAGES = ("no {value} {other}", "shape {value}")
+_BIG = 1 << 62
+
+
+def _case(*code: tuple[int, int, int, int, int]) -> tuple[ShapeProgram, list[list[int]]]:
+    padded = code + ((0, 5, 7, 0, 0),) * (6 - len(code))
+    return ShapeProgram(padded, 6, _MESSAGES), [[3, (1 << 63) - 1], [0, 5]]
+
+
+@settings(max_examples=600, deadline=None)
+@given(case=_raw_programs())
+@example(case=_case((0, 0, _BIG, 0, 0), (0, 1, 4, 0, 0), (4, 2, 0, 1, 0)))  # a product past int64
+@example(case=_case((1, 0, 0, 1, 0), (0, 1, 1, 0, 0), (2, 2, 0, 1, 0)))  # a sum past it
+@example(case=_case((1, 0, 0, 1, 0), (3, 1, 2, 0, 0), (3, 2, 1, 0, 0)))  # -max - max
+@example(case=_case((0, 0, -(1 << 63), 0, 0), (0, 1, -1, 0, 0), (5, 2, 0, 1, 0)))  # INT64_MIN // -1
+@example(case=_case((0, 0, -(1 << 63), 0, 0), (0, 1, -1, 0, 0), (6, 2, 0, 1, 0)))  # ... rounded up
+@example(case=_case((1, 0, 1, 0, 0), (5, 1, 3, 0, 0)))  # a zero divisor
+@example(case=_case((0, 0, 3, 0, 0), (7, 1, 0, 4, 0)))  # a zero modulus (r4 never written)
+@example(case=_case((1, 0, 1, 0, 0), (10, 1, 0, 3, 0), (15, 2, 1, 0, 1)))  # a failing assert's message
+@example(case=_case((0, 0, 2, 0, 0), (14, 1, 3, 0, 4)))  # a select of registers never written
+def test_compiled_programs_evaluate_as_the_format_says(case: tuple[ShapeProgram, list[list[int]]]) -> None:
+    """Note [Compiled shape programs]: the compiled evaluator gives the oracle's registers, or the same
+    guard error (overflow, division by zero, an assert's message with its values)."""
+    from bladepack.errors import ShapeGuardError
+
+    def kind(e: ShapeGuardError) -> str:
+        text = str(e)
+        return "overflow" if "overflow" in text else ("zero" if "divided by zero" in text else text)
+
+    prog, dims = case
+    prog.validate([2, 2])
+    try:
+        want: list[int] | str = _interpret(prog, dims)
+    except ShapeGuardError as e:
+        want = kind(e)
+    try:
+        got: list[int] | str = prog.evaluate(dims)
+    except ShapeGuardError as e:
+        got = kind(e)
+    assert got == want, prog.text()
