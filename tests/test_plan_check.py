@@ -70,6 +70,10 @@ EDITS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     "pointer offset -64": (lambda m: _kernel(m)["ptrs"].__setitem__(0, [0, -64]), "points -64 bytes into slot 0"),
     "pointer past the arena": (lambda m: _kernel(m)["ptrs"].__setitem__(0, [0, 1 << 40]), "bytes into slot 0"),
     "arena 0 bytes": (_set(NATIVE, "arena_bytes", 0), "does not fit in the 0-byte arena"),
+    "buffer past the arena": (
+        lambda m: m["native_cpu"]["buffers"][0].__setitem__("offset", 1 << 40),
+        r"arena buffer %\d+ \(\d+ bytes at 1099511627776\) does not fit",
+    ),
     "outputs [0]": (_set(NATIVE, "outputs", [0]), "output 0 is written to slot 0"),
     "kernel -1": (_set(_kernel, "k", -1), "runs kernel -1"),
     "unknown launch op": (_set(_kernel, "op", "syscall"), "has op 'syscall'"),
@@ -201,3 +205,70 @@ def test_bpk_run_refuses_the_same_edits(mlp_artifact: bladepack.api.Artifact, tm
             with pytest.raises(BpkFormatError) as e:
                 bladepack.load(path, executor="native")(np.ones((5, 64), np.float32))
             assert r.stderr.strip() == f"bpk-run: format error: {e.value}", name
+
+
+@pytest.mark.parametrize("name", ["untouched", *sorted(EDITS)])
+def test_vectorized_launch_checks_agree(mlp_artifact: bladepack.api.Artifact, name: str) -> None:
+    """Note [Vectorized launch checks]: at every signature LaunchChecks passes exactly where
+    check_launches does, with the same slot sizes, and raises its error word for word where it fails."""
+    from bladepack.loader.launch_checks import LaunchChecks
+    from bladepack.loader.manifest import Manifest
+    from bladepack.loader.plan_check import check_launches, check_plan
+
+    edit = EDITS[name][0] if name in EDITS else (lambda m: None)
+    m = Manifest.read(bpk_format.read(_rehashed(mlp_artifact, edit)))
+    try:
+        check_plan(m, "cpu", None)
+    except BpkFormatError:
+        pytest.skip("refused at load")
+    checks = LaunchChecks(m, "cpu")
+    for b in (1, 5, 64):
+        key = ((b, 64),)
+        try:
+            regs = m.registers(key)
+        except bladepack.BladepackError:
+            continue
+        outs = [s for s, _ in m.output_specs(regs)]
+        outcome: list[Any] = []
+        for check in (lambda: check_launches(m, "cpu", key, regs, outs), lambda: checks(key, regs, outs)):
+            try:
+                outcome.append(check())
+            except BpkFormatError as e:
+                outcome.append(str(e))
+        assert outcome[0] == outcome[1], (name, b)
+
+
+@pytest.mark.parametrize("offset", ["in place", 1 << 40, -8])
+def test_vectorized_checks_of_data_conditions(offset: Any) -> None:
+    """A data condition's byte offset (Note [Guarded launches]) past its slot, or before it, is refused
+    by both forms of the per-signature checks in the same words."""
+    import torch
+
+    from bladepack.loader.launch_checks import LaunchChecks
+    from bladepack.loader.manifest import Manifest
+    from bladepack.loader.plan_check import check_launches
+    from tests.test_branches import BATCH, _Branchy
+
+    torch.manual_seed(0)
+    art = bladepack.optimize(_Branchy().eval(), [(torch.randn(3, 8),), (torch.randn(6, 8),)], ({0: BATCH},))
+
+    def edit(m: dict[str, Any]) -> None:
+        for lr in m["native_cpu"]["launches"]:
+            for c in lr.get("when", ()):
+                if "ptr" in c and offset != "in place":
+                    c["ptr"][1] = offset
+
+    m = Manifest.read(bpk_format.read(_rehashed(art, edit)))
+    checks = LaunchChecks(m, "cpu")
+    for b in (1, 6, 64):
+        key = ((b, 8),)
+        regs = m.registers(key)
+        outs = [s for s, _ in m.output_specs(regs)]
+        outcome: list[Any] = []
+        for check in (lambda: check_launches(m, "cpu", key, regs, outs), lambda: checks(key, regs, outs)):
+            try:
+                outcome.append(check())
+            except BpkFormatError as e:
+                outcome.append(str(e))
+        assert outcome[0] == outcome[1], (offset, b)
+        assert isinstance(outcome[0], str) == (offset != "in place"), outcome[0]

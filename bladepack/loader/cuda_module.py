@@ -44,11 +44,11 @@ from bladepack.loader.device_inputs import (
 )
 from bladepack.loader.dlpack import KDL_CUDA, KDL_CUDA_MANAGED, Imported, import_tensor
 from bladepack.loader.executor import ShapeCache
+from bladepack.loader.launch_checks import LaunchChecks
 from bladepack.loader.manifest import Key, Manifest
 from bladepack.loader.native_cuda import CudaPrepared, NativeCuda
 from bladepack.loader.plan_check import (
     INT64_MAX,
-    check_launches,
     check_operand_programs,
     check_plan,
     operand_programs,
@@ -116,6 +116,7 @@ class CudaExecutor(ReplayPaths):
         self.ordinal = ordinal
         kernels = m.kernels["cuda"]
         check_plan(m, "cuda", None)  # Note [Plan checks]: before anything is launched
+        self._checks = LaunchChecks(m, "cuda")  # Note [Vectorized launch checks]
         self.operand_checks = operand_programs(m)
         self.kernels = kernels
         self._ref_nodes = frozenset(int(lr["node"]) for lr in native["launches"] if lr["op"] == "ref")
@@ -150,7 +151,7 @@ class CudaExecutor(ReplayPaths):
 
     def _build(self, key: Key) -> Prepared:
         ref = self.reference.build(key, self._ref_nodes)
-        slots = check_launches(self.m, "cuda", key, ref.registers, [s for s, _ in ref.outputs])
+        slots = self._checks(key, ref.registers, [s for s, _ in ref.outputs])
         if max(slots, default=0) <= INT64_MAX:  # else the call's memory check refuses it first
             check_operand_programs(self.m, self.operand_checks, ref.registers, slots)
         return Prepared(ref, self.exe.prepare(ref.registers))

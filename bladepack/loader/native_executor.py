@@ -18,9 +18,10 @@ from bladepack.dtypes import DType
 from bladepack.errors import ExecutionError
 from bladepack.loader.executor import ShapeCache, check_memory, host_call
 from bladepack.loader.fast_call import FastCalls
+from bladepack.loader.launch_checks import LaunchChecks
 from bladepack.loader.manifest import Key, Manifest, element_count, index_error
 from bladepack.loader.native_cpu import NativeCpu, Prepared
-from bladepack.loader.plan_check import check_launches, check_plan, operand_error
+from bladepack.loader.plan_check import check_plan, operand_error
 from bladepack.loader.reference_executor import ReferenceExecutor, RefPrepared
 from bladepack.loader.signature import check_inputs
 from bladepack.loader.tensors import BFLOAT16_BITS, to_numpy
@@ -65,6 +66,7 @@ class NativeExecutor:
         self.reference = reference
         self.native = NativeCpu(bpk, plan, [m.weights[w["id"]] for w in m.weight_rows], options)
         check_plan(m, "cpu", self.native.nfn)  # Note [Plan checks]: before any launch can run
+        self._checks = LaunchChecks(m, "cpu")  # Note [Vectorized launch checks]
         _check_bfloat16_steps(m, plan)
         self.prepare = ShapeCache(self._build, cache_limit)
         self._kernels = m.kernels["cpu"]
@@ -97,7 +99,7 @@ class NativeExecutor:
 
     def _build(self, key: Key) -> NativePrepared:
         ref = self.reference.build(key, self._ref_nodes)
-        slots = check_launches(self.m, "cpu", key, ref.registers, [s for s, _ in ref.outputs])
+        slots = self._checks(key, ref.registers, [s for s, _ in ref.outputs])
         native = self.native.prepare(ref.registers, self._kernels)
         failed = self.native.check_operands(native, slots, self._writable)
         if failed is not None:

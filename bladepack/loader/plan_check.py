@@ -10,7 +10,8 @@ Note [Plan checks]: two stages.
   `num_registers`); pointer slots (0 the arena, then inputs, outputs, weights); GEMM records of exactly
   20 integers; reference launches naming a plan step; arena buffers; the output slots (-1, or the
   output's own slot).
-- Per input-shape signature (`check_launches`, on the resolved values): a non-negative arena; every
+- Per input-shape signature (`check_launches`, on the resolved values; the executors run it as array
+  operations, Note [Vectorized launch checks] in launch_checks.py): a non-negative arena; every
   arena buffer inside it; every pointer offset inside its slot (the arena, or the input, output or
   weight tensor the slot holds); and for GEMMs, the dims, leading dims, batch counts and strides
   against the bytes their operands address (Note [GEMM records]).
@@ -40,7 +41,7 @@ from bladepack.loader.manifest import Key, Manifest, condition_problem, describe
 GEMM_INTS = 20
 INT32_MAX = (1 << 31) - 1
 INT64_MAX = (1 << 63) - 1
-_SIZES = {d.value: d.itemsize for d in DType}
+BYTE_SIZES = {d.value: d.itemsize for d in DType}
 _GEMM_DTYPES = {kind: ("float32", "float64", "float16", "bfloat16") for kind in ("cpu", "cuda")}
 
 
@@ -169,7 +170,7 @@ def _check_plan(m: Manifest, kind: str, n_functions: int | None) -> None:
     for b in plan["buffers"]:
         if not _is_int(b.get("id")):
             raise _fail(m, f"an arena buffer has id {_short(b.get('id'))}")
-        if not isinstance(b.get("dtype"), str) or b["dtype"] not in _SIZES:
+        if not isinstance(b.get("dtype"), str) or b["dtype"] not in BYTE_SIZES:
             raise _fail(m, f"arena buffer %{_short(b.get('id'))} has dtype {_short(b.get('dtype'))}")
         for d in b.get("shape", []):
             symint(d, f"arena buffer %{_short(b.get('id'))}'s shape")
@@ -200,15 +201,15 @@ def _check_launches(
         raise _fail(m, f"the arena size resolves to {arena}")
     # the bytes each slot holds: the arena, the inputs, the outputs the plan writes, the weights
     slots = [arena]
-    slots += [element_count(s) * _SIZES[t.dtype] for s, t in zip(key, m.signature.inputs)]
+    slots += [element_count(s) * BYTE_SIZES[t.dtype] for s, t in zip(key, m.signature.inputs)]
     slots += [
-        element_count(s) * _SIZES[m.values[o]["dtype"]] if slot != -1 and o in m.values else 0
+        element_count(s) * BYTE_SIZES[m.values[o]["dtype"]] if slot != -1 and o in m.values else 0
         for s, o, slot in zip(out_shapes, m.outputs, plan["outputs"])
     ]
-    slots += [element_count(w["shape"]) * _SIZES[w["dtype"]] for w in m.weight_rows]
+    slots += [element_count(w["shape"]) * BYTE_SIZES[w["dtype"]] for w in m.weight_rows]
     for b in plan["buffers"]:
         off = resolve(b["offset"], regs)
-        n = element_count([resolve(d, regs) for d in b["shape"]]) * _SIZES[b["dtype"]]
+        n = element_count([resolve(d, regs) for d in b["shape"]]) * BYTE_SIZES[b["dtype"]]
         if off < 0 or n < 0 or off + n > arena:
             raise _fail(m, f"arena buffer %{b['id']} ({n} bytes at {off}) does not fit in the {arena}-byte arena")
     for i, lr in enumerate(plan["launches"]):
@@ -227,7 +228,7 @@ def _check_launches(
             room.append(slots[slot] - at)
         if lr["op"] in ("gemm", "cutlass"):
             ints = [resolve(v, regs) for v in lr["ints"]]
-            _check_gemm(m, i, ints, room, _SIZES[lr["dtype"]], len(lr["ptrs"]) == 4)
+            check_gemm(m, i, ints, room, BYTE_SIZES[lr["dtype"]], len(lr["ptrs"]) == 4)
     return slots
 
 
@@ -306,7 +307,7 @@ def operand_error(
     return _fail(m, f"{where}: {what}")
 
 
-def _check_gemm(m: Manifest, i: int, v: Sequence[int], room: Sequence[int], item: int, has_c: bool) -> None:
+def check_gemm(m: Manifest, i: int, v: Sequence[int], room: Sequence[int], item: int, has_c: bool) -> None:
     """Note [GEMM records]."""
     b, sa, sb, sc = v[0:3], v[3:6], v[6:9], v[9:12]
     mm, nn, kk, ta, tb, lda, ldb, ldc = v[12:20]
