@@ -428,3 +428,52 @@ def test_the_launch_template_gives_each_records_words(branchy: tuple[nn.Module, 
             assert sorted(st.out for st in prep.ref.steps) == sorted(refs), (name, key)
     xs = (torch.randn(3, 5, 3, 11), torch.tensor([4, 0, 1]), torch.tensor([6, 6, 10]))
     np.testing.assert_allclose(bladepack.load(gather.to_bytes())(*xs), _Gather()(*xs).numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(
+    shutil.which("nvcc") is None and not os.environ.get("NVCC"), reason="nvcc not found (CUDA targets need it)"
+)
+def test_cuda_kernel_parameters_from_the_template() -> None:
+    """Note [Launch word template] on CUDA: at each signature, the kernel launches' parameter words and
+    pointer (position, slot, offset) arrays from the template are those of resolving each kept launch's
+    record on its own — the status word, then the pointers (zero), then the integers as 64-bit words —
+    with shape-dropped launches cut out."""
+    from bladepack.loader.launch_words import KernelParams
+    from bladepack.loader.manifest import Manifest, conditions_hold
+
+    torch.manual_seed(0)
+    art = bladepack.optimize(
+        _Branchy().eval(), [(torch.randn(3, 8),), (torch.randn(6, 8),)], ({0: BATCH},), targets=("cpu", "cuda:sm_90")
+    )
+    from bladepack.artifact import format as bpk_format
+
+    m = Manifest.read(bpk_format.read(art.to_bytes()))
+    plan = m.native["cuda"]
+    assert plan is not None
+    status = 99
+    params = KernelParams(plan["launches"], status)
+    dropped_somewhere = False
+    for n in SIZES:
+        regs = m.registers(((n, 8),))
+        kept = [
+            k
+            for k, lr in enumerate(plan["launches"])
+            if lr["op"] == "kernel" and conditions_hold(lr.get("when", ()), regs) is not False
+        ]
+        dropped_somewhere |= len(kept) < len(params.ranges)
+        words: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        offs: list[int] = []
+        for k in kept:
+            lr = plan["launches"][k]
+            for slot, off in ((status, 0), *lr["ptrs"]):
+                pos.append(len(words))
+                slots.append(slot)
+                offs.append(int(regs[off["r"]]) if isinstance(off, dict) else off)
+                words.append(0)
+            words += [(int(regs[v["r"]]) if isinstance(v, dict) else v) & 0xFFFFFFFFFFFFFFFF for v in lr["ints"]]
+        got = params.kept(params.at(regs), kept) if len(kept) < len(params.ranges) else params.at(regs)
+        assert [a.tolist() for a in got] == [words, pos, slots, offs], n
+        assert got[0].dtype == np.uint64 and got[3].dtype == np.uint64
+    assert dropped_somewhere

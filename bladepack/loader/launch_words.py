@@ -153,3 +153,84 @@ class LaunchWords:
         if start >= 0 or not segments:
             segments.append(Segment(words[start:end] if start >= 0 else words[:0], first, None, cur))
         return tuple(segments)
+
+
+_WORD = 0xFFFFFFFFFFFFFFFF  # a 64-bit parameter word: negative integers as their two's complement
+
+
+class KernelParams:
+    """Note [Launch word template] for a CUDA plan's kernel launches: each launch's parameter words
+    [status, pointers, integers] (pointers zero: the call fills them from its slots) and its pointers'
+    (position, slot, byte offset), laid out once for every kernel launch of the plan. `at(regs)` gives
+    the whole plan's arrays at one signature; `kept(...)` cuts them down to the launches that run."""
+
+    def __init__(self, launches: Sequence[dict[str, Any]], status_slot: int) -> None:
+        words: list[int] = []
+        w_at: list[int] = []
+        w_reg: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        offs: list[int] = []
+        o_at: list[int] = []
+        o_reg: list[int] = []
+        self.ranges: dict[int, tuple[int, int, int, int]] = {}  # launch -> words [w0, w1), pointers [p0, p1)
+        for k, lr in enumerate(launches):
+            if lr["op"] != "kernel":
+                continue
+            w0, p0 = len(words), len(pos)
+            for slot, off in ((status_slot, 0), *lr["ptrs"]):
+                pos.append(len(words))
+                slots.append(int(slot))
+                if isinstance(off, dict):
+                    o_at.append(len(offs))
+                    o_reg.append(int(off["r"]))
+                    offs.append(0)
+                else:
+                    offs.append(int(off) & _WORD)
+                words.append(0)
+            for v in lr["ints"]:
+                if isinstance(v, dict):
+                    w_at.append(len(words))
+                    w_reg.append(int(v["r"]))
+                    words.append(0)
+                else:
+                    words.append(int(v) & _WORD)
+            self.ranges[k] = (w0, len(words), p0, len(pos))
+        self._words = np.array(words, dtype=np.uint64)
+        self._w_at, self._w_reg = np.array(w_at, dtype=np.intp), w_reg
+        self._pos = np.array(pos, dtype=np.int64)
+        self._slots = np.array(slots, dtype=np.int64)
+        self._offs = np.array(offs, dtype=np.uint64)
+        self._o_at, self._o_reg = np.array(o_at, dtype=np.intp), o_reg
+
+    def at(self, regs: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(words, pointer positions, slots, byte offsets) of every kernel launch at these registers."""
+        words, offs = self._words.copy(), self._offs.copy()
+        if self._w_reg:
+            words[self._w_at] = _gather(regs, self._w_reg)
+        if self._o_reg:
+            offs[self._o_at] = _gather(regs, self._o_reg)
+        return words, self._pos, self._slots, offs
+
+    def kept(
+        self, arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], launches: Sequence[int]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """`at`'s arrays for the kernel launches `launches` only (in plan order), positions renumbered."""
+        words, pos, slots, offs = arrays
+        w, p, s, o = [], [], [], []
+        start = 0
+        for k in launches:
+            w0, w1, p0, p1 = self.ranges[k]
+            w.append(words[w0:w1])
+            p.append(pos[p0:p1] - w0 + start)
+            s.append(slots[p0:p1])
+            o.append(offs[p0:p1])
+            start += w1 - w0
+        if not launches:
+            return words[:0], pos[:0], slots[:0], offs[:0]
+        return np.concatenate(w), np.concatenate(p), np.concatenate(s), np.concatenate(o)
+
+
+def _gather(regs: Sequence[int], which: Sequence[int]) -> np.ndarray:
+    """Registers (int64 by the shape program's checks) as 64-bit words."""
+    return np.fromiter((regs[r] for r in which), dtype=np.int64, count=len(which)).view(np.uint64)

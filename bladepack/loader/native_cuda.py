@@ -36,7 +36,7 @@ from bladepack.errors import BpkFormatError
 from bladepack.loader.cuda_driver import CudaError, Device, DeviceBuffer, StreamBuffers, _check, choose_image
 from bladepack.loader.cutlass_gemm import CutlassGemms, CutlassLaunch
 from bladepack.loader.gemm_args import GemmArgs, gemm_args
-from bladepack.loader.launch_words import resolve_word
+from bladepack.loader.launch_words import KernelParams, resolve_word
 from bladepack.loader.manifest import conditions_hold
 from bladepack.options import LoaderOptions
 
@@ -135,6 +135,7 @@ class NativeCuda:
 
             self._cublas = Cublas(options)
         self._cutlass = CutlassGemms.from_artifact(bpk, plan, self.device, options) if "gemm_kernels" in plan else None
+        self._params: KernelParams | None = None  # Note [Launch word template], at the first signature
 
     @property
     def arch(self) -> str:
@@ -156,16 +157,19 @@ class NativeCuda:
 
     # -- per shape signature
     def prepare(self, regs: Sequence[int]) -> CudaPrepared:
+        """The launch list at one signature; the kernels' parameter words from the plan's template
+        (Note [Launch word template]), laid out at the first signature, after the plan checks."""
+        if self._params is None:
+            self._params = KernelParams(self.plan["launches"], self.status_slot)
+        params = self._params
         launches: list[Launch] = []
-        words: list[int] = []
-        pos: list[int] = []
-        slots: list[int] = []
-        offs: list[int] = []
+        kernels: list[int] = []
         when: list[tuple[tuple[int, int, bool], ...]] = []
-        for lr in self.plan["launches"]:
+        start = 0
+        for k, lr in enumerate(self.plan["launches"]):
             op = lr["op"]
             conds = lr.get("when", ())
-            if conditions_hold(conds, regs) is False:  # Note [Guarded launches]: not at this signature
+            if conds and conditions_hold(conds, regs) is False:  # Note [Guarded launches]: not here
                 continue
             when.append(
                 tuple((int(c["ptr"][0]), resolve_word(c["ptr"][1], regs), bool(c["is"])) for c in conds if "ptr" in c)
@@ -173,37 +177,31 @@ class NativeCuda:
             if op == "ref":
                 launches.append(RefLaunch(int(lr["node"])))
                 continue
+            if op == "kernel":
+                row = self.kernels[lr["k"]]
+                var = next((v for v in row["variants"] if regs[v["pred"]]), None)
+                if var is None:
+                    raise BpkFormatError(f"kernel {row['name']}: no variant applies (corrupt plan)")
+                w0, w1, _, _ = params.ranges[k]
+                grid, smem = resolve_word(var["grid"], regs), resolve_word(var["smem"], regs)
+                launches.append(KernelLaunch(int(var["fn"]), grid, int(var["block"]), smem, start, w1 - w0, lr["k"]))
+                kernels.append(k)
+                start += w1 - w0
+                continue
             ptrs = tuple((int(s), resolve_word(o, regs)) for s, o in lr["ptrs"])
             ints = tuple(resolve_word(v, regs) for v in lr["ints"])
             if op == "gemm":
                 launches.append(GemmLaunch(lr["dtype"], ptrs, gemm_args(ints, DType(lr["dtype"]).itemsize)))
-                continue
-            if op == "cutlass":
+            elif op == "cutlass":
                 if self._cutlass is None:
                     raise BpkFormatError("a CUTLASS GEMM launch in a plan without gemm_kernels (corrupt plan)")
                 launches.append(self._cutlass.prepare(lr, regs, ptrs, ints))
-                continue
-            if op != "kernel":
+            else:
                 raise BpkFormatError(f"unknown launch op {op!r} in the CUDA plan")
-            row = self.kernels[lr["k"]]
-            var = next((v for v in row["variants"] if regs[v["pred"]]), None)
-            if var is None:
-                raise BpkFormatError(f"kernel {row['name']}: no variant applies (corrupt plan)")
-            start = len(words)
-            pos.append(len(words))  # the status words: per call, from the stream's buffer
-            slots.append(self.status_slot)
-            offs.append(0)
-            words.append(0)
-            for s, o in ptrs:
-                pos.append(len(words))
-                slots.append(s)
-                offs.append(o)
-                words.append(0)
-            words.extend(i & 0xFFFFFFFFFFFFFFFF for i in ints)
-            grid, smem = resolve_word(var["grid"], regs), resolve_word(var["smem"], regs)
-            launches.append(
-                KernelLaunch(int(var["fn"]), grid, int(var["block"]), smem, start, len(words) - start, lr["k"])
-            )
+        arrays = params.at(regs)
+        if len(kernels) != len(params.ranges):
+            arrays = params.kept(arrays, kernels)
+        words, pos, slots, offs = arrays
         buffers = {
             b["id"]: (resolve_word(b["offset"], regs), tuple(resolve_word(d, regs) for d in b["shape"]), b["dtype"])
             for b in self.plan["buffers"]
@@ -211,10 +209,10 @@ class NativeCuda:
         no_graph = graph_obstacle(launches, when)
         return CudaPrepared(
             tuple(launches),
-            np.array(words, dtype=np.uint64),
-            np.array(pos, dtype=np.int64),
-            np.array(slots, dtype=np.int64),
-            np.array(offs, dtype=np.uint64),
+            words,
+            pos,
+            slots,
+            offs,
             resolve_word(self.plan["arena_bytes"], regs),
             buffers,
             tuple(when) if any(when) else (),
