@@ -207,35 +207,39 @@ def test_bpk_run_refuses_the_same_edits(mlp_artifact: bladepack.api.Artifact, tm
             assert r.stderr.strip() == f"bpk-run: format error: {e.value}", name
 
 
-@pytest.mark.parametrize("name", ["untouched", *sorted(EDITS)])
-def test_vectorized_launch_checks_agree(mlp_artifact: bladepack.api.Artifact, name: str) -> None:
+def test_vectorized_launch_checks_agree(mlp_artifact: bladepack.api.Artifact) -> None:
     """Note [Vectorized launch checks]: at every signature LaunchChecks passes exactly where
-    check_launches does, with the same slot sizes, and raises its error word for word where it fails."""
+    check_launches does, with the same slot sizes, and raises its error word for word where it fails
+    (every edit above that the load-time checks let through, and the plan untouched)."""
     from bladepack.loader.launch_checks import LaunchChecks
     from bladepack.loader.manifest import Manifest
     from bladepack.loader.plan_check import check_launches, check_plan
 
-    edit = EDITS[name][0] if name in EDITS else (lambda m: None)
-    m = Manifest.read(bpk_format.read(_rehashed(mlp_artifact, edit)))
-    try:
-        check_plan(m, "cpu", None)
-    except BpkFormatError:
-        pytest.skip("refused at load")
-    checks = LaunchChecks(m, "cpu")
-    for b in (1, 5, 64):
-        key = ((b, 64),)
+    compared = 0
+    for name in ["untouched", *sorted(EDITS)]:
+        edit = EDITS[name][0] if name in EDITS else (lambda m: None)
+        m = Manifest.read(bpk_format.read(_rehashed(mlp_artifact, edit)))
         try:
-            regs = m.registers(key)
-        except bladepack.BladepackError:
-            continue
-        outs = [s for s, _ in m.output_specs(regs)]
-        outcome: list[Any] = []
-        for check in (lambda: check_launches(m, "cpu", key, regs, outs), lambda: checks(key, regs, outs)):
+            check_plan(m, "cpu", None)
+        except BpkFormatError:
+            continue  # refused at load
+        checks = LaunchChecks(m, "cpu")
+        for b in (1, 5, 64):
+            key = ((b, 64),)
             try:
-                outcome.append(check())
-            except BpkFormatError as e:
-                outcome.append(str(e))
-        assert outcome[0] == outcome[1], (name, b)
+                regs = m.registers(key)
+            except bladepack.BladepackError:
+                continue
+            outs = [s for s, _ in m.output_specs(regs)]
+            outcome: list[Any] = []
+            for check in (lambda: check_launches(m, "cpu", key, regs, outs), lambda: checks(key, regs, outs)):
+                try:
+                    outcome.append(check())
+                except BpkFormatError as e:
+                    outcome.append(str(e))
+            assert outcome[0] == outcome[1], (name, b)
+            compared += 1
+    assert compared >= 3 * 20, compared
 
 
 @pytest.mark.parametrize("offset", ["in place", 1 << 40, -8])
