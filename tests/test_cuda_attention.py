@@ -651,3 +651,44 @@ def test_attention_stores_the_merged_heads(gpu: FakeGpu, tmp_path: Path, dtype: 
     results, log = _run(gpu, _MergedDecode(), cases_d, art)
     assert any(name.endswith("_split") for name in _launched(log)), log[-2000:]
     _check(_MergedDecode(), cases_d, results, 1e-5)
+
+
+class _Segments(torch.nn.Module):
+    """Packed sequences' attention written out: row i sees the keys [lo[i], hi[i]) (Note [Key bounds])."""
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor
+    ) -> torch.Tensor:
+        s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+        key = torch.arange(k.shape[-2])
+        keep = (key >= lo[:, None]) & (key < hi[:, None])
+        return torch.softmax(torch.where(keep, s, -math.inf), -1) @ v
+
+
+def test_tensor_core_warps_skip_other_sequences_keys(gpu: FakeGpu) -> None:
+    """Note [Group key bounds] on tensor cores: a warp whose 16 rows see none of a tile's keys skips it
+    (sequences of 5-70 tokens packed along one axis: most warps skip most of their block's tiles), the
+    results no further from the float64 model than float16 eager, sequences of one token included."""
+    g = torch.Generator().manual_seed(21)
+    n = Dim("n", max=MAX)
+    dims = {"q": {2: n}, "k": {2: n}, "v": {2: n}, "lo": {0: n}, "hi": {0: n}}
+
+    def packed(lens: list[int]) -> tuple[torch.Tensor, ...]:
+        total = sum(lens)
+        q, k, v = (x.half() for x in _qkv(g, 1, total, total, 64, 64, 2, 2))
+        ends = torch.tensor(lens).cumsum(0)
+        hi = torch.repeat_interleave(ends, torch.tensor(lens))
+        lo = hi - torch.repeat_interleave(torch.tensor(lens), torch.tensor(lens))
+        return q, k, v, lo, hi
+
+    art = bladepack.optimize(_Segments(), packed([9, 12]), dynamic_shapes=dims, targets=TARGETS)
+    assert "wlo_" in art.sources.unit("cuda")
+    cases = [packed(x) for x in ([70, 5, 33, 1, 64, 20], [16], [1] * 40, [130, 7, 60])]
+    results, log = _run(gpu, _Segments(), cases, art)
+    assert "k0_mma" in _launched(log), _launched(log)
+    for args, got in zip(cases, results, strict=True):
+        with torch.no_grad():
+            ref = _Segments()(*(a.double() if a.is_floating_point() else a for a in args)).numpy()
+            eager = _Segments()(*args).double().numpy()
+        err, theirs = _fp64_error(_half_results(got[0], torch.float16), ref), _fp64_error(eager, ref)
+        assert err <= 2 * theirs + 1e-3, (tuple(args[0].shape), err, theirs)

@@ -6,7 +6,9 @@ Out: the variant for library_ops/cuda_attention.py's plan list (Sq >= 16), or No
 Note [Tensor-core attention]: flash-attention-2's schedule on mma.sync.m16n8k16 (Note [Tensor-core
 fragments] in codegen/cuda_runtime.cuh): 16-bit operands, float accumulators. A block of four warps
 takes 64 query rows of one leading index (batch, head), 16 a warp, whose A fragments stay in registers
-for the whole walk, and walks the keys its rows can see (Note [Key bounds]) 64 at a time. Per tile the
+for the whole walk, and walks the keys its rows can see (Note [Key bounds]) 64 at a time; a warp whose
+own rows see none of a tile's keys stages its share and skips the rest (Note [Group key bounds] in
+library_ops/cpu_attention.py: packed sequences, a causal diagonal). Per tile the
 block stages K (row-major, rows padded by 8 values so that a warp's fragment loads hit 32 different
 banks) and V (transposed, so that a B fragment is one 32-bit load) in shared memory as 16-bit values;
 each warp computes its 16 x 64 scores (8 x d / 16 products), applies the graph's chain to each score
@@ -147,26 +149,33 @@ def _kernel(em: CudaEmitter, att: Attention) -> None:
             em.line(f"int64_t klo_ = {r(skv) if bounds.lo else 0}, khi_ = {0 if bounds.hi else r(skv)};")
             qb = Loop("qb_")
 
-            def rows_bounds() -> None:
-                for bound, less, name in ((bounds.lo, True, "klo_"), (bounds.hi, False, "khi_")):
+            def rows_bounds(lo: str, hi: str) -> None:
+                for bound, less, name in ((bounds.lo, True, lo), (bounds.hi, False, hi)):
                     if bound is not None:
                         x = f"({em.eval(bound.value, bound_index(ctx, bound, (*syms, qb)))} + {bound.add})"
                         em.line(f"{name} = {x} {'<' if less else '>'} {name} ? int64_t{x} : {name};")
 
             header = [f"for (int64_t qb_ = q0_; qb_ < q0_ + {ROWS} && qb_ < {r(sq)}; ++qb_) {{"]
-            em.loop(header, [qb], rows_bounds)
+            em.loop(header, [qb], functools.partial(rows_bounds, "klo_", "khi_"))
             em.line(f"klo_ = klo_ > 0 ? klo_ : 0; khi_ = khi_ < {r(skv)} ? khi_ : {r(skv)};")
+            # Note [Group key bounds] (library_ops/cpu_attention.py): the warp's own 16 rows' keys
+            em.line(f"int64_t wlo_ = {r(skv) if bounds.lo else 0}, whi_ = {0 if bounds.hi else r(skv)};")
+            first = f"q0_ + warp_ * 16 < {r(sq)} ? q0_ + warp_ * 16 : {r(sq)} - 1"
+            header = [f"for (int64_t qb_ = {first}; qb_ < q0_ + warp_ * 16 + 16 && qb_ < {r(sq)}; ++qb_) {{"]
+            em.loop(header, [qb], functools.partial(rows_bounds, "wlo_", "whi_"))
             start, end = "klo_", "khi_"
         header = [f"for (int64_t k0 = {start}; k0 < {end}; k0 += {KEYS}) {{"]
-        em.loop(header, [], functools.partial(tile, end))
+        em.loop(header, [], functools.partial(tile, end, bounds is not None))
         finish()
 
-    def tile(end: str) -> None:
+    def tile(end: str, bounded: bool) -> None:
         """One tile of 64 keys from k0: staged, scored, the softmax's running state, the products."""
         em.line("__syncthreads();  // every warp is done with the last tile")
         stage("kp_", KEYS, d, "k0 + i", f"j < {end}", r(sh.s_kj), sh.s_kd, f"k[i * {kst} + c + u]")
         stage("vp_", KEYS, dv, "k0 + i", f"j < {end}", r(sh.s_vj), sh.s_ve, f"v[(c + u) * {V_STRIDE} + i]")
         em.line("__syncthreads();")
+        if bounded:  # every warp staged its share; one whose rows see none of these keys computes nothing
+            em.line(f"if (whi_ <= k0 || wlo_ >= k0 + {KEYS}) continue;")
         em.line(f"float s_[{KEYS // 8}][4];  // the warp's 16 x 64 scores")
         em.line("#pragma unroll")
         em.line(f"for (int nt = 0; nt < {KEYS // 8}; ++nt) {{")
