@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from bladepack.loader.launch_words import registers_array
 from bladepack.loader.manifest import Key, Manifest, element_count
 from bladepack.loader.plan_check import BYTE_SIZES, INT64_MAX, check_gemm, check_launches
 
@@ -84,15 +85,15 @@ class LaunchChecks:
         self._ptr_slot, self._ptr_off = np.array(ptr_slot, dtype=np.intp), np.array(ptr_off, dtype=np.intp)
         self._exact = all(_I64_MIN <= w <= INT64_MAX for w in words)
         self._template = np.array(words if self._exact else [0] * len(words), dtype=np.int64)
-        self._at, self._reg = np.array(at, dtype=np.intp), reg
+        self._at, self._reg = np.array(at, dtype=np.intp), np.array(reg, dtype=np.intp)
 
     def __call__(self, key: Key, regs: Sequence[int], out_shapes: Sequence[Sequence[int]]) -> list[int]:
         """The bytes each slot holds (arena, inputs, outputs, weights) after every check passed."""
         if not self._exact:
             return check_launches(self.m, self.kind, key, regs, out_shapes)
         vals = self._template.copy()
-        if self._reg:
-            vals[self._at] = np.fromiter((regs[r] for r in self._reg), dtype=np.int64, count=len(self._reg))
+        if self._reg.size:
+            vals[self._at] = registers_array(regs)[self._reg]
         arena = int(vals[self._arena])
         slots = [arena]
         slots += [element_count(s) * size for s, size in zip(key, self._in_sizes)]

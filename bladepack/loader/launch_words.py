@@ -118,21 +118,25 @@ class LaunchWords:
             )
         self._template = np.array(words, dtype=np.int64)
         self._at = np.array(at, dtype=np.intp)
-        self._reg = reg
+        self._reg = np.array(reg, dtype=np.intp)
         self._nfn = nfn
 
     def segments(self, regs: Sequence[int]) -> tuple[Segment, ...]:
         """The launch list at one signature: launches a shape condition rules out dropped, the rest cut
         into segments at reference steps, at dropped launches and where the data conditions change."""
         words = self._template.copy()
-        if self._reg:
-            words[self._at] = np.fromiter((regs[r] for r in self._reg), dtype=np.int64, count=len(self._reg))
+        if self._reg.size:
+            words[self._at] = registers_array(regs)[self._reg]
         segments: list[Segment] = []
         start, end, first = -1, -1, 0
         cur: tuple[tuple[int, int, bool], ...] = ()
         for ln in self._launches:
-            hold = all(bool(regs[r]) == want for r, want in ln.shape_when)
-            data = tuple((slot, resolve_word(off, regs), taken) for slot, off, taken in ln.data_when)
+            hold = not ln.shape_when or all(bool(regs[r]) == want for r, want in ln.shape_when)
+            data = (
+                tuple((slot, resolve_word(off, regs), taken) for slot, off, taken in ln.data_when)
+                if ln.data_when
+                else ()
+            )
             if not hold or ln.ref or data != cur:
                 if start >= 0:
                     segments.append(Segment(words[start:end], first, None, cur))
@@ -197,19 +201,20 @@ class KernelParams:
                     words.append(int(v) & _WORD)
             self.ranges[k] = (w0, len(words), p0, len(pos))
         self._words = np.array(words, dtype=np.uint64)
-        self._w_at, self._w_reg = np.array(w_at, dtype=np.intp), w_reg
+        self._w_at, self._w_reg = np.array(w_at, dtype=np.intp), np.array(w_reg, dtype=np.intp)
         self._pos = np.array(pos, dtype=np.int64)
         self._slots = np.array(slots, dtype=np.int64)
         self._offs = np.array(offs, dtype=np.uint64)
-        self._o_at, self._o_reg = np.array(o_at, dtype=np.intp), o_reg
+        self._o_at, self._o_reg = np.array(o_at, dtype=np.intp), np.array(o_reg, dtype=np.intp)
 
     def at(self, regs: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(words, pointer positions, slots, byte offsets) of every kernel launch at these registers."""
         words, offs = self._words.copy(), self._offs.copy()
-        if self._w_reg:
-            words[self._w_at] = _gather(regs, self._w_reg)
-        if self._o_reg:
-            offs[self._o_at] = _gather(regs, self._o_reg)
+        values = registers_array(regs).view(np.uint64)
+        if self._w_reg.size:
+            words[self._w_at] = values[self._w_reg]
+        if self._o_reg.size:
+            offs[self._o_at] = values[self._o_reg]
         return words, self._pos, self._slots, offs
 
     def kept(
@@ -231,6 +236,6 @@ class KernelParams:
         return np.concatenate(w), np.concatenate(p), np.concatenate(s), np.concatenate(o)
 
 
-def _gather(regs: Sequence[int], which: Sequence[int]) -> np.ndarray:
-    """Registers (int64 by the shape program's checks) as 64-bit words."""
-    return np.fromiter((regs[r] for r in which), dtype=np.int64, count=len(which)).view(np.uint64)
+def registers_array(regs: Sequence[int]) -> np.ndarray:
+    """A signature's registers as int64 (the shape program keeps every register inside int64)."""
+    return np.array(regs, dtype=np.int64)

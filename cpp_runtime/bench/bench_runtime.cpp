@@ -4,6 +4,10 @@
 //     per call at a repeated shape: the whole bpk_model_run, and the kernel library's run of the same
 //     prepared launch list with nothing around it, interleaved call by call; prints JSON with both
 //     medians (us) and the median of the per-pair differences (the host overhead).
+//   bench_runtime walk ARTIFACT --shape NAME=D0,D1,... ... --grow NAME:AXIS ... [--repeat N]
+//     a decode loop: N calls, each with every --grow dim one longer than the call before (every call a
+//     shape the model has not prepared); outputs allocated by the runtime and freed per call, as a
+//     caller without buffers of its own does; prints JSON with the median and mean per call (us).
 //   bench_runtime load ARTIFACT [--repeat N] [--no-verify]
 //     bpk_model_load (memory-mapped) wall time; prints JSON with the median and minimum (ms).
 #include <algorithm>
@@ -94,6 +98,55 @@ int host(const std::string& path, const std::map<std::string, std::vector<int64_
   return 0;
 }
 
+int walk(const std::string& path, const std::map<std::string, std::vector<int64_t>>& shapes,
+         const std::map<std::string, int>& grow, int repeat) {
+  bpk_load_options opts{0, 0};
+  bpk::Model model(bpk::Artifact::open(path, true), opts);
+  const auto& sig = model.signature();
+  std::vector<bpk_tensor> in(size_t(sig.num_inputs));
+  std::vector<void*> bufs;
+  for (int64_t i = 0; i < sig.num_inputs; ++i) {
+    auto it = shapes.find(sig.inputs[i].name);
+    if (it == shapes.end()) bpk::fail(BPK_ERR_ARGUMENT, std::string("no --shape for input ") + sig.inputs[i].name);
+    bpk_tensor& t = in[size_t(i)];
+    std::memset(&t, 0, sizeof t);
+    t.dtype = sig.inputs[i].dtype;
+    t.ndim = int32_t(it->second.size());
+    size_t n = 1;  // room for the walk's last, longest shape
+    for (int32_t a = 0; a < t.ndim; ++a) {
+      t.shape[a] = it->second[size_t(a)];
+      auto g = grow.find(sig.inputs[i].name);
+      n *= size_t(t.shape[a] + (g != grow.end() && g->second == a ? repeat : 0));
+    }
+    const size_t item = bpk::dtype_size(t.dtype);
+    t.data = std::aligned_alloc(64, (n * item + 64) / 64 * 64);
+    std::memset(t.data, 0, n * item);
+    if (t.dtype == BPK_INT64 || t.dtype == BPK_INT32)  // valid token ids and unmasked positions
+      for (size_t e = 0; e < n; ++e)
+        if (t.dtype == BPK_INT64) static_cast<int64_t*>(t.data)[e] = 1;
+        else static_cast<int32_t*>(t.data)[e] = 1;
+    bufs.push_back(t.data);
+  }
+  std::vector<bpk_tensor> out(size_t(sig.num_outputs));
+  std::vector<double> call;
+  for (int r = 0; r < repeat; ++r) {
+    for (auto& o : out) std::memset(&o, 0, sizeof o);
+    const auto t0 = Clock::now();
+    model.run(in.data(), int64_t(in.size()), out.data(), int64_t(out.size()));
+    call.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    for (auto& o : out) std::free(o.data);
+    for (int64_t i = 0; i < sig.num_inputs; ++i) {
+      auto g = grow.find(sig.inputs[i].name);
+      if (g != grow.end()) in[size_t(i)].shape[g->second] += 1;
+    }
+  }
+  double mean = 0;
+  for (double c : call) mean += c / double(call.size());
+  std::printf("{\"median_us\": %.3f, \"mean_us\": %.3f, \"calls\": %d}\n", median(call), mean, repeat);
+  for (void* b : bufs) std::free(b);
+  return 0;
+}
+
 int load(const std::string& path, int repeat, bool verify) {
   bpk_load_options opts{verify ? 0u : BPK_LOAD_SKIP_SECTION_CHECKSUMS, 0};
   std::vector<double> ms;
@@ -113,11 +166,12 @@ int load(const std::string& path, int repeat, bool verify) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: bench_runtime host|load ARTIFACT [options]\n");
+    std::fprintf(stderr, "usage: bench_runtime host|walk|load ARTIFACT [options]\n");
     return 2;
   }
   const std::string mode = argv[1], path = argv[2];
   std::map<std::string, std::vector<int64_t>> shapes;
+  std::map<std::string, int> grow;
   int repeat = 1000;
   bool verify = true;
   for (int i = 3; i < argc; ++i) {
@@ -126,6 +180,10 @@ int main(int argc, char** argv) {
       repeat = std::atoi(argv[++i]);
     } else if (a == "--no-verify") {
       verify = false;
+    } else if (a == "--grow" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      const size_t colon = v.find(':');
+      grow[v.substr(0, colon)] = std::atoi(v.substr(colon + 1).c_str());
     } else if (a == "--shape" && i + 1 < argc) {
       const std::string v = argv[++i];
       const size_t eq = v.find('=');
@@ -143,6 +201,7 @@ int main(int argc, char** argv) {
     }
   }
   try {
+    if (mode == "walk") return walk(path, shapes, grow, repeat);
     return mode == "host" ? host(path, shapes, repeat) : load(path, repeat, verify);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_runtime: %s\n", e.what());
