@@ -93,14 +93,18 @@ def walks(args: argparse.Namespace) -> None:
         g = torch.Generator().manual_seed(1)
         rows = []
         for d in WALKS:
-            row = walk(runners, lambda past, d=d: s.make_inputs(g, **{**d, "past": past}), d["past"], args.steps)
-            fixed = s.make_inputs(g, **{**d, "past": d["past"] + WALK_ROUNDS * args.steps})
+
+            def make(past: int, d: dict[str, int] = d) -> Any:
+                return s.make_inputs(g, **{**d, "past": past})
+
+            row: dict[str, float | None] = dict(walk(runners, make, d["past"], args.steps))
+            fixed = make(d["past"] + WALK_ROUNDS * args.steps)
             row["repeated"] = measure({"bladepack": runners["bladepack"]}, fixed, 200, errors, "repeated")["bladepack"]
             row["C++ runtime"] = _cpp_walk(art_path, s, d, args.steps, errors)
             rows.append({"dims": d, **row})
-            print(d, {k: round(v, 1) for k, v in row.items()}, flush=True)
+            print(d, row, flush=True)
     peers = [p for p in runners if p != "bladepack"] + ["C++ runtime"]
-    lines = [
+    head = [
         f"# LLaMA decode loop, the cache one token longer each call, {platform.processor() or platform.machine()}, "
         f"{torch.get_num_threads()} threads",
         "",
@@ -108,20 +112,35 @@ def walks(args: argparse.Namespace) -> None:
         f"{WALK_ROUNDS} rounds on fresh lengths; `repeated`: bladepack at one shape of the walk, called again; "
         "`C++ runtime`: the same artifact in `bench_runtime walk` (its own process, the median call of the "
         "walk, outputs allocated per call).",
+    ]
+    _write("decode_walk", head, peers, rows, errors, ["repeated"])
+
+
+def _write(
+    name: str, head: list[str], peers: list[str], rows: list[dict[str, Any]], errors: dict[str, str], extra: list[str]
+) -> None:
+    """The table (bladepack's µs, the `extra` columns as they are, each peer's µs and ratio), the
+    geomean ratios, and bench/results/`name`.{md,json}."""
+    lines = [
+        *head,
         "",
-        "| dims | bladepack µs | repeated µs | " + " | ".join(f"{p} µs (x)" for p in peers) + " |",
-        "|---|---|---|" + "---|" * len(peers),
+        "| dims | bladepack µs | "
+        + "".join(f"{c} µs | " for c in extra)
+        + " | ".join(f"{p} µs (x)" for p in peers)
+        + " |",
+        "|---|---|" + "---|" * (len(extra) + len(peers)),
     ]
     for r in rows:
         cells = ["n/a" if r.get(p) is None else f"{r[p]:.0f} ({r[p] / r['bladepack']:.2f}x)" for p in peers]
-        lines.append(f"| {r['dims']} | {r['bladepack']:.0f} | {r['repeated']:.0f} | " + " | ".join(cells) + " |")
+        fixed = "".join(f"{r[c]:.0f} | " for c in extra)
+        lines.append(f"| {r['dims']} | {r['bladepack']:.0f} | {fixed}" + " | ".join(cells) + " |")
     gm = {p: geomean([r[p] / r["bladepack"] for r in rows if r.get(p)]) for p in peers}
     lines += ["", "geomean speedup: " + ", ".join(f"vs {p} {v:.2f}x" for p, v in gm.items())]
     lines += [f"\n{p} unavailable: {e}" for p, e in errors.items()]
     text = "\n".join(lines) + "\n"
     print(text)
-    (RESULTS / "decode_walk.md").write_text(text)
-    (RESULTS / "decode_walk.json").write_text(json.dumps({"rows": rows, "errors": errors}, indent=1, default=str))
+    (RESULTS / f"{name}.md").write_text(text)
+    (RESULTS / f"{name}.json").write_text(json.dumps({"rows": rows, "errors": errors}, indent=1, default=str))
 
 
 def main() -> None:
@@ -142,22 +161,8 @@ def main() -> None:
         g = torch.Generator().manual_seed(1)
         rows = [{"dims": d, **measure(runners, s.make_inputs(g, **d), args.repeat, errors, f"at {d}")} for d in SHAPES]
     peers = [p for p in runners if p != "bladepack"]
-    lines = [
-        f"# LLaMA decode step, {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
-        "",
-        "| dims | bladepack µs | " + " | ".join(f"{p} µs (x)" for p in peers) + " |",
-        "|---|---|" + "---|" * len(peers),
-    ]
-    for r in rows:
-        cells = ["n/a" if r.get(p) is None else f"{r[p]:.0f} ({r[p] / r['bladepack']:.2f}x)" for p in peers]
-        lines.append(f"| {r['dims']} | {r['bladepack']:.0f} | " + " | ".join(cells) + " |")
-    gm = {p: geomean([r[p] / r["bladepack"] for r in rows if r.get(p)]) for p in peers}
-    lines += ["", "geomean speedup: " + ", ".join(f"vs {p} {v:.2f}x" for p, v in gm.items())]
-    lines += [f"\n{p} unavailable: {e}" for p, e in errors.items()]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    (RESULTS / "decode_step.md").write_text(text)
-    (RESULTS / "decode_step.json").write_text(json.dumps({"rows": rows, "errors": errors}, indent=1, default=str))
+    head = [f"# LLaMA decode step, {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"]
+    _write("decode_step", head, peers, rows, errors, [])
 
 
 if __name__ == "__main__":

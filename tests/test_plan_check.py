@@ -207,13 +207,27 @@ def test_bpk_run_refuses_the_same_edits(mlp_artifact: bladepack.api.Artifact, tm
             assert r.stderr.strip() == f"bpk-run: format error: {e.value}", name
 
 
+def _both_checks(m: Any, checks: Any, key: Any, regs: Any) -> list[Any]:
+    """check_launches' and LaunchChecks' outcomes at one signature: the slot sizes, or the error text."""
+    from bladepack.loader.plan_check import check_launches
+
+    outs = [s for s, _ in m.output_specs(regs)]
+    outcome: list[Any] = []
+    for check in (lambda: check_launches(m, "cpu", key, regs, outs), lambda: checks(key, regs, outs)):
+        try:
+            outcome.append(check())
+        except BpkFormatError as e:
+            outcome.append(str(e))
+    return outcome
+
+
 def test_vectorized_launch_checks_agree(mlp_artifact: bladepack.api.Artifact) -> None:
     """Note [Vectorized launch checks]: at every signature LaunchChecks passes exactly where
     check_launches does, with the same slot sizes, and raises its error word for word where it fails
     (every edit above that the load-time checks let through, and the plan untouched)."""
     from bladepack.loader.launch_checks import LaunchChecks
     from bladepack.loader.manifest import Manifest
-    from bladepack.loader.plan_check import check_launches, check_plan
+    from bladepack.loader.plan_check import check_plan
 
     compared = 0
     for name in ["untouched", *sorted(EDITS)]:
@@ -230,13 +244,7 @@ def test_vectorized_launch_checks_agree(mlp_artifact: bladepack.api.Artifact) ->
                 regs = m.registers(key)
             except bladepack.BladepackError:
                 continue
-            outs = [s for s, _ in m.output_specs(regs)]
-            outcome: list[Any] = []
-            for check in (lambda: check_launches(m, "cpu", key, regs, outs), lambda: checks(key, regs, outs)):
-                try:
-                    outcome.append(check())
-                except BpkFormatError as e:
-                    outcome.append(str(e))
+            outcome = _both_checks(m, checks, key, regs)
             assert outcome[0] == outcome[1], (name, b)
             compared += 1
     assert compared >= 3 * 20, compared
@@ -250,7 +258,6 @@ def test_vectorized_checks_of_data_conditions(offset: Any) -> None:
 
     from bladepack.loader.launch_checks import LaunchChecks
     from bladepack.loader.manifest import Manifest
-    from bladepack.loader.plan_check import check_launches
     from tests.test_branches import BATCH, _Branchy
 
     torch.manual_seed(0)
@@ -266,13 +273,6 @@ def test_vectorized_checks_of_data_conditions(offset: Any) -> None:
     checks = LaunchChecks(m, "cpu")
     for b in (1, 6, 64):
         key = ((b, 8),)
-        regs = m.registers(key)
-        outs = [s for s, _ in m.output_specs(regs)]
-        outcome: list[Any] = []
-        for check in (lambda: check_launches(m, "cpu", key, regs, outs), lambda: checks(key, regs, outs)):
-            try:
-                outcome.append(check())
-            except BpkFormatError as e:
-                outcome.append(str(e))
+        outcome = _both_checks(m, checks, key, m.registers(key))
         assert outcome[0] == outcome[1], (offset, b)
         assert isinstance(outcome[0], str) == (offset != "in place"), outcome[0]

@@ -18,15 +18,13 @@ first failure in plan order, in its words.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
-from bladepack.loader.launch_words import registers_array
+from bladepack.loader.launch_words import WordTemplate
 from bladepack.loader.manifest import Key, Manifest, element_count
 from bladepack.loader.plan_check import BYTE_SIZES, INT64_MAX, check_gemm, check_launches
 
-_I64_MIN = -(1 << 63)
 _EXACT_BYTES = float(1 << 62)  # a buffer estimated below this many bytes has an exact int64 size
 
 
@@ -35,19 +33,8 @@ class LaunchChecks:
         self.m, self.kind = m, kind
         plan = m.native[kind]
         assert plan is not None
-        words: list[int] = []
-        at: list[int] = []
-        reg: list[int] = []
-
-        def put(v: Any) -> int:
-            if isinstance(v, dict):
-                at.append(len(words))
-                reg.append(int(v["r"]))
-                words.append(0)
-            else:
-                words.append(int(v))
-            return len(words) - 1
-
+        self._values = WordTemplate()
+        put = self._values.put
         one = put(1)
         self._arena = put(plan["arena_bytes"])
         self._in_sizes = [BYTE_SIZES[t.dtype] for t in m.signature.inputs]
@@ -83,17 +70,13 @@ class LaunchChecks:
                 self._gemms.append((i, ints, rooms, BYTE_SIZES[lr["dtype"]], len(lr["ptrs"]) == 4))
         self._cond_slot, self._cond_off = np.array(cond_slot, dtype=np.intp), np.array(cond_off, dtype=np.intp)
         self._ptr_slot, self._ptr_off = np.array(ptr_slot, dtype=np.intp), np.array(ptr_off, dtype=np.intp)
-        self._exact = all(_I64_MIN <= w <= INT64_MAX for w in words)
-        self._template = np.array(words if self._exact else [0] * len(words), dtype=np.int64)
-        self._at, self._reg = np.array(at, dtype=np.intp), np.array(reg, dtype=np.intp)
+        self._exact = self._values.exact
 
     def __call__(self, key: Key, regs: Sequence[int], out_shapes: Sequence[Sequence[int]]) -> list[int]:
         """The bytes each slot holds (arena, inputs, outputs, weights) after every check passed."""
         if not self._exact:
             return check_launches(self.m, self.kind, key, regs, out_shapes)
-        vals = self._template.copy()
-        if self._reg.size:
-            vals[self._at] = registers_array(regs)[self._reg]
+        vals = self._values.fill(regs)
         arena = int(vals[self._arena])
         slots = [arena]
         slots += [element_count(s) * size for s, size in zip(key, self._in_sizes)]

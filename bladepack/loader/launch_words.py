@@ -38,6 +38,53 @@ def resolve_word(v: Any, regs: Sequence[int]) -> int:
     return int(v)
 
 
+_WORD = 0xFFFFFFFFFFFFFFFF  # a 64-bit parameter word: negative integers as their two's complement
+
+
+class WordTemplate:
+    """Words laid out once (Note [Launch word template]): each constant in place, each register word
+    recorded as (position, register), filled per signature by one gather. `unsigned` keeps the words
+    as 64-bit patterns (CUDA parameters); otherwise they are int64 and `exact` says whether every
+    constant fits (a manifest integer may not)."""
+
+    def __init__(self, unsigned: bool = False) -> None:
+        self.words: list[int] = []
+        self._at: list[int] = []
+        self._reg: list[int] = []
+        self._unsigned = unsigned
+        self._frozen: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def put(self, v: Any) -> int:
+        """Append a constant or a register reference {"r": k}; its position."""
+        if isinstance(v, dict):
+            self._at.append(len(self.words))
+            self._reg.append(int(v["r"]))
+            self.words.append(0)
+        else:
+            self.words.append(int(v) & _WORD if self._unsigned else int(v))
+        return len(self.words) - 1
+
+    @property
+    def exact(self) -> bool:
+        return self._unsigned or all(-(1 << 63) <= w < (1 << 63) for w in self.words)
+
+    def fill(self, regs: Sequence[int]) -> np.ndarray:
+        """The words at one signature (a fresh array)."""
+        if self._frozen is None:
+            dtype = np.uint64 if self._unsigned else np.int64
+            self._frozen = (
+                np.array(self.words, dtype=dtype),
+                np.array(self._at, dtype=np.intp),
+                np.array(self._reg, dtype=np.intp),
+            )
+        template, at, reg = self._frozen
+        words = template.copy()
+        if reg.size:
+            values = registers_array(regs)[reg]
+            words[at] = values.view(np.uint64) if self._unsigned else values
+        return words
+
+
 @dataclass(frozen=True)
 class Segment:
     """A run of native launches (`words`), or one reference step (`ref` = launch record), that runs when
@@ -75,18 +122,8 @@ class LaunchWords:
     """Note [Launch word template]. Built after the plan checks (Note [Plan checks]) passed."""
 
     def __init__(self, launches: Sequence[dict[str, Any]], kernels: Sequence[dict[str, Any]], nfn: int) -> None:
-        words: list[int] = []
-        at: list[int] = []
-        reg: list[int] = []
-
-        def put(v: Any) -> None:
-            if isinstance(v, dict):
-                at.append(len(words))
-                reg.append(int(v["r"]))
-                words.append(0)
-            else:
-                words.append(int(v))
-
+        self._words = WordTemplate()
+        words, put = self._words.words, self._words.put
         self._launches: list[_Launch] = []
         for k, lr in enumerate(launches):
             op = lr["op"]
@@ -116,17 +153,12 @@ class LaunchWords:
             self._launches.append(
                 _Launch(k, lr, op == "ref", start, len(words), shape_when, data_when, fn_at, variants, name)
             )
-        self._template = np.array(words, dtype=np.int64)
-        self._at = np.array(at, dtype=np.intp)
-        self._reg = np.array(reg, dtype=np.intp)
         self._nfn = nfn
 
     def segments(self, regs: Sequence[int]) -> tuple[Segment, ...]:
         """The launch list at one signature: launches a shape condition rules out dropped, the rest cut
         into segments at reference steps, at dropped launches and where the data conditions change."""
-        words = self._template.copy()
-        if self._reg.size:
-            words[self._at] = registers_array(regs)[self._reg]
+        words = self._words.fill(regs)
         segments: list[Segment] = []
         start, end, first = -1, -1, 0
         cur: tuple[tuple[int, int, bool], ...] = ()
@@ -159,9 +191,6 @@ class LaunchWords:
         return tuple(segments)
 
 
-_WORD = 0xFFFFFFFFFFFFFFFF  # a 64-bit parameter word: negative integers as their two's complement
-
-
 class KernelParams:
     """Note [Launch word template] for a CUDA plan's kernel launches: each launch's parameter words
     [status, pointers, integers] (pointers zero: the call fills them from its slots) and its pointers'
@@ -169,53 +198,27 @@ class KernelParams:
     the whole plan's arrays at one signature; `kept(...)` cuts them down to the launches that run."""
 
     def __init__(self, launches: Sequence[dict[str, Any]], status_slot: int) -> None:
-        words: list[int] = []
-        w_at: list[int] = []
-        w_reg: list[int] = []
+        self._words, self._offs = WordTemplate(unsigned=True), WordTemplate(unsigned=True)
         pos: list[int] = []
         slots: list[int] = []
-        offs: list[int] = []
-        o_at: list[int] = []
-        o_reg: list[int] = []
         self.ranges: dict[int, tuple[int, int, int, int]] = {}  # launch -> words [w0, w1), pointers [p0, p1)
         for k, lr in enumerate(launches):
             if lr["op"] != "kernel":
                 continue
-            w0, p0 = len(words), len(pos)
+            w0, p0 = len(self._words.words), len(pos)
             for slot, off in ((status_slot, 0), *lr["ptrs"]):
-                pos.append(len(words))
+                pos.append(self._words.put(0))
                 slots.append(int(slot))
-                if isinstance(off, dict):
-                    o_at.append(len(offs))
-                    o_reg.append(int(off["r"]))
-                    offs.append(0)
-                else:
-                    offs.append(int(off) & _WORD)
-                words.append(0)
+                self._offs.put(off)
             for v in lr["ints"]:
-                if isinstance(v, dict):
-                    w_at.append(len(words))
-                    w_reg.append(int(v["r"]))
-                    words.append(0)
-                else:
-                    words.append(int(v) & _WORD)
-            self.ranges[k] = (w0, len(words), p0, len(pos))
-        self._words = np.array(words, dtype=np.uint64)
-        self._w_at, self._w_reg = np.array(w_at, dtype=np.intp), np.array(w_reg, dtype=np.intp)
+                self._words.put(v)
+            self.ranges[k] = (w0, len(self._words.words), p0, len(pos))
         self._pos = np.array(pos, dtype=np.int64)
         self._slots = np.array(slots, dtype=np.int64)
-        self._offs = np.array(offs, dtype=np.uint64)
-        self._o_at, self._o_reg = np.array(o_at, dtype=np.intp), np.array(o_reg, dtype=np.intp)
 
     def at(self, regs: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(words, pointer positions, slots, byte offsets) of every kernel launch at these registers."""
-        words, offs = self._words.copy(), self._offs.copy()
-        values = registers_array(regs).view(np.uint64)
-        if self._w_reg.size:
-            words[self._w_at] = values[self._w_reg]
-        if self._o_reg.size:
-            offs[self._o_at] = values[self._o_reg]
-        return words, self._pos, self._slots, offs
+        return self._words.fill(regs), self._pos, self._slots, self._offs.fill(regs)
 
     def kept(
         self, arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], launches: Sequence[int]

@@ -33,25 +33,28 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-int host(const std::string& path, const std::map<std::string, std::vector<int64_t>>& shapes, int repeat) {
-  bpk_load_options opts{0, 0};
-  bpk::Model model(bpk::Artifact::open(path, true), opts);
-  const auto& sig = model.signature();
+// The inputs at `shapes`, each with room for `extra` more along its `grow` axis (the walk's longest
+// call); floats in [-1, 1), integers 1 (a valid token id, an unmasked position). Buffers go to `bufs`.
+std::vector<bpk_tensor> inputs(const bpk_signature& sig, const std::map<std::string, std::vector<int64_t>>& shapes,
+                               const std::map<std::string, int>& grow, int extra, std::vector<void*>& bufs) {
   std::vector<bpk_tensor> in(size_t(sig.num_inputs));
-  std::vector<void*> bufs;
   for (int64_t i = 0; i < sig.num_inputs; ++i) {
     auto it = shapes.find(sig.inputs[i].name);
     if (it == shapes.end()) bpk::fail(BPK_ERR_ARGUMENT, std::string("no --shape for input ") + sig.inputs[i].name);
+    auto g = grow.find(sig.inputs[i].name);
     bpk_tensor& t = in[size_t(i)];
     std::memset(&t, 0, sizeof t);
     t.dtype = sig.inputs[i].dtype;
     t.ndim = int32_t(it->second.size());
     size_t n = 1;
-    for (int32_t a = 0; a < t.ndim; ++a) n *= size_t(t.shape[a] = it->second[size_t(a)]);
+    for (int32_t a = 0; a < t.ndim; ++a) {
+      t.shape[a] = it->second[size_t(a)];
+      n *= size_t(t.shape[a] + (g != grow.end() && g->second == a ? extra : 0));
+    }
     const size_t item = bpk::dtype_size(t.dtype);
     t.data = std::aligned_alloc(64, (n * item + 64) / 64 * 64);
     bufs.push_back(t.data);
-    for (size_t e = 0; e < n; ++e) {  // floats in [-1, 1); integers 1 (a valid token id, an unmasked position)
+    for (size_t e = 0; e < n; ++e) {
       char* p = static_cast<char*>(t.data) + e * item;
       if (t.dtype == BPK_FLOAT32) *reinterpret_cast<float*>(p) = float((e * 7919) % 2000) / 1000.f - 1.f;
       else if (t.dtype == BPK_FLOAT64) *reinterpret_cast<double*>(p) = double((e * 7919) % 2000) / 1000. - 1.;
@@ -60,6 +63,15 @@ int host(const std::string& path, const std::map<std::string, std::vector<int64_
       else std::memset(p, 0, item);
     }
   }
+  return in;
+}
+
+int host(const std::string& path, const std::map<std::string, std::vector<int64_t>>& shapes, int repeat) {
+  bpk_load_options opts{0, 0};
+  bpk::Model model(bpk::Artifact::open(path, true), opts);
+  const auto& sig = model.signature();
+  std::vector<void*> bufs;
+  std::vector<bpk_tensor> in = inputs(sig, shapes, {}, 0, bufs);
   std::vector<bpk_tensor> out(size_t(sig.num_outputs));
   for (auto& o : out) std::memset(&o, 0, sizeof o);
   model.run(in.data(), int64_t(in.size()), out.data(), int64_t(out.size()));  // allocates the outputs once
@@ -103,30 +115,8 @@ int walk(const std::string& path, const std::map<std::string, std::vector<int64_
   bpk_load_options opts{0, 0};
   bpk::Model model(bpk::Artifact::open(path, true), opts);
   const auto& sig = model.signature();
-  std::vector<bpk_tensor> in(size_t(sig.num_inputs));
   std::vector<void*> bufs;
-  for (int64_t i = 0; i < sig.num_inputs; ++i) {
-    auto it = shapes.find(sig.inputs[i].name);
-    if (it == shapes.end()) bpk::fail(BPK_ERR_ARGUMENT, std::string("no --shape for input ") + sig.inputs[i].name);
-    bpk_tensor& t = in[size_t(i)];
-    std::memset(&t, 0, sizeof t);
-    t.dtype = sig.inputs[i].dtype;
-    t.ndim = int32_t(it->second.size());
-    size_t n = 1;  // room for the walk's last, longest shape
-    for (int32_t a = 0; a < t.ndim; ++a) {
-      t.shape[a] = it->second[size_t(a)];
-      auto g = grow.find(sig.inputs[i].name);
-      n *= size_t(t.shape[a] + (g != grow.end() && g->second == a ? repeat : 0));
-    }
-    const size_t item = bpk::dtype_size(t.dtype);
-    t.data = std::aligned_alloc(64, (n * item + 64) / 64 * 64);
-    std::memset(t.data, 0, n * item);
-    if (t.dtype == BPK_INT64 || t.dtype == BPK_INT32)  // valid token ids and unmasked positions
-      for (size_t e = 0; e < n; ++e)
-        if (t.dtype == BPK_INT64) static_cast<int64_t*>(t.data)[e] = 1;
-        else static_cast<int32_t*>(t.data)[e] = 1;
-    bufs.push_back(t.data);
-  }
+  std::vector<bpk_tensor> in = inputs(sig, shapes, grow, repeat, bufs);
   std::vector<bpk_tensor> out(size_t(sig.num_outputs));
   std::vector<double> call;
   for (int r = 0; r < repeat; ++r) {
