@@ -8,6 +8,7 @@ raises BpkFormatError naming the file. Executors read only this object, never ea
 
 from __future__ import annotations
 
+import functools
 import reprlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ def element_count(shape: Sequence[int]) -> int:
     return n
 
 
+@functools.cache
 def host_dtype(name: str) -> np.dtype | None:
     """The numpy dtype of a value, None for bfloat16 (the CPU executors refuse bfloat16 artifacts at
     load; the CUDA path keeps such values on the device and reads dtypes by name)."""

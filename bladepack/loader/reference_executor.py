@@ -99,7 +99,8 @@ class ReferenceExecutor:
         or none of them)."""
         m = self.m
         regs = m.registers(key)
-        steps = [self._step(s, free, regs) for s, free in zip(m.steps, m.free) if nodes is None or s["out"] in nodes]
+        order = range(len(m.steps)) if nodes is None else sorted(m.step_index[v] for v in nodes)
+        steps = [self._step(m.steps[k], m.free[k], regs) for k in order]
         largest = max((element_count(st.shape) * (st.dtype.itemsize if st.dtype else 2) for st in steps), default=0)
         return RefPrepared(regs, tuple(steps), m.output_specs(regs), largest)
 
