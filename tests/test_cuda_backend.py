@@ -925,6 +925,20 @@ class _Sorts(torch.nn.Module):
         )
 
 
+def _equal_to_eager_in_both_loaders(gpu: FakeGpu, art: Any, model: torch.nn.Module, cases: list[Any]) -> str:
+    """Every output of every case equal to eager's through the Python and the C++ loader; the Python
+    loader's fake-driver log."""
+    logs = []
+    for run in (gpu.run, gpu.run_cpp):
+        _, results, log = run(art, [_numpy(c) for c in cases])
+        logs.append(log)
+        for args, out in zip(cases, results, strict=True):
+            assert not isinstance(out, str), out
+            for k, (o, r) in enumerate(zip(out, _eager(model, args))):
+                np.testing.assert_array_equal(o, r, err_msg=f"{run.__name__}: output {k} at {tuple(args[0].shape)}")
+    return logs[0]
+
+
 def test_sort_kernel_on_the_gpu(gpu: FakeGpu) -> None:
     """Note [Sort kernel]: the CUDA heapsort along a symbolic axis gives torch's stable order (NaN,
     +-inf, ties) at lengths from 1100 (k of the top-k) to 3000, through the Python and C++ loaders."""
@@ -937,12 +951,7 @@ def test_sort_kernel_on_the_gpu(gpu: FakeGpu) -> None:
         x = torch.round(torch.randn(rows, length, generator=g) * 6)
         x[0, 3], x[-1, -2], x[0, 9] = float("nan"), float("nan"), -float("inf")
         cases.append((x,))
-    for run in (gpu.run, gpu.run_cpp):
-        _, results, _log = run(art, [_numpy(c) for c in cases])
-        for args, out in zip(cases, results):
-            assert not isinstance(out, str), out
-            for k, (o, r) in enumerate(zip(out, _eager(model, args))):
-                np.testing.assert_array_equal(o, r, err_msg=f"{run.__name__}: output {k} at {tuple(args[0].shape)}")
+    _equal_to_eager_in_both_loaders(gpu, art, model, cases)
     from bladepack.inspect import manifest_summary
 
     assert manifest_summary(art._parts()[0])["cuda_reference_steps"] == []  # every sort a CUDA kernel
@@ -972,16 +981,10 @@ def test_block_sort_on_the_gpu(gpu: FakeGpu) -> None:
         if length > 9:
             x[0, 3], x[-1, -2], x[0, 9], x[-1, 0] = float("nan"), float("nan"), -float("inf"), float("inf")
         cases.append((x,))
-    for run in (gpu.run, gpu.run_cpp):
-        _, results, log = run(art, [_numpy(c) for c in cases])
-        for args, out in zip(cases, results):
-            assert not isinstance(out, str), out
-            for k, (o, r) in enumerate(zip(out, _eager(model, args))):
-                np.testing.assert_array_equal(o, r, err_msg=f"{run.__name__}: output {k} at {tuple(args[0].shape)}")
-        if run == gpu.run:
-            launched = [ln.split()[1] for ln in log.splitlines() if ln.startswith("launch k0")]
-            want = ["k0"] * 4 + ["k0_b256"] * 2 + ["k0_b1024", "k0_b4096", "k0_b4096", "k0"]
-            assert launched == want, launched
+    log = _equal_to_eager_in_both_loaders(gpu, art, model, cases)
+    launched = [ln.split()[1] for ln in log.splitlines() if ln.startswith("launch k0")]
+    want = ["k0"] * 4 + ["k0_b256"] * 2 + ["k0_b1024", "k0_b4096", "k0_b4096", "k0"]
+    assert launched == want, launched
 
 
 class _CoreElementwise(torch.nn.Module):

@@ -137,12 +137,12 @@ class ShapeProgram:
 # CUDA each kernel's operand check program), so an interpreter loop's dispatch per instruction was a
 # visible part of a new shape's first call (16 µs of 134 instructions for the LLaMA sample's step). A
 # program is therefore compiled once, at its first evaluation, into straight-line Python: each register
-# a local variable, each instruction one statement with the interpreter's checks written out (int64
-# overflow after ADD / SUB / MUL / FLOORDIV / CEILDIV / MIN / MAX (a MIN of an operand check's outside
-# integer), division by zero, ASSERT's message), a register
-# read before any instruction writes it the literal 0 (the register file starts zeroed). The source holds
-# only integer literals and register names (opcodes are checked by `validate`, messages are read from
-# the table by index), so nothing of a manifest's text reaches the compiler.
+# a local variable, each instruction one statement with the interpreter's checks written out — int64
+# overflow after ADD / SUB / MUL / FLOORDIV / CEILDIV / MIN / MAX (an operand check's integers come from
+# outside the program), division by zero, ASSERT's message — and a register read before any instruction
+# writes it the literal 0 (the register file starts zeroed). The source holds only integer literals and
+# register names (opcodes are checked by `validate`, messages are read from the table by index), so
+# nothing of a manifest's text reaches the compiler.
 _I64 = (-(1 << 63), 1 << 63)
 _INFIX = {Op.ADD: "+", Op.SUB: "-", Op.MUL: "*", Op.LT: "<", Op.LE: "<=", Op.EQ: "==", Op.NE: "!="}
 

@@ -119,7 +119,7 @@ class CudaExecutor(ReplayPaths):
         self._checks = LaunchChecks(m, "cuda")  # Note [Vectorized launch checks]
         self.operand_checks = operand_programs(m)
         self.kernels = kernels
-        self._ref_nodes = frozenset(int(lr["node"]) for lr in native["launches"] if lr["op"] == "ref")
+        self._ref_nodes = m.reference_nodes("cuda")
         self.n_in = len(m.input_ids)
         self.out_slot = list(native["outputs"])
         first_weight = 1 + self.n_in + len(self.out_slot)

@@ -124,6 +124,12 @@ class Manifest:
             )
         return manifest
 
+    def reference_nodes(self, kind: str) -> frozenset[int]:
+        """The values the `kind` native plan leaves to reference steps (its "ref" launches)."""
+        plan = self.native[kind]
+        assert plan is not None
+        return frozenset(int(lr["node"]) for lr in plan["launches"] if lr["op"] == "ref")
+
     def registers(self, key: Key) -> tuple[int, ...]:
         """The shape program's registers for these input shapes (every guard checked)."""
         return tuple(self.program.evaluate(key))

@@ -71,7 +71,7 @@ class NativeExecutor:
         self.prepare = ShapeCache(self._build, cache_limit)
         self._kernels = m.kernels["cpu"]
         self._launches: list[dict[str, Any]] = plan["launches"]
-        self._ref_nodes = frozenset(int(lr["node"]) for lr in self._launches if lr["op"] == "ref")
+        self._ref_nodes = m.reference_nodes("cpu")
         self._out_slot = list(plan["outputs"])
         self._n_in = len(m.input_ids)
         self._n_slots = 1 + self._n_in + len(m.outputs) + len(m.weight_rows)

@@ -10,7 +10,7 @@ own prepared form).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -74,13 +74,10 @@ class RefPrepared:
     steps: tuple[Step, ...]
     outputs: tuple[tuple[tuple[int, ...], np.dtype | None], ...]  # shape and dtype of each output
     largest: int = 0  # bytes of the largest step result (Note [Bytes before allocation])
-    by_out: dict[int, Step] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "by_out", {st.out: st for st in self.steps})
 
     def step_of(self, vid: int) -> Step:
-        return self.by_out[vid]
+        """The step computing `vid` (a native plan's few reference steps are all `steps` holds)."""
+        return next(st for st in self.steps if st.out == vid)
 
 
 class ReferenceExecutor:
