@@ -98,10 +98,13 @@ def test_outputs_into_caller_buffers(mlp) -> None:
 
 
 def test_shape_program_cached_per_signature(mlp, monkeypatch) -> None:
+    """The Python path evaluates the shape program once per signature; the native executor's new
+    signatures never evaluate it in Python (Note [Native preparation])."""
     mlp._executor.prepare.clear()
     fast = getattr(mlp._executor, "fast", None)
     if fast is not None:
         fast._plans.clear()
+        monkeypatch.setattr(fast, "_prepare", None)  # the Python path, as a library from before it
     evaluated = []
     program = mlp._manifest.program
     real = type(program).evaluate
@@ -111,6 +114,15 @@ def test_shape_program_cached_per_signature(mlp, monkeypatch) -> None:
     assert sorted(k[0][0] for k in mlp._executor.prepare.signatures()) == [2, 3]
     assert [s[0][0] for s in evaluated] == [2, 3]
     assert mlp.output_shapes((7, 64)) == [(7, 10)]
+    if fast is not None:
+        monkeypatch.undo()
+        monkeypatch.setattr(
+            type(program), "evaluate", lambda self, shapes: evaluated.append(shapes) or real(self, shapes)
+        )
+        evaluated.clear()
+        for b in (4, 5, 4, 9):
+            mlp(np.zeros((b, 64), np.float32))
+        assert evaluated == [] and [k[0][0] for k in fast._plans][-3:] == [4, 5, 9]
 
 
 @pytest.mark.parametrize("executor", ["native", "reference"])
@@ -119,14 +131,20 @@ def test_shape_cache_is_bounded(mlp_artifact, executor: str) -> None:
     least recently used out first; evicted signatures still run, prepared again."""
     m = bladepack.load(mlp_artifact.to_bytes(), executor=executor, options=LoaderOptions.from_env(shape_cache=3))
     ref = bladepack.load(mlp_artifact.to_bytes(), executor="reference")
+    fast = getattr(m._executor, "fast", None)
     rng = np.random.default_rng(3)
-    for b in (1, 2, 3, 1, 4, 5, 6, 2, 64):
-        x = rng.standard_normal((b, 64), dtype=np.float32)
-        assert rel_err(m(x), ref(x)) <= 1e-6
+    for native in (True, False):  # signatures prepared by the kernel library, then by the Python path
+        if fast is not None:
+            fast._plans.clear()
+            fast._prepare = fast._prepare if native else None
+        elif native:
+            continue
+        for b in (1, 2, 3, 1, 4, 5, 6, 2, 64):
+            x = rng.standard_normal((b, 64), dtype=np.float32)
+            assert rel_err(m(x), ref(x)) <= 1e-6
+        assert fast is None or len(fast._plans) <= 3
     cache = m._executor.prepare
     assert len(cache) == 3 and [k[0][0] for k in cache.signatures()] == [6, 2, 64]
-    fast = getattr(m._executor, "fast", None)
-    assert fast is None or len(fast._plans) <= 3
 
 
 def test_shape_cache_lru_order() -> None:

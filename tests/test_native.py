@@ -43,12 +43,14 @@ def test_variant_chosen_by_row_length(softmax_art) -> None:
     nat = bladepack.load(softmax_art.to_bytes(), executor="native")
     (kernel,) = nat._manifest.kernels["cpu"]
     assert [v["name"] for v in kernel["variants"]] == ["k0_simd", "k0_scalar"]
-    chosen = {}
+    fns = [v["fn"] for v in kernel["variants"]]
+    chosen, native = {}, {}
     for n in (1, 3, 8, 17, 64):
-        nat(np.ones((2, n), np.float32))
-        words = nat._executor.prepare.get(((2, n),)).native.segments[0].words
-        chosen[n] = kernel["variants"][[v["fn"] for v in kernel["variants"]].index(int(words[1]))]["name"]
-    assert chosen == {1: "k0_scalar", 3: "k0_scalar", 8: "k0_scalar", 17: "k0_simd", 64: "k0_simd"}
+        nat(np.ones((2, n), np.float32))  # prepared by the kernel library (Note [Native preparation])
+        native[n] = kernel["variants"][fns.index(int(nat._executor.fast._plans[((2, n),)].words[1]))]["name"]
+        words = nat._executor.prepare(((2, n),)).native.segments[0].words  # the Python path's words
+        chosen[n] = kernel["variants"][fns.index(int(words[1]))]["name"]
+    assert chosen == native == {1: "k0_scalar", 3: "k0_scalar", 8: "k0_scalar", 17: "k0_simd", 64: "k0_simd"}
 
 
 def test_fast_path_matches_full_path(mlp_artifact) -> None:
@@ -58,7 +60,7 @@ def test_fast_path_matches_full_path(mlp_artifact) -> None:
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal((b, 64), dtype=np.float32) for b in (3, 3, 7, 3)]
     first = nat(xs[0])
-    assert ((3, 64),) in nat._executor.fast._plans  # registered by the full path
+    assert ((3, 64),) in nat._executor.fast._plans  # prepared by the kernel library
     again = [nat(x) for x in xs]  # numpy through the fast path
     assert rel_err(again[0], first) == 0.0
     for x, y in zip(xs, again):

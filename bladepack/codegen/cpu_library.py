@@ -13,12 +13,17 @@ API the loaders call (Note [Launch words] in cpu_runtime.h):
 
     int64_t bpk_check(const int64_t* words, int64_t nwords, const int64_t* slot_bytes,
                       const uint8_t* writable, int64_t nslots, int64_t* status)
+    int64_t bpk_prepare(const int64_t* program, const int64_t* dims, int64_t* regs, int64_t* words,
+                        int64_t* out_dims, int64_t* slot_bytes, int64_t* info)
 
 `bpk_check` runs no kernel: it validates a launch list's operands against the bytes each slot holds
 and which of them a launch may write (Note [Kernel operand checks] in operand_check.py) and returns 0 or the failing check's code with
 status = (launch index, code, value, extra). `bpk_run` returns 0, or 1 with status = (launch index, error code, value) when a kernel reported an
 error (an index out of range; status[3] is the dimension size), or 2 when a launch has more pointer arguments than the executor holds
 or is a GEMM record of a dtype the library was not built for (Note [GEMM dtypes of a library]).
+`bpk_prepare` resolves one input-shape signature of a preparation program the Python loader lays out
+from the manifest (Note [Native preparation] in bladepack/loader/native_prepare.py): 0 with the launch
+words, or the stage that left the signature to the Python path.
 """
 
 from __future__ import annotations
@@ -87,6 +92,8 @@ extern "C" __attribute__((visibility("default"))) const char* const bpk_cpu_feat
 #endif
     ;
 
+// @prepare
+
 namespace __gnu_cxx {
 void __freeres() noexcept;  // libstdc++'s: frees its exception-handling emergency pool
 }
@@ -117,8 +124,8 @@ __attribute__((visibility("default"))) void bpk_ctx_set_blas(void* c, void* sgem
 // (`slot_bytes`, one per slot), writes only slots marked `writable` and gives its kernel integers
 // consistent with their shape symbols; else the failing check's code with status = [launch, code,
 // value, extra]. Runs no kernel.
-__attribute__((visibility("default"))) int64_t bpk_check(const int64_t* w, int64_t nwords, const int64_t* slot_bytes,
-                                                         const uint8_t* writable, int64_t nslots, int64_t* status) {
+static int64_t check_words(const int64_t* w, int64_t nwords, const int64_t* slot_bytes, const uint8_t* writable,
+                           int64_t nslots, int64_t* status) {
   int64_t room[%(maxp)d];
   int64_t pos = 0, launch = 0;
   while (pos < nwords) {
@@ -148,6 +155,18 @@ __attribute__((visibility("default"))) int64_t bpk_check(const int64_t* w, int64
     ++launch;
   }
   return 0;
+}
+__attribute__((visibility("default"))) int64_t bpk_check(const int64_t* w, int64_t nwords, const int64_t* slot_bytes,
+                                                         const uint8_t* writable, int64_t nslots, int64_t* status) {
+  return check_words(w, nwords, slot_bytes, writable, nslots, status);
+}
+// Note [Native preparation] (bladepack/loader/native_prepare.py): one input-shape signature of the
+// preparation program `p` resolved at the flattened input dims; 0 with the launch words, the output
+// dims, the slot bytes and info = [word count, arena bytes], else the stage that refused it.
+__attribute__((visibility("default"))) int64_t bpk_prepare(const int64_t* p, const int64_t* dims, int64_t* regs,
+                                                           int64_t* words, int64_t* out_dims, int64_t* slot_bytes,
+                                                           int64_t* info) {
+  return bpk::prep::prepare(p, dims, regs, words, out_dims, slot_bytes, info, check_words);
 }
 __attribute__((visibility("default"))) int64_t bpk_run(void* c, const int64_t* w, int64_t nwords, void* const* slots,
                                                        int64_t* status, int64_t* times_ns) {
@@ -337,6 +356,11 @@ _GEMM_CALLS = {
 }
 
 
+def _spliced(name: str) -> str:
+    """A runtime file of this directory without its leading "//!" description lines."""
+    return "".join(ln for ln in (Path(__file__).parent / name).read_text().splitlines(True) if not ln.startswith("//!"))
+
+
 def library_source(kernels: Sequence[EmittedKernel], gemm_dtypes: Collection[str] = GEMM_DTYPES) -> str:
     """The library's one translation unit, cut by markers into the units `split_units` reads: the
     prelude, each kernel (`// @unit`), the tables (`// @main`) and the runtime (`// @runtime`: the
@@ -365,12 +389,13 @@ def library_source(kernels: Sequence[EmittedKernel], gemm_dtypes: Collection[str
         "operands": ", ".join(operands) or "{0, 0, 0}",
         "nfn": len(names),
     }
-    pool_run = "".join(
-        ln for ln in (Path(__file__).parent / "cpu_pool_run.h").read_text().splitlines(True) if not ln.startswith("//!")
-    )
-    runtime = pool_run + _RUNTIME % {
-        "maxp": MAX_PTRS,
-        "gemms": sum(1 << GEMM_DTYPES.index(dt) for dt in gemm_dtypes),
-        "gemm_calls": calls,
-    }
+    pool_run = _spliced("cpu_pool_run.h")
+    runtime = pool_run + (
+        _RUNTIME
+        % {
+            "maxp": MAX_PTRS,
+            "gemms": sum(1 << GEMM_DTYPES.index(dt) for dt in gemm_dtypes),
+            "gemm_calls": calls,
+        }
+    ).replace("// @prepare\n", _spliced("cpu_prepare.h"))
     return "".join([prelude(), "\n", body, "\n", MAIN_MARK, "\n", tables, RUNTIME_MARK, "\n", runtime])

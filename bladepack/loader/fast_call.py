@@ -1,18 +1,21 @@
-"""The repeated-shape fast path of the native CPU executor.
+"""The fast path of the native CPU executor.
 
-In: the prepared launch list of an input-shape signature that a full call has already checked and run.
-Out: `FastCalls`, a callable that, for later calls with the same shapes, writes the input and output
-pointers into this thread's slot table and makes one foreign call — nothing else.
+In: the prepared launch lists of input-shape signatures (checked by the full path, or prepared by the
+kernel library). Out: `FastCalls`, a callable that, for calls with such shapes, writes the input and
+output pointers into this thread's slot table and makes one foreign call — nothing else.
 
 Note [Fast path]: the full path (`NativeExecutor.run`) checks ranks, dtypes and every shape guard, then
 prepares the signature. A signature whose plan is one native segment with every output written in
-place is then registered here under its input shapes. A later call takes the fast path only when
-each input is exactly the type the first one was (a C-contiguous numpy array of the declared dtype,
-or a contiguous CPU torch tensor of it) and its shapes were registered; anything else returns None
-and goes the full path, which checks and explains. A native failure also returns None: the full path
-runs the same inputs again and raises its detailed error. The thread's arena is asked for only when
-it is not the one slot 0 already points into (the full path replaced it) or no longer fits this call
-(Note [Arena high-water mark]); the foreign call is made directly.
+place is then registered here under its input shapes. A call takes the fast path only when each input
+is exactly the type the first one was (a C-contiguous numpy array of the declared dtype, or a
+contiguous CPU torch tensor of it) and its shapes are registered or the kernel library prepares them
+here (Note [Native preparation] in native_prepare.py: one more foreign call, which declines wherever
+the full path would raise); anything else returns None and goes the full path, which checks and
+explains. A native failure also returns None: the full path runs the same inputs again and raises its
+detailed error. The thread's arena is asked for only when it is not the one slot 0 already points into
+(the full path replaced it) or no longer fits this call (Note [Arena high-water mark]); the foreign
+call is made directly. Signatures are kept up to the shape cache's limit, the oldest registered out
+first.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from bladepack.loader.native_cpu import NativeCpu, Prepared, arena_fits
+from bladepack.loader.native_prepare import NativePreparation
 
 _view_of: Callable[[Any], ctypes.c_char] = ctypes.c_char.from_buffer  # numpy arrays export the buffer protocol
 
@@ -70,8 +74,12 @@ class FastCalls:
         out_dtypes: Sequence[np.dtype],
         n_slots: int,
         limit: int,
+        prepare: NativePreparation | None = None,
     ) -> None:
+        """`prepare`: new signatures prepared in the kernel library (Note [Native preparation]), or
+        None (only signatures the full path registered)."""
         self._native = native
+        self._prepare = prepare
         self._in_dtypes = tuple(in_dtypes)
         self._out_dtypes = tuple(out_dtypes)
         self._n_in = len(in_dtypes)
@@ -88,9 +96,23 @@ class FastCalls:
         if len(prep.segments) != 1 or prep.segments[0].words is None or prep.segments[0].when:
             return
         words = prep.segments[0].words
-        self._plans.setdefault(
-            shapes, _Plan(words, int(words.ctypes.data), prep.arena_bytes, tuple(tuple(s) for s in out_shapes))
-        )
+        self._keep(shapes, _Plan(words, int(words.ctypes.data), prep.arena_bytes, tuple(tuple(s) for s in out_shapes)))
+
+    def _new(self, shapes: tuple[tuple[int, ...], ...]) -> _Plan | None:
+        """A signature no call registered, prepared by the kernel library (Note [Native preparation]),
+        or None (the full path prepares it, or explains why not)."""
+        prepare = self._prepare
+        if prepare is None or any(len(s) != r for s, r in zip(shapes, prepare.ranks)):
+            return None
+        got = prepare(shapes)
+        if got is None:
+            return None
+        plan = _Plan(got.words, int(got.words.ctypes.data), got.arena_bytes, got.out_shapes)
+        self._keep(shapes, plan)
+        return plan
+
+    def _keep(self, shapes: tuple[tuple[int, ...], ...], plan: _Plan) -> None:
+        self._plans.setdefault(shapes, plan)
         while len(self._plans) > self._limit:  # a signature evicted here goes the full path (and back) again
             try:
                 del self._plans[next(iter(self._plans))]
@@ -150,7 +172,7 @@ class FastCalls:
                 ptrs.append(t.data_ptr())
             key = tuple(shapes)
             torch = sys.modules["torch"]
-        plan = self._plans.get(key)
+        plan = self._plans.get(key) or self._new(key)
         if plan is None:
             return None
         st = self._state(plan.arena_bytes)

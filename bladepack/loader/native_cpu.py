@@ -34,6 +34,7 @@ from bladepack.dtypes import DType
 from bladepack.errors import BladepackError, BpkFormatError
 from bladepack.loader.launch_words import LaunchWords, Segment, resolve_word
 from bladepack.loader.library_file import open_library
+from bladepack.loader.native_prepare import entry_point
 from bladepack.loader.plan_check import INT64_MAX
 from bladepack.options import LoaderOptions
 
@@ -243,6 +244,7 @@ class NativeCpu:
                 ctypes.c_void_p,
             ]
             self._check = lib.bpk_check
+        self.prepare_entry = entry_point(lib)  # Note [Native preparation]; None in libraries from before it
         self.nfn = int(nfn)
         self._words: LaunchWords | None = None  # Note [Launch word template], at the first signature
         self._buffers: dict[int, dict[str, Any]] = {}

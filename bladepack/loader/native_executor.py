@@ -2,7 +2,8 @@
 
 In: a `Manifest`, the artifact (for the kernel library's section) and the reference executor (for the
 steps the plan leaves to numpy). Out: `NativeExecutor` (the `Executor` contract of executor.py), with
-the repeated-shape fast path (Note [Fast path] in fast_call.py) and per-launch `profile`.
+the fast path (Note [Fast path] in fast_call.py; new signatures prepared by the kernel library, Note
+[Native preparation] in native_prepare.py) and per-launch `profile`.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import numpy as np
 from bladepack.artifact.format import BpkFile
 from bladepack.dtypes import DType
 from bladepack.errors import ExecutionError
-from bladepack.loader.executor import ShapeCache, check_memory, host_call
+from bladepack.loader.executor import ShapeCache, check_memory, host_call, physical_memory
 from bladepack.loader.fast_call import FastCalls
 from bladepack.loader.launch_checks import LaunchChecks
 from bladepack.loader.manifest import Key, Manifest, element_count, index_error
 from bladepack.loader.native_cpu import NativeCpu, Prepared
+from bladepack.loader.native_prepare import NativePreparation
 from bladepack.loader.plan_check import check_plan, operand_error
 from bladepack.loader.reference_executor import ReferenceExecutor, RefPrepared
 from bladepack.loader.signature import check_inputs
@@ -89,6 +91,7 @@ class NativeExecutor:
                     [DType(m.values[o]["dtype"]).to_numpy() for o in m.outputs],
                     self._n_slots,
                     cache_limit,
+                    NativePreparation.build(m, self.native.prepare_entry, physical_memory()),
                 )
         except TypeError:  # a bfloat16 input or output: no numpy dtype, so the full path only
             self.fast = None

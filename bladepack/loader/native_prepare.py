@@ -1,0 +1,302 @@
+"""A native CPU plan's new input-shape signatures prepared inside its kernel library.
+
+In: a `Manifest` whose CPU plan passed the load-time checks, and the library's `bpk_prepare` entry
+point. Out: `NativePreparation`, which prepares one signature in a single foreign call — the launch
+words, the arena size and the output shapes — or says None, and the Python path takes the call.
+
+Note [Native preparation]: a decode loop or a server fed sequences of every length meets a new shape
+on nearly every call, and preparing a signature in Python (shape program, output specs, the
+per-signature plan checks, the launch words, the kernels' operand checks: ~60 µs for the LLaMA
+sample's step, Note [Launch word template]) cost several times the step's kernels. The kernel
+library therefore carries an interpreter (`bpk::prep::prepare`, codegen/cpu_prepare.h) of a
+*preparation program* that this module lays out once per load from the manifest: the shape program
+(each DIM rewritten to read its dim's position in the flattened input dims), the inputs' ranks, item
+sizes and static dims, the outputs' dims, the arena buffers, every launch pointer, the GEMM records,
+the launch word template with its register positions (Note [Launch word template]), each launch's
+shape conditions and kernel variants, and which slots a launch may write. Every value the plan
+takes from a register or a constant is one index into a register file that holds the program's
+registers followed by the plan's constants.
+
+The interpreter computes exactly what the Python path would and refuses wherever the Python path
+might raise: a failed guard, a division by zero or any int64 overflow, a static dim that differs,
+a buffer, pointer or GEMM record outside its tensor (Note [Plan checks]), no kernel variant, a failed
+operand check (Note [Kernel operand checks]) or more bytes than the machine holds (Note [Bytes before
+allocation]). A refusal is not an error: the call goes the Python path, which raises its own words
+(or, where only int64 arithmetic was in doubt, runs). A launch a shape condition rules out is left
+out of the words, so the kept launches are one list, as Note [Fast path] runs them. Plans with
+reference steps, data conditions or an output the plan does not write are not prepared natively
+(their calls need the Python path's segments), and neither is a plan with a constant outside int64.
+
+Header (int64 words, the order of HEADER; "at" words are positions in the program):
+magic, inputs, inputs at, registers, constants, constants at, instructions, code at, outputs, outputs
+at, arena (register index), weights, weights at, buffers, buffers at, pointers, pointers at, GEMMs,
+GEMMs at, words, words at, fills, fills at, launches, launches at, writable at, memory (bytes).
+Sections: inputs [first dim's position, rank, item bytes, static dim or -1 per axis]; outputs [item
+bytes, rank, dim indices]; weights [bytes]; buffers [offset index, item bytes, rank, dim indices];
+pointers [slot, offset index]; GEMMs [first pointer, pointer count, item bytes, integer count,
+integer indices]; fills [word position, index]; launches [start, end, condition count, (predicate
+index, expected) pairs, function word position or -1, variant count, (predicate index, function)
+pairs]; writable: one byte per slot, packed into words.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bladepack.loader.launch_words import GEMM_DTYPE_CODES, OP_GEMM, OP_KERNEL
+from bladepack.loader.manifest import Manifest
+from bladepack.loader.plan_check import BYTE_SIZES
+
+HEADER = [
+    "magic",
+    "inputs",
+    "inputs_at",
+    "registers",
+    "constants",
+    "constants_at",
+    "instructions",
+    "code_at",
+    "outputs",
+    "outputs_at",
+    "arena",
+    "weights",
+    "weights_at",
+    "buffers",
+    "buffers_at",
+    "pointers",
+    "pointers_at",
+    "gemms",
+    "gemms_at",
+    "words",
+    "words_at",
+    "fills",
+    "fills_at",
+    "launches",
+    "launches_at",
+    "writable_at",
+    "memory",
+]
+MAGIC = int.from_bytes(b"BPKPREP1", "little")
+_DIM = 1  # the shape program's DIM opcode
+_I64 = (-(1 << 63), 1 << 63)
+
+# why a signature was left to the Python path: bpk::prep::Stage
+STAGES = ("prepared", "shape program", "slot bytes", "buffer", "pointer", "GEMM", "variant", "operands", "memory")
+
+
+class _Program:
+    """The preparation program under construction: the register file's constants interned, the sections
+    appended in order."""
+
+    def __init__(self, num_registers: int) -> None:
+        self.nregs = num_registers
+        self.consts: dict[int, int] = {}
+        self.exact = True
+
+    def ref(self, v: Any) -> int:
+        """A plan integer or register reference as one index into the register file."""
+        if isinstance(v, dict):
+            return int(v["r"])
+        v = int(v)
+        if not _I64[0] <= v < _I64[1]:
+            self.exact = False
+            v = 0
+        return self.nregs + self.consts.setdefault(v, len(self.consts))
+
+
+def eligible(m: Manifest) -> str | None:
+    """Why the CPU plan's signatures cannot be prepared natively, or None."""
+    plan = m.native["cpu"]
+    assert plan is not None
+    n_in = len(m.input_ids)
+    if any(slot != 1 + n_in + k for k, slot in enumerate(plan["outputs"])) or any(o not in m.values for o in m.outputs):
+        return "an output the plan does not write"
+    for lr in plan["launches"]:
+        if lr["op"] not in ("kernel", "gemm"):
+            return "a reference step"
+        if any("ptr" in c for c in lr.get("when", ())):
+            return "a data condition"
+    return None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    words: np.ndarray  # the launch words of the kept launches
+    arena_bytes: int
+    out_shapes: tuple[tuple[int, ...], ...]
+
+
+class _Scratch(threading.local):
+    def __init__(self, nregs: int, nwords: int, nout: int, nslots: int, ndims: int) -> None:
+        self.regs = np.zeros(max(nregs, 1), dtype=np.int64)
+        self.words = np.zeros(max(nwords, 1), dtype=np.int64)
+        self.out_dims = np.zeros(max(nout, 1), dtype=np.int64)
+        self.slots = np.zeros(max(nslots, 1), dtype=np.int64)
+        self.dims = np.zeros(max(ndims, 1), dtype=np.int64)
+        self.info = np.zeros(4, dtype=np.int64)
+        self.ptrs = tuple(
+            int(a.ctypes.data) for a in (self.dims, self.regs, self.words, self.out_dims, self.slots, self.info)
+        )
+
+
+class NativePreparation:
+    """Note [Native preparation]. `build` gives None for a plan it does not cover."""
+
+    def __init__(
+        self,
+        program: np.ndarray,
+        fn: Any,
+        ranks: tuple[int, ...],
+        out_ranks: tuple[int, ...],
+        sizes: tuple[int, int, int],
+    ) -> None:
+        self.program = program
+        self._fn = fn
+        self._ptr = int(program.ctypes.data)
+        self.ranks = ranks
+        self._spans: list[tuple[int, int]] = []
+        at = 0
+        for r in out_ranks:
+            self._spans.append((at, at + r))
+            at += r
+        nregs, nwords, nslots = sizes
+        self._scratch = _Scratch(nregs, nwords, at, nslots, sum(ranks))
+
+    @staticmethod
+    def build(m: Manifest, fn: Any, memory: int) -> NativePreparation | None:
+        """The program of `m`'s CPU plan for the library entry point `fn`, or None where Note [Native
+        preparation] leaves the plan to the Python path; `memory`: the bytes a call may need."""
+        if fn is None or eligible(m) is not None:
+            return None
+        plan = m.native["cpu"]
+        assert plan is not None
+        prog = _Program(m.program.num_registers)
+        ref = prog.ref
+        ranks = tuple(len(t.shape) for t in m.signature.inputs)
+        starts = np.cumsum((0,) + ranks)
+        inputs: list[int] = []
+        for t, at in zip(m.signature.inputs, starts):
+            inputs += [int(at), len(t.shape), BYTE_SIZES[t.dtype]]
+            inputs += [d if isinstance(d, int) else -1 for d in t.shape]
+        code: list[int] = []
+        for op, d, a, b, c in m.program.code:
+            if op == _DIM:
+                a, b = int(starts[a]) + b, 0
+            code += [op, d, a, b, c]
+        outputs: list[int] = []
+        out_ranks = []
+        for o in m.outputs:
+            shape = m.values[o]["shape"]
+            outputs += [BYTE_SIZES[m.values[o]["dtype"]], len(shape), *(ref(d) for d in shape)]
+            out_ranks.append(len(shape))
+        weights = [int(np.prod(w["shape"], dtype=object)) * BYTE_SIZES[w["dtype"]] for w in m.weight_rows]
+        buffers: list[int] = []
+        for b in plan["buffers"]:
+            buffers += [ref(b["offset"]), BYTE_SIZES[b["dtype"]], len(b["shape"]), *(ref(d) for d in b["shape"])]
+        pointers: list[int] = []
+        gemms: list[int] = []
+        template: list[int] = []
+        fills: list[int] = []
+        launches: list[int] = []
+        kernels = m.kernels["cpu"]
+
+        def put(v: Any) -> None:
+            if isinstance(v, dict):
+                fills.extend((len(template), ref(v)))
+                template.append(0)
+            else:
+                template.append(int(v))
+
+        for lr in plan["launches"]:
+            first = len(pointers) // 2
+            for slot, off in lr["ptrs"]:
+                pointers += [int(slot), ref(off)]
+            start, fn_at = len(template), -1
+            variants: list[int] = []
+            if lr["op"] == "kernel":
+                row = kernels[lr["k"]]
+                fn_at = start + 1
+                template.extend((OP_KERNEL, -1))
+                for v in row["variants"]:
+                    variants += [int(v["pred"]), int(v["fn"])]
+            else:
+                template.extend((OP_GEMM, GEMM_DTYPE_CODES[lr["dtype"]]))
+                ints = [ref(v) for v in lr["ints"]]
+                gemms += [first, len(lr["ptrs"]), BYTE_SIZES[lr["dtype"]], len(ints), *ints]
+            template.extend((len(lr["ptrs"]), len(lr["ints"])))
+            for slot, off in lr["ptrs"]:
+                template.append(int(slot))
+                put(off)
+            for v in lr["ints"]:
+                put(v)
+            when = [x for c in lr.get("when", ()) for x in (int(c["r"]), int(bool(c["is"])))]
+            launches += [start, len(template), len(when) // 2, *when, fn_at, len(variants) // 2, *variants]
+        n_in, n_out = len(m.input_ids), len(m.outputs)
+        n_slots = 1 + n_in + n_out + len(weights)
+        writable = np.zeros(-(-n_slots // 8) * 8, dtype=np.uint8)
+        writable[0] = 1
+        writable[1 + n_in : 1 + n_in + n_out] = 1
+        arena = ref(plan["arena_bytes"])
+        if not prog.exact or any(not _I64[0] <= v < _I64[1] for v in (*template, *weights, memory)):
+            return None
+        consts = sorted(prog.consts, key=prog.consts.__getitem__)
+        head = dict.fromkeys(HEADER, 0)
+        body: list[int] = []
+
+        def section(name: str, words: Sequence[int], count: int | None = None) -> None:
+            if count is not None:
+                head[name] = count
+            head[name + "_at"] = len(HEADER) + len(body)
+            body.extend(words)
+
+        section("inputs", inputs, n_in)
+        section("constants", consts, len(consts))
+        section("code", code)
+        head["instructions"] = len(m.program.code)
+        section("outputs", outputs, n_out)
+        section("weights", weights, len(weights))
+        section("buffers", buffers, len(plan["buffers"]))
+        section("pointers", pointers, len(pointers) // 2)
+        section("gemms", gemms, sum(lr["op"] == "gemm" for lr in plan["launches"]))
+        section("words", template, len(template))
+        section("fills", fills, len(fills) // 2)
+        section("launches", launches, len(plan["launches"]))
+        section("writable", writable.view(np.int64).tolist())
+        head.update(magic=MAGIC, registers=prog.nregs, arena=arena, memory=memory)
+        program = np.array([head[k] for k in HEADER] + body, dtype=np.int64)
+        return NativePreparation(
+            program, fn, ranks, tuple(out_ranks), (prog.nregs + len(consts), len(template), n_slots)
+        )
+
+    def stage(self, shapes: Sequence[tuple[int, ...]]) -> int:
+        """Prepare these input shapes (ranks already those of the signature) into this thread's
+        scratch arrays: 0, or the `STAGES` entry that left them to the Python path."""
+        s = self._scratch
+        s.dims[: s.dims.size] = [d for shape in shapes for d in shape] or [0]
+        dims, regs, words, out_dims, slots, info = s.ptrs
+        return int(self._fn(self._ptr, dims, regs, words, out_dims, slots, info))
+
+    def __call__(self, shapes: Sequence[tuple[int, ...]]) -> Prepared | None:
+        """The signature of these input shapes, or None (the Python path prepares it)."""
+        if self.stage(shapes):
+            return None
+        s = self._scratch
+        n, arena = s.info[:2].tolist()
+        od = s.out_dims.tolist()
+        return Prepared(s.words[:n].copy(), arena, tuple(tuple(od[a:b]) for a, b in self._spans))
+
+
+def entry_point(lib: ctypes.CDLL) -> Any:
+    """The library's bpk_prepare, None for libraries from before it."""
+    if not hasattr(lib, "bpk_prepare"):
+        return None
+    fn = lib.bpk_prepare
+    fn.restype = ctypes.c_int64
+    fn.argtypes = [ctypes.c_void_p] * 7
+    return fn

@@ -1,0 +1,171 @@
+"""Note [Native preparation]: a new input-shape signature prepared by the kernel library gives exactly
+the Python path's launch words, arena size and output shapes, and is refused (the Python path then
+raises) wherever the Python path raises."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+import bladepack
+from bladepack.artifact import format as bpk_format
+from bladepack.errors import BladepackError, BpkFormatError
+from bladepack.loader.executor import physical_memory
+from bladepack.loader.manifest import Manifest
+from bladepack.loader.native_cpu import NativeCpu
+from bladepack.loader.native_executor import NativeExecutor
+from bladepack.loader.native_prepare import STAGES, NativePreparation, eligible
+from bladepack.loader.signature import check_inputs
+from bladepack.options import LoaderOptions
+from samples.registry import SAMPLES
+from tests.helpers import rel_err
+from tests.test_plan_check import EDITS, _rehashed
+
+Key = tuple[tuple[int, ...], ...]
+
+
+def _executor(data: bytes) -> NativeExecutor:
+    ex = bladepack.load(data, executor="native")._executor
+    assert isinstance(ex, NativeExecutor)
+    return ex
+
+
+def _shaped(dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """An array of this shape and dtype holding one element (for the input checks)."""
+    return np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape, (0,) * len(shape))
+
+
+def _both(ex: NativeExecutor, key: Key) -> tuple[Any, Any]:
+    """The Python path's (words, arena bytes, output shapes) or its error text, and the library's, or
+    the stage that refused the signature."""
+    try:
+        check_inputs(ex.m.signature, [_shaped(t.dtype, shape) for t, shape in zip(ex.m.signature.inputs, key)])
+        full = ex._build(key)
+    except BladepackError as e:
+        python: Any = str(e)
+    else:
+        assert all(seg.ref is None and not seg.when for seg in full.native.segments)
+        words = np.concatenate([seg.words for seg in full.native.segments if seg.words is not None])
+        python = (words.tolist(), full.native.arena_bytes, tuple(s for s, _ in full.ref.outputs))
+    prep = ex.fast._prepare if ex.fast is not None else None
+    assert prep is not None
+    got = prep(key)
+    native: Any = STAGES[prep.stage(key)] if got is None else (got.words.tolist(), got.arena_bytes, got.out_shapes)
+    return python, native
+
+
+def _agree(ex: NativeExecutor, keys: Sequence[Key]) -> int:
+    """Every key: the same words where the Python path prepares it, a refusal where it raises; the
+    number of keys both prepared."""
+    prepared = 0
+    for key in keys:
+        python, native = _both(ex, key)
+        if isinstance(python, str):
+            assert isinstance(native, str), (key, python)
+        else:
+            assert native == python, key
+            prepared += 1
+    return prepared
+
+
+def test_the_samples_prepare_as_the_python_path_does() -> None:
+    """The LLaMA step (GEMMs, attention over the cache, RoPE), the MLP, the CNN and the encoder (an
+    embedding, a mask) at the test sizes of their dims (1, odd sizes, the range's ends), past them and
+    with a static dim changed (refused: the Python path's guard or input error)."""
+    for name in ("llama", "mlp", "cnn", "encoder"):
+        s = SAMPLES[name]
+        torch.manual_seed(0)
+        art = bladepack.optimize(s.build(), s.export_samples(), s.dynamic_shapes)
+        ex = _executor(art.to_bytes())
+        keys = []
+        for k in range(8):
+            dims = {d: vals[(k * 3 + j) % len(vals)] for j, (d, vals) in enumerate(s.test_dims.items())}
+            keys.append(tuple(tuple(x.shape) for x in s.make_inputs(torch.Generator().manual_seed(k), **dims)))
+        first = keys[0]
+        too_big = tuple(tuple(d * 9000 if i == 0 else d for i, d in enumerate(shape)) for shape in first)
+        keys += [too_big, tuple(shape[:-1] + (shape[-1] + 1,) for shape in first)]  # a static dim changed
+        assert _agree(ex, keys) >= 8, name
+
+
+def test_shape_conditions_drop_launches_from_the_words() -> None:
+    """An ONNX Loop over a symbolic trip count unrolls under shape conditions (Note [Guarded launches]):
+    each signature's words hold exactly the launches its conditions keep, as the Python path's
+    segments do, and the module's results are the reference executor's."""
+    from tests.test_onnx import _loop_body, _loop_model
+
+    art = bladepack.optimize(_loop_model("shape", _loop_body()), dynamic_shapes={"x": {0: bladepack.Dim("n", 1, 8)}})
+    data = art.to_bytes()
+    ex = _executor(data)
+    keys = [((n, 4),) for n in range(1, 9)]
+    assert _agree(ex, keys) == 8
+    assert len({len(_both(ex, k)[1][0]) for k in keys}) == 8  # a different launch list per trip count
+    m, ref = bladepack.load(data, executor="native"), bladepack.load(data, executor="reference")
+    for n in (1, 2, 5, 8):
+        x = np.random.default_rng(n).standard_normal((n, 4)).astype(np.float32)
+        for a, b in zip(m(x), ref(x)):
+            assert rel_err(a, b) <= 1e-6
+    assert {k for k in m._executor.fast._plans} == {((n, 4),) for n in (1, 2, 5, 8)}
+    assert len(m._executor.prepare) == 0  # none of them took the Python path
+
+    def far(man: dict[str, Any]) -> None:  # the last launch (kept only at n = 8) points past its slot
+        lr = man["native_cpu"]["launches"][-1]
+        lr["ptrs"][0] = [lr["ptrs"][0][0], 1 << 40]
+
+    edited = _executor(_rehashed(art, far))
+    for key in keys:  # every signature checks every launch's pointers, dropped or kept
+        python, native = _both(edited, key)
+        assert "bytes into slot" in python and native == "pointer", (key, python, native)
+
+
+def test_every_edit_is_refused_where_the_python_path_raises(mlp_artifact: bladepack.api.Artifact) -> None:
+    """Note [Plan checks] at each signature: a plan edited and re-hashed that loads is prepared by the
+    library only where the Python path prepares it (with its words), refused wherever that raises."""
+    refused = prepared = 0
+    for name in sorted(EDITS):
+        data = _rehashed(mlp_artifact, EDITS[name][0])
+        try:
+            ex = _executor(data)
+        except BpkFormatError:
+            continue  # refused at load: no signature is prepared
+        assert ex.fast is not None and ex.fast._prepare is not None, name
+        keys = [((b, 64),) for b in (1, 5, 64)]
+        both = _agree(ex, keys)
+        prepared += both
+        refused += len(keys) - both
+    assert refused >= 3 * 12 and prepared >= 1, (refused, prepared)
+
+
+def test_plans_the_library_does_not_prepare() -> None:
+    """A plan with a data condition (a run-time branch) or a reference step keeps the Python path, and
+    the module still runs it."""
+    from tests.test_branches import BATCH, _Branchy
+
+    torch.manual_seed(0)
+    art = bladepack.optimize(_Branchy().eval(), [(torch.randn(3, 8),), (torch.randn(6, 8),)], ({0: BATCH},))
+    m = Manifest.read(bpk_format.read(art.to_bytes()))
+    assert eligible(m) == "a data condition"
+    ex = _executor(art.to_bytes())
+    assert ex.fast is None or ex.fast._prepare is None
+
+
+def test_int64_limits_are_refused_not_wrapped(mlp_artifact: bladepack.api.Artifact) -> None:
+    """A constant of the plan outside int64 leaves the plan to the Python path; an input dim whose
+    derived sizes overflow int64 is refused by the library (the Python path raises its guard error)."""
+    big = _rehashed(mlp_artifact, lambda m: m["native_cpu"]["buffers"][0].__setitem__("offset", (1 << 63) + 5))
+    m = Manifest.read(bpk_format.read(big))
+    native = NativeCpu(
+        bpk_format.read(big), m.native["cpu"], [m.weights[w["id"]] for w in m.weight_rows], LoaderOptions()
+    )
+    assert NativePreparation.build(m, native.prepare_entry, physical_memory()) is None
+    ex = _executor(mlp_artifact.to_bytes())
+    prep = ex.fast._prepare if ex.fast is not None else None
+    assert prep is not None
+    assert STAGES[prep.stage(((1 << 62, 64),))] == "slot bytes"  # the input's bytes overflow int64
+    assert STAGES[prep.stage(((65, 64),))] == "shape program"  # past the range: the guard refuses
+    assert prep.stage(((64, 64),)) == 0
+    m = ex.m
+    small = NativePreparation.build(m, ex.native.prepare_entry, 64 * 10 * 4 + 2000)  # bytes a call may need
+    assert small is not None and small.stage(((1, 64),)) == 0 and STAGES[small.stage(((64, 64),))] == "memory"
