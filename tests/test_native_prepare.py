@@ -87,7 +87,7 @@ def test_the_samples_prepare_as_the_python_path_does() -> None:
         first = keys[0]
         too_big = tuple(tuple(d * 9000 if i == 0 else d for i, d in enumerate(shape)) for shape in first)
         keys += [too_big, tuple(shape[:-1] + (shape[-1] + 1,) for shape in first)]  # a static dim changed
-        assert _agree(ex, keys) >= 8, name
+        assert _agree(ex, keys) >= 6, name  # torch 2.11 exports some size-1 dims narrower (both refuse)
 
 
 def test_shape_conditions_drop_launches_from_the_words() -> None:
