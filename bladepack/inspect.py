@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from bladepack.artifact.native_plan import declined
 from bladepack.dtypes import DType
 
 
@@ -46,6 +47,7 @@ def manifest_summary(m: dict[str, Any]) -> dict[str, Any]:
         "gemm_configs": list(m["gemm_configs"]),
         "cpu_libraries": [lib["isa"] for lib in m.get("native_cpu", {}).get("libraries", [])],
         "reference_steps": _reference_steps(m, "native_cpu"),
+        "cpu_new_shapes": _new_shapes(m),
         "branches": _branches(m),
         "cuda_images": [i["arch"] for i in m.get("native_cuda", {}).get("images", [])],
         "cuda_reference_steps": _reference_steps(m, "native_cuda"),
@@ -267,6 +269,17 @@ def _human(n: int) -> str:
     return str(n)
 
 
+def _new_shapes(m: dict[str, Any]) -> str | None:
+    """How the Python loader prepares a CPU plan's new input-shape signatures (Note [Native preparation])."""
+    plan = m.get("native_cpu")
+    if not plan:
+        return None
+    why = declined(plan, len(m["inputs"]))
+    if why is None:
+        return "prepared by the kernel library, one native call each"
+    return f"prepared in Python, ~60 µs each ({why})"
+
+
 def inspect_text(s: dict[str, Any]) -> str:
     def tensor(t: dict[str, Any]) -> str:
         return f"{t['name']}: {t['dtype']}[{', '.join(str(d) for d in t['shape'])}]"
@@ -336,6 +349,8 @@ def inspect_text(s: dict[str, Any]) -> str:
         )
     for r in refs:
         lines.append(f"  %{r['node']} {r['op']}: {r['reason']} (from {r['loc'] or 'unknown source'})")
+    if s["cpu_libraries"] and s.get("cpu_new_shapes"):
+        lines.append(f"new input shapes (Python loader): {s['cpu_new_shapes']}")
     images = s.get("cuda_images", [])
     lines.append(f"cuda kernel images: {', '.join(images) if images else 'none (no CUDA plan)'}")
     if images:

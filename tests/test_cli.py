@@ -58,6 +58,7 @@ def test_inspect_text(mlp_artifact, tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "x: float32[batch, 64]" in r.stdout and "batch in [1, 64]" in r.stdout and "plan:" in r.stdout
     assert "reference steps: none" in r.stdout
+    assert "new input shapes (Python loader): prepared by the kernel library, one native call each" in r.stdout
 
 
 def test_inspect_corrupt_file_is_an_error_not_a_crash(tmp_path: Path, capsys) -> None:

@@ -146,9 +146,18 @@ def test_plans_the_library_does_not_prepare() -> None:
     torch.manual_seed(0)
     art = bladepack.optimize(_Branchy().eval(), [(torch.randn(3, 8),), (torch.randn(6, 8),)], ({0: BATCH},))
     m = Manifest.read(bpk_format.read(art.to_bytes()))
-    assert eligible(m) == "a data condition"
+    assert eligible(m) == "a run-time data condition"
     ex = _executor(art.to_bytes())
     assert ex.fast is None or ex.fast._prepare is None
+    from bladepack.inspect import inspect_text, manifest_summary
+
+    text = inspect_text(manifest_summary(art._parts()[0]))
+    assert "new input shapes (Python loader): prepared in Python, ~60 µs each (a run-time data condition)" in text
+    m_, r_ = bladepack.load(art.to_bytes(), executor="native"), bladepack.load(art.to_bytes(), executor="reference")
+    for b in (1, 5, 6, 64):
+        x = np.random.default_rng(b).standard_normal((b, 8)).astype(np.float32)
+        for a, w in zip(m_(x), r_(x)):
+            assert rel_err(a, w) <= 1e-6
 
 
 def test_int64_limits_are_refused_not_wrapped(mlp_artifact: bladepack.api.Artifact) -> None:

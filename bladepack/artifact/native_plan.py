@@ -217,3 +217,17 @@ class NativePlan:
         if self.gemm_kernels:
             m["gemm_kernels"] = [g.to_manifest() for g in self.gemm_kernels]
         return m
+
+
+def declined(plan: dict[str, Any], n_inputs: int) -> str | None:
+    """Why a CPU plan (the manifest's `native_cpu` record) leaves its new signatures to the Python
+    loader's own path, or None: the kernel library prepares them, where it exports bpk_prepare (Note
+    [Native preparation] in bladepack/loader/native_prepare.py)."""
+    if any(slot != 1 + n_inputs + k for k, slot in enumerate(plan["outputs"])):
+        return "an output the plan does not write"
+    for lr in plan["launches"]:
+        if lr["op"] not in ("kernel", "gemm"):
+            return "a reference step"
+        if any("ptr" in c for c in lr.get("when", ())):
+            return "a run-time data condition"
+    return None

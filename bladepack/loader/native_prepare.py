@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from bladepack.artifact.native_plan import declined
 from bladepack.loader.launch_words import GEMM_DTYPE_CODES, OP_GEMM, OP_KERNEL
 from bladepack.loader.manifest import Manifest
 from bladepack.loader.plan_check import BYTE_SIZES
@@ -111,18 +112,12 @@ class _Program:
 
 
 def eligible(m: Manifest) -> str | None:
-    """Why the CPU plan's signatures cannot be prepared natively, or None."""
+    """`declined` for a loaded manifest's CPU plan."""
     plan = m.native["cpu"]
     assert plan is not None
-    n_in = len(m.input_ids)
-    if any(slot != 1 + n_in + k for k, slot in enumerate(plan["outputs"])) or any(o not in m.values for o in m.outputs):
+    if any(o not in m.values for o in m.outputs):
         return "an output the plan does not write"
-    for lr in plan["launches"]:
-        if lr["op"] not in ("kernel", "gemm"):
-            return "a reference step"
-        if any("ptr" in c for c in lr.get("when", ())):
-            return "a data condition"
-    return None
+    return declined(plan, len(m.input_ids))
 
 
 @dataclass(frozen=True)
