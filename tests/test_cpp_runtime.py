@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import json
 import math
 import os
 import random
@@ -269,6 +270,21 @@ def test_repeat_prints_latency(release: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "output0: float32[3, 10]" in r.stdout
     assert "latency over 20 runs (us): min" in r.stdout
+
+
+def test_a_decode_walk_reuses_its_output_memory(release: Path) -> None:
+    """Note [Output blocks]: 600 calls of the LLaMA step, the KV cache one token longer each call and
+    each call's runtime-allocated outputs freed (bpk_free) before the next, stay within tens of MB of
+    resident memory; given back to malloc at their exact sizes they grew the heap by a cache's size per
+    call (400 MB after 600 calls)."""
+    path = sample_artifact("llama")
+    cmd = [str(release / "bench_runtime"), "walk", str(path), "--repeat", "600"]
+    cmd += ["--shape", "x=16,1,64", "--shape", "past_k=16,2,100,8", "--shape", "past_v=16,2,100,8"]
+    cmd += ["--grow", "past_k:2", "--grow", "past_v:2"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    walked = json.loads(r.stdout)
+    assert walked["calls"] == 600 and 0 < walked["peak_rss_kb"] < 100 * 1024, walked
 
 
 def test_signature_and_usage(release: Path) -> None:

@@ -7,7 +7,8 @@
 //   bench_runtime walk ARTIFACT --shape NAME=D0,D1,... ... --grow NAME:AXIS ... [--repeat N]
 //     a decode loop: N calls, each with every --grow dim one longer than the call before (every call a
 //     shape the model has not prepared); outputs allocated by the runtime and freed per call, as a
-//     caller without buffers of its own does; prints JSON with the median and mean per call (us).
+//     caller without buffers of its own does; prints JSON with the median and mean per call (us) and
+//     the process's peak resident memory (KiB).
 //   bench_runtime load ARTIFACT [--repeat N] [--no-verify]
 //     bpk_model_load (memory-mapped) wall time; prints JSON with the median and minimum (ms).
 #include <algorithm>
@@ -104,10 +105,23 @@ int host(const std::string& path, const std::map<std::string, std::vector<int64_
               "\"isa\": \"%s\", \"blas\": \"%s\"}\n",
               median(call), median(native), median(diff), launches, model.library().threads(),
               model.library().isa().c_str(), model.library().blas().c_str());
-  for (auto& o : out) std::free(o.data);
+  for (auto& o : out) bpk_free(o.data);
   for (void* b : bufs) std::free(b);
   std::free(arena);
   return 0;
+}
+
+// This process's peak resident memory (VmHWM, KiB; -1 where /proc is missing): the kernel's own figure
+// for this program, where getrusage's would include what the parent held when it forked.
+long peak_rss_kb() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  long kb = -1;
+  while (std::fgets(line, sizeof line, f) != nullptr)
+    if (std::strncmp(line, "VmHWM:", 6) == 0) kb = std::strtol(line + 6, nullptr, 10);
+  std::fclose(f);
+  return kb;
 }
 
 int walk(const std::string& path, const std::map<std::string, std::vector<int64_t>>& shapes,
@@ -124,7 +138,7 @@ int walk(const std::string& path, const std::map<std::string, std::vector<int64_
     const auto t0 = Clock::now();
     model.run(in.data(), int64_t(in.size()), out.data(), int64_t(out.size()));
     call.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
-    for (auto& o : out) std::free(o.data);
+    for (auto& o : out) bpk_free(o.data);
     for (int64_t i = 0; i < sig.num_inputs; ++i) {
       auto g = grow.find(sig.inputs[i].name);
       if (g != grow.end()) in[size_t(i)].shape[g->second] += 1;
@@ -132,7 +146,8 @@ int walk(const std::string& path, const std::map<std::string, std::vector<int64_
   }
   double mean = 0;
   for (double c : call) mean += c / double(call.size());
-  std::printf("{\"median_us\": %.3f, \"mean_us\": %.3f, \"calls\": %d}\n", median(call), mean, repeat);
+  std::printf("{\"median_us\": %.3f, \"mean_us\": %.3f, \"calls\": %d, \"peak_rss_kb\": %ld}\n", median(call), mean,
+              repeat, peak_rss_kb());
   for (void* b : bufs) std::free(b);
   return 0;
 }

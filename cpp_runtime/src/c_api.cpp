@@ -11,6 +11,7 @@
 #include "dlpack.h"
 #include "dtype.h"
 #include "errors.h"
+#include "output_blocks.h"
 #include "model.h"
 
 struct bpk_model {
@@ -223,6 +224,6 @@ bpk_status bpk_model_verify(const bpk_model* model, char** report) {
   return record(BPK_ERR_VERIFY, "a reference case failed (see the report)");
 }
 
-void bpk_free(void* data) { std::free(data); }
+void bpk_free(void* data) { bpk::release_output(data); }
 
 }  // extern "C"

@@ -8,6 +8,7 @@
 
 #include "dtype.h"
 #include "errors.h"
+#include "output_blocks.h"
 #include "util.h"
 
 namespace bpk {
@@ -121,9 +122,9 @@ void run_dlpack(const Model& m, const DLTensor* const* in, int64_t n_in, DLManag
       owned->memory = std::move(buf);
       out_dev[size_t(k)] = 1;
     } else {
-      void* p = alloc_aligned(bytes);
+      void* p = alloc_output(bytes);
       if (p == nullptr) fail(BPK_ERR_MEMORY, "cannot allocate output '" + std::string(sig.outputs[k].name) + "'");
-      owned->memory = std::shared_ptr<void>(p, std::free);
+      owned->memory = std::shared_ptr<void>(p, release_output);
       o.data = p;
     }
     std::copy(o.shape, o.shape + o.ndim, owned->shape);

@@ -7,6 +7,7 @@
 
 #include "dtype.h"
 #include "errors.h"
+#include "output_blocks.h"
 #include "util.h"
 
 namespace bpk {
@@ -389,7 +390,7 @@ Model::Arena* Model::take_arena(size_t bytes) const {
   if (a->bytes < bytes || a->data == nullptr) {
     std::free(a->data);
     a->data = alloc_aligned(bytes);
-    a->bytes = a->data ? bytes : 0;
+    a->bytes = a->data ? alloc_size(bytes) : 0;
     if (!a->data) {
       delete a;
       fail(BPK_ERR_MEMORY, "cannot allocate a " + std::to_string(bytes) + "-byte arena");
@@ -520,7 +521,7 @@ Model::OwnedOutputs::OwnedOutputs(const Model& m, const std::vector<OutSpec>& sp
   for (size_t k = 0; k < specs.size(); ++k) {
     if (out[k].data != nullptr) continue;
     const OutSpec& s = specs[k];
-    out[k].data = alloc_aligned(s.nbytes);
+    out[k].data = alloc_output(s.nbytes);
     if (out[k].data == nullptr) fail(BPK_ERR_MEMORY, "cannot allocate output '" + m.m_.outputs[k].name + "'");
     owned_.push_back(k);
     out[k].dtype = s.dtype;
@@ -531,7 +532,7 @@ Model::OwnedOutputs::OwnedOutputs(const Model& m, const std::vector<OutSpec>& sp
 
 Model::OwnedOutputs::~OwnedOutputs() {
   for (size_t k : owned_) {
-    std::free(out_[k].data);
+    release_output(out_[k].data);
     out_[k].data = nullptr;
   }
 }

@@ -56,10 +56,20 @@ inline bool byte_count(const int64_t* dims, int32_t n, size_t item, size_t* out)
   return true;
 }
 
-// kAlign-aligned memory for at least one byte (release with std::free), or null.
-inline void* alloc_aligned(size_t bytes) {
-  const size_t n = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
-  return std::aligned_alloc(kAlign, n);
+// The bytes alloc_aligned takes for a request of `bytes`: a multiple of kAlign and, from 64 KiB, rounded
+// up to one of eight steps per power of two (at most 12.5% more), so that memory sized by a growing dim
+// (an arena, a decode loop's outputs: Note [Output blocks] in output_blocks.h) is reallocated only when
+// the size passes its class.
+inline size_t alloc_size(size_t bytes) {
+  size_t n = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+  if (n >= (size_t(1) << 16)) {
+    const size_t step = (size_t(1) << (63 - __builtin_clzll(uint64_t(n)))) / 8;
+    if (n <= SIZE_MAX - step) n = (n + step - 1) / step * step;
+  }
+  return n;
 }
+
+// kAlign-aligned memory for at least one byte (release with std::free), or null.
+inline void* alloc_aligned(size_t bytes) { return std::aligned_alloc(kAlign, alloc_size(bytes)); }
 
 }  // namespace bpk
