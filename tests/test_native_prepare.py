@@ -4,14 +4,17 @@ raises) wherever the Python path raises."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
+from hypothesis import example, given, settings
 
 import bladepack
 from bladepack.artifact import format as bpk_format
+from bladepack.artifact.shape_program import ShapeProgram
 from bladepack.errors import BladepackError, BpkFormatError
 from bladepack.loader.executor import physical_memory
 from bladepack.loader.manifest import Manifest
@@ -23,6 +26,7 @@ from bladepack.options import LoaderOptions
 from samples.registry import SAMPLES
 from tests.helpers import rel_err
 from tests.test_plan_check import EDITS, _rehashed
+from tests.test_shape_program import _BIG, _case, _raw_programs
 
 Key = tuple[tuple[int, ...], ...]
 
@@ -31,6 +35,16 @@ def _executor(data: bytes) -> NativeExecutor:
     ex = bladepack.load(data, executor="native")._executor
     assert isinstance(ex, NativeExecutor)
     return ex
+
+
+@functools.cache
+def _mlp_executor_of(data: bytes) -> NativeExecutor:
+    return _executor(data)
+
+
+def _mlp_executor(art: bladepack.api.Artifact) -> NativeExecutor:
+    """One loaded executor per artifact for the many examples of a property test."""
+    return _mlp_executor_of(art.to_bytes())
 
 
 def _shaped(dtype: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -178,3 +192,66 @@ def test_int64_limits_are_refused_not_wrapped(mlp_artifact: bladepack.api.Artifa
     m = ex.m
     small = NativePreparation.build(m, ex.native.prepare_entry, 64 * 10 * 4 + 2000)  # bytes a call may need
     assert small is not None and small.stage(((1, 64),)) == 0 and STAGES[small.stage(((64, 64),))] == "memory"
+
+
+def _program_only(prog: ShapeProgram) -> np.ndarray:
+    """A preparation program holding only `prog` over two inputs of rank 2 (item size 0, so no input's
+    bytes overflow), no outputs, buffers or launches: what bpk_prepare leaves in its registers is the
+    shape program's result."""
+    from bladepack.loader.native_prepare import HEADER, MAGIC
+
+    code = [w for op, d, a, b, c in prog.code for w in (op, d, 2 * a + b if op == 1 else a, 0 if op == 1 else b, c)]
+    inputs = [0, 2, 0, -1, -1, 2, 2, 0, -1, -1]
+    head = dict.fromkeys(HEADER, 0)
+    body: list[int] = []
+    for name, words in (("inputs", inputs), ("constants", [0]), ("code", code), ("writable", [1])):
+        head[name + "_at"] = len(HEADER) + len(body)
+        body += words
+    head.update(magic=MAGIC, inputs=2, registers=prog.num_registers, constants=1, arena=prog.num_registers)
+    head.update(instructions=len(prog.code), memory=1 << 40)
+    return np.array([head[k] for k in HEADER] + body, dtype=np.int64)
+
+
+@settings(max_examples=400, deadline=None)
+@given(case=_raw_programs())
+@example(case=_case((0, 0, -(1 << 63), 0, 0), (0, 1, 2, 0, 0), (6, 2, 0, 1, 0)))  # INT64_MIN rounded up: fits
+@example(case=_case((0, 0, -(1 << 63), 0, 0), (0, 1, -1, 0, 0), (6, 2, 0, 1, 0)))  # ... by -1: past int64
+@example(case=_case((0, 0, -(1 << 63), 0, 0), (0, 1, -1, 0, 0), (5, 2, 0, 1, 0)))  # INT64_MIN // -1
+@example(case=_case((0, 0, -(1 << 63), 0, 0), (0, 1, -1, 0, 0), (7, 2, 0, 1, 0)))  # INT64_MIN % -1 is 0
+@example(case=_case((0, 0, -7, 0, 0), (0, 1, 2, 0, 0), (6, 2, 0, 1, 0), (5, 3, 0, 1, 0), (7, 4, 0, 1, 0)))
+@example(case=_case((0, 0, 7, 0, 0), (0, 1, -2, 0, 0), (6, 2, 0, 1, 0), (5, 3, 0, 1, 0), (7, 4, 0, 1, 0)))
+@example(case=_case((0, 0, _BIG, 0, 0), (0, 1, 4, 0, 0), (4, 2, 0, 1, 0)))  # a product past int64
+@example(case=_case((1, 0, 1, 0, 0), (5, 1, 3, 0, 0)))  # a zero divisor
+@example(case=_case((1, 0, 1, 0, 0), (10, 1, 0, 3, 0), (15, 2, 1, 0, 1)))  # a failing assert
+def test_the_library_evaluates_shape_programs_as_python_does(
+    mlp_artifact: bladepack.api.Artifact, case: tuple[ShapeProgram, list[list[int]]]
+) -> None:
+    """The interpreter's shape program (cpu_prepare.h) gives the Python evaluator's registers, and
+    declines exactly where that raises: int64's ends, zero divisors, rounding toward negative infinity,
+    failing asserts, registers read before written."""
+    from bladepack.errors import ShapeGuardError
+
+    prog, dims = case
+    prog.validate([2, 2])
+    ex = _mlp_executor(mlp_artifact)
+    assert ex.native.prepare_entry is not None
+    program = _program_only(prog)
+    flat = np.array([d for shape in dims for d in shape], dtype=np.int64)
+    regs = np.zeros(prog.num_registers + 1, dtype=np.int64)
+    scratch = np.zeros(16, dtype=np.int64)
+    stage = ex.native.prepare_entry(
+        program.ctypes.data,
+        flat.ctypes.data,
+        regs.ctypes.data,
+        scratch.ctypes.data,
+        scratch.ctypes.data,
+        scratch.ctypes.data,
+        scratch.ctypes.data,
+    )
+    try:
+        want: list[int] | None = prog.evaluate(dims)
+    except ShapeGuardError:
+        want = None
+    assert (STAGES[stage] == "shape program") == (want is None), (stage, want, prog.text())
+    if want is not None:
+        assert stage == 0 and regs[: prog.num_registers].tolist() == want, prog.text()

@@ -28,8 +28,8 @@ inline bool floordiv(int64_t a, int64_t b, int64_t* v) {
 }
 
 // The shape program (docs/format.md) over the flattened input dims; a DIM instruction's `a` is the
-// dim's position in `dims` (the builder rewrote it). Anything the Python evaluator would raise for,
-// and any result outside int64, is a refusal: the Python path then raises its own error.
+// dim's position in `dims` (the builder rewrote it). False exactly where the Python evaluator raises
+// (a failed ASSERT, a zero divisor, a result outside int64): the Python path then raises its error.
 inline bool run_program(const int64_t* code, int64_t n, const int64_t* dims, int64_t* r) {
   for (int64_t pc = 0; pc < n; ++pc) {
     const int64_t* w = code + 5 * pc;
@@ -42,9 +42,10 @@ inline bool run_program(const int64_t* code, int64_t n, const int64_t* dims, int
       case 3: if (__builtin_sub_overflow(r[a], r[b], &v)) return false; break;
       case 4: if (__builtin_mul_overflow(r[a], r[b], &v)) return false; break;
       case 5: if (!floordiv(r[a], r[b], &v)) return false; break;
-      case 6:  // CEILDIV: -((-a) // b)
-        if (r[a] == INT64_MIN || !floordiv(-r[a], r[b], &v) || v == INT64_MIN) return false;
-        v = -v;
+      case 6:  // CEILDIV: -((-a) // b), rounded up from C's truncation
+        if (r[b] == 0 || (r[b] == -1 && r[a] == INT64_MIN)) return false;
+        v = r[a] / r[b];
+        if (r[a] % r[b] != 0 && ((r[a] < 0) == (r[b] < 0))) ++v;
         break;
       case 7:
         if (r[b] == 0) return false;
