@@ -152,26 +152,129 @@ def test_every_edit_is_refused_where_the_python_path_raises(mlp_artifact: bladep
     assert refused >= 3 * 12 and prepared >= 1, (refused, prepared)
 
 
-def test_plans_the_library_does_not_prepare() -> None:
-    """A plan with a data condition (a run-time branch) or a reference step keeps the Python path, and
-    the module still runs it."""
-    from tests.test_branches import BATCH, _Branchy
+def _without_when_records(words: list[int]) -> list[int]:
+    """Launch words with the WHEN records (op 3, seven words: Note [Native preparation]) taken out."""
+    out, pos = [], 0
+    while pos < len(words):
+        size = 4 + 2 * words[pos + 2] + words[pos + 3]
+        if words[pos] != 3:
+            out += words[pos : pos + size]
+        pos += size
+    return out
+
+
+def _with_when_records(segments: Sequence[Any]) -> list[int]:
+    """The Python path's segments as one word list: before each segment one WHEN record per data
+    condition, skipping the rest of the segment when its byte says otherwise."""
+    words: list[int] = []
+    for sg in segments:
+        for k, (slot, off, taken) in enumerate(sg.when):
+            words += [3, int(taken), 1, 1, slot, off, 7 * (len(sg.when) - k - 1) + sg.words.size]
+        words += sg.words.tolist()
+    return words
+
+
+def test_run_time_branches_are_prepared_natively() -> None:
+    """A plan with a run-time data condition inside a shape condition (torch.cond on the batch, then on
+    the values): each signature's words are the Python path's segments with one WHEN record before
+    each run under a data condition, skipping exactly that run; the module takes the fast path with
+    both outcomes of the data predicate, equal to the reference executor."""
+    from bladepack.inspect import inspect_text, manifest_summary
+    from tests.test_branches import BATCH, SIZES, _Branchy
 
     torch.manual_seed(0)
     art = bladepack.optimize(_Branchy().eval(), [(torch.randn(3, 8),), (torch.randn(6, 8),)], ({0: BATCH},))
-    m = Manifest.read(bpk_format.read(art.to_bytes()))
-    assert eligible(m) == "a run-time data condition"
-    ex = _executor(art.to_bytes())
-    assert ex.fast is None or ex.fast._prepare is None
+    data = art.to_bytes()
+    ex = _executor(data)
+    prep = ex.fast._prepare if ex.fast is not None else None
+    assert prep is not None
+    whens = 0
+    for b in SIZES:
+        key = ((b, 8),)
+        full = ex._build(key)
+        segs = full.native.segments
+        got = prep(key)
+        assert got is not None
+        words = got.words.tolist()
+        assert _without_when_records(words) == np.concatenate([sg.words for sg in segs]).tolist(), b
+        assert words == _with_when_records(segs), b
+        whens += sum(len(sg.when) for sg in segs)
+    assert whens > 0  # the large branch's data predicate was met
+
+    def dropped_inside(man: dict[str, Any]) -> None:
+        """A launch a shape condition drops between two under the same data condition: the Python path
+        reads the predicate again after it (two segments), and so must the WHEN records."""
+        runs = [lr for lr in man["native_cpu"]["launches"] if any("ptr" in c for c in lr.get("when", ()))]
+        assert len(runs) >= 3
+        runs[2]["when"] = [dict(c) for c in runs[0]["when"]]
+        runs[1]["when"] = [*runs[1]["when"], {"r": runs[0]["when"][0]["r"], "is": False}]
+
+    edited = _executor(_rehashed(art, dropped_inside))
+    segs = edited._build(((64, 8),)).native.segments
+    got = edited.fast._prepare(((64, 8),)) if edited.fast is not None and edited.fast._prepare else None
+    assert got is not None and got.words.tolist() == _with_when_records(segs)
+    assert sum(1 for sg in segs if sg.when) >= 2
+    text = inspect_text(manifest_summary(art._parts()[0]))
+    assert "new input shapes (Python loader): prepared by the kernel library, one native call each" in text
+    m, ref = bladepack.load(data, executor="native"), bladepack.load(data, executor="reference")
+    for b in SIZES:
+        for sign in (1.0, -1.0):
+            x = (np.abs(np.random.default_rng(b).standard_normal((b, 8))) * sign).astype(np.float32)
+            for _ in range(2):  # the first call prepares the signature, the second finds it
+                for a, w in zip(m(x), ref(x)):
+                    assert rel_err(a, w) <= 1e-6, (b, sign)
+    assert len(m._executor.prepare) == 0  # no call took the Python path
+
+
+def test_plans_the_library_does_not_prepare() -> None:
+    """A plan with a reference step (an integer matmul: no BLAS routine) keeps the Python path, says so
+    in inspect, and runs."""
     from bladepack.inspect import inspect_text, manifest_summary
 
+    class IntMatmul(torch.nn.Module):
+        def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            return (x @ w) + 1
+
+    w = torch.ones(4, 2, dtype=torch.int64)
+    art = bladepack.optimize(
+        IntMatmul(), [(torch.ones(3, 4, dtype=torch.int64), w), (torch.ones(5, 4, dtype=torch.int64), w)]
+    )
+    m = Manifest.read(bpk_format.read(art.to_bytes()))
+    assert eligible(m) == "a reference step"
+    ex = _executor(art.to_bytes())
+    assert ex.fast is None or ex.fast._prepare is None
     text = inspect_text(manifest_summary(art._parts()[0]))
-    assert "new input shapes (Python loader): prepared in Python, ~60 µs each (a run-time data condition)" in text
-    m_, r_ = bladepack.load(art.to_bytes(), executor="native"), bladepack.load(art.to_bytes(), executor="reference")
-    for b in (1, 5, 6, 64):
-        x = np.random.default_rng(b).standard_normal((b, 8)).astype(np.float32)
-        for a, w in zip(m_(x), r_(x)):
-            assert rel_err(a, w) <= 1e-6
+    assert "new input shapes (Python loader): prepared in Python, ~60 µs each (a reference step)" in text
+    x = np.arange(28, dtype=np.int64).reshape(7, 4)
+    np.testing.assert_array_equal(bladepack.load(art.to_bytes())(x, w.numpy()), x @ w.numpy() + 1)
+
+
+def test_when_records_are_checked(mlp_artifact: bladepack.api.Artifact) -> None:
+    """The library's operand checks refuse a WHEN record whose byte lies outside its slot, whose skip
+    runs past the list or lands inside a record, or whose expected value is not 0 / 1; a well-formed one
+    passes."""
+    ex = _executor(mlp_artifact.to_bytes())
+    lib = ex.native
+    assert lib._check is not None
+    slots = np.array([64, 8, 40], dtype=np.int64)
+    writable = np.ones(3, dtype=np.uint8)
+
+    def check(words: list[int]) -> int:
+        w = np.array(words, dtype=np.int64)
+        status = np.zeros(4, dtype=np.int64)
+        return int(lib._check(w.ctypes.data, w.size, slots.ctypes.data, writable.ctypes.data, 3, status.ctypes.data))
+
+    fine = [3, 1, 1, 1, 1, 7, 0]
+    assert check(fine + [3, 0, 1, 1, 0, 63, 0]) == 0
+    bad = {
+        "byte past its slot": [3, 1, 1, 1, 1, 8, 0],
+        "skip past the list": [3, 1, 1, 1, 1, 0, 8],
+        "skip into the next WHEN record": [3, 1, 1, 1, 1, 0, 3] + fine,
+        "expected 2": [3, 2, 1, 1, 1, 0, 0],
+        "two pointers": [3, 1, 2, 1, 1, 0, 1, 0, 0],
+    }
+    for name, words in bad.items():
+        assert check(words) != 0, name
 
 
 def test_int64_limits_are_refused_not_wrapped(mlp_artifact: bladepack.api.Artifact) -> None:

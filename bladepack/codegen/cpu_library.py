@@ -128,7 +128,10 @@ static int64_t check_words(const int64_t* w, int64_t nwords, const int64_t* slot
                            int64_t nslots, int64_t* status) {
   int64_t room[%(maxp)d];
   int64_t pos = 0, launch = 0;
+  std::vector<int64_t> targets;  // where WHEN records skip to: each must start a record (or end the list)
+  std::vector<int64_t> starts;
   while (pos < nwords) {
+    starts.push_back(pos);
     status[0] = launch;
     if (nwords - pos < 4) return bpk::chk::fail(status, 1, -1, -1);
     const int64_t op = w[pos], a = w[pos + 1], np = w[pos + 2], ni = w[pos + 3];
@@ -148,12 +151,21 @@ static int64_t check_words(const int64_t* w, int64_t nwords, const int64_t* slot
     } else if (op == BPK_OP_GEMM) {  // GEMM records: the loaders' Note [GEMM records]; D is written
       if (np != 3 || a < 0 || a > 3 || !((%(gemms)d >> a) & 1)) return bpk::chk::fail(status, 1, -1, -1);
       if (!writable[pw[4]]) return bpk::chk::fail(status, 7, 2, pw[4]);
+    } else if (op == BPK_OP_WHEN) {  // one byte read; the skip lands on a record of this list or its end
+      const int64_t end = pos + 7;
+      if (np != 1 || ni != 1 || (a != 0 && a != 1) || room[0] < 1 || pw[2] < 0 || pw[2] > nwords - end)
+        return bpk::chk::fail(status, 1, -1, -1);
+      targets.push_back(end + pw[2]);
+      pos = end;
+      continue;
     } else {
       return bpk::chk::fail(status, 1, -1, -1);
     }
     pos += 4 + 2 * np + ni;
     ++launch;
   }
+  for (const int64_t t : targets)
+    if (t != nwords && !std::binary_search(starts.begin(), starts.end(), t)) return bpk::chk::fail(status, 1, -1, -1);
   return 0;
 }
 __attribute__((visibility("default"))) int64_t bpk_check(const int64_t* w, int64_t nwords, const int64_t* slot_bytes,
@@ -194,6 +206,11 @@ __attribute__((visibility("default"))) int64_t bpk_run(void* c, const int64_t* w
     }
     for (int64_t k = 0; k < np; ++k) ptrs[k] = static_cast<char*>(slots[pw[2 * k]]) + pw[2 * k + 1];
     const int64_t* ints = pw + 2 * np;
+    if (op == BPK_OP_WHEN) {  // a run-time branch: the launches it guards are skipped unless it holds
+      pos += 4 + 2 * np + ni;
+      if ((*static_cast<const uint8_t*>(ptrs[0]) != 0) != (a != 0)) pos += ints[0];
+      continue;
+    }
     const auto t0 = times_ns ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
     if (op == BPK_OP_KERNEL) {
       bpk_kernels[a](&st, ptrs, ints);

@@ -9,7 +9,7 @@ namespace prep {
 enum Head : int64_t {
   kMagic, kInputs, kInputsAt, kRegs, kConsts, kConstsAt, kCode, kCodeAt, kOutputs, kOutputsAt, kArena,
   kWeights, kWeightsAt, kBuffers, kBuffersAt, kPtrs, kPtrsAt, kGemms, kGemmsAt, kWords, kWordsAt, kFills,
-  kFillsAt, kLaunches, kLaunchesAt, kWritableAt, kMemory, kHeadWords
+  kFillsAt, kLaunches, kLaunchesAt, kWritableAt, kMemory, kConds, kCondsAt, kHeadWords
 };
 constexpr int64_t kMagicWord = 0x3150455250'4b5042;  // "BPKPREP1", little-endian
 
@@ -193,35 +193,77 @@ int64_t prepare(const int64_t* p, const int64_t* dims, int64_t* r, int64_t* word
     if (!gemm_ok(v, ni, room, np == 4, item)) return kGemm;
     g += 4 + ni;
   }
-  // the words: the template, its register words filled, each kernel's variant chosen, then the
-  // launches a shape condition rules out dropped (the kept ones move down in place)
+  // every data condition of every launch: [slot, offset ref] (a byte inside its slot)
+  const int64_t* cond = p + p[kCondsAt];
+  for (int64_t k = 0; k < p[kConds]; ++k) {
+    const int64_t s = cond[2 * k], at = r[cond[2 * k + 1]];
+    if (s < 0 || s >= nslots || at < 0 || at >= slot_bytes[s]) return kPointer;
+  }
+  // the words: the template, its register words filled (after the room for the list), each kernel's
+  // variant chosen, the launches a shape condition rules out dropped, and before each run of
+  // launches under the same data conditions one WHEN record per condition, outermost first, skipping
+  // the rest of the run when its byte says otherwise (the Python path's segments: a run ends at a
+  // dropped launch and wherever the conditions change)
   const int64_t nw = p[kWords];
-  std::memcpy(words, p + p[kWordsAt], size_t(nw) * sizeof(int64_t));
+  int64_t* tw = words + nw + 7 * p[kConds];
+  std::memcpy(tw, p + p[kWordsAt], size_t(nw) * sizeof(int64_t));
   const int64_t* fill = p + p[kFillsAt];
-  for (int64_t k = 0; k < p[kFills]; ++k) words[fill[2 * k]] = r[fill[2 * k + 1]];
-  // launches: [start, end, condition count, (predicate ref, expected) pairs, function word position or
-  // -1, variant count, (predicate ref, function) pairs]
+  for (int64_t k = 0; k < p[kFills]; ++k) tw[fill[2 * k]] = r[fill[2 * k + 1]];
+  // launches: [start, end, condition count, (predicate ref, expected) pairs, data condition count,
+  // (slot, offset ref, expected) triples, function word position or -1, variant count, (predicate ref,
+  // function) pairs]
   const int64_t* ln = p + p[kLaunchesAt];
-  int64_t kept = 0;
+  int64_t kept = 0, run_at = -1, run_n = 0;  // the current run's WHEN records: first position, count
+  const int64_t* run_conds = nullptr;
+  auto close_run = [&]() {
+    for (int64_t j = 0; j < run_n; ++j) words[run_at + 7 * j + 6] = kept - (run_at + 7 * (j + 1));
+    run_at = -1;
+    run_n = 0;
+    run_conds = nullptr;
+  };
+  bool in_run = false;
   for (int64_t k = 0; k < p[kLaunches]; ++k) {
     const int64_t start = ln[0], end = ln[1], nwhen = ln[2];
     bool hold = true;
     for (int64_t j = 0; j < nwhen; ++j) hold = hold && ((r[ln[3 + 2 * j]] != 0) == (ln[4 + 2 * j] != 0));
-    const int64_t* fn = ln + 3 + 2 * nwhen;
+    const int64_t* data = ln + 3 + 2 * nwhen;
+    const int64_t ndata = data[0];
+    const int64_t* fn = data + 1 + 3 * ndata;
     const int64_t nvar = fn[1];
-    if (hold) {
-      if (fn[0] >= 0) {
-        int64_t chosen = -1;
-        for (int64_t j = 0; j < nvar && chosen < 0; ++j)
-          if (r[fn[2 + 2 * j]]) chosen = fn[3 + 2 * j];
-        if (chosen < 0 || chosen >= bpk_nfn) return kVariant;
-        words[fn[0]] = chosen;
-      }
-      if (kept != start) std::memmove(words + kept, words + start, size_t(end - start) * sizeof(int64_t));
-      kept += end - start;
-    }
     ln = fn + 2 + 2 * nvar;
+    if (!hold) {
+      close_run();
+      in_run = false;
+      continue;
+    }
+    bool same = in_run && ndata == run_n;
+    for (int64_t j = 0; same && j < ndata; ++j)
+      same = data[1 + 3 * j] == run_conds[3 * j] && r[data[2 + 3 * j]] == r[run_conds[3 * j + 1]] &&
+             (data[3 + 3 * j] != 0) == (run_conds[3 * j + 2] != 0);
+    if (!same) {
+      close_run();
+      in_run = true;
+      run_at = kept;
+      run_n = ndata;
+      run_conds = data + 1;
+      for (int64_t j = 0; j < ndata; ++j) {
+        int64_t* w = words + kept;
+        w[0] = BPK_OP_WHEN, w[1] = data[3 + 3 * j] != 0, w[2] = 1, w[3] = 1;
+        w[4] = data[1 + 3 * j], w[5] = r[data[2 + 3 * j]], w[6] = 0;
+        kept += 7;
+      }
+    }
+    if (fn[0] >= 0) {
+      int64_t chosen = -1;
+      for (int64_t j = 0; j < nvar && chosen < 0; ++j)
+        if (r[fn[2 + 2 * j]]) chosen = fn[3 + 2 * j];
+      if (chosen < 0 || chosen >= bpk_nfn) return kVariant;
+      tw[fn[0]] = chosen;
+    }
+    std::memcpy(words + kept, tw + start, size_t(end - start) * sizeof(int64_t));
+    kept += end - start;
   }
+  close_run();
   int64_t status[4] = {0, 0, 0, 0};
   const uint8_t* writable = reinterpret_cast<const uint8_t*>(p + p[kWritableAt]);
   if (check_words(words, kept, slot_bytes, writable, nslots, status)) return kOperands;

@@ -8,9 +8,12 @@
 // Note [Launch words]: the loader resolves the plan for one input-shape signature into a flat int64
 // array of records  [op, a, nptr, nint, (slot, byte offset) x nptr, int x nint]; a pointer argument is
 // slots[slot] + offset, where slot 0 is the arena and the others are inputs, outputs and weights. The
-// record ops are BPK_OP_KERNEL (a = index into the kernel table: kernel base + variant) and BPK_OP_GEMM
+// record ops are BPK_OP_KERNEL (a = index into the kernel table: kernel base + variant), BPK_OP_GEMM
 // (a = 0 for float32, 1 for float64, 2 for float16, 3 for bfloat16; ints in the order of bpk_gemm
-// below).
+// below) and BPK_OP_WHEN (a = the expected truth of the byte its one pointer addresses; its one int is
+// how many words after the record to skip when the byte says otherwise: a run-time branch inside one
+// word list, Note [Native preparation] in bladepack/loader/native_prepare.py). A WHEN record is not a
+// launch: it takes no launch index and no time.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -29,6 +32,7 @@
 #define BPK_ABI_VERSION 1
 #define BPK_OP_KERNEL 1
 #define BPK_OP_GEMM 2
+#define BPK_OP_WHEN 3
 #ifndef BPK_SMALL_M_ROWS
 #define BPK_SMALL_M_ROWS 3
 #endif

@@ -23,21 +23,26 @@ a buffer, pointer or GEMM record outside its tensor (Note [Plan checks]), no ker
 operand check (Note [Kernel operand checks]) or more bytes than the machine holds (Note [Bytes before
 allocation]). A refusal is not an error: the call goes the Python path, which raises its own words
 (or, where only int64 arithmetic was in doubt, runs). A launch a shape condition rules out is left
-out of the words, so the kept launches are one list, as Note [Fast path] runs them. The LLaMA
+out of the words, so the kept launches are one list, as Note [Fast path] runs them; a run of
+launches under run-time data conditions (Note [Guarded launches]) is preceded by one WHEN record per
+condition (codegen/cpu_runtime.h), which the library reads where the Python path would read the
+predicate bytes between its segments, so a branching plan is one list too. The LLaMA
 sample's decode loop went from ~125 to ~20 µs a step (bench/results/decode_walk.md). Plans with
-reference steps, data conditions or an output the plan does not write are not prepared natively
-(their calls need the Python path's segments), and neither is a plan with a constant outside int64.
+reference steps or an output the plan does not write are not prepared natively (their calls need the
+Python path's segments), and neither is a plan with a constant outside int64.
 
 Header (int64 words, the order of HEADER; "at" words are positions in the program):
 magic, inputs, inputs at, registers, constants, constants at, instructions, code at, outputs, outputs
 at, arena (register index), weights, weights at, buffers, buffers at, pointers, pointers at, GEMMs,
-GEMMs at, words, words at, fills, fills at, launches, launches at, writable at, memory (bytes).
+GEMMs at, words, words at, fills, fills at, launches, launches at, writable at, memory (bytes),
+conditions, conditions at.
 Sections: inputs [first dim's position, rank, item bytes, static dim or -1 per axis]; outputs [item
 bytes, rank, dim indices]; weights [bytes]; buffers [offset index, item bytes, rank, dim indices];
 pointers [slot, offset index]; GEMMs [first pointer, pointer count, item bytes, integer count,
-integer indices]; fills [word position, index]; launches [start, end, condition count, (predicate
-index, expected) pairs, function word position or -1, variant count, (predicate index, function)
-pairs]; writable: one byte per slot, packed into words.
+integer indices]; fills [word position, index]; launches [start, end, shape condition count,
+(predicate index, expected) pairs, data condition count, (slot, offset index, expected) triples,
+function word position or -1, variant count, (predicate index, function) pairs]; writable: one byte
+per slot, packed into words; conditions [slot, offset index] (every data condition's byte).
 """
 
 from __future__ import annotations
@@ -83,6 +88,8 @@ HEADER = [
     "launches_at",
     "writable_at",
     "memory",
+    "conds",
+    "conds_at",
 ]
 MAGIC = int.from_bytes(b"BPKPREP1", "little")
 _DIM = 1  # the shape program's DIM opcode
@@ -200,6 +207,7 @@ class NativePreparation:
         template: list[int] = []
         fills: list[int] = []
         launches: list[int] = []
+        conds: list[int] = []
         kernels = m.kernels["cpu"]
 
         def put(v: Any) -> None:
@@ -231,8 +239,11 @@ class NativePreparation:
                 put(off)
             for v in lr["ints"]:
                 put(v)
-            when = [x for c in lr.get("when", ()) for x in (int(c["r"]), int(bool(c["is"])))]
-            launches += [start, len(template), len(when) // 2, *when, fn_at, len(variants) // 2, *variants]
+            when = [x for c in lr.get("when", ()) if "r" in c for x in (int(c["r"]), int(bool(c["is"])))]
+            data = [(int(c["ptr"][0]), ref(c["ptr"][1]), int(bool(c["is"]))) for c in lr.get("when", ()) if "ptr" in c]
+            conds += [x for slot, off, _ in data for x in (slot, off)]
+            launches += [start, len(template), len(when) // 2, *when, len(data), *(x for d in data for x in d)]
+            launches += [fn_at, len(variants) // 2, *variants]
         n_in, n_out = len(m.input_ids), len(m.outputs)
         n_slots = 1 + n_in + n_out + len(weights)
         writable = np.zeros(-(-n_slots // 8) * 8, dtype=np.uint8)
@@ -264,10 +275,15 @@ class NativePreparation:
         section("fills", fills, len(fills) // 2)
         section("launches", launches, len(plan["launches"]))
         section("writable", writable.view(np.int64).tolist())
+        section("conds", conds, len(conds) // 2)
         head.update(magic=MAGIC, registers=prog.nregs, arena=arena, memory=memory)
         program = np.array([head[k] for k in HEADER] + body, dtype=np.int64)
         return NativePreparation(
-            program, fn, ranks, tuple(out_ranks), (prog.nregs + len(consts), len(template), n_slots)
+            program,
+            fn,
+            ranks,
+            tuple(out_ranks),
+            (prog.nregs + len(consts), 2 * len(template) + 7 * len(conds) // 2, n_slots),
         )
 
     def stage(self, shapes: Sequence[tuple[int, ...]]) -> int:
