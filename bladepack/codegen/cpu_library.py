@@ -128,10 +128,13 @@ static int64_t check_words(const int64_t* w, int64_t nwords, const int64_t* slot
                            int64_t nslots, int64_t* status) {
   int64_t room[%(maxp)d];
   int64_t pos = 0, launch = 0;
-  std::vector<int64_t> targets;  // where WHEN records skip to: each must start a record (or end the list)
-  std::vector<int64_t> starts;
+  // Where the pending WHEN records skip to: a record's start or the list's end, the same for every WHEN
+  // record of a run (the runs the loaders emit: Note [Native preparation]); -1: none pending. No heap:
+  // the library's allocator is not the host's (a sanitizer build's).
+  int64_t target = -1;
   while (pos < nwords) {
-    starts.push_back(pos);
+    if (target >= 0 && pos > target) return bpk::chk::fail(status, 1, -1, -1);
+    if (pos == target) target = -1;
     status[0] = launch;
     if (nwords - pos < 4) return bpk::chk::fail(status, 1, -1, -1);
     const int64_t op = w[pos], a = w[pos + 1], np = w[pos + 2], ni = w[pos + 3];
@@ -153,9 +156,10 @@ static int64_t check_words(const int64_t* w, int64_t nwords, const int64_t* slot
       if (!writable[pw[4]]) return bpk::chk::fail(status, 7, 2, pw[4]);
     } else if (op == BPK_OP_WHEN) {  // one byte read; the skip lands on a record of this list or its end
       const int64_t end = pos + 7;
-      if (np != 1 || ni != 1 || (a != 0 && a != 1) || room[0] < 1 || pw[2] < 0 || pw[2] > nwords - end)
+      if (np != 1 || ni != 1 || (a != 0 && a != 1) || room[0] < 1 || pw[2] < 0 || pw[2] > nwords - end ||
+          (target >= 0 && end + pw[2] != target))
         return bpk::chk::fail(status, 1, -1, -1);
-      targets.push_back(end + pw[2]);
+      target = end + pw[2];
       pos = end;
       continue;
     } else {
@@ -164,8 +168,7 @@ static int64_t check_words(const int64_t* w, int64_t nwords, const int64_t* slot
     pos += 4 + 2 * np + ni;
     ++launch;
   }
-  for (const int64_t t : targets)
-    if (t != nwords && !std::binary_search(starts.begin(), starts.end(), t)) return bpk::chk::fail(status, 1, -1, -1);
+  if (target >= 0 && target != nwords) return bpk::chk::fail(status, 1, -1, -1);
   return 0;
 }
 __attribute__((visibility("default"))) int64_t bpk_check(const int64_t* w, int64_t nwords, const int64_t* slot_bytes,
