@@ -1,7 +1,8 @@
 """Host overhead of a call at a repeated input shape: the whole Python call minus the native run.
 
-In: a 50-kernel chain (alternating cumsum and softmax rows, so nothing fuses) and the samples at
-small shapes. Out: a markdown table (printed) and bench/results/host_overhead.{json,md}.
+In: a 50-kernel chain (alternating cumsum and softmax rows, so nothing fuses), a run-time branch on
+the values (torch.cond) and the samples at small shapes. Out: a markdown table (printed) and
+bench/results/host_overhead.{json,md}.
 
     python -m bench.host_overhead [--repeat 2000]
 
@@ -47,6 +48,17 @@ class Chain(torch.nn.Module):
         for k in range(self.n):
             x = torch.cumsum(x, -1) * 0.5 if k % 2 == 0 else torch.softmax(x, -1)
         return x
+
+
+class Branch(torch.nn.Module):
+    """A run-time branch on the values (torch.cond on the mean's sign): a Linear + ReLU or an exp."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(x.mean() > 0, lambda t: self.fc(t).relu(), lambda t: t.exp() * 0.5, (x,))
 
 
 def measure(m: bladepack.LoadedModule, inputs: tuple[torch.Tensor, ...], repeat: int) -> dict[str, Any]:
@@ -123,6 +135,14 @@ def main() -> None:
         )
         fresh.append(
             {"model": "chain of 50 kernels", "dims": "x: n x 8", **new_shapes(m, lambda n: (torch.randn(n, 8),), sizes)}
+        )
+        branch = Branch().eval()
+        batch = bladepack.Dim("batch", 1, 4096)
+        art = bladepack.optimize(branch, [(torch.randn(3, 8),), (torch.randn(6, 8),)], ({0: batch},))
+        m = bladepack.load(art.to_bytes())
+        rows.append({"model": "run-time branch", "dims": "x: 32 x 8", **measure(m, (torch.rand(32, 8),), args.repeat)})
+        fresh.append(
+            {"model": "run-time branch", "dims": "x: n x 8", **new_shapes(m, lambda n: (torch.rand(n, 8),), sizes)}
         )
         for name, dims in (("encoder", {"batch": 1, "seq": 1}), ("llama", {"batch": 1, "past": 7})):
             s = SAMPLES[name]
