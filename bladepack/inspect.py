@@ -277,7 +277,7 @@ def _new_shapes(m: dict[str, Any]) -> str | None:
     why = declined(plan, len(m["inputs"]))
     if why is None:
         return "prepared by the kernel library, one native call each"
-    return f"prepared in Python, ~60 µs each ({why})"
+    return f"prepared in Python ({why})"
 
 
 def inspect_text(s: dict[str, Any]) -> str:

@@ -213,7 +213,8 @@ int64_t prepare(const int64_t* p, const int64_t* dims, int64_t* r, int64_t* word
   // (slot, offset ref, expected) triples, function word position or -1, variant count, (predicate ref,
   // function) pairs]
   const int64_t* ln = p + p[kLaunchesAt];
-  int64_t kept = 0, run_at = -1, run_n = 0;  // the current run's WHEN records: first position, count
+  // the current run's WHEN records: first position (-1: no run), count, conditions
+  int64_t kept = 0, run_at = -1, run_n = 0;
   const int64_t* run_conds = nullptr;
   auto close_run = [&]() {
     for (int64_t j = 0; j < run_n; ++j) words[run_at + 7 * j + 6] = kept - (run_at + 7 * (j + 1));
@@ -221,7 +222,6 @@ int64_t prepare(const int64_t* p, const int64_t* dims, int64_t* r, int64_t* word
     run_n = 0;
     run_conds = nullptr;
   };
-  bool in_run = false;
   for (int64_t k = 0; k < p[kLaunches]; ++k) {
     const int64_t start = ln[0], end = ln[1], nwhen = ln[2];
     bool hold = true;
@@ -231,18 +231,16 @@ int64_t prepare(const int64_t* p, const int64_t* dims, int64_t* r, int64_t* word
     const int64_t* fn = data + 1 + 3 * ndata;
     const int64_t nvar = fn[1];
     ln = fn + 2 + 2 * nvar;
-    if (!hold) {
+    if (!hold) {  // a dropped launch ends the run: the conditions are read again after it
       close_run();
-      in_run = false;
       continue;
     }
-    bool same = in_run && ndata == run_n;
+    bool same = run_at >= 0 && ndata == run_n;
     for (int64_t j = 0; same && j < ndata; ++j)
       same = data[1 + 3 * j] == run_conds[3 * j] && r[data[2 + 3 * j]] == r[run_conds[3 * j + 1]] &&
              (data[3 + 3 * j] != 0) == (run_conds[3 * j + 2] != 0);
     if (!same) {
       close_run();
-      in_run = true;
       run_at = kept;
       run_n = ndata;
       run_conds = data + 1;

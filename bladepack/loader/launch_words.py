@@ -65,6 +65,11 @@ class WordTemplate:
         return len(self.words) - 1
 
     @property
+    def register_words(self) -> list[tuple[int, int]]:
+        """(position, register) of every word a signature fills from a register."""
+        return list(zip(self._at, self._reg))
+
+    @property
     def exact(self) -> bool:
         return self._unsigned or all(-(1 << 63) <= w < (1 << 63) for w in self.words)
 
@@ -105,7 +110,7 @@ class Segment:
 
 
 @dataclass(frozen=True)
-class _Launch:
+class Launch:
     index: int  # in the plan
     record: dict[str, Any]
     ref: bool  # a reference step: no words
@@ -124,7 +129,7 @@ class LaunchWords:
     def __init__(self, launches: Sequence[dict[str, Any]], kernels: Sequence[dict[str, Any]], nfn: int) -> None:
         self._words = WordTemplate()
         words, put = self._words.words, self._words.put
-        self._launches: list[_Launch] = []
+        self._launches: list[Launch] = []
         for k, lr in enumerate(launches):
             op = lr["op"]
             when = lr.get("when", ())
@@ -151,9 +156,19 @@ class LaunchWords:
                 for v in ints:
                     put(v)
             self._launches.append(
-                _Launch(k, lr, op == "ref", start, len(words), shape_when, data_when, fn_at, variants, name)
+                Launch(k, lr, op == "ref", start, len(words), shape_when, data_when, fn_at, variants, name)
             )
         self._nfn = nfn
+
+    @property
+    def template(self) -> WordTemplate:
+        """Every launch's words laid out once (a reference step's none)."""
+        return self._words
+
+    @property
+    def launches(self) -> tuple[Launch, ...]:
+        """Per plan launch: its words' range in the template, its conditions and its kernel's variants."""
+        return tuple(self._launches)
 
     def segments(self, regs: Sequence[int]) -> tuple[Segment, ...]:
         """The launch list at one signature: launches a shape condition rules out dropped, the rest cut

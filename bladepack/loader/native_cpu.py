@@ -257,13 +257,18 @@ class NativeCpu:
             self._destroy(ctx)
 
     # -- per shape signature
-    def prepare(self, regs: Sequence[int], kernels: Sequence[dict[str, Any]]) -> Prepared:
-        """The launch list at one signature (Note [Launch word template]), after the plan checks."""
+    def launch_words(self, kernels: Sequence[dict[str, Any]]) -> LaunchWords:
+        """The plan's word template (Note [Launch word template]), laid out at its first use."""
         if self._words is None:
             self._words = LaunchWords(self.plan["launches"], kernels, self.nfn)
             self._buffers = {int(b["id"]): b for b in self.plan["buffers"]}
+        return self._words
+
+    def prepare(self, regs: Sequence[int], kernels: Sequence[dict[str, Any]]) -> Prepared:
+        """The launch list at one signature (Note [Launch word template]), after the plan checks."""
+        words = self.launch_words(kernels)
         regs = tuple(regs)
-        return Prepared(self._words.segments(regs), resolve_word(self.plan["arena_bytes"], regs), regs, self._buffers)
+        return Prepared(words.segments(regs), resolve_word(self.plan["arena_bytes"], regs), regs, self._buffers)
 
     def check_operands(self, prep: Prepared, slot_bytes: Sequence[int], writable: np.ndarray) -> np.ndarray | None:
         """Note [Kernel operand checks]: None when every native launch passes its kernel's check, else

@@ -91,7 +91,9 @@ class NativeExecutor:
                     [DType(m.values[o]["dtype"]).to_numpy() for o in m.outputs],
                     self._n_slots,
                     cache_limit,
-                    NativePreparation.build(m, self.native.prepare_entry, physical_memory()),
+                    NativePreparation.build(
+                        m, self.native.prepare_entry, self.native.launch_words(self._kernels), physical_memory()
+                    ),
                 )
         except TypeError:  # a bfloat16 input or output: no numpy dtype, so the full path only
             self.fast = None

@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from bladepack.artifact.native_plan import declined
-from bladepack.loader.launch_words import GEMM_DTYPE_CODES, OP_GEMM, OP_KERNEL
+from bladepack.loader.launch_words import LaunchWords
 from bladepack.loader.manifest import Manifest, element_count
 from bladepack.loader.plan_check import BYTE_SIZES
 
@@ -172,9 +172,10 @@ class NativePreparation:
         self._scratch = _Scratch(nregs, nwords, at, nslots, sum(ranks))
 
     @staticmethod
-    def build(m: Manifest, fn: Any, memory: int) -> NativePreparation | None:
-        """The program of `m`'s CPU plan for the library entry point `fn`, or None where Note [Native
-        preparation] leaves the plan to the Python path; `memory`: the bytes a call may need."""
+    def build(m: Manifest, fn: Any, words: LaunchWords, memory: int) -> NativePreparation | None:
+        """The program of `m`'s CPU plan for the library entry point `fn`, its launch words from the
+        plan's template `words`, or None where Note [Native preparation] leaves the plan to the Python
+        path; `memory`: the bytes a call may need."""
         if fn is None or eligible(m) is not None:
             return None
         plan = m.native["cpu"]
@@ -204,53 +205,34 @@ class NativePreparation:
             buffers += [ref(b["offset"]), BYTE_SIZES[b["dtype"]], len(b["shape"]), *(ref(d) for d in b["shape"])]
         pointers: list[int] = []
         gemms: list[int] = []
-        template: list[int] = []
-        fills: list[int] = []
-        launches: list[int] = []
-        conds: list[int] = []
-        kernels = m.kernels["cpu"]
-
-        def put(v: Any) -> None:
-            if isinstance(v, dict):
-                fills.extend((len(template), ref(v)))
-                template.append(0)
-            else:
-                template.append(int(v))
-
         for lr in plan["launches"]:
             first = len(pointers) // 2
-            for slot, off in lr["ptrs"]:
-                pointers += [int(slot), ref(off)]
-            start, fn_at = len(template), -1
-            variants: list[int] = []
-            if lr["op"] == "kernel":
-                row = kernels[lr["k"]]
-                fn_at = start + 1
-                template.extend((OP_KERNEL, -1))
-                for v in row["variants"]:
-                    variants += [int(v["pred"]), int(v["fn"])]
-            else:
-                template.extend((OP_GEMM, GEMM_DTYPE_CODES[lr["dtype"]]))
+            pointers += [x for slot, off in lr["ptrs"] for x in (int(slot), ref(off))]
+            if lr["op"] == "gemm":
                 ints = [ref(v) for v in lr["ints"]]
                 gemms += [first, len(lr["ptrs"]), BYTE_SIZES[lr["dtype"]], len(ints), *ints]
-            template.extend((len(lr["ptrs"]), len(lr["ints"])))
-            for slot, off in lr["ptrs"]:
-                template.append(int(slot))
-                put(off)
-            for v in lr["ints"]:
-                put(v)
-            when = [x for c in lr.get("when", ()) if "r" in c for x in (int(c["r"]), int(bool(c["is"])))]
-            data = [(int(c["ptr"][0]), ref(c["ptr"][1]), int(bool(c["is"]))) for c in lr.get("when", ()) if "ptr" in c]
+        template = words.template.words
+        fills = [x for pos, reg in words.template.register_words for x in (pos, reg)]
+        launches: list[int] = []
+        conds: list[int] = []
+        for ln in words.launches:
+            data = [(int(slot), ref(off), int(taken)) for slot, off, taken in ln.data_when]
             conds += [x for slot, off, _ in data for x in (slot, off)]
-            launches += [start, len(template), len(when) // 2, *when, len(data), *(x for d in data for x in d)]
-            launches += [fn_at, len(variants) // 2, *variants]
+            launches += [
+                ln.start,
+                ln.end,
+                len(ln.shape_when),
+                *(x for r, want in ln.shape_when for x in (r, int(want))),
+            ]
+            launches += [len(data), *(x for d in data for x in d), ln.fn_at, len(ln.variants)]
+            launches += [x for pred, f in ln.variants for x in (pred, f)]
         n_in, n_out = len(m.input_ids), len(m.outputs)
         n_slots = 1 + n_in + n_out + len(weights)
         writable = np.zeros(-(-n_slots // 8) * 8, dtype=np.uint8)
         writable[0] = 1
         writable[1 + n_in : 1 + n_in + n_out] = 1
         arena = ref(plan["arena_bytes"])
-        if not prog.exact or any(not _I64[0] <= v < _I64[1] for v in (*template, *weights, memory)):
+        if not (prog.exact and words.template.exact) or any(not _I64[0] <= v < _I64[1] for v in (*weights, memory)):
             return None
         consts = sorted(prog.consts, key=prog.consts.__getitem__)
         head = dict.fromkeys(HEADER, 0)

@@ -70,11 +70,4 @@ void release_output(void* p) {
   b.kept_bytes += n;
 }
 
-void kept_outputs(size_t* count, size_t* bytes) {
-  Blocks& b = blocks();
-  std::lock_guard<std::mutex> lock(b.mu);
-  *count = b.kept.size();
-  *bytes = b.kept_bytes;
-}
-
 }  // namespace bpk

@@ -25,7 +25,5 @@ void* alloc_output(size_t bytes);
 // Gives back what alloc_output returned (a kept block or free); null is ignored. Any other pointer of
 // the malloc family is freed.
 void release_output(void* p);
-// The blocks kept for reuse and their bytes (tests).
-void kept_outputs(size_t* blocks, size_t* bytes);
 
 }  // namespace bpk
