@@ -147,14 +147,21 @@ _I64 = (-(1 << 63), 1 << 63)
 _INFIX = {Op.ADD: "+", Op.SUB: "-", Op.MUL: "*", Op.LT: "<", Op.LE: "<=", Op.EQ: "==", Op.NE: "!="}
 
 
-def compile_program(
-    code: Sequence[tuple[int, int, int, int, int]], num_registers: int, messages: Sequence[str]
-) -> Callable[[Sequence[Sequence[int]]], list[int]]:
-    """The program as one Python function of the input dims returning the register file."""
+def program_lines(
+    code: Sequence[tuple[int, int, int, int, int]],
+    dim: Callable[[int, int], str],
+    prefix: str,
+    fail: Callable[[int, str, str], str],
+    overflow: Callable[[int], str],
+    zero: str,
+) -> list[str]:
+    """A validated program's statements (Note [Compiled shape programs]): register k is the local
+    `{prefix}{k}`, DIM a b reads `dim(a, b)`; `fail(message, value, other)`, `overflow(pc)` and `zero`
+    are the statements run where an ASSERT fails, a result leaves int64 and a divisor is zero."""
     written: set[int] = set()
 
     def reg(k: int) -> str:
-        return f"r{k}" if k in written else "0"
+        return f"{prefix}{k}" if k in written else "0"
 
     body: list[str] = []
     for pc, (op, d, a, b, c) in enumerate(code):
@@ -163,14 +170,14 @@ def compile_program(
         if kind is Op.CONST:
             expr = str(int(a))
         elif kind is Op.DIM:
-            expr = f"dims[{int(a)}][{int(b)}]"
+            expr = dim(int(a), int(b))
         elif kind is Op.SELECT:
             expr = f"{reg(b)} if {reg(a)} else {reg(c)}"
         elif kind is Op.ASSERT:
-            body.append(f"if not {reg(a)}: _fail({int(c)}, {reg(b)}, {reg(d)})")
+            body.append(f"if not {reg(a)}: {fail(int(c), reg(b), reg(d))}")
             continue
         elif kind in (Op.FLOORDIV, Op.CEILDIV, Op.MOD):
-            body.append(f"if not {reg(b)}: _zero()")
+            body.append(f"if not {reg(b)}: {zero}")
             x, y = reg(a), reg(b)
             expr = {Op.FLOORDIV: f"{x} // {y}", Op.CEILDIV: f"-((-{x}) // {y})", Op.MOD: f"{x} % {y}"}[kind]
             checked = kind is not Op.MOD
@@ -184,11 +191,27 @@ def compile_program(
                 checked = True
             else:
                 expr = f"int({expr})"
-        body.append(f"r{d} = {expr}")
+        body.append(f"{prefix}{d} = {expr}")
         written.add(d)
         if checked:
-            body.append(f"if not {_I64[0]} <= r{d} < {_I64[1]}: _overflow({pc})")
-    body.append("return [" + ", ".join(reg(k) for k in range(num_registers)) + "]")
+            body.append(f"if not {_I64[0]} <= {prefix}{d} < {_I64[1]}: {overflow(pc)}")
+    return body
+
+
+def compile_program(
+    code: Sequence[tuple[int, int, int, int, int]], num_registers: int, messages: Sequence[str]
+) -> Callable[[Sequence[Sequence[int]]], list[int]]:
+    """The program as one Python function of the input dims returning the register file."""
+    body = program_lines(
+        code,
+        lambda a, b: f"dims[{a}][{b}]",
+        "r",
+        lambda c, value, other: f"_fail({c}, {value}, {other})",
+        lambda pc: f"_overflow({pc})",
+        "_zero()",
+    )
+    written = {int(d) for op, d, _, _, _ in code if Op(op) is not Op.ASSERT}
+    body.append("return [" + ", ".join(f"r{k}" if k in written else "0" for k in range(num_registers)) + "]")
     source = "def evaluate(dims):\n" + "".join(f"    {line}\n" for line in body)
 
     def fail(c: int, value: int, other: int) -> None:

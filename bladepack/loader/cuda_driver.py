@@ -326,9 +326,27 @@ class DeviceBuffer:
             self.free()
 
 
+SMALLEST_CLASS = 1 << 16
+
+
+def size_class(nbytes: int) -> int:
+    """Note [Device size classes]: memory sized by a dim that grows call by call (a decode loop's arena,
+    graph buffer and pooled results) was allocated at exactly the size asked, so every call of a
+    growing walk replaced it — a wait for the stream, a free and an allocation per call. Requests are
+    rounded up to 256 bytes and, from 64 KiB, to one of eight steps per power of two (at most 12.5%
+    more), as the C++ runtime sizes its arenas and outputs (Note [Output blocks]); a walk then
+    reallocates only when it passes a class."""
+    n = (max(nbytes, 1) + 255) // 256 * 256
+    if n >= SMALLEST_CLASS:
+        step = (1 << (n.bit_length() - 1)) // 8
+        n = (n + step - 1) // step * step
+    return n
+
+
 class StreamBuffers:
-    """One device buffer per stream, grown on demand (at least `minimum` bytes; zero-filled when
-    allocated if `zeroed`). Calls on one stream run in order, so its buffer is free for each call."""
+    """One device buffer per stream, grown on demand (at least `minimum` bytes, then by size class:
+    Note [Device size classes]; zero-filled when allocated if `zeroed`). Calls on one stream run in
+    order, so its buffer is free for each call."""
 
     def __init__(self, device: Device, minimum: int, zeroed: bool = False) -> None:
         self._device, self._minimum, self._zeroed = device, minimum, zeroed
@@ -342,7 +360,7 @@ class StreamBuffers:
                 if buf is not None:
                     self._device.synchronize(stream)
                     buf.free()
-                buf = self._buffers[stream] = self._device.alloc(max(nbytes, self._minimum))
+                buf = self._buffers[stream] = self._device.alloc(size_class(max(nbytes, self._minimum)))
                 if self._zeroed:
                     buf.copy_from_host(bytes(buf.nbytes))
             return buf.ptr

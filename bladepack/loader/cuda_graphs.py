@@ -56,7 +56,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bladepack.loader.cuda_driver import CudaError, Device, DeviceBuffer, _check
+from bladepack.loader.cuda_driver import SMALLEST_CLASS, CudaError, Device, DeviceBuffer, _check, size_class
 
 DEFAULT_GRAPHS = 64  # per caller stream
 STAGE_BYTES_PER_LAUNCH = 4 << 20  # Note [Graph staging cost]
@@ -127,7 +127,7 @@ class CudaGraphs:
             self._drop(ctx)
             if ctx.buffer is not None:
                 ctx.buffer.free()
-            ctx.buffer = self.device.alloc(max(nbytes, 256))
+            ctx.buffer = self.device.alloc(size_class(max(nbytes, SMALLEST_CLASS)))  # Note [Device size classes]
         return ctx.buffer.ptr
 
     def entry(self, ctx: GraphContext, key: Any) -> GraphEntry:
@@ -143,6 +143,16 @@ class CudaGraphs:
                 self.device.synchronize(ctx.stream)
                 self._drv.cuGraphExecDestroy(old.exec)
         return e
+
+    def first_run(self, stream: int, key: Any) -> bool:
+        """Whether this call is the signature's first run on `stream` (Note [First calls on the device] in
+        cuda_module.py); it is then counted, so the signature's next call is captured."""
+        ctx = self.context(stream)
+        e = ctx.graphs.get(key)
+        if e is not None and e.runs:
+            return False
+        self.entry(ctx, key).runs += 1
+        return True
 
     def capture(self, enqueue: Callable[[int], None]) -> Any:
         """An instantiated graph of what `enqueue(stream)` enqueues on this thread's capture stream, or

@@ -13,11 +13,27 @@ a device ordinal. Out: `CudaExecutor` (the `Executor` contract of executor.py). 
   (the call waits for the device).
 At a repeated signature with CUDA graphs, each kind takes a replay path (Note [Framework replay]).
 
+Note [First calls on the device]: a signature's first call on a stream can replay nothing, and a
+decode loop makes every call one (its cache is one token longer each time). Such a call with device
+tensors used to go the full way: a DLPack capsule per input (~10 µs each for torch's `__dlpack__`),
+then staging — each input copied into the stream's graph buffer, which grew (an allocation, a free and
+a wait) whenever the signature was the largest yet, the launches run uncaptured on those copies, each
+output copied out — work done only so that a second call could capture a graph at the same addresses.
+Now the replay paths' readers (torch's `data_ptr` and shape, a CAI dict, one capsule for other DLPack
+producers) hand an unseen signature straight to `_device_call`: the input ranks and static dims
+checked (anything else wrong goes the full path, which explains), then the launches on the caller's
+tensors in place, outputs from the caller's framework, nothing staged, the graph buffer untouched —
+and the run counted, so the signature's second call is captured as before (Note [CUDA graphs]; its
+buffer growth, if any, happens there). The signature's preparation is compiled (Note [Compiled CUDA
+preparation] in cuda_prepare.py). Host arrays keep the staged first run: their copies happen anyway,
+and in place they would need a device allocation per call.
+
 Note [Device errors] (device_errors.py): index errors are raised without a wait per call.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from collections.abc import Sequence
@@ -32,6 +48,7 @@ from bladepack.dtypes import DType
 from bladepack.errors import ExecutionError, InputError
 from bladepack.loader.cuda_driver import CudaUnavailable, DeviceBuffer
 from bladepack.loader.cuda_graphs import DEFAULT_GRAPHS, CudaGraphs, Replay, stage_pays
+from bladepack.loader.cuda_prepare import CudaPreparation
 from bladepack.loader.cuda_replay import ReplayPaths, nbytes, round_up
 from bladepack.loader.device_errors import DeviceErrors
 from bladepack.loader.device_inputs import (
@@ -44,15 +61,9 @@ from bladepack.loader.device_inputs import (
 )
 from bladepack.loader.dlpack import KDL_CUDA, KDL_CUDA_MANAGED, Imported, import_tensor
 from bladepack.loader.executor import ShapeCache
-from bladepack.loader.launch_checks import LaunchChecks
 from bladepack.loader.manifest import Key, Manifest
 from bladepack.loader.native_cuda import CudaPrepared, NativeCuda
-from bladepack.loader.plan_check import (
-    INT64_MAX,
-    check_operand_programs,
-    check_plan,
-    operand_programs,
-)
+from bladepack.loader.plan_check import check_plan, operand_programs
 from bladepack.loader.reference_executor import ReferenceExecutor, RefPrepared
 from bladepack.loader.signature import check_inputs
 from bladepack.loader.tensors import is_torch_tensor, resolve_views, to_numpy
@@ -116,8 +127,6 @@ class CudaExecutor(ReplayPaths):
         self.ordinal = ordinal
         kernels = m.kernels["cuda"]
         check_plan(m, "cuda", None)  # Note [Plan checks]: before anything is launched
-        self._checks = LaunchChecks(m, "cuda")  # Note [Vectorized launch checks]
-        self.operand_checks = operand_programs(m)
         self.kernels = kernels
         self._ref_nodes = m.reference_nodes("cuda")
         self.n_in = len(m.input_ids)
@@ -127,6 +136,8 @@ class CudaExecutor(ReplayPaths):
         self.n_slots = first_weight + len(self.weight_slot)  # then one more: the stream's status words
         self.exe = NativeCuda(bpk, native, kernels, ordinal, self.n_slots, options)
         self.exe.upload_weights([bpk.section(weight_section_name(w["name"])) for w in m.weight_rows])
+        # Note [Compiled CUDA preparation]: the launch checks, the kernels' operand checks and the launches
+        self._prepare_signature = CudaPreparation(m, self.exe.params, operand_programs(m), self.exe.cutlass)
         self.prepare = ShapeCache(self._build, cache_limit)
         self.graphs = CudaGraphs(self.exe.device, graphs) if graphs > 0 else None
         self._stream_locks: dict[int, threading.Lock] = {}
@@ -139,6 +150,11 @@ class CudaExecutor(ReplayPaths):
             None if any(d.value == "bfloat16" for d in in_types) else tuple(np.dtype(d.to_numpy()) for d in in_types)
         )
         self._typestrs = tuple(typestr(d) for d in self._in_dtypes)
+        self._in_sizes = tuple(DType(d).itemsize for d in self._in_dtypes)
+        self._static = tuple(
+            (len(t.shape), tuple((axis, d) for axis, d in enumerate(t.shape) if isinstance(d, int)))
+            for t in m.signature.inputs
+        )
         self._torch: TorchKind | None = None  # the caller's torch, once a call passed torch tensors
         self._pool = OutputPool(self.exe.device)
         self.errors = DeviceErrors(self, self.exe, kernels)  # Note [Device errors]
@@ -151,10 +167,8 @@ class CudaExecutor(ReplayPaths):
 
     def _build(self, key: Key) -> Prepared:
         ref = self.reference.build(key, self._ref_nodes)
-        slots = self._checks(key, ref.registers, [s for s, _ in ref.outputs])
-        if max(slots, default=0) <= INT64_MAX:  # else the call's memory check refuses it first
-            check_operand_programs(self.m, self.operand_checks, ref.registers, slots)
-        return Prepared(ref, self.exe.prepare(ref.registers))
+        _, cuda = self._prepare_signature(key, ref.registers, [s for s, _ in ref.outputs])
+        return Prepared(ref, cuda)
 
     # -- inputs
     def _take(
@@ -244,14 +258,27 @@ class CudaExecutor(ReplayPaths):
         try:
             with self._stream_lock(stream):
                 self.errors.raise_reported(stream, "when this call began (it did not run)")
-                return self._run(metas, devs, hosts, outputs, torch, stream)
+                key = tuple(tuple(int(d) for d in meta.shape) for meta in metas)
+                return self._run(key, devs, hosts, outputs, torch, stream)
         finally:
             for imp in held:
                 imp.close()
 
+    def _device_call(self, stream: int, key: Key, ptrs: Sequence[int], torch: Any) -> list[Any] | None:
+        """Note [First calls on the device]: device inputs at `ptrs` whose signature has no replay yet,
+        run in place; None when an input's rank or a static dim is wrong (the full path explains)."""
+        for shape, (rank, static) in zip(key, self._static):
+            if len(shape) != rank or any(shape[axis] != size for axis, size in static):
+                return None
+        devs: list[tuple[int, int] | None] = [(p, math.prod(s) * size) for p, s, size in zip(ptrs, key, self._in_sizes)]
+        self.exe.device.activate()
+        with self._stream_lock(stream):
+            self.errors.raise_reported(stream, "when this call began (it did not run)")
+            return self._run(key, devs, [None] * len(devs), None, torch, stream)
+
     def _run(
         self,
-        metas: list[Any],
+        key: Key,
         devs: list[tuple[int, int] | None],
         hosts: list[np.ndarray | None],
         outputs: Sequence[Any] | None,
@@ -259,7 +286,6 @@ class CudaExecutor(ReplayPaths):
         stream: int,
     ) -> list[Any]:
         m = self.m
-        key = tuple(tuple(int(d) for d in meta.shape) for meta in metas)
         prep = self.prepare(key)
         cp = prep.cuda
         out_specs = [(shape, m.values[o]["dtype"]) for (shape, _), o in zip(prep.ref.outputs, m.outputs)]
@@ -268,7 +294,11 @@ class CudaExecutor(ReplayPaths):
             device_bytes = sum(d[1] for d in devs if d is not None)
             if device_out:
                 device_bytes += sum(nbytes(s, d) for s, d in out_specs)
-            if stage_pays(device_bytes, len(cp.launches)):  # Note [Graph staging cost]
+            # Note [Graph staging cost]; Note [First calls on the device]: a device call's first run of a
+            # signature on a stream is never staged (no graph can exist yet), only counted
+            if stage_pays(device_bytes, len(cp.launches)) and (
+                not device_out or any(h is not None for h in hosts) or not self.graphs.first_run(stream, key)
+            ):
                 return self._run_graph(key, prep, out_specs, devs, hosts, outputs, torch, stream)
         # staging for host inputs and host outputs, one buffer per call
         staging_bytes = sum(round_up(h.nbytes) for h in hosts if h is not None)
@@ -328,7 +358,9 @@ class CudaExecutor(ReplayPaths):
         for n in [*in_bytes, *(nbytes(s, d) for s, d in out_specs)]:
             at.append(cursor)
             cursor += round_up(n)
-        base = self.graphs.memory(ctx, cursor)
+        earlier = ctx.graphs.get(key)
+        runs = earlier.runs if earlier is not None else 0
+        base = self.graphs.memory(ctx, cursor)  # (growing it drops the stream's graphs, this run count too)
         slots = np.zeros(self.n_slots + 1, dtype=np.uint64)
         slots[0] = base
         slots[1 : 1 + len(at)] = [base + a for a in at]
@@ -344,6 +376,7 @@ class CudaExecutor(ReplayPaths):
             raise AssertionError(f"step %{node} in a captured plan")  # graph_obstacle keeps these out
 
         entry = self.graphs.entry(ctx, key)
+        entry.runs = max(entry.runs, runs)  # Note [First calls on the device]: a first run elsewhere counts
         if entry.exec is None and not entry.refused and entry.runs > 0:
             entry.exec = self.graphs.capture(lambda s: exe.run(cp, slots, s, refuse, workspace_stream=stream))
             entry.refused = entry.exec is None

@@ -60,6 +60,9 @@ class ReplayPaths:
     _stream_locks: dict[int, threading.Lock]
     _locks_lock: threading.Lock
 
+    def _device_call(self, stream: int, key: Key, ptrs: Sequence[int], torch: Any) -> list[Any] | None:
+        raise NotImplementedError  # CudaExecutor's
+
     def _stream_lock(self, stream: int) -> threading.Lock:
         """Calls on one stream enqueue their work one at a time: the stream's arena and graph buffer
         are reused by the next call, which is safe only in stream order."""
@@ -144,11 +147,9 @@ class ReplayPaths:
         graphs = self.graphs
         assert graphs is not None
         ctx = graphs.peek(stream)
-        if ctx is None:
-            return None
-        entry = ctx.graphs.get(key)
-        if entry is None or entry.replay is None:  # (an entry never outlives its buffer: CudaGraphs.memory)
-            return None
+        entry = ctx.graphs.get(key) if ctx is not None else None
+        if ctx is None or entry is None or entry.replay is None:  # (an entry never outlives its buffer)
+            return self._device_call(stream, key, ptrs, tk)  # Note [First calls on the device]
         r = entry.replay
         drv, s = self.exe._drv, ctx.handle
         copy = drv.cuMemcpyDtoDAsync

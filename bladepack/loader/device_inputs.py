@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from bladepack.loader.cuda_driver import Device, DeviceBuffer, _check
+from bladepack.loader.cuda_driver import Device, DeviceBuffer, _check, size_class
 from bladepack.loader.dlpack import Exported
 
 Key = tuple[tuple[int, ...], ...]
@@ -164,7 +164,8 @@ class _Pooled:
 
 
 class OutputPool:
-    """Device buffers for non-torch results, reused by size (at most `keep` idle per size)."""
+    """Device buffers for non-torch results, reused by size class (Note [Device size classes]; at most
+    `keep` idle per class)."""
 
     def __init__(self, device: Device, keep: int = 8) -> None:
         self._device, self._keep = device, keep
@@ -172,6 +173,7 @@ class OutputPool:
         self._lock = threading.Lock()
 
     def take(self, nbytes: int) -> _Pooled:
+        nbytes = size_class(nbytes)
         with self._lock:
             idle = self._idle.get(nbytes)
             buf = idle.pop() if idle else None

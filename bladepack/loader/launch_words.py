@@ -230,6 +230,7 @@ class KernelParams:
             self.ranges[k] = (w0, len(self._words.words), p0, len(pos))
         self._pos = np.array(pos, dtype=np.int64)
         self._slots = np.array(slots, dtype=np.int64)
+        self._cuts: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def at(self, regs: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(words, pointer positions, slots, byte offsets) of every kernel launch at these registers."""
@@ -238,20 +239,27 @@ class KernelParams:
     def kept(
         self, arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], launches: Sequence[int]
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """`at`'s arrays for the kernel launches `launches` only (in plan order), positions renumbered."""
-        words, pos, slots, offs = arrays
-        w, p, s, o = [], [], [], []
-        start = 0
-        for k in launches:
-            w0, w1, p0, p1 = self.ranges[k]
-            w.append(words[w0:w1])
-            p.append(pos[p0:p1] - w0 + start)
-            s.append(slots[p0:p1])
-            o.append(offs[p0:p1])
-            start += w1 - w0
-        if not launches:
-            return words[:0], pos[:0], slots[:0], offs[:0]
-        return np.concatenate(w), np.concatenate(p), np.concatenate(s), np.concatenate(o)
+        """`at`'s arrays for the kernel launches `launches` only (in plan order), positions renumbered
+        (the gathers laid out once per set of launches: a plan's shape conditions give a few)."""
+        words, _, _, offs = arrays
+        chosen = tuple(launches)
+        cut = self._cuts.get(chosen)
+        if cut is None:
+            w: list[np.ndarray] = []
+            p: list[np.ndarray] = []
+            for k in chosen:
+                w0, w1, p0, p1 = self.ranges[k]
+                w.append(np.arange(w0, w1))
+                p.append(np.arange(p0, p1))
+            at = np.concatenate(w) if w else np.zeros(0, dtype=np.int64)
+            ptrs = np.concatenate(p) if p else np.zeros(0, dtype=np.int64)
+            renumbered = np.searchsorted(at, self._pos[ptrs]) if ptrs.size else ptrs
+            cut = (at, renumbered.astype(np.int64), self._slots[ptrs], ptrs)
+            if len(self._cuts) >= 64:
+                self._cuts.clear()
+            self._cuts[chosen] = cut
+        at, pos, slots, ptrs = cut
+        return words[at], pos, slots, offs[ptrs]
 
 
 def registers_array(regs: Sequence[int]) -> np.ndarray:

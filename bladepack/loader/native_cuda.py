@@ -4,9 +4,9 @@ In: the manifest's `native_cuda` plan (launch records in the CPU plan's format; 
 grid / block / shared-memory registers), the artifact (cubin / PTX sections), the raw weight sections
 and a device ordinal. Out: `NativeCuda` — the image for this GPU (Note [Kernel images] in
 cuda_driver.py) loaded into the device's primary context (the one torch uses), the weights on the
-device, and per input-shape signature a `CudaPrepared`: every launch's function, geometry and its
-parameter words (Note [CUDA kernel ABI] in codegen/cuda_emitter.py) with the pointer words left as
-(slot, byte offset) to be filled per call in one vectorized step.
+device, and the run of a signature's `CudaPrepared` (made by cuda_prepare.py): every launch's function,
+geometry and its parameter words (Note [CUDA kernel ABI] in codegen/cuda_emitter.py) with the pointer
+words left as (slot, byte offset) to be filled per call in one vectorized step.
 
 Per call (`run`): pointer words = slot base + offset (slots: 0 the device arena, then inputs, outputs,
 weights — Note [Slots] in lowering/lower_native.py); kernels launch on the caller's stream; GEMMs go
@@ -31,13 +31,19 @@ from typing import Any
 import numpy as np
 
 from bladepack.artifact.format import BpkFile
-from bladepack.dtypes import DType
 from bladepack.errors import BpkFormatError
-from bladepack.loader.cuda_driver import CudaError, Device, DeviceBuffer, StreamBuffers, _check, choose_image
+from bladepack.loader.cuda_driver import (
+    SMALLEST_CLASS,
+    CudaError,
+    Device,
+    DeviceBuffer,
+    StreamBuffers,
+    _check,
+    choose_image,
+)
 from bladepack.loader.cutlass_gemm import CutlassGemms, CutlassLaunch
-from bladepack.loader.gemm_args import GemmArgs, gemm_args
-from bladepack.loader.launch_words import KernelParams, resolve_word
-from bladepack.loader.manifest import conditions_hold
+from bladepack.loader.gemm_args import GemmArgs
+from bladepack.loader.launch_words import KernelParams
 from bladepack.options import LoaderOptions
 
 ABI_VERSION = 1
@@ -127,7 +133,7 @@ class NativeCuda:
         self.strict = options.cuda_strict_errors
         self._mirrors: dict[int, tuple[int, np.ndarray]] = {}  # status address -> (pinned address, view)
         self._mirror_lock = threading.Lock()
-        self._arenas = StreamBuffers(self.device, _ALIGN)
+        self._arenas = StreamBuffers(self.device, SMALLEST_CLASS)  # Note [Device size classes]
         self.null_stream = self._drv.CUstream(0)  # the legacy default stream, made once
         self._cublas: Any = None
         if any(lr["op"] == "gemm" for lr in plan["launches"]):
@@ -155,69 +161,18 @@ class NativeCuda:
         self._weights = buf
         self.weight_ptrs = [buf.ptr + off for off in offsets]
 
-    # -- per shape signature
-    def prepare(self, regs: Sequence[int]) -> CudaPrepared:
-        """The launch list at one signature; the kernels' parameter words from the plan's template
-        (Note [Launch word template]), laid out at the first signature, after the plan checks."""
+    # -- per shape signature (Note [Compiled CUDA preparation] in cuda_prepare.py)
+    @property
+    def params(self) -> KernelParams:
+        """The kernels' parameter word template (Note [Launch word template]), laid out at the first
+        signature, after the plan checks."""
         if self._params is None:
             self._params = KernelParams(self.plan["launches"], self.status_slot)
-        params = self._params
-        launches: list[Launch] = []
-        kernels: list[int] = []
-        when: list[tuple[tuple[int, int, bool], ...]] = []
-        start = 0
-        for k, lr in enumerate(self.plan["launches"]):
-            op = lr["op"]
-            conds = lr.get("when", ())
-            if conds and conditions_hold(conds, regs) is False:  # Note [Guarded launches]: not here
-                continue
-            when.append(
-                tuple((int(c["ptr"][0]), resolve_word(c["ptr"][1], regs), bool(c["is"])) for c in conds if "ptr" in c)
-            )
-            if op == "ref":
-                launches.append(RefLaunch(int(lr["node"])))
-                continue
-            if op == "kernel":
-                row = self.kernels[lr["k"]]
-                var = next((v for v in row["variants"] if regs[v["pred"]]), None)
-                if var is None:
-                    raise BpkFormatError(f"kernel {row['name']}: no variant applies (corrupt plan)")
-                w0, w1, _, _ = params.ranges[k]
-                grid, smem = resolve_word(var["grid"], regs), resolve_word(var["smem"], regs)
-                launches.append(KernelLaunch(int(var["fn"]), grid, int(var["block"]), smem, start, w1 - w0, lr["k"]))
-                kernels.append(k)
-                start += w1 - w0
-                continue
-            ptrs = tuple((int(s), resolve_word(o, regs)) for s, o in lr["ptrs"])
-            ints = tuple(resolve_word(v, regs) for v in lr["ints"])
-            if op == "gemm":
-                launches.append(GemmLaunch(lr["dtype"], ptrs, gemm_args(ints, DType(lr["dtype"]).itemsize)))
-            elif op == "cutlass":
-                if self._cutlass is None:
-                    raise BpkFormatError("a CUTLASS GEMM launch in a plan without gemm_kernels (corrupt plan)")
-                launches.append(self._cutlass.prepare(lr, regs, ptrs, ints))
-            else:
-                raise BpkFormatError(f"unknown launch op {op!r} in the CUDA plan")
-        arrays = params.at(regs)
-        if len(kernels) != len(params.ranges):
-            arrays = params.kept(arrays, kernels)
-        words, pos, slots, offs = arrays
-        buffers = {
-            b["id"]: (resolve_word(b["offset"], regs), tuple(resolve_word(d, regs) for d in b["shape"]), b["dtype"])
-            for b in self.plan["buffers"]
-        }
-        no_graph = graph_obstacle(launches, when)
-        return CudaPrepared(
-            tuple(launches),
-            words,
-            pos,
-            slots,
-            offs,
-            resolve_word(self.plan["arena_bytes"], regs),
-            buffers,
-            tuple(when) if any(when) else (),
-            no_graph,
-        )
+        return self._params
+
+    @property
+    def cutlass(self) -> CutlassGemms | None:
+        return self._cutlass
 
     # -- per call
     def arena(self, nbytes: int, stream: int) -> int:

@@ -265,12 +265,19 @@ def check_operand_programs(
         lr = plan["launches"][i]
         ints = [resolve(v, regs) for v in lr["ints"]]
         room = [slots[slot] - resolve(off, regs) for slot, off in lr["ptrs"]]
-        try:
-            prog.evaluate([ints, room])
-        except ShapeGuardError as e:
-            name = m.kernels["cuda"][lr["k"]]["name"]
-            text = str(e) if "overflowed" not in str(e) else "its integers overflow int64"
-            raise _fail(m, f"launch {i} (kernel {name}): {text}") from None
+        check_operand_program(m, i, prog, ints, room)
+
+
+def check_operand_program(m: Manifest, i: int, prog: ShapeProgram, ints: list[int], room: list[int]) -> None:
+    """Launch `i`'s kernel operand check at these resolved integers and pointer rooms."""
+    try:
+        prog.evaluate([ints, room])
+    except ShapeGuardError as e:
+        plan = m.native["cuda"]
+        assert plan is not None
+        name = m.kernels["cuda"][plan["launches"][i]["k"]]["name"]
+        text = str(e) if "overflowed" not in str(e) else "its integers overflow int64"
+        raise _fail(m, f"launch {i} (kernel {name}): {text}") from None
 
 
 def operand_error(
@@ -309,21 +316,34 @@ def operand_error(
 
 def check_gemm(m: Manifest, i: int, v: Sequence[int], room: Sequence[int], item: int, has_c: bool) -> None:
     """Note [GEMM records]."""
+    for name, n, r in zip("ABDC", gemm_reach(m, i, v, item, has_c), room):
+        if n > r:
+            raise _fail(m, f"{_gemm_where(i, v)}: operand {name} reaches {n} bytes; its tensor holds {r} from there")
+
+
+def _gemm_where(i: int, v: Sequence[int]) -> str:
+    mm, nn, kk, _, _, lda, ldb, ldc = v[12:20]
+    return f"launch {i} (GEMM M={mm} N={nn} K={kk} lda={lda} ldb={ldb} ldc={ldc} batch={list(v[0:3])})"
+
+
+def gemm_reach(m: Manifest, i: int, v: Sequence[int], item: int, has_c: bool) -> tuple[int, ...]:
+    """Note [GEMM records] on the integers alone: raises where they are inconsistent, else the bytes
+    each operand reaches from its pointer, in pointer order (A, B, D, then the epilogue source C when
+    the record has one)."""
     b, sa, sb, sc = v[0:3], v[3:6], v[6:9], v[9:12]
     mm, nn, kk, ta, tb, lda, ldb, ldc = v[12:20]
-    where = f"launch {i} (GEMM M={mm} N={nn} K={kk} lda={lda} ldb={ldb} ldc={ldc} batch={list(b)})"
     if min(*b, *sa, *sb, *sc, mm, nn, kk) < 0 or ta not in (0, 1) or tb not in (0, 1):
-        raise _fail(m, f"{where}: negative count or stride, or a transpose flag other than 0 / 1")
+        raise _fail(m, f"{_gemm_where(i, v)}: negative count or stride, or a transpose flag other than 0 / 1")
     if max(mm, nn, kk, lda, ldb, ldc) > INT32_MAX:
-        raise _fail(m, f"{where}: a dim or leading dim above {INT32_MAX}")
+        raise _fail(m, f"{_gemm_where(i, v)}: a dim or leading dim above {INT32_MAX}")
     a_rows, a_cols = (kk, mm) if ta else (mm, kk)
     b_rows, b_cols = (nn, kk) if tb else (kk, nn)
     if lda < max(1, a_cols) or ldb < max(1, b_cols) or ldc < max(1, nn):
-        raise _fail(m, f"{where}: a leading dim is shorter than its row")
+        raise _fail(m, f"{_gemm_where(i, v)}: a leading dim is shorter than its row")
     if mm and nn and any(n > 1 and s < 1 for n, s in zip(b, sc)):
-        raise _fail(m, f"{where}: the batches of D overlap (D's batch strides are {list(sc)})")
+        raise _fail(m, f"{_gemm_where(i, v)}: the batches of D overlap (D's batch strides are {list(sc)})")
     if 0 in (*b, mm, nn):
-        return  # nothing is read or written
+        return ()  # nothing is read or written
 
     def extent(strides: Sequence[int], rows: int, cols: int, ld: int) -> int:
         last = sum((n - 1) * s for n, s in zip(b, strides)) + (rows - 1) * ld + cols
@@ -332,13 +352,9 @@ def check_gemm(m: Manifest, i: int, v: Sequence[int], room: Sequence[int], item:
     # in pointer order: A, B, D, then the epilogue source C (its strides and leading dim follow the 20)
     need = [extent(sa, a_rows, a_cols, lda) if kk else 0, extent(sb, b_rows, b_cols, ldb) if kk else 0]
     need.append(extent(sc, mm, nn, ldc))
-    names = ["A", "B", "D"]
     if has_c and len(v) >= GEMM_INTS + 4:
         c_strides, ld_c = v[20:23], v[23]
         if min(*c_strides, ld_c) < 0:
-            raise _fail(m, f"{where}: negative epilogue source stride")
+            raise _fail(m, f"{_gemm_where(i, v)}: negative epilogue source stride")
         need.append(extent(c_strides, mm if ld_c else 1, nn, max(ld_c, 1)))
-        names.append("C")
-    for name, n, r in zip(names, need, room):
-        if n > r:
-            raise _fail(m, f"{where}: operand {name} reaches {n} bytes; its tensor holds {r} from there")
+    return tuple(need)
