@@ -215,7 +215,7 @@ class Chain50(torch.nn.Module):
 
 _HOST_SCRIPT = r"""
 import os, sys, time, numpy as np
-path, mode, graphs, n, files = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4]), sys.argv[5:]
+path, mode, graphs, n, walk, files = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4]), sys.argv[5], sys.argv[6:]
 if mode == "torch":  # the loader's torch branch, driven by tests/fake_torch.py's stand-in
     from tests import fake_torch
     torch = fake_torch.install()
@@ -230,15 +230,29 @@ class Cai:
                                          "version": 3, "strides": None, "stream": 1}
 
 m = bladepack.load(path, device="cuda", graphs=graphs)
-xs = [np.load(f) for f in files]
-if mode == "torch":
-    xs = [torch.cuda_tensor(a) for a in xs]
-elif mode == "dlpack":  # a kDLCUDA producer of another framework
-    xs = [Exported(a.ctypes.data, (2, 0), a.dtype.name, a.shape, a) for a in xs]
-elif mode == "cai":
-    xs = [Cai(a) for a in xs]
+base = [np.load(f) for f in files]
+def kind(xs):
+    if mode == "torch":
+        return [torch.cuda_tensor(a) for a in xs]
+    if mode == "dlpack":  # a kDLCUDA producer of another framework
+        return [Exported(a.ctypes.data, (2, 0), a.dtype.name, a.shape, a) for a in xs]
+    if mode == "cai":
+        return [Cai(a) for a in xs]
+    return xs
+xs = kind(base)
+# --walk: "input:axis,..." grow together by one per call (a decode loop's cache), every call a new signature
+axes = [tuple(int(v) for v in p.split(":")) for p in walk.split(",")] if walk else []
+def grown(k):
+    arrays = list(base)
+    for i, axis in axes:
+        a = arrays[i]
+        arrays[i] = np.ascontiguousarray(np.take(a, np.arange(a.shape[axis] + k) % a.shape[axis], axis=axis))
+    return kind(arrays)
+walked = iter([grown(k) for k in range(1, 2 * n + 200)]) if axes else None
+def call():
+    return m(*(next(walked) if walked is not None else xs))
 for _ in range(50):
-    outs = m(*xs)
+    outs = call()
 outs = outs if isinstance(outs, tuple) else (outs,)
 if mode == "torch":  # what a replayed call asks of the stand-in, timed alone: torch's own cost, not ours
     dev, specs = torch.device("cuda:0"), [(o.shape, o.dtype) for o in outs]
@@ -260,7 +274,7 @@ else:
 # best block of each (this machine switches between a fast and a slow mode for seconds at a time)
 best_call, best_standin = [], []
 for _ in range(15):
-    for fn, best in ((lambda: m(*xs), best_call), (standin, best_standin)):
+    for fn, best in ((call, best_call), (standin, best_standin)):
         ts = []
         for _ in range(max(n // 15, 20)):
             t0 = time.thread_time_ns()
@@ -274,11 +288,11 @@ def count(frame, event, arg):  # Python functions of bladepack (the stand-ins' o
         calls[0] += 1
 sys.setprofile(count)
 for _ in range(20):
-    m(*xs)
+    call()
 sys.setprofile(None)
 os.environ["FAKE_CUDA_LOG"] = os.environ["BENCH_LOG"]
 for _ in range(10):
-    m(*xs)
+    call()
 log = open(os.environ["BENCH_LOG"]).read()
 print(min(best_call), min(best_standin), calls[0] / 20, log.count("stream_sync") / 10)
 """
@@ -292,11 +306,16 @@ _MODES = {
 }
 
 
+_WALKS = {"chain of 50 kernels": "0:0", "mlp": "0:0", "encoder": "0:0,1:0", "llama": "1:2,2:2", "cnn": "0:0"}
+
+
 def host_cost(
-    names: list[str], repeat: int, modes: list[str], graphs_off: bool, baseline: Path | None = None
+    names: list[str], repeat: int, modes: list[str], graphs_off: bool, baseline: Path | None = None, walk: bool = False
 ) -> list[dict[str, Any]]:
     """`baseline`: the root of another checkout whose Python loader runs beside this one, each of its
-    rows right before ours (this tree's tests/fake_torch.py is copied into it when it has none)."""
+    rows right before ours (this tree's tests/fake_torch.py is copied into it when it has none).
+    `walk`: every timed call at a new signature, one longer than the last along the sample's walk
+    axes (_WALKS: the LLaMA step's cache length, the others' batch), the Python loader only."""
     import os
     import sys
 
@@ -315,7 +334,7 @@ def host_cost(
     for key in ("FAKE_CUDA_EMU", "FAKE_CUDA_LOG"):
         env.pop(key, None)
     models: list[tuple[str, Any, dict[str, int], tuple[np.ndarray, ...]]] = []
-    b = torch.export.Dim("b", min=1, max=64)
+    b = torch.export.Dim("b", min=1, max=4096)
     chain = bladepack.optimize(Chain50(), [(torch.randn(4, 32),)], ({0: b},), targets=("cpu", "cuda:sm_90"))
     models.append(
         (
@@ -348,7 +367,8 @@ def host_cost(
             for mode, (tree, root) in ((m, t) for m in modes for t in roots):
                 log = work / f"{path.stem}-{mode}-{int(graphs)}-{tree}.log"
                 py = subprocess.run(
-                    [sys.executable, "-c", _HOST_SCRIPT, str(path), mode, "1" if graphs else "0", str(repeat), *files],
+                    [sys.executable, "-c", _HOST_SCRIPT, str(path), mode, "1" if graphs else "0", str(repeat)]
+                    + [_WALKS[label] if walk else "", *files],
                     capture_output=True,
                     text=True,
                     env={**env, "BENCH_LOG": str(log), "PYTHONPATH": str(root)},
@@ -362,7 +382,7 @@ def host_cost(
                         "shape": dims,
                         "launches in the plan": launches,
                         "graphs": graphs,
-                        "loader": f"python{tree}, {_MODES[mode]}",
+                        "loader": f"python{tree}, {_MODES[mode]}" + (", a new signature every call" if walk else ""),
                         "host us/call": round(us, 1) if us is not None else _last_line(py.stderr),
                         "framework us/call": round(standin, 1) if standin is not None else None,
                         "bladepack + driver us/call": round(us - standin, 1) if us is not None else None,
@@ -370,6 +390,8 @@ def host_cost(
                         "stream syncs/call": syncs,
                     }
                 )
+            if walk:
+                continue  # the C++ rows time repeated signatures
             dl = subprocess.run(
                 [str(bpk_run), str(path), "--device", "cuda", *flags, "--repeat", str(repeat), "--dlpack-device"]
                 + ([] if graphs else ["--cuda-graphs", "-1"]),
@@ -443,32 +465,50 @@ def main() -> None:
     ap.add_argument("--graphs-off", action="store_true", help="--host: also without CUDA graphs")
     ap.add_argument("--baseline", type=Path, help="--host: another checkout's loader, measured beside this one")
     ap.add_argument("--calls", type=int, default=3, help="fake driver: calls counted after warm-up")
+    ap.add_argument("--walk", action="store_true", help="--host: a new signature every call (a decode loop)")
     args = ap.parse_args()
     names = args.samples.split(",")
     RESULTS.mkdir(exist_ok=True)
     if args.host:
-        rows = host_cost(names, args.repeat, args.modes.split(","), args.graphs_off, args.baseline)
-        tag = "cuda_host_cost"
-        head = (
-            "# Host time per call on the fake driver: bladepack's own work per call, by kind of tensor\n\n"
-            "`python -m bench.cuda_graphs --host --samples mlp,llama,encoder --repeat 1500 --baseline <checkout>`.\n"
-            "Each sample at its smallest test shape, a repeated signature with CUDA graphs on (the replay\n"
-            "paths), on the fake driver: kernels not run, cuBLAS's arithmetic skipped, nothing logged while\n"
-            "timed. Thread CPU time per call, the best of 15 blocks' medians (the machine switches between a\n"
-            "fast and a slow mode). The caller's framework is not ours: torch tensors are tests/fake_torch.py's\n"
-            "stand-in, whose per-call work (the attribute reads, the current stream, torch.empty) is timed\n"
-            "alone in the same process and subtracted; the DLPack producer is bladepack's Exported (a capsule\n"
-            "per input), timed the same way. `bladepack + driver` is what remains: bladepack's Python and the\n"
-            "fake driver's calls through cuda-python (~0.4 µs each plus the fake's own work; a real driver's\n"
-            "copy or graph launch costs a few µs of CPU, which only a GPU run measures). Python calls: the\n"
-            "functions of bladepack entered per call. Stream syncs: cuStreamSynchronize per call in the fake's\n"
-            "log."
-            + (
-                " The baseline rows are the other checkout's loader, run in the same process order."
-                if args.baseline
-                else ""
-            )
+        rows = host_cost(names, args.repeat, args.modes.split(","), args.graphs_off, args.baseline, args.walk)
+        tag = "cuda_host_walk" if args.walk else "cuda_host_cost"
+        walk_head = (
+            "# Host time per call on the fake driver at a new signature every call (a decode loop)\n\n"
+            "`python -m bench.cuda_graphs --host --walk --modes numpy,torch --baseline <checkout>`. As below,\n"
+            "except that every timed call's inputs are one longer than the last call's along the sample's walk\n"
+            "axes (the LLaMA step's cache length, the others' batch), so no call meets a signature it has seen:\n"
+            "each prepares its signature and launches its kernels one by one (no graph can exist yet). Python\n"
+            "loader only, CUDA graphs on, kernels not run, cuBLAS's arithmetic skipped. Thread CPU time per\n"
+            "call, the best of 15 blocks' medians; the torch stand-in's own work (tests/fake_torch.py) timed\n"
+            "alone and subtracted in `bladepack + driver`. Python calls: bladepack's functions entered per\n"
+            "call; stream syncs: cuStreamSynchronize per call in the fake's log."
+            + (" The baseline rows are the other checkout's loader." if args.baseline else "")
             + f"\nMachine: {title(describe())}, no GPU.\n\n"
+        )
+        head = (
+            walk_head
+            if args.walk
+            else (
+                "# Host time per call on the fake driver: bladepack's own work per call, by kind of tensor\n\n"
+                "`python -m bench.cuda_graphs --host --samples mlp,llama,encoder --repeat 1500 --baseline <checkout>`.\n"
+                "Each sample at its smallest test shape, a repeated signature with CUDA graphs on (the replay\n"
+                "paths), on the fake driver: kernels not run, cuBLAS's arithmetic skipped, nothing logged while\n"
+                "timed. Thread CPU time per call, the best of 15 blocks' medians (the machine switches between a\n"
+                "fast and a slow mode). The caller's framework is not ours: torch tensors are tests/fake_torch.py's\n"
+                "stand-in, whose per-call work (the attribute reads, the current stream, torch.empty) is timed\n"
+                "alone in the same process and subtracted; the DLPack producer is bladepack's Exported (a capsule\n"
+                "per input), timed the same way. `bladepack + driver` is what remains: bladepack's Python and the\n"
+                "fake driver's calls through cuda-python (~0.4 µs each plus the fake's own work; a real driver's\n"
+                "copy or graph launch costs a few µs of CPU, which only a GPU run measures). Python calls: the\n"
+                "functions of bladepack entered per call. Stream syncs: cuStreamSynchronize per call in the fake's\n"
+                "log."
+                + (
+                    " The baseline rows are the other checkout's loader, run in the same process order."
+                    if args.baseline
+                    else ""
+                )
+                + f"\nMachine: {title(describe())}, no GPU.\n\n"
+            )
         )
     elif args.gpu:
         rows = gpu_times(names, args.repeat)
