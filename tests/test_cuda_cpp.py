@@ -436,3 +436,29 @@ def test_negative_indices_on_the_gpu(gpu: FakeGpu) -> None:
         assert np.allclose(o, r.numpy(), rtol=1e-6, atol=0)
     assert isinstance(py_out[1], str) and "-1 is not in [0, 9]" in py_out[1] and "emb(ids)" in py_out[1], py_out[1]
     assert isinstance(py_out[2], str) and "-11 is not in [-10, 9]" in py_out[2], py_out[2]
+
+
+def test_a_decode_walk_grows_its_device_memory_by_class(gpu: FakeGpu, tmp_path: Path) -> None:
+    """Note [Device size classes] in the C++ runtime: 300 calls of the LLaMA step on the fake driver,
+    the cache one token longer each call (every call a new signature, its inputs copied in), reallocate
+    the call's device memory — a wait for the stream, the graphs dropped, a free — once per size class
+    passed, not once per call as at exact sizes."""
+    import json
+
+    s = SAMPLES["llama"]
+    art = bladepack.optimize(s.build().eval(), s.export_samples(), s.dynamic_shapes, targets=TARGETS)
+    path = tmp_path / "llama.bpk"
+    art.save(path)
+    log = tmp_path / "cuda.log"
+    cmd = [str(build("release") / "bench_runtime"), "walk", str(path), "--repeat", "300", "--device", "cuda"]
+    cmd += ["--shape", "x=4,1,64", "--shape", "past_k=4,2,100,8", "--shape", "past_v=4,2,100,8"]
+    cmd += ["--grow", "past_k:2", "--grow", "past_v:2"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_fake_env(gpu, art, log))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout)["calls"] == 300
+    lines = log.read_text().splitlines()
+    allocs = [ln for ln in lines if ln.startswith("mem_alloc ")]
+    # the memory grows about 4x over the walk: two doublings of eight classes each, and the first call's
+    # allocations (at exact sizes: one per call)
+    assert 1 <= len(allocs) <= 24, (len(allocs), allocs[:20])
+    assert sum(ln.startswith("launch ") for ln in lines) >= 300  # every call a new signature: plain launches

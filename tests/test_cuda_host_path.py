@@ -162,6 +162,31 @@ def test_repeated_signature_replays_without_sync(gpu: FakeGpu, mlp: Any, tmp_pat
                 assert _calls(lines, "copy_dtod") == 2, lines  # the input in, the output out
 
 
+@pytest.mark.parametrize("kind", ["torch", "cai"])
+def test_a_decode_walk_runs_in_place(gpu: FakeGpu, tmp_path: Path, kind: str) -> None:
+    """Note [First calls on the device], Note [Device size classes]: the LLaMA step with its cache one
+    token longer each call (60 calls, every one a new signature) runs each call on the caller's tensors
+    in place — no staging copy, no graph — with results equal to the host-array path's bit for bit, and
+    reallocates device memory (each time a wait and a free) only a few times over the walk."""
+    s = SAMPLES["llama"]
+    art = bladepack.optimize(s.build().eval(), s.export_samples(), s.dynamic_shapes, targets=TARGETS)
+    rng = np.random.default_rng(0)
+    steps = [
+        tuple(rng.standard_normal(shape).astype(np.float32) for shape in ((2, 1, 64), (2, 2, p, 8), (2, 2, p, 8)))
+        for p in range(300, 360)
+    ]
+    want, _ = _run(gpu, tmp_path, art, "numpy", steps)
+    got, _ = _run(gpu, tmp_path, art, kind, steps)
+    waits = allocs = 0
+    for k, ((_, w, _), (status, outs, lines)) in enumerate(zip(want, got)):
+        assert status == "ok", status
+        assert all(np.array_equal(a, b) for a, b in zip(w, outs)), k
+        assert _calls(lines, "copy_dtod") == 0 and _calls(lines, "graph_") == 0, (k, lines)
+        waits += _calls(lines, "stream_sync")
+        allocs += _calls(lines, "mem_alloc") if k else 0
+    assert waits <= 6 and allocs <= 12, (waits, allocs)
+
+
 def test_device_results_pooled_and_ordered(gpu: FakeGpu, mlp: Any, tmp_path: Path) -> None:
     """CAI inputs on a stream of their own: the work runs on that stream (no wait across streams), the
     results equal the host path's, and after the first calls their device memory comes from the pool

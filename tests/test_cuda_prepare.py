@@ -97,7 +97,7 @@ def _compiled(prep: CudaPreparation, key: Any, regs: Any, outs: Any) -> Any:
         data = cp.when[k] if cp.when else ()
         if isinstance(launch, KernelLaunch):
             assert launch.start == start  # the kept kernels' words follow one another
-            start += launch.count
+            start += launch.words
             launches.append(("kernel", launch.fn, launch.grid, launch.block, launch.smem, data))
         elif isinstance(launch, GemmLaunch):
             launches.append(("gemm", launch.dtype, launch.ptrs, launch.args, data))
@@ -209,6 +209,9 @@ EDITS: dict[str, Callable[[dict[str, Any]], None]] = {
     "kernel integer -1": lambda m: _nth("kernel")(m)["ints"].__setitem__(0, -1),
     "kernel integer 2**62": lambda m: _nth("kernel")(m)["ints"].__setitem__(0, 1 << 62),
     "kernel integer from the arena size": lambda m: _nth("kernel", 1)(m)["ints"].__setitem__(0, _arena_register(m)),
+    "output shape [-1, 64]": lambda m: next(v for v in m["values"] if v["id"] == m["outputs"][0]["id"]).__setitem__(
+        "shape", [-1, 64]
+    ),
     "output shape [1, 1]": lambda m: next(v for v in m["values"] if v["id"] == m["outputs"][0]["id"]).__setitem__(
         "shape", [1, 1]
     ),

@@ -100,7 +100,7 @@ class Cublas:
 
     def gemm(self, dtype: str, a: int, b: int, c: int, args: GemmArgs, stream: int) -> None:
         """C = A.B for one GEMM launch record (A, B, C: the operand views' device addresses)."""
-        if max(args.m, args.n, args.k, args.lda, args.ldb, args.ldc, args.count) > _INT_MAX:
+        if max(args.m, args.n, args.k, args.lda, args.ldb, args.ldc, args.batch) > _INT_MAX:
             raise CudaError(f"GEMM {args.m}x{args.n}x{args.k} exceeds cuBLAS's 32-bit sizes")
         if not args.steps:
             return
@@ -132,7 +132,7 @@ class Cublas:
                     t,
                     args.ldc,
                     args.stride_c,
-                    args.count,
+                    args.batch,
                     _COMPUTE_64F if wide else _COMPUTE_32F,
                     _GEMM_DEFAULT,
                 ),

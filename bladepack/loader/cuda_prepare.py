@@ -39,7 +39,14 @@ from bladepack.loader.cutlass_gemm import CutlassGemms
 from bladepack.loader.gemm_args import GemmArgs, gemm_args
 from bladepack.loader.launch_words import KernelParams
 from bladepack.loader.manifest import Key, Manifest
-from bladepack.loader.native_cuda import CudaPrepared, GemmLaunch, KernelLaunch, RefLaunch, graph_obstacle
+from bladepack.loader.native_cuda import (
+    CudaPrepared,
+    GemmLaunch,
+    KernelLaunch,
+    RefLaunch,
+    graph_obstacle,
+    launch_records,
+)
 from bladepack.loader.plan_check import (
     BYTE_SIZES,
     INT64_MAX,
@@ -111,7 +118,7 @@ class CudaPreparation:
                 slots.append(f"_prod(O[{j}]) * {BYTE_SIZES[m.values[o]['dtype']]}" if written else "0")
             slots += [str(math.prod(int(d) for d in w["shape"]) * BYTE_SIZES[w["dtype"]]) for w in m.weight_rows]
             put(f"S = [{', '.join(slots)}]")
-            put(f"if max(S) > {INT64_MAX}: return None")
+            put(f"if max(S) > {INT64_MAX} or min(S) < 0: return None")  # (an output's dims may be negative)
             for b in plan["buffers"]:
                 dims = [_word(d) for d in b["shape"]]
                 variable = [d for d, v in zip(dims, b["shape"]) if isinstance(v, dict)]
@@ -129,7 +136,7 @@ class CudaPreparation:
                 if lr["op"] == "ref":
                     continue
                 for slot, off in lr["ptrs"]:
-                    if isinstance(off, dict) or int(off) != 0:  # (a slot never holds fewer than 0 bytes)
+                    if isinstance(off, dict) or int(off) != 0:  # (0 <= 0 <= S[slot]: no slot is negative)
                         put(f"if {_nonnegative(off)}{_word(off)} > S[{int(slot)}]: return None")
                 if lr["op"] in ("gemm", "cutlass"):  # Note [GEMM records]: what each operand reaches
                     rooms = [f"S[{int(s)}] - {_word(o)}" for s, o in lr["ptrs"]]
@@ -175,7 +182,7 @@ class CudaPreparation:
                 for n, v in enumerate(kernels[lr["k"]]["variants"]):
                     launch = (
                         f"_KL({int(v['fn'])}, {_word(v['grid'])}, {int(v['block'])}, {_word(v['smem'])}, "
-                        f"w, {w1 - w0}, {int(lr['k'])})"
+                        f"w, {w1 - w0}, {int(lr['k'])}, len(W))"
                     )
                     put(pad + f"{'if' if n == 0 else 'elif'} R[{int(v['pred'])}]: L.append({launch})")
                 put(pad + f"else: _novariant({int(lr['k'])})")
@@ -197,7 +204,7 @@ class CudaPreparation:
             shape = "(" + "".join(f"{_word(d)}, " for d in b["shape"]) + ")"
             buffers.append(f"{int(b['id'])}: ({_word(b['offset'])}, {shape}, _BUF[{j}]['dtype'])")
         put("B = {" + ", ".join(buffers) + "}")
-        put("return S, _prepared(L, words, a, B, D)")
+        put("return S, _prepared(L, words, a, B, D, W)")
         source = "def prepare(K, R, O):\n" + "".join(f"    {line}\n" for line in body)
         scope = self._scope()
         exec(compile(source, "<bladepack CUDA preparation>", "exec"), scope)
@@ -241,10 +248,18 @@ class CudaPreparation:
         def badop(k: int) -> None:
             raise BpkFormatError(f"unknown launch op {launches[k]['op']!r} in the CUDA plan")
 
+        kept_records: dict[tuple[int, ...], tuple[Any, Any]] = {}
+
         def prepared(
-            launched: list[Any], words: Any, arena: int, buffers: dict[int, Any], when: list[Any]
+            launched: list[Any], words: Any, arena: int, buffers: dict[int, Any], when: list[Any], kept: list[int]
         ) -> CudaPrepared:
             w, pos, slots, offs = words
+            records = kept_records.get(tuple(kept))  # (each kernel's word count is the plan's)
+            if records is None:
+                records = launch_records([x.words for x in launched if type(x) is KernelLaunch])
+                if len(kept_records) >= 64:
+                    kept_records.clear()
+                kept_records[tuple(kept)] = records
             return CudaPrepared(
                 tuple(launched),
                 w,
@@ -255,6 +270,7 @@ class CudaPreparation:
                 buffers,
                 tuple(when) if any(when) else (),
                 graph_obstacle(launched, when),
+                records,
             )
 
         return {

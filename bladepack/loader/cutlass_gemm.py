@@ -146,14 +146,14 @@ class CutlassGemms:
             raise BpkFormatError(f"a CUTLASS GEMM dispatch entry names no packaged kernel (corrupt plan): {chosen}")
         itemsize = DType(lr["dtype"]).itemsize
         g = gemm_args(ints, itemsize)
-        if max(g.m, g.n, g.k, g.count) > _INT_MAX:
-            raise CudaError(f"GEMM {g.m}x{g.n}x{g.k} (batch {g.count}) exceeds CUTLASS's 32-bit problem sizes")
-        batched = g.count > 1
+        if max(g.m, g.n, g.k, g.batch) > _INT_MAX:
+            raise CudaError(f"GEMM {g.m}x{g.n}x{g.k} (batch {g.batch}) exceeds CUTLASS's 32-bit problem sizes")
+        batched = g.batch > 1
         split = 1 if batched else int(chosen["split"])
         if len(ptrs) not in (3, 4) or (len(ptrs) == 4) != (len(ints) == 24):
             raise BpkFormatError("a CUTLASS GEMM launch has the wrong number of operands (corrupt plan)")
         ins = (
-            *(g.m, g.n, g.k, g.count if batched else split),
+            *(g.m, g.n, g.k, g.batch if batched else split),
             *(g.lda, g.ldb, g.ld_src, g.ldc),
             *(g.stride_a, g.stride_b, g.stride_src, g.stride_c),
             int(batched),

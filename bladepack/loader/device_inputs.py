@@ -22,12 +22,13 @@ or `__cuda_array_interface__`'s `stream` for CAI consumers).
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from bladepack.loader.cuda_driver import Device, DeviceBuffer, _check, size_class
+from bladepack.loader.cuda_driver import SMALLEST_CLASS, Device, DeviceBuffer, _check, size_class
 from bladepack.loader.dlpack import Exported
 
 Key = tuple[tuple[int, ...], ...]
@@ -164,28 +165,39 @@ class _Pooled:
 
 
 class OutputPool:
-    """Device buffers for non-torch results, reused by size class (Note [Device size classes]; at most
-    `keep` idle per class)."""
+    """Device buffers for non-torch results, reused by size class (Note [Device size classes], from
+    64 KiB; at most `keep` idle per class and `limit` idle in all, the longest idle freed first: a
+    decode loop's results grow every call, and a buffer kept per exact size was never reused)."""
 
-    def __init__(self, device: Device, keep: int = 8) -> None:
-        self._device, self._keep = device, keep
+    def __init__(self, device: Device, keep: int = 8, limit: int = 32) -> None:
+        self._device, self._keep, self._limit = device, keep, limit
         self._idle: dict[int, list[DeviceBuffer]] = {}
+        self._order: deque[DeviceBuffer] = deque()  # every idle buffer, the longest idle first
         self._lock = threading.Lock()
 
     def take(self, nbytes: int) -> _Pooled:
-        nbytes = size_class(nbytes)
+        nbytes = size_class(max(nbytes, SMALLEST_CLASS))
         with self._lock:
             idle = self._idle.get(nbytes)
             buf = idle.pop() if idle else None
+            if buf is not None:
+                self._order.remove(buf)
         return _Pooled(buf if buf is not None else self._device.alloc(nbytes), self)
 
     def give_back(self, buf: DeviceBuffer) -> None:
         with self._lock:
             idle = self._idle.setdefault(buf.nbytes, [])
-            if len(idle) < self._keep:
+            if len(idle) >= self._keep:
+                spare: DeviceBuffer | None = buf
+            else:
                 idle.append(buf)
-                return
-        buf.free()
+                self._order.append(buf)
+                spare = None
+                if len(self._order) > self._limit:
+                    spare = self._order.popleft()
+                    self._idle[spare.nbytes].remove(spare)
+        if spare is not None:
+            spare.free()
 
     def free(self) -> None:
         with self._lock:
@@ -193,6 +205,7 @@ class OutputPool:
                 for b in bufs:
                     b.free()
             self._idle.clear()
+            self._order.clear()
 
 
 class DeviceTensor(Exported):

@@ -12,11 +12,10 @@ its operand addresses.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class GemmArgs:
+class GemmArgs(NamedTuple):  # (a tuple: made per GEMM record at each new signature)
     m: int
     n: int
     k: int
@@ -25,7 +24,7 @@ class GemmArgs:
     lda: int
     ldb: int
     ldc: int
-    count: int  # the library's own batch
+    batch: int  # the library's own batch count
     stride_a: int  # its element strides
     stride_b: int
     stride_c: int
@@ -41,15 +40,19 @@ def gemm_args(ints: Sequence[int], itemsize: int) -> GemmArgs:
     if batch[2] == 1:  # the middle batch dim as the library's batch
         batch = [batch[0], 1, batch[1]]
         sa, sb, sc, ss = ([s[0], 0, s[1]] for s in (sa, sb, sc, ss))
-    empty = m == 0 or n == 0 or min(batch) == 0
-    steps = tuple(
-        (
-            (b0 * sa[0] + b1 * sa[1]) * itemsize,
-            (b0 * sb[0] + b1 * sb[1]) * itemsize,
-            (b0 * sc[0] + b1 * sc[1]) * itemsize,
-            (b0 * ss[0] + b1 * ss[1]) * itemsize,
+    if m == 0 or n == 0 or min(batch) == 0:
+        steps: tuple[tuple[int, int, int, int], ...] = ()
+    elif batch[0] == 1 and batch[1] == 1:
+        steps = ((0, 0, 0, 0),)  # the one step of an unbatched or library-batched GEMM
+    else:
+        steps = tuple(
+            (
+                (b0 * sa[0] + b1 * sa[1]) * itemsize,
+                (b0 * sb[0] + b1 * sb[1]) * itemsize,
+                (b0 * sc[0] + b1 * sc[1]) * itemsize,
+                (b0 * ss[0] + b1 * ss[1]) * itemsize,
+            )
+            for b0 in range(batch[0])
+            for b1 in range(batch[1])
         )
-        for b0 in range(0 if empty else batch[0])
-        for b1 in range(batch[1])
-    )
     return GemmArgs(m, n, k, bool(ta), bool(tb), lda, ldb, ldc, batch[2], sa[2], sb[2], sc[2], ld_src, ss[2], steps)

@@ -26,7 +26,7 @@ import ctypes
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -49,21 +49,21 @@ from bladepack.options import LoaderOptions
 ABI_VERSION = 1
 KERNEL_SHIFT = 24  # Note [CUDA error codes] in codegen/cuda_loops.py
 _ALIGN = 256  # weights and arena buffers start on 256-byte boundaries
+BUFFER_POINTER, BUFFER_SIZE, END = 1, 2, 0  # CU_LAUNCH_PARAM_* (cuda_driver.py's launch_packed)
 
 
-@dataclass(frozen=True)
-class KernelLaunch:
+class KernelLaunch(NamedTuple):  # (tuples: a new signature makes one per launch)
     fn: int  # index into NativeCuda.functions
     grid: int
     block: int
     smem: int
     start: int  # first parameter word
-    count: int  # parameter words
+    words: int  # parameter words
     kernel: int  # kernel row (for messages)
+    row: int  # its launch record (Note [Launch records]): the kernel launches' count before it
 
 
-@dataclass(frozen=True)
-class GemmLaunch:
+class GemmLaunch(NamedTuple):
     dtype: str
     ptrs: tuple[tuple[int, int], ...]  # (slot, byte offset) of A, B, C
     args: GemmArgs
@@ -89,6 +89,8 @@ class CudaPrepared:
     # per launch, its data conditions (slot, byte offset, expected): Note [Guarded launches]
     when: tuple[tuple[tuple[int, int, bool], ...], ...] = ()
     no_graph: str = ""  # why this signature is never captured into a CUDA graph ("" when it may be)
+    # Note [Launch records]: the kernel launches' `extra` template and the sizes its rows point at
+    records: tuple[np.ndarray, np.ndarray] = (np.zeros((0, 5), dtype=np.uint64), np.zeros(0, dtype=np.uint64))
 
 
 class NativeCuda:
@@ -194,7 +196,11 @@ class NativeCuda:
         words = prep.words.copy()
         if prep.ptr_pos.size:
             words[prep.ptr_pos] = slots[prep.ptr_slot] + prep.ptr_off
-        base = words.ctypes.data
+        records = prep.records[0].copy()  # Note [Launch records]
+        records[:, 1] += np.uint64(words.ctypes.data)
+        at = records.ctypes.data
+        handle = drv.CUstream(stream)
+        launch_kernel, functions = drv.cuLaunchKernel, self.functions
         status = int(slots[self.status_slot]) if self.checks_errors else 0
         if status and self.strict:
             _check(drv, drv.cuMemsetD8Async(status, 0, 32, drv.CUstream(stream)), "cuMemsetD8Async")
@@ -207,14 +213,13 @@ class NativeCuda:
             if not wanted:
                 continue
             if isinstance(launch, KernelLaunch):
-                self.functions[launch.fn].launch_packed(
-                    (launch.grid, 1, 1),
-                    (launch.block, 1, 1),
-                    base + launch.start * 8,
-                    launch.count * 8,
-                    launch.smem,
-                    stream,
-                )
+                fn = functions[launch.fn]
+                if launch.smem > 48 * 1024:
+                    fn.prepare_shared(launch.smem)
+                g, b, smem = launch.grid, launch.block, launch.smem
+                result = launch_kernel(fn.handle, g, 1, 1, b, 1, 1, smem, handle, 0, at + 40 * launch.row)
+                if result[0]:  # (CUresult is an int enum: non-zero is an error)
+                    _check(drv, result, f"cuLaunchKernel({fn.name})")
             elif isinstance(launch, GemmLaunch):
                 (sa, oa), (sb, ob), (sc, oc) = launch.ptrs
                 a, b, c = int(slots[sa]) + oa, int(slots[sb]) + ob, int(slots[sc]) + oc
@@ -317,6 +322,24 @@ class NativeCuda:
         self.device.synchronize(stream)
 
 
+def launch_records(words: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Note [Launch records]: the `extra` arrays (CU_LAUNCH_PARAM_BUFFER_POINTER, the parameters'
+    address, CU_LAUNCH_PARAM_BUFFER_SIZE, the size's address, CU_LAUNCH_PARAM_END) of consecutive
+    kernels whose packed parameters are `words[j]` 64-bit words each, laid out one after the other: a
+    uint64 [n, 5] template whose address column holds each kernel's byte offset (a call adds its
+    parameter buffer's address), and the sizes it points at (keep both alive while they are used).
+    Building each launch's two ctypes objects cost ~6 µs of Python per kernel launch, more than the
+    driver call; a call now adds one address to a column."""
+    n = len(words)
+    sizes = np.array([8 * w for w in words], dtype=np.uint64)
+    template = np.zeros((n, 5), dtype=np.uint64)
+    if n:
+        template[:, 0], template[:, 2], template[:, 4] = BUFFER_POINTER, BUFFER_SIZE, END
+        template[1:, 1] = np.cumsum(sizes)[:-1]
+        template[:, 3] = sizes.ctypes.data + 8 * np.arange(n, dtype=np.uint64)
+    return template, sizes
+
+
 def graph_obstacle(launches: Sequence[Launch], when: Sequence[tuple[tuple[int, int, bool], ...]]) -> str:
     """Why a prepared signature cannot be one CUDA graph (Note [CUDA graphs] in loader/cuda_graphs.py):
     a step that synchronizes with the host — a reference step, or a run-time branch whose predicate is
@@ -329,4 +352,4 @@ def graph_obstacle(launches: Sequence[Launch], when: Sequence[tuple[tuple[int, i
     return ""
 
 
-__all__ = ["CudaError", "CudaPrepared", "NativeCuda", "graph_obstacle"]
+__all__ = ["CudaError", "CudaPrepared", "NativeCuda", "graph_obstacle", "launch_records"]

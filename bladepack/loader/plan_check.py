@@ -344,17 +344,17 @@ def gemm_reach(m: Manifest, i: int, v: Sequence[int], item: int, has_c: bool) ->
         raise _fail(m, f"{_gemm_where(i, v)}: the batches of D overlap (D's batch strides are {list(sc)})")
     if 0 in (*b, mm, nn):
         return ()  # nothing is read or written
-
-    def extent(strides: Sequence[int], rows: int, cols: int, ld: int) -> int:
-        last = sum((n - 1) * s for n, s in zip(b, strides)) + (rows - 1) * ld + cols
-        return last * item if rows and cols else 0
-
-    # in pointer order: A, B, D, then the epilogue source C (its strides and leading dim follow the 20)
-    need = [extent(sa, a_rows, a_cols, lda) if kk else 0, extent(sb, b_rows, b_cols, ldb) if kk else 0]
-    need.append(extent(sc, mm, nn, ldc))
-    if has_c and len(v) >= GEMM_INTS + 4:
-        c_strides, ld_c = v[20:23], v[23]
-        if min(*c_strides, ld_c) < 0:
-            raise _fail(m, f"{_gemm_where(i, v)}: negative epilogue source stride")
-        need.append(extent(c_strides, mm if ld_c else 1, nn, max(ld_c, 1)))
-    return tuple(need)
+    b0, b1, b2 = b[0] - 1, b[1] - 1, b[2] - 1
+    # in pointer order: A, B, D, then the epilogue source C (its strides and leading dim follow the 20);
+    # each the bytes up to the last element it reaches: batch offsets, then the last row's start and length
+    a = (b0 * sa[0] + b1 * sa[1] + b2 * sa[2] + (a_rows - 1) * lda + a_cols) * item if kk else 0
+    bb = (b0 * sb[0] + b1 * sb[1] + b2 * sb[2] + (b_rows - 1) * ldb + b_cols) * item if kk else 0
+    d = (b0 * sc[0] + b1 * sc[1] + b2 * sc[2] + (mm - 1) * ldc + nn) * item
+    if not (has_c and len(v) >= GEMM_INTS + 4):
+        return (a, bb, d)
+    c_strides, ld_c = v[20:23], v[23]
+    if min(*c_strides, ld_c) < 0:
+        raise _fail(m, f"{_gemm_where(i, v)}: negative epilogue source stride")
+    rows = mm if ld_c else 1
+    c = (b0 * c_strides[0] + b1 * c_strides[1] + b2 * c_strides[2] + (rows - 1) * max(ld_c, 1) + nn) * item
+    return (a, bb, d, c)

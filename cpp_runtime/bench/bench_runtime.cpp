@@ -4,11 +4,11 @@
 //     per call at a repeated shape: the whole bpk_model_run, and the kernel library's run of the same
 //     prepared launch list with nothing around it, interleaved call by call; prints JSON with both
 //     medians (us) and the median of the per-pair differences (the host overhead).
-//   bench_runtime walk ARTIFACT --shape NAME=D0,D1,... ... --grow NAME:AXIS ... [--repeat N]
+//   bench_runtime walk ARTIFACT --shape NAME=D0,D1,... ... --grow NAME:AXIS ... [--repeat N] [--device cuda]
 //     a decode loop: N calls, each with every --grow dim one longer than the call before (every call a
 //     shape the model has not prepared); outputs allocated by the runtime and freed per call, as a
 //     caller without buffers of its own does; prints JSON with the median and mean per call (us) and
-//     the process's peak resident memory (KiB).
+//     the process's peak resident memory (KiB). --device cuda: the CUDA plan (host inputs copied in).
 //   bench_runtime load ARTIFACT [--repeat N] [--no-verify]
 //     bpk_model_load (memory-mapped) wall time; prints JSON with the median and minimum (ms).
 #include <algorithm>
@@ -125,8 +125,12 @@ long peak_rss_kb() {
 }
 
 int walk(const std::string& path, const std::map<std::string, std::vector<int64_t>>& shapes,
-         const std::map<std::string, int>& grow, int repeat) {
+         const std::map<std::string, int>& grow, int repeat, const std::string& device) {
   bpk_load_options opts{0, 0};
+  if (!device.empty()) {
+    opts.flags |= BPK_LOAD_DEVICE;
+    opts.device = device.c_str();
+  }
   bpk::Model model(bpk::Artifact::open(path, true), opts);
   const auto& sig = model.signature();
   std::vector<void*> bufs;
@@ -179,10 +183,13 @@ int main(int argc, char** argv) {
   std::map<std::string, int> grow;
   int repeat = 1000;
   bool verify = true;
+  std::string device;  // walk: "cuda" runs the CUDA plan (host inputs copied in, as bpk-run does)
   for (int i = 3; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--repeat" && i + 1 < argc) {
       repeat = std::atoi(argv[++i]);
+    } else if (a == "--device" && i + 1 < argc) {
+      device = argv[++i];
     } else if (a == "--no-verify") {
       verify = false;
     } else if (a == "--grow" && i + 1 < argc) {
@@ -206,7 +213,7 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    if (mode == "walk") return walk(path, shapes, grow, repeat);
+    if (mode == "walk") return walk(path, shapes, grow, repeat, device);
     return mode == "host" ? host(path, shapes, repeat) : load(path, repeat, verify);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_runtime: %s\n", e.what());

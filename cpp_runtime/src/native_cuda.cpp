@@ -268,7 +268,10 @@ void NativeCuda::reserve(CallContext& c, size_t bytes) const {
   drop_graphs(c);  // they address the old buffer
   if (c.memory) drv_->check(drv_->StreamSynchronize(c.stream), "cuStreamSynchronize");  // its status copied out
   c.memory.reset();
-  c.memory = std::make_unique<DeviceBuffer>(*drv_, bytes);
+  // sized by class from 64 KiB (util.h alloc_size; the Python loader's Note [Device size classes]): a
+  // decode loop's memory grows a little every call, and each growth waits for the stream, drops the
+  // context's graphs and frees device memory (cuMemFree waits for the whole device)
+  c.memory = std::make_unique<DeviceBuffer>(*drv_, alloc_size(std::max<size_t>(bytes, size_t(1) << 16)));
   if (checks_errors_) drv_->check(drv_->MemsetD8Async(c.memory->ptr(), 0, 32, c.stream), "cuMemsetD8Async");
 }
 

@@ -42,7 +42,7 @@ def _span(rows: int, cols: int, ld: int, g: GemmArgs, stride: int, step_bytes: i
     """Bytes an operand view covers: its last host-loop step, last library batch, last row and column."""
     if rows == 0 or cols == 0:
         return 0
-    return step_bytes + ((g.count - 1) * stride + (rows - 1) * ld + cols) * itemsize
+    return step_bytes + ((g.batch - 1) * stride + (rows - 1) * ld + cols) * itemsize
 
 
 class GemmProfiler:
