@@ -474,8 +474,8 @@ def main() -> None:
         tag = "cuda_host_walk" if args.walk else "cuda_host_cost"
         walk_head = (
             "# Host time per call on the fake driver at a new signature every call (a decode loop)\n\n"
-            "`python -m bench.cuda_graphs --host --walk --modes numpy,torch --baseline <checkout>`. As below,\n"
-            "except that every timed call's inputs are one longer than the last call's along the sample's walk\n"
+            "`python -m bench.cuda_graphs --host --walk --samples mlp,llama,encoder --modes numpy,torch --repeat 600\n"
+            "--baseline <checkout>`. Every timed call's inputs are one longer than the last call's along the walk\n"
             "axes (the LLaMA step's cache length, the others' batch), so no call meets a signature it has seen:\n"
             "each prepares its signature and launches its kernels one by one (no graph can exist yet). Python\n"
             "loader only, CUDA graphs on, kernels not run, cuBLAS's arithmetic skipped. Thread CPU time per\n"
