@@ -150,7 +150,7 @@ def _keys(name: str) -> list[Any]:
         return [((b, 1, 64), (b, 2, p, 8), (b, 2, p, 8)) for b in (1, 3) for p in (1, 2, 17, 300)]
     if name == "encoder":
         return [((b, s), (b, s)) for b in (1, 2, 5) for s in (1, 3, 16, 77)]
-    return [((b, 3, h, w),) for b in (1, 2) for h, w in ((24, 1), (24, 24), (31, 17), (64, 48))]
+    return [((b, 3, h, w),) for b in (1, 2) for h, w in ((24, 24), (31, 17), (64, 48), (33, 90))]
 
 
 @pytest.mark.parametrize("name", ["mlp", "llama", "encoder", "cnn"])
