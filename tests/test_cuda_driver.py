@@ -14,6 +14,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -151,3 +152,68 @@ def test_no_driver_no_device(fake: Path, images: dict[str, bytes], tmp_path: Pat
     assert "unavailable: no CUDA driver found (libcuda.so.1 could not be loaded)" in out
     out, _ = _run(fake, images, tmp_path, ordinal=3)
     assert "unavailable: cuda:3 requested; this machine has 1 CUDA device(s)" in out
+
+
+class _Fn:
+    """A C function of a stand-in library: ctypes' argtypes may be set on it."""
+
+    def __init__(self, body: Any) -> None:
+        self.body = body
+
+    def __call__(self, *args: Any) -> int:
+        return int(self.body(*args))
+
+
+def test_cublas_calls_from_two_threads_keep_their_streams(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuBLAS's handle holds one stream, set per call: two threads calling on their own streams must
+    each enqueue on their own (ctypes drops the GIL between the stream and the GEMM; without the lock
+    a GEMM lands on the other thread's stream, unordered with its own kernels). A stand-in library
+    records the stream each GEMM was enqueued on, and sleeps in between to make the interleaving
+    likely; also, a call on the stream set last sets it no more."""
+    import ctypes
+    import threading
+    import time
+
+    from bladepack.loader import cublas
+    from bladepack.loader.gemm_args import gemm_args
+    from bladepack.options import LoaderOptions
+
+    state: dict[str, Any] = {"stream": None, "sets": 0, "seen": []}
+
+    def set_stream(handle: Any, stream: Any) -> int:
+        state["stream"] = stream.value
+        state["sets"] += 1
+        time.sleep(0.0005)
+        return 0
+
+    def gemm(handle: Any, *args: Any) -> int:
+        state["seen"].append((threading.get_ident(), state["stream"]))
+        time.sleep(0.0002)
+        return 0
+
+    lib = type("Lib", (), {})()
+    lib.cublasCreate_v2 = _Fn(lambda h: 0)
+    lib.cublasSetStream_v2 = _Fn(set_stream)
+    lib.cublasDestroy_v2 = _Fn(lambda h: 0)
+    lib.cublasGemmStridedBatchedEx = _Fn(gemm)
+    monkeypatch.setattr(ctypes, "CDLL", lambda path: lib)
+    handle = cublas.Cublas(LoaderOptions(cublas="stand-in"))
+    ints = [1, 1, 1, *([0] * 9), 4, 4, 4, 0, 0, 4, 4, 4]
+    args = gemm_args(ints, 4)
+    streams = {}
+
+    def work(stream: int) -> None:
+        streams[threading.get_ident()] = stream
+        for _ in range(40):
+            handle.gemm("float32", 0x1000, 0x2000, 0x3000, args, stream)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in (0x51, 0x52)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(state["seen"]) == 80
+    assert all(stream == streams[ident] for ident, stream in state["seen"])
+    before = state["sets"]
+    work(0x53)
+    assert state["sets"] == before + 1  # one stream for 40 calls: set once

@@ -17,6 +17,7 @@ import ctypes.util
 import glob
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,7 +51,10 @@ def _candidates(options: LoaderOptions) -> Iterator[str]:
 
 
 class Cublas:
-    """One cuBLAS handle on the current device's primary context."""
+    """One cuBLAS handle on the current device's primary context. Its stream is set per call, so a call
+    sets it and enqueues under one lock (ctypes releases the GIL: two threads' calls on different
+    streams could otherwise interleave, one thread's GEMM landing on the other's stream, out of order
+    with its own kernels — the C++ runtime's Cublas takes the same lock)."""
 
     def __init__(self, options: LoaderOptions) -> None:
         """`options.cublas` names the library (else the nvidia wheels', the system's, `cuda_home`/lib64)."""
@@ -85,6 +89,8 @@ class Cublas:
         handle = ctypes.c_void_p()
         self._check(lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")
         self._handle = handle
+        self._lock = threading.Lock()
+        self._stream: int | None = None  # the handle's stream, set last (under the lock)
         self._one32, self._zero32 = ctypes.c_float(1.0), ctypes.c_float(0.0)
         self._one64, self._zero64 = ctypes.c_double(1.0), ctypes.c_double(0.0)
 
@@ -104,7 +110,14 @@ class Cublas:
             raise CudaError(f"GEMM {args.m}x{args.n}x{args.k} exceeds cuBLAS's 32-bit sizes")
         if not args.steps:
             return
-        self._check(self._lib.cublasSetStream_v2(self._handle, ctypes.c_void_p(stream)), "cublasSetStream")
+        with self._lock:
+            if stream != self._stream:
+                self._stream = None  # (unknown until the call succeeds)
+                self._check(self._lib.cublasSetStream_v2(self._handle, ctypes.c_void_p(stream)), "cublasSetStream")
+                self._stream = stream
+            self._enqueue(dtype, a, b, c, args)
+
+    def _enqueue(self, dtype: str, a: int, b: int, c: int, args: GemmArgs) -> None:
         t = _TYPES[dtype]
         wide = dtype == "float64"
         one, zero = (self._one64, self._zero64) if wide else (self._one32, self._zero32)
