@@ -204,6 +204,77 @@ def gpu_times(names: list[str], repeat: int) -> list[dict[str, Any]]:
     return rows
 
 
+def _grown(xs: tuple[torch.Tensor, ...], axes: list[tuple[int, int]], k: int) -> tuple[torch.Tensor, ...]:
+    """The inputs with every (input, axis) of `axes` k longer (its values repeated cyclically: token ids
+    stay valid, masks stay 0 / 1)."""
+    out = list(xs)
+    for i, axis in axes:
+        a = out[i]
+        index = torch.arange(a.shape[axis] + k, device=a.device) % a.shape[axis]
+        out[i] = torch.index_select(a, axis, index).contiguous()
+    return tuple(out)
+
+
+def walk_times(names: list[str], calls: int, device: str = "cuda") -> list[dict[str, Any]]:
+    """A decode loop on the device: per sample, `calls` calls each one longer than the last along its
+    walk axes (_WALKS: the LLaMA step's cache, the others' batch), so every call is a signature the
+    module has not seen (no CUDA graph can exist for it). Wall µs per call of bladepack on torch tensors
+    (graphs on, as loaded by default) and of torch eager over the same inputs, back to back, the device
+    synchronized at the end of each pass; the best of three passes over fresh signatures for bladepack
+    (a pass over the same ones would replay graphs); the repeated-signature call beside them. `device`
+    "cpu" runs the same on the CPU loader (a smoke test of the script; not recorded)."""
+
+    def sync() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    rows = []
+    for name in names:
+        s = SAMPLES[name]
+        model = s.build().eval()
+        targets = ("cpu", "cuda") if device == "cuda" else ("cpu",)
+        art = bladepack.optimize(model, s.export_samples(), s.dynamic_shapes, targets=targets)
+        dims = _small_case(name, {sym.name: sym.min for sym in art.plan.symbols})
+        base = tuple(t.to(device) for t in s.make_inputs(torch.Generator().manual_seed(0), **dims))
+        axes = [(int(p.split(":")[0]), int(p.split(":")[1])) for p in _WALKS[name].split(",")]
+        passes = [[_grown(base, axes, 1 + r * calls + k) for k in range(calls)] for r in range(4)]
+        model = model.to(device)
+        m = bladepack.load(art.to_bytes(), device=device)
+
+        def per_call(fn: Any, cases: list[tuple[torch.Tensor, ...]]) -> float:
+            sync()
+            t0 = time.perf_counter()
+            for xs in cases:
+                fn(*xs)
+            sync()
+            return (time.perf_counter() - t0) / len(cases) * 1e6
+
+        with torch.no_grad():
+            per_call(model, passes[0][:5])
+            eager = min(per_call(model, cases) for cases in passes[1:])
+            per_call(m, passes[0][:5])  # warms the loader up (those five signatures are not timed)
+            ours = min(per_call(m, cases) for cases in passes[1:])
+            last = passes[-1][-1]
+            for _ in range(3):
+                m(*last)
+            repeated = min(per_call(m, [last] * calls) for _ in range(3))
+        rows.append(
+            {
+                "sample": name,
+                "walk": _WALKS[name],
+                "from shape": dims,
+                "calls per pass": calls,
+                "bladepack us/call, new signature": round(ours, 1),
+                "torch eager us/call": round(eager, 1),
+                "bladepack / eager speed": round(eager / ours, 2),
+                "bladepack us/call, repeated signature": round(repeated, 1),
+            }
+        )
+        if device == "cuda":
+            m.close()
+    return rows
+
+
 class Chain50(torch.nn.Module):
     """50 CUDA kernels that do not fuse: softmax rows alternating with scans."""
 
@@ -465,7 +536,7 @@ def main() -> None:
     ap.add_argument("--graphs-off", action="store_true", help="--host: also without CUDA graphs")
     ap.add_argument("--baseline", type=Path, help="--host: another checkout's loader, measured beside this one")
     ap.add_argument("--calls", type=int, default=3, help="fake driver: calls counted after warm-up")
-    ap.add_argument("--walk", action="store_true", help="--host: a new signature every call (a decode loop)")
+    ap.add_argument("--walk", action="store_true", help="--host / --gpu: a new signature every call (a decode loop)")
     args = ap.parse_args()
     names = args.samples.split(",")
     RESULTS.mkdir(exist_ok=True)
@@ -509,6 +580,15 @@ def main() -> None:
                 )
                 + f"\nMachine: {title(describe())}, no GPU.\n\n"
             )
+        )
+    elif args.gpu and args.walk:
+        rows = walk_times(names, args.repeat)
+        tag = "cuda_walk_" + re.sub(r"[^A-Za-z0-9]+", "_", torch.cuda.get_device_name()).strip("_")
+        head = (
+            f"# A decode loop on {torch.cuda.get_device_name()}: wall time per call at a new signature (µs)\n\n"
+            "`python -m bench.cuda_graphs --gpu --walk`: each call one longer than the last along the\n"
+            "sample's walk axes (the LLaMA step's cache length, the others' batch), torch CUDA tensors, the\n"
+            "device synchronized at the end of each pass; best of three passes over fresh signatures.\n\n"
         )
     elif args.gpu:
         rows = gpu_times(names, args.repeat)

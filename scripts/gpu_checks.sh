@@ -20,7 +20,9 @@
 # real-size models against eager / torch.compile / AOTInductor, built on this machine; GPU_MODELS=bert,vit
 # picks models, GPU_PEERS=eager,compile peers; it stops at the budget and says what it skipped) and
 # gpu_kernels (bench.gpu_kernels: elementwise, layer norm, softmax and RMS norm kernels' GPU time against a
-# copy of the same bytes and torch's kernels, the prepared baseline's beside them; under a minute).
+# copy of the same bytes and torch's kernels, the prepared baseline's beside them; under a minute) and
+# cuda_walk (bench.cuda_graphs --gpu --walk: a decode loop, every call a new signature, against eager;
+# Note [First calls on the device]; about a minute).
 # BUDGET (seconds, default 540) bounds the whole run; later steps get what is left.
 # Measured facts of these machines (2026-11-26): torch 2.11, nvcc 13.0.88 (the same build as here, so the
 # CUTLASS cache is reused), cuBLAS in /usr/local/cuda, g++ 13, cmake and ninja, no msgpack-cxx headers.
@@ -83,6 +85,7 @@ for b in "${benches[@]}"; do
   [ "$b" = gpu_models ] && extra=(--repeat 5 --budget $(($(left) - 40)) ${GPU_MODELS:+--models "$GPU_MODELS"}
     ${GPU_PEERS:+--peers "$GPU_PEERS"})
   [ "$b" = cutlass_gemm_hopper ] && b=cutlass_gemm && hopper=1 && extra=(--repeat 10)
+  [ "$b" = cuda_walk ] && b=cuda_graphs && extra=(--gpu --walk --samples llama,encoder,mlp --repeat 200)
   [ "$(left)" -gt 20 ] || break
   BLADEPACK_HOPPER_GEMMS=$hopper timeout $(($(left) - 10)) "$py" -m "bench.$b" ${extra[@]+"${extra[@]}"} 2>&1 |
     tee -a "$out/bench.log" | tail -8
