@@ -236,3 +236,53 @@ def test_compiled_programs_evaluate_as_the_format_says(case: tuple[ShapeProgram,
     except ShapeGuardError as e:
         got = kind(e)
     assert got == want, prog.text()
+
+
+@settings(max_examples=600, deadline=None)
+@given(case=_raw_programs(), known=st.sampled_from([(0,), (1,), (0, 1)]))
+@example(case=_case((0, 0, _BIG, 0, 0), (0, 1, 4, 0, 0), (4, 2, 0, 1, 0)), known=(0,))  # a folded product past int64
+@example(case=_case((1, 0, 1, 0, 0), (5, 1, 3, 0, 0)), known=(0, 1))  # a folded zero divisor
+@example(case=_case((1, 0, 1, 0, 0), (10, 1, 0, 3, 0), (15, 2, 1, 0, 1)), known=(0, 1))  # a folded failing assert
+@example(case=_case((0, 0, 2, 0, 0), (14, 1, 3, 0, 4)), known=(0,))  # a folded select of registers never written
+def test_folded_programs_evaluate_as_the_format_says(
+    case: tuple[ShapeProgram, list[list[int]]], known: tuple[int, ...]
+) -> None:
+    """Note [Folded checks]: a program made into source with some inputs' dims known (the CUDA
+    preparation's literal kernel operands) computes what depends on them alone when the source is made,
+    and still gives the oracle's registers, or raises the same guard error at the same instruction."""
+    from bladepack.artifact.shape_program import program_lines
+    from bladepack.errors import ShapeGuardError
+
+    prog, dims = case
+    prog.validate([2, 2])
+    body, final = program_lines(
+        prog.code,
+        prog.num_registers,
+        lambda a, b: dims[a][b] if a in known else f"dims[{a}][{b}]",
+        "r",
+        lambda c, value, other: f"_fail({c}, {value}, {other})",
+        lambda pc: f"_fail(-1, {pc}, 0)",
+        "_fail(-2, 0, 0)",
+    )
+    source = "def evaluate(dims):\n" + "".join(f"    {line}\n" for line in [*body, f"return [{', '.join(final)}]"])
+
+    def fail(c: int, value: int, other: int) -> None:
+        what = {-1: "overflow", -2: "zero"}
+        raise ShapeGuardError(what.get(c) or _MESSAGES[c].replace("{value}", str(value)).replace("{other}", str(other)))
+
+    scope: dict[str, object] = {"_fail": fail, "min": min, "max": max}
+    exec(compile(source, "<folded>", "exec"), scope)
+
+    def kind(e: ShapeGuardError) -> str:
+        text = str(e)
+        return "overflow" if "overflow" in text else ("zero" if "zero" in text else text)
+
+    try:
+        want: list[int] | str = _interpret(prog, dims)
+    except ShapeGuardError as e:
+        want = kind(e)
+    try:
+        got: list[int] | str = scope["evaluate"](dims)  # type: ignore[operator]
+    except ShapeGuardError as e:
+        got = kind(e)
+    assert got == want, (prog.text(), source)

@@ -143,75 +143,141 @@ class ShapeProgram:
 # writes it the literal 0 (the register file starts zeroed). The source holds only integer literals and
 # register names (opcodes are checked by `validate`, messages are read from the table by index), so
 # nothing of a manifest's text reaches the compiler.
+#
+# Note [Folded checks]: where some DIMs are known when the source is made — a CUDA kernel's literal
+# integer operands, inlined into the compiled preparation (Note [Compiled CUDA preparation]) — every
+# instruction whose operands are all known (so are CONSTs and registers never written) is computed then,
+# with the interpreter's semantics: a known result outside int64 or a known zero divisor becomes the
+# overflow or zero statement at that instruction's place, a known true ASSERT disappears and a known
+# false one becomes its failure; the rest is written out with the known values as literals. The
+# statements that remain run in the same order, so the first failure is the same instruction's.
 _I64 = (-(1 << 63), 1 << 63)
 _INFIX = {Op.ADD: "+", Op.SUB: "-", Op.MUL: "*", Op.LT: "<", Op.LE: "<=", Op.EQ: "==", Op.NE: "!="}
 
 
 def program_lines(
     code: Sequence[tuple[int, int, int, int, int]],
-    dim: Callable[[int, int], str],
+    num_registers: int,
+    dim: Callable[[int, int], int | str],
     prefix: str,
     fail: Callable[[int, str, str], str],
     overflow: Callable[[int], str],
     zero: str,
-) -> list[str]:
-    """A validated program's statements (Note [Compiled shape programs]): register k is the local
-    `{prefix}{k}`, DIM a b reads `dim(a, b)`; `fail(message, value, other)`, `overflow(pc)` and `zero`
-    are the statements run where an ASSERT fails, a result leaves int64 and a divisor is zero."""
+) -> tuple[list[str], list[str]]:
+    """A validated program's statements (Note [Compiled shape programs]) and each register's value at
+    its end, as source: register k is the local `{prefix}{k}`, DIM a b reads `dim(a, b)` (an integer
+    where it is known when the source is made); `fail(message, value, other)`, `overflow(pc)` and `zero`
+    are the statements run where an ASSERT fails, a result leaves int64 and a divisor is zero. What
+    depends only on known values is computed here, with the same checks in the same order (Note
+    [Folded checks])."""
+    known: dict[int, int] = {}
     written: set[int] = set()
 
+    def value(k: int) -> int | None:
+        if k in known:
+            return known[k]
+        return None if k in written else 0  # the register file starts zeroed
+
     def reg(k: int) -> str:
-        return f"{prefix}{k}" if k in written else "0"
+        v = value(k)
+        if v is None:
+            return f"{prefix}{k}"
+        return str(v) if v >= 0 else f"({v})"
 
     body: list[str] = []
-    for pc, (op, d, a, b, c) in enumerate(code):
-        kind = Op(op)
-        checked = False
-        if kind is Op.CONST:
-            expr = str(int(a))
-        elif kind is Op.DIM:
-            expr = dim(int(a), int(b))
-        elif kind is Op.SELECT:
-            expr = f"{reg(b)} if {reg(a)} else {reg(c)}"
-        elif kind is Op.ASSERT:
-            body.append(f"if not {reg(a)}: {fail(int(c), reg(b), reg(d))}")
-            continue
-        elif kind in (Op.FLOORDIV, Op.CEILDIV, Op.MOD):
-            body.append(f"if not {reg(b)}: {zero}")
-            x, y = reg(a), reg(b)
-            expr = {Op.FLOORDIV: f"{x} // {y}", Op.CEILDIV: f"-((-{x}) // {y})", Op.MOD: f"{x} % {y}"}[kind]
-            checked = kind is not Op.MOD
-        elif kind in (Op.MIN, Op.MAX):  # checked as the interpreter did: an operand may come from outside
-            expr = f"{kind.name.lower()}({reg(a)}, {reg(b)})"
-            checked = True
-        else:
-            infix = _INFIX[kind]
-            expr = f"{reg(a)} {infix} {reg(b)}"
-            if kind in (Op.ADD, Op.SUB, Op.MUL):
-                checked = True
-            else:
-                expr = f"int({expr})"
+
+    def emit(d: int, expr: str, checked: bool, pc: int) -> None:
         body.append(f"{prefix}{d} = {expr}")
         written.add(d)
+        known.pop(d, None)
         if checked:
             body.append(f"if not {_I64[0]} <= {prefix}{d} < {_I64[1]}: {overflow(pc)}")
-    return body
+
+    def fold(d: int, v: int, checked: bool, pc: int) -> None:
+        if checked and not _I64[0] <= v < _I64[1]:
+            body.append(overflow(pc))  # raises here, as the statement would
+            v = 0
+        known[d] = v
+
+    for pc, (op, d, a, b, c) in enumerate(code):
+        kind = Op(op)
+        va, vb = value(a), value(b)
+        if kind is Op.CONST:
+            known[d] = int(a)
+        elif kind is Op.DIM:
+            x = dim(int(a), int(b))
+            if isinstance(x, int):
+                known[d] = x
+            else:
+                emit(d, x, False, pc)
+        elif kind is Op.SELECT:
+            if va is None:
+                emit(d, f"{reg(b)} if {reg(a)} else {reg(c)}", False, pc)
+            else:
+                pick = b if va else c
+                if value(pick) is None:
+                    emit(d, reg(pick), False, pc)
+                else:
+                    known[d] = value(pick)  # type: ignore[assignment]
+        elif kind is Op.ASSERT:
+            if va is None:
+                body.append(f"if not {reg(a)}: {fail(int(c), reg(b), reg(d))}")
+            elif not va:
+                body.append(fail(int(c), reg(b), reg(d)))
+        elif kind in (Op.FLOORDIV, Op.CEILDIV, Op.MOD):
+            if vb is None:
+                body.append(f"if not {reg(b)}: {zero}")
+            elif vb == 0:
+                body.append(zero)  # raises here, as the statement would
+                known[d] = 0
+                continue
+            checked = kind is not Op.MOD
+            if va is not None and vb is not None:
+                v = {Op.FLOORDIV: va // vb, Op.CEILDIV: -((-va) // vb), Op.MOD: va % vb}[kind]
+                fold(d, v, checked, pc)
+            else:
+                x, y = reg(a), reg(b)
+                expr = {Op.FLOORDIV: f"{x} // {y}", Op.CEILDIV: f"-((-{x}) // {y})", Op.MOD: f"{x} % {y}"}[kind]
+                emit(d, expr, checked, pc)
+        elif kind in (Op.MIN, Op.MAX):  # checked as the interpreter did: an operand may come from outside
+            if va is not None and vb is not None:
+                fold(d, min(va, vb) if kind is Op.MIN else max(va, vb), True, pc)
+            else:
+                emit(d, f"{kind.name.lower()}({reg(a)}, {reg(b)})", True, pc)
+        else:
+            infix = _INFIX[kind]
+            arithmetic = kind in (Op.ADD, Op.SUB, Op.MUL)
+            if va is not None and vb is not None:
+                v = {
+                    Op.ADD: va + vb,
+                    Op.SUB: va - vb,
+                    Op.MUL: va * vb,
+                    Op.LT: int(va < vb),
+                    Op.LE: int(va <= vb),
+                    Op.EQ: int(va == vb),
+                    Op.NE: int(va != vb),
+                }[kind]
+                fold(d, v, arithmetic, pc)
+            else:
+                expr = f"{reg(a)} {infix} {reg(b)}"
+                emit(d, expr if arithmetic else f"int({expr})", arithmetic, pc)
+    return body, [reg(k) for k in range(num_registers)]
 
 
 def compile_program(
     code: Sequence[tuple[int, int, int, int, int]], num_registers: int, messages: Sequence[str]
 ) -> Callable[[Sequence[Sequence[int]]], list[int]]:
     """The program as one Python function of the input dims returning the register file."""
-    body = program_lines(
+    body, final = program_lines(
         code,
+        num_registers,
         lambda a, b: f"dims[{a}][{b}]",
         "r",
         lambda c, value, other: f"_fail({c}, {value}, {other})",
         lambda pc: f"_overflow({pc})",
         "_zero()",
     )
-    written = {int(d) for op, d, _, _, _ in code if Op(op) is not Op.ASSERT}
-    body.append("return [" + ", ".join(f"r{k}" if k in written else "0" for k in range(num_registers)) + "]")
+    body.append("return [" + ", ".join(final) + "]")
     source = "def evaluate(dims):\n" + "".join(f"    {line}\n" for line in body)
 
     def fail(c: int, value: int, other: int) -> None:

@@ -16,7 +16,10 @@ changes after load, so it is compiled, at the first signature, into one function
 statement is one of those steps with the plan's constants in place: a register word is `R[k]`, a
 literal an integer, a check one comparison, a variant choice an `if` chain. Each check is written in
 the order `check_launches` makes it (arena, buffers, then per launch its conditions' bytes, pointers
-and GEMM record) and then the operand checks, as the executor ran them; where a check fails the
+and GEMM record) and then the operand checks (each kernel's check program inlined, what its literal
+integers decide computed when the source is made: Note [Folded checks]), as the executor ran them; a
+GEMM record's arguments and the bytes its operands reach are kept per launch by the record's integers,
+which a decode loop's projections keep from call to call. Where a check fails the
 function returns None and the executor runs `check_launches` and the operand checks themselves,
 which raise the first failure in their own words — so the error a caller sees is unchanged. (The
 compiled checks decline more than they need to, on any negative dim or a slot beyond int64; those
@@ -24,7 +27,8 @@ signatures take the interpreted checks, then the unchecked form of the same func
 only integer literals, register reads and names of this module's helpers (dtypes, kernel names and
 launch ops are read from tables by index), so nothing of a manifest's text reaches the compiler, as in
 Note [Compiled shape programs]. The kernel parameter words come from the template as before (Note
-[Launch word template]).
+[Launch word template]). The function is compiled at the first signature (~85 ms for a 12-layer
+encoder's 159 launches) and then prepares one in ~0.3-0.6 ms, where the interpreted form took ~1.5 ms.
 """
 
 from __future__ import annotations
@@ -148,18 +152,21 @@ class CudaPreparation:
                     put(f"if r and ({reach}): return None")
             for i, prog in self.programs.items():  # Note [Kernel operand checks], inlined
                 lr = launches[i]
-                operands = (
-                    [_word(v) for v in lr["ints"]],
+                # a literal integer operand is known here: what depends on literals alone folds away
+                operands: tuple[list[int | str], list[int | str]] = (
+                    [_word(v) if isinstance(v, dict) else int(v) for v in lr["ints"]],
                     [f"(S[{int(s)}] - {_word(o)})" for s, o in lr["ptrs"]],
                 )
-                body += program_lines(
+                lines, _ = program_lines(
                     prog.code,
+                    prog.num_registers,
                     lambda a, b: operands[a][b],
                     "q",
                     lambda *_: "return None",
                     lambda _: "return None",
                     "return None",
                 )
+                body += lines
         else:
             put("S = None")
         put("L = []")
