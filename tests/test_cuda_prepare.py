@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import bladepack
 from bladepack.artifact import format as bpk_format
@@ -263,3 +265,40 @@ def test_the_source_holds_no_manifest_text(artifacts: dict[str, bytes]) -> None:
         del module.compile  # type: ignore[attr-defined]
     assert seen and all(marker not in s and "float32" not in s and "'kernel'" not in s for s in seen)
     assert np.all([("import" not in s) for s in seen])
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    batch=st.lists(st.integers(0, 3), min_size=3, max_size=3),
+    strides=st.lists(st.integers(-2, 70), min_size=12, max_size=12),
+    mnk=st.lists(st.integers(0, 9), min_size=3, max_size=3),
+    source=st.booleans(),
+    item=st.sampled_from([2, 4, 8]),
+)
+def test_gemm_arguments_cover_every_batch_once(
+    batch: list[int], strides: list[int], mnk: list[int], source: bool, item: int
+) -> None:
+    """gemm_args splits a record's three batch dims into host steps and the library's own batch: the
+    byte offsets of A, B, D and the epilogue source over (step, library batch index) are those of the
+    record's (b0, b1, b2) loop, each once, in order (a decode loop's records go through it at every new
+    signature)."""
+    sa, sb, sc, ss = strides[0:3], strides[3:6], strides[6:9], strides[9:12]
+    m, n, k = mnk
+    ints = [*batch, *sa, *sb, *sc, m, n, k, 0, 0, max(k, 1), max(n, 1), max(n, 1)]
+    if source:
+        ints += [*ss, n]
+    g = gemm_args(ints, item)
+    if m == 0 or n == 0 or 0 in batch:
+        assert g.steps == ()
+        return
+    src = ss if source else [0, 0, 0]
+    want = [
+        tuple((i * s[0] + j * s[1] + h * s[2]) * item for s in (sa, sb, sc, src))
+        for i in range(batch[0])
+        for j in range(batch[1])
+        for h in range(batch[2])
+    ]
+    strides_lib = (g.stride_a, g.stride_b, g.stride_c, g.stride_src)
+    got = [tuple(off + h * s * item for off, s in zip(step, strides_lib)) for step in g.steps for h in range(g.batch)]
+    assert got == want
+    assert (g.m, g.n, g.k) == (m, n, k)

@@ -33,26 +33,31 @@ class GemmArgs(NamedTuple):  # (a tuple: made per GEMM record at each new signat
     steps: tuple[tuple[int, int, int, int], ...]  # byte offsets of A, B, C, source per host-loop step (none when empty)
 
 
+_ONE_STEP = ((0, 0, 0, 0),)  # the one host step of an unbatched or library-batched GEMM
+
+
 def gemm_args(ints: Sequence[int], itemsize: int) -> GemmArgs:
-    batch, sa, sb, sc = list(ints[0:3]), list(ints[3:6]), list(ints[6:9]), list(ints[9:12])
-    m, n, k, ta, tb, lda, ldb, ldc = (int(v) for v in ints[12:20])
-    ss, ld_src = (list(ints[20:23]), int(ints[23])) if len(ints) > 20 else ([0, 0, 0], 0)
-    if batch[2] == 1:  # the middle batch dim as the library's batch
-        batch = [batch[0], 1, batch[1]]
-        sa, sb, sc, ss = ([s[0], 0, s[1]] for s in (sa, sb, sc, ss))
-    if m == 0 or n == 0 or min(batch) == 0:
+    b0, b1, b2, a0, a1, a2, p0, p1, p2, c0, c1, c2, m, n, k, ta, tb, lda, ldb, ldc = ints[:20]
+    e0, e1, e2, ld_src = ints[20:24] if len(ints) > 20 else (0, 0, 0, 0)
+    if b2 == 1:  # the middle batch dim as the library's batch
+        b1, b2 = 1, b1
+        a1, a2, p1, p2, c1, c2, e1, e2 = 0, a1, 0, p1, 0, c1, 0, e1
+    m, n = int(m), int(n)
+    if m == 0 or n == 0 or min(b0, b1, b2) == 0:
         steps: tuple[tuple[int, int, int, int], ...] = ()
-    elif batch[0] == 1 and batch[1] == 1:
-        steps = ((0, 0, 0, 0),)  # the one step of an unbatched or library-batched GEMM
+    elif b0 == 1 and b1 == 1:
+        steps = _ONE_STEP
     else:
         steps = tuple(
             (
-                (b0 * sa[0] + b1 * sa[1]) * itemsize,
-                (b0 * sb[0] + b1 * sb[1]) * itemsize,
-                (b0 * sc[0] + b1 * sc[1]) * itemsize,
-                (b0 * ss[0] + b1 * ss[1]) * itemsize,
+                (i * a0 + j * a1) * itemsize,
+                (i * p0 + j * p1) * itemsize,
+                (i * c0 + j * c1) * itemsize,
+                (i * e0 + j * e1) * itemsize,
             )
-            for b0 in range(batch[0])
-            for b1 in range(batch[1])
+            for i in range(b0)
+            for j in range(b1)
         )
-    return GemmArgs(m, n, k, bool(ta), bool(tb), lda, ldb, ldc, batch[2], sa[2], sb[2], sc[2], ld_src, ss[2], steps)
+    return GemmArgs(
+        m, n, int(k), bool(ta), bool(tb), int(lda), int(ldb), int(ldc), b2, a2, p2, c2, int(ld_src), e2, steps
+    )
