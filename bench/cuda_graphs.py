@@ -377,7 +377,15 @@ _MODES = {
 }
 
 
-_WALKS = {"chain of 50 kernels": "0:0", "mlp": "0:0", "encoder": "0:0,1:0", "llama": "1:2,2:2", "cnn": "0:0"}
+_BERT12 = "BERT, 12 layers of width 64"
+_WALKS = {
+    "chain of 50 kernels": "0:0",
+    "mlp": "0:0",
+    "encoder": "0:0,1:0",
+    "llama": "1:2,2:2",
+    "cnn": "0:0",
+    _BERT12: "0:1,1:1",  # the sequence length, as a server's prefill of requests of every length
+}
 
 
 def host_cost(
@@ -421,6 +429,23 @@ def host_cost(
         dims = _small_case(name)
         g = torch.Generator().manual_seed(0)
         models.append((name, art, dims, tuple(a.numpy() for a in s.make_inputs(g, **dims))))
+    if walk:  # a real model's depth: a Hugging Face BERT of 12 layers, width 64, random weights (159 launches)
+        from transformers import BertConfig, BertModel
+
+        config = BertConfig(
+            hidden_size=64,
+            num_hidden_layers=12,
+            num_attention_heads=4,
+            intermediate_size=128,
+            vocab_size=500,
+            max_position_embeddings=2048,
+        )
+        ids, mask = torch.randint(0, 500, (2, 16), generator=torch.Generator().manual_seed(0)), torch.ones(2, 16).long()
+        batch, seq = torch.export.Dim("batch", min=1, max=32), torch.export.Dim("seq", min=1, max=2048)
+        bert = bladepack.optimize(
+            BertModel(config).eval(), [(ids, mask)], ({0: batch, 1: seq},) * 2, targets=("cpu", "cuda:sm_90")
+        )
+        models.append((_BERT12, bert, {"batch": 2, "seq": 16}, (ids.numpy(), mask.numpy())))
     here = Path(__file__).resolve().parent.parent
     roots: list[tuple[str, Path]] = [("", here)]
     if baseline is not None:
@@ -430,7 +455,7 @@ def host_cost(
         roots = [(f" ({_commit(baseline)}, before)", baseline), (f" ({_commit(here)})", here)]
     rows = []
     for label, art, dims, arrays in models:
-        path = work / f"{label.split()[0]}.bpk"
+        path = work / (re.sub(r"\W+", "_", label) + ".bpk")
         art.save(path)
         files, flags = _npy_inputs(work, path.stem, [t.name for t in art.plan.inputs], arrays)
         launches = sum(1 for lr in art._parts()[0]["native_cuda"]["launches"] if lr["op"] != "ref")
@@ -547,7 +572,8 @@ def main() -> None:
             "# Host time per call on the fake driver at a new signature every call (a decode loop)\n\n"
             "`python -m bench.cuda_graphs --host --walk --samples mlp,llama,encoder --modes numpy,torch --repeat 600\n"
             "--baseline <checkout>`. Every timed call's inputs are one longer than the last call's along the walk\n"
-            "axes (the LLaMA step's cache length, the others' batch), so no call meets a signature it has seen:\n"
+            "axes (the LLaMA step's cache length, the BERT's sequence length, the others' batch), so no call\n"
+            "meets a signature it has seen:\n"
             "each prepares its signature and launches its kernels one by one (no graph can exist yet). Python\n"
             "loader only, CUDA graphs on, kernels not run, cuBLAS's arithmetic skipped. Thread CPU time per\n"
             "call, the best of 15 blocks' medians; the torch stand-in's own work (tests/fake_torch.py) timed\n"
