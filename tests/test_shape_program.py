@@ -250,7 +250,7 @@ def test_folded_programs_evaluate_as_the_format_says(
     """Note [Folded checks]: a program made into source with some inputs' dims known (the CUDA
     preparation's literal kernel operands) computes what depends on them alone when the source is made,
     and still gives the oracle's registers, or raises the same guard error at the same instruction."""
-    from bladepack.artifact.shape_program import program_lines
+    from bladepack.artifact.shape_program import Locals, program_lines
     from bladepack.errors import ShapeGuardError
 
     prog, dims = case
@@ -259,7 +259,7 @@ def test_folded_programs_evaluate_as_the_format_says(
         prog.code,
         prog.num_registers,
         lambda a, b: dims[a][b] if a in known else f"dims[{a}][{b}]",
-        "r",
+        Locals("r"),
         lambda c, value, other: f"_fail({c}, {value}, {other})",
         lambda pc: f"_fail(-1, {pc}, 0)",
         "_fail(-2, 0, 0)",

@@ -37,7 +37,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bladepack.artifact.shape_program import ShapeProgram, program_lines
+from bladepack.artifact.shape_program import Locals, ShapeProgram, program_lines
 from bladepack.errors import BpkFormatError
 from bladepack.loader.cutlass_gemm import CutlassGemms
 from bladepack.loader.gemm_args import GemmArgs, gemm_args
@@ -150,6 +150,7 @@ class CudaPreparation:
                     )
                     put(f"r = {self._gemm(i, lr)}[0]")
                     put(f"if r and ({reach}): return None")
+            names = Locals("q")  # shared: a check every layer's kernel makes is made once
             for i, prog in self.programs.items():  # Note [Kernel operand checks], inlined
                 lr = launches[i]
                 # a literal integer operand is known here: what depends on literals alone folds away
@@ -161,7 +162,7 @@ class CudaPreparation:
                     prog.code,
                     prog.num_registers,
                     lambda a, b: operands[a][b],
-                    "q",
+                    names,
                     lambda *_: "return None",
                     lambda _: "return None",
                     "return None",
