@@ -27,8 +27,10 @@ signatures take the interpreted checks, then the unchecked form of the same func
 only integer literals, register reads and names of this module's helpers (dtypes, kernel names and
 launch ops are read from tables by index), so nothing of a manifest's text reaches the compiler, as in
 Note [Compiled shape programs]. The kernel parameter words come from the template as before (Note
-[Launch word template]). The function is compiled at the first signature (~85 ms for a 12-layer
-encoder's 159 launches) and then prepares one in ~0.3-0.6 ms, where the interpreted form took ~1.5 ms.
+[Launch word template]). The function is compiled at the first signature (~55 ms for a 12-layer
+encoder's 159 launches) and then prepares one in ~0.4 ms, where the interpreted form took ~1.5 ms; a
+check it already made for another launch (the same register offset into the same slot) is not made
+again.
 """
 
 from __future__ import annotations
@@ -123,25 +125,32 @@ class CudaPreparation:
             slots += [str(math.prod(int(d) for d in w["shape"]) * BYTE_SIZES[w["dtype"]]) for w in m.weight_rows]
             put(f"S = [{', '.join(slots)}]")
             put(f"if max(S) > {INT64_MAX} or min(S) < 0: return None")  # (an output's dims may be negative)
+            made: set[str] = set()
+
+            def check(line: str) -> None:  # a check already made (another launch, the same buffer) held
+                if line not in made:
+                    made.add(line)
+                    put(line)
+
             for b in plan["buffers"]:
                 dims = [_word(d) for d in b["shape"]]
                 variable = [d for d, v in zip(dims, b["shape"]) if isinstance(v, dict)]
                 if any(not isinstance(v, dict) and int(v) < 0 for v in b["shape"]):
                     put("return None")  # a negative literal dim: the interpreted check decides
                 if variable:
-                    put(f"if {' or '.join(f'{d} < 0' for d in variable)}: return None")
+                    check(f"if {' or '.join(f'{d} < 0' for d in variable)}: return None")
                 size = " * ".join([*dims, str(BYTE_SIZES[b["dtype"]])])
-                put(f"if {_nonnegative(b['offset'])}{_word(b['offset'])} + {size} > a: return None")
+                check(f"if {_nonnegative(b['offset'])}{_word(b['offset'])} + {size} > a: return None")
             for i, lr in enumerate(launches):
                 for c in lr.get("when", ()):
                     if "ptr" in c:
                         at, slot = c["ptr"][1], int(c["ptr"][0])
-                        put(f"if {_nonnegative(at)}{_word(at)} >= S[{slot}]: return None")
+                        check(f"if {_nonnegative(at)}{_word(at)} >= S[{slot}]: return None")
                 if lr["op"] == "ref":
                     continue
                 for slot, off in lr["ptrs"]:
                     if isinstance(off, dict) or int(off) != 0:  # (0 <= 0 <= S[slot]: no slot is negative)
-                        put(f"if {_nonnegative(off)}{_word(off)} > S[{int(slot)}]: return None")
+                        check(f"if {_nonnegative(off)}{_word(off)} > S[{int(slot)}]: return None")
                 if lr["op"] in ("gemm", "cutlass"):  # Note [GEMM records]: what each operand reaches
                     rooms = [f"S[{int(s)}] - {_word(o)}" for s, o in lr["ptrs"]]
                     reach = " or ".join(
