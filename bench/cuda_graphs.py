@@ -551,6 +551,11 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def _device_tag() -> str:
+    """The GPU's name as a file name part (NVIDIA_H200)."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", torch.cuda.get_device_name()).strip("_")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--samples", default="mlp,encoder,llama,cnn")
@@ -609,7 +614,7 @@ def main() -> None:
         )
     elif args.gpu and args.walk:
         rows = walk_times(names, args.repeat)
-        tag = "cuda_walk_" + re.sub(r"[^A-Za-z0-9]+", "_", torch.cuda.get_device_name()).strip("_")
+        tag = "cuda_walk_" + _device_tag()
         head = (
             f"# A decode loop on {torch.cuda.get_device_name()}: wall time per call at a new signature (µs)\n\n"
             "`python -m bench.cuda_graphs --gpu --walk`: each call one longer than the last along the\n"
@@ -618,7 +623,7 @@ def main() -> None:
         )
     elif args.gpu:
         rows = gpu_times(names, args.repeat)
-        tag = "cuda_graphs_" + re.sub(r"[^A-Za-z0-9]+", "_", torch.cuda.get_device_name()).strip("_")
+        tag = "cuda_graphs_" + _device_tag()
         head = (
             f"# CUDA graphs on {torch.cuda.get_device_name()}: wall time per call (µs)\n\n"
             "Calls issued back to back, the device synchronized at the end, best of five rounds; each\n"

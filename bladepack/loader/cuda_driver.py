@@ -187,7 +187,7 @@ class Module:
             self._mod = None
 
 
-_BUFFER_POINTER, _BUFFER_SIZE, _END = 1, 2, 0  # CU_LAUNCH_PARAM_*
+BUFFER_POINTER, BUFFER_SIZE, BUFFER_END = 1, 2, 0  # CU_LAUNCH_PARAM_*
 
 # Note [Grid-constant parameters]: generated kernels and the sm80 CUTLASS GEMMs take their parameters as
 # one packed buffer (`extra`, CU_LAUNCH_PARAM_BUFFER_POINTER). A kernel whose parameter is declared
@@ -242,7 +242,7 @@ class Function:
         driver copies them at launch, so the memory may be reused on return. A thread-block `cluster` of
         more than one CTA launches through cuLaunchKernelEx."""
         size = ctypes.c_size_t(nbytes)
-        extra = (ctypes.c_void_p * 5)(_BUFFER_POINTER, address, _BUFFER_SIZE, ctypes.addressof(size), _END)
+        extra = (ctypes.c_void_p * 5)(BUFFER_POINTER, address, BUFFER_SIZE, ctypes.addressof(size), BUFFER_END)
         self._launch(grid, block, 0, ctypes.addressof(extra), shared_bytes, stream, cluster)
 
     def launch_grid_constant(

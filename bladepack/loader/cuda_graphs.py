@@ -120,11 +120,16 @@ class CudaGraphs:
         """The stream's context if it has one (no lock: a dict read)."""
         return self._contexts.get(stream)
 
-    def memory(self, ctx: GraphContext, nbytes: int) -> int:
+    def memory(self, ctx: GraphContext, nbytes: int, key: Any = None) -> int:
         """The context's buffer, at least `nbytes`. A new one drops every graph of the context first, so
-        an entry (and its replay record) never outlives the buffer it addresses."""
+        an entry (and its replay record) never outlives the buffer it addresses; signature `key`'s run
+        count, which addresses nothing, is kept (its first run may have been in place: Note [First calls
+        on the device] in cuda_module.py)."""
         if ctx.buffer is None or ctx.buffer.nbytes < nbytes:
+            earlier = ctx.graphs.get(key)
             self._drop(ctx)
+            if earlier is not None and earlier.runs:
+                ctx.graphs[key] = GraphEntry(runs=earlier.runs)
             if ctx.buffer is not None:
                 ctx.buffer.free()
             ctx.buffer = self.device.alloc(size_class(max(nbytes, SMALLEST_CLASS)))  # Note [Device size classes]

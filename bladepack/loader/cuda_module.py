@@ -358,9 +358,7 @@ class CudaExecutor(ReplayPaths):
         for n in [*in_bytes, *(nbytes(s, d) for s, d in out_specs)]:
             at.append(cursor)
             cursor += round_up(n)
-        earlier = ctx.graphs.get(key)
-        runs = earlier.runs if earlier is not None else 0
-        base = self.graphs.memory(ctx, cursor)  # (growing it drops the stream's graphs, this run count too)
+        base = self.graphs.memory(ctx, cursor, key)
         slots = np.zeros(self.n_slots + 1, dtype=np.uint64)
         slots[0] = base
         slots[1 : 1 + len(at)] = [base + a for a in at]
@@ -376,7 +374,6 @@ class CudaExecutor(ReplayPaths):
             raise AssertionError(f"step %{node} in a captured plan")  # graph_obstacle keeps these out
 
         entry = self.graphs.entry(ctx, key)
-        entry.runs = max(entry.runs, runs)  # Note [First calls on the device]: a first run elsewhere counts
         if entry.exec is None and not entry.refused and entry.runs > 0:
             entry.exec = self.graphs.capture(lambda s: exe.run(cp, slots, s, refuse, workspace_stream=stream))
             entry.refused = entry.exec is None

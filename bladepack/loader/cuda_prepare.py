@@ -51,7 +51,6 @@ from bladepack.loader.native_cuda import (
     KernelLaunch,
     RefLaunch,
     graph_obstacle,
-    launch_records,
 )
 from bladepack.loader.plan_check import (
     BYTE_SIZES,
@@ -157,7 +156,8 @@ class CudaPreparation:
                         f"r[{j}] > {room}" if j < 3 else f"(len(r) > 3 and r[3] > {room})"
                         for j, room in enumerate(rooms)
                     )
-                    put(f"r = {self._gemm(i, lr)}[0]")
+                    put(f"g{i} = {self._gemm(i, lr)}")  # (the launch below reads its arguments)
+                    put(f"r = g{i}[0]")
                     put(f"if r and ({reach}): return None")
             names = Locals("q")  # shared: a check every layer's kernel makes is made once
             for i, prog in self.programs.items():  # Note [Kernel operand checks], inlined
@@ -209,7 +209,8 @@ class CudaPreparation:
                 ptr_words = "(" + "".join(f"({int(s)}, {_word(o)}), " for s, o in lr["ptrs"]) + ")"
                 int_words = "(" + "".join(f"{_word(v)}, " for v in lr["ints"]) + ")"
                 if op == "gemm":
-                    put(pad + f"L.append(_GL(_LR[{k}]['dtype'], {ptr_words}, {self._gemm(k, lr)}[1]))")
+                    record = f"g{k}" if checked else self._gemm(k, lr)
+                    put(pad + f"L.append(_GL(_LR[{k}]['dtype'], {ptr_words}, {record}[1]))")
                 else:
                     put(pad + f"L.append(_cutlass({k}, R, {ptr_words}, {int_words}))")
             else:
@@ -265,18 +266,10 @@ class CudaPreparation:
         def badop(k: int) -> None:
             raise BpkFormatError(f"unknown launch op {launches[k]['op']!r} in the CUDA plan")
 
-        kept_records: dict[tuple[int, ...], tuple[Any, Any]] = {}
-
         def prepared(
             launched: list[Any], words: Any, arena: int, buffers: dict[int, Any], when: list[Any], kept: list[int]
         ) -> CudaPrepared:
             w, pos, slots, offs = words
-            records = kept_records.get(tuple(kept))  # (each kernel's word count is the plan's)
-            if records is None:
-                records = launch_records([x.words for x in launched if type(x) is KernelLaunch])
-                if len(kept_records) >= 64:
-                    kept_records.clear()
-                kept_records[tuple(kept)] = records
             return CudaPrepared(
                 tuple(launched),
                 w,
@@ -287,7 +280,7 @@ class CudaPreparation:
                 buffers,
                 tuple(when) if any(when) else (),
                 graph_obstacle(launched, when),
-                records,
+                self.params.records(kept),
             )
 
         return {

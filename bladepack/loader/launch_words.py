@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from bladepack.errors import BpkFormatError
+from bladepack.loader.cuda_driver import BUFFER_END, BUFFER_POINTER, BUFFER_SIZE
 
 OP_KERNEL, OP_GEMM = 1, 2
 GEMM_DTYPE_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3}  # a GEMM record's `a` word
@@ -231,6 +232,7 @@ class KernelParams:
         self._pos = np.array(pos, dtype=np.int64)
         self._slots = np.array(slots, dtype=np.int64)
         self._cuts: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._records: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
 
     def at(self, regs: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(words, pointer positions, slots, byte offsets) of every kernel launch at these registers."""
@@ -260,6 +262,38 @@ class KernelParams:
             self._cuts[chosen] = cut
         at, pos, slots, ptrs = cut
         return words[at], pos, slots, offs[ptrs]
+
+    def records(self, launches: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Note [Launch records] of the kernel launches `launches` (in plan order), laid out once per set."""
+        chosen = tuple(launches)
+        got = self._records.get(chosen)
+        if got is None:
+            got = _launch_records([self.ranges[k][1] - self.ranges[k][0] for k in chosen])
+            if len(self._records) >= 64:
+                self._records.clear()
+            self._records[chosen] = got
+        return got
+
+
+# Note [Launch records]: a kernel launch hands the driver its parameters through `extra`
+# (CU_LAUNCH_PARAM_BUFFER_POINTER, the words' address, CU_LAUNCH_PARAM_BUFFER_SIZE, the size's address,
+# CU_LAUNCH_PARAM_END). Building those two ctypes objects per launch cost ~6 µs of Python, more than the
+# driver call; so the records of a set of kernel launches are one uint64 [n, 5] array, laid out once per
+# set (`KernelParams.records`), whose address column holds each launch's byte offset into the words — a
+# call adds its words' address to that column and passes each launch its row.
+
+
+def _launch_records(words: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Note [Launch records] of consecutive launches of `words[j]` parameter words each: the [n, 5]
+    template and the sizes its rows point at (keep both alive while the template is used)."""
+    n = len(words)
+    sizes = np.array([8 * w for w in words], dtype=np.uint64)
+    template = np.zeros((n, 5), dtype=np.uint64)
+    if n:
+        template[:, 0], template[:, 2], template[:, 4] = BUFFER_POINTER, BUFFER_SIZE, BUFFER_END
+        template[1:, 1] = np.cumsum(sizes)[:-1]
+        template[:, 3] = sizes.ctypes.data + 8 * np.arange(n, dtype=np.uint64)
+    return template, sizes
 
 
 def registers_array(regs: Sequence[int]) -> np.ndarray:

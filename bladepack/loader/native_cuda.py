@@ -49,7 +49,6 @@ from bladepack.options import LoaderOptions
 ABI_VERSION = 1
 KERNEL_SHIFT = 24  # Note [CUDA error codes] in codegen/cuda_loops.py
 _ALIGN = 256  # weights and arena buffers start on 256-byte boundaries
-BUFFER_POINTER, BUFFER_SIZE, END = 1, 2, 0  # CU_LAUNCH_PARAM_* (cuda_driver.py's launch_packed)
 
 
 class KernelLaunch(NamedTuple):  # (tuples: a new signature makes one per launch)
@@ -60,7 +59,7 @@ class KernelLaunch(NamedTuple):  # (tuples: a new signature makes one per launch
     start: int  # first parameter word
     words: int  # parameter words
     kernel: int  # kernel row (for messages)
-    row: int  # its launch record (Note [Launch records]): the kernel launches' count before it
+    row: int  # its launch record (Note [Launch records] in launch_words.py): the kernel launches before it
 
 
 class GemmLaunch(NamedTuple):
@@ -89,7 +88,7 @@ class CudaPrepared:
     # per launch, its data conditions (slot, byte offset, expected): Note [Guarded launches]
     when: tuple[tuple[tuple[int, int, bool], ...], ...] = ()
     no_graph: str = ""  # why this signature is never captured into a CUDA graph ("" when it may be)
-    # Note [Launch records]: the kernel launches' `extra` template and the sizes its rows point at
+    # Note [Launch records] (launch_words.py): the kernel launches' `extra` rows and the sizes they point at
     records: tuple[np.ndarray, np.ndarray] = (np.zeros((0, 5), dtype=np.uint64), np.zeros(0, dtype=np.uint64))
 
 
@@ -196,7 +195,7 @@ class NativeCuda:
         words = prep.words.copy()
         if prep.ptr_pos.size:
             words[prep.ptr_pos] = slots[prep.ptr_slot] + prep.ptr_off
-        records = prep.records[0].copy()  # Note [Launch records]
+        records = prep.records[0].copy()  # Note [Launch records] in launch_words.py
         records[:, 1] += np.uint64(words.ctypes.data)
         at = records.ctypes.data
         handle = drv.CUstream(stream)
@@ -322,24 +321,6 @@ class NativeCuda:
         self.device.synchronize(stream)
 
 
-def launch_records(words: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Note [Launch records]: the `extra` arrays (CU_LAUNCH_PARAM_BUFFER_POINTER, the parameters'
-    address, CU_LAUNCH_PARAM_BUFFER_SIZE, the size's address, CU_LAUNCH_PARAM_END) of consecutive
-    kernels whose packed parameters are `words[j]` 64-bit words each, laid out one after the other: a
-    uint64 [n, 5] template whose address column holds each kernel's byte offset (a call adds its
-    parameter buffer's address), and the sizes it points at (keep both alive while they are used).
-    Building each launch's two ctypes objects cost ~6 µs of Python per kernel launch, more than the
-    driver call; a call now adds one address to a column."""
-    n = len(words)
-    sizes = np.array([8 * w for w in words], dtype=np.uint64)
-    template = np.zeros((n, 5), dtype=np.uint64)
-    if n:
-        template[:, 0], template[:, 2], template[:, 4] = BUFFER_POINTER, BUFFER_SIZE, END
-        template[1:, 1] = np.cumsum(sizes)[:-1]
-        template[:, 3] = sizes.ctypes.data + 8 * np.arange(n, dtype=np.uint64)
-    return template, sizes
-
-
 def graph_obstacle(launches: Sequence[Launch], when: Sequence[tuple[tuple[int, int, bool], ...]]) -> str:
     """Why a prepared signature cannot be one CUDA graph (Note [CUDA graphs] in loader/cuda_graphs.py):
     a step that synchronizes with the host — a reference step, or a run-time branch whose predicate is
@@ -352,4 +333,4 @@ def graph_obstacle(launches: Sequence[Launch], when: Sequence[tuple[tuple[int, i
     return ""
 
 
-__all__ = ["CudaError", "CudaPrepared", "NativeCuda", "graph_obstacle", "launch_records"]
+__all__ = ["CudaError", "CudaPrepared", "NativeCuda", "graph_obstacle"]

@@ -265,19 +265,12 @@ def check_operand_programs(
         lr = plan["launches"][i]
         ints = [resolve(v, regs) for v in lr["ints"]]
         room = [slots[slot] - resolve(off, regs) for slot, off in lr["ptrs"]]
-        check_operand_program(m, i, prog, ints, room)
-
-
-def check_operand_program(m: Manifest, i: int, prog: ShapeProgram, ints: list[int], room: list[int]) -> None:
-    """Launch `i`'s kernel operand check at these resolved integers and pointer rooms."""
-    try:
-        prog.evaluate([ints, room])
-    except ShapeGuardError as e:
-        plan = m.native["cuda"]
-        assert plan is not None
-        name = m.kernels["cuda"][plan["launches"][i]["k"]]["name"]
-        text = str(e) if "overflowed" not in str(e) else "its integers overflow int64"
-        raise _fail(m, f"launch {i} (kernel {name}): {text}") from None
+        try:
+            prog.evaluate([ints, room])
+        except ShapeGuardError as e:
+            name = m.kernels["cuda"][lr["k"]]["name"]
+            text = str(e) if "overflowed" not in str(e) else "its integers overflow int64"
+            raise _fail(m, f"launch {i} (kernel {name}): {text}") from None
 
 
 def operand_error(
