@@ -5,9 +5,12 @@ library compiles), then again with the cache the first run filled (warm). The pr
 time, the stage times optimize logs (BLADEPACK_LOG=info) and its peak RSS, and the compilers' peak
 RSS. Models: a 2-layer Hugging Face BERT (samples/zoo.py), ResNet-18 (samples/zoo.py) and EfficientNet-B0
 (defined here as torchvision defines it, random weights, no downloads), at the ISA levels `--isas` names (default:
-every level, as optimize builds by default).
+every level, as optimize builds by default); `bert_base` is a 12-layer BERT-base (bench/bert_base.py).
+`--targets`, `--gemm-library` and `--dtype` are optimize's (a CUDA build: `--targets cuda --gemm-library
+cutlass --dtype float16`, `cuda,cuda:sm_90a` with the Hopper GEMMs; no GPU is needed).
 
-    python -m bench.compile_time [--models bert,resnet18,efficientnet_b0] [--isas all|host] [--out FILE]
+    python -m bench.compile_time [--models bert,resnet18,efficientnet_b0,bert_base] [--isas all|host]
+        [--targets cpu] [--gemm-library cublas] [--dtype float16] [--out FILE]
 """
 
 from __future__ import annotations
@@ -93,6 +96,10 @@ def build(name: str) -> tuple[nn.Module, Any, Any]:
         z = ZOO["bert"]
         g = torch.Generator().manual_seed(0)
         return z.build(), [z.make(g, s) for s in z.samples], z.dynamic_shapes()
+    if name == "bert_base":
+        from bench.bert_base import _Encoder, _inputs
+
+        return _Encoder(12), [_inputs(2, 16), _inputs(3, 24)], None
     model = {"resnet18": ResNet18, "efficientnet_b0": EfficientNetB0}[name]().eval()
     return model, _images(), None
 
@@ -102,24 +109,33 @@ def build(name: str) -> tuple[nn.Module, Any, Any]:
 _STAGE = re.compile(r"^bladepack: (?!optimized)(.+?) \(([0-9.]+) s\)$")
 
 
-def _child(name: str, cache: str, isas: str) -> None:
+def _child(name: str, cache: str, a: argparse.Namespace) -> None:
     import resource
 
     import bladepack
 
     model, samples, shapes = build(name)
-    options = bladepack.CompileOptions.from_env(cache_dir=Path(cache), cpu_isas=isas, quiet=True)
+    options = bladepack.CompileOptions.from_env(cache_dir=Path(cache), cpu_isas=a.isas, quiet=True)
     start = time.perf_counter()
-    bladepack.optimize(model, samples, shapes, options=options)
+    bladepack.optimize(
+        model,
+        samples,
+        shapes,
+        targets=a.targets.split(","),
+        dtype=a.dtype,
+        gemm_library=a.gemm_library,
+        options=options,
+    )
     wall = time.perf_counter() - start
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(json.dumps({"wall_s": wall, "peak_rss_mib": own, "compiler_peak_rss_mib": children}))
 
 
-def run_once(name: str, cache: str, isas: str) -> dict[str, Any]:
+def run_once(name: str, cache: str, a: argparse.Namespace) -> dict[str, Any]:
     env = {**os.environ, "BLADEPACK_LOG": "info", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "bench.compile_time", "--child", name, "--cache", cache, "--isas", isas]
+    cmd = [sys.executable, "-m", "bench.compile_time", "--child", name, "--cache", cache, "--isas", a.isas]
+    cmd += ["--targets", a.targets, "--gemm-library", a.gemm_library] + (["--dtype", a.dtype] if a.dtype else [])
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"{name}: optimize failed:\n{r.stderr[-3000:]}")
@@ -137,19 +153,23 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--models", default="bert,resnet18,efficientnet_b0")
     p.add_argument("--isas", default="all")
+    p.add_argument("--targets", default="cpu")
+    p.add_argument("--gemm-library", default="cublas")
+    p.add_argument("--dtype", default=None)
     p.add_argument("--out", default=None)
     p.add_argument("--child", default=None)
     p.add_argument("--cache", default=None)
     a = p.parse_args()
     if a.child:
-        _child(a.child, a.cache, a.isas)
+        _child(a.child, a.cache, a)
         return
     rows = []
     for name in a.models.split(","):
         with tempfile.TemporaryDirectory() as cache:
-            cold = run_once(name, cache, a.isas)
-            warm = run_once(name, cache, a.isas)
-        rows.append({"model": name, "isas": a.isas, "cold": cold, "warm": warm})
+            cold = run_once(name, cache, a)
+            warm = run_once(name, cache, a)
+        setup = {"isas": a.isas, "targets": a.targets, "gemm_library": a.gemm_library, "dtype": a.dtype}
+        rows.append({"model": name, **setup, "cold": cold, "warm": warm})
         print(
             f"{name}: cold {cold['wall_s']:.1f} s (peak RSS {cold['peak_rss_mib']:.0f} MiB, compilers "
             f"{cold['compiler_peak_rss_mib']:.0f} MiB), warm {warm['wall_s']:.1f} s; cold stages: "

@@ -9,6 +9,7 @@ of the CUTLASS kernels need a GPU (bench/cutlass_gemm.py, and the `cuda`-marked 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import os
@@ -30,7 +31,20 @@ from bladepack.ir import ShapeEnv
 from bladepack.library_ops.cpu_gemm import GemmCall
 from bladepack.library_ops.cutlass.configs import CATALOGUE, candidates, check, fallback
 from bladepack.library_ops.cutlass.emitter import GemmInstance, kernel_source, packer_source
-from bladepack.library_ops.cutlass.select import Option, estimate, select
+from bladepack.library_ops.cutlass.select import (
+    BANDWIDTH,
+    LAUNCH_US,
+    MACS_PER_SM,
+    MMA_SYNC_ON_HOPPER,
+    SMS,
+    Option,
+    _efficiency,
+    estimate,
+    estimates,
+    occupancy,
+    select,
+    selection_key,
+)
 from bladepack.options import CompileOptions
 from tests.cuda_harness import FakeGpu, needs_nvcc, require_cutlass
 from tests.gemm_calls import bmm_call, linear_call
@@ -60,6 +74,52 @@ def test_cost_model_prefers_split_k_for_skinny_deep_gemms_and_big_tiles_for_big_
     assert best(1, 768, 3072).split > 1  # few output tiles: split K to use the SMs
     big = best(16384, 4096, 4096)
     assert big.split == 1 and big.config.tile[0] * big.config.tile[1] >= 128 * 128
+
+
+def _wave_by_wave(opt: Option, m: int, n: int, k: int, batch: int, arch: str) -> float:
+    """Note [GEMM cost model] as it reads: the busiest SM's CTAs in waves of its occupancy, one by one."""
+    cfg, split = opt.config, opt.split
+    tm, tn, tk = cfg.tile
+    tiles = math.ceil(m / tm) * math.ceil(n / tn) * batch * split
+    occ = occupancy(cfg)
+    cta_macs = math.ceil(math.ceil(k / split) / tk) * tm * tn * tk
+    rate = (
+        MACS_PER_SM[cfg.math]
+        * _efficiency(cfg)
+        * (MMA_SYNC_ON_HOPPER if arch == "sm90" and cfg.math == "tensorop" else 1)
+    )
+    compute, left = 0.0, math.ceil(tiles / SMS)
+    while left > 0:
+        now = min(occ, left)
+        compute += now * cta_macs / (rate * min(1.0, now * cfg.warps / 8))
+        left -= now
+    traffic = (
+        (math.ceil(n / tn) * m * k + math.ceil(m / tm) * n * k + m * n * (2 * split - 1)) * cfg.dtype.itemsize * batch
+    )
+    memory = traffic / (BANDWIDTH * min(1.0, 2 * min(tiles, SMS) / SMS))
+    return max(compute, memory) + (split - 1) * 2 * tm * tn * 4 / (BANDWIDTH / SMS) + LAUNCH_US
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    m=st.integers(1, 8192),
+    n=st.integers(1, 4096),
+    k=st.integers(1, 1 << 14),
+    batch=st.integers(1, 4),
+    arch=st.sampled_from(["sm80", "sm90"]),
+)
+@example(m=16384, n=4096, k=4096, batch=1, arch="sm80")  # many full waves
+@example(m=1, n=1, k=1, batch=1, arch="sm90")
+def test_cost_model_in_closed_form_matches_it_wave_by_wave(m: int, n: int, k: int, batch: int, arch: str) -> None:
+    """`estimates` prices every shape and option at once, the full waves in one product: the same times
+    as walking the waves, for every config of every dtype (Hopper, SIMT fallbacks) and split."""
+    cfgs = [c for cs in CATALOGUE.values() for c in cs] + [fallback(d) for d in (DType.FLOAT16, DType.FLOAT64)]
+    opts = [Option(c, s) for c in cfgs for s in (1, 2, 16)]
+    got = estimates(opts, [(m, n, k, batch), (1, n, k, 1)], arch)
+    for row, (mm, bb) in zip(got, ((m, batch), (1, 1))):
+        want = [_wave_by_wave(o, mm, n, k, bb, arch) for o in opts]
+        np.testing.assert_allclose(row, want, rtol=1e-12, atol=0)
+    assert estimate(opts[0], m, n, k, batch, arch) == got[0, 0]
 
 
 @settings(max_examples=25, deadline=None)
@@ -516,3 +576,68 @@ def test_dispatch_segments() -> None:
     bs, s = env.create_symbol("b", 1, 64), env.create_symbol("s", 1, 2048)
     table = select(bmm_call(bs, s, 64), env)
     assert 2 <= len(table.entries) <= MAX_SEGMENTS + 1
+
+
+class _Layers(torch.nn.Module):
+    """Four alike linear layers and one of another width."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.alike = torch.nn.ModuleList(torch.nn.Linear(64, 64) for _ in range(4))
+        self.wide = torch.nn.Linear(64, 128)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.alike:
+            x = torch.relu(layer(x))
+        return self.wide(x)
+
+
+def test_a_plan_chooses_configs_once_per_distinct_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [GEMM cost model]: the lowering selects each distinct GEMM's dispatch table once (a model's
+    layers repeat theirs: BERT-base's 72 GEMMs are 4), and every layer gets that table. Stops after the
+    plan: nothing is compiled."""
+    from bladepack import stages
+    from bladepack.lowering import lower_native
+
+    seen: list[GemmCall] = []
+    real = lower_native.select
+
+    def spy(call: GemmCall, *args: Any, **kwargs: Any) -> Any:
+        seen.append(call)
+        return real(call, *args, **kwargs)
+
+    monkeypatch.setattr(lower_native, "select", spy)
+    monkeypatch.setattr(
+        stages,
+        "STAGES",
+        tuple(
+            s
+            for s in stages.STAGES
+            if s.name
+            in ("front end", "precision", "graph passes", "shape guards", "fusion", "lowering", "memory plan", "plan")
+        ),
+    )
+    b = torch.export.Dim("b", min=1, max=4096)
+    art = bladepack.optimize(
+        _Layers().eval(),
+        [(torch.randn(5, 64),)],
+        ({0: b},),
+        targets=("cuda:sm_90",),
+        dtype="float16",
+        gemm_library="cutlass",
+        options=CompileOptions.from_env(gemm_configs=2, gemm_tuning="model"),
+    )
+    assert sorted(c.n for c in seen) == [64, 128]
+    # the key leaves out only which values the operands and the result are
+    c = seen[0]
+    assert selection_key(dataclasses.replace(c, a=dataclasses.replace(c.a, base=7), out=9)) == selection_key(c)
+    assert selection_key(dataclasses.replace(c, a=dataclasses.replace(c.a, offset=4))) != selection_key(c)
+    assert selection_key(c, "sm90") != selection_key(c)
+    rows = art._parts()[0]["gemm_configs"]
+    assert len(rows) == 5
+    assert all(r["dispatch"] == rows[0]["dispatch"] for r in rows[:4])
+    env = ShapeEnv()
+    m = env.create_symbol("b", 1, 4096)
+    for r, n in zip(rows, (64, 64, 64, 64, 128)):
+        want = select(linear_call(m, n, 64), env, [{"b": 5}], max_configs=2)
+        assert [e["config"] for e in r["dispatch"]] == [e.config.name for e in want.entries]

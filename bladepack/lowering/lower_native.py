@@ -67,7 +67,7 @@ from bladepack.ir.types import IRDim, TensorType, dim_str
 from bladepack.ir.views import View, simplify, view_of
 from bladepack.library_ops.cpu_gemm import GemmCall, lower_conv, lower_matmul, operand_ok
 from bladepack.library_ops.cutlass.emitter import GemmInstance
-from bladepack.library_ops.cutlass.select import CUBLAS, GemmDispatch, GemmPolicy, select
+from bladepack.library_ops.cutlass.select import CUBLAS, GemmDispatch, GemmPolicy, Measure, select, selection_key
 from bladepack.lowering.memory_plan import Buffer, plan_memory
 from bladepack.lowering.operand_program import operand_program
 from bladepack.passes.fusion import plan_fusion
@@ -125,6 +125,7 @@ class Lowerer:
         self.p, self.plan, self.enc, self.pred, self.backend = p, plan, enc, pred, backend
         self.gemm_library = backend.gemm_library(gemm)
         self.instances: dict[GemmInstance, int] = {}
+        self.dispatches: dict[tuple[GemmCall, str], GemmDispatch] = {}  # Note [GEMM cost model]: per distinct GEMM
         g = p.graph
         self.nodes = {n.id: n for n in g.nodes}
         self.types: dict[int, TensorType] = g.value_types()
@@ -251,19 +252,27 @@ class Lowerer:
                 ints += [self.enc(e) for e in ((0, 0, 0, 0) if bias else (*call.sc, call.ldc))]
         # Note [GEMM cost model] in library_ops/cutlass/select.py: configs and their dispatch ranges
         g = self.gemm
-        env = self.p.shape_env
-        dispatch = select(call, env, g.samples, g.configs, g.measure)
+        dispatch = self._select(call, g.measure, "sm80")
         row["key"] = dim_str(dispatch.key)
         row["tuned_on"] = g.tuned_on
         row["dispatch"] = self._dispatch_rows(dispatch)
         entries = self._entries(dispatch, call, activation, source)
         entries_sm90 = None
         if g.hopper:  # the table for compute capability 9.0 (Note [GEMM cost model])
-            hopper = select(call, env, g.samples, g.configs, g.measure if g.measure_hopper else None, "sm90")
+            hopper = self._select(call, g.measure if g.measure_hopper else None, "sm90")
             row["tuned_on_sm90"] = g.tuned_on if g.measure_hopper else "cost model"
             row["dispatch_sm90"] = self._dispatch_rows(hopper)
             entries_sm90 = self._entries(hopper, call, activation, source)
         self.launches.append(CutlassLaunch(call.dtype.value, tagged, entries, entries_sm90, tuple(ptrs), tuple(ints)))
+
+    def _select(self, call: GemmCall, measure: Measure | None, arch: str) -> GemmDispatch:
+        """Note [GEMM cost model]: the dispatch table of `call` for `arch`, chosen once per distinct GEMM
+        of the plan (a model's layers repeat theirs)."""
+        key = selection_key(call, arch)
+        if key not in self.dispatches:
+            g = self.gemm
+            self.dispatches[key] = select(call, self.p.shape_env, g.samples, g.configs, measure, arch)
+        return self.dispatches[key]
 
     @staticmethod
     def _dispatch_rows(dispatch: GemmDispatch) -> list[dict[str, Any]]:
