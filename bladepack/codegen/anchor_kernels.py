@@ -77,13 +77,9 @@ def reduce_kernel(em: Emitter) -> None:
             else:
                 em.line(f"{acc} = {acc} + {v};")
 
-        def nest(m: int) -> None:
-            if m == len(axes):
-                step()
-            else:
-                em.for_loop(red[m], xt.shape[axes[m]], lambda: nest(m + 1))
-
-        nest(0)
+        em.reduce_loops(red, [xt.shape[a] for a in axes], step)
+        if not arg:
+            em.combine_shares(acc, kind or ("prod" if n.op is OpKind.PROD else "sum"), t)
         count: IRDim = 1
         for a in axes:
             count = simplify(count * xt.shape[a])

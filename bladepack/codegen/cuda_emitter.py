@@ -45,6 +45,13 @@ Schedules and variants:
   and sum take one cross-thread reduction each, merging per-thread statistics.
 - reduce kernels (anchor reductions over any axes, arg-reductions): one thread per output element, so
   threads of a warp read adjacent columns when the reduced axes lead (column reductions coalesce).
+  Note [Split reductions]: with few outputs (at most 32768: a thread each would leave a large GPU
+  idle, a mean over a sequence at batch 1 ran on 3 blocks) and long reductions, a block computes 32
+  consecutive outputs with 8 threads each — a warp per share of the reduced positions (strided by 8),
+  its lanes on adjacent outputs, so its loads still coalesce — and combines the 8 partial results
+  through shared memory in share order; below 32 outputs a block takes one output and all 256
+  threads share it (combined as a row reduction). Sums, means, products, max and min; arg-reductions
+  keep a thread per output. The combination order is fixed, so results repeat exactly.
 - scan kernels: one thread per scanned line.
 - attention kernels: a block per (leading index, query rows), its warps splitting the keys
   (Note [Online softmax on CUDA] in library_ops/cuda_attention.py).
@@ -71,6 +78,8 @@ from bladepack.codegen.selective_scan_kernel import selective_scan_kernel
 from bladepack.dtypes import DType
 from bladepack.ir import OP_INFO, Node, OpClass, OpKind
 from bladepack.ir.fusion_plan import KernelSpec
+from bladepack.ir.ops import ReduceAttrs
+from bladepack.ir.types import IRDim
 from bladepack.ir.views import View, simplify
 
 LOOP_BLOCK = 256
@@ -91,6 +100,12 @@ MAX_GRID = 1 << 20  # grid-stride loops cover the rest
 SORT_THREAD_MAX = 64  # Note [Block sort]: lines up to this long are one thread's heapsort
 SORT_BLOCKS = (256, 1024, 4096)  # longer ones up to each bound a block's bitonic network
 SORT_THREADS = 512
+# Note [Split reductions]: a reduce kernel with at most SPLIT_ROWS_MAX outputs (a thread each would not
+# fill a large GPU) and reductions of at least SPLIT_MIN elements gives each output several threads
+SPLIT_THREADS = 256
+SPLIT_OUTS = 32
+SPLIT_ROWS_MAX = 32768
+SPLIT_MIN = 64
 _MULTI_PASS = (OpKind.SOFTMAX, OpKind.LOG_SOFTMAX, OpKind.LAYER_NORM, OpKind.RMS_NORM)
 
 
@@ -329,6 +344,33 @@ def _emu_args(ptr_types: list[tuple[str, bool]], nints: int) -> list[str]:
     return out
 
 
+def _split_reduce(em: CudaEmitter, outs: int) -> None:
+    em.shares = (outs, SPLIT_THREADS // outs)
+    reduce_kernel(em)
+
+
+def _split_reduce_plans(n: Node, x_t: Any, outputs: IRDim) -> list[CudaPlan]:
+    """Note [Split reductions]: a reduce kernel's variants for few outputs over long reductions, ahead
+    of the thread-per-output one: 32 outputs a block, 8 threads sharing each (`_split32`), or, below 32
+    outputs, one output a block shared by all its threads (`_split1`)."""
+    assert isinstance(n.attrs, ReduceAttrs)
+    rank = len(x_t.shape)
+    length = sympy.sympify(volume([x_t.shape[a % rank] for a in n.attrs.axes]) if rank else 1)
+    rows = sympy.sympify(outputs)
+    plans: list[CudaPlan] = []
+    for suffix, outs, pred in (
+        ("_split1", 1, sympy.And(sympy.Lt(rows, SPLIT_OUTS), sympy.Ge(length, SPLIT_THREADS))),
+        ("_split32", SPLIT_OUTS, sympy.And(sympy.Le(rows, SPLIT_ROWS_MAX), sympy.Ge(length, SPLIT_MIN))),
+    ):
+        if pred is sympy.false:
+            continue
+        body = functools.partial(_split_reduce, outs=outs)
+        plans.append((suffix, pred, body, launch_grid(outputs, outs), SPLIT_THREADS, 0))
+        if pred is sympy.true:
+            break
+    return plans
+
+
 def _widths(spec: KernelSpec, ctx: KernelContext) -> list[int]:
     widest = max((ctx.types[v].dtype.itemsize for v in spec.roots), default=4)
     return [w for w in (8, 4, 2, 1) if w * widest <= 16]
@@ -440,6 +482,8 @@ def emit_cuda_kernel(
         }[spec.kind]
         if spec.kind == "reduce":
             outputs = volume(n.type.shape)
+            if n.op not in (OpKind.ARGMAX, OpKind.ARGMIN):
+                plans.extend(_split_reduce_plans(n, x_t, outputs))
         else:  # one thread per scanned (or selected-from) line
             axis = getattr(n.attrs, "axis", 0) % max(len(n.type.shape), 1)
             outputs = volume([d for k, d in enumerate(x_t.shape) if k != axis])

@@ -80,6 +80,10 @@ class CudaEmitter(RowEmitter):
         self.steps = 0
         self.ragged = True
         self.uses_barriers = False
+        # Note [Split reductions]: (outputs a block computes at once, threads sharing each output's
+        # reduction) for a reduce kernel whose outputs are few; None: a thread per output
+        self.shares: tuple[int, int] | None = None
+        self._rows = ""  # the split schedule's output count (C), for its stores' guard
 
     def narrow(self, dims: Sequence[IRDim]) -> bool | str:
         """Note [Narrow index division]: True where every row-major position in `dims` is below 2^31 at
@@ -115,7 +119,10 @@ class CudaEmitter(RowEmitter):
         return all(s in known for s in rest.free_symbols if isinstance(s, Loop))
 
     def store(self, vid: int, off: sympy.Expr, val: str) -> None:
-        self.line(f"bpk::st({self.ptr_store(vid)} + {self.args.index(off)}, {val});")
+        st = f"bpk::st({self.ptr_store(vid)} + {self.args.index(off)}, {val});"
+        if self.shares is not None:  # Note [Split reductions]: the first sharer of a real output stores
+            st = f"if (g_ == 0 && b_ + l_ < {self._rows}) {st}"
+        self.line(st)
 
     def fail(self, code: str, value: str, size: str) -> str:
         return f"bpk::fail(st, ({code}) + {self.index << KERNEL_SHIFT}LL, {value}, {size});"
@@ -137,6 +144,9 @@ class CudaEmitter(RowEmitter):
     # -- schedules shared with the CPU emitter's reduce and scan kernels: one thread per row
     def rows_loop(self, outer_dims: Sequence[IRDim], cost: str, body: RowBody, chunk_setup: Sequence[str] = ()) -> None:
         assert not chunk_setup, "CUDA rows are threads: no per-chunk scratch"
+        if self.shares is not None:
+            self._split_rows_loop(outer_dims, body)
+            return
         syms = tuple(Loop(f"i{k}") for k in range(len(outer_dims)))
         rows = volume(outer_dims)
         header = [
@@ -145,6 +155,52 @@ class CudaEmitter(RowEmitter):
         ]
         narrow = self.narrow(outer_dims)
         self.loop(header, syms, lambda: body(syms), prologue=split_index("t_", syms, outer_dims, self.args, narrow))
+
+    def _split_rows_loop(self, outer_dims: Sequence[IRDim], body: RowBody) -> None:
+        """Note [Split reductions]: a block computes `outs` consecutive outputs at once (block-strided
+        over them), `per` threads each: thread x takes output x % outs (its lane `l_`) and the share
+        x / outs (`g_`) of its reduction. A block's last outputs past the end are computed again as the
+        last one (every thread reaches the barriers; nothing is read out of range) and not stored."""
+        assert self.shares is not None
+        outs = self.shares[0]
+        syms = tuple(Loop(f"i{k}") for k in range(len(outer_dims)))
+        rows = self.args.ref(volume(outer_dims))
+        self._rows = rows
+        self.uses_barriers = True
+        self.scopes[0].lines.append(f"const int l_ = int(threadIdx.x % {outs}u), g_ = int(threadIdx.x / {outs}u);")
+        header = [f"for (int64_t b_ = int64_t(blockIdx.x) * {outs}; b_ < {rows}; b_ += int64_t(gridDim.x) * {outs}) {{"]
+        first = [f"const int64_t t_ = b_ + l_ < {rows} ? b_ + l_ : {rows} - 1;"]
+        narrow = self.narrow(outer_dims)
+        self.loop(
+            header, syms, lambda: body(syms), prologue=first + split_index("t_", syms, outer_dims, self.args, narrow)
+        )
+
+    def reduce_loops(self, syms: Sequence[Loop], extents: Sequence[IRDim], gen: Callable[[], None]) -> None:
+        if self.shares is None:
+            super().reduce_loops(syms, extents, gen)
+            return
+        # Note [Split reductions]: the output's reduced positions, row-major, strided over its sharers
+        per = self.shares[1]
+        total = self.args.ref(volume(extents))
+        header = [f"for (int64_t r_ = g_; r_ < {total}; r_ += {per}) {{"]
+        self.loop(header, syms, gen, prologue=split_index("r_", syms, extents, self.args, self.narrow(extents)))
+
+    def combine_shares(self, acc: str, kind: str, ctype: str) -> None:
+        if self.shares is None:
+            return
+        outs, per = self.shares
+        functor = _FUNCTORS[kind]
+        if outs == 1:  # the whole block shares one output: a tree over warps, then over the block
+            self.line("__shared__ double bpk_scratch[3 * 32];")
+            self.line(f"{acc} = bpk::block_all({acc}, {functor}, reinterpret_cast<{ctype}*>(bpk_scratch));")
+            return
+        part = self.fresh("part")  # each lane's sharers combined in their order
+        self.line(f"__shared__ {ctype} {part}[{outs * per}];")
+        self.line("__syncthreads();  // the last output's readers are done")
+        self.line(f"{part}[threadIdx.x] = {acc};")
+        self.line("__syncthreads();")
+        self.line(f"{acc} = {part}[l_];")
+        self.line(f"for (int q_ = 1; q_ < {per}; ++q_) {acc} = {functor}({acc}, {part}[q_ * {outs} + l_]);")
 
     def block_rows_loop(self, outer_dims: Sequence[IRDim], body: RowBody) -> None:
         """One block per row (its threads cooperate: Note [Block sort]), block-strided over the rows."""

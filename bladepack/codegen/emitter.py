@@ -218,6 +218,22 @@ class Emitter:
         """A sequential loop of `sym` over [0, extent) around what `gen` emits."""
         self.loop([f"for (int64_t {sym.name} = 0; {sym.name} < {self.args.ref(extent)}; ++{sym.name}) {{"], [sym], gen)
 
+    def reduce_loops(self, syms: Sequence[Loop], extents: Sequence[IRDim], gen: Callable[[], None]) -> None:
+        """The loops of one output's reduction over `syms` (nested, outermost first) around what `gen`
+        emits; CUDA's split reductions share them among a block's threads (Note [Split reductions])."""
+
+        def nest(m: int) -> None:
+            if m == len(syms):
+                gen()
+            else:
+                self.for_loop(syms[m], extents[m], lambda: nest(m + 1))
+
+        nest(0)
+
+    def combine_shares(self, acc: str, kind: str, ctype: str) -> None:
+        """After `reduce_loops`: combine accumulator `acc` (a `kind` reduction: sum, prod, max, min) over
+        the threads that shared the output's loops; nothing where one thread ran them all."""
+
     # -- evaluation
     def eval(self, vid: int, idx: tuple[sympy.Expr, ...]) -> str:
         idx = tuple(sympy.sympify(i) for i in idx)
