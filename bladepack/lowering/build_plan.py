@@ -184,15 +184,20 @@ def _arena_expr(p: Program) -> sympy.Expr:
     return _max_of(p.shape_env, terms)
 
 
-def _coefficients(env: ShapeEnv, term: sympy.Expr) -> dict[sympy.Expr, sympy.Expr] | None:
-    """The coefficient of each monomial of an expanded `term`, where it is a polynomial in shape symbols
-    that are never negative (every monomial then is too); None for any other term."""
+def _coefficients(
+    env: ShapeEnv, term: sympy.Expr, signs: dict[sympy.Expr, bool]
+) -> dict[sympy.Expr, sympy.Expr] | None:
+    """The coefficient of each monomial of an expanded `term`, where it is a polynomial in factors never
+    negative at any shape (shape symbols, and e.g. floor(height / 16) where proven so; `signs` memoizes
+    the proofs), so every monomial is too; None for any other term."""
     out = term.as_coefficients_dict()
     for mono in out:
         for base, exp in mono.as_powers_dict().items():
             if base == 1:
                 continue
-            if not (isinstance(base, sympy.Symbol) and exp.is_Integer and exp > 0 and env.range_of(base).min >= 0):
+            if base not in signs:
+                signs[base] = env.prove_le(0, base) is Tri.YES
+            if not (exp.is_Integer and exp > 0 and signs[base]):
                 return None
     return dict(out)
 
@@ -204,12 +209,13 @@ def _dominated(small: dict[sympy.Expr, sympy.Expr], big: dict[sympy.Expr, sympy.
 
 def _undominated(env: ShapeEnv, terms: list[sympy.Expr]) -> list[sympy.Expr]:
     """Note [Arena peak]: the terms less each polynomial that another one bounds coefficient by
-    coefficient (over monomials of non-negative symbols, so at every shape); other terms are kept. The
+    coefficient (over monomials of factors never negative, so at every shape); other terms are kept. The
     live sums of a model's steps are such polynomials, mostly comparable this way: a 1.1B decoder's
     1,725 steps gave as many sums, whose sympy.Max took 22 s to build (sympy compares every pair)."""
     kept: list[tuple[sympy.Expr, dict[sympy.Expr, sympy.Expr] | None]] = []
+    signs: dict[sympy.Expr, bool] = {}
     for t in terms:
-        c = _coefficients(env, t)
+        c = _coefficients(env, t, signs)
         if c is not None and any(k is not None and _dominated(c, k) for _, k in kept):
             continue
         if c is not None:
