@@ -109,9 +109,17 @@ SPLIT_MIN = 64
 _MULTI_PASS = (OpKind.SOFTMAX, OpKind.LOG_SOFTMAX, OpKind.LAYER_NORM, OpKind.RMS_NORM)
 
 
+def _bounded(lo: Any, x: Any, hi: Any) -> Any:
+    """max(lo, min(x, hi)): simplified where `x` is a number; else left as built, since sympy's Max and
+    Min compare their arguments through the assumptions system (a SegFormer's grids of nested floors
+    took 11 s of its optimize) and the shape program evaluates either form alike."""
+    evaluate = not sympy.sympify(x).free_symbols
+    return sympy.Max(lo, sympy.Min(x, hi, evaluate=evaluate), evaluate=evaluate)
+
+
 def launch_grid(work: Any, per_block: int) -> Any:
     """Blocks for `work` items at `per_block` a block (grid-stride loops cover what is over MAX_GRID)."""
-    return sympy.Max(1, sympy.Min(sympy.ceiling(sympy.sympify(work) / per_block), MAX_GRID))
+    return _bounded(1, sympy.ceiling(sympy.sympify(work) / per_block), MAX_GRID)
 
 
 def loop_grid(threads: Any) -> Any:
@@ -119,10 +127,8 @@ def loop_grid(threads: Any) -> Any:
     block per LOOP_BLOCK threads up to LOOP_WAVE blocks, beyond that LOOP_STEPS vectors a thread, so a
     large kernel's threads each have several independent vector loads to issue before they wait."""
     work = sympy.sympify(threads)
-    blocks = sympy.Max(
-        sympy.Min(sympy.ceiling(work / LOOP_BLOCK), LOOP_WAVE), sympy.ceiling(work / (LOOP_BLOCK * LOOP_STEPS))
-    )
-    return sympy.Max(1, sympy.Min(blocks, MAX_GRID))
+    wave = _bounded(sympy.ceiling(work / (LOOP_BLOCK * LOOP_STEPS)), sympy.ceiling(work / LOOP_BLOCK), LOOP_WAVE)
+    return _bounded(1, wave, MAX_GRID)
 
 
 # a variant to emit: (name suffix, predicate, body emitter, grid, block size, dynamic shared bytes)

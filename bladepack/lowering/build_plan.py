@@ -10,6 +10,7 @@ occurrences must agree.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -224,18 +225,43 @@ def _undominated(env: ShapeEnv, terms: list[sympy.Expr]) -> list[sympy.Expr]:
     return [t for t, _ in kept]
 
 
+def _corners(env: ShapeEnv, terms: Sequence[sympy.Expr]) -> list[dict[sympy.Symbol, int]]:
+    """Bindings of the terms' symbols at the ends and the middle of their ranges (an unbounded range
+    stops at 2^16), every combination."""
+    syms = sorted({s for t in terms for s in t.free_symbols if isinstance(s, sympy.Symbol)}, key=lambda s: s.name)
+    per = []
+    for sym in syms:
+        r = env.range_of(sym)
+        hi = r.max if r.max is not None else max(r.min, 1 << 16)
+        per.append(sorted({r.min, (r.min + hi) // 2, hi}))
+    return [dict(zip(syms, c)) for c in itertools.product(*per)]
+
+
 def _max_of(env: ShapeEnv, terms: list[sympy.Expr]) -> sympy.Expr:
-    """Max of the terms, dropping each term bounded by another: coefficient by coefficient first (Note
-    [Arena peak]), then by pairwise proofs where few are left."""
+    """Max of the terms, dropping each term bounded by another: coefficient by coefficient first, then
+    by range proofs against the terms that are largest somewhere (Note [Arena peak])."""
     uniq = _undominated(env, list(dict.fromkeys(terms)))
-    if len(uniq) > 48:
-        return sympy.Max(*uniq)
+    if len(uniq) == 1:
+        return uniq[0]
+    # the terms largest at some corner of the ranges must stay; each other one is tried against them,
+    # the one beating it at most corners first (a proof each, not one per pair of terms)
+    values = [[t.xreplace(at) for t in uniq] for at in _corners(env, uniq)]
+    tops = sorted({max(range(len(uniq)), key=lambda i: (row[i], -i)) for row in values})
     kept: list[sympy.Expr] = []
-    for t in uniq:
-        if any(env.prove_le(t, k) is Tri.YES for k in kept):
-            continue
-        kept = [k for k in kept if env.prove_le(k, t) is not Tri.YES] + [t]
-    return kept[0] if len(kept) == 1 else sympy.Max(*kept)
+    for i, t in enumerate(uniq):
+        if i not in tops:
+            rivals = sorted(tops, key=lambda j: -sum(bool(row[j] >= row[i]) for row in values))
+            if any(env.prove_le(t, uniq[j]) is Tri.YES for j in rivals[:_RIVALS]):
+                continue
+        kept.append(t)
+    if len(kept) == 1:
+        return kept[0]
+    # sympy.Max compares every pair of its arguments again (SegFormer's 46 floor polynomials: 29 s)
+    return sympy.Max(*kept, evaluate=len(kept) <= _EVALUATED)
+
+
+_RIVALS = 3  # range proofs a term gets before it stays in the max
+_EVALUATED = 8  # terms sympy.Max may simplify itself
 
 
 @dataclass(frozen=True)
