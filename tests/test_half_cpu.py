@@ -237,3 +237,35 @@ def test_bfloat16_device_tensor_metadata_passes_the_input_check() -> None:
     check_inputs(sig, [np.zeros((3, 8), np.uint16)])
     with pytest.raises(InputError, match="input 'x' has dtype float16; expected bfloat16"):
         check_inputs(sig, [_Meta((3, 8), _Dtype("float16"))])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_weights_convert_alike_with_and_without_torch(dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """passes/mixed_precision.py converts weights with torch where torch is loaded and with numpy
+    where not: the same bits for every value but NaN (NaN either way), at rounding ties, subnormals,
+    overflow, infinities and a strided array."""
+    import sys
+
+    from bladepack.dtypes import DType
+    from bladepack.passes.mixed_precision import _convert
+
+    g = np.random.default_rng(3)
+    edges = np.array(
+        [0.0, -0.0, 1.0, -1.0, 65504.0, 65520.0, 65536.0, 1e-8, -6e-8, 3e38, -3e38, np.inf, -np.inf, np.nan]
+        + [1.0 + k * 2.0**-11 for k in range(8)]  # float16 ties around 1
+        + [1.0 + k * 2.0**-8 for k in range(8)],  # bfloat16 ties around 1
+        dtype=np.float32,
+    )
+    bits = g.integers(0, 2**32, 100_000, dtype=np.uint64).astype(np.uint32).view(np.float32)  # every exponent
+    values = np.concatenate([edges, bits, g.standard_normal(10_000).astype(np.float32)])
+    for a in (values, values.reshape(2, -1)[:, ::3], values[::-1]):
+        with_torch = _convert(a, DType(dtype))
+        monkeypatch.setitem(sys.modules, "torch", None)  # as under the ONNX front end: numpy's
+        without = _convert(a, DType(dtype))
+        monkeypatch.undo()
+        assert with_torch.dtype == without.dtype and with_torch.shape == without.shape
+        as_float = (lambda u: u.astype(np.uint32) << 16) if dtype == "bfloat16" else (lambda u: u)
+        nan = np.isnan(as_float(without).view(np.float32) if dtype == "bfloat16" else without)
+        other = np.isnan(as_float(with_torch).view(np.float32) if dtype == "bfloat16" else with_torch)
+        assert np.array_equal(nan, other)
+        assert np.array_equal(with_torch.view(np.uint16)[~nan], without.view(np.uint16)[~nan])
