@@ -70,7 +70,7 @@ import sympy
 from bladepack.codegen.anchor_kernels import reduce_kernel, scan_kernel, scatter_kernel, sort_kernel, topk_kernel
 from bladepack.codegen.c_render import CTYPE, Args, Loop
 from bladepack.codegen.cuda_conv import direct_conv_kernel, im2col_kernel, pool_kernel
-from bladepack.codegen.cuda_loops import MEMTYPE, CudaEmitter, split_index, volume
+from bladepack.codegen.cuda_loops import BLOCK_SCRATCH, MEMTYPE, CudaEmitter, split_index, volume
 from bladepack.codegen.kernel import ROW_OPS, KernelContext, same_shape, store_offset
 from bladepack.codegen.operand_check import add_atoms, operand_buffers
 from bladepack.codegen.recurrent_kernel import recurrent_kernel
@@ -228,7 +228,7 @@ def _row_kernel(em: CudaEmitter, warp: bool, steps: int = 0, width: int = 1, rag
         first, step = f"int64_t(blockIdx.x) * {WARP_ROWS} + warp_", f"int64_t(gridDim.x) * {WARP_ROWS}"
     else:
         # block_all: one value per warp, up to 32 warps of Note [Row moments]' three 8-byte fields
-        em.line("__shared__ double bpk_scratch[3 * 32];")
+        em.line(BLOCK_SCRATCH)
         em.thread, em.stride = "int64_t(threadIdx.x)", "int64_t(blockDim.x)"
         first, step = "int64_t(blockIdx.x)", "int64_t(gridDim.x)"
     em.steps, em.ragged = steps, ragged

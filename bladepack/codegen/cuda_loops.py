@@ -43,6 +43,8 @@ KERNEL_SHIFT = 24
 # the size once (the same answer in every thread: no divergence) and divides in 32 bits where it holds,
 # in 64 where it does not.
 INT32_MAX = (1 << 31) - 1
+# the shared memory bpk::block_all combines a block's warps in (up to 32 values of up to 24 bytes)
+BLOCK_SCRATCH = "__shared__ double bpk_scratch[3 * 32];"
 _FUNCTORS = {"sum": "bpk::Sum()", "prod": "bpk::Prod()", "max": "bpk::Max()", "min": "bpk::Min()"}
 
 
@@ -158,8 +160,8 @@ class CudaEmitter(RowEmitter):
 
     def _split_rows_loop(self, outer_dims: Sequence[IRDim], body: RowBody) -> None:
         """Note [Split reductions]: a block computes `outs` consecutive outputs at once (block-strided
-        over them), `per` threads each: thread x takes output x % outs (its lane `l_`) and the share
-        x / outs (`g_`) of its reduction. A block's last outputs past the end are computed again as the
+        over them), the rest of `shares` threads each: thread x takes output x % outs (its lane `l_`)
+        and the share x / outs (`g_`) of its reduction. A block's last outputs past the end are computed again as the
         last one (every thread reaches the barriers; nothing is read out of range) and not stored."""
         assert self.shares is not None
         outs = self.shares[0]
@@ -191,7 +193,7 @@ class CudaEmitter(RowEmitter):
         outs, per = self.shares
         functor = _FUNCTORS[kind]
         if outs == 1:  # the whole block shares one output: a tree over warps, then over the block
-            self.line("__shared__ double bpk_scratch[3 * 32];")
+            self.line(BLOCK_SCRATCH)
             self.line(f"{acc} = bpk::block_all({acc}, {functor}, reinterpret_cast<{ctype}*>(bpk_scratch));")
             return
         part = self.fresh("part")  # each lane's sharers combined in their order

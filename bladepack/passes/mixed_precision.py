@@ -38,8 +38,8 @@ def _convert(a: np.ndarray, dtype: DType) -> np.ndarray:
     precision stage 6.1 s -> 2.8 s on two cores) — else numpy's; NaN stays NaN either way, its payload
     may differ."""
     torch = sys.modules.get("torch")
-    if torch is not None and a.flags.c_contiguous and a.dtype == np.float32 and a.dtype.isnative:
-        t = torch.from_numpy(a)
+    if torch is not None:
+        t = torch.from_numpy(np.ascontiguousarray(a))
         if dtype is DType.FLOAT16:
             return t.to(torch.float16).numpy()  # type: ignore[no-any-return]
         return t.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)  # type: ignore[no-any-return]
