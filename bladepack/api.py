@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("bladepack")
 
-GEMM_LIBRARIES = ("cublas", "cutlass")
+GEMM_LIBRARIES = ("cublas", "cublaslt", "cutlass")
 
 __all__ = ["GEMM_LIBRARIES", "Artifact", "optimize", "optimize_program", "save"]
 
@@ -59,7 +59,9 @@ def optimize(
     "cuda:sm_90" builds one image). `dtype`: "float16" or "bfloat16" computes the model in that type
     (inputs, weights and outputs included; reductions and GEMMs accumulate in float32), None keeps the
     model's own types. `gemm_library` serves the CUDA plan's GEMMs: "cublas" (the artifact needs
-    libcublas where it runs) or "cutlass" (CUTLASS kernels chosen per shape range and packaged in the
+    libcublas where it runs), "cublaslt" (libcublasLt where it runs, each GEMM with its bias / residual
+    add and ReLU or tanh-GELU fused into the library call, its algorithm chosen by cuBLASLt's heuristic
+    per shape at load) or "cutlass" (CUTLASS kernels chosen per shape range and packaged in the
     artifact; needs the nvidia-cutlass headers here).
 
     `reference_cases`: record inputs and the model's own outputs (torch eager; onnx's reference

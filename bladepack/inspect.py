@@ -383,6 +383,8 @@ def inspect_text(s: dict[str, Any]) -> str:
         )
         if gc.get("epilogue"):  # Note [GEMM epilogue]: stores the end of the chain instead of the product
             lines.append(f"    epilogue: {gc['epilogue']} -> %{gc['out']}")
+        if gc["library"] == "cublaslt":  # Note [cuBLASLt GEMMs]
+            lines.append("    chosen by: cuBLASLt's heuristic where it runs (per shape and operand alignment)")
         # CUTLASS: the config per range of the key M*N*batch, for every GPU and for compute capability 9.0
         for table, suffix, head in (("dispatch", "", None), ("dispatch_sm90", "_sm90", "on compute capability 9.0")):
             dispatch = gc.get(table, [])

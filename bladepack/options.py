@@ -130,7 +130,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("BLADEPACK_CACHE_DIR", _L, "cache_dir", _cache, "~/.cache/bladepack", "where the loader keeps CPU kernel libraries by content hash (lib/)"),
     Knob("BLADEPACK_BLAS", _L, "blas", _text, "numpy's OpenBLAS, then the system's", "the BLAS library for CPU GEMMs; none: the kernel library's own loops"),
     Knob("BLADEPACK_CUBLAS", _L, "cublas", _text, "the nvidia wheels', the system's, CUDA_HOME/lib64", "the cuBLAS library"),
-    Knob("CUDA_HOME", _L, "cuda_home", _text, "unset", "where cuBLAS is looked for last (lib64)"),
+    Knob("BLADEPACK_CUBLASLT", _L, "cublaslt", _text, "the nvidia wheels', the system's, CUDA_HOME/lib64", "the cuBLASLt library (artifacts optimized with gemm_library=\"cublaslt\")"),
+    Knob("CUDA_HOME", _L, "cuda_home", _text, "unset", "where cuBLAS and cuBLASLt are looked for last (lib64)"),
     Knob("BLADEPACK_CPU_ISA", _L, "cpu_isa", _text, "the highest level this CPU runs", "the CPU kernel library to run, by ISA level (x86-64, x86-64-v3, ...; it must run on this CPU): for comparing levels on one machine"),
     Knob("BLADEPACK_NUM_THREADS", _L, "num_threads", _count, "0 (every core this process may run on)", "CPU kernel threads"),
     Knob("BLADEPACK_SHAPE_CACHE", _L, "shape_cache", _positive(4096), "4096", "input-shape signatures a loaded module keeps prepared (as the C++ runtime)"),
@@ -201,6 +202,7 @@ class LoaderOptions:
     cache_dir: Path = dataclasses.field(default_factory=_default_cache)
     blas: str | None = None
     cublas: str | None = None
+    cublaslt: str | None = None
     cuda_home: str | None = None
     cpu_isa: str | None = None
     num_threads: int = 0

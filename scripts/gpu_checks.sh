@@ -10,7 +10,8 @@
 #   2. hopper.log     the sm_90a GEMM probe, where prepared (scripts/hopper_probe.py; Note [Hopper GEMMs])
 #   3. gpu_tests.log  the cuda-marked tests: CUTLASS configs, dispatch and epilogues first (then again with
 #                     the Hopper tables on, C++ runtime included), then the samples in float32 / float16,
-#                     the fused attention kernels and the C++ runtime (built here with the carried headers)
+#                     the fused attention kernels, cuBLASLt's epilogues (float32 / float16 / bfloat16) and
+#                     the C++ runtime (built here with the carried headers)
 #   4. bench.log      bench.cuda_samples (eager peer), bench.cutlass_gemm (sm80 tables, then Hopper's:
 #                     cutlass_gemm_hopper), bench.cuda_graphs --gpu;
 #                     results.tgz holds their bench/results/*_<device>.{md,json}
@@ -22,7 +23,9 @@
 # gpu_kernels (bench.gpu_kernels: elementwise, layer norm, softmax, RMS norm and column-reduction kernels' GPU time against a
 # copy of the same bytes and torch's kernels, the prepared baseline's beside them; under a minute) and
 # cuda_walk (bench.cuda_graphs --gpu --walk: a decode loop, every call a new signature, against eager;
-# Note [First calls on the device]; about a minute).
+# Note [First calls on the device]; about a minute) and cublaslt_gemm (bench.cublaslt_gemm: a feed-forward
+# block's GEMMs with fused epilogues on cuBLASLt against the cuBLAS plan and eager, float16 / bfloat16 /
+# float32 at d = 1024; about two minutes, most of it building the six artifacts).
 # BUDGET (seconds, default 540) bounds the whole run; later steps get what is left.
 # Measured facts of these machines (2026-11-26): torch 2.11, nvcc 13.0.88 (the same build as here, so the
 # CUTLASS cache is reused), cuBLAS in /usr/local/cuda, g++ 13, cmake and ninja, no msgpack-cxx headers.
@@ -64,7 +67,7 @@ if [ -f .gpu-run/hopper/instances.json ]; then
   timeout $(($(left) / 4)) "$py" scripts/hopper_probe.py check .gpu-run/hopper 2>&1 | tee "$out/hopper.log" | tail -20
 fi
 for tests in "tests/test_cutlass_gemm.py tests/test_cutlass_hopper.py" \
-  "tests/test_cuda_backend.py tests/test_cuda_attention.py tests/test_cuda_cpp.py"; do
+  "tests/test_cuda_backend.py tests/test_cuda_attention.py tests/test_cublaslt.py tests/test_cuda_cpp.py"; do
   # shellcheck disable=SC2086
   timeout $(($(left) / 2)) "$py" -m pytest -q -x --tb=short -m cuda -p no:cacheprovider -p no:logging -rs $tests 2>&1 |
     tee -a "$out/gpu_tests.log" | tail -15
@@ -80,6 +83,7 @@ for b in "${benches[@]}"; do
   [ "$b" = cutlass_gemm ] && extra=(--repeat 10)
   [ "$b" = gpu_attention ] && extra=(--repeat 10)
   [ "$b" = gpu_kernels ] && extra=(--repeat 20)
+  [ "$b" = cublaslt_gemm ] && extra=(--repeat 20 --widths 1024)
   [ "$b" = gpu_kernels ] && [ -d .gpu-run/kernels ] && extra+=(--artifacts .gpu-run/kernels)
   [ "$b" = gpu_kernels ] && [ -d .gpu-run/kernels-base ] && extra+=(--baseline .gpu-run/kernels-base)
   [ "$b" = gpu_models ] && extra=(--repeat 5 --budget $(($(left) - 40)) ${GPU_MODELS:+--models "$GPU_MODELS"}

@@ -3,7 +3,7 @@
 `FakeGpu.run(artifact, cases)` saves the artifact, builds the host emulation of its CUDA source (the
 same CUDA C nvcc compiled into its cubins, compiled by g++ with -DBPK_EMULATE; see
 tests/fake_cuda/cuda_emulation.h), and in a fresh process loads it with `device="cuda"` against
-tests/fake_cuda/fake_libcuda.c (first on LD_LIBRARY_PATH) and fake_libcublas.c, calls it on every case
+tests/fake_cuda/fake_libcuda.c (first on LD_LIBRARY_PATH), fake_libcublas.c and fake_libcublaslt.c, calls it on every case
 and returns the outputs and the fake's log (launch grids, blocks, shared memory, parameter bytes).
 `FakeGpu.run_cpp(artifact, cases)` does the same through the C++ runtime: `bpk-run --device cuda`
 (cpp_runtime, built by tests/cpp_build.py) per case, on the same fake driver, cuBLAS and emulation, with
@@ -187,10 +187,10 @@ class FakeGpu:
             ],
             check=True,
         )
-        subprocess.run(
-            [cc, "-shared", "-fPIC", "-O2", "-o", str(root / "libcublas.so"), str(FAKE / "fake_libcublas.c"), "-ldl"],
-            check=True,
-        )
+        for lib, source in (("libcublas.so", "fake_libcublas.c"), ("libcublasLt.so", "fake_libcublaslt.c")):
+            subprocess.run(
+                [cc, "-shared", "-fPIC", "-O2", "-o", str(root / lib), str(FAKE / source), "-ldl", "-lm"], check=True
+            )
 
     def emulation(self, source: str) -> Path:
         """The host build of a CUDA translation unit (cached by content)."""
@@ -299,6 +299,7 @@ class FakeGpu:
             "FAKE_CUDA_LOG": str(log),
             "FAKE_CUDA_CC": cc,
             "BLADEPACK_CUBLAS": str(self.root / "libcublas.so"),
+            "BLADEPACK_CUBLASLT": str(self.root / "libcublasLt.so"),
             "PYTHONPATH": str(ROOT),
         }
 

@@ -302,3 +302,21 @@ def test_gemm_arguments_cover_every_batch_once(
     got = [tuple(off + h * s * item for off, s in zip(step, strides_lib)) for step in g.steps for h in range(g.batch)]
     assert got == want
     assert (g.m, g.n, g.k) == (m, n, k)
+
+
+def test_gemm_batches_merge_where_strides_chain() -> None:
+    """The library runs the innermost batch dim that is not 1 with every dim outside it whose strides
+    chain into it: a contiguous [b, h] pair is one call of b x h, a lone batch dim (padded with 1s after
+    it) is the library's, and a dim whose strides do not chain stays on the host."""
+    mnk = [5, 7, 3, 0, 0, 3, 7, 7]  # m, n, k, ta, tb, lda, ldb, ldc
+
+    def args(batch: list[int], sa: list[int], sb: list[int], sc: list[int]) -> tuple[int, tuple[int, int, int], int]:
+        g = gemm_args([*batch, *sa, *sb, *sc, *mnk], 4)
+        return g.batch, (g.stride_a, g.stride_b, g.stride_c), len(g.steps)
+
+    b, h = 2, 12
+    assert args([b, h, 1], [h * 15, 15, 0], [h * 21, 21, 0], [h * 35, 35, 0]) == (b * h, (15, 21, 35), 1)
+    assert args([b, 1, 1], [15, 0, 0], [0, 0, 0], [35, 0, 0]) == (b, (15, 0, 35), 1)  # a shared weight
+    assert args([b, h, 1], [15, 15 * b, 0], [0, 0, 0], [35, 35 * b, 0]) == (h, (15 * b, 0, 35 * b), b)
+    assert args([1, h, 1], [0, 15, 0], [0, 21, 0], [0, 35, 0]) == (h, (15, 21, 35), 1)
+    assert args([1, 1, 1], [0] * 3, [0] * 3, [0] * 3) == (1, (0, 0, 0), 1)

@@ -429,7 +429,9 @@ def _stub_gemms(refuse_first: bool = False) -> tuple[Any, list[Any], list[str]]:
 
 def _launch_record(source: bool) -> dict[str, Any]:
     entries = [{"kernel": 0, "split": 1, "pred": 0, "align": 8}, {"kernel": 1, "split": 1, "pred": 1, "align": 1}]
-    ints = [3, 1, 1, 200 * 32, 0, 0, 0, 0, 0, 200 * 64, 0, 0, 200, 64, 32, 0, 1, 32, 32, 64]  # host loop over 3
+    # batch (3, 2): A's and B's strides chain, D's outer dim is inner in memory, so the library runs the
+    # 2 and the host loops over the 3 (loader/gemm_args.py)
+    ints = [3, 2, 1, 200 * 64, 200 * 32, 0, 0, 0, 0, 200 * 64, 200 * 64 * 3, 0, 200, 64, 32, 0, 1, 32, 32, 64]
     if source:
         ints += [0, 0, 0, 0]  # a bias row
     return {"op": "cutlass", "dtype": "float16", "entries": entries, "ints": ints}

@@ -6,8 +6,9 @@ plan") and both loaders read. Plain data: no sympy, no torch; sizes are ints or 
 (Note [SymInt encoding] in symint.py).
 
 A plan is a list of launches over a slot table (slot 0 the arena, then inputs, outputs, weights):
-a generated kernel (`KernelLaunch`), a BLAS / cuBLAS GEMM (`GemmLaunch`), a CUTLASS GEMM with its
-dispatch tables (`CutlassLaunch`) or a step left to the reference executor (`RefLaunch`). Pointers
+a generated kernel (`KernelLaunch`), a BLAS / cuBLAS GEMM (`GemmLaunch`), a cuBLASLt GEMM with its
+epilogue (`CublasLtLaunch`), a CUTLASS GEMM with its dispatch tables (`CutlassLaunch`) or a step left
+to the reference executor (`RefLaunch`). Pointers
 are `[slot, byte offset]` pairs; before the memory plan places the arena buffers they are
 `(slot, value id, element offset)` triples that lowering resolves (`with_ptrs`).
 """
@@ -131,6 +132,25 @@ class CutlassLaunch:
 
 
 @dataclass(frozen=True)
+class CublasLtLaunch:
+    """A cuBLASLt GEMM (Note [cuBLASLt GEMMs] in loader/cublaslt.py) with its epilogue (Note [GEMM
+    epilogue]: source kind and activation, None without one); A, B, D and the epilogue source if any,
+    with the GEMM record's integers (and the source's four when it has one). No dispatch table: the
+    loader asks cuBLASLt's heuristic for an algorithm once per shape."""
+
+    dtype: str
+    epilogue: tuple[str, str] | None  # (source kind, activation)
+    ptrs: tuple[Ptr, ...]
+    ints: tuple[SymIntEnc, ...]
+
+    def to_manifest(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"op": "cublaslt", "dtype": self.dtype}
+        if self.epilogue is not None:
+            row["epilogue"] = {"source": self.epilogue[0], "activation": self.epilogue[1]}
+        return {**row, "ptrs": list(self.ptrs), "ints": list(self.ints)}
+
+
+@dataclass(frozen=True)
 class RefLaunch:
     """A step the reference executor runs (by the value it computes), and why."""
 
@@ -141,7 +161,7 @@ class RefLaunch:
         return {"op": "ref", "node": self.node, "reason": self.reason}
 
 
-Launch = Union[KernelLaunch, GemmLaunch, CutlassLaunch, RefLaunch]
+Launch = Union[KernelLaunch, GemmLaunch, CublasLtLaunch, CutlassLaunch, RefLaunch]
 
 
 def with_ptrs(launch: Launch, ptrs: tuple[Ptr, ...]) -> Launch:

@@ -17,7 +17,7 @@ from typing import Any
 from bladepack.codegen.kernel import KernelContext
 from bladepack.dtypes import DType
 from bladepack.ir import Node, OpKind
-from bladepack.ir.fusion_plan import Attention, KernelSpec
+from bladepack.ir.fusion_plan import Attention, EpilogueForms, KernelSpec
 from bladepack.ir.types import TensorType
 from bladepack.ir.views import View
 from bladepack.library_ops.cutlass.emitter import GemmInstance
@@ -76,13 +76,13 @@ class Backend(ABC):
         return None
 
     def gemm_library(self, policy: GemmPolicy) -> str:
-        """The library that serves this backend's GEMMs: "blas", "cublas" or "cutlass"."""
+        """The library that serves this backend's GEMMs: "blas", "cublas", "cublaslt" or "cutlass"."""
         return policy.library
 
-    def gemm_epilogues(self, policy: GemmPolicy) -> frozenset[DType]:
-        """The dtypes of the GEMMs whose library computes the bias / activation after them (Note [GEMM
-        epilogue] in passes/gemm_epilogue.py); empty: none."""
-        return frozenset()
+    def gemm_epilogues(self, policy: GemmPolicy) -> EpilogueForms | None:
+        """What this backend's GEMM library computes after a GEMM — bias / residual, activations, for which
+        dtypes (Note [GEMM epilogue] in passes/gemm_epilogue.py); None: nothing."""
+        return None
 
     def gemm_policy(
         self,

@@ -1,4 +1,4 @@
-"""The CUDA backend: generated CUDA kernels as cubins per architecture and PTX, cuBLAS or CUTLASS GEMMs.
+"""The CUDA backend: generated CUDA kernels as cubins per architecture and PTX; cuBLAS, cuBLASLt or CUTLASS GEMMs.
 
 In: kernel specs of the fusion plan; the lowered plan's translation unit and CUTLASS instances. Out:
 CUDA C kernels (codegen/cuda_emitter.py) with their launch geometry, the images nvcc builds
@@ -20,7 +20,7 @@ from bladepack.codegen.cuda_toolchain import build_images, cuda_source, find_nvc
 from bladepack.codegen.kernel import KernelContext
 from bladepack.dtypes import DType
 from bladepack.ir import Node
-from bladepack.ir.fusion_plan import Attention, KernelSpec
+from bladepack.ir.fusion_plan import CUBLASLT_FORMS, CUTLASS_ACTIVATIONS, Attention, EpilogueForms, KernelSpec
 from bladepack.ir.types import TensorType
 from bladepack.ir.views import View
 from bladepack.library_ops.cuda_attention import HEAD_MAX as ATTENTION_HEAD_MAX
@@ -51,8 +51,10 @@ class CudaBackend(Backend):
     )
     source_suffix = "cu"
 
-    def gemm_epilogues(self, policy: GemmPolicy) -> frozenset[DType]:
-        return policy.dtypes if policy.library == "cutlass" else frozenset()
+    def gemm_epilogues(self, policy: GemmPolicy) -> EpilogueForms | None:
+        if policy.library == "cutlass":
+            return EpilogueForms(policy.dtypes, CUTLASS_ACTIVATIONS)
+        return CUBLASLT_FORMS if policy.library == "cublaslt" else None
 
     def gemm_policy(
         self, policy: GemmPolicy, target: Target, options: CompileOptions, notes: list[str]

@@ -11,9 +11,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
+from bladepack.dtypes import DType
 from bladepack.ir.graph import Graph
 from bladepack.ir.ops import generated_conv
 from bladepack.ir.types import IRDim, dim_str
+
+
+@dataclass(frozen=True)
+class EpilogueForms:
+    """What a GEMM library's epilogue computes (Note [GEMM epilogue] in passes/gemm_epilogue.py): the
+    matmul dtypes it serves with one, and the activations it evaluates as the model does."""
+
+    dtypes: frozenset[DType]
+    activations: frozenset[str]
+
+
+EPILOGUE_DTYPES = frozenset({DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32})
+CUTLASS_ACTIVATIONS = frozenset({"relu", "gelu", "silu"})
+CUBLASLT_FORMS = EpilogueForms(EPILOGUE_DTYPES, frozenset({"relu", "gelu_tanh"}))
 
 
 @dataclass(frozen=True)
@@ -22,7 +37,7 @@ class GemmEpilogue:
     nodes: tuple[int, ...]  # the chain after the matmul, in order
     source: int | None  # the add's other operand (C), None without an add
     source_kind: str  # "none" | "bias" | "residual"
-    activation: str  # "none" | "relu" | "gelu" | "silu"
+    activation: str  # "none" | "relu" | "gelu" | "silu" | "gelu_tanh"
 
     def describe(self) -> str:
         parts = [] if self.source is None else [f"{self.source_kind} %{self.source}"]

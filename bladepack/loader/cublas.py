@@ -32,22 +32,45 @@ _GEMM_DEFAULT = -1
 _INT_MAX = 2**31 - 1
 
 
-def _candidates(options: LoaderOptions) -> Iterator[str]:
-    env = options.cublas
-    if env:
-        yield env
+def library_candidates(stem: str, chosen: str | None, cuda_home: str | None) -> Iterator[str]:
+    """Where `stem` (libcublas, libcublasLt) is looked for: `chosen` alone when set; else the nvidia
+    wheels next to this Python, the system's, then `cuda_home`/lib64 and /usr/local/cuda/lib64."""
+    if chosen:
+        yield chosen
         return
     for root in sys.path:
-        for lib in sorted(glob.glob(os.path.join(root, "nvidia", "cu*", "lib", "libcublas.so*"))):
+        for lib in sorted(glob.glob(os.path.join(root, "nvidia", "cu*", "lib", f"{stem}.so*"))):
             yield lib
-        for lib in sorted(glob.glob(os.path.join(root, "nvidia", "cublas", "lib", "libcublas.so*"))):
+        for lib in sorted(glob.glob(os.path.join(root, "nvidia", "cublas", "lib", f"{stem}.so*"))):
             yield lib
-    found = ctypes.util.find_library("cublas")
+    found = ctypes.util.find_library(stem[3:])
     if found:
         yield found
-    for home in (options.cuda_home, "/usr/local/cuda"):
+    for home in (cuda_home, "/usr/local/cuda"):
         if home:
-            yield from sorted(glob.glob(str(Path(home) / "lib64" / "libcublas.so*")))
+            yield from sorted(glob.glob(str(Path(home) / "lib64" / f"{stem}.so*")))
+
+
+def open_library(stem: str, chosen: str | None, cuda_home: str | None, what: str, knob: str) -> tuple[ctypes.CDLL, str]:
+    """The first of `library_candidates` that loads, and its path; CudaUnavailable naming what was
+    tried otherwise (`what`: the sentence's subject, `knob`: the variable that names the library)."""
+    tried = []
+    for path in library_candidates(stem, chosen, cuda_home):
+        tried.append(path)
+        try:
+            return ctypes.CDLL(path), path
+        except OSError:
+            continue
+    raise CudaUnavailable(
+        f"this artifact runs its GEMMs with {what}, and no {stem} was found "
+        f"(tried: {', '.join(tried) or 'nothing'}); install nvidia-cublas or set {knob}=path"
+    )
+
+
+def check_status(status: int, call: str) -> None:
+    """A cublasStatus_t (cuBLAS's and cuBLASLt's) that is not success, as a CudaError naming the call."""
+    if status != 0:
+        raise CudaError(f"{call} failed: cublasStatus_t {status}")
 
 
 class Cublas:
@@ -58,21 +81,7 @@ class Cublas:
 
     def __init__(self, options: LoaderOptions) -> None:
         """`options.cublas` names the library (else the nvidia wheels', the system's, `cuda_home`/lib64)."""
-        lib = None
-        tried = []
-        for path in _candidates(options):
-            tried.append(path)
-            try:
-                lib = ctypes.CDLL(path)
-                break
-            except OSError:
-                continue
-        if lib is None:
-            raise CudaUnavailable(
-                "this artifact runs its GEMMs with cuBLAS, and no libcublas was found "
-                f"(tried: {', '.join(tried) or 'nothing'}); install nvidia-cublas or set BLADEPACK_CUBLAS=path"
-            )
-        self.path = tried[-1]
+        lib, self.path = open_library("libcublas", options.cublas, options.cuda_home, "cuBLAS", "BLADEPACK_CUBLAS")
         self._lib = lib
         lib.cublasCreate_v2.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
         lib.cublasSetStream_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
@@ -87,17 +96,12 @@ class Cublas:
             *(i, i, i),
         ]
         handle = ctypes.c_void_p()
-        self._check(lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")
+        check_status(lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")
         self._handle = handle
         self._lock = threading.Lock()
         self._stream: int | None = None  # the handle's stream, set last (under the lock)
         self._one32, self._zero32 = ctypes.c_float(1.0), ctypes.c_float(0.0)
         self._one64, self._zero64 = ctypes.c_double(1.0), ctypes.c_double(0.0)
-
-    @staticmethod
-    def _check(status: int, call: str) -> None:
-        if status != 0:
-            raise CudaError(f"{call} failed: cublasStatus_t {status}")
 
     def close(self) -> None:
         if self._handle:
@@ -113,7 +117,7 @@ class Cublas:
         with self._lock:
             if stream != self._stream:
                 self._stream = None  # (unknown until the call succeeds)
-                self._check(self._lib.cublasSetStream_v2(self._handle, ctypes.c_void_p(stream)), "cublasSetStream")
+                check_status(self._lib.cublasSetStream_v2(self._handle, ctypes.c_void_p(stream)), "cublasSetStream")
                 self._stream = stream
             self._enqueue(dtype, a, b, c, args)
 
@@ -123,7 +127,7 @@ class Cublas:
         one, zero = (self._one64, self._zero64) if wide else (self._one32, self._zero32)
         for da, db, dc, _ in args.steps:
             # column-major C^T (n x m) = op(B)^T . op(A)^T
-            self._check(
+            check_status(
                 self._lib.cublasGemmStridedBatchedEx(
                     self._handle,
                     _OP_T if args.tb else _OP_N,

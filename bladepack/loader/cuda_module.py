@@ -137,7 +137,9 @@ class CudaExecutor(ReplayPaths):
         self.exe = NativeCuda(bpk, native, kernels, ordinal, self.n_slots, options)
         self.exe.upload_weights([bpk.section(weight_section_name(w["name"])) for w in m.weight_rows])
         # Note [Compiled CUDA preparation]: the launch checks, the kernels' operand checks and the launches
-        self._prepare_signature = CudaPreparation(m, self.exe.params, operand_programs(m), self.exe.cutlass)
+        self._prepare_signature = CudaPreparation(
+            m, self.exe.params, operand_programs(m), self.exe.cutlass, self.exe.cublaslt
+        )
         self.prepare = ShapeCache(self._build, cache_limit)
         self.graphs = CudaGraphs(self.exe.device, graphs) if graphs > 0 else None
         self._stream_locks: dict[int, threading.Lock] = {}
@@ -429,6 +431,8 @@ class CudaExecutor(ReplayPaths):
             self.errors.close()
             if self.graphs is not None:
                 self.graphs.close()
+            if self.exe.cublaslt is not None:
+                self.exe.cublaslt.close()
             self._pool.free()
 
     def _to_host(

@@ -41,11 +41,13 @@ from typing import Any
 
 from bladepack.artifact.shape_program import Locals, ShapeProgram, program_lines
 from bladepack.errors import BpkFormatError
+from bladepack.loader.cublaslt import CublasLt
 from bladepack.loader.cutlass_gemm import CutlassGemms
 from bladepack.loader.gemm_args import GemmArgs, gemm_args
 from bladepack.loader.launch_words import KernelParams
 from bladepack.loader.manifest import Key, Manifest
 from bladepack.loader.native_cuda import (
+    CublasLtCall,
     CudaPrepared,
     GemmLaunch,
     KernelLaunch,
@@ -54,6 +56,7 @@ from bladepack.loader.native_cuda import (
 )
 from bladepack.loader.plan_check import (
     BYTE_SIZES,
+    GEMM_OPS,
     INT64_MAX,
     check_launches,
     check_operand_programs,
@@ -86,11 +89,14 @@ class CudaPreparation:
         params: KernelParams,
         programs: dict[int, ShapeProgram],
         cutlass: CutlassGemms | None,
+        cublaslt: CublasLt | None = None,
     ) -> None:
-        """`programs`: per kernel launch its operand check program (`operand_programs`)."""
+        """`programs`: per kernel launch its operand check program (`operand_programs`); `cutlass` /
+        `cublaslt`: the executor's, for their launch records."""
         plan = m.native["cuda"]
         assert plan is not None
         self.m, self.plan, self.params, self.programs, self.cutlass = m, plan, params, programs, cutlass
+        self.cublaslt = cublaslt
         self._checked: Prepare | None = None
         self._unchecked: Prepare | None = None
 
@@ -150,7 +156,7 @@ class CudaPreparation:
                 for slot, off in lr["ptrs"]:
                     if isinstance(off, dict) or int(off) != 0:  # (0 <= 0 <= S[slot]: no slot is negative)
                         check(f"if {_nonnegative(off)}{_word(off)} > S[{int(slot)}]: return None")
-                if lr["op"] in ("gemm", "cutlass"):  # Note [GEMM records]: what each operand reaches
+                if lr["op"] in GEMM_OPS:  # Note [GEMM records]: what each operand reaches
                     rooms = [f"S[{int(s)}] - {_word(o)}" for s, o in lr["ptrs"]]
                     reach = " or ".join(
                         f"r[{j}] > {room}" if j < 3 else f"(len(r) > 3 and r[3] > {room})"
@@ -205,12 +211,14 @@ class CudaPreparation:
                 put(pad + f"else: _novariant({int(lr['k'])})")
                 put(pad + f"W.append({k})")
                 put(pad + f"w += {w1 - w0}")
-            elif op in ("gemm", "cutlass"):
+            elif op in GEMM_OPS:
                 ptr_words = "(" + "".join(f"({int(s)}, {_word(o)}), " for s, o in lr["ptrs"]) + ")"
                 int_words = "(" + "".join(f"{_word(v)}, " for v in lr["ints"]) + ")"
+                record = f"g{k}" if checked else self._gemm(k, lr)
                 if op == "gemm":
-                    record = f"g{k}" if checked else self._gemm(k, lr)
                     put(pad + f"L.append(_GL(_LR[{k}]['dtype'], {ptr_words}, {record}[1]))")
+                elif op == "cublaslt":
+                    put(pad + f"L.append(_lt({k}, {ptr_words}, {record}[1]))")
                 else:
                     put(pad + f"L.append(_cutlass({k}, R, {ptr_words}, {int_words}))")
             else:
@@ -242,7 +250,7 @@ class CudaPreparation:
         kernels = m.kernels["cuda"]
 
         gemms: dict[int, dict[tuple[int, ...], tuple[tuple[int, ...], GemmArgs]]] = {
-            i: {} for i, lr in enumerate(launches) if lr["op"] in ("gemm", "cutlass")
+            i: {} for i, lr in enumerate(launches) if lr["op"] in GEMM_OPS
         }
 
         def gemm_new(i: int, ints: tuple[int, ...]) -> tuple[tuple[int, ...], GemmArgs]:
@@ -262,6 +270,11 @@ class CudaPreparation:
             if self.cutlass is None:
                 raise BpkFormatError("a CUTLASS GEMM launch in a plan without gemm_kernels (corrupt plan)")
             return self.cutlass.prepare(launches[k], regs, ptrs, ints)
+
+        def cublaslt(k: int, ptrs: Any, args: GemmArgs) -> CublasLtCall:
+            if self.cublaslt is None:
+                raise BpkFormatError("a cuBLASLt GEMM launch in a plan the executor has no cuBLASLt for (corrupt plan)")
+            return CublasLtCall(ptrs, self.cublaslt.prepare(launches[k], args))
 
         def badop(k: int) -> None:
             raise BpkFormatError(f"unknown launch op {launches[k]['op']!r} in the CUDA plan")
@@ -289,6 +302,7 @@ class CudaPreparation:
             "_gemm_new": gemm_new,
             "_novariant": novariant,
             "_cutlass": cutlass,
+            "_lt": cublaslt,
             "_badop": badop,
             "_prepared": prepared,
             "_params": self.params,

@@ -23,7 +23,7 @@ import numpy as np
 
 from bladepack.loader.launch_words import WordTemplate
 from bladepack.loader.manifest import Key, Manifest, element_count
-from bladepack.loader.plan_check import BYTE_SIZES, INT64_MAX, check_gemm, check_launches
+from bladepack.loader.plan_check import BYTE_SIZES, GEMM_OPS, INT64_MAX, check_gemm, check_launches
 
 _EXACT_BYTES = float(1 << 62)  # a buffer estimated below this many bytes has an exact int64 size
 
@@ -64,7 +64,7 @@ class LaunchChecks:
             for slot, off in lr["ptrs"]:
                 ptr_slot.append(int(slot))
                 ptr_off.append(put(off))
-            if lr["op"] in ("gemm", "cutlass"):
+            if lr["op"] in GEMM_OPS:
                 ints = [put(v) for v in lr["ints"]]
                 rooms = list(range(first, len(ptr_slot)))
                 self._gemms.append((i, ints, rooms, BYTE_SIZES[lr["dtype"]], len(lr["ptrs"]) == 4))

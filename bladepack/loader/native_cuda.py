@@ -10,7 +10,8 @@ words left as (slot, byte offset) to be filled per call in one vectorized step.
 
 Per call (`run`): pointer words = slot base + offset (slots: 0 the device arena, then inputs, outputs,
 weights — Note [Slots] in lowering/lower_native.py); kernels launch on the caller's stream; GEMMs go
-to cuBLAS on that stream; a reference step (an op without a CUDA kernel) synchronizes, copies its
+to cuBLAS, cuBLASLt (with their epilogues: Note [cuBLASLt GEMMs] in cublaslt.py) or CUTLASS on that
+stream; a reference step (an op without a CUDA kernel) synchronizes, copies its
 operands to the host, runs the numpy reference and copies the result back. Kernels that can report
 an error (data-dependent indices) write the stream's status words, which every call copies to
 page-locked host memory at its end (Note [Device errors] in cuda_module.py); `strict` resets them per
@@ -32,6 +33,7 @@ import numpy as np
 
 from bladepack.artifact.format import BpkFile
 from bladepack.errors import BpkFormatError
+from bladepack.loader.cublaslt import CublasLt, LtLaunch
 from bladepack.loader.cuda_driver import (
     SMALLEST_CLASS,
     CudaError,
@@ -68,12 +70,17 @@ class GemmLaunch(NamedTuple):
     args: GemmArgs
 
 
+class CublasLtCall(NamedTuple):
+    ptrs: tuple[tuple[int, int], ...]  # (slot, byte offset) of A, B, D and the epilogue source if any
+    launch: LtLaunch
+
+
 @dataclass(frozen=True)
 class RefLaunch:
     node: int
 
 
-Launch = KernelLaunch | GemmLaunch | CutlassLaunch | RefLaunch
+Launch = KernelLaunch | GemmLaunch | CublasLtCall | CutlassLaunch | RefLaunch
 
 
 @dataclass(frozen=True)
@@ -142,6 +149,8 @@ class NativeCuda:
 
             self._cublas = Cublas(options)
         self._cutlass = CutlassGemms.from_artifact(bpk, plan, self.device, options) if "gemm_kernels" in plan else None
+        lt = any(lr["op"] == "cublaslt" for lr in plan["launches"])
+        self._cublaslt = CublasLt(self.device, options) if lt else None
         self._params: KernelParams | None = None  # Note [Launch word template], at the first signature
 
     @property
@@ -175,6 +184,10 @@ class NativeCuda:
     def cutlass(self) -> CutlassGemms | None:
         return self._cutlass
 
+    @property
+    def cublaslt(self) -> CublasLt | None:
+        return self._cublaslt
+
     # -- per call
     def arena(self, nbytes: int, stream: int) -> int:
         """The device arena of `stream` (grown to `nbytes`): calls on one stream run in order."""
@@ -190,7 +203,8 @@ class NativeCuda:
     ) -> None:
         """Enqueue every launch on `stream` (`slots`: uint64 base addresses); `reference(node)` runs a
         reference step (the stream has been synchronized). Raises ExecutionError-ready CudaError.
-        `workspace_stream`: whose split-K semaphores CUTLASS uses (a graph capture's caller stream)."""
+        `workspace_stream`: whose split-K semaphores CUTLASS and workspace cuBLASLt use (a graph capture's
+        caller stream)."""
         drv = self._drv
         words = prep.words.copy()
         if prep.ptr_pos.size:
@@ -223,6 +237,18 @@ class NativeCuda:
                 (sa, oa), (sb, ob), (sc, oc) = launch.ptrs
                 a, b, c = int(slots[sa]) + oa, int(slots[sb]) + ob, int(slots[sc]) + oc
                 self._cublas.gemm(launch.dtype, a, b, c, launch.args, stream)
+            elif isinstance(launch, CublasLtCall):
+                assert self._cublaslt is not None
+                addr = [int(slots[s]) + o for s, o in launch.ptrs]  # A, B, D and the epilogue source if any
+                self._cublaslt.launch(
+                    launch.launch,
+                    addr[0],
+                    addr[1],
+                    addr[2],
+                    addr[3] if len(addr) > 3 else None,
+                    stream,
+                    workspace_stream,
+                )
             elif isinstance(launch, CutlassLaunch):
                 assert self._cutlass is not None
                 addr = [int(slots[s]) + o for s, o in launch.ptrs]  # A, B, D and the epilogue source if any
@@ -333,4 +359,4 @@ def graph_obstacle(launches: Sequence[Launch], when: Sequence[tuple[tuple[int, i
     return ""
 
 
-__all__ = ["CudaError", "CudaPrepared", "NativeCuda", "graph_obstacle"]
+__all__ = ["CublasLtCall", "CudaError", "CudaPrepared", "NativeCuda", "graph_obstacle"]

@@ -39,6 +39,9 @@ from bladepack.errors import BpkFormatError, ShapeGuardError
 from bladepack.loader.manifest import Key, Manifest, condition_problem, describe, element_count, resolve
 
 GEMM_INTS = 20
+GEMM_OPS = ("gemm", "cublaslt", "cutlass")  # launch ops whose ints are a GEMM record (Note [GEMM records])
+_CUDA_ONLY = ("cublaslt", "cutlass")
+_EPILOGUES = {"source": ("none", "bias", "residual"), "activation": ("none", "relu", "gelu", "silu", "gelu_tanh")}
 INT32_MAX = (1 << 31) - 1
 INT64_MAX = (1 << 63) - 1
 BYTE_SIZES = {d.value: d.itemsize for d in DType}
@@ -135,8 +138,9 @@ def _check_plan(m: Manifest, kind: str, n_functions: int | None) -> None:
             if not _is_int(lr.get("node")) or lr["node"] not in m.step_index:
                 raise _fail(m, f"{where} runs value %{_short(lr.get('node'))}, which no plan step defines")
             continue
-        if op not in ("kernel", "gemm") and not (kind == "cuda" and op == "cutlass"):
-            raise _fail(m, f"{where} has op {_short(op)}; a {kind} plan runs kernel, gemm, ref launches")
+        if op not in ("kernel", "gemm") and not (kind == "cuda" and op in _CUDA_ONLY):
+            ops = "kernel, gemm, ref" if kind == "cpu" else "kernel, gemm, cublaslt, cutlass, ref"
+            raise _fail(m, f"{where} has op {_short(op)}; a {kind} plan runs {ops} launches")
         ptrs, ints = lr.get("ptrs"), lr.get("ints")
         if not isinstance(ptrs, list) or not isinstance(ints, list):
             raise _fail(m, f"{where} lacks its ptrs / ints lists")
@@ -161,6 +165,17 @@ def _check_plan(m: Manifest, kind: str, n_functions: int | None) -> None:
             if len(ptrs) not in want or len(ints) not in (GEMM_INTS, GEMM_INTS + 4):
                 raise _fail(
                     m, f"{where}: a GEMM takes 3 pointers and {GEMM_INTS} integers, not {len(ptrs)} / {len(ints)}"
+                )
+            epilogue = lr.get("epilogue")
+            if epilogue is not None and (
+                not isinstance(epilogue, dict) or any(epilogue.get(f) not in v for f, v in _EPILOGUES.items())
+            ):
+                raise _fail(m, f"{where} has epilogue {_short(epilogue)}")
+            sourced = epilogue is not None and epilogue["source"] != "none"
+            if op == "cublaslt" and not (len(ptrs) == 4) == (len(ints) == GEMM_INTS + 4) == sourced:
+                raise _fail(
+                    m,
+                    f"{where}: a cuBLASLt GEMM has a fourth operand and four more integers exactly when its epilogue has a source",
                 )
             for table in ("entries", "entries_sm90"):
                 for e in lr.get(table, []) if op == "cutlass" else []:
@@ -226,7 +241,7 @@ def _check_launches(
             if not 0 <= at <= slots[slot]:
                 raise _fail(m, f"launch {i} points {at} bytes into slot {slot}, which holds {slots[slot]}")
             room.append(slots[slot] - at)
-        if lr["op"] in ("gemm", "cutlass"):
+        if lr["op"] in GEMM_OPS:
             ints = [resolve(v, regs) for v in lr["ints"]]
             check_gemm(m, i, ints, room, BYTE_SIZES[lr["dtype"]], len(lr["ptrs"]) == 4)
     return slots

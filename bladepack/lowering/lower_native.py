@@ -31,6 +31,7 @@ from typing import Any
 
 from bladepack.artifact.native_plan import (
     ArenaBuffer,
+    CublasLtLaunch,
     CutlassLaunch,
     DispatchEntry,
     GemmKernel,
@@ -232,8 +233,8 @@ class Lowerer:
         ptrs: list[Ptr] = [self._ptr(call.a.base, call.a.offset), self._ptr(call.b.base, call.b.offset)]
         ptrs.append(self._ptr(out))
         ints = [self.enc(e) for e in call.ints()]
-        if library != "cutlass":
-            assert epilogue is None, "GEMM epilogues are planned for CUTLASS only"
+        if library not in ("cutlass", "cublaslt"):
+            assert epilogue is None, "GEMM epilogues are planned for CUTLASS and cuBLASLt only"
             self.launches.append(GemmLaunch(call.dtype.value, tuple(ptrs), tuple(ints)))
             return
         activation, source = "none", "none"
@@ -241,7 +242,7 @@ class Lowerer:
         if epilogue is not None:  # Note [GEMM epilogue] in passes/gemm_epilogue.py
             activation = epilogue.activation
             source = epilogue.source_kind if epilogue.source is not None else "none"
-            tagged = (epilogue.source_kind, activation)
+            tagged = (source, activation)
             row["out"] = out
             row["epilogue"] = epilogue.describe()
             if epilogue.source is not None:
@@ -250,6 +251,9 @@ class Lowerer:
                 ptrs.append(self._ptr(src.base, src.offset))
                 bias = epilogue.source_kind == "bias"
                 ints += [self.enc(e) for e in ((0, 0, 0, 0) if bias else (*call.sc, call.ldc))]
+        if library == "cublaslt":  # Note [cuBLASLt GEMMs] in loader/cublaslt.py: chosen where it runs
+            self.launches.append(CublasLtLaunch(call.dtype.value, tagged, tuple(ptrs), tuple(ints)))
+            return
         # Note [GEMM cost model] in library_ops/cutlass/select.py: configs and their dispatch ranges
         g = self.gemm
         dispatch = self._select(call, g.measure, "sm80")

@@ -46,11 +46,11 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from enum import Enum
 
-from bladepack.dtypes import DType
 from bladepack.ir import Node, OpKind, Program
 from bladepack.ir.fusion_plan import (
     Attention,
     ConvEpilogue,
+    EpilogueForms,
     FusionPlan,
     GemmEpilogue,
     KernelSpec,
@@ -183,7 +183,7 @@ class _Planner:
         gemm_operand_ok: Callable[[Node, int, View], bool],
         caps: Capabilities,
         can_emit: CanEmit,
-        gemm_epilogues: frozenset[DType],
+        gemm_epilogues: EpilogueForms | None,
     ) -> None:
         self.gemm_epilogues, self.caps = gemm_epilogues, caps
         self.attention: dict[int, Attention] = {}  # second matmul -> Note [Fused attention]
@@ -465,7 +465,7 @@ class _Planner:
             if self.roles[v] is not Role.LIBRARY or v in sources:
                 continue
             ep: GemmEpilogue | ConvEpilogue | None = None
-            if self.gemm_epilogues and n.op is OpKind.MATMUL:
+            if self.gemm_epilogues is not None and n.op is OpKind.MATMUL:
                 ep = find_epilogue(
                     n, self.nodes, self.users, self.types, self.view, self.is_mat, outputs, self.gemm_epilogues
                 )
@@ -499,7 +499,7 @@ class _Planner:
     def plan(self) -> FusionPlan:
         self.solve()
         self.absorb_attention_stores()
-        if self.gemm_epilogues or self.caps.conv_epilogues:
+        if self.gemm_epilogues is not None or self.caps.conv_epilogues:
             self.absorb_epilogues()
         steps: list[PlanStep] = []
         count = 0
@@ -543,12 +543,12 @@ def plan_fusion(
     gemm_operand_ok: Callable[[Node, int, View], bool],
     caps: Capabilities,
     can_emit: CanEmit = lambda n: None,
-    gemm_epilogues: frozenset[DType] = frozenset(),
+    gemm_epilogues: EpilogueForms | None = None,
 ) -> FusionPlan:
     """`gemm_operand_ok(node, k, view)`: can the library read operand k of `node` as this view; `caps`:
     what the backend computes natively (dtypes and GEMMs with kernels, convolution epilogues — Note
     [Convolution epilogue] —, fused attention — Note [Fused attention]); `can_emit(node)`: why the
     backend's kernels cannot compute a node (a reference step then computes it), or None;
-    `gemm_epilogues`: the dtypes of the matmuls whose GEMM library computes bias / residual adds and
-    activations after them (Note [GEMM epilogue]; empty: none)."""
+    `gemm_epilogues`: what the GEMM library's epilogue computes after a matmul — bias / residual adds and
+    activations, for which dtypes (Note [GEMM epilogue]; None: nothing)."""
     return _Planner(p, gemm_operand_ok, caps, can_emit, gemm_epilogues).plan()

@@ -1,12 +1,15 @@
 """GEMM epilogues: the bias / residual add and activation a GEMM library computes while storing.
 
 In: a matmul node the fusion planner gives to the GEMM library, the graph's users and types, the
-planner's view function (views of materialized values only). Out: a `GemmEpilogue` — the chain of ops
-after the matmul that the CUTLASS epilogue `D = act(A.B + C)` computes — or None.
+planner's view function (views of materialized values only), and the library's `EpilogueForms`. Out: a
+`GemmEpilogue` — the chain of ops after the matmul that the library's epilogue `D = act(A.B + C)`
+computes — or None.
 
 Note [GEMM epilogue]: from the matmul, follow single users while they fit the epilogue's one form:
-at most one `add` with a materialized tensor C, then at most one activation (ReLU, GELU in its exact
-form, SiLU: the ones CUTLASS evaluates in float32 without approximations). C is a *bias* when its
+at most one `add` with a materialized tensor C, then at most one activation the library evaluates as
+the model does, in float32: CUTLASS ReLU, GELU in its exact form and SiLU; cuBLASLt ReLU and GELU
+in its tanh form (`gelu(x, approximate="tanh")`: CUBLASLT_EPILOGUE_GELU is that formula, and it has
+no exact GELU or SiLU, so those stay in the consumer's kernel). C is a *bias* when its
 view broadcast to the output has strides (0, ..., 0, 1) — a row read again for every output row
 (ldc 0) — or a *residual* when it has the output's own contiguous strides (ldc = N). The last op of the
 chain becomes the GEMM's output and is materialized instead of the matmul, so kernels that inlined it
@@ -18,14 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-from bladepack.dtypes import DType
 from bladepack.ir import Node, OpKind
-from bladepack.ir.fusion_plan import GemmEpilogue
+from bladepack.ir.fusion_plan import EPILOGUE_DTYPES, EpilogueForms, GemmEpilogue
 from bladepack.ir.ops import GeluAttrs
 from bladepack.ir.types import TensorType
 from bladepack.ir.views import View, contiguous_strides, sym_eq
-
-EPILOGUE_DTYPES = frozenset({DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32})
 
 
 def _activation(n: Node) -> str | None:
@@ -33,8 +33,8 @@ def _activation(n: Node) -> str | None:
         return "relu"
     if n.op is OpKind.SILU:
         return "silu"
-    if n.op is OpKind.GELU and isinstance(n.attrs, GeluAttrs) and n.attrs.approximate == "none":
-        return "gelu"
+    if n.op is OpKind.GELU and isinstance(n.attrs, GeluAttrs):
+        return {"none": "gelu", "tanh": "gelu_tanh"}.get(n.attrs.approximate)
     return None
 
 
@@ -60,14 +60,14 @@ def find_epilogue(
     view: Callable[[int], View | None],
     materialized: Callable[[int], bool],
     outputs: Collection[int],
-    dtypes: Collection[DType] = EPILOGUE_DTYPES,
+    forms: EpilogueForms,
 ) -> GemmEpilogue | None:
     """Note [GEMM epilogue]: the epilogue of matmul `mm`, or None. `view(v)` is v as a view of a
     materialized value (None when it is computed inline); `materialized(v)` tells the planner's
-    current choice; `outputs` are the graph's outputs (the matmul must not be one); `dtypes` those of
-    the matmuls the GEMM library serves."""
+    current choice; `outputs` are the graph's outputs (the matmul must not be one); `forms` what the
+    GEMM library's epilogue computes."""
     out_type = types[mm.id]
-    if mm.op is not OpKind.MATMUL or out_type.dtype not in EPILOGUE_DTYPES or out_type.dtype not in dtypes:
+    if mm.op is not OpKind.MATMUL or out_type.dtype not in EPILOGUE_DTYPES or out_type.dtype not in forms.dtypes:
         return None
     chain: list[int] = []
     source: int | None = None
@@ -88,7 +88,7 @@ def find_epilogue(
             source, kind = other, k
         else:
             act = _activation(u)
-            if act is None or activation != "none":
+            if act is None or act not in forms.activations or activation != "none":
                 break
             activation = act
         chain.append(u.id)

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "errors.h"
 
@@ -25,56 +26,90 @@ std::string list_text(const int64_t* v, size_t n) {
 }  // namespace
 
 GemmArgs gemm_args(const std::vector<int64_t>& v, int64_t item) {
-  std::array<int64_t, 3> batch{v[0], v[1], v[2]}, sa{v[3], v[4], v[5]}, sb{v[6], v[7], v[8]}, sc{v[9], v[10], v[11]};
-  std::array<int64_t, 3> ss{0, 0, 0};
+  // as bladepack/loader/gemm_args.py: the library's batch is the innermost dim that is not 1, merged
+  // with each dim outside it whose strides are its own times its length; the host loops over the rest
+  struct Dim {
+    int64_t n;
+    std::array<int64_t, 4> s;
+  };
+  const std::array<int64_t, 4> src0{0, 0, 0, 0};
+  std::array<Dim, 3> dims{};
+  for (int i = 0; i < 3; ++i)
+    dims[size_t(i)] = {v[size_t(i)], {v[size_t(3 + i)], v[size_t(6 + i)], v[size_t(9 + i)], v.size() > 20 ? v[size_t(20 + i)] : 0}};
   GemmArgs g;
   g.m = v[12], g.n = v[13], g.k = v[14], g.ta = v[15] != 0, g.tb = v[16] != 0, g.lda = v[17], g.ldb = v[18],
   g.ldc = v[19];
-  if (v.size() > 20) ss = {v[20], v[21], v[22]}, g.ld_src = v[23];
-  if (batch[2] == 1) {  // the middle batch dim as the library's batch
-    batch = {batch[0], 1, batch[1]};
-    for (auto* s : {&sa, &sb, &sc, &ss}) *s = {(*s)[0], 0, (*s)[1]};
+  if (v.size() > 20) g.ld_src = v[23];
+  if (g.m == 0 || g.n == 0 || dims[0].n == 0 || dims[1].n == 0 || dims[2].n == 0) return g;
+  std::vector<Dim> outer;
+  for (const Dim& d : dims)
+    if (d.n != 1) outer.push_back(d);
+  Dim lib{1, src0};
+  if (!outer.empty()) lib = outer.back(), outer.pop_back();
+  int64_t count = lib.n;
+  while (!outer.empty()) {
+    const Dim& o = outer.back();
+    bool chains = true;
+    for (size_t j = 0; j < 4; ++j) chains = chains && o.s[j] == lib.s[j] * count;
+    if (!chains) break;
+    count *= o.n;
+    outer.pop_back();
   }
-  g.count = batch[2], g.stride_a = sa[2], g.stride_b = sb[2], g.stride_c = sc[2], g.stride_src = ss[2];
-  const bool empty = g.m == 0 || g.n == 0 || batch[0] == 0 || batch[1] == 0 || batch[2] == 0;
-  for (int64_t b0 = 0; b0 < (empty ? 0 : batch[0]); ++b0)
-    for (int64_t b1 = 0; b1 < batch[1]; ++b1)
-      g.steps.push_back({(b0 * sa[0] + b1 * sa[1]) * item, (b0 * sb[0] + b1 * sb[1]) * item,
-                         (b0 * sc[0] + b1 * sc[1]) * item, (b0 * ss[0] + b1 * ss[1]) * item});
+  g.count = count, g.stride_a = lib.s[0], g.stride_b = lib.s[1], g.stride_c = lib.s[2], g.stride_src = lib.s[3];
+  std::vector<std::array<int64_t, 4>> offsets{src0};
+  for (const Dim& d : outer) {
+    std::vector<std::array<int64_t, 4>> next;
+    for (const auto& base : offsets)
+      for (int64_t j = 0; j < d.n; ++j)
+        next.push_back({base[0] + j * d.s[0] * item, base[1] + j * d.s[1] * item, base[2] + j * d.s[2] * item,
+                        base[3] + j * d.s[3] * item});
+    offsets = std::move(next);
+  }
+  g.steps = std::move(offsets);
   return g;
 }
 
-Cublas::Cublas() {
-  std::vector<std::string> tried;
-  const char* env = std::getenv("BLADEPACK_CUBLAS");
+namespace {
+
+// The first of `names` (with `knob`'s path alone when set, else each name as is, then in $CUDA_HOME/lib64
+// and /usr/local/cuda/lib64) that dlopen loads; BPK_ERR_UNSUPPORTED listing what was tried otherwise.
+void* open_library(const char* knob, const std::vector<std::string>& names, const std::string& what,
+                   std::string* path) {
   std::vector<std::string> candidates;
+  const char* env = std::getenv(knob);
   if (env && *env) {
     candidates.push_back(env);
   } else {
-    candidates = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
+    candidates = names;
     const char* home = std::getenv("CUDA_HOME");
     for (const std::string& root : {std::string(home && *home ? home : ""), std::string("/usr/local/cuda")})
       if (!root.empty())
-        for (const char* name : {"libcublas.so.13", "libcublas.so.12", "libcublas.so"})
-          candidates.push_back(root + "/lib64/" + name);
+        for (const std::string& name : names) candidates.push_back(root + "/lib64/" + name);
   }
-  for (const auto& path : candidates) {
-    tried.push_back(path);
-    if ((lib_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL))) break;
+  std::string list;
+  for (const auto& c : candidates) {
+    list += (list.empty() ? "" : ", ") + c;
+    if (void* lib = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+      *path = c;
+      return lib;
+    }
   }
-  if (lib_ == nullptr) {
-    std::string list;
-    for (const auto& t : tried) list += (list.empty() ? "" : ", ") + t;
-    fail(BPK_ERR_UNSUPPORTED, "this artifact runs its GEMMs with cuBLAS, and no libcublas was found (tried: " + list +
-                                  "); install nvidia-cublas or set BLADEPACK_CUBLAS=path");
-  }
+  fail(BPK_ERR_UNSUPPORTED, "this artifact runs its GEMMs with " + what + ", and no " + names.back().substr(0, names.back().find('.')) +
+                                " was found (tried: " + list + "); install nvidia-cublas or set " + knob + "=path");
+}
+
+}  // namespace
+
+Cublas::Cublas() {
+  std::string path;
+  lib_ = open_library("BLADEPACK_CUBLAS", {"libcublas.so.13", "libcublas.so.12", "libcublas.so"}, "cuBLAS", &path);
   auto create = reinterpret_cast<int (*)(void**)>(dlsym(lib_, "cublasCreate_v2"));
   set_stream_ = reinterpret_cast<decltype(set_stream_)>(dlsym(lib_, "cublasSetStream_v2"));
   destroy_ = reinterpret_cast<decltype(destroy_)>(dlsym(lib_, "cublasDestroy_v2"));
   gemm_ = reinterpret_cast<decltype(gemm_)>(dlsym(lib_, "cublasGemmStridedBatchedEx"));
   if (!create || !set_stream_ || !destroy_ || !gemm_) {
     dlclose(lib_);
-    fail(BPK_ERR_UNSUPPORTED, tried.back() + " lacks cublasCreate_v2 / cublasGemmStridedBatchedEx");
+    fail(BPK_ERR_UNSUPPORTED, path + " lacks cublasCreate_v2 / cublasGemmStridedBatchedEx");
   }
   if (const int status = create(&handle_)) {
     dlclose(lib_);
@@ -110,6 +145,188 @@ void Cublas::gemm(int64_t dtype, CUdeviceptr a, CUdeviceptr b, CUdeviceptr c, co
                         reinterpret_cast<void*>(c + uint64_t(st[2])), t, int(g.ldc), g.stride_c, int(g.count),
                         wide ? kCompute64F : kCompute32F, kGemmDefault);
     if (s) fail(BPK_ERR_EXECUTION, "cublasGemmStridedBatchedEx failed: cublasStatus_t " + std::to_string(s));
+  }
+}
+
+// cublasLt.h's values (CUDA 12 and 13 ABI): matmul descriptor, layout and preference attributes
+constexpr int kDescTransA = 3, kDescTransB = 4, kDescEpilogue = 7, kDescBiasPointer = 8, kDescBiasBatchStride = 10;
+constexpr int kLayoutBatchCount = 5, kLayoutStridedBatchOffset = 6;
+constexpr int kPrefMaxWorkspace = 1, kPrefMinAlignment[4] = {5, 6, 7, 8};
+constexpr int kScale32F = 0, kScale64F = 1;
+
+struct LtPlan {
+  void* desc = nullptr;
+  void* layouts[4] = {};  // cuBLASLt's A (our B), B (our A), C, D
+  bool bias = false, residual = false, wide = false;
+  std::mutex mu;  // the bias pointer attribute, set per call; the algorithms
+  std::map<uint32_t, std::pair<std::array<uint64_t, 8>, size_t>> algos;  // alignment -> (algo, workspace)
+};
+
+namespace {
+struct HeuristicResult {  // cublasLtMatmulHeuristicResult_t
+  uint64_t algo[8];
+  size_t workspace;
+  int state;
+  float waves;
+  int reserved[4];
+};
+void lt_check(int status, const char* call) {
+  if (status) fail(BPK_ERR_EXECUTION, std::string(call) + " failed: cublasStatus_t " + std::to_string(status));
+}
+}  // namespace
+
+CublasLt::CublasLt() {
+  std::string path;
+  lib_ = open_library("BLADEPACK_CUBLASLT", {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"}, "cuBLASLt",
+                      &path);
+  bool all = true;
+  auto sym = [&](auto& fn, const char* name) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib_, name));
+    all = all && fn != nullptr;
+  };
+  int (*create)(void**) = nullptr;
+  sym(create, "cublasLtCreate");
+  sym(destroy_, "cublasLtDestroy");
+  sym(desc_create_, "cublasLtMatmulDescCreate");
+  sym(desc_set_, "cublasLtMatmulDescSetAttribute");
+  sym(desc_destroy_, "cublasLtMatmulDescDestroy");
+  sym(layout_create_, "cublasLtMatrixLayoutCreate");
+  sym(layout_set_, "cublasLtMatrixLayoutSetAttribute");
+  sym(layout_destroy_, "cublasLtMatrixLayoutDestroy");
+  sym(pref_create_, "cublasLtMatmulPreferenceCreate");
+  sym(pref_set_, "cublasLtMatmulPreferenceSetAttribute");
+  sym(pref_destroy_, "cublasLtMatmulPreferenceDestroy");
+  sym(heuristic_, "cublasLtMatmulAlgoGetHeuristic");
+  sym(matmul_, "cublasLtMatmul");
+  if (!all) {
+    dlclose(lib_);
+    fail(BPK_ERR_UNSUPPORTED, path + " lacks the cublasLt entry points (not a cuBLASLt library)");
+  }
+  if (const int status = create(&handle_)) {
+    dlclose(lib_);
+    fail(BPK_ERR_EXECUTION, "cublasLtCreate failed: cublasStatus_t " + std::to_string(status));
+  }
+}
+
+CublasLt::~CublasLt() {
+  for (auto& [key, p] : plans_) {
+    for (void* l : p->layouts)
+      if (l) layout_destroy_(l);
+    if (p->desc) desc_destroy_(p->desc);
+  }
+  if (handle_) destroy_(handle_);
+  if (lib_) dlclose(lib_);
+}
+
+LtLaunch CublasLt::prepare(const LaunchDecl& l, int64_t dtype, const GemmArgs& g) const {
+  if (std::max({g.m, g.n, g.k, g.count}) > kIntMax)
+    fail(BPK_ERR_EXECUTION, "GEMM " + std::to_string(g.m) + "x" + std::to_string(g.n) + "x" + std::to_string(g.k) +
+                                " (batch " + std::to_string(g.count) + ") exceeds cuBLASLt's 32-bit sizes");
+  const bool bias = l.lt_source == "bias", residual = l.lt_source == "residual";
+  std::vector<int64_t> key{dtype,      int64_t(l.lt_epilogue), residual, g.m,        g.n,        g.k,
+                           g.ta,       g.tb,                   g.lda,    g.ldb,      g.ldc,      g.count,
+                           g.stride_a, g.stride_b,             g.stride_c, g.ld_src, g.stride_src};
+  LtLaunch out;
+  out.steps = g.steps;
+  for (const auto& st : g.steps)
+    for (int64_t o : st) out.step_bits |= uint64_t(o);
+  std::lock_guard<std::mutex> lock(plans_mu_);
+  auto it = plans_.find(key);
+  if (it != plans_.end()) {
+    out.plan = it->second.get();
+    return out;
+  }
+  auto p = std::make_unique<LtPlan>();
+  p->bias = bias, p->residual = residual, p->wide = dtype == 1;
+  LtPlan& plan = *p;
+  plans_[key] = std::move(p);  // (destroyed with what it holds, even if a call below fails)
+  lt_check(desc_create_(&plan.desc, plan.wide ? kCompute64F : kCompute32F, plan.wide ? kScale64F : kScale32F),
+           "cublasLtMatmulDescCreate");
+  auto desc_set = [&](int attr, const void* v, size_t n) {
+    lt_check(desc_set_(plan.desc, attr, v, n), "cublasLtMatmulDescSetAttribute");
+  };
+  const int32_t transa = g.tb ? kOpT : kOpN, transb = g.ta ? kOpT : kOpN;
+  const uint32_t epilogue = l.lt_epilogue;
+  const int64_t zero = 0;
+  desc_set(kDescTransA, &transa, 4);
+  desc_set(kDescTransB, &transb, 4);
+  desc_set(kDescEpilogue, &epilogue, 4);
+  if (bias) desc_set(kDescBiasBatchStride, &zero, 8);
+  struct Shape {
+    uint64_t rows, cols;
+    int64_t ld, stride;
+  };
+  const Shape shapes[4] = {
+      {uint64_t(g.tb ? g.k : g.n), uint64_t(g.tb ? g.n : g.k), g.ldb, g.stride_b},  // cuBLASLt's A: our B
+      {uint64_t(g.ta ? g.m : g.k), uint64_t(g.ta ? g.k : g.m), g.lda, g.stride_a},  // its B: our A
+      residual ? Shape{uint64_t(g.n), uint64_t(g.m), g.ld_src, g.stride_src} : Shape{uint64_t(g.n), uint64_t(g.m), g.ldc, g.stride_c},
+      {uint64_t(g.n), uint64_t(g.m), g.ldc, g.stride_c},
+  };
+  const int type = kCudaTypes[dtype];
+  const int32_t count = int32_t(g.count);
+  for (int i = 0; i < 4; ++i) {
+    lt_check(layout_create_(&plan.layouts[i], type, shapes[i].rows, shapes[i].cols, shapes[i].ld),
+             "cublasLtMatrixLayoutCreate");
+    lt_check(layout_set_(plan.layouts[i], kLayoutBatchCount, &count, 4), "cublasLtMatrixLayoutSetAttribute");
+    lt_check(layout_set_(plan.layouts[i], kLayoutStridedBatchOffset, &shapes[i].stride, 8),
+             "cublasLtMatrixLayoutSetAttribute");
+  }
+  out.plan = &plan;
+  return out;
+}
+
+std::pair<const void*, size_t> CublasLt::algo(LtPlan& p, uint32_t align) const {
+  // (under p.mu) cuBLASLt's heuristic's first algorithm for operands aligned to `align` bytes
+  auto it = p.algos.find(align);
+  if (it != p.algos.end()) return {it->second.first.data(), it->second.second};
+  void* pref = nullptr;
+  lt_check(pref_create_(&pref), "cublasLtMatmulPreferenceCreate");
+  const uint64_t workspace = kWorkspace;
+  int status = pref_set_(pref, kPrefMaxWorkspace, &workspace, 8);
+  for (int attr : kPrefMinAlignment) status = status ? status : pref_set_(pref, attr, &align, 4);
+  HeuristicResult r{};
+  int count = 0;
+  if (status == 0)
+    status = heuristic_(handle_, p.desc, p.layouts[0], p.layouts[1], p.layouts[2], p.layouts[3], pref, 1, &r, &count);
+  pref_destroy_(pref);
+  if (status != 0 || count < 1 || r.state != 0)
+    fail(BPK_ERR_EXECUTION, std::string("cuBLASLt has no algorithm for this GEMM (epilogue ") +
+                                (p.bias ? "bias" : p.residual ? "residual" : "none") + ", operands aligned to " +
+                                std::to_string(align) + " bytes): cublasLtMatmulAlgoGetHeuristic returned status " +
+                                std::to_string(status) + ", " + std::to_string(count) + " results");
+  auto& slot = p.algos[align];
+  std::copy(std::begin(r.algo), std::end(r.algo), slot.first.begin());
+  slot.second = r.workspace;
+  return {slot.first.data(), slot.second};
+}
+
+void CublasLt::launch(const LtLaunch& l, CUdeviceptr a, CUdeviceptr b, CUdeviceptr d, CUdeviceptr src, bool has_src,
+                      CUstream stream, CUdeviceptr workspace) const {
+  if (l.steps.empty()) return;
+  LtPlan& p = *l.plan;
+  uint64_t bits = a | b | d | (has_src ? src : 0) | l.step_bits;
+  const uint32_t align = bits ? uint32_t(std::min<uint64_t>(bits & (~bits + 1), 256)) : 256u;
+  const float one32 = 1.0f, zero32 = 0.0f;
+  const double one64 = 1.0, zero64 = 0.0;
+  const void* one = p.wide ? static_cast<const void*>(&one64) : &one32;
+  const void* beta = p.residual ? one : (p.wide ? static_cast<const void*>(&zero64) : &zero32);
+  std::lock_guard<std::mutex> lock(p.mu);  // the algorithms; a bias GEMM's pointer attribute
+  const auto [algo, needed] = this->algo(p, align);
+  if (needed > kWorkspace)
+    fail(BPK_ERR_EXECUTION, "cuBLASLt asked for " + std::to_string(needed) + " bytes of workspace; it was offered " +
+                                std::to_string(kWorkspace));
+  for (const auto& st : l.steps) {
+    const CUdeviceptr dd = d + uint64_t(st[2]);
+    const CUdeviceptr cc = p.residual && has_src ? src + uint64_t(st[3]) : dd;
+    if (p.bias && has_src) {
+      const uint64_t bias = src + uint64_t(st[3]);
+      lt_check(desc_set_(p.desc, kDescBiasPointer, &bias, 8), "cublasLtMatmulDescSetAttribute");
+    }
+    lt_check(matmul_(handle_, p.desc, one, reinterpret_cast<const void*>(b + uint64_t(st[1])), p.layouts[0],
+                     reinterpret_cast<const void*>(a + uint64_t(st[0])), p.layouts[1], beta,
+                     reinterpret_cast<const void*>(cc), p.layouts[2], reinterpret_cast<void*>(dd), p.layouts[3], algo,
+                     reinterpret_cast<void*>(workspace), kWorkspace, stream),
+             "cublasLtMatmul");
   }
 }
 

@@ -1,5 +1,5 @@
-// GEMM launches of a CUDA plan: cuBLAS (`gemm`) and CUTLASS (`cutlass`), as the Python loader runs
-// them (bladepack/loader/cublas.py, cutlass_gemm.py, gemm_args.py).
+// GEMM launches of a CUDA plan: cuBLAS (`gemm`), cuBLASLt (`cublaslt`) and CUTLASS (`cutlass`), as the
+// Python loader runs them (bladepack/loader/cublas.py, cublaslt.py, cutlass_gemm.py, gemm_args.py).
 //
 // In: a GEMM record's resolved integers (Note [GEMM records] in bladepack/loader/plan_check.py, and
 // for a CUTLASS epilogue source four more), the operands' device addresses and the stream. Out:
@@ -10,12 +10,14 @@
 //
 // cuBLAS is found as the Python loader finds it, less Python's own package directories:
 // BLADEPACK_CUBLAS=path wins; else libcublas.so.13 / .12 / libcublas.so on the loader's search path;
-// else $CUDA_HOME/lib64 and /usr/local/cuda/lib64.
+// else $CUDA_HOME/lib64 and /usr/local/cuda/lib64. cuBLASLt the same way (BLADEPACK_CUBLASLT,
+// libcublasLt.so.13 / .12 / libcublasLt.so).
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -56,6 +58,51 @@ class Cublas {
   int (*gemm_)(void*, int, int, int, int, int, const void*, const void*, int, int, long long, const void*, int, int,
                long long, const void*, void*, int, int, long long, int, int, int) = nullptr;
   mutable std::mutex mu_;  // one handle: its stream is set per call
+};
+
+// Note [cuBLASLt GEMMs] (bladepack/loader/cublaslt.py): D = act(A.B [+ C]) through cublasLtMatmul, the
+// descriptors made once per distinct shape and epilogue, the algorithm cuBLASLt's heuristic's first
+// answer per operand alignment, a fixed workspace per call context.
+struct LtPlan;
+struct LtLaunch {
+  LtPlan* plan = nullptr;  // owned by the CublasLt that prepared it
+  std::vector<std::array<int64_t, 4>> steps;
+  uint64_t step_bits = 0;  // every step offset OR-ed (with the addresses: the operands' alignment)
+};
+
+class CublasLt {
+ public:
+  static constexpr size_t kWorkspace = size_t(32) << 20;  // bytes per call context
+  CublasLt();  // BPK_ERR_UNSUPPORTED with the paths tried when no libcublasLt loads
+  ~CublasLt();
+  CublasLt(const CublasLt&) = delete;
+  CublasLt& operator=(const CublasLt&) = delete;
+  // the launch of `l` (dtype code as `Cublas::gemm`) with its ints resolved to `g`; thread-safe
+  LtLaunch prepare(const LaunchDecl& l, int64_t dtype, const GemmArgs& g) const;
+  // `src` 0 without an epilogue source; `workspace`: kWorkspace bytes of the caller's stream
+  void launch(const LtLaunch& l, CUdeviceptr a, CUdeviceptr b, CUdeviceptr d, CUdeviceptr src, bool has_src,
+              CUstream stream, CUdeviceptr workspace) const;
+
+ private:
+  using SetAttr = int (*)(void*, int, const void*, size_t);
+  std::pair<const void*, size_t> algo(LtPlan& p, uint32_t align) const;
+  void* lib_ = nullptr;
+  void* handle_ = nullptr;
+  int (*destroy_)(void*) = nullptr;
+  int (*desc_create_)(void**, int, int) = nullptr;
+  SetAttr desc_set_ = nullptr;
+  int (*desc_destroy_)(void*) = nullptr;
+  int (*layout_create_)(void**, int, uint64_t, uint64_t, int64_t) = nullptr;
+  SetAttr layout_set_ = nullptr;
+  int (*layout_destroy_)(void*) = nullptr;
+  int (*pref_create_)(void**) = nullptr;
+  SetAttr pref_set_ = nullptr;
+  int (*pref_destroy_)(void*) = nullptr;
+  int (*heuristic_)(void*, void*, void*, void*, void*, void*, void*, int, void*, int*) = nullptr;
+  int (*matmul_)(void*, void*, const void*, const void*, void*, const void*, void*, const void*, const void*, void*,
+                 void*, void*, const void*, void*, size_t, void*) = nullptr;
+  mutable std::mutex plans_mu_;
+  mutable std::map<std::vector<int64_t>, std::unique_ptr<LtPlan>> plans_;
 };
 
 // One `cutlass` record resolved for a signature (CutlassLaunch in cutlass_gemm.py).

@@ -1,5 +1,6 @@
 #include "manifest.h"
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 
@@ -299,8 +300,8 @@ LaunchDecl parse_launch(const Obj& o, size_t index, const Manifest& m, const Ctx
     l.kernel = get_int(o, "k", where);
     if (l.kernel < 0 || l.kernel >= int64_t(kernels))
       corrupt_plan(launch + " runs kernel " + std::to_string(l.kernel) + "; the plan has " + std::to_string(kernels));
-  } else if (op == "gemm" || (cuda && op == "cutlass")) {
-    l.op = op == "gemm" ? LaunchDecl::kGemm : LaunchDecl::kCutlass;
+  } else if (op == "gemm" || (cuda && (op == "cutlass" || op == "cublaslt"))) {
+    l.op = op == "gemm" ? LaunchDecl::kGemm : op == "cutlass" ? LaunchDecl::kCutlass : LaunchDecl::kCublasLt;
     const std::string dt = get_str(o, "dtype", where);
     static const char* const kGemmDTypes[] = {"float32", "float64", "float16", "bfloat16"};  // record codes
     l.gemm_dtype = -1;
@@ -311,8 +312,8 @@ LaunchDecl parse_launch(const Obj& o, size_t index, const Manifest& m, const Ctx
     l.gemm_item = int64_t(dtype_size(dtype_from_name(dt)));
   } else {
     // the plan ABI is versioned: under ABI 1 an unknown op is corruption, not a newer format
-    corrupt_plan(launch + " has op " + py_repr(op) + "; a " + (cuda ? "cuda" : "cpu") +
-                 " plan runs kernel, gemm, ref launches");
+    corrupt_plan(launch + " has op " + py_repr(op) + "; a " + (cuda ? "cuda" : "cpu") + " plan runs " +
+                 (cuda ? "kernel, gemm, cublaslt, cutlass, ref" : "kernel, gemm, ref") + " launches");
   }
   const Obj& ptrs = field(o, "ptrs", where);
   const Obj* p = as_array(ptrs, where + ".ptrs");
@@ -328,9 +329,29 @@ LaunchDecl parse_launch(const Obj& o, size_t index, const Manifest& m, const Ctx
   l.ints = symints(field(o, "ints", where), where + ".ints", c);
   const size_t np = l.ptrs.size(), ni = l.ints.size();
   if ((l.op == LaunchDecl::kGemm && (np != 3 || ni != 20)) ||
-      (l.op == LaunchDecl::kCutlass && !(np == 3 && ni == 20) && !(np == 4 && ni == 24)))
+      ((l.op == LaunchDecl::kCutlass || l.op == LaunchDecl::kCublasLt) && !(np == 3 && ni == 20) && !(np == 4 && ni == 24)))
     corrupt_plan(launch + ": a GEMM takes 3 pointers and 20 integers, not " + std::to_string(l.ptrs.size()) + " / " +
                  std::to_string(l.ints.size()));
+  const Obj* ep = l.op == LaunchDecl::kCutlass || l.op == LaunchDecl::kCublasLt ? map_find(o, "epilogue") : nullptr;
+  if (ep != nullptr) {
+    const std::string ew = where + ".epilogue";
+    const std::string source = get_str(*ep, "source", ew), activation = get_str(*ep, "activation", ew);
+    static const char* const kSources[] = {"none", "bias", "residual"};
+    static const char* const kActivations[] = {"none", "relu", "gelu", "silu", "gelu_tanh"};
+    if (std::find(std::begin(kSources), std::end(kSources), source) == std::end(kSources) ||
+        std::find(std::begin(kActivations), std::end(kActivations), activation) == std::end(kActivations))
+      corrupt_plan(launch + " has epilogue {'source': " + py_repr(source) + ", 'activation': " + py_repr(activation) + "}");
+    if (l.op == LaunchDecl::kCublasLt) {
+      // cublasLtEpilogue_t: DEFAULT 1, RELU 2, BIAS 4, GELU 32 (the tanh form); RELU_BIAS 6, GELU_BIAS 36
+      const uint32_t act = activation == "relu" ? 2u : activation == "gelu_tanh" ? 32u : 0u;
+      if (act == 0 && activation != "none")
+        corrupt_plan(launch + ": cuBLASLt computes no " + activation + " epilogue");
+      l.lt_source = source;
+      l.lt_epilogue = (act | (source == "bias" ? 4u : 0u)) ? (act | (source == "bias" ? 4u : 0u)) : 1u;
+    }
+  }
+  if (l.op == LaunchDecl::kCublasLt && ((np == 4) != (ni == 24) || (np == 4) != (l.lt_source != "none")))
+    corrupt_plan(launch + ": a cuBLASLt GEMM has a fourth operand and four more integers exactly when its epilogue has a source");
   if (l.op == LaunchDecl::kCutlass) {
     for (const char* table : {"entries", "entries_sm90"}) {
       const Obj* es = map_find(o, table);

@@ -103,7 +103,7 @@ struct CondDecl {
 };
 
 struct LaunchDecl {
-  enum Op { kKernel, kGemm, kRef, kCutlass } op = kKernel;
+  enum Op { kKernel, kGemm, kRef, kCutlass, kCublasLt } op = kKernel;
   std::vector<CondDecl> when;
   int64_t kernel = 0;   // kKernel: index into Manifest::kernels
   int64_t gemm_dtype = 0;  // kGemm: the record's dtype code, 0 float32, 1 float64, 2 float16, 3 bfloat16
@@ -113,6 +113,10 @@ struct LaunchDecl {
   int64_t node = 0;  // kRef
   std::string reason;
   std::vector<GemmEntry> entries, entries_sm90;  // kCutlass
+  // kCublasLt: the epilogue (Note [cuBLASLt GEMMs] in bladepack/loader/cublaslt.py): its source ("none",
+  // "bias", "residual") and cublasLtEpilogue_t code
+  std::string lt_source = "none";
+  uint32_t lt_epilogue = 1;
 };
 
 struct BufferDecl {

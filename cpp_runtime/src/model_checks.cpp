@@ -55,7 +55,7 @@ void Model::check_launches(const Prepared& p, const bpk_tensor* in) const {
                 "'s slot, which the plan does not write");
       room.push_back(slots[size_t(slot)] - uint64_t(at));
     }
-    if (l.op != LaunchDecl::kGemm && l.op != LaunchDecl::kCutlass) continue;
+    if (l.op != LaunchDecl::kGemm && l.op != LaunchDecl::kCutlass && l.op != LaunchDecl::kCublasLt) continue;
     std::vector<int64_t> v;
     for (const auto& s : l.ints) v.push_back(s.resolve(r));
     check_gemm(i, v, room, l.gemm_item);

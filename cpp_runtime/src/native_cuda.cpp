@@ -87,6 +87,9 @@ NativeCuda::NativeCuda(const Artifact& artifact, const Manifest& m, int ordinal,
   for (const LaunchDecl& l : plan.launches) gemm = gemm || l.op == LaunchDecl::kGemm;
   if (gemm) cublas_ = std::make_unique<Cublas>();
   if (!plan.gemm_kernels.empty()) cutlass_ = std::make_unique<CutlassGemms>(artifact, plan, *device_);
+  bool lt = false;
+  for (const LaunchDecl& l : plan.launches) lt = lt || l.op == LaunchDecl::kCublasLt;
+  if (lt) cublaslt_ = std::make_unique<CublasLt>();
 }
 
 NativeCuda::~NativeCuda() {
@@ -172,13 +175,17 @@ std::shared_ptr<const CudaPrepared> NativeCuda::prepare(const int64_t* r) const 
     std::vector<int64_t> ints;
     for (const SymInt& v : l.ints) ints.push_back(v.resolve(r));
     for (const auto& [slot, off] : l.ptrs) out.ptrs.emplace_back(slot, off.resolve(r));
-    if (l.op == LaunchDecl::kGemm || l.op == LaunchDecl::kCutlass) {
-      out.kind = l.op == LaunchDecl::kGemm ? CudaPrepared::Launch::kGemm : CudaPrepared::Launch::kCutlass;
+    if (l.op == LaunchDecl::kGemm || l.op == LaunchDecl::kCutlass || l.op == LaunchDecl::kCublasLt) {
+      out.kind = l.op == LaunchDecl::kGemm      ? CudaPrepared::Launch::kGemm
+                 : l.op == LaunchDecl::kCutlass ? CudaPrepared::Launch::kCutlass
+                                                : CudaPrepared::Launch::kCublasLt;
       out.dtype = l.gemm_dtype;
       if (l.op == LaunchDecl::kGemm)
         out.gemm = gemm_args(ints, l.gemm_item);
-      else
+      else if (l.op == LaunchDecl::kCutlass)
         out.cutlass = cutlass_->prepare(l, r, ints, l.gemm_item);
+      else
+        out.lt = cublaslt_->prepare(l, l.gemm_dtype, gemm_args(ints, l.gemm_item));
       p->launches.push_back(std::move(out));
       continue;
     }
@@ -351,6 +358,7 @@ void NativeCuda::destroy(CallContext* c) const {
   drv_->StreamSynchronize(c->stream);
   c->memory.reset();
   c->semaphores.reset();
+  c->lt_workspace.reset();
   if (c->host_status != nullptr) drv_->MemFreeHost(c->host_status);
   if (!c->callers) drv_->StreamDestroy(c->stream);
   delete c;
@@ -457,6 +465,12 @@ void NativeCuda::launch_all(const CudaPrepared& p, const CUdeviceptr* slots, CUd
       case CudaPrepared::Launch::kGemm:
         cublas_->gemm(l.dtype, addr(0), addr(1), addr(2), l.gemm, c.stream);
         break;
+      case CudaPrepared::Launch::kCublasLt: {
+        const bool src = l.ptrs.size() > 3;
+        if (!c.lt_workspace) c.lt_workspace = std::make_unique<DeviceBuffer>(*drv_, CublasLt::kWorkspace);
+        cublaslt_->launch(l.lt, addr(0), addr(1), addr(2), src ? addr(3) : 0, src, c.stream, c.lt_workspace->ptr());
+        break;
+      }
       case CudaPrepared::Launch::kCutlass: {
         const bool src = l.ptrs.size() > 3;
         cutlass_->launch(l.cutlass, addr(0), addr(1), addr(2), src ? addr(3) : 0, src, c.stream,

@@ -62,17 +62,18 @@ struct ByteCond {
 
 struct CudaPrepared {
   struct Launch {
-    enum Kind { kKernel, kGemm, kCutlass } kind = kKernel;
+    enum Kind { kKernel, kGemm, kCutlass, kCublasLt } kind = kKernel;
     int64_t plan_index = 0;
     // kKernel: function, geometry, parameter words [start, start + count)
     size_t fn = 0;
     unsigned grid = 1, block = 1, smem = 0;
     size_t start = 0, count = 0;
-    // kGemm / kCutlass: operands (slot, byte offset): A, B, D and the epilogue source if any
+    // kGemm / kCutlass / kCublasLt: operands (slot, byte offset): A, B, D and the epilogue source if any
     int64_t dtype = 0;
     std::vector<std::pair<int64_t, int64_t>> ptrs;
     GemmArgs gemm;
     CutlassLaunch cutlass;
+    LtLaunch lt;
     // Note [Guarded launches]: the data conditions to read before it (shape conditions already applied)
     std::vector<ByteCond> when;
   };
@@ -124,6 +125,7 @@ class NativeCuda {
     std::mutex busy;       // a caller-stream context: held from take to give
     std::unique_ptr<DeviceBuffer> memory;      // status words, arena, staged inputs and outputs
     std::unique_ptr<DeviceBuffer> semaphores;  // split-K semaphores (zeroed when allocated)
+    std::unique_ptr<DeviceBuffer> lt_workspace;  // cuBLASLt's (CublasLt::kWorkspace bytes, never moved)
     std::unordered_map<const CudaPrepared*, Graph> graphs;
     uint64_t clock = 0;
     int64_t* host_status = nullptr;  // Note [Device errors]: page-locked copy of the status words
@@ -180,6 +182,7 @@ class NativeCuda {
   std::vector<CUdeviceptr> weight_ptrs_;
   std::unique_ptr<Cublas> cublas_;
   std::unique_ptr<CutlassGemms> cutlass_;
+  std::unique_ptr<CublasLt> cublaslt_;
   bool checks_errors_ = false;
   bool strict_ = false;  // BLADEPACK_CUDA_STRICT_ERRORS=1
   int max_graphs_ = 0;

@@ -4,61 +4,7 @@
  * to FAKE_CUDA_LOG like the fake driver's ("gemm" with transposes, sizes, leading dims, batch, types).
  * FAKE_CUDA_NO_MATH (set) skips the arithmetic: host-cost benchmarks time the loader's own work.
  */
-#include <dlfcn.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-enum { R_32F = 0, R_64F = 1, R_16F = 2, R_16BF = 14 };
-
-static void logf_(const char* line) {
-  const char* path = getenv("FAKE_CUDA_LOG");
-  if (!path) return;
-  FILE* f = fopen(path, "a");
-  if (!f) return;
-  fputs(line, f);
-  fputc('\n', f);
-  fclose(f);
-}
-
-static double load(const void* p, long long i, int t) {
-  switch (t) {
-    case R_32F:
-      return ((const float*)p)[i];
-    case R_64F:
-      return ((const double*)p)[i];
-    case R_16F:
-      return (double)((const _Float16*)p)[i];
-    default: {
-      uint32_t u = (uint32_t)((const uint16_t*)p)[i] << 16;
-      float f;
-      memcpy(&f, &u, 4);
-      return f;
-    }
-  }
-}
-
-static void store(void* p, long long i, int t, double v) {
-  switch (t) {
-    case R_32F:
-      ((float*)p)[i] = (float)v;
-      break;
-    case R_64F:
-      ((double*)p)[i] = v;
-      break;
-    case R_16F:
-      ((_Float16*)p)[i] = (_Float16)(float)v;
-      break;
-    default: {
-      float f = (float)v;
-      uint32_t u;
-      memcpy(&u, &f, 4);
-      u += 0x7fffu + ((u >> 16) & 1u);
-      ((uint16_t*)p)[i] = (uint16_t)(u >> 16);
-    }
-  }
-}
+#include "fake_blas.h"
 
 int cublasCreate_v2(void** handle) {
   *handle = calloc(1, 16); /* the stream set last */
@@ -119,14 +65,6 @@ int cublasGemmStridedBatchedEx(void* handle, int transa, int transb, int m, int 
   *g = (Gemm){transa, transb, m, n, k, compute == 70 ? *(const double*)alpha : *(const float*)alpha,
               compute == 70 ? *(const double*)beta : *(const float*)beta, A, B, C, atype, btype, ctype, lda, ldb, ldc,
               batch, sa, sb, sc};
-  typedef int (*HostWork)(void*, void (*)(void*), void*, void (*)(void*));
-  void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  HostWork record = cuda ? (HostWork)dlsym(cuda, "fake_cuda_host_work") : NULL;
-  const int recorded = record && record(*(void**)handle, gemm_run, g, free);
-  if (cuda) dlclose(cuda);
-  if (!recorded) {
-    gemm_run(g);
-    free(g);
-  }
+  fake_blas_enqueue(*(void**)handle, gemm_run, g);
   return 0;
 }
