@@ -4,7 +4,8 @@ Issue 41's first acceptance line: kernel-only time of a fused elementwise kernel
 (layer norm, softmax, RMS norm; Note [Rows in registers] and Note [Row moments] in
 codegen/cuda_emitter.py) at >= 64 MB, as a fraction of a device-to-device copy of the same bytes, beside
 torch's own kernel for the op; and rows for this wave's other kernel work against a baseline: an
-elementwise kernel over a dynamic inner dim (Note [Narrow index division]), column reductions with few
+elementwise kernel over a dynamic inner dim (Note [Narrow index division]), permutes through shared-memory
+tiles (Note [Transpose tiles]), column reductions with few
 outputs (Note [Split reductions]), a sort (Note [Block sort]) and an attention block whose heads the attention merges back itself (Note [Attention stores]). Kernel time comes from the profiler (CUPTI: the GPU time of the kernels
 one call launches, summed; the loader's host time does not count), copy time from CUDA events around
 back-to-back copies. Each model is built with a dynamic row count and a static row length, as a real
@@ -75,6 +76,16 @@ class SequenceMean(torch.nn.Module):
         return x.mean(1)
 
 
+class ToChannelsLast(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * 2.0).permute(0, 2, 3, 1).contiguous()
+
+
+class Transpose(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * 2.0).t().contiguous()
+
+
 class Sort(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.sort(x, dim=-1, stable=True)
@@ -136,6 +147,14 @@ CASES: list[Case] = [
     Case("mean over a sequence [1, s, 768]", SequenceMean, (1, BYTES // (768 * 4), 768), ("b", "s", ""), moved=1),
     Case("column sum [rows, 1024]", ColumnSum, _rows(1024), ("rows", ""), moved=1),
     Case("column sum [rows, 16]", ColumnSum, _rows(16), ("rows", ""), moved=1),
+    # Note [Transpose tiles]: permutes through shared-memory tiles, against the baseline's strided reads
+    Case(
+        "permute NCHW -> NHWC [n, 64, 56, 56]",
+        ToChannelsLast,
+        (BYTES // (64 * 56 * 56 * 4), 64, 56, 56),
+        ("n", "", "", ""),
+    ),
+    Case("transpose [rows, 1024]", Transpose, _rows(1024), ("rows", "")),
     # Note [Block sort]: against the baseline's heapsort per thread
     Case("sort rows of 2048", Sort, (8192, 2048), ("rows", ""), moved=0),
     # Note [Attention stores]: the whole block's kernels (attention, projection; the baseline's copy)

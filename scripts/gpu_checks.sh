@@ -20,7 +20,7 @@
 # split and tensor cores against their baselines; about two minutes) and gpu_models (bench.gpu_models,
 # real-size models against eager / torch.compile / AOTInductor, built on this machine; GPU_MODELS=bert,vit
 # picks models, GPU_PEERS=eager,compile peers; it stops at the budget and says what it skipped) and
-# gpu_kernels (bench.gpu_kernels: elementwise, layer norm, softmax, RMS norm and column-reduction kernels' GPU time against a
+# gpu_kernels (bench.gpu_kernels: elementwise, layer norm, softmax, RMS norm, permute and column-reduction kernels' GPU time against a
 # copy of the same bytes and torch's kernels, the prepared baseline's beside them; under a minute) and
 # cuda_walk (bench.cuda_graphs --gpu --walk: a decode loop, every call a new signature, against eager;
 # Note [First calls on the device]; about a minute) and cublaslt_gemm (bench.cublaslt_gemm: a feed-forward

@@ -246,6 +246,7 @@ def _edit(art: bladepack.api.Artifact, edit: Any) -> bytes:
 
 _CORRUPT = {
     "activation swish": (lambda lr: lr["epilogue"].__setitem__("activation", "swish"), "has epilogue"),
+    "activation exact gelu": (lambda lr: lr["epilogue"].__setitem__("activation", "gelu"), "cuBLASLt computes no gelu"),
     "source dropped": (lambda lr: lr["ptrs"].pop(), "a cuBLASLt GEMM has a fourth operand and four more integers"),
     "epilogue dropped": (lambda lr: lr.pop("epilogue"), "a cuBLASLt GEMM has a fourth operand and four more integers"),
 }
@@ -276,3 +277,5 @@ def test_corrupt_cublaslt_records_are_refused(gpu: FakeGpu, artifact: bladepack.
     )
     assert r.returncode == 1 and "corrupt plan: launch 0" in r.stderr, r.stderr
     assert ("epilogue" if "activation" in name else "GEMM") in r.stderr, r.stderr
+    if "gelu" in name:
+        assert message in r.stderr, r.stderr

@@ -23,7 +23,9 @@ Schedules and variants:
   W x the widest stored element <= 16 bytes, the innermost extent divisible by W); loads that are
   contiguous across the W lanes become one vector load when the address is aligned (tested per access,
   so misaligned views stay correct), stores likewise; grid-stride over the rest, a large kernel's
-  threads taking several vectors each in an unrolled loop (Note [Vectors in flight]).
+  threads taking several vectors each in an unrolled loop (Note [Vectors in flight]). A loop kernel
+  with an operand read contiguously along another dim than the last (a permute's source) has a tiled
+  variant first: Note [Transpose tiles] in cuda_tiles.py.
 - row kernels (reductions over trailing axes, softmax, layer / RMS norm with their fused producers and
   consumers): one warp per row (8 rows per 256-thread block) for rows up to 1024 elements, one
   512-thread block per row above. Note [Row vectors]: where the row is one axis and its length is a
@@ -71,6 +73,7 @@ from bladepack.codegen.anchor_kernels import reduce_kernel, scan_kernel, scatter
 from bladepack.codegen.c_render import CTYPE, Args, Loop
 from bladepack.codegen.cuda_conv import direct_conv_kernel, im2col_kernel, pool_kernel
 from bladepack.codegen.cuda_loops import BLOCK_SCRATCH, MEMTYPE, CudaEmitter, split_index, volume
+from bladepack.codegen.cuda_tiles import TILE_THREADS, tile_variant
 from bladepack.codegen.kernel import ROW_OPS, KernelContext, same_shape, store_offset
 from bladepack.codegen.operand_check import add_atoms, operand_buffers
 from bladepack.codegen.recurrent_kernel import recurrent_kernel
@@ -413,6 +416,9 @@ def emit_cuda_kernel(
         dom = spec.domain
         last = dom[-1] if dom else 1
         total = volume(dom)
+        tiled = tile_variant(spec, ctx, index)  # Note [Transpose tiles] in cuda_tiles.py
+        if tiled is not None:
+            plans.append(("_tile", tiled[0], tiled[1], launch_grid(tiled[2], 1), TILE_THREADS, 0))
         for w in _widths(spec, ctx) if dom else [1]:
             if isinstance(last, int) and last % w:
                 continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import sympy
@@ -46,6 +47,19 @@ INT32_MAX = (1 << 31) - 1
 # the shared memory bpk::block_all combines a block's warps in (up to 32 values of up to 24 bytes)
 BLOCK_SCRATCH = "__shared__ double bpk_scratch[3 * 32];"
 _FUNCTORS = {"sum": "bpk::Sum()", "prod": "bpk::Prod()", "max": "bpk::Max()", "min": "bpk::Min()"}
+
+
+@dataclass(frozen=True)
+class TileLoad:
+    """Note [Transpose tiles] (cuda_emitter.py): loads of buffer `base` at `rest + k + stride * j` read
+    `read`, the block's shared-memory tile element of the current (k, j), instead of global memory."""
+
+    base: int
+    rest: sympy.Expr
+    k: Loop
+    j: Loop
+    stride: sympy.Expr
+    read: str
 
 
 def volume(shape: Sequence[IRDim]) -> IRDim:
@@ -86,6 +100,8 @@ class CudaEmitter(RowEmitter):
         # reduction) for a reduce kernel whose outputs are few; None: a thread per output
         self.shares: tuple[int, int] | None = None
         self._rows = ""  # the split schedule's output count (C), for its stores' guard
+        self.tile: TileLoad | None = None  # Note [Transpose tiles]: the load the block's tile serves
+        self.probe: list[tuple[int, DType, sympy.Expr]] | None = None  # loads seen (a dry run records them)
 
     def narrow(self, dims: Sequence[IRDim]) -> bool | str:
         """Note [Narrow index division]: True where every row-major position in `dims` is below 2^31 at
@@ -97,6 +113,11 @@ class CudaEmitter(RowEmitter):
 
     # -- memory
     def load(self, base: int, dt: DType, off: sympy.Expr, syms: set[sympy.Symbol], key: Any) -> str:
+        if self.probe is not None:
+            self.probe.append((base, dt, off))
+        t = self.tile
+        if t is not None and base == t.base and sympy.expand(off - t.rest - t.k - t.stride * t.j) == 0:
+            return self.define(CTYPE[dt], t.read, syms, key)
         p = self.ptr_load(base)
         lane = self.lane
         if lane is not None and self.width > 1 and lane in off.free_symbols:

@@ -42,6 +42,7 @@ GEMM_INTS = 20
 GEMM_OPS = ("gemm", "cublaslt", "cutlass")  # launch ops whose ints are a GEMM record (Note [GEMM records])
 _CUDA_ONLY = ("cublaslt", "cutlass")
 _EPILOGUES = {"source": ("none", "bias", "residual"), "activation": ("none", "relu", "gelu", "silu", "gelu_tanh")}
+_LT_ACTIVATIONS = ("none", "relu", "gelu_tanh")  # Note [cuBLASLt GEMMs]
 INT32_MAX = (1 << 31) - 1
 INT64_MAX = (1 << 63) - 1
 BYTE_SIZES = {d.value: d.itemsize for d in DType}
@@ -171,6 +172,8 @@ def _check_plan(m: Manifest, kind: str, n_functions: int | None) -> None:
                 not isinstance(epilogue, dict) or any(epilogue.get(f) not in v for f, v in _EPILOGUES.items())
             ):
                 raise _fail(m, f"{where} has epilogue {_short(epilogue)}")
+            if op == "cublaslt" and epilogue is not None and epilogue["activation"] not in _LT_ACTIVATIONS:
+                raise _fail(m, f"{where}: cuBLASLt computes no {epilogue['activation']} epilogue")
             sourced = epilogue is not None and epilogue["source"] != "none"
             if op == "cublaslt" and not (len(ptrs) == 4) == (len(ints) == GEMM_INTS + 4) == sourced:
                 raise _fail(
