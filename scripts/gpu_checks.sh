@@ -5,8 +5,9 @@
 # .whl/, prebuilt artifacts, the compiled CUTLASS units and bpk-run in .gpu-run/), then run this on the
 # lent machine carrying .gpu-run and .whl. In order, each step's output landing in $OUT as it goes (a
 # step cut off by the lease still leaves what it printed):
-#   1. portable.log   artifacts built without a GPU, run on this one four ways (numpy, torch + graphs,
-#                     graphs off, the C++ bpk-run) against float64 references (scripts/gpu_portable.py)
+#   1. portable.log   artifacts built without a GPU (the samples in float32 / float16, with cuBLAS and
+#                     with cuBLASLt GEMMs), run on this one four ways (numpy, torch + graphs, graphs
+#                     off, the C++ bpk-run) against float64 references (scripts/gpu_portable.py)
 #   2. hopper.log     the sm_90a GEMM probe, where prepared (scripts/hopper_probe.py; Note [Hopper GEMMs])
 #   3. gpu_tests.log  the cuda-marked tests: CUTLASS configs, dispatch and epilogues first (then again with
 #                     the Hopper tables on, C++ runtime included), then the samples in float32 / float16,

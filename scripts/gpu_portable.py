@@ -1,8 +1,9 @@
 """Artifacts built on a machine without a GPU, run on one: the deployment story checked end to end.
 
     python scripts/gpu_portable.py prepare DIR   # here: optimize every sample (float32: cpu + cuda
-                                                 # targets; float16: cuda), save the .bpk, the weights,
-                                                 # the inputs of every test case and float64 references
+                                                 # targets; float16: cuda; both again with cuBLASLt GEMMs:
+                                                 # cuda), save the .bpk, the weights, the inputs of
+                                                 # every test case and float64 references
     python scripts/gpu_portable.py check DIR [--bpk-run PATH] [--out FILE.json]
                                                  # on the GPU machine: no optimize, no compiler
 
@@ -39,7 +40,12 @@ from bench.cuda_samples import _time_us  # noqa: E402
 from samples.registry import SAMPLES  # noqa: E402
 
 NAMES = ("mlp", "encoder", "llama", "cnn")
-DTYPES = ("float32", "float16")
+# (dtype, GEMM library): the cuBLASLt artifacts fuse their GEMMs' epilogues (Note [cuBLASLt GEMMs])
+KINDS = (("float32", "cublas"), ("float16", "cublas"), ("float32", "cublaslt"), ("float16", "cublaslt"))
+
+
+def _stem(name: str, dtype: str, library: str) -> str:
+    return f"{name}_{dtype}" + ("" if library == "cublas" else f"_{library}")
 
 
 def _tuple(x: Any) -> tuple[Any, ...]:
@@ -60,17 +66,19 @@ def prepare(out: Path) -> None:
         ref_model.load_state_dict(
             {k: v.double() if v.is_floating_point() else v for k, v in model.state_dict().items()}
         )
-        for dtype in DTYPES:
+        for dtype, library in KINDS:
             t0 = time.time()
-            targets = ("cpu", "cuda") if dtype == "float32" else ("cuda",)
+            stem = _stem(name, dtype, library)
+            targets = ("cpu", "cuda") if (dtype, library) == ("float32", "cublas") else ("cuda",)
             art = bladepack.optimize(
                 model,
                 s.export_samples(),
                 s.dynamic_shapes,
                 targets=targets,
                 dtype=None if dtype == "float32" else dtype,
+                gemm_library=library,
             )
-            art.save(out / f"{name}_{dtype}.bpk")
+            art.save(out / f"{stem}.bpk")
             g = torch.Generator().manual_seed(0)
             cases = []
             for k, dims in enumerate(s.test_cases()):
@@ -79,15 +87,15 @@ def prepare(out: Path) -> None:
                     ref = _tuple(ref_model(*(a.double() if a.is_floating_point() else a for a in args)))
                 arrays = {f"in{i}": a.numpy() for i, a in enumerate(args)}
                 arrays |= {f"ref{i}": r.numpy() for i, r in enumerate(ref)}
-                np.savez(out / f"{name}_{dtype}_{k}.npz", **arrays)
-                cases.append({"dims": dims, "file": f"{name}_{dtype}_{k}.npz", "n_in": len(args), "n_out": len(ref)})
+                np.savez(out / f"{stem}_{k}.npz", **arrays)
+                cases.append({"dims": dims, "file": f"{stem}_{k}.npz", "n_in": len(args), "n_out": len(ref)})
             meta = {
                 "inputs": [t.name for t in art.plan.inputs],
                 "outputs": [t.name for t in art.plan.outputs],
                 "cases": cases,
             }
-            (out / f"{name}_{dtype}.json").write_text(json.dumps(meta))
-            print(f"prepared {name} {dtype}: {len(cases)} cases, {time.time() - t0:.0f} s", flush=True)
+            (out / f"{stem}.json").write_text(json.dumps(meta))
+            print(f"prepared {stem}: {len(cases)} cases, {time.time() - t0:.0f} s", flush=True)
 
 
 def _host(x: Any) -> np.ndarray:
@@ -135,10 +143,14 @@ def check(d: Path, bpk_run: Path | None, out_json: Path | None) -> int:
     failures: list[str] = []
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     for name in NAMES:
-        for dtype in DTYPES:
-            bpk = d / f"{name}_{dtype}.bpk"
-            meta = json.loads((d / f"{name}_{dtype}.json").read_text())
+        for dtype, library in KINDS:
+            stem = _stem(name, dtype, library)
+            bpk = d / f"{stem}.bpk"
+            if not bpk.exists():  # prepared before this kind existed
+                continue
+            meta = json.loads((d / f"{stem}.json").read_text())
             tdt = getattr(torch, dtype)
+            label = stem[len(name) + 1 :]
             try:
                 t0 = time.time()
                 m = bladepack.load(bpk, device="cuda")
@@ -148,14 +160,15 @@ def check(d: Path, bpk_run: Path | None, out_json: Path | None) -> int:
                 eager.load_state_dict(torch.load(d / f"{name}.pt"))
                 eager = eager.to("cuda", tdt)
             except Exception:
-                failures.append(f"{name} {dtype}: load: {traceback.format_exc(limit=4)}")
+                failures.append(f"{name} {label}: load: {traceback.format_exc(limit=4)}")
                 print(failures[-1], flush=True)
                 continue
             for case in meta["cases"]:
                 data = np.load(d / case["file"])
                 ins = [data[f"in{i}"] for i in range(case["n_in"])]
                 refs = [data[f"ref{i}"] for i in range(case["n_out"])]
-                row: dict[str, Any] = {"sample": name, "dtype": dtype, "dims": case["dims"], "load_s": load_s}
+                row: dict[str, Any] = {"sample": name, "dtype": dtype, "library": library, "dims": case["dims"]}
+                row["load_s"] = load_s
                 targs = tuple(torch.from_numpy(a).cuda() for a in ins)
                 with torch.no_grad():
                     ev = _tuple(eager(*targs))
@@ -178,16 +191,16 @@ def check(d: Path, bpk_run: Path | None, out_json: Path | None) -> int:
                         err = max(_rel(o, r) for o, r in zip(outs, refs))
                     except Exception:
                         err = math.inf
-                        failures.append(f"{name} {dtype} {case['dims']} {way}: {traceback.format_exc(limit=4)}")
+                        failures.append(f"{name} {label} {case['dims']} {way}: {traceback.format_exc(limit=4)}")
                     row[f"{way}_err"] = err
                     if not err <= limit:
-                        failures.append(f"{name} {dtype} {case['dims']} {way}: error {err:.3g} > {limit:.3g}")
+                        failures.append(f"{name} {label} {case['dims']} {way}: error {err:.3g} > {limit:.3g}")
                 try:
                     with torch.no_grad():
                         row["eager_us"] = _time_us(lambda: eager(*targs), 20)
                     row["bladepack_us"] = _time_us(lambda: m(*targs), 20)
                 except Exception:
-                    failures.append(f"{name} {dtype} {case['dims']} timing: {traceback.format_exc(limit=4)}")
+                    failures.append(f"{name} {label} {case['dims']} timing: {traceback.format_exc(limit=4)}")
                 rows.append(row)
                 errs = " ".join(f"{k[:-4]}={v:.2g}" for k, v in row.items() if k.endswith("_err"))
                 speed = (
@@ -195,7 +208,7 @@ def check(d: Path, bpk_run: Path | None, out_json: Path | None) -> int:
                     if "bladepack_us" in row
                     else "untimed"
                 )
-                print(f"{name} {dtype} {case['dims']}: {errs} (limit {limit:.2g}); eager/bladepack {speed}", flush=True)
+                print(f"{name} {label} {case['dims']}: {errs} (limit {limit:.2g}); eager/bladepack {speed}", flush=True)
     for f in failures:
         print("FAIL", f, flush=True)
     print(f"{len(rows)} cases, {len(failures)} failures", flush=True)

@@ -180,6 +180,33 @@ def test_half_precision_epilogues(gpu: FakeGpu, model: _Block) -> None:
             assert rel_err(g.astype(np.float32), w.numpy()) < 5e-3
 
 
+@pytest.mark.parametrize("name", ["mlp", "encoder", "llama", "cnn"])
+def test_samples_with_cublaslt(gpu: FakeGpu, name: str) -> None:
+    """The project's samples (an MLP, a transformer encoder, a LLaMA decode step, a CNN whose im2col
+    convolutions are GEMMs too) with every GEMM on cuBLASLt: eager within 1e-4 at their test shapes."""
+    from samples.registry import SAMPLES
+    from tests.helpers import as_tuple, refused_by_torch
+
+    s = SAMPLES[name]
+    model = s.build().eval()
+    art = bladepack.optimize(
+        model, s.export_samples(), s.dynamic_shapes, targets=("cuda:sm_90",), gemm_library="cublaslt"
+    )
+    assert {lr["op"] for lr in _launches(art)} <= {"cublaslt"}
+    g = torch.Generator().manual_seed(7)
+    cases = [s.make_inputs(g, **dims) for dims in s.test_cases()]
+    _, results, log = gpu.run(art, [tuple(a.numpy() for a in c) for c in cases])
+    assert "ltmatmul" in log or not _launches(art)
+    for dims, args, out in zip(s.test_cases(), cases, results):
+        if isinstance(out, str) and refused_by_torch(art.notes, out):
+            continue
+        assert not isinstance(out, str), f"{dims}: {out}"
+        with torch.no_grad():
+            want = [o.numpy() for o in as_tuple(model(*args))]
+        for o, r in zip(out, want):
+            assert rel_err(o, r) <= 1e-4, f"{name} at {dims}: relative error {rel_err(o, r):.3g}"
+
+
 def test_epilogue_codes_and_alignment() -> None:
     """cublasLtEpilogue_t of each form (cublasLt.h: DEFAULT 1, RELU 2, BIAS 4, RELU_BIAS 6, GELU 32,
     GELU_BIAS 36) and the alignment an address promises."""
