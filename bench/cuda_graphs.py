@@ -389,9 +389,16 @@ _WALKS = {
 
 
 def host_cost(
-    names: list[str], repeat: int, modes: list[str], graphs_off: bool, baseline: Path | None = None, walk: bool = False
+    names: list[str],
+    repeat: int,
+    modes: list[str],
+    graphs_off: bool,
+    baseline: Path | None = None,
+    walk: bool = False,
+    gemm_library: str = "cublas",
 ) -> list[dict[str, Any]]:
-    """`baseline`: the root of another checkout whose Python loader runs beside this one, each of its
+    """`gemm_library`: the samples' (and the BERT's) GEMMs on cuBLAS or cuBLASLt (the fake's).
+    `baseline`: the root of another checkout whose Python loader runs beside this one, each of its
     rows right before ours (this tree's tests/fake_torch.py is copied into it when it has none).
     `walk`: every timed call at a new signature, one longer than the last along the sample's walk
     axes (_WALKS: the LLaMA step's cache length, the others' batch), the Python loader only."""
@@ -408,6 +415,7 @@ def host_cost(
         **os.environ,
         "LD_LIBRARY_PATH": str(work),
         "BLADEPACK_CUBLAS": str(work / "libcublas.so"),
+        "BLADEPACK_CUBLASLT": str(work / "libcublasLt.so"),
         "FAKE_CUDA_NO_MATH": "1",
     }
     for key in ("FAKE_CUDA_EMU", "FAKE_CUDA_LOG"):
@@ -425,7 +433,13 @@ def host_cost(
     )
     for name in names:
         s = SAMPLES[name]
-        art = bladepack.optimize(s.build().eval(), s.export_samples(), s.dynamic_shapes, targets=("cpu", "cuda:sm_90"))
+        art = bladepack.optimize(
+            s.build().eval(),
+            s.export_samples(),
+            s.dynamic_shapes,
+            targets=("cpu", "cuda:sm_90"),
+            gemm_library=gemm_library,
+        )
         dims = _small_case(name)
         g = torch.Generator().manual_seed(0)
         models.append((name, art, dims, tuple(a.numpy() for a in s.make_inputs(g, **dims))))
@@ -443,7 +457,11 @@ def host_cost(
         ids, mask = torch.randint(0, 500, (2, 16), generator=torch.Generator().manual_seed(0)), torch.ones(2, 16).long()
         batch, seq = torch.export.Dim("batch", min=1, max=32), torch.export.Dim("seq", min=1, max=2048)
         bert = bladepack.optimize(
-            BertModel(config).eval(), [(ids, mask)], ({0: batch, 1: seq},) * 2, targets=("cpu", "cuda:sm_90")
+            BertModel(config).eval(),
+            [(ids, mask)],
+            ({0: batch, 1: seq},) * 2,
+            targets=("cpu", "cuda:sm_90"),
+            gemm_library=gemm_library,
         )
         models.append((_BERT12, bert, {"batch": 2, "seq": 16}, (ids.numpy(), mask.numpy())))
     here = Path(__file__).resolve().parent.parent
@@ -567,12 +585,19 @@ def main() -> None:
     ap.add_argument("--baseline", type=Path, help="--host: another checkout's loader, measured beside this one")
     ap.add_argument("--calls", type=int, default=3, help="fake driver: calls counted after warm-up")
     ap.add_argument("--walk", action="store_true", help="--host / --gpu: a new signature every call (a decode loop)")
+    ap.add_argument(
+        "--gemm-library", default="cublas", choices=("cublas", "cublaslt"), help="--host: the samples' GEMMs"
+    )
     args = ap.parse_args()
     names = args.samples.split(",")
     RESULTS.mkdir(exist_ok=True)
     if args.host:
-        rows = host_cost(names, args.repeat, args.modes.split(","), args.graphs_off, args.baseline, args.walk)
-        tag = "cuda_host_walk" if args.walk else "cuda_host_cost"
+        rows = host_cost(
+            names, args.repeat, args.modes.split(","), args.graphs_off, args.baseline, args.walk, args.gemm_library
+        )
+        tag = ("cuda_host_walk" if args.walk else "cuda_host_cost") + (
+            "" if args.gemm_library == "cublas" else f"_{args.gemm_library}"
+        )
         walk_head = (
             "# Host time per call on the fake driver at a new signature every call (a decode loop)\n\n"
             "`python -m bench.cuda_graphs --host --walk --samples mlp,llama,encoder --modes numpy,torch --repeat 600\n"

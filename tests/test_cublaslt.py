@@ -207,6 +207,39 @@ def test_samples_with_cublaslt(gpu: FakeGpu, name: str) -> None:
             assert rel_err(o, r) <= 1e-4, f"{name} at {dims}: relative error {rel_err(o, r):.3g}"
 
 
+def test_the_descriptor_cache_is_bounded(gpu: FakeGpu, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """Prepared shapes beyond PLANS_MAX empty the cache; a plan a prepared launch still holds keeps its
+    descriptors, and every one is destroyed once nothing holds it (a prefill over many lengths must
+    not grow the loader without bound)."""
+    import gc
+
+    from bladepack.loader import cublaslt
+    from bladepack.loader.gemm_args import gemm_args
+    from bladepack.options import LoaderOptions
+
+    log = tmp_path / "lt.log"
+    monkeypatch.setenv("FAKE_CUDA_LOG", str(log))
+    monkeypatch.setattr(cublaslt, "PLANS_MAX", 8)
+    lt = cublaslt.CublasLt(Any, LoaderOptions(cublaslt=str(gpu.root / "libcublasLt.so")))  # type: ignore[arg-type]
+    lr = {"dtype": "float32", "ptrs": [[0, 0]] * 3}
+
+    def record(m: int) -> list[int]:
+        return [1, 1, 1, *([0] * 9), m, 16, 8, 0, 0, 8, 16, 16]
+
+    held = [lt.prepare(lr, gemm_args(record(m), 4)) for m in range(1, 21)]
+    assert len(lt._plans) <= 8
+    assert lt.prepare(lr, gemm_args(record(20), 4)).plan is held[-1].plan  # a cached shape: the same plan
+    lines = log.read_text().splitlines()
+    assert lines.count("lt_desc_create") == 20 and "lt_desc_destroy" not in lines
+    del held
+    gc.collect()
+    lines = log.read_text().splitlines()
+    assert lines.count("lt_desc_destroy") == 20 - len(lt._plans)
+    lt.close()
+    gc.collect()
+    assert log.read_text().splitlines().count("lt_desc_destroy") == 20
+
+
 def test_epilogue_codes_and_alignment() -> None:
     """cublasLtEpilogue_t of each form (cublasLt.h: DEFAULT 1, RELU 2, BIAS 4, RELU_BIAS 6, GELU 32,
     GELU_BIAS 36) and the alignment an address promises."""

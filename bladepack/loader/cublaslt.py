@@ -18,8 +18,10 @@ C^T), so cuBLASLt's A is our B and its B our A, with no copies, as in loader/cub
 float16 / bfloat16 / float32 compute in float32 (CUBLAS_COMPUTE_32F: no TF32), float64 in float64.
 The algorithm is cuBLASLt's heuristic's first answer for the record's shape and the operands'
 alignment (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*: the heuristic otherwise assumes 256-byte aligned
-operands), asked once per (shape, alignment) and kept with the descriptors; a call reads its operand
-addresses' alignment and asks again only for an alignment it has not seen. Each stream has one
+operands), asked once per (shape, alignment) and kept with the descriptors (a cache of PLANS_MAX shapes,
+emptied when full: a prepared signature keeps its own, and descriptors are destroyed with the last
+holder); a call reads its operand addresses' alignment and asks again only for an alignment it has not
+seen. Each stream has one
 workspace of WORKSPACE bytes, allocated at its first cuBLASLt call and never moved (a CUDA graph that
 captured a call keeps addressing it). cuBLASLt handles are thread-safe and take the stream per call;
 the bias pointer is an attribute of the matmul descriptor, which records of one shape share, so a
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from bladepack.errors import BpkFormatError
@@ -62,6 +64,7 @@ WORKSPACE = 32 << 20  # bytes per stream (what torch gives cuBLASLt on Hopper)
 _ALGO_BYTES = 64  # cublasLtMatmulAlgo_t: uint64_t data[8]
 _INT_MAX = 2**31 - 1
 _MAX_ALIGN = 256
+PLANS_MAX = 1024  # distinct shapes whose descriptors the cache keeps (it is emptied beyond)
 
 
 class _HeuristicResult(ctypes.Structure):  # cublasLtMatmulHeuristicResult_t
@@ -94,14 +97,23 @@ class LtLaunch:
     step_bits: int  # every step offset OR-ed: with the addresses, the operands' alignment
 
 
-@dataclass(eq=False)
 class _LtPlan:
-    desc: int
-    layouts: tuple[int, int, int, int]  # cuBLASLt's A (our B), B (our A), C, D
-    source: str
-    wide: bool
-    algos: dict[int, tuple[Any, int]] = field(default_factory=dict)  # alignment -> (algo bytes, workspace)
-    lock: threading.Lock = field(default_factory=threading.Lock)  # a bias GEMM's pointer attribute
+    """The descriptors of one shape and epilogue, destroyed when nothing holds them any more (the plan
+    cache, or a prepared signature's launches)."""
+
+    def __init__(self, lib: Any, source: str, wide: bool) -> None:
+        self._lib = lib
+        self.desc = 0
+        self.layouts: list[int] = []  # cuBLASLt's A (our B), B (our A), C, D
+        self.source, self.wide = source, wide
+        self.algos: dict[int, tuple[Any, int]] = {}  # alignment -> (algo bytes, workspace)
+        self.lock = threading.Lock()  # a bias GEMM's pointer attribute
+
+    def __del__(self) -> None:
+        for layout in self.layouts:
+            self._lib.cublasLtMatrixLayoutDestroy(layout)
+        if self.desc:
+            self._lib.cublasLtMatmulDescDestroy(self.desc)
 
 
 class CublasLt:
@@ -157,16 +169,12 @@ class CublasLt:
         self._one64, self._zero64 = ctypes.c_double(1.0), ctypes.c_double(0.0)
 
     def close(self) -> None:
-        """Destroy every descriptor and the handle, free the workspaces (the streams must be idle)."""
-        lib = self._lib
-        for plan in self._plans.values():
-            for layout in plan.layouts:
-                lib.cublasLtMatrixLayoutDestroy(layout)
-            lib.cublasLtMatmulDescDestroy(plan.desc)
+        """Drop the plan cache (descriptors go with the last prepared signature holding them), destroy the
+        handle, free the workspaces (the streams must be idle)."""
         self._plans.clear()
         self._workspaces.free()
         if self._handle:
-            lib.cublasLtDestroy(self._handle)
+            self._lib.cublasLtDestroy(self._handle)
             self._handle = ctypes.c_void_p()
 
     # -- per signature
@@ -187,6 +195,8 @@ class CublasLt:
             with self._plans_lock:
                 plan = self._plans.get(key)
                 if plan is None:
+                    if len(self._plans) >= PLANS_MAX:  # a bound across shapes; prepared signatures keep theirs
+                        self._plans.clear()
                     plan = self._plans[key] = self._plan(lr["dtype"], source, activation, g)
         bits = 0
         for step in g.steps:
@@ -197,6 +207,7 @@ class CublasLt:
     def _plan(self, dtype: str, source: str, activation: str, g: GemmArgs) -> _LtPlan:
         lib = self._lib
         wide = dtype == "float64"
+        plan = _LtPlan(lib, source, wide)  # (what a failing call below leaves is destroyed with it)
         desc = ctypes.c_void_p()
         check_status(
             lib.cublasLtMatmulDescCreate(
@@ -204,6 +215,7 @@ class CublasLt:
             ),
             "cublasLtMatmulDescCreate",
         )
+        plan.desc = desc.value or 0
 
         def attr(name: int, value: Any) -> None:
             check_status(
@@ -223,14 +235,13 @@ class CublasLt:
             ((g.n, g.m), g.ld_src, g.stride_src) if source == "residual" else ((g.n, g.m), g.ldc, g.stride_c),
             ((g.n, g.m), g.ldc, g.stride_c),
         )
-        layouts = []
         for (rows, cols), ld, stride in shapes:
             layout = ctypes.c_void_p()
             check_status(
                 lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), t, rows, cols, ld),
                 "cublasLtMatrixLayoutCreate",
             )
-            layouts.append(layout.value or 0)
+            plan.layouts.append(layout.value or 0)
             for name, value in (
                 (_LAYOUT_BATCH_COUNT, ctypes.c_int32(g.batch)),
                 (_LAYOUT_STRIDED_BATCH_OFFSET, ctypes.c_int64(stride)),
@@ -239,8 +250,7 @@ class CublasLt:
                     lib.cublasLtMatrixLayoutSetAttribute(layout, name, ctypes.byref(value), ctypes.sizeof(value)),
                     "cublasLtMatrixLayoutSetAttribute",
                 )
-        a, b, c, d = layouts
-        return _LtPlan(desc.value or 0, (a, b, c, d), source, wide)
+        return plan
 
     def _algo(self, plan: _LtPlan, align: int) -> tuple[Any, int]:
         """cuBLASLt's heuristic's first algorithm for `plan` with operands aligned to `align` bytes."""

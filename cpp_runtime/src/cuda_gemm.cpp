@@ -160,6 +160,13 @@ struct LtPlan {
   bool bias = false, residual = false, wide = false;
   std::mutex mu;  // the bias pointer attribute, set per call; the algorithms
   std::map<uint32_t, std::pair<std::array<uint64_t, 8>, size_t>> algos;  // alignment -> (algo, workspace)
+  int (*layout_destroy)(void*) = nullptr;
+  int (*desc_destroy)(void*) = nullptr;
+  ~LtPlan() {
+    for (void* l : layouts)
+      if (l) layout_destroy(l);
+    if (desc) desc_destroy(desc);
+  }
 };
 
 namespace {
@@ -209,13 +216,8 @@ CublasLt::CublasLt() {
 }
 
 CublasLt::~CublasLt() {
-  for (auto& [key, p] : plans_) {
-    for (void* l : p->layouts)
-      if (l) layout_destroy_(l);
-    if (p->desc) desc_destroy_(p->desc);
-  }
+  plans_.clear();
   if (handle_) destroy_(handle_);
-  if (lib_) dlclose(lib_);
 }
 
 LtLaunch CublasLt::prepare(const LaunchDecl& l, int64_t dtype, const GemmArgs& g) const {
@@ -233,13 +235,14 @@ LtLaunch CublasLt::prepare(const LaunchDecl& l, int64_t dtype, const GemmArgs& g
   std::lock_guard<std::mutex> lock(plans_mu_);
   auto it = plans_.find(key);
   if (it != plans_.end()) {
-    out.plan = it->second.get();
+    out.plan = it->second;
     return out;
   }
-  auto p = std::make_unique<LtPlan>();
+  if (plans_.size() >= kPlansMax) plans_.clear();  // a bound across shapes; prepared signatures keep theirs
+  auto p = std::make_shared<LtPlan>();  // (what a failing call below leaves is destroyed with it)
   p->bias = bias, p->residual = residual, p->wide = dtype == 1;
+  p->layout_destroy = layout_destroy_, p->desc_destroy = desc_destroy_;
   LtPlan& plan = *p;
-  plans_[key] = std::move(p);  // (destroyed with what it holds, even if a call below fails)
   lt_check(desc_create_(&plan.desc, plan.wide ? kCompute64F : kCompute32F, plan.wide ? kScale64F : kScale32F),
            "cublasLtMatmulDescCreate");
   auto desc_set = [&](int attr, const void* v, size_t n) {
@@ -271,7 +274,8 @@ LtLaunch CublasLt::prepare(const LaunchDecl& l, int64_t dtype, const GemmArgs& g
     lt_check(layout_set_(plan.layouts[i], kLayoutStridedBatchOffset, &shapes[i].stride, 8),
              "cublasLtMatrixLayoutSetAttribute");
   }
-  out.plan = &plan;
+  plans_[key] = p;
+  out.plan = std::move(p);
   return out;
 }
 

@@ -65,7 +65,7 @@ class Cublas {
 // answer per operand alignment, a fixed workspace per call context.
 struct LtPlan;
 struct LtLaunch {
-  LtPlan* plan = nullptr;  // owned by the CublasLt that prepared it
+  std::shared_ptr<LtPlan> plan;  // shared with the plan cache (descriptors destroyed with the last holder)
   std::vector<std::array<int64_t, 4>> steps;
   uint64_t step_bits = 0;  // every step offset OR-ed (with the addresses: the operands' alignment)
 };
@@ -73,8 +73,9 @@ struct LtLaunch {
 class CublasLt {
  public:
   static constexpr size_t kWorkspace = size_t(32) << 20;  // bytes per call context
+  static constexpr size_t kPlansMax = 1024;  // shapes the plan cache keeps (emptied when full)
   CublasLt();  // BPK_ERR_UNSUPPORTED with the paths tried when no libcublasLt loads
-  ~CublasLt();
+  ~CublasLt();  // the library stays loaded: descriptors prepared signatures still hold are destroyed later
   CublasLt(const CublasLt&) = delete;
   CublasLt& operator=(const CublasLt&) = delete;
   // the launch of `l` (dtype code as `Cublas::gemm`) with its ints resolved to `g`; thread-safe
@@ -102,7 +103,7 @@ class CublasLt {
   int (*matmul_)(void*, void*, const void*, const void*, void*, const void*, void*, const void*, const void*, void*,
                  void*, void*, const void*, void*, size_t, void*) = nullptr;
   mutable std::mutex plans_mu_;
-  mutable std::map<std::vector<int64_t>, std::unique_ptr<LtPlan>> plans_;
+  mutable std::map<std::vector<int64_t>, std::shared_ptr<LtPlan>> plans_;
 };
 
 // One `cutlass` record resolved for a signature (CutlassLaunch in cutlass_gemm.py).

@@ -9,7 +9,8 @@
  * query, a workspace smaller than the algorithm asked for, or an operand address less aligned than the
  * heuristic query promised (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*): each returns a failing status and
  * writes why to stderr. Calls are logged to FAKE_CUDA_LOG ("ltmatmul" with the transposes, sizes,
- * leading dims, batch, type, epilogue, beta and alignment). FAKE_CUDA_NO_MATH skips the arithmetic.
+ * leading dims, batch, type, epilogue, beta and alignment; matmul descriptors made and destroyed).
+ * FAKE_CUDA_NO_MATH skips the arithmetic.
  */
 #include <math.h>
 
@@ -72,10 +73,12 @@ int cublasLtMatmulDescCreate(Desc** desc, int compute, int scale) {
     return refuse("cublasLtMatmulDescCreate: compute / scale type pair not one bladepack uses");
   *desc = (Desc*)calloc(1, sizeof(Desc));
   (*desc)->compute = compute, (*desc)->scale = scale, (*desc)->epilogue = EPI_DEFAULT;
+  logf_("lt_desc_create");
   return OK;
 }
 int cublasLtMatmulDescDestroy(Desc* desc) {
   free(desc);
+  logf_("lt_desc_destroy");
   return OK;
 }
 int cublasLtMatmulDescSetAttribute(Desc* d, int attr, const void* buf, size_t size) {
