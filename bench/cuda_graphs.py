@@ -395,9 +395,10 @@ def host_cost(
     graphs_off: bool,
     baseline: Path | None = None,
     walk: bool = False,
-    gemm_library: str = "cublas",
+    gemm_libraries: tuple[str, ...] = ("cublas",),
 ) -> list[dict[str, Any]]:
-    """`gemm_library`: the samples' (and the BERT's) GEMMs on cuBLAS or cuBLASLt (the fake's).
+    """`gemm_libraries`: the samples' (and the BERT's) GEMMs on each of these (cuBLAS, cuBLASLt: the
+    fake's), one model each, labelled with the library unless cuBLAS.
     `baseline`: the root of another checkout whose Python loader runs beside this one, each of its
     rows right before ours (this tree's tests/fake_torch.py is copied into it when it has none).
     `walk`: every timed call at a new signature, one longer than the last along the sample's walk
@@ -431,19 +432,22 @@ def host_cost(
             (np.random.default_rng(0).standard_normal((4, 32)).astype(np.float32),),
         )
     )
-    for name in names:
+    for name, library in ((n, lib) for n in names for lib in gemm_libraries):
         s = SAMPLES[name]
         art = bladepack.optimize(
             s.build().eval(),
             s.export_samples(),
             s.dynamic_shapes,
             targets=("cpu", "cuda:sm_90"),
-            gemm_library=gemm_library,
+            gemm_library=library,
         )
         dims = _small_case(name)
         g = torch.Generator().manual_seed(0)
-        models.append((name, art, dims, tuple(a.numpy() for a in s.make_inputs(g, **dims))))
-    if walk:  # a real model's depth: a Hugging Face BERT of 12 layers, width 64, random weights (159 launches)
+        label = name + ("" if library == "cublas" else f" [{library}]")
+        models.append((label, art, dims, tuple(a.numpy() for a in s.make_inputs(g, **dims))))
+    for library in (
+        gemm_libraries if walk else ()
+    ):  # a real model's depth: a Hugging Face BERT of 12 layers, width 64, random weights (159 launches)
         from transformers import BertConfig, BertModel
 
         config = BertConfig(
@@ -461,9 +465,10 @@ def host_cost(
             [(ids, mask)],
             ({0: batch, 1: seq},) * 2,
             targets=("cpu", "cuda:sm_90"),
-            gemm_library=gemm_library,
+            gemm_library=library,
         )
-        models.append((_BERT12, bert, {"batch": 2, "seq": 16}, (ids.numpy(), mask.numpy())))
+        label = _BERT12 + ("" if library == "cublas" else f" [{library}]")
+        models.append((label, bert, {"batch": 2, "seq": 16}, (ids.numpy(), mask.numpy())))
     here = Path(__file__).resolve().parent.parent
     roots: list[tuple[str, Path]] = [("", here)]
     if baseline is not None:
@@ -482,7 +487,7 @@ def host_cost(
                 log = work / f"{path.stem}-{mode}-{int(graphs)}-{tree}.log"
                 py = subprocess.run(
                     [sys.executable, "-c", _HOST_SCRIPT, str(path), mode, "1" if graphs else "0", str(repeat)]
-                    + [_WALKS[label] if walk else "", *files],
+                    + [_WALKS[label.split(" [")[0]] if walk else "", *files],
                     capture_output=True,
                     text=True,
                     env={**env, "BENCH_LOG": str(log), "PYTHONPATH": str(root)},
@@ -586,17 +591,20 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=3, help="fake driver: calls counted after warm-up")
     ap.add_argument("--walk", action="store_true", help="--host / --gpu: a new signature every call (a decode loop)")
     ap.add_argument(
-        "--gemm-library", default="cublas", choices=("cublas", "cublaslt"), help="--host: the samples' GEMMs"
+        "--gemm-library",
+        default="cublas",
+        help="--host: the samples' GEMM libraries, comma-separated (cublas, cublaslt)",
     )
     args = ap.parse_args()
     names = args.samples.split(",")
     RESULTS.mkdir(exist_ok=True)
+    libraries = tuple(args.gemm_library.split(","))
     if args.host:
         rows = host_cost(
-            names, args.repeat, args.modes.split(","), args.graphs_off, args.baseline, args.walk, args.gemm_library
+            names, args.repeat, args.modes.split(","), args.graphs_off, args.baseline, args.walk, libraries
         )
         tag = ("cuda_host_walk" if args.walk else "cuda_host_cost") + (
-            "" if args.gemm_library == "cublas" else f"_{args.gemm_library}"
+            "" if libraries == ("cublas",) else "_" + "_".join(libraries)
         )
         walk_head = (
             "# Host time per call on the fake driver at a new signature every call (a decode loop)\n\n"
@@ -637,6 +645,13 @@ def main() -> None:
                 + f"\nMachine: {title(describe())}, no GPU.\n\n"
             )
         )
+        if libraries != ("cublas",):
+            head = head.replace(
+                "\nMachine:",
+                f"\nWith `--gemm-library {args.gemm_library}`: a row marked [cublaslt] is the same model with every"
+                " GEMM on cuBLASLt (the fake's; Note [cuBLASLt GEMMs]), the unmarked one with cuBLAS, side by side.\nMachine:",
+                1,
+            )
     elif args.gpu and args.walk:
         rows = walk_times(names, args.repeat)
         tag = "cuda_walk_" + _device_tag()
