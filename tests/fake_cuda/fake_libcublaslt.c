@@ -96,9 +96,12 @@ int cublasLtMatmulDescSetAttribute(Desc* d, int attr, const void* buf, size_t si
     case 7: /* EPILOGUE: uint32 */
       if (size != 4) return refuse("EPILOGUE takes a uint32_t");
       memcpy(&d->epilogue, buf, 4);
-      if ((d->epilogue & ~(uint32_t)(EPI_RELU | EPI_BIAS | EPI_GELU | EPI_DEFAULT)) ||
-          ((d->epilogue & EPI_RELU) && (d->epilogue & EPI_GELU)))
-        return refuse("an epilogue other than DEFAULT, RELU, BIAS, GELU and their BIAS forms");
+      switch (d->epilogue) { /* cublasLtEpilogue_t: DEFAULT, RELU, BIAS, RELU_BIAS, GELU, GELU_BIAS */
+        case 1: case 2: case 4: case 6: case 32: case 36:
+          break;
+        default:
+          return refuse("an epilogue other than DEFAULT, RELU, BIAS, GELU and their BIAS forms");
+      }
       return OK;
     case 8: /* BIAS_POINTER: a device pointer */
       if (size != 8) return refuse("BIAS_POINTER takes a pointer");
