@@ -109,6 +109,14 @@ class DispatchEntry:
         return {"kernel": self.kernel, "split": self.split, "pred": self.pred, "align": self.align}
 
 
+def _gemm_row(op: str, dtype: str, epilogue: tuple[str, str] | None) -> dict[str, Any]:
+    """A library GEMM launch's head: op, dtype and the epilogue (source kind, activation) if any."""
+    row: dict[str, Any] = {"op": op, "dtype": dtype}
+    if epilogue is not None:
+        row["epilogue"] = {"source": epilogue[0], "activation": epilogue[1]}
+    return row
+
+
 @dataclass(frozen=True)
 class CutlassLaunch:
     """A CUTLASS GEMM (Note [GEMM epilogue]: `epilogue` names its source and activation) with its
@@ -122,9 +130,7 @@ class CutlassLaunch:
     ints: tuple[SymIntEnc, ...]
 
     def to_manifest(self) -> dict[str, Any]:
-        row: dict[str, Any] = {"op": "cutlass", "dtype": self.dtype}
-        if self.epilogue is not None:
-            row["epilogue"] = {"source": self.epilogue[0], "activation": self.epilogue[1]}
+        row = _gemm_row("cutlass", self.dtype, self.epilogue)
         row["entries"] = [e.to_manifest() for e in self.entries]
         if self.entries_sm90 is not None:
             row["entries_sm90"] = [e.to_manifest() for e in self.entries_sm90]
@@ -144,10 +150,7 @@ class CublasLtLaunch:
     ints: tuple[SymIntEnc, ...]
 
     def to_manifest(self) -> dict[str, Any]:
-        row: dict[str, Any] = {"op": "cublaslt", "dtype": self.dtype}
-        if self.epilogue is not None:
-            row["epilogue"] = {"source": self.epilogue[0], "activation": self.epilogue[1]}
-        return {**row, "ptrs": list(self.ptrs), "ints": list(self.ints)}
+        return {**_gemm_row("cublaslt", self.dtype, self.epilogue), "ptrs": list(self.ptrs), "ints": list(self.ints)}
 
 
 @dataclass(frozen=True)
