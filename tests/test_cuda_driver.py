@@ -217,3 +217,44 @@ def test_cublas_calls_from_two_threads_keep_their_streams(monkeypatch: pytest.Mo
     before = state["sets"]
     work(0x53)
     assert state["sets"] == before + 1  # one stream for 40 calls: set once
+
+
+def test_outgrown_semaphores_stay_allocated_for_captured_graphs() -> None:
+    """A CUDA graph captured at one signature addresses the stream's split-K semaphore buffer as it was;
+    a later signature that needs a larger one must not free it under that graph (StreamBuffers `keep`:
+    freed at `free()` only). Without `keep`, the outgrown buffer is freed once the stream is idle."""
+    from bladepack.loader.cuda_driver import StreamBuffers
+
+    freed: list[int] = []
+    synced: list[int] = []
+
+    class Buffer:
+        def __init__(self, ptr: int, nbytes: int) -> None:
+            self.ptr, self.nbytes = ptr, nbytes
+
+        def free(self) -> None:
+            freed.append(self.ptr)
+
+        def copy_from_host(self, data: bytes) -> None:
+            assert len(data) == self.nbytes
+
+    class Device:
+        next = 0x1000
+
+        def alloc(self, nbytes: int) -> Buffer:
+            Device.next += 0x100000
+            return Buffer(Device.next, nbytes)
+
+        def synchronize(self, stream: int) -> None:
+            synced.append(stream)
+
+    for keep in (True, False):
+        freed.clear()
+        bufs = StreamBuffers(Device(), 256, zeroed=True, keep=keep)  # type: ignore[arg-type]
+        small = bufs.get(0, 7)
+        assert bufs.get(100, 7) == small  # fits: the same buffer
+        large = bufs.get(1 << 16, 7)
+        assert large != small
+        assert freed == ([] if keep else [small])
+        bufs.free()
+        assert sorted(freed) == sorted([small, large])

@@ -346,18 +346,22 @@ def size_class(nbytes: int) -> int:
 class StreamBuffers:
     """One device buffer per stream, grown on demand (at least `minimum` bytes, then by size class:
     Note [Device size classes]; zero-filled when allocated if `zeroed`). Calls on one stream run in
-    order, so its buffer is free for each call."""
+    order, so its buffer is free for each call. With `keep`, a buffer outgrown stays allocated until
+    `free` (CUDA graphs captured earlier may still address it: the split-K semaphores)."""
 
-    def __init__(self, device: Device, minimum: int, zeroed: bool = False) -> None:
-        self._device, self._minimum, self._zeroed = device, minimum, zeroed
+    def __init__(self, device: Device, minimum: int, zeroed: bool = False, keep: bool = False) -> None:
+        self._device, self._minimum, self._zeroed, self._keep = device, minimum, zeroed, keep
         self._buffers: dict[int, DeviceBuffer] = {}
+        self._retired: list[DeviceBuffer] = []
         self._lock = threading.Lock()
 
     def get(self, nbytes: int, stream: int) -> int:
         with self._lock:
             buf = self._buffers.get(stream)
             if buf is None or buf.nbytes < nbytes:
-                if buf is not None:
+                if buf is not None and self._keep:
+                    self._retired.append(buf)
+                elif buf is not None:
                     self._device.synchronize(stream)
                     buf.free()
                 buf = self._buffers[stream] = self._device.alloc(size_class(max(nbytes, self._minimum)))
@@ -366,11 +370,12 @@ class StreamBuffers:
             return buf.ptr
 
     def free(self) -> None:
-        """Free every stream's buffer (the streams must be idle)."""
+        """Free every stream's buffer, and those outgrown (the streams must be idle)."""
         with self._lock:
-            for buf in self._buffers.values():
+            for buf in [*self._buffers.values(), *self._retired]:
                 buf.free()
             self._buffers.clear()
+            self._retired.clear()
 
 
 # -- argument packing and image choice (pure; tested without a driver)

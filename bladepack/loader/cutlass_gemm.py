@@ -17,7 +17,8 @@ through kernelParams (Note [Grid-constant parameters] in loader/cuda_driver.py).
 
 Everything that depends on the shape only (dispatch entry, packer inputs, batch folding: loader/
 gemm_args.py) is resolved in `prepare`; a call adds its addresses and packs. Serial split-K slices share
-one semaphore buffer per stream (CUTLASS leaves it zeroed after every launch).
+one semaphore buffer per stream (CUTLASS leaves it zeroed after every launch); when a larger one is
+needed the smaller stays allocated until `close`, since a CUDA graph captured before may address it.
 """
 
 from __future__ import annotations
@@ -116,7 +117,8 @@ class CutlassGemms:
             self._modules.append(module)
             self.functions.append(module.function(name))
         self._local = threading.local()
-        self._workspaces = StreamBuffers(device, 256, zeroed=True)  # split-K semaphores
+        # split-K semaphores; one outgrown stays: a graph captured earlier on the stream addresses it
+        self._workspaces = StreamBuffers(device, 256, zeroed=True, keep=True)
 
     @classmethod
     def from_artifact(cls, bpk: BpkFile, plan: dict[str, Any], device: Device, options: LoaderOptions) -> CutlassGemms:

@@ -358,6 +358,7 @@ void NativeCuda::destroy(CallContext* c) const {
   drv_->StreamSynchronize(c->stream);
   c->memory.reset();
   c->semaphores.reset();
+  c->retired.clear();
   c->lt_workspace.reset();
   if (c->host_status != nullptr) drv_->MemFreeHost(c->host_status);
   if (!c->callers) drv_->StreamDestroy(c->stream);
@@ -373,8 +374,8 @@ bool NativeCuda::will_graph(const std::shared_ptr<const CudaPrepared>& p, const 
 CUdeviceptr NativeCuda::semaphores(CallContext& c, size_t bytes) const {
   const size_t want = std::max<size_t>(bytes, 256);
   if (!c.semaphores || c.semaphores->bytes() < want) {
-    drv_->check(drv_->StreamSynchronize(c.stream), "cuStreamSynchronize");
-    c.semaphores.reset();
+    // the outgrown buffer stays until the context goes: a graph captured before may address it
+    if (c.semaphores) c.retired.push_back(std::move(c.semaphores));
     c.semaphores = std::make_unique<DeviceBuffer>(*drv_, want);
     drv_->check(drv_->MemsetD8Async(c.semaphores->ptr(), 0, want, c.stream), "cuMemsetD8Async");
   }

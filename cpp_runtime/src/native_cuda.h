@@ -125,6 +125,7 @@ class NativeCuda {
     std::mutex busy;       // a caller-stream context: held from take to give
     std::unique_ptr<DeviceBuffer> memory;      // status words, arena, staged inputs and outputs
     std::unique_ptr<DeviceBuffer> semaphores;  // split-K semaphores (zeroed when allocated)
+    std::vector<std::unique_ptr<DeviceBuffer>> retired;  // outgrown semaphores a captured graph may address
     std::unique_ptr<DeviceBuffer> lt_workspace;  // cuBLASLt's (CublasLt::kWorkspace bytes, never moved)
     std::unordered_map<const CudaPrepared*, Graph> graphs;
     uint64_t clock = 0;
