@@ -220,7 +220,8 @@ def test_the_descriptor_cache_is_bounded(gpu: FakeGpu, monkeypatch: pytest.Monke
     log = tmp_path / "lt.log"
     monkeypatch.setenv("FAKE_CUDA_LOG", str(log))
     monkeypatch.setattr(cublaslt, "PLANS_MAX", 8)
-    lt = cublaslt.CublasLt(Any, LoaderOptions(cublaslt=str(gpu.root / "libcublasLt.so")))  # type: ignore[arg-type]
+    # no workspace is asked for (nothing launches), so no device is needed
+    lt = cublaslt.CublasLt(None, LoaderOptions(cublaslt=str(gpu.root / "libcublasLt.so")))  # type: ignore[arg-type]
     lr = {"dtype": "float32", "ptrs": [[0, 0]] * 3}
 
     def record(m: int) -> list[int]:

@@ -106,7 +106,7 @@ class _LtPlan:
         self.desc = 0
         self.layouts: list[int] = []  # cuBLASLt's A (our B), B (our A), C, D
         self.source, self.wide = source, wide
-        self.algos: dict[int, tuple[Any, int]] = {}  # alignment -> (algo bytes, workspace)
+        self.algos: dict[int, Any] = {}  # operand alignment -> the heuristic's algorithm (its bytes)
         self.lock = threading.Lock()  # a bias GEMM's pointer attribute
 
     def __del__(self) -> None:
@@ -252,7 +252,7 @@ class CublasLt:
                 )
         return plan
 
-    def _algo(self, plan: _LtPlan, align: int) -> tuple[Any, int]:
+    def _algo(self, plan: _LtPlan, align: int) -> Any:
         """cuBLASLt's heuristic's first algorithm for `plan` with operands aligned to `align` bytes."""
         got = plan.algos.get(align)
         if got is not None:
@@ -281,9 +281,10 @@ class CublasLt:
                 f"cuBLASLt has no algorithm for this GEMM (epilogue {plan.source}, operands aligned to {align} "
                 f"bytes): cublasLtMatmulAlgoGetHeuristic returned status {status}, {count.value} results"
             )
-        algo = (ctypes.c_uint8 * _ALGO_BYTES).from_buffer_copy(bytes(result.algo))
-        got = plan.algos[align] = (algo, int(result.workspaceSize))
-        return got
+        if result.workspaceSize > WORKSPACE:
+            raise CudaError(f"cuBLASLt asked for {result.workspaceSize} bytes of workspace; it was offered {WORKSPACE}")
+        algo = plan.algos[align] = (ctypes.c_uint8 * _ALGO_BYTES).from_buffer_copy(bytes(result.algo))
+        return algo
 
     # -- per call
     def launch(
@@ -301,10 +302,8 @@ class CublasLt:
         if not launch.steps:
             return
         plan = launch.plan
-        algo, needed = self._algo(plan, alignment(a | b | d | (src or 0) | launch.step_bits))
+        algo = self._algo(plan, alignment(a | b | d | (src or 0) | launch.step_bits))
         workspace = self._workspaces.get(WORKSPACE, stream if workspace_stream is None else workspace_stream)
-        if needed > WORKSPACE:
-            raise CudaError(f"cuBLASLt asked for {needed} bytes of workspace; it was offered {WORKSPACE}")
         one, zero = (self._one64, self._zero64) if plan.wide else (self._one32, self._zero32)
         residual = plan.source == "residual"
         beta = one if residual else zero

@@ -214,11 +214,14 @@ class CudaPreparation:
             elif op in GEMM_OPS:
                 ptr_words = "(" + "".join(f"({int(s)}, {_word(o)}), " for s, o in lr["ptrs"]) + ")"
                 int_words = "(" + "".join(f"{_word(v)}, " for v in lr["ints"]) + ")"
-                record = f"g{k}" if checked else self._gemm(k, lr)
-                if op == "gemm":
-                    put(pad + f"L.append(_GL(_LR[{k}]['dtype'], {ptr_words}, {record}[1]))")
-                elif op == "cublaslt":
-                    put(pad + f"L.append(_lt({k}, {ptr_words}, {record}[1]))")
+                if op in ("gemm", "cublaslt"):  # the GemmArgs of the record at this signature
+                    args = f"{f'g{k}' if checked else self._gemm(k, lr)}[1]"
+                    launch = (
+                        f"_GL(_LR[{k}]['dtype'], {ptr_words}, {args})"
+                        if op == "gemm"
+                        else f"_lt({k}, {ptr_words}, {args})"
+                    )
+                    put(pad + f"L.append({launch})")
                 else:
                     put(pad + f"L.append(_cutlass({k}, R, {ptr_words}, {int_words}))")
             else:

@@ -159,7 +159,7 @@ struct LtPlan {
   void* layouts[4] = {};  // cuBLASLt's A (our B), B (our A), C, D
   bool bias = false, residual = false, wide = false;
   std::mutex mu;  // the bias pointer attribute, set per call; the algorithms
-  std::map<uint32_t, std::pair<std::array<uint64_t, 8>, size_t>> algos;  // alignment -> (algo, workspace)
+  std::map<uint32_t, std::array<uint64_t, 8>> algos;  // operand alignment -> the heuristic's algorithm
   int (*layout_destroy)(void*) = nullptr;
   int (*desc_destroy)(void*) = nullptr;
   ~LtPlan() {
@@ -279,10 +279,10 @@ LtLaunch CublasLt::prepare(const LaunchDecl& l, int64_t dtype, const GemmArgs& g
   return out;
 }
 
-std::pair<const void*, size_t> CublasLt::algo(LtPlan& p, uint32_t align) const {
+const void* CublasLt::algo(LtPlan& p, uint32_t align) const {
   // (under p.mu) cuBLASLt's heuristic's first algorithm for operands aligned to `align` bytes
   auto it = p.algos.find(align);
-  if (it != p.algos.end()) return {it->second.first.data(), it->second.second};
+  if (it != p.algos.end()) return it->second.data();
   void* pref = nullptr;
   lt_check(pref_create_(&pref), "cublasLtMatmulPreferenceCreate");
   const uint64_t workspace = kWorkspace;
@@ -298,10 +298,12 @@ std::pair<const void*, size_t> CublasLt::algo(LtPlan& p, uint32_t align) const {
                                 (p.bias ? "bias" : p.residual ? "residual" : "none") + ", operands aligned to " +
                                 std::to_string(align) + " bytes): cublasLtMatmulAlgoGetHeuristic returned status " +
                                 std::to_string(status) + ", " + std::to_string(count) + " results");
+  if (r.workspace > kWorkspace)
+    fail(BPK_ERR_EXECUTION, "cuBLASLt asked for " + std::to_string(r.workspace) +
+                                " bytes of workspace; it was offered " + std::to_string(kWorkspace));
   auto& slot = p.algos[align];
-  std::copy(std::begin(r.algo), std::end(r.algo), slot.first.begin());
-  slot.second = r.workspace;
-  return {slot.first.data(), slot.second};
+  std::copy(std::begin(r.algo), std::end(r.algo), slot.begin());
+  return slot.data();
 }
 
 void CublasLt::launch(const LtLaunch& l, CUdeviceptr a, CUdeviceptr b, CUdeviceptr d, CUdeviceptr src, bool has_src,
@@ -315,10 +317,7 @@ void CublasLt::launch(const LtLaunch& l, CUdeviceptr a, CUdeviceptr b, CUdevicep
   const void* one = p.wide ? static_cast<const void*>(&one64) : &one32;
   const void* beta = p.residual ? one : (p.wide ? static_cast<const void*>(&zero64) : &zero32);
   std::lock_guard<std::mutex> lock(p.mu);  // the algorithms; a bias GEMM's pointer attribute
-  const auto [algo, needed] = this->algo(p, align);
-  if (needed > kWorkspace)
-    fail(BPK_ERR_EXECUTION, "cuBLASLt asked for " + std::to_string(needed) + " bytes of workspace; it was offered " +
-                                std::to_string(kWorkspace));
+  const void* algo = this->algo(p, align);
   for (const auto& st : l.steps) {
     const CUdeviceptr dd = d + uint64_t(st[2]);
     const CUdeviceptr cc = p.residual && has_src ? src + uint64_t(st[3]) : dd;

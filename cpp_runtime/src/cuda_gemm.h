@@ -86,7 +86,7 @@ class CublasLt {
 
  private:
   using SetAttr = int (*)(void*, int, const void*, size_t);
-  std::pair<const void*, size_t> algo(LtPlan& p, uint32_t align) const;
+  const void* algo(LtPlan& p, uint32_t align) const;
   void* lib_ = nullptr;
   void* handle_ = nullptr;
   int (*destroy_)(void*) = nullptr;
