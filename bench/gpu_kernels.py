@@ -6,7 +6,7 @@ codegen/cuda_emitter.py) at >= 64 MB, as a fraction of a device-to-device copy o
 torch's own kernel for the op; and rows for this wave's other kernel work against a baseline: an
 elementwise kernel over a dynamic inner dim (Note [Narrow index division]), permutes through shared-memory
 tiles (Note [Transpose tiles]), column reductions with few
-outputs (Note [Split reductions]), a sort (Note [Block sort]) and an attention block whose heads the attention merges back itself (Note [Attention stores]). Kernel time comes from the profiler (CUPTI: the GPU time of the kernels
+outputs (Note [Split reductions]) and with fewer than 32 (Note [Grid reductions]), a sort (Note [Block sort]) and an attention block whose heads the attention merges back itself (Note [Attention stores]). Kernel time comes from the profiler (CUPTI: the GPU time of the kernels
 one call launches, summed; the loader's host time does not count), copy time from CUDA events around
 back-to-back copies. Each model is built with a dynamic row count and a static row length, as a real
 model's hidden size is.
@@ -69,6 +69,11 @@ class RmsNorm(torch.nn.Module):
 class ColumnSum(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x.sum(0)
+
+
+class Total(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.sum()
 
 
 class SequenceMean(torch.nn.Module):
@@ -147,6 +152,8 @@ CASES: list[Case] = [
     Case("mean over a sequence [1, s, 768]", SequenceMean, (1, BYTES // (768 * 4), 768), ("b", "s", ""), moved=1),
     Case("column sum [rows, 1024]", ColumnSum, _rows(1024), ("rows", ""), moved=1),
     Case("column sum [rows, 16]", ColumnSum, _rows(16), ("rows", ""), moved=1),
+    # Note [Grid reductions]: an output's reduction over several blocks, against the baseline's one block
+    Case("sum of all [rows, 1024]", Total, _rows(1024), ("rows", ""), moved=1),
     # Note [Transpose tiles]: permutes through shared-memory tiles, against the baseline's strided reads
     Case(
         "permute NCHW -> NHWC [n, 64, 56, 56]",

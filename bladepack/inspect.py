@@ -374,6 +374,8 @@ def inspect_text(s: dict[str, Any]) -> str:
         kind = f"{k['kind']} ({k['conv']})" if k.get("conv") else k["kind"]
         if kind == "attention_combine":  # Note [Split keys]
             kind += " (the chunks of keys the kernel before it split; launched only at shapes where it splits)"
+        elif kind == "reduce_combine":  # Note [Grid reductions]
+            kind += " (the parts of the reductions the kernel before it split over blocks; launched only at shapes where it splits)"
         lines.append(f"  {k['name']} [{target}] {kind}, {k['ops']} ops, variants: {', '.join(k['variants'])}")
     lines.append(f"gemm configs: {len(s['gemm_configs']) or 'none'}")
     for gc in s["gemm_configs"]:

@@ -100,6 +100,13 @@ class Backend(ABC):
         reads, and the shapes at which the second runs (a sympy boolean). None: one kernel."""
         return None
 
+    def split_reduction(self, spec: KernelSpec, ctx: KernelContext) -> tuple[TensorType, Any] | None:
+        """A reduce or row kernel whose reduction is computed by two kernels (Note [Grid reductions] in
+        codegen/cuda_grid_reduce.py): the type of the workspace of parts the first (`spec`) writes after
+        its root and the second ("reduce_combine") reads, and the shapes at which the second runs (a
+        sympy boolean). None: one kernel."""
+        return None
+
     @abstractmethod
     def emit(
         self,

@@ -16,6 +16,7 @@ from typing import Any
 from bladepack.backends.base import Backend, Built, Sources, Variant
 from bladepack.backends.cpu import DTYPES, GEMM_DTYPES
 from bladepack.codegen.cuda_emitter import CudaKernel, emit_cuda_kernel
+from bladepack.codegen.cuda_grid_reduce import grid_root, grid_split
 from bladepack.codegen.cuda_toolchain import build_images, cuda_source, find_nvcc, hopper_gemms, nvcc_version
 from bladepack.codegen.kernel import KernelContext
 from bladepack.dtypes import DType
@@ -102,6 +103,11 @@ class CudaBackend(Backend):
 
     def split_attention(self, att: Attention, ctx: KernelContext) -> tuple[TensorType, Any] | None:
         split = key_split(att, ctx)
+        return None if split is None else (split.workspace, split.when)
+
+    def split_reduction(self, spec: KernelSpec, ctx: KernelContext) -> tuple[TensorType, Any] | None:
+        n = grid_root(spec, ctx)
+        split = None if n is None else grid_split(n, ctx)
         return None if split is None else (split.workspace, split.when)
 
     def variants(self, kernel: Any) -> Sequence[Variant]:

@@ -13,6 +13,7 @@ import sympy
 from bladepack.codegen.c_render import CTYPE, Loop
 from bladepack.codegen.emitter import Emitter
 from bladepack.codegen.kernel import ERR_INDEX_NONNEG, FLOATS, reduce_init, store_offset
+from bladepack.dtypes import DType
 from bladepack.ir import Node, OpKind
 from bladepack.ir.ops import (
     ArgReduceAttrs,
@@ -26,25 +27,36 @@ from bladepack.ir.types import IRDim, TensorType
 from bladepack.ir.views import simplify
 
 
+def reduce_axes(n: Node, rank: int) -> tuple[list[int], bool]:
+    """The axes anchor reduction `n` (over an input of `rank` dims) reduces, sorted and non-negative,
+    and whether it keeps them as size-1 dims."""
+    if isinstance(n.attrs, ArgReduceAttrs):
+        return ([n.attrs.axis % rank] if rank else []), n.attrs.keepdim
+    assert isinstance(n.attrs, ReduceAttrs)
+    return (sorted(a % rank for a in n.attrs.axes) if rank else []), n.attrs.keepdim
+
+
+def reduce_kind(n: Node) -> str:
+    """How a reduction's partial results combine: "sum" (sums and means), "prod", "max" or "min"."""
+    return {OpKind.ARGMAX: "max", OpKind.AMAX: "max", OpKind.ARGMIN: "min", OpKind.AMIN: "min"}.get(
+        n.op, "prod" if n.op is OpKind.PROD else "sum"
+    )
+
+
 def reduce_kernel(em: Emitter) -> None:
     """An anchor reduction over arbitrary axes (or an arg-reduction): one output element per iteration."""
     n = em.ctx.nodes[em.spec.roots[0]]
     x = n.inputs[0]
     xt = em.ctx.types[x]
     rank = xt.rank
-    if isinstance(n.attrs, ArgReduceAttrs):
-        axes, keep = ([n.attrs.axis % rank] if rank else []), n.attrs.keepdim
-    else:
-        assert isinstance(n.attrs, ReduceAttrs)
-        axes, keep = (sorted(a % rank for a in n.attrs.axes) if rank else []), n.attrs.keepdim
+    axes, _keep = reduce_axes(n, rank)
     kept = [d for d in range(rank) if d not in axes]
-    dt = n.type.dtype
     arg = n.op in (OpKind.ARGMAX, OpKind.ARGMIN)
     acc_t = xt.dtype if arg else em.accumulator(n)
     t = CTYPE[acc_t]
     big = n.op in (OpKind.ARGMAX, OpKind.AMAX)
-    kind = {OpKind.ARGMAX: "max", OpKind.AMAX: "max", OpKind.ARGMIN: "min", OpKind.AMIN: "min"}.get(n.op)
-    init = reduce_init(kind or ("prod" if n.op is OpKind.PROD else "sum"), acc_t)
+    kind = reduce_kind(n)
+    init = reduce_init(kind, acc_t)
 
     def body(outer: tuple[Loop, ...]) -> None:
         red = [Loop(f"r{a}") for a in axes]
@@ -78,21 +90,36 @@ def reduce_kernel(em: Emitter) -> None:
                 em.line(f"{acc} = {acc} + {v};")
 
         em.reduce_loops(red, [xt.shape[a] for a in axes], step)
-        if not arg:
-            em.combine_shares(acc, kind or ("prod" if n.op is OpKind.PROD else "sum"), t)
-        count: IRDim = 1
-        for a in axes:
-            count = simplify(count * xt.shape[a])
         if arg:
-            val = f"int64_t({acc}_i)"
-        elif n.op is OpKind.MEAN:
-            val = f"{CTYPE[dt]}({acc} / {t}({em.args.ref(count)}))"
-        else:
-            val = em._as(acc, acc_t, dt)
-        out_idx = [sympy.Integer(0) if d in axes else full[d] for d in range(rank)] if keep else [full[d] for d in kept]
-        em.store(n.id, store_offset(n.type.shape, out_idx), val)
+            em.store(n.id, reduce_offset(n, xt, full), f"int64_t({acc}_i)")
+            return
+        em.combine_shares(acc, kind, t)
+        if not em.store_partial(acc):  # else a part of the output (Note [Grid reductions])
+            store_reduced(em, n, xt, acc, acc_t, full)
 
     em.rows_loop([xt.shape[d] for d in kept], "16", body)
+
+
+def reduce_offset(n: Node, xt: TensorType, full: list[sympy.Expr]) -> sympy.Expr:
+    """The offset in `n`'s output of the element whose input index is `full` (reduced axes: any)."""
+    axes, keep = reduce_axes(n, xt.rank)
+    kept = [d for d in range(xt.rank) if d not in axes]
+    out_idx = [sympy.Integer(0) if d in axes else full[d] for d in range(xt.rank)] if keep else [full[d] for d in kept]
+    return store_offset(n.type.shape, out_idx)
+
+
+def store_reduced(em: Emitter, n: Node, xt: TensorType, acc: str, acc_t: DType, full: list[sympy.Expr]) -> None:
+    """Store the output element of (non-arg) reduction `n` at input index `full` from its accumulator
+    `acc` of type `acc_t`: a mean divided by its count, then the output's type."""
+    dt = n.type.dtype
+    if n.op is OpKind.MEAN:
+        count: IRDim = 1
+        for a in reduce_axes(n, xt.rank)[0]:
+            count = simplify(count * xt.shape[a])
+        val = f"{CTYPE[dt]}({acc} / {CTYPE[acc_t]}({em.args.ref(count)}))"
+    else:
+        val = em._as(acc, acc_t, dt)
+    em.store(n.id, reduce_offset(n, xt, full), val)
 
 
 def _line_index(rank: int, axis: int, kept: list[int], outer: tuple[Loop, ...], along: Loop) -> list[sympy.Expr]:

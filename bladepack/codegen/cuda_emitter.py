@@ -62,6 +62,7 @@ Schedules and variants:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -72,6 +73,7 @@ import sympy
 from bladepack.codegen.anchor_kernels import reduce_kernel, scan_kernel, scatter_kernel, sort_kernel, topk_kernel
 from bladepack.codegen.c_render import CTYPE, Args, Loop
 from bladepack.codegen.cuda_conv import direct_conv_kernel, im2col_kernel, pool_kernel
+from bladepack.codegen.cuda_grid_reduce import GRID_THREADS, combine_variant, grid_variant, grid_workspace
 from bladepack.codegen.cuda_loops import BLOCK_SCRATCH, MEMTYPE, CudaEmitter, split_index, volume
 from bladepack.codegen.cuda_tiles import TILE_THREADS, tile_variant
 from bladepack.codegen.kernel import ROW_OPS, KernelContext, same_shape, store_offset
@@ -397,9 +399,14 @@ def emit_cuda_kernel(
     its input view) makes an im2col kernel (Note [CUDA convolution] in codegen/cuda_conv.py); `library`
     gives a library op's variants (library_ops/cuda_attention.py: fused attention)."""
     args = Args()
-    stores = list(spec.roots)
-    loads: list[View] = []
     plans: list[CudaPlan] = []
+    workspace = grid_workspace(spec, ctx)
+    if workspace is not None:  # Note [Grid reductions]: the "_grid" variant first, given its parts' workspace
+        spec = dataclasses.replace(spec, roots=spec.roots[:-1])
+        pred, body, blocks = grid_variant(ctx.nodes[spec.roots[0]], ctx, workspace)
+        plans.append(("_grid", pred, body, launch_grid(blocks, 1), GRID_THREADS, 0))
+    stores = [*spec.roots, *([] if workspace is None else [workspace])]
+    loads: list[View] = []
     if library:  # a library op's own variants
         plans.extend(library)
     elif conv is not None:
@@ -482,6 +489,9 @@ def emit_cuda_kernel(
     elif spec.kind == "selective_scan":  # Note [Selective scan kernel]: one thread per channel
         rows = volume(ctx.nodes[spec.roots[0]].type.shape[:2])
         plans.append(("", sympy.true, selective_scan_kernel, launch_grid(rows, LOOP_BLOCK), LOOP_BLOCK, 0))
+    elif spec.kind == "reduce_combine":  # Note [Grid reductions]: the parts in spec.reads[0]
+        body, outputs = combine_variant(ctx.nodes[spec.roots[0]], ctx, spec.reads[0])
+        plans.append(("", sympy.true, body, launch_grid(outputs, LOOP_BLOCK), LOOP_BLOCK, 0))
     elif spec.kind in ("reduce", "scan", "topk", "sort", "scatter"):
         n = ctx.nodes[spec.roots[0]]
         x_t = ctx.types[n.inputs[0]]

@@ -46,7 +46,17 @@ KERNEL_SHIFT = 24
 INT32_MAX = (1 << 31) - 1
 # the shared memory bpk::block_all combines a block's warps in (up to 32 values of up to 24 bytes)
 BLOCK_SCRATCH = "__shared__ double bpk_scratch[3 * 32];"
-_FUNCTORS = {"sum": "bpk::Sum()", "prod": "bpk::Prod()", "max": "bpk::Max()", "min": "bpk::Min()"}
+REDUCE_FUNCTORS = {"sum": "bpk::Sum()", "prod": "bpk::Prod()", "max": "bpk::Max()", "min": "bpk::Min()"}
+
+
+def accumulator(n: Node) -> DType:
+    """The type a CUDA reduction of `n` accumulates in (Note [Register types]): float32 for float32 /
+    float16 / bfloat16, float64 for float64, int64 for integer sums and products."""
+    dt = n.type.dtype
+    wide = DType.FLOAT64 if dt is DType.FLOAT64 else DType.FLOAT32
+    if n.op in (OpKind.SUM, OpKind.MEAN, OpKind.PROD):
+        return wide if dt.is_floating else DType.INT64
+    return wide if dt.is_floating else dt
 
 
 @dataclass(frozen=True)
@@ -99,6 +109,10 @@ class CudaEmitter(RowEmitter):
         # Note [Split reductions]: (outputs a block computes at once, threads sharing each output's
         # reduction) for a reduce kernel whose outputs are few; None: a thread per output
         self.shares: tuple[int, int] | None = None
+        # Note [Grid reductions] (cuda_grid_reduce.py): (C expression of the blocks sharing each output,
+        # the workspace value their parts go to) for the "_grid" variant of a reduce kernel; None: a
+        # block computes whole outputs
+        self.grid: tuple[str, int] | None = None
         self._rows = ""  # the split schedule's output count (C), for its stores' guard
         self.tile: TileLoad | None = None  # Note [Transpose tiles]: the load the block's tile serves
         self.probe: list[tuple[int, DType, sympy.Expr]] | None = None  # loads seen (a dry run records them)
@@ -151,11 +165,7 @@ class CudaEmitter(RowEmitter):
         return f"bpk::fail(st, ({code}) + {self.index << KERNEL_SHIFT}LL, {value}, {size});"
 
     def accumulator(self, n: Node) -> DType:
-        dt = n.type.dtype
-        wide = DType.FLOAT64 if dt is DType.FLOAT64 else DType.FLOAT32
-        if n.op in (OpKind.SUM, OpKind.MEAN, OpKind.PROD):
-            return wide if dt.is_floating else DType.INT64
-        return wide if dt.is_floating else dt
+        return accumulator(n)
 
     def eval(self, vid: int, idx: tuple[sympy.Expr, ...]) -> str:
         c = self.cache
@@ -191,8 +201,15 @@ class CudaEmitter(RowEmitter):
         self._rows = rows
         self.uses_barriers = True
         self.scopes[0].lines.append(f"const int l_ = int(threadIdx.x % {outs}u), g_ = int(threadIdx.x / {outs}u);")
-        header = [f"for (int64_t b_ = int64_t(blockIdx.x) * {outs}; b_ < {rows}; b_ += int64_t(gridDim.x) * {outs}) {{"]
-        first = [f"const int64_t t_ = b_ + l_ < {rows} ? b_ + l_ : {rows} - 1;"]
+        if self.grid is not None:  # Note [Grid reductions]: block b_ takes part p_ of output t_
+            parts = self.grid[0]
+            header = [f"for (int64_t b_ = blockIdx.x; b_ < {rows} * {parts}; b_ += gridDim.x) {{"]
+            first = [f"const int64_t t_ = b_ / {parts}, p_ = b_ - t_ * {parts};"]
+        else:
+            header = [
+                f"for (int64_t b_ = int64_t(blockIdx.x) * {outs}; b_ < {rows}; b_ += int64_t(gridDim.x) * {outs}) {{"
+            ]
+            first = [f"const int64_t t_ = b_ + l_ < {rows} ? b_ + l_ : {rows} - 1;"]
         narrow = self.narrow(outer_dims)
         self.loop(
             header, syms, lambda: body(syms), prologue=first + split_index("t_", syms, outer_dims, self.args, narrow)
@@ -206,13 +223,16 @@ class CudaEmitter(RowEmitter):
         per = self.shares[1]
         total = self.args.ref(volume(extents))
         header = [f"for (int64_t r_ = g_; r_ < {total}; r_ += {per}) {{"]
+        if self.grid is not None:  # Note [Grid reductions]: the parts interleave in steps of a block
+            parts = self.grid[0]
+            header = [f"for (int64_t r_ = p_ * {per} + g_; r_ < {total}; r_ += {parts} * {per}) {{"]
         self.loop(header, syms, gen, prologue=split_index("r_", syms, extents, self.args, self.narrow(extents)))
 
     def combine_shares(self, acc: str, kind: str, ctype: str) -> None:
         if self.shares is None:
             return
         outs, per = self.shares
-        functor = _FUNCTORS[kind]
+        functor = REDUCE_FUNCTORS[kind]
         if outs == 1:  # the whole block shares one output: a tree over warps, then over the block
             self.line(BLOCK_SCRATCH)
             self.line(f"{acc} = bpk::block_all({acc}, {functor}, reinterpret_cast<{ctype}*>(bpk_scratch));")
@@ -224,6 +244,13 @@ class CudaEmitter(RowEmitter):
         self.line("__syncthreads();")
         self.line(f"{acc} = {part}[l_];")
         self.line(f"for (int q_ = 1; q_ < {per}; ++q_) {acc} = {functor}({acc}, {part}[q_ * {outs} + l_]);")
+
+    def store_partial(self, acc: str) -> bool:
+        if self.grid is None:
+            return False
+        # Note [Grid reductions]: part p_ of output t_ is workspace element b_ = t_ * parts + p_
+        self.line(f"if (threadIdx.x == 0) {self.ptr_store(self.grid[1])}[b_] = {acc};")
+        return True
 
     def block_rows_loop(self, outer_dims: Sequence[IRDim], body: RowBody) -> None:
         """One block per row (its threads cooperate: Note [Block sort]), block-strided over the rows."""
@@ -307,7 +334,7 @@ class CudaEmitter(RowEmitter):
     ) -> str:
         assert store is None, "softmax in place is off on CUDA (registers or L2 serve the last pass)"
         acc = self._local_pass(dt, kind, body)
-        self.scopes[1].lines.append(self._combine(acc, _FUNCTORS[kind], CTYPE[dt]))
+        self.scopes[1].lines.append(self._combine(acc, REDUCE_FUNCTORS[kind], CTYPE[dt]))
         return acc
 
     def _local_pass(self, dt: DType, kind: str, body: Callable[[tuple[sympy.Expr, ...]], str], count: str = "") -> str:
@@ -316,7 +343,7 @@ class CudaEmitter(RowEmitter):
         declared at row scope, counts the elements."""
         t = CTYPE[dt]
         acc, saved = self._pass_accumulator(dt, kind)
-        functor = _FUNCTORS[kind]
+        functor = REDUCE_FUNCTORS[kind]
         tally = f" {count} += {t}(1);" if count else ""
 
         def step(inner: tuple[sympy.Expr, ...]) -> None:

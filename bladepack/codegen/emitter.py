@@ -234,6 +234,12 @@ class Emitter:
         """After `reduce_loops`: combine accumulator `acc` (a `kind` reduction: sum, prod, max, min) over
         the threads that shared the output's loops; nothing where one thread ran them all."""
 
+    def store_partial(self, acc: str) -> bool:
+        """After `combine_shares`: where the kernel computes a part of each output's reduction (CUDA's
+        grid reductions: Note [Grid reductions] in cuda_grid_reduce.py), store accumulator `acc` as that
+        part and say so (True): the output is stored by the kernel that combines the parts."""
+        return False
+
     # -- evaluation
     def eval(self, vid: int, idx: tuple[sympy.Expr, ...]) -> str:
         idx = tuple(sympy.sympify(i) for i in idx)

@@ -391,7 +391,11 @@ class Lowerer:
 
     def _run_step(self, step: Any) -> None:
         if isinstance(step, KernelSpec):
-            self._kernel(dataclasses.replace(step, name=f"k{len(self.kernels)}"))
+            spec = dataclasses.replace(step, name=f"k{len(self.kernels)}")
+            if spec.kind in ("reduce", "row"):
+                self._reduce(spec)
+            else:
+                self._kernel(spec)
         elif isinstance(step, LibraryStep):
             n = self.nodes[step.node]
             if step.attention is not None:  # Note [Fused attention]
@@ -412,6 +416,23 @@ class Lowerer:
                 self._ptr(i)
             self._ptr(n.id)
             self.launches.append(RefLaunch(n.id, step.reason))
+
+    def _reduce(self, spec: KernelSpec) -> None:
+        """A reduce or row kernel; or two where the backend splits its outputs' reductions over blocks
+        (Note [Grid reductions] in codegen/cuda_grid_reduce.py): the second combines the first's parts,
+        launched only at the shapes where the first splits."""
+        split = self.backend.split_reduction(spec, self._context())
+        if split is None:
+            self._kernel(spec)
+            return
+        workspace = self._temp(split[0])
+        self._kernel(dataclasses.replace(spec, roots=(*spec.roots, workspace)))
+        self.shape_when[len(self.launches)] = split[1]
+        self._kernel(
+            KernelSpec(
+                f"k{len(self.kernels)}", "reduce_combine", spec.roots, (), spec.domain, 0, spec.loc, (workspace,)
+            )
+        )
 
     def _attention(self, n: Node, att: Attention) -> None:
         """One kernel, or two where the backend splits the keys over blocks (Note [Split keys]): the
