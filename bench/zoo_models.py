@@ -8,6 +8,10 @@ Every runner measures in this one process, interleaved per shape, as bench.cpu_s
 [Rounds] there). A peer that cannot build a model is reported with its error.
 
     python -m bench.zoo_models [--models bert,vit] [--peers eager,compile,ort,openvino] [--repeat 20]
+                               [--isa x86-64-v3]
+
+`--isa` loads that CPU kernel library of each artifact (`LoaderOptions(cpu_isa=...)`): an AVX-512
+machine runs the x86-64-v3 (AVX2) library an AVX2-only machine would load; the results record it.
 """
 
 from __future__ import annotations
@@ -38,14 +42,17 @@ def _onnx(z: ZooModel, model: torch.nn.Module, sample: tuple[torch.Tensor, ...])
     return path
 
 
-def build(name: str, peers: list[str]) -> tuple[ZooModel, dict[str, Runner], dict[str, str], str]:
+def build(
+    name: str, peers: list[str], isa: str | None = None
+) -> tuple[ZooModel, dict[str, Runner], dict[str, str], str]:
     """The model, its runners (bladepack first), the peers' build errors, and what runs bladepack's kernels."""
     z = ZOO[name]
     torch.manual_seed(0)
     model = z.build()
     g = torch.Generator().manual_seed(1)
     samples = [z.make(g, s) for s in z.samples]
-    loaded = bladepack.load(bladepack.optimize(model, samples, dynamic_shapes=z.dynamic_shapes()).to_bytes())
+    artifact = bladepack.optimize(model, samples, dynamic_shapes=z.dynamic_shapes())
+    loaded = bladepack.load(artifact.to_bytes(), options=bladepack.LoaderOptions(cpu_isa=isa))
     runners: dict[str, Runner] = {"bladepack": lambda x: loaded(*x)}
     errors: dict[str, str] = {}
     torch_peers(peers, model, samples, runners, errors)
@@ -60,7 +67,7 @@ def build(name: str, peers: list[str]) -> tuple[ZooModel, dict[str, Runner], dic
     return z, runners, errors, loaded.executor
 
 
-def run(names: list[str], peers: list[str], repeat: int) -> dict[str, Any]:
+def run(names: list[str], peers: list[str], repeat: int, isa: str | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {
         "machine": describe(threads=torch.get_num_threads()),
         "torch": torch.__version__,
@@ -68,7 +75,7 @@ def run(names: list[str], peers: list[str], repeat: int) -> dict[str, Any]:
     }
     for name in names:
         with torch.no_grad():
-            z, runners, errors, report["machine"]["bladepack"] = build(name, peers)
+            z, runners, errors, report["machine"]["bladepack"] = build(name, peers, isa)
             g = torch.Generator().manual_seed(2)
             rows = []
             for size in z.bench:
@@ -114,9 +121,10 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(ZOO))
     ap.add_argument("--peers", default="eager,compile,ort,openvino")
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--isa", default=None, help="the CPU kernel library to load (default: the best this CPU runs)")
     ap.add_argument("--out", default=str(RESULTS / "zoo_models"))
     a = ap.parse_args()
-    report = run(a.models.split(","), a.peers.split(","), a.repeat)
+    report = run(a.models.split(","), a.peers.split(","), a.repeat, a.isa)
     text = markdown(report)
     print(text)
     out = Path(a.out)

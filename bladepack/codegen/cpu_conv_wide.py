@@ -28,7 +28,8 @@ build). Note [AVX2 weight prefetch]: an AVX2 tile of 16 channels reads one 64-by
 256-byte weight row, a stride the hardware prefetchers followed too late (a third of ResNet-18's
 layer-4 samples on that load); the tile prefetches AVX2_PREFETCH rows ahead: layer 4 1400 -> 1160
 µs, the whole model 16.8 -> 15.9 ms (8 rows ahead measured 1228 µs, 24 and 32 within 1% of 16; in
-the AVX-512 library, whose tile reads whole rows in order, prefetching measured no different). The
+the AVX-512 library, whose tile reads whole rows in order, prefetching measured no different); the
+group's first tile also brings in whole rows (Note [AVX2 row touch] in cpu_conv_nhwc.py). The
 pointer tables of a row's tiles are made once and serve every chunk. AVX-512 keeps 6 pixels x 64
 channels (24 accumulator vectors); the AVX2 library, with 16 vector registers, walks a block 16
 channels at a time (12 accumulators). Measured on ResNet-18 at 224 x 224, batch 1, 2 threads,
@@ -46,7 +47,7 @@ slower), and AVX2 tiles of 3 pixels x 32 channels (much slower).
 from __future__ import annotations
 
 from bladepack.codegen.c_render import CPU_MEMTYPE, CTYPE, Loop
-from bladepack.codegen.cpu_conv_nhwc import image_start, store_block, tap_pointers, zero_pixel
+from bladepack.codegen.cpu_conv_nhwc import image_start, store_block, tap_pointers, touch_row, zero_pixel
 from bladepack.codegen.emitter import Emitter
 from bladepack.ir.ops import CHANNEL_BLOCK, Conv2dAttrs
 from bladepack.ir.views import simplify
@@ -119,7 +120,7 @@ def wide_conv_kernel(em: Emitter) -> None:
         em.line("  }")
         em.line("}")
 
-        def tile_block(width: int, col: str, npx: int, prefetch: int = 0) -> None:
+        def tile_block(width: int, col: str, npx: int, prefetch: int = 0, touch: bool = False) -> None:
             """acc over output channels [cb, cb + width) of the first `npx` pixels of tile t for input
             channels [c0_, c1_): from zero or the partial sums, then back to them or, after the last
             chunk, stored."""
@@ -138,6 +139,10 @@ def wide_conv_kernel(em: Emitter) -> None:
             em.line(f"    const {mt}* BPK_RESTRICT wc = wp_ + (k * {cin} + ci) * {block} + {col};")
             if prefetch:  # Note [AVX2 weight prefetch]
                 em.line(f"    __builtin_prefetch(wc + {prefetch} * {block});")
+            if touch:  # Note [AVX2 row touch] (cpu_conv_nhwc.py): the group's first tile, first sub-block
+                em.line("    if (t == 0) {")
+                touch_row(em, "wc", block, n.type.dtype.itemsize)
+                em.line("    }")
             em.line(f"    #pragma GCC unroll {npx}")
             em.line(f"    for (int p = 0; p < {npx}; ++p) {{")
             em.line(f"      const {t} xv_ = xk_[p][ci * {sc}];")
@@ -184,8 +189,9 @@ def wide_conv_kernel(em: Emitter) -> None:
                 full = width - width % AVX2_BLOCK
 
                 def avx2() -> None:  # 16 vector registers: 6 pixels x 2 vectors of accumulators
+                    em.loop(["{"], [], lambda: tile_block(AVX2_BLOCK, "0", npx, AVX2_PREFETCH, touch=True))
                     em.loop(
-                        [f"for (int64_t sb_ = 0; sb_ < {full}; sb_ += {AVX2_BLOCK}) {{"],
+                        [f"for (int64_t sb_ = {AVX2_BLOCK}; sb_ < {full}; sb_ += {AVX2_BLOCK}) {{"],
                         [],
                         lambda: tile_block(AVX2_BLOCK, "sb_", npx, AVX2_PREFETCH),
                     )

@@ -25,7 +25,7 @@ each tile's 16 vectors into its 2x2 outputs, and each output pixel inside the im
 chain (Note [Convolution epilogue]) to its store. A tile past the image's last row or column (odd sizes)
 computes values no pixel stores. The AVX2 library walks a block 16 channels at a time (RT x 2 vectors: 12
 accumulators in its 16 registers), inside the loop over e, so the sub-blocks share the element's weights in
-L2. Measured on ResNet-18 (2 threads, AMD EPYC, bench/results/zoo_resnet18.md), per 3x3 layer at 224 x 224,
+L2; the first sub-block's pass brings in whole rows (Note [AVX2 row touch] in cpu_conv_nhwc.py). Measured on ResNet-18 (2 threads, AMD EPYC, bench/results/zoo_resnet18.md), per 3x3 layer at 224 x 224,
 direct -> Winograd, AVX-512 library: 64 channels 438-456 -> 289-318 µs, 128 channels 503-521 -> 291-305, 256
 channels 504-509 -> 391-393; AVX2 library: 897-907 -> 491-507, 983-992 -> 540-552, 985-1014 -> 840-849. Tried:
 rows of 2-6 register tiles sharing one pass over a block's weights (each e's [C_in, B] matrix reused from L1
@@ -45,7 +45,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from bladepack.codegen.c_render import CPU_MEMTYPE, CTYPE, Loop
-from bladepack.codegen.cpu_conv_nhwc import image_start, tap_pointers, zero_pixel
+from bladepack.codegen.cpu_conv_nhwc import image_start, tap_pointers, touch_row, zero_pixel
 from bladepack.codegen.emitter import Emitter
 from bladepack.ir.ops import CHANNEL_BLOCK, Conv2dAttrs
 from bladepack.ir.views import simplify
@@ -120,8 +120,9 @@ def winograd_conv_kernel(em: Emitter) -> None:
         em.line("  }")
         em.line("}")
 
-    def products(width: int, col: str) -> None:
-        """M_[e][p][col + co] = sum over input channels of V_[e][p][ci] U[e][ci][col + co]."""
+    def products(width: int, col: str, touch: bool = False) -> None:
+        """M_[e][p][col + co] = sum over input channels of V_[e][p][ci] U[e][ci][col + co]; `touch`: the
+        first sub-block of an AVX2 tile (Note [AVX2 row touch])."""
         em.line(f"{t} acc[{RT}][{width}];")
         em.line(f"#pragma GCC unroll {RT}")
         em.line(f"for (int p = 0; p < {RT}; ++p) {{")
@@ -131,6 +132,8 @@ def winograd_conv_kernel(em: Emitter) -> None:
         em.line(f"const {mt}* BPK_RESTRICT ue_ = wp_ + e * {cin * block} + {col};")
         em.line(f"for (int64_t ci = 0; ci < {cin}; ++ci) {{")
         em.line(f"  const {mt}* BPK_RESTRICT wc = ue_ + ci * {block};")
+        if touch:
+            touch_row(em, "wc", block, n.type.dtype.itemsize)
         em.line(f"  #pragma GCC unroll {RT}")
         em.line(f"  for (int p = 0; p < {RT}; ++p) {{")
         em.line(f"    const {t} xv_ = ve_[p * {cin} + ci];")
@@ -160,7 +163,10 @@ def winograd_conv_kernel(em: Emitter) -> None:
         full = width - width % AVX2_BLOCK
 
         def avx2() -> None:
-            em.line(f"for (int64_t sb_ = 0; sb_ < {full}; sb_ += {AVX2_BLOCK}) {{")
+            em.line("{")
+            products(AVX2_BLOCK, "0", touch=True)
+            em.line("}")
+            em.line(f"for (int64_t sb_ = {AVX2_BLOCK}; sb_ < {full}; sb_ += {AVX2_BLOCK}) {{")
             products(AVX2_BLOCK, "sb_")
             em.line("}")
             if width % AVX2_BLOCK:
