@@ -316,8 +316,8 @@ _CORRUPT = {
 @pytest.mark.parametrize("name", sorted(_CORRUPT))
 def test_corrupt_cublaslt_records_are_refused(gpu: FakeGpu, artifact: bladepack.api.Artifact, name: str) -> None:
     """Both loaders refuse, at load, a cublaslt record whose epilogue cuBLASLt cannot compute or whose
-    operands do not match it (the Python plan check; the C++ runtime's manifest parser, whose operand
-    count check words it as any GEMM's)."""
+    operands do not match it, in the same words (the Python plan check; the C++ runtime's manifest
+    parser)."""
     import subprocess
 
     from bladepack.artifact import format as bpk_format
@@ -337,6 +337,4 @@ def test_corrupt_cublaslt_records_are_refused(gpu: FakeGpu, artifact: bladepack.
         [str(build("release") / "bpk-run"), str(path), "--device", "cuda"], capture_output=True, text=True, env=env
     )
     assert r.returncode == 1 and "corrupt plan: launch 0" in r.stderr, r.stderr
-    assert ("epilogue" if "activation" in name else "GEMM") in r.stderr, r.stderr
-    if "gelu" in name:
-        assert message in r.stderr, r.stderr
+    assert message in r.stderr, r.stderr
