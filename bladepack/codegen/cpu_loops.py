@@ -23,8 +23,18 @@ class CpuEmitter(RowEmitter):
     """The CPU backend's emitter: rows run in parallel chunks (`rows_loop`); a row pass is a loop nest
     over the row in one thread (`reduce_pass`)."""
 
+    # Note [Channel tiles] (cpu_channel_tiles.py): where a dry run records them, each load's offset and
+    # the scope its value is placed in (the innermost scope holding every value it depends on)
+    probe: list[tuple[sympy.Expr, int]] | None = None
+
     def rows_loop(self, outer_dims: Sequence[IRDim], cost: str, body: RowBody, chunk_setup: Sequence[str] = ()) -> None:
         rows_loop(self, outer_dims, cost, body, chunk_setup)
+
+    def load(self, base: int, dt: DType, off: sympy.Expr, syms: set[sympy.Symbol], key: object) -> str:
+        name = super().load(base, dt, off, syms, key)
+        if self.probe is not None:
+            self.probe.append((off, self.depth.get(name, len(self.scopes) - 1)))
+        return name
 
     def select(self, c: str, a: str, b: str, dt: DType) -> str:
         """Note [Invariant selects]: `c ? a : b` with `c` fixed across a loop that `a` or `b` varies in
