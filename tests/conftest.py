@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 # Build only the kernel library for this CPU's best ISA level in tests (one test builds all levels).
 os.environ.setdefault("BLADEPACK_CPU_ISAS", "host")
@@ -13,6 +14,9 @@ from hypothesis import settings
 import bladepack
 from samples.mlp import MLP
 from tests.helpers import no_dense_layers
+
+if TYPE_CHECKING:
+    from tests.cuda_harness import FakeGpu
 
 # Property tests draw the same examples on every run of the suite (CI must not go red on a draw it never
 # made before); `pytest --hypothesis-profile=explore` draws fresh ones and finds new counterexamples,
@@ -53,3 +57,12 @@ def release() -> Path:
     from tests import cpp_build
 
     return cpp_build.build("release")
+
+
+@pytest.fixture(scope="module")
+def gpu(tmp_path_factory: pytest.TempPathFactory) -> FakeGpu:
+    """The fake CUDA driver and libraries, kernels emulated on the CPU (tests/cuda_harness.py), one per
+    test module (a module may override it: test_cuda_cpp builds the C++ runtime first)."""
+    from tests.cuda_harness import FakeGpu
+
+    return FakeGpu(tmp_path_factory.mktemp("fake_gpu"))

@@ -44,11 +44,6 @@ class _Block(torch.nn.Module):
 
 
 @pytest.fixture(scope="module")
-def gpu(tmp_path_factory: pytest.TempPathFactory) -> FakeGpu:
-    return FakeGpu(tmp_path_factory.mktemp("fake_gpu"))
-
-
-@pytest.fixture(scope="module")
 def model() -> _Block:
     torch.manual_seed(0)
     return _Block().eval()

@@ -39,11 +39,6 @@ TARGETS = ("cuda:sm_90",)
 MAX = 300
 
 
-@pytest.fixture(scope="module")
-def gpu(tmp_path_factory: pytest.TempPathFactory) -> FakeGpu:
-    return FakeGpu(tmp_path_factory.mktemp("fake_gpu"))
-
-
 def _kinds(art: Any) -> list[str]:
     return [k.kind for k in art.plan.kernels if k.target == "cuda"]
 

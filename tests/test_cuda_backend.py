@@ -38,11 +38,6 @@ pytestmark = pytest.mark.skipif(
 TARGETS = ("cpu", "cuda:sm_90")  # one cubin keeps nvcc time down; test_every_arch builds them all
 
 
-@pytest.fixture(scope="module")
-def gpu(tmp_path_factory: pytest.TempPathFactory) -> FakeGpu:
-    return FakeGpu(tmp_path_factory.mktemp("fake_gpu"))
-
-
 def _eager(model: torch.nn.Module, args: tuple[Any, ...]) -> tuple[np.ndarray, ...]:
     with torch.no_grad():
         return tuple(o.numpy() for o in as_tuple(model(*args)))

@@ -101,11 +101,6 @@ pickle.dump(results, open(outs, "wb"))
 """
 
 
-@pytest.fixture(scope="module")
-def gpu(tmp_path_factory: pytest.TempPathFactory) -> FakeGpu:
-    return FakeGpu(tmp_path_factory.mktemp("fake_gpu"))
-
-
 def _run(
     gpu: FakeGpu, tmp_path: Path, art: Any, kind: str, steps: list[Any], calls: int = 1, strict: bool = False
 ) -> tuple[list[Any], subprocess.CompletedProcess[str]]:

@@ -35,11 +35,6 @@ class _Permutes(torch.nn.Module):
 
 
 @pytest.fixture(scope="module")
-def gpu(tmp_path_factory: pytest.TempPathFactory) -> FakeGpu:
-    return FakeGpu(tmp_path_factory.mktemp("fake_gpu"))
-
-
-@pytest.fixture(scope="module")
 def dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("permutes")
 
