@@ -23,11 +23,12 @@ its inputs' ranges one after another, each block inside one input.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import sympy
 
-from bladepack.codegen.c_render import CTYPE, Loop
+from bladepack.codegen.c_render import CTYPE, Args, Loop
+from bladepack.codegen.cpu_loops import CpuEmitter
 from bladepack.codegen.emitter import Emitter
 from bladepack.codegen.kernel import KernelContext, kernel_cost, store_offset
 from bladepack.ir import Node, OpKind
@@ -39,22 +40,20 @@ from bladepack.ir.views import simplify
 CHANNEL_TILE = 16  # channels per block: one AVX-512 vector of float32, two AVX2 ones
 
 
-def tile_axis(spec: KernelSpec, ctx: KernelContext, probe: Callable[[], list[tuple[sympy.Expr, bool]]]) -> int | None:
+def tile_axis(spec: KernelSpec, ctx: KernelContext) -> int | None:
     """Note [Channel tiles]: the axis a loop kernel of one root should compute in its inner loop, or
-    None. `probe` dry-runs the kernel's value at the index of Loop symbols i0, i1, ... and returns each
-    load's offset and whether it varies along the last axis."""
+    None."""
     dom = spec.domain
     rank = len(dom)
     if spec.kind != "loop" or rank < 2 or len(spec.roots) != 1 or ctx.types[spec.roots[0]].dtype.itemsize != 4:
         return None
     syms = [Loop(f"i{k}") for k in range(rank)]
-    last = syms[-1]
     axes: dict[int, int] = {}
-    for off, varies in probe():
+    for off, varies in _probe(spec, ctx, syms):
         if not varies:
             continue
         e = sympy.expand(off)
-        if e.coeff(last) == 1:
+        if e.coeff(syms[-1]) == 1:
             return None  # a load contiguous along the last dim: the ordinary schedule vectorizes it
         along = [k for k in range(rank - 1) if e.coeff(syms[k]) == 1]
         if len(along) != 1:
@@ -63,11 +62,22 @@ def tile_axis(spec: KernelSpec, ctx: KernelContext, probe: Callable[[], list[tup
     if len(axes) != 1:
         return None
     (axis,) = axes
-    n = ctx.nodes.get(spec.roots[0])
-    split = _concat(n, rank)
-    if n is not None and n.op is OpKind.CONCAT and split != axis:
-        return None
-    return axis
+    split = _concat(ctx.nodes.get(spec.roots[0]), rank)
+    return axis if split is None or split == axis else None
+
+
+def _probe(spec: KernelSpec, ctx: KernelContext, idx: Sequence[Loop]) -> list[tuple[sympy.Expr, bool]]:
+    """A dry run of the kernel's roots at `idx` inside a row scope (all but the last) and an inner scope
+    (the last): each load's offset and whether it varies along the last axis (its value lands in the
+    inner scope, directly or through an index that does)."""
+    em = CpuEmitter(spec, ctx, Args(), list(spec.roots), [])
+    em.probe = []
+    em.push(idx[:-1])
+    em.push(idx[-1:])
+    inner = len(em.scopes) - 1
+    for r in spec.roots:
+        em.eval(r, tuple(idx))
+    return [(off, depth >= inner) for off, depth in em.probe]
 
 
 def _concat(n: Node | None, rank: int) -> int | None:

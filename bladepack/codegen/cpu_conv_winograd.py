@@ -25,8 +25,9 @@ each tile's 16 vectors into its 2x2 outputs, and each output pixel inside the im
 chain (Note [Convolution epilogue]) to its store. A tile past the image's last row or column (odd sizes)
 computes values no pixel stores. The AVX2 library walks a block 16 channels at a time (RT x 2 vectors: 12
 accumulators in its 16 registers), inside the loop over e, so the sub-blocks share the element's weights in
-L2; the first sub-block's pass brings in whole rows (Note [AVX2 row touch] in cpu_conv_nhwc.py). Measured on ResNet-18 (2 threads, AMD EPYC, bench/results/zoo_resnet18.md), per 3x3 layer at 224 x 224,
-direct -> Winograd, AVX-512 library: 64 channels 438-456 -> 289-318 µs, 128 channels 503-521 -> 291-305, 256
+L2; the first sub-block's pass brings in whole rows (Note [AVX2 row touch] in cpu_conv_nhwc.py). Measured
+on ResNet-18 (2 threads, AMD EPYC, bench/results/zoo_resnet18.md), per 3x3 layer at 224 x 224, direct ->
+Winograd, AVX-512 library: 64 channels 438-456 -> 289-318 µs, 128 channels 503-521 -> 291-305, 256
 channels 504-509 -> 391-393; AVX2 library: 897-907 -> 491-507, 983-992 -> 540-552, 985-1014 -> 840-849. Tried:
 rows of 2-6 register tiles sharing one pass over a block's weights (each e's [C_in, B] matrix reused from L1
 across them) measured 5-15% slower overall, fewer rows to share among the threads; 7 tiles per register tile

@@ -99,22 +99,6 @@ def _loop_kernel(em: Emitter, simd: bool) -> None:
     em.rows_loop(dom[:-1], f"{em.args.ref(dom[-1])} * {kernel_cost(nodes)}", body)
 
 
-def _probe(spec: KernelSpec, ctx: KernelContext) -> list[tuple[sympy.Expr, bool]]:
-    """Note [Channel tiles]: a dry run of a loop kernel's roots at the index of Loop symbols i0, i1, ...
-    inside a row scope (all but the last) and an inner scope (the last): each load's offset and whether
-    it varies along the last axis (its value lands in the inner scope, directly or through an index
-    that does)."""
-    em = CpuEmitter(spec, ctx, Args(), list(spec.roots), [])
-    em.probe = []
-    idx = tuple(Loop(f"i{k}") for k in range(len(spec.domain)))
-    em.push(idx[:-1])
-    em.push(idx[-1:])
-    inner = len(em.scopes) - 1
-    for r in spec.roots:
-        em.eval(r, idx)
-    return [(off, depth >= inner) for off, depth in em.probe]
-
-
 def _outer_concat(em: Emitter) -> Node | None:
     """The concat, when a loop kernel's one result is a concat along an axis other than its innermost
     (Note [Concatenation along an outer axis])."""
@@ -222,7 +206,7 @@ def emit_kernel(
         plans = library
     elif conv is not None:
         plans = [("", sympy.true, lambda em: im2col_kernel(em, conv[0], conv[1], spec.roots[0]))]
-    elif spec.kind == "loop" and (axis := tile_axis(spec, ctx, lambda: _probe(spec, ctx))) is not None:
+    elif spec.kind == "loop" and (axis := tile_axis(spec, ctx)) is not None:
         plans = [("_ctile", sympy.true, functools.partial(channel_tile_kernel, axis=axis))]  # Note [Channel tiles]
     elif spec.kind == "loop":
         last = spec.domain[-1] if spec.domain else 1

@@ -33,7 +33,7 @@ class CpuEmitter(RowEmitter):
     def load(self, base: int, dt: DType, off: sympy.Expr, syms: set[sympy.Symbol], key: object) -> str:
         name = super().load(base, dt, off, syms, key)
         if self.probe is not None:
-            self.probe.append((off, self.depth.get(name, len(self.scopes) - 1)))
+            self.probe.append((off, self.depth[name]))
         return name
 
     def select(self, c: str, a: str, b: str, dt: DType) -> str:

@@ -73,8 +73,16 @@ import sympy
 from bladepack.codegen.anchor_kernels import reduce_kernel, scan_kernel, scatter_kernel, sort_kernel, topk_kernel
 from bladepack.codegen.c_render import CTYPE, Args, Loop
 from bladepack.codegen.cuda_conv import direct_conv_kernel, im2col_kernel, pool_kernel
-from bladepack.codegen.cuda_grid_reduce import GRID_THREADS, combine_variant, grid_variant, grid_workspace
-from bladepack.codegen.cuda_loops import BLOCK_SCRATCH, MEMTYPE, CudaEmitter, split_index, volume
+from bladepack.codegen.cuda_grid_reduce import combine_variant, grid_variant, grid_workspace
+from bladepack.codegen.cuda_loops import (
+    BLOCK_SCRATCH,
+    MEMTYPE,
+    SPLIT_OUTS,
+    SPLIT_THREADS,
+    CudaEmitter,
+    split_index,
+    volume,
+)
 from bladepack.codegen.cuda_tiles import TILE_THREADS, tile_variant
 from bladepack.codegen.kernel import ROW_OPS, KernelContext, same_shape, store_offset
 from bladepack.codegen.operand_check import add_atoms, operand_buffers
@@ -107,8 +115,6 @@ SORT_BLOCKS = (256, 1024, 4096)  # longer ones up to each bound a block's bitoni
 SORT_THREADS = 512
 # Note [Split reductions]: a reduce kernel with at most SPLIT_ROWS_MAX outputs (a thread each would not
 # fill a large GPU) and reductions of at least SPLIT_MIN elements gives each output several threads
-SPLIT_THREADS = 256
-SPLIT_OUTS = 32
 SPLIT_ROWS_MAX = 32768
 SPLIT_MIN = 64
 _MULTI_PASS = (OpKind.SOFTMAX, OpKind.LOG_SOFTMAX, OpKind.LAYER_NORM, OpKind.RMS_NORM)
@@ -404,7 +410,7 @@ def emit_cuda_kernel(
     if workspace is not None:  # Note [Grid reductions]: the "_grid" variant first, given its parts' workspace
         spec = dataclasses.replace(spec, roots=spec.roots[:-1])
         pred, body, blocks = grid_variant(ctx.nodes[spec.roots[0]], ctx, workspace)
-        plans.append(("_grid", pred, body, launch_grid(blocks, 1), GRID_THREADS, 0))
+        plans.append(("_grid", pred, body, launch_grid(blocks, 1), SPLIT_THREADS, 0))
     stores = [*spec.roots, *([] if workspace is None else [workspace])]
     loads: list[View] = []
     if library:  # a library op's own variants

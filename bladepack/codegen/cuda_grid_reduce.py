@@ -10,7 +10,7 @@ Note [Grid reductions]: an output of a reduction gets at most one block: a reduc
 512 threads per row. A sum of 64M elements (a loss, a global statistic, a norm of a whole tensor, a
 mean over a long axis at batch 1) then runs on one SM of 132, at a hundredth of the memory bandwidth.
 Where a reduce kernel, or a row kernel whose one root is a sum, mean, product, max or min of elements
-computed inline (no softmax or norm among them: `grid_root`), has fewer than GRID_OUTS outputs and
+computed inline (no softmax or norm among them: `grid_root`), has fewer than SPLIT_OUTS outputs and
 each reduces at least two GRID_CHUNKs of elements, its "_grid" variant, first in line, gives every
 output P blocks (P = min(floor(length / GRID_CHUNK), floor(GRID_BLOCKS / outputs), GRID_MAX), a
 formula of the shape symbols the shape program evaluates per input signature), and runs as the
@@ -37,7 +37,7 @@ import sympy
 
 from bladepack.codegen.anchor_kernels import reduce_axes, reduce_kernel, reduce_kind, store_reduced
 from bladepack.codegen.c_render import CTYPE, Loop
-from bladepack.codegen.cuda_loops import REDUCE_FUNCTORS, CudaEmitter, accumulator, volume
+from bladepack.codegen.cuda_loops import REDUCE_FUNCTORS, SPLIT_OUTS, SPLIT_THREADS, CudaEmitter, accumulator, volume
 from bladepack.codegen.kernel import ROW_OPS, KernelContext
 from bladepack.dtypes import DType
 from bladepack.ir import Node, OpKind
@@ -45,8 +45,6 @@ from bladepack.ir.fusion_plan import KernelSpec
 from bladepack.ir.types import TensorType
 from bladepack.ir.views import simplify
 
-GRID_THREADS = 256  # threads of a block (SPLIT_THREADS: the "_split1" schedule's)
-GRID_OUTS = 32  # split outputs fewer than this (SPLIT_OUTS: from there "_split32" fills the GPU)
 GRID_CHUNK = 8192  # elements a block reduces, at least (32 a thread)
 GRID_BLOCKS = 512  # blocks of all outputs together, at most (about four per SM of a large GPU)
 GRID_MAX = 512  # blocks of one output, at most
@@ -100,7 +98,7 @@ def grid_split(n: Node, ctx: KernelContext) -> GridSplit | None:
         1,
         sympy.Min(sympy.floor(length / GRID_CHUNK), sympy.floor(sympy.Integer(GRID_BLOCKS) / outputs), GRID_MAX),
     )
-    when = sympy.And(sympy.Lt(outputs, GRID_OUTS), sympy.Gt(parts, 1))
+    when = sympy.And(sympy.Lt(outputs, SPLIT_OUTS), sympy.Gt(parts, 1))
     if when is sympy.false:
         return None
     return GridSplit(parts, when, TensorType(accumulator(n), (simplify(outputs * parts),)))
@@ -116,7 +114,7 @@ def grid_variant(n: Node, ctx: KernelContext, workspace: int) -> tuple[Any, Call
 
 
 def _grid_reduce(em: CudaEmitter, parts: sympy.Expr, workspace: int) -> None:
-    em.shares = (1, GRID_THREADS)
+    em.shares = (1, SPLIT_THREADS)
     em.grid = (em.args.ref(parts), workspace)
     reduce_kernel(em)
 

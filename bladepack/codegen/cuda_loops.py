@@ -46,6 +46,10 @@ KERNEL_SHIFT = 24
 INT32_MAX = (1 << 31) - 1
 # the shared memory bpk::block_all combines a block's warps in (up to 32 values of up to 24 bytes)
 BLOCK_SCRATCH = "__shared__ double bpk_scratch[3 * 32];"
+# Note [Split reductions] (cuda_emitter.py): threads of a block sharing its outputs' reductions, and
+# the output count below which a block takes one output (and Note [Grid reductions] splits it further)
+SPLIT_THREADS = 256
+SPLIT_OUTS = 32
 REDUCE_FUNCTORS = {"sum": "bpk::Sum()", "prod": "bpk::Prod()", "max": "bpk::Max()", "min": "bpk::Min()"}
 
 
