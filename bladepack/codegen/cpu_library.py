@@ -56,7 +56,7 @@ extern const int64_t bpk_nfn;
 
 namespace {
 struct Ctx {
-  bpk::Pool pool;
+  bpk::ThreadPool pool;
   bpk::Blas blas;
   explicit Ctx(int n) : pool(n) {}
 };

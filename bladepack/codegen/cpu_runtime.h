@@ -14,19 +14,20 @@
 // how many words after the record to skip when the byte says otherwise: a run-time branch inside one
 // word list, Note [Native preparation] in bladepack/loader/native_prepare.py). A WHEN record is not a
 // launch: it takes no launch index and no time.
+//
+// Note [A slim prelude]: every unit of a library loads this prelude as a precompiled header, so what it
+// includes is paid once per unit: <mutex>, <condition_variable>, <thread>, <memory> and <chrono> made
+// the header 47 MB, 0.16 s to load per unit and 1.9 s to precompile per ISA level. Kernels need of the
+// pool only its size and `Pool::run`; the threads, locks and clock live in the runtime unit
+// (cpu_pool_run.h: `ThreadPool`, `yield_thread`, `now_ns`), which includes those headers itself.
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <type_traits>
-#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <limits>
-#include <memory>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 #define BPK_ABI_VERSION 1
@@ -130,98 +131,24 @@ inline int64_t fail(int64_t* status, int64_t code, int64_t value, int64_t extra 
 }  // namespace chk
 typedef void (*RangeFn)(void*, int64_t, int64_t);
 
-// A persistent pool. Note [Pool jobs]: a job is [0, n) cut into up to 4 chunks per thread that the
-// caller and the workers claim from one counter, so the caller never waits for a worker that has not
-// started: a worker that the OS has not scheduled (the machine busy with another runtime's threads)
-// simply finds no chunk left. A worker takes part only by joining the job (a CAS on `job` while it is
-// open); the caller closes the job when the chunks run out and waits only for the workers that joined,
-// which are running. Workers spin briefly between jobs, then sleep on a condition variable, so
-// back-to-back kernels pay no wake-up while an idle process does not burn a core.
-//
-// Note [Chunk owners]: the chunks are cut into one contiguous block per thread (the caller's first)
-// and each thread claims from its own block before it takes what is left of the others'. Consecutive
-// kernels walk their rows in the same order (image, then tile or row), so a thread mostly reads what
-// it wrote itself in the kernel before, from its own cache, where one shared counter dealt the chunks
-// out by arrival and half the reads went to the other core's cache. A block whose owner never joins
-// (not scheduled) is taken by the others as before.
+// A persistent pool as kernels see it: its size and `run` (Note [Pool jobs], Note [Chunk owners] in
+// cpu_pool_run.h, which defines the threads behind it).
 struct Pool {
-  static constexpr uint64_t kClosed = uint64_t(1) << 16, kJoinMask = kClosed - 1;
   int nthreads = 1;
-  std::vector<std::thread> workers;
-  std::mutex mu, run_mu;
-  std::condition_variable cv;
-  std::atomic<uint64_t> job{kClosed};  // (id << 17) | closed bit | joined workers
-  struct alignas(64) Block {
-    std::atomic<int64_t> next{0};  // the block's next chunk to claim
-    int64_t end = 0;
-  };
-  std::unique_ptr<Block[]> blocks;  // Note [Chunk owners]: thread t's own chunks are blocks[t]
-  std::atomic<int> left{0};            // joined workers that have finished
-  std::atomic<int> sleepers{0};
-  std::atomic<bool> stop{false};
-  RangeFn fn = nullptr;
-  void* closure = nullptr;
-  int64_t n = 0, chunks = 0;
-
-  explicit Pool(int threads) : nthreads(threads < 1 ? 1 : threads), blocks(new Block[size_t(nthreads)]) {
-    for (int t = 1; t < nthreads; ++t) workers.emplace_back([this, t] { loop(t); });
-  }
-  ~Pool() {
-    {
-      std::lock_guard<std::mutex> g(mu);
-      stop.store(true);
-      job.fetch_add(uint64_t(1) << 17);
-    }
-    cv.notify_all();
-    for (auto& w : workers) w.join();
-  }
+  explicit Pool(int threads) : nthreads(threads < 1 ? 1 : threads) {}
   static void relax() {
 #if defined(__x86_64__)
     __builtin_ia32_pause();
 #endif
   }
-  void work(int self) {  // thread `self`'s own block first, then the others' (Note [Chunk owners])
-    for (int k = 0; k < nthreads; ++k) {
-      Block& b = blocks[size_t((self + k) % nthreads)];
-      for (;;) {
-        int64_t c = b.next.fetch_add(1, std::memory_order_relaxed);
-        if (c >= b.end) break;
-        int64_t lo = n * c / chunks, hi = n * (c + 1) / chunks;
-        fn(closure, lo, hi);
-      }
-    }
-  }
-  void loop(int self) {
-    uint64_t seen = job.load() >> 17;
-    for (;;) {
-      uint64_t j = job.load(std::memory_order_acquire);
-      for (int spins = 0; (j >> 17) == seen && spins < 4000 && !stop.load(std::memory_order_relaxed); ++spins) {
-        relax();
-        j = job.load(std::memory_order_acquire);
-      }
-      if ((j >> 17) == seen) {
-        // `stop` too: a pool destroyed before this worker first read `job` never changes it again
-        std::unique_lock<std::mutex> lk(mu);
-        sleepers.fetch_add(1);
-        cv.wait(lk, [&] { return (job.load() >> 17) != seen || stop.load(); });
-        sleepers.fetch_sub(1);
-        j = job.load(std::memory_order_acquire);
-      }
-      if (stop.load()) return;
-      seen = j >> 17;
-      while (!(j & kClosed) && (j >> 17) == seen) {  // join while the job is open
-        if (job.compare_exchange_weak(j, j + 1, std::memory_order_acq_rel)) {
-          work(self);
-          left.fetch_add(1, std::memory_order_release);
-          break;
-        }
-      }
-    }
-  }
   // out of line (cpu_pool_run.h, in the library's runtime unit): every kernel unit calls it, and
-  // compiled inline it was half of a small unit's compile time (Note [Split kernel libraries])
+  // compiled inline it was half of a small unit's compile time (Note [Split kernel libraries]); the
+  // pool is always a ThreadPool there (Note [A slim prelude])
   void run(int64_t count, RangeFn f, void* c);
 };
+// the runtime unit's: std::this_thread::yield() and the steady clock in nanoseconds (Note [A slim prelude])
+void yield_thread();
+int64_t now_ns();
 
 // Runs body(lo, hi) over [0, n) on the pool when the work (n * cost, in rough element-operations) is
 // large enough to pay for the hand-off, else inline.
@@ -242,10 +169,10 @@ inline void parallel_for(RunState* st, int64_t n, int64_t cost, F&& body) {
 // Note [Teams]: a loop whose iterations depend on each other (a recurrent layer's steps: each needs
 // the whole state the last one wrote) splits each iteration's work over a team of threads that meet at
 // a barrier between iterations. The pool's jobs never make the caller wait for a thread that has not
-// started (Note [Pool jobs]), and a team keeps that: a job of one chunk per thread, each chunk a
-// member that registers when it starts; the first (the leader) waits up to kTeamFormNs for the others,
-// then fixes the team to those that came; a later chunk finds the team formed and leaves, and a thread
-// that runs several chunks (the pool held by another run: all inline) is one member. The barrier
+// started (Note [Pool jobs] in cpu_pool_run.h), and a team keeps that: a job of one chunk per thread,
+// each chunk a member that registers when it starts; the first (the leader) waits up to kTeamFormNs for
+// the others, then fixes the team to those that came; a later chunk finds the team formed and leaves,
+// and a thread that runs several chunks (the pool held by another run: all inline) is one member. The barrier
 // (`sync`) waits only on members, all running. body(member, size, team) must call `sync` the same
 // number of times in every member.
 struct Team {
@@ -262,7 +189,7 @@ struct Team {
       if (spins < 4000) {
         Pool::relax();
       } else {
-        std::this_thread::yield();
+        yield_thread();
       }
     }
   }
@@ -275,10 +202,8 @@ inline void team_run(RunState* st, F&& body) {
   auto member = [&]() {
     const int m = team.members.fetch_add(1, std::memory_order_acq_rel);
     if (m == 0) {
-      const auto start = std::chrono::steady_clock::now();
-      while (team.members.load(std::memory_order_acquire) < threads &&
-             std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count() <
-                 Team::kTeamFormNs)
+      const int64_t start = now_ns();
+      while (team.members.load(std::memory_order_acquire) < threads && now_ns() - start < Team::kTeamFormNs)
         Pool::relax();
       const int n = team.members.load(std::memory_order_acquire);
       team.size.store(n < threads ? n : threads, std::memory_order_release);
