@@ -214,14 +214,12 @@ __attribute__((visibility("default"))) int64_t bpk_run(void* c, const int64_t* w
       if ((*static_cast<const uint8_t*>(ptrs[0]) != 0) != (a != 0)) pos += ints[0];
       continue;
     }
-    const auto t0 = times_ns ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
+    const int64_t t0 = times_ns ? bpk::now_ns() : 0;
     if (op == BPK_OP_KERNEL) {
       bpk_kernels[a](&st, ptrs, ints);
     } else if (op == BPK_OP_GEMM) {
 %(gemm_calls)s    }
-    if (times_ns)
-      times_ns[launch] =
-          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+    if (times_ns) times_ns[launch] = bpk::now_ns() - t0;
     if (st.err_code.load() != 0) {
       status[0] = launch;
       status[1] = st.err_code.load();

@@ -13,8 +13,8 @@ namespace bpk {
 // the OS has not scheduled (the machine busy with another runtime's threads) simply finds no chunk
 // left. A worker takes part only by joining the job (a CAS on `job` while it is open); the caller
 // closes the job when the chunks run out and waits only for the workers that joined, which are
-// running. Workers spin briefly between jobs, then sleep on a condition variable, so
-// back-to-back kernels pay no wake-up while an idle process does not burn a core.
+// running. Workers spin briefly between jobs, then sleep on a condition variable, so back-to-back
+// kernels pay no wake-up while an idle process does not burn a core.
 //
 // Note [Chunk owners]: the chunks are cut into one contiguous block per thread (the caller's first)
 // and each thread claims from its own block before it takes what is left of the others'. Consecutive
