@@ -352,3 +352,57 @@ def test_depthwise_channel_multipliers_at_every_isa_level(tmp_path: Path) -> Non
                 for k, (got, ref) in enumerate(zip(mod(x.numpy()), want, strict=True)):
                     err = float(np.abs(np.asarray(got) - ref).max() / max(1.0, float(np.abs(ref).max())))
                     assert err <= 1e-5, (isa, threads, (n, h, w), k, err)
+
+
+class _DepthwiseWidths(torch.nn.Module):
+    """Depthwise convolutions without a channel multiplier whose channel counts cross the AVX2 library's
+    blocks of 16 (Note [Convolution tiles per ISA]): 8 and 12 (one narrow block), 17 (16 and a tail of 1),
+    40 (16, 16, 8), 64 (a whole AVX-512 block), 72 (past it, a tail of 8 there) and 100 at stride 2, each with
+    a batch norm and a hardswish epilogue, as MobileNet's are."""
+
+    COUNTS = (8, 12, 17, 40, 64, 72, 100)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.convs = torch.nn.ModuleList(
+            torch.nn.Conv2d(c, c, 3, stride=2 if c == 100 else 1, padding=1, groups=c, bias=c % 2 == 0)
+            for c in self.COUNTS
+        )
+        self.norms = torch.nn.ModuleList(torch.nn.BatchNorm2d(c) for c in self.COUNTS)
+        for bn in self.norms:
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(
+            torch.nn.functional.hardswish(bn(c(x[:, : c.in_channels])))  # type: ignore[index]
+            for c, bn in zip(self.convs, self.norms)
+        )
+
+
+def test_depthwise_channel_blocks_at_every_isa_level(tmp_path: Path) -> None:
+    """The depthwise kernel's channel blocks per ISA library (AVX2 walks 16 channels at a time): every
+    library this CPU runs, one and two threads, images with every tile on the border and wide ones with
+    interior tiles, against eager within 1e-5 of each output's scale."""
+    from bladepack.options import LoaderOptions
+    from tests.helpers import all_isas, runnable_levels
+
+    torch.manual_seed(0)
+    net = _DepthwiseWidths().eval()
+    dims = ({0: Dim("batch", max=4), 2: Dim("h", max=64), 3: Dim("w", max=64)},)
+    art = bladepack.optimize(net, [(torch.randn(2, 100, 9, 11),)], dims, options=all_isas())
+    levels = runnable_levels(art)
+    assert len(levels) >= 2, art.cpu_libraries
+    path = tmp_path / "depthwise.bpk"
+    art.save(path)
+    for isa in levels:
+        for threads in (1, 2):
+            mod = bladepack.load(path, executor="native", options=LoaderOptions(cpu_isa=isa, num_threads=threads))
+            assert [k["kind"] for k in mod._manifest.kernels["cpu"]].count("conv") == len(net.convs)
+            for n, h, w in [(1, 1, 1), (2, 3, 5), (1, 9, 40), (2, 17, 33), (1, 4, 64)]:
+                x = torch.randn(n, 100, h, w)
+                with torch.no_grad():
+                    want = [t.numpy() for t in net(x)]
+                for k, (got, ref) in enumerate(zip(mod(x.numpy()), want, strict=True)):
+                    err = float(np.abs(np.asarray(got) - ref).max() / max(1.0, float(np.abs(ref).max())))
+                    assert err <= 1e-5, (isa, threads, (n, h, w), k, err)

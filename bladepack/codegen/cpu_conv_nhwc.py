@@ -315,11 +315,13 @@ def nhwc_conv_kernel(em: Emitter) -> None:
         # hold 8-12 accumulators (8 pixels x 8 channels, 6 x 16), so the AVX2 library walks the
         # channels in such narrower blocks (acc[6][64] is 48 vectors, which GCC spilled). Measured in
         # the AVX2 library: ResNet-18's 64-channel 3x3 convolutions 1265 -> 895 µs (65% -> 91% of its
-        # FMA peak), the CNN sample 1.06-1.24x; depthwise convolutions stay whole (the zoo's
-        # MobileNet measured 0.79-0.90x with narrower blocks).
+        # FMA peak), the CNN sample 1.06-1.24x. Depthwise convolutions too (their acc[6][64] spilled
+        # the same way): the zoo MobileNet's 64-channel depthwise layers at 8 x 96 x 96 448 -> 363 µs,
+        # bitwise the same sums. Not those with a channel multiplier (Note [Channel multipliers]): its
+        # downsampling (16 -> 32 channels) took 54 -> 579 µs in blocks of 8, so they stay whole.
         def per_isa(npx: int) -> None:
             sub = 8 * max(1, 12 // npx)
-            if not depthwise and t == "float" and block > sub:
+            if (not depthwise or mult == 1) and t == "float" and block > sub:
                 em.branch("#if defined(__AVX2__) && !defined(__AVX512F__)", lambda: blocks(sub, npx))
                 em.branch("#else", lambda: blocks(block, npx))
                 em.line("#endif")

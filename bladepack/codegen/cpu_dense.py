@@ -76,6 +76,14 @@ def panel_block(block: int, nn: int) -> int:
     return block - block % PANEL if block > PANEL else max(d for d in (8, 4, 2, 1) if d <= block)
 
 
+def column_group(block: int, nn: int, tile: int) -> int:
+    """Output columns per parallel row for register blocks of `block` columns (Note [Dense column
+    groups]): as many whole blocks as fit in CHANNEL_BLOCK for tiles of three rows or more, else one."""
+    if tile <= 2:
+        return block
+    return block * max(1, min(nn, CHANNEL_BLOCK) // block)
+
+
 def dense_body(tile: int) -> Callable[[Emitter], None]:
     """The body of the variant with `tile` rows per register tile."""
     return lambda em: dense_kernel(em, tile)
@@ -112,9 +120,10 @@ def dense_kernel(em: Emitter, tile: int) -> None:
     co, pix, row, i_y, i_x, i_n = Loop("co"), Loop("px"), Loop("row"), Loop("oy"), Loop("ox"), Loop("on")
     elem = 8 if t == "double" else 4
 
-    def emit(vector_bytes: int, block: int) -> None:
-        """The kernel for one ISA's vectors: `block` output columns per register tile."""
-        blocks = (nn + block - 1) // block
+    def emit(vector_bytes: int, block: int, group: int) -> None:
+        """The kernel for one ISA's vectors: `block` output columns per register tile, `group` (whole
+        blocks) per parallel row (Note [Dense column groups])."""
+        blocks = (nn + group - 1) // group
 
         def body(outer: tuple[Loop, ...]) -> None:
             i_t, i_b = outer[::-1] if panels else outer
@@ -122,7 +131,7 @@ def dense_kernel(em: Emitter, tile: int) -> None:
             em.line(f"const {mt}* BPK_RESTRICT wp_ = {pw_} + {r(wv.offset)};")
             em.line(f"const int64_t q0_ = {i_t.name} * {tile};")
             em.line(f"const int64_t np_ = std::min<int64_t>({tile}, {r(m)} - q0_);")
-            em.line(f"const int64_t cb = {i_b.name} * {block};")
+            em.line(f"const int64_t {'cb' if group == block else 'c0_'} = {i_b.name} * {group};")
             em.line(f"const {mt}* ap_[{tile}];  // each row's x; a tail tile repeats its last row")
             if one_image:
                 em.line(
@@ -220,7 +229,21 @@ def dense_kernel(em: Emitter, tile: int) -> None:
                 )
 
             cb = Loop("cb")
-            if nn % block == 0:
+            if group > block:  # Note [Dense column groups]: the row's whole blocks, then the last group's tail
+                em.line(f"const int64_t ce_ = std::min<int64_t>(c0_ + {group}, {nn});")
+                em.loop(
+                    [f"for (int64_t cb = c0_; cb + {block} <= ce_; cb += {block}) {{"],
+                    [cb],
+                    lambda: channel_block(block),
+                )
+                last = nn - (blocks - 1) * group  # the last group's columns
+                if last % block:
+                    em.loop(
+                        [f"if (ce_ - c0_ == {last}) {{", f"const int64_t cb = c0_ + {last - last % block};"],
+                        [cb],
+                        lambda: channel_block(last % block),
+                    )
+            elif nn % block == 0:
                 em.loop(["{"], [cb], lambda: channel_block(block))
             else:  # the last block is narrower
                 em.loop([f"if (cb + {block} <= {nn}) {{"], [cb], lambda: channel_block(block))
@@ -230,7 +253,7 @@ def dense_kernel(em: Emitter, tile: int) -> None:
         # 2^18 of them (what the GEMM path asks of a BLAS product): below that the hand-off costs more
         # (the LLaMA step's 16 x 64 x 172 products: 3.9 against 2.6 us). A tile of one or two rows is
         # bound by streaming W instead, so it splits from 32K weight elements (256 x 128 and up).
-        cost = k * block if tile <= 2 else tile * k * block // 8
+        cost = k * group if tile <= 2 else tile * k * group // 8
         # Note [Dense weight panels]: over panels, a block's panel stays in L2 across the row tiles
         em.rows_loop([blocks, tiles] if panels else [tiles, blocks], f"{cost + 1}", body)
 
@@ -244,10 +267,20 @@ def dense_kernel(em: Emitter, tile: int) -> None:
     # GFLOP/s, 0.87x -> 2.1x OpenBLAS's Haswell kernels. Channels-last convolutions keep their tiles: the
     # same change measured no different on a 64 -> 64 3x3 convolution (each block re-reads every input
     # pixel); the NCHW direct convolution's blocks do change (Note [Convolution tiles per ISA]).
+    #
+    # Note [Dense column groups]: a parallel row of a narrow-register library covers as many of its
+    # register blocks as fit in CHANNEL_BLOCK columns (`column_group`), walked one after the other, so the
+    # row's setup (the tile's row pointers, an odometer with three divisions per row when rows are
+    # pixels) is paid once per 64 columns as in the AVX-512 library, not once per 16. It mattered where K
+    # is short: MobileNet's 16 -> 64 pointwise expansions at x86-64-v3 on a Zen 4 EPYC, 8 x 96 x 96,
+    # 266 -> 237 µs (1.12x; 1.12x at 4 x 64 x 64); BERT's dense layers there 1.03-1.07x; the sums are bitwise
+    # the same. Tiles of one or two rows keep a row per block: their rows are cheap to set up, and
+    # finer column rows split a decode step's few rows over the pool (Note [Dense threads]).
     em.line("#if defined(__AVX512F__)")
-    emit(VECTOR_BYTES, min(nn, CHANNEL_BLOCK))
+    emit(VECTOR_BYTES, min(nn, CHANNEL_BLOCK), min(nn, CHANNEL_BLOCK))
     for guard, vector_bytes in (("#elif defined(__AVX2__)", 32), ("#else", 16)):
         em.line(guard)
         block = min(nn, narrow_block(vector_bytes // elem, tile))
-        emit(vector_bytes, panel_block(block, nn) if panels else block)
+        block = panel_block(block, nn) if panels else block
+        emit(vector_bytes, block, column_group(block, nn, tile))
     em.line("#endif")
