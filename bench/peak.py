@@ -12,7 +12,11 @@ kernel family's GFLOP/s and its fraction of that level's peak at the same thread
 - dense layers whose K is split into pieces (Note [Dense K pieces]: 8192 -> 512);
 - GEMMs that are not dense layers: a weight another op reads too (a language model's head tied to its
   embedding table: BLAS or the small-M kernel) and an activation x activation batched matmul
-  (attention's shape).
+  (attention's shape);
+- a MobileNet inverted residual (16 -> 64 channels 1x1, 3x3 depthwise, 64 -> 16 1x1 with the residual,
+  each with a batch norm and activation) on a channels-last map: each of its three convolution kernels
+  timed on its own by the loader's per-launch profile (short K and depthwise work, where the FMA peak is
+  not the only limit).
 The peak is a loop of independent FMA chains (enough to cover the FMA latency on both FMA pipes,
 several registers' worth per chain set), built with the level's -march and run on 1 and on every
 allowed core at once; a family's figure is whole calls of the loaded artifact (launch cost included),
@@ -141,6 +145,40 @@ class _Tied(torch.nn.Module):
         return x @ self.emb.weight.T, self.emb(ids)
 
 
+class _Inverted(torch.nn.Module):
+    """MobileNetV2's inverted residual at 16 channels, expansion 4, after a stem that makes the chain
+    channels-last (samples/zoo.py's MobileNet blocks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        n = torch.nn
+        self.stem = n.Sequential(n.Conv2d(3, 16, 3, padding=1), n.BatchNorm2d(16), n.Hardswish())
+        self.expand = n.Sequential(n.Conv2d(16, 64, 1, bias=False), n.BatchNorm2d(64), n.ReLU6())
+        self.dw = n.Sequential(n.Conv2d(64, 64, 3, padding=1, groups=64, bias=False), n.BatchNorm2d(64), n.Hardswish())
+        self.project = n.Sequential(n.Conv2d(64, 16, 1, bias=False), n.BatchNorm2d(16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.stem(x)
+        h = self.expand(y)
+        h = self.dw(h)
+        return y + self.project(h)
+
+
+def _launch_us(m: Any, x: np.ndarray, marks: dict[str, str], quick: bool) -> dict[str, float]:
+    """Per family in `marks` (name -> a piece of its launch's source line), the best over rounds of the
+    per-launch median wall time (µs) in the loader's profile."""
+    best = {name: float("inf") for name in marks}
+    for _ in range(2 if quick else 5):
+        for row in m.profile(x, repeat=20):
+            for name, mark in marks.items():
+                if mark in row["loc"]:
+                    best[name] = min(best[name], row["us"])
+    missing = [name for name, us in best.items() if us == float("inf")]
+    if missing:
+        raise RuntimeError(f"no launch of {missing} in the profile")
+    return best
+
+
 class _Bmm(torch.nn.Module):
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return a @ b
@@ -228,6 +266,27 @@ def families(isa: str, quick: bool) -> list[dict[str, Any]]:
         rows.append(
             {"family": "activation GEMM", "shape": f"4 x {n} x 64 x {n}", "gflops": 2 * 4 * n * 64 * n / s / 1e9}
         )
+    side = bladepack.Dim("side", 8, 128)
+    batch = bladepack.Dim("batch", 1, 16)
+    inverted = _loaded(
+        _Inverted(),
+        [(torch.randn(2, 3, 16, 16),), (torch.randn(1, 3, 20, 24),)],
+        {"x": {0: batch, 2: side, 3: side}},
+        isa,
+    )
+    marks = {"1x1 expansion": "self.expand(y)", "3x3 depthwise": "self.dw(h)", "1x1 projection": "self.project(h)"}
+    for n, hw in ((1, 56), (8, 48)):
+        x = np.random.default_rng(0).standard_normal((n, 3, hw, hw), dtype=np.float32)
+        us = _launch_us(inverted, x, marks, quick)
+        macs = {"1x1 expansion": 16 * 64, "3x3 depthwise": 64 * 9, "1x1 projection": 64 * 16}
+        for name, per_pixel in macs.items():
+            rows.append(
+                {
+                    "family": f"inverted residual, {name} (launch)",
+                    "shape": f"{n} x 64 ch, {hw} x {hw}",
+                    "gflops": 2 * n * hw * hw * per_pixel / us[name] / 1e3,
+                }
+            )
     return rows
 
 

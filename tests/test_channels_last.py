@@ -146,7 +146,8 @@ def test_channels_last_global_reductions() -> None:
 class _Mobile(torch.nn.Module):
     """MobileNet-style layers: pointwise expansion (24 -> 72, 72 is not a multiple of the 64-channel
     block), depthwise 3x3, a strided 5x5 and a dilated depthwise, ReLU6, a pointwise projection to 40
-    channels with a residual, and a pointwise layer whose chain ends at an output (kept NCHW)."""
+    channels with a residual, and a pointwise layer whose chain ends at an output and widens (24 -> 40:
+    kept NCHW, Note [Pointwise exits])."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -173,8 +174,8 @@ class _Mobile(torch.nn.Module):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_channels_last_depthwise_and_pointwise(dtype: torch.dtype) -> None:
     """Depthwise and pointwise convolutions become channels-last direct kernels on weights packed here
-    (their other plans: a GEMM per channel, one GEMM on the input); the pointwise one whose chain ends
-    at an output stays a GEMM storing NCHW."""
+    (their other plans: a GEMM per channel, one GEMM on the input); the widening pointwise one whose
+    chain ends at an output stays a GEMM storing NCHW (Note [Pointwise exits])."""
     model = _Mobile().eval().to(dtype)
     samples = [(torch.randn(2, 3, 20, 24, dtype=dtype),), (torch.randn(3, 3, 26, 18, dtype=dtype),)]
     art = bladepack.optimize(model, samples, {"x": {0: Dim("batch"), 2: Dim("h"), 3: Dim("w")}})
@@ -192,6 +193,53 @@ def test_channels_last_depthwise_and_pointwise(dtype: torch.dtype) -> None:
             for g, e in zip(got, want):
                 err = float(np.abs(g - e.numpy()).max() / (1 + e.abs().max()))
                 assert err <= tol, ((n, h, w), err)
+
+
+class _NarrowExit(torch.nn.Module):
+    """A MobileNet inverted residual that ends the model: its 64 -> 16 projection (a batch norm and the
+    residual after it) is a pointwise convolution on a channels-last input whose chain ends at the
+    output and narrows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        n = torch.nn
+        self.stem = n.Sequential(n.Conv2d(3, 16, 3, padding=1), n.BatchNorm2d(16), n.Hardswish())
+        self.expand = n.Sequential(n.Conv2d(16, 64, 1, bias=False), n.BatchNorm2d(64), n.ReLU6())
+        self.dw = n.Sequential(n.Conv2d(64, 64, 3, padding=1, groups=64, bias=False), n.BatchNorm2d(64), n.ReLU6())
+        self.project = n.Sequential(n.Conv2d(64, 16, 1, bias=False), n.BatchNorm2d(16))
+        g = torch.Generator().manual_seed(3)
+        for m in self.modules():
+            if isinstance(m, n.BatchNorm2d):
+                m.running_mean.copy_(0.2 * torch.randn(m.num_features, generator=g))
+                m.running_var.copy_(0.5 + torch.rand(m.num_features, generator=g))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.stem(x)
+        return y + self.project(self.dw(self.expand(y)))
+
+
+def test_narrowing_pointwise_exit_stays_channels_last() -> None:
+    """Note [Pointwise exits]: the projection that ends the model is a channels-last kernel with its
+    batch norm and residual fused (no GEMM, no copy of its 64-channel input), the output copied to NCHW
+    once; against eager at sizes 1 to 40, one and two threads."""
+    from bladepack.options import LoaderOptions
+
+    torch.manual_seed(0)
+    model = _NarrowExit().eval()
+    samples = [(torch.randn(2, 3, 12, 10),), (torch.randn(1, 3, 9, 14),)]
+    art = bladepack.optimize(model, samples, {"x": {0: Dim("batch"), 2: Dim("h"), 3: Dim("w")}})
+    for threads in (1, 2):
+        m = bladepack.load(art.to_bytes(), executor="native", options=LoaderOptions(num_threads=threads))
+        assert [k["kind"] for k in m._manifest.kernels["cpu"]].count("conv") == 4
+        x0 = torch.randn(1, 3, 5, 6)
+        assert [r["what"] for r in m.profile(x0.numpy(), repeat=1)].count("gemm") == 0
+        for n, h, w in [(1, 1, 1), (2, 3, 5), (1, 17, 33), (3, 40, 8)]:
+            x = torch.randn(n, 3, h, w)
+            with torch.no_grad():
+                want = model(x).numpy()
+            got = np.asarray(m(x.numpy()))
+            assert got.shape == want.shape
+            assert float(np.abs(got - want).max() / (1 + np.abs(want).max())) <= 1e-5, (threads, (n, h, w))
 
 
 class _Hard(torch.nn.Module):
