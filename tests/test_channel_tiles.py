@@ -119,3 +119,30 @@ def test_kernels_read_along_the_last_axis_keep_the_ordinary_schedule(tmp_path: P
     art = bladepack.optimize(model, [sample], dims, options=all_isas())
     assert not any(v.endswith("_ctile") for v in _variants(art)), _variants(art)
     _check(model, art, [(torch.randn(3, 16, 5, 17, generator=g), torch.randn(3, 16, 5, 3, generator=g))], tmp_path)
+
+
+class _Exits(nn.Module):
+    """Channels-last chains that end at graph outputs (a stem and a depthwise convolution each): the exit
+    permutes to NCHW are channel-tile kernels written out in 8 x 8 blocks (Note [Tile write-out]) with
+    channel tails of 4, 4 + 8 and 8 (12, 20 and 72 channels)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stems = nn.ModuleList(nn.Conv2d(3, c, 3, padding=1) for c in (12, 20, 72))
+        self.dws = nn.ModuleList(nn.Conv2d(c, c, 3, padding=1, groups=c) for c in (12, 20, 72))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(torch.relu(dw(torch.relu(s(x)))) for s, dw in zip(self.stems, self.dws))
+
+
+def test_exit_permutes_write_blocks_and_tails(tmp_path: Path) -> None:
+    """Widths below, at and past the 8-position blocks (1, 7, 8, 9, 16, 17, 31) and channel counts past
+    the 8-channel blocks, against eager at every ISA level, 1-3 threads."""
+    torch.manual_seed(0)
+    model = _Exits().eval()
+    g = torch.Generator().manual_seed(4)
+    dims = ({0: Dim("n", min=1, max=3), 2: Dim("h", min=1, max=32), 3: Dim("w", min=1, max=32)},)
+    art = bladepack.optimize(model, [(torch.randn(2, 3, 9, 11, generator=g),)], dims, options=all_isas())
+    assert sum(v.endswith("_ctile") for v in _variants(art)) == 3, _variants(art)
+    sizes = ((1, 1, 1), (2, 3, 7), (1, 8, 8), (3, 5, 9), (1, 16, 16), (2, 4, 17), (1, 32, 31))
+    _check(model, art, [(torch.randn(*s[:1], 3, *s[1:], generator=g),) for s in sizes], tmp_path)

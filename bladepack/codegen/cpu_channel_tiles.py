@@ -19,6 +19,17 @@ interpolation's source and weights, computed once there), the block's channels i
 inner loop, contiguous loads, into a thread-local tile [W][CHANNEL_TILE]; then the tile is written
 out channel by channel, each a contiguous run of W stores. A concatenation along the tiled axis walks
 its inputs' ranges one after another, each block inside one input.
+
+Note [Tile write-out]: written out channel by channel, each store of a channel's run read the tile
+CHANNEL_TILE elements apart (a gather per vector). The tile goes out in 8 x 8 blocks instead (eight
+positions' eight channels, contiguous loads of the tile's rows, transposed in registers, stored as
+eight contiguous runs of eight), then the positions past the last whole block and the channels past
+the last whole eight as before. Measured in one process, per launch, on a Zen 4 EPYC (x86-64-v3 and
+x86-64-v4 libraries): the permutes at the exits of channels-last chains, 64 channels at 8 x 48 x 48
+381 -> 212 µs and 301 -> 175 µs, 256 channels at 112 x 112 2.26 -> 1.36 ms and 1.72 -> 1.28 ms, 16
+channels 1.8-2.6x, maps narrower than a block (7 x 7) the same; SegFormer's decode head at
+4 x 256 x 256 2.62 -> 1.64 ms and 2.11 -> 1.51 ms (the whole call 1.09x and 1.04x). The sums are the
+same values moved, bitwise.
 """
 
 from __future__ import annotations
@@ -140,14 +151,35 @@ def channel_tile_kernel(em: Emitter, axis: int) -> None:
                     )
 
                 em.loop([f"for (int64_t {x.name} = 0; {x.name} < {n_last}; ++{x.name}) {{"], [x], position)
-                em.line("for (int64_t cc_ = 0; cc_ < cn_; ++cc_) {")
-                em.line(f"  const int64_t {cw.name} = cb_ + cc_;")
-                em.line("  #pragma omp simd")
+                # Note [Tile write-out]: whole 8 x 8 blocks of the tile through a register transpose,
+                # then the channels and positions past them
+                em.line(f"const int64_t x8_ = {n_last} - {n_last} % 8, c8_ = x8_ > 0 ? cn_ - cn_ % 8 : 0;")
+                em.line("for (int64_t xb_ = 0; xb_ < x8_; xb_ += 8)")
+                em.line("  for (int64_t cq_ = 0; cq_ < c8_; cq_ += 8) {")
+                em.line(f"    {t} tt_[8][8];")
+                em.line("    #pragma GCC unroll 8")
+                em.line("    for (int i = 0; i < 8; ++i)")
+                em.line("      #pragma GCC unroll 8")
+                em.line(f"      for (int j = 0; j < 8; ++j) tt_[j][i] = ctile_[(xb_ + i) * {tile} + cq_ + j];")
+                em.line("    #pragma GCC unroll 8")
+                em.line("    for (int j = 0; j < 8; ++j) {")
+                em.line(f"      const int64_t {cw.name} = cb_ + cq_ + j;")
+                em.line("      #pragma GCC unroll 8")
                 em.line(
-                    f"  for (int64_t {xw.name} = 0; {xw.name} < {n_last}; ++{xw.name}) "
-                    f"{out}[{woff}] = ctile_[{xw.name} * {tile} + cc_];"
+                    f"      for (int64_t {xw.name} = xb_; {xw.name} < xb_ + 8; ++{xw.name}) "
+                    f"{out}[{woff}] = tt_[j][{xw.name} - xb_];"
                 )
-                em.line("}")
+                em.line("    }")
+                em.line("  }")
+                for first, last, x0 in (("0", "c8_", "x8_"), ("c8_", "cn_", "0")):
+                    em.line(f"for (int64_t cc_ = {first}; cc_ < {last}; ++cc_) {{")
+                    em.line(f"  const int64_t {cw.name} = cb_ + cc_;")
+                    em.line("  #pragma omp simd")
+                    em.line(
+                        f"  for (int64_t {xw.name} = {x0}; {xw.name} < {n_last}; ++{xw.name}) "
+                        f"{out}[{woff}] = ctile_[{xw.name} * {tile} + cc_];"
+                    )
+                    em.line("}")
 
             # each input's blocks are a barrier scope: what a block computes stays in its input's loop
             scope = em.push(barrier=True)
