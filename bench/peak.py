@@ -165,13 +165,13 @@ class _Inverted(torch.nn.Module):
 
 
 def _launch_us(m: Any, x: np.ndarray, marks: dict[str, str], quick: bool) -> dict[str, float]:
-    """Per family in `marks` (name -> a piece of its launch's source line), the best over rounds of the
-    per-launch median wall time (µs) in the loader's profile."""
+    """Per family in `marks` (name -> a piece of its convolution kernel's source line), the best over
+    rounds of the per-launch median wall time (µs) in the loader's profile."""
     best = {name: float("inf") for name in marks}
     for _ in range(2 if quick else 5):
         for row in m.profile(x, repeat=20):
             for name, mark in marks.items():
-                if mark in row["loc"]:
+                if mark in row["loc"] and row["what"].endswith(" conv"):  # not a permute with that line
                     best[name] = min(best[name], row["us"])
     missing = [name for name, us in best.items() if us == float("inf")]
     if missing:
