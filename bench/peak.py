@@ -48,6 +48,7 @@ import bladepack
 from bench.cpp_runtime import machine
 from bench.dense_layers import _Layer
 from bladepack.codegen.toolchain import X86_LEVELS, find_compiler, host_level
+from samples.zoo import InvertedResidual
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -146,36 +147,32 @@ class _Tied(torch.nn.Module):
 
 
 class _Inverted(torch.nn.Module):
-    """MobileNetV2's inverted residual at 16 channels, expansion 4, after a stem that makes the chain
-    channels-last (samples/zoo.py's MobileNet blocks)."""
+    """MobileNetV2's inverted residual at 16 channels, expansion 4 (samples/zoo.py's, as the zoo's
+    MobileNet has it), after a stem that makes the chain channels-last."""
 
     def __init__(self) -> None:
         super().__init__()
         n = torch.nn
         self.stem = n.Sequential(n.Conv2d(3, 16, 3, padding=1), n.BatchNorm2d(16), n.Hardswish())
-        self.expand = n.Sequential(n.Conv2d(16, 64, 1, bias=False), n.BatchNorm2d(64), n.ReLU6())
-        self.dw = n.Sequential(n.Conv2d(64, 64, 3, padding=1, groups=64, bias=False), n.BatchNorm2d(64), n.Hardswish())
-        self.project = n.Sequential(n.Conv2d(64, 16, 1, bias=False), n.BatchNorm2d(16))
+        self.block = InvertedResidual(16, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.stem(x)
-        h = self.expand(y)
-        h = self.dw(h)
-        return y + self.project(h)
+        return self.block(self.stem(x))
 
 
-def _launch_us(m: Any, x: np.ndarray, marks: dict[str, str], quick: bool) -> dict[str, float]:
-    """Per family in `marks` (name -> a piece of its convolution kernel's source line), the best over
-    rounds of the per-launch median wall time (µs) in the loader's profile."""
-    best = {name: float("inf") for name in marks}
+INVERTED_CONVS = ("stem", "1x1 expansion", "3x3 depthwise", "1x1 projection")  # _Inverted's, in order
+
+
+def _conv_launch_us(m: Any, x: np.ndarray, quick: bool) -> dict[str, float]:
+    """Per convolution kernel of `_Inverted` (INVERTED_CONVS, in launch order; the block's three share
+    one source line), the best over rounds of its per-launch median wall time (µs) in the profile."""
+    best = {name: float("inf") for name in INVERTED_CONVS}
     for _ in range(2 if quick else 5):
-        for row in m.profile(x, repeat=20):
-            for name, mark in marks.items():
-                if mark in row["loc"] and row["what"].endswith(" conv"):  # not a permute with that line
-                    best[name] = min(best[name], row["us"])
-    missing = [name for name, us in best.items() if us == float("inf")]
-    if missing:
-        raise RuntimeError(f"no launch of {missing} in the profile")
+        convs = [row for row in m.profile(x, repeat=20) if row["what"].endswith(" conv")]
+        if len(convs) != len(INVERTED_CONVS):
+            raise RuntimeError(f"expected {len(INVERTED_CONVS)} convolution kernels, found {convs}")
+        for name, row in zip(INVERTED_CONVS, convs):
+            best[name] = min(best[name], row["us"])
     return best
 
 
@@ -274,10 +271,9 @@ def families(isa: str, quick: bool) -> list[dict[str, Any]]:
         {"x": {0: batch, 2: side, 3: side}},
         isa,
     )
-    marks = {"1x1 expansion": "self.expand(y)", "3x3 depthwise": "self.dw(h)", "1x1 projection": "self.project(h)"}
     for n, hw in ((1, 56), (8, 48)):
         x = np.random.default_rng(0).standard_normal((n, 3, hw, hw), dtype=np.float32)
-        us = _launch_us(inverted, x, marks, quick)
+        us = _conv_launch_us(inverted, x, quick)
         macs = {"1x1 expansion": 16 * 64, "3x3 depthwise": 64 * 9, "1x1 projection": 64 * 16}
         for name, per_pixel in macs.items():
             rows.append(

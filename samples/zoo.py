@@ -256,7 +256,7 @@ class MobileNet(torch.nn.Module):
         return self.head(torch.nn.functional.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
-def _bn_statistics(model: torch.nn.Module, mean: float, var: tuple[float, float]) -> torch.nn.Module:
+def bn_statistics(model: torch.nn.Module, mean: float, var: tuple[float, float]) -> torch.nn.Module:
     """The model in eval mode with batch-norm statistics that are not the identity: running means in
     [-mean, mean], running variances in `var`."""
     with torch.no_grad():
@@ -268,7 +268,7 @@ def _bn_statistics(model: torch.nn.Module, mean: float, var: tuple[float, float]
 
 
 def _mobilenet() -> torch.nn.Module:
-    return _bn_statistics(MobileNet(), 0.5, (0.5, 2.0))
+    return bn_statistics(MobileNet(), 0.5, (0.5, 2.0))
 
 
 class BasicBlock(torch.nn.Module):
@@ -315,7 +315,7 @@ class ResNet18(torch.nn.Module):
 
 
 def _resnet18() -> torch.nn.Module:
-    return _bn_statistics(ResNet18(), 0.1, (0.5, 1.5))
+    return bn_statistics(ResNet18(), 0.1, (0.5, 1.5))
 
 
 def _images(g: torch.Generator, size: tuple[int, ...]) -> Inputs:

@@ -16,6 +16,7 @@ from bladepack import Dim
 from bladepack.errors import ShapeGuardError
 from bladepack.ir import OpKind
 from bladepack.ir.ops import Conv2dAttrs, Pool2dAttrs
+from samples.zoo import InvertedResidual, bn_statistics
 from tests.helpers import refused_by_torch
 
 
@@ -196,26 +197,17 @@ def test_channels_last_depthwise_and_pointwise(dtype: torch.dtype) -> None:
 
 
 class _NarrowExit(torch.nn.Module):
-    """A MobileNet inverted residual that ends the model: its 64 -> 16 projection (a batch norm and the
-    residual after it) is a pointwise convolution on a channels-last input whose chain ends at the
-    output and narrows."""
+    """A MobileNet inverted residual (samples/zoo.py's) that ends the model: its 64 -> 16 projection (a
+    batch norm and the residual after it) is a pointwise convolution on a channels-last input whose
+    chain ends at the output and narrows."""
 
     def __init__(self) -> None:
         super().__init__()
-        n = torch.nn
-        self.stem = n.Sequential(n.Conv2d(3, 16, 3, padding=1), n.BatchNorm2d(16), n.Hardswish())
-        self.expand = n.Sequential(n.Conv2d(16, 64, 1, bias=False), n.BatchNorm2d(64), n.ReLU6())
-        self.dw = n.Sequential(n.Conv2d(64, 64, 3, padding=1, groups=64, bias=False), n.BatchNorm2d(64), n.ReLU6())
-        self.project = n.Sequential(n.Conv2d(64, 16, 1, bias=False), n.BatchNorm2d(16))
-        g = torch.Generator().manual_seed(3)
-        for m in self.modules():
-            if isinstance(m, n.BatchNorm2d):
-                m.running_mean.copy_(0.2 * torch.randn(m.num_features, generator=g))
-                m.running_var.copy_(0.5 + torch.rand(m.num_features, generator=g))
+        self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.Hardswish())
+        self.block = InvertedResidual(16, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.stem(x)
-        return y + self.project(self.dw(self.expand(y)))
+        return self.block(self.stem(x))
 
 
 def test_narrowing_pointwise_exit_stays_channels_last() -> None:
@@ -225,7 +217,7 @@ def test_narrowing_pointwise_exit_stays_channels_last() -> None:
     from bladepack.options import LoaderOptions
 
     torch.manual_seed(0)
-    model = _NarrowExit().eval()
+    model = bn_statistics(_NarrowExit(), 0.2, (0.5, 1.5))
     samples = [(torch.randn(2, 3, 12, 10),), (torch.randn(1, 3, 9, 14),)]
     art = bladepack.optimize(model, samples, {"x": {0: Dim("batch"), 2: Dim("h"), 3: Dim("w")}})
     for threads in (1, 2):
@@ -379,22 +371,29 @@ def test_depthwise_channel_multipliers_at_every_isa_level(tmp_path: Path) -> Non
     """Note [Channel multipliers] and Note [Interior tiles]: every ISA library this CPU runs, one and two
     threads, images narrower than a tile (every tile on the border) and wide ones (interior tiles),
     against eager within 1e-5 of each output's scale."""
+    torch.manual_seed(0)
+    _depthwise_everywhere(_Multipliers(), 30, tmp_path / "multipliers.bpk")
+
+
+def _depthwise_everywhere(model: torch.nn.Module, channels: int, path: Path) -> None:
+    """`model` (depthwise convolutions, each its own output, on the first channels of an input of
+    `channels`) at every ISA library this CPU runs, one and two threads, images with every tile on the
+    border and wide ones with interior tiles, against eager within 1e-5 of each output's scale."""
     from bladepack.options import LoaderOptions
     from tests.helpers import all_isas, runnable_levels
 
-    torch.manual_seed(0)
-    net = _Multipliers().eval()
+    net = model.eval()
     dims = ({0: Dim("batch", max=4), 2: Dim("h", max=64), 3: Dim("w", max=64)},)
-    art = bladepack.optimize(net, [(torch.randn(2, 30, 9, 11),)], dims, options=all_isas())
+    art = bladepack.optimize(net, [(torch.randn(2, channels, 9, 11),)], dims, options=all_isas())
     levels = runnable_levels(art)
-    path = tmp_path / "multipliers.bpk"
+    assert len(levels) >= 2, art.cpu_libraries
     art.save(path)
     for isa in levels:
         for threads in (1, 2):
             mod = bladepack.load(path, executor="native", options=LoaderOptions(cpu_isa=isa, num_threads=threads))
             assert [k["kind"] for k in mod._manifest.kernels["cpu"]].count("conv") == len(net.convs)
             for n, h, w in [(1, 1, 1), (2, 3, 5), (1, 9, 40), (2, 17, 33), (1, 4, 64)]:
-                x = torch.randn(n, 30, h, w)
+                x = torch.randn(n, channels, h, w)
                 with torch.no_grad():
                     want = [t.numpy() for t in net(x)]
                 for k, (got, ref) in enumerate(zip(mod(x.numpy()), want, strict=True)):
@@ -432,25 +431,5 @@ def test_depthwise_channel_blocks_at_every_isa_level(tmp_path: Path) -> None:
     """The depthwise kernel's channel blocks per ISA library (AVX2 walks 16 channels at a time): every
     library this CPU runs, one and two threads, images with every tile on the border and wide ones with
     interior tiles, against eager within 1e-5 of each output's scale."""
-    from bladepack.options import LoaderOptions
-    from tests.helpers import all_isas, runnable_levels
-
     torch.manual_seed(0)
-    net = _DepthwiseWidths().eval()
-    dims = ({0: Dim("batch", max=4), 2: Dim("h", max=64), 3: Dim("w", max=64)},)
-    art = bladepack.optimize(net, [(torch.randn(2, 100, 9, 11),)], dims, options=all_isas())
-    levels = runnable_levels(art)
-    assert len(levels) >= 2, art.cpu_libraries
-    path = tmp_path / "depthwise.bpk"
-    art.save(path)
-    for isa in levels:
-        for threads in (1, 2):
-            mod = bladepack.load(path, executor="native", options=LoaderOptions(cpu_isa=isa, num_threads=threads))
-            assert [k["kind"] for k in mod._manifest.kernels["cpu"]].count("conv") == len(net.convs)
-            for n, h, w in [(1, 1, 1), (2, 3, 5), (1, 9, 40), (2, 17, 33), (1, 4, 64)]:
-                x = torch.randn(n, 100, h, w)
-                with torch.no_grad():
-                    want = [t.numpy() for t in net(x)]
-                for k, (got, ref) in enumerate(zip(mod(x.numpy()), want, strict=True)):
-                    err = float(np.abs(np.asarray(got) - ref).max() / max(1.0, float(np.abs(ref).max())))
-                    assert err <= 1e-5, (isa, threads, (n, h, w), k, err)
+    _depthwise_everywhere(_DepthwiseWidths(), 100, tmp_path / "depthwise.bpk")
