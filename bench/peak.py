@@ -271,10 +271,10 @@ def families(isa: str, quick: bool) -> list[dict[str, Any]]:
         {"x": {0: batch, 2: side, 3: side}},
         isa,
     )
+    macs = {"1x1 expansion": 16 * 64, "3x3 depthwise": 64 * 9, "1x1 projection": 64 * 16}  # per pixel
     for n, hw in ((1, 56), (8, 48)):
         x = np.random.default_rng(0).standard_normal((n, 3, hw, hw), dtype=np.float32)
         us = _conv_launch_us(inverted, x, quick)
-        macs = {"1x1 expansion": 16 * 64, "3x3 depthwise": 64 * 9, "1x1 projection": 64 * 16}
         for name, per_pixel in macs.items():
             rows.append(
                 {

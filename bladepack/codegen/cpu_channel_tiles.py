@@ -152,7 +152,8 @@ def channel_tile_kernel(em: Emitter, axis: int) -> None:
 
                 em.loop([f"for (int64_t {x.name} = 0; {x.name} < {n_last}; ++{x.name}) {{"], [x], position)
                 # Note [Tile write-out]: whole 8 x 8 blocks of the tile through a register transpose,
-                # then the channels and positions past them
+                # then the positions past them and the channels past the last whole eight; a map
+                # narrower than a block (no whole block, c8_ = 0) takes the second loop alone, as before
                 em.line(f"const int64_t x8_ = {n_last} - {n_last} % 8, c8_ = x8_ > 0 ? cn_ - cn_ % 8 : 0;")
                 em.line("for (int64_t xb_ = 0; xb_ < x8_; xb_ += 8)")
                 em.line("  for (int64_t cq_ = 0; cq_ < c8_; cq_ += 8) {")

@@ -8,8 +8,9 @@ global pooling (sum /
 mean / max / min over H and W) that reads a value so converted, computes with dims [N, H, W, C]
 (`out_layout="nhwc"` on convolutions, `layout="nhwc"` on pooling, axes (1, 2) on reductions). A
 direct convolution whose elementwise chain ends at a graph output stays NCHW (it stores NCHW itself, no
-copy at the exit), and so does a pointwise one there that widens (Note [Pointwise exits]). A permute to NCHW follows each converted value that a consumer outside the chain reads,
-and one from NCHW precedes a convolution whose input is not channels-last. Other operands of a
+copy at the exit), and so does a pointwise one there that widens (Note [Pointwise exits]). A permute to
+NCHW follows each converted value that a consumer outside the chain reads, and one from NCHW precedes a
+convolution whose input is not channels-last. Other operands of a
 converted elementwise op (a batch norm's per-channel [C, 1, 1] scale) are read through a reshape to
 rank 4 and the same permute; an elementwise op with a whole NCHW operand stays NCHW and reads the
 channels-last one through its permute.
