@@ -101,13 +101,29 @@ def tap_pointers(
 # (Winograd), 256 and 512 channels at 56 x 56, 28 x 28 and 7 x 7 0.98-1.02x (bench/results/
 # zoo_models_zen4.md). Touching in every tile of the wide kernel measured 0.90-0.94x on those single
 # convolutions (the prefetches cost issue slots where the chunk is already in L2); dropping Note [AVX2
-# weight prefetch] (cpu_conv_wide.py) as well measured 0.91x on the 512-channel one.
+# weight prefetch] (cpu_conv_wide.py) as well measured 0.91x on the 512-channel one. Where the kernels
+# stream the next chunk in (Note [Chunk streaming] in cpu_conv_wide.py), only a row's first chunk (or
+# element) is touched.
 def touch_row(em: Emitter, row: str, block: int, itemsize: int) -> None:
     """Prefetch the lines of the weight row at `row` (a C pointer to its first element) past the first
     (which the caller reads): Note [AVX2 row touch]."""
     per_line = 64 // itemsize
     for k in range(per_line, block, per_line):
         em.line(f"__builtin_prefetch({row} + {k});")
+
+
+def next_row_weights(em: Emitter, i_n: str, batch: str, tiles: str, block_bytes: int) -> None:
+    """`wn_`, the address of the weights the thread's next row starts on (Note [Chunk streaming] in
+    cpu_conv_wide.py): this row's block (`wp_`) unless the row holds the block's last image's last tiles,
+    then the next block's (past the weights after the last block: prefetches do not fault)."""
+    em.line(f"const bool block_end_ = {i_n} + 1 == {batch} && t0_ + nt_ == {tiles};")
+    em.line(f"const std::uintptr_t wn_ = reinterpret_cast<std::uintptr_t>(wp_) + (block_end_ ? {block_bytes} : 0);")
+
+
+def stream_line(em: Emitter, base: str, index: str, itemsize: int) -> None:
+    """Prefetch into L2 the weight element `index` elements past the address `base` (a std::uintptr_t):
+    Note [Chunk streaming] (cpu_conv_wide.py)."""
+    em.line(f"__builtin_prefetch(reinterpret_cast<const void*>({base} + std::uintptr_t({index}) * {itemsize}), 0, 1);")
 
 
 def zero_pixel(em: Emitter, xv: View, cin: int, mt: str) -> list[str]:

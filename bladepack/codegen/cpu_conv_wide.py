@@ -42,12 +42,39 @@ chunks of 16-128 input channels, groups of 4-64 tiles and balanced groups (withi
 where a group's inputs and partial sums outgrow L2), no chunks (512 channels 10% slower), weights
 [C_in, KH, KW, B] per block (the same), taps outside the chunk loop (partial sums per tap: 5-10%
 slower), and AVX2 tiles of 3 pixels x 32 channels (much slower).
+
+Note [Chunk streaming]: in a group of few tiles (a small image: ResNet-18's layers 3 and 4 at 1 x 96 x
+96 are 6 x 6 and 3 x 3 pixels, 6 and 2 tiles) a chunk's weights came from memory during its first pass
+and were then computed on from L2 with memory idle: the AVX2 library's first sub-block pass waited on
+the chunk, its other three and the later tiles' passes found it in cache (on a Zen 4 EPYC its 512-channel
+convolutions read 16 GB/s of weights, the AVX-512 library's, one pass per tile, 25). Now, in a group of
+at most STREAM_TILES tiles, the passes over a chunk also prefetch the next chunk into L2, spread over
+them: tile t < 2^j (2^j the largest power of two <= nt_) takes the rows whose input channel is t modulo
+2^j, and an AVX2 sub-block pass takes its own line of each (the AVX-512 tile, all lines). The last
+chunk streams in the first chunk of the thread's next row: this block's, unless the row ends the block's
+last image, then the next block's (`next_row_weights`). The prefetches are `prefetcht2` (locality 1):
+into L1 they evicted the pass's own lines and measured no faster than none. A group of more tiles
+computes long enough per chunk for the hardware prefetchers (ResNet-18 at 224 x 224: 9 tiles at layer 4,
+within 1% either way). The Winograd kernel streams the same way per transformed element (Note
+[Winograd convolutions]). Measured on that Zen 4 (2 threads, per-launch profiles of the artifacts before
+and after in one process, best of 30 rounds, outputs bitwise equal), ResNet-18 (samples/zoo.py), whole
+call: x86-64-v3 library 3510 -> 2823 µs at 1 x 96 x 96 (layer 4 1583 -> 1104, layer 3 715 -> 588),
+3610 -> 2792 at 2 x 64 x 64, 18745 -> 17201 at 4 x 128 x 128, 14186 -> 13884 at 1 x 224 x 224;
+x86-64-v4 library 2692 -> 2432, 2484 -> 2312, 15624 -> 15405, 12292 -> 12310.
 """
 
 from __future__ import annotations
 
 from bladepack.codegen.c_render import CPU_MEMTYPE, CTYPE, Loop
-from bladepack.codegen.cpu_conv_nhwc import image_start, store_block, tap_pointers, touch_row, zero_pixel
+from bladepack.codegen.cpu_conv_nhwc import (
+    image_start,
+    next_row_weights,
+    store_block,
+    stream_line,
+    tap_pointers,
+    touch_row,
+    zero_pixel,
+)
 from bladepack.codegen.emitter import Emitter
 from bladepack.ir.ops import CHANNEL_BLOCK, Conv2dAttrs
 from bladepack.ir.views import simplify
@@ -59,6 +86,21 @@ SMALL_IMAGE = 48  # an image of at most this many tiles is one group
 CHUNK_ROWS = 1024  # weight rows (input channel x tap) per chunk: 1024 x 64 floats = 256 KB
 AVX2_PREFETCH = 16  # weight rows ahead that the AVX2 tile prefetches (Note [AVX2 weight prefetch])
 AVX2_BLOCK = 16  # output channels per AVX2 register tile: 6 pixels x 2 vectors
+STREAM_TILES = 8  # groups of at most this many tiles stream the next chunk in (Note [Chunk streaming])
+
+
+def _share_mask() -> str:
+    """C: 2^j - 1 for the largest 2^j <= min(nt_, STREAM_TILES) (Note [Chunk streaming])."""
+    text, k = "0", 2
+    while k <= STREAM_TILES:
+        text = f"nt_ >= {k} ? {k - 1} : {text}"
+        k *= 2
+    return text
+
+
+def row_lines(width: int, itemsize: int) -> tuple[str, ...]:
+    """The offsets (elements) of the cache lines of a weight row of `width` elements."""
+    return tuple(str(k) for k in range(0, width, 64 // itemsize))
 
 
 def wide_conv_kernel(em: Emitter) -> None:
@@ -77,6 +119,7 @@ def wide_conv_kernel(em: Emitter) -> None:
     kh = kb // -(-oc // block)
     (sh, sw), (ph, pwd) = a.stride, a.padding
     t, mt = CTYPE[n.type.dtype], CPU_MEMTYPE[n.type.dtype]
+    isz = n.type.dtype.itemsize
     r = em.args.ref
     sc = r(xv.strides[3])
     taps = kh * kw
@@ -106,6 +149,11 @@ def wide_conv_kernel(em: Emitter) -> None:
         em.line(f"const int64_t t0_ = {i_g.name} * gs_;")
         em.line("if (t0_ >= " + r(tiles) + ") continue;")
         em.line(f"const int64_t nt_ = std::min<int64_t>(gs_, {r(tiles)} - t0_);")
+        # Note [Chunk streaming]: in a group of at most STREAM_TILES tiles, tile t < 2^j (2^j <= nt_ < 2^(j+1))
+        # prefetches the next chunk's rows of the input channels equal to t mod 2^j
+        em.line(f"const bool stream_ = nt_ <= {STREAM_TILES};")
+        em.line(f"const int64_t share_ = {_share_mask()};")
+        next_row_weights(em, i_n.name, r(nb), r(tiles), cin * taps * block * isz)
         em.line(f"const {mt}* xp_[{whole}][{taps}][{tile}];  // per tile and tap, each pixel's input channels")
         em.line("for (int64_t t = 0; t < nt_; ++t) {")
         em.line(f"  const int64_t q0_ = (t0_ + t) * {tile};")
@@ -120,10 +168,13 @@ def wide_conv_kernel(em: Emitter) -> None:
         em.line("  }")
         em.line("}")
 
-        def tile_block(width: int, col: str, npx: int, prefetch: int = 0, touch: bool = False) -> None:
+        def tile_block(
+            width: int, col: str, npx: int, prefetch: int = 0, touch: bool = False, lines: tuple[str, ...] = ()
+        ) -> None:
             """acc over output channels [cb, cb + width) of the first `npx` pixels of tile t for input
             channels [c0_, c1_): from zero or the partial sums, then back to them or, after the last
-            chunk, stored."""
+            chunk, stored. `lines`: the offsets (elements) in a weight row of the lines this pass streams
+            in of the next chunk's rows (Note [Chunk streaming])."""
             em.line(f"{t} acc[{npx}][{width}];")
             em.line(f"{t}* BPK_RESTRICT part_t_ = part_ + (t * {tile}) * {block} + {col};")
             em.line(f"#pragma GCC unroll {npx}")
@@ -139,9 +190,15 @@ def wide_conv_kernel(em: Emitter) -> None:
             em.line(f"    const {mt}* BPK_RESTRICT wc = wp_ + (k * {cin} + ci) * {block} + {col};")
             if prefetch:  # Note [AVX2 weight prefetch]
                 em.line(f"    __builtin_prefetch(wc + {prefetch} * {block});")
-            if touch:  # Note [AVX2 row touch] (cpu_conv_nhwc.py): the group's first tile, first sub-block
-                em.line("    if (t == 0) {")
-                touch_row(em, "wc", block, n.type.dtype.itemsize)
+            if touch:  # Note [AVX2 row touch] (cpu_conv_nhwc.py): the group's first tile, first sub-block,
+                # where no chunk streamed this one in
+                em.line("    if (t == 0 && (first_ || !stream_)) {")
+                touch_row(em, "wc", block, isz)
+                em.line("    }")
+            if lines:  # Note [Chunk streaming]
+                em.line("    if (stream_ && (ci & share_) == t) {")
+                for ln in lines:
+                    stream_line(em, "nb_", f"(k * {cin} + ci) * {block} + {ln}", isz)
                 em.line("    }")
             em.line(f"    #pragma GCC unroll {npx}")
             em.line(f"    for (int p = 0; p < {npx}; ++p) {{")
@@ -184,22 +241,26 @@ def wide_conv_kernel(em: Emitter) -> None:
 
             def per_isa(npx: int) -> None:
                 if t != "float" or width <= AVX2_BLOCK:
-                    tile_block(width, "0", npx)
+                    tile_block(width, "0", npx, lines=row_lines(width, isz))
                     return
                 full = width - width % AVX2_BLOCK
 
                 def avx2() -> None:  # 16 vector registers: 6 pixels x 2 vectors of accumulators
-                    em.loop(["{"], [], lambda: tile_block(AVX2_BLOCK, "0", npx, AVX2_PREFETCH, touch=True))
+                    # each sub-block's pass streams in its own line of the next chunk's rows
+                    em.loop(
+                        ["{"], [], lambda: tile_block(AVX2_BLOCK, "0", npx, AVX2_PREFETCH, touch=True, lines=("0",))
+                    )
                     em.loop(
                         [f"for (int64_t sb_ = {AVX2_BLOCK}; sb_ < {full}; sb_ += {AVX2_BLOCK}) {{"],
                         [],
-                        lambda: tile_block(AVX2_BLOCK, "sb_", npx, AVX2_PREFETCH),
+                        lambda: tile_block(AVX2_BLOCK, "sb_", npx, AVX2_PREFETCH, lines=("sb_",)),
                     )
                     if width % AVX2_BLOCK:
-                        em.loop(["{"], [], lambda: tile_block(width % AVX2_BLOCK, str(full), npx, AVX2_PREFETCH))
+                        rest = width % AVX2_BLOCK
+                        em.loop(["{"], [], lambda: tile_block(rest, str(full), npx, AVX2_PREFETCH, lines=(str(full),)))
 
                 em.branch("#if defined(__AVX2__) && !defined(__AVX512F__)", avx2)
-                em.branch("#else", lambda: tile_block(width, "0", npx))
+                em.branch("#else", lambda: tile_block(width, "0", npx, lines=row_lines(width, isz)))
                 em.line("#endif")
 
             def tile_body() -> None:
@@ -212,6 +273,12 @@ def wide_conv_kernel(em: Emitter) -> None:
             def chunk_body() -> None:
                 em.line(f"const int64_t c1_ = std::min<int64_t>({cin}, c0_ + {chunk});")
                 em.line(f"const bool first_ = c0_ == 0, last_ = c1_ == {cin};")
+                # Note [Chunk streaming]: the address the next chunk's rows start at (the next row's first
+                # chunk after the last), less this chunk's offset
+                em.line(
+                    f"const std::uintptr_t nb_ = last_ ? wn_ - std::uintptr_t(c0_) * {block * isz} : "
+                    f"reinterpret_cast<std::uintptr_t>(wp_) + {chunk * block * isz};"
+                )
                 em.loop(["for (int64_t t = 0; t < nt_; ++t) {"], [], tile_body)
 
             em.loop([f"for (int64_t c0_ = 0; c0_ < {cin}; c0_ += {chunk}) {{"], [], chunk_body)

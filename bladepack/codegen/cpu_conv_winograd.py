@@ -25,7 +25,10 @@ each tile's 16 vectors into its 2x2 outputs, and each output pixel inside the im
 chain (Note [Convolution epilogue]) to its store. A tile past the image's last row or column (odd sizes)
 computes values no pixel stores. The AVX2 library walks a block 16 channels at a time (RT x 2 vectors: 12
 accumulators in its 16 registers), inside the loop over e, so the sub-blocks share the element's weights in
-L2; the first sub-block's pass brings in whole rows (Note [AVX2 row touch] in cpu_conv_nhwc.py). Measured
+L2; the first sub-block's pass of the first element brings in whole rows (Note [AVX2 row touch] in
+cpu_conv_nhwc.py), and every pass streams its share of the next element's rows into L2 (Note [Chunk
+streaming] in cpu_conv_wide.py: ResNet-18's 256-channel layer at 6 x 6, x86-64-v3, 175-181 -> 141-149 µs
+per convolution). Measured
 on ResNet-18 (2 threads, AMD EPYC, bench/results/zoo_resnet18.md), per 3x3 layer at 224 x 224, direct ->
 Winograd, AVX-512 library: 64 channels 438-456 -> 289-318 µs, 128 channels 503-521 -> 291-305, 256
 channels 504-509 -> 391-393; AVX2 library: 897-907 -> 491-507, 983-992 -> 540-552, 985-1014 -> 840-849. Tried:
@@ -46,7 +49,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from bladepack.codegen.c_render import CPU_MEMTYPE, CTYPE, Loop
-from bladepack.codegen.cpu_conv_nhwc import image_start, tap_pointers, touch_row, zero_pixel
+from bladepack.codegen.cpu_conv_nhwc import (
+    image_start,
+    next_row_weights,
+    stream_line,
+    tap_pointers,
+    touch_row,
+    zero_pixel,
+)
+from bladepack.codegen.cpu_conv_wide import row_lines
 from bladepack.codegen.emitter import Emitter
 from bladepack.ir.ops import CHANNEL_BLOCK, Conv2dAttrs
 from bladepack.ir.views import simplify
@@ -84,6 +95,7 @@ def winograd_conv_kernel(em: Emitter) -> None:
     _, _, _, block = em.ctx.types[n.inputs[1]].shape
     assert isinstance(oc, int) and isinstance(cin, int) and block == min(oc, CHANNEL_BLOCK)
     t, mt = CTYPE[n.type.dtype], CPU_MEMTYPE[n.type.dtype]
+    isz = n.type.dtype.itemsize
     assert t == "float" and mt == "float"
     ph, pwd = a.padding
     r = em.args.ref
@@ -121,9 +133,11 @@ def winograd_conv_kernel(em: Emitter) -> None:
         em.line("  }")
         em.line("}")
 
-    def products(width: int, col: str, touch: bool = False) -> None:
+    def products(width: int, col: str, touch: bool = False, lines: tuple[str, ...] = ()) -> None:
         """M_[e][p][col + co] = sum over input channels of V_[e][p][ci] U[e][ci][col + co]; `touch`: the
-        first sub-block of an AVX2 tile (Note [AVX2 row touch])."""
+        first sub-block of an AVX2 tile (Note [AVX2 row touch]); `lines`: the offsets (elements) in a
+        weight row of the lines this pass streams in of the next element's rows (Note [Chunk streaming]
+        in cpu_conv_wide.py)."""
         em.line(f"{t} acc[{RT}][{width}];")
         em.line(f"#pragma GCC unroll {RT}")
         em.line(f"for (int p = 0; p < {RT}; ++p) {{")
@@ -133,8 +147,12 @@ def winograd_conv_kernel(em: Emitter) -> None:
         em.line(f"const {mt}* BPK_RESTRICT ue_ = wp_ + e * {cin * block} + {col};")
         em.line(f"for (int64_t ci = 0; ci < {cin}; ++ci) {{")
         em.line(f"  const {mt}* BPK_RESTRICT wc = ue_ + ci * {block};")
-        if touch:
-            touch_row(em, "wc", block, n.type.dtype.itemsize)
+        if touch:  # the row's first element: the ones after it were streamed in
+            em.line("  if (e == 0) {")
+            touch_row(em, "wc", block, isz)
+            em.line("  }")
+        for ln in lines:
+            stream_line(em, "un_", f"ci * {block} + {ln}", isz)
         em.line(f"  #pragma GCC unroll {RT}")
         em.line(f"  for (int p = 0; p < {RT}; ++p) {{")
         em.line(f"    const {t} xv_ = ve_[p * {cin} + ci];")
@@ -157,26 +175,31 @@ def winograd_conv_kernel(em: Emitter) -> None:
         that the one before it brought into L2)."""
         em.line("for (int64_t e = 0; e < 16; ++e) {")
         em.line(f"  const {t}* BPK_RESTRICT ve_ = V_ + e * {v_stride};")
+        # Note [Chunk streaming] (cpu_conv_wide.py): the next element's weights, after the last the next row's first
+        em.line(
+            f"  const std::uintptr_t un_ = e < 15 ? reinterpret_cast<std::uintptr_t>(wp_) + "
+            f"std::uintptr_t(e + 1) * {cin * block * isz} : wn_;"
+        )
         if width <= AVX2_BLOCK:
-            products(width, "0")
+            products(width, "0", lines=row_lines(width, isz))
             em.line("}")
             return
         full = width - width % AVX2_BLOCK
 
-        def avx2() -> None:
+        def avx2() -> None:  # each sub-block's pass streams in its own line of the next element's rows
             em.line("{")
-            products(AVX2_BLOCK, "0", touch=True)
+            products(AVX2_BLOCK, "0", touch=True, lines=("0",))
             em.line("}")
             em.line(f"for (int64_t sb_ = {AVX2_BLOCK}; sb_ < {full}; sb_ += {AVX2_BLOCK}) {{")
-            products(AVX2_BLOCK, "sb_")
+            products(AVX2_BLOCK, "sb_", lines=("sb_",))
             em.line("}")
             if width % AVX2_BLOCK:
                 em.line("{")
-                products(width % AVX2_BLOCK, str(full))
+                products(width % AVX2_BLOCK, str(full), lines=(str(full),))
                 em.line("}")
 
         em.branch("#if defined(__AVX2__) && !defined(__AVX512F__)", avx2)
-        em.branch("#else", lambda: products(width, "0"))
+        em.branch("#else", lambda: products(width, "0", lines=row_lines(width, isz)))
         em.line("#endif")
         em.line("}")
 
@@ -232,6 +255,7 @@ def winograd_conv_kernel(em: Emitter) -> None:
         em.line(f"const int64_t tw_ = ({r(ow)} + 1) / 2;")
         em.line(f"const int64_t t0_ = {i_g.name} * {RT};")
         em.line(f"const int64_t nt_ = std::min<int64_t>({RT}, {r(tiles)} - t0_);")
+        next_row_weights(em, i_n.name, r(nb), r(tiles), 16 * cin * block * isz)
         input_transform(sy, sx)
         full = oc - oc % block
 
