@@ -275,8 +275,8 @@ def test_channels_last_epilogue_dags_and_channel_multipliers() -> None:
 
 
 class _Wide(torch.nn.Module):
-    """Channels-last direct 3x3 convolutions of 16, 24, 40 and 64 output channels (tiles of 8 and 6
-    pixels), stride 1 and 2."""
+    """Direct 3x3 convolutions of 16, 24, 40 and 64 output channels (tiles of 8 and 6 pixels), stride 1
+    and 2, on the NCHW input, each its own output (the NCHW kernel: no channels-last chain)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -313,18 +313,51 @@ class _Heads(torch.nn.Module):
         return tuple(torch.relu(c(x)) for c in self.convs)
 
 
-@pytest.mark.parametrize("model", [_Wide, _Heads])
+class _Chain(torch.nn.Module):
+    """A chain of padded 3x3 convolutions on channels-last values (window-origin tiles of 8 pixels)
+    to 16, 24, 40 and, at stride 2, 48 channels: whole 16-channel blocks in two halves of 4 pixels
+    and a last block of 8 in the AVX2 library (Note [AVX2 pixel halves]); the last map an output,
+    the others' channel means."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.convs = torch.nn.ModuleList(
+            [
+                torch.nn.Conv2d(8, 16, 3, padding=1),
+                torch.nn.Conv2d(16, 24, 3, padding=1, bias=False),
+                torch.nn.Conv2d(24, 40, 3, padding=1),
+                torch.nn.Conv2d(40, 48, 3, stride=2, padding=1),
+            ]
+        )
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        means = []
+        for c in self.convs:
+            x = torch.relu(c(x))
+            means.append(x.mean(dim=(2, 3)))
+        return (x, *means[:-1])
+
+
+# pixel counts 4, 9, 16, 25, 49, 81, 6, 15, 45, 14, 10, 21, 35, 18: every residue modulo the 8-pixel
+# tile (and the 40-channel stride-2 convolution's 1, 4, 4, 9, 16, 25, 2, 6, 15, 4, 3, 8, 12, 5 too)
+SIDES = ((2, 2), (3, 3), (4, 4), (5, 5), (7, 7), (9, 9), (2, 3), (3, 5), (5, 9), (2, 7), (2, 5), (3, 7), (5, 7), (9, 2))
+
+
+@pytest.mark.parametrize("model", [_Wide, _Heads, _Chain])
 def test_convolution_tiles_at_every_isa_level(tmp_path: Path, model: type[torch.nn.Module]) -> None:
     """Every ISA library this CPU runs (the NCHW kernel's AVX2 code takes narrower channel blocks, Note
-    [Convolution tiles per ISA]), at one and two threads, at image sides 1 to 9 (pixel counts over the tiles' residues),
-    against eager within 1e-5 of each output's scale; channels-last chains and NCHW direct kernels."""
+    [Convolution tiles per ISA]; the channels-last one halves its tiles' pixels, Note [AVX2 pixel
+    halves]), at one and two threads, at images of 2 x 2 to 9 x 9 whose pixel counts (and the strided
+    convolution's) leave every residue modulo the 8-pixel tile, against eager within 1e-5 of each
+    output's scale; channels-last chains and NCHW direct kernels."""
     from bladepack.options import LoaderOptions
     from tests.helpers import all_isas, runnable_levels
 
     torch.manual_seed(0)
     net = model().eval()
-    side = Dim("side", min=2, max=16)
-    art = bladepack.optimize(net, [(torch.randn(1, 8, 5, 5),)], ({2: side, 3: side},), options=all_isas())
+    dims = {2: Dim("height", min=2, max=16), 3: Dim("width", min=2, max=16)}
+    samples = [(torch.randn(1, 8, 5, 6),), (torch.randn(1, 8, 4, 7),)]
+    art = bladepack.optimize(net, samples, (dims,), options=all_isas())
     levels = runnable_levels(art)
     assert len(levels) >= 2, art.cpu_libraries
     path = tmp_path / "convs.bpk"
@@ -334,13 +367,13 @@ def test_convolution_tiles_at_every_isa_level(tmp_path: Path, model: type[torch.
             mod = bladepack.load(path, executor="native", options=LoaderOptions(cpu_isa=isa, num_threads=threads))
             kinds = [k["kind"] for k in mod._manifest.kernels["cpu"]]
             assert kinds.count("conv") == len(net.convs), kinds  # type: ignore[arg-type]
-            for s in (2, 3, 4, 5, 7, 9):
-                x = torch.randn(1, 8, s, s)
+            for h, w in SIDES:
+                x = torch.randn(1, 8, h, w)
                 with torch.no_grad():
                     want = [w.numpy() for w in net(x)]
                 for k, (got, ref) in enumerate(zip(mod(x.numpy()), want, strict=True)):
                     err = float(np.abs(np.asarray(got) - ref).max() / max(1.0, float(np.abs(ref).max())))
-                    assert err <= 1e-5, (isa, threads, s, k, err)
+                    assert err <= 1e-5, (isa, threads, h, w, k, err)
 
 
 class _Multipliers(torch.nn.Module):

@@ -290,12 +290,13 @@ def nhwc_conv_kernel(em: Emitter) -> None:
                 em.line("  }")
             em.line("}")
 
-        def channel_block(width: int, npx: int) -> None:
-            """One block of `width` output channels starting at channel cb for the tile's first `npx`
-            pixels: accumulate, then store."""
+        def channel_block(width: int, npx: int, p0: int = 0) -> None:
+            """One block of `width` output channels starting at channel cb for the tile's pixels p0 to
+            p0 + npx (only window-origin tiles start past pixel 0): accumulate, then store."""
+            assert based or p0 == 0
             em.line(f"{t} acc[{npx}][{width}] = {{}};")
             if based:
-                accumulate(width, "(pb_[p] + ko_)", npx)
+                accumulate(width, f"(pb_[p + {p0}] + ko_)" if p0 else "(pb_[p] + ko_)", npx)
             else:
                 em.line("if (inner_) {  // Note [Interior tiles]: tap k of pixel p is tap k of pixel 0, p strides on")
                 em.line(f"  const {mt}* BPK_RESTRICT x0_ = xn_ + ty_ * {sy} + tx_ * {sx};")
@@ -310,22 +311,33 @@ def nhwc_conv_kernel(em: Emitter) -> None:
                 store_block(em, n.id, root, (i_n, oy, ox, cb + co), co, width)
 
             # the pixel loop has a constant trip count and is unrolled, so acc[px] is a register, never memory
+            q = f"px + {p0}" if p0 else "px"  # the pixel's place in the tile
             em.loop(
                 [f"#pragma GCC unroll {npx}", f"for (int px = 0; px < {npx}; ++px) {{"],
                 [pix, oy, ox],
                 store_pixel,
                 prologue=[
-                    "if (px >= np_) break;",
-                    "const int64_t oy = oy_[px], ox = ox_[px];",
-                    f"{mt}* BPK_RESTRICT orow_ = {out} + {image} + (q0_ + px) * {oc};",
+                    f"if ({q} >= np_) break;",
+                    f"const int64_t oy = oy_[{q}], ox = ox_[{q}];",
+                    f"{mt}* BPK_RESTRICT orow_ = {out} + {image} + (q0_ + {q}) * {oc};",
                 ],
             )
 
-        def blocks(blk: int, npx: int) -> None:
+        def blocks(blk: int, npx: int, halves: bool = False) -> None:
+            """The tile's `npx` pixels over every block of `blk` output channels; `halves`: each block
+            wider than 8 channels in two halves of the pixels (Note [AVX2 pixel halves])."""
             full = oc - oc % blk
-            em.loop([f"for (int64_t cb = 0; cb < {full}; cb += {blk}) {{"], [cb], lambda: channel_block(blk, npx))
+
+            def block_of(width: int) -> None:
+                if not (halves and width > 8):
+                    channel_block(width, npx)
+                    return
+                em.loop(["{"], [], lambda: channel_block(width, npx // 2))
+                em.loop(["{"], [], lambda: channel_block(width, npx - npx // 2, npx // 2))
+
+            em.loop([f"for (int64_t cb = 0; cb < {full}; cb += {blk}) {{"], [cb], lambda: block_of(blk))
             if oc % blk:  # the last, narrower block
-                em.loop([f"{{ const int64_t cb = {full};"], [cb], lambda: channel_block(oc % blk, npx))
+                em.loop([f"{{ const int64_t cb = {full};"], [cb], lambda: block_of(oc % blk))
 
         # Note [Convolution tiles per ISA] (cpu_conv.py) for this kernel: AVX2's 16 vector registers
         # hold 8-12 accumulators (8 pixels x 8 channels, 6 x 16), so the AVX2 library walks the
@@ -335,9 +347,24 @@ def nhwc_conv_kernel(em: Emitter) -> None:
         # the same way): the zoo MobileNet's 64-channel depthwise layers at 8 x 96 x 96 448 -> 363 µs,
         # bitwise the same sums. Not those with a channel multiplier (Note [Channel multipliers]): its
         # downsampling (16 -> 32 channels) took 54 -> 579 µs in blocks of 8, so they stay whole.
+        # Note [AVX2 pixel halves]: a window-origin tile of 8 pixels (16 to 48 output channels) walked
+        # its channels in blocks of 8 in the AVX2 library (8 pixels x 1 vector: 8 accumulators, each of
+        # a channel block's multiply-adds a load, 9 loads per 8 FMAs, every input value broadcast once per
+        # block). Blocks of 16 channels with the tile's pixels in two halves (4 pixels x 2 vectors: also
+        # 8 accumulators, 6 loads per 8 FMAs) measured faster on a Zen 4 EPYC, x86-64-v3 library, the CNN
+        # sample at 6 x 24 x 30 (bench.peak's shapes are larger): its 16-channel 3x3 convolutions 8.0-8.3
+        # -> 7.1-7.4 µs, the 3 -> 16 stem 7.6 -> 6.6, the 32-channel ones 8.1-8.2 -> 7.6-7.8, the whole
+        # model 1.06-1.12x over its shapes (the MobileNet zoo model's stem 41.9 -> 35.4 µs at 4 x 64 x
+        # 64); the sums are the same, bitwise. Tried: 6 + 2 pixels (12 and 4 accumulators) and, at 32
+        # channels, 3 + 3 + 2 pixels of all 32: no faster than blocks of 8. A block of at most 8 channels
+        # (the last of 24 or 40) keeps all 8 pixels.
         def per_isa(npx: int) -> None:
             sub = 8 * max(1, 12 // npx)
-            if (not depthwise or mult == 1) and t == "float" and block > sub:
+            if based and t == "float" and npx == 8 and block > 8:  # Note [AVX2 pixel halves]
+                em.branch("#if defined(__AVX2__) && !defined(__AVX512F__)", lambda: blocks(16, npx, halves=True))
+                em.branch("#else", lambda: blocks(block, npx))
+                em.line("#endif")
+            elif (not depthwise or mult == 1) and t == "float" and block > sub:
                 em.branch("#if defined(__AVX2__) && !defined(__AVX512F__)", lambda: blocks(sub, npx))
                 em.branch("#else", lambda: blocks(block, npx))
                 em.line("#endif")
