@@ -24,7 +24,6 @@ import ctypes
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -46,23 +45,44 @@ def _address(a: np.ndarray) -> int:
         return int(a.ctypes.data)
 
 
-@dataclass(frozen=True)
 class _Plan:
-    words: np.ndarray  # kept alive: the library reads it through words_ptr
-    words_ptr: int
-    arena_bytes: int
-    out_shapes: tuple[tuple[int, ...], ...]
+    """A registered signature's launch words (kept alive: the library reads them through their
+    address), arena need and output shapes, with the foreign call's word arguments made once (Note
+    [Foreign arguments])."""
+
+    __slots__ = ("arena_bytes", "count_arg", "out_shapes", "words", "words_arg", "words_ptr")
+
+    def __init__(
+        self, words: np.ndarray, words_ptr: int, arena_bytes: int, out_shapes: tuple[tuple[int, ...], ...]
+    ) -> None:
+        self.words = words
+        self.words_ptr = words_ptr
+        self.arena_bytes = arena_bytes
+        self.out_shapes = out_shapes
+        self.words_arg = ctypes.c_void_p(words_ptr)
+        self.count_arg = ctypes.c_long(words.size)
 
 
 class _ThreadState:
-    """This thread's slot table (arena, inputs, outputs, weights) and status words, with their addresses."""
+    """This thread's slot table (arena, inputs, outputs, weights) and status words, with their addresses.
+
+    Note [Foreign arguments]: the table is a ctypes array (an element write costs less than a numpy
+    array's; `slots` is a numpy view of the same memory for bulk writes), and the foreign call's
+    pointer arguments are ctypes objects made once, which ctypes passes without converting a Python
+    int per call. With Note [Direct calls] (module.py) and torch outputs made by `torch.empty(size=...)`
+    (1.0 µs where a positional shape took 1.5), a one-kernel model's whole call measured 4.15 -> 3.49 µs
+    with numpy inputs and 6.21 -> 4.30 µs with torch tensors (Zen 4 EPYC, 200,000 calls); the MLP
+    sample's at batch 1 7.5 -> 6.9 and 9.0 -> 7.9 µs."""
 
     def __init__(self, native: NativeCpu, n_slots: int, n_io: int) -> None:
-        self.slots = np.zeros(n_slots, dtype=np.uint64)
+        self.table = (ctypes.c_uint64 * n_slots)()
+        self.slots = np.ctypeslib.as_array(self.table)
         self.slots[1 + n_io :] = native.weight_slots
-        self.slots_ptr = int(self.slots.ctypes.data)
+        self.slots_ptr = ctypes.addressof(self.table)
+        self.slots_arg = ctypes.c_void_p(self.slots_ptr)
         self.status = np.zeros(4, dtype=np.int64)
         self.status_ptr = int(self.status.ctypes.data)
+        self.status_arg = ctypes.c_void_p(self.status_ptr)
         self.arena: tuple[np.ndarray, int] | None = None  # the native arena slot 0 points into
 
 
@@ -168,7 +188,7 @@ class FastCalls:
             for t, dt in zip(inputs, in_dt):
                 if type(t) is not tensor or t.dtype is not dt or not t.is_cpu or not t.is_contiguous() or t.is_neg():
                     return None  # a negative-bit view holds the values negated: the full path resolves it
-                shapes.append(tuple(t.shape))
+                shapes.append(t.shape)  # a torch.Size: a tuple, equal and hashed as one
                 ptrs.append(t.data_ptr())
             key = tuple(shapes)
             torch = sys.modules["torch"]
@@ -176,22 +196,25 @@ class FastCalls:
         if plan is None:
             return None
         st = self._state(plan.arena_bytes)
-        slots = st.slots
-        for k, p in enumerate(ptrs):
-            slots[1 + k] = p
+        table = st.table
+        slot = 1
+        for p in ptrs:
+            table[slot] = p
+            slot += 1
         outs: list[Any] = []
-        base = 1 + self._n_in
         if torch is None:
-            for k, (shape, dt) in enumerate(zip(plan.out_shapes, self._out_dtypes)):
-                o = np.empty(shape, dtype=dt)
-                slots[base + k] = _address(o)
+            for shape, dt in zip(plan.out_shapes, self._out_dtypes):
+                o = np.empty(shape, dt)
+                table[slot] = _address(o)
+                slot += 1
                 outs.append(o)
         else:
-            for k, (shape, tdt) in enumerate(zip(plan.out_shapes, out_dt)):
-                o = torch.empty(shape, dtype=tdt)
-                slots[base + k] = o.data_ptr()
+            for shape, tdt in zip(plan.out_shapes, out_dt):
+                o = torch.empty(size=shape, dtype=tdt)  # a third faster than a positional shape
+                table[slot] = o.data_ptr()
+                slot += 1
                 outs.append(o)
-        if self._run(self._ctx, plan.words_ptr, plan.words.size, st.slots_ptr, st.status_ptr, None):
+        if self._run(self._ctx, plan.words_arg, plan.count_arg, st.slots_arg, st.status_arg, None):
             st.status[:] = 0
             return None
         return outs

@@ -77,6 +77,12 @@ class LoadedModule:
                 warnings.warn(f"bladepack: {e}; running on the reference executor", RuntimeWarning, stacklevel=3)
         elif executor == "native":
             raise NativeUnavailable(f"{bpk.source} has no CPU kernel library (it was built without a C++ compiler)")
+        # Note [Direct calls]: a call by position on a module without split policies goes straight to
+        # the native executor's fast path (Note [Fast path] in fast_call.py), which returns None for
+        # anything it does not take; that goes the whole way below
+        ex = self._executor
+        self._direct = ex.fast if isinstance(ex, NativeExecutor) and not self._splits else None
+        self._tuple_output = m.tuple_output
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -90,6 +96,11 @@ class LoadedModule:
 
     # -- public API
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        direct = self._direct
+        if direct is not None and not kwargs:
+            got = direct(args)
+            if got is not None:
+                return tuple(got) if self._tuple_output or len(got) != 1 else got[0]
         if kwargs:
             names = [t.name for t in self.signature.inputs]
             unknown = sorted(set(kwargs) - set(names))
@@ -103,7 +114,7 @@ class LoadedModule:
                 raise InputError(f"missing input(s) {missing}; inputs are {names}")
             args = args + tuple(kwargs[n] for n in names[len(args) :])
         outs = self.run(args) if self._splits else self._executor.run(args, None)
-        return tuple(outs) if self._manifest.tuple_output or len(outs) != 1 else outs[0]
+        return tuple(outs) if self._tuple_output or len(outs) != 1 else outs[0]
 
     def run(self, inputs: Sequence[Any], outputs: Sequence[Any] | None = None) -> list[Any]:
         """Run on a list of inputs; with `outputs`, results are also copied into those arrays."""
