@@ -120,9 +120,10 @@ def dense_kernel(em: Emitter, tile: int) -> None:
     co, pix, row, i_y, i_x, i_n = Loop("co"), Loop("px"), Loop("row"), Loop("oy"), Loop("ox"), Loop("on")
     elem = 8 if t == "double" else 4
 
-    def emit(vector_bytes: int, block: int, group: int) -> None:
+    def emit(vector_bytes: int, block: int, group: int, halves: bool = False) -> None:
         """The kernel for one ISA's vectors: `block` output columns per register tile, `group` (whole
-        blocks) per parallel row (Note [Dense column groups])."""
+        blocks) per parallel row (Note [Dense column groups]); `halves`: each block wider than a vector
+        in two halves of the tile's rows (Note [Dense row halves])."""
         blocks = (nn + group - 1) // group
 
         def body(outer: tuple[Loop, ...]) -> None:
@@ -155,7 +156,8 @@ def dense_kernel(em: Emitter, tile: int) -> None:
                 em.line("  }")
                 em.line("}")
 
-            def channel_block(width: int) -> None:
+            def channel_block(width: int, rows: int = tile, p0: int = 0) -> None:
+                """Columns [cb, cb + width) of the tile's rows p0 to p0 + rows."""
                 vector = vector_bytes // elem
                 lanes = _lanes(width, k, nn, vector) if whole else width
                 # (first column, lanes) per run of W read from one pointer: the whole block, or one per
@@ -167,10 +169,11 @@ def dense_kernel(em: Emitter, tile: int) -> None:
                     em.line(f"const {mt}* BPK_RESTRICT wb_ = wp_ + (cb / {PANEL}) * {k * PANEL} + cb % {PANEL};")
                 # Note [Dense k pairs]: fewer than 8 accumulator vectors cannot hide the multiply-add's
                 # latency (a row or two on 64 columns); a second set takes the odd k, summed at the end
-                pairs = tile * -(-lanes // vector) < 8 and k >= 4
-                em.line(f"{t} acc[{tile}][{lanes}] = {{}};")
+                pairs = rows * -(-lanes // vector) < 8 and k >= 4
+                em.line(f"{t} acc[{rows}][{lanes}] = {{}};")
                 if pairs:
-                    em.line(f"{t} acc2[{tile}][{lanes}] = {{}};")
+                    em.line(f"{t} acc2[{rows}][{lanes}] = {{}};")
+                ap = f"ap_[p + {p0}]" if p0 else "ap_[p]"
 
                 def steps(first: int, last: int, w: int, step: int = 1) -> None:
                     em.line(f"for (int64_t k = {first}; k < {last}; k += {step}) {{")
@@ -179,11 +182,11 @@ def dense_kernel(em: Emitter, tile: int) -> None:
                             em.line(f"  const {mt}* BPK_RESTRICT wc{j} = wb_ + {j * k * PANEL} + k * {PANEL};")
                     else:
                         em.line(f"  const {mt}* BPK_RESTRICT wc = wp_ + k * {nn} + cb;")
-                    em.line(f"  #pragma GCC unroll {tile}")
-                    em.line(f"  for (int p = 0; p < {tile}; ++p) {{")
-                    em.line(f"    const {t} xv_ = ap_[p][k * {sc}];")
+                    em.line(f"  #pragma GCC unroll {rows}")
+                    em.line(f"  for (int p = 0; p < {rows}; ++p) {{")
+                    em.line(f"    const {t} xv_ = {ap}[k * {sc}];")
                     if step == 2:
-                        em.line(f"    const {t} xw_ = ap_[p][(k + 1) * {sc}];")
+                        em.line(f"    const {t} xw_ = {ap}[(k + 1) * {sc}];")
                     for j, (c, run_lanes) in enumerate(runs):
                         wc, col = (f"wc{j}", f"{c} + co" if c else "co") if panels else ("wc", "co")
                         em.line("    #pragma omp simd")
@@ -205,7 +208,7 @@ def dense_kernel(em: Emitter, tile: int) -> None:
                 if whole_k < k:
                     steps(whole_k, k, width)
                 if pairs:
-                    em.line(f"for (int p = 0; p < {tile}; ++p)")
+                    em.line(f"for (int p = 0; p < {rows}; ++p)")
                     em.line("  #pragma omp simd")
                     em.line(f"  for (int64_t co = 0; co < {lanes}; ++co) acc[p][co] += acc2[p][co];")
 
@@ -215,18 +218,27 @@ def dense_kernel(em: Emitter, tile: int) -> None:
                     store_block(em, n.id, root, idx, co, width)
 
                 # constant trip count, unrolled: acc[px] is a register, never memory
-                pixel = ["const int64_t on = on_[px], oy = oy_[px], ox = ox_[px];"] if not one_image else []
+                q = f"px + {p0}" if p0 else "px"  # the row's place in the tile
+                pixel = [f"const int64_t on = on_[{q}], oy = oy_[{q}], ox = ox_[{q}];"] if not one_image else []
                 em.loop(
-                    [f"#pragma GCC unroll {tile}", f"for (int px = 0; px < {tile}; ++px) {{"],
+                    [f"#pragma GCC unroll {rows}", f"for (int px = 0; px < {rows}; ++px) {{"],
                     [pix, row] if one_image else [pix, row, i_n, i_y, i_x],
                     store_row,
                     prologue=[
-                        "if (px >= np_) break;",
-                        "const int64_t row = q0_ + px;",
+                        f"if ({q} >= np_) break;",
+                        f"const int64_t row = q0_ + {q};",
                         *pixel,
                         f"{mt}* BPK_RESTRICT orow_ = {out} + row * {nn};",
                     ],
                 )
+
+            def column_block(width: int) -> None:
+                """A register block of `width` columns: the whole tile, or its rows in two halves."""
+                if not (halves and width > vector_bytes // elem):
+                    channel_block(width)
+                    return
+                em.loop(["{"], [], lambda: channel_block(width, tile // 2))
+                em.loop(["{"], [], lambda: channel_block(width, tile - tile // 2, tile // 2))
 
             cb = Loop("cb")
             if group > block:  # Note [Dense column groups]: the row's whole blocks, then the last group's tail
@@ -234,20 +246,20 @@ def dense_kernel(em: Emitter, tile: int) -> None:
                 em.loop(
                     [f"for (int64_t cb = c0_; cb + {block} <= ce_; cb += {block}) {{"],
                     [cb],
-                    lambda: channel_block(block),
+                    lambda: column_block(block),
                 )
                 last = nn - (blocks - 1) * group  # the last group's columns
                 if last % block:
                     em.loop(
                         [f"if (ce_ - c0_ == {last}) {{", f"const int64_t cb = c0_ + {last - last % block};"],
                         [cb],
-                        lambda: channel_block(last % block),
+                        lambda: column_block(last % block),
                     )
             elif nn % block == 0:
-                em.loop(["{"], [cb], lambda: channel_block(block))
+                em.loop(["{"], [cb], lambda: column_block(block))
             else:  # the last block is narrower
-                em.loop([f"if (cb + {block} <= {nn}) {{"], [cb], lambda: channel_block(block))
-                em.loop(["else {"], [cb], lambda: channel_block(nn % block))
+                em.loop([f"if (cb + {block} <= {nn}) {{"], [cb], lambda: column_block(block))
+                em.loop(["else {"], [cb], lambda: column_block(nn % block))
 
         # Note [Dense threads]: multiply-adds run ~32 per cycle, so a product splits over the pool from
         # 2^18 of them (what the GEMM path asks of a BLAS product): below that the hand-off costs more
@@ -276,11 +288,23 @@ def dense_kernel(em: Emitter, tile: int) -> None:
     # 266 -> 237 µs (1.12x; 1.12x at 4 x 64 x 64); BERT's dense layers there 1.03-1.07x; the sums are bitwise
     # the same. Tiles of one or two rows keep a row per block: their rows are cheap to set up, and
     # finer column rows split a decode step's few rows over the pool (Note [Dense threads]).
+    #
+    # Note [Dense row halves]: the full tile of 8 rows (N up to 48) made one-vector blocks in a
+    # narrow-register library (8 rows x 8 columns: every multiply-add a load of its own, 9 loads per 8
+    # FMAs, each row's x broadcast once per 8 columns). Two-vector blocks over the tile's rows in two
+    # halves (4 rows x 16 columns, also 8 accumulators) load 6 per 8 FMAs, as Note [AVX2 pixel halves]
+    # does for the convolutions. MobileNet's 64 -> 16 projections at x86-64-v3 on the Zen 4 EPYC, 4 x 64
+    # x 64: 52.4-52.6 -> 42.7-42.8 µs (the AVX-512 library's 39.7), the model 391 -> 374 µs; at 8 x 96 x
+    # 96 3197 -> 3066 µs; bitwise the same sums.
     em.line("#if defined(__AVX512F__)")
     emit(VECTOR_BYTES, min(nn, CHANNEL_BLOCK), min(nn, CHANNEL_BLOCK))
     for guard, vector_bytes in (("#elif defined(__AVX2__)", 32), ("#else", 16)):
         em.line(guard)
-        block = min(nn, narrow_block(vector_bytes // elem, tile))
+        vector = vector_bytes // elem
+        block = min(nn, narrow_block(vector, tile))
+        # Note [Dense row halves]
+        halves = not panels and t == "float" and tile >= 8 and block == vector and nn > vector
+        block = min(nn, 2 * vector) if halves else block
         block = panel_block(block, nn) if panels else block
-        emit(vector_bytes, block, column_group(block, nn, tile))
+        emit(vector_bytes, block, column_group(block, nn, tile), halves)
     em.line("#endif")
