@@ -74,7 +74,7 @@ def measure(m: bladepack.LoadedModule, inputs: tuple[torch.Tensor, ...], repeat:
         t0 = time.perf_counter_ns()
         out = m(*inputs)  # held: the native run below writes into the same output memory
         t1 = time.perf_counter_ns()
-        native.run_words(plan.words_ptr, plan.words.size, st.slots_ptr, st.status_ptr)
+        native.run_words(plan.words_arg.value, plan.words.size, st.slots_arg.value, st.status_arg.value)
         t2 = time.perf_counter_ns()
         del out
         calls.append(t1 - t0)

@@ -104,11 +104,15 @@ def tap_pointers(
 # weight prefetch] (cpu_conv_wide.py) as well measured 0.91x on the 512-channel one. Where the kernels
 # stream the next chunk in (Note [Chunk streaming] in cpu_conv_wide.py), only a row's first chunk (or
 # element) is touched.
+def row_lines(width: int, itemsize: int) -> tuple[str, ...]:
+    """The offsets (elements) of the cache lines of a weight row of `width` elements."""
+    return tuple(str(k) for k in range(0, width, 64 // itemsize))
+
+
 def touch_row(em: Emitter, row: str, block: int, itemsize: int) -> None:
     """Prefetch the lines of the weight row at `row` (a C pointer to its first element) past the first
     (which the caller reads): Note [AVX2 row touch]."""
-    per_line = 64 // itemsize
-    for k in range(per_line, block, per_line):
+    for k in row_lines(block, itemsize)[1:]:
         em.line(f"__builtin_prefetch({row} + {k});")
 
 

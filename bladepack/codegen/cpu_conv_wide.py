@@ -69,6 +69,7 @@ from bladepack.codegen.c_render import CPU_MEMTYPE, CTYPE, Loop
 from bladepack.codegen.cpu_conv_nhwc import (
     image_start,
     next_row_weights,
+    row_lines,
     store_block,
     stream_line,
     tap_pointers,
@@ -96,11 +97,6 @@ def _share_mask() -> str:
         text = f"nt_ >= {k} ? {k - 1} : {text}"
         k *= 2
     return text
-
-
-def row_lines(width: int, itemsize: int) -> tuple[str, ...]:
-    """The offsets (elements) of the cache lines of a weight row of `width` elements."""
-    return tuple(str(k) for k in range(0, width, 64 // itemsize))
 
 
 def wide_conv_kernel(em: Emitter) -> None:

@@ -52,12 +52,12 @@ from bladepack.codegen.c_render import CPU_MEMTYPE, CTYPE, Loop
 from bladepack.codegen.cpu_conv_nhwc import (
     image_start,
     next_row_weights,
+    row_lines,
     stream_line,
     tap_pointers,
     touch_row,
     zero_pixel,
 )
-from bladepack.codegen.cpu_conv_wide import row_lines
 from bladepack.codegen.emitter import Emitter
 from bladepack.ir.ops import CHANNEL_BLOCK, Conv2dAttrs
 from bladepack.ir.views import simplify

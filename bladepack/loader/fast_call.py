@@ -50,16 +50,13 @@ class _Plan:
     address), arena need and output shapes, with the foreign call's word arguments made once (Note
     [Foreign arguments])."""
 
-    __slots__ = ("arena_bytes", "count_arg", "out_shapes", "words", "words_arg", "words_ptr")
+    __slots__ = ("arena_bytes", "count_arg", "out_shapes", "words", "words_arg")
 
-    def __init__(
-        self, words: np.ndarray, words_ptr: int, arena_bytes: int, out_shapes: tuple[tuple[int, ...], ...]
-    ) -> None:
+    def __init__(self, words: np.ndarray, arena_bytes: int, out_shapes: tuple[tuple[int, ...], ...]) -> None:
         self.words = words
-        self.words_ptr = words_ptr
         self.arena_bytes = arena_bytes
         self.out_shapes = out_shapes
-        self.words_arg = ctypes.c_void_p(words_ptr)
+        self.words_arg = ctypes.c_void_p(int(words.ctypes.data))
         self.count_arg = ctypes.c_long(words.size)
 
 
@@ -78,11 +75,9 @@ class _ThreadState:
         self.table = (ctypes.c_uint64 * n_slots)()
         self.slots = np.ctypeslib.as_array(self.table)
         self.slots[1 + n_io :] = native.weight_slots
-        self.slots_ptr = ctypes.addressof(self.table)
-        self.slots_arg = ctypes.c_void_p(self.slots_ptr)
+        self.slots_arg = ctypes.c_void_p(ctypes.addressof(self.table))
         self.status = np.zeros(4, dtype=np.int64)
-        self.status_ptr = int(self.status.ctypes.data)
-        self.status_arg = ctypes.c_void_p(self.status_ptr)
+        self.status_arg = ctypes.c_void_p(int(self.status.ctypes.data))
         self.arena: tuple[np.ndarray, int] | None = None  # the native arena slot 0 points into
 
 
@@ -116,7 +111,7 @@ class FastCalls:
         if len(prep.segments) != 1 or prep.segments[0].words is None or prep.segments[0].when:
             return
         words = prep.segments[0].words
-        self._keep(shapes, _Plan(words, int(words.ctypes.data), prep.arena_bytes, tuple(tuple(s) for s in out_shapes)))
+        self._keep(shapes, _Plan(words, prep.arena_bytes, tuple(tuple(s) for s in out_shapes)))
 
     def _new(self, shapes: tuple[tuple[int, ...], ...]) -> _Plan | None:
         """A signature no call registered, prepared by the kernel library (Note [Native preparation]),
@@ -127,7 +122,7 @@ class FastCalls:
         got = prepare(shapes)
         if got is None:
             return None
-        plan = _Plan(got.words, int(got.words.ctypes.data), got.arena_bytes, got.out_shapes)
+        plan = _Plan(got.words, got.arena_bytes, got.out_shapes)
         self._keep(shapes, plan)
         return plan
 

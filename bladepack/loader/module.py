@@ -8,7 +8,7 @@ its own bounded per-shape cache (Note [Prepared plans]) — and dispatches every
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -79,9 +79,11 @@ class LoadedModule:
             raise NativeUnavailable(f"{bpk.source} has no CPU kernel library (it was built without a C++ compiler)")
         # Note [Direct calls]: a call by position on a module without split policies goes straight to
         # the native executor's fast path (Note [Fast path] in fast_call.py), which returns None for
-        # anything it does not take; that goes the whole way below
+        # anything it does not take; that call then takes the executor's full path, once
         ex = self._executor
-        self._direct = ex.fast if isinstance(ex, NativeExecutor) and not self._splits else None
+        self._direct: tuple[Callable[[Sequence[Any]], list[Any] | None], Callable[..., list[Any]]] | None = None
+        if isinstance(ex, NativeExecutor) and ex.fast is not None and not self._splits:
+            self._direct = (ex.fast, ex.run_checked)
         self._tuple_output = m.tuple_output
 
     @property
@@ -98,9 +100,11 @@ class LoadedModule:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         direct = self._direct
         if direct is not None and not kwargs:
-            got = direct(args)
-            if got is not None:
-                return tuple(got) if self._tuple_output or len(got) != 1 else got[0]
+            fast, checked = direct
+            got = fast(args)
+            if got is None:
+                got = checked(args, None)
+            return tuple(got) if self._tuple_output or len(got) != 1 else got[0]
         if kwargs:
             names = [t.name for t in self.signature.inputs]
             unknown = sorted(set(kwargs) - set(names))

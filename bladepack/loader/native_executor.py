@@ -117,6 +117,11 @@ class NativeExecutor:
             fast = self.fast(inputs)
             if fast is not None:
                 return fast
+        return self.run_checked(inputs, outputs)
+
+    def run_checked(self, inputs: Sequence[Any], outputs: Sequence[Any] | None) -> list[Any]:
+        """The full path: every input checked, the signature prepared (and registered with the fast
+        path), then run; what `run` falls back to and `LoadedModule` calls once its direct call declined."""
         return host_call(self.m, inputs, outputs, self._call)
 
     def _call(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
