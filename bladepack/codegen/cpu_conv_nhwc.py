@@ -104,8 +104,7 @@ def tap_pointers(
 # weight prefetch] (cpu_conv_wide.py) as well measured 0.91x on the 512-channel one. Where the kernels
 # stream the next chunk in (Note [Chunk streaming] in cpu_conv_wide.py), only a row's first chunk (or
 # element) is touched.
-def row_lines(width: int, itemsize: int) -> tuple[str, ...]:
-    """The offsets (elements) of the cache lines of a weight row of `width` elements."""
+def row_lines(width: int, itemsize: int) -> tuple[str, ...]:  # a weight row's cache lines, as offsets
     return tuple(str(k) for k in range(0, width, 64 // itemsize))
 
 
@@ -125,8 +124,7 @@ def next_row_weights(em: Emitter, i_n: str, batch: str, tiles: str, block_bytes:
 
 
 def stream_line(em: Emitter, base: str, index: str, itemsize: int) -> None:
-    """Prefetch into L2 the weight element `index` elements past the address `base` (a std::uintptr_t):
-    Note [Chunk streaming] (cpu_conv_wide.py)."""
+    """Prefetch into L2 the weight element `index` past address `base` (Note [Chunk streaming])."""
     em.line(f"__builtin_prefetch(reinterpret_cast<const void*>({base} + std::uintptr_t({index}) * {itemsize}), 0, 1);")
 
 
