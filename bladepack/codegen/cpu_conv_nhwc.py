@@ -101,9 +101,8 @@ def tap_pointers(
 # (Winograd), 256 and 512 channels at 56 x 56, 28 x 28 and 7 x 7 0.98-1.02x (bench/results/
 # zoo_models_zen4.md). Touching in every tile of the wide kernel measured 0.90-0.94x on those single
 # convolutions (the prefetches cost issue slots where the chunk is already in L2); dropping Note [AVX2
-# weight prefetch] (cpu_conv_wide.py) as well measured 0.91x on the 512-channel one. Where the kernels
-# stream the next chunk in (Note [Chunk streaming] in cpu_conv_wide.py), only a row's first chunk (or
-# element) is touched.
+# weight prefetch] (cpu_conv_wide.py) as well measured 0.91x on the 512-channel one. With Note [Chunk
+# streaming] (cpu_conv_wide.py) only a row's first chunk (or element) is touched.
 def row_lines(width: int, itemsize: int) -> tuple[str, ...]:  # a weight row's cache lines, as offsets
     return tuple(str(k) for k in range(0, width, 64 // itemsize))
 
