@@ -69,6 +69,7 @@ _CONV_KERNELS = {
     "ihwo": "direct",
     "blocks": "wide",
     "winograd": "winograd",
+    "hwio_winograd": "winograd or direct",
     "panels": "dense",
 }
 

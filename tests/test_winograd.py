@@ -32,7 +32,8 @@ class _WinogradChain(nn.Module):
     """A ResNet-style block of 64 channels (batch norm and ReLU, then the residual add) into a 70-channel
     convolution without padding, a 130-channel one with padding 2 (three blocks, the last of 2
     channels) and an 80-channel one (a block of 64 and one of 16) whose chain ends at the output; a
-    32-channel and a stride-2 convolution stay with their direct kernels."""
+    32-channel one gets both kernels (Note [Winograd at few channels]) and a stride-2 one stays with its
+    direct kernel."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -80,7 +81,7 @@ def test_winograd_convolutions_match_eager(tmp_path: Path) -> None:
     model = _WinogradChain().eval()
     samples = [(torch.randn(2, 3, 10, 8),), (torch.randn(3, 3, 12, 14),)]
     layouts = [n.attrs.weight_layout for n in _convs(model, samples)]
-    assert sorted(layouts) == ["ihwo", "ihwo", "ihwo"] + ["winograd"] * 5, layouts
+    assert sorted(layouts) == ["hwio_winograd", "ihwo", "ihwo"] + ["winograd"] * 5, layouts
     art = bladepack.optimize(model, samples, {"x": {0: Dim("batch"), 2: Dim("h"), 3: Dim("w")}}, options=all_isas())
     path = tmp_path / "winograd.bpk"
     path.write_bytes(art.to_bytes())
@@ -180,13 +181,89 @@ def test_winograd_golden() -> None:
         """)
 
 
-@pytest.mark.parametrize("channels", [32, 512])
-def test_channel_counts_outside_the_range_keep_direct_kernels(channels: int) -> None:
-    """Below 64 channels the transforms cost more than they save; a 512 x 512 convolution's transformed
-    weights (16.8 MB) would be read once per call on the small images it sees."""
-    model = _Block(channels).eval()
+class _Pooled(nn.Module):
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.block = _Block(c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x).mean(dim=(2, 3))
+
+
+@pytest.mark.parametrize(
+    ("channels", "pooled", "layout"),
+    [(8, True, "ihwo"), (16, True, "hwio_winograd"), (32, True, "hwio_winograd"), (32, False, "ihwo")]
+    + [(512, True, "blocks")],
+)
+def test_which_convolutions_the_pass_takes(channels: int, pooled: bool, layout: str) -> None:
+    """Below 16 channels the transforms cost more than they save; from 16 to 63 the weight is kept both
+    ways (Note [Winograd at few channels]), unless the convolution's chain ends at an output (the direct
+    kernel stores NCHW itself, a channels-last one would leave a copy); a 512 x 512 convolution's
+    transformed weights (16.8 MB) would be read once per call on the small images it sees."""
+    model = (_Pooled(channels) if pooled else _Block(channels)).eval()
     samples = [(torch.randn(2, channels, 6, 5),), (torch.randn(3, channels, 7, 9),)]
-    assert [n.attrs.weight_layout for n in _convs(model, samples)] == ["ihwo" if channels <= 64 else "blocks"]
+    assert [n.attrs.weight_layout for n in _convs(model, samples)] == [layout]
+
+
+class _FewChannels(nn.Module):
+    """Note [Winograd at few channels]: 3x3 convolutions of 16 to 64 channels, output counts off the
+    8- and 16-lane vectors (24, 40, 17) and a full block (64), padded and not, with batch norm, ReLU and
+    a residual add in their chains (none ending at an output, which keeps the direct kernel)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.c1 = nn.Conv2d(16, 16, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(16)
+        self.c2 = nn.Conv2d(16, 24, 3, padding=1)
+        self.c3 = nn.Conv2d(24, 17, 3, padding=1, bias=False)
+        self.c4 = nn.Conv2d(17, 40, 3, padding=0)
+        self.c5 = nn.Conv2d(40, 64, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.relu(self.stem(x))
+        y = torch.relu(self.bn1(self.c1(y)) + y)
+        z = torch.relu(self.c4(self.c3(torch.relu(self.c2(y)))))
+        return self.c5(z).flatten(2), z.mean(dim=(2, 3))
+
+
+def test_few_channel_convolutions_take_both_variants(tmp_path: Path) -> None:
+    """Each paired convolution's kernel runs its Winograd variant at some of the shapes and its direct
+    variant at others (by `covered`, the plan's own choice), both matching eager at every ISA level,
+    1-3 threads: single images from 3 x 3 pixels to 2 tile rows, odd and even sizes, and batches whose
+    images run on across rows (Note [Tiles across images])."""
+    from bladepack.artifact import read
+    from bladepack.artifact.reference_cases import covered
+    from bladepack.artifact.shape_program import ShapeProgram
+
+    torch.manual_seed(3)
+    model = _FewChannels().eval()
+    assert model.bn1.running_var is not None
+    model.bn1.running_var.copy_(0.5 + torch.rand(16))
+    samples = [(torch.randn(2, 3, 10, 8),), (torch.randn(3, 3, 12, 14),)]
+    layouts = [n.attrs.weight_layout for n in _convs(model, samples)]
+    assert sorted(layouts) == ["hwio_winograd"] * 5 + ["ihwo"], layouts
+    art = bladepack.optimize(model, samples, {"x": {0: Dim("batch"), 2: Dim("h"), 3: Dim("w")}}, options=all_isas())
+    path = tmp_path / "few.bpk"
+    art.save(path)
+    shapes = ((1, 3, 3), (1, 4, 4), (2, 3, 5), (1, 5, 9), (3, 4, 7), (7, 3, 3), (2, 12, 11), (5, 6, 6))
+    rng = np.random.default_rng(6)
+    inputs = [rng.standard_normal((n, 3, h, w), dtype=np.float32) for n, h, w in shapes]
+    manifest = read(art.to_bytes()).manifest
+    program = ShapeProgram.from_manifest(manifest["shape_program"])
+    ran = {v.split()[-1] for x in inputs for v in covered(manifest, program.evaluate([list(x.shape)]))}
+    paired = [k["name"] for k in manifest["kernels"] if k["name"] + "_winograd" in str(k["variants"])]
+    assert len(paired) == 5, paired
+    for name in paired:
+        assert {v for v in ran if v.startswith(name + "_")} == {name + "_winograd", name + "_direct"}, (name, ran)
+    with torch.no_grad():
+        wants = [[o.numpy() for o in model(torch.from_numpy(x))] for x in inputs]
+    failures = eager_failures(path, runnable_levels(art), inputs, wants, 1e-5)
+    assert not failures, "\n".join(failures)
+    ref = bladepack.load(path, executor="reference")  # reads the filter part of the paired weight
+    for x, want in zip(inputs[:4], wants[:4]):
+        for got, w in zip(ref(x), want, strict=True):
+            assert _err(got, w) <= 1e-5
 
 
 def test_source_weights_stay_exact() -> None:

@@ -25,12 +25,11 @@ from bladepack.ir.views import View, simplify, sym_eq
 
 
 def conv_tile_pixels(oc: int) -> int:
-    """Output pixels per register tile of `oc` output channels (AVX-512 vectors of 16 floats): 8 for
-    one or two vectors of channels, else about 24 accumulator vectors, which leaves the 32 registers
-    room for a block's weight vectors and the broadcast input. Measured against 12 accumulators (bench/
-    results/profiles.md "Convolution register tiles"): a pointwise 256 -> 256 convolution over 4096
-    pixels 1.4x faster, as fast as OpenBLAS's GEMM; at 32 channels a tile of 12 pixels wasted its
-    repeated tail pixels on the CNN sample's small images, 8 did not."""
+    """Output pixels per register tile of `oc` output channels (AVX-512 vectors of 16 floats): 8 for one or two
+    vectors of channels, else about 24 accumulator vectors, which leaves the 32 registers room for a block's
+    weight vectors and the broadcast input. Measured against 12 accumulators (bench/results/profiles.md
+    "Convolution register tiles"): a pointwise 256 -> 256 convolution over 4096 pixels 1.4x faster, as fast as
+    OpenBLAS's GEMM; at 32 channels a tile of 12 pixels wasted its repeated tail pixels on small images."""
     vectors = (oc + 15) // 16
     return max(2, 24 // vectors) if vectors > 2 else 8
 
@@ -50,8 +49,8 @@ def store_block(em: Emitter, conv: int, root: int, idx: tuple[sympy.Expr, ...], 
 
 
 def image_start(em: Emitter, conv: Node, xv: View, px: str, i_n: Loop) -> tuple[str, str, str]:
-    """A channels-last convolution's row of image `i_n`: defines `xn_`, the image's input, and returns
-    the input's row and pixel strides and the image's output offset."""
+    """For image `i_n` of a channels-last convolution: defines `xn_`, the image's input; returns the input's row
+    and pixel strides and the image's output offset."""
     base = em.args.index(sympy.expand(xv.offset + i_n * xv.strides[0]))
     sy, sx = em.args.ref(xv.strides[1]), em.args.ref(xv.strides[2])
     zero = sympy.Integer(0)
@@ -108,17 +107,16 @@ def row_lines(width: int, itemsize: int) -> tuple[str, ...]:  # a weight row's c
 
 
 def touch_row(em: Emitter, row: str, block: int, itemsize: int) -> None:
-    """Prefetch the lines of the weight row at `row` (a C pointer to its first element) past the first
-    (which the caller reads): Note [AVX2 row touch]."""
+    """Prefetch the lines of the weight row at `row` (a C pointer) past the first: Note [AVX2 row touch]."""
     for k in row_lines(block, itemsize)[1:]:
         em.line(f"__builtin_prefetch({row} + {k});")
 
 
-def next_row_weights(em: Emitter, i_n: str, batch: str, tiles: str, block_bytes: int) -> None:
+def next_row_weights(em: Emitter, block_end: str, block_bytes: int) -> None:
     """`wn_`, the address of the weights the thread's next row starts on (Note [Chunk streaming] in
-    cpu_conv_wide.py): this row's block (`wp_`) unless the row holds the block's last image's last tiles,
-    then the next block's (past the weights after the last block: prefetches do not fault)."""
-    em.line(f"const bool block_end_ = {i_n} + 1 == {batch} && t0_ + nt_ == {tiles};")
+    cpu_conv_wide.py): this row's block (`wp_`) unless `block_end` (the row holds the block's last
+    tiles), then the next block's (past the weights after the last block: prefetches do not fault)."""
+    em.line(f"const bool block_end_ = {block_end};")
     em.line(f"const std::uintptr_t wn_ = reinterpret_cast<std::uintptr_t>(wp_) + (block_end_ ? {block_bytes} : 0);")
 
 
@@ -174,8 +172,9 @@ def nhwc_conv_kernel(em: Emitter) -> None:
     n = em.ctx.nodes[em.spec.nodes[0]]
     root = em.spec.roots[0]
     a = n.attrs
-    assert isinstance(a, Conv2dAttrs) and a.weight_layout == "ihwo" and a.out_layout == "nhwc"
-    cg, kh, kw, oc = em.ctx.types[n.inputs[1]].shape
+    assert isinstance(a, Conv2dAttrs) and a.weight_layout in ("ihwo", "hwio_winograd") and a.out_layout == "nhwc"
+    ws, hwio = em.ctx.types[n.inputs[1]].shape, a.weight_layout == "hwio_winograd"  # [3, 3, C_in, C_out] first
+    cg, kh, kw, oc = (ws[2], 3, 3, ws[3]) if hwio else ws
     assert isinstance(oc, int) and isinstance(cg, int)
     xv, wv = em.ctx.view(n.inputs[0]), em.ctx.view(n.inputs[1])
     assert xv is not None and wv is not None and wv.is_contiguous()
@@ -281,7 +280,8 @@ def nhwc_conv_kernel(em: Emitter) -> None:
                 em.line("  }")
             else:
                 em.line(f"  for (int64_t ci = 0; ci < {cin}; ++ci) {{")
-                em.line(f"    const {mt}* BPK_RESTRICT wc = wp_ + (ci * {taps} + k) * {oc} + cb;")
+                w_row = f"k * {cin} + ci" if hwio else f"ci * {taps} + k"
+                em.line(f"    const {mt}* BPK_RESTRICT wc = wp_ + ({w_row}) * {oc} + cb;")
                 em.line(f"    #pragma GCC unroll {npx}")
                 em.line(f"    for (int p = 0; p < {npx}; ++p) {{")
                 em.line(f"      const {t} xv_ = {pixel}[ci * {sc_}];")

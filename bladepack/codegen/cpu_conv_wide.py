@@ -149,7 +149,7 @@ def wide_conv_kernel(em: Emitter) -> None:
         # prefetches the next chunk's rows of the input channels equal to t mod 2^j
         em.line(f"const bool stream_ = nt_ <= {STREAM_TILES};")
         em.line(f"const int64_t share_ = {_share_mask()};")
-        next_row_weights(em, i_n.name, r(nb), r(tiles), cin * taps * block * isz)
+        next_row_weights(em, f"{i_n.name} + 1 == {r(nb)} && t0_ + nt_ == {r(tiles)}", cin * taps * block * isz)
         em.line(f"const {mt}* xp_[{whole}][{taps}][{tile}];  // per tile and tap, each pixel's input channels")
         em.line("for (int64_t t = 0; t < nt_; ++t) {")
         em.line(f"  const int64_t q0_ = (t0_ + t) * {tile};")

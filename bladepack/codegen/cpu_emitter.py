@@ -37,6 +37,7 @@ from bladepack.codegen.c_render import CPU_MEMTYPE, Args, Loop
 from bladepack.codegen.cpu_channel_tiles import channel_tile_kernel, tile_axis
 from bladepack.codegen.cpu_conv import direct_conv_kernel, im2col_kernel, pool_kernel
 from bladepack.codegen.cpu_conv_nhwc import nhwc_spatial_reduce_kernel, spatial_reduction
+from bladepack.codegen.cpu_conv_winograd import paired_winograd, winograd_conv_kernel
 from bladepack.codegen.cpu_dense import dense_body, dense_tiles
 from bladepack.codegen.cpu_loops import DECLS, CpuEmitter
 from bladepack.codegen.emitter import Emitter
@@ -246,6 +247,9 @@ def emit_kernel(
         plans = [("", sympy.true, pool_kernel)]
     elif spec.kind == "conv" and _dense(ctx, spec.nodes[0]):  # Note [Dense layers]
         plans = [(f"_t{tile}", pred, dense_body(tile)) for tile, pred in dense_tiles(ctx.nodes[spec.nodes[0]])]
+    elif spec.kind == "conv" and (pred := paired_winograd(ctx.nodes[spec.nodes[0]], ctx.types)) is not None:
+        plans = [("_winograd", pred, winograd_conv_kernel), ("_direct", sympy.true, direct_conv_kernel)]
+        plans = plans[:1] if pred == sympy.true else plans[1:] if pred == sympy.false else plans
     elif spec.kind == "conv":
         plans = [("", sympy.true, direct_conv_kernel)]
     else:

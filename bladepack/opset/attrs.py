@@ -235,7 +235,9 @@ class Conv2dAttrs:
     channels (the last zero-padded), per tap, the [C_in, B] matrix, each block contiguous (Note [Wide
     convolutions] in codegen/cpu_conv_wide.py), or "winograd": a 3x3 weight's Winograd transform,
     stored as "blocks" stores a 4x4 weight (Note [Winograd convolutions] in codegen/
-    cpu_conv_winograd.py)."""
+    cpu_conv_winograd.py), or "hwio_winograd": a 3x3 weight of at most CHANNEL_BLOCK output channels
+    stored [9 + 16, 1, C_in, C_out], the filter and then its Winograd transform, for a kernel with a
+    direct and a Winograd variant (Note [Winograd at few channels] in codegen/cpu_conv_winograd.py)."""
 
     stride: tuple[int, int]
     padding: tuple[int, int]
@@ -265,9 +267,10 @@ def is_dense_conv(attrs: object, weight_shape: tuple[object, ...]) -> bool:
 
 
 def generated_conv(attrs: object) -> bool:
-    """A convolution a generated kernel runs on its packed weight ("ihwo", "panels", "blocks" or
-    "winograd"), not a GEMM."""
-    return isinstance(attrs, Conv2dAttrs) and attrs.weight_layout in ("ihwo", "panels", "blocks", "winograd")
+    """A convolution a generated kernel runs on its packed weight ("ihwo", "panels", "blocks", "winograd"
+    or "hwio_winograd"), not a GEMM."""
+    packed = ("ihwo", "panels", "blocks", "winograd", "hwio_winograd")
+    return isinstance(attrs, Conv2dAttrs) and attrs.weight_layout in packed
 
 
 @dataclass(frozen=True)

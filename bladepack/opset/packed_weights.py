@@ -6,8 +6,11 @@ direct_conv.py, passes/channels_last.py) or "blocks" ([ceil(C_out / B) * KH, KW,
 min(C_out, CHANNEL_BLOCK), the last block zero-padded: Note [Wide convolutions] in codegen/
 cpu_conv_wide.py) or "winograd" (a 3x3 weight's Winograd transform G g G^T, 4 x 4 per input and output
 channel, packed as "blocks" packs a 4x4 weight: Note [Winograd convolutions] in codegen/
-cpu_conv_winograd.py); `unpack` turns a packed weight back (the reference executor reads "blocks" and
-"winograd" through it; "winograd" back only to within rounding, so `EXACT_LAYOUTS` leaves it out). Linear layers: `unpack_linear` rebuilds a weight ([N, K] as nn.Linear holds it, or [K, N]) from
+cpu_conv_winograd.py) or "hwio_winograd" (a 3x3 weight of at most CHANNEL_BLOCK output channels kept
+both ways, [9 + 16, 1, C_in, C_out]: the filter [3, 3, C_in, C_out], then its transform [4, 4, C_in,
+C_out]: Note [Winograd at few channels] in codegen/cpu_conv_winograd.py); `unpack` turns a packed weight back
+(the reference executor reads "blocks", "winograd" and "hwio_winograd" through it; "winograd" back only
+to within rounding, so `EXACT_LAYOUTS` leaves it out). Linear layers: `unpack_linear` rebuilds a weight ([N, K] as nn.Linear holds it, or [K, N]) from
 the copies passes/dense_layers.py and passes/pack_linear.py store — "dense" ([K, 1, 1, N]), "panels"
 (pieces of K, each [ceil(N / 16), K_i, 1, 16], the last panel zero-padded) or "kn" ([K, N]). Note
 [Derived source weights] (artifact/writer.py) stores a packed weight once and rebuilds the source
@@ -20,8 +23,12 @@ import numpy as np
 
 from bladepack.opset.attrs import CHANNEL_BLOCK, PANEL
 
-PACKED_LAYOUTS = ("ihwo", "blocks", "winograd")
-EXACT_LAYOUTS = ("ihwo", "blocks")  # unpack gives the weight's bytes back (Note [Derived source weights])
+PACKED_LAYOUTS = ("ihwo", "blocks", "winograd", "hwio_winograd")
+EXACT_LAYOUTS = (
+    "ihwo",
+    "blocks",
+    "hwio_winograd",
+)  # unpack gives the weight's bytes back (Note [Derived source weights])
 LINEAR_LAYOUTS = ("dense", "kn", "panels")
 
 # Winograd's F(2x2, 3x3) weight transform (Lavin and Gray, "Fast Algorithms for Convolutional Neural
@@ -47,6 +54,8 @@ def packed_shape(layout: str, shape: tuple[int, ...]) -> tuple[int, ...]:
         return (-(-oc // blk) * kh, kw, cg, blk)
     if layout == "winograd":
         return packed_shape("blocks", (oc, cg, 4, 4))
+    if layout == "hwio_winograd":
+        return (kh * kw + 16, 1, cg, oc)
     raise ValueError(f"conv2d weight_layout {layout!r}: packed layouts are {', '.join(PACKED_LAYOUTS)}")
 
 
@@ -56,6 +65,11 @@ def pack(layout: str, w: np.ndarray) -> np.ndarray:
         if tuple(w.shape[2:]) != (3, 3):
             raise ValueError(f"the winograd layout packs 3x3 filters, not {w.shape[2]}x{w.shape[3]}")
         return pack("blocks", winograd_filters(w))
+    if layout == "hwio_winograd":
+        if tuple(w.shape[2:]) != (3, 3) or w.shape[0] > CHANNEL_BLOCK:
+            raise ValueError(f"the hwio_winograd layout packs 3x3 filters of at most {CHANNEL_BLOCK} outputs")
+        both = (np.asarray(w).transpose(2, 3, 1, 0), winograd_filters(w).transpose(2, 3, 1, 0))
+        return np.ascontiguousarray(np.concatenate([u.reshape(-1, 1, *u.shape[2:]) for u in both]))
     oc, cg, kh, kw = w.shape
     ihwo = np.asarray(w).transpose(1, 2, 3, 0)
     if layout == "ihwo":
@@ -76,6 +90,8 @@ def unpack(layout: str, packed: np.ndarray, c_out: int) -> np.ndarray:
         u = unpack("blocks", packed, c_out)
         g = np.einsum("ik,ockl,jl->ocij", WINOGRAD_G_LEFT_INVERSE, u.astype(np.float64), WINOGRAD_G_LEFT_INVERSE)
         return np.asarray(g.astype(packed.dtype))
+    if layout == "hwio_winograd":  # the filter itself, the first 9 of the 25
+        return np.ascontiguousarray(packed[:9, 0].reshape(3, 3, *packed.shape[2:]).transpose(3, 2, 0, 1))
     if layout != "blocks":
         raise ValueError(f"conv2d weight_layout {layout!r}: packed layouts are {', '.join(PACKED_LAYOUTS)}")
     kb, kw, cg, blk = packed.shape

@@ -87,8 +87,9 @@ def _packable(n: Node, types: dict[int, TensorType], weights: set[int]) -> str |
 
 
 def _winograd(n: Node) -> bool:
-    """A convolution `winograd_conv` packed (Note [Winograd convolutions]): its kernel is channels-last."""
-    return n.op is OpKind.CONV2D and isinstance(n.attrs, Conv2dAttrs) and n.attrs.weight_layout == "winograd"
+    """A convolution `winograd_conv` packed (Note [Winograd convolutions]): its kernels are channels-last."""
+    a = n.attrs
+    return n.op is OpKind.CONV2D and isinstance(a, Conv2dAttrs) and a.weight_layout in ("winograd", "hwio_winograd")
 
 
 def _pool(n: Node) -> bool:
@@ -104,7 +105,7 @@ def _elementwise(n: Node) -> bool:
     )
 
 
-def _stores_an_output(conv: Node, nodes: dict[int, Node], users: dict[int, list[int]], outputs: set[int]) -> bool:
+def stores_an_output(conv: Node, nodes: dict[int, Node], users: dict[int, list[int]], outputs: set[int]) -> bool:
     """Whether the elementwise chain after `conv` (single users of its shape, what its epilogue would
     compute) ends at a graph output: that convolution stores NCHW itself rather than leave a copy."""
     v = conv.id
@@ -154,7 +155,7 @@ def channels_last(p: Program) -> Program:
     weights = {w.id: w for w in g.weights}
     weight_ids = set(weights)
     packs = {n.id: k for n in g.nodes if (k := _packable(n, types, weight_ids)) is not None}
-    convs = {n.id for n in g.nodes if _direct_conv(n) and not _stores_an_output(n, nodes, users, outputs)}
+    convs = {n.id for n in g.nodes if _direct_conv(n) and not stores_an_output(n, nodes, users, outputs)}
     # depthwise and wide convolutions always (their other plans are a GEMM per channel, and im2col +
     # GEMM); pointwise ones where their input is channels-last already and their chain does not end
     # at an output (else one GEMM)
@@ -196,14 +197,14 @@ def channels_last(p: Program) -> Program:
 
     def convert(b: GraphBuilder, n: Node, ins: tuple[int, ...]) -> int | None:
         pointwise = packs.get(n.id) == "pointwise" and ins[0] in nhwc_of
-        if pointwise and _stores_an_output(n, nodes, users, outputs) and _widens(n, types):
+        if pointwise and stores_an_output(n, nodes, users, outputs) and _widens(n, types):
             pointwise = False  # Note [Pointwise exits]
         if n.id in convs or pointwise:
             assert isinstance(n.attrs, Conv2dAttrs)
             x = to_nhwc(b, ins[0], types[n.inputs[0]], n.loc)
             layout = "blocks" if packs.get(n.id) == "wide" else "ihwo"
             if _winograd(n):
-                layout = "winograd"
+                layout = n.attrs.weight_layout
             w = ins[1] if n.id not in packs else pack(b, n.inputs[1], layout)
             attrs = dataclasses.replace(n.attrs, out_layout="nhwc", weight_layout=layout)
             y = b.add(n.op, (x, w, *ins[2:]), _nhwc(n.type), attrs, n.loc)

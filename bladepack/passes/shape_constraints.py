@@ -294,7 +294,7 @@ def add_graph_facts(cons: ShapeConstraints, g: Graph) -> None:
             cons.equate(x[0], nb, why)
             # panels and blocks hold C_out rounded up (Note [Dense weight panels], Note [Wide convolutions])
             if n.attrs.weight_layout not in ("panels", "blocks", "winograd"):
-                cons.equate(w[-1] if n.attrs.weight_layout == "ihwo" else w[0], oc, why)
+                cons.equate(w[-1] if n.attrs.weight_layout in ("ihwo", "hwio_winograd") else w[0], oc, why)
 
 
 def _product(dims: Sequence[IRDim]) -> sympy.Expr:
