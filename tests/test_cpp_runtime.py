@@ -193,7 +193,9 @@ def test_mamba2_scan_matches_python_loader(release: Path) -> None:
 
 def test_winograd_convolutions_match_python_loader(release: Path) -> None:
     """3x3 convolutions by F(2x2, 3x3) (format 1.11: Note [Winograd convolutions]) through bpk-run: a
-    64-channel residual block into a 72-channel convolution, at a single pixel, odd sizes and batch 3."""
+    64-channel residual block into a 72-channel convolution, at odd sizes and batch 3; the 32-channel
+    paired one (format 1.13: Note [Winograd at few channels]) takes its direct variant at 3 x 3 and its
+    Winograd variant at the others."""
     from tests.test_winograd import _WinogradChain
 
     torch.manual_seed(0)
@@ -201,7 +203,7 @@ def test_winograd_convolutions_match_python_loader(release: Path) -> None:
     path = TMP / "winograd.bpk"
     bladepack.optimize(model, [(torch.randn(2, 3, 10, 8),), (torch.randn(3, 3, 12, 14),)]).save(path)
     g = torch.Generator().manual_seed(8)
-    for k, (b, h, w) in enumerate([(1, 5, 5), (1, 9, 12), (3, 14, 7)]):
+    for k, (b, h, w) in enumerate([(1, 3, 3), (1, 5, 5), (1, 9, 12), (3, 14, 7)]):
         arrays = [torch.randn(b, 3, h, w, generator=g).numpy()]
         got, want = run_both(release, path, arrays, f"winograd{k}")
         with torch.no_grad():
