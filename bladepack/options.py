@@ -119,7 +119,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("BLADEPACK_CUTLASS_UNVERIFIED", _C, "cutlass_unverified", _flag, "0", "1: CUTLASS serves float32 / float64 GEMMs too (default: cuBLAS does; not verified on a GPU)"),
     Knob("BLADEPACK_SELF_CHECK", _C, "self_check", _choice("error", "warn"), "error", "a reference case the new artifact's CPU kernels fail: error (CompileError naming it), warn (keep the artifact, the failure in its notes; for debugging)"),
     Knob("BLADEPACK_DENSE_LAYERS", _C, "dense_layers", _on, "1", "0: CPU linear layers stay BLAS GEMMs with loop-kernel epilogues (Note [Dense layers]; for comparisons)"),
-    Knob("BLADEPACK_WINOGRAD", _C, "winograd", _on, "1", "0: 3x3 convolutions of 64 channels and more run the direct kernels, not Winograd's F(2x2, 3x3) (Note [Winograd convolutions]; for comparisons)"),
+    Knob("BLADEPACK_WINOGRAD", _C, "winograd", _on, "1", "0: 3x3 convolutions of 16 channels and more run the direct kernels only, not Winograd's F(2x2, 3x3) (Note [Winograd convolutions], Note [Winograd at few channels]; for comparisons)"),
     Knob("BLADEPACK_HOPPER_GEMMS", _C, "hopper_gemms", _flag, "0", "1: GEMM profiling at optimize times the sm_90a kernels on compute capability 9.0 (the loader's switch of the same name dispatches them)"),
     Knob("CXX", _C, "cxx", _text, "g++, c++, clang++ on PATH", "the C++ compiler of the CPU kernel libraries"),
     Knob("NVCC", _C, "nvcc", _text, "CUDA_HOME/bin/nvcc, nvcc on PATH", "nvcc"),
