@@ -64,22 +64,41 @@ def runnable_levels(art: Any) -> list[str]:
     return [isa for isa, requires, _ in art.cpu_libraries if set(requires) <= have]
 
 
+def eager_outputs(model: torch.nn.Module, inputs: list[np.ndarray]) -> list[list[np.ndarray]]:
+    """The model's outputs (a tuple of tensors) per input, by eager."""
+    with torch.no_grad():
+        return [[o.numpy() for o in model(torch.from_numpy(x))] for x in inputs]
+
+
 def eager_failures(
-    path: Any, levels: list[str], inputs: list[np.ndarray], wants: list[list[np.ndarray]], tol: float
+    path: Any,
+    levels: list[str],
+    inputs: list[np.ndarray],
+    wants: list[list[np.ndarray]],
+    tol: float,
+    reference: int = 0,
 ) -> list[str]:
     """Each (ISA level, 1-3 threads, input, output) where the native kernels of the artifact at `path`
-    differ from eager's outputs `wants` by more than `tol` (|y - eager| / (1 + max |eager|))."""
+    differ from eager's outputs `wants` by more than `tol` (|y - eager| / (1 + max |eager|)); and, with
+    `reference`, each of the first `reference` inputs where the reference executor does (it reads the
+    packed weights the kernels read)."""
     from bladepack.options import LoaderOptions
 
-    failures = []
+    def check(m: Any, where: str, cases: list[tuple[np.ndarray, list[np.ndarray]]]) -> None:
+        for x, want in cases:
+            for k, (got, ref) in enumerate(zip(m(x), want, strict=True)):
+                err = float(np.abs(np.asarray(got) - ref).max() / (1 + np.abs(ref).max()))
+                if not err <= tol:
+                    failures.append(f"{where}, input {x.shape}, output {k}: {err:.1e}")
+
+    failures: list[str] = []
+    cases = list(zip(inputs, wants))
     for isa in levels:
         for threads in (1, 2, 3):
             m = bladepack.load(path, executor="native", options=LoaderOptions(cpu_isa=isa, num_threads=threads))
-            for x, want in zip(inputs, wants):
-                for k, (got, ref) in enumerate(zip(m(x), want, strict=True)):
-                    err = float(np.abs(np.asarray(got) - ref).max() / (1 + np.abs(ref).max()))
-                    if not err <= tol:
-                        failures.append(f"{isa}, {threads} threads, input {x.shape}, output {k}: {err:.1e}")
+            check(m, f"{isa}, {threads} threads", cases)
+    if reference:
+        check(bladepack.load(path, executor="reference"), "reference executor", cases[:reference])
     return failures
 
 

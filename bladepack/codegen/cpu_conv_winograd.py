@@ -83,6 +83,7 @@ from bladepack.codegen.cpu_conv_nhwc import (
     zero_pixel,
 )
 from bladepack.codegen.emitter import Emitter
+from bladepack.codegen.kernel import store_offset
 from bladepack.ir import Node
 from bladepack.ir.ops import CHANNEL_BLOCK, Conv2dAttrs
 from bladepack.ir.types import TensorType
@@ -271,7 +272,7 @@ def winograd_conv_kernel(em: Emitter) -> None:
 
     def output_tile(width: int) -> None:
         """Tile p's 2x2 outputs from its 16 vectors of M_."""
-        _, _, image = image_start(em, n, xv, px, tile_image)
+        image = em.args.index(store_offset(n.type.shape, (tile_image, 0, 0, 0)))  # the tile's image's output
         em.line(f"const {t}* BPK_RESTRICT mp_ = M_ + p * {block};")
         em.line(f"{t} y_[4][{width}];")
         em.line("#pragma omp simd")

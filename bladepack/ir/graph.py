@@ -69,6 +69,14 @@ class Graph:
         types.update((n.id, n.type) for n in self.nodes)
         return types
 
+    def users(self) -> dict[int, list[int]]:
+        """Each value's readers (node ids, in graph order, a node once however often it reads it)."""
+        users: dict[int, list[int]] = {}
+        for n in self.nodes:
+            for i in dict.fromkeys(n.inputs):
+                users.setdefault(i, []).append(n.id)
+        return users
+
 
 @dataclass(frozen=True)
 class Program:

@@ -145,11 +145,7 @@ def _spatial_reduction(n: Node) -> bool:
 
 def channels_last(p: Program) -> Program:
     g = p.graph
-    nodes = {n.id: n for n in g.nodes}
-    users: dict[int, list[int]] = {}
-    for n in g.nodes:
-        for i in dict.fromkeys(n.inputs):
-            users.setdefault(i, []).append(n.id)
+    nodes, users = {n.id: n for n in g.nodes}, g.users()
     outputs = set(g.outputs)
     types = g.value_types()
     weights = {w.id: w for w in g.weights}

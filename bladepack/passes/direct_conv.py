@@ -41,5 +41,5 @@ def _packs(n: Node, types: dict[int, TensorType], weights: set[int]) -> bool:
 def direct_conv(p: Program) -> Program:
     types = p.graph.value_types()
     weight_ids = {w.id for w in p.graph.weights}
-    chosen = {n.id for n in p.graph.nodes if _packs(n, types, weight_ids)}
-    return pack_convolution_weights(p, chosen, "ihwo") if chosen else p
+    chosen = {n.id: "ihwo" for n in p.graph.nodes if _packs(n, types, weight_ids)}
+    return pack_convolution_weights(p, chosen) if chosen else p

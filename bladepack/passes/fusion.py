@@ -200,10 +200,7 @@ class _Planner:
         for n in self.g.nodes:
             self.roles[n.id], self.reasons[n.id] = classify(n, self.types, caps, can_emit)
         self.params = {p_.id for p_ in self.g.inputs + self.g.weights}
-        self.users: dict[int, list[int]] = {}
-        for n in self.g.nodes:
-            for i in dict.fromkeys(n.inputs):
-                self.users.setdefault(i, []).append(n.id)
+        self.users = self.g.users()
         self.mat: set[int] = set(self.params) | set(self.g.outputs)
         self.gemm_operand_ok = gemm_operand_ok
         self.guards = effective_guards(self.g)

@@ -1,15 +1,16 @@
 """What `direct_conv` and `winograd_conv` share: convolutions reading their weight packed for a kernel.
 
-In: a `Program` and the convolutions (node ids) whose constant weight in torch's layout a pass has
-chosen, and the packed layout (opset/packed_weights.py). Out: the program with each chosen convolution
+In: a `Program` and, per convolution (node id) whose constant weight in torch's layout a pass has
+chosen, its packed layout (opset/packed_weights.py). Out: the program with each chosen convolution
 reading a new constant weight NAME.LAYOUT in that layout (`Conv2dAttrs.weight_layout`), one copy per
-original weight however many convolutions read it, and the original dropped, with its data, when
-nothing else reads it.
+original weight and layout however many convolutions read it, and the original dropped, with its data,
+when nothing else reads it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -20,24 +21,25 @@ from bladepack.opset import packed_weights
 from bladepack.passes.dce import dead_code_elimination
 
 
-def pack_convolution_weights(p: Program, chosen: set[int], layout: str) -> Program:
+def pack_convolution_weights(p: Program, layouts: Mapping[int, str]) -> Program:
     g = p.graph
     weights = {w.id: w for w in g.weights}
     data = dict(p.weight_data)
-    packed: dict[int, int] = {}  # original weight -> its packed copy (convolutions may share one)
+    packed: dict[tuple[int, str], int] = {}  # (original weight, layout) -> its packed copy (convolutions may share one)
 
     def pack(b: GraphBuilder, n: Node, ins: tuple[int, ...]) -> int | None:
-        if n.id not in chosen:
+        layout = layouts.get(n.id)
+        if layout is None:
             return None
         assert isinstance(n.attrs, Conv2dAttrs)
         w = weights[n.inputs[1]]
-        if w.id not in packed:
+        if (w.id, layout) not in packed:
             name = f"{w.name}.{layout}"
             data[name] = packed_weights.pack(layout, np.asarray(p.weight_data[w.name]))
             shape = packed_weights.packed_shape(layout, tuple(int(d) for d in w.type.shape))
-            packed[w.id] = b.add_weight(name, TensorType(w.type.dtype, shape))
+            packed[(w.id, layout)] = b.add_weight(name, TensorType(w.type.dtype, shape))
         attrs = dataclasses.replace(n.attrs, weight_layout=layout)
-        return b.add(n.op, (ins[0], packed[w.id]), n.type, attrs, n.loc)
+        return b.add(n.op, (ins[0], packed[(w.id, layout)]), n.type, attrs, n.loc)
 
     graph = rebuild_graph(g, pack)
     # the original weights nothing reads any more go, with their data

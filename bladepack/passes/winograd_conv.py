@@ -56,15 +56,10 @@ def _layout(n: Node, types: dict[int, TensorType], weights: set[int], stores_out
 
 
 def winograd_conv(p: Program) -> Program:
-    for layout in ("winograd", "hwio_winograd"):  # the graph is rebuilt: its ids and types each time
-        g = p.graph
-        types, weight_ids, outputs = g.value_types(), {w.id for w in g.weights}, set(g.outputs)
-        nodes, users = {n.id: n for n in g.nodes}, dict[int, list[int]]()
-        for n in g.nodes:
-            for i in dict.fromkeys(n.inputs):
-                users.setdefault(i, []).append(n.id)
-        chosen = {
-            n.id for n in g.nodes if _layout(n, types, weight_ids, stores_an_output(n, nodes, users, outputs)) == layout
-        }
-        p = pack_convolution_weights(p, chosen, layout) if chosen else p
-    return p
+    g = p.graph
+    types, weight_ids, outputs = g.value_types(), {w.id for w in g.weights}, set(g.outputs)
+    nodes, users = {n.id: n for n in g.nodes}, g.users()
+    layouts = {
+        n.id: lay for n in g.nodes if (lay := _layout(n, types, weight_ids, stores_an_output(n, nodes, users, outputs)))
+    }
+    return pack_convolution_weights(p, layouts) if layouts else p
