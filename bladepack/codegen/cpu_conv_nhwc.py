@@ -16,6 +16,7 @@ import sympy
 
 from bladepack.codegen.c_render import CPU_MEMTYPE, CTYPE, Loop
 from bladepack.codegen.cpu_conv_band import StagedBand
+from bladepack.codegen.cpu_conv_sliding import SLIDING_BLOCK, DepthwiseWindow, sliding_taps
 from bladepack.codegen.emitter import Emitter
 from bladepack.codegen.kernel import FLOATS, reduce_init, store_offset
 from bladepack.ir import Node, OpKind
@@ -82,47 +83,6 @@ def tap_pointers(
     em.line(f"    {slot(f'ky * {kw} + kx')} = in_ ? xn_ + iy * {sy} + ix * {sx} : zeros_;")
     em.line("  }")
     em.line("}")
-
-
-# Note [AVX2 row touch]: the AVX2 tiles of the wide and Winograd convolutions walk a block of B (64)
-# output channels in sub-blocks of 16, each sub-block a pass over the block's weight rows that reads one
-# 64-byte line of each 256-byte row. Where the weights come from memory or L3 (a small image: ResNet's
-# layers 3 and 4 at 1 x 96 x 96 are 6 x 6 and 3 x 3 pixels, one or two tiles), the first pass is a
-# stream with a 256-byte stride, the later passes three more, which the hardware prefetchers of some
-# cores follow late: on a Zen 4 EPYC, whose AVX-512 and AVX2 FMA peaks are equal, those layers ran 2.7x
-# (Winograd, 256 channels) and 1.9x (wide, 512 channels) slower in the AVX2 library than in the AVX-512
-# one, whose tile reads whole rows in order. Here the first sub-block's pass also touches the other
-# lines of each row it reads (prefetches; the Winograd kernel on every row of its group, the wide
-# kernel in the group's first tile only, since its later tiles find the chunk in L2), so the weights
-# stream in order once and the later sub-blocks read them from cache. Measured on that machine, the
-# artifacts of the commit before and after loaded in one process, x86-64-v3 library, 11 alternating
-# rounds: ResNet-18 1.22x at 1 x 96 x 96 and 1.05x at 1 x 224 x 224; single 3x3 convolutions of 64
-# (Winograd), 256 and 512 channels at 56 x 56, 28 x 28 and 7 x 7 0.98-1.02x (bench/results/
-# zoo_models_zen4.md). Touching in every tile of the wide kernel measured 0.90-0.94x on those single
-# convolutions (the prefetches cost issue slots where the chunk is already in L2); dropping Note [AVX2
-# weight prefetch] (cpu_conv_wide.py) as well measured 0.91x on the 512-channel one. With Note [Chunk
-# streaming] (cpu_conv_wide.py) only a row's first chunk (or element) is touched.
-def row_lines(width: int, itemsize: int) -> tuple[str, ...]:  # a weight row's cache lines, as offsets
-    return tuple(str(k) for k in range(0, width, 64 // itemsize))
-
-
-def touch_row(em: Emitter, row: str, block: int, itemsize: int) -> None:
-    """Prefetch the lines of the weight row at `row` (a C pointer) past the first: Note [AVX2 row touch]."""
-    for k in row_lines(block, itemsize)[1:]:
-        em.line(f"__builtin_prefetch({row} + {k});")
-
-
-def next_row_weights(em: Emitter, block_end: str, block_bytes: int) -> None:
-    """`wn_`, the address of the weights the thread's next row starts on (Note [Chunk streaming] in
-    cpu_conv_wide.py): this row's block (`wp_`) unless `block_end` (the row holds the block's last
-    tiles), then the next block's (past the weights after the last block: prefetches do not fault)."""
-    em.line(f"const bool block_end_ = {block_end};")
-    em.line(f"const std::uintptr_t wn_ = reinterpret_cast<std::uintptr_t>(wp_) + (block_end_ ? {block_bytes} : 0);")
-
-
-def stream_line(em: Emitter, base: str, index: str, itemsize: int) -> None:
-    """Prefetch into L2 the weight element `index` past address `base` (Note [Chunk streaming])."""
-    em.line(f"__builtin_prefetch(reinterpret_cast<const void*>({base} + std::uintptr_t({index}) * {itemsize}), 0, 1);")
 
 
 def zero_pixel(em: Emitter, xv: View, cin: int, mt: str) -> list[str]:
@@ -291,19 +251,24 @@ def nhwc_conv_kernel(em: Emitter) -> None:
                 em.line("  }")
             em.line("}")
 
-        def channel_block(width: int, npx: int, p0: int = 0) -> None:
+        def channel_block(width: int, npx: int, p0: int = 0, part: str = "") -> None:
             """One block of `width` output channels starting at channel cb for the tile's pixels p0 to
-            p0 + npx (only window-origin tiles start past pixel 0): accumulate, then store."""
+            p0 + npx (only window-origin tiles start past pixel 0): accumulate, then store. A depthwise
+            `part` ("inner" or "edge") emits only that branch of Note [Interior tiles] (the caller tests)."""
             assert based or p0 == 0
             em.line(f"{t} acc[{npx}][{width}] = {{}};")
             if based:
                 accumulate(width, f"(pb_[p + {p0}] + ko_)" if p0 else "(pb_[p] + ko_)", npx)
+            elif part == "inner":  # Note [Sliding taps]
+                em.line(f"const {mt}* BPK_RESTRICT x0_ = xn_ + ty_ * {sy} + tx_ * {sx};")
+                sliding_taps(em, DepthwiseWindow(kh, kw, sw, dh, dw, (sy, sx, sc), oc), tile, width, t, mt)
+            elif part == "edge":
+                accumulate(width, "xp_[k][p]")
             else:
                 em.line("if (inner_) {  // Note [Interior tiles]: tap k of pixel p is tap k of pixel 0, p strides on")
                 em.line(f"  const {mt}* BPK_RESTRICT x0_ = xn_ + ty_ * {sy} + tx_ * {sx};")
                 em.line(f"  const int64_t ps_ = {sw} * {sx};")
-                pixel = f"(x0_ + k / {kw} * {dh} * {sy} + k % {kw} * {dw} * {sx} + p * ps_)"
-                accumulate(width, pixel)
+                accumulate(width, f"(x0_ + k / {kw} * {dh} * {sy} + k % {kw} * {dw} * {sx} + p * ps_)")
                 em.line("} else {")
                 accumulate(width, "xp_[k][p]")
                 em.line("}")
@@ -324,14 +289,14 @@ def nhwc_conv_kernel(em: Emitter) -> None:
                 ],
             )
 
-        def blocks(blk: int, npx: int, halves: bool = False) -> None:
+        def blocks(blk: int, npx: int, halves: bool = False, part: str = "") -> None:
             """The tile's `npx` pixels over every block of `blk` output channels; `halves`: each block
             wider than 8 channels in two halves of the pixels (Note [AVX2 pixel halves])."""
             full = oc - oc % blk
 
             def block_of(width: int) -> None:
                 if not (halves and width > 8):
-                    channel_block(width, npx)
+                    channel_block(width, npx, part=part)
                     return
                 em.loop(["{"], [], lambda: channel_block(width, npx // 2))
                 em.loop(["{"], [], lambda: channel_block(width, npx - npx // 2, npx // 2))
@@ -364,6 +329,15 @@ def nhwc_conv_kernel(em: Emitter) -> None:
             if based and t == "float" and npx == 8 and block > 8:  # Note [AVX2 pixel halves]
                 em.branch("#if defined(__AVX2__) && !defined(__AVX512F__)", lambda: blocks(16, npx, halves=True))
                 em.branch("#else", lambda: blocks(block, npx))
+                em.line("#endif")
+            elif depthwise and mult == 1 and t == "float":  # Note [Sliding taps] in cpu_conv_sliding.py
+
+                def split(inner: int, edge: int) -> None:
+                    em.loop(["if (inner_) {"], [], lambda: blocks(min(block, inner), npx, part="inner"))
+                    em.loop(["if (!inner_) {"], [], lambda: blocks(min(block, edge), npx, part="edge"))
+
+                em.branch("#if defined(__AVX2__) && !defined(__AVX512F__)", lambda: split(SLIDING_BLOCK["avx2"], sub))
+                em.branch("#else", lambda: split(SLIDING_BLOCK["wide"], block))
                 em.line("#endif")
             elif (not depthwise or mult == 1) and t == "float" and block > sub:
                 em.branch("#if defined(__AVX2__) && !defined(__AVX512F__)", lambda: blocks(sub, npx))

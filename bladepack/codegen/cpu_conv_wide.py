@@ -29,7 +29,7 @@ build). Note [AVX2 weight prefetch]: an AVX2 tile of 16 channels reads one 64-by
 layer-4 samples on that load); the tile prefetches AVX2_PREFETCH rows ahead: layer 4 1400 -> 1160
 µs, the whole model 16.8 -> 15.9 ms (8 rows ahead measured 1228 µs, 24 and 32 within 1% of 16; in
 the AVX-512 library, whose tile reads whole rows in order, prefetching measured no different); the
-group's first tile also brings in whole rows (Note [AVX2 row touch] in cpu_conv_nhwc.py). The
+group's first tile also brings in whole rows (Note [AVX2 row touch] in cpu_conv_stream.py). The
 pointer tables of a row's tiles are made once and serve every chunk. AVX-512 keeps 6 pixels x 64
 channels (24 accumulator vectors); the AVX2 library, with 16 vector registers, walks a block 16
 channels at a time (12 accumulators). Measured on ResNet-18 at 224 x 224, batch 1, 2 threads,
@@ -68,14 +68,11 @@ from __future__ import annotations
 from bladepack.codegen.c_render import CPU_MEMTYPE, CTYPE, Loop
 from bladepack.codegen.cpu_conv_nhwc import (
     image_start,
-    next_row_weights,
-    row_lines,
     store_block,
-    stream_line,
     tap_pointers,
-    touch_row,
     zero_pixel,
 )
+from bladepack.codegen.cpu_conv_stream import next_row_weights, row_lines, stream_line, touch_row
 from bladepack.codegen.emitter import Emitter
 from bladepack.ir.ops import CHANNEL_BLOCK, Conv2dAttrs
 from bladepack.ir.views import simplify
@@ -186,7 +183,7 @@ def wide_conv_kernel(em: Emitter) -> None:
             em.line(f"    const {mt}* BPK_RESTRICT wc = wp_ + (k * {cin} + ci) * {block} + {col};")
             if prefetch:  # Note [AVX2 weight prefetch]
                 em.line(f"    __builtin_prefetch(wc + {prefetch} * {block});")
-            if touch:  # Note [AVX2 row touch] (cpu_conv_nhwc.py): the group's first tile, first sub-block,
+            if touch:  # Note [AVX2 row touch] (cpu_conv_stream.py): the group's first tile, first sub-block,
                 # where no chunk streamed this one in
                 em.line("    if (t == 0 && (first_ || !stream_)) {")
                 touch_row(em, "wc", block, isz)

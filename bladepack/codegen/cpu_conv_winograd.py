@@ -26,7 +26,7 @@ chain (Note [Convolution epilogue]) to its store. A tile past the image's last r
 computes values no pixel stores. The AVX2 library walks a block 16 channels at a time (RT x 2 vectors: 12
 accumulators in its 16 registers), inside the loop over e, so the sub-blocks share the element's weights in
 L2; the first sub-block's pass of the first element brings in whole rows (Note [AVX2 row touch] in
-cpu_conv_nhwc.py), and every pass streams its share of the next element's rows into L2 (Note [Chunk
+cpu_conv_stream.py), and every pass streams its share of the next element's rows into L2 (Note [Chunk
 streaming] in cpu_conv_wide.py: ResNet-18's 256-channel layer at 6 x 6, x86-64-v3, 175-181 -> 141-149 µs
 per convolution). Measured
 on ResNet-18 (2 threads, AMD EPYC, bench/results/zoo_resnet18.md), per 3x3 layer at 224 x 224, direct ->
@@ -75,13 +75,10 @@ import sympy
 from bladepack.codegen.c_render import CPU_MEMTYPE, CTYPE, Loop
 from bladepack.codegen.cpu_conv_nhwc import (
     image_start,
-    next_row_weights,
-    row_lines,
-    stream_line,
     tap_pointers,
-    touch_row,
     zero_pixel,
 )
+from bladepack.codegen.cpu_conv_stream import next_row_weights, row_lines, stream_line, touch_row
 from bladepack.codegen.emitter import Emitter
 from bladepack.codegen.kernel import store_offset
 from bladepack.ir import Node
