@@ -311,7 +311,8 @@ def nhwc_conv_kernel(em: Emitter) -> None:
         # the AVX2 library: ResNet-18's 64-channel 3x3 convolutions 1265 -> 895 µs (65% -> 91% of its
         # FMA peak), the CNN sample 1.06-1.24x. Depthwise convolutions too (their acc[6][64] spilled
         # the same way): the zoo MobileNet's 64-channel depthwise layers at 8 x 96 x 96 448 -> 363 µs,
-        # bitwise the same sums. Not those with a channel multiplier (Note [Channel multipliers]): its
+        # bitwise the same sums; their interior tiles now walk Note [Sliding taps]'s narrower blocks
+        # (cpu_conv_sliding.py), their border tiles these. Not those with a channel multiplier (Note [Channel multipliers]): its
         # downsampling (16 -> 32 channels) took 54 -> 579 µs in blocks of 8, so they stay whole.
         # Note [AVX2 pixel halves]: a window-origin tile of 8 pixels (16 to 48 output channels) walked
         # its channels in blocks of 8 in the AVX2 library (8 pixels x 1 vector: 8 accumulators, each of
