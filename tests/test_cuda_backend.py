@@ -1076,3 +1076,31 @@ def test_row_vectors_move_16_bytes(gpu: FakeGpu, tmp_path: Path) -> None:
         assert not isinstance(out, str), out
         for o, want in zip(out, _eager(model, c), strict=True):
             assert rel_err(o, want) <= 1e-5
+
+
+class _Clamps(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            torch.nn.functional.relu6(x),
+            torch.clamp(x, 2.0, -1.0),
+            torch.nn.functional.hardswish(x),
+        )
+
+
+def test_clamps_on_cuda_as_eager(gpu: FakeGpu) -> None:
+    """Note [Vector clamp] (scalar_ops.h) in CUDA kernels: ReLU6 and hardswish through clamp_nan, a clamp
+    with crossed bounds through the nested min / max; NaN, infinities and -0.0 as eager's, bitwise (a
+    NaN's sign aside)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 37, generator=g) * 4
+    for k, v in enumerate([float("nan"), -0.0, 0.0, 6.0, 7.0, -3.0, float("inf"), float("-inf")]):
+        x[k % 5, (7 * k) % 37] = v
+    samples = [(torch.randn(b, 37, generator=g),) for b in (2, 3)]
+    art = bladepack.optimize(_Clamps(), samples, {"x": {0: bladepack.Dim("b")}}, targets=TARGETS)
+    assert "bpk::clamp_nan<" in art.sources.unit("cuda")
+    _, results, _ = gpu.run(art, [(x.numpy(),)])
+    assert not isinstance(results[0], str), results[0]
+    for got, want in zip(results[0], _eager(_Clamps(), (x,)), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), want)
+        number = ~np.isnan(want)
+        np.testing.assert_array_equal(np.signbit(np.asarray(got))[number], np.signbit(want)[number])

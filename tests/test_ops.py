@@ -843,11 +843,15 @@ def test_topk_and_interpolation_errors() -> None:
 def test_nan_propagating_max_and_min_as_eager() -> None:
     """Note [NaN-propagating max]: clamp, ReLU6, hardtanh, maximum / minimum (NaN in either operand),
     amax / amin over rows and max pooling give NaN wherever torch does, and clamp keeps -0.0 against a
-    bound of 0 as torch's does; 37 values a row, so both the vector body and its tail see each case."""
+    bound of 0 as torch's does; 37 values a row, so both the vector body and its tail see each case.
+    Clamps with ordered bounds take Note [Vector clamp]'s helper, one with its bounds crossed (every
+    value but NaN becomes the upper one) the nested min / max."""
 
     def fn(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (
             torch.clamp(x, 0.0, 6.0),
+            torch.clamp(x, 2.0, -1.0),
+            torch.clamp(x, -2.5, -2.5),
             F.relu6(x),
             F.hardtanh(x, -1.0, 1.0),
             torch.maximum(x, y),
@@ -867,6 +871,8 @@ def test_nan_propagating_max_and_min_as_eager() -> None:
     x[3, 33], y[2, 33] = float("nan"), float("nan")  # NaN in the tail of a row
     samples = [(torch.randn(b, 37, generator=g), torch.randn(b, 37, generator=g)) for b in (2, 3)]
     art = bladepack.optimize(Fn(fn), samples)
+    source = art.sources.unit("cpu")
+    assert "bpk::clamp_nan<float>(" in source and "bpk::fmin_nan<float>(bpk::fmax_nan<float>(" in source
     m = bladepack.load(art.to_bytes(), executor="native")
     for k, (got, want) in enumerate(zip(m(x, y), fn(x, y), strict=True)):
         np.testing.assert_array_equal(np.isnan(np.asarray(got)), torch.isnan(want).numpy(), err_msg=str(k))

@@ -93,6 +93,17 @@ BPK_SCALAR T fmin_nan(T a, T b) {
   const T m = b < a ? b : a;
   return b != b ? b : m;
 }
+// Note [Vector clamp]: clamp(x, lo, hi) for lo <= hi, bitwise fmin_nan(fmax_nan(x, lo), hi) (NaN stays
+// NaN, -0.0 stays against a bound of 0), both tests on x. Written as the two nested helpers, GCC 12's
+// vectorizer folds the second test through the first select into three compares, two blends and a
+// mask op per vector; these two selects on x compile to two compares, one blend and one mask op (an
+// AND where lo is 0). A ReLU6 epilogue cost a 16 -> 64-channel pointwise convolution 1.26x its time
+// and a depthwise one 1.18x against ReLU's single select (x86-64-v3, Zen 4).
+template <class T>
+BPK_SCALAR T clamp_nan(T x, T lo, T hi) {
+  const T r = x < lo ? lo : x;
+  return x > hi ? hi : r;
+}
 // Note [Sort kernel]: element (u at position i) sorts before (w at position j) in torch's stable
 // order: ascending with NaN last, or descending with NaN first; equal values keep input order.
 template <class T>
