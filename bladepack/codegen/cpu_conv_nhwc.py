@@ -191,6 +191,7 @@ def nhwc_conv_kernel(em: Emitter) -> None:
             em.line(f"  const int64_t iy0 = oy_[p] * {sh} - {ph}, ix0 = ox_[p] * {sw} - {pwd};")
             tap_pointers(em, a, (kh, kw), lambda k: f"xp_[{k}][p]", (sy, sx), (r(h), r(w)))
         em.line("}")
+        window_of_taps = DepthwiseWindow(kh, kw, sw, dh, dw, (sy, sx, sc), oc)  # Note [Sliding taps]
         window: tuple[str, str, str] | None = None  # the windows' (row, pixel, channel) strides
         if based:  # Note [Window origins]
             if band is not None:
@@ -261,7 +262,7 @@ def nhwc_conv_kernel(em: Emitter) -> None:
                 accumulate(width, f"(pb_[p + {p0}] + ko_)" if p0 else "(pb_[p] + ko_)", npx)
             elif part == "inner":  # Note [Sliding taps]
                 em.line(f"const {mt}* BPK_RESTRICT x0_ = xn_ + ty_ * {sy} + tx_ * {sx};")
-                sliding_taps(em, DepthwiseWindow(kh, kw, sw, dh, dw, (sy, sx, sc), oc), tile, width, t, mt)
+                sliding_taps(em, window_of_taps, tile, width, t, mt)
             elif part == "edge":
                 accumulate(width, "xp_[k][p]")
             else:
@@ -312,8 +313,9 @@ def nhwc_conv_kernel(em: Emitter) -> None:
         # FMA peak), the CNN sample 1.06-1.24x. Depthwise convolutions too (their acc[6][64] spilled
         # the same way): the zoo MobileNet's 64-channel depthwise layers at 8 x 96 x 96 448 -> 363 µs,
         # bitwise the same sums; their interior tiles now walk Note [Sliding taps]'s narrower blocks
-        # (cpu_conv_sliding.py), their border tiles these. Not those with a channel multiplier (Note [Channel multipliers]): its
-        # downsampling (16 -> 32 channels) took 54 -> 579 µs in blocks of 8, so they stay whole.
+        # (cpu_conv_sliding.py), their border tiles these. Not those with a channel multiplier (Note
+        # [Channel multipliers]): its downsampling (16 -> 32 channels) took 54 -> 579 µs in blocks of 8,
+        # so they stay whole.
         # Note [AVX2 pixel halves]: a window-origin tile of 8 pixels (16 to 48 output channels) walked
         # its channels in blocks of 8 in the AVX2 library (8 pixels x 1 vector: 8 accumulators, each of
         # a channel block's multiply-adds a load, 9 loads per 8 FMAs, every input value broadcast once per

@@ -21,10 +21,11 @@ from bladepack.codegen.emitter import Emitter
 # input vectors for 18 multiply-adds. Each pixel still adds its taps in (ky, kx) order, so the sums are
 # the same, bitwise. The blocks are narrower than the per-tap walk's, so that a window row's weights
 # stay in registers beside the accumulators: AVX2 (16 registers) 6 pixels x 1 vector of 8 channels
-# plus 3 weight vectors (2 vectors left no room for the weights: 0.8x the per-tap walk at 1 x 56 x 56), AVX-512 6 x 2 vectors of 16
-# (of 32 registers). Tiles on the border keep their pointer tables and the per-tap walk, in the
-# blocks they had. Measured on a Zen 4 EPYC, bench.peak's inverted residual (64 channels, ReLU6 /
-# hardswish epilogues), the depthwise kernel per launch, against the per-tap walk in one process:
+# plus 3 weight vectors (2 vectors left no room for the weights: 0.8x the per-tap walk at 1 x 56 x
+# 56), AVX-512 6 x 2 vectors of 16 (of 32 registers). Tiles on the border keep their pointer tables
+# and the per-tap walk, in the blocks they had. Measured on a Zen 4 EPYC, bench.peak's inverted
+# residual (64 channels, ReLU6 / hardswish epilogues), the depthwise kernel per launch, against the
+# per-tap walk in one process:
 # x86-64-v3 1 x 56 x 56 52.3 -> 44.4 µs, 8 x 48 x 48 314 -> 275 µs, 2 x 17 x 17 10.2 -> 9.2 µs;
 # x86-64-v4 41.9 -> 37.9, 254 -> 231, 10.3 -> 9.9 µs.
 SLIDING_BLOCK = {"avx2": 8, "wide": 32}  # channels per block of an interior tile, per ISA library
@@ -53,8 +54,9 @@ def sliding_taps(em: Emitter, win: DepthwiseWindow, tile: int, width: int, ctype
     em.line(f"  const {memtype}* BPK_RESTRICT xr_ = x0_ + ky * {win.dh} * {sy} + cb * {sc};")
     em.line(f"  const {memtype}* BPK_RESTRICT wr_ = wp_ + ky * {win.kw * win.channels} + cb;")
     for c in range(span):
-        uses = [(kx, (c - kx * win.dw) // win.sw) for kx in range(win.kw) if c >= kx * win.dw]
-        uses = [(kx, p) for kx, p in uses if (c - kx * win.dw) % win.sw == 0 and p < tile]
+        # the (tap, pixel) pairs reading column c: pixel p's tap kx is column p * sw + kx * dw
+        offsets = [(kx, c - kx * win.dw) for kx in range(win.kw)]
+        uses = [(kx, d // win.sw) for kx, d in offsets if d >= 0 and d % win.sw == 0 and d // win.sw < tile]
         if not uses:
             continue
         em.line("  #pragma omp simd")

@@ -98,7 +98,8 @@ BPK_SCALAR T fmin_nan(T a, T b) {
 // vectorizer folds the second test through the first select into three compares, two blends and a
 // mask op per vector; these two selects on x compile to two compares, one blend and one mask op (an
 // AND where lo is 0). A ReLU6 epilogue cost a 16 -> 64-channel pointwise convolution 1.26x its time
-// and a depthwise one 1.18x against ReLU's single select (x86-64-v3, Zen 4).
+// and a depthwise one 1.18x against ReLU's single select (x86-64-v3, Zen 4); with this helper the
+// expansion ran 1.14-1.15x and the hardswish depthwise kernel 1.22-1.24x faster than before.
 template <class T>
 BPK_SCALAR T clamp_nan(T x, T lo, T hi) {
   const T r = x < lo ? lo : x;
