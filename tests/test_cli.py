@@ -35,7 +35,7 @@ def test_inspect_json_contract(mlp_artifact, tmp_path: Path, capsys) -> None:
     assert main(["inspect", str(path), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert KEYS <= set(data)
-    assert data["format_version"] == "1.13"
+    assert data["format_version"] == "1.14"
     assert data["padding"] == {}  # its one dim is batch-like: nothing to pad
     assert {"bladepack", "torch"} <= set(data["producer"])
     assert data["inputs"] == [{"name": "x", "dtype": "float32", "shape": ["batch", 64]}]

@@ -225,7 +225,7 @@ def test_inspect_counts_the_cases_of_each_oracle() -> None:
 class _Packed(nn.Module):
     """A weight in each packed form a kernel reads: a small linear layer ("dense"), one over 512 KB
     (one "panels" copy), one whose K is split (two "panels" pieces), a small convolution ("ihwo") and
-    a wide one ("blocks")."""
+    a wide one ("tap_panels")."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -243,7 +243,7 @@ class _Packed(nn.Module):
 def test_source_weights_are_the_plans_packed_copies(dense_layers: bool) -> None:
     """Note [Derived source weights] (artifact/writer.py): no weight is stored a second time as the front
     end had it when the plan holds a packed copy ("dense", "panels" in pieces, "kn" with dense layers
-    off, "ihwo", "blocks"); `extend` unpacks them and rebuilds the artifact byte for byte."""
+    off, "ihwo", "tap_panels"); `extend` unpacks them and rebuilds the artifact byte for byte."""
     from bladepack.options import CompileOptions
 
     torch.manual_seed(0)
@@ -259,6 +259,6 @@ def test_source_weights_are_the_plans_packed_copies(dense_layers: bool) -> None:
         else {"small.weight": ("kn", 1), "wide.weight": ("kn", 1), "deep.weight": ("kn", 1)}
     )
     assert {k: layouts[k] for k in want_linear} == want_linear, layouts
-    assert layouts["conv.weight"] == ("ihwo", 1) and layouts["big.weight"] == ("blocks", 1), layouts
+    assert layouts["conv.weight"] == ("ihwo", 1) and layouts["big.weight"] == ("tap_panels", 1), layouts
     assert not [r for r in rows.values() if r.get("section", "").startswith("program/")], rows
     assert extend(art.to_bytes(), options=options).to_bytes() == art.to_bytes()

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import subprocess
-import tempfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -38,9 +36,9 @@ void from_float_bf16(const float* f, uint16_t* h, int64_t n) { for (int64_t i = 
 
 
 @pytest.fixture(scope="module")
-def conversions() -> ctypes.CDLL:
+def conversions(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     """The prelude's conversions, compiled as the kernel libraries are (-O3, vectorized at the host's ISA)."""
-    d = Path(tempfile.mkdtemp(prefix="bladepack-half-"))
+    d = tmp_path_factory.mktemp("half-probe")
     (d / "probe.cpp").write_text(c_render.prelude("cpu_runtime.h") + _PROBE)
     so = d / "probe.so"
     flags = ["-std=c++17", "-O3", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math"]

@@ -1,6 +1,6 @@
 """Note [Wide convolutions] (codegen/cpu_conv_wide.py) and Note [Interior windows] (codegen/
 cpu_conv_nhwc.py): convolutions of more than 64 output channels or 1152 taps run channels-last on
-weights packed in blocks of output channels, and channels-last pooling takes interior windows in
+weights packed in panels of 16 output channels, and channels-last pooling takes interior windows in
 unrolled loops. Against eager at every ISA level this CPU runs, 1-3 threads, sizes from a single pixel
 to several tile groups; output-channel counts off the 64-channel block and the AVX2 library's
 16-channel tile (72, 130, 40, 96), input-channel counts that leave a last, shorter weight chunk (130
@@ -71,7 +71,7 @@ def test_wide_convolutions_match_eager(tmp_path: Path) -> None:
     model = _WideChain().eval()
     samples = [(torch.randn(2, 3, 10, 8),), (torch.randn(3, 3, 12, 14),)]
     art = bladepack.optimize(model, samples, {"x": {0: Dim("batch"), 2: Dim("h"), 3: Dim("w")}}, options=all_isas())
-    assert [n.attrs.weight_layout for n in _convs(model, samples)] == ["blocks"] * 6
+    assert [n.attrs.weight_layout for n in _convs(model, samples)] == ["tap_panels"] * 6
     path = tmp_path / "wide.bpk"
     path.write_bytes(art.to_bytes())
     rng = np.random.default_rng(4)
@@ -91,9 +91,9 @@ class _One(nn.Module):
 
 
 def test_wide_convolution_golden() -> None:
-    """The pass packs a wide convolution's weight [ceil(80 / 64) * 3, 2, 4, 64] ("blocks": per block of
-    64 output channels, per tap, the [C_in, 64] matrix, the second block zero-padded past channel 80);
-    its chain ends at the output, so it stores channels-last and a permute gives the NCHW result."""
+    """The pass packs a wide convolution's weight [ceil(80 / 16) * 3, 2, 4, 16] ("tap_panels": per panel
+    of 16 output channels, per tap, the [C_in, 16] matrix; Note [Weight panels]); its chain ends at the
+    output, so it stores channels-last and a permute gives the NCHW result."""
     from bladepack.backends import backend
     from bladepack.export import capture, to_program
     from bladepack.ir.printer import print_graph
@@ -105,26 +105,47 @@ def test_wide_convolution_golden() -> None:
     p = run_pipeline(to_program(capture(model, samples, None)), CompileOptions.from_env(), [backend("cpu").caps])
     assert print_graph(p.graph, p.shape_env) == textwrap.dedent("""\
         symbols { x_dim0: [1, inf], x_dim2: [1, inf], x_dim3: [1, inf] }
-        graph(%0 x: f32[x_dim0, 4, x_dim2, x_dim3]) weights(%3 conv.weight.blocks: f32[6, 2, 4, 64]) {
+        graph(%0 x: f32[x_dim0, 4, x_dim2, x_dim3]) weights(%3 conv.weight.tap_panels: f32[15, 2, 4, 16]) {
           %2: f32[x_dim0, x_dim2, x_dim3, 4] = permute(%0) {perm=(0, 2, 3, 1)}
-          %4: f32[x_dim0, x_dim2, x_dim3+1, 80] = conv2d(%2, %3) {stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1, has_bias=False, out_layout='nhwc', weight_layout='blocks'}
+          %4: f32[x_dim0, x_dim2, x_dim3+1, 80] = conv2d(%2, %3) {stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1, has_bias=False, out_layout='nhwc', weight_layout='tap_panels'}
           %6: f32[x_dim0, x_dim2, x_dim3+1, 80] = relu(%4)
           %7: f32[x_dim0, 80, x_dim2, x_dim3+1] = permute(%6) {perm=(0, 3, 1, 2)}
           return %7
         }
         """)
     (w,) = [w for w in p.graph.weights]
-    assert w.type.shape == (6, 2, 4, 64)
-    packed = np.asarray(p.weight_data[w.name]).reshape(2, 3, 2, 4, 64)
+    assert w.type.shape == (15, 2, 4, 16)
+    packed = np.asarray(p.weight_data[w.name]).reshape(5, 3, 2, 4, 16)
     torch_w = model.conv.weight.detach().numpy()  # [80, 4, 3, 2]
-    assert np.array_equal(packed[0], torch_w[:64].transpose(2, 3, 1, 0))
-    assert np.array_equal(packed[1][..., :16], torch_w[64:].transpose(2, 3, 1, 0))
-    assert not packed[1][..., 16:].any()
+    for q in range(5):
+        assert np.array_equal(packed[q], torch_w[16 * q : 16 * q + 16].transpose(2, 3, 1, 0))
+
+
+class _Ragged(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(5, 72, 3, padding=1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
+
+
+def test_tap_panels_zero_pad_the_last_panel() -> None:
+    """72 output channels: four full panels and a fifth of 8, zero-padded to 16; unpack gives the
+    weight back."""
+    from bladepack.opset import packed_weights
+
+    w = _Ragged().conv.weight.detach().numpy()
+    packed = packed_weights.pack("tap_panels", w)
+    assert packed.shape == packed_weights.packed_shape("tap_panels", w.shape) == (15, 3, 5, 16)
+    last = packed.reshape(5, 3, 3, 5, 16)[4]
+    assert np.array_equal(last[..., :8], w[64:].transpose(2, 3, 1, 0)) and not last[..., 8:].any()
+    assert np.array_equal(packed_weights.unpack("tap_panels", packed, 72), w)
 
 
 def test_source_weights_read_back_from_packed_convolution_weights() -> None:
     """Note [Derived source weights] (artifact/writer.py): the source program's convolution weights are
-    the plan's packed ones ("blocks", "ihwo"), not a second copy; `extend` unpacks them and rebuilds
+    the plan's packed ones ("tap_panels", "ihwo"), not a second copy; `extend` unpacks them and rebuilds
     the same artifact byte for byte."""
     from bladepack.artifact import read
     from bladepack.extend import extend
@@ -135,6 +156,6 @@ def test_source_weights_read_back_from_packed_convolution_weights() -> None:
     art = bladepack.optimize(model, samples)
     rows = read(art.to_bytes()).manifest["source_program"]["weights"]
     convs = {name: row for name, row in rows.items() if name.endswith("weight") and len(row["shape"]) == 4}
-    assert sorted(row.get("layout", "") for row in convs.values()) == ["blocks"] * 6, convs
-    assert all(row["packed"] == [f"weight/{name}.blocks"] and "section" not in row for name, row in convs.items())
+    assert sorted(row.get("layout", "") for row in convs.values()) == ["tap_panels"] * 6, convs
+    assert all(row["packed"] == [f"weight/{name}.tap_panels"] and "section" not in row for name, row in convs.items())
     assert extend(art.to_bytes()).to_bytes() == art.to_bytes()

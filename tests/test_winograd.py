@@ -115,7 +115,7 @@ def test_winograd_is_more_accurate_than_direct_at_resnet_width(tmp_path: Path) -
     errs = {}
     for winograd in (True, False):
         kinds = [n.attrs.weight_layout for n in _convs(model, samples, winograd)]
-        assert kinds == (["winograd"] if winograd else ["blocks"]), kinds
+        assert kinds == (["winograd"] if winograd else ["tap_panels"]), kinds
         art = bladepack.optimize(model, samples, options=CompileOptions.from_env(winograd=winograd))
         path = tmp_path / f"w{int(winograd)}.bpk"
         art.save(path)
@@ -188,7 +188,7 @@ class _Pooled(nn.Module):
 @pytest.mark.parametrize(
     ("channels", "pooled", "layout"),
     [(8, True, "ihwo"), (16, True, "hwio_winograd"), (32, True, "hwio_winograd"), (32, False, "ihwo")]
-    + [(512, True, "blocks")],
+    + [(512, True, "tap_panels")],
 )
 def test_which_convolutions_the_pass_takes(channels: int, pooled: bool, layout: str) -> None:
     """Below 16 channels the transforms cost more than they save; from 16 to 63 the weight is kept both

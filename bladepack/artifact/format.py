@@ -47,7 +47,7 @@ from bladepack.errors import BpkFormatError
 
 MAGIC = b"\x89BPK\r\n\x1a\n"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 13
+FORMAT_MINOR = 14
 HEADER_SIZE = 64
 ALIGN = 64
 _HEADER = struct.Struct("<8sHHIQQ32s")

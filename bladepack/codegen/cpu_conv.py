@@ -150,7 +150,7 @@ def direct_conv_kernel(em: Emitter) -> None:
     n = em.ctx.nodes[em.spec.nodes[0]]
     root = em.spec.roots[0]
     a = n.attrs
-    if isinstance(a, Conv2dAttrs) and a.weight_layout == "blocks":  # Note [Wide convolutions]
+    if isinstance(a, Conv2dAttrs) and a.weight_layout == "tap_panels":  # Note [Wide convolutions]
         wide_conv_kernel(em)
         return
     if isinstance(a, Conv2dAttrs) and a.weight_layout == "winograd":  # Note [Winograd convolutions]

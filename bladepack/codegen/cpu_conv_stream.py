@@ -27,14 +27,17 @@ from bladepack.codegen.emitter import Emitter
 # zoo_models_zen4.md). Touching in every tile of the wide kernel measured 0.90-0.94x on those single
 # convolutions (the prefetches cost issue slots where the chunk is already in L2); dropping Note [AVX2
 # weight prefetch] (cpu_conv_wide.py) as well measured 0.91x on the 512-channel one. With Note [Chunk
-# streaming] (cpu_conv_wide.py) only a row's first chunk (or element) is touched.
+# streaming] (cpu_conv_wide.py) only a row's first chunk (or element) is touched. The wide kernel's
+# weights are now panels of 16 channels (Note [Weight panels] in cpu_conv_wide.py): its first panel's
+# pass touches the same row of the other panels.
 def row_lines(width: int, itemsize: int) -> tuple[str, ...]:  # a weight row's cache lines, as offsets
     return tuple(str(k) for k in range(0, width, 64 // itemsize))
 
 
-def touch_row(em: Emitter, row: str, block: int, itemsize: int) -> None:
-    """Prefetch the lines of the weight row at `row` (a C pointer) past the first: Note [AVX2 row touch]."""
-    for k in row_lines(block, itemsize)[1:]:
+def touch_row(em: Emitter, row: str, lines: tuple[str, ...]) -> None:
+    """Prefetch the lines at `lines` (offsets, elements) past the weight row at `row` (a C pointer): its
+    lines past the first (Note [AVX2 row touch])."""
+    for k in lines:
         em.line(f"__builtin_prefetch({row} + {k});")
 
 

@@ -1,9 +1,9 @@
 """CPU channels-last convolution with many channels or taps (Note [Wide convolutions]).
 
 In: a `CpuEmitter` whose spec is a "conv" kernel of a groups-1 convolution with out_layout "nhwc" on a
-weight packed "blocks" ([ceil(C_out / B) * KH, KW, C_in, B], B = min(C_out, CHANNEL_BLOCK):
-passes/channels_last.py packs every groups-1 convolution that `direct_conv` leaves, i.e. more than 64
-output channels or more than 1152 taps per output). Out: the kernel body.
+weight packed "tap_panels" ([ceil(C_out / 16) * KH, KW, C_in, 16]: passes/channels_last.py packs every
+groups-1 convolution that `direct_conv` leaves, i.e. more than 64 output channels or more than 1152
+taps per output). Out: the kernel body.
 
 Note [Wide convolutions]: ResNet's 128- to 512-channel convolutions went through im2col and a BLAS
 GEMM: a column buffer of 9 x C_in values per output pixel, the GEMM at 40-65% of the FMA peak, then a
@@ -12,8 +12,8 @@ as the small kernel does (a tile of CONV_TILE output pixels x a block of output 
 per tap a pointer to each pixel's input channels or to zeros, the epilogue chain evaluated on the
 accumulators before the one store), with three changes for the size of their weights (a 512-channel
 3x3 convolution has 9.4 MB):
-- the weight is packed per block of B output channels, and per tap within a block, so a block's
-  weights are one contiguous run and a tap's [C_in, B] matrix is walked in order;
+- the weight is packed per panel of 16 output channels, and per tap within a panel (Note [Weight
+  panels]), so a block of B = 64 output channels (4 panels) is one contiguous run;
 - one parallel row per (block, image, group of up to TILE_GROUP tiles; an image of at most
   SMALL_IMAGE tiles is one group, its other rows empty), blocks outermost, so a thread's consecutive
   rows read the same block's weights;
@@ -61,9 +61,29 @@ and after in one process, best of 30 rounds, outputs bitwise equal), ResNet-18 (
 call: x86-64-v3 library 3510 -> 2823 µs at 1 x 96 x 96 (layer 4 1583 -> 1104, layer 3 715 -> 588),
 3610 -> 2792 at 2 x 64 x 64, 18745 -> 17201 at 4 x 128 x 128, 14186 -> 13884 at 1 x 224 x 224;
 x86-64-v4 library 2692 -> 2432, 2484 -> 2312, 15624 -> 15405, 12292 -> 12310.
+
+Note [Weight panels]: the AVX2 tile of 16 channels read one 64-byte line of each 256-byte row of a
+block packed [KH, KW, C_in, 64], so a pass over a chunk's rows used a quarter of L1's sets (a 256-byte
+stride maps to every fourth set of a 64-set, 8-way L1) and its weights could not stay in L1 between
+tiles: on a Zen 4 EPYC (per-launch profiles, cpu-clock samples) a quarter of ResNet-18's layer-4 time
+sat on the weight loads, and the kernel ran at 67% of the FMA peak where the AVX-512 library's ran at
+82%; with its weights made L1-resident (a timing-only build) the AVX2 kernel matched the AVX-512 one.
+Now each panel of 16 output channels is its own contiguous [KH, KW, C_in, 16] run ("tap_panels"), and
+the AVX2 library walks a chunk sub-block outermost (for each panel, every tile of the group), in chunks
+of AVX2_CHUNK_ROWS rows, so the panel's chunk (18 KB) stays in L1 while every tile of the group reads
+it. The AVX-512 tile reads the four panels' rows (four streams) instead of one 256-byte row: the same
+speed. Either change alone measured within 4%. Measured on that machine, ResNet-18 (samples/zoo.py),
+per-launch profiles of the artifacts before and after in one process (best of 8-10 rounds), layer 4's
+convolutions, x86-64-v3 library: 1 x 224 x 224 5473 -> 4669 µs, 1 x 96 x 96 1630 -> 1172, 4 x 128 x 128
+6223 -> 5863; x86-64-v4 library 4446 -> 4477, 1162 -> 1046, 5081 -> 5027. Tried and dropped: packing
+the tile's inputs as well ([tap][pixel][C_in] per tile: the same; transposed to [tap][C_in][pixel]:
+slower), chunks of 16 input channels (slower), the tile's loop unswitched on its prefetch conditions
+(2%).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from bladepack.codegen.c_render import CPU_MEMTYPE, CTYPE, Loop
 from bladepack.codegen.cpu_conv_nhwc import (
@@ -72,9 +92,9 @@ from bladepack.codegen.cpu_conv_nhwc import (
     tap_pointers,
     zero_pixel,
 )
-from bladepack.codegen.cpu_conv_stream import next_row_weights, row_lines, stream_line, touch_row
+from bladepack.codegen.cpu_conv_stream import next_row_weights, stream_line, touch_row
 from bladepack.codegen.emitter import Emitter
-from bladepack.ir.ops import CHANNEL_BLOCK, Conv2dAttrs
+from bladepack.ir.ops import CHANNEL_BLOCK, PANEL, Conv2dAttrs
 from bladepack.ir.views import simplify
 
 CONV_TILE = 6  # output pixels per register tile
@@ -83,6 +103,7 @@ TILE_GROUP = 16  # register tiles per parallel row
 SMALL_IMAGE = 48  # an image of at most this many tiles is one group
 CHUNK_ROWS = 1024  # weight rows (input channel x tap) per chunk: 1024 x 64 floats = 256 KB
 AVX2_PREFETCH = 16  # weight rows ahead that the AVX2 tile prefetches (Note [AVX2 weight prefetch])
+AVX2_CHUNK_ROWS = 288  # weight rows per AVX2 chunk: a panel's 288 x 16 floats (18 KB) stay in L1 (Note [Weight panels])
 AVX2_BLOCK = 16  # output channels per AVX2 register tile: 6 pixels x 2 vectors
 STREAM_TILES = 8  # groups of at most this many tiles stream the next chunk in (Note [Chunk streaming])
 
@@ -101,15 +122,16 @@ def wide_conv_kernel(em: Emitter) -> None:
     n = em.ctx.nodes[em.spec.nodes[0]]
     root = em.spec.roots[0]
     a = n.attrs
-    assert isinstance(a, Conv2dAttrs) and a.weight_layout == "blocks" and a.out_layout == "nhwc" and a.groups == 1
+    assert isinstance(a, Conv2dAttrs) and a.weight_layout == "tap_panels" and a.out_layout == "nhwc" and a.groups == 1
     xv, wv = em.ctx.view(n.inputs[0]), em.ctx.view(n.inputs[1])
     assert xv is not None and wv is not None and wv.is_contiguous()
     px, pw_ = em.ptr_load(xv.base), em.ptr_load(wv.base)
     nb, oh, ow, oc = n.type.shape
     _, h, w, cin = em.ctx.types[n.inputs[0]].shape
-    kb, kw, _, block = em.ctx.types[n.inputs[1]].shape
-    assert isinstance(oc, int) and isinstance(cin, int) and isinstance(kb, int) and block == min(oc, CHANNEL_BLOCK)
-    kh = kb // -(-oc // block)
+    kb, kw, _, panel = em.ctx.types[n.inputs[1]].shape
+    assert isinstance(oc, int) and isinstance(cin, int) and isinstance(kb, int) and panel == PANEL
+    block = min(oc, CHANNEL_BLOCK)
+    kh = kb // -(-oc // PANEL)
     (sh, sw), (ph, pwd) = a.stride, a.padding
     t, mt = CTYPE[n.type.dtype], CPU_MEMTYPE[n.type.dtype]
     isz = n.type.dtype.itemsize
@@ -125,11 +147,18 @@ def wide_conv_kernel(em: Emitter) -> None:
     chunk = max(1, min(cin, CHUNK_ROWS // taps))
     if chunk > 16:
         chunk -= chunk % 16
+    chunk2 = max(1, min(cin, AVX2_CHUNK_ROWS // taps))
+    if chunk2 > 16:
+        chunk2 -= chunk2 % 16
     pixels = simplify(oh * ow)
     tiles = simplify((pixels + tile - 1) // tile)
     groups = simplify((tiles + group - 1) // group)
     out = em.ptr_store(root)
     co, pix, oy, ox, cb = Loop("co"), Loop("px"), Loop("oy"), Loop("ox"), Loop("cb")
+
+    def panel_lines(width: int) -> tuple[str, ...]:
+        """The offsets (elements) of the panels of a block of `width` columns: one line of each row."""
+        return tuple(str(q * taps * cin) for q in range(0, width, PANEL))
 
     def body(outer: tuple[Loop, ...]) -> None:
         i_b, i_n, i_g = outer
@@ -147,6 +176,11 @@ def wide_conv_kernel(em: Emitter) -> None:
         em.line(f"const bool stream_ = nt_ <= {STREAM_TILES};")
         em.line(f"const int64_t share_ = {_share_mask()};")
         next_row_weights(em, f"{i_n.name} + 1 == {r(nb)} && t0_ + nt_ == {r(tiles)}", cin * taps * block * isz)
+        em.line("#if defined(__AVX2__) && !defined(__AVX512F__)")
+        em.line(f"constexpr int64_t ck_ = {chunk2 if t == 'float' and block > AVX2_BLOCK else chunk};")
+        em.line("#else")
+        em.line(f"constexpr int64_t ck_ = {chunk};")
+        em.line("#endif")
         em.line(f"const {mt}* xp_[{whole}][{taps}][{tile}];  // per tile and tap, each pixel's input channels")
         em.line("for (int64_t t = 0; t < nt_; ++t) {")
         em.line(f"  const int64_t q0_ = (t0_ + t) * {tile};")
@@ -162,7 +196,7 @@ def wide_conv_kernel(em: Emitter) -> None:
         em.line("}")
 
         def tile_block(
-            width: int, col: str, npx: int, prefetch: int = 0, touch: bool = False, lines: tuple[str, ...] = ()
+            width: int, col: str, npx: int, prefetch: int = 0, touch: str = "", lines: tuple[str, ...] = ()
         ) -> None:
             """acc over output channels [cb, cb + width) of the first `npx` pixels of tile t for input
             channels [c0_, c1_): from zero or the partial sums, then back to them or, after the last
@@ -180,24 +214,29 @@ def wide_conv_kernel(em: Emitter) -> None:
             em.line(f"for (int64_t k = 0; k < {taps}; ++k) {{")
             em.line(f"  const {mt}* const* BPK_RESTRICT xk_ = xp_[t][k];")
             em.line("  for (int64_t ci = c0_; ci < c1_; ++ci) {")
-            em.line(f"    const {mt}* BPK_RESTRICT wc = wp_ + (k * {cin} + ci) * {block} + {col};")
+            # the row (tap k, input channel ci) of the panel holding column `col`: Note [Weight panels]
+            em.line(f"    const {mt}* BPK_RESTRICT wc = wp_ + ({col}) * {taps * cin} + (k * {cin} + ci) * {PANEL};")
             if prefetch:  # Note [AVX2 weight prefetch]
-                em.line(f"    __builtin_prefetch(wc + {prefetch} * {block});")
+                em.line(f"    __builtin_prefetch(wc + {prefetch * PANEL});")
             if touch:  # Note [AVX2 row touch] (cpu_conv_stream.py): the group's first tile, first sub-block,
                 # where no chunk streamed this one in
-                em.line("    if (t == 0 && (first_ || !stream_)) {")
-                touch_row(em, "wc", block, isz)
+                em.line(f"    if ({touch}) {{")
+                touch_row(em, "wc", panel_lines(block)[1:])
                 em.line("    }")
             if lines:  # Note [Chunk streaming]
                 em.line("    if (stream_ && (ci & share_) == t) {")
                 for ln in lines:
-                    stream_line(em, "nb_", f"(k * {cin} + ci) * {block} + {ln}", isz)
+                    stream_line(em, "nb_", f"(k * {cin} + ci) * {PANEL} + {ln}", isz)
                 em.line("    }")
             em.line(f"    #pragma GCC unroll {npx}")
             em.line(f"    for (int p = 0; p < {npx}; ++p) {{")
             em.line(f"      const {t} xv_ = xk_[p][ci * {sc}];")
-            em.line("      #pragma omp simd")
-            em.line(f"      for (int64_t co = 0; co < {width}; ++co) acc[p][co] += xv_ * {t}(wc[co]);")
+            for q in range(0, width, PANEL):  # a panel's columns, contiguous
+                em.line("      #pragma omp simd")
+                em.line(
+                    f"      for (int64_t co = 0; co < {min(PANEL, width - q)}; ++co) "
+                    f"acc[p][{q} + co] += xv_ * {t}(wc[{q * taps * cin} + co]);"
+                )
             em.line("    }")
             em.line("  }")
             em.line("}")
@@ -232,49 +271,56 @@ def wide_conv_kernel(em: Emitter) -> None:
         def block_tiles(width: int) -> None:
             """Every chunk of input channels over every tile of the group, for a block of `width`."""
 
-            def per_isa(npx: int) -> None:
-                if t != "float" or width <= AVX2_BLOCK:
-                    tile_block(width, "0", npx, lines=row_lines(width, isz))
-                    return
+            def over_tiles(npx_body: Callable[[int], None]) -> None:
+                def tile_body() -> None:
+                    # Note [Tail tiles]: an image's last tile with at most TAIL_PIXELS valid pixels computes
+                    # only those (at 7 x 7 the last of 9 tiles holds 1 pixel; at 3 x 3, 3 of 12)
+                    em.line(f"const int64_t valid_ = {r(pixels)} - (t0_ + t) * {tile};")
+                    em.loop([f"if (valid_ > {TAIL_PIXELS}) {{"], [], lambda: npx_body(tile))
+                    em.loop(["else {"], [], lambda: npx_body(TAIL_PIXELS))
+
+                em.loop(["for (int64_t t = 0; t < nt_; ++t) {"], [], tile_body)
+
+            def whole_block() -> None:
+                over_tiles(lambda npx: tile_block(width, "0", npx, lines=panel_lines(width)))
+
+            def avx2() -> None:  # 16 vector registers: 6 pixels x 2 vectors of accumulators
                 full = width - width % AVX2_BLOCK
+                first = "sb_ == 0 && t == 0 && (first_ || !stream_)"
 
-                def avx2() -> None:  # 16 vector registers: 6 pixels x 2 vectors of accumulators
-                    # each sub-block's pass streams in its own line of the next chunk's rows
-                    em.loop(
-                        ["{"], [], lambda: tile_block(AVX2_BLOCK, "0", npx, AVX2_PREFETCH, touch=True, lines=("0",))
+                def sub_blocks() -> None:  # each sub-block's pass streams in its own panel of the next chunk's rows
+                    over_tiles(
+                        lambda npx: tile_block(AVX2_BLOCK, "sb_", npx, AVX2_PREFETCH, first, (f"sb_ * {taps * cin}",))
                     )
+
+                em.loop([f"for (int64_t sb_ = 0; sb_ < {full}; sb_ += {AVX2_BLOCK}) {{"], [], sub_blocks)
+                if width % AVX2_BLOCK:
+                    rest = width % AVX2_BLOCK
                     em.loop(
-                        [f"for (int64_t sb_ = {AVX2_BLOCK}; sb_ < {full}; sb_ += {AVX2_BLOCK}) {{"],
+                        ["{"],
                         [],
-                        lambda: tile_block(AVX2_BLOCK, "sb_", npx, AVX2_PREFETCH, lines=("sb_",)),
+                        lambda: over_tiles(
+                            lambda npx: tile_block(rest, str(full), npx, AVX2_PREFETCH, lines=(str(full * taps * cin),))
+                        ),
                     )
-                    if width % AVX2_BLOCK:
-                        rest = width % AVX2_BLOCK
-                        em.loop(["{"], [], lambda: tile_block(rest, str(full), npx, AVX2_PREFETCH, lines=(str(full),)))
-
-                em.branch("#if defined(__AVX2__) && !defined(__AVX512F__)", avx2)
-                em.branch("#else", lambda: tile_block(width, "0", npx, lines=row_lines(width, isz)))
-                em.line("#endif")
-
-            def tile_body() -> None:
-                # Note [Tail tiles]: an image's last tile with at most TAIL_PIXELS valid pixels computes
-                # only those (at 7 x 7 the last of 9 tiles holds 1 pixel; at 3 x 3, 3 of 12)
-                em.line(f"const int64_t valid_ = {r(pixels)} - (t0_ + t) * {tile};")
-                em.loop([f"if (valid_ > {TAIL_PIXELS}) {{"], [], lambda: per_isa(tile))
-                em.loop(["else {"], [], lambda: per_isa(TAIL_PIXELS))
 
             def chunk_body() -> None:
-                em.line(f"const int64_t c1_ = std::min<int64_t>({cin}, c0_ + {chunk});")
+                em.line(f"const int64_t c1_ = std::min<int64_t>({cin}, c0_ + ck_);")
                 em.line(f"const bool first_ = c0_ == 0, last_ = c1_ == {cin};")
                 # Note [Chunk streaming]: the address the next chunk's rows start at (the next row's first
                 # chunk after the last), less this chunk's offset
                 em.line(
-                    f"const std::uintptr_t nb_ = last_ ? wn_ - std::uintptr_t(c0_) * {block * isz} : "
-                    f"reinterpret_cast<std::uintptr_t>(wp_) + {chunk * block * isz};"
+                    f"const std::uintptr_t nb_ = last_ ? wn_ - std::uintptr_t(c0_) * {PANEL * isz} : "
+                    f"reinterpret_cast<std::uintptr_t>(wp_) + ck_ * {PANEL * isz};"
                 )
-                em.loop(["for (int64_t t = 0; t < nt_; ++t) {"], [], tile_body)
+                if t != "float" or width <= AVX2_BLOCK:
+                    whole_block()
+                    return
+                em.branch("#if defined(__AVX2__) && !defined(__AVX512F__)", avx2)
+                em.branch("#else", whole_block)
+                em.line("#endif")
 
-            em.loop([f"for (int64_t c0_ = 0; c0_ < {cin}; c0_ += {chunk}) {{"], [], chunk_body)
+            em.loop(["for (int64_t c0_ = 0; c0_ < " + str(cin) + "; c0_ += ck_) {"], [], chunk_body)
 
         full = oc - oc % block
         if full:

@@ -192,7 +192,7 @@ def winograd_conv_kernel(em: Emitter) -> None:
         em.line(f"  const {mt}* BPK_RESTRICT wc = ue_ + ci * {block};")
         if touch:  # the row's first element: the ones after it were streamed in
             em.line("  if (e == 0) {")
-            touch_row(em, "wc", block, isz)
+            touch_row(em, "wc", row_lines(block, isz)[1:])
             em.line("  }")
         for ln in lines:
             stream_line(em, "un_", f"ci * {block} + {ln}", isz)

@@ -395,7 +395,7 @@ def _conv2d(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, .
         w = w[:, :, 0, :].transpose(1, 0, 2).reshape(c_in, 1, 1, panels * w.shape[3])[..., : shape[-1]]
         xs, attrs = [x, w, *xs[2:]], {**attrs, "weight_layout": "ihwo"}
     layout = attrs.get("weight_layout", "oihw")
-    if layout in ("blocks", "winograd", "hwio_winograd"):  # opset/packed_weights.py
+    if layout in ("blocks", "tap_panels", "winograd", "hwio_winograd"):  # opset/packed_weights.py
         if attrs.get("out_layout") != "nhwc":
             raise ValueError(f"conv2d weight_layout {layout!r} goes with out_layout 'nhwc' only")
         xs, attrs = [x, packed_weights.unpack(layout, w, shape[-1]), *xs[2:]], {**attrs, "weight_layout": "oihw"}
@@ -404,7 +404,7 @@ def _conv2d(xs: Sequence[np.ndarray], attrs: dict[str, Any], shape: tuple[int, .
         w = np.ascontiguousarray(w.transpose(3, 0, 1, 2))
     elif attrs.get("weight_layout", "oihw") != "oihw":
         raise ValueError(
-            f"conv2d weight_layout {attrs['weight_layout']!r}: this loader knows oihw, ihwo, panels, blocks, winograd and hwio_winograd"
+            f"conv2d weight_layout {attrs['weight_layout']!r}: this loader knows oihw, ihwo, panels, blocks, tap_panels, winograd and hwio_winograd"
         )
     layout = attrs.get("out_layout", "nchw")
     if layout not in ("nchw", "cnhw", "nhwc"):

@@ -230,11 +230,12 @@ class Conv2dAttrs:
     "oihw" (torch's), "ihwo": the weight is stored [C_in, KH, KW, C_out], packed at optimize time
     for the direct convolution kernel (see passes/direct_conv.py), or "panels": a 1x1 weight stored
     [ceil(C_out / 16), C_in, 1, 16], the [C_in, C_out] matrix in column panels of 16, zero-padded
-    (Note [Dense weight panels] in passes/dense_layers.py), or "blocks": a weight stored
-    [ceil(C_out / B) * KH, KW, C_in, B] with B = min(C_out, CHANNEL_BLOCK): per block of B output
-    channels (the last zero-padded), per tap, the [C_in, B] matrix, each block contiguous (Note [Wide
-    convolutions] in codegen/cpu_conv_wide.py), or "winograd": a 3x3 weight's Winograd transform,
-    stored as "blocks" stores a 4x4 weight (Note [Winograd convolutions] in codegen/
+    (Note [Dense weight panels] in passes/dense_layers.py), or "tap_panels": a weight stored
+    [ceil(C_out / 16) * KH, KW, C_in, 16]: per panel of 16 output channels (the last zero-padded), per
+    tap, the [C_in, 16] matrix, each panel contiguous (Note [Wide convolutions] and Note [Weight panels]
+    in codegen/cpu_conv_wide.py), or "winograd": a 3x3 weight's Winograd transform, stored
+    [ceil(C_out / B) * 4, 4, C_in, B] with B = min(C_out, CHANNEL_BLOCK): per block of B output channels
+    (the last zero-padded), per transformed element, the [C_in, B] matrix (Note [Winograd convolutions] in codegen/
     cpu_conv_winograd.py), or "hwio_winograd": a 3x3 weight of at most CHANNEL_BLOCK output channels
     stored [9 + 16, 1, C_in, C_out], the filter and then its Winograd transform, for a kernel with a
     direct and a Winograd variant (Note [Winograd at few channels] in codegen/cpu_conv_winograd.py)."""
@@ -267,9 +268,9 @@ def is_dense_conv(attrs: object, weight_shape: tuple[object, ...]) -> bool:
 
 
 def generated_conv(attrs: object) -> bool:
-    """A convolution a generated kernel runs on its packed weight ("ihwo", "panels", "blocks", "winograd"
+    """A convolution a generated kernel runs on its packed weight ("ihwo", "panels", "tap_panels", "winograd"
     or "hwio_winograd"), not a GEMM."""
-    packed = ("ihwo", "panels", "blocks", "winograd", "hwio_winograd")
+    packed = ("ihwo", "panels", "tap_panels", "winograd", "hwio_winograd")
     return isinstance(attrs, Conv2dAttrs) and attrs.weight_layout in packed
 
 

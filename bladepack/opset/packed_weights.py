@@ -3,8 +3,8 @@
 Convolutions: a weight in torch's layout [C_out, C_in / groups, KH, KW] ("oihw") becomes the
 `Conv2dAttrs.weight_layout` a kernel reads — "ihwo" ([C_in / groups, KH, KW, C_out]: passes/
 direct_conv.py, passes/channels_last.py) or "blocks" ([ceil(C_out / B) * KH, KW, C_in, B], B =
-min(C_out, CHANNEL_BLOCK), the last block zero-padded: Note [Wide convolutions] in codegen/
-cpu_conv_wide.py) or "winograd" (a 3x3 weight's Winograd transform G g G^T, 4 x 4 per input and output
+min(C_out, CHANNEL_BLOCK), the last block zero-padded) or "tap_panels" (the same in blocks of PANEL:
+[ceil(C_out / 16) * KH, KW, C_in, 16], Note [Weight panels] in codegen/cpu_conv_wide.py) or "winograd" (a 3x3 weight's Winograd transform G g G^T, 4 x 4 per input and output
 channel, packed as "blocks" packs a 4x4 weight: Note [Winograd convolutions] in codegen/
 cpu_conv_winograd.py) or "hwio_winograd" (a 3x3 weight of at most CHANNEL_BLOCK output channels kept
 both ways, [9 + 16, 1, C_in, C_out]: the filter [3, 3, C_in, C_out], then its transform [4, 4, C_in,
@@ -23,10 +23,11 @@ import numpy as np
 
 from bladepack.opset.attrs import CHANNEL_BLOCK, PANEL
 
-PACKED_LAYOUTS = ("ihwo", "blocks", "winograd", "hwio_winograd")
+PACKED_LAYOUTS = ("ihwo", "blocks", "tap_panels", "winograd", "hwio_winograd")
 EXACT_LAYOUTS = (
     "ihwo",
     "blocks",
+    "tap_panels",
     "hwio_winograd",
 )  # unpack gives the weight's bytes back (Note [Derived source weights])
 LINEAR_LAYOUTS = ("dense", "kn", "panels")
@@ -49,8 +50,8 @@ def packed_shape(layout: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     oc, cg, kh, kw = shape
     if layout == "ihwo":
         return (cg, kh, kw, oc)
-    if layout == "blocks":
-        blk = min(oc, CHANNEL_BLOCK)
+    if layout in ("blocks", "tap_panels"):
+        blk = min(oc, CHANNEL_BLOCK) if layout == "blocks" else PANEL
         return (-(-oc // blk) * kh, kw, cg, blk)
     if layout == "winograd":
         return packed_shape("blocks", (oc, cg, 4, 4))
@@ -92,7 +93,7 @@ def unpack(layout: str, packed: np.ndarray, c_out: int) -> np.ndarray:
         return np.asarray(g.astype(packed.dtype))
     if layout == "hwio_winograd":  # the filter itself, the first 9 of the 25
         return np.ascontiguousarray(packed[:9, 0].reshape(3, 3, *packed.shape[2:]).transpose(3, 2, 0, 1))
-    if layout != "blocks":
+    if layout not in ("blocks", "tap_panels"):
         raise ValueError(f"conv2d weight_layout {layout!r}: packed layouts are {', '.join(PACKED_LAYOUTS)}")
     kb, kw, cg, blk = packed.shape
     nblk = -(-c_out // blk)

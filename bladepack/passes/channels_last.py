@@ -163,8 +163,8 @@ def channels_last(p: Program) -> Program:
     packed: dict[tuple[int, str], int] = {}  # (original weight, layout) -> its packed copy
 
     def pack(b: GraphBuilder, w_id: int, layout: str) -> int:
-        """The weight in `layout`: [C_in/groups, KH, KW, C_out] ("ihwo"), or that in blocks of output
-        channels ("blocks": Note [Wide convolutions])."""
+        """The weight in `layout`: [C_in/groups, KH, KW, C_out] ("ihwo"), or that in panels of 16 output
+        channels ("tap_panels": Note [Weight panels] in codegen/cpu_conv_wide.py)."""
         if (w_id, layout) not in packed:
             w = weights[w_id]
             name = f"{w.name}.{layout}"
@@ -198,7 +198,7 @@ def channels_last(p: Program) -> Program:
         if n.id in convs or pointwise:
             assert isinstance(n.attrs, Conv2dAttrs)
             x = to_nhwc(b, ins[0], types[n.inputs[0]], n.loc)
-            layout = "blocks" if packs.get(n.id) == "wide" else "ihwo"
+            layout = "tap_panels" if packs.get(n.id) == "wide" else "ihwo"
             if _winograd(n):
                 layout = n.attrs.weight_layout
             w = ins[1] if n.id not in packs else pack(b, n.inputs[1], layout)

@@ -293,7 +293,7 @@ def add_graph_facts(cons: ShapeConstraints, g: Graph) -> None:
             nb, oc = (out[1], out[0]) if layout == "cnhw" else (out[0], out[3] if layout == "nhwc" else out[1])
             cons.equate(x[0], nb, why)
             # panels and blocks hold C_out rounded up (Note [Dense weight panels], Note [Wide convolutions])
-            if n.attrs.weight_layout not in ("panels", "blocks", "winograd"):
+            if n.attrs.weight_layout not in ("panels", "tap_panels", "winograd"):
                 cons.equate(w[-1] if n.attrs.weight_layout in ("ihwo", "hwio_winograd") else w[0], oc, why)
 
 

@@ -31,7 +31,7 @@ extern "C" {
 #define BPK_RUNTIME_VERSION_MINOR 1
 /* The newest artifact format this runtime reads (it reads every 1.x; see docs/format.md). */
 #define BPK_FORMAT_MAJOR 1
-#define BPK_FORMAT_MINOR 13
+#define BPK_FORMAT_MINOR 14
 /* Tensors of higher rank are refused at load with the reason. */
 #define BPK_MAX_RANK 16
 
