@@ -67,6 +67,7 @@ def manifest_summary(m: dict[str, Any]) -> dict[str, Any]:
 # Which kernel runs a convolution, by the packed weight it reads (opset/attrs.py Conv2dAttrs)
 _CONV_KERNELS = {
     "ihwo": "direct",
+    "blocks": "wide",  # before format 1.14
     "tap_panels": "wide",
     "winograd": "winograd",
     "hwio_winograd": "winograd or direct",
