@@ -261,11 +261,15 @@ def dense_kernel(em: Emitter, tile: int) -> None:
                 em.loop([f"if (cb + {block} <= {nn}) {{"], [cb], lambda: column_block(block))
                 em.loop(["else {"], [cb], lambda: column_block(nn % block))
 
-        # Note [Dense threads]: multiply-adds run ~32 per cycle, so a product splits over the pool from
-        # 2^18 of them (what the GEMM path asks of a BLAS product): below that the hand-off costs more
-        # (the LLaMA step's 16 x 64 x 172 products: 3.9 against 2.6 us). A tile of one or two rows is
+        # Note [Dense threads]: a product splits over the pool from 2^17 multiply-adds (parallel_for's
+        # 32768 at a quarter per multiply-add). It split from 2^18 when a hand-off cost more than half a
+        # 2^17 product (the LLaMA step's 16 x 64 x 172 products: 3.9 against 2.6 us inline, before Note
+        # [Pool jobs] in cpu_pool_run.h); on a Zen 4 EPYC the pool's hand-off now costs 0.3-0.5 us, and
+        # splitting those products measured 1.2-1.9x per layer (the MLP sample's 256 x 256 GELU layer at 3
+        # rows 7.7 -> 4.1 us at x86-64-v3, 3.8 -> 2.6 at x86-64-v4; the LLaMA step at 16 rows 33 -> 23 us
+        # summed over its launches; the encoder at 1 x 9 tokens 31 -> 24). A tile of one or two rows is
         # bound by streaming W instead, so it splits from 32K weight elements (256 x 128 and up).
-        cost = k * group if tile <= 2 else tile * k * group // 8
+        cost = k * group if tile <= 2 else tile * k * group // 4
         # Note [Dense weight panels]: over panels, a block's panel stays in L2 across the row tiles
         em.rows_loop([blocks, tiles] if panels else [tiles, blocks], f"{cost + 1}", body)
 
