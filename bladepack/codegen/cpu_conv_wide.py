@@ -24,8 +24,9 @@ accumulators before the one store), with three changes for the size of their wei
 An image's last tile with at most TAIL_PIXELS valid pixels computes only those (Note [Tail tiles]:
 ResNet's maps of 7 x 7, 3 x 3 and 56 x 56 to 4 x 4 end in 1, 3 and 4 pixels; measured 1.03-1.05x on
 ResNet-18 at 1 x 96 x 96 and 4 x 128 x 128, 1.00-1.01x at 224 x 224, both libraries, for 0.6 s more
-build). Note [AVX2 weight prefetch]: an AVX2 tile of 16 channels reads one 64-byte line of each
-256-byte weight row, a stride the hardware prefetchers followed too late (a third of ResNet-18's
+build). Note [AVX2 weight prefetch]: an AVX2 tile of 16 channels read one 64-byte line of each
+256-byte weight row (before Note [Weight panels], which made its rows contiguous; the prefetch was kept
+and not measured again), a stride the hardware prefetchers followed too late (a third of ResNet-18's
 layer-4 samples on that load); the tile prefetches AVX2_PREFETCH rows ahead: layer 4 1400 -> 1160
 µs, the whole model 16.8 -> 15.9 ms (8 rows ahead measured 1228 µs, 24 and 32 within 1% of 16; in
 the AVX-512 library, whose tile reads whole rows in order, prefetching measured no different); the
@@ -108,6 +109,14 @@ AVX2_BLOCK = 16  # output channels per AVX2 register tile: 6 pixels x 2 vectors
 STREAM_TILES = 8  # groups of at most this many tiles stream the next chunk in (Note [Chunk streaming])
 
 
+def _chunk(cin: int, rows: int, taps: int) -> int:
+    """Input channels per chunk of at most `rows` weight rows: chunks of equal size (a last chunk of a
+    few channels would pay a round of partial sums for little work), whole cache lines of each pixel's
+    channels where they are 16 or more."""
+    chunk = max(1, min(cin, rows // taps))
+    return chunk - chunk % 16 if chunk > 16 else chunk
+
+
 def _share_mask() -> str:
     """C: 2^j - 1 for the largest 2^j <= min(nt_, STREAM_TILES) (Note [Chunk streaming])."""
     text, k = "0", 2
@@ -142,14 +151,9 @@ def wide_conv_kernel(em: Emitter) -> None:
     blocks = -(-oc // block)
     group = max(1, min(TILE_GROUP, 256 // taps))  # the row's pointer tables stay a few KB
     whole = max(group, min(SMALL_IMAGE, 512 // taps))
-    # chunks of equal size (a last chunk of a few channels would pay a round of partial sums for
-    # little work), whole cache lines of each pixel's channels where they are 16 or more
-    chunk = max(1, min(cin, CHUNK_ROWS // taps))
-    if chunk > 16:
-        chunk -= chunk % 16
-    chunk2 = max(1, min(cin, AVX2_CHUNK_ROWS // taps))
-    if chunk2 > 16:
-        chunk2 -= chunk2 % 16
+    chunk = _chunk(cin, CHUNK_ROWS, taps)
+    # the AVX2 library's chunk where it walks the block in panels (Note [Weight panels])
+    chunk_avx2 = _chunk(cin, AVX2_CHUNK_ROWS, taps) if t == "float" and block > AVX2_BLOCK else chunk
     pixels = simplify(oh * ow)
     tiles = simplify((pixels + tile - 1) // tile)
     groups = simplify((tiles + group - 1) // group)
@@ -177,7 +181,7 @@ def wide_conv_kernel(em: Emitter) -> None:
         em.line(f"const int64_t share_ = {_share_mask()};")
         next_row_weights(em, f"{i_n.name} + 1 == {r(nb)} && t0_ + nt_ == {r(tiles)}", cin * taps * block * isz)
         em.line("#if defined(__AVX2__) && !defined(__AVX512F__)")
-        em.line(f"constexpr int64_t ck_ = {chunk2 if t == 'float' and block > AVX2_BLOCK else chunk};")
+        em.line(f"constexpr int64_t ck_ = {chunk_avx2};")
         em.line("#else")
         em.line(f"constexpr int64_t ck_ = {chunk};")
         em.line("#endif")
@@ -196,11 +200,12 @@ def wide_conv_kernel(em: Emitter) -> None:
         em.line("}")
 
         def tile_block(
-            width: int, col: str, npx: int, prefetch: int = 0, touch: str = "", lines: tuple[str, ...] = ()
+            width: int, col: str, npx: int, prefetch: int = 0, touch_if: str = "", lines: tuple[str, ...] = ()
         ) -> None:
             """acc over output channels [cb, cb + width) of the first `npx` pixels of tile t for input
             channels [c0_, c1_): from zero or the partial sums, then back to them or, after the last
-            chunk, stored. `lines`: the offsets (elements) in a weight row of the lines this pass streams
+            chunk, stored. `touch_if`: the C condition under which each row read also touches the same
+            row of the block's other panels (Note [AVX2 row touch]). `lines`: the offsets (elements) in a weight row of the lines this pass streams
             in of the next chunk's rows (Note [Chunk streaming])."""
             em.line(f"{t} acc[{npx}][{width}];")
             em.line(f"{t}* BPK_RESTRICT part_t_ = part_ + (t * {tile}) * {block} + {col};")
@@ -218,9 +223,9 @@ def wide_conv_kernel(em: Emitter) -> None:
             em.line(f"    const {mt}* BPK_RESTRICT wc = wp_ + ({col}) * {taps * cin} + (k * {cin} + ci) * {PANEL};")
             if prefetch:  # Note [AVX2 weight prefetch]
                 em.line(f"    __builtin_prefetch(wc + {prefetch * PANEL});")
-            if touch:  # Note [AVX2 row touch] (cpu_conv_stream.py): the group's first tile, first sub-block,
-                # where no chunk streamed this one in
-                em.line(f"    if ({touch}) {{")
+            if touch_if:  # Note [AVX2 row touch] (cpu_conv_stream.py): the group's first tile, first
+                # sub-block, where no chunk streamed this one in
+                em.line(f"    if ({touch_if}) {{")
                 touch_row(em, "wc", panel_lines(block)[1:])
                 em.line("    }")
             if lines:  # Note [Chunk streaming]
@@ -320,7 +325,7 @@ def wide_conv_kernel(em: Emitter) -> None:
                 em.branch("#else", whole_block)
                 em.line("#endif")
 
-            em.loop(["for (int64_t c0_ = 0; c0_ < " + str(cin) + "; c0_ += ck_) {"], [], chunk_body)
+            em.loop([f"for (int64_t c0_ = 0; c0_ < {cin}; c0_ += ck_) {{"], [], chunk_body)
 
         full = oc - oc % block
         if full:

@@ -4,13 +4,14 @@ Convolutions: a weight in torch's layout [C_out, C_in / groups, KH, KW] ("oihw")
 `Conv2dAttrs.weight_layout` a kernel reads — "ihwo" ([C_in / groups, KH, KW, C_out]: passes/
 direct_conv.py, passes/channels_last.py) or "blocks" ([ceil(C_out / B) * KH, KW, C_in, B], B =
 min(C_out, CHANNEL_BLOCK), the last block zero-padded) or "tap_panels" (the same in blocks of PANEL:
-[ceil(C_out / 16) * KH, KW, C_in, 16], Note [Weight panels] in codegen/cpu_conv_wide.py) or "winograd" (a 3x3 weight's Winograd transform G g G^T, 4 x 4 per input and output
-channel, packed as "blocks" packs a 4x4 weight: Note [Winograd convolutions] in codegen/
-cpu_conv_winograd.py) or "hwio_winograd" (a 3x3 weight of at most CHANNEL_BLOCK output channels kept
-both ways, [9 + 16, 1, C_in, C_out]: the filter [3, 3, C_in, C_out], then its transform [4, 4, C_in,
-C_out]: Note [Winograd at few channels] in codegen/cpu_conv_winograd.py); `unpack` turns a packed weight back
-(the reference executor reads "blocks", "winograd" and "hwio_winograd" through it; "winograd" back only
-to within rounding, so `EXACT_LAYOUTS` leaves it out). Linear layers: `unpack_linear` rebuilds a weight ([N, K] as nn.Linear holds it, or [K, N]) from
+[ceil(C_out / 16) * KH, KW, C_in, 16], Note [Weight panels] in codegen/cpu_conv_wide.py) or "winograd"
+(a 3x3 weight's Winograd transform G g G^T, 4 x 4 per input and output channel, packed as "blocks"
+packs a 4x4 weight: Note [Winograd convolutions] in codegen/cpu_conv_winograd.py) or "hwio_winograd" (a
+3x3 weight of at most CHANNEL_BLOCK output channels kept both ways, [9 + 16, 1, C_in, C_out]: the filter
+[3, 3, C_in, C_out], then its transform [4, 4, C_in, C_out]: Note [Winograd at few channels] in
+codegen/cpu_conv_winograd.py); `unpack` turns a packed weight back (the reference executor reads
+"blocks", "tap_panels", "winograd" and "hwio_winograd" through it; "winograd" back only to within
+rounding, so `EXACT_LAYOUTS` leaves it out). Linear layers: `unpack_linear` rebuilds a weight ([N, K] as nn.Linear holds it, or [K, N]) from
 the copies passes/dense_layers.py and passes/pack_linear.py store — "dense" ([K, 1, 1, N]), "panels"
 (pieces of K, each [ceil(N / 16), K_i, 1, 16], the last panel zero-padded) or "kn" ([K, N]). Note
 [Derived source weights] (artifact/writer.py) stores a packed weight once and rebuilds the source
@@ -50,9 +51,11 @@ def packed_shape(layout: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     oc, cg, kh, kw = shape
     if layout == "ihwo":
         return (cg, kh, kw, oc)
-    if layout in ("blocks", "tap_panels"):
-        blk = min(oc, CHANNEL_BLOCK) if layout == "blocks" else PANEL
+    if layout == "blocks":
+        blk = min(oc, CHANNEL_BLOCK)
         return (-(-oc // blk) * kh, kw, cg, blk)
+    if layout == "tap_panels":
+        return (-(-oc // PANEL) * kh, kw, cg, PANEL)
     if layout == "winograd":
         return packed_shape("blocks", (oc, cg, 4, 4))
     if layout == "hwio_winograd":
