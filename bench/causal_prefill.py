@@ -9,6 +9,9 @@ one process).
 
 `--form transformers` writes the causal mask as transformers' sdpa_mask does (positions `arange + 0`,
 `kv <= q` and'd with the padding mask into one boolean mask, here with no padding) and passes it to sdpa.
+`--form padded` is an encoder's attention over a padded batch (no causal mask: the padding masked_fill'd
+with the dtype's lowest value, as the encoder sample and BERT write it), the valid lengths spread evenly
+up to the longest (Note [Masked key blocks]: the kernel skips key blocks of padding only).
 `--form merged` is an attention block after its fused QKV projection: heads split from [b, s, 3 * 512]
 by views, causal sdpa, the heads merged back to [b, s, 512] and projected (Note [Attention stores]).
 Writes bench/results/causal_prefill[_transformers|_merged].{md,json}; ratios are peer time / bladepack time.
@@ -32,6 +35,7 @@ from bench.machine import describe, title
 
 HEADS, HEAD = 8, 64
 SHAPES = ((1, 256), (1, 512), (1, 1024), (1, 2048), (4, 512))  # (batch, prompt length)
+PADDED_SHAPES = ((1, 512), (2, 512), (4, 256), (4, 512), (8, 384))  # --form padded
 
 
 class CausalAttention(torch.nn.Module):
@@ -59,8 +63,16 @@ class MergedHeads(torch.nn.Module):
         return self.proj(o.transpose(1, 2).reshape(b, s, HEADS * HEAD))
 
 
-MODELS = {"sdpa": CausalAttention, "transformers": TransformersMask, "merged": MergedHeads}
-NAMES = {"sdpa": ["q", "k", "v"], "transformers": ["q", "k", "v", "pad"], "merged": ["qkv"]}
+class PaddedAttention(torch.nn.Module):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        s = torch.matmul(q, k.transpose(-1, -2)) / HEAD**0.5
+        s = s.masked_fill(pad[:, None, None, :] == 0, torch.finfo(s.dtype).min)
+        return torch.matmul(torch.softmax(s, dim=-1), v)
+
+
+MODELS = {"sdpa": CausalAttention, "transformers": TransformersMask, "padded": PaddedAttention, "merged": MergedHeads}
+NAMES = {"sdpa": ["q", "k", "v"], "transformers": ["q", "k", "v", "pad"], "padded": ["q", "k", "v", "pad"]}
+NAMES["merged"] = ["qkv"]
 
 
 def dynamic_shapes(form: str) -> dict[str, dict[int, Any]]:
@@ -75,7 +87,11 @@ def inputs(g: torch.Generator, batch: int, seq: int, form: str = "sdpa") -> tupl
     if form == "merged":
         return (torch.randn(batch, seq, 3 * HEADS * HEAD, generator=g),)
     qkv = tuple(torch.randn(batch, HEADS, seq, HEAD, generator=g) for _ in range(3))
-    return qkv if form == "sdpa" else (*qkv, torch.ones(batch, seq, dtype=torch.int64))
+    if form == "sdpa":
+        return qkv
+    # padded: entry i of the batch has ceil(seq * (i + 1) / batch) valid tokens, the longest all of them
+    valid = [-(-seq * (i + 1) // batch) for i in range(batch)] if form == "padded" else [seq] * batch
+    return (*qkv, (torch.arange(seq)[None, :] < torch.tensor(valid)[:, None]).long())
 
 
 def main() -> None:
@@ -112,7 +128,7 @@ def main() -> None:
         onnx_peers(peers, path, runners, errors)
     rows = []
     with torch.no_grad():
-        for batch, seq in SHAPES:
+        for batch, seq in PADDED_SHAPES if a.form == "padded" else SHAPES:
             x = inputs(g, batch, seq, a.form)
             want = model(*x)
             err = float((torch.as_tensor(loaded(*x)) - want).abs().max())
@@ -121,8 +137,9 @@ def main() -> None:
             )
     others = [p for p in runners if p != "bladepack"]
     form = {"sdpa": "sdpa is_causal", "transformers": "a mask built as transformers does", "merged": "heads merged"}
+    form["padded"] = "not causal: a padded batch, valid lengths spread evenly"
     lines = [
-        f"# Causal prefill attention ({form[a.form]}, {HEADS} heads x {HEAD}), {title(describe(loaded.executor))}",
+        f"# {'Padded' if a.form == 'padded' else 'Causal prefill'} attention ({form[a.form]}, {HEADS} heads x {HEAD}), {title(describe(loaded.executor))}",
         "",
         "| batch x seq | bladepack µs | " + " | ".join(f"{p} µs (x)" for p in others) + " | max error |",
         "|---|---|" + "---|" * len(others) + "---|",

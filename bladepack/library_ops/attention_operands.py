@@ -254,3 +254,86 @@ def bound_index(ctx: KernelContext, bound: KeyBound, row: Sequence[sympy.Expr]) 
     shape = ctx.types[bound.value].shape
     full = (*row, sympy.Integer(0))
     return tuple(sympy.Integer(0) if d == 1 else i for d, i in zip(shape, full[len(full) - len(shape) :]))
+
+
+MASK_FILL_MAX = -1.0e4  # a where's constant at most this is a mask's fill (Note [Masked key blocks])
+
+
+@dataclass(frozen=True)
+class KeyMask:
+    """Note [Masked key blocks]: a key of a leading index scores `fill` at every query row wherever one
+    of `terms` (boolean values read per key, broadcast along the query rows) is `masks`."""
+
+    terms: tuple[tuple[int, bool], ...]  # (value, the value of it that masks the key)
+    fill: int  # the where's constant (a value id)
+
+
+def _depends_on(ctx: KernelContext, v: int, target: int, inside: frozenset[int]) -> bool:
+    """Whether value `v`, computed from the kernel's own nodes `inside`, reads `target`."""
+    todo, seen = [v], set()
+    while todo:
+        u = todo.pop()
+        if u == target:
+            return True
+        if u in seen or u not in inside:
+            continue
+        seen.add(u)
+        todo += ctx.nodes[u].inputs
+    return False
+
+
+def key_mask(att: Attention, ctx: KernelContext) -> KeyMask | None:
+    """Note [Masked key blocks]: the per-key terms of the softmax input's where, or None. In
+    `where(cond, x, fill)` a key is masked where a conjunct of cond is false, in `where(cond, fill, x)`
+    (a masked_fill) where a disjunct is true; the terms are those conjuncts / disjuncts that are read per
+    key (a padding mask: size 1 along the query rows) and that the kernel can read or compute."""
+    n = ctx.nodes[ctx.nodes[att.probs].inputs[0]]
+    if n.op is not OpKind.WHERE or n.id not in att.chain:
+        return None
+    fills = [k for k in (1, 2) if _fill(ctx, n.inputs[k])]
+    if len(fills) != 1:
+        return None
+    keep = fills[0] == 2
+    join = (OpKind.LOGICAL_AND, OpKind.BITWISE_AND) if keep else (OpKind.LOGICAL_OR, OpKind.BITWISE_OR)
+    rank = len(ctx.types[att.scores].shape)
+    inside = frozenset(att.nodes) | frozenset(att.chain)
+    terms: list[tuple[int, bool]] = []
+    todo = [n.inputs[0]]
+    while todo:
+        c = ctx.nodes.get(todo.pop())
+        if c is None:
+            continue
+        shape = c.type.shape
+        if (
+            c.type.dtype is DType.BOOL
+            and len(shape) <= rank
+            and (len(shape) < 2 or shape[-2] == 1)
+            and (c.id in inside or ctx.view(c.id) is not None)
+            and not _depends_on(ctx, c.id, att.scores, inside)
+        ):
+            terms.append((c.id, not keep))
+        elif c.op is join[0] or (c.op is join[1] and c.type.dtype is DType.BOOL):
+            todo += c.inputs
+    return KeyMask(tuple(terms), n.inputs[fills[0]]) if terms else None
+
+
+def _fill(ctx: KernelContext, v: int) -> bool:
+    """Whether `v` is a scalar constant a mask fills with (-inf, a dtype's lowest, -1e4 ...)."""
+    n = ctx.nodes.get(v)
+    value = n.attrs.value if n is not None and isinstance(n.attrs, ConstantAttrs) else None
+    return (
+        n is not None
+        and n.op is OpKind.CONSTANT
+        and n.type.shape == ()
+        and isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and value <= MASK_FILL_MAX
+    )
+
+
+def mask_index(ctx: KernelContext, term: int, lead: Sequence[sympy.Expr], key: sympy.Expr) -> tuple[sympy.Expr, ...]:
+    """The index of key mask term `term` for the scores' leading index `lead` and key `key`: its
+    broadcast dims (the query rows among them) read at 0."""
+    shape = ctx.types[term].shape
+    full = (*lead, sympy.Integer(0), key)
+    return tuple(sympy.Integer(0) if d == 1 else i for d, i in zip(shape, full[len(full) - len(shape) :]))
