@@ -224,13 +224,16 @@ def test_broadcast_bias_is_computed_once() -> None:
 
 def test_wide_groups_at_every_isa_level() -> None:
     """Note [Attention groups per ISA]: the wide variant (64 query rows and more) takes eight rows per
-    register block in the AVX-512 library and four in the AVX2 one; both against eager, with a padding
-    mask, at head dims of one and two score vectors and query counts off the groups (65, 130)."""
+    register block in the AVX-512 library and four in the AVX2 one; Note [Value chunks per ISA]: each
+    library sums the values into as many output columns at a time as its registers hold (AVX2: 16 of
+    a head of 40 or 64, the last chunk of 40 partial). Against eager, with a padding mask, at head dims
+    of one to four score vectors, in the blocked variant (9 rows) and the wide one at query counts off
+    the groups (65, 130)."""
     from bladepack.options import LoaderOptions
     from tests.helpers import all_isas
 
     model = _Padded().eval()
-    for hd in (16, 32):
+    for hd in (16, 32, 40, 64):
 
         def make(g: torch.Generator, b: int, n: int, hd: int = hd) -> tuple[torch.Tensor, ...]:
             q, k, v = (torch.randn(b, 2, n, hd, generator=g) for _ in range(3))
@@ -244,7 +247,7 @@ def test_wide_groups_at_every_isa_level() -> None:
         for isa in levels:
             m = bladepack.load(art.to_bytes(), executor="native", options=LoaderOptions(cpu_isa=isa))
             assert "attention" in _kinds(m), _kinds(m)
-            for n in (64, 65, 130):
+            for n in (9, 64, 65, 130):
                 x = make(g, 2, n)
                 with torch.no_grad():
                     want = model(*x)

@@ -102,6 +102,24 @@ def attention_variants(att: Attention, ctx: KernelContext) -> list[tuple[str, An
     return plans
 
 
+# Note [Value chunks per ISA]: a register group's probabilities times the block's values sum into the
+# group's output rows. Four rows of a head of 64 floats are 32 of AVX2's 8-lane registers: GCC kept
+# the rows on the stack, a load and a store beside each FMA. Each library walks the block's keys once
+# per chunk of output columns whose accumulators fit half its registers (AVX2: 16 columns, eight
+# registers; AVX-512: 64 or 32; the baseline: 8), the chunk's value rows read again from L1. A padded
+# batch's attention at head dim 64 (`bench.causal_prefill --form padded`, x86-64-v3) 1.19-1.35x; twelve
+# accumulators (six rows of 16 columns, or four of 24) measured 0.63-0.80x: GCC spilled them.
+# (preprocessor guard, accumulator bytes, vector bytes) per ISA library:
+_ISA_ACC = (("#if defined(__AVX512F__)", 1024, 64), ("#elif defined(__AVX2__)", 256, 32), ("#else", 128, 16))
+
+
+def _value_chunk(budget: int, vector: int, group: int, itemsize: int, dv: int) -> int:
+    """Note [Value chunks per ISA]: the output columns per pass over a key block's values, so that a
+    group's accumulators take `budget` bytes of registers at most (at least one vector each)."""
+    width = max(budget // (group * itemsize) // (vector // itemsize), 1) * (vector // itemsize)
+    return min(width, dv)
+
+
 def _constant(ctx: KernelContext, v: int) -> object:
     a = ctx.nodes[v].attrs
     return a.value if isinstance(a, ConstantAttrs) else None
@@ -272,27 +290,43 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
             em.line("}")
             for q in rows:
                 em.line(f"l_[g_ + {q}] += ls{q}_;")
-            em.line(f"{t} " + ", ".join(f"o{q}_[{dv}]" for q in rows) + ";")
-            em.line(
-                f"for (int e = 0; e < {dv}; ++e) {{ "
-                + " ".join(f"o{q}_[e] = acc_[(g_ + {q}) * {dv} + e];" for q in rows)
-                + " }"
-            )
-            em.line("for (int64_t jj = 0; jj < nk_; ++jj) {")
-            em.line(f"  const {t}* BPK_RESTRICT vr_ = vp_ + (k0 + jj) * {r(s_vj)};")
-            em.line(f"  const {t} " + ", ".join(f"p{q}_ = s_[{q}][jj]" for q in rows) + ";")
-            em.line("  #pragma omp simd")
-            em.line(
-                f"  for (int e = 0; e < {dv}; ++e) {{ const {t} v_ = vr_[e * {r(s_ve)}]; "
-                + " ".join(f"o{q}_[e] += p{q}_ * v_;" for q in rows)
-                + " }"
-            )
-            em.line("}")
-            em.line(
-                f"for (int e = 0; e < {dv}; ++e) {{ "
-                + " ".join(f"acc_[(g_ + {q}) * {dv} + e] = o{q}_[e];" for q in rows)
-                + " }"
-            )
+            widths = {guard: _value_chunk(budget, vector, group, dt.itemsize, dv) for guard, budget, vector in _ISA_ACC}
+            if len(set(widths.values())) == 1:
+                value_chunks(group, widths["#else"])
+                return
+            for guard, width in widths.items():  # Note [Value chunks per ISA]
+                em.branch(guard, functools.partial(value_chunks, group, width))
+            em.line("#endif")
+
+        def value_chunks(group: int, width: int) -> None:
+            """The probabilities times V into the rows' accumulators, `width` output columns at a time:
+            the chunk's accumulators stay in registers across the block's keys."""
+            rows = range(group)
+            for c0 in range(0, dv, width):
+                w = min(width, dv - c0)
+                em.line("{" if w == dv else f"{{  // output columns {c0}-{c0 + w - 1}")
+                em.line(f"  {t} " + ", ".join(f"o{q}_[{w}]" for q in rows) + ";")
+                em.line(
+                    f"  for (int e = 0; e < {w}; ++e) {{ "
+                    + " ".join(f"o{q}_[e] = acc_[(g_ + {q}) * {dv} + {c0} + e];" for q in rows)
+                    + " }"
+                )
+                em.line("  for (int64_t jj = 0; jj < nk_; ++jj) {")
+                em.line(f"    const {t}* BPK_RESTRICT vr_ = vp_ + (k0 + jj) * {r(s_vj)} + {c0} * {r(s_ve)};")
+                em.line(f"    const {t} " + ", ".join(f"p{q}_ = s_[{q}][jj]" for q in rows) + ";")
+                em.line("    #pragma omp simd")
+                em.line(
+                    f"    for (int e = 0; e < {w}; ++e) {{ const {t} v_ = vr_[e * {r(s_ve)}]; "
+                    + " ".join(f"o{q}_[e] += p{q}_ * v_;" for q in rows)
+                    + " }"
+                )
+                em.line("  }")
+                em.line(
+                    f"  for (int e = 0; e < {w}; ++e) {{ "
+                    + " ".join(f"acc_[(g_ + {q}) * {dv} + {c0} + e] = o{q}_[e];" for q in rows)
+                    + " }"
+                )
+                em.line("}")
 
         def query_row() -> None:
             """One query row (decoding): each score a dot product straight from K; the probabilities
