@@ -22,6 +22,7 @@ from tests.helpers import all_isas, rel_err, runnable_levels
 
 MAX = 200
 VALID = (0, 1, 63, 64, 65, 130)  # valid keys per sequence (clipped to the key count)
+HEAD = 40  # the AVX2 library's six-row groups, value chunks of 16, 16 and 8 (Note [Value chunks per ISA])
 
 
 class _Masked(torch.nn.Module):
@@ -52,8 +53,12 @@ class _Masked(torch.nn.Module):
 
 
 def _make(g: torch.Generator, b: int, sq: int, skv: int, q_scale: float = 1.0) -> tuple[torch.Tensor, ...]:
-    q = torch.randn(b, 2, sq, 16, generator=g) * q_scale
-    k, v = (torch.randn(b, 2, skv, 16, generator=g) for _ in range(2))
+    if q_scale == 1.0:
+        q, k = torch.randn(b, 2, sq, HEAD, generator=g), torch.randn(b, 2, skv, HEAD, generator=g)
+    else:  # small integers times a power of two: scores exact in any order of summation
+        q = torch.randint(-3, 4, (b, 2, sq, HEAD), generator=g).float() * q_scale
+        k = torch.randint(-3, 4, (b, 2, skv, HEAD), generator=g).float()
+    v = torch.randn(b, 2, skv, HEAD, generator=g)
     valid = torch.tensor([VALID[(i + skv) % len(VALID)] for i in range(b)])
     mask = (torch.arange(skv)[None, :] < valid[:, None]).long()
     return q, k, v, mask
@@ -99,9 +104,10 @@ def test_padding_masks_skip_key_blocks(form: str) -> None:
 
 
 def test_fill_above_the_scores_takes_the_second_pass() -> None:
-    """masked_fill with -1e4 where the valid keys' scores are far below it (queries scaled by 1e4):
-    the masked keys carry the softmax, as in eager, so the rows read every key again."""
-    _sweep(_Masked("fill").eval(), q_scale=1e4)
+    """masked_fill with -1e4 where the valid keys' scores are far below it (integer scores scaled by
+    4096, thousands apart): the masked keys carry the softmax, as in eager, so the rows read every key
+    again."""
+    _sweep(_Masked("fill").eval(), q_scale=4096.0)
 
 
 def test_valid_keys_all_minus_inf_take_the_second_pass() -> None:

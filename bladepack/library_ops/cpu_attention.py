@@ -78,6 +78,8 @@ BLOCK_ROWS = 16  # query rows per parallel row in the blocked variant
 WIDE_ROWS = 64  # ... in the wide variant, from this many query rows
 ROWS_MIN = 4  # the blocked variant from this many query rows
 WIDE_GROUP = 8  # query rows per register block in the wide variant
+AVX2_WIDE_GROUP = 6  # ... in its AVX2 library (Note [Attention groups per ISA]) ...
+AVX2_WIDE_HEAD = 32  # ... from this head dim (four rows below it)
 
 
 def _key_block(d: int) -> int:
@@ -105,19 +107,20 @@ def attention_variants(att: Attention, ctx: KernelContext) -> list[tuple[str, An
 # Note [Value chunks per ISA]: a register group's probabilities times the block's values sum into the
 # group's output rows. Four rows of a head of 64 floats are 32 of AVX2's 8-lane registers: GCC kept
 # the rows on the stack, a load and a store beside each FMA. Each library walks the block's keys once
-# per chunk of output columns whose accumulators fit half its registers (AVX2: 16 columns, eight
-# registers; AVX-512: 64 or 32; the baseline: 8), the chunk's value rows read again from L1. A padded
-# batch's attention at head dim 64 (`bench.causal_prefill --form padded`, x86-64-v3) 1.19-1.35x; twelve
-# accumulators (six rows of 16 columns, or four of 24) measured 0.63-0.80x: GCC spilled them.
-# (preprocessor guard, accumulator bytes, vector bytes) per ISA library:
-_ISA_ACC = (("#if defined(__AVX512F__)", 1024, 64), ("#elif defined(__AVX2__)", 256, 32), ("#else", 128, 16))
+# per chunk of output columns whose accumulators fit its registers (AVX2: 16 columns, two vectors per
+# row, 8 or 12 registers; AVX-512: 64 or 32, 16 registers; the baseline: 8), the chunk's value rows read
+# again from L1: a padded batch's attention at head dim 64 (`bench.causal_prefill --form padded`,
+# x86-64-v3) 1.19-1.35x. Both products are written as the dense kernel's tile (Note [Dense tiles per
+# ISA]): per row of the group, one broadcast and that row's FMAs, the rows unrolled; GCC keeps one
+# broadcast register, where with every row's broadcast loaded first it spilled accumulators past eight.
+# (preprocessor guard, accumulator registers, vector bytes, vectors per row at most) per ISA library:
+_ISA_ACC = (("#if defined(__AVX512F__)", 16, 64, 4), ("#elif defined(__AVX2__)", 12, 32, 2), ("#else", 8, 16, 2))
 
 
-def _value_chunk(budget: int, vector: int, group: int, itemsize: int, dv: int) -> int:
-    """Note [Value chunks per ISA]: the output columns per pass over a key block's values, so that a
-    group's accumulators take `budget` bytes of registers at most (at least one vector each)."""
-    width = max(budget // (group * itemsize) // (vector // itemsize), 1) * (vector // itemsize)
-    return min(width, dv)
+def _value_chunk(registers: int, vector: int, most: int, group: int, itemsize: int, dv: int) -> int:
+    """Note [Value chunks per ISA]: the output columns per pass over a key block's values: as many
+    vectors per row as `registers` accumulators allow for `group` rows, at most `most`, at least one."""
+    return min(max(min(registers // group, most), 1) * (vector // itemsize), dv)
 
 
 def _constant(ctx: KernelContext, v: int) -> object:
@@ -160,16 +163,18 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
         em.line(f"const {t}* BPK_RESTRICT vp_ = {pv} + {base(vv, ctx.types[att.v].shape)};")
         store = em.args.index(sh.out_base(syms))  # Note [Attention stores]
         em.line(f"{t}* BPK_RESTRICT op_ = {em.ptr_store(att.stored)} + {store};")
-        em.line(f"{t} m_[{qb}], l_[{qb}];")
-        em.line(f"alignas(64) {t} acc_[{qb * dv}];")
-        if blocked:
-            em.line(f"alignas(64) {t} kt_[{d * kb}];")
-        idx = (*syms, blk * qb + qi, k0 + jj)
-
         vl = 64 // dt.itemsize  # lanes of one 64-byte vector
         # query rows per register block: eight in the wide variant where the output row fits two vectors
         # (1.1x at seq 300-512 over four; at a few rows the padding to eight costs more than it saves)
         group = WIDE_GROUP if qb == WIDE_ROWS and dv <= vl * 2 else 4
+        avx2_group = AVX2_WIDE_GROUP if d >= AVX2_WIDE_HEAD else 4  # Note [Attention groups per ISA]
+        sizes = (group, avx2_group) if qb == WIDE_ROWS else (group,)
+        slots = max(-(-qb // g) * g for g in sizes)
+        em.line(f"{t} m_[{slots}], l_[{slots}];")
+        em.line(f"alignas(64) {t} acc_[{slots * dv}];")
+        if blocked:
+            em.line(f"alignas(64) {t} kt_[{d * kb}];")
+        idx = (*syms, blk * qb + qi, k0 + jj)
 
         def chain(row: str) -> None:
             em.bind(att.scores, idx, f"{row}[jj]")
@@ -217,20 +222,20 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
                 em.line(
                     f"const {t}* BPK_RESTRICT qr{q}_ = qp_ + std::min<int64_t>(q0_ + g_ + {q}, {r(sq)} - 1) * {r(s_qi)};"
                 )
+            em.line(f"const {t}* qr_[{group}] = {{{', '.join(f'qr{q}_' for q in rows)}}};")
             em.line(f"for (int c = 0; c < nk_; c += {vl}) {{  // whole vectors up to the last key")
-            em.line(f"  {t} " + ", ".join(f"a{q}_[{vl}] = {{}}" for q in rows) + ";")
+            em.line(f"  {t} a_[{group}][{vl}] = {{}};")
             em.line(f"  for (int d = 0; d < {d}; ++d) {{")
             em.line(f"    const {t}* BPK_RESTRICT kr_ = kt_ + d * {kb} + c;")
-            em.line(f"    const {t} " + ", ".join(f"x{q}_ = qr{q}_[d * {r(s_qd)}]" for q in rows) + ";")
-            em.line("    #pragma omp simd")
-            em.line(
-                f"    for (int l = 0; l < {vl}; ++l) {{ "
-                + " ".join(f"a{q}_[l] += x{q}_ * kr_[l];" for q in rows)
-                + " }"
-            )
+            em.line(f"    #pragma GCC unroll {group}")
+            em.line(f"    for (int q = 0; q < {group}; ++q) {{")
+            em.line(f"      const {t} x_ = qr_[q][d * {r(s_qd)}];")
+            em.line("      #pragma omp simd")
+            em.line(f"      for (int l = 0; l < {vl}; ++l) a_[q][l] += x_ * kr_[l];")
+            em.line("    }")
             em.line("  }")
             em.line(
-                f"  for (int l = 0; l < {vl}; ++l) {{ " + " ".join(f"s_[{q}][c + l] = a{q}_[l];" for q in rows) + " }"
+                f"  for (int l = 0; l < {vl}; ++l) {{ " + " ".join(f"s_[{q}][c + l] = a_[{q}][l];" for q in rows) + " }"
             )
             em.line("}")
             # the chain on the group's scores in one pass: what it reads per key (a padding mask)
@@ -290,7 +295,7 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
             em.line("}")
             for q in rows:
                 em.line(f"l_[g_ + {q}] += ls{q}_;")
-            widths = {guard: _value_chunk(budget, vector, group, dt.itemsize, dv) for guard, budget, vector in _ISA_ACC}
+            widths = {g: _value_chunk(regs, vec, most, group, dt.itemsize, dv) for g, regs, vec, most in _ISA_ACC}
             if len(set(widths.values())) == 1:
                 value_chunks(group, widths["#else"])
                 return
@@ -313,13 +318,10 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
                 )
                 em.line("  for (int64_t jj = 0; jj < nk_; ++jj) {")
                 em.line(f"    const {t}* BPK_RESTRICT vr_ = vp_ + (k0 + jj) * {r(s_vj)} + {c0} * {r(s_ve)};")
-                em.line(f"    const {t} " + ", ".join(f"p{q}_ = s_[{q}][jj]" for q in rows) + ";")
-                em.line("    #pragma omp simd")
-                em.line(
-                    f"    for (int e = 0; e < {w}; ++e) {{ const {t} v_ = vr_[e * {r(s_ve)}]; "
-                    + " ".join(f"o{q}_[e] += p{q}_ * v_;" for q in rows)
-                    + " }"
-                )
+                for q in rows:
+                    em.line(f"    {{ const {t} p_ = s_[{q}][jj];")
+                    em.line("    #pragma omp simd")
+                    em.line(f"    for (int e = 0; e < {w}; ++e) o{q}_[e] += p_ * vr_[e * {r(s_ve)}]; }}")
                 em.line("  }")
                 em.line(
                     f"  for (int e = 0; e < {w}; ++e) {{ "
@@ -414,13 +416,18 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
                 em.line(f"alignas(64) {t} s_[{size}][{kb}];")
                 em.loop([f"for (int64_t g_ = 0; g_ < nq_; g_ += {size}) {{"], [], lambda: bounded_group(size))
 
-            if group <= 4:
+            if qb != WIDE_ROWS:
                 groups(group)
                 return
             # Note [Attention groups per ISA]: eight rows of 64-byte score vectors are 16 of AVX2's 16
             # registers before the broadcasts; GCC kept two accumulators and every broadcast on the
-            # stack. The AVX2 library takes four rows at a time.
-            em.branch("#if defined(__AVX2__) && !defined(__AVX512F__)", lambda: groups(4))
+            # stack. The AVX2 library takes six rows at a time from head dims of 32 (AVX2_WIDE_HEAD):
+            # 6 x 16 keys, and 6 x 16 output columns (Note [Value chunks per ISA]), twelve accumulators,
+            # BLIS's and MLAS's Haswell tile; a padded batch at head dim 64, x86-64-v3, 1.07-1.12x over
+            # four rows. Four below: the encoder sample's head of 16 measured 0.93-0.96x at six rows
+            # (its products' 16 steps too short for the tile's setup). The rows' state (m_, l_, acc_)
+            # has a slot for each row the last group computes past the block (never stored).
+            em.branch("#if defined(__AVX2__) && !defined(__AVX512F__)", lambda: groups(avx2_group))
             em.branch("#else", lambda: groups(group))
             em.line("#endif")
 
@@ -447,8 +454,8 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
             first, end = "klo_", "khi_"
 
         def walk() -> None:
-            em.line(f"for (int q = 0; q < {qb}; ++q) {{ m_[q] = {ninf}; l_[q] = {t}(0); }}")
-            em.line(f"for (int e = 0; e < {qb * dv}; ++e) acc_[e] = {t}(0);")
+            em.line(f"for (int q = 0; q < {slots}; ++q) {{ m_[q] = {ninf}; l_[q] = {t}(0); }}")
+            em.line(f"for (int e = 0; e < {slots * dv}; ++e) acc_[e] = {t}(0);")
             em.loop([f"for (int64_t k0 = {first}; k0 < {end}; k0 += {kb}) {{"], [k0], key_block)
             if not second_pass:
                 return
