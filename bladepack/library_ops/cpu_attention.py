@@ -110,9 +110,12 @@ def attention_variants(att: Attention, ctx: KernelContext) -> list[tuple[str, An
 # per chunk of output columns whose accumulators fit its registers (AVX2: 16 columns, two vectors per
 # row, 8 or 12 registers; AVX-512: 64 or 32, 16 registers; the baseline: 8), the chunk's value rows read
 # again from L1: a padded batch's attention at head dim 64 (`bench.causal_prefill --form padded`,
-# x86-64-v3) 1.19-1.35x. Both products are written as the dense kernel's tile (Note [Dense tiles per
-# ISA]): per row of the group, one broadcast and that row's FMAs, the rows unrolled; GCC keeps one
-# broadcast register, where with every row's broadcast loaded first it spilled accumulators past eight.
+# x86-64-v3) 1.19-1.35x. For the AVX2 library's six rows (Note [Attention groups per ISA]) both
+# products are written as the dense kernel's tile (Note [Dense tiles per ISA]): per row of the group,
+# one broadcast and that row's FMAs, the rows unrolled; GCC keeps one broadcast register, where with
+# every row's broadcast loaded first it spilled accumulators past eight. Four and eight rows keep one
+# loop over every row's FMAs, each key or value vector loaded once for all of them (per row, the
+# AVX-512 library's four rows of a head of 64 measured 0.86-0.90x).
 # (preprocessor guard, accumulator registers, vector bytes, vectors per row at most) per ISA library:
 _ISA_ACC = (("#if defined(__AVX512F__)", 16, 64, 4), ("#elif defined(__AVX2__)", 12, 32, 2), ("#else", 8, 16, 2))
 
@@ -222,20 +225,37 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
                 em.line(
                     f"const {t}* BPK_RESTRICT qr{q}_ = qp_ + std::min<int64_t>(q0_ + g_ + {q}, {r(sq)} - 1) * {r(s_qi)};"
                 )
-            em.line(f"const {t}* qr_[{group}] = {{{', '.join(f'qr{q}_' for q in rows)}}};")
             em.line(f"for (int c = 0; c < nk_; c += {vl}) {{  // whole vectors up to the last key")
-            em.line(f"  {t} a_[{group}][{vl}] = {{}};")
-            em.line(f"  for (int d = 0; d < {d}; ++d) {{")
-            em.line(f"    const {t}* BPK_RESTRICT kr_ = kt_ + d * {kb} + c;")
-            em.line(f"    #pragma GCC unroll {group}")
-            em.line(f"    for (int q = 0; q < {group}; ++q) {{")
-            em.line(f"      const {t} x_ = qr_[q][d * {r(s_qd)}];")
-            em.line("      #pragma omp simd")
-            em.line(f"      for (int l = 0; l < {vl}; ++l) a_[q][l] += x_ * kr_[l];")
-            em.line("    }")
-            em.line("  }")
+            if group == AVX2_WIDE_GROUP:  # Note [Value chunks per ISA]: row by row
+                em.line(f"  const {t}* qr_[{group}] = {{{', '.join(f'qr{q}_' for q in rows)}}};")
+                em.line(f"  {t} a_[{group}][{vl}] = {{}};")
+                em.line(f"  for (int d = 0; d < {d}; ++d) {{")
+                em.line(f"    const {t}* BPK_RESTRICT kr_ = kt_ + d * {kb} + c;")
+                em.line(f"    #pragma GCC unroll {group}")
+                em.line(f"    for (int q = 0; q < {group}; ++q) {{")
+                em.line(f"      const {t} x_ = qr_[q][d * {r(s_qd)}];")
+                em.line("      #pragma omp simd")
+                em.line(f"      for (int l = 0; l < {vl}; ++l) a_[q][l] += x_ * kr_[l];")
+                em.line("    }")
+                em.line("  }")
+                acc = [f"a_[{q}]" for q in rows]
+            else:
+                em.line(f"  {t} " + ", ".join(f"a{q}_[{vl}] = {{}}" for q in rows) + ";")
+                em.line(f"  for (int d = 0; d < {d}; ++d) {{")
+                em.line(f"    const {t}* BPK_RESTRICT kr_ = kt_ + d * {kb} + c;")
+                em.line(f"    const {t} " + ", ".join(f"x{q}_ = qr{q}_[d * {r(s_qd)}]" for q in rows) + ";")
+                em.line("    #pragma omp simd")
+                em.line(
+                    f"    for (int l = 0; l < {vl}; ++l) {{ "
+                    + " ".join(f"a{q}_[l] += x{q}_ * kr_[l];" for q in rows)
+                    + " }"
+                )
+                em.line("  }")
+                acc = [f"a{q}_" for q in rows]
             em.line(
-                f"  for (int l = 0; l < {vl}; ++l) {{ " + " ".join(f"s_[{q}][c + l] = a_[{q}][l];" for q in rows) + " }"
+                f"  for (int l = 0; l < {vl}; ++l) {{ "
+                + " ".join(f"s_[{q}][c + l] = {acc[q]}[l];" for q in rows)
+                + " }"
             )
             em.line("}")
             # the chain on the group's scores in one pass: what it reads per key (a padding mask)
@@ -318,10 +338,19 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
                 )
                 em.line("  for (int64_t jj = 0; jj < nk_; ++jj) {")
                 em.line(f"    const {t}* BPK_RESTRICT vr_ = vp_ + (k0 + jj) * {r(s_vj)} + {c0} * {r(s_ve)};")
-                for q in rows:
-                    em.line(f"    {{ const {t} p_ = s_[{q}][jj];")
+                if group == AVX2_WIDE_GROUP:  # Note [Value chunks per ISA]: row by row
+                    for q in rows:
+                        em.line(f"    {{ const {t} p_ = s_[{q}][jj];")
+                        em.line("    #pragma omp simd")
+                        em.line(f"    for (int e = 0; e < {w}; ++e) o{q}_[e] += p_ * vr_[e * {r(s_ve)}]; }}")
+                else:
+                    em.line(f"    const {t} " + ", ".join(f"p{q}_ = s_[{q}][jj]" for q in rows) + ";")
                     em.line("    #pragma omp simd")
-                    em.line(f"    for (int e = 0; e < {w}; ++e) o{q}_[e] += p_ * vr_[e * {r(s_ve)}]; }}")
+                    em.line(
+                        f"    for (int e = 0; e < {w}; ++e) {{ const {t} v_ = vr_[e * {r(s_ve)}]; "
+                        + " ".join(f"o{q}_[e] += p{q}_ * v_;" for q in rows)
+                        + " }"
+                    )
                 em.line("  }")
                 em.line(
                     f"  for (int e = 0; e < {w}; ++e) {{ "
