@@ -217,6 +217,25 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
             em.line("}")
             em.line("l_[qi] += ls_;")
 
+        def tile_update(group: int, i: str, n: int, vector: str, scalar: Callable[[int], str], acc: str) -> None:
+            """{acc}{q}_[i] += scalar(q) * vector for the group's rows q and lanes i < n (`vector` reads
+            lane `i`), Note [Value chunks per ISA]: the AVX2 library's six rows one after the other,
+            one broadcast each; fewer rows in one loop over every row's FMAs, each vector loaded once."""
+            pad = "    "
+            if group == AVX2_WIDE_GROUP:
+                for q in range(group):
+                    em.line(f"{pad}{{ const {t} x_ = {scalar(q)};")
+                    em.line(f"{pad}#pragma omp simd")
+                    em.line(f"{pad}for (int {i} = 0; {i} < {n}; ++{i}) {acc}{q}_[{i}] += x_ * {vector}; }}")
+                return
+            em.line(f"{pad}const {t} " + ", ".join(f"x{q}_ = {scalar(q)}" for q in range(group)) + ";")
+            em.line(f"{pad}#pragma omp simd")
+            em.line(
+                f"{pad}for (int {i} = 0; {i} < {n}; ++{i}) {{ const {t} v_ = {vector}; "
+                + " ".join(f"{acc}{q}_[{i}] += x{q}_ * v_;" for q in range(group))
+                + " }"
+            )
+
         def row_group(group: int) -> None:
             """`group` query rows at once: each packed key vector feeds `group` FMAs, each V row as many
             independent accumulators (rows past the last are clamped reads, never stored)."""
@@ -226,36 +245,13 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
                     f"const {t}* BPK_RESTRICT qr{q}_ = qp_ + std::min<int64_t>(q0_ + g_ + {q}, {r(sq)} - 1) * {r(s_qi)};"
                 )
             em.line(f"for (int c = 0; c < nk_; c += {vl}) {{  // whole vectors up to the last key")
-            if group == AVX2_WIDE_GROUP:  # Note [Value chunks per ISA]: row by row
-                em.line(f"  const {t}* qr_[{group}] = {{{', '.join(f'qr{q}_' for q in rows)}}};")
-                em.line(f"  {t} a_[{group}][{vl}] = {{}};")
-                em.line(f"  for (int d = 0; d < {d}; ++d) {{")
-                em.line(f"    const {t}* BPK_RESTRICT kr_ = kt_ + d * {kb} + c;")
-                em.line(f"    #pragma GCC unroll {group}")
-                em.line(f"    for (int q = 0; q < {group}; ++q) {{")
-                em.line(f"      const {t} x_ = qr_[q][d * {r(s_qd)}];")
-                em.line("      #pragma omp simd")
-                em.line(f"      for (int l = 0; l < {vl}; ++l) a_[q][l] += x_ * kr_[l];")
-                em.line("    }")
-                em.line("  }")
-                acc = [f"a_[{q}]" for q in rows]
-            else:
-                em.line(f"  {t} " + ", ".join(f"a{q}_[{vl}] = {{}}" for q in rows) + ";")
-                em.line(f"  for (int d = 0; d < {d}; ++d) {{")
-                em.line(f"    const {t}* BPK_RESTRICT kr_ = kt_ + d * {kb} + c;")
-                em.line(f"    const {t} " + ", ".join(f"x{q}_ = qr{q}_[d * {r(s_qd)}]" for q in rows) + ";")
-                em.line("    #pragma omp simd")
-                em.line(
-                    f"    for (int l = 0; l < {vl}; ++l) {{ "
-                    + " ".join(f"a{q}_[l] += x{q}_ * kr_[l];" for q in rows)
-                    + " }"
-                )
-                em.line("  }")
-                acc = [f"a{q}_" for q in rows]
+            em.line(f"  {t} " + ", ".join(f"a{q}_[{vl}] = {{}}" for q in rows) + ";")
+            em.line(f"  for (int d = 0; d < {d}; ++d) {{")
+            em.line(f"    const {t}* BPK_RESTRICT kr_ = kt_ + d * {kb} + c;")
+            tile_update(group, "l", vl, "kr_[l]", lambda q: f"qr{q}_[d * {r(s_qd)}]", "a")
+            em.line("  }")
             em.line(
-                f"  for (int l = 0; l < {vl}; ++l) {{ "
-                + " ".join(f"s_[{q}][c + l] = {acc[q]}[l];" for q in rows)
-                + " }"
+                f"  for (int l = 0; l < {vl}; ++l) {{ " + " ".join(f"s_[{q}][c + l] = a{q}_[l];" for q in rows) + " }"
             )
             em.line("}")
             # the chain on the group's scores in one pass: what it reads per key (a padding mask)
@@ -338,19 +334,7 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
                 )
                 em.line("  for (int64_t jj = 0; jj < nk_; ++jj) {")
                 em.line(f"    const {t}* BPK_RESTRICT vr_ = vp_ + (k0 + jj) * {r(s_vj)} + {c0} * {r(s_ve)};")
-                if group == AVX2_WIDE_GROUP:  # Note [Value chunks per ISA]: row by row
-                    for q in rows:
-                        em.line(f"    {{ const {t} p_ = s_[{q}][jj];")
-                        em.line("    #pragma omp simd")
-                        em.line(f"    for (int e = 0; e < {w}; ++e) o{q}_[e] += p_ * vr_[e * {r(s_ve)}]; }}")
-                else:
-                    em.line(f"    const {t} " + ", ".join(f"p{q}_ = s_[{q}][jj]" for q in rows) + ";")
-                    em.line("    #pragma omp simd")
-                    em.line(
-                        f"    for (int e = 0; e < {w}; ++e) {{ const {t} v_ = vr_[e * {r(s_ve)}]; "
-                        + " ".join(f"o{q}_[e] += p{q}_ * v_;" for q in rows)
-                        + " }"
-                    )
+                tile_update(group, "e", w, f"vr_[e * {r(s_ve)}]", lambda q: f"s_[{q}][jj]", "o")
                 em.line("  }")
                 em.line(
                     f"  for (int e = 0; e < {w}; ++e) {{ "
