@@ -437,7 +437,7 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
             # stack. The AVX2 library takes six rows at a time from head dims of 32 (AVX2_WIDE_HEAD):
             # 6 x 16 keys, and 6 x 16 output columns (Note [Value chunks per ISA]), twelve accumulators,
             # BLIS's and MLAS's Haswell tile; a padded batch at head dim 64, x86-64-v3, 1.07-1.12x over
-            # four rows. Four below: the encoder sample's head of 16 measured 0.93-0.96x at six rows
+            # four rows (1.00-1.09x at head dim 32). Four below: the encoder sample's head of 16 measured 0.93-0.96x at six rows
             # (its products' 16 steps too short for the tile's setup). The rows' state (m_, l_, acc_)
             # has a slot for each row the last group computes past the block (never stored).
             em.branch("#if defined(__AVX2__) && !defined(__AVX512F__)", lambda: groups(avx2_group))
