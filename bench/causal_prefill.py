@@ -14,7 +14,7 @@ with the dtype's lowest value, as the encoder sample and BERT write it), the val
 up to the longest (Note [Masked key blocks]: the kernel skips key blocks of padding only).
 `--form merged` is an attention block after its fused QKV projection: heads split from [b, s, 3 * 512]
 by views, causal sdpa, the heads merged back to [b, s, 512] and projected (Note [Attention stores]).
-Writes bench/results/causal_prefill[_transformers|_merged].{md,json}; ratios are peer time / bladepack time.
+Writes bench/results/causal_prefill[_transformers|_padded|_merged].{md,json}; ratios are peer time / bladepack time.
 Runners interleave per shape (Note [Rounds] in bench/cpu_samples.py).
 """
 
@@ -71,8 +71,12 @@ class PaddedAttention(torch.nn.Module):
 
 
 MODELS = {"sdpa": CausalAttention, "transformers": TransformersMask, "padded": PaddedAttention, "merged": MergedHeads}
-NAMES = {"sdpa": ["q", "k", "v"], "transformers": ["q", "k", "v", "pad"], "padded": ["q", "k", "v", "pad"]}
-NAMES["merged"] = ["qkv"]
+NAMES = {
+    "sdpa": ["q", "k", "v"],
+    "transformers": ["q", "k", "v", "pad"],
+    "padded": ["q", "k", "v", "pad"],
+    "merged": ["qkv"],
+}
 
 
 def dynamic_shapes(form: str) -> dict[str, dict[int, Any]]:
@@ -136,10 +140,15 @@ def main() -> None:
                 {"batch": batch, "seq": seq, "error": err, **measure(runners, x, a.repeat, errors, f"at {seq}")}
             )
     others = [p for p in runners if p != "bladepack"]
-    form = {"sdpa": "sdpa is_causal", "transformers": "a mask built as transformers does", "merged": "heads merged"}
-    form["padded"] = "not causal: a padded batch, valid lengths spread evenly"
+    form = {
+        "sdpa": "sdpa is_causal",
+        "transformers": "a mask built as transformers does",
+        "padded": "not causal: a padded batch, valid lengths spread evenly",
+        "merged": "heads merged",
+    }
+    kind = "Padded" if a.form == "padded" else "Causal prefill"
     lines = [
-        f"# {'Padded' if a.form == 'padded' else 'Causal prefill'} attention ({form[a.form]}, {HEADS} heads x {HEAD}), {title(describe(loaded.executor))}",
+        f"# {kind} attention ({form[a.form]}, {HEADS} heads x {HEAD}), {title(describe(loaded.executor))}",
         "",
         "| batch x seq | bladepack µs | " + " | ".join(f"{p} µs (x)" for p in others) + " | max error |",
         "|---|---|" + "---|" * len(others) + "---|",

@@ -251,8 +251,12 @@ def key_bounds(att: Attention, ctx: KernelContext) -> KeyBounds | None:
 def bound_index(ctx: KernelContext, bound: KeyBound, row: Sequence[sympy.Expr]) -> tuple[sympy.Expr, ...]:
     """The index of `bound`'s value for the scores' row index `row` (the keys' index 0): its
     broadcast dims read at 0."""
-    shape = ctx.types[bound.value].shape
-    full = (*row, sympy.Integer(0))
+    return _broadcast_read(ctx.types[bound.value].shape, (*row, sympy.Integer(0)))
+
+
+def _broadcast_read(shape: Sequence[IRDim], full: tuple[sympy.Expr, ...]) -> tuple[sympy.Expr, ...]:
+    """The index of a value of `shape`, right-aligned to the scores, at the scores' index `full`: its
+    size-1 dims read at 0."""
     return tuple(sympy.Integer(0) if d == 1 else i for d, i in zip(shape, full[len(full) - len(shape) :]))
 
 
@@ -266,6 +270,7 @@ class KeyMask:
 
     terms: tuple[tuple[int, bool], ...]  # (value, the value of it that masks the key)
     fill: int  # the where's constant (a value id)
+    finite: bool  # the fill is not -inf: a row may need every key (a second pass)
 
 
 def _depends_on(ctx: KernelContext, v: int, target: int, inside: frozenset[int]) -> bool:
@@ -314,7 +319,8 @@ def key_mask(att: Attention, ctx: KernelContext) -> KeyMask | None:
             terms.append((c.id, not keep))
         elif c.op is join[0] or (c.op is join[1] and c.type.dtype is DType.BOOL):
             todo += c.inputs
-    return KeyMask(tuple(terms), n.inputs[fills[0]]) if terms else None
+    fill = n.inputs[fills[0]]
+    return KeyMask(tuple(terms), fill, not _minus_inf(ctx, fill)) if terms else None
 
 
 def _fill(ctx: KernelContext, v: int) -> bool:
@@ -334,6 +340,4 @@ def _fill(ctx: KernelContext, v: int) -> bool:
 def mask_index(ctx: KernelContext, term: int, lead: Sequence[sympy.Expr], key: sympy.Expr) -> tuple[sympy.Expr, ...]:
     """The index of key mask term `term` for the scores' leading index `lead` and key `key`: its
     broadcast dims (the query rows among them) read at 0."""
-    shape = ctx.types[term].shape
-    full = (*lead, sympy.Integer(0), key)
-    return tuple(sympy.Integer(0) if d == 1 else i for d, i in zip(shape, full[len(full) - len(shape) :]))
+    return _broadcast_read(ctx.types[term].shape, (*lead, sympy.Integer(0), key))

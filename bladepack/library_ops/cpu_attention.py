@@ -62,7 +62,6 @@ from bladepack.codegen.c_render import CTYPE, Loop
 from bladepack.codegen.emitter import Emitter
 from bladepack.codegen.kernel import KernelContext
 from bladepack.ir.fusion_plan import Attention
-from bladepack.ir.ops import ConstantAttrs
 from bladepack.ir.types import IRDim
 from bladepack.ir.views import View, simplify
 from bladepack.library_ops.attention_operands import (
@@ -126,11 +125,6 @@ def _value_chunk(registers: int, vector: int, most: int, group: int, itemsize: i
     return min(max(min(registers // group, most), 1) * (vector // itemsize), dv)
 
 
-def _constant(ctx: KernelContext, v: int) -> object:
-    a = ctx.nodes[v].attrs
-    return a.value if isinstance(a, ConstantAttrs) else None
-
-
 def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
     ctx = em.ctx
     out_t = ctx.types[att.out]
@@ -151,7 +145,7 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
     mask = key_mask(att, ctx)
     # a fill of -inf adds exp(-inf) = 0 for every skipped key: one pass; another fill, a second where a
     # row's maximum leaves it above 0
-    second_pass = mask is not None and _constant(ctx, mask.fill) != float("-inf")
+    second_pass = mask is not None and mask.finite
 
     def body(outer: tuple[Loop, ...]) -> None:
         syms, blk = outer[:-1], outer[-1]
@@ -437,9 +431,10 @@ def _kernel(em: Emitter, att: Attention, blocked: bool, qb: int) -> None:
             # stack. The AVX2 library takes six rows at a time from head dims of 32 (AVX2_WIDE_HEAD):
             # 6 x 16 keys, and 6 x 16 output columns (Note [Value chunks per ISA]), twelve accumulators,
             # BLIS's and MLAS's Haswell tile; a padded batch at head dim 64, x86-64-v3, 1.07-1.12x over
-            # four rows (1.00-1.09x at head dim 32). Four below: the encoder sample's head of 16 measured 0.93-0.96x at six rows
-            # (its products' 16 steps too short for the tile's setup). The rows' state (m_, l_, acc_)
-            # has a slot for each row the last group computes past the block (never stored).
+            # four rows (1.00-1.09x at head dim 32). Four below: the encoder sample's head of 16
+            # measured 0.93-0.96x at six rows (its products' 16 steps too short for the tile's setup).
+            # The rows' state (m_, l_, acc_) has a slot for each row the last group computes past the
+            # block (never stored).
             em.branch("#if defined(__AVX2__) && !defined(__AVX512F__)", lambda: groups(avx2_group))
             em.branch("#else", lambda: groups(group))
             em.line("#endif")
