@@ -16,6 +16,7 @@ behaviour that only real hardware has (memory ordering between warps, the driver
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import pickle
@@ -30,8 +31,16 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bladepack.options import CompileOptions
+
 ROOT = Path(__file__).resolve().parent.parent
 FAKE = ROOT / "tests" / "fake_cuda"
+
+
+@functools.cache
+def _gxx_version() -> str:
+    return subprocess.run(["g++", "--version"], capture_output=True, text=True, check=True).stdout
+
 
 _SCRIPT = r"""
 import pickle, sys, numpy as np, bladepack
@@ -193,19 +202,24 @@ class FakeGpu:
             )
 
     def emulation(self, source: str) -> Path:
-        """The host build of a CUDA translation unit (cached by content)."""
-        key = hashlib.sha256(source.encode() + (FAKE / "cuda_emulation.h").read_bytes()).hexdigest()[:16]
-        lib = self.root / f"emu-{key}.so"
-        if not lib.exists():
-            src = self.root / f"emu-{key}.cu"
-            src.write_text(source)
-            r = subprocess.run(
-                ["g++", "-std=c++17", "-O1", "-DBPK_EMULATE", f"-I{FAKE}", "-x", "c++", "-shared", "-fPIC"]
-                + [str(src), "-o", str(lib)],
-                capture_output=True,
-                text=True,
-            )
-            assert r.returncode == 0, f"exit {r.returncode}: {r.stderr[-4000:]}{r.stdout[-2000:]}"
+        """The host build of a CUDA translation unit, kept by content (the source, the emulation header,
+        the command and the compiler's version) in the kernel cache's cuda-emulation/, so test modules
+        and runs that emulate the same kernels build them once."""
+        cmd = ["g++", "-std=c++17", "-O1", "-U_FORTIFY_SOURCE", "-DBPK_EMULATE", f"-I{FAKE}", "-x", "c++"]
+        key = hashlib.sha256(
+            "\0".join([source, (FAKE / "cuda_emulation.h").read_text(), " ".join(cmd[1:]), _gxx_version()]).encode()
+        ).hexdigest()[:24]
+        cache = CompileOptions.from_env().cache_dir / "cuda-emulation"
+        lib = cache / f"emu-{key}.so"
+        if lib.exists():
+            return lib
+        cache.mkdir(parents=True, exist_ok=True)
+        src = self.root / f"emu-{key}.cu"
+        src.write_text(source)
+        tmp = self.root / f"emu-{key}.so"
+        r = subprocess.run([*cmd, "-shared", "-fPIC", str(src), "-o", str(tmp)], capture_output=True, text=True)
+        assert r.returncode == 0, f"exit {r.returncode}: {r.stderr[-4000:]}{r.stdout[-2000:]}"
+        os.replace(shutil.copy(tmp, cache / f".{key}.{os.getpid()}.tmp"), lib)  # whole, whoever finishes first
         return lib
 
     def run(

@@ -3,10 +3,14 @@
 // without a GPU). Included by codegen/cuda_runtime.cuh when BPK_EMULATE is defined.
 //
 // Blocks run one after another. A kernel without barriers runs its threads as plain calls; a
-// cooperative kernel (warp shuffles, __syncthreads) runs each thread of the block as a fiber
-// (ucontext) and a small scheduler releases a warp barrier when every live thread of the warp reached
-// it, a block barrier when every live thread of the block did; a barrier that can never be released
-// (divergent barriers: a kernel bug) aborts with a message. `__shared__` variables are `static`, which
+// cooperative kernel (warp shuffles, __syncthreads) runs each thread of the block as a fiber and a
+// small scheduler releases a warp barrier when every live thread of the warp reached it, a block
+// barrier when every live thread of the block did; a barrier that can never be released (divergent
+// barriers: a kernel bug) aborts with a message. Fibers are made once per block size (makecontext) and
+// run block after block; they switch with _setjmp / _longjmp, which keep the signal mask where
+// swapcontext makes a system call per switch (an encoder's cooperative kernels switch millions of
+// times), so the emulation is compiled with -U_FORTIFY_SOURCE (its longjmp check refuses a jump to
+// another stack). `__shared__` variables are `static`, which
 // is exact because one block runs at a time. float16 is _Float16 (IEEE binary16, round to nearest
 // even); bfloat16 is 16 bits with round-to-nearest-even conversion.
 #pragma once
@@ -15,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <setjmp.h>
 #include <ucontext.h>
 
 #include <cmath>
@@ -29,6 +34,10 @@
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) alignas(n)
+
+#if defined(_FORTIFY_SOURCE) && _FORTIFY_SOURCE > 0
+#error "compile the CUDA emulation with -U_FORTIFY_SOURCE: its fibers switch stacks with _longjmp"
+#endif
 
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
@@ -82,7 +91,9 @@ namespace bpk_emu {
 enum State { kReady, kWarpWait, kBlockWait, kDone };
 
 struct Fiber {
-  ucontext_t ctx;
+  ucontext_t ctx;  // where a new fiber starts
+  jmp_buf at;  // where it waits
+  bool started;
   State state;
   unsigned tid;
   unsigned char slot[8];  // this thread's value in the current shuffle
@@ -90,6 +101,7 @@ struct Fiber {
 };
 
 inline ucontext_t g_main;
+inline jmp_buf g_main_at;
 inline std::vector<Fiber> g_fibers;
 inline std::vector<char> g_stacks;
 inline std::vector<unsigned char> g_dynamic;
@@ -109,13 +121,17 @@ inline void wait(State s) {
     fprintf(stderr, "cuda emulation: a barrier in a kernel marked non-cooperative\n");
     abort();
   }
-  g_fibers[size_t(g_cur)].state = s;
-  swapcontext(&g_fibers[size_t(g_cur)].ctx, &g_main);
+  Fiber& f = g_fibers[size_t(g_cur)];
+  f.state = s;
+  if (_setjmp(f.at) == 0) _longjmp(g_main_at, 1);
 }
 
+// a fiber runs the kernel once per block: after a block it waits as done until the next one
 inline void fiber_main() {
-  g_entry(g_words);
-  g_fibers[size_t(g_cur)].state = kDone;
+  for (;;) {
+    g_entry(g_words);
+    wait(kDone);
+  }
 }
 
 template <class T>
@@ -184,18 +200,20 @@ inline void run_block(unsigned n, bool coop) {
     }
     return;
   }
-  g_fibers.assign(n, Fiber{});
-  if (g_stacks.size() < n * kStack) g_stacks.resize(n * kStack);
-  for (unsigned t = 0; t < n; ++t) {
-    Fiber& f = g_fibers[t];
-    f.tid = t;
-    f.state = kReady;
-    getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = g_stacks.data() + size_t(t) * kStack;
-    f.ctx.uc_stack.ss_size = kStack;
-    f.ctx.uc_link = &g_main;
-    makecontext(&f.ctx, fiber_main, 0);
+  if (g_fibers.size() != n) {  // fibers for this block size (a parked fiber's stack is simply reused)
+    g_fibers.assign(n, Fiber{});
+    if (g_stacks.size() < n * kStack) g_stacks.resize(n * kStack);
+    for (unsigned t = 0; t < n; ++t) {
+      Fiber& f = g_fibers[t];
+      f.tid = t;
+      getcontext(&f.ctx);
+      f.ctx.uc_stack.ss_sp = g_stacks.data() + size_t(t) * kStack;
+      f.ctx.uc_stack.ss_size = kStack;
+      f.ctx.uc_link = nullptr;  // fiber_main never returns
+      makecontext(&f.ctx, fiber_main, 0);
+    }
   }
+  for (Fiber& f : g_fibers) f.state = kReady;
   const unsigned warps = (n + 31) / 32;
   for (;;) {
     bool ran = false;
@@ -203,7 +221,12 @@ inline void run_block(unsigned n, bool coop) {
       if (g_fibers[t].state != kReady) continue;
       g_cur = int(t);
       set_thread(t);
-      swapcontext(&g_main, &g_fibers[t].ctx);
+      Fiber& f = g_fibers[t];
+      if (_setjmp(g_main_at) == 0) {
+        if (f.started) _longjmp(f.at, 1);
+        f.started = true;
+        swapcontext(&g_main, &f.ctx);  // the fiber's first run; it comes back through g_main_at
+      }
       ran = true;
     }
     g_cur = -1;
