@@ -74,6 +74,10 @@ EDITS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
         lambda m: m["native_cpu"]["buffers"][0].__setitem__("offset", 1 << 40),
         r"arena buffer %\d+ \(\d+ bytes at 1099511627776\) does not fit",
     ),
+    "buffer without a shape": (
+        lambda m: m["native_cpu"]["buffers"][0].pop("shape"),
+        r"arena buffer %\d+ has shape None; a list is required",
+    ),
     "outputs [0]": (_set(NATIVE, "outputs", [0]), "output 0 is written to slot 0"),
     "kernel -1": (_set(_kernel, "k", -1), "runs kernel -1"),
     "unknown launch op": (_set(_kernel, "op", "syscall"), "has op 'syscall'"),

@@ -190,7 +190,11 @@ def _check_plan(m: Manifest, kind: str, n_functions: int | None) -> None:
             raise _fail(m, f"an arena buffer has id {_short(b.get('id'))}")
         if not isinstance(b.get("dtype"), str) or b["dtype"] not in BYTE_SIZES:
             raise _fail(m, f"arena buffer %{_short(b.get('id'))} has dtype {_short(b.get('dtype'))}")
-        for d in b.get("shape", []):
+        if not isinstance(b.get("shape"), list):
+            raise _fail(
+                m, f"arena buffer %{_short(b.get('id'))} has shape {_short(b.get('shape'))}; a list is required"
+            )
+        for d in b["shape"]:
             symint(d, f"arena buffer %{_short(b.get('id'))}'s shape")
         symint(b.get("offset"), f"arena buffer %{_short(b.get('id'))}'s offset")
     symint(plan.get("arena_bytes"), "the arena size")
