@@ -79,10 +79,22 @@ def _target_flags(target: str) -> list[str]:
     return ["-cubin", f"-gencode=arch=compute_{target[3:]},code={target}"]
 
 
-def nvcc_cached(nvcc: str, version: str, flags: Sequence[str], source: str, path_stem: Path, what: str) -> bytes:
+def nvcc_cached(
+    nvcc: str,
+    version: str,
+    flags: Sequence[str],
+    source: str,
+    path_stem: Path,
+    what: str,
+    key_flags: Sequence[str] | None = None,
+) -> bytes:
     """nvcc `flags` on `source`, cached at `path_stem`/<sha256 of version, flags, source>.<suffix of the
-    stem's name>; ToolchainError with nvcc's message (naming `what`) when it fails."""
-    key = hashlib.sha256("\0".join([version, *flags, source]).encode()).hexdigest()
+    stem's name>; ToolchainError with nvcc's message (naming `what`) when it fails. `key_flags` stand for
+    `flags` in the key where those name paths whose contents the key holds otherwise (the CUTLASS
+    headers' -I directories, by a digest of their files)."""
+    key = hashlib.sha256(
+        "\0".join([version, *(flags if key_flags is None else key_flags), source]).encode()
+    ).hexdigest()
 
     def build() -> bytes:
         with tempfile.TemporaryDirectory() as d:
