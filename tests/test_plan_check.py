@@ -78,6 +78,11 @@ EDITS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
         lambda m: m["native_cpu"]["buffers"][0].pop("shape"),
         r"arena buffer %\d+ has shape None; a list is required",
     ),
+    "nameless kernel": (lambda m: m["kernels"][0].pop("name"), "kernel 0 has name None; a string is required"),
+    "output names an input": (
+        lambda m: m["outputs"][0].__setitem__("id", m["inputs"][0]["id"]),
+        r"output 0 is written to slot 2 but is %\d+, no value of the plan",
+    ),
     "outputs [0]": (_set(NATIVE, "outputs", [0]), "output 0 is written to slot 0"),
     "kernel -1": (_set(_kernel, "k", -1), "runs kernel -1"),
     "unknown launch op": (_set(_kernel, "op", "syscall"), "has op 'syscall'"),

@@ -102,8 +102,12 @@ def _check_plan(m: Manifest, kind: str, n_functions: int | None) -> None:
     for k, slot in enumerate(outs):
         if not _is_int(slot) or slot not in (-1, 1 + n_in + k):
             raise _fail(m, f"output {k} is written to slot {_short(slot)}; allowed: -1 or {1 + n_in + k}")
+        if slot != -1 and m.outputs[k] not in m.values:
+            raise _fail(m, f"output {k} is written to slot {slot} but is %{_short(m.outputs[k])}, no value of the plan")
     kernels = m.kernels[kind]
     for k, row in enumerate(kernels):
+        if not isinstance(row.get("name"), str):
+            raise _fail(m, f"kernel {k} has name {_short(row.get('name'))}; a string is required")
         variants = row.get("variants")
         if not isinstance(variants, list) or not variants:
             raise _fail(m, f"kernel {k} has no variants")
