@@ -23,7 +23,7 @@ import bladepack
 from bladepack.api import Artifact
 from bladepack.artifact.reference_cases import compare, covered, generate
 from bladepack.cli import main as cli
-from bladepack.errors import BpkFormatError, CompileError
+from bladepack.errors import BpkFormatError, CompileError, ExecutionError
 from bladepack.loader.verify import report_text, verdict_line
 from bladepack.options import CompileOptions, LoaderOptions
 from samples.registry import SAMPLES
@@ -272,6 +272,12 @@ def test_records_without_cases_and_malformed_records(
             r.stdout,
             r.stderr,
         )
+    # an unbounded symbol recorded at 2^40: the inputs cannot be made, which is an error, not a crash
+    huge = with_manifest(
+        artifacts["encoder"], lambda m: m["reference_cases"]["cases"][0]["dims"].__setitem__("batch", 2**40)
+    )
+    with pytest.raises(ExecutionError, match=r"cannot allocate a reference input of shape \[1099511627776, "):
+        bladepack.load(huge).verify()
     plain_path = tmp_path / "plain.bpk"
     plain.save(plain_path)
     r = bpk_run(release, str(plain_path), "--verify")
@@ -387,13 +393,21 @@ def test_verdict_tolerance_follows_the_precision_an_output_is_computed_in(releas
     # a record without the list (format 1.4 before it) judges by each output's dtype
     bare = with_manifest(art, lambda m: m["reference_cases"].pop("tolerance"))
     assert [o["tolerance"] for o in bladepack.load(bare).verify()["cases"][0]["outputs"]] == [1e-9, 0.0, 1e-9, 1e-9]
-    for k, bad in enumerate(([1e-4], [1e-4, 0.0, "x", 1e-4], [1e-4, 0.0, 2.0, 1e-4], [1e-4, 0.0, True, 1e-4])):
+    nested: Any = 1.0
+    for _ in range(1000):  # printed bounded (a repr of it recursed too deeply); bpk-run refuses the depth itself
+        nested = [nested]
+    for k, bad in enumerate(
+        ([1e-4], [1e-4, 0.0, "x", 1e-4], [1e-4, 0.0, 2.0, 1e-4], [1e-4, 0.0, True, 1e-4], [1e-4, 0.0, nested, 1e-4])
+    ):
         broken = with_manifest(art, lambda m, bad=bad: m["reference_cases"].__setitem__("tolerance", bad))
         with pytest.raises(BpkFormatError, match="malformed manifest: reference_cases .*tolerance"):
             bladepack.load(broken).verify()
         (tmp_path / f"broken{k}.bpk").write_bytes(broken)
         r = bpk_run(release, str(tmp_path / f"broken{k}.bpk"), "--verify")
-        assert r.returncode != 0 and "malformed manifest: reference_cases" in r.stderr + r.stdout, (bad, r.stderr)
+        cpp_says = (
+            "manifest is not valid msgpack (depth size overflow)" if k == 4 else "malformed manifest: reference_cases"
+        )
+        assert r.returncode != 0 and cpp_says in r.stderr + r.stdout, (bad, r.stderr)
 
 
 def test_coverage_items_of_cutlass_dispatch_and_guarded_launches() -> None:

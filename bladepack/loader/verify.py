@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from bladepack.artifact.reference_cases import TOLERANCE, compare, covered, generate
-from bladepack.errors import BladepackError, BpkFormatError
+from bladepack.errors import BladepackError, BpkFormatError, ExecutionError
 from bladepack.loader.manifest import Manifest, host_dtype
 
 
@@ -64,7 +64,7 @@ def _case_shapes(c: dict[str, Any], dims: dict[str, int], raw: dict[str, Any]) -
             size = int(d) if not isinstance(d, str) else dims.get(d)
             if size is None:
                 if given is None:
-                    raise ValueError(f"input {k} dimension {axis} is {d!r}, and the case records no shapes")
+                    raise ValueError(f"input {k} dimension {axis} is {reprlib.repr(d)}, and the case records no shapes")
                 size = int(given[k][axis])
             elif given is not None and int(given[k][axis]) != size:
                 raise ValueError(f"a case's shapes give input {k} dimension {axis} as {given[k][axis]}, not {size}")
@@ -89,18 +89,21 @@ def _case(c: dict[str, Any], raw: dict[str, Any], m: Manifest, section: Callable
         dt = host_dtype(t["dtype"])
         if dt is None:
             raise ValueError("a bfloat16 input")
-        inputs.append(generate(rec, shape, dt))
+        try:
+            inputs.append(generate(rec, shape, dt))
+        except MemoryError:  # an unbounded symbol recorded at a size no machine holds
+            raise ExecutionError(f"{m.source}: cannot allocate a reference input of shape {shape}") from None
     outputs = []
     for k, o in enumerate(c["outputs"]):
         dt = host_dtype(o["dtype"])
         if dt is None or o["dtype"] != raw["outputs"][k]["dtype"]:
-            raise ValueError(f"output {k}'s dtype {o['dtype']!r}")
+            raise ValueError(f"output {k}'s dtype {reprlib.repr(o['dtype'])}")
         view = section(o["section"])
         shape = [int(d) for d in o["shape"]]
         count = int(np.prod(shape, dtype=np.int64))
         if view.nbytes != count * dt.itemsize:
             raise ValueError(
-                f"section {o['section']!r} has {view.nbytes} bytes, its shape {shape} needs {count * dt.itemsize}"
+                f"section {reprlib.repr(o['section'])} has {view.nbytes} bytes, its shape {shape} needs {count * dt.itemsize}"
             )
         outputs.append(np.frombuffer(view, dtype=dt.newbyteorder("<"), count=count).reshape(shape))
     return {"dims": dims, "inputs": inputs, "outputs": outputs, "covers": [_text(i) for i in c["covers"]]}
@@ -116,7 +119,7 @@ def _tolerances(v: Any, m: Manifest) -> list[float]:
     out = []
     for t in v:
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.0 <= float(t) < 1.0:
-            raise ValueError(f"tolerance {t!r} is not a number in [0, 1)")
+            raise ValueError(f"tolerance {reprlib.repr(t)} is not a number in [0, 1)")
         out.append(float(t))
     return out
 
