@@ -25,6 +25,7 @@ import subprocess
 from pathlib import Path
 from typing import IO
 
+from bladepack.codegen.toolchain import tree_digest
 from bladepack.options import CompileOptions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,12 +75,8 @@ def build(variant: str) -> Path:
 
 
 def _key(variant: str) -> str:
-    h = hashlib.sha256()
-    for path in sorted(p for p in SOURCE.rglob("*") if p.is_file()):
-        h.update(f"{path.relative_to(SOURCE)}\0{path.stat().st_size}\0".encode())
-        h.update(path.read_bytes())
-    h.update("\0".join([*VARIANTS[variant], *_versions()]).encode())
-    return h.hexdigest()[:20]
+    parts = [tree_digest(SOURCE), *VARIANTS[variant], *_versions()]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
 
 
 @functools.cache

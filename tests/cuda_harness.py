@@ -216,10 +216,10 @@ class FakeGpu:
         cache.mkdir(parents=True, exist_ok=True)
         src = self.root / f"emu-{key}.cu"
         src.write_text(source)
-        tmp = self.root / f"emu-{key}.so"
+        tmp = cache / f".{key}.{os.getpid()}.tmp"
         r = subprocess.run([*cmd, "-shared", "-fPIC", str(src), "-o", str(tmp)], capture_output=True, text=True)
         assert r.returncode == 0, f"exit {r.returncode}: {r.stderr[-4000:]}{r.stdout[-2000:]}"
-        os.replace(shutil.copy(tmp, cache / f".{key}.{os.getpid()}.tmp"), lib)  # whole, whoever finishes first
+        os.replace(tmp, lib)  # whole, whoever finishes first
         return lib
 
     def run(

@@ -405,7 +405,9 @@ def test_verdict_tolerance_follows_the_precision_an_output_is_computed_in(releas
         (tmp_path / f"broken{k}.bpk").write_bytes(broken)
         r = bpk_run(release, str(tmp_path / f"broken{k}.bpk"), "--verify")
         cpp_says = (
-            "manifest is not valid msgpack (depth size overflow)" if k == 4 else "malformed manifest: reference_cases"
+            "manifest is not valid msgpack (depth size overflow)"
+            if nested in bad
+            else "malformed manifest: reference_cases"
         )
         assert r.returncode != 0 and cpp_says in r.stderr + r.stdout, (bad, r.stderr)
 

@@ -14,6 +14,7 @@ asked for alone, it builds sm_90), and it is among the default targets.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from bladepack.codegen import c_render
 from bladepack.codegen.cuda_emitter import CudaKernel
-from bladepack.codegen.toolchain import ToolchainError, cached_build
+from bladepack.codegen.toolchain import ToolchainError, cached_build, tree_digest
 from bladepack.target import CUBIN_ARCHES, HOPPER_GEMM_ARCH, PTX_ARCH
 
 FLAGS = ("-std=c++17", "-O3", "--expt-relaxed-constexpr", "-DNDEBUG")
@@ -79,22 +80,22 @@ def _target_flags(target: str) -> list[str]:
     return ["-cubin", f"-gencode=arch=compute_{target[3:]},code={target}"]
 
 
-def nvcc_cached(
-    nvcc: str,
-    version: str,
-    flags: Sequence[str],
-    source: str,
-    path_stem: Path,
-    what: str,
-    key_flags: Sequence[str] | None = None,
-) -> bytes:
-    """nvcc `flags` on `source`, cached at `path_stem`/<sha256 of version, flags, source>.<suffix of the
-    stem's name>; ToolchainError with nvcc's message (naming `what`) when it fails. `key_flags` stand for
-    `flags` in the key where those name paths whose contents the key holds otherwise (the CUTLASS
-    headers' -I directories, by a digest of their files)."""
-    key = hashlib.sha256(
-        "\0".join([version, *(flags if key_flags is None else key_flags), source]).encode()
-    ).hexdigest()
+# Note [Include directories in keys]: an nvcc unit's cache key holds a digest of each -I directory's
+# files instead of its path. The CUTLASS headers' path names the Python environment their wheel is in,
+# so keyed by path a clean clone with an environment of its own (CI's) compiled every GEMM again; by
+# content it finds the kernels another one built. Hashing the wheel's two directories (871 files,
+# 27 MB) takes about 0.2 s, once per process.
+@functools.cache
+def _include_digest(directory: str) -> str:
+    return tree_digest(Path(directory))
+
+
+def nvcc_cached(nvcc: str, version: str, flags: Sequence[str], source: str, path_stem: Path, what: str) -> bytes:
+    """nvcc `flags` on `source`, cached at `path_stem`/<sha256 of version, flags (each -I directory by
+    its files: Note [Include directories in keys]), source>.<suffix of the stem's name>; ToolchainError
+    with nvcc's message (naming `what`) when it fails."""
+    keyed = [f"-I {_include_digest(f[2:])}" if f.startswith("-I") else f for f in flags]
+    key = hashlib.sha256("\0".join([version, *keyed, source]).encode()).hexdigest()
 
     def build() -> bytes:
         with tempfile.TemporaryDirectory() as d:

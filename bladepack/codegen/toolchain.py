@@ -158,6 +158,16 @@ def _digest(*parts: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
+def tree_digest(directory: Path) -> str:
+    """A digest of every file under `directory`: its path relative to it, its size and its contents
+    (what a cache key holds instead of the directory's path: Note [Include directories in keys])."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in directory.rglob("*") if p.is_file()):
+        h.update(f"{f.relative_to(directory)}\0{f.stat().st_size}\0".encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
 def _compile_one(cxx: str, version: str, isa: IsaLevel, source: str, cache: Path) -> CompiledLibrary:
     """The library as one translation unit (a source without `library_source`'s unit markers)."""
     flags = [*BASE_FLAGS, *isa.flags]

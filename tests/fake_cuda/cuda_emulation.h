@@ -200,7 +200,7 @@ inline void run_block(unsigned n, bool coop) {
     }
     return;
   }
-  if (g_fibers.size() != n) {  // fibers for this block size (a parked fiber's stack is simply reused)
+  if (g_fibers.size() != n) {  // new fibers for a new block size; the old ones, all done, are dropped
     g_fibers.assign(n, Fiber{});
     if (g_stacks.size() < n * kStack) g_stacks.resize(n * kStack);
     for (unsigned t = 0; t < n; ++t) {

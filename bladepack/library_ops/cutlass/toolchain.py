@@ -5,8 +5,8 @@ cubins plus compute_90 PTX for sm80 configs, one sm_90a cubin for sm90 ones (Not
 in library_ops/cutlass/configs.py) — and the
 packer shared library (Note [GEMM packer]; x86-64 Linux, libstdc++ and the CUDA runtime linked
 statically, so it needs nothing at run time beyond glibc). Every output is cached under
-<cache>/cutlass/<sha256 of nvcc version, flags, the headers and source> (Note [CUTLASS cache keys]); a
-warm optimize compiles nothing. At most
+<cache>/cutlass/<sha256 of nvcc version, flags and source> (the headers by content: Note [Include
+directories in keys] in codegen/cuda_toolchain.py); a warm optimize compiles nothing. At most
 `jobs` nvcc processes run at once (CompileOptions.nvcc_jobs, default 2: an sm_80 + sm_90 GEMM unit
 takes ~7 s and ~0.7 GB, an sm_90a one ~30 s and ~3.3 GB).
 
@@ -16,8 +16,6 @@ CUTLASS checkout (CompileOptions.cutlass_path, CUTLASS_PATH); neither is needed 
 
 from __future__ import annotations
 
-import functools
-import hashlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -60,22 +58,6 @@ def cutlass_include(root: str | None = None) -> list[str]:
     return [f"-I{inc}", f"-I{src / 'tools' / 'util' / 'include'}"]
 
 
-# Note [CUTLASS cache keys]: a unit's cache key holds a digest of the CUTLASS headers' files (paths
-# relative to their -I directory, and contents) instead of the -I flags, whose paths name the Python
-# environment the wheel is in: a clean clone with its own environment (CI's) finds the kernels another
-# one built. Hashing the wheel's 871 headers (27 MB) takes about 0.2 s, once per process and directory.
-@functools.cache
-def headers_digest(dirs: tuple[str, ...]) -> str:
-    """A digest of every file under `dirs` (its path relative to its directory, its size and contents)."""
-    h = hashlib.sha256()
-    for d in map(Path, dirs):
-        for f in sorted(p for p in d.rglob("*") if p.is_file()):
-            h.update(f"{f.relative_to(d)}\0{f.stat().st_size}\0".encode())
-            h.update(f.read_bytes())
-        h.update(b"\1")
-    return h.hexdigest()[:32]
-
-
 def build_gemms(
     instances: Sequence[GemmInstance],
     cache: Path,
@@ -88,19 +70,18 @@ def build_gemms(
     nvcc = nvcc or find_nvcc()
     version = nvcc_version(nvcc)
     inc = cutlass_include(cutlass_path)
-    headers = f"CUTLASS headers {headers_digest(tuple(f[2:] for f in inc))}"  # Note [CUTLASS cache keys]
+    kflags = [*FLAGS, *inc, "-fatbin"]
+    pflags = [*FLAGS, *inc, *PACKER_FLAGS]
+    out = cache / "cutlass"
     ordered = sorted(instances, key=lambda i: not i.hopper)  # the long sm_90a units first, then the packer
     units = [
-        (i.name, [*FLAGS, "-fatbin", *(HOPPER_TARGETS if i.hopper else KERNEL_TARGETS)], kernel_source(i), "fatbin")
+        (i.name, [*kflags, *(HOPPER_TARGETS if i.hopper else KERNEL_TARGETS)], kernel_source(i), out / "fatbin")
         for i in ordered
     ]
-    packer = ("the GEMM packer", [*FLAGS, *PACKER_FLAGS], packer_source(instances), "so")
+    packer = ("the GEMM packer", pflags, packer_source(instances), out / "so")
     units.insert(sum(i.hopper for i in instances), packer)
-
-    def compile_unit(u: tuple[str, list[str], str, str]) -> bytes:
-        name, flags, source, suffix = u
-        return nvcc_cached(nvcc, version, [*flags, *inc], source, cache / "cutlass" / suffix, name, [*flags, headers])
-
     with ThreadPoolExecutor(jobs) as pool:
-        built = dict(zip((u[0] for u in units), pool.map(compile_unit, units)))
+        built = dict(
+            zip((u[0] for u in units), pool.map(lambda u: nvcc_cached(nvcc, version, u[1], u[2], u[3], u[0]), units))
+        )
     return {i.name: built[i.name] for i in instances}, built[packer[0]]
