@@ -24,7 +24,7 @@ from bladepack.api import Artifact
 from bladepack.artifact.reference_cases import compare, covered, generate
 from bladepack.cli import main as cli
 from bladepack.errors import BpkFormatError, CompileError, ExecutionError
-from bladepack.loader.verify import report_text, verdict_line
+from bladepack.loader.verify import machine_bytes, report_text, verdict_line
 from bladepack.options import CompileOptions, LoaderOptions
 from samples.registry import SAMPLES
 from tests.helpers import reachable_items, with_manifest
@@ -278,6 +278,23 @@ def test_records_without_cases_and_malformed_records(
     )
     with pytest.raises(ExecutionError, match=r"cannot allocate a reference input of shape \[1099511627776, "):
         bladepack.load(huge).verify()
+
+    # Note [Reference input sizes]: inputs a little over the machine's memory, which an overcommitting
+    # allocator would hand out, are refused before any is made, in both loaders
+    def just_over(m: dict[str, Any]) -> None:
+        dims = m["reference_cases"]["cases"][0]["dims"]
+        per_batch = sum(
+            int(np.prod([1 if d == "batch" else dims.get(d, d) for d in t["shape"]])) * np.dtype(t["dtype"]).itemsize
+            for t in m["inputs"]
+        )
+        dims["batch"] = machine_bytes() // per_batch + 1
+
+    over = with_manifest(artifacts["encoder"], just_over)
+    with pytest.raises(ExecutionError, match="more than this machine's .* bytes of memory"):
+        bladepack.load(over).verify()
+    path.write_bytes(over)
+    r = bpk_run(release, str(path), "--verify")
+    assert r.returncode != 0 and "more than this machine's" in r.stderr, (r.stdout, r.stderr)
     plain_path = tmp_path / "plain.bpk"
     plain.save(plain_path)
     r = bpk_run(release, str(plain_path), "--verify")

@@ -40,32 +40,51 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
+GENERATE_CHUNK = 1 << 20  # elements generated at a time: float64 temporaries of 8 MiB each
+
+
 def generate(record: dict[str, Any], shape: Sequence[int], dtype: np.dtype) -> np.ndarray:
     """A seeded input (Note [Reference cases]): {"seed", "uniform": [lo, hi]} / {"integers": [lo, hi]}
-    / {"choice": [values]}. Raises ValueError for a record that is none of these."""
+    / {"choice": [values]}. Raises ValueError for a record that is none of these. Made GENERATE_CHUNK
+    elements at a time, so what it needs beyond the result is a few MiB whatever the input's size."""
     n = int(np.prod(shape, dtype=np.int64))
-    with np.errstate(over="ignore"):
-        u = _splitmix64(np.uint64(int(record["seed"]) % 2**64) + np.arange(n, dtype=np.uint64))
+    seed = np.uint64(int(record["seed"]) % 2**64)
     if "uniform" in record:
         if dtype.kind != "f":
             raise ValueError(f"uniform values for a {dtype} input")
         lo, hi = (float(v) for v in record["uniform"])
-        f = (u >> np.uint64(11)).astype(np.float64) * 2.0**-53
-        return (lo + (hi - lo) * f).astype(dtype).reshape(shape)
-    if "integers" in record:
+
+        def values(u: np.ndarray) -> np.ndarray:
+            return lo + (hi - lo) * ((u >> np.uint64(11)).astype(np.float64) * 2.0**-53)
+
+    elif "integers" in record:
         if dtype.kind == "f":
             raise ValueError(f"integers for a {dtype} input")
-        lo, hi = (int(v) for v in record["integers"])
-        if hi < lo:
-            raise ValueError(f"integers range [{lo}, {hi}] is empty")
-        span = np.uint64(hi - lo + 1)
-        return ((u % span).astype(np.int64) + lo).astype(dtype).reshape(shape)
-    if "choice" in record:
-        values = np.asarray(record["choice"])
-        if values.size == 0 or values.ndim != 1:
+        lo_i, hi_i = (int(v) for v in record["integers"])
+        if hi_i < lo_i:
+            raise ValueError(f"integers range [{lo_i}, {hi_i}] is empty")
+        span = np.uint64(hi_i - lo_i + 1)
+
+        def values(u: np.ndarray) -> np.ndarray:
+            return (u % span).astype(np.int64) + lo_i
+
+    elif "choice" in record:
+        choices = np.asarray(record["choice"])
+        if choices.size == 0 or choices.ndim != 1:
             raise ValueError("choice needs a list of values")
-        return values[(u % np.uint64(values.size)).astype(np.int64)].astype(dtype).reshape(shape)
-    raise ValueError(f"a seeded input needs uniform, integers or choice, got keys {sorted(record)}")
+
+        def values(u: np.ndarray) -> np.ndarray:
+            return choices[(u % np.uint64(choices.size)).astype(np.int64)]
+
+    else:
+        raise ValueError(f"a seeded input needs uniform, integers or choice, got keys {sorted(record)}")
+    out = np.empty(n, dtype=dtype)
+    for i in range(0, n, GENERATE_CHUNK):
+        count = min(GENERATE_CHUNK, n - i)
+        with np.errstate(over="ignore"):
+            u = _splitmix64(seed + np.uint64(i) + np.arange(count, dtype=np.uint64))
+        out[i : i + count] = values(u).astype(dtype)
+    return out.reshape(shape)
 
 
 def computed_in(m: dict[str, Any]) -> list[float]:

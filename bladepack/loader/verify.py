@@ -10,6 +10,7 @@ A malformed record is a BpkFormatError; an error while running a case fails that
 
 from __future__ import annotations
 
+import os
 import reprlib
 from collections.abc import Callable
 from typing import Any
@@ -84,14 +85,25 @@ def _case(c: dict[str, Any], raw: dict[str, Any], m: Manifest, section: Callable
     shapes = _case_shapes(c, dims, raw)
     if len(c["inputs"]) != len(names) or len(c["outputs"]) != len(m.outputs):
         raise ValueError("a case's inputs or outputs do not match the signature")
-    inputs = []
-    for rec, shape, t in zip(c["inputs"], shapes, raw["inputs"]):
+    types = []
+    for t in raw["inputs"]:
         dt = host_dtype(t["dtype"])
         if dt is None:
             raise ValueError("a bfloat16 input")
+        types.append(dt)
+    # Note [Reference input sizes]: an unbounded symbol recorded at a size no machine holds
+    need = sum(_count(shape) * dt.itemsize for shape, dt in zip(shapes, types))
+    have = machine_bytes()
+    if have is not None and need > have:
+        raise ExecutionError(
+            f"{m.source}: cannot allocate a reference input of shape {max(shapes, key=_count)}: "
+            f"the case's inputs need {need} bytes, more than this machine's {have} bytes of memory"
+        )
+    inputs = []
+    for rec, shape, dt in zip(c["inputs"], shapes, types):
         try:
             inputs.append(generate(rec, shape, dt))
-        except MemoryError:  # an unbounded symbol recorded at a size no machine holds
+        except MemoryError:
             raise ExecutionError(f"{m.source}: cannot allocate a reference input of shape {shape}") from None
     outputs = []
     for k, o in enumerate(c["outputs"]):
@@ -107,6 +119,24 @@ def _case(c: dict[str, Any], raw: dict[str, Any], m: Manifest, section: Callable
             )
         outputs.append(np.frombuffer(view, dtype=dt.newbyteorder("<"), count=count).reshape(shape))
     return {"dims": dims, "inputs": inputs, "outputs": outputs, "covers": [_text(i) for i in c["covers"]]}
+
+
+def machine_bytes() -> int | None:
+    """The machine's physical memory in bytes, None where the platform does not say.
+
+    Note [Reference input sizes]: a case's inputs are made from its dims, and a symbol without an upper
+    bound can be recorded (or edited) at any size. Inputs that need more than the machine's memory are
+    refused before any is made: with memory overcommit such an allocation can succeed and the machine
+    then swaps or kills the process while the generator fills it. bpk-run checks the same bound."""
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+    return pages * size if pages > 0 and size > 0 else None
+
+
+def _count(shape: list[int]) -> int:
+    return int(np.prod(shape, dtype=object))
 
 
 def _tolerances(v: Any, m: Manifest) -> list[float]:

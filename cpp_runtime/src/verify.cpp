@@ -13,6 +13,8 @@
 #include <memory>
 #include <set>
 
+#include <unistd.h>
+
 #include "dtype.h"
 #include "errors.h"
 #include "model.h"
@@ -22,6 +24,13 @@ namespace bpk {
 namespace {
 
 using Obj = msgpack::object;
+
+// The machine's physical memory in bytes, 0 where sysconf does not say.
+size_t machine_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || size <= 0) return 0;
+  return size_t(pages) > SIZE_MAX / size_t(size) ? SIZE_MAX : size_t(pages) * size_t(size);
+}
 
 [[noreturn]] void malformed(const std::string& what) {
   fail(BPK_ERR_FORMAT, "malformed manifest: reference_cases (" + what + ")");
@@ -418,15 +427,26 @@ bool Model::verify(std::string& report) const {
     std::vector<bpk_tensor> in(m_.inputs.size()), out(m_.outputs.size());
     std::vector<std::unique_ptr<void, void (*)(void*)>> owned;
     try {
+      // Note [Reference input sizes] in bladepack/loader/verify.py: refused before any input is made
+      std::vector<size_t> sizes(in.size());
+      size_t need = 0;
       for (size_t i = 0; i < in.size(); ++i) {
         bpk_tensor& t = in[i];
         std::memset(&t, 0, sizeof t);
         t.dtype = m_.inputs[i].dtype;
         t.ndim = int32_t(c.shapes[i].size());
+        if (t.ndim > BPK_MAX_RANK) malformed("an input shape");
         std::copy(c.shapes[i].begin(), c.shapes[i].end(), t.shape);
-        size_t bytes = 0;
-        if (t.ndim > BPK_MAX_RANK || !byte_count(t.shape, t.ndim, dtype_size(t.dtype), &bytes))
-          malformed("an input shape");
+        if (!byte_count(t.shape, t.ndim, dtype_size(t.dtype), &sizes[i])) malformed("an input shape");
+        need = need + sizes[i] < need ? SIZE_MAX : need + sizes[i];
+      }
+      const size_t have = machine_bytes();
+      if (have != 0 && need > have)
+        fail(BPK_ERR_MEMORY, "cannot allocate a reference input: the case's inputs need " + std::to_string(need) +
+                                 " bytes, more than this machine's " + std::to_string(have) + " bytes of memory");
+      for (size_t i = 0; i < in.size(); ++i) {
+        bpk_tensor& t = in[i];
+        const size_t bytes = sizes[i];
         owned.emplace_back(alloc_aligned(bytes), std::free);
         if (!owned.back()) fail(BPK_ERR_MEMORY, "cannot allocate a reference input");
         t.data = owned.back().get();
