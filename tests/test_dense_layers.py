@@ -126,13 +126,14 @@ def test_dense_layers_golden() -> None:
     assert variants == [[f"k{k}_{t}" for t in tiles] for k in (0, 1)], variants
 
 
-@pytest.mark.parametrize("k,n", [(1, 17), (3, 20), (5, 64), (600, 300), (4097, 5), (4097, 40)])
+@pytest.mark.parametrize("k,n", [(1, 17), (3, 20), (5, 64), (37, 192), (600, 300), (4097, 5), (4097, 40)])
 def test_dense_layers_edges(k: int, n: int) -> None:
     """K below the k-pair and column-tail bounds (1, 3, 5: Note [Dense k pairs], Note [Dense column
     tails]) on the dense kernel; a weight above MAX_WEIGHT_BYTES (600 x 300 float32) on its panels
-    (Note [Dense weight panels]); a K whose 64-column panel passes MAX_PANEL_BYTES (4097) in two
-    pieces when its weight is over MAX_WEIGHT_BYTES (Note [Dense K pieces]), row-major and whole when
-    not."""
+    walked by column blocks outer, one of N a multiple of 64 inside it (5 x 64, 37 x 192) on panels
+    walked by row tiles outer (Note [Dense weight panels]); a K whose 64-column panel passes
+    MAX_PANEL_BYTES (4097) in two pieces when its weight is over MAX_WEIGHT_BYTES (Note [Dense K
+    pieces]), row-major and whole when not."""
     from bladepack.passes.dense_layers import MAX_WEIGHT_BYTES
 
     torch.manual_seed(k)
@@ -142,7 +143,7 @@ def test_dense_layers_edges(k: int, n: int) -> None:
     dense = [kk for kk in m._manifest.kernels["cpu"] if kk["kind"] == "conv"]
     big = k * n * 4 > MAX_WEIGHT_BYTES
     assert len(dense) == (2 if big and k == 4097 else 1), dense
-    assert art.ir_text.count("weight_layout='panels'") == len(dense) * big
+    assert art.ir_text.count("weight_layout='panels'") == len(dense) * (big or n % 64 == 0)
     for rows in (1, 2, 4, 6, 9, 64):
         x = torch.randn(rows, k)
         with torch.no_grad():

@@ -348,14 +348,15 @@ class _Linear(torch.nn.Module):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("k,n", [(64, 256), (7, 33), (65, 100), (300, 100)])
 def test_packed_linear_layers(k: int, n: int, dtype: torch.dtype) -> None:
-    """Note [Dense layers]: linear layers read [K, 1, 1, N] copies of their weights, equal to eager from
-    1 row through every register tile to 130 rows, K and column tails included (a strided row view:
-    x[:, 0] is every other row of x)."""
+    """Note [Dense layers]: linear layers read [K, 1, 1, N] copies of their weights (column panels where N
+    is a multiple of 64: Note [Dense weight panels]), equal to eager from 1 row through every register
+    tile to 130 rows, K and column tails included (a strided row view: x[:, 0] is every other row of x)."""
     model = _Linear(k, n).to(dtype).eval()
     art = bladepack.optimize(model, [(torch.randn(2, 2, k, dtype=dtype),), (torch.randn(5, 2, k, dtype=dtype),)])
     nat = bladepack.load(art.to_bytes(), executor="native")
-    packed = {w["name"] for w in nat._manifest.weight_rows if w["name"].endswith(".dense")}
-    assert packed == {"a.weight.dense", "b.weight.dense"}
+    suffix = ".panels" if n % 64 == 0 else ".dense"
+    packed = {w["name"] for w in nat._manifest.weight_rows if w["name"].endswith((".dense", ".panels"))}
+    assert packed == {f"a.weight{suffix}", f"b.weight{suffix}"}
     tol = 1e-5 if dtype == torch.float32 else 1e-12
     for m in (1, 2, 3, 4, 5, 8, 17, 63, 64, 65, 130):
         x = torch.randn(m, 2, k, dtype=dtype, generator=torch.Generator().manual_seed(m))

@@ -16,7 +16,7 @@ from bladepack.codegen.c_render import CPU_MEMTYPE, CTYPE, Loop
 from bladepack.codegen.cpu_conv_nhwc import conv_tile_pixels, store_block
 from bladepack.codegen.emitter import Emitter
 from bladepack.ir import Node, OpKind
-from bladepack.ir.ops import CHANNEL_BLOCK, PANEL, Conv2dAttrs
+from bladepack.ir.ops import CHANNEL_BLOCK, MAX_WEIGHT_BYTES, PANEL, Conv2dAttrs
 from bladepack.ir.types import IRDim
 from bladepack.ir.views import simplify, sym_eq
 
@@ -111,6 +111,7 @@ def dense_kernel(em: Emitter, tile: int) -> None:
     k = em.ctx.types[n.inputs[1]].shape[1 if panels else 0]
     assert isinstance(nn, int) and isinstance(k, int)
     step_k = PANEL if panels else nn  # elements between W's rows k and k + 1
+    blocks_outer = panels and k * -(-nn // PANEL) * PANEL * em.ctx.types[n.inputs[1]].dtype.itemsize > MAX_WEIGHT_BYTES
     t, mt = CTYPE[n.type.dtype], CPU_MEMTYPE[n.type.dtype]
     r = em.args.ref
     s0, s1, s2, sc = (r(d) for d in xv.strides)
@@ -127,7 +128,7 @@ def dense_kernel(em: Emitter, tile: int) -> None:
         blocks = (nn + group - 1) // group
 
         def body(outer: tuple[Loop, ...]) -> None:
-            i_t, i_b = outer[::-1] if panels else outer
+            i_t, i_b = outer[::-1] if blocks_outer else outer
             em.line(f"const {mt}* BPK_RESTRICT xn_ = {px} + {em.args.index(xv.offset)};")
             em.line(f"const {mt}* BPK_RESTRICT wp_ = {pw_} + {r(wv.offset)};")
             em.line(f"const int64_t q0_ = {i_t.name} * {tile};")
@@ -270,8 +271,9 @@ def dense_kernel(em: Emitter, tile: int) -> None:
         # summed over its launches; the encoder at 1 x 9 tokens 31 -> 24). A tile of one or two rows is
         # bound by streaming W instead, so it splits from 32K weight elements (256 x 128 and up).
         cost = k * group if tile <= 2 else tile * k * group // 4
-        # Note [Dense weight panels]: over panels, a block's panel stays in L2 across the row tiles
-        em.rows_loop([blocks, tiles] if panels else [tiles, blocks], f"{cost + 1}", body)
+        # Note [Dense weight panels]: a weight past L2 is walked by its blocks outer, so a block's panel
+        # stays in L2 across the row tiles; one inside it by its row tiles outer, their inputs in L1
+        em.rows_loop([blocks, tiles] if blocks_outer else [tiles, blocks], f"{cost + 1}", body)
 
     # Note [Dense tiles per ISA]: one source, compiled once per ISA level; the column block follows
     # the register file. AVX-512 keeps 64 columns (4 vectors x the full tile of 6 rows: 24 of its 32

@@ -256,6 +256,10 @@ DENSE_CONV = Conv2dAttrs((1, 1), (0, 0), (1, 1), 1, False, "nhwc", "ihwo")
 # The same product on a weight in column panels (Note [Dense weight panels]): a linear layer's.
 DENSE_PANELS = Conv2dAttrs((1, 1), (0, 0), (1, 1), 1, False, "nhwc", "panels")
 PANEL = 16  # columns per weight panel
+# Note [Dense weight sizes] in passes/dense_layers.py: a dense layer's weight (or a piece of its K) of
+# up to this many bytes stays in the core's L2 while the kernel walks a tile's rows outer; a larger one
+# is walked by its column blocks outer, one block's panel in L2.
+MAX_WEIGHT_BYTES = 512 * 1024
 # Output channels per register tile of the channels-last and dense kernels at their widest (four
 # AVX-512 vectors); wider convolutions loop over blocks, and a panel's K bound follows from it.
 CHANNEL_BLOCK = 64

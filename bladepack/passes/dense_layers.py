@@ -3,8 +3,9 @@
 In: a `Program` after `channels_last`. Out: each product `x @ W` of a value x [..., K] and a 2-D constant
 weight (W [K, N], or W [N, K] read transposed as nn.Linear and ONNX Gemm(transB=1) store it) becomes a 1x1 convolution (stride 1, no padding, out_layout "nhwc", weight_layout
 "ihwo") of x's rows viewed as the pixels of a channels-last image (`pixels`: [M, K] as [1, 1, M, K],
-[B, S, K] as [1, B, S, K]), on the weight stored [K, 1, 1, N] (over MAX_WEIGHT_BYTES in column panels,
-`weight_layout="panels"`: Note [Dense weight panels]). Each elementwise op that reads such a
+[B, S, K] as [1, B, S, K]), on the weight stored [K, 1, 1, N], or in column panels
+(`weight_layout="panels"`: Note [Dense weight panels]) where N is a multiple of 64 or the weight is over
+MAX_WEIGHT_BYTES. Each elementwise op that reads such a
 result, and whose other operands are such results, scalars, constant along every dim but the last (a
 bias), or a whole value of the result's shape (a residual), computes on the [N, H, W, C] views as
 well. A reshape back to [..., N] (a view) follows each converted value for the consumers outside.
@@ -32,6 +33,7 @@ from bladepack.ir.ops import (
     CHANNEL_BLOCK,
     DENSE_CONV,
     DENSE_PANELS,
+    MAX_WEIGHT_BYTES,
     OP_INFO,
     PANEL,
     Conv2dAttrs,
@@ -56,7 +58,6 @@ from bladepack.passes.dce import dead_code_elimination
 # the bias and activation after the last sum. The partial sums cost one [M, N] store and read per
 # piece, against M * N * K multiply-adds. Measured (bench/results/dense_layers_large.md) at 1024 rows:
 # 1.02-1.12x the BLAS plan in pieces, 0.92-0.98x as one piece of 8192 or 11008 (its panel past L2).
-MAX_WEIGHT_BYTES = 512 * 1024
 MAX_PANEL_BYTES = 1024 * 1024
 
 # Note [Dense weight panels]: W [K, N] stored row-major puts a column block's K rows N elements
@@ -69,6 +70,16 @@ MAX_PANEL_BYTES = 1024 * 1024
 # kernel then walks column blocks outer and row tiles inner (codegen/cpu_dense.py), so a block's panel
 # stays in L2 across the rows. Measured beside the row-major kernel and OpenBLAS's AVX-512 kernels
 # (bench/results/dense_layers_large.md).
+#
+# Inside L2 the row-major layout costs the narrow-register libraries too: AVX2's 16-column block reads
+# one cache line per k at a stride of N * 4 bytes, which at N = 256 (1 KB) maps every k of the block
+# to 4 of L1's 64 sets, where the tile's six input rows (also 1 KB apart) live, so they evict each
+# other. A weight whose N is a multiple of CHANNEL_BLOCK is stored in panels whatever its size (no
+# padding), its tiles' rows still outer below MAX_WEIGHT_BYTES. Measured on a Zen 4 EPYC with a
+# standalone 6 x 16 AVX2 micro-kernel, one thread, 256 x 256, the best of 20 (bench/results/
+# dense_layers_avx2.md "Panels inside L2"): 4096 rows 70-76% -> 87% of the FMA peak, 255 rows 87% ->
+# 97%; the AVX-512 6 x 64 tile the same either way (81% and 98%). Narrower or ragged N stays row-major:
+# its rows are a line or two apart already, and a decode step's few rows would stream the padding.
 DENSE_DTYPES = frozenset({DType.FLOAT32, DType.FLOAT64, DType.FLOAT16, DType.BFLOAT16})
 
 
@@ -153,8 +164,10 @@ def dense_layers(p: Program) -> Program:
             arr = np.asarray(p.weight_data[w.name])
             kn = arr.T if transposed else arr
             k, nn = kn.shape
-            if kn.nbytes <= MAX_WEIGHT_BYTES:
+            if kn.nbytes <= MAX_WEIGHT_BYTES and nn % CHANNEL_BLOCK:
                 attrs, copies = DENSE_CONV, [(f"{w.name}.dense", 0, k, np.ascontiguousarray(kn).reshape(k, 1, 1, nn))]
+            elif kn.nbytes <= MAX_WEIGHT_BYTES:  # Note [Dense weight panels]: inside L2, one piece
+                attrs, copies = DENSE_PANELS, [(f"{w.name}.panels", 0, k, panels(kn))]
             else:  # Note [Dense weight panels], Note [Dense K pieces]
                 bounds = k_pieces(k, kn.dtype.itemsize)
                 suffix = [str(i) if len(bounds) > 1 else "" for i in range(len(bounds))]
