@@ -18,6 +18,7 @@ library runs in any process, with or without torch.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import platform
@@ -101,7 +102,25 @@ def find_compiler(preferred: str | None = None) -> str | None:
     return None
 
 
+def _binary(cxx: str) -> tuple[str, int, int]:
+    """Note [Compiler probes]: what a probe's answer depends on — the compiler's resolved path, its
+    modification time and size. `--version` and whether each ISA level's flags compile are asked once
+    per process and binary (they cost 25 ms a probe, three per optimize: half of a small model's
+    optimize with a warm kernel cache); a compiler replaced on disk is asked again."""
+    real = os.path.realpath(cxx)
+    try:
+        st = os.stat(real)
+    except OSError:
+        return (real, 0, 0)
+    return (real, st.st_mtime_ns, st.st_size)
+
+
 def compiler_version(cxx: str) -> str:
+    return _version(cxx, _binary(cxx))
+
+
+@functools.lru_cache(maxsize=64)
+def _version(cxx: str, binary: tuple[str, int, int]) -> str:
     try:
         out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
@@ -110,6 +129,12 @@ def compiler_version(cxx: str) -> str:
 
 
 def _accepts(cxx: str, flags: tuple[str, ...]) -> bool:
+    return _probe(cxx, _binary(cxx), flags)
+
+
+@functools.lru_cache(maxsize=64)
+def _probe(cxx: str, binary: tuple[str, int, int], flags: tuple[str, ...]) -> bool:
+    """Note [Compiler probes]: whether `cxx` (at `binary`) compiles a function with `flags`."""
     with tempfile.TemporaryDirectory() as d:
         src = Path(d) / "probe.cc"
         src.write_text("int bpk_probe(int x) { return x + 1; }\n")
