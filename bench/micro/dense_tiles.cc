@@ -2,8 +2,9 @@
 // (Note [Dense weight panels] in bladepack/passes/dense_layers.py): a 256 x 256 float32 layer over M rows,
 // W row-major [K, N] or in column panels [N / 16, K, 16], the tiles' rows outer.
 //
-//   g++ -O3 -std=c++17 -march=x86-64-v3 bench/micro/dense_tiles.cc -o /tmp/dense_tiles && /tmp/dense_tiles 4096 20
-//   g++ -O3 -std=c++17 -march=x86-64-v4 bench/micro/dense_tiles.cc -o /tmp/dense_tiles && /tmp/dense_tiles 4096 20
+//   g++ -O3 -std=c++17 -pthread -march=x86-64-v3 bench/micro/dense_tiles.cc -o /tmp/dense_tiles
+//   /tmp/dense_tiles ROWS ROUNDS [THREADS: 1 or 2]
+// (-march=x86-64-v4 for the AVX-512 tile). With 2 threads each takes half of the rows and of the peak loop.
 //
 // Built for AVX2 it times the 6 x 16 tile (12 accumulators, the AVX2 library's); for AVX-512 the 6 x 64 tile
 // (24 accumulators). Each layout's best of `rounds` runs, alternating; "peak" is 12 independent FMA chains
@@ -16,6 +17,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -92,6 +94,7 @@ __attribute__((noinline)) float peak(int64_t iterations) {
 int main(int argc, char** argv) {
   const int64_t m = argc > 1 ? std::atoll(argv[1]) : 4096;
   const int rounds = argc > 2 ? std::atoi(argv[2]) : 20;
+  const int threads = argc > 3 ? std::atoi(argv[3]) : 1;
   std::vector<float> x(m * K), w(K * N), wp(K * N), y(m * N), want(m * N);
   for (auto& v : x) v = float(std::rand()) / RAND_MAX - 0.5f;
   for (auto& v : w) v = float(std::rand()) / RAND_MAX - 0.5f;
@@ -104,10 +107,25 @@ int main(int argc, char** argv) {
     for (int v = 0; v < 3; ++v) {
       const auto t0 = std::chrono::steady_clock::now();
       if (v == 2) {
-        volatile float s = peak(int64_t(flop / 192));  // 12 FMAs x 8 lanes x 2 flop per iteration
-        (void)s;
+        const int64_t iterations = int64_t(flop / 192 / threads);  // 12 FMAs x 8 lanes x 2 flop each
+        if (threads == 2) {
+          std::thread other([&] { volatile float s = peak(iterations); (void)s; });
+          volatile float s = peak(iterations);
+          (void)s;
+          other.join();
+        } else {
+          volatile float s = peak(iterations);
+          (void)s;
+        }
       } else {
-        dense(x.data(), v ? wp.data() : w.data(), v == 1, y.data(), m);
+        if (threads == 2) {  // rows split in two at a tile boundary, as the pool splits row tiles
+          const int64_t half = (m / 2 + 5) / 6 * 6;
+          std::thread other([&] { dense(x.data() + half * K, v ? wp.data() : w.data(), v == 1, y.data() + half * N, m - half); });
+          dense(x.data(), v ? wp.data() : w.data(), v == 1, y.data(), half);
+          other.join();
+        } else {
+          dense(x.data(), v ? wp.data() : w.data(), v == 1, y.data(), m);
+        }
       }
       best[v] = std::min(best[v], std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
       if (v < 2)
@@ -119,7 +137,7 @@ int main(int argc, char** argv) {
     }
   }
   const char* names[3] = {"row-major W [K, N]", "column panels", "FMA peak"};
-  std::printf("%d x %d tile, %lld rows\n", 6, int(BLOCK), (long long)m);
+  std::printf("%d x %d tile, %lld rows, %d thread(s)\n", 6, int(BLOCK), (long long)m, threads);
   for (int v = 0; v < 3; ++v)
     std::printf("%-20s %9.1f us %7.1f GFLOP/s %6.1f%% of peak\n", names[v], best[v], flop / best[v] / 1e3,
                 100 * best[2] / best[v]);
