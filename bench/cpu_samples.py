@@ -336,7 +336,12 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=1, default=str))
     out.with_suffix(".md").write_text(text)
-    chart(report, out.with_suffix(".png"))
+    try:  # the chart is optional: matplotlib is not among the dev dependencies
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("no chart: matplotlib is not installed")
+    else:
+        chart(report, out.with_suffix(".png"))
 
 
 if __name__ == "__main__":

@@ -412,7 +412,12 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "serving.json").write_text(json.dumps(results, indent=1) + "\n")
     (RESULTS / "serving.md").write_text(_markdown(results))
-    _chart(results, RESULTS / "serving.png")
+    try:  # the chart is optional: matplotlib is not among the dev dependencies
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("no chart: matplotlib is not installed")
+    else:
+        _chart(results, RESULTS / "serving.png")
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
