@@ -294,7 +294,11 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def chart(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
+    try:  # the chart is optional: matplotlib is not among the dev dependencies
+        import matplotlib
+    except ImportError:
+        print("no chart: matplotlib is not installed")
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -336,12 +340,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=1, default=str))
     out.with_suffix(".md").write_text(text)
-    try:  # the chart is optional: matplotlib is not among the dev dependencies
-        import matplotlib  # noqa: F401
-    except ImportError:
-        print("no chart: matplotlib is not installed")
-    else:
-        chart(report, out.with_suffix(".png"))
+    chart(report, out.with_suffix(".png"))
 
 
 if __name__ == "__main__":

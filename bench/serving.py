@@ -412,12 +412,7 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "serving.json").write_text(json.dumps(results, indent=1) + "\n")
     (RESULTS / "serving.md").write_text(_markdown(results))
-    try:  # the chart is optional: matplotlib is not among the dev dependencies
-        import matplotlib  # noqa: F401
-    except ImportError:
-        print("no chart: matplotlib is not installed")
-    else:
-        _chart(results, RESULTS / "serving.png")
+    _chart(results, RESULTS / "serving.png")
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
@@ -450,7 +445,11 @@ def _markdown(results: dict[str, Any]) -> str:
 
 
 def _chart(results: dict[str, Any], path: Path) -> None:
-    import matplotlib
+    try:  # the chart is optional: matplotlib is not among the dev dependencies
+        import matplotlib
+    except ImportError:
+        print("no chart: matplotlib is not installed")
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -111,7 +111,7 @@ def dense_kernel(em: Emitter, tile: int) -> None:
     k = em.ctx.types[n.inputs[1]].shape[1 if panels else 0]
     assert isinstance(nn, int) and isinstance(k, int)
     step_k = PANEL if panels else nn  # elements between W's rows k and k + 1
-    blocks_outer = panels and k * -(-nn // PANEL) * PANEL * em.ctx.types[n.inputs[1]].dtype.itemsize > MAX_WEIGHT_BYTES
+    blocks_outer = panels and em.ctx.types[n.inputs[1]].nbytes() > MAX_WEIGHT_BYTES  # the panels' own bytes
     t, mt = CTYPE[n.type.dtype], CPU_MEMTYPE[n.type.dtype]
     r = em.args.ref
     s0, s1, s2, sc = (r(d) for d in xv.strides)
